@@ -1,0 +1,1 @@
+"""Checks: command + parser + verdict against expectations; an explicit registry."""

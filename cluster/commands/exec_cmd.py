@@ -1,0 +1,61 @@
+"""`cluster exec [--nodes PATTERN] [--timeout S] [--json] -- CMD...`: ad-hoc fan-out."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+
+from cluster.commands._common import (add_json, load_inventory, print_json, progress,
+                                      start_run, stdout)
+from cluster.errors import UsageError
+from cluster.remote import Session
+from cluster.render import command_results_table
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "exec", help="run a command on nodes in parallel",
+        description="Run a command on the selected nodes in parallel. One argument after -- is "
+                    "a shell command line (pipes allowed); several are an exact argv, quoted.")
+    p.add_argument("--nodes", metavar="PATTERN",
+                   help="comma-separated node names or globs, or head / workers (default: all)")
+    p.add_argument("--timeout", type=float, metavar="S",
+                   help="per-node command timeout in seconds (default: the inventory's)")
+    add_json(p)
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...")
+    p.set_defaults(handler=run)
+
+
+def command_line(words: list[str]) -> str:
+    if words and words[0] == "--":
+        words = words[1:]
+    if not words:
+        raise UsageError("no command given: cluster exec -- CMD...")
+    return words[0] if len(words) == 1 else shlex.join(words)
+
+
+def run(args: argparse.Namespace) -> int:
+    command = command_line(args.cmd)
+    inv = load_inventory(args)
+    nodes = inv.select(args.nodes)
+    record = start_run(args, inv, "exec")
+    with Session(inv, hooks=[record.record]) as session, \
+            progress(len(nodes), "exec", enabled=not args.json) as advance:
+        results = session.fan_out(nodes, command, timeout=args.timeout, on_result=advance)
+    code = 0 if all(r.ok for r in results) else 2
+    payload = {"command": command, "exit_code": code,
+               "status": "ok" if code == 0 else "fail",
+               "results": [dict(r.to_dict(), address=inv.node(r.node).address) for r in results],
+               "run_dir": str(record.path)}
+    record.write_json("exec.json", payload)
+    record.finish(code)
+    if args.json:
+        print_json(payload)
+    else:
+        stdout.print(command_results_table(results, title=f"$ {command}"))
+        bad = [r for r in results if not r.ok]
+        summary = f"{len(results) - len(bad)}/{len(results)} nodes ok"
+        if bad:
+            summary += "; " + ", ".join(f"{r.node}: {r.status}" for r in bad)
+        stdout.print(summary)
+    return code

@@ -1,0 +1,1 @@
+"""Data files: default expectations, templates, GPU facts."""

@@ -1,0 +1,1 @@
+"""Pure parsers: text -> typed data, one module per tool."""

@@ -1,0 +1,327 @@
+"""Remote execution: run a command on many nodes in parallel over SSH (Fabric/paramiko) or locally.
+
+A finished command is data (`CommandResult`, whatever its exit code). Only a node that cannot be
+reached (connect timeout, refused, auth failure, host-key mismatch, lost connection) or that does
+not answer in time is an error: `run` raises ConnectError / CommandTimeout, and `fan_out` turns
+them into results with status "unreachable" / "timeout". Every node has its own deadline, so a
+hung command or a frozen sshd on one node never blocks the others (Fabric's ThreadingGroup joins
+its threads without a timeout, so it is not used here).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Protocol, Sequence
+
+from cluster.errors import CommandTimeout, ConnectError
+from cluster.inventory import Inventory, Node, SSHOptions
+
+OK, FAILED, UNREACHABLE, TIMEOUT = "ok", "failed", "unreachable", "timeout"
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What one command did on one node. status: ok | failed | unreachable | timeout."""
+
+    node: str
+    command: str
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    duration_s: float
+    status: str
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
+
+    @property
+    def reached(self) -> bool:
+        """The command ran to completion (whatever its exit code)."""
+        return self.status in (OK, FAILED)
+
+    def to_dict(self) -> dict:
+        return {"node": self.node, "command": self.command, "status": self.status,
+                "exit_code": self.exit_code, "stdout": self.stdout, "stderr": self.stderr,
+                "duration_s": round(self.duration_s, 3), "error": self.error}
+
+
+CommandSpec = str | Callable[[Node], str]
+ResultHook = Callable[[CommandResult], None]
+
+
+class Runner(Protocol):
+    """Runs one command on one node. Raises ConnectError / CommandTimeout; never for exit codes."""
+
+    def run(self, node: Node, command: str, timeout: float) -> CommandResult: ...
+
+    def close(self) -> None: ...
+
+
+# ---------------------------------------------------------------- local
+
+
+class LocalRunner:
+    """Runs commands on this machine with bash, in their own process group (killed on timeout)."""
+
+    def run(self, node: Node, command: str, timeout: float) -> CommandResult:
+        start = time.monotonic()
+        proc = subprocess.Popen(["bash", "-c", command], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True, text=True, errors="replace")
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            raise CommandTimeout(node.name, timeout, command) from None
+        code = proc.returncode
+        return CommandResult(node.name, command, code, out, err, time.monotonic() - start,
+                             OK if code == 0 else FAILED)
+
+    def close(self) -> None:
+        pass
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=2)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+# ---------------------------------------------------------------- ssh
+
+
+class SSHRunner:
+    """Runs commands over SSH with Fabric, one reused connection per node for the run's lifetime.
+
+    Host keys are checked against the inventory's known_hosts (or ~/.ssh/known_hosts); an
+    unknown host is refused unless `accept_unknown_host_keys` is set; a changed key is always
+    refused (paramiko's BadHostKeyException).
+    """
+
+    def __init__(self, ssh: SSHOptions):
+        self.ssh = ssh
+        self._connections: dict[str, object] = {}
+        self._lock = threading.Lock()
+
+    def _connect_kwargs(self, node: Node | None) -> dict:
+        identity = (node.identity_file if node else None) or self.ssh.identity_file
+        kwargs: dict = {"banner_timeout": self.ssh.connect_timeout,
+                        "auth_timeout": self.ssh.connect_timeout,
+                        "channel_timeout": self.ssh.connect_timeout}
+        if identity:
+            kwargs.update(key_filename=[os.path.expanduser(identity)], allow_agent=False,
+                          look_for_keys=False)
+        return kwargs
+
+    def _make(self, host: str, user: str | None, port: int, node: Node | None,
+              gateway: object | None):
+        from fabric import Config, Connection
+        from paramiko import AutoAddPolicy, RejectPolicy
+
+        config = Config(overrides={"run": {"in_stream": False}})
+        conn = Connection(host, user=user, port=port, config=config, gateway=gateway,
+                          connect_timeout=max(1, int(round(self.ssh.connect_timeout))),
+                          connect_kwargs=self._connect_kwargs(node))
+        client = conn.client
+        known = self.ssh.known_hosts
+        if known:
+            path = os.path.expanduser(known)
+            if Path(path).is_file():
+                client.load_host_keys(path)
+        else:
+            client.load_system_host_keys()
+        client.set_missing_host_key_policy(
+            AutoAddPolicy() if self.ssh.accept_unknown_host_keys else RejectPolicy())
+        return conn
+
+    def _gateway(self, node: Node):
+        if not node.jump_host:
+            return None
+        user, _, hostport = node.jump_host.rpartition("@")
+        host, _, port = hostport.partition(":")
+        return self._make(host, user or node.user, int(port or 22), None, None)
+
+    def connection(self, node: Node):
+        with self._lock:
+            conn = self._connections.get(node.name)
+            if conn is None:
+                conn = self._make(node.address, node.user, node.port, node, self._gateway(node))
+                self._connections[node.name] = conn
+            return conn
+
+    def run(self, node: Node, command: str, timeout: float) -> CommandResult:
+        from invoke.exceptions import CommandTimedOut
+
+        start = time.monotonic()
+        conn = self.connection(node)
+        try:
+            conn.open()
+        except Exception as exc:  # paramiko/socket errors: all mean "unreachable"
+            self._forget(node)
+            raise ConnectError(node.name, describe_connect_error(exc)) from None
+        try:
+            result = conn.run(command, hide=True, warn=True, timeout=timeout, in_stream=False)
+        except CommandTimedOut:
+            self._forget(node)
+            raise CommandTimeout(node.name, timeout, command) from None
+        except Exception as exc:  # the session broke while the command ran
+            self._forget(node)
+            raise ConnectError(node.name, f"connection lost: {describe_connect_error(exc)}") from None
+        code = result.exited
+        return CommandResult(node.name, command, code, result.stdout, result.stderr,
+                             time.monotonic() - start, OK if code == 0 else FAILED)
+
+    def _forget(self, node: Node) -> None:
+        with self._lock:
+            conn = self._connections.pop(node.name, None)
+        if conn is not None:
+            _close_quietly(conn)
+
+    def close(self) -> None:
+        with self._lock:
+            conns = list(self._connections.values())
+            self._connections.clear()
+        for conn in conns:
+            _close_quietly(conn)
+
+
+def _close_quietly(conn) -> None:
+    # Closing a connection to a frozen sshd can block: do it in a daemon thread.
+    threading.Thread(target=_close, args=(conn,), daemon=True).start()
+
+
+def _close(conn) -> None:
+    try:
+        conn.close()
+    except Exception:
+        pass
+
+
+def describe_connect_error(exc: BaseException) -> str:
+    """One line naming why a node could not be reached."""
+    import paramiko
+
+    if isinstance(exc, paramiko.BadHostKeyException):
+        return (f"host key mismatch for {exc.hostname} (expected {exc.expected_key.get_name()} "
+                f"{exc.expected_key.get_base64()[:16]}..., got {exc.key.get_base64()[:16]}...): "
+                "refused; if the host was reinstalled, update known_hosts")
+    if isinstance(exc, paramiko.SSHException) and "not found in known_hosts" in str(exc):
+        return (f"unknown host key ({exc}); add it to known_hosts "
+                "(or set ssh.accept_unknown_host_keys: true)")
+    if isinstance(exc, paramiko.AuthenticationException):
+        return f"authentication failed: {exc}"
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        return f"connection refused ({exc})"
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return "connect timed out"
+    if isinstance(exc, paramiko.SSHException):
+        return f"SSH error: {exc or type(exc).__name__}"
+    if isinstance(exc, OSError):
+        return f"{exc.strerror or exc}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+# ---------------------------------------------------------------- session and fan-out
+
+
+class Session:
+    """The runners of one CLI run: local nodes run locally, the others over reused SSH connections.
+
+    Use as a context manager; `hook` is called with every CommandResult (run records, progress).
+    """
+
+    def __init__(self, inventory: Inventory, hooks: Sequence[ResultHook] = ()):
+        self.inventory = inventory
+        self.hooks = list(hooks)
+        self._local = LocalRunner()
+        self._ssh = SSHRunner(inventory.ssh)
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._ssh.close()
+
+    def runner_for(self, node: Node) -> Runner:
+        return self._local if node.local else self._ssh
+
+    @property
+    def command_timeout(self) -> float:
+        return self.inventory.ssh.command_timeout
+
+    def run(self, node: Node, command: str, timeout: float | None = None) -> CommandResult:
+        """Run one command; unreachable/timeout become results (never raises for a node)."""
+        timeout = timeout or self.command_timeout
+        start = time.monotonic()
+        try:
+            result = self.runner_for(node).run(node, command, timeout)
+        except CommandTimeout as exc:
+            result = CommandResult(node.name, command, None, "", "", time.monotonic() - start,
+                                   TIMEOUT, str(exc))
+        except ConnectError as exc:
+            result = CommandResult(node.name, command, None, "", "", time.monotonic() - start,
+                                   UNREACHABLE, str(exc))
+        for hook in self.hooks:
+            hook(result)
+        return result
+
+    def fan_out(self, nodes: Iterable[Node], command: CommandSpec, timeout: float | None = None,
+                on_result: ResultHook | None = None) -> tuple[CommandResult, ...]:
+        """Run a command (or a per-node command builder) on all nodes in parallel.
+
+        Returns results in node order. Each node has its own deadline (connect + command timeout
+        + a grace period); a node that has not answered by then is reported as "timeout" while
+        its thread is abandoned, so the fan-out always returns in bounded time.
+        """
+        nodes = list(nodes)
+        timeout = timeout or self.command_timeout
+        deadline = time.monotonic() + timeout + self.inventory.ssh.connect_timeout * 2 + 5
+        results: dict[str, CommandResult] = {}
+        done = threading.Condition()
+        commands = {n.name: command(n) if callable(command) else command for n in nodes}
+
+        def work(node: Node) -> None:
+            res = self.run(node, commands[node.name], timeout)
+            with done:
+                results.setdefault(node.name, res)
+                done.notify_all()
+            if on_result is not None:
+                on_result(res)
+
+        for node in nodes:
+            threading.Thread(target=work, args=(node,), daemon=True,
+                             name=f"cluster-run-{node.name}").start()
+        with done:
+            while len(results) < len(nodes):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                done.wait(left)
+            for node in nodes:
+                if node.name not in results:
+                    results[node.name] = CommandResult(
+                        node.name, commands[node.name], None, "", "", timeout, TIMEOUT,
+                        f"{node.name}: no answer within the deadline ({timeout:g} s command "
+                        "timeout + connect time): the node or its sshd may be hung")
+                    if on_result is not None:
+                        on_result(results[node.name])
+        return tuple(results[n.name] for n in nodes)

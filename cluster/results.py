@@ -1,0 +1,128 @@
+"""Check results and reports: one status per result plus evidence; the exit-code contract."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+
+class Status(str, enum.Enum):
+    """ok / warn / fail / skip / error. error = could not decide (unreachable, timeout, unparseable)."""
+
+    OK = "ok"
+    WARN = "warn"
+    FAIL = "fail"
+    SKIP = "skip"
+    ERROR = "error"
+
+    @property
+    def severity(self) -> int:
+        return _SEVERITY[self]
+
+
+_SEVERITY = {Status.OK: 0, Status.SKIP: 0, Status.WARN: 1, Status.FAIL: 2, Status.ERROR: 2}
+
+EXIT_OK, EXIT_WARN, EXIT_FAIL = 0, 1, 2
+
+
+def exit_code_for(statuses: Iterable[Status]) -> int:
+    """0 all ok (or skipped), 1 warnings only, 2 any failure or error."""
+    return max((s.severity for s in statuses), default=EXIT_OK)
+
+
+def worst(statuses: Iterable[Status]) -> Status:
+    order = [Status.OK, Status.SKIP, Status.WARN, Status.FAIL, Status.ERROR]
+    found = set(statuses)
+    best = Status.OK
+    for s in order:
+        if s in found:
+            best = s
+    return best
+
+
+def tail(text: str, lines: int = 20, chars: int = 2000) -> str:
+    """The last lines of an output, bounded in size, for evidence."""
+    out = "\n".join(text.rstrip("\n").splitlines()[-lines:])
+    return out[-chars:]
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What a verdict rests on: the command, its exit code, the end of its output, parsed data."""
+
+    command: str | None = None
+    exit_code: int | None = None
+    output_tail: str = ""
+    data: Any = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"command": self.command, "exit_code": self.exit_code,
+                "output_tail": self.output_tail, "data": to_jsonable(self.data)}
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One check on one node (node=None for cross-node checks)."""
+
+    check: str
+    node: str | None
+    status: Status
+    summary: str
+    evidence: Evidence = field(default_factory=Evidence)
+    fix: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"check": self.check, "node": self.node, "status": self.status.value,
+                "summary": self.summary, "fix": self.fix, "evidence": self.evidence.to_dict()}
+
+
+@dataclass(frozen=True)
+class Report:
+    """A list of results from one command run, with the exit code it implies."""
+
+    command: str
+    results: tuple[CheckResult, ...]
+    facts: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def status(self) -> Status:
+        return worst(r.status for r in self.results)
+
+    @property
+    def exit_code(self) -> int:
+        return exit_code_for(r.status for r in self.results)
+
+    def by_node(self) -> dict[str | None, list[CheckResult]]:
+        grouped: dict[str | None, list[CheckResult]] = {}
+        for r in self.results:
+            grouped.setdefault(r.node, []).append(r)
+        return grouped
+
+    def counts(self) -> dict[str, int]:
+        counts = {s.value: 0 for s in Status}
+        for r in self.results:
+            counts[r.status.value] += 1
+        return counts
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"command": self.command, "status": self.status.value, "exit_code": self.exit_code,
+                "counts": self.counts(), "results": [r.to_dict() for r in self.results],
+                "facts": to_jsonable(self.facts)}
+
+
+def to_jsonable(value: Any) -> Any:
+    """Dataclasses, enums, tuples and mappings to plain JSON types."""
+    import dataclasses
+
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        if hasattr(value, "to_dict"):
+            return value.to_dict()
+        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [to_jsonable(v) for v in value]
+    return value
