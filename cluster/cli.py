@@ -20,6 +20,8 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("init", "init"),
     ("inventory", "inventory"),
     ("exec", "exec_cmd"),
+    ("preflight", "preflight"),
+    ("runs", "runs"),
 )
 
 

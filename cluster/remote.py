@@ -18,12 +18,13 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Protocol, Sequence
+from typing import Callable, Iterable, Protocol, Sequence, TypeVar
 
 from cluster.errors import CommandTimeout, ConnectError
 from cluster.inventory import Inventory, Node, SSHOptions
 
 OK, FAILED, UNREACHABLE, TIMEOUT = "ok", "failed", "unreachable", "timeout"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -294,34 +295,55 @@ class Session:
         """
         nodes = list(nodes)
         timeout = timeout or self.command_timeout
-        deadline = time.monotonic() + timeout + self.inventory.ssh.connect_timeout * 2 + 5
-        results: dict[str, CommandResult] = {}
-        done = threading.Condition()
         commands = {n.name: command(n) if callable(command) else command for n in nodes}
 
-        def work(node: Node) -> None:
+        def work(node: Node) -> CommandResult:
             res = self.run(node, commands[node.name], timeout)
-            with done:
-                results.setdefault(node.name, res)
-                done.notify_all()
             if on_result is not None:
                 on_result(res)
+            return res
 
-        for node in nodes:
-            threading.Thread(target=work, args=(node,), daemon=True,
-                             name=f"cluster-run-{node.name}").start()
-        with done:
-            while len(results) < len(nodes):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                done.wait(left)
-            for node in nodes:
-                if node.name not in results:
-                    results[node.name] = CommandResult(
-                        node.name, commands[node.name], None, "", "", timeout, TIMEOUT,
-                        f"{node.name}: no answer within the deadline ({timeout:g} s command "
-                        "timeout + connect time): the node or its sshd may be hung")
-                    if on_result is not None:
-                        on_result(results[node.name])
+        def late(node: Node) -> CommandResult:
+            res = CommandResult(
+                node.name, commands[node.name], None, "", "", timeout, TIMEOUT,
+                f"{node.name}: no answer within the deadline ({timeout:g} s command timeout "
+                "+ connect time): the node or its sshd may be hung")
+            if on_result is not None:
+                on_result(res)
+            return res
+
+        deadline = timeout + self.inventory.ssh.connect_timeout * 2 + 5
+        results = parallel(nodes, work, deadline, late)
         return tuple(results[n.name] for n in nodes)
+
+
+def parallel(nodes: Sequence[Node], work: Callable[[Node], "T"], deadline_s: float,
+             late: Callable[[Node], "T"]) -> dict[str, "T"]:
+    """Call work(node) for every node in its own daemon thread; wait at most deadline_s.
+
+    Nodes whose call has not returned by then get late(node) instead, and their threads are
+    abandoned (daemon threads never block the process from exiting).
+    """
+    results: dict[str, T] = {}
+    done = threading.Condition()
+
+    def call(node: Node) -> None:
+        value = work(node)
+        with done:
+            results.setdefault(node.name, value)
+            done.notify_all()
+
+    for node in nodes:
+        threading.Thread(target=call, args=(node,), daemon=True,
+                         name=f"cluster-{node.name}").start()
+    end = time.monotonic() + deadline_s
+    with done:
+        while len(results) < len(nodes):
+            left = end - time.monotonic()
+            if left <= 0:
+                break
+            done.wait(left)
+        missing = [n for n in nodes if n.name not in results]
+        for node in missing:
+            results[node.name] = late(node)
+    return results

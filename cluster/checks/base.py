@@ -1,0 +1,86 @@
+"""The shape of a check: probes (commands) + an evaluate function (parsed data -> verdict)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from cluster.errors import ParseError
+from cluster.inventory import Inventory, Node
+from cluster.probes import Probe, ProbeOutput
+from cluster.results import Status
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a check concluded on one node; `facts` feed the planner and cross-node checks."""
+
+    status: Status
+    summary: str
+    fix: str | None = None
+    data: Any = None
+    facts: Mapping[str, Any] = field(default_factory=dict)
+    probe: str | None = None  # the probe whose output is the evidence
+
+
+@dataclass(frozen=True)
+class NodeContext:
+    node: Node
+    inventory: Inventory
+    outputs: Mapping[str, ProbeOutput]
+
+    @property
+    def expect(self) -> Mapping[str, Any]:
+        return self.inventory.expectations
+
+    def output(self, probe: str) -> ProbeOutput:
+        try:
+            return self.outputs[probe]
+        except KeyError:
+            raise ParseError("probe", f"no output for {probe!r}: the node stopped answering "
+                                      "mid-probe") from None
+
+
+ProbeBuilder = Callable[[Node, Inventory], "Probe | None"]
+
+
+@dataclass(frozen=True)
+class NodeCheck:
+    """A per-node check: which probes it needs and how it judges their output."""
+
+    id: str
+    title: str
+    probes: tuple[ProbeBuilder, ...]
+    evaluate: Callable[[NodeContext], Verdict]
+
+
+def static_probe(name: str, command: str) -> ProbeBuilder:
+    probe = Probe(name, command)
+    return lambda node, inventory: probe
+
+
+def ok(summary: str, **kw: Any) -> Verdict:
+    return Verdict(Status.OK, summary, **kw)
+
+
+def warn(summary: str, fix: str | None = None, **kw: Any) -> Verdict:
+    return Verdict(Status.WARN, summary, fix, **kw)
+
+
+def fail(summary: str, fix: str | None = None, **kw: Any) -> Verdict:
+    return Verdict(Status.FAIL, summary, fix, **kw)
+
+
+def skip(summary: str, **kw: Any) -> Verdict:
+    return Verdict(Status.SKIP, summary, **kw)
+
+
+def error(summary: str, **kw: Any) -> Verdict:
+    return Verdict(Status.ERROR, summary, **kw)
+
+
+def required(setting: Any, default_when_auto: bool) -> bool:
+    """Resolve a true/false/auto expectation."""
+    if isinstance(setting, bool):
+        return setting
+    return default_when_auto

@@ -1,0 +1,91 @@
+"""`cluster preflight [--nodes PATTERN] [--json]`: every node check in parallel, plus cross-node checks."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.table import Table
+from rich.text import Text
+
+from cluster.commands._common import (add_json, load_inventory, print_json, progress,
+                                      start_run, stdout)
+from cluster.preflight import run_preflight
+from cluster.remote import Session
+from cluster.render import STATUS_STYLE
+from cluster.results import Report, Status
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("preflight", help="check drivers, GPUs, NVLink, IB, GPUDirect, clocks, "
+                                         "/dev/shm, memlock, versions, model files",
+                       description="Read-only checks on every node in parallel plus cross-node "
+                                   "checks. Exit 0 all ok, 1 warnings, 2 failures or errors.")
+    p.add_argument("--nodes", metavar="PATTERN", help="only these nodes (names, globs, head, workers)")
+    p.add_argument("--no-clock-skew", action="store_true",
+                   help="do not sample the nodes' clocks from here")
+    add_json(p)
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    inv = load_inventory(args)
+    nodes = inv.select(args.nodes)
+    record = start_run(args, inv, "preflight")
+    with Session(inv, hooks=[record.record]) as session, \
+            progress(len(nodes), "preflight", enabled=not args.json) as advance:
+        report = run_preflight(inv, session, nodes, measure_clock=not args.no_clock_skew,
+                               on_node_done=advance)
+    payload = report.to_dict() | {"run_dir": str(record.path), "inventory": inv.path}
+    record.write_json("preflight.json", payload)
+    record.finish(report.exit_code)
+    if args.json:
+        print_json(payload)
+    else:
+        render(report)
+        stdout.print(f"report: {record.path / 'preflight.json'}")
+    return report.exit_code
+
+
+def _cell(status: Status, summary: str, width: int = 30) -> Text:
+    short = summary if len(summary) <= width else summary[: width - 1] + "…"
+    text = Text(status.value, style=STATUS_STYLE.get(status.value, ""))
+    text.append(f" {short}")
+    return text
+
+
+def render(report: Report) -> None:
+    """A check x node table (status and short summary), the cross-node section, then the fixes."""
+    node_results = [r for r in report.results if r.node is not None]
+    checks = list(dict.fromkeys(r.check for r in node_results))
+    nodes = list(dict.fromkeys(r.node for r in node_results))
+    table = Table(title="preflight", show_lines=True)
+    table.add_column("check")
+    for n in nodes:
+        table.add_column(n, overflow="fold")
+    for c in checks:
+        cells = []
+        for n in nodes:
+            hit = next((r for r in node_results if r.node == n and r.check == c), None)
+            cells.append(_cell(hit.status, hit.summary) if hit else Text(""))
+        table.add_row(c, *cells)
+    stdout.print(table)
+    cluster_rows = [r for r in report.results if r.node is None]
+    if cluster_rows:
+        cross = Table(title="cross-node", show_lines=False)
+        for col in ("check", "status", "summary"):
+            cross.add_column(col, overflow="fold")
+        for r in cluster_rows:
+            cross.add_row(r.check, Text(r.status.value, style=STATUS_STYLE.get(r.status.value, "")),
+                          r.summary)
+        stdout.print(cross)
+    bad = [r for r in report.results if r.status in (Status.FAIL, Status.ERROR, Status.WARN)
+           and r.node is not None]
+    for r in bad:
+        line = Text(f"{r.status.value:5} {r.node}/{r.check}: ",
+                    style=STATUS_STYLE.get(r.status.value, ""))
+        line.append(r.summary)
+        if r.fix:
+            line.append(f"\n      fix: {r.fix}", style="cyan")
+        stdout.print(line)
+    counts = report.counts()
+    stdout.print(" ".join(f"{k} {v}" for k, v in counts.items() if v) or "no checks")

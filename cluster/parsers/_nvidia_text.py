@@ -1,0 +1,128 @@
+"""Text clean-up shared by the NVIDIA parsers: lines, shell prompts, command echoes, tool errors.
+
+Private helper of nvidia_smi, nvidia_smi_q, nvidia_smi_query, nvidia_smi_topo, nvidia_smi_nvlink,
+nvcc and proc_driver_nvidia_version. Pure functions on strings; nothing here knows a format.
+"""
+
+from __future__ import annotations
+
+import re
+
+from cluster.errors import ParseError
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
+
+# A shell prompt in front of a command: `$ `, `# `, `~$ `, `root@host:~# `, `[user@h ~]$ `,
+# `(base) [user@h ~]$ `, `bash-5.2# `, `PS C:\> `, `C:\> `, `> `.
+_PROMPT = re.compile(
+    r"""^\s*(?:\([^)]*\)\s*)?
+        (?:\[[^\]]*\]\s*[$#%]
+          |[\w.-]+@[\w.-]+(?::\S*?)?\s*[$#%]
+          |[\w.-]+-\d[\d.]*[$#]
+          |[~/][^\s$#]*\s*[$#]
+          |PS\s+[A-Za-z]:\\[^>]*>
+          |[A-Za-z]:\\[^>]*>
+          |[$#%>]
+        )\s*""",
+    re.X,
+)
+
+# Lines an author put in to show that something was cut: `[...]`, `...`, `....`, `(...)`, `<snip>`.
+_ELISION = re.compile(r"^\s*(?:\[\s*\.{3,}\s*\]|\(\s*\.{3,}\s*\)|\.{3,}|…|<\s*snip(?:ped)?\s*>)\s*$",
+                      re.I)
+
+# What the NVIDIA tools print instead of their output when they cannot run.
+_TOOL_FAILURES = (
+    re.compile(r"NVIDIA-SMI has failed.*", re.I),
+    re.compile(r"Failed to initialize NVML.*", re.I),
+    re.compile(r"Unable to determine the device handle.*", re.I),
+    re.compile(r"Driver/library version mismatch.*", re.I),
+    re.compile(r"(?:nvidia-smi|nvcc)\S*:\s*(?:command )?not found.*", re.I),
+    re.compile(r"Command '(?:nvidia-smi|nvcc)' not found.*", re.I),
+    re.compile(r"No such file or directory.*", re.I),
+)
+
+
+def lines_of(text: str, kind: str) -> list[str]:
+    """Split text into lines: CRLF/CR normalised, ANSI colours and BOM dropped, right-stripped.
+
+    Raises ParseError when the text is not a string or holds nothing but whitespace.
+    """
+    if not isinstance(text, str):
+        raise ParseError(kind, f"expected text, got {type(text).__name__}")
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    text = _ANSI.sub("", text).replace("\ufeff", "").replace("\xa0", " ")
+    lines = [line.rstrip() for line in text.split("\n")]
+    if not any(line.strip() for line in lines):
+        raise ParseError(kind, "empty input")
+    return lines
+
+
+def is_elision(line: str) -> bool:
+    """True for a line an author inserted to mark cut text (`[...]`, `...`)."""
+    return bool(_ELISION.match(line))
+
+
+def strip_prompt(line: str) -> str:
+    """The line without a leading shell prompt (unchanged when it has none)."""
+    return _PROMPT.sub("", line, count=1)
+
+
+def command_echo(line: str, tool: str) -> str | None:
+    """If the line is an echoed command line running `tool`, the command from the tool name on.
+
+    `tool` is matched as a word, optionally after a path (`/usr/bin/nvidia-smi`), anywhere after a
+    prompt, `sudo`, `watch -n 1` and the like. Returns None for any other line.
+    """
+    m = re.search(r"(?:^|[\s/$#>;|&(`])(" + re.escape(tool) + r")(?=\s|$)(.*)$", line)
+    if m is None:
+        return None
+    return (m.group(1) + m.group(2)).strip()
+
+
+def tool_failure(lines: list[str]) -> str | None:
+    """The first line where an NVIDIA tool says it could not run (driver not loaded...), or None."""
+    for line in lines:
+        for pattern in _TOOL_FAILURES:
+            m = pattern.search(line)
+            if m:
+                return m.group(0).strip()
+    return None
+
+
+_NUMBER = re.compile(r"^[+-]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?$")
+
+
+def to_number(value: str) -> int | float | None:
+    """`"42"` -> 42, `"83.92"` -> 83.92, `"1e-9"` -> 1e-09; anything else -> None."""
+    value = value.strip()
+    if not _NUMBER.match(value):
+        return None
+    if re.match(r"^[+-]?\d+$", value):
+        return int(value)
+    return float(value)
+
+
+_MISSING = {"n/a", "[n/a]", "na", "not supported", "[not supported]", "not found", "[not found]",
+            "unknown", "[unknown]", "unknown error", "[unknown error]", "not available",
+            "[not available]", "insufficient permissions", "[insufficient permissions]",
+            "gpu requires reset", "[gpu requires reset]", "gpu is lost", "[gpu is lost]",
+            "err!", "-", ""}
+
+
+def is_missing(value: str | None) -> bool:
+    """True for the placeholders NVIDIA tools print where they have no value (N/A, [N/A], ...)."""
+    return value is None or value.strip().lower() in _MISSING
+
+
+def version_in(value: str | None) -> str | None:
+    """The first dotted version number in value (`"12.4"`, `"550.90.12"`), or None."""
+    if value is None or is_missing(value):
+        return None
+    m = re.search(r"\d+(?:\.\d+)+", value)
+    return m.group(0) if m else None
+
+
+def snake(key: str) -> str:
+    """`"Replay Errors"` -> `"replay_errors"`, `"P2P is supported"` -> `"p2p_is_supported"`."""
+    return re.sub(r"[^0-9a-z]+", "_", key.strip().lower()).strip("_")

@@ -1,0 +1,226 @@
+"""Parse `ibstat` (infiniband-diags): one entry per HCA port with state, rate and link layer.
+
+Reads the full listing (`ibstat`), one CA (`ibstat mlx5_0`), one port (`ibstat mlx5_0 1`,
+whose header is `CA: 'mlx5_0'`) and the short form (`ibstat -s`, CAs without ports).
+Indentation is not trusted (pastes collapse it): keys are assigned by name to the CA or to
+the port that is open. A key the text does not show (a block cut short) is null.
+
+The state vocabulary is shared with ibv_devinfo: Active, Down, Init, Armed, Polling;
+physical states: LinkUp, Polling, Disabled, Sleep, PortConfigurationTraining,
+LinkErrorRecovery, PhyTest. Anything else is kept as printed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from cluster.errors import ParseError
+from cluster.parsers._lines import clean_lines, jsonable, numbered, require_text, to_number
+
+KIND = "ibstat"
+
+_CA_RE = re.compile(r"^\s*CA:?\s+'(?P<ca>[^']+)'\s*$")
+_PORT_RE = re.compile(r"^\s*Port\s+(?P<port>\d+)\s*:\s*$")
+_KV_RE = re.compile(r"^\s*(?P<key>[A-Za-z][A-Za-z ]*?)\s*:\s*(?P<value>.*?)\s*$")
+
+_CA_KEYS = {"ca type": "ca_type", "number of ports": "num_ports",
+            "firmware version": "firmware", "hardware version": "hardware_version",
+            "node guid": "node_guid", "system image guid": "system_image_guid"}
+_PORT_KEYS = {"state": "state", "physical state": "physical_state", "rate": "rate",
+              "base lid": "lid", "lmc": "lmc", "sm lid": "sm_lid",
+              "capability mask": "capability_mask", "port guid": "port_guid",
+              "link layer": "link_layer"}
+
+_STATES = {"active": "Active", "activedefer": "Active", "down": "Down", "init": "Init",
+           "initialize": "Init", "initializing": "Init", "armed": "Armed", "polling": "Polling"}
+_PHYS_STATES = {"linkup": "LinkUp", "polling": "Polling", "disabled": "Disabled",
+                "sleep": "Sleep", "portconfigurationtraining": "PortConfigurationTraining",
+                "configurationtraining": "PortConfigurationTraining",
+                "linkerrorrecovery": "LinkErrorRecovery", "phytest": "PhyTest"}
+_LINK_LAYERS = {"infiniband": "InfiniBand", "ib": "InfiniBand", "ethernet": "Ethernet",
+                "eth": "Ethernet"}
+
+
+def _printed(raw: str) -> str:
+    """The value as printed, without a trailing numeric code: 'PORT_NOP (0)' -> 'PORT_NOP'."""
+    return re.sub(r"\s*\(\s*-?\d+\s*\)\s*$", "", raw).strip()
+
+
+def _squash(value: str) -> str:
+    """'PORT_ACTIVE (4)' -> 'active'; '5: LinkUp' -> 'linkup'; 'Port Configuration Training' ..."""
+    value = re.sub(r"\(\s*\d+\s*\)", "", value)
+    value = re.sub(r"^\s*\d+\s*:\s*", "", value)
+    value = re.sub(r"^\s*PORT_", "", value.strip(), flags=re.IGNORECASE)
+    return re.sub(r"[^a-z]", "", value.lower())
+
+
+def normalize_state(raw: str | None) -> str | None:
+    """Logical port state in the shared vocabulary (Active, Down, Init, Armed, Polling)."""
+    if raw is None or not raw.strip():
+        return None
+    return _STATES.get(_squash(raw), _printed(raw))
+
+
+def normalize_physical_state(raw: str | None) -> str | None:
+    """Physical port state as ibstat spells it (LinkUp, Polling, Disabled, ...)."""
+    if raw is None or not raw.strip():
+        return None
+    return _PHYS_STATES.get(_squash(raw), _printed(raw))
+
+
+def normalize_link_layer(raw: str | None) -> str | None:
+    """InfiniBand or Ethernet; other values (Unspecified on EFA) as printed."""
+    if raw is None or not raw.strip():
+        return None
+    return _LINK_LAYERS.get(raw.strip().lower(), raw.strip())
+
+
+@dataclass(frozen=True)
+class IbPort:
+    """One port of one CA."""
+
+    ca: str | None
+    port: int
+    state: str | None
+    state_raw: str | None
+    physical_state: str | None
+    rate_gbps: int | float | None
+    link_layer: str | None
+    lid: int | None
+    sm_lid: int | None
+    lmc: int | None
+    port_guid: str | None
+    capability_mask: str | None
+
+
+@dataclass(frozen=True)
+class IbCa:
+    """One channel adapter (HCA) and its identity."""
+
+    ca: str
+    ca_type: str | None
+    num_ports: int | None
+    firmware: str | None
+    hardware_version: str | None
+    node_guid: str | None
+    system_image_guid: str | None
+
+
+@dataclass(frozen=True)
+class Ibstat:
+    """The ports (and CAs) an `ibstat` output shows."""
+
+    ports: tuple[IbPort, ...]
+    cas: tuple[IbCa, ...]
+
+    def to_dict(self) -> dict:
+        return jsonable(self)
+
+
+def _int(value: str | None) -> int | None:
+    if value is None:
+        return None
+    m = re.match(r"^\s*(0x[0-9a-fA-F]+|\d+)\b", value)
+    if not m:
+        return None
+    return int(m.group(1), 16) if m.group(1).lower().startswith("0x") else int(m.group(1))
+
+
+def _rate(value: str | None) -> int | float | None:
+    if value is None:
+        return None
+    m = re.match(r"^\s*(\d+(?:\.\d+)?)", value)
+    return to_number(m.group(1)) if m else None
+
+
+def _make_port(ca: str | None, port: int, fields: dict[str, str]) -> IbPort:
+    state_raw = fields.get("state")
+    return IbPort(
+        ca=ca, port=port,
+        state=normalize_state(state_raw), state_raw=state_raw,
+        physical_state=normalize_physical_state(fields.get("physical_state")),
+        rate_gbps=_rate(fields.get("rate")),
+        link_layer=normalize_link_layer(fields.get("link_layer")),
+        lid=_int(fields.get("lid")), sm_lid=_int(fields.get("sm_lid")), lmc=_int(fields.get("lmc")),
+        port_guid=fields.get("port_guid"), capability_mask=fields.get("capability_mask"),
+    )
+
+
+def _make_ca(ca: str, fields: dict[str, str]) -> IbCa:
+    return IbCa(ca=ca, ca_type=fields.get("ca_type"), num_ports=_int(fields.get("num_ports")),
+                firmware=fields.get("firmware"), hardware_version=fields.get("hardware_version"),
+                node_guid=fields.get("node_guid"), system_image_guid=fields.get("system_image_guid"))
+
+
+def parse(text: str) -> Ibstat:
+    """Parse `ibstat` output.
+
+    Returns Ibstat; to_dict():
+        {"ports": [{"ca": "mlx5_0", "port": 1, "state": "Active", "state_raw": "Active",
+                    "physical_state": "LinkUp", "rate_gbps": 200, "link_layer": "Ethernet",
+                    "lid": 0, "sm_lid": 0, "lmc": 0, "port_guid": "0x5aa2...",
+                    "capability_mask": "0x00010000"}, ...],
+         "cas": [{"ca": "mlx5_0", "ca_type": "MT4129", "num_ports": 1, "firmware": "28.39.1002",
+                  "hardware_version": "0", "node_guid": "0x58a2...", "system_image_guid": "0x58a2..."}]}
+    Raises ParseError when the text holds no `CA '...'` block or port section.
+    """
+    lines = clean_lines(require_text(KIND, text))
+    cas: list[IbCa] = []
+    ports: list[IbPort] = []
+    ca: str | None = None
+    ca_fields: dict[str, str] = {}
+    port: int | None = None
+    port_fields: dict[str, str] = {}
+    saw_structure = False
+
+    def close_port() -> None:
+        nonlocal port, port_fields
+        if port is not None:
+            ports.append(_make_port(ca, port, port_fields))
+        port, port_fields = None, {}
+
+    def close_ca() -> None:
+        nonlocal ca, ca_fields
+        close_port()
+        if ca is not None:
+            cas.append(_make_ca(ca, ca_fields))
+        ca, ca_fields = None, {}
+
+    for _, line in numbered(lines):
+        m = _CA_RE.match(line)
+        if m:
+            close_ca()
+            ca, saw_structure = m.group("ca"), True
+            continue
+        m = _PORT_RE.match(line)
+        if m:
+            close_port()
+            port, saw_structure = int(m.group("port")), True
+            continue
+        m = _KV_RE.match(line)
+        if not m:
+            continue
+        key = m.group("key").strip().lower()
+        value = m.group("value")
+        if key in _PORT_KEYS and port is not None:
+            port_fields.setdefault(_PORT_KEYS[key], value)
+        elif key in _CA_KEYS and ca is not None and port is None:
+            ca_fields.setdefault(_CA_KEYS[key], value)
+    close_ca()
+
+    if not saw_structure:
+        if any("no ib devices found" in line.lower() for line in lines):
+            return Ibstat(ports=(), cas=())
+        raise ParseError(KIND, "no \"CA '<name>'\" block or \"Port N:\" section found")
+    if not cas and all(p.state is None and p.rate_gbps is None for p in ports):
+        raise ParseError(KIND, "port sections without any port fields")
+    return Ibstat(ports=tuple(ports), cas=tuple(cas))
+
+
+def detect(text: str) -> bool:
+    """A `CA 'name'` header followed by CA or port keys."""
+    head = text[:20000]
+    return (re.search(r"^\s*CA:?\s+'[^']+'\s*$", head, re.MULTILINE) is not None
+            and re.search(r"^\s*(CA type|Port \d+|State|Firmware version)\s*:", head,
+                          re.MULTILINE) is not None)

@@ -1,0 +1,289 @@
+"""What the running Ray cluster says about itself: nodes, versions and Serve apps, read on the head.
+
+The dashboard is bound to 127.0.0.1 on the head by default (it has no authentication), so the
+laptop usually cannot reach it. The query therefore runs a small stdlib-only Python snippet on
+the head over SSH: it reads the dashboard's REST API (`/api/version`, `/api/v0/nodes`, the state
+API, and `/api/serve/applications/`), and falls back to the GCS client (`ray._raylet.GcsClient`)
+for the node table when the dashboard does not answer (it starts a few seconds after the GCS).
+
+Pure parts: `parse_state_output` (snippet output -> RayState) and `cluster_status`
+(inventory + RayState -> the documented `cluster status --json` document).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from cluster.inventory import Inventory, Node
+
+MARKER = "CLUSTER_RAY_STATE "
+LABEL_NODE = "cluster-toolkit/node"
+LABEL_GPU_MODEL = "cluster-toolkit/gpu-model"
+RESOURCE_HOST_PREFIX = "host:"
+RESOURCE_GPU_MODEL_PREFIX = "gpu_model:"
+
+# Runs on the head with the inventory's python (stdlib only, except the GCS fallback).
+# argv: dashboard base URL, GCS address, "1" to include Serve applications.
+STATE_SNIPPET = r'''
+import json, sys, urllib.request
+base, gcs, want_serve = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+out = {"source": None, "ray_version": None, "nodes": None, "serve": None, "errors": []}
+def get(path, timeout):
+    with urllib.request.urlopen(base + path, timeout=timeout) as r:
+        return json.loads(r.read().decode("utf-8", "replace"))
+try:
+    out["ray_version"] = get("/api/version", 5).get("ray_version")
+    reply = get("/api/v0/nodes?detail=1&limit=10000&timeout=10", 15)
+    if not reply.get("result"):
+        raise RuntimeError(reply.get("msg") or "state API error")
+    out["nodes"] = reply["data"]["result"]["result"]
+    out["source"] = "dashboard"
+except Exception as exc:
+    out["errors"].append("dashboard %s: %s: %s" % (base, type(exc).__name__, exc))
+if out["nodes"] is None:
+    try:
+        import ray
+        from ray._raylet import GcsClient
+        from ray.core.generated import gcs_pb2
+        infos = GcsClient(address=gcs).get_all_node_info(timeout=10)
+        nodes = []
+        for node_id, info in infos.items():
+            nodes.append({"node_id": node_id.hex(), "node_ip": info.node_manager_address,
+                          "is_head_node": bool(info.is_head_node),
+                          "state": "ALIVE" if info.state == gcs_pb2.GcsNodeInfo.ALIVE else "DEAD",
+                          "node_name": info.node_name,
+                          "resources_total": dict(info.resources_total),
+                          "labels": dict(info.labels),
+                          "start_time_ms": int(info.start_time_ms)})
+        out["nodes"] = nodes
+        out["source"] = "gcs"
+        out["ray_version"] = out["ray_version"] or ray.__version__
+    except Exception as exc:
+        out["errors"].append("gcs %s: %s: %s" % (gcs, type(exc).__name__, exc))
+if want_serve and out["source"] == "dashboard":
+    try:
+        out["serve"] = get("/api/serve/applications/", 30)
+    except Exception as exc:
+        out["errors"].append("serve: %s: %s" % (type(exc).__name__, exc))
+print("CLUSTER_RAY_STATE " + json.dumps(out))
+'''
+
+
+@dataclass(frozen=True)
+class GcsNode:
+    """One node as Ray's GCS knows it."""
+
+    node_id: str
+    ip: str
+    alive: bool
+    is_head: bool = False
+    resources: Mapping[str, float] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    start_time_ms: int = 0
+    state_message: str | None = None
+
+    @property
+    def gpus(self) -> float:
+        return float(self.resources.get("GPU", 0))
+
+    @property
+    def cpus(self) -> float:
+        return float(self.resources.get("CPU", 0))
+
+    @property
+    def gpu_model(self) -> str | None:
+        """The GPU model label this toolkit set, else a gpu_model:/accelerator_type: resource."""
+        if self.labels.get(LABEL_GPU_MODEL):
+            return self.labels[LABEL_GPU_MODEL]
+        for key in sorted(self.resources):
+            for prefix in (RESOURCE_GPU_MODEL_PREFIX, "accelerator_type:"):
+                if key.startswith(prefix):
+                    return key[len(prefix):]
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node_id": self.node_id, "ip": self.ip, "alive": self.alive,
+                "is_head": self.is_head, "resources": dict(self.resources),
+                "labels": dict(self.labels), "start_time_ms": self.start_time_ms,
+                "state_message": self.state_message}
+
+
+@dataclass(frozen=True)
+class RayState:
+    """The head's answer: where it came from, Ray's version, the node table, Serve details."""
+
+    source: str | None                 # "dashboard" | "gcs" | None (nothing answered)
+    ray_version: str | None
+    nodes: tuple[GcsNode, ...] | None  # None when neither the dashboard nor the GCS answered
+    serve: Mapping[str, Any] | None
+    errors: tuple[str, ...] = ()
+
+    @property
+    def answered(self) -> bool:
+        return self.nodes is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "ray_version": self.ray_version,
+                "nodes": None if self.nodes is None else [n.to_dict() for n in self.nodes],
+                "serve": self.serve, "errors": list(self.errors)}
+
+
+# ---------------------------------------------------------------- the query (one SSH command)
+
+
+def dashboard_target(inventory: Inventory) -> str:
+    """The address the dashboard listens on, as seen from the head itself."""
+    host = inventory.ray.dashboard_host
+    if host in ("0.0.0.0", "::", "localhost", "127.0.0.1", "::1"):
+        return "127.0.0.1"
+    return host
+
+
+def dashboard_url(inventory: Inventory) -> str:
+    """The dashboard URL on the head (reach it from a laptop with `cluster dashboard`)."""
+    host = inventory.ray.dashboard_host
+    if host in ("0.0.0.0", "::"):
+        host = inventory.head.ip
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{inventory.ray.dashboard_port}"
+
+
+def gcs_address(inventory: Inventory) -> str:
+    return f"{inventory.head.ip}:{inventory.ray.port}"
+
+
+def state_command(inventory: Inventory, include_serve: bool = True) -> str:
+    """The shell command that prints the head's view of the cluster (one MARKER line)."""
+    target = dashboard_target(inventory)
+    if ":" in target:
+        target = f"[{target}]"
+    base = f"http://{target}:{inventory.ray.dashboard_port}"
+    return shlex.join([inventory.ray.python, "-c", STATE_SNIPPET, base, gcs_address(inventory),
+                       "1" if include_serve else "0"]) + " </dev/null"
+
+
+def parse_state_output(stdout: str) -> RayState:
+    """The MARKER line of STATE_SNIPPET's output -> RayState (no marker: nothing answered)."""
+    payload = None
+    for line in stdout.splitlines():
+        if line.startswith(MARKER):
+            payload = line[len(MARKER):]
+    if payload is None:
+        return RayState(None, None, None, None, ("the state query printed no result",))
+    try:
+        data = json.loads(payload)
+    except ValueError as exc:
+        return RayState(None, None, None, None, (f"unreadable state query output: {exc}",))
+    nodes = None
+    if data.get("nodes") is not None:
+        nodes = tuple(_gcs_node(raw) for raw in data["nodes"])
+    return RayState(source=data.get("source"), ray_version=data.get("ray_version"), nodes=nodes,
+                    serve=data.get("serve"), errors=tuple(data.get("errors") or ()))
+
+
+def _gcs_node(raw: Mapping[str, Any]) -> GcsNode:
+    resources = {str(k): float(v) for k, v in (raw.get("resources_total") or {}).items()}
+    return GcsNode(node_id=str(raw.get("node_id") or ""),
+                   ip=str(raw.get("node_ip") or raw.get("node_manager_address") or ""),
+                   alive=str(raw.get("state", "")).upper() == "ALIVE",
+                   is_head=bool(raw.get("is_head_node")),
+                   resources=resources,
+                   labels={str(k): str(v) for k, v in (raw.get("labels") or {}).items()},
+                   start_time_ms=int(raw.get("start_time_ms") or 0),
+                   state_message=raw.get("state_message"))
+
+
+def query_state(session, inventory: Inventory, include_serve: bool = True,
+                timeout: float = 60.0) -> tuple[RayState, Any]:
+    """Run the state query on the head. Returns (RayState, the CommandResult)."""
+    result = session.run(inventory.head, state_command(inventory, include_serve), timeout=timeout)
+    if not result.reached:
+        return RayState(None, None, None, None,
+                        (f"head {inventory.head.name} {result.status}: {result.error}",)), result
+    state = parse_state_output(result.stdout)
+    if not state.answered and result.exit_code != 0:
+        detail = (result.stderr or result.stdout).strip().splitlines()[-1:] or [""]
+        state = RayState(None, None, None, None,
+                         state.errors + (f"exit {result.exit_code}: {detail[0]}",))
+    return state, result
+
+
+# ---------------------------------------------------------------- matching Ray to the inventory
+
+
+def node_for_ip(nodes: Sequence[GcsNode], ip: str) -> GcsNode | None:
+    """The GCS entry for an IP: the alive one (newest if several), else the newest dead one."""
+    matches = [n for n in nodes if n.ip == ip]
+    if not matches:
+        return None
+    matches.sort(key=lambda n: (n.alive, n.start_time_ms), reverse=True)
+    return matches[0]
+
+
+def _number(value: float) -> float | int:
+    return int(value) if float(value).is_integer() else value
+
+
+def cluster_status(inventory: Inventory, state: RayState, head_reached: bool = True) -> dict:
+    """The `cluster status --json` document (keys documented in docs/ray.md)."""
+    head = inventory.head
+    doc: dict[str, Any] = {
+        "ray_version": state.ray_version,
+        "dashboard_url": dashboard_url(inventory),
+        "head": {"name": head.name, "ip": head.ip, "gcs_address": gcs_address(inventory),
+                 "reachable": head_reached, "answered": state.answered,
+                 "source": state.source},
+        "nodes": [],
+        "serve": {"applications": serve_applications(state.serve)} if state.serve is not None
+        else None,
+        "missing": [],
+        "errors": list(state.errors),
+    }
+    if not state.answered:
+        doc["missing"] = [n.name for n in inventory.nodes]
+        return doc
+    by_ip = {n.ip: n for n in inventory.nodes}
+    seen: set[str] = set()
+    for node in inventory.nodes:
+        entry = node_for_ip(state.nodes, node.ip)
+        if entry is None or not entry.alive:
+            doc["missing"].append(node.name)
+        if entry is not None:
+            doc["nodes"].append(_node_doc(node.name, entry))
+            seen.add(entry.node_id)
+    for entry in state.nodes:  # alive Ray nodes the inventory does not name
+        if entry.alive and entry.node_id not in seen and entry.ip not in by_ip:
+            doc["nodes"].append(_node_doc(None, entry))
+    return doc
+
+
+def _node_doc(name: str | None, entry: GcsNode) -> dict[str, Any]:
+    return {"name": name, "node_id": entry.node_id, "alive": entry.alive, "ip": entry.ip,
+            "is_head": entry.is_head, "gpus": _number(entry.gpus), "cpus": _number(entry.cpus),
+            "gpu_model": entry.gpu_model,
+            "resources": {k: _number(v) for k, v in sorted(entry.resources.items())},
+            "labels": dict(entry.labels), "state_message": entry.state_message}
+
+
+def serve_applications(details: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Serve's instance details -> {app: {status, route_prefix, message, deployments}}."""
+    apps: dict[str, Any] = {}
+    for name, app in ((details or {}).get("applications") or {}).items():
+        deployments = {}
+        for dname, dep in (app.get("deployments") or {}).items():
+            replicas = dep.get("replicas") or []
+            running = sum(1 for r in replicas if r.get("state") == "RUNNING")
+            deployments[dname] = {"status": dep.get("status"), "message": dep.get("message") or "",
+                                  "replicas": len(replicas), "running_replicas": running}
+        apps[name] = {"status": app.get("status"), "route_prefix": app.get("route_prefix"),
+                      "message": app.get("message") or "", "deployments": deployments}
+    return apps
+
+
+def status_exit_code(doc: Mapping[str, Any]) -> int:
+    """0 when every inventory node is alive in Ray, 2 otherwise (head unreachable included)."""
+    return 0 if doc["head"]["answered"] and not doc["missing"] else 2

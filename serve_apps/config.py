@@ -1,0 +1,361 @@
+"""The serving apps' arguments, validated, and the pure decisions made from them.
+
+Nothing here imports Ray or vLLM: `cluster deploy --dry-run` (and the tests) can turn app args
+into the placement bundles, the Serve deployment options and the vLLM engine kwargs on a
+machine without either installed.
+
+Args follow ray.serve.llm's LLMConfig field names, so a config reads the same to anyone who
+knows that library:
+
+    model_loading_config: {model_id: NAME, model_source: PATH}   # model_id = served_model_name
+    engine_kwargs: {tensor_parallel_size: 2, max_model_len: 4096, ...}  # vLLM engine + frontend args
+    deployment_config: {num_replicas: 1, max_ongoing_requests: 1024, ...}  # Serve deployment options
+    placement_group_config: {bundle_per_worker: {GPU: 1, CPU: 1}, strategy: PACK}
+    runtime_env: {env_vars: {VLLM_CPU_KVCACHE_SPACE: "1", NCCL_SOCKET_IFNAME: eth0}}
+    api_key_env: SERVE_API_KEY          # NAME of the env var holding the key, never the key
+    enable_request_logging: false       # per-request logs (Serve access log, vLLM request log)
+    device: auto                        # auto | gpu | cpu
+    process_priority: 0                 # nice value for the replica and its engine; null: leave
+    replica_num_cpus: null              # CPUs the replica actor itself claims (default 1 GPU / 0 CPU)
+    dry_run: false                      # no engine: place probe actors in the bundles instead
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from cluster.errors import UsageError
+
+DEVICES = ("auto", "gpu", "cpu")
+STRATEGIES = ("PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD")
+# Serve options this module computes; a user value would silently break placement.
+COMPUTED_DEPLOYMENT_KEYS = ("placement_group_bundles", "placement_group_strategy",
+                            "gang_scheduling_config")
+# Engine kwargs the app sets from other fields.
+RESERVED_ENGINE_KEYS = ("model", "served_model_name", "data_parallel_rank",
+                        "data_parallel_address", "data_parallel_rpc_port")
+DEFAULT_MAX_ONGOING_REQUESTS = 1024
+KNOWN_KEYS = ("model_loading_config", "engine_kwargs", "deployment_config",
+              "placement_group_config", "runtime_env", "api_key_env",
+              "enable_request_logging", "device", "process_priority", "replica_num_cpus",
+              "dry_run")
+
+
+class AppConfigError(UsageError):
+    """App args that cannot be served as given; the message names the field."""
+
+
+@dataclass(frozen=True)
+class AppConfig:
+    """One served model: what to load, how to run vLLM, how Serve places it."""
+
+    model_id: str
+    model_source: str
+    engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    deployment_config: Mapping[str, Any] = field(default_factory=dict)
+    placement_group_config: Mapping[str, Any] | None = None
+    runtime_env: Mapping[str, Any] = field(default_factory=dict)
+    api_key_env: str | None = None
+    enable_request_logging: bool = False
+    device: str = "auto"
+    process_priority: int | None = 0
+    replica_num_cpus: float | None = None
+    dry_run: bool = False
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return int(self.engine_kwargs.get("tensor_parallel_size", 1))
+
+    @property
+    def pipeline_parallel_size(self) -> int:
+        return int(self.engine_kwargs.get("pipeline_parallel_size", 1))
+
+    @property
+    def data_parallel_size(self) -> int:
+        return int(self.engine_kwargs.get("data_parallel_size", 1))
+
+    @property
+    def workers_per_replica(self) -> int:
+        """vLLM workers (one per device) of one engine: TP x PP."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    def to_args(self) -> dict:
+        """The args dict again (what a Serve config YAML holds)."""
+        out: dict[str, Any] = {
+            "model_loading_config": {"model_id": self.model_id, "model_source": self.model_source},
+            "engine_kwargs": copy.deepcopy(dict(self.engine_kwargs)),
+            "deployment_config": copy.deepcopy(dict(self.deployment_config)),
+            "runtime_env": copy.deepcopy(dict(self.runtime_env)),
+            "api_key_env": self.api_key_env,
+            "enable_request_logging": self.enable_request_logging,
+            "device": self.device,
+            "process_priority": self.process_priority,
+            "replica_num_cpus": self.replica_num_cpus,
+            "dry_run": self.dry_run,
+        }
+        if self.placement_group_config is not None:
+            out["placement_group_config"] = copy.deepcopy(dict(self.placement_group_config))
+        return out
+
+
+def _mapping(args: Mapping, key: str) -> dict:
+    value = args.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise AppConfigError(f"{key}: expected a mapping, got {type(value).__name__}")
+    return copy.deepcopy(dict(value))
+
+
+def _positive_int(kwargs: Mapping, key: str) -> None:
+    value = kwargs.get(key, 1)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise AppConfigError(f"engine_kwargs.{key}: expected a positive integer, got {value!r}")
+
+
+def _check_placement(pgc: Mapping, workers: int) -> None:
+    unknown = set(pgc) - {"bundle_per_worker", "bundles", "strategy"}
+    if unknown:
+        raise AppConfigError(f"placement_group_config: unknown keys {sorted(unknown)}")
+    if ("bundle_per_worker" in pgc) == ("bundles" in pgc):
+        raise AppConfigError("placement_group_config: give exactly one of bundle_per_worker, bundles")
+    strategy = pgc.get("strategy", "PACK")
+    if strategy not in STRATEGIES:
+        raise AppConfigError(f"placement_group_config.strategy: {strategy!r} not in {STRATEGIES}")
+    if "bundles" in pgc:
+        bundles = pgc["bundles"]
+        if not isinstance(bundles, list) or not all(isinstance(b, Mapping) for b in bundles):
+            raise AppConfigError("placement_group_config.bundles: expected a list of mappings")
+        if len(bundles) != workers:
+            raise AppConfigError(
+                f"placement_group_config.bundles: {len(bundles)} bundles for "
+                f"tensor_parallel_size x pipeline_parallel_size = {workers} workers")
+    elif not isinstance(pgc["bundle_per_worker"], Mapping):
+        raise AppConfigError("placement_group_config.bundle_per_worker: expected a mapping")
+
+
+def parse_app_args(args: Mapping[str, Any]) -> AppConfig:
+    """Validate the app args (a Serve config's `args:`) into an AppConfig."""
+    if isinstance(args, AppConfig):
+        return args
+    if not isinstance(args, Mapping):
+        raise AppConfigError(f"app args: expected a mapping, got {type(args).__name__}")
+    unknown = set(args) - set(KNOWN_KEYS)
+    if unknown:
+        raise AppConfigError(f"unknown app args {sorted(unknown)}; known: {list(KNOWN_KEYS)}")
+    loading = _mapping(args, "model_loading_config")
+    model_id, model_source = loading.get("model_id"), loading.get("model_source")
+    if not model_id or not isinstance(model_id, str):
+        raise AppConfigError("model_loading_config.model_id: required (the served model name)")
+    if model_source is None:
+        model_source = model_id
+    if not isinstance(model_source, str):
+        raise AppConfigError("model_loading_config.model_source: expected a path or HF id")
+    engine_kwargs = _mapping(args, "engine_kwargs")
+    reserved = sorted(set(engine_kwargs) & set(RESERVED_ENGINE_KEYS))
+    if reserved:
+        raise AppConfigError(
+            f"engine_kwargs: {reserved} are set by the app (model/served_model_name come from "
+            "model_loading_config; data-parallel rank/address/port from the gang)")
+    if "api_key" in engine_kwargs:
+        raise AppConfigError("engine_kwargs.api_key: never put the key in args; name its "
+                             "environment variable in api_key_env")
+    for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+        _positive_int(engine_kwargs, key)
+    deployment_config = _mapping(args, "deployment_config")
+    computed = sorted(set(deployment_config) & set(COMPUTED_DEPLOYMENT_KEYS))
+    if computed:
+        raise AppConfigError(f"deployment_config: {computed} are computed from "
+                             "placement_group_config and engine_kwargs; set those instead")
+    pgc = args.get("placement_group_config")
+    if pgc is not None:
+        pgc = _mapping(args, "placement_group_config")
+    device = args.get("device") or "auto"
+    if device not in DEVICES:
+        raise AppConfigError(f"device: {device!r} not in {DEVICES}")
+    api_key_env = args.get("api_key_env")
+    if api_key_env is not None and (not isinstance(api_key_env, str) or not api_key_env.isidentifier()):
+        raise AppConfigError("api_key_env: expected the NAME of an environment variable")
+    priority = args.get("process_priority", 0)
+    if priority is not None and (not isinstance(priority, int) or not -20 <= priority <= 19):
+        raise AppConfigError(f"process_priority: expected a nice value -20..19 or null, got {priority!r}")
+    replica_cpus = args.get("replica_num_cpus")
+    if replica_cpus is not None and (not isinstance(replica_cpus, (int, float)) or replica_cpus < 0):
+        raise AppConfigError(f"replica_num_cpus: expected a number >= 0, got {replica_cpus!r}")
+    config = AppConfig(
+        model_id=model_id, model_source=model_source, engine_kwargs=engine_kwargs,
+        deployment_config=deployment_config, placement_group_config=pgc,
+        runtime_env=_mapping(args, "runtime_env"), api_key_env=api_key_env,
+        enable_request_logging=bool(args.get("enable_request_logging", False)),
+        device=device, process_priority=priority, replica_num_cpus=replica_cpus,
+        dry_run=bool(args.get("dry_run", False)))
+    if pgc is not None:
+        _check_placement(pgc, config.workers_per_replica)
+    return config
+
+
+def resolve_device(config: AppConfig, cluster_resources: Mapping[str, float]) -> str:
+    """'gpu' or 'cpu': the explicit device, else gpu when the cluster has GPU resources."""
+    if config.device != "auto":
+        return config.device
+    return "gpu" if cluster_resources.get("GPU", 0) > 0 else "cpu"
+
+
+def worker_bundles(config: AppConfig, device: str) -> list[dict[str, float]]:
+    """One bundle per vLLM worker (TP x PP) of one replica, before the replica's own share."""
+    pgc = config.placement_group_config or {}
+    if "bundles" in pgc:
+        return [dict(b) for b in pgc["bundles"]]
+    if "bundle_per_worker" in pgc:
+        per_worker = dict(pgc["bundle_per_worker"])
+    else:
+        per_worker = {"GPU": 1, "CPU": 1} if device == "gpu" else {"CPU": 1}
+    return [dict(per_worker) for _ in range(config.workers_per_replica)]
+
+
+def replica_actor_resources(config: AppConfig, device: str) -> dict[str, float]:
+    """What the replica actor (API server + engine client) claims for itself.
+
+    On GPU nodes one CPU for the HTTP/tokenizer side; on CPU the engine's workers hold the
+    bundle CPUs and the replica claims none (a 2-core node could not fit TP 2 otherwise).
+    """
+    actor_options = config.deployment_config.get("ray_actor_options", {}) or {}
+    default_cpus = 1 if device == "gpu" else 0
+    cpus = config.replica_num_cpus
+    if cpus is None:
+        cpus = actor_options.get("num_cpus", default_cpus)
+    resources = {"CPU": cpus, "GPU": actor_options.get("num_gpus", 0)}
+    resources.update(actor_options.get("resources", {}) or {})
+    if "memory" in actor_options:
+        resources["memory"] = actor_options["memory"]
+    return resources
+
+
+def replica_bundles(config: AppConfig, device: str) -> list[dict[str, float]]:
+    """Serve's placement_group_bundles: the replica's share merged into bundle 0.
+
+    The replica actor is scheduled into bundle 0, so it sits on the node of the first
+    pipeline stage, next to the worker that vLLM gives global rank 0.
+    """
+    bundles = worker_bundles(config, device)
+    own = replica_actor_resources(config, device)
+    first = dict(bundles[0])
+    for key, value in own.items():
+        first[key] = first.get(key, 0) + value
+    merged = [first] + [dict(b) for b in bundles[1:]]
+    return [{k: v for k, v in b.items() if v} or {"CPU": 0} for b in merged]
+
+
+def placement_strategy(config: AppConfig) -> str:
+    return (config.placement_group_config or {}).get("strategy", "PACK")
+
+
+def executor_backend(config: AppConfig, device: str) -> str:
+    """vLLM's distributed executor: Ray on GPU clusters (workers are actors in the bundles),
+    the multiprocessing executor on CPU (vLLM's CPU platform cannot run the Ray executor)."""
+    requested = config.engine_kwargs.get("distributed_executor_backend")
+    wanted = "ray" if device == "gpu" else "mp"
+    if requested is not None and requested != wanted:
+        raise AppConfigError(
+            f"engine_kwargs.distributed_executor_backend={requested!r} cannot run on {device}: "
+            f"the app uses {wanted!r} there (the replica holds no GPU itself on GPU nodes; "
+            "vLLM's CPU platform does not support the Ray executor)")
+    return wanted
+
+
+def engine_kwargs_for(config: AppConfig, device: str) -> dict[str, Any]:
+    """The AsyncEngineArgs/frontend kwargs one replica hands to vLLM (before DP rank info)."""
+    kwargs = copy.deepcopy(dict(config.engine_kwargs))
+    kwargs["model"] = config.model_source
+    kwargs["served_model_name"] = [config.model_id]
+    kwargs["distributed_executor_backend"] = executor_backend(config, device)
+    kwargs.setdefault("enable_log_requests", config.enable_request_logging)
+    # Engine stats feed /metrics (vllm:*); they are periodic, not per request.
+    kwargs.setdefault("disable_log_stats", False)
+    return kwargs
+
+
+def num_serve_replicas(config: AppConfig) -> int | str | None:
+    """Serve replicas: with data parallelism one replica per DP rank, times the DP groups."""
+    replicas = config.deployment_config.get("num_replicas")
+    dp = config.data_parallel_size
+    if dp == 1:
+        return replicas
+    if replicas == "auto" or "autoscaling_config" in config.deployment_config:
+        raise AppConfigError("deployment_config: autoscaling is not supported with "
+                             "data_parallel_size > 1; give num_replicas (DP groups)")
+    return (replicas or 1) * dp
+
+
+def serve_deployment_options(config: AppConfig, device: str) -> dict[str, Any]:
+    """Options for serve.deployment(...).options(**these) of one model's deployment."""
+    options = copy.deepcopy(dict(config.deployment_config))
+    options.setdefault("max_ongoing_requests", DEFAULT_MAX_ONGOING_REQUESTS)
+    # Startup of a large model takes minutes; Serve's default health-check timeout is 30 s.
+    options.setdefault("health_check_timeout_s", 120)
+    logging_config = dict(options.get("logging_config") or {})
+    logging_config.setdefault("enable_access_log", config.enable_request_logging)
+    options["logging_config"] = logging_config
+    actor_options = dict(options.get("ray_actor_options") or {})
+    own = replica_actor_resources(config, device)
+    actor_options["num_cpus"] = own["CPU"]
+    actor_options["num_gpus"] = own["GPU"]
+    runtime_env = copy.deepcopy(dict(actor_options.get("runtime_env") or {}))
+    for key, value in config.runtime_env.items():
+        if key == "env_vars":
+            env = dict(runtime_env.get("env_vars") or {})
+            env.update({k: str(v) for k, v in (value or {}).items()})
+            runtime_env["env_vars"] = env
+        else:
+            runtime_env[key] = copy.deepcopy(value)
+    if runtime_env:
+        actor_options["runtime_env"] = runtime_env
+    options["ray_actor_options"] = actor_options
+    options["placement_group_bundles"] = replica_bundles(config, device)
+    replicas = num_serve_replicas(config)
+    if replicas is not None:
+        options["num_replicas"] = replicas
+    if config.data_parallel_size > 1:
+        options["gang_scheduling_config"] = {
+            "gang_size": config.data_parallel_size,
+            "gang_placement_strategy": "PACK",
+            "runtime_failure_policy": "RESTART_GANG",
+        }
+    else:
+        options["placement_group_strategy"] = placement_strategy(config)
+    return options
+
+
+def bundle_indices_for_rank(rank: int, per_rank: int, bundle_nodes: list[str],
+                            first_node: str | None = None) -> list[int]:
+    """Bundle indices of one DP rank inside a gang placement group.
+
+    The gang group concatenates every rank's bundles, but bundle order need not follow the
+    nodes. Sort bundle indices so that same-node bundles are adjacent (and `first_node`'s
+    come first, where global rank 0 lives), then rank r takes the r-th slice: a rank's TP
+    workers then share a node whenever the node has room for them.
+    """
+    order = sorted(range(len(bundle_nodes)),
+                   key=lambda i: (bundle_nodes[i] != first_node, bundle_nodes[i], i))
+    start = rank * per_rank
+    if start + per_rank > len(order):
+        raise AppConfigError(f"rank {rank} x {per_rank} bundles exceeds the "
+                             f"{len(order)} bundles of the placement group")
+    return order[start:start + per_rank]
+
+
+def tp_groups_split_across_nodes(bundle_nodes: list[str], tp: int, pp: int) -> list[int]:
+    """Pipeline stages whose TP group would straddle nodes, given each bundle's node.
+
+    vLLM's Ray executor orders workers by node (the driver's node first), then gives
+    consecutive ranks to a TP group. A stage's TP group sits in one node exactly when the
+    per-node bundle counts, taken in that order, cut at multiples of tp.
+    """
+    if len(bundle_nodes) != tp * pp:
+        raise AppConfigError(f"{len(bundle_nodes)} bundles for TP {tp} x PP {pp}")
+    first = bundle_nodes[0] if bundle_nodes else None
+    ordered = sorted(bundle_nodes, key=lambda n: (n != first, n))
+    return [stage for stage in range(pp)
+            if len(set(ordered[stage * tp:(stage + 1) * tp])) > 1]

@@ -1,0 +1,432 @@
+"""Ray Serve apps that serve a model with vLLM's own OpenAI server, in one hop.
+
+Import paths for a Serve config (`serve deploy`, the dashboard's REST API):
+
+    serve_apps.vllm_app:build_app       dense model: one replica = one engine on TP x PP
+                                        bundles (PACK: a stage's TP group inside one node);
+                                        replicas = data parallel.
+    serve_apps.vllm_app:build_moe_app   MoE model: data-parallel attention + expert-parallel
+                                        MoE layers; one gang-scheduled replica per DP rank.
+
+Each replica is the HTTP ingress itself: it holds vLLM's AsyncLLM and serves vLLM's own
+FastAPI app (the routes, request/response models, SSE streaming and /metrics of
+`vllm serve`), built after the engine starts through Serve's late-bound ASGI ingress
+(`__serve_build_asgi_app__`). There is no second deployment and no stream batching between
+the proxy and the engine (ray.serve.llm's default path adds both; see docs/serving.md for
+the measurements behind this choice). Config fields follow ray.serve.llm's LLMConfig names
+(serve_apps/config.py).
+
+Extra route: GET /v1/placement (API-key guarded) reports where the replica, its bundles and
+(dry_run) the probe actors landed, plus the engine kwargs it started with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import re
+import socket
+import time
+import types
+import typing
+from typing import Any
+
+import ray
+from ray import serve
+from ray.serve.deployment import Application
+from ray.util.placement_group import (
+    PlacementGroup,
+    get_current_placement_group,
+    get_placement_group,
+    placement_group_table,
+)
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from serve_apps.api_key import read_api_key
+from serve_apps.config import (
+    AppConfig,
+    AppConfigError,
+    bundle_indices_for_rank,
+    engine_kwargs_for,
+    parse_app_args,
+    resolve_device,
+    serve_deployment_options,
+    tp_groups_split_across_nodes,
+    worker_bundles,
+)
+
+logger = logging.getLogger("ray.serve")
+
+DP_MASTER_KV_NAMESPACE = "cluster-serve"
+DP_MASTER_WAIT_S = 300.0
+
+
+# ----------------------------------------------------------------------------- process priority
+
+def set_process_priority(nice: int) -> str:
+    """Give every thread of this process the nice value `nice`; returns what happened.
+
+    Ray starts workers (Serve replicas included) at nice 15; on a busy node that starves the
+    API server and the engine core it spawns against anything at nice 0. Linux keeps nice
+    per thread and children inherit their creator thread's value, so set it on all threads
+    before the engine starts. Lowering nice needs root (CAP_SYS_NICE); without it: a warning.
+    """
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = [0]
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    try:
+        for tid in tids:
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+    except PermissionError:
+        return f"kept nice {before} (lowering it to {nice} needs root or CAP_SYS_NICE)"
+    except ProcessLookupError:
+        pass
+    return f"nice {before} -> {nice} on {len(tids)} threads"
+
+
+# ----------------------------------------------------------------------------- placement
+
+def _node_ips() -> dict[str, str]:
+    return {n["NodeID"]: n.get("NodeManagerAddress", "") for n in ray.nodes() if n.get("Alive")}
+
+
+def describe_placement_group(pg: PlacementGroup | None) -> list[dict[str, Any]]:
+    """[{index, node_id, node_ip, resources}] for each bundle of pg ([] when not in a PG)."""
+    if pg is None:
+        return []
+    table = placement_group_table(pg)
+    ips = _node_ips()
+    nodes = table.get("bundles_to_node_id", {})
+    return [{"index": int(i), "node_id": nodes.get(i, ""), "node_ip": ips.get(nodes.get(i, ""), ""),
+             "resources": dict(res)}
+            for i, res in sorted(table.get("bundles", {}).items(), key=lambda kv: int(kv[0]))]
+
+
+@ray.remote(num_cpus=0)
+class BundleProbe:
+    """Stands in for one vLLM worker in dry-run mode: holds its bundle share, says where it is."""
+
+    def where(self) -> dict[str, Any]:
+        ctx = ray.get_runtime_context()
+        return {"node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address(),
+                "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "pid": os.getpid()}
+
+
+def _probe_options(bundle: dict[str, float]) -> dict[str, Any]:
+    extra = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU", "memory") and v}
+    options: dict[str, Any] = {"num_cpus": bundle.get("CPU", 0), "num_gpus": bundle.get("GPU", 0)}
+    if extra:
+        options["resources"] = extra
+    return options
+
+
+# ----------------------------------------------------------------------------- data parallel
+
+def _dp_master_key(gang_id: str) -> str:
+    return f"dp_master/{gang_id}"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+async def _dp_master(rank: int, gang_id: str) -> dict[str, Any]:
+    """Rank 0 publishes its address and a free port in the GCS; the other ranks wait for it."""
+    from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_put
+
+    key = _dp_master_key(gang_id)
+    if rank == 0:
+        info = {"address": ray.util.get_node_ip_address(), "port": _free_port(),
+                "node_id": ray.get_runtime_context().get_node_id()}
+        _internal_kv_put(key, json.dumps(info), overwrite=True, namespace=DP_MASTER_KV_NAMESPACE)
+        return info
+    deadline = time.monotonic() + DP_MASTER_WAIT_S
+    while True:
+        data = _internal_kv_get(key, namespace=DP_MASTER_KV_NAMESPACE)
+        if data:
+            return json.loads(data)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"DP rank {rank}: rank 0 of gang {gang_id} did not publish "
+                               f"its address within {DP_MASTER_WAIT_S:.0f} s")
+        await asyncio.sleep(0.5)
+
+
+# ----------------------------------------------------------------------------- vLLM glue
+
+def _config_type(annotation: Any) -> type | None:
+    """The vLLM config dataclass inside a field annotation (X | None, Annotated[X, ...])."""
+    if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _config_type(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def split_vllm_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(engine kwargs, frontend kwargs): vLLM's AsyncEngineArgs vs FrontendArgs fields,
+    with config sub-dicts validated into vLLM's config classes as its CLI parser does."""
+    from pydantic import TypeAdapter
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.launchers.cli_args import FrontendArgs
+
+    engine_fields = {f.name: f for f in dataclasses.fields(AsyncEngineArgs)}
+    frontend_fields = {f.name for f in dataclasses.fields(FrontendArgs)}
+    engine, frontend = {}, {}
+    for key, value in kwargs.items():
+        if key in frontend_fields and key not in engine_fields:
+            frontend[key] = value
+        elif key in engine_fields:
+            config_cls = _config_type(engine_fields[key].type) if isinstance(value, dict) else None
+            engine[key] = TypeAdapter(config_cls).validate_python(value) if config_cls else value
+        else:
+            raise AppConfigError(f"engine_kwargs.{key}: not an argument of this vLLM "
+                                 f"({getattr(__import__('vllm'), '__version__', '?')})")
+    return engine, frontend
+
+
+@ray.remote(num_cpus=0)
+def _engine_config_on_gpu(engine_kwargs: dict[str, Any]):
+    """Resolve vLLM's config where a GPU is visible (the replica itself holds none)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    return AsyncEngineArgs(**engine_kwargs).create_engine_config(
+        usage_context=UsageContext.OPENAI_API_SERVER)
+
+
+def _import_vllm_app_builders():
+    try:
+        from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+        from vllm.entrypoints.launchers.app import build_app as build_vllm_app
+    except ImportError:  # older vLLM layout
+        from vllm.entrypoints.openai.api_server import build_app as build_vllm_app
+        from vllm.entrypoints.openai.api_server import init_app_state
+    return build_vllm_app, init_app_state
+
+
+# ----------------------------------------------------------------------------- the deployment
+
+class VLLMServer:
+    """One replica: vLLM's AsyncLLM plus vLLM's OpenAI FastAPI app as the Serve ingress."""
+
+    async def __init__(self, args: dict[str, Any]):
+        self._config: AppConfig = parse_app_args(args)
+        config = self._config
+        self._device = config.device if config.device != "auto" else resolve_device(
+            config, ray.cluster_resources())
+        self._engine = None
+        self._args: argparse.Namespace | None = None
+        self._probes: list[Any] = []
+        self._probe_report: list[dict[str, Any]] = []
+        self._priority_note = (set_process_priority(config.process_priority)
+                               if config.process_priority is not None else "left as Ray set it")
+        self._api_key = read_api_key(config.api_key_env) if config.api_key_env else None
+        if self._api_key is None:
+            logger.warning("No api_key_env: the OpenAI API of %r is open to anyone who can "
+                           "reach the Serve port", config.model_id)
+
+        ctx = serve.get_replica_context()
+        gang = getattr(ctx, "gang_context", None)
+        self._dp_rank = gang.rank if gang is not None else None
+        self._pg = (get_placement_group(gang.pg_name) if gang is not None and gang.pg_name
+                    else get_current_placement_group())
+        self._bundles = describe_placement_group(self._pg)
+        self._kwargs = engine_kwargs_for(config, self._device)
+        self._worker_bundle_indices = list(range(len(self._bundles)))
+        if config.data_parallel_size > 1:
+            if gang is None:
+                raise AppConfigError("data_parallel_size > 1 needs gang scheduling "
+                                     "(deploy with serve_apps.vllm_app:build_moe_app)")
+            master = await _dp_master(gang.rank, gang.gang_id)
+            self._kwargs.update(data_parallel_rank=gang.rank,
+                                data_parallel_address=master["address"],
+                                data_parallel_rpc_port=master["port"])
+            self._worker_bundle_indices = bundle_indices_for_rank(
+                gang.rank, config.workers_per_replica,
+                [b["node_id"] for b in self._bundles], first_node=master["node_id"])
+            # vLLM's Ray executor places this rank's workers in these bundles only.
+            os.environ["VLLM_RAY_BUNDLE_INDICES"] = ",".join(map(str, self._worker_bundle_indices))
+        self._check_stage_placement()
+
+        if config.dry_run:
+            await self._start_probes()
+        else:
+            self._start_engine()
+        logger.info("Replica of %r ready: device %s, dp_rank %s, %s", config.model_id,
+                    self._device, self._dp_rank, self._priority_note)
+
+    def _check_stage_placement(self) -> None:
+        nodes = [self._bundles[i]["node_id"] for i in self._worker_bundle_indices
+                 if i < len(self._bundles)]
+        config = self._config
+        if len(nodes) != config.workers_per_replica:
+            return
+        split = tp_groups_split_across_nodes(nodes, config.tensor_parallel_size,
+                                             config.pipeline_parallel_size)
+        if split:
+            logger.warning("Pipeline stage(s) %s of %r have their tensor-parallel group split "
+                           "across nodes (bundle nodes %s): all-reduce will cross the network",
+                           split, config.model_id, nodes)
+
+    async def _start_probes(self) -> None:
+        per_worker = worker_bundles(self._config, self._device)
+        for slot, index in enumerate(self._worker_bundle_indices):
+            strategy = PlacementGroupSchedulingStrategy(
+                placement_group=self._pg, placement_group_bundle_index=index,
+                placement_group_capture_child_tasks=False)
+            probe = BundleProbe.options(scheduling_strategy=strategy,
+                                        **_probe_options(per_worker[slot])).remote()
+            self._probes.append((index, probe))
+        for index, probe in self._probes:
+            where = await probe.where.remote()
+            self._probe_report.append({"bundle_index": index, **where})
+
+    def _start_engine(self) -> None:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.entrypoints.launchers.cli_args import FrontendArgs
+        from vllm.usage.usage_lib import UsageContext
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        engine_kwargs, frontend_kwargs = split_vllm_kwargs(self._kwargs)
+        engine_args = AsyncEngineArgs(**engine_kwargs)
+        if self._device == "gpu":
+            strategy = PlacementGroupSchedulingStrategy(
+                placement_group=self._pg,
+                placement_group_bundle_index=self._worker_bundle_indices[0])
+            vllm_config = ray.get(_engine_config_on_gpu.options(
+                num_gpus=0.001, scheduling_strategy=strategy,
+                runtime_env=self._config.runtime_env or None).remote(engine_kwargs))
+            vllm_config.parallel_config.placement_group = self._pg
+        else:
+            vllm_config = engine_args.create_engine_config(
+                usage_context=UsageContext.OPENAI_API_SERVER)
+        self._engine = AsyncLLM.from_vllm_config(
+            vllm_config=vllm_config, usage_context=UsageContext.OPENAI_API_SERVER,
+            enable_log_requests=engine_args.enable_log_requests,
+            disable_log_stats=engine_args.disable_log_stats)
+        # vLLM's frontend reads one flat namespace of frontend + engine args, like its CLI.
+        self._args = argparse.Namespace(**(vars(FrontendArgs(**frontend_kwargs))
+                                           | vars(engine_args)))
+
+    def placement(self) -> dict[str, Any]:
+        ctx = ray.get_runtime_context()
+        shown = {k: v for k, v in self._kwargs.items() if not hasattr(v, "__dataclass_fields__")}
+        return {
+            "model_id": self._config.model_id,
+            "device": self._device,
+            "dry_run": self._config.dry_run,
+            "dp_rank": self._dp_rank,
+            "replica": {"node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address(),
+                        "pid": os.getpid(), "nice": os.getpriority(os.PRIO_PROCESS, 0),
+                        "priority": self._priority_note},
+            "bundles": self._bundles,
+            "worker_bundle_indices": self._worker_bundle_indices,
+            "probes": self._probe_report,
+            "engine_kwargs": json.loads(json.dumps(shown, default=str)),
+        }
+
+    async def __serve_build_asgi_app__(self):
+        app = await (self._build_vllm_app() if self._engine is not None else self._build_dry_app())
+        if self._api_key is not None:
+            from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
+            app.add_middleware(AuthenticationMiddleware, tokens=[self._api_key])
+        placement = self.placement
+        app.add_api_route("/v1/placement", lambda: placement(), methods=["GET"])
+        return app
+
+    async def _build_vllm_app(self):
+        build_vllm_app, init_app_state = _import_vllm_app_builders()
+        supported_tasks = await self._engine.get_supported_tasks()
+        app = build_vllm_app(self._args, supported_tasks, self._engine.model_config)
+        await init_app_state(self._engine, app.state, self._args, supported_tasks)
+        # vLLM's engine-error handler flips `should_exit` on the uvicorn server its own
+        # launcher keeps here. Serve runs no uvicorn loop; check_health restarts us instead.
+        app.state.server = types.SimpleNamespace(should_exit=False)
+        return app
+
+    async def _build_dry_app(self):
+        from fastapi import FastAPI
+        from fastapi.responses import JSONResponse
+
+        app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+        model_id = self._config.model_id
+
+        @app.get("/v1/models")
+        async def models():
+            return {"object": "list", "data": [{"id": model_id, "object": "model",
+                                                "owned_by": "cluster-dry-run"}]}
+
+        @app.get("/health")
+        async def health():
+            return {}
+
+        async def no_engine():
+            return JSONResponse(status_code=503, content={"error": {
+                "message": f"{model_id} is deployed with dry_run: placement only, no engine",
+                "type": "ServiceUnavailable", "code": 503}})
+
+        for path in ("/v1/completions", "/v1/chat/completions"):
+            app.add_api_route(path, no_engine, methods=["POST"])
+        return app
+
+    async def check_health(self) -> None:
+        if self._engine is not None:
+            await self._engine.check_health()
+
+    async def __del__(self):
+        engine, self._engine = getattr(self, "_engine", None), None
+        if engine is not None:
+            engine.shutdown()
+        for _, probe in getattr(self, "_probes", []):
+            ray.kill(probe)
+
+
+VLLMDeployment = serve.deployment(serve.ingress()(VLLMServer), name="VLLMServer")
+
+
+# ----------------------------------------------------------------------------- builders
+
+def _deployment_name(model_id: str) -> str:
+    return "vllm-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", model_id).strip("-")
+
+
+def _cluster_resources() -> dict[str, float]:
+    return ray.cluster_resources() if ray.is_initialized() else {}
+
+
+def bind_app(config: AppConfig) -> Application:
+    """The Serve application for a validated config (device resolved here, once)."""
+    device = resolve_device(config, _cluster_resources())
+    config = dataclasses.replace(config, device=device)
+    options = serve_deployment_options(config, device)
+    name = options.pop("name", None) or _deployment_name(config.model_id)
+    return VLLMDeployment.options(name=name, **options).bind(config.to_args())
+
+
+def build_app(args: dict[str, Any]) -> Application:
+    """Dense model: one engine per replica on TP x PP bundles; more replicas = data parallel."""
+    config = parse_app_args(args)
+    if config.data_parallel_size > 1:
+        raise AppConfigError(
+            "engine_kwargs.data_parallel_size > 1 is vLLM's MoE data parallelism "
+            "(serve_apps.vllm_app:build_moe_app); a dense model scales out with "
+            "deployment_config.num_replicas")
+    return bind_app(config)
+
+
+def build_moe_app(args: dict[str, Any]) -> Application:
+    """MoE model: DP attention ranks (one gang-scheduled replica each) + expert parallel."""
+    config = parse_app_args(args)
+    engine_kwargs = dict(config.engine_kwargs)
+    engine_kwargs.setdefault("enable_expert_parallel", True)
+    return bind_app(dataclasses.replace(config, engine_kwargs=engine_kwargs))
