@@ -22,6 +22,12 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("exec", "exec_cmd"),
     ("preflight", "preflight"),
     ("runs", "runs"),
+    ("parse", "parse"),
+    ("up", "up"),
+    ("down", "down"),
+    ("status", "status"),
+    ("dashboard", "dashboard"),
+    ("plan", "plan"),
 )
 
 

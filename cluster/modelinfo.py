@@ -316,7 +316,7 @@ def parse_quantization(qc: Any) -> Quantization | None:
         if method in _FP8_BLOCKS and qc.get("weight_block_size"):
             detail = f"{method}, blocks {qc['weight_block_size']}"
         return Quantization(method, table[method], "linear", detail)
-    return Quantization(method, None, "linear", "unknown method: weights counted at the model dtype")
+    return Quantization(method, None, "linear", "unknown method")
 
 
 def _moe_layer_flags(cfg: Mapping[str, Any], num_layers: int, num_experts: int) -> list[bool]:

@@ -28,11 +28,21 @@ RESOURCE_GPU_MODEL_PREFIX = "gpu_model:"
 # Runs on the head with the inventory's python (stdlib only, except the GCS fallback).
 # argv: dashboard base URL, GCS address, "1" to include Serve applications.
 STATE_SNIPPET = r'''
-import json, sys, urllib.request
+import json, os, sys, urllib.request
 base, gcs, want_serve = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 out = {"source": None, "ray_version": None, "nodes": None, "serve": None, "errors": []}
+# Ray token authentication: the same token sources Ray itself reads.
+token = os.environ.get("RAY_AUTH_TOKEN")
+path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
+if not token and os.path.isfile(path):
+    with open(path) as fh:
+        token = fh.read().strip()
+headers = {"Authorization": "Bearer " + token} if token else {}
+if token and os.environ.get("RAY_AUTH_MODE") is None:
+    os.environ["RAY_AUTH_MODE"] = "token"
 def get(path, timeout):
-    with urllib.request.urlopen(base + path, timeout=timeout) as r:
+    req = urllib.request.Request(base + path, headers=headers)
+    with urllib.request.urlopen(req, timeout=timeout) as r:
         return json.loads(r.read().decode("utf-8", "replace"))
 try:
     out["ray_version"] = get("/api/version", 5).get("ray_version")
@@ -45,6 +55,9 @@ except Exception as exc:
     out["errors"].append("dashboard %s: %s: %s" % (base, type(exc).__name__, exc))
 if out["nodes"] is None:
     try:
+        import socket
+        host, _, port = gcs.rpartition(":")
+        socket.create_connection((host.strip("[]"), int(port)), timeout=3).close()
         import ray
         from ray._raylet import GcsClient
         from ray.core.generated import gcs_pb2
@@ -162,8 +175,10 @@ def state_command(inventory: Inventory, include_serve: bool = True) -> str:
     if ":" in target:
         target = f"[{target}]"
     base = f"http://{target}:{inventory.ray.dashboard_port}"
-    return shlex.join([inventory.ray.python, "-c", STATE_SNIPPET, base, gcs_address(inventory),
-                       "1" if include_serve else "0"]) + " </dev/null"
+    env = "".join(f"{shlex.quote(f'{k}={v}')} " for k, v in inventory.head.env.items())
+    return (f"env {env}" if env else "") + shlex.join(
+        [inventory.ray.python, "-c", STATE_SNIPPET, base, gcs_address(inventory),
+         "1" if include_serve else "0"]) + " </dev/null"
 
 
 def parse_state_output(stdout: str) -> RayState:

@@ -133,7 +133,7 @@ class SSHRunner:
     def _make(self, host: str, user: str | None, port: int, node: Node | None,
               gateway: object | None):
         from fabric import Config, Connection
-        from paramiko import AutoAddPolicy, RejectPolicy
+        from paramiko import RejectPolicy
 
         config = Config(overrides={"run": {"in_stream": False}})
         conn = Connection(host, user=user, port=port, config=config, gateway=gateway,
@@ -148,7 +148,7 @@ class SSHRunner:
         else:
             client.load_system_host_keys()
         client.set_missing_host_key_policy(
-            AutoAddPolicy() if self.ssh.accept_unknown_host_keys else RejectPolicy())
+            _AcceptForThisRun() if self.ssh.accept_unknown_host_keys else RejectPolicy())
         return conn
 
     def _gateway(self, node: Node):
@@ -200,6 +200,17 @@ class SSHRunner:
             self._connections.clear()
         for conn in conns:
             _close_quietly(conn)
+
+
+class _AcceptForThisRun:
+    """Accept an unknown host key for this run only (kept in memory, never written to a file).
+
+    Used only with ssh.accept_unknown_host_keys: true. A key that differs from a known one is
+    still refused by paramiko (BadHostKeyException) before any policy is asked.
+    """
+
+    def missing_host_key(self, client, hostname, key) -> None:
+        client.get_host_keys().add(hostname, key.get_name(), key)
 
 
 def _close_quietly(conn) -> None:

@@ -32,13 +32,12 @@ def exit_code_for(statuses: Iterable[Status]) -> int:
 
 
 def worst(statuses: Iterable[Status]) -> Status:
-    order = [Status.OK, Status.SKIP, Status.WARN, Status.FAIL, Status.ERROR]
+    """The overall status: error > fail > warn > ok; skip only when nothing else was decided."""
     found = set(statuses)
-    best = Status.OK
-    for s in order:
+    for s in (Status.ERROR, Status.FAIL, Status.WARN, Status.OK):
         if s in found:
-            best = s
-    return best
+            return s
+    return Status.SKIP if found else Status.OK
 
 
 def tail(text: str, lines: int = 20, chars: int = 2000) -> str:

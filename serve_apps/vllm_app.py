@@ -339,6 +339,9 @@ class VLLMServer:
         app = await (self._build_vllm_app() if self._engine is not None else self._build_dry_app())
         if self._api_key is not None:
             from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
+            # vLLM's build_app builds the middleware stack eagerly; drop it so Starlette
+            # rebuilds it with the key check as the outermost layer (as ray.serve.llm does).
+            app.middleware_stack = None
             app.add_middleware(AuthenticationMiddleware, tokens=[self._api_key])
         placement = self.placement
         app.add_api_route("/v1/placement", lambda: placement(), methods=["GET"])

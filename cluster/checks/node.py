@@ -263,7 +263,8 @@ def evaluate_clock(ctx: NodeContext) -> Verdict:
             offset_s = data["offset_ms"] / 1000.0
         facts = {"clock_source": tool, "clock_synchronized": data.get("synchronized"),
                  "clock_offset_s": offset_s}
-        shown = f", offset {offset_s * 1000:.3g} ms" if offset_s is not None else ""
+        shown = "" if offset_s is None else (
+            f", offset {offset_s:+.3g} s" if abs(offset_s) >= 1 else f", offset {offset_s * 1000:+.3g} ms")
         if offset_s is not None and abs(offset_s) > max_offset_s:
             return fail(f"clock {abs(offset_s):.3g} s off ({tool}{shown}), limit "
                         f"{max_offset_s * 1000:g} ms", fix + " and check its sources",

@@ -35,12 +35,20 @@ def require_text(kind: str, text: Any) -> str:
     return text
 
 
+# No line of these tools is anywhere near this long; cutting keeps every regex linear-time
+# on hostile input (a multi-megabyte line without newlines).
+MAX_LINE_CHARS = 4096
+
+
 def clean_lines(text: str) -> list[str]:
-    """Lines without CR, ANSI escapes, NULs, BOM or trailing whitespace (index + 1 = line number)."""
+    """Lines without CR, ANSI escapes, NULs, BOM or trailing whitespace (index + 1 = line number).
+
+    Lines longer than MAX_LINE_CHARS are cut to that length.
+    """
     text = text.replace("\ufeff", "").replace("\x00", "")
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     text = _ANSI_RE.sub("", text)
-    return [line.rstrip() for line in text.split("\n")]
+    return [line[:MAX_LINE_CHARS].rstrip() for line in text.split("\n")]
 
 
 def numbered(lines: list[str]) -> Iterator[tuple[int, str]]:
@@ -54,11 +62,6 @@ def command_in(line: str) -> str | None:
     """The command after a shell prompt on this line, or None when the line has no prompt."""
     m = PROMPT_RE.match(line)
     return m.group("command").strip() if m else None
-
-
-def mentions_command(line: str, tool: str) -> bool:
-    """Whether the line is a command echo that runs `tool` (with or without a prompt)."""
-    return re.search(rf"(?:^|[\s/;|&(`$]){re.escape(tool)}(?:\s|$|[;|&)`])", line) is not None
 
 
 def to_number(value: str) -> int | float | None:
@@ -111,8 +114,3 @@ def jsonable(obj: Any) -> Any:
         return {k: jsonable(v) for k, v in obj.items()}
     return obj
 
-
-def first_line_number(lines: list[str]) -> int | None:
-    for i, line in numbered(lines):
-        return i
-    return None

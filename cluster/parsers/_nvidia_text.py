@@ -28,8 +28,8 @@ _PROMPT = re.compile(
 )
 
 # Lines an author put in to show that something was cut: `[...]`, `...`, `....`, `(...)`, `<snip>`.
-_ELISION = re.compile(r"^\s*(?:\[\s*\.{3,}\s*\]|\(\s*\.{3,}\s*\)|\.{3,}|…|<\s*snip(?:ped)?\s*>)\s*$",
-                      re.I)
+_ELISION = re.compile(
+    r"^\s*(?:\[\s*\.{3,}\s*\]|\(\s*\.{3,}\s*\)|\.{3,}|…|<\s*snip(?:ped)?\s*>)\s*$", re.I)
 
 # What the NVIDIA tools print instead of their output when they cannot run.
 _TOOL_FAILURES = (

@@ -203,6 +203,8 @@ def parse(text: str) -> Ibstat:
             continue
         key = m.group("key").strip().lower()
         value = m.group("value")
+        if not value:
+            continue
         if key in _PORT_KEYS and port is not None:
             port_fields.setdefault(_PORT_KEYS[key], value)
         elif key in _CA_KEYS and ca is not None and port is None:
@@ -213,8 +215,10 @@ def parse(text: str) -> Ibstat:
         if any("no ib devices found" in line.lower() for line in lines):
             return Ibstat(ports=(), cas=())
         raise ParseError(KIND, "no \"CA '<name>'\" block or \"Port N:\" section found")
-    if not cas and all(p.state is None and p.rate_gbps is None for p in ports):
-        raise ParseError(KIND, "port sections without any port fields")
+    port_facts = any(p.state is not None or p.rate_gbps is not None for p in ports)
+    ca_facts = any(c.ca_type or c.firmware or c.node_guid or c.num_ports is not None for c in cas)
+    if not port_facts and not ca_facts:
+        raise ParseError(KIND, "CA/port headers without any CA or port fields")
     return Ibstat(ports=tuple(ports), cas=tuple(cas))
 
 

@@ -203,6 +203,8 @@ def parse(text: str) -> IbvDevinfo:
         if not m or ca is None:
             continue
         key, value = m.group("key").strip().lower(), m.group("value")
+        if not value:
+            continue
         if port is not None and key in _PORT_KEYS:
             port_fields.setdefault(key, value)
         elif port is None and key in _DEVICE_KEYS:

@@ -18,16 +18,17 @@ from cluster.parsers._lines import clean_lines, jsonable, numbered, require_text
 KIND = "lsmod"
 
 _NAME = r"[A-Za-z0-9_][\w\-]*"
+_USERS = rf"{_NAME}(?:,{_NAME})*,?"
 _HEADER_RE = re.compile(r"^\s*Module\s+Size\s+Used\s+by\s*$", re.IGNORECASE)
 # lsmod: "nvidia  56598528  147 nvidia_uvm,nvidia_peermem,gdrdrv"  (users may end with ",",
 # or be "[permanent]"; "-" as the count for modules that cannot be unloaded)
 _LSMOD_RE = re.compile(
     rf"^(?P<name>{_NAME})\s+(?P<size>\d+)\s+(?P<refs>-?\d+|-)"
-    rf"(?:\s+(?P<users>(?:{_NAME},?)+|\[permanent\]))?\s*$"
+    rf"(?:\s+(?P<users>{_USERS}|\[permanent\]))?\s*$"
 )
 # /proc/modules: "nvidia_peermem 16384 0 - Live 0xffffffffc0b3c000 (OE)"
 _PROC_RE = re.compile(
-    rf"^(?P<name>{_NAME})\s+(?P<size>\d+)\s+(?P<refs>-?\d+|-)\s+(?P<users>-|(?:{_NAME},?)+|\[permanent\],?)"
+    rf"^(?P<name>{_NAME})\s+(?P<size>\d+)\s+(?P<refs>-?\d+|-)\s+(?P<users>-|{_USERS}|\[permanent\],?)"
     r"\s+(?:Live|Loading|Unloading)\s+0x[0-9a-fA-F]+(?:\s+\([A-Z+\-]*\))?\s*$"
 )
 

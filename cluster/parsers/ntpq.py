@@ -2,11 +2,12 @@
 
 ntpq -p: one row per peer; the tally code in column 1 says what ntpd made of it
 (`*` system peer, `o` PPS system peer, `+` candidate, `-` outlier, `x` falseticker,
-`.` excess, `#` backup, blank reject). synchronized = there is a `*`/`o` peer, it is not the
-undisciplined local clock (LOCAL(0) / .LOCL. / type l), and its offset is within
-max_offset_ms (default 1000 ms). offset_ms is that peer's offset. Wide rows (`ntpq -pw`,
-the name on its own line) and `-n` output are read too. "No association ID's returned" is
-an answer: no peers, not synchronized.
+`.` excess, `#` backup, blank reject). synchronized = there is a `*`/`o` peer, it is not
+the undisciplined local clock (LOCAL(n) / .LOCL.; a GPS/PPS/WWVB refclock, also t=l, is
+fine), and its offset is within max_offset_ms (default 1000 ms). offset_ms is that peer's
+offset. Old (`disp` column, `remote local` header), NTPsec, wide (`-w`, the name on its own
+line) and `-n` output are read too. "No association ID's returned" is an answer: no peers,
+not synchronized.
 
 ntpq -c rv: `status=0615 leap_none, sync_ntp, ...` then `key=value` pairs. synchronized =
 leap is not `leap_alarm` (11), the sync source is not `sync_unspec` / `sync_local`,
@@ -33,7 +34,7 @@ _PEER_TAIL = (rf"(?P<refid>\S+)\s+(?P<st>\d+)\s+(?P<t>[A-Za-z\-*])\s+(?P<when>-|
 _PEER_RE = re.compile(rf"^(?P<tally>[ x.\-+#*o])(?P<remote>\S+)\s+{_PEER_TAIL}")
 _WIDE_NAME_RE = re.compile(r"^(?P<tally>[ x.\-+#*o])(?P<remote>\S+)\s*$")
 _WIDE_TAIL_RE = re.compile(rf"^\s+{_PEER_TAIL}")
-_PEER_HEADER_RE = re.compile(r"^\s*remote\s+refid\s+st\s+t\s+when\s+poll\s+reach\s+delay\s+offset",
+_PEER_HEADER_RE = re.compile(r"^\s*remote\s+(?:refid|local)\s+st\s+t\s+when\s+poll\s+reach\s+delay\s+offset",
                              re.IGNORECASE)
 _STATUS_RE = re.compile(r"\bstatus=(?P<word>[0-9a-fA-F]{4})\s+(?P<text>[^\n]*)")
 _VAR_RE = re.compile(r"(?<![\w.])(?P<key>[A-Za-z_][\w]*)=(?P<value>\"[^\"]*\"|[^,\s]*)")
@@ -95,8 +96,10 @@ def _peer(tally: str, remote: str, m: re.Match) -> Peer:
 
 
 def _is_local_clock(p: Peer) -> bool:
+    # the undisciplined local clock driver (type 1), not a GPS/PPS/WWVB reference clock,
+    # which ntpq also shows with t = l
     return (p.refid.upper() in (".LOCL.", "LOCAL") or p.remote.upper().startswith("LOCAL(")
-            or p.remote.startswith("127.127.1.") or p.type == "l")
+            or p.remote.startswith("127.127.1."))
 
 
 def _parse_peers(lines: list[str]) -> tuple[list[Peer], bool, bool]:
@@ -230,7 +233,7 @@ def parse(text: str, max_offset_ms: float = DEFAULT_MAX_OFFSET_MS) -> Ntpq:
 def detect(text: str) -> bool:
     """The `ntpq -p` column header or peer rows, or `associd=0 status=...` variables."""
     head = text[:20000]
-    if re.search(r"^\s*remote\s+refid\s+st\s+t\s+when\s+poll\s+reach", head,
+    if re.search(r"^\s*remote\s+(?:refid|local)\s+st\s+t\s+when\s+poll\s+reach", head,
                  re.MULTILINE | re.IGNORECASE):
         return True
     if re.search(r"\bassocid=\d+\s+status=[0-9a-fA-F]{4}\b", head):

@@ -24,8 +24,8 @@ from cluster.parsers._nvidia_text import lines_of, tool_failure
 
 KIND = "nvcc"
 
-_RELEASE = re.compile(r"Cuda compilation tools,\s*release\s+(\d+\.\d+)(?:\s*,\s*(V?\d+(?:\.\d+)*))?",
-                      re.I)
+_RELEASE = re.compile(
+    r"Cuda compilation tools,\s*release\s+(\d+\.\d+)(?:\s*,\s*(V?\d+(?:\.\d+)*))?", re.I)
 _BUILD = re.compile(r"^\s*Build\s+(\S+)\s*$")
 _BUILT_ON = re.compile(r"Built on\s+(\S+)")
 _COPYRIGHT = re.compile(r"Copyright \(c\)\s*(\d{4}(?:-\d{4})?)\s+NVIDIA", re.I)

@@ -1,4 +1,4 @@
-"""Parse the default `nvidia-smi` table (driver, CUDA, one block per GPU, processes) into typed data.
+"""Parse the default `nvidia-smi` table (driver, CUDA, GPU blocks, processes) into typed data.
 
 Handles every table generation from the R3xx layout (`Persistence-M|`, no MIG row, no CUDA
 version) through R450-R570 (`MIG M.` row), R580 (`+---` under the header) and R610+
@@ -9,11 +9,12 @@ Returned shape (`parse(text).to_dict()`):
 
     {
       "driver_version": "550.90.12" | null,   # "Driver Version" (or R610+ "KMD Version")
-      "cuda_version": "12.4" | null,          # "CUDA Version" (or R610+ "CUDA UMD Version"); N/A -> null
+      "cuda_version": "12.4" | null,          # "CUDA Version" (R610+ "CUDA UMD Version"); N/A -> null
       "nvidia_smi_version": "550.90.12" | null,
       "timestamp": "Tue Oct  8 09:49:34 2024" | null,
       "gpu_count": 8 | null,                  # len(gpus) when the table is complete, else null
-      "complete": true | false | null,        # GPU table closed and followed by more output
+      "complete": true | false | null,        # GPU table closed and followed by the next box
+                                              # (Processes); null: text ends at its border
       "gpus": [{
           "index": 0, "name": "NVIDIA A100 80GB PCIe",   # name as shown, maybe cut ("...")
           "name_truncated": false,
@@ -54,9 +55,10 @@ _BUS_CELL = re.compile(r"^\s*(" + _BUS_ID + r")\s*(On|Off|N/A)?\s*$")
 _ROW1_CELL = re.compile(r"^\s*(\d+)\s+(.*?)(?:\s+(On|Off|N/A|WDDM|TCC|MCDM))?\s*$")
 _MEMORY = re.compile(r"(\d+)\s*MiB\s*/\s*(\d+)\s*MiB")
 _BORDER = re.compile(r"^\s*\+[-=+]+\+\s*$")
-_TIMESTAMP = re.compile(r"^\s*(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)\s+\w{3}\s+\d+\s+\d\d:\d\d:\d\d\s+\d{4}\s*$")
-_PROCESS = re.compile(
-    r"^\s*(\d+|N/A)\s+(?:(\S+)\s+(\S+)\s+)?(\d+)\s+([CGM](?:\+[CGM])*)\s+(.*?)\s+(\d+\s*MiB|N/A)\s*$")
+_TIMESTAMP = re.compile(
+    r"^\s*(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)\s+\w{3}\s+\d+\s+\d\d:\d\d:\d\d\s+\d{4}\s*$")
+_PROCESS = re.compile(r"^\s*(\d+|N/A)\s+(?:(\S+)\s+(\S+)\s+)?(\d+)\s+([CGM](?:\+[CGM])*)\s+"
+                      r"(.*?)\s+(\d+\s*MiB|N/A)\s*$")
 _NO_DEVICES = re.compile(r"No devices were found", re.I)
 
 
@@ -275,11 +277,13 @@ def _row2_last_cell(cell: str) -> tuple[int | None, str | None]:
 
 
 def _complete(lines: list[str], last_gpu_line: int) -> bool | None:
-    """True when the last GPU block is closed by a border and more output follows it."""
+    """True when the last GPU block is closed by a border and another box (Processes, MIG
+    devices) follows it; None when the text ends at that border; False when it is not closed."""
     i = last_gpu_line + 1
     if i >= len(lines) or not _BORDER.match(lines[i]):
         return False
-    return True if i + 1 < len(lines) else None
+    following = next((ln.strip() for ln in lines[i + 1:] if ln.strip()), "")
+    return True if following.startswith(("+", "|")) else None
 
 
 def _processes(lines: list[str]) -> list[Process]:

@@ -1,4 +1,4 @@
-"""Parse `nvidia-smi nvlink` output (-s status, -e errors, -c capabilities, -R, -p, -gt...) per link.
+"""Parse `nvidia-smi nvlink` output (-s, -e, -c, -R, -p, -gt...) into one record per GPU link.
 
 Every sub-command prints one `GPU <i>: <name> (UUID: GPU-...)` line per GPU followed by
 `Link <n>: ...` or `Link <n>, ...` lines; several lines may describe the same link (-e prints

@@ -9,7 +9,8 @@ Returned shape (`parse(text).to_dict()`):
 
     {
       "driver_version": "510.73.08" | null,   # "Driver Version" or "KMD Version"
-      "cuda_version": "11.6" | null,          # "CUDA Version" or "CUDA UMD Version"; "Not Found" -> null
+      "cuda_version": "11.6" | null,          # "CUDA Version" or "CUDA UMD Version";
+                                              # "Not Found" -> null
       "timestamp": "Wed Jun  7 19:32:16 2023" | null,
       "attached_gpus": 8 | null,              # "Attached GPUs" as printed (all GPUs, even with -i)
       "gpu_count": 8 | null,                  # attached_gpus when shown, else len(gpus) when
@@ -28,11 +29,15 @@ Returned shape (`parse(text).to_dict()`):
           "mig_mode": "Enabled" | "Disabled" | null,          # "MIG Mode" / "Current"
           "compute_mode": "Default" | ... | null,
           "performance_state": "P0" | null,
+          "clocks_event_reasons_active": ["SW Power Cap", ...] | null,
+                                      # reasons marked "Active" under "Clocks Event Reasons"
+                                      # (older: "Clocks Throttle Reasons"); [] when none is;
+                                      # null when the section is not shown
           "ecc_mode": "Enabled" | "Disabled" | null,          # "ECC Mode" / "Current"
           "ecc_errors": {"volatile": {"correctable": 177, "uncorrectable": 0},
                          "aggregate": {"correctable": ..., "uncorrectable": ...}},
                          # sums of the counters shown (SRAM+DRAM, or old Single/Double Bit Total);
-                         # a side the text does not show is {"correctable": null, "uncorrectable": null}
+                         # a side the text does not show has both counts null
           "retired_pages": {"single_bit_ecc": int|null, "double_bit_ecc": int|null,
                             "pending": "Yes"/"No"|null},
           "remapped_rows": {"correctable": 1, "uncorrectable": 0, "pending": true|false|null,
@@ -69,7 +74,10 @@ _MARKER_KEYS = {"driver version", "kmd version", "cuda version", "cuda umd versi
                 "attached gpus", "product name", "gpu uuid", "product brand", "vbios version",
                 "fb memory usage", "bar1 memory usage", "ecc errors", "remapped rows",
                 "retired pages", "clocks event reasons", "clocks throttle reasons",
-                "persistence mode", "performance state", "minor number", "gpu part number"}
+                "persistence mode", "performance state", "minor number", "gpu part number",
+                "bus id", "serial number", "gpu current temp", "board id", "module id",
+                "product architecture", "driver model", "mig mode", "ecc mode", "compute mode",
+                "gpu power readings", "power readings", "temperature", "nvsmi log"}
 
 
 @dataclass
@@ -118,6 +126,7 @@ class Gpu:
     mig_mode: str | None
     compute_mode: str | None
     performance_state: str | None
+    clocks_event_reasons_active: tuple[str, ...] | None
     ecc_mode: str | None
     ecc_errors: dict
     retired_pages: dict | None
@@ -131,7 +140,10 @@ class Gpu:
     pcie_width_max: int | None
 
     def to_dict(self) -> dict:
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+        out = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        if self.clocks_event_reasons_active is not None:
+            out["clocks_event_reasons_active"] = list(self.clocks_event_reasons_active)
+        return out
 
 
 @dataclass(frozen=True)
@@ -175,9 +187,9 @@ def detect(text: str) -> bool:
 def parse(text: str) -> NvidiaSmiQ:
     """Parse nvidia-smi -q output; see the module docstring for the returned shape."""
     lines = lines_of(text, KIND)
-    top, sections = _tree(lines)
+    top, sections, real_sections = _tree(lines)
     keys = {n.key.lower() for n in _walk(top)} | {n.key.lower() for s in sections for n in _walk(s)}
-    if not sections and not (keys & _MARKER_KEYS):
+    if not real_sections and not (keys & _MARKER_KEYS):
         failure = tool_failure(lines)
         if failure:
             raise ParseError(KIND, f"nvidia-smi did not run: {failure}")
@@ -201,8 +213,8 @@ def _walk(node: _Node):
         yield from _walk(child)
 
 
-def _tree(lines: list[str]) -> tuple[_Node, list[_Node]]:
-    """Build the top-level node and one node per GPU section from the indented lines."""
+def _tree(lines: list[str]) -> tuple[_Node, list[_Node], bool]:
+    """The top-level node, one node per GPU section, and whether `GPU <bus id>` lines exist."""
     top = _Node("", None, -1)
     sections: list[_Node] = []
     headerless: _Node | None = None   # GPU being filled when the text has no section lines
@@ -239,6 +251,8 @@ def _tree(lines: list[str]) -> tuple[_Node, list[_Node]]:
         if not real_sections and indent > 0 and node.key.lower() not in _TOP_KEYS \
                 and not _under_top_section(stack):
             # grep'ed excerpt: GPU keys with no `GPU <bus id>` line above them
+            if not node.value:
+                continue
             if headerless is None or any(c.key == node.key for c in headerless.children):
                 headerless = _Node("GPU", None, 0)
                 sections.append(headerless)
@@ -249,7 +263,7 @@ def _tree(lines: list[str]) -> tuple[_Node, list[_Node]]:
         stack[-1].children.append(node)
         if node.value is None or node.value == "":
             stack.append(node)
-    return top, sections
+    return top, sections, real_sections
 
 
 def _under_top_section(stack: list[_Node]) -> bool:
@@ -299,6 +313,8 @@ def _gpu(index: int, s: _Node) -> Gpu:
         mig_mode=_first(s, ("MIG Mode", "Current")),
         compute_mode=s.value_at("Compute Mode"),
         performance_state=s.value_at("Performance State"),
+        clocks_event_reasons_active=_active_reasons(
+            s.find("Clocks Event Reasons") or s.find("Clocks Throttle Reasons")),
         ecc_mode=_first(s, ("ECC Mode", "Current")),
         ecc_errors={"volatile": _ecc_side(s.find("ECC Errors", "Volatile")),
                     "aggregate": _ecc_side(s.find("ECC Errors", "Aggregate"))},
@@ -317,6 +333,13 @@ def _gpu(index: int, s: _Node) -> Gpu:
         pcie_width_current=_int(_first(s, pcie + ("Link Width", "Current"))),
         pcie_width_max=_int(_first(s, pcie + ("Link Width", "Max"))),
     )
+
+
+def _active_reasons(node: _Node | None) -> tuple[str, ...] | None:
+    if node is None:
+        return None
+    return tuple(n.key for n in _walk(node)
+                 if n.value is not None and n.value.strip().lower() == "active")
 
 
 def _ecc_side(node: _Node | None) -> dict:

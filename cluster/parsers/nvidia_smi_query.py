@@ -83,7 +83,8 @@ _FIELD_NAME = re.compile(r"^([A-Za-z_][\w.]*)(?:\s*\[([^\]]*)\])?$")
 _UNIT_VALUE = re.compile(
     r"^([+-]?\d+(?:\.\d+)?)\s*(MiB|GiB|KiB|MB|GB|KB|B|%|W|mW|MHz|GHz|C|us|ms|ns|s|V|mV|A|RPM|x)$")
 _TYPED = re.compile(
-    r"^(?:[+-]?\d+(?:\.\d+)?(?:\s*\S{1,4})?|\[?N/A\]?|\[Not Supported\]|0x[0-9A-Fa-f]+|"
+    r"^(?:[+-]?\d+(?:\.\d+)?(?:\s*(?:MiB|GiB|KiB|%|W|MHz|C|us|ms|s|V|A|RPM))?|"
+    r"\[?N/A\]?|\[Not Supported\]|0x[0-9A-Fa-f]+|"
     r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]|GPU-[0-9a-fA-F-]+|"
     r"\d+(?:\.\d+)+|P\d+|Enabled|Disabled)$")
 _IDENTITY = ("index", "uuid", "pci.bus_id")
@@ -263,12 +264,15 @@ def _rows(body: list[tuple[int, str]], names: list[str] | None,
     if not rows:
         failure = tool_failure([t for _, t in body])
         first = body[0][1] if body else ""
-        raise ParseError(KIND, f"no CSV rows found{': ' + (failure or first)[:120] if body else ''}",
-                         line=body[0][0] if body else None)
+        detail = f": {(failure or first)[:120]}" if body else ""
+        raise ParseError(KIND, f"no CSV rows found{detail}", line=body[0][0] if body else None)
     return rows
 
 
 def _has_typed_column(rows: list[tuple[int, list[str]]]) -> bool:
+    """Some column is nvidia-smi-like data and no cell looks like a table or prose."""
+    if any(len(v) > 96 or re.search(r"\s{3,}|\t", v) for _, values in rows for v in values):
+        return False
     width = len(rows[0][1])
     return any(all(_TYPED.match(values[i]) for _, values in rows) for i in range(width))
 

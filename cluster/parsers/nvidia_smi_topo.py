@@ -21,7 +21,8 @@ Returned shape (`parse(text).to_dict()`):
 
 Link values are kept as printed: X (self), NV# (# bonded NVLinks), PIX, PXB, PHB, NODE, SYS
 (SOC in old drivers). Raises ParseError when no matrix header with GPU0 is found, no GPU row
-follows it, or a row holds something that is not a link value.
+follows it, or a row holds something that is not a link value (a last row cut short by the
+paste is left out, and `complete` says so).
 """
 
 from __future__ import annotations
@@ -142,6 +143,9 @@ def parse(text: str) -> NvidiaSmiTopo:
             continue
         values = tokens[1:1 + len(devices)]
         if len(values) < len(devices) or not all(_LINK_VALUE.match(v) for v in values):
+            if len(values) < len(devices) and all(_LINK_VALUE.match(v) for v in values) \
+                    and not any(_row_label(ln, devices) for ln in lines[number:]):
+                break     # the paste was cut inside the last matrix row
             raise ParseError(KIND, f"row {tokens[0]} does not hold {len(devices)} link values "
                                    f"(X, NV#, PIX, PXB, PHB, NODE, SYS): {line.strip()[:100]!r}",
                              line=number)
@@ -175,6 +179,12 @@ def parse(text: str) -> NvidiaSmiTopo:
         affinity=affinity,
         complete=all(g in rows for g in gpu_cols),
     )
+
+
+def _row_label(line: str, devices: list[str]) -> bool:
+    """True when the line starts with a device label of the matrix (a matrix row)."""
+    tokens = line.split()
+    return bool(tokens) and tokens[0] in devices
 
 
 def _links(rows: dict[str, list[str]], devices: list[str], gpu_cols: list[str]) -> dict[str, str]:

@@ -10,8 +10,8 @@ Returned shape (`parse(text).to_dict()`):
 
     {
       "driver_version": "565.57.01",
-      "kernel_module": "open" | "proprietary" | null,   # "Open Kernel Module" -> open; another
-                                                        # "... Kernel Module" -> proprietary
+      "kernel_module": "open" | "proprietary" | null,   # "Open Kernel [...] Module" -> open;
+                                                        # another "... Kernel Module" -> proprietary
       "module_description": "NVIDIA UNIX Open Kernel Module for x86_64",   # as printed
       "arch": "x86_64" | "aarch64" | ... | null,
       "build_type": "Release Build" | null,
@@ -38,7 +38,7 @@ KIND = "proc-driver-nvidia-version"
 _NVRM = re.compile(r"NVRM version:\s*(.*)$")
 _MODULE = re.compile(r"^(?P<desc>.*?Kernel Module(?:\s+for\s+(?P<arch_for>\S+))?)\s+"
                      r"(?P<version>\d+\.\d+(?:\.\d+)*)\b\s*(?P<rest>.*)$")
-_ARCH_BEFORE = re.compile(r"NVIDIA UNIX\s+(\S+)\s+Kernel Module")
+_ARCH_BEFORE = re.compile(r"(?<!Open)\s(?!Open\b|UNIX\b)(\S+)\s+Kernel Module")
 _BUILD_TYPE = re.compile(r"^((?:Release|Debug|Develop)\s+Build)\s*")
 _BUILDER = re.compile(r"^\(([^)]*)\)\s*")
 _GCC = re.compile(r"GCC version:\s*(.*?)\s*$")
@@ -84,7 +84,7 @@ def parse(text: str) -> ProcDriverNvidiaVersion:
     if arch is None:
         before = _ARCH_BEFORE.search(desc)
         arch = before.group(1) if before else None
-    if re.search(r"\bOpen Kernel Module\b", desc, re.I):
+    if re.search(r"\bOpen Kernel\b", desc, re.I):
         flavour: str | None = "open"
     elif re.search(r"\bKernel Module\b", desc):
         flavour = "proprietary"

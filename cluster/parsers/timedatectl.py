@@ -24,7 +24,7 @@ from cluster.parsers._lines import clean_lines, jsonable, numbered, require_text
 KIND = "timedatectl"
 
 _STATUS_RE = re.compile(
-    r"^\s*(?P<key>Local time|Universal time|RTC time|Time ?zone|"
+    r"^\s*(?:\S*timedatectl(?:\s+status)?\s+)?(?P<key>Local time|Universal time|RTC time|Time ?zone|"
     r"System clock synchronized|NTP synchronized|NTP service|NTP enabled|Network time on|"
     r"systemd-timesyncd\.service active|RTC in local TZ|DST active)\s*:\s*(?P<value>.*?)\s*$",
     re.IGNORECASE)

@@ -24,15 +24,16 @@ from cluster.parsers._lines import clean_lines, command_in, jsonable, numbered, 
 KIND = "ulimit"
 
 _VALUE = r"(?P<value>unlimited|infinity|\d+)"
+_NOTE = r"\s*(?:#.*)?"  # a trailing "# annotation" some pastes carry
 _LINE_RES = (
     # bash: "max locked memory       (kbytes, -l) 64"; busybox/ksh: "... (kb)   (-l) 64"
-    re.compile(rf"^\s*max locked memory\s*(?:\((?P<unit>[^,)]*)(?:,\s*-l)?\))?\s*(?:\(-l\))?\s*{_VALUE}\s*$",
+    re.compile(rf"^\s*max locked memory\s*(?:\((?P<unit>[^,)]*)(?:,\s*-l)?\))?\s*(?:\(-l\))?\s*{_VALUE}{_NOTE}$",
                re.IGNORECASE),
     # zsh: "-l: locked-in-memory size (kbytes) 64"; dash: "-l: locked memory(kbytes) 64"
-    re.compile(rf"^\s*-l:\s*[\w\- ]*?\(?(?P<unit>kbytes|kb|kib|bytes|blocks)?\)?\s+{_VALUE}\s*$",
+    re.compile(rf"^\s*-l:\s*[\w\- ]*?\(?(?P<unit>kbytes|kb|kib|bytes|blocks)?\)?\s+{_VALUE}{_NOTE}$",
                re.IGNORECASE),
     # old dash: "locked memory(kbytes) 64"; mksh "-l: locked memory (KiB)"
-    re.compile(rf"^\s*locked(?:-in)?[\s\-]memory(?: size)?\s*\((?P<unit>[^)]*)\)\s*{_VALUE}\s*$",
+    re.compile(rf"^\s*locked(?:-in)?[\s\-]memory(?: size)?\s*\((?P<unit>[^)]*)\)\s*{_VALUE}{_NOTE}$",
                re.IGNORECASE),
 )
 _LIMIT_RE = re.compile(r"^\s*memorylocked\s+(?P<value>unlimited|\d+(?:\.\d+)?)\s*(?P<unit>[kKmMgGtT]?B|kbytes|"
@@ -59,15 +60,12 @@ def _kib(value: str, unit: str | None) -> int | str:
     if v in ("unlimited", "infinity"):
         return "unlimited"
     u = (unit or "kbytes").strip().lower()
+    mult = {"mb": 1024, "megabytes": 1024, "gb": 1024 ** 2, "tb": 1024 ** 3}.get(u, 1)
     if u in ("bytes", "b"):
-        return int(float(v)) // 1024
-    if u in ("mb", "megabytes"):
-        return int(float(v) * 1024)
-    if u == "gb":
-        return int(float(v) * 1024 * 1024)
-    if u == "tb":
-        return int(float(v) * 1024 ** 3)
-    return int(float(v))
+        return int(v) // 1024 if v.isdigit() else int(float(v) / 1024)
+    if v.isdigit():
+        return int(v) * mult
+    return int(float(v) * mult)
 
 
 def _scope_of(flags: str | None) -> str | None:

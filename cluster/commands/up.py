@@ -1,0 +1,133 @@
+"""`cluster up [--skip-preflight] [--force] [--stagger S] [--dry-run] [--yes] [--json]`."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.table import Table
+from rich.text import Text
+
+from cluster.commands._common import (add_changing, add_json, confirm, load_inventory,
+                                      print_json, start_run, stderr, stdout)
+from cluster.errors import UsageError
+from cluster.ray_cluster import Plan, StepResult
+from cluster.remote import Session
+from cluster.render import report_table, status_text
+from playbooks import ray_up
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "up", help="start (or repair) the Ray cluster: head, then workers; idempotent",
+        description="Run preflight, then start Ray on the head and the workers with each node's "
+                    "IP, fixed ports, GPU count and NCCL/GLOO/VLLM env at `ray start` time, and "
+                    "wait until every node is alive. On a healthy cluster it changes nothing; a "
+                    "dead or missing worker is rejoined; version skew is refused before any start.")
+    p.add_argument("--skip-preflight", action="store_true", help="do not run preflight first")
+    p.add_argument("--force", action="store_true",
+                   help="start even when preflight reports failures")
+    p.add_argument("--stagger", type=float, default=0.0, metavar="S",
+                   help="start the workers S seconds apart instead of all at once (ray#59778)")
+    p.add_argument("--timeout", type=float, default=ray_up.DEFAULT_WAIT_S, metavar="S",
+                   help="how long to wait for every node to register (default %(default)s)")
+    add_changing(p)
+    add_json(p)
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.stagger < 0 or args.timeout <= 0:
+        raise UsageError("--stagger must be >= 0 and --timeout > 0")
+    inv = load_inventory(args)
+    record = start_run(args, inv, "up")
+    options = ray_up.UpOptions(skip_preflight=args.skip_preflight, force=args.force,
+                               stagger_s=args.stagger, dry_run=args.dry_run, wait_s=args.timeout)
+
+    def event(line: str) -> None:
+        if not args.json:
+            stderr.print(f"[dim]up:[/dim] {line}")
+
+    code = 2
+    try:
+        with Session(inv, hooks=[record.record]) as session:
+            outcome = ray_up.run(inv, session, options,
+                                 confirm=lambda q: confirm(q, args.yes), on_event=event)
+        if args.dry_run and outcome.exit_code == 0 and _preflight_failed(outcome) \
+                and not args.force:
+            outcome.exit_code = 2
+        code = outcome.exit_code
+        payload = dict(outcome.to_dict(), run_dir=str(record.path), dry_run=args.dry_run)
+        record.write_json("up.json", payload)
+    finally:
+        record.finish(code)
+    if args.json:
+        print_json(payload)
+    else:
+        _print(outcome, args.dry_run)
+    return code
+
+
+def _preflight_failed(outcome: ray_up.UpOutcome) -> bool:
+    return outcome.preflight_error is not None or \
+        (outcome.preflight is not None and outcome.preflight.exit_code >= 2)
+
+
+def plan_table(plan: Plan, title: str) -> Table:
+    table = Table(title=title)
+    for col in ("node", "action", "why"):
+        table.add_column(col, overflow="fold")
+    for a in plan.actions:
+        table.add_row(a.node, a.kind + (" (asks first)" if a.needs_confirmation else ""), a.reason)
+    return table
+
+
+def print_plan(plan: Plan, title: str) -> None:
+    """The plan table, then the exact commands per node, unwrapped (copy-pasteable)."""
+    stdout.print(plan_table(plan, title))
+    for a in plan.actions:
+        for command in a.commands:
+            stdout.print(Text(f"[{a.node}] $ {command}"), soft_wrap=True)
+
+
+def steps_table(steps: tuple[StepResult, ...], title: str) -> Table:
+    table = Table(title=title)
+    for col in ("node", "action", "status", "time", "detail"):
+        table.add_column(col, overflow="fold")
+    for s in steps:
+        took = sum(r.duration_s for r in s.results)
+        table.add_row(s.node, s.action, status_text(s.status), f"{took:.1f}s" if s.results else "",
+                      s.message)
+    return table
+
+
+def _print(outcome: ray_up.UpOutcome, dry_run: bool) -> None:
+    if outcome.preflight is not None and outcome.preflight.exit_code >= 1:
+        stdout.print(report_table(outcome.preflight, title="preflight"))
+    if outcome.preflight_error:
+        stdout.print(f"[bold red]preflight:[/bold red] {outcome.preflight_error}")
+    plan = outcome.plan
+    if plan is not None:
+        if dry_run or plan.refused:
+            print_plan(plan, "plan (dry run: nothing was changed)" if dry_run else "plan")
+        for line in plan.refused:
+            stdout.print(f"[bold red]refused:[/bold red] {line}")
+        for line in plan.warnings:
+            stdout.print(f"[yellow]warning:[/yellow] {line}")
+    if outcome.steps and not dry_run:
+        stdout.print(steps_table(outcome.steps, "cluster up"))
+    if outcome.wait is not None and not outcome.wait.ok:
+        for node, problem in outcome.wait.problems.items():
+            stdout.print(f"[bold red]{node}:[/bold red] {problem}")
+            tail = outcome.wait.log_tails.get(node)
+            if tail:
+                stdout.print(Text(tail))
+    if outcome.status is not None:
+        alive = [n for n in outcome.status["nodes"] if n["alive"] and n["name"]]
+        gpus = sum(n["gpus"] for n in alive)
+        stdout.print(f"{len(alive)} node(s) alive, {gpus:g} GPUs; Ray {outcome.status['ray_version']}; "
+                     f"dashboard {outcome.status['dashboard_url']} on the head "
+                     "(`cluster dashboard` tunnels to it)")
+    if outcome.stopped and outcome.stopped != "dry run":
+        stdout.print(f"[bold red]stopped:[/bold red] {outcome.stopped}")
+    elif not dry_run and outcome.plan is not None and not outcome.plan.refused:
+        stdout.print("changed" if outcome.changed else "nothing to change: the cluster is up")

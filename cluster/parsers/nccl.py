@@ -1,0 +1,1614 @@
+"""Parse NCCL_DEBUG=INFO/TRACE logs (NCCL 2.4 to 2.30): which transport NCCL really used, and what failed.
+
+The only proof of the data path is in the log: `via NET/IB/0/GDRDMA` versus `via NET/Socket/0`.
+This module reads such logs as a stream of lines, from any NCCL version and any wrapper, and
+returns the facts an admin needs, deciding from the strongest evidence first: per-channel
+lines, then the `Connected all rings ... GDR g` summary, then `Using network X`, then device
+inventory lines (`NET/IB : Using [0]mlx5_0:1/RoCE`, `NET/Socket : Using`, `NET/OFI ...`).
+What the text does not show stays UNKNOWN / null.
+
+Envelopes understood (any mix in one file): `host:pid:tid [dev] NCCL INFO|WARN|TRACE msg` with
+or without the 2.26+ `[%F %T] ` timestamp; WARN's `file.cc:line [(func)]`; bare
+`NCCL version x.y.z+cudaX.Y` lines (<= 2.21); prefixes from Ray `(RayWorkerWrapper pid=..,
+ip=..)` (nested, ANSI coloured with or without the ESC byte, `[repeated Nx across cluster]`),
+SkyPilot `(head, rank=0, pid=..) [host:0]:`, srun `0: `, pdsh `host: `, mpirun `[1,0]<stdout>:`,
+CloudWatch `  | <iso time> | ...` columns (duplicated column included); two log lines glued
+together; lines torn by the wrapper (a fragment `6] via P2P/IPC` still counts as transport
+evidence). nccl-tests result tables (busbw per size, `# Avg bus bandwidth`) and the
+`#  Rank  0 ... on host device 0` listing are read too.
+
+Streaming: `NcclLogAccumulator.feed(line)` / `feed_lines(it)` / `feed_block(text)` then
+`result()`; `parse_file(path)` iterates the file's lines in C (binary, buffered), so memory
+stays flat whatever the file size. Lines are first counted (in C, by a Counter over a bounded
+window of distinct lines) and each distinct line is then handled once with its multiplicity:
+every fact kept is a count, a set or a maximum, so the order of lines never matters, and a log
+that repeats itself (every rank and every communicator prints the same lines) costs little more
+than reading it. A distinct line is dispatched on the first 4 characters of its message; regexes
+run only on the few line kinds that carry facts, and envelope heads and channel messages are
+parsed once each (bounded caches). docs/nccl-parser.md explains the keys and the verdict logic.
+
+Returned shape, `NcclLog.to_dict()` (contract keys first, then extras)::
+
+    {"nccl_version": "2.27.5+cuda12.9" | null, "n_ranks": 16 | null, "n_nodes": 2 | null,
+     "inter_node_transport": "IB"|"ROCE"|"SOCKET"|"OFI"|"NONE"|"UNKNOWN",
+     "gdr": true | false | null,
+     "intra_node_transports": ["P2P_IPC", ...]   # subset of P2P_IPC P2P_CUMEM P2P_DIRECT SHM NVLS NET
+     "ib_hcas": ["mlx5_0:1", ...], "socket_ifaces": ["eth0", ...],
+     "errors": [{"kind", "severity", "message", "line", "count", "hosts"}],
+     "warnings": [... same shape ...],
+     "busbw_gbps": 156.742 | null,              # nccl-tests "# Avg bus bandwidth"
+     "status": "ok"|"warn"|"fail", "verdict": "one sentence for an admin",
+     # extras
+     "nccl_versions", "version_mismatch_suspected", "n_ranks_min", "n_nodes_min", "evidence",
+     "network", "link_layers", "gdr_asymmetric", "gdr_by_host", "gdr_by_rank", "channel_counts",
+     "collnet", "nvls", "pxn", "bootstrap_ifaces", "net_plugin", "hosts", "ray_node_ips",
+     "ranks_incomplete", "communicators", "findings", "notes", "nccl_tests", "env",
+     "cuda_driver_version", "lines", "nccl_lines"}
+
+Raises ParseError("nccl", ...) for text with no NCCL envelope line, no NCCL version line, no
+nccl-tests table and no NCCL error message at all.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import os
+import re
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from cluster.errors import ParseError
+
+KIND = "nccl"
+
+INTER_NODE_TRANSPORTS = ("IB", "ROCE", "SOCKET", "OFI", "NONE", "UNKNOWN")
+INTRA_NODE_TRANSPORTS = ("P2P_IPC", "P2P_CUMEM", "P2P_DIRECT", "SHM", "NVLS", "NET")
+
+BLOCK_BYTES = 1 << 20          # read buffer of parse_file; block size of feed_text
+_PENDING_MAX = 50_000          # distinct lines counted before they are handled (bounds memory)
+_FILE_BATCH = 65_536           # lines counted between two checks of that bound
+_HEAD_CACHE_MAX = 8192         # distinct envelope prefixes remembered (cleared when full)
+_CHAN_CACHE_MAX = 1 << 16      # distinct channel messages remembered (cleared when full)
+_MAX_FINDINGS = 200            # distinct error/warning kinds+messages kept; the rest only counted
+_MAX_KEYS = 1 << 17            # bound on per-rank / per-host maps (memory stays flat)
+
+# ---------------------------------------------------------------------------------------------
+# Regexes (compiled once). Each runs only on lines that passed a substring prefilter.
+
+# The envelope head right before "NCCL INFO": host:pid:tid [dev]. The host may be glued to a
+# SkyPilot "[host:0]:" or CloudWatch timestamp in front; '/' and '|' are never part of it.
+_HEAD_RE = re.compile(r"([^\s:/|()<>]+):(\d+):(\d+) \[(\d+)\]")
+_ISO_TS_RE = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?")
+_RAY_IP_RE = re.compile(r"\bip=(\d{1,3}(?:\.\d{1,3}){3})")
+_SRC_RE = re.compile(r"\] (?:\d+\.\d+ )?([\w./+-]+\.(?:cc|c|cu|h|hpp|cpp|cxx)):(\d+)")
+_ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+# Trailing wrapper junk on a message: ANSI colour (with or without ESC) or Ray's dedup suffix.
+_TAIL_JUNK_RE = re.compile(r"\s*(?:\x1b?\[\d+(?:;\d+)*m|\[repeated \d+x across cluster\]).*$")
+
+# "Channel 06/0 : 7[7] -> 14[6] [receive]" / "Ring 00 : 3 -> 4 [send]" / "Channel 01 : 2[c7000] -> 0[87000]"
+_CHAN_RE = re.compile(r"(\d+)(?:\[([0-9a-fA-F]+)\])? -> (\d+)(?:\[([0-9a-fA-F]+)\])?(?: \[(send|receive)\])?")
+_COLLNET_RE = re.compile(r"CollNet (\d+)(?:/\d+)? : (\d+) \[(send|receive)\]")
+
+_VERSION_RE = re.compile(r"NCCL version (\d+)\.(\d+)\.(\d+)([0-9A-Za-z\-]*(?:\+cuda\d+(?:\.\d+)?)?)")
+_VLLM_VERSION_RE = re.compile(r"using nccl==(\d+)\.(\d+)\.(\d+)")
+_COMM_SHAPE_RE = re.compile(
+    r"comm (0x[0-9a-fA-F]+) rank (\d+) nRanks (\d+) nNodes (\d+)(?: localRanks (\d+))?")
+_INIT_RE = re.compile(
+    r"comm (0x[0-9a-fA-F]+) rank (\d+) nranks (\d+) cudaDev (\d+)(?: nvmlDev \d+)?"
+    r"(?: busId ([0-9a-fA-F]+))?.* - Init (START|COMPLETE)")
+_NRANKS_RE = re.compile(r"\bnranks (\d+)")
+_RINGS_RE = re.compile(r"Connected all rings, use ring PXN (\d+) GDR (\d+)")
+_RANK_IN_INIT_TIMING_RE = re.compile(r"\brank (\d+) nranks (\d+)")
+_ENV_RE = re.compile(r"^(NCCL_\w+) set (?:by environment )?to (.*)$")
+_IB_DEV_RE = re.compile(r"\[(\d+)\]\s*([A-Za-z0-9_.\-]+):(\d+)(?::\d+)*/(IB|RoCE)\b")
+_OOB_RE = re.compile(r"OOB ([^\s:;<]+):")
+_SOCK_DEV_RE = re.compile(r"\[\d+\]([^\s:\[\]]+):")
+_BOOT_RE = re.compile(r"Using \[?\d*\]?([^\s:\[\]]+):")
+_OFI_PROVIDER_RE = re.compile(r"Selected [Pp]rovider is (\S+?)(?:,|\s|$)(?:.*?found (\d+) nics)?")
+_OFI_VERSION_RE = re.compile(r"(?:Initializing|Using) aws-ofi-nccl (\S+)")
+_PLUGIN_LOADED_RE = re.compile(r"Loaded net plugin (.+?)(?: \(v\d+\))?\s*$")
+_GDR_GPU_RE = re.compile(r"GPU Direct RDMA (Enabled|Disabled) for (?:GPU )?(\S+)")
+_GDR_HCA_RE = re.compile(r"GPU Direct RDMA (Enabled|Disabled) for HCA (\d+) '([^']+)'")
+_SHARP_RE = re.compile(r"SHARP rank (\d+)/(\d+) initialized on (\S+)")
+_CHANNEL_COUNTS_RE = re.compile(
+    r"^(\d+) coll channels, (?:(\d+) collnet channels, )?(?:(\d+) nvls channels, )?(\d+) p2p channels")
+_TRACE_RE = re.compile(r"^([\w./+-]+\.(?:cc|c|cu|h|hpp|cpp|cxx)):(\d+) -> (\d+)")
+_PEER_IFACE_RE = re.compile(r"%([A-Za-z][\w.\-]*)<\d+>")
+# Addresses, pointers, numbers and hex ids vary between otherwise identical messages.
+_NORM_RE = re.compile(r"\S+<\d+>|0x[0-9a-fA-F]+|[0-9a-fA-F:]*\d[0-9a-fA-F:]*")
+_OLD_WARN_RE = re.compile(r"\[(\d+)\] ([\w./+-]+:\d+) WARN (.*)$")
+
+# nccl-tests
+_NT_ROW_HINT_RE = re.compile(
+    r"\d\s+(?:float|half|double|bfloat16|u?int(?:8|32|64)|fp8_e4m3|fp8_e5m2|f8e4m3|f8e5m2|char|int)\s")
+_NT_TYPES = frozenset("int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 fp8_e4m3 "
+                      "fp8_e5m2 f8e4m3 f8e5m2 char int".split())
+_ROW_ENDS = frozenset("0123456789A")  # a result row ends with #wrong (a count, or N/A)
+_NT_OPS = frozenset("sum prod max min avg premulsum mulsum none".split())
+_NT_AVG_RE = re.compile(r"#\s*Avg bus bandwidth\s*:\s*([0-9.]+(?:[eE][+-]?\d+)?)")
+_NT_OOB_RE = re.compile(r"#\s*Out of bounds values\s*:\s*(\d+)\s*(OK|FAILED)?")
+_NT_RANK_RE = re.compile(r"#\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+(\d+)")
+_NT_COLL_RE = re.compile(r"\b(all_reduce|all_gather|reduce_scatter|broadcast|reduce|alltoall|sendrecv|"
+                         r"scatter|gather|hypercube)_perf\b")
+
+# Launchers (weakest evidence, used only when NCCL itself does not say): torchrun flags,
+# c10d's store barrier ("with N nodes" counts ranks), PyTorch Lightning's start line.
+_NNODES_RE = re.compile(r"--nnodes[= ](\d+)(?::(\d+))?")
+_NPROC_RE = re.compile(r"--nproc[_-]per[_-]node[= ](\d+)")
+_WORLD_RE = re.compile(r"store-based barrier for key:\S+ with (\d+) nodes|Starting with (\d+) processes")
+
+# Errors PyTorch / launchers print when NCCL failed (no NCCL_DEBUG needed).
+_APP_ERRORS: tuple[tuple[str, str], ...] = (
+    ("Watchdog caught collective operation timeout", "collective_timeout"),
+    ("detected by watchdog", "collective_timeout"),
+    ("NCCL failure", "nccl_call_failed"),
+    ("NCCL error", "nccl_call_failed"),
+    ("ncclSystemError", "nccl_call_failed"),
+    ("ncclInternalError", "nccl_call_failed"),
+    ("ncclRemoteError", "nccl_call_failed"),
+    ("ncclUnhandledCudaError", "nccl_call_failed"),
+    ("ncclInvalidUsage", "nccl_call_failed"),
+    ("unhandled system error", "nccl_call_failed"),
+    ("unhandled cuda error", "nccl_call_failed"),
+    ("remote process exited or there was a network error", "connection_lost"),
+)
+
+# WARN classification: first match wins. (substrings, any of which matches; kind; severity)
+_WARN_RULES: tuple[tuple[tuple[str, ...], str, str], ...] = (
+    (("Got completion", "got completion with error"), "ib_completion_error", "error"),
+    (("async fatal event",), "ib_async_fatal_event", "error"),
+    (("Got async event",), "ib_async_event", "warning"),
+    (("no socket interface found", "No socket interface found", "No usable listening interface",
+      "no usable listening interface"), "no_socket_interface", "error"),
+    (("Error while creating shared memory segment", "posix_fallocate failed", "/dev/shm"),
+     "shm_too_small", "error"),
+    (("ibv_reg_dmabuf_mr", "dmabuf", "DMA-BUF", "DMABUF"), "dmabuf_registration", "error"),
+    (("Connection refused",), "connection_refused", "error"),
+    (("socketStartConnect", "Connect to ", "connection abort", "Connection closed by remote peer",
+      "Connection reset by peer", "socketProgress", "remote process exited"), "connection_failed", "error"),
+    (("incompatible devices",), "mixed_link_layers", "error"),
+    (("Cannot initialize CollNet",), "collnet_unavailable", "warning"),
+    (("SHARP", "CollNet", "collNet"), "collnet_failure", "error"),
+    (("Call to bind failed",), "bind_failed", "error"),
+    (("Cuda failure", "CUDA error", "cuda failure"), "cuda_error", "error"),
+    (("Failed to open libibverbs",), "ibverbs_missing", "warning"),
+    (("NET/Plugin", "plugin", "Plugin", "NET/OFI"), "plugin_failure", "warning"),
+    (("imeout", "timed out"), "timeout", "error"),
+)
+
+_NCCL_RESULT = {1: "ncclUnhandledCudaError", 2: "ncclSystemError", 3: "ncclInternalError",
+                4: "ncclInvalidArgument", 5: "ncclInvalidUsage", 6: "ncclRemoteError"}
+
+# Net names as NCCL prints them -> inter_node_transport family.
+def _net_family(name: str | None) -> str:
+    if not name:
+        return "UNKNOWN"
+    low = name.lower()
+    if low.startswith("socket"):
+        return "SOCKET"
+    if "libfabric" in low or low.startswith("ofi") or "efa" in low:
+        return "OFI"
+    if low.startswith("ib") or low.startswith("gib") or low in ("sharp", "rdma"):
+        return "IB"
+    return "UNKNOWN"
+
+
+def _version_key(v: tuple[int, int] | None) -> str:
+    return f"{v[0]}.{v[1]}" if v else "?"
+
+
+# ---------------------------------------------------------------------------------------------
+# Result types
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One classified WARN/error (or warning) line kind, with how often it was seen."""
+
+    kind: str
+    severity: str           # "error" | "warning"
+    message: str
+    line: str               # the first raw line of this kind (bounded length)
+    count: int
+    hosts: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "severity": self.severity, "message": self.message,
+                "line": self.line, "count": self.count, "hosts": list(self.hosts)}
+
+
+@dataclass(frozen=True)
+class NcclLog:
+    """What an NCCL log shows; see the module docstring for the JSON shape."""
+
+    nccl_version: str | None
+    nccl_versions: tuple[str, ...]
+    version_mismatch_suspected: bool
+    n_ranks: int | None
+    n_ranks_min: int | None
+    n_nodes: int | None
+    n_nodes_min: int | None
+    inter_node_transport: str
+    network: str | None
+    gdr: bool | None
+    gdr_asymmetric: bool
+    gdr_by_host: Mapping[str, Any]
+    gdr_by_rank: Mapping[str, Any]
+    intra_node_transports: tuple[str, ...]
+    channel_counts: Mapping[str, int]
+    ib_hcas: tuple[str, ...]
+    link_layers: tuple[str, ...]
+    socket_ifaces: tuple[str, ...]
+    bootstrap_ifaces: tuple[str, ...]
+    net_plugin: Mapping[str, Any] | None
+    collnet: bool
+    nvls: bool
+    pxn: bool
+    hosts: tuple[str, ...]
+    ray_node_ips: tuple[str, ...]
+    ranks_incomplete: tuple[Mapping[str, Any], ...]
+    communicators: tuple[Mapping[str, Any], ...]
+    errors: tuple[Finding, ...]
+    warnings: tuple[Finding, ...]
+    findings: tuple[Mapping[str, str], ...]
+    notes: tuple[str, ...]
+    nccl_tests: Mapping[str, Any] | None
+    busbw_gbps: float | None
+    env: Mapping[str, str]
+    cuda_driver_version: int | None
+    evidence: Mapping[str, str | None]
+    lines: int
+    nccl_lines: int
+    status: str
+    verdict: str
+
+    @property
+    def has_error(self) -> bool:
+        return bool(self.errors)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "nccl_version": self.nccl_version,
+            "n_ranks": self.n_ranks,
+            "n_nodes": self.n_nodes,
+            "inter_node_transport": self.inter_node_transport,
+            "gdr": self.gdr,
+            "intra_node_transports": list(self.intra_node_transports),
+            "ib_hcas": list(self.ib_hcas),
+            "socket_ifaces": list(self.socket_ifaces),
+            "errors": [f.to_dict() for f in self.errors],
+            "warnings": [f.to_dict() for f in self.warnings],
+            "busbw_gbps": self.busbw_gbps,
+            "status": self.status,
+            "verdict": self.verdict,
+            "nccl_versions": list(self.nccl_versions),
+            "version_mismatch_suspected": self.version_mismatch_suspected,
+            "n_ranks_min": self.n_ranks_min,
+            "n_nodes_min": self.n_nodes_min,
+            "evidence": dict(self.evidence),
+            "network": self.network,
+            "link_layers": list(self.link_layers),
+            "gdr_asymmetric": self.gdr_asymmetric,
+            "gdr_by_host": dict(self.gdr_by_host),
+            "gdr_by_rank": dict(self.gdr_by_rank),
+            "channel_counts": dict(self.channel_counts),
+            "collnet": self.collnet,
+            "nvls": self.nvls,
+            "pxn": self.pxn,
+            "bootstrap_ifaces": list(self.bootstrap_ifaces),
+            "net_plugin": dict(self.net_plugin) if self.net_plugin else None,
+            "hosts": list(self.hosts),
+            "ray_node_ips": list(self.ray_node_ips),
+            "ranks_incomplete": [dict(r) for r in self.ranks_incomplete],
+            "communicators": [dict(c) for c in self.communicators],
+            "findings": [dict(f) for f in self.findings],
+            "notes": list(self.notes),
+            "nccl_tests": _plain(self.nccl_tests),
+            "env": dict(self.env),
+            "cuda_driver_version": self.cuda_driver_version,
+            "lines": self.lines,
+            "nccl_lines": self.nccl_lines,
+        }
+
+
+def _plain(obj: Any) -> Any:
+    if isinstance(obj, Mapping):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+# ---------------------------------------------------------------------------------------------
+# Via-text classification: "NET/IB/0(8)/GDRDMA", "P2P/CUMEM/read", "SHM/direct/direct", ...
+# -> (family, label, intra token or None, net name or None, gdr flag, proxy flag)
+
+_ViaInfo = tuple  # (family, label, intra, netname, gdr, proxy)
+
+
+def _classify_via(text: str) -> _ViaInfo | None:
+    s = _TAIL_JUNK_RE.sub("", text).strip()
+    if s.startswith("NET/"):
+        parts = s[4:].split("/")
+        name = parts[0].strip() or "?"
+        dev = parts[1] if len(parts) > 1 else ""
+        gdr = "/GDRDMA" in s
+        label = f"NET/{name}" + ("/GDRDMA" if gdr else "")
+        return ("NET", label, None, name, gdr, "(" in dev)
+    if s.startswith("P2P/"):
+        sub = s[4:]
+        for prefix, token in (("CUMEM", "P2P_CUMEM"), ("IPC", "P2P_IPC"),
+                              ("direct pointer", "P2P_DIRECT"), ("direct", "P2P_DIRECT")):
+            if sub.startswith(prefix):
+                return ("P2P", "P2P/" + prefix.split()[0].upper().replace("DIRECT", "direct"),
+                        token, None, False, False)
+        if sub.startswith("MNNVL"):
+            return ("MNNVL", "P2P/MNNVL", None, None, False, False)
+        if sub.startswith("indirect"):
+            return ("P2P", "P2P/indirect", None, None, False, False)
+        return ("P2P", "P2P/other", None, None, False, False)
+    if s.startswith("SHM") or s.startswith("direct shared memory"):
+        return ("SHM", "SHM", "SHM", None, False, False)
+    if s.startswith("COLLNET/"):
+        parts = s[8:].split("/")
+        name = parts[0] or "?"
+        gdr = "/GDRDMA" in s
+        return ("COLLNET", f"COLLNET/{name}" + ("/GDRDMA" if gdr else ""), None, name, gdr, False)
+    if s.startswith("NVLS"):
+        return ("NVLS", "NVLS", "NVLS", None, False, False)
+    return None
+
+
+# Version eras told by message wording (nccl-logs.md): (substring, lowest, highest) as (M, m).
+_ERA_MARKS: tuple[tuple[str, tuple[int, int] | None, tuple[int, int] | None], ...] = (
+    ("NET/Plugin : dlerror=", (2, 19), (2, 20)),
+    ("NET/Plugin : No plugin found", None, (2, 20)),
+    ("NET/Plugin: Could not find:", (2, 22), None),
+    ("NET/Plugin: Using internal network plugin", (2, 21), (2, 21)),
+    ("Bootstrap : Using", None, (2, 23)),
+    ("Bootstrap: Using", (2, 24), None),
+    ("Bootstrap timings", (2, 23), None),
+    ("use ring PXN", (2, 24), None),
+    ("Init timings - ", (2, 23), None),
+    ("Assigned NET plugin", (2, 27), None),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# The accumulator
+
+
+class NcclLogAccumulator:
+    """Consume an NCCL log line by line (or block by block); `result()` gives the NcclLog.
+
+    Memory is bounded by the size of the cluster (hosts, ranks, distinct message kinds),
+    never by the length of the log.
+    """
+
+    def __init__(self) -> None:
+        self.lines = 0
+        self.nccl_lines = 0
+        self.recognised = 0
+        self._pending: Counter = Counter()
+        self._heads: dict[str, tuple | None] = {}
+        self._chan: dict[str, tuple | bool] = {}       # channel message -> parsed record
+        self._dispatch = {
+            "Chan": self._m_channel, "Ring": self._m_channel, "Coll": self._m_collnet,
+            "Usin": self._m_using, "NET/": self._m_net, "Boot": self._m_bootstrap,
+            "comm": self._m_comm, "nccl": self._m_comm, "[Ran": self._m_comm,
+            "Init": self._m_init, "Conn": self._m_connected, "NCCL": self._m_nccl,
+            "NVLS": self._m_nvls, "GPU ": self._m_gpu_gdr, "SHAR": self._m_sharp,
+            "DMA-": self._m_dmabuf, "Plug": self._m_plugin_path, "P2P ": self._m_p2p_plugin,
+            "Assi": self._m_assigned, "Succ": self._m_plugin_loaded, "cuda": self._m_cuda,
+        }
+        # facts
+        self.versions: dict[str, set] = {}             # version string -> hosts (None = bare line)
+        self.version_hint: str | None = None           # "vLLM is using nccl==x.y.z"
+        self.eras: dict[str, list] = {}                # host -> [lo, hi] from message wording
+        self.hosts: set[str] = set()
+        self.procs: set[tuple] = set()                 # (host, pid, dev)
+        self.ray_ips: set[str] = set()
+        self.chan_counts: dict[str, int] = {}
+        self.intra: set[str] = set()
+        self.net_agg: dict[tuple, int] = {}            # (host, erank, peer, dir, net, gdr, proxy) -> n
+        self.net_fragments: dict[tuple, int] = {}      # (net, gdr) -> n, from torn lines
+        self.collnet_agg: dict[tuple, int] = {}        # (host, rank, net, gdr) -> n
+        self.ranks_seen: set[int] = set()              # any rank named in a channel line
+        self.emitters: dict[int, set] = {}             # rank -> hosts that printed as that rank
+        self.ring_sizes: set[int] = set()
+        self.comm_shapes: dict[tuple, int] = {}        # (nRanks, nNodes, localRanks) -> count
+        self.comm_nranks: set[int] = set()             # nranks from Init / timings lines
+        self.init_start: set[tuple] = set()            # (host, pid, comm, rank, nranks)
+        self.init_complete: set[tuple] = set()
+        self.rings_gdr: dict[tuple, set] = {}          # (host, rank) -> {0,1} from "GDR g"
+        self.rings_pxn: set[int] = set()
+        self.networks: dict[str, int] = {}             # "Using network X" / "Assigned NET plugin X"
+        self.ib_devs: dict[str, str] = {}              # "mlx5_0:1" -> "IB"|"RoCE"
+        self.ib_no_device = False
+        self.ib_error_seen = False
+        self.socket_ifaces: dict[str, None] = {}
+        self.net_socket_ifaces: dict[str, None] = {}
+        self.boot_ifaces: dict[str, None] = {}
+        self.ofi: dict[str, Any] = {}
+        self.plugin: dict[str, Any] = {}
+        self.gdr_gpu: dict[str, int] = {}              # "Enabled"/"Disabled" -> n (per GPU decision)
+        self.gdr_hca: dict[str, str] = {}              # hca -> Enabled/Disabled
+        self.nvls = False
+        self.nvls_capable: set[bool] = set()
+        self.collnet_channels = 0
+        self.sharp_size: int | None = None
+        self.dmabuf = False
+        self.env: dict[str, str] = {}
+        self.cuda_driver: int | None = None
+        self.findings: dict[tuple, list] = {}          # (severity, kind, norm msg) -> [msg, line, n, hosts]
+        self.findings_dropped = 0
+        self.trace_errors: dict[tuple, list] = {}      # (code, plugin?) -> [line, n, hosts]
+        # nccl-tests
+        self.nt_rows: dict[tuple, tuple] = {}
+        self.nt_avgs: dict[float, int] = {}
+        self.nt_oob: int | None = None
+        self.nt_seen = False
+        self.nt_ranks: dict[int, str] = {}
+        self.nt_collective: str | None = None
+        # launchers
+        self.hint_world: int | None = None
+        self.hint_nnodes: int | None = None
+        self.hint_nproc: int | None = None
+
+    # -- input -----------------------------------------------------------------------------
+    #
+    # Lines are not handled as they arrive: they are counted into `_pending` (a Counter, so the
+    # counting runs in C) and handled once per distinct line, with its multiplicity, when the
+    # window fills up or at result(). Every fact kept is a count, a set or a maximum, so this
+    # gives exactly what line-by-line handling would, for a fraction of the Python work on
+    # logs that repeat themselves (every rank and every communicator prints the same lines).
+
+    def feed(self, line: str | bytes) -> None:
+        """One line (a trailing newline is fine)."""
+        self._pending[line] += 1
+        if len(self._pending) > _PENDING_MAX:
+            self._flush()
+
+    def feed_lines(self, lines: Iterable[str | bytes]) -> None:
+        """Many lines (with or without their newlines), e.g. an open file."""
+        it = iter(lines)
+        while True:
+            batch = list(itertools.islice(it, _FILE_BATCH))
+            if not batch:
+                return
+            self._count(batch)
+
+    def _count(self, lines: Iterable[str | bytes]) -> None:
+        """Count lines into the window (in C); handle the window when it is full."""
+        self._pending.update(lines)
+        if len(self._pending) > _PENDING_MAX:
+            self._flush()
+
+    def feed_block(self, block: bytes | str) -> None:
+        """Whole lines, newline-separated (parse_file hands over ~1 MiB of bytes at a time)."""
+        sep = b"\n" if isinstance(block, bytes) else "\n"
+        lines = block.split(sep)
+        if not lines[-1]:
+            lines.pop()
+        self._count(lines)
+
+    def feed_text(self, text: str) -> None:
+        """Any amount of text holding whole lines."""
+        start, size = 0, len(text)
+        while start < size:
+            end = text.find("\n", start + BLOCK_BYTES)
+            end = size if end < 0 else end
+            self.feed_block(text[start:end])
+            start = end + 1
+
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, Counter()
+        handle = self._line
+        self.lines += sum(pending.values())
+        for raw, n in pending.items():
+            line = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+            if "\x1b" in line:
+                line = _ANSI_RE.sub("", line)
+            handle(line.rstrip("\r\n"), n)
+
+    # -- one line --------------------------------------------------------------------------
+
+    def _line(self, line: str, n: int) -> None:
+        i = line.find("NCCL ")
+        if i < 0:
+            if line:
+                self._other(line, n)
+            return
+        level = line[i + 5:i + 9]
+        if level == "INFO":
+            msg = line[i + 10:]
+        elif level == "WARN":
+            msg = line[i + 10:]
+        elif level == "TRAC":
+            msg = line[i + 11:]
+        else:
+            self._other(line, n)
+            return
+        head = line[:i]
+        info = self._heads.get(head)
+        if info is None and head not in self._heads:
+            info = self._head(head)
+        self.nccl_lines += n
+        self.recognised += n
+        j = msg.find("NCCL ")
+        if j >= 0 and msg[j + 5:j + 9] in ("INFO", "WARN", "TRAC"):
+            msg = self._unglue(msg, j, n)
+        if info is None:
+            host = pid = None
+        else:
+            host, pid, _dev = info
+        if level == "WARN":
+            self._warn(msg, host, line, n)
+            return
+        handler = self._dispatch.get(msg[:4])
+        if handler is not None:
+            handler(msg, host, pid, n, line)
+        elif msg[:1].isdigit():
+            self._m_channel_counts(msg)
+        elif " -> " in msg:
+            self._m_trace(msg, host, line, n)
+
+    def _head(self, head: str) -> tuple | None:
+        """host, pid, dev from the text before 'NCCL INFO' (cached per distinct head)."""
+        if len(self._heads) >= _HEAD_CACHE_MAX:
+            self._heads.clear()
+        h = head
+        if "-" in h and ":" in h:
+            h = _ISO_TS_RE.sub(" ", h)
+        m = None
+        for m in _HEAD_RE.finditer(h):
+            pass
+        if m is None:
+            self._heads[head] = None
+            return None
+        host, pid, dev = m.group(1), int(m.group(2)), int(m.group(4))
+        if "ip=" in head:
+            ip = _RAY_IP_RE.search(head)
+            if ip and len(self.ray_ips) < _MAX_KEYS:
+                self.ray_ips.add(ip.group(1))
+        info = (host, pid, dev)
+        self._heads[head] = info
+        if len(self.hosts) < _MAX_KEYS:
+            self.hosts.add(host)
+            self.procs.add(info)
+        return info
+
+    def _unglue(self, msg: str, j: int, n: int) -> str:
+        """Two log lines glued into one: handle the second one, return the first message."""
+        prefix = msg[:j]
+        last = None
+        for last in _HEAD_RE.finditer(prefix):
+            pass
+        if last is None:
+            return prefix
+        cut = last.start()
+        first = prefix[:cut].rstrip(" |\t")
+        second = prefix[cut:] + msg[j:]
+        k = second.find("NCCL ")
+        if _TAIL_JUNK_RE.sub("", second[k + 10:]).strip() != _TAIL_JUNK_RE.sub("", first).strip():
+            self._line(second, n)       # a CloudWatch duplicate column is the same message
+        if cut and not prefix[cut - 1].isspace() and " via " in first:
+            return prefix               # glued without a separator: the host may have eaten the
+        return first                    # end of the via-text, which is classified by its start
+
+    # -- message handlers (msg, host, pid, n, line) ------------------------------------------
+
+    def _m_channel(self, msg: str, host, pid, n: int, line: str) -> None:
+        rec = self._chan.get(msg)
+        if rec is None:
+            if len(self._chan) >= _CHAN_CACHE_MAX:
+                self._chan.clear()
+            rec = self._chan[msg] = self._channel_record(msg)
+        if not rec:
+            return
+        label, intra, family, net, gdr, proxy, src, dst, direction, me, peer = rec
+        self.chan_counts[label] = self.chan_counts.get(label, 0) + n
+        if intra is not None:
+            self.intra.add(intra)
+        if src is None:
+            if family == "NET":
+                key = (net, gdr)
+                self.net_fragments[key] = self.net_fragments.get(key, 0) + n
+            return
+        seen = self.ranks_seen
+        if len(seen) < _MAX_KEYS:
+            seen.add(src)
+            seen.add(dst)
+        if host is not None:
+            hs = self.emitters.get(me)
+            if hs is None:
+                if len(self.emitters) < _MAX_KEYS:
+                    self.emitters[me] = {host}
+            elif host not in hs and len(hs) < 64:
+                hs.add(host)
+        if family == "NET":
+            key = (host, me, peer, direction, net, gdr, proxy)
+            agg = self.net_agg
+            if key in agg:
+                agg[key] += n
+            elif len(agg) < _MAX_KEYS:
+                agg[key] = n
+
+    def _channel_record(self, msg: str) -> tuple | bool:
+        """Everything a channel message says, parsed once per distinct message (cached)."""
+        v = msg.find(" via ")
+        if v < 0:
+            self._ring_listing(msg)
+            return False
+        info = _classify_via(msg[v + 5:])
+        if info is None:
+            return False
+        family, label, intra, net, gdr, proxy = info
+        m = _CHAN_RE.search(msg, 0, v)
+        if m is None:
+            return (label, intra, family, net, gdr, proxy, None, None, None, None, None)
+        src, dst, direction = int(m.group(1)), int(m.group(3)), m.group(5)
+        me, peer = (dst, src) if direction == "receive" else (src, dst)
+        return (label, intra, family, net, gdr, proxy, src, dst, direction, me, peer)
+
+    def _ring_listing(self, msg: str) -> None:
+        c = msg.find(" : ")
+        if c < 0:
+            return
+        toks = msg[c + 3:].split()
+        if toks and all(t.isdigit() for t in toks):
+            self.ring_sizes.add(len(set(toks)))
+
+    def _m_collnet(self, msg: str, host, pid, n: int, line: str) -> None:
+        v = msg.find(" via ")
+        if v < 0:
+            return
+        info = _classify_via(msg[v + 5:])
+        if info is None:
+            return
+        family, label, _intra, net, gdr, _proxy = info
+        self.chan_counts[label] = self.chan_counts.get(label, 0) + n
+        self.collnet_channels += n
+        m = _COLLNET_RE.search(msg)
+        key = (host, int(m.group(2)) if m else None, net, gdr)
+        if key in self.collnet_agg or len(self.collnet_agg) < _MAX_KEYS:
+            self.collnet_agg[key] = self.collnet_agg.get(key, 0) + n
+
+    def _m_using(self, msg: str, host, pid, n: int, line: str) -> None:
+        if msg.startswith("Using network "):
+            name = _TAIL_JUNK_RE.sub("", msg[14:]).strip()
+            if name:
+                self.networks[name] = self.networks.get(name, 0) + n
+
+    def _m_assigned(self, msg: str, host, pid, n: int, line: str) -> None:
+        # 2.27+: "Assigned NET plugin IB to comm"
+        if msg.startswith("Assigned NET plugin "):
+            name = msg[20:].split(" to comm")[0].strip()
+            if name:
+                self.networks[name] = self.networks.get(name, 0) + n
+            self._era(host, msg)
+
+    def _m_net(self, msg: str, host, pid, n: int, line: str) -> None:
+        if msg.startswith("NET/IB"):
+            if "GPU Direct RDMA" in msg:
+                m = _GDR_HCA_RE.search(msg)
+                if m:
+                    self.gdr_hca[m.group(3)] = m.group(1)
+            elif " Using" in msg:
+                for m in _IB_DEV_RE.finditer(msg):
+                    hca = f"{m.group(2)}:{m.group(3)}"
+                    if hca not in self.ib_devs and len(self.ib_devs) < 4096:
+                        self.ib_devs[hca] = m.group(4)
+                m = _OOB_RE.search(msg)
+                if m:
+                    self.socket_ifaces.setdefault(m.group(1), None)
+            elif "No device found" in msg:
+                self.ib_no_device = True
+        elif msg.startswith("NET/Socket"):
+            if " Using" in msg:
+                for m in _SOCK_DEV_RE.finditer(msg):
+                    self.net_socket_ifaces.setdefault(m.group(1), None)
+                    self.socket_ifaces.setdefault(m.group(1), None)
+        elif msg.startswith("NET/OFI"):
+            m = _OFI_PROVIDER_RE.search(msg)
+            if m:
+                self.ofi["provider"] = m.group(1)
+                if m.group(2):
+                    self.ofi["nics"] = int(m.group(2))
+                return
+            m = _OFI_VERSION_RE.search(msg)
+            if m:
+                self.ofi["version"] = m.group(1)
+                return
+            if "Using Libfabric version" in msg:
+                self.ofi["libfabric"] = msg.rsplit(" ", 1)[-1]
+            elif "Invalid" in msg or "failed" in msg.lower() or "Unable" in msg:
+                self.ofi.setdefault("failures", msg[8:].strip()[:200])
+            self.ofi.setdefault("seen", True)
+        elif msg.startswith("NET/Plugin"):
+            self._era(host, msg)
+            m = _PLUGIN_LOADED_RE.search(msg)
+            if m:
+                self.plugin["loaded"] = m.group(1)
+            elif "set by env to" in msg:
+                self.plugin["requested"] = msg.rsplit(" ", 1)[-1].strip()
+            elif "using internal" in msg or "Using internal" in msg or "No plugin found" in msg:
+                self.plugin.setdefault("internal", True)
+
+    def _m_bootstrap(self, msg: str, host, pid, n: int, line: str) -> None:
+        self._era(host, msg)
+        if "Using" in msg:
+            m = _BOOT_RE.search(msg)
+            if m:
+                self.boot_ifaces.setdefault(m.group(1), None)
+                self.socket_ifaces.setdefault(m.group(1), None)
+
+    def _m_comm(self, msg: str, host, pid, n: int, line: str) -> None:
+        if " - Init " in msg:
+            m = _INIT_RE.search(msg)
+            if m:
+                rank, nranks = int(m.group(2)), int(m.group(3))
+                key = (host, pid, m.group(1), rank, nranks)
+                target = self.init_start if m.group(6) == "START" else self.init_complete
+                if len(target) < _MAX_KEYS:
+                    target.add(key)
+                self.comm_nranks.add(nranks)
+                if host is not None and (rank in self.emitters or len(self.emitters) < _MAX_KEYS):
+                    self.emitters.setdefault(rank, set()).add(host)
+            return
+        if "nNodes" in msg:
+            m = _COMM_SHAPE_RE.search(msg)
+            if m:
+                shape = (int(m.group(3)), int(m.group(4)),
+                         int(m.group(5)) if m.group(5) else None)
+                self.comm_shapes[shape] = self.comm_shapes.get(shape, 0) + n
+
+    def _m_init(self, msg: str, host, pid, n: int, line: str) -> None:
+        if msg.startswith("Init timings"):
+            self._era(host, msg)
+            m = _RANK_IN_INIT_TIMING_RE.search(msg)
+            if m:
+                self.comm_nranks.add(int(m.group(2)))
+        elif msg.startswith("Initialized NET plugin "):
+            self.plugin.setdefault("initialized", {})[msg[23:].strip()] = True
+
+    def _m_connected(self, msg: str, host, pid, n: int, line: str) -> None:
+        if msg.startswith("Connected all rings"):
+            m = _RINGS_RE.search(msg)
+            if m:
+                self._era(host, msg)
+                self.rings_pxn.add(int(m.group(1)))
+                key = (host, pid)
+                s = self.rings_gdr.get(key)
+                if s is None:
+                    if len(self.rings_gdr) < _MAX_KEYS:
+                        self.rings_gdr[key] = {int(m.group(2))}
+                else:
+                    s.add(int(m.group(2)))
+        elif msg.startswith("Connected NVLS"):
+            self.nvls = True
+
+    def _m_nccl(self, msg: str, host, pid, n: int, line: str) -> None:
+        if msg.startswith("NCCL version"):
+            self._version(msg, host)
+        elif msg.startswith("NCCL_"):
+            m = _ENV_RE.match(_TAIL_JUNK_RE.sub("", msg).strip())
+            if m and (m.group(1) in self.env or len(self.env) < 128):
+                value = m.group(2).strip()
+                if value.endswith(".") and value[:-1].lstrip("-").isdigit():
+                    value = value[:-1]
+                self.env[m.group(1)] = value
+
+    def _m_nvls(self, msg: str, host, pid, n: int, line: str) -> None:
+        if msg.startswith("NVLS Head") or msg.startswith("NVLS comm"):
+            self.nvls = True
+        elif "multicast support is" in msg:
+            self.nvls_capable.add("not available" not in msg)
+
+    def _m_gpu_gdr(self, msg: str, host, pid, n: int, line: str) -> None:
+        if msg.startswith("GPU Direct RDMA"):
+            m = _GDR_GPU_RE.search(msg)
+            if m and not m.group(2).startswith("HCA"):
+                self.gdr_gpu[m.group(1)] = self.gdr_gpu.get(m.group(1), 0) + n
+
+    def _m_sharp(self, msg: str, host, pid, n: int, line: str) -> None:
+        m = _SHARP_RE.search(msg)
+        if m:
+            self.sharp_size = int(m.group(2))
+            dev = m.group(3)
+            if ":" in dev and dev not in self.ib_devs:
+                self.ib_devs[dev] = "IB"
+
+    def _m_dmabuf(self, msg: str, host, pid, n: int, line: str) -> None:
+        if "is available" in msg:
+            self.dmabuf = True
+
+    def _m_plugin_path(self, msg: str, host, pid, n: int, line: str) -> None:
+        if msg.startswith("Plugin Path"):
+            self.plugin["path"] = _TAIL_JUNK_RE.sub("", msg.split(":", 1)[-1]).strip()
+
+    def _m_p2p_plugin(self, msg: str, host, pid, n: int, line: str) -> None:
+        if msg.startswith("P2P plugin "):
+            self.plugin["loaded"] = _TAIL_JUNK_RE.sub("", msg[11:]).strip()
+
+    def _m_plugin_loaded(self, msg: str, host, pid, n: int, line: str) -> None:
+        if msg.startswith("Successfully loaded external plugin"):
+            self.plugin.setdefault("external", msg.rsplit(" ", 1)[-1].strip())
+
+    def _m_cuda(self, msg: str, host, pid, n: int, line: str) -> None:
+        if msg.startswith("cudaDriverVersion "):
+            v = msg[18:].split()
+            if v and v[0].isdigit():
+                self.cuda_driver = int(v[0])
+
+    def _m_channel_counts(self, msg: str) -> None:
+        # "%d coll channels, %d collnet channels, %d nvls channels, ..." - recent NCCL prints
+        # comm->nChannels as the collnet count too, so only the nvls count is evidence.
+        m = _CHANNEL_COUNTS_RE.match(msg)
+        if m and m.group(3) and int(m.group(3)) > 0:
+            self.nvls = True
+
+    def _m_trace(self, msg: str, host, line: str, n: int) -> None:
+        m = _TRACE_RE.match(msg)
+        if not m:
+            return
+        code = int(m.group(3))
+        if code not in _NCCL_RESULT:
+            return                      # 0 success, 7 ncclInProgress (non-blocking init)
+        plugin = m.group(1).startswith("plugin/")
+        key = (code, plugin)
+        rec = self.trace_errors.get(key)
+        if rec is None:
+            self.trace_errors[key] = [line.strip()[:400], n, {host} if host else set()]
+        else:
+            rec[1] += n
+            if host and len(rec[2]) < 16:
+                rec[2].add(host)
+
+    # -- WARN lines ------------------------------------------------------------------------
+
+    def _warn(self, msg: str, host, line: str, n: int) -> None:
+        msg = _TAIL_JUNK_RE.sub("", msg).strip()
+        kind, severity = "nccl_warn", "error"
+        for needles, k, sev in _WARN_RULES:
+            if any(s in msg for s in needles):
+                kind, severity = k, sev
+                break
+        if kind == "bind_failed" and "ras/" in line:
+            severity = "warning"        # the RAS monitor could not bind; communication unaffected
+        if kind == "ib_completion_error":
+            self.ib_error_seen = True
+        if "%" in msg:
+            m = _PEER_IFACE_RE.search(msg)
+            if m:
+                self.socket_ifaces.setdefault(m.group(1), None)
+        self._finding(severity, kind, msg, line, host, n)
+
+    def _finding(self, severity: str, kind: str, msg: str, line: str, host, n: int) -> None:
+        norm = _NORM_RE.sub("N", msg)[:160]
+        key = (severity, kind, norm)
+        rec = self.findings.get(key)
+        if rec is None:
+            if len(self.findings) >= _MAX_FINDINGS:
+                self.findings_dropped += n
+                return
+            self.findings[key] = [msg[:300], line.strip()[:400], n, {host} if host else set()]
+        else:
+            rec[2] += n
+            if host and len(rec[3]) < 16:
+                rec[3].add(host)
+
+    # -- lines without an NCCL envelope ---------------------------------------------------
+
+    def _other(self, line: str, n: int) -> None:
+        if " via " in line:
+            self._fragment(line, n)
+        if "NCCL version" in line:
+            if self._version(line, None):
+                self.recognised += n
+        if "#" in line:
+            self._nccl_tests_comment(line, n)
+        elif "  " in line and line.rstrip()[-1:] in _ROW_ENDS and _NT_ROW_HINT_RE.search(line):
+            self._nccl_tests_row(line, n)
+        if " WARN " in line:
+            m = _OLD_WARN_RE.search(line)
+            if m:
+                self.recognised += n
+                self._warn(m.group(3), None, line, n)
+                return
+        if "NCCL" in line or "nccl" in line:
+            self._app_error(line, n)
+        if "libfabric" in line and ("<warn>" in line or "<error>" in line):
+            self._libfabric(line, n)
+        if "got completion with error" in line:
+            self.ib_error_seen = True
+            self._finding("error", "ib_completion_error", line.strip()[:300], line, None, n)
+        if "--nnodes" in line or "nproc" in line or "store-based barrier" in line or "Starting with" in line:
+            self._launcher(line)
+        if "_perf" in line:
+            m = _NT_COLL_RE.search(line)
+            if m:
+                self.nt_collective = m.group(1)
+
+    def _fragment(self, line: str, n: int) -> None:
+        via = line[line.find(" via ") + 5:]
+        info = _classify_via(via)
+        if info is None:
+            return
+        family, label, intra, net, gdr, _proxy = info
+        self.chan_counts[label] = self.chan_counts.get(label, 0) + n
+        if intra is not None:
+            self.intra.add(intra)
+        if family == "NET":
+            key = (net, gdr)
+            self.net_fragments[key] = self.net_fragments.get(key, 0) + n
+
+    def _version(self, text: str, host) -> bool:
+        m = _VERSION_RE.search(text)
+        if not m:
+            return False
+        version = f"{m.group(1)}.{m.group(2)}.{m.group(3)}{m.group(4)}"
+        hosts = self.versions.get(version)
+        if hosts is None:
+            if len(self.versions) >= 64:
+                return True
+            hosts = self.versions[version] = set()
+        if len(hosts) < 4096:
+            hosts.add(host)
+        return True
+
+    def _era(self, host, msg: str) -> None:
+        if host is None:
+            return
+        for needle, lo, hi in _ERA_MARKS:
+            if needle in msg:
+                era = self.eras.get(host)
+                if era is None:
+                    if len(self.eras) >= _MAX_KEYS:
+                        return
+                    era = self.eras[host] = [None, None]
+                if lo and (era[0] is None or lo > era[0]):
+                    era[0] = lo
+                if hi and (era[1] is None or hi < era[1]):
+                    era[1] = hi
+
+    def _nccl_tests_comment(self, line: str, n: int) -> None:
+        if "busbw" in line or "out-of-place" in line:
+            self.nt_seen = True
+            self.recognised += n
+        elif "Avg bus bandwidth" in line:
+            m = _NT_AVG_RE.search(line)
+            if m:
+                self.nt_seen = True
+                self.recognised += n
+                v = float(m.group(1))
+                if v in self.nt_avgs or len(self.nt_avgs) < 256:
+                    self.nt_avgs[v] = self.nt_avgs.get(v, 0) + n
+        elif "Out of bounds values" in line:
+            m = _NT_OOB_RE.search(line)
+            if m:
+                self.nt_seen = True
+                self.nt_oob = max(self.nt_oob or 0, int(m.group(1)))
+                if m.group(2) == "FAILED" or int(m.group(1)) > 0:
+                    self._finding("error", "nccl_tests_out_of_bounds", line.strip()[:300], line, None, n)
+        elif "Rank" in line and " on " in line:
+            m = _NT_RANK_RE.search(line)
+            if m and (int(m.group(1)) in self.nt_ranks or len(self.nt_ranks) < _MAX_KEYS):
+                self.nt_seen = True
+                self.recognised += n
+                self.nt_ranks[int(m.group(1))] = m.group(3)
+        elif "nThread" in line and "nGpus" in line:
+            self.nt_seen = True
+            self.recognised += n
+
+    def _nccl_tests_row(self, line: str, n: int) -> None:
+        toks = line.split()
+        for i in range(len(toks) - 6):
+            if toks[i + 2] in _NT_TYPES and toks[i].isdigit() and toks[i + 1].isdigit():
+                break
+        else:
+            return
+        rest = toks[i + 3:]
+        redop = rest.pop(0) if rest and rest[0] in _NT_OPS else None
+        root = None
+        if len(rest) in (5, 9) and rest[0].lstrip("-").isdigit():
+            root = int(rest.pop(0))
+        if len(rest) not in (4, 8):
+            return
+        try:
+            oop = (float(rest[0]), float(rest[1]), float(rest[2]))
+            ip = (float(rest[4]), float(rest[5]), float(rest[6])) if len(rest) == 8 else None
+        except ValueError:
+            return
+        wrong = [w for w in (rest[3], rest[7] if len(rest) == 8 else "0") if w.isdigit()]
+        bad = sum(int(w) for w in wrong)
+        size = int(toks[i])
+        key = (size, toks[i + 2], redop)
+        if key in self.nt_rows or len(self.nt_rows) < 4096:
+            self.nt_rows[key] = (int(toks[i + 1]), root, oop, ip, bad)
+        self.nt_seen = True
+        self.recognised += n
+        if bad:
+            self._finding("error", "nccl_tests_wrong_results",
+                          f"{bad} wrong elements at size {size}", line, None, n)
+
+    def _app_error(self, line: str, n: int) -> None:
+        for needle, kind in _APP_ERRORS:
+            if needle in line:
+                self.recognised += n
+                self._finding("error", kind, line.strip()[:300], line, None, n)
+                return
+        m = _VLLM_VERSION_RE.search(line)
+        if m:
+            self.version_hint = f"{m.group(1)}.{m.group(2)}.{m.group(3)}"
+
+    def _libfabric(self, line: str, n: int) -> None:
+        msg = line.strip()
+        if "output empty list" in line or "<error>" in line:
+            kind = "ofi_provider_unavailable" if "empty list" in line else "libfabric_error"
+            self._finding("error", kind, msg[:300], line, None, n)
+        else:
+            self._finding("warning", "libfabric_warning", msg[:300], line, None, n)
+
+    def _launcher(self, line: str) -> None:
+        m = _NNODES_RE.search(line)
+        if m:
+            self.hint_nnodes = int(m.group(2) or m.group(1))
+        m = _NPROC_RE.search(line)
+        if m:
+            self.hint_nproc = int(m.group(1))
+        m = _WORLD_RE.search(line)
+        if m:
+            self.hint_world = int(m.group(1) or m.group(2))
+
+    # -- result ------------------------------------------------------------------------------
+
+    def result(self) -> NcclLog:
+        """The facts so far. Raises ParseError when nothing NCCL-related was seen."""
+        self._flush()
+        if self.recognised == 0:
+            raise ParseError(KIND, "no NCCL_DEBUG line (host:pid:tid [dev] NCCL INFO/WARN), "
+                                   "NCCL version line, nccl-tests table or NCCL error found")
+        return _Summary(self).build()
+
+
+# ---------------------------------------------------------------------------------------------
+# Deciding: from the accumulated facts to transport, GDR, status and verdict
+
+
+class _Summary:
+    """One pass over an accumulator's facts (pure; kept apart from the line handling)."""
+
+    def __init__(self, acc: NcclLogAccumulator) -> None:
+        self.a = acc
+        self.evidence: dict[str, str | None] = {}
+        self.findings: list[dict[str, str]] = []
+        self.notes: list[str] = []
+
+    # ranks and nodes ------------------------------------------------------------------------
+
+    def _rank_hosts(self) -> dict[int, str]:
+        """rank -> host, for ranks printed from exactly one host."""
+        return {r: next(iter(hs)) for r, hs in self.a.emitters.items() if len(hs) == 1}
+
+    def _ranks_and_nodes(self):
+        a = self.a
+        n_ranks = n_nodes = None
+        shapes = a.comm_shapes
+        if shapes:
+            biggest = max(shapes, key=lambda s: (s[0], s[1]))
+            n_ranks, n_nodes = biggest[0], biggest[1]
+            self.evidence["n_ranks"] = self.evidence["n_nodes"] = "comm nRanks/nNodes line"
+        sizes = set(a.comm_nranks) | set(a.ring_sizes)
+        if sizes and (n_ranks is None or max(sizes) > n_ranks):
+            n_ranks = max(sizes)
+            self.evidence["n_ranks"] = "Init/ring lines"
+            if shapes and n_ranks != biggest[0]:
+                n_nodes = None
+                self.evidence.pop("n_nodes", None)
+        if n_ranks is None and a.nt_ranks:
+            n_ranks = len(a.nt_ranks)
+            n_nodes = len(set(a.nt_ranks.values()))
+            self.evidence["n_ranks"] = self.evidence["n_nodes"] = "nccl-tests device listing"
+        hosts = a.hosts | set(a.nt_ranks.values())
+        rank_hosts = self._rank_hosts()
+        if n_ranks is None and a.ranks_seen and a.hosts:
+            # Every rank named in a channel line printed its own lines from this log, and they
+            # are 0..k-1: the communicator is closed (rings span all ranks) -> k ranks.
+            seen = a.ranks_seen
+            k = max(seen) + 1
+            if len(seen) == k and all(r in rank_hosts for r in seen):
+                n_ranks = k
+                self.evidence["n_ranks"] = "channel lines (every rank seen printing)"
+                if n_nodes is None and len(set(rank_hosts[r] for r in seen)) == 1 and len(a.hosts) == 1:
+                    n_nodes = 1
+                    self.evidence["n_nodes"] = "channel lines (all ranks on one host)"
+        if n_ranks is None and (a.hint_world or (a.hint_nnodes and a.hint_nproc)):
+            n_ranks = a.hint_world or a.hint_nnodes * a.hint_nproc
+            self.evidence["n_ranks"] = "launcher line"
+        if n_nodes is None and n_ranks == 1:
+            n_nodes = 1
+            self.evidence["n_nodes"] = "single rank"
+        if n_nodes is None and n_ranks is not None and len(hosts) == n_ranks:
+            n_nodes = n_ranks
+            self.evidence["n_nodes"] = "one host per rank"
+        if n_nodes is None and a.hint_nnodes:
+            n_nodes = a.hint_nnodes
+            self.evidence["n_nodes"] = "launcher line"
+        n_ranks_min = max([n_ranks or 0, (max(a.ranks_seen) + 1) if a.ranks_seen else 0,
+                           len(a.procs), len(a.nt_ranks)]) or None
+        n_nodes_min = max([n_nodes or 0, len(hosts), 2 if (a.collnet_channels or a.collnet_agg) else 0,
+                           max((s[1] for s in a.comm_shapes), default=0)]) or None
+        return n_ranks, n_nodes, n_ranks_min, n_nodes_min, rank_hosts
+
+    # transport ---------------------------------------------------------------------------
+
+    def _link_layer_family(self, family: str) -> str:
+        layers = set(self.a.ib_devs.values())
+        if family == "IB" and layers == {"RoCE"}:
+            return "ROCE"
+        return family
+
+    def _split_net(self, single_node: bool, rank_hosts: dict[int, str]):
+        """NET channel aggregates -> (inter entries, intra entries)."""
+        inter, intra = [], []
+        for key, n in self.a.net_agg.items():
+            host, me, peer, _dir, _net, _gdr, _proxy = key
+            same = single_node or (host is not None and rank_hosts.get(peer) == host
+                                   and rank_hosts.get(me) == host)
+            (intra if same else inter).append((key, n))
+        return inter, intra
+
+    def _transport(self, single_node: bool, inter):
+        a = self.a
+        if single_node:
+            self.evidence["inter_node_transport"] = "single node"
+            return "NONE", (max(a.networks, key=a.networks.get) if a.networks else None)
+        names: Counter = Counter()
+        for key, n in inter:
+            names[key[4]] += n
+        for (net, _gdr), n in a.net_fragments.items():
+            names[net] += n
+        if names:
+            fams = {_net_family(x) for x in names}
+            fam = "SOCKET" if "SOCKET" in fams else (fams.pop() if len(fams) == 1 else "UNKNOWN")
+            self.evidence["inter_node_transport"] = "channel lines"
+            return self._link_layer_family(fam), names.most_common(1)[0][0]
+        coll = Counter()
+        for (_h, _r, net, _g), n in a.collnet_agg.items():
+            coll[net] += n
+        if coll:
+            self.evidence["inter_node_transport"] = "CollNet channel lines"
+            net = coll.most_common(1)[0][0]
+            return self._link_layer_family(_net_family(net)), net
+        if a.networks:
+            net = max(a.networks, key=a.networks.get)
+            fams = {_net_family(x) for x in a.networks}
+            fam = "SOCKET" if "SOCKET" in fams else _net_family(net)
+            self.evidence["inter_node_transport"] = "Using network line"
+            return self._link_layer_family(fam), net
+        if a.ib_error_seen:
+            self.evidence["inter_node_transport"] = "IB completion errors"
+            return self._link_layer_family("IB"), "IB"
+        if a.ib_devs:
+            self.evidence["inter_node_transport"] = "NET/IB device line"
+            return self._link_layer_family("IB"), "IB"
+        if a.ofi.get("provider") or a.ofi.get("version"):
+            if not a.ofi.get("failures"):
+                self.evidence["inter_node_transport"] = "NET/OFI plugin lines"
+                return "OFI", "Libfabric"
+        if a.net_socket_ifaces and not self._bootstrap_era_socket():
+            self.evidence["inter_node_transport"] = "NET/Socket device line"
+            return "SOCKET", "Socket"
+        self.evidence["inter_node_transport"] = None
+        return "UNKNOWN", None
+
+    def _bootstrap_era_socket(self) -> bool:
+        """Before NCCL 2.7 'NET/Socket : Using' also named the bootstrap interface."""
+        v = self._version_tuple()
+        return v is not None and v < (2, 7)
+
+    def _version_tuple(self) -> tuple[int, int] | None:
+        if not self.a.versions:
+            return None
+        m = re.match(r"(\d+)\.(\d+)", max(self.a.versions, key=lambda v: len(self.a.versions[v])))
+        return (int(m.group(1)), int(m.group(2))) if m else None
+
+    def _gdr(self, transport: str, network: str | None, inter, intra):
+        """gdr, asymmetric, by_host, by_rank."""
+        a = self.a
+        entries = inter or intra
+        by_host: dict[str, set] = {}
+        by_rank: dict[str, set] = {}
+        flags: set[bool] = set()
+        for key, _n in entries:
+            host, me, _peer, direction, _net, gdr, _proxy = key
+            flags.add(gdr)
+            by_host.setdefault(host or "?", set()).add(gdr)
+            if len(by_rank) < 4096:
+                by_rank.setdefault(f"{host or '?'}/{me}", set()).add(gdr)
+        if not entries:
+            for (_net, gdr), _n in a.net_fragments.items():
+                flags.add(gdr)
+            for (host, rank, _net, gdr), _n in a.collnet_agg.items():
+                flags.add(gdr)
+                by_host.setdefault(host or "?", set()).add(gdr)
+        asym = _asymmetric(by_host)
+        if flags:
+            self.evidence["gdr"] = "channel lines"
+            gdr = flags == {True}
+            return gdr, asym, _flatten(by_host), _flatten(by_rank), len(flags) > 1
+        if transport == "SOCKET" or (network and _net_family(network) == "SOCKET"):
+            self.evidence["gdr"] = "network is Socket"
+            return False, False, {}, {}, False
+        if a.rings_gdr and transport != "NONE":
+            per_host: dict[str, set] = {}
+            vals: set[int] = set()
+            for (host, _pid), gs in a.rings_gdr.items():
+                vals |= gs
+                per_host.setdefault(host or "?", set()).update(bool(g) for g in gs)
+            self.evidence["gdr"] = "Connected all rings ... GDR line"
+            return vals == {1}, _asymmetric(per_host), _flatten(per_host), {}, len(vals) > 1
+        if a.gdr_gpu and transport != "NONE":
+            self.evidence["gdr"] = "GPU Direct RDMA per-GPU lines"
+            return set(a.gdr_gpu) == {"Enabled"}, False, {}, {}, len(a.gdr_gpu) > 1
+        if a.gdr_hca and set(a.gdr_hca.values()) == {"Disabled"} and transport != "NONE":
+            self.evidence["gdr"] = "GPU Direct RDMA Disabled for HCA lines"
+            return False, False, {}, {}, False
+        self.evidence["gdr"] = None
+        return None, False, {}, {}, False
+
+    # versions ------------------------------------------------------------------------------
+
+    def _versions(self):
+        a = self.a
+        versions = sorted(a.versions, key=lambda v: (-len(a.versions[v]), v))
+        version = versions[0] if versions else None
+        if version is None and a.version_hint:
+            version = a.version_hint
+            self.evidence["nccl_version"] = "vLLM 'using nccl==' line"
+        elif version:
+            self.evidence["nccl_version"] = "NCCL version line"
+        mismatch = len({v.split("+")[0] for v in versions}) > 1
+        explicit: dict[str, tuple[int, int]] = {}
+        for v, hosts in a.versions.items():
+            mm = re.match(r"(\d+)\.(\d+)", v)
+            for h in hosts:
+                if h is not None and mm:
+                    explicit[h] = (int(mm.group(1)), int(mm.group(2)))
+        ranges = []
+        for host, (lo, hi) in a.eras.items():
+            if host in explicit:
+                ranges.append((host, explicit[host], explicit[host]))
+            else:
+                ranges.append((host, lo or (0, 0), hi or (99, 99)))
+        for h, v in explicit.items():
+            if h not in a.eras:
+                ranges.append((h, v, v))
+        for i, (h1, lo1, hi1) in enumerate(ranges):
+            for h2, lo2, hi2 in ranges[i + 1:]:
+                if hi1 < lo2 or hi2 < lo1:
+                    mismatch = True
+                    self.notes.append(
+                        f"NCCL on {h1} ({_version_key(lo1)}..{_version_key(hi1)}) and on {h2} "
+                        f"({_version_key(lo2)}..{_version_key(hi2)}) print different message formats: "
+                        "different NCCL builds")
+                    break
+            if mismatch and len(self.notes) > 0:
+                break
+        return version, tuple(versions), mismatch
+
+    # findings ------------------------------------------------------------------------------
+
+    def _log_findings(self):
+        a = self.a
+        errors, warnings = [], []
+        for (severity, kind, _norm), (msg, line, n, hosts) in a.findings.items():
+            f = Finding(kind, severity, msg, line, n, tuple(sorted(h for h in hosts if h)))
+            (errors if severity == "error" else warnings).append(f)
+        for (code, plugin), (line, n, hosts) in a.trace_errors.items():
+            name = _NCCL_RESULT.get(code, str(code))
+            if plugin:
+                if not a.ofi.get("failures"):
+                    self.notes.append(f"a net plugin failed to load or initialise ({line}); "
+                                      "NCCL fell back to another network")
+                continue
+            errors.append(Finding("nccl_call_failed", "error",
+                                  f"an NCCL call returned {code} ({name})", line, n,
+                                  tuple(sorted(h for h in hosts if h))))
+        if a.findings_dropped:
+            self.notes.append(f"{a.findings_dropped} more WARN/error lines of other kinds not listed")
+        return tuple(errors), tuple(warnings)
+
+    def _incomplete(self):
+        a = self.a
+        done = {(h, p, c, r) for (h, p, c, r, _n) in a.init_complete}
+        out = []
+        for h, p, c, r, nr in sorted(a.init_start - a.init_complete, key=lambda k: (str(k[0]), k[3])):
+            if (h, p, c, r) not in done:
+                out.append({"host": h, "pid": p, "comm": c, "rank": r, "nranks": nr})
+        return tuple(out[:256])
+
+    def _nccl_tests(self):
+        a = self.a
+        if not a.nt_seen:
+            return None, None
+        rows = []
+        for (size, dtype, redop), (count, root, oop, ip, wrong) in sorted(a.nt_rows.items()):
+            rows.append({"size_bytes": size, "count": count, "type": dtype, "redop": redop,
+                         "root": root, "time_us_oop": oop[0], "algbw_gbps_oop": oop[1],
+                         "busbw_gbps_oop": oop[2],
+                         "time_us_ip": ip[0] if ip else None, "algbw_gbps_ip": ip[1] if ip else None,
+                         "busbw_gbps_ip": ip[2] if ip else None, "wrong": wrong})
+        avgs = list(a.nt_avgs)
+        avg = avgs[-1] if avgs else None
+        table = {
+            "collective": a.nt_collective,
+            "rows": rows,
+            "max_size_bytes": max((r["size_bytes"] for r in rows), default=None),
+            "peak_busbw_gbps_oop": max((r["busbw_gbps_oop"] for r in rows), default=None),
+            "peak_busbw_gbps_ip": max((r["busbw_gbps_ip"] for r in rows
+                                       if r["busbw_gbps_ip"] is not None), default=None),
+            "avg_busbw_gbps": avg,
+            "avg_busbw_gbps_all": avgs,
+            "wrong": sum(r["wrong"] for r in rows),
+            "out_of_bounds": a.nt_oob,
+            "ranks": {str(k): v for k, v in sorted(a.nt_ranks.items())[:4096]},
+        }
+        return table, avg
+
+    # all together --------------------------------------------------------------------------
+
+    def build(self) -> NcclLog:
+        a = self.a
+        n_ranks, n_nodes, n_ranks_min, n_nodes_min, rank_hosts = self._ranks_and_nodes()
+        single_node = n_nodes == 1
+        multi_node = (n_nodes or 0) >= 2 or (n_nodes_min or 0) >= 2
+        inter, intra = self._split_net(single_node, rank_hosts)
+        transport, network = self._transport(single_node, inter)
+        gdr, asym, gdr_by_host, gdr_by_rank, gdr_mixed = self._gdr(transport, network, inter, intra)
+
+        intra_set = set(a.intra)
+        if intra:
+            intra_set.add("NET")
+        if a.nvls:
+            intra_set.add("NVLS")
+        intra_t = tuple(t for t in INTRA_NODE_TRANSPORTS if t in intra_set)
+
+        version, versions, mismatch = self._versions()
+        errors, warnings = self._log_findings()
+        incomplete = self._incomplete()
+        nccl_tests, busbw = self._nccl_tests()
+        ib_hcas = tuple(a.ib_devs)
+        link_layers = tuple(sorted(set(a.ib_devs.values())))
+        pxn = any(k[6] for k, _ in inter) or 1 in a.rings_pxn
+
+        comms = tuple({"n_ranks": s[0], "n_nodes": s[1], "local_ranks": s[2], "count": c}
+                      for s, c in sorted(a.comm_shapes.items(),
+                                         key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or 0)))
+        net_plugin = None
+        if a.plugin or a.ofi:
+            net_plugin = dict(a.plugin)
+            if a.ofi:
+                net_plugin["ofi"] = {k: v for k, v in a.ofi.items() if k != "seen"}
+            net_plugin["used"] = network
+            if a.ofi.get("failures") and network and _net_family(network) != "OFI":
+                self.notes.append(f"the OFI (aws-ofi-nccl) plugin did not work here "
+                                  f"({a.ofi['failures']}); NCCL used {network}")
+        if a.env.get("NCCL_P2P_DISABLE") == "1":
+            self.notes.append("NCCL_P2P_DISABLE=1: intra-node traffic cannot use NVLink/PCIe P2P")
+        if a.env.get("NCCL_IB_DISABLE") == "1":
+            self.notes.append("NCCL_IB_DISABLE=1: InfiniBand/RoCE verbs are switched off")
+        local = max((s[2] for s in a.comm_shapes if s[2]), default=None)
+        if transport in ("IB", "ROCE") and local and len(ib_hcas) == 1 and local > 1:
+            self.notes.append(f"one HCA ({ib_hcas[0]}) carries the inter-node traffic of "
+                              f"{local} local ranks" + (" through PXN" if pxn else ""))
+        if a.gdr_hca and "Disabled" in a.gdr_hca.values():
+            self.notes.append("GPU Direct RDMA Disabled for HCA "
+                              + ", ".join(h for h, s in a.gdr_hca.items() if s == "Disabled")
+                              + ": check nvidia_peermem / nv_peer_mem")
+
+        status = self._status(transport, gdr, asym, gdr_mixed, multi_node, intra, errors,
+                              warnings, incomplete, mismatch)
+        verdict = self._verdict(transport, network, gdr, asym, gdr_mixed, gdr_by_host, n_ranks,
+                                n_nodes, n_nodes_min, intra_t, ib_hcas, errors, incomplete,
+                                mismatch, nccl_tests, busbw, status)
+        socket_ifaces = tuple(a.socket_ifaces)
+        return NcclLog(
+            nccl_version=version, nccl_versions=versions, version_mismatch_suspected=mismatch,
+            n_ranks=n_ranks, n_ranks_min=n_ranks_min, n_nodes=n_nodes, n_nodes_min=n_nodes_min,
+            inter_node_transport=transport, network=network, gdr=gdr, gdr_asymmetric=asym,
+            gdr_by_host=gdr_by_host, gdr_by_rank=gdr_by_rank, intra_node_transports=intra_t,
+            channel_counts=dict(sorted(a.chan_counts.items())), ib_hcas=ib_hcas,
+            link_layers=link_layers, socket_ifaces=socket_ifaces,
+            bootstrap_ifaces=tuple(a.boot_ifaces), net_plugin=net_plugin,
+            collnet=bool(a.collnet_channels or a.collnet_agg), nvls=a.nvls, pxn=pxn,
+            hosts=tuple(sorted(a.hosts))[:4096], ray_node_ips=tuple(sorted(a.ray_ips))[:4096],
+            ranks_incomplete=incomplete, communicators=comms, errors=errors, warnings=warnings,
+            findings=tuple(self.findings), notes=tuple(dict.fromkeys(self.notes)),
+            nccl_tests=nccl_tests, busbw_gbps=busbw, env=dict(a.env),
+            cuda_driver_version=a.cuda_driver, evidence=dict(self.evidence), lines=a.lines,
+            nccl_lines=a.nccl_lines, status=status, verdict=verdict)
+
+    def _finding(self, status: str, reason: str) -> None:
+        self.findings.append({"status": status, "reason": reason})
+
+    def _status(self, transport, gdr, asym, gdr_mixed, multi_node, intra, errors, warnings,
+                incomplete, mismatch) -> str:
+        if errors:
+            self._finding("fail", f"{len(errors)} kind(s) of NCCL error in the log")
+        if transport == "SOCKET":
+            self._finding("fail", "inter-node traffic over TCP sockets (no RDMA)"
+                          + ("" if multi_node else "; node count not shown"))
+        if asym:
+            self._finding("fail", "GPUDirect RDMA on some nodes but not on others")
+        if transport in ("IB", "ROCE", "OFI") and not asym:
+            if gdr is False:
+                self._finding("warn", "GPUDirect RDMA " + ("only on part of the channels" if gdr_mixed
+                                                          else "not used") + ": data staged through host memory")
+            elif gdr is None:
+                self._finding("warn", "GPUDirect RDMA use not shown in the log")
+        if transport == "UNKNOWN":
+            self._finding("warn", "inter-node transport not shown in the log")
+        if transport == "NONE" and intra and not self.a.intra:
+            self._finding("warn", "intra-node traffic goes through the NIC (NET) instead of P2P/SHM")
+        if warnings:
+            self._finding("warn", f"{len(warnings)} kind(s) of NCCL warning in the log")
+        if incomplete:
+            self._finding("warn", f"{len(incomplete)} rank(s) started init without completing it "
+                                  "(hung, failed, or the log is cut)")
+        if mismatch:
+            self._finding("warn", "different NCCL versions on different hosts")
+        levels = {f["status"] for f in self.findings}
+        return "fail" if "fail" in levels else "warn" if "warn" in levels else "ok"
+
+    def _verdict(self, transport, network, gdr, asym, gdr_mixed, gdr_by_host, n_ranks, n_nodes,
+                 n_nodes_min, intra_t, ib_hcas, errors, incomplete, mismatch, nccl_tests, busbw,
+                 status) -> str:
+        parts: list[str] = []
+        if errors:
+            kinds = Counter()
+            for e in errors:
+                kinds[e.kind] += e.count
+            hosts = sorted({h for e in errors for h in e.hosts})
+            parts.append("NCCL errors: " + ", ".join(f"{k.replace('_', ' ')} ({n} line{'s' if n != 1 else ''})"
+                                                     for k, n in kinds.items())
+                         + (f" on {', '.join(hosts[:4])}" + (" ..." if len(hosts) > 4 else "") if hosts else ""))
+        shape = ""
+        if n_ranks or n_nodes:
+            shape = f" ({n_ranks if n_ranks else '?'} rank{'s' if n_ranks != 1 else ''} on "
+            shape += f"{n_nodes} node{'s' if n_nodes != 1 else ''})" if n_nodes else \
+                f">= {n_nodes_min or 1} node(s))"
+        intra = "/".join(intra_t) if intra_t else None
+        hcas = ", ".join(ib_hcas[:4]) + (" ..." if len(ib_hcas) > 4 else "")
+        if transport == "NONE":
+            s = f"single-node run{shape}: no inter-node traffic"
+            if intra:
+                s += f"; intra-node over {intra}"
+            if "NET" in intra_t and not set(intra_t) - {"NET"}:
+                s += " (through the NIC, not NVLink/PCIe P2P)"
+        elif transport == "SOCKET":
+            s = f"inter-node traffic falls back to TCP sockets{shape} instead of RDMA"
+            ifaces = list(self.a.net_socket_ifaces) or list(self.a.socket_ifaces)
+            if ifaces:
+                s += f" (NET/Socket on {', '.join(ifaces[:4])})"
+        elif transport in ("IB", "ROCE"):
+            name = "RoCE" if transport == "ROCE" else "InfiniBand"
+            s = f"inter-node traffic uses {name}{shape}"
+            if network and network not in ("IB",):
+                s += f" via {network}"
+            if hcas:
+                s += f" on {hcas}"
+            s += self._gdr_phrase(gdr, asym, gdr_mixed, gdr_by_host)
+            if intra:
+                s += f"; intra-node {intra}"
+        elif transport == "OFI":
+            prov = self.a.ofi.get("provider")
+            s = f"inter-node traffic uses the OFI/libfabric plugin{shape}" + (f" (provider {prov})" if prov else "")
+            s += self._gdr_phrase(gdr, asym, gdr_mixed, gdr_by_host)
+        else:
+            s = f"the log does not show which inter-node transport NCCL uses{shape}"
+            if network:
+                s += f" (network {network})"
+            if intra:
+                s += f"; intra-node {intra}"
+        parts.append(s)
+        if incomplete:
+            parts.append(f"{len(incomplete)} rank(s) never reached Init COMPLETE")
+        if mismatch:
+            parts.append("hosts run different NCCL versions")
+        if busbw is not None:
+            parts.append(f"nccl-tests average bus bandwidth {busbw:g} GB/s")
+        elif nccl_tests and nccl_tests.get("peak_busbw_gbps_oop") is not None:
+            parts.append(f"nccl-tests peak bus bandwidth {nccl_tests['peak_busbw_gbps_oop']:g} GB/s")
+        text = "; ".join(parts)
+        return f"{status.upper()}: {text[0].upper()}{text[1:]}."
+
+    @staticmethod
+    def _gdr_phrase(gdr, asym, mixed, by_host) -> str:
+        if asym:
+            on = [h for h, v in by_host.items() if v is True]
+            off = [h for h, v in by_host.items() if v is not True]
+            return (f", but GPUDirect RDMA only on {', '.join(on[:3])} and not on {', '.join(off[:3])}")
+        if gdr is True:
+            return " with GPUDirect RDMA"
+        if gdr is False:
+            return (" with GPUDirect RDMA on only part of the channels" if mixed
+                    else " WITHOUT GPUDirect RDMA (data staged through host memory)")
+        return ("; GPUDirect RDMA not shown (rerun with NCCL_DEBUG_SUBSYS=INIT,NET,GRAPH "
+                "and a real collective)")
+
+
+def _flatten(by: dict[str, set]) -> dict[str, Any]:
+    return {k: (next(iter(v)) if len(v) == 1 else "mixed") for k, v in sorted(by.items())}
+
+
+def _asymmetric(by_host: dict[str, set]) -> bool:
+    """GDR on every channel of one host and on none of another's."""
+    known = {h: v for h, v in by_host.items() if h != "?"}
+    return any(v == {True} for v in known.values()) and any(v == {False} for v in known.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry points
+
+
+def parse(text: str | bytes) -> NcclLog:
+    """Parse an NCCL log held in memory (read as a stream of lines, like parse_file)."""
+    if not isinstance(text, (str, bytes)):
+        raise ParseError(KIND, f"expected text, got {type(text).__name__}")
+    if not text.strip():
+        raise ParseError(KIND, "empty input")
+    acc = NcclLogAccumulator()
+    _feed_stream(acc, io.BytesIO(text) if isinstance(text, bytes) else io.StringIO(text, newline="\n"))
+    return acc.result()
+
+
+def parse_lines(lines: Iterable[str | bytes]) -> NcclLog:
+    """Parse an iterable of lines (with or without newlines), e.g. an open text file."""
+    acc = NcclLogAccumulator()
+    acc.feed_lines(lines)
+    return acc.result()
+
+
+def parse_file(path: str | os.PathLike) -> NcclLog:
+    """Stream a log file line by line; memory stays flat whatever its size.
+
+    The file is iterated in C (binary, buffered) straight into the accumulator's counting
+    window, `_FILE_BATCH` lines at a time, so no Python code runs per raw line.
+    """
+    acc = NcclLogAccumulator()
+    with open(path, "rb", buffering=BLOCK_BYTES) as f:
+        _feed_stream(acc, f)
+    return acc.result()
+
+
+def _feed_stream(acc: NcclLogAccumulator, f: Any) -> None:
+    """Count the lines of a seekable stream (file, BytesIO, StringIO) batch by batch, in C."""
+    lines = iter(f)
+    while True:
+        before = f.tell()
+        acc._count(itertools.islice(lines, _FILE_BATCH))
+        if f.tell() == before:
+            return
+
+
+_DETECT_RE = re.compile(r"(?m)^\W{0,8}(?:\S+\s+)?NCCL version \d+\.\d+\.\d+|"
+                        r"\] \S+:\d+ (?:NCCL )?WARN |#\s*Avg bus bandwidth\s*:")
+
+
+def detect(text: str) -> bool:
+    """True for NCCL_DEBUG output, a bare NCCL version line, nccl-tests results or NCCL failures."""
+    if not isinstance(text, str):
+        return False
+    if "NCCL INFO" in text or "NCCL WARN" in text or "NCCL TRACE" in text:
+        return True
+    if _DETECT_RE.search(text):
+        return True
+    if "busbw" in text and "algbw" in text:
+        return True
+    if "ProcessGroupNCCL" in text and ("Watchdog" in text or "NCCL error" in text):
+        return True
+    return "NCCL failure" in text or "ncclSystemError" in text

@@ -1,0 +1,962 @@
+"""Ray bring-up: gathered node facts -> planned `ray start`/`ray stop` commands (pure), then execute.
+
+Three layers, each usable alone:
+  gather   `gather_command(node, inv)` runs one read-only Python snippet per node (with the env
+           `ray start` would get): Ray and Python versions, the GPUs nvidia-smi reports, and the
+           node's Ray processes (the raylet's node id, node IP, GCS address and start env are read
+           from /proc). `parse_facts` turns its output into NodeFacts.
+  plan     `plan_up(inv, facts, ray_state)` / `plan_down(inv, facts)` are pure: facts in, ordered
+           NodeActions with the exact shell commands out. A healthy cluster plans nothing; a dead
+           or missing worker plans only that worker; a Ray/Python version skew refuses the whole
+           plan before any `ray start`; restarting a node whose Ray may be running work is marked
+           as needing confirmation.
+  execute  `execute_up` / `execute_down` run a plan through a Session (stops, then the head, then
+           the workers in parallel, optionally staggered) and `wait_for_nodes` polls the head until
+           every node is alive with the expected GPUs/CPUs, bounded by a timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from cluster.inventory import Inventory, Node
+from cluster.ray_state import (LABEL_GPU_MODEL, LABEL_NODE, RESOURCE_GPU_MODEL_PREFIX,
+                               RESOURCE_HOST_PREFIX, GcsNode, RayState, gcs_address, node_for_ip,
+                               query_state)
+from cluster.remote import CommandResult
+
+FACTS_MARKER = "CLUSTER_RAY_FACTS "
+# What a Ray start env must carry (the variables this toolkit sets, beside the inventory's env).
+MANAGED_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA", "VLLM_HOST_IP",
+               "RAY_USAGE_STATS_ENABLED", "RAY_AUTH_MODE")
+START_TIMEOUT_S = 180.0
+STOP_TIMEOUT_S = 90.0
+GATHER_TIMEOUT_S = 60.0
+
+# Ansible vocabulary for what happened on a node.
+OK, CHANGED, FAILED, SKIPPED, UNREACHABLE = "ok", "changed", "failed", "skipped", "unreachable"
+
+# ---------------------------------------------------------------- gather (read-only, on the node)
+
+# Runs with the inventory's python and the node's start env. Never changes anything.
+GATHER_SNIPPET = r'''
+import json, os, socket, subprocess, sys, shutil
+out = {"python": sys.executable, "hostname": socket.gethostname(),
+       "python_version": ".".join(map(str, sys.version_info[:3])),
+       "ray_version": None, "ray_error": None, "ray_file": None,
+       "nvidia_smi": None, "processes": [],
+       "auth_mode": os.environ.get("RAY_AUTH_MODE")}
+tok_path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
+out["auth_token"] = bool(os.environ.get("RAY_AUTH_TOKEN")) or os.path.isfile(tok_path)
+try:
+    # The version without importing Ray (~1 s of CPU per node): ray/_version.py of the package
+    # this python would import; a package without that file is imported for its __version__.
+    import importlib.util, re
+    spec = importlib.util.find_spec("ray")
+    if spec is None or not spec.origin:
+        raise ImportError("No module named 'ray'")
+    out["ray_file"] = spec.origin
+    vfile = os.path.join(os.path.dirname(spec.origin), "_version.py")
+    m = None
+    if os.path.isfile(vfile):
+        with open(vfile) as fh:
+            m = re.search(r"^version\s*=\s*['\"]([^'\"]+)['\"]", fh.read(), re.M)
+    if m:
+        out["ray_version"] = m.group(1)
+    else:
+        import ray
+        out["ray_version"] = getattr(ray, "__version__", None)
+except Exception as exc:
+    out["ray_error"] = "%s: %s" % (type(exc).__name__, exc)
+smi = shutil.which("nvidia-smi")
+if smi is None:
+    out["nvidia_smi"] = {"status": "missing"}
+else:
+    try:
+        p = subprocess.run([smi, "--query-gpu=index,name", "--format=csv,noheader"],
+                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+        out["nvidia_smi"] = {"status": "ran", "exit_code": p.returncode,
+                             "stdout": p.stdout[-20000:], "stderr": p.stderr[-2000:]}
+    except Exception as exc:
+        out["nvidia_smi"] = {"status": "error", "error": "%s: %s" % (type(exc).__name__, exc)}
+KEYS = sys.argv[1].split(",") if len(sys.argv) > 1 and sys.argv[1] else []
+WORDS = ("ray::", "default_worker.py", "setup_worker.py", "log_monitor.py", "monitor.py",
+         "dashboard/dashboard.py", "dashboard/agent.py", "runtime_env/agent/main.py",
+         "ray.util.client.server", "ray-dashboard-", "ray.dashboard")
+skip = {os.getpid(), os.getppid()}
+for pid in os.listdir("/proc"):
+    if not pid.isdigit() or int(pid) in skip:
+        continue
+    try:
+        with open("/proc/%s/comm" % pid) as fh:
+            comm = fh.read().strip()
+        with open("/proc/%s/cmdline" % pid, "rb") as fh:
+            args = [a.decode("utf-8", "replace") for a in fh.read().split(b"\0") if a]
+    except OSError:
+        continue
+    line = " ".join(args)
+    if "CLUSTER_RAY_FACTS" in line:
+        continue
+    kind = None
+    if comm in ("raylet", "gcs_server", "plasma_store"):
+        kind = comm
+    elif comm.startswith("ray::") or any(w in line for w in WORDS):
+        kind = "other"
+    if kind is None:
+        continue
+    proc = {"pid": int(pid), "kind": kind, "comm": comm}
+    if kind in ("raylet", "gcs_server"):
+        proc["args"] = [a for a in args if a.startswith("--")][:200]
+        env = {}
+        try:
+            with open("/proc/%s/environ" % pid, "rb") as fh:
+                for item in fh.read().split(b"\0"):
+                    k, _, v = item.decode("utf-8", "replace").partition("=")
+                    if k in KEYS:
+                        env[k] = v
+            proc["env"] = env
+        except OSError:
+            proc["env"] = None
+    out["processes"].append(proc)
+print("CLUSTER_RAY_FACTS " + json.dumps(out))
+'''
+
+
+@dataclass(frozen=True)
+class GPU:
+    index: int
+    name: str
+
+
+@dataclass(frozen=True)
+class RayletInfo:
+    """The node's running raylet, read from its command line and environment."""
+
+    pid: int
+    node_id: str | None
+    node_ip: str | None
+    gcs_address: str | None
+    resources: Mapping[str, float] = field(default_factory=dict)
+    env: Mapping[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What `gather` found on one node. `error` set: the facts are incomplete (see `reached`)."""
+
+    node: str
+    reached: bool
+    error: str | None = None
+    python: str | None = None
+    python_version: str | None = None
+    ray_version: str | None = None
+    ray_error: str | None = None
+    gpus: tuple[GPU, ...] = ()
+    gpu_error: str | None = None          # nvidia-smi present but failed / unreadable
+    nvidia_smi: str | None = None         # "ok" | "missing" | "failed"
+    raylet: RayletInfo | None = None
+    gcs_port: int | None = None           # a gcs_server runs here (its port)
+    ray_pids: tuple[int, ...] = ()        # every Ray process of this node
+    ray_processes: tuple[str, ...] = ()   # "pid comm" for reports
+    hostname: str | None = None
+    python_match_level: str = "patch"
+    auth_mode: str | None = None          # RAY_AUTH_MODE in the node's env, if set
+    auth_token: bool = False              # a Ray auth token is available (env or token file)
+
+    @property
+    def usable(self) -> bool:
+        """Reached and Python ran (the facts can be trusted)."""
+        return self.reached and self.error is None
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpus)
+
+    @property
+    def gpu_model(self) -> str | None:
+        names = sorted({g.name for g in self.gpus})
+        return names[0] if len(names) == 1 else ("mixed" if names else None)
+
+    @property
+    def running(self) -> bool:
+        return bool(self.ray_pids)
+
+    def to_dict(self) -> dict[str, Any]:
+        from cluster.results import to_jsonable
+        d = {f: to_jsonable(getattr(self, f)) for f in (
+            "node", "reached", "error", "python", "python_version", "ray_version", "ray_error",
+            "gpu_error", "nvidia_smi", "raylet", "gcs_port", "ray_pids", "ray_processes",
+            "hostname", "auth_mode", "auth_token")}
+        d["gpus"] = [g.name for g in self.gpus]
+        d["gpu_count"] = self.gpu_count
+        d["gpu_model"] = self.gpu_model
+        return d
+
+
+def ray_cli(inventory: Inventory) -> list[str]:
+    """How to run Ray's CLI with the inventory's python (the right environment, not a stray `ray`)."""
+    return [inventory.ray.python, "-m", "ray.scripts.scripts"]
+
+
+def env_prefix(env: Mapping[str, str]) -> str:
+    """`env K=V ...` with every pair shlex-quoted ('' when empty)."""
+    if not env:
+        return ""
+    return "env " + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items()) + " "
+
+
+def start_env(node: Node, auth_mode: str | None = None) -> dict[str, str]:
+    """The env `ray start` gets on a node: the inventory's env, then the managed variables.
+
+    Set at start time so every Ray worker process on the node inherits them (env exported later
+    never reaches Ray workers: vllm#6803). VLLM_HOST_IP is always the node's IP (vllm#7815).
+    RAY_AUTH_MODE (when given) is the cluster-wide token-auth mode: `ray start --head` turns
+    token auth on by itself when the head has ~/.ray/auth_token, `ray start --address` does not,
+    so every node gets it explicitly.
+    """
+    env = dict(node.env)
+    if node.nccl_socket_ifname:
+        env["NCCL_SOCKET_IFNAME"] = node.nccl_socket_ifname
+    if node.gloo_socket_ifname:
+        env["GLOO_SOCKET_IFNAME"] = node.gloo_socket_ifname
+    if node.ib_hcas:
+        env["NCCL_IB_HCA"] = ",".join(node.ib_hcas)
+    env["VLLM_HOST_IP"] = node.ip
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    if auth_mode:
+        env["RAY_AUTH_MODE"] = auth_mode
+    return env
+
+
+def cluster_auth_mode(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> str:
+    """token | disabled: the head's explicit RAY_AUTH_MODE, else what `ray start --head` would
+    pick (token when the head has an auth token), else disabled."""
+    head = inventory.head
+    explicit = head.env.get("RAY_AUTH_MODE")
+    if explicit:
+        return explicit.lower()
+    f = facts.get(head.name)
+    return "token" if f is not None and f.auth_token else "disabled"
+
+
+def env_conflicts(node: Node) -> list[str]:
+    """Inventory env entries the dedicated fields override (reported as plan warnings)."""
+    out = []
+    final = start_env(node, node.env.get("RAY_AUTH_MODE"))
+    for key in MANAGED_ENV:
+        if key in node.env and node.env[key] != final[key]:
+            out.append(f"{node.name}: env {key}={node.env[key]!r} is overridden by "
+                       f"{final[key]!r} (from the node's {_field_for(key)})")
+    return out
+
+
+def _field_for(key: str) -> str:
+    return {"NCCL_SOCKET_IFNAME": "nccl_socket_ifname", "GLOO_SOCKET_IFNAME": "gloo_socket_ifname",
+            "NCCL_IB_HCA": "ib_hcas", "VLLM_HOST_IP": "node_ip",
+            "RAY_USAGE_STATS_ENABLED": "usage-stats policy",
+            "RAY_AUTH_MODE": "head's auth mode"}[key]
+
+
+def gather_command(node: Node, inventory: Inventory) -> str:
+    """The read-only fact-gathering command for a node (run with the env `ray start` gets)."""
+    env = start_env(node)
+    keys = ",".join(sorted(set(env) | set(MANAGED_ENV)))
+    return env_prefix(env) + shlex.join([inventory.ray.python, "-c", GATHER_SNIPPET, keys]) \
+        + " </dev/null"
+
+
+_CSV_GPU = re.compile(r"^\s*(\d+)\s*,\s*(.+?)\s*$")
+_LIST_GPU = re.compile(r"^GPU (\d+): (.+?)(?: \(UUID: [^)]*\))?\s*$")
+
+
+def parse_gpu_list(text: str) -> tuple[GPU, ...]:
+    """`nvidia-smi --query-gpu=index,name --format=csv,noheader` (or `-L`) -> GPUs.
+
+    An empty output means no GPUs. Anything else that has no GPU line raises ValueError.
+    """
+    gpus: list[GPU] = []
+    other: list[str] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        m = _CSV_GPU.match(line) or _LIST_GPU.match(line.strip())
+        if m:
+            gpus.append(GPU(int(m.group(1)), m.group(2).strip()))
+        elif line.strip().lower() not in ("index, name",):
+            other.append(line.strip())
+    if not gpus and other:
+        raise ValueError(f"no GPU line in nvidia-smi output: {other[0][:120]!r}")
+    return tuple(gpus)
+
+
+def _flag(args: Sequence[str], name: str) -> str | None:
+    prefix = f"--{name}="
+    for a in args:
+        if a.startswith(prefix):
+            return a[len(prefix):]
+    return None
+
+
+def _static_resources(text: str | None) -> dict[str, float]:
+    """Raylet `--static_resource_list=CPU,2,GPU,4,...` -> {name: amount}."""
+    if not text:
+        return {}
+    parts = text.split(",")
+    out = {}
+    for name, value in zip(parts[0::2], parts[1::2]):
+        try:
+            out[name] = float(value)
+        except ValueError:
+            continue
+    return out
+
+
+def parse_facts(node: Node, result: CommandResult) -> NodeFacts:
+    """The gather command's result -> NodeFacts (never raises)."""
+    if not result.reached:
+        return NodeFacts(node.name, reached=False, error=f"{result.status}: {result.error}")
+    payload = None
+    for line in result.stdout.splitlines():
+        if line.startswith(FACTS_MARKER):
+            payload = line[len(FACTS_MARKER):]
+    if payload is None:
+        detail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
+        why = "python not found" if result.exit_code == 127 else f"exit {result.exit_code}"
+        return NodeFacts(node.name, reached=True, error=f"fact gathering failed ({why}): {detail[0]}")
+    try:
+        data = json.loads(payload)
+    except ValueError as exc:
+        return NodeFacts(node.name, reached=True, error=f"unreadable facts: {exc}")
+
+    gpus: tuple[GPU, ...] = ()
+    gpu_error = None
+    smi = data.get("nvidia_smi") or {}
+    if smi.get("status") == "missing":
+        nvidia = "missing"
+    elif smi.get("status") == "ran" and smi.get("exit_code") == 0:
+        nvidia = "ok"
+        try:
+            gpus = parse_gpu_list(smi.get("stdout", ""))
+        except ValueError as exc:
+            nvidia, gpu_error = "failed", str(exc)
+    else:
+        nvidia = "failed"
+        tail = (smi.get("stderr") or smi.get("stdout") or smi.get("error") or "").strip()
+        gpu_error = (f"nvidia-smi failed (exit {smi.get('exit_code')}): "
+                     f"{tail.splitlines()[-1] if tail else 'no output'}")
+
+    raylet = None
+    gcs_port = None
+    pids, procs = [], []
+    for p in data.get("processes") or []:
+        pids.append(int(p["pid"]))
+        procs.append(f"{p['pid']} {p.get('comm', '?')}")
+        args = p.get("args") or []
+        if p.get("kind") == "raylet" and raylet is None:
+            raylet = RayletInfo(pid=int(p["pid"]), node_id=_flag(args, "node_id"),
+                                node_ip=_flag(args, "node_ip_address"),
+                                gcs_address=_flag(args, "gcs-address"),
+                                resources=_static_resources(_flag(args, "static_resource_list")),
+                                env=p.get("env"))
+        elif p.get("kind") == "gcs_server":
+            port = _flag(args, "gcs_server_port")
+            gcs_port = int(port) if port and port.isdigit() else -1
+    level = "minor" if node.env.get("RAY_DEFAULT_PYTHON_VERSION_MATCH_LEVEL") == "minor" else "patch"
+    return NodeFacts(node.name, reached=True, python=data.get("python"),
+                     python_version=data.get("python_version"),
+                     ray_version=data.get("ray_version"), ray_error=data.get("ray_error"),
+                     gpus=gpus, gpu_error=gpu_error, nvidia_smi=nvidia, raylet=raylet,
+                     gcs_port=gcs_port, ray_pids=tuple(sorted(pids)),
+                     ray_processes=tuple(procs), hostname=data.get("hostname"),
+                     python_match_level=level, auth_mode=data.get("auth_mode"),
+                     auth_token=bool(data.get("auth_token")))
+
+
+def gather(session, inventory: Inventory, nodes: Sequence[Node] | None = None,
+           timeout: float = GATHER_TIMEOUT_S) -> dict[str, NodeFacts]:
+    """Gather facts from nodes in parallel (read-only). Keys: node names, inventory order."""
+    nodes = list(nodes or inventory.nodes)
+    results = session.fan_out(nodes, lambda n: gather_command(n, inventory), timeout=timeout)
+    return {n.name: parse_facts(n, r) for n, r in zip(nodes, results)}
+
+
+# ---------------------------------------------------------------- labels and resources
+
+
+def sanitize_label(value: str, limit: int = 63) -> str:
+    """A Ray/Kubernetes label value: [A-Za-z0-9] at both ends, [-_.A-Za-z0-9] inside, <= 63."""
+    text = re.sub(r"[^A-Za-z0-9_.-]+", "-", value.strip())
+    text = text[:limit].strip("-_.")
+    return text or "unknown"
+
+
+def sanitize_resource(value: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", value.strip()).strip("_") or "unknown"
+
+
+def node_resources(node: Node, gpus: Sequence[GPU]) -> dict[str, int]:
+    """Custom resources naming the node and its GPU model.
+
+    `host:<name>` (not `node:<name>`: vLLM reads `node:<x>` keys as node IPs), and
+    `gpu_model:<model>` = the number of GPUs of that model.
+    """
+    res = {f"{RESOURCE_HOST_PREFIX}{node.name}": 1}
+    for name in sorted({g.name for g in gpus}):
+        res[f"{RESOURCE_GPU_MODEL_PREFIX}{sanitize_resource(name)}"] = \
+            sum(1 for g in gpus if g.name == name)
+    return res
+
+
+def node_labels(node: Node, gpus: Sequence[GPU]) -> dict[str, str]:
+    labels = {LABEL_NODE: sanitize_label(node.name)}
+    names = sorted({g.name for g in gpus})
+    if names:
+        labels[LABEL_GPU_MODEL] = sanitize_label(names[0] if len(names) == 1 else "mixed")
+    return labels
+
+
+# ---------------------------------------------------------------- commands
+
+
+def start_command(node: Node, inventory: Inventory, gpus: Sequence[GPU],
+                  auth_mode: str | None = None) -> str:
+    """The exact `ray start` for a node: env at start time, explicit IP, fixed ports."""
+    ray = inventory.ray
+    head = inventory.head
+    args = ray_cli(inventory) + ["start"]
+    if node.is_head:
+        args += ["--head", "--port", str(ray.port),
+                 "--dashboard-host", ray.dashboard_host, "--dashboard-port", str(ray.dashboard_port),
+                 "--include-dashboard", "true",
+                 "--ray-client-server-port", str(ray.client_server_port)]
+    else:
+        args += ["--address", f"{head.ip}:{ray.port}"]
+    args += ["--node-ip-address", node.ip,
+             "--node-manager-port", str(ray.node_manager_port),
+             "--object-manager-port", str(ray.object_manager_port),
+             "--min-worker-port", str(ray.min_worker_port),
+             "--max-worker-port", str(ray.max_worker_port),
+             "--num-gpus", str(len(gpus))]
+    if ray.num_cpus is not None:
+        args += ["--num-cpus", str(ray.num_cpus)]
+    if ray.memory is not None:
+        args += ["--memory", str(ray.memory)]
+    if ray.object_store_memory is not None:
+        args += ["--object-store-memory", str(ray.object_store_memory)]
+    if ray.temp_dir:
+        args += ["--temp-dir", ray.temp_dir]
+    args += ["--resources", json.dumps(node_resources(node, gpus), sort_keys=True,
+                                       separators=(",", ":")),
+             "--labels", ",".join(f"{k}={v}" for k, v in node_labels(node, gpus).items()),
+             "--disable-usage-stats"]
+    return env_prefix(start_env(node, auth_mode)) + shlex.join(args) + " </dev/null"
+
+
+def stop_command(inventory: Inventory, grace_period: int = 10) -> str:
+    """`ray stop` on the node it runs on (each node stops only its own Ray processes)."""
+    return env_prefix({"RAY_USAGE_STATS_ENABLED": "0"}) + shlex.join(
+        ray_cli(inventory) + ["stop", "--grace-period", str(grace_period)]) + " </dev/null"
+
+
+def log_dir(inventory: Inventory) -> str:
+    return f"{(inventory.ray.temp_dir or '/tmp/ray').rstrip('/')}/session_latest/logs"
+
+
+def log_tail_command(inventory: Inventory, node: Node, lines: int = 30) -> str:
+    """Print the end of the node's Ray logs (raylet; GCS too on the head)."""
+    names = ["raylet.out", "raylet.err"]
+    if node.is_head:
+        names += ["gcs_server.out", "gcs_server.err"]
+    d = shlex.quote(log_dir(inventory))
+    files = " ".join(f"{d}/{n}" for n in names)
+    return (f"for f in {files}; do [ -s \"$f\" ] && {{ echo \"==> $f <==\"; "
+            f"tail -n {int(lines)} \"$f\"; }}; done; true")
+
+
+# ---------------------------------------------------------------- plan
+
+
+START, RESTART, STOP, KEEP, REFUSE, SKIP = "start", "restart", "stop", "keep", "refuse", "skip"
+
+
+@dataclass(frozen=True)
+class NodeAction:
+    """What the plan does on one node and why. `commands` run in order (empty for keep/skip)."""
+
+    node: str
+    kind: str                       # start | restart | stop | keep | refuse | skip
+    reason: str
+    commands: tuple[str, ...] = ()
+    needs_confirmation: bool = False
+    status_if_not_run: str = OK     # keep -> ok, refuse -> failed, skip -> unreachable/skipped
+
+    @property
+    def changes(self) -> bool:
+        return bool(self.commands)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "action": self.kind, "reason": self.reason,
+                "commands": list(self.commands), "needs_confirmation": self.needs_confirmation}
+
+
+@dataclass(frozen=True)
+class ExpectedNode:
+    """What a node must look like in Ray once up."""
+
+    node: str
+    ip: str
+    gpus: int
+    cpus: int | None  # None: any
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Ordered actions (head first for up, workers first for down) plus why nothing may run."""
+
+    command: str                                # "up" | "down"
+    actions: tuple[NodeAction, ...]
+    refused: tuple[str, ...] = ()               # non-empty: nothing may run
+    warnings: tuple[str, ...] = ()
+    expected: tuple[ExpectedNode, ...] = ()
+
+    @property
+    def changes(self) -> bool:
+        return not self.refused and any(a.changes for a in self.actions)
+
+    @property
+    def confirmations(self) -> tuple[str, ...]:
+        return tuple(f"{a.node}: {a.reason}" for a in self.actions if a.needs_confirmation)
+
+    def action(self, node: str) -> NodeAction:
+        return next(a for a in self.actions if a.node == node)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"command": self.command, "changes": self.changes, "refused": list(self.refused),
+                "warnings": list(self.warnings),
+                "needs_confirmation": list(self.confirmations),
+                "actions": [a.to_dict() for a in self.actions],
+                "expected": [{"node": e.node, "ip": e.ip, "gpus": e.gpus, "cpus": e.cpus}
+                             for e in self.expected]}
+
+
+def version_skew(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> list[str]:
+    """Nodes whose Ray (or Python, at Ray's match level) differs from the head's."""
+    head = facts.get(inventory.head.name)
+    if head is None or not head.usable or head.ray_version is None:
+        return []
+    problems = []
+    for node in inventory.workers:
+        f = facts.get(node.name)
+        if f is None or not f.usable or f.ray_version is None:
+            continue
+        if f.ray_version != head.ray_version:
+            problems.append(f"{node.name}: Ray {f.ray_version} (from {f.python}) but the head "
+                            f"{inventory.head.name} has Ray {head.ray_version}")
+            continue
+        level = 2 if "minor" in (f.python_match_level, head.python_match_level) else 3
+        mine = (f.python_version or "").split(".")[:level]
+        theirs = (head.python_version or "").split(".")[:level]
+        if mine != theirs:
+            problems.append(f"{node.name}: Python {f.python_version} but the head has Python "
+                            f"{head.python_version} (Ray refuses the join at this level)")
+    return problems
+
+
+def _node_problem(f: NodeFacts) -> str | None:
+    """Why Ray cannot be started on a reached node, or None."""
+    if f.error:
+        return f.error
+    if f.ray_version is None:
+        return f"Ray is not importable with {f.python}: {f.ray_error}"
+    if f.gpu_error:
+        return f"cannot count GPUs: {f.gpu_error} (refusing to register the node with 0 GPUs)"
+    return None
+
+
+def _is_member(inventory: Inventory, node: Node, f: NodeFacts) -> bool:
+    """The node's raylet runs with the right IP against this cluster's GCS."""
+    r = f.raylet
+    return r is not None and r.node_ip == node.ip and r.gcs_address == gcs_address(inventory)
+
+
+def _alive_in_gcs(state: RayState | None, node_id: str | None) -> bool:
+    if state is None or not state.answered or not node_id:
+        return False
+    return any(n.node_id == node_id and n.alive for n in state.nodes)
+
+
+def _head_healthy(inventory: Inventory, f: NodeFacts, state: RayState | None) -> bool:
+    return (f.gcs_port == inventory.ray.port and _is_member(inventory, inventory.head, f)
+            and _alive_in_gcs(state, f.raylet.node_id))
+
+
+def _drift(inventory: Inventory, node: Node, f: NodeFacts, state: RayState | None,
+           auth_mode: str) -> list[str]:
+    """Differences between a healthy node's running Ray and what the inventory asks for."""
+    out = []
+    entry = node_for_ip(state.nodes, node.ip) if state is not None and state.answered else None
+    if entry is not None and entry.alive and int(entry.gpus) != f.gpu_count:
+        out.append(f"{node.name}: Ray registered {entry.gpus:g} GPUs but nvidia-smi reports "
+                   f"{f.gpu_count}")
+    if entry is not None and entry.alive and inventory.ray.num_cpus is not None \
+            and int(entry.cpus) != inventory.ray.num_cpus:
+        out.append(f"{node.name}: Ray registered {entry.cpus:g} CPUs, the inventory says "
+                   f"{inventory.ray.num_cpus}")
+    running_env = f.raylet.env if f.raylet is not None else None
+    if running_env is not None:
+        for key, want in start_env(node, auth_mode).items():
+            have = running_env.get(key)
+            if have != want:
+                out.append(f"{node.name}: Ray runs with {key}={have!r}, the inventory says "
+                           f"{want!r}")
+    if out:
+        out.append(f"{node.name}: not restarted (it may be running work): apply with "
+                   "`cluster down` then `cluster up`")
+    return out
+
+
+def plan_up(inventory: Inventory, facts: Mapping[str, NodeFacts],
+            state: RayState | None) -> Plan:
+    """Facts (+ the head's view of the cluster) -> the actions `cluster up` takes. Pure.
+
+    - Unreachable head, a node without Ray, a node whose GPUs cannot be counted on the head,
+      or any Ray/Python version skew: refused, nothing runs.
+    - Healthy head (GCS on the right port, raylet on the node IP, alive in the GCS): kept.
+      Otherwise started (nothing running) or restarted (needs confirmation when a GCS runs).
+    - Head started/restarted: every worker is (re)started against it.
+    - Head kept: a worker whose raylet is alive in this cluster on its IP is kept; dead, missing
+      or leftover Ray processes -> (re)started; a live raylet elsewhere -> restart with confirmation.
+    - Unreachable worker / worker that cannot run Ray: skipped / refused, the others proceed.
+    """
+    head = inventory.head
+    hf = facts[head.name]
+    refused: list[str] = []
+    warnings: list[str] = []
+    for node in inventory.nodes:
+        warnings += env_conflicts(node)
+    if not hf.reached:
+        refused.append(f"head {head.name} unreachable: {hf.error}")
+    elif _node_problem(hf):
+        refused.append(f"head {head.name}: {_node_problem(hf)}")
+    skew = version_skew(inventory, facts)
+    if skew:
+        refused.append("version skew (every node must run the head's Ray and Python): "
+                       + "; ".join(skew))
+    if refused:
+        actions = tuple(NodeAction(n.name, SKIP, "plan refused", status_if_not_run=SKIPPED)
+                        for n in inventory.nodes)
+        return Plan("up", actions, tuple(refused), tuple(warnings))
+
+    actions: list[NodeAction] = []
+    stop = stop_command(inventory)
+    auth = cluster_auth_mode(inventory, facts)
+    if _head_healthy(inventory, hf, state):
+        head_action = NodeAction(head.name, KEEP, f"Ray head running (node {_short(hf.raylet.node_id)})")
+        warnings += _drift(inventory, head, hf, state, auth)
+        head_fresh = False
+    else:
+        start = start_command(head, inventory, hf.gpus, auth)
+        if hf.running:
+            why = _unhealthy_reason(inventory, head, hf, state)
+            head_action = NodeAction(head.name, RESTART,
+                                     f"{why}: restart the head (stops the whole cluster's work)",
+                                     (stop, start), needs_confirmation=hf.gcs_port is not None)
+        else:
+            head_action = NodeAction(head.name, START, "Ray not running", (start,))
+        head_fresh = True
+    actions.append(head_action)
+
+    for node in inventory.workers:
+        f = facts[node.name]
+        if not f.reached:
+            actions.append(NodeAction(node.name, SKIP, f"unreachable: {f.error}",
+                                      status_if_not_run=UNREACHABLE))
+            continue
+        problem = _node_problem(f)
+        if problem is None and auth == "token" and not f.auth_token:
+            problem = ("the cluster uses Ray token authentication but this node has no token: "
+                       "copy the head's ~/.ray/auth_token to it (or set RAY_AUTH_TOKEN in its env)")
+        if problem:
+            actions.append(NodeAction(node.name, REFUSE, problem, status_if_not_run=FAILED))
+            continue
+        start = start_command(node, inventory, f.gpus, auth)
+        if not f.running:
+            actions.append(NodeAction(node.name, START, "Ray not running", (start,)))
+        elif head_fresh:
+            actions.append(NodeAction(node.name, RESTART, "the head is (re)started: rejoin it",
+                                      (stop, start)))
+        elif _is_member(inventory, node, f) and _alive_in_gcs(state, f.raylet.node_id):
+            actions.append(NodeAction(node.name, KEEP,
+                                      f"Ray worker alive (node {_short(f.raylet.node_id)})"))
+            warnings += _drift(inventory, node, f, state, auth)
+        else:
+            why = _unhealthy_reason(inventory, node, f, state)
+            live_elsewhere = f.raylet is not None and f.raylet.gcs_address != gcs_address(inventory)
+            wrong_ip = f.raylet is not None and f.raylet.node_ip != node.ip \
+                and _alive_in_gcs(state, f.raylet.node_id)
+            actions.append(NodeAction(node.name, RESTART, f"{why}: rejoin", (stop, start),
+                                      needs_confirmation=live_elsewhere or wrong_ip))
+    expected = tuple(ExpectedNode(a.node, inventory.node(a.node).ip, facts[a.node].gpu_count,
+                                  inventory.ray.num_cpus)
+                     for a in actions if a.kind in (KEEP, START, RESTART))
+    return Plan("up", tuple(actions), (), tuple(warnings), expected)
+
+
+def _unhealthy_reason(inventory: Inventory, node: Node, f: NodeFacts,
+                      state: RayState | None) -> str:
+    r = f.raylet
+    if node.is_head and f.gcs_port is None:
+        return "Ray processes left over without a GCS"
+    if node.is_head and f.gcs_port != inventory.ray.port:
+        return f"GCS runs on port {f.gcs_port}, the inventory says {inventory.ray.port}"
+    if r is None:
+        return f"no raylet ({len(f.ray_pids)} Ray processes left over)"
+    if r.node_ip != node.ip:
+        return f"raylet registered as {r.node_ip}, the inventory says {node.ip}"
+    if r.gcs_address != gcs_address(inventory):
+        return f"raylet belongs to the cluster at {r.gcs_address}"
+    if state is None or not state.answered:
+        return "the head's GCS does not answer"
+    return f"raylet {_short(r.node_id)} is not alive in the cluster"
+
+
+def _short(node_id: str | None) -> str:
+    return (node_id or "?")[:12]
+
+
+def plan_down(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> Plan:
+    """Workers first, then the head; only nodes with Ray processes are stopped. Pure."""
+    actions = []
+    stop = stop_command(inventory)
+    for node in list(inventory.workers) + [inventory.head]:
+        f = facts[node.name]
+        if not f.reached:
+            actions.append(NodeAction(node.name, SKIP, f"unreachable: {f.error}",
+                                      status_if_not_run=UNREACHABLE))
+        elif f.error:
+            actions.append(NodeAction(node.name, REFUSE, f.error, status_if_not_run=FAILED))
+        elif f.running:
+            what = "Ray head" if f.gcs_port is not None else "Ray"
+            actions.append(NodeAction(node.name, STOP,
+                                      f"{what} running ({len(f.ray_pids)} processes)", (stop,),
+                                      needs_confirmation=True))
+        else:
+            actions.append(NodeAction(node.name, KEEP, "no Ray process"))
+    return Plan("down", tuple(actions))
+
+
+# ---------------------------------------------------------------- execute
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What happened on one node: ok | changed | failed | skipped | unreachable."""
+
+    node: str
+    action: str
+    status: str
+    message: str
+    results: tuple[CommandResult, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "action": self.action, "status": self.status,
+                "message": self.message, "results": [r.to_dict() for r in self.results]}
+
+
+Event = Callable[[str], None]
+
+
+def _run_commands(session, node: Node, action: NodeAction, timeouts: Sequence[float]) -> StepResult:
+    results = []
+    for command, timeout in zip(action.commands, timeouts):
+        r = session.run(node, command, timeout=timeout)
+        results.append(r)
+        if not r.ok:
+            status = UNREACHABLE if r.status == "unreachable" else FAILED
+            out = (r.stderr.strip() or r.stdout.strip() or r.error or "").splitlines()[-3:]
+            return StepResult(node.name, action.kind, status,
+                              f"{r.status} (exit {r.exit_code}): " + " | ".join(out),
+                              tuple(results))
+    return StepResult(node.name, action.kind, CHANGED, action.reason, tuple(results))
+
+
+def _not_run(action: NodeAction, why: str | None = None) -> StepResult:
+    return StepResult(action.node, action.kind, action.status_if_not_run, why or action.reason)
+
+
+def _parallel(items: Sequence[tuple[float, Callable[[], StepResult]]],
+              deadline_s: float) -> list[StepResult | None]:
+    """Run callables in threads, each after its delay; wait at most deadline_s for all."""
+    out: list[StepResult | None] = [None] * len(items)
+
+    def work(i: int, delay: float, fn: Callable[[], StepResult]) -> None:
+        if delay > 0:
+            time.sleep(delay)
+        out[i] = fn()
+
+    threads = [threading.Thread(target=work, args=(i, d, fn), daemon=True)
+               for i, (d, fn) in enumerate(items)]
+    for t in threads:
+        t.start()
+    end = time.monotonic() + deadline_s
+    for t in threads:
+        t.join(max(0.0, end - time.monotonic()))
+    return out
+
+
+def execute_up(plan: Plan, session, inventory: Inventory, stagger_s: float = 0.0,
+               on_event: Event = lambda _: None) -> tuple[StepResult, ...]:
+    """Run an up plan: stop what restarts (workers, then head), start the head, then the workers
+    in parallel (the i-th starts i*stagger_s seconds after the first, ray#59778)."""
+    if plan.refused:
+        return tuple(_not_run(a, "plan refused") for a in plan.actions)
+    by_name = {n.name: n for n in inventory.nodes}
+    head = inventory.head
+    head_action = plan.action(head.name)
+    done: dict[str, StepResult] = {}
+    stop_t, start_t = STOP_TIMEOUT_S, START_TIMEOUT_S
+
+    if head_action.kind in (START, RESTART):
+        if head_action.kind == RESTART:
+            # Workers attached to the old head go first, so nothing rejoins the dying GCS.
+            restarting = [a for a in plan.actions if a.kind == RESTART and a.node != head.name]
+            on_event(f"stopping Ray on {len(restarting)} worker(s) before the head restart")
+            stops = _parallel([(0.0, (lambda a=a: _run_commands(
+                session, by_name[a.node], NodeAction(a.node, a.kind, a.reason, a.commands[:1]),
+                (stop_t,)))) for a in restarting], stop_t + 30)
+            for a, r in zip(restarting, stops):
+                if r is None or r.status != CHANGED:
+                    done[a.node] = r or StepResult(a.node, a.kind, FAILED, "ray stop hung")
+        on_event(f"{head_action.kind} head {head.name}")
+        timeouts = (stop_t, start_t) if head_action.kind == RESTART else (start_t,)
+        step = _run_commands(session, head, head_action, timeouts)
+        done[head.name] = step
+        if step.status != CHANGED:
+            for a in plan.actions:
+                if a.node != head.name:
+                    done.setdefault(a.node, _not_run(a, f"not run: the head failed ({step.message})")
+                                    if a.changes else _not_run(a))
+            return tuple(done[a.node] for a in plan.actions)
+    else:
+        done[head.name] = _not_run(head_action)
+
+    workers = [a for a in plan.actions if a.node != head.name and a.node not in done]
+    to_run = [a for a in workers if a.changes]
+    for a in workers:
+        if not a.changes:
+            done[a.node] = _not_run(a)
+    if to_run:
+        on_event(f"starting Ray on {len(to_run)} worker(s)"
+                 + (f", {stagger_s:g} s apart" if stagger_s > 0 else ""))
+    items = []
+    for i, a in enumerate(to_run):
+        cmds = a.commands
+        if head_action.kind == RESTART and a.kind == RESTART:
+            cmds = cmds[1:]  # already stopped above
+        act = NodeAction(a.node, a.kind, a.reason, cmds)
+        tos = (stop_t, start_t) if len(cmds) == 2 else (start_t,)
+        items.append((i * stagger_s, (lambda n=by_name[a.node], act=act, tos=tos:
+                                      _run_commands(session, n, act, tos))))
+    outcomes = _parallel(items, stop_t + start_t + len(items) * stagger_s + 30)
+    for a, r in zip(to_run, outcomes):
+        done[a.node] = r or StepResult(a.node, a.kind, FAILED, "no answer before the deadline")
+    return tuple(done[a.node] for a in plan.actions)
+
+
+def execute_down(plan: Plan, session, inventory: Inventory,
+                 on_event: Event = lambda _: None) -> tuple[StepResult, ...]:
+    """Stop the workers in parallel, then the head."""
+    by_name = {n.name: n for n in inventory.nodes}
+    head = inventory.head.name
+    done: dict[str, StepResult] = {}
+    workers = [a for a in plan.actions if a.node != head]
+    to_stop = [a for a in workers if a.changes]
+    for a in workers:
+        if not a.changes:
+            done[a.node] = _not_run(a)
+    if to_stop:
+        on_event(f"stopping Ray on {len(to_stop)} worker(s)")
+    outcomes = _parallel([(0.0, (lambda a=a: _run_commands(session, by_name[a.node], a,
+                                                           (STOP_TIMEOUT_S,))))
+                          for a in to_stop], STOP_TIMEOUT_S + 30)
+    for a, r in zip(to_stop, outcomes):
+        done[a.node] = r or StepResult(a.node, a.kind, FAILED, "ray stop hung")
+    ha = plan.action(head)
+    if ha.changes:
+        on_event(f"stopping Ray on the head {head}")
+        done[head] = _run_commands(session, by_name[head], ha, (STOP_TIMEOUT_S,))
+    else:
+        done[head] = _not_run(ha)
+    return tuple(done[a.node] for a in plan.actions)
+
+
+# ---------------------------------------------------------------- wait and verify
+
+
+@dataclass(frozen=True)
+class WaitResult:
+    """Every expected node alive with its GPUs/CPUs, or which were not, with their log tails."""
+
+    ok: bool
+    waited_s: float
+    problems: Mapping[str, str]          # node -> what is wrong
+    state: RayState | None
+    log_tails: Mapping[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "waited_s": round(self.waited_s, 1),
+                "problems": dict(self.problems), "log_tails": dict(self.log_tails),
+                "source": self.state.source if self.state else None}
+
+
+def check_expected(expected: Sequence[ExpectedNode], state: RayState) -> dict[str, str]:
+    """node -> problem, for expected nodes that are not alive as expected in Ray. Pure."""
+    problems = {}
+    if not state.answered:
+        return {e.node: "the head does not answer: " + "; ".join(state.errors[-2:])
+                for e in expected}
+    for e in expected:
+        entry = node_for_ip(state.nodes, e.ip)
+        if entry is None:
+            problems[e.node] = f"not registered in Ray (no node with IP {e.ip})"
+        elif not entry.alive:
+            problems[e.node] = f"dead in Ray ({entry.state_message or 'no reason given'})"
+        elif int(entry.gpus) != e.gpus:
+            problems[e.node] = f"{entry.gpus:g} GPUs registered, {e.gpus} expected"
+        elif e.cpus is not None and int(entry.cpus) != e.cpus:
+            problems[e.node] = f"{entry.cpus:g} CPUs registered, {e.cpus} expected"
+    return problems
+
+
+def wait_for_nodes(session, inventory: Inventory, expected: Sequence[ExpectedNode],
+                   timeout_s: float, poll_s: float = 2.0,
+                   on_event: Event = lambda _: None) -> WaitResult:
+    """Poll the head until every expected node is alive as expected, at most timeout_s."""
+    start = time.monotonic()
+    state: RayState | None = None
+    problems: dict[str, str] = {e.node: "not checked" for e in expected}
+    last_report = ""
+    while True:
+        state, _ = query_state(session, inventory, include_serve=False, timeout=60)
+        problems = check_expected(expected, state)
+        if not problems:
+            return WaitResult(True, time.monotonic() - start, {}, state)
+        summary = f"waiting for {', '.join(sorted(problems))}"
+        if summary != last_report:
+            on_event(summary)
+            last_report = summary
+        if time.monotonic() - start + poll_s > timeout_s:
+            break
+        time.sleep(poll_s)
+    tails = {}
+    nodes = [inventory.node(name) for name in problems]
+    results = session.fan_out(nodes, lambda n: log_tail_command(inventory, n), timeout=30)
+    for node, r in zip(nodes, results):
+        tails[node.name] = r.stdout.strip() if r.reached else f"({r.status}: {r.error})"
+    return WaitResult(False, time.monotonic() - start, problems, state, tails)

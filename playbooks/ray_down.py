@@ -1,0 +1,79 @@
+"""`cluster down` as ordered, idempotent steps.
+
+gather (read-only) -> plan (pure: stop only nodes with Ray processes, workers first, then the
+head) -> [dry run stops here] -> confirm -> execute (`ray stop` on each node, which stops only
+that node's Ray processes) -> verify (gather again: no Ray process may be left).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping
+
+from cluster import ray_cluster
+from cluster.inventory import Inventory
+from cluster.ray_cluster import (CHANGED, FAILED, OK, UNREACHABLE, NodeFacts, Plan,
+                                 StepResult)
+
+
+@dataclass
+class DownOutcome:
+    exit_code: int = 0
+    stopped: str | None = None
+    facts: Mapping[str, NodeFacts] = field(default_factory=dict)
+    plan: Plan | None = None
+    steps: tuple[StepResult, ...] = ()
+    leftovers: Mapping[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def changed(self) -> bool:
+        return any(s.status == CHANGED for s in self.steps)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"command": "down", "exit_code": self.exit_code, "stopped": self.stopped,
+                "changed": self.changed,
+                "facts": {k: v.to_dict() for k, v in self.facts.items()},
+                "plan": self.plan.to_dict() if self.plan else None,
+                "steps": [s.to_dict() for s in self.steps],
+                "leftovers": dict(self.leftovers)}
+
+
+def run(inventory: Inventory, session, dry_run: bool, confirm: Callable[[str], bool],
+        on_event: Callable[[str], None] = lambda _: None) -> DownOutcome:
+    out = DownOutcome()
+    on_event("gathering facts")
+    out.facts = ray_cluster.gather(session, inventory)
+    out.plan = ray_cluster.plan_down(inventory, out.facts)
+    if dry_run:
+        out.stopped = "dry run"
+        return out
+    if out.plan.confirmations:
+        question = ("Stop Ray on " + ", ".join(a.node for a in out.plan.actions if a.changes)
+                    + "? Running Ray work (Serve apps, jobs) will be killed.")
+        if not confirm(question):
+            out.stopped = "not confirmed"
+            out.exit_code = 2
+            return out
+    out.steps = ray_cluster.execute_down(out.plan, session, inventory, on_event)
+    if not out.plan.changes:
+        out.exit_code = 2 if any(s.status in (FAILED, UNREACHABLE) for s in out.steps) else 0
+        return out
+
+    # verify: nothing of Ray may be left on the nodes that were reached
+    on_event("verifying")
+    after = ray_cluster.gather(session, inventory)
+    steps = []
+    for step in out.steps:
+        f = after.get(step.node)
+        if f is not None and f.usable and f.running:
+            out.leftovers[step.node] = list(f.ray_processes)
+            step = replace(step, status=FAILED,
+                           message=f"{len(f.ray_pids)} Ray processes left: "
+                                   + ", ".join(f.ray_processes[:8]))
+        steps.append(step)
+    out.steps = tuple(steps)
+    out.exit_code = 2 if any(s.status in (FAILED, UNREACHABLE) for s in out.steps) else 0
+    return out
+
+
+__all__ = ["DownOutcome", "run", "OK"]

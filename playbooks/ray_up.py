@@ -1,0 +1,150 @@
+"""`cluster up` as ordered, idempotent steps.
+
+preflight (read-only, unless skipped) -> gather facts (read-only) -> the head's view of Ray
+(read-only) -> plan (pure) -> [dry run stops here] -> confirm restarts -> execute (stops, head,
+workers in parallel) -> wait until every node is alive with its GPUs/CPUs -> status.
+
+A step reports per node in Ansible's words: ok (nothing to do), changed (ran and succeeded),
+failed, skipped, unreachable. Nothing is printed here: the caller gets an UpOutcome and an
+`on_event` callback for progress lines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from cluster import ray_cluster
+from cluster.inventory import Inventory
+from cluster.ray_cluster import (CHANGED, FAILED, UNREACHABLE, NodeFacts, Plan, StepResult,
+                                 WaitResult)
+from cluster.ray_state import RayState, cluster_status, query_state
+from cluster.results import Report
+
+DEFAULT_WAIT_S = 240.0
+
+
+@dataclass(frozen=True)
+class UpOptions:
+    skip_preflight: bool = False
+    force: bool = False
+    stagger_s: float = 0.0
+    dry_run: bool = False
+    wait_s: float = DEFAULT_WAIT_S
+
+
+@dataclass
+class UpOutcome:
+    """Everything `cluster up` learned and did; `exit_code` follows the CLI contract."""
+
+    exit_code: int = 0
+    stopped: str | None = None                 # why it stopped before/while executing
+    preflight: Report | None = None
+    preflight_error: str | None = None
+    facts: Mapping[str, NodeFacts] = field(default_factory=dict)
+    state_before: RayState | None = None
+    plan: Plan | None = None
+    steps: tuple[StepResult, ...] = ()
+    wait: WaitResult | None = None
+    status: dict | None = None
+
+    @property
+    def changed(self) -> bool:
+        return any(s.status == CHANGED for s in self.steps)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "command": "up", "exit_code": self.exit_code, "stopped": self.stopped,
+            "changed": self.changed,
+            "preflight": self.preflight.to_dict() if self.preflight else None,
+            "preflight_error": self.preflight_error,
+            "facts": {k: v.to_dict() for k, v in self.facts.items()},
+            "plan": self.plan.to_dict() if self.plan else None,
+            "steps": [s.to_dict() for s in self.steps],
+            "wait": self.wait.to_dict() if self.wait else None,
+            "status": self.status,
+        }
+
+
+def run_preflight(inventory: Inventory, session) -> Report:
+    """The lead's preflight (cluster.preflight.run_preflight); ImportError if not there yet."""
+    from cluster.preflight import run_preflight as preflight  # noqa: WPS433 (optional module)
+
+    return preflight(inventory, session)
+
+
+def head_view(session, inventory: Inventory, facts: Mapping[str, NodeFacts]) -> RayState | None:
+    """The head's GCS view, when a GCS runs on the head (None otherwise: nothing to ask)."""
+    hf = facts.get(inventory.head.name)
+    if hf is None or not hf.usable or hf.gcs_port is None:
+        return None
+    state, _ = query_state(session, inventory, include_serve=False)
+    return state
+
+
+def run(inventory: Inventory, session, options: UpOptions,
+        confirm: Callable[[str], bool],
+        on_event: Callable[[str], None] = lambda _: None) -> UpOutcome:
+    out = UpOutcome()
+
+    # 1. preflight
+    if not options.skip_preflight:
+        on_event("preflight")
+        try:
+            out.preflight = run_preflight(inventory, session)
+        except ImportError as exc:
+            out.preflight_error = (f"preflight is not available ({exc}); "
+                                   "pass --skip-preflight to start without it")
+        failed = out.preflight_error is not None or out.preflight.exit_code >= 2
+        if failed and not options.force and not options.dry_run:
+            out.stopped = "preflight failed (fix the failures or pass --force)" \
+                if out.preflight_error is None else out.preflight_error
+            out.exit_code = 2
+            return out
+
+    # 2. gather (read-only) and the head's view
+    on_event("gathering facts")
+    out.facts = ray_cluster.gather(session, inventory)
+    out.state_before = head_view(session, inventory, out.facts)
+
+    # 3. plan (pure)
+    out.plan = ray_cluster.plan_up(inventory, out.facts, out.state_before)
+    if out.plan.refused:
+        out.stopped = "plan refused"
+        out.steps = ray_cluster.execute_up(out.plan, session, inventory)
+        out.exit_code = 2
+        return out
+    if options.dry_run:
+        out.stopped = "dry run"
+        out.exit_code = 0
+        return out
+
+    # 4. confirm what kills running work
+    if out.plan.confirmations:
+        question = ("Restart Ray on " + "; ".join(out.plan.confirmations)
+                    + ". Running Ray work there will be killed. Continue?")
+        if not confirm(question):
+            out.stopped = "not confirmed"
+            out.exit_code = 2
+            return out
+
+    # 5. execute
+    out.steps = ray_cluster.execute_up(out.plan, session, inventory, options.stagger_s, on_event)
+
+    # 6. wait / verify (also on a plan that changed nothing: proves the cluster is healthy)
+    head_step = next(s for s in out.steps if s.node == inventory.head.name)
+    if head_step.status not in (FAILED, UNREACHABLE) and out.plan.expected:
+        on_event("waiting for the nodes to register")
+        out.wait = ray_cluster.wait_for_nodes(session, inventory, out.plan.expected,
+                                              options.wait_s, on_event=on_event)
+        if out.wait.state is not None:
+            out.status = cluster_status(inventory, out.wait.state)
+
+    bad = [s for s in out.steps if s.status in (FAILED, UNREACHABLE)]
+    if bad or (out.wait is not None and not out.wait.ok) or out.wait is None:
+        out.exit_code = 2
+    elif out.plan.warnings:
+        out.exit_code = 1
+    else:
+        out.exit_code = 0
+    return out

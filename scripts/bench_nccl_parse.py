@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""Benchmark: NCCL log parse throughput against `grep -c 'NCCL INFO'`, and memory while parsing.
+
+Builds a log of >= 200 MB under a temporary directory by repeating the real fixture logs
+(tests/fixtures/nccl/*.log), then times `grep -c 'NCCL INFO' FILE` and
+`cluster.parsers.nccl.parse_file(FILE)` alternately for several rounds and prints the median
+throughputs (MB/s) and their ratio (goal: parse >= 1/3 of grep's speed).
+
+Memory: parse_file runs in a fresh child process on a small and on the big file; the growth of
+the child's peak RSS (resource.getrusage) while parsing is printed for both: flat means the same
+for 4x the data.
+
+A repeated log is kind to the parser (it counts identical lines in C and handles each distinct
+line once), so `--unique` also times a variant where every repetition carries its own srun-style
+`N: ` prefix: no line repeats across repetitions, which is the parser's worst case.
+
+Usage: python scripts/bench_nccl_parse.py [--size-mb 200] [--rounds 5] [--unique] [--keep DIR]
+Prints ratios; makes no timed assertions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from cluster.parsers import nccl  # noqa: E402
+
+FIXTURES = ROOT / "tests" / "fixtures" / "nccl"
+MB = 1_000_000
+
+
+def build_log(path: Path, size_mb: float, *, unique: bool = False) -> tuple[int, int]:
+    """Repeat the fixture logs until the file holds >= size_mb MB; (bytes, repetitions)."""
+    pieces = []
+    for p in sorted(FIXTURES.glob("*.log")):
+        data = p.read_bytes()
+        pieces.append(data if data.endswith(b"\n") else data + b"\n")
+    period = b"".join(pieces)
+    lines = period.split(b"\n")[:-1]
+    reps = 0
+    with open(path, "wb") as f:
+        while f.tell() < size_mb * MB:
+            if unique:
+                tag = b"%d: " % reps
+                f.write(b"\n".join(tag + line for line in lines) + b"\n")
+            else:
+                f.write(period)
+            reps += 1
+    return path.stat().st_size, reps
+
+
+def time_grep(path: Path) -> float:
+    """Wall time of `grep -c 'NCCL INFO' FILE` (output to a pipe: grep stops early on /dev/null)."""
+    t = time.perf_counter()
+    out = subprocess.run(["grep", "-c", "NCCL INFO", str(path)], capture_output=True, check=False)
+    elapsed = time.perf_counter() - t
+    if out.returncode not in (0, 1):
+        raise SystemExit(f"grep failed: {out.stderr.decode(errors='replace')}")
+    return elapsed
+
+
+def time_parse(path: Path) -> tuple[float, nccl.NcclLog]:
+    t = time.perf_counter()
+    result = nccl.parse_file(path)
+    return time.perf_counter() - t, result
+
+
+_CHILD = """
+import gc, json, os, resource, sys, time
+sys.path.insert(0, {root!r})
+from cluster.parsers import nccl
+gc.collect()
+def rss_kib():
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+before = rss_kib()
+t = time.perf_counter()
+r = nccl.parse_file({path!r})
+elapsed = time.perf_counter() - t
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({{"growth_kib": max(0, peak - before), "before_kib": before, "peak_kib": peak,
+                  "lines": r.lines, "seconds": elapsed}}))
+"""
+
+
+def rss_growth(path: Path) -> dict:
+    """Growth of a fresh interpreter's peak RSS (KiB, Linux) over its RSS before parse_file."""
+    code = _CHILD.format(root=str(ROOT), path=str(path))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def compare(path: Path, size: int, rounds: int, label: str) -> float:
+    grep_t, parse_t = [], []
+    result = None
+    for i in range(rounds):
+        g = time_grep(path)
+        p, result = time_parse(path)
+        grep_t.append(g)
+        parse_t.append(p)
+        print(f"  round {i + 1}: grep {g:.3f} s   parse_file {p:.3f} s")
+    g, p = statistics.median(grep_t), statistics.median(parse_t)
+    ratio = g / p
+    print(f"{label}:")
+    print(f"  grep -c 'NCCL INFO' : median {g:.3f} s = {size / MB / g:8.1f} MB/s")
+    print(f"  parse_file          : median {p:.3f} s = {size / MB / p:8.1f} MB/s")
+    print(f"  ratio parse/grep    : {ratio:.3f}  (goal >= 0.333: {'met' if ratio >= 1 / 3 else 'NOT met'})")
+    if result is not None:
+        print(f"  parsed {result.lines} lines; verdict: {result.verdict[:110]}...")
+    return ratio
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--size-mb", type=float, default=200.0, help="size of the built log (default 200)")
+    ap.add_argument("--rounds", type=int, default=5, help="alternating timing rounds (default 5)")
+    ap.add_argument("--unique", action="store_true",
+                    help="also time a log where no line repeats across repetitions")
+    ap.add_argument("--keep", metavar="DIR", help="build the logs in DIR and keep them")
+    args = ap.parse_args(argv)
+    if shutil.which("grep") is None:
+        print("grep not found", file=sys.stderr)
+        return 2
+
+    workdir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-nccl-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        big = workdir / "nccl-repeated.log"
+        size, reps = build_log(big, args.size_mb)
+        small = workdir / "nccl-repeated-quarter.log"
+        small_size, _ = build_log(small, args.size_mb / 4)
+        n_logs = len(list(FIXTURES.glob("*.log")))
+        print(f"log: {big}  {size / MB:.1f} MB ({n_logs} fixture logs repeated {reps}x)")
+        compare(big, size, args.rounds, "repeated fixtures")
+
+        print("memory (fresh interpreter, peak RSS growth while parse_file runs):")
+        for path, sz in ((small, small_size), (big, size)):
+            m = rss_growth(path)
+            print(f"  {sz / MB:7.1f} MB file: +{m['growth_kib'] / 1024:6.1f} MiB "
+                  f"(RSS {m['before_kib'] / 1024:.1f} MiB before, peak {m['peak_kib'] / 1024:.1f} MiB; "
+                  f"{m['lines']} lines, {m['seconds']:.2f} s)")
+
+        if args.unique:
+            uniq = workdir / "nccl-unique.log"
+            usize, _ = build_log(uniq, args.size_mb, unique=True)
+            print(f"log: {uniq}  {usize / MB:.1f} MB (every repetition prefixed 'N: ', no line repeats)")
+            compare(uniq, usize, max(1, min(args.rounds, 3)), "no repeated lines (worst case)")
+            m = rss_growth(uniq)
+            print(f"  memory: +{m['growth_kib'] / 1024:.1f} MiB peak RSS growth "
+                  f"(RSS {m['before_kib'] / 1024:.1f} MiB before, peak {m['peak_kib'] / 1024:.1f} MiB)")
+    finally:
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,101 @@
+"""`cluster preflight` over real SSH against simulated nodes whose tools print real captured outputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+
+# node -> (profile, the failures preflight must report on that node and nothing else)
+SCENARIO = {
+    "node1": ("h100-ib", set()),
+    "node2": ("h100-ib-port-down", {"infiniband"}),
+    "node3": ("h100-no-peermem", {"gpudirect"}),
+    "node4": ("h100-clock-off", {"clock"}),
+    "node5": ("h100-driver-diff", {"driver-match"}),
+    "node6": ("l40s-pcie", {"gpus"}),
+    "node7": ("h100-7gpu", {"gpus"}),
+}
+
+
+def preflight(inv: Path, *extra: str) -> tuple[int, dict]:
+    env = {**os.environ, "CLUSTER_RUN_DIR": str(inv.parent / "runs")}
+    proc = subprocess.run([sys.executable, "-m", "cluster", "-i", str(inv), "preflight", "--json",
+                           *extra], cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_each_misconfiguration_is_caught_and_nothing_else_fails(simcluster_factory):
+    c = simcluster_factory(7, {n: p for n, (p, _) in SCENARIO.items() if n != "node1"})
+    code, report = preflight(c.inventory_path)
+    assert code == 2
+    failures: dict[str, set] = {n: set() for n in SCENARIO}
+    for r in report["results"]:
+        if r["status"] in ("fail", "error") and r["node"]:
+            failures[r["node"]].add(r["check"])
+            assert r["fix"], f"{r['node']}/{r['check']} fails without saying how to fix it"
+    assert failures == {n: want for n, (_, want) in SCENARIO.items()}
+    by = {(r["node"], r["check"]): r for r in report["results"]}
+    assert "mlx5_5 port 1 is Down" in by[("node2", "infiniband")]["summary"]
+    assert "modprobe nvidia_peermem" in by[("node3", "gpudirect")]["fix"]
+    assert "7.8" in by[("node4", "clock")]["summary"]
+    assert "7 of 8 GPUs" in by[("node7", "gpus")]["summary"]
+    assert "L40S" in by[("node6", "gpus")]["summary"]
+    # The L40S node has no NVLink: recorded as a fact, not a failure; mixed models warn.
+    assert by[("node6", "nvlink")]["status"] == "ok"
+    assert report["facts"]["nodes"]["node6"]["nvlink"] is False
+    assert report["facts"]["nodes"]["node1"]["nvlink"] is True
+    assert by[("node6", "gpu-match")]["status"] == "warn"
+    # Facts the planner reads.
+    f1 = report["facts"]["nodes"]["node1"]
+    assert (f1["gpu_count"], f1["gpu_model"], f1["gpu_memory_mib"]) == (8, "NVIDIA H100 80GB HBM3", 81559)
+    assert report["facts"]["nodes"]["node7"]["gpu_count"] == 7
+    # Evidence carries the command and the parsed data.
+    ev = by[("node2", "infiniband")]["evidence"]
+    assert ev["command"] == "ibstat" and ev["data"]["ports"]
+    assert Path(report["run_dir"], "preflight.json").is_file()
+    assert by[(None, "clock-skew")]["status"] == "ok"
+
+
+def test_all_healthy_cluster_exits_0(simcluster_factory):
+    c = simcluster_factory(3)
+    code, report = preflight(c.inventory_path)
+    bad = [(r["node"], r["check"], r["summary"]) for r in report["results"]
+           if r["status"] not in ("ok", "skip")]
+    assert code == 0, bad
+    assert report["status"] == "ok"
+
+
+def test_unreachable_node_is_error_others_checked(simcluster_factory):
+    c = simcluster_factory(3)
+    c.link("node3", "down")
+    try:
+        code, report = preflight(c.inventory_path, "--no-clock-skew")
+    finally:
+        c.link("node3", "up")
+    assert code == 2
+    node3 = [r for r in report["results"] if r["node"] == "node3"]
+    assert node3 and all(r["status"] == "error" for r in node3)
+    assert all(r["status"] in ("ok", "skip") for r in report["results"] if r["node"] == "node1")
+
+
+def test_embedded_default_on_a_machine_without_gpus(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "CLUSTER_INVENTORY"}
+    env["CLUSTER_RUN_DIR"] = str(tmp_path / "runs")
+    proc = subprocess.run([sys.executable, "-m", "cluster", "preflight", "--json"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert "Traceback" not in proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["inventory"] == "<embedded default>"
+    gpu = {r["check"]: r for r in report["results"] if r["check"] in ("gpus", "driver", "nvlink")}
+    for r in gpu.values():
+        assert r["status"] in ("skip", "fail") and r["summary"]
+    assert proc.returncode in (0, 1, 2)

@@ -1,0 +1,267 @@
+"""Real Ray 2.60 on three simulated nodes: up / status / idempotent re-up / rejoin / down, env at
+start time, version skew refused before any start, placement groups, the dashboard tunnel.
+
+Nodes: node1 (head) and node2 with the `small-4gpu` profile (nvidia-smi lists 4 H100), node3 with
+the `cpu` profile (no nvidia-smi). The simcluster inventory is extended with what small
+simulated nodes need (testbed.md: --num-cpus, --memory, --object-store-memory).
+Heavy: ~2.4 GB of memory and a few minutes on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+pytestmark = [pytest.mark.integration, pytest.mark.ray]
+
+REPO = Path(__file__).resolve().parents[2]
+PYTHON = str(REPO / ".venv" / "bin" / "python3") if (REPO / ".venv").is_dir() else sys.executable
+PROFILES = {"node1": "small-4gpu", "node2": "small-4gpu", "node3": "cpu"}
+EXPECTED_GPUS = {"node1": 4, "node2": 4, "node3": 0}
+MARK = "set-at-ray-start"
+RAY_WORDS = ("raylet", "gcs_server", "ray::", "dashboard.py", "log_monitor", "default_worker",
+             "runtime_env/agent", "dashboard/agent", "monitor.py", "ray.util.client.server")
+
+
+def _ray_settings(doc: dict, run_dir: Path) -> dict:
+    doc["ray"] = {"num_cpus": 2, "memory": 2 * 1024 ** 3, "object_store_memory": 256 * 1024 ** 2,
+                  "python": PYTHON}
+    doc["run_dir"] = str(run_dir)
+    return doc
+
+
+@pytest.fixture(scope="module")
+def sim(simcluster_factory):
+    return simcluster_factory(3, PROFILES)
+
+
+@pytest.fixture(scope="module")
+def inv(sim, tmp_path_factory) -> Path:
+    """The simcluster inventory + ray settings; node2 carries NCCL_SOCKET_IFNAME and a marker."""
+    base = tmp_path_factory.mktemp("ray-inv")
+    doc = _ray_settings(yaml.safe_load(sim.inventory_path.read_text()), base / "runs")
+    for node in doc["nodes"]:
+        if node["name"] == "node2":
+            node["nccl_socket_ifname"] = "=eth0"
+            node["env"] = {"CLUSTER_TEST_MARK": MARK}
+    path = base / "cluster.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    yield path
+    cli(path, "down", "--yes", timeout=300)  # always leave the nodes without Ray
+
+
+def cli(inventory: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, "-m", "cluster", "-i", str(inventory), *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=str(REPO))
+
+
+def cli_json(inventory: Path, *args: str, timeout: float = 600) -> tuple[int, dict]:
+    p = cli(inventory, *args, "--json", timeout=timeout)
+    try:
+        return p.returncode, json.loads(p.stdout)
+    except ValueError:
+        raise AssertionError(f"cluster {' '.join(args)}: exit {p.returncode}\n{p.stdout}\n{p.stderr}")
+
+
+def ray_processes(sim, node: str) -> list[str]:
+    """Ray processes inside the node's PID namespace (no SSH)."""
+    p = sim.exec(node, "ps", "-eo", "pid=,args=", check=True)
+    return [line.strip() for line in p.stdout.splitlines()
+            if any(w in line for w in RAY_WORDS) and "ps -eo" not in line]
+
+
+def node_ids(status: dict) -> dict[str, str]:
+    return {n["name"]: n["node_id"] for n in status["nodes"] if n["alive"] and n["name"]}
+
+
+def run_driver(sim, inventory: Path, script: str, timeout: float = 300) -> dict:
+    """Run a Ray driver on the head (with the cluster's auth mode) and return its RESULT json."""
+    from cluster import inventory as inventory_mod
+    from cluster import ray_cluster
+    from cluster.remote import Session
+
+    inv = inventory_mod.load(str(inventory))
+    with Session(inv) as session:
+        facts = ray_cluster.gather(session, inv, [inv.head])
+        mode = ray_cluster.cluster_auth_mode(inv, facts)
+        command = (f"cd /tmp && env RAY_AUTH_MODE={mode} RAY_USAGE_STATS_ENABLED=0 "
+                   + shlex.join([inv.ray.python, "-c", script]))
+        r = session.run(inv.head, command, timeout=timeout)
+    for line in r.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    raise AssertionError(f"driver failed ({r.status}, exit {r.exit_code}):\n{r.stdout[-3000:]}\n"
+                         f"{r.stderr[-3000:]}")
+
+
+# ---------------------------------------------------------------- before anything runs
+
+
+def test_version_skew_is_refused_before_any_ray_start(sim, inv, tmp_path):
+    cli(inv, "down", "--yes", timeout=300)
+    # node3's python finds a fake `ray` first (only the version probe sees it: nothing starts).
+    sim.ssh("node3", "mkdir -p /tmp/fake-ray/ray && "
+                     "echo '__version__ = \"2.9.9\"' > /tmp/fake-ray/ray/__init__.py", check=True)
+    doc = yaml.safe_load(inv.read_text())
+    for node in doc["nodes"]:
+        if node["name"] == "node3":
+            node["env"] = {"PYTHONPATH": "/tmp/fake-ray"}
+    doc["run_dir"] = str(tmp_path / "runs")
+    skewed = tmp_path / "skewed.yaml"
+    skewed.write_text(yaml.safe_dump(doc, sort_keys=False))
+    try:
+        code, out = cli_json(skewed, "up", "--skip-preflight", "--yes")
+        assert code == 2
+        assert out["plan"]["refused"], out["plan"]
+        assert "node3" in out["plan"]["refused"][0] and "2.9.9" in out["plan"]["refused"][0]
+        assert [s["status"] for s in out["steps"]] == ["skipped"] * 3
+        for node in PROFILES:
+            assert ray_processes(sim, node) == [], node
+        logs = "".join(p.read_text() for p in Path(out["run_dir"]).glob("nodes/*.log"))
+        assert "ray.scripts.scripts start" not in logs
+    finally:
+        sim.ssh("node3", "rm -rf /tmp/fake-ray")
+
+
+def test_dry_run_prints_commands_and_changes_nothing(sim, inv):
+    p = cli(inv, "up", "--dry-run", "--skip-preflight")
+    assert p.returncode == 0, p.stderr
+    head = next(line for line in p.stdout.splitlines() if line.startswith("[node1] $ "))
+    assert "--node-ip-address 198.18." in head and "--head" in head and "--num-gpus 4" in head
+    assert "--num-cpus 2" in head and "--object-store-memory 268435456" in head
+    worker = next(line for line in p.stdout.splitlines() if line.startswith("[node2] $ "))
+    assert "NCCL_SOCKET_IFNAME==eth0" in worker and f"CLUSTER_TEST_MARK={MARK}" in worker
+    node3 = next(line for line in p.stdout.splitlines() if line.startswith("[node3] $ "))
+    assert "--num-gpus 0" in node3
+    for node in PROFILES:
+        assert ray_processes(sim, node) == [], node
+
+
+# ---------------------------------------------------------------- the lifecycle
+
+
+def test_up_status_idempotent_rejoin(sim, inv):
+    code, up = cli_json(inv, "up", "--skip-preflight", "--yes")
+    assert code == 0, json.dumps(up, indent=1)[-4000:]
+
+    code, status = cli_json(inv, "status")
+    assert code == 0 and status["missing"] == []
+    alive = {n["name"]: n for n in status["nodes"] if n["alive"]}
+    assert set(alive) == set(PROFILES)
+    for name, gpus in EXPECTED_GPUS.items():
+        assert alive[name]["gpus"] == gpus and alive[name]["cpus"] == 2
+        assert alive[name]["ip"] == sim.node(name).ip
+        assert alive[name]["resources"][f"host:{name}"] == 1
+    assert alive["node1"]["gpu_model"] == "NVIDIA-H100-80GB-HBM3"
+    assert status["ray_version"] == "2.60.0"
+    assert status["serve"] == {"applications": {}}
+    before = node_ids(status)
+
+    # a second up changes nothing: no ray stop, same node ids
+    code, again = cli_json(inv, "up", "--skip-preflight", "--yes")
+    assert code == 0 and again["changed"] is False
+    assert [a["action"] for a in again["plan"]["actions"]] == ["keep"] * 3
+    assert all(s["results"] == [] for s in again["steps"])
+    assert node_ids(again["status"]) == before
+
+    # a dead worker: only it is rejoined
+    sim.exec("node3", "sh", "-c", "kill -9 $(pgrep -x raylet)", check=True)
+    code, rejoin = cli_json(inv, "up", "--skip-preflight", "--yes")
+    assert code == 0, json.dumps(rejoin, indent=1)[-4000:]
+    kinds = {a["node"]: a["action"] for a in rejoin["plan"]["actions"]}
+    assert kinds == {"node1": "keep", "node2": "keep", "node3": "restart"}
+    assert {s["node"]: s["status"] for s in rejoin["steps"]} == \
+        {"node1": "ok", "node2": "ok", "node3": "changed"}
+    after = node_ids(rejoin["status"])
+    assert after["node1"] == before["node1"] and after["node2"] == before["node2"]
+    assert after["node3"] != before["node3"]
+    code, status = cli_json(inv, "status")
+    assert code == 0 and node_ids(status) == after
+
+
+ENV_AND_PLACEMENT = r'''
+import json, os, ray
+from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
+ip_of = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
+
+@ray.remote(num_cpus=0)
+def env_here():
+    return {"ip": ray.util.get_node_ip_address(),
+            **{k: os.environ.get(k) for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME",
+                                              "VLLM_HOST_IP", "CLUSTER_TEST_MARK")}}
+
+out = {"driver_env": os.environ.get("CLUSTER_TEST_MARK"),
+       "node2": ray.get(env_here.options(resources={"host:node2": 0.01}).remote(), timeout=120)}
+for name, shape in (("pack8x1", [{"GPU": 1}] * 8), ("pack2x4", [{"GPU": 4}] * 2)):
+    pg = placement_group(shape, strategy="PACK")
+    ray.get(pg.ready(), timeout=120)
+    out[name] = [ip_of[n] for _, n in sorted(placement_group_table(pg)["bundles_to_node_id"].items())]
+    remove_placement_group(pg)
+print("RESULT " + json.dumps(out))
+'''
+
+
+def test_env_at_start_time_and_gpu_placement(sim, inv):
+    code, up = cli_json(inv, "up", "--skip-preflight", "--yes")
+    assert code == 0, json.dumps(up, indent=1)[-4000:]
+    out = run_driver(sim, inv, ENV_AND_PLACEMENT)
+    # the variables reached a task on node2 only through `ray start` (the driver never had them)
+    assert out["driver_env"] is None
+    assert out["node2"] == {"ip": sim.node("node2").ip, "NCCL_SOCKET_IFNAME": "=eth0",
+                            "GLOO_SOCKET_IFNAME": "eth0", "VLLM_HOST_IP": sim.node("node2").ip,
+                            "CLUSTER_TEST_MARK": MARK}
+    gpu_nodes = {sim.node("node1").ip, sim.node("node2").ip}
+    assert {ip: out["pack8x1"].count(ip) for ip in gpu_nodes} == {ip: 4 for ip in gpu_nodes}
+    assert sorted(out["pack2x4"]) == sorted(gpu_nodes)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_dashboard_tunnel(sim, inv):
+    code, up = cli_json(inv, "up", "--skip-preflight", "--yes")
+    assert code == 0
+    port = _free_port()
+    proc = subprocess.Popen([PYTHON, "-m", "cluster", "-i", str(inv), "dashboard", "--port",
+                             str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=str(REPO))
+    try:
+        url = proc.stdout.readline().strip()
+        assert url == f"http://127.0.0.1:{port}", proc.stderr.read() if proc.poll() else url
+        mode = httpx.get(f"{url}/api/authentication_mode", timeout=30).json()
+        headers = {}
+        if mode.get("authentication_mode") == "token":
+            headers = {"Authorization": "Bearer " + Path("~/.ray/auth_token").expanduser()
+                       .read_text().strip()}
+        version = httpx.get(f"{url}/api/version", headers=headers, timeout=30).json()
+        assert version["ray_version"] == "2.60.0"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_down_leaves_no_ray_process(sim, inv):
+    code, down = cli_json(inv, "down", "--yes", timeout=300)
+    assert code == 0, json.dumps(down, indent=1)[-4000:]
+    for node in PROFILES:
+        assert ray_processes(sim, node) == [], node
+    code, again = cli_json(inv, "down", "--yes", timeout=300)
+    assert code == 0 and again["changed"] is False
+    code, status = cli_json(inv, "status")
+    assert code == 2 and status["head"]["answered"] is False
+    assert status["missing"] == list(PROFILES)

@@ -1,0 +1,358 @@
+"""The simulated cluster test bed (scripts/simcluster): profiles, node isolation, fault verbs, cleanup.
+
+The profile tests at the top need nothing special; the rest are @pytest.mark.integration and run
+over real SSH (OpenSSH client) against network-namespace nodes.
+"""
+from __future__ import annotations
+
+import importlib.machinery
+import json
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SIMCLUSTER = Path(__file__).resolve().parents[2] / "scripts" / "simcluster"
+PROFILES_DIR = SIMCLUSTER.parent / "simcluster_profiles"
+REQUIRED_PROFILES = ["h100-ib", "h100-ib-port-down", "h100-no-peermem", "h100-clock-off", "h100-driver-diff",
+                     "l40s-pcie", "h100-7gpu", "cpu", "small-4gpu", "small-shm"]
+
+
+def load_simcluster_module():
+    loader = importlib.machinery.SourceFileLoader("simcluster_script", str(SIMCLUSTER))
+    spec = importlib.util.spec_from_loader("simcluster_script", loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    loader.exec_module(module)
+    return module
+
+
+sim = load_simcluster_module()
+ALL_PROFILES = sim.profile_names()
+
+
+# ----------------------------------------------------------------------------- profiles (no root needed)
+
+def test_required_profiles_exist():
+    assert set(REQUIRED_PROFILES) <= set(ALL_PROFILES)
+
+
+@pytest.mark.parametrize("name", ALL_PROFILES)
+def test_profile_yaml_reader_agrees_with_pyyaml(name):
+    yaml = pytest.importorskip("yaml")
+    text = (PROFILES_DIR / name / "profile.yaml").read_text()
+    assert sim.parse_yaml(text, name) == yaml.safe_load(text)
+
+
+def test_yaml_reader_handles_the_subset_and_rejects_garbage():
+    yaml = pytest.importorskip("yaml")
+    doc = ('a: 1\nb: "x: y # not a comment"\nc: [p, "q, r", 3]  # comment\nd:\n  - k: v\n    l: [ ]\n'
+           "  - plain text\n  -\n    deep: {}\ne:\n- 1.5\n- 'it''s'\nf: ~\ng: no\n")
+    assert sim.parse_yaml(doc) == yaml.safe_load(doc)
+    for bad in ("a: 1\na: 2\n", "a: [1, 2\n", "a:\n    b: 1\n  c: 2\n"):
+        with pytest.raises(sim.SimError):
+            sim.parse_yaml(bad)
+
+
+@pytest.mark.parametrize("name", ALL_PROFILES)
+def test_profile_documents_the_source_and_edits_of_every_file(name):
+    prof = sim.load_profile(name)
+    doc = sim.parse_yaml((PROFILES_DIR / name / "profile.yaml").read_text())
+    own = {p.name for p in (PROFILES_DIR / name).iterdir()} - {"profile.yaml"}
+    listed = {k for k, v in (doc.get("outputs") or {}).items() if v is not None}
+    assert own == listed, "every file in the profile directory is listed under outputs, and only those"
+    for fname in listed:
+        meta = doc["outputs"][fname]
+        assert meta["sources"], f"{fname} has no source"
+        assert all(s.startswith("fixtures node/") for s in meta["sources"]), meta["sources"]
+        assert isinstance(meta.get("edits"), list)
+    assert prof.description
+    for key in ("gpu_count", "gpu_model", "driver_version", "ib_hcas", "nvidia_peermem", "dev_shm", "memlock"):
+        assert key in prof.facts, f"{name}: fact {key} missing"
+
+
+@pytest.mark.parametrize("name", ALL_PROFILES)
+def test_profile_facts_match_what_its_tools_print(name):
+    prof = sim.load_profile(name)
+    facts, files = prof.facts, prof.outputs
+
+    def tool(*argv):
+        return sim.run_tool(argv[0], list(argv[1:]), files, name)
+
+    tools = sim.tools_of(files)
+    if facts["gpu_count"]:
+        rows = tool("nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader").splitlines()
+        assert len(rows) == facts["gpu_count"]
+        assert {r.split(", ")[0] for r in rows} == {facts["gpu_model"]}
+        assert {r.split(", ")[1] for r in rows} == {facts["driver_version"]}
+        table = tool("nvidia-smi")
+        assert f"Driver Version: {facts['driver_version']}" in table
+        assert f"CUDA Version: {facts['cuda_version']}" in table
+        assert table.count(facts["gpu_model"]) == facts["gpu_count"]
+        assert tool("nvidia-smi", "-q").count("Product Name") == facts["gpu_count"]
+        assert f"{facts['driver_version']}" in files["proc-driver-nvidia-version.txt"].read_text()
+        topo = tool("nvidia-smi", "topo", "-m")
+        assert re.search(r"\bNV\d+\b", topo) if facts["nvlink"] else not re.search(r"\bNV\d+\b", topo.split("Legend")[0])
+    else:
+        assert "nvidia-smi" not in tools and "nvcc" not in tools
+    if facts["ib_hcas"]:
+        cas = tool("ibstat", "-l").split()
+        assert cas == facts["ib_hcas"]
+        for ca in cas:
+            block = tool("ibstat", ca)
+            down = ca in facts["ib_ports_down"]
+            assert ("State: Down" in block) == down and ("State: Active" in block) == (not down)
+            assert f"Rate: {facts['ib_rate_gbps']}" in block and f"Link layer: {facts['ib_link_layer']}" in block
+            assert ("PORT_DOWN" in tool("ibv_devinfo", "-d", ca)) == down
+    else:
+        assert not {"ibstat", "ibv_devinfo", "ibdev2netdev"} & set(tools)
+    if "lsmod" in tools:
+        assert bool(re.search(r"^nvidia_peermem\s", tool("lsmod"), re.M)) == facts["nvidia_peermem"]
+    peer_files = [p for p in prof.node_files if "peermem" in p or "memory_peers/" in p]
+    assert bool(peer_files) == facts["nvidia_peermem"]
+    if "chronyc" in tools:
+        m = re.search(r"System time\s*: ([0-9.]+) seconds", tool("chronyc", "tracking"))
+        assert abs(float(m.group(1)) - facts["clock_offset_seconds"]) < 1e-9
+        assert facts["clock_synchronized"] == (float(m.group(1)) < 1.0)
+
+
+def test_query_gpu_renders_nvidia_smi_csv_formats():
+    files = sim.load_profile("h100-ib").outputs
+
+    def q(*args):
+        return sim.run_tool("nvidia-smi", list(args), files, "h100-ib")
+
+    out = q("--query-gpu=index,name,uuid,memory.total,memory.used,pci.bus_id,driver_version,compute_cap,"
+            "clocks.max.sm,temperature.gpu,utilization.gpu", "--format=csv")
+    lines = out.splitlines()
+    assert lines[0] == ("index, name, uuid, memory.total [MiB], memory.used [MiB], pci.bus_id, driver_version, "
+                        "compute_cap, clocks.max.sm [MHz], temperature.gpu, utilization.gpu [%]")
+    assert lines[1].startswith("0, NVIDIA H100 80GB HBM3, GPU-") and ", 81559 MiB, 0 MiB, 00000000:04:00.0," in lines[1]
+    assert lines[1].endswith(", 9.0, 1980 MHz, 32, 0 %") and len(lines) == 9
+    assert q("--query-gpu=memory.total,utilization.gpu", "--format=csv,noheader,nounits").splitlines()[0] == "81559, 0"
+    assert q("--query-gpu=memory.total", "--format=csv,nounits").splitlines()[0] == "memory.total [MiB]"
+    assert q("--query-gpu=gpu_name,count", "--format=csv,noheader", "-i", "3").strip() == "NVIDIA H100 80GB HBM3, 8"
+    assert q("-L").splitlines()[7].startswith("GPU 7: NVIDIA H100 80GB HBM3 (UUID: GPU-")
+    with pytest.raises(sim.ToolError):
+        q("--query-gpu=no.such.field", "--format=csv")
+
+
+def test_tool_verb_prints_profile_output_and_127_for_missing_tools():
+    run = [sys.executable, str(SIMCLUSTER), "tool"]
+    p = subprocess.run(run + ["h100-ib", "--", "nvidia-smi", "topo", "-m"], capture_output=True, text=True)
+    assert p.returncode == 0 and p.stdout == (PROFILES_DIR / "h100-ib" / "nvidia-smi-topo.txt").read_text()
+    p = subprocess.run(run + ["cpu", "--", "nvidia-smi"], capture_output=True, text=True)
+    assert p.returncode == 127 and "command not found" in p.stderr
+    p = subprocess.run(run + ["h100-ib", "--", "nvidia-smi", "--bogus"], capture_output=True, text=True)
+    assert p.returncode == 2 and "no recorded output" in p.stderr
+
+
+def test_fixtures_skip_with_a_reason_when_not_root(monkeypatch):
+    spec = importlib.util.spec_from_file_location("simcluster_conftest", Path(__file__).with_name("conftest.py"))
+    conftest = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, conftest)
+    spec.loader.exec_module(conftest)
+    monkeypatch.setattr(conftest.os, "geteuid", lambda: 1000)
+    assert "needs root" in conftest.simcluster_unavailable()
+
+
+# ----------------------------------------------------------------------------- over SSH
+
+def ssh_ok(cluster, node: str, command: str = "true") -> subprocess.CompletedProcess:
+    r = cluster.ssh(node, command)
+    assert r.returncode == 0, f"ssh {node} {command!r}: exit {r.returncode}: {r.stderr}"
+    return r
+
+
+@pytest.mark.integration
+def test_each_node_answers_with_its_own_hostname_over_ssh(simcluster):
+    assert simcluster.names == ["node1", "node2", "node3"]
+    for node in simcluster.nodes:
+        assert ssh_ok(simcluster, node.name, "hostname").stdout.strip() == node.name
+        assert ssh_ok(simcluster, node.ip, "hostname").stdout.strip() == node.name
+        assert node.ip == f"198.18.{os.environ.get('SIMCLUSTER_SUBNET', '0')}.{node.name[4:]}"
+
+
+@pytest.mark.integration
+def test_host_keys_are_checked_strictly(simcluster, tmp_path):
+    forged = tmp_path / "known_hosts"
+    lines = simcluster.known_hosts.read_text().splitlines()
+    key_of_node1 = lines[0].split()[2]
+    forged.write_text("".join(f"{ln.split()[0]} {ln.split()[1]} {key_of_node1}\n" for ln in lines))
+    r = subprocess.run(["ssh", "-F", str(simcluster.ssh_config), "-o", f"UserKnownHostsFile={forged}",
+                        "node2", "true"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 255 and "Host key verification failed" in r.stderr
+
+
+@pytest.mark.integration
+def test_inventory_has_the_documented_shape(simcluster):
+    yaml = pytest.importorskip("yaml")
+    inv = yaml.safe_load(simcluster.inventory_path.read_text())
+    assert set(inv) == {"ssh", "nodes", "expectations"}
+    assert inv["ssh"] == {"known_hosts": str(simcluster.known_hosts),
+                          "identity_file": str(simcluster.identity_file), "connect_timeout": 5}
+    assert [n["role"] for n in inv["nodes"]] == ["head", "worker", "worker"]
+    for entry, node in zip(inv["nodes"], simcluster.nodes):
+        assert entry == {"name": node.name, "role": entry["role"], "address": node.ip, "user": "root",
+                         "port": 22, "node_ip": node.ip, "nccl_socket_ifname": "eth0",
+                         "gloo_socket_ifname": "eth0", "ib_hcas": entry["ib_hcas"], "profile": "h100-ib"}
+        assert len(entry["ib_hcas"]) == 8
+    assert inv["expectations"] == {"gpu_model": "NVIDIA H100 80GB HBM3", "gpus_per_node": 8}
+
+
+@pytest.mark.integration
+def test_node_tools_print_their_profile_outputs(simcluster_factory):
+    c = simcluster_factory(4, {"node2": "cpu", "node3": "small-shm", "node4": "h100-no-peermem"})
+    h100 = PROFILES_DIR / "h100-ib"
+    r = ssh_ok(c, "node1", "nvidia-smi")
+    assert r.stdout == (h100 / "nvidia-smi.txt").read_text()
+    r = ssh_ok(c, "node1", "nvidia-smi --query-gpu=index,name --format=csv,noheader")
+    assert r.stdout.splitlines() == [f"{i}, NVIDIA H100 80GB HBM3" for i in range(8)]
+    assert ssh_ok(c, "node1", "ibstat").stdout == (h100 / "ibstat.txt").read_text()
+    assert ssh_ok(c, "node1", "chronyc tracking").stdout == (h100 / "chronyc-tracking.txt").read_text()
+    assert ssh_ok(c, "node1", "cat /proc/driver/nvidia/version").stdout == \
+        (h100 / "proc-driver-nvidia-version.txt").read_text()
+    assert ssh_ok(c, "node1", "cat /sys/module/nvidia_peermem/version "
+                              "/sys/kernel/mm/memory_peers/nv_mem*/version").stdout == "570.133.20\n" * 2
+    import resource
+    hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+    want = "unlimited" if hard == resource.RLIM_INFINITY else str(hard // 1024)
+    assert ssh_ok(c, "node1", "ulimit -l").stdout.strip() in ("unlimited", want)
+    path = ssh_ok(c, "node1", "echo $PATH; command -v python").stdout.split()
+    assert path[0].startswith("/run/simcluster/bin:") and path[1].endswith("/bin/python")
+    assert path[1] != "/root/.pyenv/shims/python", "the host's ~/.bashrc leaked into the node"
+    for tool in ("nvidia-smi", "nvcc --version", "ibstat", "chronyc tracking"):
+        r = c.ssh("node2", tool)
+        assert r.returncode == 127 and "command not found" in r.stderr, (tool, r)
+    assert ssh_ok(c, "node2", "timedatectl").stdout == (PROFILES_DIR / "cpu" / "timedatectl.txt").read_text()
+    assert c.ssh("node2", "cat /proc/driver/nvidia/version").returncode != 0
+    assert ssh_ok(c, "node3", "df -k --output=size /dev/shm").stdout.split()[-1] == str(64 * 1024)
+    assert int(ssh_ok(c, "node1", "df -k --output=size /dev/shm").stdout.split()[-1]) == 2 * 1024 * 1024
+    assert "nvidia_peermem" not in ssh_ok(c, "node4", "lsmod").stdout
+    r = ssh_ok(c, "node4", "ls /sys/module/nvidia_peermem 2>&1; ls -A /sys/kernel/mm/memory_peers; ls /sys/kernel/mm")
+    assert "No such file" in r.stdout and "transparent_hugepage" in r.stdout and "nv_mem" not in r.stdout
+    inv = c.inventory_path.read_text()
+    assert "profile: cpu" in inv and "ib_hcas: []" in inv
+
+
+@pytest.mark.integration
+def test_each_node_has_its_own_pid_mount_and_tmp(simcluster):
+    for node in simcluster.names:
+        assert ssh_ok(simcluster, node, "cat /proc/1/comm").stdout.strip() == "sshd"
+    ssh_ok(simcluster, "node1", "nohup sleep 4242 >/dev/null 2>&1 & echo marker > /tmp/marker; "
+                                "echo shm > /dev/shm/marker")
+    try:
+        assert "sleep 4242" in simcluster.exec("node1", "ps", "-eo", "args").stdout
+        assert "sleep 4242" not in simcluster.exec("node2", "ps", "-eo", "args").stdout
+        assert "sleep 4242" not in ssh_ok(simcluster, "node2", "ps -eo args").stdout
+        assert simcluster.ssh("node2", "cat /tmp/marker").returncode != 0
+        assert simcluster.ssh("node2", "cat /dev/shm/marker").returncode != 0
+        assert ssh_ok(simcluster, "node1", "cat /tmp/marker /dev/shm/marker").stdout == "marker\nshm\n"
+        assert not Path("/tmp/marker").exists(), "the node's /tmp is not the host's"
+    finally:
+        simcluster.exec("node1", "pkill", "-f", "sleep 4242")
+        simcluster.exec("node1", "rm", "-f", "/tmp/marker", "/dev/shm/marker")
+
+
+@pytest.mark.integration
+def test_freeze_makes_ssh_hang_until_thaw(simcluster):
+    simcluster.freeze("node2")
+    try:
+        t0 = time.monotonic()
+        r = simcluster.ssh("node2", "true", connect_timeout=2, timeout=30)
+        assert r.returncode == 255 and time.monotonic() - t0 < 15
+        ssh_ok(simcluster, "node1")
+        assert [n["sshd"] for n in simcluster.status()["nodes"]] == ["running", "frozen", "running"]
+    finally:
+        simcluster.thaw("node2")
+    assert ssh_ok(simcluster, "node2", "hostname").stdout.strip() == "node2"
+
+
+@pytest.mark.integration
+def test_link_down_makes_the_node_unreachable_until_up(simcluster):
+    simcluster.link("node3", "down")
+    try:
+        r = simcluster.ssh("node3", "true", connect_timeout=2, timeout=30)
+        assert r.returncode == 255
+        ssh_ok(simcluster, "node2")
+        assert simcluster.status()["nodes"][2]["link"] == "down"
+    finally:
+        simcluster.link("node3", "up")
+    ssh_ok(simcluster, "node3")
+
+
+@pytest.mark.integration
+def test_kill_ends_the_node_and_up_restarts_it_with_the_same_host_key(simcluster_factory, simcluster):
+    ssh_ok(simcluster, "node2", "nohup sleep 4343 >/dev/null 2>&1 &")
+    keys = simcluster.known_hosts.read_text()
+    simcluster.kill("node2")
+    assert simcluster.status()["nodes"][1]["sshd"] == "dead"
+    assert simcluster.ssh("node2", "true", connect_timeout=2).returncode == 255
+    again = simcluster_factory(3)
+    assert "node2 restarted (sshd was dead)" in simcluster_factory.last_up_output
+    assert "sleep 4343" not in again.exec("node2", "ps", "-eo", "args").stdout
+    assert again.known_hosts.read_text() == keys
+    ssh_ok(again, "node2")
+
+
+@pytest.mark.integration
+def test_second_up_changes_nothing(simcluster_factory, simcluster):
+    before = simcluster.status()
+    files = {p: p.stat().st_mtime_ns for p in simcluster.dir.iterdir() if p.is_file()}
+    simcluster_factory(3)
+    assert ", no changes" in simcluster_factory.last_up_output
+    assert simcluster.status() == before
+    assert {p: p.stat().st_mtime_ns for p in simcluster.dir.iterdir() if p.is_file()} == files
+
+
+def machine_state(prefix: str, instance_dir: Path) -> dict:
+    netns = sorted(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else []
+    mounts = [ln.split()[4] for ln in Path("/proc/self/mountinfo").read_text().splitlines()]
+    procs = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(instance_dir) in cmd:
+            procs.append((pid, cmd))
+    return {
+        "netns": [n for n in netns if n.startswith(prefix + "-")],
+        "links": sorted(n for n in os.listdir("/sys/class/net") if n.startswith(prefix + "-")),
+        "netns_mounts": sorted(m for m in mounts if m == "/run/netns" or m.startswith(f"/run/netns/{prefix}-")),
+        "instance_mounts": sorted(m for m in mounts if str(instance_dir) in m),
+        "run_netns_dir": os.path.isdir("/run/netns"),
+        "processes": procs,
+    }
+
+
+def alive(pid: int, start: str) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[19] == start
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.integration
+def test_up_down_up_down_leaves_the_machine_as_it_was(simcluster_factory):
+    simcluster_factory.down()
+    prefix = os.environ.get("SIMCLUSTER_PREFIX", "sim")
+    status = simcluster_factory.run("status", "--json", check=False)
+    instance_dir = Path(json.loads(status.stdout)["dir"])
+    before = machine_state(prefix, instance_dir)
+    ours = []
+    for _ in range(2):
+        c = simcluster_factory(3)
+        ours += [(n["sshd_pid"], Path(f"/proc/{n['sshd_pid']}/stat").read_text().split(")")[1].split()[19])
+                 for n in c.status()["nodes"]]
+        assert machine_state(prefix, instance_dir)["netns"] == [f"{prefix}-node{i}" for i in (1, 2, 3)]
+        assert "removed 3 nodes and the bridge" in simcluster_factory.down()
+    after = machine_state(prefix, instance_dir)
+    assert after == before
+    assert not any(alive(pid, start) for pid, start in ours)
+    assert not instance_dir.exists() or not any(instance_dir.iterdir())

@@ -1,0 +1,648 @@
+"""cluster.parsers.nccl against every real NCCL log in tests/fixtures/nccl and its labels, plus small
+synthetic logs for formats nccl-logs.md describes that the fixtures do not cover.
+
+Labels (tests/fixtures/labels/nccl.yaml) were read by hand. Where the text shows something else
+than a label says, LABEL_DISAGREEMENTS records what the text really shows and why; the test
+asserts that instead, and the report to the lead lists these entries.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cluster.errors import ParseError
+from cluster.parsers import nccl
+
+FIXTURES = Path(__file__).parent / "fixtures"
+LABELS = yaml.safe_load((FIXTURES / "labels" / "nccl.yaml").read_text())["samples"]
+BY_NAME = {Path(s["file"]).name: s for s in LABELS}
+LOGS = sorted((FIXTURES / "nccl").glob("*.log"))
+
+TRANSPORT = {"IB_GDR": "IB", "OFI/EFA": "OFI", "NONE_single_node": "NONE"}
+
+# file -> {label key: (what the parser must return, why the label is not what the text shows)}
+LABEL_DISAGREEMENTS: dict[str, dict[str, tuple[object, str]]] = {
+    "015-nccl-2.4.7-ib-two-nodes-ipoib-oob-init.log": {
+        "n_ranks_min": (5, "label '>=8 (4 per node shown)': only 4 processes on master_node and 1 "
+                           "(pid 11791, [2]) on secondary_node print; the text proves >= 5 ranks"),
+        "n_nodes": (None, "label 2: two host names print, but no nNodes line or rank listing bounds "
+                          "the node count from above (labels 005/011/037 write '>=N' for the same "
+                          "situation); n_nodes_min is 2"),
+    },
+    "023-dgxa100-socket-8-conns-system-error.log": {
+        "n_ranks": (None, "label 2: one process (rank 0 on dgxa100) sends to rank 1 over NET/Socket; "
+                          "nothing gives the communicator size; n_ranks_min is 2"),
+        "n_nodes": (None, "label 2: one host name; NET channels alone do not prove a second node "
+                          "(035 shows NET inside one node); n_nodes_min is 1"),
+    },
+    "041-ray-vllm-deepseek-16rank-ib-gdrdma-truncated-lines.log": {
+        "n_nodes": (None, "label 2: the text shows 16 ranks on 2 host names (head + worker) but "
+                          "nothing that bounds the node count from above (no nNodes line); "
+                          "n_nodes_min is 2"),
+    },
+    "045-vllm-ray-tp8-ansi-dedup-ibext-no-device.log": {
+        "n_ranks": (None, "label 8: the text names ranks 0 and 1 and a cudaDev [7], no nranks/"
+                          "nRanks line; n_ranks_min is 2"),
+        "n_nodes": (None, "label 1: one (redacted) host name and P2P channels only, exactly like "
+                          "027 which the labels call unknown; n_nodes_min is 1"),
+        "inter_node_transport": ("UNKNOWN", "label NONE_single_node: nothing in the text shows the "
+                                            "run is single-node (no nNodes 1, no closed rank set)"),
+    },
+    "055-nccl-2.0-connect-refused-unhandled-system-error.log": {
+        "n_nodes_min": (None, "label '>=2 (inter-node communicator per poster)': the poster's words, "
+                              "not the log; the two lines name no host"),
+    },
+}
+
+
+def _disagreement(name: str, key: str):
+    return LABEL_DISAGREEMENTS.get(name, {}).get(key)
+
+
+def _known(value) -> bool:
+    return value is not None and value != "unknown"
+
+
+def _at_least(value) -> int | None:
+    """'>=17 (17 distinct hosts shown)' -> 17."""
+    m = re.match(r"\s*>=\s*(\d+)", str(value))
+    return int(m.group(1)) if m else None
+
+
+@pytest.fixture(scope="module")
+def parsed() -> dict[str, nccl.NcclLog]:
+    return {p.name: nccl.parse_file(p) for p in LOGS}
+
+
+def test_every_log_has_a_label_and_every_label_a_log():
+    assert LOGS, "no fixtures copied"
+    assert {p.name for p in LOGS} == set(BY_NAME)
+
+
+@pytest.mark.parametrize("path", LOGS, ids=lambda p: p.name[:3])
+def test_fixture_against_labels(path: Path, parsed):
+    name = path.name
+    label = BY_NAME[name]
+    r = parsed[name]
+    d = r.to_dict()
+    json.dumps(d)                                  # JSON-able as `cluster parse --json` prints it
+
+    # nccl_version: exact when labelled; the 053 label starts with the version then explains
+    v = label["nccl_version"]
+    if _known(v):
+        assert r.nccl_version == re.match(r"\d+\.\d+\.\d+\S*", str(v)).group(0)
+    else:
+        assert r.nccl_version is None
+
+    for key, min_key in (("n_ranks", "n_ranks_min"), ("n_nodes", "n_nodes_min")):
+        lv = label[key]
+        dis = _disagreement(name, key)
+        if dis:
+            assert getattr(r, key) == dis[0], dis[1]
+        elif isinstance(lv, int):
+            assert getattr(r, key) == lv, key
+        elif _at_least(lv) is not None:
+            assert getattr(r, key) is None, f"{key}: only a lower bound is shown"
+            dis_min = _disagreement(name, min_key)
+            if dis_min:
+                assert getattr(r, min_key) == dis_min[0], dis_min[1]
+            else:
+                assert getattr(r, min_key) == _at_least(lv), min_key
+        else:
+            assert getattr(r, key) is None, f"{key} is unknown in the text"
+
+    dis = _disagreement(name, "inter_node_transport")
+    want = dis[0] if dis else TRANSPORT.get(label["inter_node_transport"], label["inter_node_transport"])
+    assert r.inter_node_transport == want, dis[1] if dis else None
+    assert d["inter_node_transport"] in nccl.INTER_NODE_TRANSPORTS
+
+    gdr = label["gdr"]
+    if label["inter_node_transport"] == "IB_GDR":
+        gdr = True
+    assert r.gdr == (None if gdr == "unknown" else gdr)
+
+    assert set(r.intra_node_transports) == set(label["intra_node_transports"])
+    assert set(d["intra_node_transports"]) <= set(nccl.INTRA_NODE_TRANSPORTS)
+
+    assert bool(r.errors) == label["has_error"]
+    if label.get("error_line"):
+        assert any(label["error_line"].strip() in e.line for e in r.errors), label["error_line"]
+
+    if isinstance(label["ib_hcas"], list):
+        assert list(r.ib_hcas) == label["ib_hcas"]
+    if isinstance(label["socket_ifaces"], list):
+        assert set(r.socket_ifaces) == set(label["socket_ifaces"])
+    if label.get("link_layer") in ("RoCE", "InfiniBand"):
+        assert r.link_layers == (("RoCE",) if label["link_layer"] == "RoCE" else ("IB",))
+
+    nt = label.get("nccl_tests")
+    if nt:
+        t = r.nccl_tests
+        assert t is not None
+        assert t["max_size_bytes"] == nt["max_size"]
+        assert t["peak_busbw_gbps_oop"] == nt["peak_busbw_oop_GBps"]
+        assert t["peak_busbw_gbps_ip"] == nt["peak_busbw_ip_GBps"]
+        assert t["wrong"] == nt["wrong"]
+        assert r.busbw_gbps == nt.get("avg_busbw_GBps")
+    else:
+        assert r.busbw_gbps is None
+
+    if "collnet" in label:
+        assert r.collnet is label["collnet"]
+    if "version_mismatch_suspected" in label:
+        assert r.version_mismatch_suspected is label["version_mismatch_suspected"]
+    if "efa_nics" in label:
+        assert r.net_plugin["ofi"]["nics"] == label["efa_nics"]
+        assert r.net_plugin["ofi"]["provider"] == "efa"
+
+    for key in ("n_ranks_min", "n_nodes_min"):
+        dis = _disagreement(name, key)
+        if dis:
+            assert getattr(r, key) == dis[0], dis[1]
+
+    # the verdict contract
+    assert r.status in ("ok", "warn", "fail")
+    assert r.verdict.startswith(r.status.upper() + ": ") and r.verdict.endswith(".")
+    if r.errors:
+        assert r.status == "fail"
+
+
+EXPECTED_STATUS = {
+    "001": "ok", "003": "ok", "005": "fail", "007": "fail", "009": "fail", "011": "warn",
+    "013": "fail", "015": "warn", "017": "warn", "019": "warn", "021": "warn", "023": "fail",
+    "025": "fail", "027": "warn", "029": "ok", "031": "warn", "033": "warn", "035": "warn",
+    "037": "fail", "039": "warn", "041": "ok", "043": "warn", "045": "warn", "047": "fail",
+    "049": "fail", "051": "warn", "053": "warn", "055": "fail",
+}
+
+
+@pytest.mark.parametrize("path", LOGS, ids=lambda p: p.name[:3])
+def test_fixture_status(path: Path, parsed):
+    assert parsed[path.name].status == EXPECTED_STATUS[path.name[:3]], parsed[path.name].verdict
+
+
+def test_extras_on_the_richest_fixtures(parsed):
+    r = parsed["001-sglang-2.27.5-roce-gdr-ofi-plugin-fallback.log"]
+    assert r.net_plugin["loaded"] == "AWS Libfabric"
+    assert r.net_plugin["used"] == "IB"
+    assert "Invalid type of PCI bus" in r.net_plugin["ofi"]["failures"]
+    assert r.channel_counts == {"NET/IB/GDRDMA": 64, "P2P/IPC": 240}
+    assert r.ranks_incomplete == ()
+    assert r.env["NCCL_NET_GDR_LEVEL"] == "PIX" and r.env["NCCL_CUMEM_ENABLE"] == "0"
+    assert r.communicators == ({"n_ranks": 16, "n_nodes": 2, "local_ranks": 8, "count": 8},)
+    assert set(r.gdr_by_host.values()) == {True}
+    assert r.cuda_driver_version == 13010
+    assert r.collnet is False       # "16 collnet channels" there is comm->nChannels printed twice
+
+    r = parsed["003-sglang-2.27.5-roce-single-hca-pxn.log"]
+    assert r.pxn is True
+    assert any("one HCA (mlx5_0:1)" in n for n in r.notes)
+
+    r = parsed["019-nccl-tests-table-aws-batch-mpi-prefix-p5.log"]
+    assert len(r.nccl_tests["rows"]) == 32
+    assert r.nccl_tests["rows"][-1]["busbw_gbps_oop"] == 483.05
+    assert r.nccl_tests["out_of_bounds"] == 0
+
+    r = parsed["053-nccl-tests-2node-a100-mixed-nccl-versions-init.log"]
+    assert r.nccl_tests["ranks"] == {"0": "puente", "1": "kalila"}
+
+    r = parsed["051-gcp-2.19.3-single-rank-socket-no-ib.log"]
+    assert [x["rank"] for x in r.ranks_incomplete] == [0]
+
+    r = parsed["037-h100-5node-ib-completion-error4-vendor81.log"]
+    ib = [e for e in r.errors if e.kind == "ib_completion_error"]
+    assert len(ib) == 1 and ib[0].count == 3 and ib[0].hosts == ("H100-1", "H100-2", "H100-5")
+
+
+# ---- every way of reading gives the same answer ----------------------------------------------
+
+
+@pytest.mark.parametrize("path", LOGS, ids=lambda p: p.name[:3])
+def test_streaming_paths_agree(path: Path, parsed):
+    want = parsed[path.name].to_dict()
+    text = path.read_text(encoding="utf-8", errors="replace")
+    assert nccl.parse(text).to_dict() == want
+    assert nccl.parse(path.read_bytes()).to_dict() == want
+    with open(path, encoding="utf-8", errors="replace", newline="") as f:
+        assert nccl.parse_lines(f).to_dict() == want
+    acc = nccl.NcclLogAccumulator()
+    for line in io.StringIO(text):
+        acc.feed(line)
+    assert acc.result().to_dict() == want
+
+
+def test_tiny_window_gives_the_same_result(monkeypatch, parsed):
+    """Handling the counted lines in many small windows (a huge log) changes nothing."""
+    monkeypatch.setattr(nccl, "_PENDING_MAX", 7)
+    monkeypatch.setattr(nccl, "_FILE_BATCH", 5)
+    for path in LOGS:
+        assert nccl.parse_file(path).to_dict() == parsed[path.name].to_dict(), path.name
+
+
+def test_repeated_log_keeps_the_facts_and_scales_the_counts(tmp_path):
+    src = FIXTURES / "nccl" / "001-sglang-2.27.5-roce-gdr-ofi-plugin-fallback.log"
+    big = tmp_path / "big.log"
+    big.write_bytes(src.read_bytes() * 25)
+    one, many = nccl.parse_file(src), nccl.parse_file(big)
+    assert many.lines == 25 * one.lines
+    assert many.channel_counts == {k: 25 * v for k, v in one.channel_counts.items()}
+    d1, d2 = one.to_dict(), many.to_dict()
+    for key in ("lines", "nccl_lines", "channel_counts", "communicators"):
+        d1.pop(key), d2.pop(key)
+    assert d1 == d2
+
+
+# ---- not an NCCL log ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", [
+    "",
+    "   \n\n",
+    "hello world\nthis is not a log\n",
+    "+-----------------------------------------------------------------------------+\n"
+    "| NVIDIA-SMI 535.104.05   Driver Version: 535.104.05   CUDA Version: 12.2     |\n",
+    "Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\nValueError: bad\n",
+    "we should look at NCCL someday, and its INFO output\n",
+    "6] via P2P/IPC\n",
+])
+def test_garbage_raises_parse_error(text):
+    with pytest.raises(ParseError) as exc:
+        nccl.parse(text)
+    assert exc.value.kind == "nccl"
+    assert not nccl.detect(text)
+
+
+def test_garbage_file_raises_parse_error(tmp_path):
+    p = tmp_path / "x.log"
+    p.write_bytes(b"\x00\xff\xfe random bytes\n" * 100)
+    with pytest.raises(ParseError):
+        nccl.parse_file(p)
+    with pytest.raises(ParseError):
+        nccl.parse(123)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("path", LOGS, ids=lambda p: p.name[:3])
+def test_detect_every_fixture(path: Path):
+    assert nccl.detect(path.read_text(encoding="utf-8", errors="replace"))
+
+
+def test_detect_ignores_other_tools():
+    other = sorted(p for p in FIXTURES.rglob("*.txt") if "nccl" not in p.parts)
+    for p in other:
+        assert not nccl.detect(p.read_text(encoding="utf-8", errors="replace")), p
+
+
+# ---- synthetic logs: formats from nccl-logs.md the fixtures do not cover ---------------------
+# Lines are the verbatim examples of nccl-logs.md with an envelope added where the example
+# shows only the message; lines marked "from the format" follow a format string there.
+
+def env(host: str, dev: int, msg: str, pid: int = 100, level: str = "INFO") -> str:
+    return f"{host}:{pid}:{pid + 1} [{dev}] NCCL {level} {msg}"
+
+
+def test_230_rail_plane_devices_and_shm_direct():
+    log = "\n".join([
+        env("n1", 0, "NCCL version 2.30.1+cuda13.0"),
+        # from the 2.30 format ` [d]name:port[:rail][:plane]/IB`
+        env("n1", 0, "NET/IB : Using [0]mlx5_0:1:0:0/IB [1]mlx5_1:1:1:0/IB [RO]; OOB eth0:10.0.0.1<0>"),
+        env("n1", 0, "comm 0x55b4ac447790 rank 0 nRanks 2 nNodes 1 localRanks 2 localRank 0 MNNVL 0"),
+        env("n1", 0, "Channel 00 : 0[0] -> 1[1] via SHM/direct"),          # 2.30 form
+        env("n1", 1, "Channel 00 : 1[1] -> 0[0] via SHM/direct/direct"),   # vllm#19204
+        env("n1", 0, "Using network IB"),
+    ])
+    r = nccl.parse(log)
+    assert r.nccl_version == "2.30.1+cuda13.0"
+    assert r.ib_hcas == ("mlx5_0:1", "mlx5_1:1")
+    assert r.intra_node_transports == ("SHM",)
+    # `Using network IB` in a single-node run is not inter-node IB
+    assert (r.n_nodes, r.inter_node_transport, r.network) == (1, "NONE", "IB")
+    assert r.status == "ok"
+
+
+def test_p2p_cumem_read_and_direct_pointer():
+    log = "\n".join([
+        env("p4d", 0, "Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read"),     # AWS p4d log
+        env("p4d", 1, "Channel 00/0 : 1[1] -> 0[0] via P2P/CUMEM/read/CE"),
+        env("p4d", 2, "Channel 00/0 : 2[2] -> 3[3] via P2P/direct pointer/read"),
+        env("p4d", 3, "Channel 00/0 : 3[3] -> 2[2] via P2P/IPC/read/CE"),
+        env("p4d", 0, "comm 0x55b4ac447790 rank 2 nRanks 4 nNodes 1 localRanks 4 localRank 2 MNNVL 0"),
+        env("p4d", 0, "Connected all rings, use ring PXN 0 GDR 1"),           # p4d log
+    ])
+    r = nccl.parse(log)
+    assert r.intra_node_transports == ("P2P_IPC", "P2P_CUMEM", "P2P_DIRECT")
+    assert (r.n_ranks, r.n_nodes, r.inter_node_transport) == (4, 1, "NONE")
+    assert r.gdr is None            # GDR 1 of a single-node comm says nothing about a data path
+
+
+def test_pxn_gdr_asymmetric_ranks_fail():
+    # nccl#897 (older busId brackets): GDR on the sending node, not on the receiving one
+    log = "\n".join([
+        env("nodeA", 1, "Channel 00 : 9[1a000] -> 2[6b000] [send] via NET/IB/0/GDRDMA", pid=10),
+        env("nodeB", 2, "Channel 00 : 9[1a000] -> 2[6b000] [receive] via NET/IB/1", pid=20),
+        env("nodeA", 1, "Channel 01/0 : 9[1] -> 0[0] [send] via NET/IB/0(8)/GDRDMA", pid=10),
+        env("nodeB", 0, "Channel 01/0 : 9[1] -> 0[0] [receive] via NET/IB/1", pid=21),
+    ])
+    r = nccl.parse(log)
+    assert r.inter_node_transport == "IB"
+    assert r.gdr is False and r.gdr_asymmetric is True
+    assert r.gdr_by_host == {"nodeA": True, "nodeB": False}
+    assert r.pxn is True
+    assert r.status == "fail" and "only on nodeA" in r.verdict
+
+
+def test_ib_without_gdr_is_warn_and_with_gdr_ok():
+    base = [env("a", 0, "comm 0x8820300 rank 0 nRanks 8 nNodes 2 localRanks 4 localRank 0 MNNVL 0")]
+    without = nccl.parse("\n".join(base + [
+        env("b", 0, "Channel 00/0 : 3[1] -> 4[0] [receive] via NET/IBext_v8/0"),
+        env("a", 1, "Channel 00/0 : 3[1] -> 4[0] [send] via NET/IBext_v8/5(2)")]))
+    assert (without.inter_node_transport, without.gdr, without.status) == ("IB", False, "warn")
+    assert "WITHOUT GPUDirect RDMA" in without.verdict
+    with_gdr = nccl.parse("\n".join(base + [
+        env("b", 0, "Channel 00/0 : 3[1] -> 4[0] [receive] via NET/IBext_v8/0/GDRDMA"),  # nccl-tests#311
+        env("a", 1, "Channel 00/0 : 3[1] -> 4[0] [send] via NET/IBext_v8/5(2)/GDRDMA")]))
+    assert (with_gdr.inter_node_transport, with_gdr.gdr, with_gdr.status) == ("IB", True, "ok")
+    assert with_gdr.network == "IBext_v8" and with_gdr.pxn
+
+
+def test_gdr_from_ring_summary_when_no_channel_lines():
+    base = [env("a", 0, "comm 0x8820300 rank 0 nRanks 8 nNodes 2 localRanks 4 localRank 0 MNNVL 0"),
+            env("a", 0, "NET/IB : Using [0]mlx5_0:1/RoCE [1]mlx5_1:1/RoCE [RO]; OOB primaryip:10.10.10.10<0>"),
+            env("a", 0, "Using network IB")]
+    r = nccl.parse("\n".join(base + [env("a", 0, "Connected all rings, use ring PXN 0 GDR 1")]))
+    assert (r.inter_node_transport, r.gdr, r.status) == ("ROCE", True, "ok")
+    assert r.socket_ifaces == ("primaryip",)
+    r = nccl.parse("\n".join(base + [env("a", 0, "Connected all rings, use ring PXN 0 GDR 0")]))
+    assert (r.gdr, r.status) == (False, "warn")
+    r = nccl.parse("\n".join(base + [env("a", 0, "Connected all rings, use ring PXN 0 GDR 1"),
+                                     env("b", 0, "Connected all rings, use ring PXN 0 GDR 0")]))
+    assert (r.gdr, r.gdr_asymmetric, r.status) == (False, True, "fail")
+
+
+def test_gdr_device_lines_are_the_weakest_evidence():
+    base = [env("a", 0, "comm 0x8820300 rank 0 nRanks 8 nNodes 2 localRanks 4 localRank 0 MNNVL 0"),
+            env("a", 0, "Using network IB")]
+    r = nccl.parse("\n".join(base + [env("a", 0, "NET/IB : GPU Direct RDMA Disabled for HCA 0 'mlx5_0'")]))
+    assert r.gdr is False and any("nvidia_peermem" in n for n in r.notes)
+    r = nccl.parse("\n".join(base + [
+        env("a", 0, "GPU Direct RDMA Enabled for GPU 86000 / HCA 0 (distance 4 <= 4), read 0")]))
+    assert r.gdr is True
+    r = nccl.parse("\n".join(base + [
+        env("a", 0, "GPU Direct RDMA Disabled for GPU 18000 / HCA 0 (distance 5 > 4)"),
+        env("a", 0, "Channel 00/0 : 3[1] -> 4[0] [receive] via NET/IB/0/GDRDMA")]))
+    assert r.gdr is True and r.evidence["gdr"] == "channel lines"      # channels win
+
+
+def test_init_start_without_complete():
+    start = ("comm 0x55cc8aa86c70 rank 0 nranks 16 cudaDev 0 nvmlDev 0 busId 1c000 "
+             "commId 0x65e0bd6ee7449db4 - Init START")                    # nccl#1537
+    r = nccl.parse("\n".join([env("h1", 0, start),
+                              env("h2", 0, start.replace("rank 0", "rank 8"), pid=200),
+                              env("h2", 0, start.replace("rank 0", "rank 8").replace("START", "COMPLETE"),
+                                  pid=200)]))
+    assert r.ranks_incomplete == ({"host": "h1", "pid": 100, "comm": "0x55cc8aa86c70", "rank": 0,
+                                   "nranks": 16},)
+    assert r.n_ranks == 16 and r.status == "warn" and "never reached Init COMPLETE" in r.verdict
+    # 2.23+ API prefix, 2.30 "[Rank N] " prefix on START
+    r = nccl.parse("\n".join([
+        env("h", 4, "[Rank 4] ncclCommInitRank comm 0x63e6140 rank 4 nranks 8 cudaDev 0 nvmlDev 0 "
+                    "busId 4c000 commId 0x70fba02a8d314739 - Init START"),
+        env("h", 4, "ncclCommInitRank comm 0x63e6140 rank 4 nranks 8 cudaDev 0 nvmlDev 0 busId 4c000 "
+                    "commId 0x70fba02a8d314739 - Init COMPLETE"),         # nccl-tests#311
+        env("h", 4, "Init timings - ncclCommInitRank: rank 4 nranks 8 total 0.87 (kernels 0.08, "
+                    "alloc 0.10, bootstrap 0.00, allgathers 0.00, topo 0.08, graphs 0.00, "
+                    "connections 0.61, rest 0.00)")]))
+    assert r.ranks_incomplete == () and r.n_ranks == 8
+
+
+def test_version_lines_bare_and_info():
+    r = nccl.parse("NCCL version 2.20.5+cuda12.4\n" + env("x", 0, "Using network Socket"))  # vllm#6370
+    assert r.nccl_version == "2.20.5+cuda12.4"
+    r = nccl.parse(env("deepseek-r1-671b-88957849-q6slh-head-fwl2w", 0,
+                       "NCCL version 2.25.1+cuda12.2", pid=734))            # aibrix#758
+    assert r.nccl_version == "2.25.1+cuda12.2"
+    assert r.hosts == ("deepseek-r1-671b-88957849-q6slh-head-fwl2w",)
+
+
+def test_socket_fallback_after_no_ib_device_is_fail_on_two_nodes():
+    log = "\n".join([
+        env("n1", 0, "Bootstrap : Using eno3:169.229.48.108<0>"),
+        env("n1", 0, "NET/IB : No device found."),
+        env("n1", 0, "NET/Socket : Using [0]eno3:169.229.48.108<0> [1]lxcbr0:10.0.3.1<0> "
+                     "[2]tailscale0:100.72.221.35<0>"),                     # vllm#6370
+        env("n2", 0, "Bootstrap: Using eth0:192.168.0.90<0>"),              # 2.24+ form
+    ])
+    r = nccl.parse(log)
+    assert (r.inter_node_transport, r.gdr, r.status) == ("SOCKET", False, "fail")
+    assert r.socket_ifaces == ("eno3", "lxcbr0", "tailscale0", "eth0")
+    assert r.n_nodes_min == 2
+
+
+def test_warn_classification():
+    cases = {
+        "NET/IB : Got completion from peer 10.0.0.2<55921> with status=12 opcode=1 len=0 vendor err 129 "
+        "(Send) localGid ::ffff:29.87.4.221 remoteGids::ffff:29.87.88.182": "ib_completion_error",
+        "NET/IB : mlx5_0:1 async fatal event: local catastrophic error": "ib_async_fatal_event",
+        "Bootstrap : no socket interface found": "no_socket_interface",
+        "NET/Socket : No usable listening interface found": "no_socket_interface",
+        "socketProgress: Connection closed by remote peer 10.0.0.3<43311>": "connection_failed",
+        "Error while creating shared memory segment /dev/shm/nccl-1YsMbG (size 7340384)": "shm_too_small",
+        "Call to posix_fallocate failed : No space left on device": "shm_too_small",
+        "Call to ibv_reg_dmabuf_mr failed with error Operation not supported": "dmabuf_registration",
+        "Call to connect failed : Connection refused": "connection_refused",
+        "NET/IB : Attempted to merge/connect incompatible devices mlx5_0 and mlx5_4. "
+        "Try selecting NICs of only one link type using NCCL_IB_HCA": "mixed_link_layers",
+        "Cannot initialize CollNet, using point-to-point network instead": "collnet_unavailable",
+        "NET/Plugin : Plugin load returned 2 : libnccl-net.so: cannot open shared object file":
+            "plugin_failure",
+    }
+    for msg, kind in cases.items():
+        r = nccl.parse(env("h", 0, msg, level="WARN"))
+        found = r.errors + r.warnings
+        assert [f.kind for f in found] == [kind], msg
+    r = nccl.parse(env("h", 0, "Cannot initialize CollNet, using point-to-point network instead",
+                       level="WARN"))
+    assert not r.errors and r.warnings and r.status == "warn"
+
+
+def test_timestamped_warn_and_trace_lines():
+    log = "\n".join([
+        "[2025-06-05 10:45:19] paula09:2528103:2528103 [0] ras/client_support.cc:160 NCCL WARN "
+        "Call to bind failed: Address already in use",                       # vllm#19204
+        "paula09:2528103:2528103 [0] 12.345678 transport/net_ib.cc:100 NCCL TRACE "
+        "GPU Direct RDMA Enabled for GPU 1 / HCA 0 (distance 4 <= 4), read 1 mode Default",
+        "paula09:2528103:2528103 [0] transport/net.cc:200 (ncclNetConnect) NCCL WARN "
+        "socketStartConnect: Connect to 10.0.0.82<38455> failed : Software caused connection abort",
+    ])
+    r = nccl.parse(log)
+    assert r.hosts == ("paula09",)
+    assert [w.kind for w in r.warnings] == ["bind_failed"]           # RAS only: not an error
+    assert [e.kind for e in r.errors] == ["connection_failed"]
+    assert r.gdr_by_host == {} and r.status == "fail"
+
+
+def test_wrappers_skypilot_pdsh_srun_mpirun_cloudwatch_ansi():
+    log = "\n".join([
+        "(head, rank=0, pid=5634) [nccl-e9ef-7d4f-0:0]:nccl-e9ef-7d4f-0:11169:11239 [0] NCCL INFO comm "
+        "0x8820300 rank 0 nRanks 8 nNodes 2 localRanks 4 localRank 0 MNNVL 0",   # skypilot#4448
+        "(head, rank=0, pid=5634) [nccl-e9ef-7d4f-0:0]:nccl-e9ef-7d4f-0:11169:11239 [0] NCCL INFO "
+        "Channel 00/08 :    0   1   2   3   4   5   6   7",
+        "node2: node2:123:456 [0] NCCL INFO Using network IB",                  # pdsh
+        "3: node3:77:78 [1] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:192.168.11.1<0>",  # srun
+        "[1,0]<stdout>:node4:88:89 [0] NCCL INFO Bootstrap : Using ib0:192.168.11.4<0>",  # mpirun
+        "  | 2025-05-16T16:39:51.208-07:00node5:79:79 [0] NCCL INFO cudaDriverVersion 12040",
+        "\x1b[36m(RayWorkerWrapper pid=340, ip=192.168.0.83)\x1b[0m node6:340:340 [7] NCCL INFO "
+        "Channel 15/0 : 15[7] -> 7[7] [send] via NET/IB/15/GDRDMA\x1b[32m [repeated 3x across cluster]\x1b[0m",
+    ])
+    r = nccl.parse(log)
+    assert r.hosts == ("nccl-e9ef-7d4f-0", "node2", "node3", "node4", "node5", "node6")
+    assert (r.n_ranks, r.n_nodes) == (8, 2)
+    assert r.ray_node_ips == ("192.168.0.83",)
+    assert (r.inter_node_transport, r.gdr) == ("IB", True)
+    assert r.channel_counts == {"NET/IB/GDRDMA": 1}
+    assert r.cuda_driver_version == 12040
+
+
+def test_glued_and_torn_lines():
+    log = "\n".join([
+        "a:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPCa:1:3 [1] NCCL INFO Channel 00/0 : "
+        "1[1] -> 0[0] via P2P/CUMEM",
+        "(RayWorkerWrapper pid=342, ip=192.168.0.83) 6] via SHM/direct/direct",       # torn
+        "(RayWorkerWrapper pid=342, ip=192.168.0.83) a:1:2 [5] NCCL IN",
+    ])
+    r = nccl.parse(log)
+    assert set(r.intra_node_transports) == {"P2P_IPC", "P2P_CUMEM", "SHM"}
+    assert r.channel_counts == {"P2P/CUMEM": 1, "P2P/IPC": 1, "SHM": 1}
+
+
+def test_collnet_nvls_and_channel_summary():
+    log = "\n".join([
+        env("n", 0, "comm 0x1 rank 0 nRanks 16 nNodes 2 localRanks 8 localRank 0 MNNVL 0"),
+        env("n", 0, "32 coll channels, 32 collnet channels, 16 nvls channels, 32 p2p channels, "
+                    "2 p2p channels per peer"),
+        env("n", 0, "NVLS multicast support is available on dev 0 (NVLS_NCHANNELS 16)"),
+        env("n", 0, "CollNet 00/0 : 0 [send] via COLLNET/SHARP/0/GDRDMA"),
+    ])
+    r = nccl.parse(log)
+    assert r.nvls and r.collnet and "NVLS" in r.intra_node_transports
+    assert (r.inter_node_transport, r.gdr) == ("IB", True)
+
+
+def test_ofi_channels_and_version_mismatch_by_wording():
+    log = "\n".join([
+        env("a", 0, "NET/OFI Selected Provider is efa (found 4 nics)"),
+        env("a", 0, "Using network AWS Libfabric"),
+        env("a", 0, "comm 0x1 rank 0 nRanks 16 nNodes 2 localRanks 8 localRank 0 MNNVL 0"),
+        env("a", 0, "Channel 00/0 : 8[0] -> 0[0] [receive] via NET/AWS Libfabric/0/GDRDMA"),
+        env("a", 0, "NCCL version 2.22.3+cuda12.4"),
+        env("b", 0, "NET/Plugin : dlerror=libnccl-net.so: cannot open shared object file: No such file "
+                    "or directory No plugin found (libnccl-net.so), using internal implementation"),
+    ])
+    r = nccl.parse(log)
+    assert (r.inter_node_transport, r.gdr, r.network) == ("OFI", True, "AWS Libfabric")
+    assert r.version_mismatch_suspected and r.status == "warn"
+
+
+def test_nccl_tests_old_table_without_root_and_wrong_results():
+    # from the nccl-tests#24 header (2019: no root column, float 'error' column)
+    log = "\n".join([
+        "#       size         count    type   redop     time   algbw   busbw  error     time   algbw   busbw  error",
+        "#        (B)    (elements)                     (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)",
+        "     1048576        262144   float     sum    150.1    6.99   13.10  0e+00    149.8    7.00   13.12  0e+00",
+        "   134217728      33554432   float     sum   9000.0   14.91   27.96  0e+00   8990.0   14.93   28.00  0e+00",
+        "    16777216       4194304   float     sum      -1   1191.8   14.08   26.39      3   1190.4   14.09   26.42      0",
+        "# Out of bounds values : 3 FAILED",
+        "# Avg bus bandwidth    : 20.5",
+    ])
+    r = nccl.parse(log)
+    assert r.busbw_gbps == 20.5
+    assert r.nccl_tests["peak_busbw_gbps_oop"] == 27.96 and r.nccl_tests["peak_busbw_gbps_ip"] == 28.0
+    assert r.nccl_tests["wrong"] == 3
+    assert {e.kind for e in r.errors} == {"nccl_tests_wrong_results", "nccl_tests_out_of_bounds"}
+    assert r.status == "fail"
+
+
+def test_to_dict_contract_keys():
+    r = nccl.parse(env("h", 0, "Using network IB"))
+    d = r.to_dict()
+    for key in ("nccl_version", "n_ranks", "n_nodes", "inter_node_transport", "gdr",
+                "intra_node_transports", "ib_hcas", "socket_ifaces", "errors", "warnings",
+                "busbw_gbps", "status", "verdict"):
+        assert key in d
+    assert json.loads(json.dumps(d)) == d
+
+
+def test_ib_device_line_variants():
+    fused = nccl.parse(env("a", 0, "NET/IB : Using [0]={[0] mlx5_0:1/IB, [1] mlx5_1:1/IB} "
+                                   "[1]={[2] mlx5_2:1/IB, [3] mlx5_3:1/IB}; OOB eth0:10.0.0.1<0>"))  # from the 2.21-2.26 format
+    assert fused.ib_hcas == ("mlx5_0:1", "mlx5_1:1", "mlx5_2:1", "mlx5_3:1")
+    sharp = nccl.parse(env("a", 0, "NET/IB : Using [0]mlx5_0:1/IB/SHARP [1]mlx5_1:1/IB/SHARP ; "
+                                   "OOB eth0:10.0.1.2<0>") + "\n" + env("a", 0, "Using network IBext"))  # nccl#988
+    assert sharp.ib_hcas == ("mlx5_0:1", "mlx5_1:1") and sharp.link_layers == ("IB",)
+    assert (sharp.inter_node_transport, sharp.network) == ("IB", "IBext")
+    assert sharp.socket_ifaces == ("eth0",)
+
+
+def test_nccl_24_ring_lines_and_bootstrap_socket():
+    log = "\n".join([
+        "NCCL version 2.4.8+cuda10.1",
+        env("n1", 0, "NET/Socket : Using [0]ib0:192.168.11.1<0>"),   # 2.4: the bootstrap socket
+        env("n1", 0, "Ring 00 :    0   1   2   3"),
+        env("n1", 0, "Ring 00 : 0[0] -> 1[1] via P2P/IPC"),
+        env("n1", 1, "Ring 00 : 3 -> 0 [receive] via NET/IB/0/GDRDMA"),
+    ])
+    r = nccl.parse(log)
+    assert r.n_ranks == 4 and r.channel_counts == {"NET/IB/GDRDMA": 1, "P2P/IPC": 1}
+    assert (r.inter_node_transport, r.gdr) == ("IB", True)
+    r = nccl.parse("\n".join(log.split("\n")[:2]))
+    assert r.inter_node_transport == "UNKNOWN"      # 'NET/Socket : Using' was bootstrap before 2.7
+
+
+def test_mnnvl_and_indirect_p2p_are_counted_but_not_named_intra():
+    r = nccl.parse("\n".join([
+        env("a", 0, "Channel 00/0 : 0[0] -> 4[0] via P2P/MNNVL"),
+        env("a", 1, "Channel 00/0 : 1[1] -> 2[2] via P2P/indirect/3[3]"),
+    ]))
+    assert r.channel_counts == {"P2P/MNNVL": 1, "P2P/indirect": 1}
+    assert r.intra_node_transports == ()
+
+
+def test_comm_shapes_with_and_without_local_ranks():
+    r = nccl.parse("\n".join([
+        env("a", 0, "comm 0x1 rank 0 nRanks 8 nNodes 2 localRanks 4 localRank 0 MNNVL 0"),
+        env("a", 1, "comm 0x2 rank 1 nRanks 8 nNodes 2"),
+        env("a", 2, "comm 0x3 rank 0 nranks 16 cudaDev 2 busId 1000 - Init COMPLETE"),   # older form
+    ]))
+    assert r.n_ranks == 16 and r.n_nodes is None and r.n_nodes_min == 2
+    assert [c["local_ranks"] for c in r.communicators] == [None, 4]
+
+
+def test_cut_and_glued_fixture_lines_never_crash():
+    """Random excerpts of the real logs, lines cut and glued: a result or ParseError, nothing else."""
+    import random
+
+    rnd = random.Random(5)
+    lines = [ln for p in LOGS for ln in p.read_text(encoding="utf-8", errors="replace").split("\n")]
+    for _ in range(300):
+        out: list[str] = []
+        for line in rnd.choices(lines, k=rnd.randint(1, 25)):
+            r = rnd.random()
+            if r < 0.3 and line:
+                line = line[:rnd.randint(0, len(line))]
+            elif r < 0.45 and line:
+                line = line[rnd.randint(0, len(line)):]
+            elif r < 0.6 and out:
+                out[-1] += line
+                continue
+            out.append(line)
+        try:
+            result = nccl.parse("\n".join(out))
+        except ParseError:
+            continue
+        assert result.status in ("ok", "warn", "fail")
+        json.dumps(result.to_dict())

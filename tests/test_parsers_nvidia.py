@@ -1,0 +1,555 @@
+"""NVIDIA parsers against every fixture of their kinds (labelled facts), bad input and variants.
+
+Fixtures: tests/fixtures/<kind>/*.txt; expected facts: tests/fixtures/labels/<kind>.yaml, each
+entry's `expect` block (paths into parse(text).to_dict(); see the header of those files).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cluster.errors import ParseError
+from cluster.parsers import (nvcc, nvidia_smi, nvidia_smi_nvlink, nvidia_smi_q, nvidia_smi_query,
+                             nvidia_smi_topo, proc_driver_nvidia_version)
+
+FIXTURES = Path(__file__).parent / "fixtures"
+MODULES = {
+    "nvidia-smi": nvidia_smi,
+    "nvidia-smi-q": nvidia_smi_q,
+    "nvidia-smi-query": nvidia_smi_query,
+    "nvidia-smi-topo": nvidia_smi_topo,
+    "nvidia-smi-nvlink": nvidia_smi_nvlink,
+    "nvcc": nvcc,
+    "proc-driver-nvidia-version": proc_driver_nvidia_version,
+}
+
+
+def _labels(kind: str) -> dict[str, dict]:
+    data = yaml.safe_load((FIXTURES / "labels" / f"{kind}.yaml").read_text())
+    return {Path(entry["file"]).name: entry for entry in data["samples"]}
+
+
+CASES = [(kind, path) for kind in MODULES for path in sorted((FIXTURES / kind).glob("*.txt"))]
+BY_KIND_CASES = [pytest.param(kind, path, id=f"{kind}/{path.name}") for kind, path in CASES]
+
+
+def _resolve(value, parts: list[str]):
+    """Follow a dotted path; a dict key may itself contain dots (`pci.bus_id`): longest first."""
+    if not parts:
+        return [value]
+    if parts[0] == "*":
+        items = value.values() if isinstance(value, dict) else value
+        assert items, f"nothing to iterate at '*' in {value!r}"
+        return [v for item in items for v in _resolve(item, parts[1:])]
+    if isinstance(value, list):
+        return _resolve(value[int(parts[0])], parts[1:])
+    assert isinstance(value, dict), f"cannot index {value!r} with {parts}"
+    for n in range(len(parts), 0, -1):
+        key = ".".join(parts[:n])
+        if key in value:
+            return _resolve(value[key], parts[n:])
+    raise AssertionError(f"no key {'.'.join(parts)!r} in {sorted(value)}")
+
+
+def _check(data: dict, path: str, expected) -> None:
+    if path.startswith(("len(", "min_len(")):
+        target = path[path.index("(") + 1:-1]
+        (found,) = _resolve(data, target.split("."))
+        if path.startswith("len("):
+            assert len(found) == expected, f"{path}: {len(found)} != {expected}"
+        else:
+            assert len(found) >= expected, f"{path}: {len(found)} < {expected}"
+        return
+    if path == "pix":
+        for gpu, nic in expected.items():
+            pix = [n for n, kind in data["gpu_nic_paths"][gpu].items() if kind == "PIX"]
+            assert pix == ([nic] if nic else []), f"{gpu}: PIX NICs {pix}, expected {nic}"
+        return
+    for found in _resolve(data, path.split(".")):
+        assert found == expected, f"{path}: {found!r} != {expected!r}"
+
+
+def test_every_fixture_has_a_label_entry_and_every_entry_a_fixture():
+    for kind in MODULES:
+        files = {p.name for p in (FIXTURES / kind).glob("*.txt")}
+        labels = _labels(kind)
+        assert files == set(labels), f"{kind}: fixtures and labels differ: {files ^ set(labels)}"
+        for name, entry in labels.items():
+            assert entry.get("source"), f"{kind}/{name}: no source"
+            assert entry.get("expect"), f"{kind}/{name}: no expect block"
+
+
+@pytest.mark.parametrize("kind,path", BY_KIND_CASES)
+def test_fixture_parses_to_labelled_facts(kind: str, path: Path):
+    module = MODULES[kind]
+    result = module.parse(path.read_text())
+    data = result.to_dict()
+    json.dumps(data)                       # the documented shape is plain JSON
+    for key, expected in _labels(kind)[path.name]["expect"].items():
+        _check(data, key, expected)
+
+
+@pytest.mark.parametrize("kind,path", BY_KIND_CASES)
+def test_fixture_is_detected_as_its_own_kind_only(kind: str, path: Path):
+    text = path.read_text()
+    hits = [k for k, m in MODULES.items() if m.detect(text)]
+    assert hits == [kind]
+
+
+@pytest.mark.parametrize("kind,path", BY_KIND_CASES)
+def test_fixture_survives_crlf_and_trailing_junk(kind: str, path: Path):
+    text = path.read_text()
+    plain = MODULES[kind].parse(text).to_dict()
+    crlf = MODULES[kind].parse(text.replace("\n", "\r\n")).to_dict()
+    assert crlf == plain
+    junk = MODULES[kind].parse("\n\n" + text + "\nuser@host:~$ \n").to_dict()
+    assert junk == plain
+
+
+@pytest.mark.parametrize("kind,path", BY_KIND_CASES)
+def test_other_kinds_refuse_this_fixture(kind: str, path: Path):
+    """A parser handed another tool's output raises ParseError instead of guessing."""
+    text = path.read_text()
+    for other, module in MODULES.items():
+        if other == kind:
+            continue
+        if other == "nvidia-smi-nvlink" and kind == "nvidia-smi" and "nvidia-smi -L" in text:
+            continue   # nvidia-smi -L lines are GPU lines of nvlink output too (documented)
+        with pytest.raises(ParseError):
+            module.parse(text)
+
+
+GARBAGE = [
+    "",
+    "   \n\t\n",
+    "hello world\nthis is not a tool output\n",
+    "Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor.\n",
+    "\x00\x01\x02 binary junk \xff\n",
+    "bash: nvidia-smi: command not found\n",
+    "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that "
+    "the latest NVIDIA driver is installed and running.\n",
+    "Failed to initialize NVML: Driver/library version mismatch\n",
+    "cat: /proc/driver/nvidia/version: No such file or directory\n",
+    "Reference ID    : A9FEA97B (169.254.169.123)\nStratum         : 4\n"
+    "System time     : 0.000001 seconds fast of NTP time\nLeap status     : Normal\n",
+    "CA 'mlx5_0'\n\tCA type: MT4129\n\tPort 1:\n\t\tState: Active\n\t\tRate: 400\n",
+]
+
+
+@pytest.mark.parametrize("kind", list(MODULES))
+@pytest.mark.parametrize("text", GARBAGE, ids=[f"garbage{i}" for i in range(len(GARBAGE))])
+def test_garbage_raises_parse_error(kind: str, text: str):
+    with pytest.raises(ParseError) as info:
+        MODULES[kind].parse(text)
+    assert info.value.kind == kind
+    assert not MODULES[kind].detect(text) or "NVIDIA-SMI has failed" in text
+
+
+@pytest.mark.parametrize("kind", list(MODULES))
+def test_non_text_raises_parse_error(kind: str):
+    with pytest.raises(ParseError):
+        MODULES[kind].parse(None)  # type: ignore[arg-type]
+
+
+def test_results_are_frozen():
+    result = nvcc.parse((FIXTURES / "nvcc" / "005-cuda-12.5.txt").read_text())
+    with pytest.raises(Exception):
+        result.cuda_version = "1.0"  # type: ignore[misc]
+
+
+# ---------------------------------------------------------------- nvidia-smi (table) variants
+
+WINDOWS_TABLE = """\
++-----------------------------------------------------------------------------------------+
+| NVIDIA-SMI 546.12                 Driver Version: 546.12         CUDA Version: 12.3     |
+|-----------------------------------------+----------------------+----------------------+
+| GPU  Name                     TCC/WDDM  | Bus-Id        Disp.A | Volatile Uncorr. ECC |
+| Fan  Temp   Perf          Pwr:Usage/Cap |         Memory-Usage | GPU-Util  Compute M. |
+|                                         |                      |               MIG M. |
+|=========================================+======================+======================|
+|   0  NVIDIA GeForce RTX 3080      WDDM  | 00000000:01:00.0  On |                  N/A |
+|  0%   44C    P8              21W / 320W |   1143MiB / 10240MiB |      3%      Default |
+|                                         |                      |                  N/A |
++-----------------------------------------+----------------------+----------------------+
+
++---------------------------------------------------------------------------------------+
+| Processes:                                                                            |
+|  GPU   GI   CI        PID   Type   Process name                            GPU Memory |
+|        ID   ID                                                             Usage      |
+|=======================================================================================|
+|    0   N/A  N/A      1234    C+G   C:\\Windows\\explorer.exe                    N/A      |
++---------------------------------------------------------------------------------------+
+"""
+
+OLD_R3XX_TABLE = """\
++------------------------------------------------------+
+| NVIDIA-SMI 340.29     Driver Version: 340.29         |
+|-------------------------------+----------------------+----------------------+
+| GPU  Name        Persistence-M| Bus-Id        Disp.A | Volatile Uncorr. ECC |
+| Fan  Temp  Perf  Pwr:Usage/Cap|         Memory-Usage | GPU-Util  Compute M. |
+|===============================+======================+======================|
+|   0  Tesla K20m          Off  | 0000:03:00.0     Off |                    0 |
+| N/A   28C    P0    50W / 225W |     11MiB /  4799MiB |     98%      Default |
++-------------------------------+----------------------+----------------------+
+|   1  Tesla K20m          Off  | 0000:83:00.0     Off |                    0 |
+| N/A   27C    P0    49W / 225W |     11MiB /  4799MiB |      0%      Default |
++-------------------------------+----------------------+----------------------+
+
++-----------------------------------------------------------------------------+
+| Compute processes:                                               GPU Memory |
+|  GPU       PID  Process name                                     Usage      |
+|=============================================================================|
+|  No running compute processes found                                         |
++-----------------------------------------------------------------------------+
+"""
+
+
+def test_windows_wddm_table():
+    """Shape written from the R5xx Windows layout (TCC/WDDM column); not a captured sample."""
+    data = nvidia_smi.parse(WINDOWS_TABLE).to_dict()
+    gpu = data["gpus"][0]
+    assert gpu["driver_model"] == "WDDM" and gpu["persistence_mode"] is None
+    assert gpu["name"] == "NVIDIA GeForce RTX 3080" and gpu["memory_total_mib"] == 10240
+    assert data["gpu_count"] == 1
+    assert data["processes"][0]["pid"] == 1234 and data["processes"][0]["memory_mib"] is None
+
+
+def test_old_r3xx_table_without_cuda_version_or_mig_row():
+    """Shape written from the R340 layout (no CUDA Version, no MIG row); not a captured sample."""
+    data = nvidia_smi.parse(OLD_R3XX_TABLE).to_dict()
+    assert data["driver_version"] == "340.29" and data["cuda_version"] is None
+    assert [g["bus_id"] for g in data["gpus"]] == ["0000:03:00.0", "0000:83:00.0"]
+    assert data["gpu_count"] == 2 and data["complete"] is True
+    assert all(g["mig_mode"] is None and g["memory_total_mib"] == 4799 for g in data["gpus"])
+
+
+def test_processes_and_mig_sections_are_not_gpus():
+    text = (FIXTURES / "nvidia-smi" / "007-l4-570-single-gpu.txt").read_text()
+    text = text.rstrip("\n").rsplit("\n", 1)[0] + "\n" + "\n".join([
+        "+-----------------------------------------------------------------------------------------+",
+        "| Processes:                                                                              |",
+        "|  GPU   GI   CI              PID   Type   Process name                        GPU Memory |",
+        "|        ID   ID                                                               Usage      |",
+        "|=========================================================================================|",
+        "|    0   N/A  N/A          412345      C   python3                                 20112MiB |",
+        "+-----------------------------------------------------------------------------------------+",
+    ]) + "\n"
+    data = nvidia_smi.parse(text).to_dict()
+    assert data["gpu_count"] == 1
+    assert data["processes"] == [{"gpu": 0, "gi": None, "ci": None, "pid": 412345, "type": "C",
+                                  "name": "python3", "memory_mib": 20112}]
+
+
+def test_no_devices_found_is_zero_gpus_not_an_error():
+    data = nvidia_smi.parse("$ nvidia-smi\nNo devices were found\n").to_dict()
+    assert data["gpus"] == [] and data["gpu_count"] == 0
+
+
+def test_pdsh_prefix_in_front_of_table_lines():
+    text = (FIXTURES / "nvidia-smi" / "007-l4-570-single-gpu.txt").read_text()
+    prefixed = "\n".join("gpu-node-1: " + line for line in text.splitlines())
+    plain = nvidia_smi.parse(text).to_dict()
+    data = nvidia_smi.parse(prefixed).to_dict()
+    assert data["gpus"] == plain["gpus"] and data["driver_version"] == plain["driver_version"]
+
+
+def test_driver_failure_message_is_a_parse_error_naming_it():
+    with pytest.raises(ParseError, match="couldn't communicate"):
+        nvidia_smi.parse(GARBAGE[6])
+
+
+# ---------------------------------------------------------------- nvidia-smi -q variants
+
+Q_REPORT = """\
+==============NVSMI LOG==============
+
+Timestamp                                 : Mon Mar  3 10:00:00 2025
+Driver Version                            : 550.54.15
+CUDA Version                              : 12.4
+
+Attached GPUs                             : 2
+GPU 00000000:18:00.0
+    Product Name                          : NVIDIA H100 80GB HBM3
+    Persistence Mode                      : Enabled
+    MIG Mode
+        Current                           : Disabled
+        Pending                           : Disabled
+    GPU UUID                              : GPU-11111111-2222-3333-4444-555555555555
+    PCI
+        Bus Id                            : 00000000:18:00.0
+        GPU Link Info
+            PCIe Generation
+                Max                       : 5
+                Current                   : 5
+            Link Width
+                Max                       : 16x
+                Current                   : 16x
+    FB Memory Usage
+        Total                             : 81559 MiB
+        Reserved                          : 328 MiB
+        Used                              : 0 MiB
+        Free                              : 81231 MiB
+    BAR1 Memory Usage
+        Total                             : 131072 MiB
+        Used                              : 1 MiB
+    ECC Mode
+        Current                           : Enabled
+        Pending                           : Enabled
+    ECC Errors
+        Volatile
+            SRAM Correctable              : 0
+            SRAM Uncorrectable Parity     : 0
+            SRAM Uncorrectable SEC-DED    : 0
+            DRAM Correctable              : 2
+            DRAM Uncorrectable            : 0
+        Aggregate
+            SRAM Correctable              : 0
+            SRAM Uncorrectable Parity     : 0
+            SRAM Uncorrectable SEC-DED    : 0
+            DRAM Correctable              : 5
+            DRAM Uncorrectable            : 1
+            SRAM Threshold Exceeded       : No
+        Aggregate Uncorrectable SRAM Sources
+            SRAM L2                       : 0
+            SRAM SM                       : 0
+    Remapped Rows
+        Correctable Error                 : 0
+        Uncorrectable Error               : 0
+        Pending                           : No
+        Remapping Failure Occurred        : No
+    Temperature
+        GPU Current Temp                  : 31 C
+    GPU Power Readings
+        Average Power Draw                : 71.25 W
+        Instantaneous Power Draw          : 70.90 W
+        Current Power Limit               : 700.00 W
+    Processes                             : None
+
+GPU 00000000:2A:00.0
+    Product Name                          : NVIDIA H100 80GB HBM3
+    FB Memory Usage
+        Total                             : 81559 MiB
+    ECC Errors
+        Volatile
+            Single Bit
+                Device Memory             : 3
+                Total                     : 3
+            Double Bit
+                Device Memory             : 0
+                Total                     : 0
+"""
+
+
+def test_q_full_report_fields():
+    """Layout written from R550 -q key names (and the old Single/Double Bit ECC block)."""
+    data = nvidia_smi_q.parse(Q_REPORT).to_dict()
+    assert data["gpu_count"] == 2 and len(data["gpus"]) == 2
+    first, second = data["gpus"]
+    assert first["memory_total_mib"] == 81559 and first["memory_reserved_mib"] == 328
+    assert first["mig_mode"] == "Disabled" and first["ecc_mode"] == "Enabled"
+    assert first["ecc_errors"]["volatile"] == {"correctable": 2, "uncorrectable": 0}
+    assert first["ecc_errors"]["aggregate"] == {"correctable": 5, "uncorrectable": 1}
+    assert first["pcie_gen_current"] == 5 and first["pcie_width_max"] == 16
+    assert first["temperature_c"] == 31 and first["power_limit_w"] == 700.0
+    assert first["power_draw_w"] == 70.9
+    assert first["remapped_rows"]["pending"] is False
+    assert second["index"] == 1 and second["bus_id"] == "00000000:2A:00.0"
+    assert second["ecc_errors"]["volatile"] == {"correctable": 3, "uncorrectable": 0}
+
+
+def test_q_r610_kmd_and_umd_keys():
+    text = Q_REPORT.replace("Driver Version                            : 550.54.15",
+                            "KMD Version                               : 610.43.02") \
+                   .replace("CUDA Version                              : 12.4",
+                            "CUDA UMD Version                          : 13.3")
+    data = nvidia_smi_q.parse(text).to_dict()
+    assert data["driver_version"] == "610.43.02" and data["cuda_version"] == "13.3"
+
+
+def test_q_grep_of_two_keys_pairs_them_per_gpu():
+    text = ("$ nvidia-smi -q | grep -E 'Product Name|GPU UUID'\n"
+            "    Product Name                          : NVIDIA A100-SXM4-80GB\n"
+            "    GPU UUID                              : GPU-aaaa\n"
+            "    Product Name                          : NVIDIA A100-SXM4-80GB\n"
+            "    GPU UUID                              : GPU-bbbb\n")
+    data = nvidia_smi_q.parse(text).to_dict()
+    assert [(g["name"], g["uuid"]) for g in data["gpus"]] == [
+        ("NVIDIA A100-SXM4-80GB", "GPU-aaaa"), ("NVIDIA A100-SXM4-80GB", "GPU-bbbb")]
+
+
+# ---------------------------------------------------------------- --query-gpu variants
+
+def test_query_header_with_units_and_na_values():
+    text = ("name, memory.total [MiB], memory.used [MiB], temperature.memory, power.draw [W], "
+            "driver_version, compute_cap\n"
+            "NVIDIA H100 80GB HBM3, 81559 MiB, 0 MiB, [N/A], 70.12 W, 535.104.05, 9.0\n"
+            "NVIDIA H100 80GB HBM3, 81559 MiB, 3 MiB, 31, [Not Supported], 535.104.05, 9.0\n")
+    data = nvidia_smi_query.parse(text).to_dict()
+    assert data["units"] == {"memory.total": "MiB", "memory.used": "MiB", "power.draw": "W"}
+    assert data["gpus"][0] == {"name": "NVIDIA H100 80GB HBM3", "memory.total": 81559,
+                               "memory.used": 0, "temperature.memory": None, "power.draw": 70.12,
+                               "driver_version": "535.104.05", "compute_cap": "9.0"}
+    assert data["gpus"][1]["power.draw"] is None and data["gpus"][1]["temperature.memory"] == 31
+
+
+def test_query_driver_version_stays_text():
+    data = nvidia_smi_query.parse("driver_version, index\n535.100, 0\n").to_dict()
+    assert data["gpus"] == [{"driver_version": "535.100", "index": 0}]
+
+
+def test_query_noheader_with_echoed_command_and_aliases():
+    text = ("[admin@gpu01 ~]$ nvidia-smi --query-gpu=index,gpu_name,gpu_bus_id,memory.total "
+            "--format=csv,noheader,nounits\n"
+            "0, NVIDIA A100-SXM4-80GB, 00000000:07:00.0, 81920\n"
+            "1, NVIDIA A100-SXM4-80GB, 00000000:0F:00.0, 81920\n"
+            "[admin@gpu01 ~]$ \n")
+    data = nvidia_smi_query.parse(text).to_dict()
+    assert data["column_source"] == "command"
+    assert data["columns"] == ["index", "name", "pci.bus_id", "memory.total"]
+    assert [g["pci.bus_id"] for g in data["gpus"]] == ["00000000:07:00.0", "00000000:0F:00.0"]
+    assert not data["looping"]
+
+
+def test_query_noheader_without_command_is_positional_or_named_by_caller():
+    text = "NVIDIA L4, 23034 MiB\nNVIDIA L4, 23034 MiB\n"
+    positional = nvidia_smi_query.parse(text).to_dict()
+    assert positional["column_source"] == "positional"
+    assert positional["gpus"][0] == {"col0": "NVIDIA L4", "col1": 23034}
+    named = nvidia_smi_query.parse_query(text, fields=["gpu_name", "memory.total"]).to_dict()
+    assert named["column_source"] == "fields"
+    assert named["gpus"][1] == {"name": "NVIDIA L4", "memory.total": 23034}
+
+
+def test_query_single_column_needs_a_name():
+    with pytest.raises(ParseError):
+        nvidia_smi_query.parse("NVIDIA L4\nNVIDIA L4\n")
+    data = nvidia_smi_query.parse_query("NVIDIA L4\nNVIDIA L4\n", fields=["name"]).to_dict()
+    assert [g["name"] for g in data["gpus"]] == ["NVIDIA L4", "NVIDIA L4"]
+
+
+def test_query_ragged_rows_raise_with_line_number():
+    with pytest.raises(ParseError) as info:
+        nvidia_smi_query.parse("index, name\n0, NVIDIA L4\n1, NVIDIA, L4, extra\n")
+    assert info.value.line == 3
+
+
+def test_query_other_query_kind_is_refused():
+    with pytest.raises(ParseError, match="compute-apps"):
+        nvidia_smi_query.parse("$ nvidia-smi --query-compute-apps=pid,used_memory --format=csv\n"
+                               "pid, used_gpu_memory [MiB]\n1234, 500 MiB\n")
+
+
+def test_query_invalid_field_message_is_an_error():
+    with pytest.raises(ParseError):
+        nvidia_smi_query.parse('Field "memory.totl" is not a valid field to query.\n')
+
+
+# ---------------------------------------------------------------- topo variants
+
+TOPO_WITH_NIC_LEGEND = """\
+\tGPU0\tGPU1\tNIC0\tNIC1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID
+GPU0\t X \tNV12\tPXB\tSYS\t0-31\t0\t\tN/A
+GPU1\tNV12\t X \tSYS\tPXB\t32-63\t1\t\tN/A
+NIC0\tPXB\tSYS\t X \tSYS
+NIC1\tSYS\tPXB\tSYS\t X
+
+Legend:
+
+  X    = Self
+  NV#  = Connection traversing a bonded set of # NVLinks
+
+NIC Legend:
+
+  NIC0: mlx5_0
+  NIC1: mlx5_1
+"""
+
+
+def test_topo_nic_legend_names_the_nics():
+    data = nvidia_smi_topo.parse(TOPO_WITH_NIC_LEGEND).to_dict()
+    assert data["nics"] == ["mlx5_0", "mlx5_1"]
+    assert data["nic_legend"] == {"NIC0": "mlx5_0", "NIC1": "mlx5_1"}
+    assert data["gpu_nic_paths"]["GPU1"] == {"NIC0": "SYS", "NIC1": "PXB"}
+    assert data["nvlink"] is True and data["links"] == {"GPU0-GPU1": "NV12"}
+
+
+def test_topo_single_gpu_cannot_tell_nvlink():
+    text = "\tGPU0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\nGPU0\t X \t0-15\t0\t\tN/A\n"
+    data = nvidia_smi_topo.parse(text).to_dict()
+    assert data["gpus"] == 1 and data["nvlink"] is None and data["links"] == {}
+
+
+def test_topo_old_soc_legend_value():
+    text = ("        GPU0    GPU1    CPU Affinity\n"
+            "GPU0     X      SOC     0-7\n"
+            "GPU1    SOC      X      8-15\n")
+    data = nvidia_smi_topo.parse(text).to_dict()
+    assert data["links"] == {"GPU0-GPU1": "SOC"} and data["nvlink"] is False
+
+
+def test_topo_collapsed_single_spaces_still_parse():
+    text = ("GPU0 GPU1 NIC0 CPU Affinity NUMA Affinity\n"
+            "GPU0 X NV4 PIX 0-7 0\n"
+            "GPU1 NV4 X SYS 8-15 1\n")
+    data = nvidia_smi_topo.parse(text).to_dict()
+    assert data["nvlink"] is True and data["affinity"]["GPU1"]["numa_affinity"] == "1"
+
+
+def test_topo_garbled_middle_row_raises():
+    text = (FIXTURES / "nvidia-smi-topo" / "007-h100-8gpu-nv18-no-nic-columns.txt").read_text()
+    garbled = text.replace("GPU3  NV18  NV18  NV18   X    NV18", "GPU3  NV18  NV18NV18   X    NV18")
+    with pytest.raises(ParseError) as info:
+        nvidia_smi_topo.parse(garbled)
+    assert info.value.line == 6
+
+
+# ---------------------------------------------------------------- nvlink / nvcc / proc variants
+
+def test_nvlink_gpu_without_links_and_driver_note():
+    text = ("GPU 0: NVIDIA L40S (UUID: GPU-12345678-1234-1234-1234-123456789abc)\n"
+            "\t NVML: Unable to retrieve NVLink information as all links are inActive\n")
+    data = nvidia_smi_nvlink.parse(text).to_dict()
+    assert data["gpus"][0]["links"] == [] and data["nvlink"] is None
+    assert data["gpus"][0]["messages"] == [
+        "NVML: Unable to retrieve NVLink information as all links are inActive"]
+
+
+def test_nvlink_all_inactive_is_false():
+    text = ("GPU 0: Tesla V100-SXM2-16GB (UUID: GPU-x)\n"
+            "\t Link 0: <inactive>\n\t Link 1: <inactive>\n")
+    assert nvidia_smi_nvlink.parse(text).to_dict()["nvlink"] is False
+
+
+def test_nvlink_throughput_counters_with_units():
+    text = ("GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-y)\n"
+            "\t Link 0: Data Tx: 1024 KiB\n\t Link 0: Data Rx: 2048 KiB\n"
+            "\t Link 1: Rx0: 0 KBytes, Tx0: 5 KBytes\n")
+    links = nvidia_smi_nvlink.parse(text).to_dict()["gpus"][0]["links"]
+    assert links[0] == {"link": 0, "data_tx_kib": 1024, "data_rx_kib": 2048}
+    assert links[1] == {"link": 1, "rx0_kbytes": 0, "tx0_kbytes": 5}
+
+
+def test_nvcc_without_release_line_raises():
+    with pytest.raises(ParseError):
+        nvcc.parse("nvcc: NVIDIA (R) Cuda compiler driver\n"
+                   "Copyright (c) 2005-2024 NVIDIA Corporation\n")
+
+
+def test_proc_version_open_module_in_older_wording():
+    """Wording quoted in nix-community/nixGL#220 ('Open Kernel x86_64 Kernel Module')."""
+    text = ("NVRM version: NVIDIA UNIX Open Kernel x86_64 Kernel Module  590.48.01  "
+            "Mon Dec  8 11:22:45 UTC 2025\n")
+    data = proc_driver_nvidia_version.parse(text).to_dict()
+    assert data["driver_version"] == "590.48.01" and data["kernel_module"] == "open"
+    assert data["arch"] == "x86_64"
+
+
+def test_proc_version_legacy_without_arch():
+    text = "NVRM version: NVIDIA UNIX Kernel Module  304.137  Tue Aug 21 12:33:05 PDT 2018\n"
+    data = proc_driver_nvidia_version.parse(text).to_dict()
+    assert data["driver_version"] == "304.137" and data["kernel_module"] == "proprietary"
+    assert data["arch"] is None and data["gcc"] is None

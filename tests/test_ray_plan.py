@@ -1,0 +1,446 @@
+"""Ray bring-up planning (pure): facts + the head's view -> the exact commands `cluster up/down` run."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from cluster import inventory
+from cluster.ray_cluster import (GPU, KEEP, REFUSE, RESTART, SKIP, START, STOP, NodeFacts,
+                                 RayletInfo, check_expected, parse_facts, parse_gpu_list,
+                                 plan_down, plan_up, sanitize_label, start_command)
+from cluster.ray_state import (GcsNode, RayState, cluster_status, parse_state_output,
+                               status_exit_code)
+from cluster.remote import CommandResult
+
+INV = """\
+ssh: {user: root}
+nodes:
+  - name: gpu01
+    role: head
+    address: 10.0.0.1
+    node_ip: 10.0.0.1
+    nccl_socket_ifname: eth0
+    gloo_socket_ifname: eth0
+    ib_hcas: [mlx5_0, mlx5_1]
+  - name: gpu02
+    address: gpu02.example.org
+    node_ip: 10.0.0.2
+    nccl_socket_ifname: ens1f0
+    env: {NCCL_DEBUG: INFO, ODD: "a b'c"}
+  - name: gpu03
+    address: 10.0.0.3
+ray:
+  port: 6380
+  dashboard_port: 8266
+  num_cpus: 2
+  memory: 2147483648
+  object_store_memory: 268435456
+  python: /opt/venv/bin/python3
+"""
+H100 = "NVIDIA H100 80GB HBM3"
+GCS = "10.0.0.1:6380"
+IDS = {"gpu01": "aa" * 28, "gpu02": "bb" * 28, "gpu03": "cc" * 28}
+IPS = {"gpu01": "10.0.0.1", "gpu02": "10.0.0.2", "gpu03": "10.0.0.3"}
+
+
+@pytest.fixture
+def inv():
+    return inventory.loads(INV)
+
+
+def gpus(n, name=H100):
+    return tuple(GPU(i, name) for i in range(n))
+
+
+def facts(name, *, running=False, ngpu=8, ray="2.60.0", py="3.11.7", gcs=GCS, ip=None,
+          node_id=None, **kw):
+    raylet = None
+    pids = ()
+    gcs_port = None
+    if running:
+        raylet = RayletInfo(pid=100, node_id=node_id or IDS[name], node_ip=ip or IPS[name],
+                            gcs_address=gcs)
+        pids = (100, 101)
+        if name == "gpu01":
+            gcs_port = int(gcs.rsplit(":", 1)[1])
+    base = dict(node=name, reached=True, python="/opt/venv/bin/python3", python_version=py,
+                ray_version=ray, gpus=gpus(ngpu), nvidia_smi="ok", raylet=raylet,
+                gcs_port=gcs_port, ray_pids=pids)
+    base.update(kw)
+    return NodeFacts(**base)
+
+
+def state(*alive, dead=()):
+    nodes = [GcsNode(IDS[n], IPS[n], True, n == "gpu01", {"GPU": 8.0, "CPU": 2.0}) for n in alive]
+    nodes += [GcsNode(IDS[n], IPS[n], False, False, {"GPU": 8.0, "CPU": 2.0}) for n in dead]
+    return RayState("dashboard", "2.60.0", tuple(nodes), None)
+
+
+def healthy_facts():
+    return {n: facts(n, running=True) for n in ("gpu01", "gpu02", "gpu03")}
+
+
+def argv_of(command: str) -> list[str]:
+    words = shlex.split(command)
+    assert words[-1] == "</dev/null"  # never waits on stdin
+    return words[:-1]
+
+
+def env_of(command: str) -> dict[str, str]:
+    words = argv_of(command)
+    assert words[0] == "env"
+    out = {}
+    for w in words[1:]:
+        if "=" not in w or w.startswith("-"):
+            break
+        k, _, v = w.partition("=")
+        out[k] = v
+    return out
+
+
+def flag(command: str, name: str) -> str | None:
+    words = argv_of(command)
+    return words[words.index(name) + 1] if name in words else None
+
+
+# ---------------------------------------------------------------- commands
+
+
+def test_fresh_cluster_starts_head_then_workers_with_explicit_ips_ports_and_env(inv):
+    f = {"gpu01": facts("gpu01", ngpu=8), "gpu02": facts("gpu02", ngpu=4),
+         "gpu03": facts("gpu03", ngpu=0, nvidia_smi="missing")}
+    plan = plan_up(inv, f, None)
+    assert not plan.refused and plan.changes
+    assert [a.kind for a in plan.actions] == [START, START, START]
+    assert plan.actions[0].node == "gpu01"  # head first
+
+    head = plan.action("gpu01").commands[0]
+    words = argv_of(head)
+    assert words[words.index("/opt/venv/bin/python3"):][:4] == \
+        ["/opt/venv/bin/python3", "-m", "ray.scripts.scripts", "start"]
+    assert "--head" in words
+    assert flag(head, "--node-ip-address") == "10.0.0.1"
+    assert flag(head, "--port") == "6380"
+    assert flag(head, "--dashboard-host") == "127.0.0.1"
+    assert flag(head, "--dashboard-port") == "8266"
+    assert flag(head, "--node-manager-port") == "8076"
+    assert flag(head, "--object-manager-port") == "8077"
+    assert flag(head, "--min-worker-port") == "10002"
+    assert flag(head, "--max-worker-port") == "10999"
+    assert flag(head, "--ray-client-server-port") == "10001"
+    assert flag(head, "--num-gpus") == "8"
+    assert flag(head, "--num-cpus") == "2"
+    assert flag(head, "--memory") == "2147483648"
+    assert flag(head, "--object-store-memory") == "268435456"
+    assert "--disable-usage-stats" in words
+    assert json.loads(flag(head, "--resources")) == {"host:gpu01": 1,
+                                                      "gpu_model:NVIDIA_H100_80GB_HBM3": 8}
+    assert flag(head, "--labels") == ("cluster-toolkit/node=gpu01,"
+                                      "cluster-toolkit/gpu-model=NVIDIA-H100-80GB-HBM3")
+    env = env_of(head)
+    assert env["NCCL_SOCKET_IFNAME"] == "eth0" and env["GLOO_SOCKET_IFNAME"] == "eth0"
+    assert env["NCCL_IB_HCA"] == "mlx5_0,mlx5_1"
+    assert env["VLLM_HOST_IP"] == "10.0.0.1"
+    assert env["RAY_USAGE_STATS_ENABLED"] == "0"
+
+    worker = plan.action("gpu02").commands[0]
+    assert "--head" not in argv_of(worker)
+    assert flag(worker, "--address") == GCS
+    assert flag(worker, "--node-ip-address") == "10.0.0.2"
+    assert flag(worker, "--num-gpus") == "4"
+    assert flag(worker, "--port") is None and flag(worker, "--dashboard-port") is None
+    wenv = env_of(worker)
+    assert wenv["NCCL_SOCKET_IFNAME"] == "ens1f0" and "GLOO_SOCKET_IFNAME" not in wenv
+    assert wenv["VLLM_HOST_IP"] == "10.0.0.2"
+    assert wenv["NCCL_DEBUG"] == "INFO" and wenv["ODD"] == "a b'c"  # quoted, survives the shell
+
+    gpuless = plan.action("gpu03").commands[0]
+    assert flag(gpuless, "--num-gpus") == "0"
+    assert flag(gpuless, "--node-ip-address") == "10.0.0.3"  # address doubles as node IP
+    assert json.loads(flag(gpuless, "--resources")) == {"host:gpu03": 1}
+    assert [(e.node, e.gpus, e.cpus) for e in plan.expected] == \
+        [("gpu01", 8, 2), ("gpu02", 4, 2), ("gpu03", 0, 2)]
+
+
+def test_custom_resources_never_use_the_node_prefix_vllm_reads_as_an_ip(inv):
+    cmd = start_command(inv.node("gpu02"), inv, gpus(2))
+    assert not any(k.startswith("node:") for k in json.loads(flag(cmd, "--resources")))
+
+
+def test_mixed_gpu_models_count_each_model(inv):
+    mixed = (GPU(0, H100), GPU(1, "NVIDIA A100-SXM4-80GB"), GPU(2, "NVIDIA A100-SXM4-80GB"))
+    cmd = start_command(inv.node("gpu02"), inv, mixed)
+    assert json.loads(flag(cmd, "--resources")) == {
+        "host:gpu02": 1, "gpu_model:NVIDIA_H100_80GB_HBM3": 1,
+        "gpu_model:NVIDIA_A100-SXM4-80GB": 2}
+    assert flag(cmd, "--labels").endswith("cluster-toolkit/gpu-model=mixed")
+
+
+def test_label_values_follow_ray_syntax():
+    assert sanitize_label("NVIDIA H100 80GB HBM3") == "NVIDIA-H100-80GB-HBM3"
+    assert sanitize_label("node-") == "node"
+    assert len(sanitize_label("x" * 100)) == 63
+    assert sanitize_label("???") == "unknown"
+
+
+def test_temp_dir_passed_when_set():
+    inv = inventory.loads(INV.replace("  num_cpus: 2\n", "  num_cpus: 2\n  temp_dir: /scratch/ray\n"))
+    cmd = start_command(inv.head, inv, gpus(1))
+    assert flag(cmd, "--temp-dir") == "/scratch/ray"
+
+
+# ---------------------------------------------------------------- idempotency
+
+
+def test_healthy_cluster_plans_nothing(inv):
+    plan = plan_up(inv, healthy_facts(), state("gpu01", "gpu02", "gpu03"))
+    assert [a.kind for a in plan.actions] == [KEEP, KEEP, KEEP]
+    assert not plan.changes and not plan.confirmations
+    assert all(a.commands == () for a in plan.actions)
+    assert not any("stop" in c for a in plan.actions for c in a.commands)
+
+
+def test_dead_worker_only_that_worker_rejoins(inv):
+    f = healthy_facts()
+    f["gpu03"] = facts("gpu03", ray_pids=(300, 301))  # raylet killed, leftovers remain
+    plan = plan_up(inv, f, state("gpu01", "gpu02", dead=("gpu03",)))
+    kinds = {a.node: a.kind for a in plan.actions}
+    assert kinds == {"gpu01": KEEP, "gpu02": KEEP, "gpu03": RESTART}
+    stop, start = plan.action("gpu03").commands
+    assert argv_of(stop)[-4:-2] == ["ray.scripts.scripts", "stop"]
+    assert flag(start, "--address") == GCS
+    assert not plan.confirmations
+
+
+def test_worker_with_nothing_running_is_started_not_stopped(inv):
+    f = healthy_facts()
+    f["gpu02"] = facts("gpu02")
+    plan = plan_up(inv, f, state("gpu01", "gpu03"))
+    assert plan.action("gpu02").kind == START
+    assert len(plan.action("gpu02").commands) == 1
+
+
+def test_raylet_alive_but_unknown_to_gcs_rejoins(inv):
+    f = healthy_facts()
+    plan = plan_up(inv, f, state("gpu01", "gpu02"))  # gpu03 registered nowhere
+    assert plan.action("gpu03").kind == RESTART
+    assert plan.action("gpu02").kind == KEEP
+
+
+def test_worker_of_another_cluster_needs_confirmation(inv):
+    f = healthy_facts()
+    f["gpu02"] = facts("gpu02", running=True, gcs="10.9.9.9:6379")
+    plan = plan_up(inv, f, state("gpu01", "gpu03"))
+    assert plan.action("gpu02").kind == RESTART
+    assert plan.action("gpu02").needs_confirmation
+    assert "10.9.9.9:6379" in plan.action("gpu02").reason
+
+
+def test_worker_registered_under_wrong_ip_is_restarted_with_confirmation(inv):
+    f = healthy_facts()
+    f["gpu02"] = facts("gpu02", running=True, ip="172.17.0.2")
+    st = RayState("dashboard", "2.60.0", (
+        GcsNode(IDS["gpu01"], "10.0.0.1", True, True, {"GPU": 8.0, "CPU": 2.0}),
+        GcsNode(IDS["gpu02"], "172.17.0.2", True, False, {"GPU": 8.0, "CPU": 2.0}),
+        GcsNode(IDS["gpu03"], "10.0.0.3", True, False, {"GPU": 8.0, "CPU": 2.0})), None)
+    plan = plan_up(inv, f, st)
+    a = plan.action("gpu02")
+    assert a.kind == RESTART and a.needs_confirmation and "172.17.0.2" in a.reason
+
+
+def test_running_head_restart_needs_confirmation_and_restarts_all(inv):
+    f = healthy_facts()
+    f["gpu01"] = facts("gpu01", running=True, gcs="10.0.0.1:6379")  # wrong GCS port
+    plan = plan_up(inv, f, state("gpu01", "gpu02", "gpu03"))
+    assert plan.action("gpu01").kind == RESTART
+    assert plan.action("gpu01").needs_confirmation
+    assert [plan.action(n).kind for n in ("gpu02", "gpu03")] == [RESTART, RESTART]
+    assert len(plan.confirmations) == 1
+
+
+def test_head_whose_gcs_does_not_answer_is_restarted_with_confirmation(inv):
+    plan = plan_up(inv, healthy_facts(), RayState(None, None, None, None, ("refused",)))
+    assert plan.action("gpu01").kind == RESTART and plan.action("gpu01").needs_confirmation
+    assert "does not answer" in plan.action("gpu01").reason
+
+
+def test_head_leftovers_without_gcs_restart_without_confirmation(inv):
+    f = {n: facts(n) for n in ("gpu01", "gpu02", "gpu03")}
+    f["gpu01"] = facts("gpu01", ray_pids=(5, 6))
+    plan = plan_up(inv, f, None)
+    assert plan.action("gpu01").kind == RESTART and not plan.action("gpu01").needs_confirmation
+    assert [plan.action(n).kind for n in ("gpu02", "gpu03")] == [START, START]
+
+
+# ---------------------------------------------------------------- refusals
+
+
+def test_ray_version_skew_refuses_everything(inv):
+    f = {n: facts(n) for n in ("gpu01", "gpu02", "gpu03")}
+    f["gpu03"] = facts("gpu03", ray="2.9.3")
+    plan = plan_up(inv, f, None)
+    assert plan.refused and "gpu03" in plan.refused[0] and "2.9.3" in plan.refused[0]
+    assert not plan.changes
+    assert all(a.kind == SKIP and not a.commands for a in plan.actions)
+
+
+def test_python_patch_skew_refused_unless_minor_match_level(inv):
+    f = {n: facts(n) for n in ("gpu01", "gpu02", "gpu03")}
+    f["gpu02"] = facts("gpu02", py="3.11.9")
+    assert plan_up(inv, f, None).refused
+    f["gpu02"] = facts("gpu02", py="3.11.9", python_match_level="minor")
+    assert not plan_up(inv, f, None).refused
+    f["gpu02"] = facts("gpu02", py="3.12.1", python_match_level="minor")
+    assert plan_up(inv, f, None).refused
+
+
+def test_unreachable_head_refuses(inv):
+    f = healthy_facts()
+    f["gpu01"] = NodeFacts("gpu01", reached=False, error="unreachable: connect timed out")
+    plan = plan_up(inv, f, None)
+    assert plan.refused and "unreachable" in plan.refused[0]
+
+
+def test_unreachable_or_broken_worker_is_skipped_the_rest_proceeds(inv):
+    f = {n: facts(n) for n in ("gpu01", "gpu02", "gpu03")}
+    f["gpu02"] = NodeFacts("gpu02", reached=False, error="unreachable: refused")
+    f["gpu03"] = facts("gpu03", ray=None, ray_error="ModuleNotFoundError: No module named 'ray'")
+    plan = plan_up(inv, f, None)
+    assert not plan.refused
+    assert plan.action("gpu01").kind == START
+    assert plan.action("gpu02").kind == SKIP and plan.action("gpu02").status_if_not_run == "unreachable"
+    assert plan.action("gpu03").kind == REFUSE and "not importable" in plan.action("gpu03").reason
+    assert [e.node for e in plan.expected] == ["gpu01"]
+
+
+def test_failing_nvidia_smi_is_refused_not_registered_with_zero_gpus(inv):
+    f = {n: facts(n) for n in ("gpu01", "gpu02", "gpu03")}
+    f["gpu02"] = facts("gpu02", ngpu=0, nvidia_smi="failed",
+                       gpu_error="nvidia-smi failed (exit 9): NVIDIA-SMI has failed")
+    plan = plan_up(inv, f, None)
+    assert plan.action("gpu02").kind == REFUSE
+
+
+def test_token_auth_head_requires_tokens_on_workers(inv):
+    f = {n: facts(n, auth_token=True) for n in ("gpu01", "gpu02", "gpu03")}
+    f["gpu03"] = facts("gpu03", auth_token=False)
+    plan = plan_up(inv, f, None)
+    assert env_of(plan.action("gpu01").commands[0])["RAY_AUTH_MODE"] == "token"
+    assert env_of(plan.action("gpu02").commands[0])["RAY_AUTH_MODE"] == "token"
+    assert plan.action("gpu03").kind == REFUSE and "token" in plan.action("gpu03").reason
+
+
+def test_drift_is_a_warning_not_a_restart(inv):
+    f = healthy_facts()
+    f["gpu02"] = facts("gpu02", running=True, ngpu=7)
+    plan = plan_up(inv, f, state("gpu01", "gpu02", "gpu03"))
+    assert plan.action("gpu02").kind == KEEP
+    assert any("8 GPUs" in w and "7" in w for w in plan.warnings)
+
+
+# ---------------------------------------------------------------- down
+
+
+def test_down_stops_workers_first_then_head_only_where_ray_runs(inv):
+    f = healthy_facts()
+    f["gpu03"] = facts("gpu03")
+    plan = plan_down(inv, f)
+    assert [a.node for a in plan.actions] == ["gpu02", "gpu03", "gpu01"]
+    assert [a.kind for a in plan.actions] == [STOP, KEEP, STOP]
+    assert "stop" in argv_of(plan.action("gpu01").commands[0])
+
+
+def test_down_on_stopped_cluster_plans_nothing(inv):
+    plan = plan_down(inv, {n: facts(n) for n in ("gpu01", "gpu02", "gpu03")})
+    assert not plan.changes
+
+
+# ---------------------------------------------------------------- gather parsing
+
+
+def _result(stdout, code=0, status="ok"):
+    return CommandResult("gpu02", "x", code, stdout, "", 0.1, status)
+
+
+def test_parse_facts_reads_raylet_and_gpus(inv):
+    data = {"python": "/opt/venv/bin/python3", "python_version": "3.11.7", "ray_version": "2.60.0",
+            "hostname": "gpu02", "auth_mode": None, "auth_token": False,
+            "nvidia_smi": {"status": "ran", "exit_code": 0,
+                           "stdout": f"0, {H100}\n1, {H100}\n", "stderr": ""},
+            "processes": [{"pid": 42, "kind": "raylet", "comm": "raylet",
+                           "args": ["--node_id=" + IDS["gpu02"], "--node_ip_address=10.0.0.2",
+                                    "--gcs-address=10.0.0.1:6380",
+                                    "--static_resource_list=CPU,2,GPU,2,node:10.0.0.2,1"],
+                           "env": {"NCCL_SOCKET_IFNAME": "ens1f0"}},
+                          {"pid": 43, "kind": "other", "comm": "ray::IDLE"}]}
+    f = parse_facts(inv.node("gpu02"), _result("noise\nCLUSTER_RAY_FACTS " + json.dumps(data)))
+    assert f.usable and f.gpu_count == 2 and f.gpu_model == H100
+    assert f.raylet.node_id == IDS["gpu02"] and f.raylet.gcs_address == "10.0.0.1:6380"
+    assert f.raylet.resources["GPU"] == 2.0
+    assert f.ray_pids == (42, 43) and f.gcs_port is None
+
+
+def test_parse_facts_errors():
+    node = inventory.loads(INV).node("gpu02")
+    assert not parse_facts(node, CommandResult("gpu02", "x", None, "", "", 1, "unreachable",
+                                               "refused")).reached
+    f = parse_facts(node, _result("", code=127))
+    assert f.reached and "python not found" in f.error
+
+
+def test_gpu_list_parsing():
+    assert parse_gpu_list("") == ()
+    assert parse_gpu_list(f"0, {H100}\n1, {H100}\n") == (GPU(0, H100), GPU(1, H100))
+    assert parse_gpu_list("GPU 0: NVIDIA L4 (UUID: GPU-1234)\n") == (GPU(0, "NVIDIA L4"),)
+    with pytest.raises(ValueError):
+        parse_gpu_list("NVIDIA-SMI has failed because it couldn't communicate with the driver")
+
+
+# ---------------------------------------------------------------- status
+
+
+def test_status_document_matches_nodes_by_ip(inv):
+    raw = {"source": "dashboard", "ray_version": "2.60.0", "errors": [], "nodes": [
+        {"node_id": IDS["gpu01"], "node_ip": "10.0.0.1", "is_head_node": True, "state": "ALIVE",
+         "resources_total": {"CPU": 2.0, "GPU": 8.0, "gpu_model:NVIDIA_H100_80GB_HBM3": 8.0},
+         "labels": {"cluster-toolkit/gpu-model": "NVIDIA-H100-80GB-HBM3"}, "start_time_ms": 5},
+        {"node_id": "dd" * 28, "node_ip": "10.0.0.2", "state": "DEAD",
+         "resources_total": {"CPU": 2.0}, "start_time_ms": 1},
+        {"node_id": IDS["gpu02"], "node_ip": "10.0.0.2", "state": "ALIVE",
+         "resources_total": {"CPU": 2.0, "GPU": 4.0}, "start_time_ms": 9}],
+        "serve": {"applications": {"llm": {"status": "RUNNING", "route_prefix": "/",
+                                           "deployments": {"VLLM": {"status": "HEALTHY",
+                                                                    "replicas": [{"state": "RUNNING"}]}}}}}}
+    st = parse_state_output("CLUSTER_RAY_STATE " + json.dumps(raw))
+    doc = cluster_status(inv, st)
+    assert doc["ray_version"] == "2.60.0" and doc["dashboard_url"] == "http://127.0.0.1:8266"
+    assert [(n["name"], n["node_id"][:2], n["alive"], n["gpus"]) for n in doc["nodes"]] == \
+        [("gpu01", "aa", True, 8), ("gpu02", "bb", True, 4)]
+    assert doc["nodes"][0]["gpu_model"] == "NVIDIA-H100-80GB-HBM3"
+    assert doc["missing"] == ["gpu03"]
+    assert doc["serve"]["applications"]["llm"]["deployments"]["VLLM"]["running_replicas"] == 1
+    assert status_exit_code(doc) == 2
+    assert set(doc) >= {"ray_version", "dashboard_url", "head", "nodes", "serve", "missing"}
+    assert set(doc["nodes"][0]) >= {"name", "node_id", "alive", "ip", "gpus", "cpus",
+                                    "gpu_model", "resources"}
+
+
+def test_status_head_not_answering(inv):
+    doc = cluster_status(inv, parse_state_output("Traceback ..."), head_reached=True)
+    assert doc["missing"] == ["gpu01", "gpu02", "gpu03"] and status_exit_code(doc) == 2
+    assert doc["head"]["answered"] is False
+
+
+def test_check_expected_names_missing_and_wrong_gpu_counts(inv):
+    f = {n: facts(n) for n in ("gpu01", "gpu02", "gpu03")}
+    plan = plan_up(inv, f, None)
+    st = RayState("gcs", "2.60.0", (
+        GcsNode(IDS["gpu01"], "10.0.0.1", True, True, {"GPU": 8.0, "CPU": 2.0}),
+        GcsNode(IDS["gpu02"], "10.0.0.2", True, False, {"GPU": 4.0, "CPU": 2.0})), None)
+    problems = check_expected(plan.expected, st)
+    assert set(problems) == {"gpu02", "gpu03"}
+    assert "4 GPUs registered, 8 expected" in problems["gpu02"]
+    assert "not registered" in problems["gpu03"]
