@@ -28,6 +28,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("status", "status"),
     ("dashboard", "dashboard"),
     ("plan", "plan"),
+    ("bench", "bench"),
 )
 
 

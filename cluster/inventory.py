@@ -515,6 +515,8 @@ def _merge_checked(v: _Validator, base: dict, override: Any, at: tuple) -> None:
             default = _NULL_DEFAULT_KINDS.get(_dotted(at[1:] + (key,)))
         if default is not None and value is not None and not _same_kind(default, value):
             raise v.doc.fail(at + (key,), f"must be {_type_name(default)}, got {_type_name(value)}")
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+            raise v.doc.fail(at + (key,), f"must not be negative, got {value}")
         base[key] = copy.deepcopy(value)
 
 

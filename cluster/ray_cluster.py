@@ -839,9 +839,10 @@ def execute_up(plan: Plan, session, inventory: Inventory, stagger_s: float = 0.0
         done[head.name] = step
         if step.status != CHANGED:
             for a in plan.actions:
-                if a.node != head.name:
-                    done.setdefault(a.node, _not_run(a, f"not run: the head failed ({step.message})")
-                                    if a.changes else _not_run(a))
+                if a.node != head.name and a.node not in done:
+                    done[a.node] = StepResult(a.node, a.kind, SKIPPED,
+                                              f"not run: the head failed ({step.message})") \
+                        if a.changes else _not_run(a)
             return tuple(done[a.node] for a in plan.actions)
     else:
         done[head.name] = _not_run(head_action)

@@ -7,13 +7,17 @@ that node's Ray processes) -> verify (gather again: no Ray process may be left).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 from cluster import ray_cluster
 from cluster.inventory import Inventory
-from cluster.ray_cluster import (CHANGED, FAILED, OK, UNREACHABLE, NodeFacts, Plan,
-                                 StepResult)
+from cluster.ray_cluster import CHANGED, FAILED, UNREACHABLE, NodeFacts, Plan, StepResult
+
+
+VERIFY_ATTEMPTS = 4
+VERIFY_PAUSE_S = 3.0
 
 
 @dataclass
@@ -59,9 +63,17 @@ def run(inventory: Inventory, session, dry_run: bool, confirm: Callable[[str], b
         out.exit_code = 2 if any(s.status in (FAILED, UNREACHABLE) for s in out.steps) else 0
         return out
 
-    # verify: nothing of Ray may be left on the nodes that were reached
+    # verify: nothing of Ray may be left on the nodes that were reached (processes that are
+    # still exiting get a few seconds)
     on_event("verifying")
-    after = ray_cluster.gather(session, inventory)
+    stopped = [inventory.node(s.node) for s in out.steps if s.status == CHANGED]
+    after: dict[str, NodeFacts] = {}
+    for attempt in range(VERIFY_ATTEMPTS):
+        if attempt:
+            time.sleep(VERIFY_PAUSE_S)
+        after = ray_cluster.gather(session, inventory, stopped)
+        if not any(f.usable and f.running for f in after.values()):
+            break
     steps = []
     for step in out.steps:
         f = after.get(step.node)
@@ -75,5 +87,3 @@ def run(inventory: Inventory, session, dry_run: bool, confirm: Callable[[str], b
     out.exit_code = 2 if any(s.status in (FAILED, UNREACHABLE) for s in out.steps) else 0
     return out
 
-
-__all__ = ["DownOutcome", "run", "OK"]

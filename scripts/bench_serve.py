@@ -142,9 +142,10 @@ async def run_level(base_url: str, key: str, concurrency: int, requests: int,
 
 # ----------------------------------------------------------------------------- the servers
 
-def start_direct_server(model: Path, port: int, log_path: Path) -> subprocess.Popen:
+def start_direct_server(model: Path, port: int, log_path: Path,
+                        extra_env: dict[str, str]) -> subprocess.Popen:
     """vLLM's own server, per-request logging off like the app (no uvicorn access log)."""
-    env = {**os.environ, **ENGINE_ENV, "VLLM_API_KEY": os.environ[KEY_ENV]}
+    env = {**os.environ, **ENGINE_ENV, **extra_env, "VLLM_API_KEY": os.environ[KEY_ENV]}
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                "--served-model-name", MODEL_ID, "--dtype", ENGINE_KWARGS["dtype"],
                "--max-model-len", str(ENGINE_KWARGS["max_model_len"]), "--enforce-eager",
@@ -249,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--ray-env", action="append", default=[], metavar="KEY=VALUE",
                         help="environment for the whole Ray instance (e.g. RAY_worker_niceness=0)")
+    parser.add_argument("--direct-env", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra environment for vLLM's own server only")
     parser.add_argument("--startup-timeout", type=float, default=600)
     parser.add_argument("--json", help="write all figures here")
     args = parser.parse_args(argv)
@@ -283,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     direct_port = _free_port()
     direct_url = f"http://127.0.0.1:{direct_port}"
     print(f"model {model}; logs and Ray temp dir under {workdir}", flush=True)
-    proc = start_direct_server(model, direct_port, workdir / "vllm-direct.log")
+    direct_env = dict(item.partition("=")[::2] for item in args.direct_env)
+    proc = start_direct_server(model, direct_port, workdir / "vllm-direct.log", direct_env)
     import ray
     from ray import serve
 
@@ -332,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps({
             "settings": {"model": str(model), "engine_kwargs": ENGINE_KWARGS,
                          "max_tokens": args.max_tokens, "requests": per_level,
-                         "ray_env": args.ray_env, "paths": paths},
+                         "ray_env": args.ray_env, "direct_env": args.direct_env,
+                         "paths": paths},
             "results": [asdict(r) for r in results], "summary": summary}, indent=2))
     return 0
 

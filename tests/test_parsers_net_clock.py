@@ -740,3 +740,13 @@ def test_ulimit_zsh_listing_with_annotations() -> None:
             "-n: file descriptors                1024\t\t\t\t# files\n"
             "-l: locked-in-memory size (kbytes)  64\t\t\t\t\t# locked memory\n")
     assert ulimit.parse(text).memlock_kib == 64
+
+
+@pytest.mark.parametrize("kind,path", CASES, ids=[f"{k}/{p.name}" for k, p in CASES])
+def test_fixture_survives_pdsh_host_prefix(kind: str, path: Path) -> None:
+    text = path.read_text()
+    if sum(1 for line in text.splitlines() if line.strip()) < 3:
+        pytest.skip("too short for a prefix to be recognised as one")
+    prefixed = "".join(f"gpu-node-07: {line}\n" for line in text.splitlines())
+    assert parsers.parse(kind, prefixed).to_dict() == parsers.parse(kind, text).to_dict()
+    assert MODULES[kind].detect(prefixed) and parsers.detect(prefixed) == kind

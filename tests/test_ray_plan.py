@@ -444,3 +444,79 @@ def test_check_expected_names_missing_and_wrong_gpu_counts(inv):
     assert set(problems) == {"gpu02", "gpu03"}
     assert "4 GPUs registered, 8 expected" in problems["gpu02"]
     assert "not registered" in problems["gpu03"]
+
+
+# ---------------------------------------------------------------- execution order (recorded runner)
+
+
+class RecordingSession:
+    """Answers every command with success and records (time, node, command): no network."""
+
+    def __init__(self, fail_on: str | None = None):
+        import threading
+        import time as _time
+        self.calls: list[tuple[float, str, str]] = []
+        self._lock = threading.Lock()
+        self._time = _time
+        self.fail_on = fail_on
+
+    def run(self, node, command, timeout=None):
+        with self._lock:
+            self.calls.append((self._time.monotonic(), node.name, command))
+        failed = self.fail_on is not None and self.fail_on in command and node.is_head
+        return CommandResult(node.name, command, 1 if failed else 0, "", "boom" if failed else "",
+                             0.0, "failed" if failed else "ok")
+
+
+def _verb(command: str) -> str:
+    return "stop" if " stop " in command else ("head" if "--head" in command else "start")
+
+
+def test_execute_up_restarts_in_order_and_staggers_workers(inv):
+    from cluster.ray_cluster import CHANGED, execute_up
+
+    f = healthy_facts()
+    f["gpu01"] = facts("gpu01", running=True, gcs="10.0.0.1:6379")  # head restart: all restart
+    plan = plan_up(inv, f, state("gpu01", "gpu02", "gpu03"))
+    session = RecordingSession()
+    steps = execute_up(plan, session, inv, stagger_s=0.3)
+    assert [s.status for s in steps] == [CHANGED] * 3
+    order = [(node, _verb(cmd)) for _, node, cmd in session.calls]
+    # workers stop first (nothing may rejoin the dying GCS), then the head restarts, then workers
+    assert set(order[:2]) == {("gpu02", "stop"), ("gpu03", "stop")}
+    assert order[2:4] == [("gpu01", "stop"), ("gpu01", "head")]
+    assert set(order[4:]) == {("gpu02", "start"), ("gpu03", "start")}
+    starts = sorted(t for t, _, cmd in session.calls if _verb(cmd) == "start")
+    assert starts[1] - starts[0] >= 0.25  # --stagger
+
+
+def test_execute_up_failed_head_skips_workers(inv):
+    from cluster.ray_cluster import FAILED, SKIPPED, execute_up
+
+    plan = plan_up(inv, {n: facts(n) for n in ("gpu01", "gpu02", "gpu03")}, None)
+    session = RecordingSession(fail_on="--head")
+    steps = execute_up(plan, session, inv)
+    assert [s.status for s in steps] == [FAILED, SKIPPED, SKIPPED]
+    assert "boom" in steps[0].message
+    assert [node for _, node, _ in session.calls] == ["gpu01"]  # no worker was started
+    assert all("not run" in s.message for s in steps[1:])
+
+
+def test_execute_up_on_healthy_plan_runs_nothing(inv):
+    from cluster.ray_cluster import OK, execute_up
+
+    plan = plan_up(inv, healthy_facts(), state("gpu01", "gpu02", "gpu03"))
+    session = RecordingSession()
+    assert [s.status for s in execute_up(plan, session, inv)] == [OK] * 3
+    assert session.calls == []
+
+
+def test_execute_down_workers_before_head(inv):
+    from cluster.ray_cluster import CHANGED, OK, execute_down
+
+    f = healthy_facts()
+    f["gpu03"] = facts("gpu03")
+    session = RecordingSession()
+    steps = execute_down(plan_down(inv, f), session, inv)
+    assert {s.node: s.status for s in steps} == {"gpu02": CHANGED, "gpu03": OK, "gpu01": CHANGED}
+    assert [node for _, node, _ in session.calls] == ["gpu02", "gpu01"]

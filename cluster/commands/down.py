@@ -50,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
         stdout.print(steps_table(outcome.steps, "cluster down"))
     if outcome.stopped:
         stdout.print(f"[bold red]stopped:[/bold red] {outcome.stopped}")
+    elif code != 0:
+        stdout.print("[bold red]Ray is not stopped everywhere[/bold red] (see above)")
     else:
         stdout.print("Ray stopped" if outcome.changed else "nothing to stop: Ray is not running")
     return code

@@ -54,12 +54,12 @@ def _as_data(parsed: Any) -> Any:
 def _read_text(path: str, limit: int | None = None) -> str:
     if path == "-":
         return sys.stdin.read()
-    with open(path, "r", encoding="utf-8", errors="replace", newline="") as fh:
+    with open(path, "r", encoding="utf-8", errors="replace") as fh:
         return fh.read() if limit is None else fh.read(limit)
 
 
 def parse_one(path: str, kind: str | None) -> dict[str, Any]:
-    """{"file", "kind", "data"} or {"file", "kind", "error"} for one file; never raises ParseError."""
+    """{"file", "kind", "data"} or {"file", "kind", "error"} for one file; never raises."""
     result: dict[str, Any] = {"file": path, "kind": kind}
     try:
         big = path != "-" and os.path.getsize(path) > _WHOLE_FILE_BYTES
@@ -72,12 +72,14 @@ def parse_one(path: str, kind: str | None) -> dict[str, Any]:
         if path != "-" and hasattr(module, "parse_file") and (big or kind == "nccl"):
             parsed = module.parse_file(path)
         else:
-            parsed = module.parse(text if text is not None else _read_text(path))
+            parsed = parsers.parse(kind, text if text is not None else _read_text(path))
         result["data"] = _as_data(parsed)
     except ParseError as exc:
         result["error"] = str(exc)
-    except (OSError, UnicodeError) as exc:
-        result["error"] = f"cannot read {path}: {exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}"
+    except OSError as exc:
+        result["error"] = f"cannot read {path}: {exc.strerror or exc}"
+    except Exception as exc:  # a parser bug on one file must not hide the other files' results
+        result["error"] = f"internal error in the {kind} parser: {type(exc).__name__}: {exc}"
     return result
 
 

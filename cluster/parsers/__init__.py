@@ -126,20 +126,46 @@ def detect(text: str) -> str:
     """
     if not isinstance(text, str) or not text.strip():
         raise ParseError("auto", "could not recognise the output: empty input")
-    for kind in DETECT_ORDER:
-        try:
-            module = load(kind)
-            if module.detect(text):
-                return kind
-        except Exception:  # one broken detector must not hide the others
-            continue
+    candidates = [text]
+    unprefixed = _without_host_prefix(text)
+    if unprefixed is not None:
+        candidates.append(unprefixed)
+    for candidate in candidates:
+        for kind in DETECT_ORDER:
+            try:
+                module = load(kind)
+                if module.detect(candidate):
+                    return kind
+            except Exception:  # one broken detector must not hide the others
+                continue
     raise ParseError("auto", "could not recognise the output of any known tool "
                              f"(kinds: {', '.join(KINDS)}); pass --kind")
 
 
 def parse(kind: str, text: str) -> Any:
-    """Parse text as the given kind; ParseError on an unknown kind or unreadable text."""
-    return load(kind).parse(text)
+    """Parse text as the given kind; ParseError on an unknown kind or unreadable text.
+
+    When the text carries a `host: ` prefix on every line (pdsh, clush, srun --label) and the
+    parser refuses it, the text is parsed once more without the prefix.
+    """
+    module = load(kind)
+    try:
+        return module.parse(text)
+    except ParseError:
+        unprefixed = _without_host_prefix(text) if isinstance(text, str) else None
+        if unprefixed is None:
+            raise
+        return module.parse(unprefixed)
+
+
+def _without_host_prefix(text: str) -> str | None:
+    """The text without a per-line `host: ` prefix, or None when it has none."""
+    from cluster.parsers._lines import clean_lines
+
+    head = text[:4_000_000]
+    cleaned = "\n".join(clean_lines(head))
+    plain = "\n".join(line.rstrip() for line in head.replace("\r\n", "\n").split("\n"))
+    return cleaned if cleaned != plain and len(head) == len(text) else None
 
 
 def parse_auto(text: str) -> tuple[str, Any]:

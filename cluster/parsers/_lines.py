@@ -48,7 +48,38 @@ def clean_lines(text: str) -> list[str]:
     text = text.replace("\ufeff", "").replace("\x00", "")
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     text = _ANSI_RE.sub("", text)
-    return [line[:MAX_LINE_CHARS].rstrip() for line in text.split("\n")]
+    return strip_host_prefix([line[:MAX_LINE_CHARS].rstrip() for line in text.split("\n")])
+
+
+def head_text(text: str, chars: int = 20000) -> str:
+    """The cleaned start of a text, for cheap detect() checks."""
+    return "\n".join(clean_lines(text[:chars])) if isinstance(text, str) else ""
+
+
+_HOST_PREFIX_RE = re.compile(r"^(?P<prefix>[A-Za-z0-9][\w.\-]*:)(?:\s|$)")
+
+
+def strip_host_prefix(lines: list[str]) -> list[str]:
+    """Drop a `node01: ` / `0: ` prefix that pdsh, clush or `srun --label` put on every line.
+
+    Only when one and the same prefix starts at least 90% of the non-blank lines (and 3 or
+    more of them), so a tool's own `Key: value` lines, which differ, are never touched.
+    """
+    rows = [line for line in lines if line.strip()]
+    if len(rows) < 3:
+        return lines
+    counts: dict[str, int] = {}
+    for line in rows:
+        m = _HOST_PREFIX_RE.match(line)
+        if m:
+            counts[m.group("prefix")] = counts.get(m.group("prefix"), 0) + 1
+    if not counts:
+        return lines
+    prefix, n = max(counts.items(), key=lambda kv: kv[1])
+    if n < 0.9 * len(rows):
+        return lines
+    cut = len(prefix) + 1  # the prefix and the one space after it; the rest is the tool's
+    return [line[cut:] if line.startswith(prefix) else line for line in lines]
 
 
 def numbered(lines: list[str]) -> Iterator[tuple[int, str]]:

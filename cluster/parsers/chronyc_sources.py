@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 
 from cluster.errors import ParseError
-from cluster.parsers._lines import clean_lines, jsonable, numbered, require_text
+from cluster.parsers._lines import clean_lines, head_text, jsonable, numbered, require_text
 
 KIND = "chronyc-sources"
 
@@ -169,10 +169,10 @@ def parse(text: str, max_offset_seconds: float = DEFAULT_MAX_OFFSET_SECONDS) -> 
 
 def detect(text: str) -> bool:
     """chrony's sources header, or at least one source row."""
-    head = text[:20000]
+    head = head_text(text)
     if re.search(r"^\s*MS\s+Name/IP address\s+Stratum\s+Poll\s+Reach", head, re.MULTILINE):
         return True
-    for line in clean_lines(head)[:200]:
+    for line in head.splitlines()[:200]:
         if _ROW_RE.match(line.strip()) and re.search(rf"{_U}\s*\[", line):
             return True
         if _CSV_RE.match(line.strip()):

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 
 from cluster.errors import ParseError
-from cluster.parsers._lines import clean_lines, jsonable, numbered, require_text
+from cluster.parsers._lines import clean_lines, head_text, jsonable, numbered, require_text
 
 KIND = "chronyc-tracking"
 
@@ -215,7 +215,7 @@ def parse(text: str, max_offset_seconds: float = DEFAULT_MAX_OFFSET_SECONDS) -> 
 
 def detect(text: str) -> bool:
     """`System time : ... of NTP time` or the Reference ID / Leap status pair, or the CSV form."""
-    head = text[:20000]
+    head = head_text(text)
     if re.search(r"^\s*System time\s*:.*\bof NTP time", head, re.MULTILINE | re.IGNORECASE):
         return True
     if (re.search(r"^\s*Reference ID\s*:", head, re.MULTILINE)

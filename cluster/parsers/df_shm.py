@@ -15,8 +15,8 @@ import re
 from dataclasses import dataclass
 
 from cluster.errors import ParseError
-from cluster.parsers._lines import (clean_lines, command_in, human_size_bytes, jsonable, numbered,
-                                    require_text)
+from cluster.parsers._lines import (clean_lines, command_in, head_text, human_size_bytes, jsonable,
+                                    numbered, require_text)
 
 KIND = "df-shm"
 
@@ -227,7 +227,7 @@ def parse(text: str) -> DfShm:
 
 def detect(text: str) -> bool:
     """A df header (Filesystem ... Mounted on) and a row mounted on /dev/shm or `df ... /dev/shm`."""
-    head = text[:20000]
+    head = head_text(text)
     has_header = re.search(r"^\s*Filesystem\s+.*Mounted\s+on\s*$", head,
                            re.MULTILINE | re.IGNORECASE) is not None
     shm_row = re.search(r"\s/dev/shm/?\s*$", head, re.MULTILINE) is not None

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 
 from cluster.errors import ParseError
-from cluster.parsers._lines import clean_lines, jsonable, numbered, require_text
+from cluster.parsers._lines import clean_lines, head_text, jsonable, numbered, require_text
 from cluster.parsers.ibstat import normalize_state
 
 KIND = "ibdev2netdev"
@@ -92,4 +92,4 @@ def parse(text: str) -> Ibdev2netdev:
 def detect(text: str) -> bool:
     """A `<dev> port <n> ==> <netdev> (Up|Down)` line."""
     return re.search(r"\bport\s+\d+\s*(?:\(\s*[A-Za-z_]+\s*\)\s*)?=+>\s*\S+\s*\(\s*(?:Up|Down)",
-                     text[:20000], re.IGNORECASE) is not None
+                     head_text(text), re.IGNORECASE) is not None

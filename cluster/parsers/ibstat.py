@@ -16,7 +16,8 @@ import re
 from dataclasses import dataclass
 
 from cluster.errors import ParseError
-from cluster.parsers._lines import clean_lines, jsonable, numbered, require_text, to_number
+from cluster.parsers._lines import (clean_lines, head_text, jsonable, numbered, require_text,
+                                    to_number)
 
 KIND = "ibstat"
 
@@ -224,7 +225,7 @@ def parse(text: str) -> Ibstat:
 
 def detect(text: str) -> bool:
     """A `CA 'name'` header followed by CA or port keys."""
-    head = text[:20000]
+    head = head_text(text)
     return (re.search(r"^\s*CA:?\s+'[^']+'\s*$", head, re.MULTILINE) is not None
             and re.search(r"^\s*(CA type|Port \d+|State|Firmware version)\s*:", head,
                           re.MULTILINE) is not None)

@@ -14,7 +14,8 @@ import re
 from dataclasses import dataclass
 
 from cluster.errors import ParseError
-from cluster.parsers._lines import clean_lines, jsonable, numbered, require_text, tidy_number
+from cluster.parsers._lines import (clean_lines, head_text, jsonable, numbered, require_text,
+                                    tidy_number)
 from cluster.parsers.ibstat import (normalize_link_layer, normalize_physical_state,
                                     normalize_state)
 
@@ -225,7 +226,7 @@ def parse(text: str) -> IbvDevinfo:
 
 def detect(text: str) -> bool:
     """An `hca_id:` line followed by device keys (or the `N HCAs found:` list)."""
-    head = text[:20000]
+    head = head_text(text)
     if re.search(r"^\s*\d+\s+HCAs?\s+found\s*:", head, re.MULTILINE | re.IGNORECASE):
         return True
     return (re.search(r"^\s*hca_id\s*:\s*\S+", head, re.MULTILINE) is not None

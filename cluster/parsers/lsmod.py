@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 
 from cluster.errors import ParseError
-from cluster.parsers._lines import clean_lines, jsonable, numbered, require_text
+from cluster.parsers._lines import clean_lines, head_text, jsonable, numbered, require_text
 
 KIND = "lsmod"
 
@@ -114,10 +114,10 @@ def parse(text: str) -> Lsmod:
 
 def detect(text: str) -> bool:
     """The lsmod header, or mostly lines of the form `<module> <size> <count> [users]`."""
-    head = text[:20000]
+    head = head_text(text)
     if re.search(r"^\s*Module\s+Size\s+Used\s+by\s*$", head, re.MULTILINE):
         return True
-    rows = [line.strip() for line in clean_lines(head) if line.strip()]
+    rows = [line.strip() for line in head.splitlines() if line.strip()]
     hits = sum(1 for r in rows if _LSMOD_RE.match(r) or _PROC_RE.match(r))
     echoes = sum(1 for r in rows if re.search(r"\blsmod\b|/proc/modules", r))
     # a filtered listing: module lines, plus the command echo and at most little else

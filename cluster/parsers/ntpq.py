@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 
 from cluster.errors import ParseError
-from cluster.parsers._lines import clean_lines, jsonable, numbered, require_text
+from cluster.parsers._lines import clean_lines, head_text, jsonable, numbered, require_text
 
 KIND = "ntpq"
 
@@ -232,7 +232,7 @@ def parse(text: str, max_offset_ms: float = DEFAULT_MAX_OFFSET_MS) -> Ntpq:
 
 def detect(text: str) -> bool:
     """The `ntpq -p` column header or peer rows, or `associd=0 status=...` variables."""
-    head = text[:20000]
+    head = head_text(text)
     if re.search(r"^\s*remote\s+(?:refid|local)\s+st\s+t\s+when\s+poll\s+reach", head,
                  re.MULTILINE | re.IGNORECASE):
         return True

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from cluster.errors import ParseError
-from cluster.parsers._lines import clean_lines, jsonable, numbered, require_text
+from cluster.parsers._lines import clean_lines, head_text, jsonable, numbered, require_text
 
 KIND = "timedatectl"
 
@@ -136,7 +136,7 @@ def parse(text: str) -> Timedatectl:
 
 def detect(text: str) -> bool:
     """Two or more timedatectl status labels, or the NTPSynchronized= property."""
-    head = text[:20000]
+    head = head_text(text)
     if re.search(r"^\s*NTPSynchronized=(yes|no)\s*$", head, re.MULTILINE):
         return True
     hits = {m.group("key").lower() for line in head.splitlines()[:200]

@@ -19,7 +19,8 @@ import re
 from dataclasses import dataclass
 
 from cluster.errors import ParseError
-from cluster.parsers._lines import clean_lines, command_in, jsonable, numbered, require_text
+from cluster.parsers._lines import (clean_lines, command_in, head_text, jsonable, numbered,
+                                    require_text)
 
 KIND = "ulimit"
 
@@ -147,7 +148,7 @@ def parse(text: str) -> Ulimit:
 
 def detect(text: str) -> bool:
     """A locked-memory line of some shell's ulimit/limit listing, or `ulimit -l` with its value."""
-    head = text[:20000]
+    head = head_text(text)
     if re.search(r"max locked memory|locked-in-memory size|^\s*-l:\s*locked|^\s*memorylocked\s",
                  head, re.IGNORECASE | re.MULTILINE):
         return True

@@ -148,6 +148,27 @@ def test_dry_run_prints_commands_and_changes_nothing(sim, inv):
         assert ray_processes(sim, node) == [], node
 
 
+def test_preflight_failures_stop_up_before_any_start(sim, inv):
+    # the simulated nodes fail some checks (memlock; node3 has no nvidia-smi)
+    code, out = cli_json(inv, "up", "--yes")
+    assert code == 2 and out["stopped"].startswith("preflight failed")
+    assert out["preflight"]["exit_code"] == 2 and out["steps"] == []
+    for node in PROFILES:
+        assert ray_processes(sim, node) == [], node
+
+
+def test_status_says_when_the_head_is_unreachable(sim, inv, tmp_path):
+    doc = yaml.safe_load(inv.read_text())
+    doc["nodes"][0]["port"] = 2222  # nothing listens there: connection refused
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(doc, sort_keys=False))
+    code, status = cli_json(bad, "status")
+    assert code == 2 and status["head"]["reachable"] is False
+    assert "unreachable" in status["errors"][0] and status["missing"] == list(PROFILES)
+    p = cli(bad, "status")
+    assert p.returncode == 2 and "unreachable" in p.stdout
+
+
 # ---------------------------------------------------------------- the lifecycle
 
 
@@ -188,6 +209,16 @@ def test_up_status_idempotent_rejoin(sim, inv):
     assert after["node3"] != before["node3"]
     code, status = cli_json(inv, "status")
     assert code == 0 and node_ids(status) == after
+
+    # what `up` shows when a node does not register in time: the end of its Ray logs
+    from cluster import inventory as inventory_mod
+    from cluster.ray_cluster import log_tail_command
+    from cluster.remote import Session
+
+    loaded = inventory_mod.load(str(inv))
+    with Session(loaded) as session:
+        r = session.run(loaded.node("node3"), log_tail_command(loaded, loaded.node("node3")))
+    assert "==> /tmp/ray/session_latest/logs/raylet.out <==" in r.stdout
 
 
 ENV_AND_PLACEMENT = r'''

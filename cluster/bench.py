@@ -1,0 +1,687 @@
+"""Load-test an OpenAI-compatible streaming endpoint: closed-loop concurrency levels -> latency and throughput.
+
+The library behind `cluster bench` (and `cluster tune`, which calls `run_bench` at one fixed
+concurrency). For each concurrency level C, C workers send streaming requests back to back
+(closed loop) until the level's request count (or duration) is reached. Every request is
+bounded by a total timeout and every level by a hard deadline derived from it, so a bench
+never hangs. Returns frozen dataclasses; never prints. See docs/bench.md for the JSON keys.
+
+Measured per request (streaming, `stream_options.include_usage`):
+- TTFT: send -> first chunk carrying content (text / delta.content / reasoning);
+- ITL: the gaps between consecutive content chunks (as vLLM's benchmark_serving does);
+- E2E: send -> `[DONE]`;
+- tokens: prompt/completion tokens from the final usage chunk; without usage, output tokens
+  are the number of content chunks and input tokens the number of prompt words (estimates).
+
+Errors are classified by kind: http_<status> (e.g. http_401, http_500), timeout,
+connection_error (no response), dropped (connection lost mid-stream), protocol_error
+(not SSE, bad JSON), stream_error (an error event inside the stream), incomplete_stream
+(ended without [DONE] or without any content).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+from urllib.parse import urlsplit, urlunsplit
+
+from cluster.errors import ClusterError, UsageError
+
+ENDPOINTS = ("completions", "chat")
+ERROR_KINDS = ("timeout", "connection_error", "dropped", "protocol_error", "stream_error",
+               "incomplete_stream")  # plus http_<status>
+DEFAULT_TIMEOUT_S = 120.0
+# Duration mode stops issuing requests at this count per level regardless (a dead endpoint
+# that refuses instantly must not be hammered for minutes).
+MAX_REQUESTS_PER_LEVEL = 100_000
+# A worker pauses this long after a connection-level failure before its next request.
+ERROR_BACKOFF_S = 0.05
+_ERROR_BODY_CHARS = 300
+_LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+# Common English words that most BPE vocabularies hold as one token each (with the leading
+# space). A prompt of N words is therefore roughly N tokens; the server's usage is the truth.
+PROMPT_WORDS = (
+    "the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "was", "with", "be", "by",
+    "on", "not", "he", "this", "are", "or", "his", "from", "at", "which", "but", "have", "an",
+    "had", "they", "you", "were", "their", "one", "all", "we", "can", "her", "has", "there",
+    "been", "if", "more", "when", "will", "would", "who", "so", "no", "time", "people", "year",
+    "way", "day", "man", "thing", "world", "life", "hand", "part", "child", "eye", "place",
+    "work", "week",
+)
+
+
+class BenchError(ClusterError):
+    """A bench that cannot run or a metrics endpoint that cannot be read."""
+
+
+# ----------------------------------------------------------------------------- configuration
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What to send, how hard, and for how long.
+
+    url: the server's base (http://host:8000, .../v1 or a Serve route prefix .../app/v1).
+    requests / duration_s: per level; at most one. Neither: max(4*C, 16) requests per level.
+    api_key: sent as `Authorization: Bearer`; kept out of repr and of every result.
+    vllm_extensions: send `ignore_eos` and `min_tokens` so outputs have exactly output_len
+    tokens (vLLM accepts them; a strict OpenAI server may reject unknown fields).
+    """
+
+    url: str
+    model: str
+    concurrency: tuple[int, ...] = (1, 4, 16, 64)
+    prompt_len: int = 128
+    output_len: int = 128
+    requests: int | None = None
+    duration_s: float | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    endpoint: str = "completions"
+    api_key: str | None = field(default=None, repr=False, compare=False)
+    vllm_extensions: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "concurrency", tuple(int(c) for c in self.concurrency))
+        if not self.concurrency or any(c < 1 for c in self.concurrency):
+            raise UsageError("concurrency levels must be positive integers")
+        if self.prompt_len < 1 or self.output_len < 1:
+            raise UsageError("prompt length and output length must be >= 1")
+        if self.requests is not None and self.duration_s is not None:
+            raise UsageError("give either a request count or a duration per level, not both")
+        if self.requests is not None and self.requests < 1:
+            raise UsageError("requests per level must be >= 1")
+        if self.duration_s is not None and not self.duration_s > 0:
+            raise UsageError("duration per level must be > 0 seconds")
+        if not self.timeout_s > 0:
+            raise UsageError("the per-request timeout must be > 0 seconds")
+        if self.endpoint not in ENDPOINTS:
+            raise UsageError(f"endpoint must be one of {', '.join(ENDPOINTS)}")
+        api_base(self.url)  # validates the URL
+
+    def requests_for(self, concurrency: int) -> int | None:
+        """Requests to send at this level; None in duration mode."""
+        if self.duration_s is not None:
+            return None
+        return self.requests if self.requests is not None else max(4 * concurrency, 16)
+
+    def level_deadline_s(self, concurrency: int) -> float:
+        """Hard cap on one level's wall time (every request is already bounded by timeout_s)."""
+        grace = 5.0
+        if self.duration_s is not None:
+            return self.duration_s + self.timeout_s + ERROR_BACKOFF_S + grace
+        n = self.requests_for(concurrency) or 1
+        rounds = math.ceil(n / concurrency)
+        return rounds * (self.timeout_s + ERROR_BACKOFF_S) + grace
+
+    def deadline_s(self) -> float:
+        """Worst-case wall time of the whole bench."""
+        return sum(self.level_deadline_s(c) for c in self.concurrency)
+
+
+# ----------------------------------------------------------------------------- results
+
+@dataclass(frozen=True)
+class LatencyStats:
+    """Percentiles (linear interpolation between samples) and mean, in milliseconds; None without samples."""
+
+    p50: float | None
+    p95: float | None
+    p99: float | None
+    mean: float | None
+    count: int = 0
+
+    def to_dict(self) -> dict[str, float | None]:
+        return {k: _round(getattr(self, k)) for k in ("p50", "p95", "p99", "mean")}
+
+
+@dataclass(frozen=True)
+class RequestOutcome:
+    """One request: ok, or the kind of error; timings in seconds from the request's send."""
+
+    ok: bool
+    error_kind: str | None = None
+    detail: str = ""
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    itl_s: tuple[float, ...] = ()
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    usage_reported: bool = False
+    content_chunks: int = 0
+
+
+@dataclass(frozen=True)
+class LevelResult:
+    """One concurrency level. Rates are per second of the level's wall time; tokens count successful requests."""
+
+    concurrency: int
+    requests: int
+    ok: int
+    errors: Mapping[str, int]
+    error_examples: Mapping[str, str]
+    duration_s: float
+    input_tokens: int
+    output_tokens: int
+    ttft_ms: LatencyStats
+    itl_ms: LatencyStats
+    e2e_ms: LatencyStats
+    tpot_ms: LatencyStats
+    short_outputs: int
+    usage_missing: int
+    deadline_hit: bool = False
+
+    @property
+    def failed(self) -> int:
+        return sum(self.errors.values())
+
+    def _rate(self, value: float) -> float:
+        return value / self.duration_s if self.duration_s > 0 else 0.0
+
+    @property
+    def requests_per_s(self) -> float:
+        return self._rate(self.ok)
+
+    @property
+    def input_tokens_per_s(self) -> float:
+        return self._rate(self.input_tokens)
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self._rate(self.output_tokens)
+
+    @property
+    def total_tokens_per_s(self) -> float:
+        return self._rate(self.input_tokens + self.output_tokens)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "concurrency": self.concurrency,
+            "requests": self.requests,
+            "ok": self.ok,
+            "errors": dict(self.errors),
+            "error_examples": dict(self.error_examples),
+            "duration_s": _round(self.duration_s),
+            "requests_per_s": _round(self.requests_per_s),
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "input_tokens_per_s": _round(self.input_tokens_per_s),
+            "output_tokens_per_s": _round(self.output_tokens_per_s),
+            "total_tokens_per_s": _round(self.total_tokens_per_s),
+            "ttft_ms": self.ttft_ms.to_dict(),
+            "itl_ms": self.itl_ms.to_dict(),
+            "e2e_ms": self.e2e_ms.to_dict(),
+            "tpot_ms": self.tpot_ms.to_dict(),
+            "short_outputs": self.short_outputs,
+            "usage_missing": self.usage_missing,
+            "deadline_hit": self.deadline_hit,
+        }
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """All levels of one bench; exit_code 0 clean, 1 warnings only, 2 any failed request."""
+
+    config: BenchConfig
+    levels: tuple[LevelResult, ...]
+
+    @property
+    def errors(self) -> dict[str, int]:
+        total: dict[str, int] = {}
+        for level in self.levels:
+            for kind, n in level.errors.items():
+                total[kind] = total.get(kind, 0) + n
+        return dict(sorted(total.items()))
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(level.output_tokens for level in self.levels)
+
+    @property
+    def input_tokens(self) -> int:
+        return sum(level.input_tokens for level in self.levels)
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        out = []
+        for level in self.levels:
+            c = level.concurrency
+            if level.requests == 0:
+                out.append(f"c={c}: no request completed within the level's time")
+            if level.short_outputs:
+                out.append(f"c={c}: {level.short_outputs} response(s) shorter than "
+                           f"{self.config.output_len} tokens (server ignored ignore_eos/min_tokens?)")
+            if level.usage_missing:
+                out.append(f"c={c}: {level.usage_missing} response(s) without usage: tokens "
+                           f"estimated (output = content chunks, input = prompt words)")
+        return tuple(out)
+
+    @property
+    def exit_code(self) -> int:
+        if any(level.failed for level in self.levels):
+            return 2
+        return 1 if self.warnings else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        c = self.config
+        return {
+            "url": redact_url(c.url),
+            "endpoint_url": redact_url(endpoint_url(c.url, c.endpoint)),
+            "model": c.model,
+            "endpoint": c.endpoint,
+            "prompt_len": c.prompt_len,
+            "output_len": c.output_len,
+            "requests_per_level": c.requests if c.duration_s is None else None,
+            "duration_per_level_s": c.duration_s,
+            "timeout_s": c.timeout_s,
+            "vllm_extensions": c.vllm_extensions,
+            "levels": [level.to_dict() for level in self.levels],
+            "errors": self.errors,
+            "warnings": list(self.warnings),
+            "exit_code": self.exit_code,
+        }
+
+
+# ----------------------------------------------------------------------------- pure helpers
+
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(float(value), digits)
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) of ascending values, linear between closest ranks (numpy's default)."""
+    if not sorted_values:
+        raise ValueError("percentile of no values")
+    if len(sorted_values) == 1:
+        return float(sorted_values[0])
+    rank = (len(sorted_values) - 1) * q / 100.0
+    low = math.floor(rank)
+    high = min(low + 1, len(sorted_values) - 1)
+    frac = rank - low
+    return float(sorted_values[low] + (sorted_values[high] - sorted_values[low]) * frac)
+
+
+def latency_stats(values_s: Sequence[float]) -> LatencyStats:
+    """Seconds in, milliseconds out."""
+    if not values_s:
+        return LatencyStats(None, None, None, None, 0)
+    ms = sorted(v * 1000.0 for v in values_s)
+    return LatencyStats(percentile(ms, 50), percentile(ms, 95), percentile(ms, 99),
+                        sum(ms) / len(ms), len(ms))
+
+
+def build_prompt(words: int, index: int) -> str:
+    """A deterministic prompt of `words` words; the start rotates with the request index so
+    consecutive requests do not share a prefix (prefix caching would flatter TTFT)."""
+    n = len(PROMPT_WORDS)
+    start = (index * 7919) % n
+    step = 1 + (index % (n - 1))
+    picked = [PROMPT_WORDS[(start + i * step) % n] for i in range(words)]
+    return " ".join(picked)
+
+
+def api_base(url: str) -> str:
+    """The OpenAI API base (…/v1) for a server URL given with or without /v1 (or a full endpoint)."""
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"not an http(s) URL: {redact_url(url)!r}")
+    path = parts.path.rstrip("/")
+    for suffix in ("/chat/completions", "/completions", "/models"):
+        if path.endswith("/v1" + suffix):
+            path = path[: -len(suffix)]
+            break
+    if not path.endswith("/v1"):
+        path += "/v1"
+    return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+
+
+def endpoint_url(url: str, endpoint: str) -> str:
+    return api_base(url) + ("/chat/completions" if endpoint == "chat" else "/completions")
+
+
+def metrics_url(url: str) -> str:
+    """The Prometheus /metrics URL beside an API base (…/v1 stripped); a …/metrics URL as is."""
+    parts = urlsplit(url.strip())
+    path = parts.path.rstrip("/")
+    if not path.endswith("/metrics"):
+        base = api_base(url)
+        path = urlsplit(base).path[: -len("/v1")] + "/metrics"
+    return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+
+
+def redact_url(url: str) -> str:
+    """The URL without user:password@ (credentials never reach output)."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = host + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def _is_loopback(url: str) -> bool:
+    return (urlsplit(url).hostname or "") in _LOOPBACK_HOSTS
+
+
+def request_body(config: BenchConfig, index: int) -> dict[str, Any]:
+    prompt = build_prompt(config.prompt_len, index)
+    body: dict[str, Any] = {"model": config.model, "max_tokens": config.output_len,
+                            "stream": True, "stream_options": {"include_usage": True}}
+    if config.endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    if config.vllm_extensions:
+        body["ignore_eos"] = True
+        body["min_tokens"] = config.output_len
+    return body
+
+
+def parse_metric_total(text: str, name: str) -> float | None:
+    """Sum of the samples of metric `name` over all label sets in Prometheus text; None when absent."""
+    total: float | None = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#") or not line.startswith(name):
+            continue
+        rest = line[len(name):]
+        if rest.startswith("{"):
+            end = _labels_end(rest)
+            if end < 0:
+                continue
+            rest = rest[end + 1:]
+        elif rest and not rest[0].isspace():
+            continue  # a longer metric name with this prefix
+        fields = rest.split()
+        if not fields:
+            continue
+        try:
+            value = float(fields[0])
+        except ValueError:
+            continue
+        total = value if total is None else total + value
+    return total
+
+
+def _labels_end(text: str) -> int:
+    """Index of the '}' closing the label set that starts text, honouring quoted values."""
+    quoted = False
+    escaped = False
+    for i, ch in enumerate(text):
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif ch == '"':
+            quoted = not quoted
+        elif ch == "}" and not quoted:
+            return i
+    return -1
+
+
+def scrape_metric(url: str, name: str, *, api_key: str | None = None,
+                  timeout_s: float = 10.0, default: float | None = None) -> float:
+    """Read /metrics beside `url` and sum metric `name` over its label sets.
+
+    E.g. scrape_metric("http://127.0.0.1:8000", "vllm:generation_tokens_total"). Raises
+    BenchError when the page cannot be read, or when the metric is absent and no default is given.
+    """
+    import httpx
+
+    target = metrics_url(url)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        with httpx.Client(timeout=timeout_s, trust_env=not _is_loopback(target)) as client:
+            response = client.get(target, headers=headers)
+    except httpx.HTTPError as exc:
+        raise BenchError(f"cannot read {redact_url(target)}: {type(exc).__name__}: {exc}") from None
+    if response.status_code != 200:
+        raise BenchError(f"{redact_url(target)} answered HTTP {response.status_code}")
+    value = parse_metric_total(response.text, name)
+    if value is None:
+        if default is not None:
+            return default
+        raise BenchError(f"metric {name} not found at {redact_url(target)}")
+    return value
+
+
+# ----------------------------------------------------------------------------- one request
+
+class _StreamFailure(Exception):
+    def __init__(self, kind: str, detail: str):
+        super().__init__(detail)
+        self.kind = kind
+        self.detail = detail
+
+
+def _error_message(body: bytes) -> str:
+    text = body.decode("utf-8", "replace").strip()
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return text[:_ERROR_BODY_CHARS]
+    if isinstance(doc, dict):
+        err = doc.get("error", doc)
+        if isinstance(err, dict):
+            text = str(err.get("message") or err.get("detail") or json.dumps(err))
+        else:
+            text = str(err)
+    return text[:_ERROR_BODY_CHARS]
+
+
+def _chunk_content(chunk: Mapping[str, Any], endpoint: str) -> str:
+    choices = chunk.get("choices") or []
+    if not isinstance(choices, list):
+        raise _StreamFailure("protocol_error", "'choices' is not a list")
+    text = ""
+    for choice in choices:
+        if not isinstance(choice, dict):
+            raise _StreamFailure("protocol_error", "a choice is not an object")
+        if endpoint == "chat":
+            delta = choice.get("delta") or {}
+            if not isinstance(delta, dict):
+                raise _StreamFailure("protocol_error", "'delta' is not an object")
+            for key in ("content", "reasoning_content", "reasoning"):
+                if isinstance(delta.get(key), str):
+                    text += delta[key]
+        elif isinstance(choice.get("text"), str):
+            text += choice["text"]
+    return text
+
+
+async def _stream_one(client: Any, url: str, body: dict[str, Any], headers: dict[str, str],
+                      endpoint: str, state: dict[str, Any]) -> RequestOutcome:
+    import httpx
+
+    t0 = time.perf_counter()
+    arrivals: list[float] = []
+    usage: dict[str, Any] | None = None
+    done = False
+    try:
+        async with client.stream("POST", url, json=body, headers=headers) as response:
+            state["got_headers"] = True
+            if response.status_code != 200:
+                raw = b""
+                async for part in response.aiter_bytes():
+                    raw += part
+                    if len(raw) > 4 * _ERROR_BODY_CHARS:
+                        break
+                return RequestOutcome(False, f"http_{response.status_code}", _error_message(raw))
+            async for line in response.aiter_lines():
+                line = line.strip()
+                if not line or line.startswith(":"):
+                    continue
+                field_name, _, value = line.partition(":")
+                if field_name in ("event", "id", "retry"):
+                    continue
+                if field_name != "data":
+                    raise _StreamFailure("protocol_error", f"not an SSE line: {line[:80]!r}")
+                payload = value.strip()
+                if payload == "[DONE]":
+                    done = True
+                    break
+                try:
+                    chunk = json.loads(payload)
+                except ValueError:
+                    raise _StreamFailure("protocol_error", f"bad JSON in stream: {payload[:80]!r}") from None
+                if not isinstance(chunk, dict):
+                    raise _StreamFailure("protocol_error", f"chunk is not an object: {payload[:80]!r}")
+                if "error" in chunk and not chunk.get("choices"):
+                    err = chunk["error"]
+                    msg = err.get("message", json.dumps(err)) if isinstance(err, dict) else str(err)
+                    raise _StreamFailure("stream_error", str(msg)[:_ERROR_BODY_CHARS])
+                if _chunk_content(chunk, endpoint):
+                    arrivals.append(time.perf_counter())
+                if isinstance(chunk.get("usage"), dict):
+                    usage = chunk["usage"]
+    except _StreamFailure as failure:
+        return RequestOutcome(False, failure.kind, failure.detail)
+    except httpx.TimeoutException as exc:
+        return RequestOutcome(False, "timeout", f"{type(exc).__name__}")
+    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, httpx.CloseError) as exc:
+        kind = "dropped" if state.get("got_headers") else "connection_error"
+        return RequestOutcome(False, kind, f"{type(exc).__name__}: {exc}"[:_ERROR_BODY_CHARS])
+    except (httpx.TransportError, OSError) as exc:
+        return RequestOutcome(False, "connection_error", f"{type(exc).__name__}: {exc}"[:_ERROR_BODY_CHARS])
+    except (httpx.DecodingError, UnicodeDecodeError) as exc:
+        return RequestOutcome(False, "protocol_error", f"{type(exc).__name__}: {exc}"[:_ERROR_BODY_CHARS])
+    t_end = time.perf_counter()
+    if not done:
+        return RequestOutcome(False, "incomplete_stream", "the stream ended without [DONE]")
+    if not arrivals:
+        return RequestOutcome(False, "incomplete_stream", "the stream carried no content")
+    prompt_tokens = completion_tokens = None
+    if usage is not None:
+        prompt_tokens = usage.get("prompt_tokens")
+        completion_tokens = usage.get("completion_tokens")
+    usage_ok = isinstance(prompt_tokens, int) and isinstance(completion_tokens, int)
+    prompt_words = len(body.get("prompt", "").split()) if "prompt" in body else \
+        len(body["messages"][0]["content"].split())
+    return RequestOutcome(
+        True, ttft_s=arrivals[0] - t0, e2e_s=t_end - t0,
+        itl_s=tuple(b - a for a, b in zip(arrivals, arrivals[1:])),
+        prompt_tokens=prompt_tokens if usage_ok else prompt_words,
+        output_tokens=completion_tokens if usage_ok else len(arrivals),
+        usage_reported=usage_ok, content_chunks=len(arrivals))
+
+
+async def _one_request(client: Any, config: BenchConfig, url: str, headers: dict[str, str],
+                       index: int) -> RequestOutcome:
+    state: dict[str, Any] = {}
+    try:
+        return await asyncio.wait_for(
+            _stream_one(client, url, request_body(config, index), headers, config.endpoint, state),
+            timeout=config.timeout_s)
+    except asyncio.TimeoutError:
+        where = "mid-stream" if state.get("got_headers") else "before the response"
+        return RequestOutcome(False, "timeout", f"no complete answer within {config.timeout_s:g} s ({where})")
+
+
+# ----------------------------------------------------------------------------- one level
+
+ProgressCallback = Callable[[int, RequestOutcome], None]
+
+
+def summarize_level(concurrency: int, outcomes: Sequence[RequestOutcome], duration_s: float,
+                    output_len: int, deadline_hit: bool = False) -> LevelResult:
+    """Aggregate a level's outcomes (pure; the unit tests feed it synthetic outcomes)."""
+    good = [o for o in outcomes if o.ok]
+    errors: dict[str, int] = {}
+    examples: dict[str, str] = {}
+    for o in outcomes:
+        if not o.ok:
+            kind = o.error_kind or "unknown"
+            errors[kind] = errors.get(kind, 0) + 1
+            examples.setdefault(kind, o.detail)
+    tpot = [(o.e2e_s - o.ttft_s) / (o.output_tokens - 1) for o in good
+            if o.output_tokens > 1 and o.e2e_s is not None and o.ttft_s is not None]
+    return LevelResult(
+        concurrency=concurrency, requests=len(outcomes), ok=len(good),
+        errors=dict(sorted(errors.items())), error_examples=dict(sorted(examples.items())),
+        duration_s=duration_s,
+        input_tokens=sum(o.prompt_tokens for o in good),
+        output_tokens=sum(o.output_tokens for o in good),
+        ttft_ms=latency_stats([o.ttft_s for o in good if o.ttft_s is not None]),
+        itl_ms=latency_stats([gap for o in good for gap in o.itl_s]),
+        e2e_ms=latency_stats([o.e2e_s for o in good if o.e2e_s is not None]),
+        tpot_ms=latency_stats(tpot),
+        short_outputs=sum(1 for o in good if o.output_tokens < output_len),
+        usage_missing=sum(1 for o in good if not o.usage_reported),
+        deadline_hit=deadline_hit)
+
+
+async def run_level(config: BenchConfig, concurrency: int,
+                    on_request: ProgressCallback | None = None,
+                    first_index: int = 0) -> LevelResult:
+    """One closed-loop level: `concurrency` workers sending requests back to back."""
+    import httpx
+
+    url = endpoint_url(config.url, config.endpoint)
+    headers = {"Accept": "text/event-stream"}
+    if config.api_key:
+        headers["Authorization"] = f"Bearer {config.api_key}"
+    total = config.requests_for(concurrency)
+    limit = total if total is not None else MAX_REQUESTS_PER_LEVEL
+    outcomes: list[RequestOutcome] = []
+    issued = 0
+    start = time.perf_counter()
+    stop_at = start + config.duration_s if config.duration_s is not None else math.inf
+    last_end = start
+
+    async def worker(client: Any) -> None:
+        nonlocal issued, last_end
+        while issued < limit and time.perf_counter() < stop_at:
+            index = first_index + issued
+            issued += 1
+            outcome = await _one_request(client, config, url, headers, index)
+            last_end = time.perf_counter()
+            outcomes.append(outcome)
+            if on_request is not None:
+                on_request(concurrency, outcome)
+            if outcome.error_kind == "connection_error":
+                await asyncio.sleep(ERROR_BACKOFF_S)
+
+    timeout = httpx.Timeout(config.timeout_s)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    deadline_hit = False
+    async with httpx.AsyncClient(timeout=timeout, limits=limits,
+                                 trust_env=not _is_loopback(url)) as client:
+        tasks = [asyncio.ensure_future(worker(client)) for _ in range(concurrency)]
+        try:
+            await asyncio.wait_for(asyncio.gather(*tasks), timeout=config.level_deadline_s(concurrency))
+        except asyncio.TimeoutError:
+            deadline_hit = True
+            cut = RequestOutcome(False, "timeout", "cut by the level's deadline")
+            outcomes.extend([cut] * (issued - len(outcomes)))
+            last_end = time.perf_counter()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+    return summarize_level(concurrency, outcomes, last_end - start, config.output_len, deadline_hit)
+
+
+async def run_bench_async(config: BenchConfig, on_request: ProgressCallback | None = None,
+                          on_level: Callable[[int, int | None], None] | None = None) -> BenchResult:
+    """All levels in order. on_level(concurrency, planned requests or None) precedes each level;
+    on_request(concurrency, outcome) follows each finished request."""
+    levels = []
+    first_index = 0
+    for concurrency in config.concurrency:
+        if on_level is not None:
+            on_level(concurrency, config.requests_for(concurrency))
+        level = await run_level(config, concurrency, on_request, first_index)
+        first_index += level.requests
+        levels.append(level)
+    return BenchResult(config, tuple(levels))
+
+
+def run_bench(config: BenchConfig, on_request: ProgressCallback | None = None,
+              on_level: Callable[[int, int | None], None] | None = None) -> BenchResult:
+    """Run a bench from synchronous code (its own event loop). Bounded by config.deadline_s()."""
+    return asyncio.run(run_bench_async(config, on_request, on_level))
