@@ -29,6 +29,9 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("dashboard", "dashboard"),
     ("plan", "plan"),
     ("bench", "bench"),
+    ("deploy", "deploy"),
+    ("undeploy", "undeploy"),
+    ("nccl-check", "nccl_check"),
 )
 
 

@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from cluster.inventory import Inventory, Node
 from cluster.ray_state import (LABEL_GPU_MODEL, LABEL_NODE, RESOURCE_GPU_MODEL_PREFIX,
-                               RESOURCE_HOST_PREFIX, GcsNode, RayState, gcs_address, node_for_ip,
+                               RESOURCE_HOST_PREFIX, RayState, gcs_address, node_for_ip,
                                query_state)
 from cluster.remote import CommandResult
 
@@ -455,7 +455,32 @@ def start_command(node: Node, inventory: Inventory, gpus: Sequence[GPU],
                                        separators=(",", ":")),
              "--labels", ",".join(f"{k}={v}" for k, v in node_labels(node, gpus).items()),
              "--disable-usage-stats"]
-    return env_prefix(start_env(node, auth_mode)) + shlex.join(args) + " </dev/null"
+    start = env_prefix(start_env(node, auth_mode)) + shlex.join(args) + " </dev/null"
+    if node.is_head:
+        return start
+    return wait_for_gcs_command(inventory) + " && " + start
+
+
+GCS_WAIT_S = 90
+_GCS_WAIT_SNIPPET = ("import socket, sys, time\n"
+                     "host, port, limit = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])\n"
+                     "end = time.monotonic() + limit\n"
+                     "while True:\n"
+                     "    try:\n"
+                     "        socket.create_connection((host, port), 2).close()\n"
+                     "        break\n"
+                     "    except OSError:\n"
+                     "        if time.monotonic() > end:\n"
+                     "            sys.exit('the head GCS %s:%d did not accept connections within "
+                     "%g s' % (host, port, limit))\n"
+                     "        time.sleep(0.5)\n")
+
+
+def wait_for_gcs_command(inventory: Inventory, limit_s: float = GCS_WAIT_S) -> str:
+    """Wait (on a worker) until the head's GCS port accepts connections, at most limit_s."""
+    return shlex.join([inventory.ray.python, "-c", _GCS_WAIT_SNIPPET,
+                       inventory.head.ip.strip("[]"), str(inventory.ray.port),
+                       f"{limit_s:g}"]) + " </dev/null"
 
 
 def stop_command(inventory: Inventory, grace_period: int = 10) -> str:
@@ -793,27 +818,22 @@ def _not_run(action: NodeAction, why: str | None = None) -> StepResult:
 def _parallel(items: Sequence[tuple[float, Callable[[], StepResult]]],
               deadline_s: float) -> list[StepResult | None]:
     """Run callables in threads, each after its delay; wait at most deadline_s for all."""
-    out: list[StepResult | None] = [None] * len(items)
-
-    def work(i: int, delay: float, fn: Callable[[], StepResult]) -> None:
-        if delay > 0:
-            time.sleep(delay)
-        out[i] = fn()
-
-    threads = [threading.Thread(target=work, args=(i, d, fn), daemon=True)
-               for i, (d, fn) in enumerate(items)]
-    for t in threads:
-        t.start()
-    end = time.monotonic() + deadline_s
-    for t in threads:
-        t.join(max(0.0, end - time.monotonic()))
-    return out
+    run = _Parallel(items)
+    return [run.wait(i, deadline_s) for i in range(len(items))]
 
 
 def execute_up(plan: Plan, session, inventory: Inventory, stagger_s: float = 0.0,
                on_event: Event = lambda _: None) -> tuple[StepResult, ...]:
-    """Run an up plan: stop what restarts (workers, then head), start the head, then the workers
-    in parallel (the i-th starts i*stagger_s seconds after the first, ray#59778)."""
+    """Run an up plan.
+
+    Stops come first (workers that restart with the head, then the head). The head's `ray start`
+    and the workers' then run at the same time: each worker command first waits on its node
+    until the head's GCS port accepts connections, then runs `ray start --address` (so workers
+    join as soon as the GCS listens, not after the head's dashboard and agents are up). With
+    `stagger_s`, the i-th worker starts i*stagger_s seconds after the first (ray#59778). When
+    the head fails, the workers are reported as skipped (their wait gives up on its own and
+    never runs `ray start`).
+    """
     if plan.refused:
         return tuple(_not_run(a, "plan refused") for a in plan.actions)
     by_name = {n.name: n for n in inventory.nodes}
@@ -821,40 +841,44 @@ def execute_up(plan: Plan, session, inventory: Inventory, stagger_s: float = 0.0
     head_action = plan.action(head.name)
     done: dict[str, StepResult] = {}
     stop_t, start_t = STOP_TIMEOUT_S, START_TIMEOUT_S
+    head_stop: tuple[CommandResult, ...] = ()
 
-    if head_action.kind in (START, RESTART):
-        if head_action.kind == RESTART:
-            # Workers attached to the old head go first, so nothing rejoins the dying GCS.
-            restarting = [a for a in plan.actions if a.kind == RESTART and a.node != head.name]
+    if head_action.kind == RESTART:
+        # Workers attached to the old head go first, so nothing rejoins the dying GCS.
+        restarting = [a for a in plan.actions if a.kind == RESTART and a.node != head.name]
+        if restarting:
             on_event(f"stopping Ray on {len(restarting)} worker(s) before the head restart")
-            stops = _parallel([(0.0, (lambda a=a: _run_commands(
-                session, by_name[a.node], NodeAction(a.node, a.kind, a.reason, a.commands[:1]),
-                (stop_t,)))) for a in restarting], stop_t + 30)
-            for a, r in zip(restarting, stops):
-                if r is None or r.status != CHANGED:
-                    done[a.node] = r or StepResult(a.node, a.kind, FAILED, "ray stop hung")
-        on_event(f"{head_action.kind} head {head.name}")
-        timeouts = (stop_t, start_t) if head_action.kind == RESTART else (start_t,)
-        step = _run_commands(session, head, head_action, timeouts)
-        done[head.name] = step
-        if step.status != CHANGED:
-            for a in plan.actions:
-                if a.node != head.name and a.node not in done:
-                    done[a.node] = StepResult(a.node, a.kind, SKIPPED,
-                                              f"not run: the head failed ({step.message})") \
-                        if a.changes else _not_run(a)
-            return tuple(done[a.node] for a in plan.actions)
-    else:
-        done[head.name] = _not_run(head_action)
+        stops = _parallel([(0.0, (lambda a=a: _run_commands(
+            session, by_name[a.node], NodeAction(a.node, a.kind, a.reason, a.commands[:1]),
+            (stop_t,)))) for a in restarting], stop_t + 30)
+        for a, r in zip(restarting, stops):
+            if r is None or r.status != CHANGED:
+                done[a.node] = r or StepResult(a.node, a.kind, FAILED, "ray stop hung")
+        on_event(f"stopping Ray on the head {head.name}")
+        stopped = _run_commands(session, head, NodeAction(head.name, RESTART, head_action.reason,
+                                                          head_action.commands[:1]), (stop_t,))
+        if stopped.status != CHANGED:
+            done[head.name] = stopped
+            return _finish_after_head_failure(plan, done, stopped)
+        head_stop = stopped.results
 
     workers = [a for a in plan.actions if a.node != head.name and a.node not in done]
-    to_run = [a for a in workers if a.changes]
     for a in workers:
         if not a.changes:
             done[a.node] = _not_run(a)
-    if to_run:
-        on_event(f"starting Ray on {len(to_run)} worker(s)"
-                 + (f", {stagger_s:g} s apart" if stagger_s > 0 else ""))
+    to_run = [a for a in workers if a.changes]
+    head_item = []
+    if head_action.kind in (START, RESTART):
+        on_event(f"starting the head {head.name}"
+                 + (f"; {len(to_run)} worker(s) join as soon as its GCS listens" if to_run else ""))
+        head_item = [(0.0, lambda: _run_commands(
+            session, head, NodeAction(head.name, head_action.kind, head_action.reason,
+                                      head_action.commands[-1:]), (start_t,)))]
+    else:
+        done[head.name] = _not_run(head_action)
+        if to_run:
+            on_event(f"starting Ray on {len(to_run)} worker(s)"
+                     + (f", {stagger_s:g} s apart" if stagger_s > 0 else ""))
     items = []
     for i, a in enumerate(to_run):
         cmds = a.commands
@@ -864,10 +888,52 @@ def execute_up(plan: Plan, session, inventory: Inventory, stagger_s: float = 0.0
         tos = (stop_t, start_t) if len(cmds) == 2 else (start_t,)
         items.append((i * stagger_s, (lambda n=by_name[a.node], act=act, tos=tos:
                                       _run_commands(session, n, act, tos))))
-    outcomes = _parallel(items, stop_t + start_t + len(items) * stagger_s + 30)
-    for a, r in zip(to_run, outcomes):
+    deadline = stop_t + start_t + len(items) * stagger_s + 30
+    results = _Parallel(head_item + items)
+    if head_item:
+        head_step = results.wait(0, deadline) or StepResult(
+            head.name, head_action.kind, FAILED, "no answer before the deadline")
+        head_step = StepResult(head.name, head_action.kind, head_step.status, head_step.message,
+                               head_stop + head_step.results)
+        done[head.name] = head_step
+        if head_step.status != CHANGED:
+            return _finish_after_head_failure(plan, done, head_step)
+    offset = len(head_item)
+    for j, a in enumerate(to_run):
+        r = results.wait(offset + j, deadline)
         done[a.node] = r or StepResult(a.node, a.kind, FAILED, "no answer before the deadline")
     return tuple(done[a.node] for a in plan.actions)
+
+
+def _finish_after_head_failure(plan: Plan, done: dict[str, StepResult],
+                               head_step: StepResult) -> tuple[StepResult, ...]:
+    for a in plan.actions:
+        if a.node not in done:
+            done[a.node] = StepResult(a.node, a.kind, SKIPPED,
+                                      f"not run: the head failed ({head_step.message})") \
+                if a.changes else _not_run(a)
+    return tuple(done[a.node] for a in plan.actions)
+
+
+class _Parallel:
+    """Callables started at once in daemon threads (each after its delay); wait for any one."""
+
+    def __init__(self, items: Sequence[tuple[float, Callable[[], StepResult]]]):
+        self._start = time.monotonic()
+        self._out: list[StepResult | None] = [None] * len(items)
+        self._threads = [threading.Thread(target=self._work, args=(i, d, fn), daemon=True)
+                         for i, (d, fn) in enumerate(items)]
+        for t in self._threads:
+            t.start()
+
+    def _work(self, i: int, delay: float, fn: Callable[[], StepResult]) -> None:
+        if delay > 0:
+            time.sleep(delay)
+        self._out[i] = fn()
+
+    def wait(self, i: int, deadline_s: float) -> StepResult | None:
+        self._threads[i].join(max(0.0, self._start + deadline_s - time.monotonic()))
+        return self._out[i]
 
 
 def execute_down(plan: Plan, session, inventory: Inventory,
@@ -955,9 +1021,13 @@ def wait_for_nodes(session, inventory: Inventory, expected: Sequence[ExpectedNod
         if time.monotonic() - start + poll_s > timeout_s:
             break
         time.sleep(poll_s)
-    tails = {}
-    nodes = [inventory.node(name) for name in problems]
+    return WaitResult(False, time.monotonic() - start, problems, state,
+                      log_tails(session, inventory, list(problems)))
+
+
+def log_tails(session, inventory: Inventory, names: Sequence[str]) -> dict[str, str]:
+    """node -> the end of its Ray logs (raylet; GCS too on the head), read in parallel."""
+    nodes = [inventory.node(name) for name in names]
     results = session.fan_out(nodes, lambda n: log_tail_command(inventory, n), timeout=30)
-    for node, r in zip(nodes, results):
-        tails[node.name] = r.stdout.strip() if r.reached else f"({r.status}: {r.error})"
-    return WaitResult(False, time.monotonic() - start, problems, state, tails)
+    return {node.name: (r.stdout.strip() if r.reached else f"({r.status}: {r.error})")
+            for node, r in zip(nodes, results)}

@@ -17,7 +17,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from cluster.inventory import Inventory, Node
+from cluster.inventory import Inventory
 
 MARKER = "CLUSTER_RAY_STATE "
 LABEL_NODE = "cluster-toolkit/node"

@@ -16,8 +16,8 @@ from typing import Any, Callable, Mapping
 
 from cluster import ray_cluster
 from cluster.inventory import Inventory
-from cluster.ray_cluster import (CHANGED, FAILED, UNREACHABLE, NodeFacts, Plan, StepResult,
-                                 WaitResult)
+from cluster.ray_cluster import (CHANGED, FAILED, SKIPPED, UNREACHABLE, NodeFacts, Plan,
+                                 StepResult, WaitResult)
 from cluster.ray_state import RayState, cluster_status, query_state
 from cluster.results import Report
 
@@ -47,6 +47,7 @@ class UpOutcome:
     steps: tuple[StepResult, ...] = ()
     wait: WaitResult | None = None
     status: dict | None = None
+    failed_logs: Mapping[str, str] = field(default_factory=dict)  # node -> end of its Ray logs
 
     @property
     def changed(self) -> bool:
@@ -62,6 +63,7 @@ class UpOutcome:
             "plan": self.plan.to_dict() if self.plan else None,
             "steps": [s.to_dict() for s in self.steps],
             "wait": self.wait.to_dict() if self.wait else None,
+            "failed_logs": dict(self.failed_logs),
             "status": self.status,
         }
 
@@ -131,14 +133,20 @@ def run(inventory: Inventory, session, options: UpOptions,
     # 5. execute
     out.steps = ray_cluster.execute_up(out.plan, session, inventory, options.stagger_s, on_event)
 
-    # 6. wait / verify (also on a plan that changed nothing: proves the cluster is healthy)
+    # 6. wait / verify (also on a plan that changed nothing: proves the cluster is healthy);
+    # nodes whose start failed cannot register: their logs are read at once
+    failed = {s.node for s in out.steps if s.status in (FAILED, UNREACHABLE, SKIPPED)}
     head_step = next(s for s in out.steps if s.node == inventory.head.name)
-    if head_step.status not in (FAILED, UNREACHABLE) and out.plan.expected:
+    expected = tuple(e for e in out.plan.expected if e.node not in failed)
+    if head_step.status not in (FAILED, UNREACHABLE) and expected:
         on_event("waiting for the nodes to register")
-        out.wait = ray_cluster.wait_for_nodes(session, inventory, out.plan.expected,
-                                              options.wait_s, on_event=on_event)
+        out.wait = ray_cluster.wait_for_nodes(session, inventory, expected, options.wait_s,
+                                              on_event=on_event)
         if out.wait.state is not None:
             out.status = cluster_status(inventory, out.wait.state)
+    started_and_failed = [s.node for s in out.steps if s.status == FAILED and s.results]
+    if started_and_failed:
+        out.failed_logs = ray_cluster.log_tails(session, inventory, started_and_failed)
 
     bad = [s for s in out.steps if s.status in (FAILED, UNREACHABLE)]
     if bad or (out.wait is not None and not out.wait.ok) or out.wait is None:

@@ -64,6 +64,9 @@ class LevelResult:
     ttft_p50_ms: float
     ttft_p95_ms: float
     bunched: int  # streams whose first token came with (nearly) the last: TTFT >= 90 % of total
+    ttft_p50_streamed_ms: float  # TTFT p50 over the streams that were not bunched
+    engine_ttft_mean_ms: float | None  # vLLM's own vllm:time_to_first_token_seconds, mean
+    loadavg_1m: float  # the machine's load when the level ended (other work shares it)
 
 
 def _free_port() -> int:
@@ -104,6 +107,23 @@ async def _one_stream(client, url: str, headers: dict, body: dict) -> tuple[floa
     return first, time.perf_counter() - start, tokens
 
 
+def _ttft_sum_count(client, base_url: str) -> tuple[float, float] | None:
+    """vllm:time_to_first_token_seconds sum and count from the path's /metrics, if it has one."""
+    try:
+        response = client.get(f"{base_url}/metrics", timeout=10)
+    except Exception:
+        return None
+    if response.status_code != 200:
+        return None
+    total = count = 0.0
+    for line in response.text.splitlines():
+        if line.startswith("vllm:time_to_first_token_seconds_sum"):
+            total += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("vllm:time_to_first_token_seconds_count"):
+            count += float(line.rsplit(" ", 1)[1])
+    return (total, count) if count else None
+
+
 async def run_level(base_url: str, key: str, concurrency: int, requests: int,
                     max_tokens: int, round_no: int, path: str) -> LevelResult:
     import httpx
@@ -114,6 +134,7 @@ async def run_level(base_url: str, key: str, concurrency: int, requests: int,
             "ignore_eos": True, "temperature": 0.0, "stream_options": {"include_usage": True}}
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     ttfts: list[float] = []
+    streamed: list[float] = []
     tokens = errors = bunched = 0
     semaphore = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(timeout=120, limits=limits) as client:
@@ -130,14 +151,24 @@ async def run_level(base_url: str, key: str, concurrency: int, requests: int,
                     ttfts.append(first)
                     if count > 1 and first >= 0.9 * total:
                         bunched += 1
+                    else:
+                        streamed.append(first)
 
-        start = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(requests)))
-        wall = time.perf_counter() - start
+        with httpx.Client() as sync_client:
+            before = _ttft_sum_count(sync_client, base_url)
+            start = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(requests)))
+            wall = time.perf_counter() - start
+            after = _ttft_sum_count(sync_client, base_url)
+    engine_ttft = None
+    if before and after and after[1] > before[1]:
+        engine_ttft = round((after[0] - before[0]) / (after[1] - before[1]) * 1000, 1)
     return LevelResult(round_no, path, concurrency, requests, errors, tokens, round(wall, 3),
                        round(tokens / wall, 1) if wall else 0.0,
                        round(_percentile(ttfts, 0.5) * 1000, 1),
-                       round(_percentile(ttfts, 0.95) * 1000, 1), bunched)
+                       round(_percentile(ttfts, 0.95) * 1000, 1), bunched,
+                       round(_percentile(streamed, 0.5) * 1000, 1), engine_ttft,
+                       os.getloadavg()[0])
 
 
 # ----------------------------------------------------------------------------- the servers
@@ -215,19 +246,24 @@ def summarize(results: list[LevelResult], paths: list[str], levels: list[int]) -
         if path == "direct":
             continue
         for c in levels:
-            ratios, ttft_diffs = [], []
+            ratios, ttft_diffs, streamed_diffs = [], [], []
             for n in rounds:
                 mine, ref = by_key.get((n, path, c)), by_key.get((n, "direct", c))
                 if not mine or not ref or not ref.tokens_per_s:
                     continue
                 ratios.append(mine.tokens_per_s / ref.tokens_per_s)
                 ttft_diffs.append(mine.ttft_p50_ms - ref.ttft_p50_ms)
+                diff = mine.ttft_p50_streamed_ms - ref.ttft_p50_streamed_ms
+                if diff == diff:  # not NaN: both had streams that were not bunched
+                    streamed_diffs.append(diff)
             if ratios:
                 summary[f"{path}@c{c}"] = {
                     "tokens_per_s_ratio_median": round(statistics.median(ratios), 3),
                     "tokens_per_s_ratios": [round(x, 3) for x in ratios],
                     "ttft_p50_added_ms_median": round(statistics.median(ttft_diffs), 1),
                     "ttft_p50_added_ms": [round(x, 1) for x in ttft_diffs],
+                    "ttft_p50_streamed_added_ms_median": (
+                        round(statistics.median(streamed_diffs), 1) if streamed_diffs else None),
                 }
     return summary
 
@@ -236,7 +272,9 @@ def print_round(results: list[LevelResult]) -> None:
     for r in results:
         print(f"  round {r.round}  {r.path:<13} c={r.concurrency:<3} {r.tokens_per_s:>8.1f} tok/s  "
               f"TTFT p50 {r.ttft_p50_ms:>7.1f} ms  p95 {r.ttft_p95_ms:>7.1f} ms  "
-              f"bunched {r.bunched}/{r.requests}  errors {r.errors}", flush=True)
+              f"bunched {r.bunched}/{r.requests} (streamed p50 {r.ttft_p50_streamed_ms:.1f} ms)  "
+              f"engine TTFT mean {r.engine_ttft_mean_ms if r.engine_ttft_mean_ms is not None else '-'} ms  "
+              f"errors {r.errors}  load {r.loadavg_1m:.1f}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -329,8 +367,11 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(results, paths, levels)
     print("\nmedian of paired ratios over rounds (path vs vLLM's own server):")
     for name, s in summary.items():
+        streamed = s["ttft_p50_streamed_added_ms_median"]
+        streamed = "n/a" if streamed is None else f"{streamed:+.1f}"
         print(f"  {name:<20} tokens/s x{s['tokens_per_s_ratio_median']:.2f}  "
-              f"TTFT p50 {s['ttft_p50_added_ms_median']:+.1f} ms   "
+              f"TTFT p50 {s['ttft_p50_added_ms_median']:+.1f} ms "
+              f"(streamed only {streamed} ms)   "
               f"(per round: x{s['tokens_per_s_ratios']}, {s['ttft_p50_added_ms']} ms)")
     if args.json:
         Path(args.json).write_text(json.dumps({

@@ -84,7 +84,8 @@ def healthy_facts():
 
 
 def argv_of(command: str) -> list[str]:
-    words = shlex.split(command)
+    """The words of the `ray` command (after a worker's wait for the head's GCS)."""
+    words = shlex.split(command.split(" && ")[-1])
     assert words[-1] == "</dev/null"  # never waits on stdin
     return words[:-1]
 
@@ -482,10 +483,14 @@ def test_execute_up_restarts_in_order_and_staggers_workers(inv):
     steps = execute_up(plan, session, inv, stagger_s=0.3)
     assert [s.status for s in steps] == [CHANGED] * 3
     order = [(node, _verb(cmd)) for _, node, cmd in session.calls]
-    # workers stop first (nothing may rejoin the dying GCS), then the head restarts, then workers
+    # workers stop first (nothing may rejoin the dying GCS), then the head stops; then the head
+    # starts while the workers wait on their nodes for its GCS port and join
     assert set(order[:2]) == {("gpu02", "stop"), ("gpu03", "stop")}
-    assert order[2:4] == [("gpu01", "stop"), ("gpu01", "head")]
-    assert set(order[4:]) == {("gpu02", "start"), ("gpu03", "start")}
+    assert order[2] == ("gpu01", "stop")
+    assert set(order[3:]) == {("gpu01", "head"), ("gpu02", "start"), ("gpu03", "start")}
+    workers = [cmd for _, node, cmd in session.calls if _verb(cmd) == "start"]
+    assert all(cmd.index("did not accept connections") < cmd.index(" && ") <
+               cmd.index("ray.scripts.scripts start") for cmd in workers)
     starts = sorted(t for t, _, cmd in session.calls if _verb(cmd) == "start")
     assert starts[1] - starts[0] >= 0.25  # --stagger
 
@@ -498,8 +503,11 @@ def test_execute_up_failed_head_skips_workers(inv):
     steps = execute_up(plan, session, inv)
     assert [s.status for s in steps] == [FAILED, SKIPPED, SKIPPED]
     assert "boom" in steps[0].message
-    assert [node for _, node, _ in session.calls] == ["gpu01"]  # no worker was started
-    assert all("not run" in s.message for s in steps[1:])
+    assert all("the head failed" in s.message for s in steps[1:])
+    # the worker commands only run `ray start` once the head's GCS accepts connections
+    for _, node, cmd in session.calls:
+        if node != "gpu01":
+            assert cmd.startswith("/opt/venv/bin/python3 -c ") and " && env " in cmd
 
 
 def test_execute_up_on_healthy_plan_runs_nothing(inv):
@@ -520,3 +528,36 @@ def test_execute_down_workers_before_head(inv):
     steps = execute_down(plan_down(inv, f), session, inv)
     assert {s.node: s.status for s in steps} == {"gpu02": CHANGED, "gpu03": OK, "gpu01": CHANGED}
     assert [node for _, node, _ in session.calls] == ["gpu02", "gpu01"]
+
+
+# ---------------------------------------------------------------- dashboard tunnel, secrets
+
+
+def test_dashboard_tunnel_uses_inventory_ssh_settings_and_loopback():
+    from cluster.commands.dashboard import tunnel_argv
+
+    inv = inventory.loads(INV.replace("ssh: {user: root}",
+                                      "ssh: {user: root, known_hosts: /etc/kh, "
+                                      "identity_file: /keys/id, port: 2200, "
+                                      "jump_host: admin@bastion:2201}"))
+    argv = tunnel_argv(inv, 18265)
+    assert argv[:2] == ["ssh", "-N"]
+    assert argv[argv.index("-L") + 1] == "127.0.0.1:18265:127.0.0.1:8266"
+    assert argv[argv.index("-p") + 1] == "2200"
+    assert "StrictHostKeyChecking=yes" in argv and "UserKnownHostsFile=/etc/kh" in argv
+    assert argv[argv.index("-i") + 1] == "/keys/id"
+    proxy = next(a for a in argv if a.startswith("ProxyCommand="))
+    assert "-W %h:%p" in proxy and "admin@bastion" in proxy and "-p 2201" in proxy
+    assert "StrictHostKeyChecking=yes" in proxy and "-i /keys/id" in proxy
+    assert argv[-1] == "root@10.0.0.1"
+    assert not any("0.0.0.0" in a for a in argv)
+
+
+def test_secret_env_values_are_kept_out_of_output():
+    from cluster.commands.up import inventory_secrets
+
+    inv = inventory.loads(INV.replace('env: {NCCL_DEBUG: INFO, ODD: "a b\'c"}',
+                                      "env: {NCCL_DEBUG: INFO, HF_TOKEN: hf_secret_value}"))
+    assert inventory_secrets(inv) == ("hf_secret_value",)
+    cmd = start_command(inv.node("gpu02"), inv, gpus(1))
+    assert "HF_TOKEN=hf_secret_value" in cmd  # ray start still gets it

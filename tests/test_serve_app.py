@@ -298,6 +298,36 @@ def test_placement_report_and_replica_priority(tiny_endpoint):
 
 @heavy
 @pytest.mark.ray
+@pytest.mark.vllm
+@pytest.mark.timeout(600)
+def test_killed_replica_is_replaced_and_serves_again(tiny_endpoint):
+    import signal
+
+    import httpx
+
+    headers = {"Authorization": f"Bearer {KEY}"}
+    old_pid = httpx.get(f"{tiny_endpoint}/v1/placement", headers=headers,
+                        timeout=30).json()["replica"]["pid"]
+    os.kill(old_pid, signal.SIGKILL)  # the replica this test's Ray started
+    deadline = time.monotonic() + 420
+    report = None
+    while time.monotonic() < deadline:
+        try:
+            response = httpx.get(f"{tiny_endpoint}/v1/placement", headers=headers, timeout=10)
+            if response.status_code == 200 and response.json()["replica"]["pid"] != old_pid:
+                report = response.json()
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    assert report is not None, "Serve did not bring up a new replica within 420 s"
+    completion = _client(tiny_endpoint).completions.create(
+        model=MODEL_ID, prompt="again", max_tokens=5, extra_body={"ignore_eos": True})
+    assert completion.usage.completion_tokens == 5
+
+
+@heavy
+@pytest.mark.ray
 @pytest.mark.timeout(300)
 def test_dry_run_places_tp2_pp2_workers_on_gpu_bundles(serve_instance):
     """A GPU layout on fake GPUs: bundles and one probe actor per worker, no engine."""

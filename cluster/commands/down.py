@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 from cluster.commands._common import (add_changing, add_json, confirm, load_inventory,
                                       print_json, start_run, stderr, stdout)
-from cluster.commands.up import print_plan, steps_table
+from cluster.commands.up import inventory_secrets, print_plan, steps_table
 from cluster.remote import Session
+from cluster.render import to_json
 from playbooks import ray_down
 
 
@@ -25,6 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     inv = load_inventory(args)
     record = start_run(args, inv, "down")
+    record.secrets = record.secrets + inventory_secrets(inv)
 
     def event(line: str) -> None:
         if not args.json:
@@ -41,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         record.finish(code)
     if args.json:
-        print_json(payload)
+        print_json(json.loads(record.scrub(to_json(payload))))
         return code
     if args.dry_run:
         print_plan(outcome.plan, "plan (dry run: nothing was changed)")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+from typing import Callable
 
 from rich.table import Table
 from rich.text import Text
@@ -10,9 +12,10 @@ from rich.text import Text
 from cluster.commands._common import (add_changing, add_json, confirm, load_inventory,
                                       print_json, start_run, stderr, stdout)
 from cluster.errors import UsageError
+from cluster.inventory import REDACTED, Inventory, redact_env
 from cluster.ray_cluster import Plan, StepResult
 from cluster.remote import Session
-from cluster.render import report_table, status_text
+from cluster.render import report_table, status_text, to_json
 from playbooks import ray_up
 
 
@@ -40,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--stagger must be >= 0 and --timeout > 0")
     inv = load_inventory(args)
     record = start_run(args, inv, "up")
+    record.secrets = record.secrets + inventory_secrets(inv)
     options = ray_up.UpOptions(skip_preflight=args.skip_preflight, force=args.force,
                                stagger_s=args.stagger, dry_run=args.dry_run, wait_s=args.timeout)
 
@@ -61,10 +65,20 @@ def run(args: argparse.Namespace) -> int:
     finally:
         record.finish(code)
     if args.json:
-        print_json(payload)
+        print_json(json.loads(record.scrub(to_json(payload))))
     else:
-        _print(outcome, args.dry_run)
+        _print(outcome, args.dry_run, record.scrub)
     return code
+
+
+def inventory_secrets(inv: Inventory) -> tuple[str, ...]:
+    """Values of the inventory's secret-looking env entries (kept out of output and records;
+    they still reach `ray start`)."""
+    out = []
+    for node in inv.nodes:
+        shown = redact_env(node.env)
+        out += [v for k, v in node.env.items() if shown[k] == REDACTED and len(v) >= 4]
+    return tuple(sorted(set(out), key=len, reverse=True))
 
 
 def _preflight_failed(outcome: ray_up.UpOutcome) -> bool:
@@ -81,26 +95,28 @@ def plan_table(plan: Plan, title: str) -> Table:
     return table
 
 
-def print_plan(plan: Plan, title: str) -> None:
-    """The plan table, then the exact commands per node, unwrapped (copy-pasteable)."""
+def print_plan(plan: Plan, title: str, scrub: Callable[[str], str] = lambda t: t) -> None:
+    """The plan table, then the exact commands per node, unwrapped (copy-pasteable; secret
+    values of the inventory's env shown as ***)."""
     stdout.print(plan_table(plan, title))
     for a in plan.actions:
         for command in a.commands:
-            stdout.print(Text(f"[{a.node}] $ {command}"), soft_wrap=True)
+            stdout.print(Text(scrub(f"[{a.node}] $ {command}")), soft_wrap=True)
 
 
-def steps_table(steps: tuple[StepResult, ...], title: str) -> Table:
+def steps_table(steps: tuple[StepResult, ...], title: str,
+                scrub: Callable[[str], str] = lambda t: t) -> Table:
     table = Table(title=title)
     for col in ("node", "action", "status", "time", "detail"):
         table.add_column(col, overflow="fold")
     for s in steps:
         took = sum(r.duration_s for r in s.results)
         table.add_row(s.node, s.action, status_text(s.status), f"{took:.1f}s" if s.results else "",
-                      s.message)
+                      scrub(s.message))
     return table
 
 
-def _print(outcome: ray_up.UpOutcome, dry_run: bool) -> None:
+def _print(outcome: ray_up.UpOutcome, dry_run: bool, scrub: Callable[[str], str]) -> None:
     if outcome.preflight is not None and outcome.preflight.exit_code >= 1:
         stdout.print(report_table(outcome.preflight, title="preflight"))
     if outcome.preflight_error:
@@ -108,19 +124,22 @@ def _print(outcome: ray_up.UpOutcome, dry_run: bool) -> None:
     plan = outcome.plan
     if plan is not None:
         if dry_run or plan.refused:
-            print_plan(plan, "plan (dry run: nothing was changed)" if dry_run else "plan")
+            print_plan(plan, "plan (dry run: nothing was changed)" if dry_run else "plan", scrub)
         for line in plan.refused:
             stdout.print(f"[bold red]refused:[/bold red] {line}")
         for line in plan.warnings:
             stdout.print(f"[yellow]warning:[/yellow] {line}")
     if outcome.steps and not dry_run:
-        stdout.print(steps_table(outcome.steps, "cluster up"))
+        stdout.print(steps_table(outcome.steps, "cluster up", scrub))
+    for node, tail in outcome.failed_logs.items():
+        stdout.print(f"[bold red]{node}:[/bold red] `ray start` failed; end of its Ray logs:")
+        stdout.print(Text(scrub(tail) or "(no Ray log)"))
     if outcome.wait is not None and not outcome.wait.ok:
         for node, problem in outcome.wait.problems.items():
             stdout.print(f"[bold red]{node}:[/bold red] {problem}")
             tail = outcome.wait.log_tails.get(node)
             if tail:
-                stdout.print(Text(tail))
+                stdout.print(Text(scrub(tail)))
     if outcome.status is not None:
         alive = [n for n in outcome.status["nodes"] if n["alive"] and n["name"]]
         gpus = sum(n["gpus"] for n in alive)

@@ -10,13 +10,10 @@ Heavy: ~2.4 GB of memory and a few minutes on a 2-core machine.
 from __future__ import annotations
 
 import json
-import os
-import re
 import shlex
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx

@@ -1,0 +1,169 @@
+"""`cluster nccl-check [--backend nccl|gloo] [--size-mb N] [--iters N] [--timeout S] [--json]`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+from rich.table import Table
+from rich.text import Text
+
+from cluster import nccl_check
+from cluster.commands._common import add_json, load_inventory, print_json, start_run, stderr, stdout
+from cluster.errors import UsageError
+from cluster.remote import CommandResult, Session
+from cluster.render import status_text, to_json
+from cluster.rundir import latest_report
+
+_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "nccl-check", help="prove the real inter-node transport and bandwidth with an all-reduce",
+        description="Run a timed torch.distributed all-reduce across the running Ray cluster as "
+                    "a Ray job (it shows in the dashboard): NCCL with one rank per GPU, reading "
+                    "NCCL_DEBUG output for the transport actually used (IB/RoCE with or without "
+                    "GPUDirect RDMA, or a socket fallback), or gloo with one rank per node over "
+                    "TCP. Reports the bus bandwidth against the expected one (IB rate x active "
+                    "NICs per node, from the last preflight report). A node that is missing, "
+                    "unreachable or dies fails the check by name, within --timeout. "
+                    "Exit 0 ok, 1 warnings, 2 failures.")
+    p.add_argument("--backend", choices=nccl_check.BACKENDS, default="nccl",
+                   help="nccl (GPUs, default) or gloo (CPU, TCP between nodes)")
+    p.add_argument("--size-mb", type=float, default=None, metavar="N",
+                   help=f"all-reduce size in MiB (default {nccl_check.DEFAULT_SIZE_MB['nccl']:g} "
+                        f"for nccl, {nccl_check.DEFAULT_SIZE_MB['gloo']:g} for gloo)")
+    p.add_argument("--iters", type=int, default=None, metavar="N",
+                   help=f"timed all-reduces (default {nccl_check.DEFAULT_ITERS['nccl']} for nccl, "
+                        f"{nccl_check.DEFAULT_ITERS['gloo']} for gloo)")
+    p.add_argument("--warmup", type=int, default=nccl_check.DEFAULT_WARMUP, metavar="N",
+                   help="untimed all-reduces first (default %(default)s)")
+    p.add_argument("--timeout", type=float, default=nccl_check.DEFAULT_TIMEOUT_S, metavar="S",
+                   help="the whole check ends within S seconds (default %(default)g)")
+    p.add_argument("--nodes", metavar="PATTERN",
+                   help="only these inventory nodes (comma-separated globs, 'head', 'workers')")
+    p.add_argument("--report", metavar="PATH",
+                   help="preflight.json to read the IB ports from (default: the newest one "
+                        "under the run directory)")
+    add_json(p)
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    options = nccl_check.CheckOptions(backend=args.backend, size_mb=args.size_mb,
+                                      iters=args.iters, warmup=args.warmup,
+                                      timeout_s=args.timeout)
+    inv = load_inventory(args)
+    nodes = inv.select(args.nodes)
+    if not nodes:
+        raise UsageError(f"--nodes {args.nodes!r} matches no inventory node")
+    facts, facts_source = _preflight_facts(args.report, inv.run_dir)
+    record = start_run(args, inv, "nccl-check")
+    code = 2
+    try:
+        if not args.json:
+            stderr.print(f"[dim]nccl-check:[/dim] {options.backend} all-reduce of "
+                         f"{options.size:g} MiB x {options.iterations} over {len(nodes)} node(s) "
+                         f"as a Ray job on {inv.head.name} (timeout {options.timeout_s:g} s)")
+        with Session(inv, hooks=[lambda r: record.record(_short(r))]) as session:
+            result, outcome, _cmd = nccl_check.run_check(session, inv, options, nodes, facts)
+        result = dataclasses.replace(result, run_dir=str(record.path))
+        _write_logs(record.path, outcome)
+        payload = dict(result.to_dict(), preflight_report=facts_source)
+        record.write_json("nccl-check.json", payload)
+        code = result.exit_code
+    finally:
+        record.finish(code)
+    if args.json:
+        print_json(json.loads(record.scrub(to_json(payload))))
+    else:
+        _print(result, facts_source)
+    return code
+
+
+def _preflight_facts(explicit: str | None, run_root: str) -> tuple[dict | None, str | None]:
+    path = Path(explicit) if explicit else latest_report(run_root, "preflight.json")
+    if path is None:
+        return None, None
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        if explicit:
+            raise UsageError(f"{path}: cannot read the preflight report ({exc.strerror or exc})")
+        return None, None
+    except ValueError as exc:
+        if explicit:
+            raise UsageError(f"{path}: the preflight report is not JSON ({exc})")
+        return None, None
+    facts = data.get("facts") if isinstance(data, dict) else None
+    return (facts if isinstance(facts, dict) else None), str(path)
+
+
+def _short(result: CommandResult) -> CommandResult:
+    """The head command carries the entrypoint script (base64) and prints the compressed result:
+    keep the run record readable."""
+    command = result.command
+    if len(command) > 600:
+        command = command[:300] + f" ...[{len(command) - 600} chars]... " + command[-300:]
+    out = result.stdout
+    if len(out) > 4000:
+        out = out[:2000] + f"\n...[{len(out) - 4000} chars]...\n" + out[-2000:]
+    return dataclasses.replace(result, command=command, stdout=out)
+
+
+def _write_logs(run_dir: Path, outcome: nccl_check.JobOutcome) -> None:
+    """The job's log tail and every rank's NCCL debug log, beside nccl-check.json."""
+    if outcome.logs_tail:
+        (run_dir / "job.log").write_text(outcome.logs_tail)
+    ranks = (outcome.result or {}).get("ranks") or []
+    logs = nccl_check.rank_logs(ranks)
+    if not logs:
+        return
+    folder = run_dir / "nccl"
+    folder.mkdir(exist_ok=True)
+    for rec, text in logs:
+        name = f"rank{int(rec.get('rank') or 0):03d}-{_SAFE.sub('_', str(rec.get('hostname')))}.log"
+        (folder / name).write_text(text)
+
+
+def _print(result: nccl_check.NcclCheckResult, facts_source: str | None) -> None:
+    style = {"ok": "green", "warn": "yellow"}.get(result.status.value, "bold red")
+    stdout.print(Text(result.verdict, style=style))
+    if result.per_rank:
+        table = Table(title=f"{result.backend} all-reduce, {result.size_mb:g} MiB x {result.iters} "
+                            f"(job {result.job_id}, {result.job_status})")
+        for col in ("rank", "node", "host", "ip", "GPU", "time/iter", "algbw GB/s",
+                    "busbw GB/s", "error"):
+            table.add_column(col, overflow="fold")
+        for r in result.per_rank:
+            per_iter = f"{r.time_s / result.iters * 1000:.1f} ms" if r.time_s else "-"
+            table.add_row("-" if r.rank is None else str(r.rank), r.node or "-",
+                          r.hostname or "-", r.ip or "-", ",".join(r.gpu_ids) or "-", per_iter,
+                          _fmt(r.algbw_gbps), _fmt(r.busbw_gbps),
+                          Text(r.error or "", style="red"))
+        stdout.print(table)
+    if result.busbw_gbps is not None:
+        line = f"bus bandwidth {result.busbw_gbps:g} GB/s, algorithm bandwidth {result.algbw_gbps:g} GB/s"
+        if result.expected.gbps:
+            line += f"; expected {result.expected.gbps:g} GB/s ({result.expected.basis})"
+        stdout.print(line)
+    if result.backend == "nccl" and result.nccl:
+        stdout.print(f"NCCL {result.nccl.get('nccl_version') or '?'}: inter-node transport "
+                     f"{result.transport}, GDR {result.gdr}; {result.nccl.get('verdict')}")
+    for p in result.problems:
+        stdout.print(Text(f"problem: {p}", style="red"))
+    for n in result.notes:
+        stdout.print(f"note: {n}")
+    stdout.print(Text.assemble("status ", status_text(result.status),
+                               f" - job {result.job_id} in the Ray dashboard "
+                               f"({result.dashboard_url}; `cluster dashboard` opens it)"))
+    stdout.print(f"report: {Path(result.run_dir or '.') / 'nccl-check.json'}"
+                 + (f" (expected bandwidth from {facts_source})" if facts_source else ""))
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"

@@ -1,0 +1,574 @@
+"""`cluster deploy` without a cluster: plan/flags -> Serve config (import path, args, runtime_env,
+placement bundles, names, API key handling, logging defaults), the apps merge the dashboard's
+PUT needs, Serve's status read for one app, the wait loop, log-tail commands and node checks."""
+
+from __future__ import annotations
+
+import ast
+import copy
+import importlib.util
+import inspect
+import json
+
+import pytest
+import yaml
+
+from cluster import deploy
+from cluster.dashboard_api import (DashboardClient, DashboardReply, merge_applications,
+                                   parse_reply, redact_runtime_envs, snippet)
+from cluster.errors import UsageError
+from cluster.inventory import loads as load_inventory
+from cluster.plan_file import parse_plan
+from cluster.ray_state import GcsNode, RayState
+from cluster.remote import CommandResult
+
+MODEL = "/models/tiny"
+KEY_VALUE = "sk-live-9f8e7d6c5b4a"
+
+INVENTORY = f"""
+nodes:
+  - {{name: gpu1, role: head, address: 10.0.0.1, nccl_socket_ifname: eth0,
+      gloo_socket_ifname: eth0, ib_hcas: [mlx5_0, mlx5_1],
+      env: {{CLUSTER_API_KEY: {KEY_VALUE}, NCCL_DEBUG: WARN}}}}
+  - {{name: gpu2, address: 10.0.0.2, nccl_socket_ifname: eth0, gloo_socket_ifname: eth0,
+      ib_hcas: [mlx5_0, mlx5_1], env: {{CLUSTER_API_KEY: {KEY_VALUE}}}}}
+ray: {{serve_port: 8000, dashboard_port: 8265}}
+"""
+
+
+def inventory(text: str = INVENTORY):
+    return load_inventory(text)
+
+
+def cluster_of(*nodes: tuple[str, float, float]) -> deploy.ClusterView:
+    """(ip, cpus, gpus) per alive node."""
+    state = RayState("dashboard", "2.60.0", tuple(
+        GcsNode(f"id{i}", ip, True, i == 0, {"CPU": cpus, "GPU": gpus})
+        for i, (ip, cpus, gpus) in enumerate(nodes)), None)
+    return deploy.ClusterView.from_state(inventory(), state)
+
+
+CPU2 = cluster_of(("10.0.0.1", 2, 0), ("10.0.0.2", 2, 0))
+GPU2x4 = cluster_of(("10.0.0.1", 16, 4), ("10.0.0.2", 16, 4))
+GPU2x8 = cluster_of(("10.0.0.1", 64, 8), ("10.0.0.2", 64, 8))
+
+
+def build(spec, cluster=CPU2, device=None):
+    inv = inventory()
+    app, notes = deploy.build_application(spec, device or cluster.resolve_device(spec.device),
+                                          cluster, inv)
+    return app, notes, deploy.placement_preview(app)
+
+
+# ---------------------------------------------------------------- config generation
+
+
+def test_flags_tp2_on_cpu_nodes_import_path_args_and_cpu_env():
+    spec = deploy.spec_from_flags(MODEL, tp=2, max_model_len=512)
+    app, notes, preview = build(spec)
+    assert app["import_path"] == "serve_apps.vllm_app:build_app"
+    assert app["name"] == "tiny" and app["route_prefix"] == "/tiny"
+    args = app["args"]
+    assert args["model_loading_config"] == {"model_id": "tiny", "model_source": MODEL}
+    assert args["engine_kwargs"] == {"tensor_parallel_size": 2, "pipeline_parallel_size": 1,
+                                     "max_model_len": 512}
+    assert args["device"] == "cpu" and args["deployment_config"] == {"num_replicas": 1}
+    env = args["runtime_env"]["env_vars"]
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"
+    assert env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert env["HF_HUB_OFFLINE"] == "1" and env["VLLM_NO_USAGE_STATS"] == "1"
+    assert all(isinstance(v, str) for v in env.values())
+    assert preview["bundles_per_replica"] == [{"CPU": 1}, {"CPU": 1}]
+    assert preview["strategy"] == "STRICT_PACK" and preview["num_replicas"] == 1
+
+
+def test_cpu_tp1_leaves_vllm_thread_binding_automatic():
+    env = build(deploy.spec_from_flags(MODEL))[0]["args"]["runtime_env"]["env_vars"]
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in env and "VLLM_CPU_NUM_OF_RESERVED_CPU" not in env
+
+
+@pytest.mark.parametrize("cpus, workers, expected", [
+    (2, 2, "0|1"), (8, 2, "0-3|4-7"), (4, 4, "0|1|2|3"), (7, 2, "0-2|3-5"), (3, 1, "0-2")])
+def test_cpu_bind_list(cpus, workers, expected):
+    assert deploy.cpu_bind_list(cpus, workers) == expected
+
+
+def test_cpu_tp_larger_than_a_node_is_refused():
+    with pytest.raises(UsageError, match="4 CPU workers need at least 4 CPUs"):
+        build(deploy.spec_from_flags(MODEL, tp=4))
+
+
+def test_gpu_tp4_pp2_bundles_pack_across_two_4gpu_nodes_with_nccl_env():
+    spec = deploy.spec_from_flags(MODEL, tp=4, pp=2)
+    app, _, preview = build(spec, GPU2x4)
+    assert app["args"]["device"] == "gpu"
+    bundles = preview["bundles_per_replica"]
+    assert len(bundles) == 8  # TP x PP
+    assert bundles[0] == {"GPU": 1, "CPU": 2}  # worker 0 + the replica's own CPU
+    assert all(b == {"GPU": 1, "CPU": 1} for b in bundles[1:])
+    assert preview["strategy"] == "PACK"  # 8 GPUs do not fit one 4-GPU node
+    env = app["args"]["runtime_env"]["env_vars"]
+    assert env["NCCL_SOCKET_IFNAME"] == "eth0" and env["GLOO_SOCKET_IFNAME"] == "eth0"
+    assert env["NCCL_IB_HCA"] == "mlx5_0,mlx5_1"
+    assert not any(k.startswith("VLLM_CPU_") for k in env)
+    assert "VLLM_HOST_IP" not in env  # per node: set at ray start
+
+
+def test_gpu_tp_inside_one_node_is_strict_pack():
+    _, _, preview = build(deploy.spec_from_flags(MODEL, tp=4, dp=2), GPU2x8)
+    assert preview["strategy"] == "STRICT_PACK" and preview["num_replicas"] == 2
+    assert len(preview["bundles_per_replica"]) == 4
+
+
+def test_nccl_interfaces_that_differ_per_node_stay_out_of_runtime_env():
+    inv = inventory(INVENTORY.replace("nccl_socket_ifname: eth0,\n      gloo", "nccl_socket_ifname: "
+                                      "ib0,\n      gloo", 1))
+    assert {n.nccl_socket_ifname for n in inv.nodes} == {"ib0", "eth0"}
+    env = deploy.runtime_env_vars(deploy.spec_from_flags(MODEL), "gpu", GPU2x4, inv)
+    assert "NCCL_SOCKET_IFNAME" not in env and env["GLOO_SOCKET_IFNAME"] == "eth0"
+
+
+def test_dense_plan_replicas_and_strategy_come_from_the_plan():
+    from test_plan_file import real_plan
+
+    doc = real_plan("llama-3.1-70b-instruct")   # TP 4, 2 replicas, STRICT_PACK, 1 x 8 GPUs
+    spec = deploy.spec_from_plan(parse_plan(yaml.safe_dump(doc), "plan.yaml"))
+    app, notes, preview = build(spec, GPU2x8)
+    args = app["args"]
+    assert args["model_loading_config"]["model_id"] == doc["served_model_name"]
+    assert args["model_loading_config"]["model_source"] == doc["model"]
+    kw = args["engine_kwargs"]
+    assert kw["tensor_parallel_size"] == 4 and kw["pipeline_parallel_size"] == 1
+    assert kw["max_model_len"] == doc["max_model_len"]
+    assert kw["gpu_memory_utilization"] == doc["gpu_memory_utilization"]
+    assert "model" not in kw and "served_model_name" not in kw
+    assert "data_parallel_size" not in kw  # dense: replicas are Serve replicas
+    assert args["deployment_config"] == {"num_replicas": 2}
+    assert preview["strategy"] == "STRICT_PACK" and len(preview["bundles_per_replica"]) == 4
+    assert spec.source == "plan:plan.yaml"
+
+
+def test_multi_node_dense_plan_tp8_pp2_is_pack():
+    from test_plan_file import real_plan
+
+    doc = real_plan("llama-3.1-405b-instruct", nodes=2)
+    spec = deploy.spec_from_plan(parse_plan(yaml.safe_dump(doc), "plan.yaml"))
+    _, _, preview = build(spec, GPU2x8)
+    assert preview["strategy"] == "PACK" and len(preview["bundles_per_replica"]) == 16
+
+
+def test_moe_plan_dp_ep_uses_the_moe_app_and_gang_scheduling():
+    from test_plan_file import real_plan
+
+    doc = real_plan("mixtral-8x7b-instruct-v0.1")   # DP 8 + EP on one 8-GPU node
+    spec = deploy.spec_from_plan(parse_plan(yaml.safe_dump(doc), "moe.yaml"))
+    app, _, preview = build(spec, GPU2x8)
+    assert app["import_path"] == "serve_apps.vllm_app:build_moe_app"
+    kw = app["args"]["engine_kwargs"]
+    assert kw["data_parallel_size"] == 8 and kw["enable_expert_parallel"] is True
+    assert kw["tensor_parallel_size"] == 1
+    assert preview["num_replicas"] == 8  # one gang-scheduled replica per DP rank
+    assert preview["gang"]["gang_size"] == 8
+    assert preview["bundles_per_replica"] == [{"GPU": 1, "CPU": 2}]
+
+
+def test_flags_dp_is_replicas_for_dense_and_ranks_with_expert_parallel():
+    dense = deploy.spec_from_flags(MODEL, tp=2, dp=3)
+    assert (dense.replicas, dense.data_parallel_size, dense.expert_parallel) == (3, 1, False)
+    moe = deploy.spec_from_flags(MODEL, dp=4, expert_parallel=True)
+    assert (moe.replicas, moe.data_parallel_size, moe.expert_parallel) == (1, 4, True)
+    app, _, preview = build(moe, GPU2x4)
+    assert app["args"]["engine_kwargs"]["enable_expert_parallel"] is True
+    assert preview["num_replicas"] == 4
+
+
+def test_served_model_name_is_always_explicit():
+    assert build(deploy.spec_from_flags(MODEL))[0]["args"]["model_loading_config"]["model_id"] \
+        == "tiny"
+    spec = deploy.spec_from_flags(MODEL, served_model_name="org/My-Model.v2")
+    app = build(spec)[0]
+    assert app["args"]["model_loading_config"]["model_id"] == "org/My-Model.v2"
+    assert app["name"] == "org-My-Model.v2" and app["route_prefix"] == "/org-My-Model.v2"
+    assert deploy.spec_from_flags(MODEL, name="chat", route_prefix="/v").route == "/v"
+    with pytest.raises(UsageError):
+        deploy.spec_from_flags(MODEL, served_model_name="has space")
+
+
+def test_api_key_only_by_name_never_by_value(monkeypatch):
+    monkeypatch.setenv("CLUSTER_API_KEY", KEY_VALUE)
+    spec = deploy.spec_from_flags(MODEL, tp=2)
+    inv = inventory()
+    app, _ = deploy.build_application(spec, "cpu", CPU2, inv)
+    text = deploy.render_config(deploy.serve_config(app, inv), spec.source, 8265)
+    assert app["args"]["api_key_env"] == "CLUSTER_API_KEY"
+    assert KEY_VALUE not in text and KEY_VALUE not in json.dumps(spec.to_dict())
+    assert deploy.find_secrets(text, [KEY_VALUE]) == []
+    assert deploy.find_secrets(text + KEY_VALUE, [KEY_VALUE]) == ["sk***"]
+    for bad in ({"HF_TOKEN": "x"}, {"VLLM_API_KEY": "x"}, {"CLUSTER_API_KEY": "x"},
+                {"AWS_SECRET_ACCESS_KEY": "x"}):
+        with pytest.raises(UsageError, match="secrets never go"):
+            deploy.spec_from_flags(MODEL, env=bad)
+    with pytest.raises(UsageError, match="secrets never go|set by"):
+        deploy.spec_from_flags(MODEL, engine_args={"api_key": "x"})
+    with pytest.raises(UsageError, match="secrets never go"):
+        deploy.spec_from_flags(MODEL, engine_args={"hf_token": "x"})
+    with pytest.raises(UsageError, match="NAME of an environment variable"):
+        deploy.spec_from_flags(MODEL, api_key_env="sk-123-not-a-name")
+    assert build(deploy.spec_from_flags(MODEL, api_key_env=None))[0]["args"]["api_key_env"] \
+        is None
+
+
+def test_per_request_logging_is_off_by_default():
+    from serve_apps.config import engine_kwargs_for, parse_app_args, serve_deployment_options
+
+    app = build(deploy.spec_from_flags(MODEL))[0]
+    assert app["args"]["enable_request_logging"] is False
+    config = parse_app_args(app["args"])
+    assert serve_deployment_options(config, "cpu")["logging_config"]["enable_access_log"] is False
+    assert engine_kwargs_for(config, "cpu")["enable_log_requests"] is False
+    on = build(deploy.spec_from_flags(MODEL, request_logging=True))[0]
+    assert on["args"]["enable_request_logging"] is True
+
+
+def test_user_env_and_engine_args_pass_through_and_are_checked():
+    spec = deploy.spec_from_flags(MODEL, env={"VLLM_CPU_KVCACHE_SPACE": "4", "NCCL_DEBUG": "INFO"},
+                                  engine_args={"enforce_eager": True, "dtype": "bfloat16"})
+    app = build(spec)[0]
+    assert app["args"]["runtime_env"]["env_vars"]["VLLM_CPU_KVCACHE_SPACE"] == "4"
+    assert app["args"]["engine_kwargs"]["enforce_eager"] is True
+    for bad in ({"VLLM_HOST_IP": "1.2.3.4"}, {"1BAD": "x"}, {"X": "a\nb"}):
+        with pytest.raises(UsageError):
+            deploy.spec_from_flags(MODEL, env=bad)
+    for bad in ({"tensor_parallel_size": 2}, {"model": "/x"}, {"Max-Len": 3},
+                {"distributed_executor_backend": "ray"}):
+        with pytest.raises(UsageError):
+            deploy.spec_from_flags(MODEL, engine_args=bad)
+
+
+def test_gpu_only_engine_args_are_dropped_on_cpu_with_a_note():
+    spec = deploy.spec_from_flags(MODEL, engine_args={"gpu_memory_utilization": 0.9})
+    app, notes, _ = build(spec)
+    assert "gpu_memory_utilization" not in app["args"]["engine_kwargs"]
+    assert any("gpu_memory_utilization" in n for n in notes)
+    assert build(spec, GPU2x4)[0]["args"]["engine_kwargs"]["gpu_memory_utilization"] == 0.9
+
+
+def test_model_path_must_be_absolute_and_plain():
+    for bad in ("models/x", "~/models/x", "/m; reboot", "/m/$(id)"):
+        with pytest.raises(UsageError):
+            deploy.spec_from_flags(bad)
+    assert deploy.spec_from_flags("/models/x/").model == "/models/x"
+
+
+def test_plan_from_a_bare_config_json_serves_the_directory_and_relative_needs_model():
+    from test_plan_file import real_plan
+
+    doc = real_plan("llama-3.1-8b")
+    doc["model"] = doc["engine_args"]["model"] = "/models/llama/config.json"
+    assert deploy.spec_from_plan(parse_plan(yaml.safe_dump(doc), "p")).model == "/models/llama"
+    doc["model"] = doc["engine_args"]["model"] = "tests/model_configs/llama-3.1-8b.json"
+    plan = parse_plan(yaml.safe_dump(doc), "p")
+    with pytest.raises(UsageError, match="--model"):
+        deploy.spec_from_plan(plan)
+    assert deploy.spec_from_plan(plan, model="/srv/llama").model == "/srv/llama"
+
+
+def test_serve_config_shape_and_yaml_round_trip():
+    spec = deploy.spec_from_flags(MODEL, tp=2)
+    inv = inventory()
+    app, _ = deploy.build_application(spec, "cpu", CPU2, inv)
+    config = deploy.serve_config(app, inv)
+    assert config["http_options"] == {"host": "0.0.0.0", "port": 8000}
+    text = deploy.render_config(config, "flags", 8265)
+    assert text.startswith("# Ray Serve config written by `cluster deploy`")
+    assert yaml.safe_load(text) == json.loads(json.dumps(config))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray not installed")
+def test_ray_serve_accepts_the_config_schema():
+    from ray.serve.schema import ServeDeploySchema
+
+    inv = inventory()
+    for spec, cluster in ((deploy.spec_from_flags(MODEL, tp=2), CPU2),
+                          (deploy.spec_from_flags(MODEL, tp=4, pp=2), GPU2x4),
+                          (deploy.spec_from_flags(MODEL, dp=8, expert_parallel=True), GPU2x8)):
+        app, _ = deploy.build_application(spec, cluster.resolve_device("auto"), cluster, inv)
+        text = deploy.render_config(deploy.serve_config(app, inv), "flags", 8265)
+        schema = ServeDeploySchema.model_validate(yaml.safe_load(text))
+        assert schema.applications[0].import_path == spec.import_path
+        assert schema.http_options.port == 8000
+
+
+def test_capacity_problems_name_what_cannot_be_scheduled():
+    _, _, preview = build(deploy.spec_from_flags(MODEL, tp=4, pp=2), GPU2x4)
+    assert deploy.capacity_problems(preview, GPU2x4) == []
+    small = cluster_of(("10.0.0.1", 16, 4))
+    msgs = deploy.capacity_problems(preview, small)
+    assert msgs and "8 GPU" in msgs[0]
+    _, _, strict = build(deploy.spec_from_flags(MODEL, tp=4, dp=2), GPU2x8)
+    assert deploy.capacity_problems(strict, GPU2x4)[0].startswith("one replica needs 4")
+
+
+def test_endpoint_url():
+    inv = inventory()
+    assert deploy.endpoint_url(inv, "/tiny") == "http://10.0.0.1:8000/tiny/v1"
+    assert deploy.endpoint_url(inv, "/", 9000) == "http://10.0.0.1:9000/v1"
+
+
+def test_device_auto_follows_gpu_resources():
+    assert CPU2.resolve_device("auto") == "cpu" and GPU2x4.resolve_device("auto") == "gpu"
+    assert GPU2x4.resolve_device("cpu") == "cpu"
+
+
+# ---------------------------------------------------------------- merging with other apps
+
+
+def _details(apps: dict, http=None) -> dict:
+    out = {"controller_info": {"node_id": "n"}, "applications": apps,
+           "proxy_location": "EveryNode"}
+    if http:
+        out["http_options"] = http
+    return out
+
+
+def _app(name, prefix, source="declarative"):
+    return {"status": "RUNNING", "route_prefix": prefix, "source": source,
+            "last_deployed_time_s": 100.0,
+            "deployed_app_config": {"name": name, "route_prefix": prefix,
+                                    "import_path": "x:app", "args": {"a": 1},
+                                    "runtime_env": {"env_vars": {"K": "v"}}}}
+
+
+def test_merge_keeps_other_declarative_apps_and_replaces_the_same_name():
+    new = {"name": "b", "route_prefix": "/b", "import_path": "serve_apps.vllm_app:build_app"}
+    details = _details({"a": _app("a", "/a"), "b": _app("b", "/b")},
+                       http={"host": "0.0.0.0", "port": 8000})
+    out = merge_applications(details, upsert=new, http_options={"host": "0.0.0.0", "port": 9})
+    assert [a["name"] for a in out["body"]["applications"]] == ["a", "b"]
+    assert out["body"]["applications"][0] == details["applications"]["a"]["deployed_app_config"]
+    assert out["body"]["applications"][1] == new
+    assert out["body"]["http_options"]["port"] == 8000  # Serve keeps what it started with
+    assert out["kept"] == ["a"] and out["previous"]["last_deployed_time_s"] == 100.0
+    assert out["error"] is None
+
+
+def test_merge_on_a_fresh_cluster_sends_our_http_options():
+    out = merge_applications({"applications": {}, "controller_info": {}},
+                             upsert={"name": "a", "route_prefix": "/a"},
+                             http_options={"host": "0.0.0.0", "port": 8000})
+    assert out["body"] == {"applications": [{"name": "a", "route_prefix": "/a"}],
+                           "http_options": {"host": "0.0.0.0", "port": 8000}}
+    assert out["previous"] is None
+
+
+def test_merge_remove_and_absent_and_conflicts():
+    details = _details({"a": _app("a", "/a"), "b": _app("b", "/b"),
+                        "imp": _app("imp", "/imp", source="imperative")})
+    out = merge_applications(details, remove="a")
+    assert [a["name"] for a in out["body"]["applications"]] == ["b"]
+    assert out["untouched"] == ["imp"]
+    assert merge_applications(details, remove="zzz")["body"] is None
+    empty = merge_applications(_details({"a": _app("a", "/a")}), remove="a")
+    assert empty["body"]["applications"] == []  # the last app: Serve keeps running, no app
+    clash = merge_applications(details, upsert={"name": "c", "route_prefix": "/b"})
+    assert clash["body"] is None and "route_prefix '/b'" in clash["error"]
+    imperative = merge_applications(details, upsert={"name": "imp", "route_prefix": "/imp"})
+    assert imperative["body"] is None and "serve.run" in imperative["error"]
+
+
+def test_the_merge_runs_standalone_on_the_head():
+    """The snippet ships merge_applications by source: it must need nothing from this module."""
+    source = "from __future__ import annotations\n" + inspect.getsource(merge_applications)
+    namespace: dict = {}
+    exec(compile(source, "<head>", "exec"), namespace)  # noqa: S102 - our own source
+    out = namespace["merge_applications"](_details({"a": _app("a", "/a")}),
+                                          upsert={"name": "b", "route_prefix": "/b"})
+    assert [a["name"] for a in out["body"]["applications"]] == ["a", "b"]
+    ast.parse(snippet())
+
+
+def test_redaction_masks_env_values_everywhere():
+    details = _details({"a": _app("a", "/a")})
+    details["applications"]["a"]["deployments"] = {
+        "d": {"deployment_config": {"ray_actor_options": {"runtime_env": {
+            "env_vars": {"HF_TOKEN": "hf_secret"}, "pip": ["x"]}}}}}
+    text = json.dumps(redact_runtime_envs(details))
+    assert "hf_secret" not in text and '"v"' not in text and '"HF_TOKEN": "***"' in text
+    assert '"pip": ["x"]' in text
+
+
+def test_dashboard_command_carries_the_body_on_stdin_and_no_secret():
+    inv = inventory()
+    client = DashboardClient(session=None, inventory=inv)
+    app = {"name": "a", "route_prefix": "/a", "args": {"api_key_env": "CLUSTER_API_KEY"}}
+    command = client.command("apply", {"upsert": app})
+    argv_part, _, heredoc = command.partition("<<'")
+    assert '"upsert"' not in argv_part and '"upsert"' in heredoc
+    assert KEY_VALUE not in command
+    assert "NCCL_DEBUG=WARN" in argv_part  # non-secret head env still applies
+    assert "http://127.0.0.1:8265" in argv_part
+
+
+def test_parse_reply():
+    line = 'CLUSTER_DASHBOARD {"status": 200, "json": {"a": 1}, "merge": {"kept": ["x"]}}'
+    reply = parse_reply("noise\n" + line + "\n")
+    assert reply.ok and reply.json == {"a": 1} and reply.merge == {"kept": ["x"]}
+    assert parse_reply("nothing") is None
+    bad = DashboardReply(400, text="ValidationError(...)\nbad import path")
+    assert not bad.ok and bad.describe() == "HTTP 400: bad import path"
+
+
+# ---------------------------------------------------------------- Serve status for one app
+
+
+def serve_details(status="RUNNING", dep_status="HEALTHY", message="", t=200.0, replicas=None,
+                  dead=None, dep_message=""):
+    return {"applications": {"tiny": {
+        "status": status, "message": message, "route_prefix": "/tiny",
+        "last_deployed_time_s": t,
+        "deployments": {"vllm-tiny": {
+            "status": dep_status, "message": dep_message, "target_num_replicas": 1,
+            "replicas": replicas if replicas is not None else [
+                {"replica_id": "r1", "state": "RUNNING", "node_ip": "10.0.0.2", "pid": 42,
+                 "worker_id": "ab" * 28, "log_file_path": "/serve/replica_tiny_vllm-tiny_r1.log"}],
+            "recent_dead_replicas": dead or []}}}}}
+
+
+def test_app_state_reads_status_replicas_and_dead_ones():
+    dead = [{"replica_id": "r0", "state": "STOPPED", "node_ip": "10.0.0.1", "pid": 7}]
+    state = deploy.app_state(serve_details(dead=dead), "tiny")
+    assert state.status == "RUNNING" and state.route_prefix == "/tiny"
+    assert state.deployments["vllm-tiny"]["running_replicas"] == 1
+    assert [(r.pid, r.dead) for r in state.replicas] == [(42, False), (7, True)]
+    assert state.summary() == "RUNNING: vllm-tiny HEALTHY (1 RUNNING)"
+    assert deploy.app_state(serve_details(), "other") is None
+    assert deploy.app_state({}, "tiny") is None
+
+
+def test_failure_reason_is_the_exception_line_without_colour_codes():
+    msg = ("The deployment failed to start 3 times in a row. Error:\n\x1b[36mray::X\x1b[39m\n"
+           "Traceback (most recent call last):\n  File x\n"
+           "serve_apps.config.AppConfigError: engine_kwargs.bogus: not an argument of this vLLM")
+    state = deploy.app_state(serve_details("DEPLOY_FAILED", "DEPLOY_FAILED",
+                                           "Failed to update the deployments ['vllm-tiny'].",
+                                           replicas=[], dep_message=msg), "tiny")
+    reason = deploy.failure_reason(deploy.WaitOutcome(state, 30, False), 900)
+    assert reason == ("DEPLOY_FAILED: vllm-tiny: serve_apps.config.AppConfigError: "
+                      "engine_kwargs.bogus: not an argument of this vLLM")
+    timed = deploy.failure_reason(deploy.WaitOutcome(state, 900, True), 900)
+    assert timed.startswith("still DEPLOY_FAILED after 900 s")
+    assert "never listed" in deploy.failure_reason(deploy.WaitOutcome(None, 5, True), 5)
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+
+
+class ScriptedClient:
+    """Stands in for DashboardClient.serve_details: answers from a list (the last repeats)."""
+
+    def __init__(self, answers):
+        self.answers = list(answers)
+
+    def serve_details(self):
+        answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def test_wait_for_app_until_running_ignoring_the_old_version_and_hiccups():
+    clock = FakeClock()
+    client = ScriptedClient([serve_details("RUNNING", t=100.0),      # old version, ignored
+                             RuntimeError("dashboard restarting"),
+                             serve_details("DEPLOYING", "UPDATING", replicas=[]),
+                             serve_details("RUNNING", t=200.0)])
+    events = []
+    out = deploy.wait_for_app(client, "tiny", 600, previous_time=100.0, poll_s=3,
+                              on_event=events.append, clock=clock, sleep=clock.sleep)
+    assert out.running and not out.timed_out and out.waited_s == 9
+    assert events == ["DEPLOYING: vllm-tiny UPDATING (no replicas)",
+                      "RUNNING: vllm-tiny HEALTHY (1 RUNNING)"]
+    assert out.errors == ("dashboard restarting",)
+
+
+def test_wait_for_app_stops_on_deploy_failed_and_times_out():
+    clock = FakeClock()
+    failed = deploy.wait_for_app(ScriptedClient([serve_details("DEPLOY_FAILED", "DEPLOY_FAILED")]),
+                                 "tiny", 600, clock=clock, sleep=clock.sleep)
+    assert failed.state.status == "DEPLOY_FAILED" and not failed.timed_out
+    clock = FakeClock()
+    slow = deploy.wait_for_app(ScriptedClient([serve_details("DEPLOYING", "UPDATING")]), "tiny",
+                               30, poll_s=5, clock=clock, sleep=clock.sleep)
+    assert slow.timed_out and slow.state.status == "DEPLOYING" and slow.waited_s <= 30
+
+
+def test_wait_until_gone():
+    clock = FakeClock()
+    out = deploy.wait_until_gone(ScriptedClient([serve_details("DELETING"), {"applications": {}}]),
+                                 "tiny", 60, clock=clock, sleep=clock.sleep)
+    assert not out.timed_out and out.state is None
+
+
+# ---------------------------------------------------------------- logs and node checks
+
+
+def test_log_tail_command_targets_the_replica_files_safely():
+    inv = inventory()
+    state = deploy.app_state(serve_details(dead=[{"replica_id": "r0", "state": "STOPPED",
+                                                  "node_ip": "10.0.0.1", "pid": 7,
+                                                  "log_file_path": "/serve/../../etc/passwd"}]),
+                             "tiny")
+    live, dead = state.replicas
+    cmd = deploy.log_tail_command(inv, [live], "tiny")
+    assert cmd.startswith("cd /tmp/ray/session_latest/logs ")
+    assert "serve/replica_tiny_vllm-tiny_r1.log" in cmd and f"worker-{'ab' * 28}-*.err" in cmd
+    unsafe = deploy.log_tail_command(inv, [dead], "tiny")
+    assert "passwd" not in unsafe and "worker-*-7.err" in unsafe
+    assert "serve/controller_*.log" in deploy.log_tail_command(inv, [], "tiny")
+
+
+def _result(node, stdout="", status="ok", code=0):
+    return CommandResult(node, "cmd", code, stdout, "", 0.1, status, None if status == "ok"
+                         else "boom")
+
+
+def test_node_checks_name_the_nodes_without_the_model_or_the_key():
+    spec = deploy.spec_from_flags(MODEL, tp=2)
+    line = deploy.NODE_CHECK_MARKER + '{"model": %s, "model_dir": true, "key": "%s"}'
+    checks = [deploy.parse_node_check("gpu1", _result("gpu1", line % ("true", "set"))),
+              deploy.parse_node_check("gpu2", _result("gpu2", line % ("false", "unset")))]
+    out = deploy.judge_checks(checks, spec, CPU2)
+    assert not out.ok
+    model_problem, key_problem = out.problems
+    assert "missing on gpu2" in model_problem and "gpu1" not in model_problem
+    assert "$CLUSTER_API_KEY is not set in the Ray environment of gpu2 (unset)" in key_problem
+    assert "--no-api-key" in key_problem
+    ok = deploy.judge_checks(checks[:1], spec, CPU2)
+    assert ok.ok
+    open_spec = deploy.spec_from_flags(MODEL, api_key_env=None)
+    assert deploy.judge_checks([deploy.parse_node_check(
+        "gpu1", _result("gpu1", line % ("true", "None")))], open_spec, CPU2).ok
+
+
+def test_node_checks_unreachable_and_no_ray():
+    spec = deploy.spec_from_flags(MODEL)
+    out = deploy.judge_checks([deploy.parse_node_check("gpu2", _result("gpu2", status="unreachable",
+                                                                       code=None))],
+                              spec, deploy.ClusterView(()))
+    assert any("no alive Ray node" in p for p in out.problems)
+    assert any("could not check gpu2" in p for p in out.problems)
+
+
+def test_node_check_command_quotes_and_never_carries_the_key_value(monkeypatch):
+    monkeypatch.setenv("CLUSTER_API_KEY", KEY_VALUE)
+    cmd = deploy.node_check_command(inventory(), "/models/with space", "CLUSTER_API_KEY")
+    assert "'/models/with space'" in cmd and KEY_VALUE not in cmd
