@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
 from typing import Sequence
 
@@ -32,6 +33,9 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("deploy", "deploy"),
     ("undeploy", "undeploy"),
     ("nccl-check", "nccl_check"),
+    ("tune", "tune"),
+    ("drain", "drain"),
+    ("restart-node", "restart_node"),
 )
 
 
@@ -66,6 +70,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(handler(args))
     except ClusterError as exc:
         print(f"cluster {args.command}: {exc}", file=sys.stderr)
+        if getattr(args, "json", False):  # scripts always get one JSON document with --json
+            json.dump({"command": args.command, "exit_code": 2, "status": "error",
+                       "error": str(exc)}, sys.stdout)
+            sys.stdout.write("\n")
         return 2
     except KeyboardInterrupt:
         print(f"cluster {args.command}: interrupted", file=sys.stderr)

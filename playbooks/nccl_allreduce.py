@@ -23,8 +23,13 @@ Steps, every one bounded by the deadline (--deadline, a Unix time on the head's 
               NCCL_DEBUG_SUBSYS=INIT,NET,GRAPH and NCCL_DEBUG_FILE=<--log-dir>/nccl.%h.%p.log
               and return that file's text (bounded): only a real collective makes NCCL >= 2.22
               print its channel (transport) lines.
-  A rank that fails, a dead actor, or a rank still running at the deadline is reported with its
-  node; ranks still running are asked what they are doing (a silent one: its node is gone).
+              While they run, Ray's node table is read every 3 s and the ranks are asked
+              `phase()` every 5 s (answered from the actor's second thread); a rank that
+              fails, dies, loses its node or misses two heartbeats gives the others 10 s,
+              then the check ends.
+  A rank that fails, a dead actor, or a rank still running at the end is reported with its node;
+  ranks still running are asked what they are doing (a silent one: its node is gone). The nodes
+  to blame are the dead or silent ones first, then peers whose IP an error names (blame()).
 
 Output: the full result as JSON in --result-file (read back by the caller on the head) and one
 line `CLUSTER_NCCL_CHECK <json>` on stdout (the same without the NCCL log texts) for the job's
@@ -50,14 +55,14 @@ import traceback
 from typing import Any, Iterable, Mapping, Sequence
 
 MARKER = "CLUSTER_NCCL_CHECK "
-NCCL_LOG_MAX_BYTES = 4 << 20          # per rank; the head of the log holds init and channels
+NCCL_LOG_MAX_BYTES = 4 << 20       # per rank; the head of the log holds init and channels
 PROBE_TIMEOUT_S = 20.0             # a tiny task on a node that may be cut off
 PROBE_AFTER_S = 15.0               # a pending placement group gets its nodes probed after this
 POLL_S = 3.0                       # how often Ray's node table is read while waiting
 FAIL_GRACE_S = 10.0                # the other ranks' time to finish once one rank failed
 HEARTBEAT_S = 5.0                  # ranks still running are asked phase() this often
-PHASE_QUERY_TIMEOUT_S = 5.0
-CLEANUP_RESERVE_S = 8.0               # kept from every wait to report and clean up
+PHASE_QUERY_TIMEOUT_S = 5.0        # a rank's answer to phase()
+CLEANUP_RESERVE_S = 8.0            # kept from every wait to report and clean up
 ENV_KEYS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA", "VLLM_HOST_IP",
             "CUDA_VISIBLE_DEVICES", "NCCL_NET", "NCCL_IB_DISABLE")
 
@@ -255,9 +260,19 @@ class RankWorker:
             out["traceback"] = traceback.format_exc()[-4000:]
         out["phase"] = self._phase
         if log_pattern:
-            path = log_pattern.replace("%h", socket.gethostname()).replace("%p", str(os.getpid()))
+            # NCCL expands %h to the host name cut at its first dot, %p to the pid.
+            import glob
+
+            found = sorted(glob.glob(os.path.join(glob.escape(self.log_dir),
+                                                  f"nccl.*.{os.getpid()}.log")))
+            path = found[0] if found else log_pattern.replace(
+                "%h", socket.gethostname().split(".")[0]).replace("%p", str(os.getpid()))
             out["nccl_log_path"] = path
             out["nccl_log"] = _read_head(path, NCCL_LOG_MAX_BYTES)
+            try:
+                os.rmdir(self.log_dir)        # the last rank of the node removes the folder
+            except OSError:
+                pass
         return out
 
     def _collective(self, rank: int, world_size: int, master_ip: str, master_port: int,

@@ -43,7 +43,7 @@ class DownOutcome:
 
 
 def run(inventory: Inventory, session, dry_run: bool, confirm: Callable[[str], bool],
-        on_event: Callable[[str], None] = lambda _: None) -> DownOutcome:
+        on_event: Callable[[str], None] = lambda _: None, serial: int = 0) -> DownOutcome:
     out = DownOutcome()
     on_event("gathering facts")
     out.facts = ray_cluster.gather(session, inventory)
@@ -58,7 +58,11 @@ def run(inventory: Inventory, session, dry_run: bool, confirm: Callable[[str], b
             out.stopped = "not confirmed"
             out.exit_code = 2
             return out
-    out.steps = ray_cluster.execute_down(out.plan, session, inventory, on_event)
+    if serial > 0:  # --serial N: workers N at a time (cluster/rollout.py)
+        from cluster.rollout import execute_down_serial
+        out.steps = execute_down_serial(out.plan, session, inventory, serial, on_event)
+    else:
+        out.steps = ray_cluster.execute_down(out.plan, session, inventory, on_event)
     if not out.plan.changes:
         out.exit_code = 2 if any(s.status in (FAILED, UNREACHABLE) for s in out.steps) else 0
         return out

@@ -31,6 +31,7 @@ class UpOptions:
     stagger_s: float = 0.0
     dry_run: bool = False
     wait_s: float = DEFAULT_WAIT_S
+    serial: int = 0            # --serial N: workers N at a time (cluster/rollout.py)
 
 
 @dataclass
@@ -131,7 +132,13 @@ def run(inventory: Inventory, session, options: UpOptions,
             return out
 
     # 5. execute
-    out.steps = ray_cluster.execute_up(out.plan, session, inventory, options.stagger_s, on_event)
+    if options.serial > 0:
+        from cluster.rollout import execute_up_serial
+        out.steps = execute_up_serial(out.plan, session, inventory, options.serial,
+                                      options.stagger_s, on_event)
+    else:
+        out.steps = ray_cluster.execute_up(out.plan, session, inventory, options.stagger_s,
+                                           on_event)
 
     # 6. wait / verify (also on a plan that changed nothing: proves the cluster is healthy);
     # nodes whose start failed cannot register: their logs are read at once

@@ -75,6 +75,30 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def runnable_tasks() -> int:
+    """Tasks the kernel has runnable right now (/proc/loadavg's r of r/t), this reader included."""
+    with open("/proc/loadavg") as f:
+        return int(f.read().split()[3].split("/")[0])
+
+
+def wait_for_quiet(threshold: int, max_wait_s: float) -> tuple[float, int]:
+    """Wait (bounded) until at most `threshold` tasks stay runnable for 3 samples in a row.
+
+    The machine may be shared: a round measured while other work holds the cores says
+    little about either path. Returns (seconds waited, runnable count at the end).
+    """
+    start = time.monotonic()
+    calm = 0
+    runnable = runnable_tasks()
+    while time.monotonic() - start < max_wait_s:
+        runnable = runnable_tasks()
+        calm = calm + 1 if runnable <= threshold else 0
+        if calm >= 3:
+            break
+        time.sleep(0.5)
+    return time.monotonic() - start, runnable
+
+
 def _percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -290,6 +314,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="environment for the whole Ray instance (e.g. RAY_worker_niceness=0)")
     parser.add_argument("--direct-env", action="append", default=[], metavar="KEY=VALUE",
                         help="extra environment for vLLM's own server only")
+    parser.add_argument("--quiet-threshold", type=int, default=0,
+                        help="before each round wait until at most this many tasks are runnable "
+                             "(0: do not wait); bounded by --quiet-max-wait")
+    parser.add_argument("--quiet-max-wait", type=float, default=120)
     parser.add_argument("--startup-timeout", type=float, default=600)
     parser.add_argument("--json", help="write all figures here")
     args = parser.parse_args(argv)
@@ -333,8 +361,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # Logical CPUs only: ray.serve.llm's replica claims a CPU beside its worker's bundle,
         # which 2 would not fit; the engines' real CPU binding is ENGINE_ENV's.
-        ray.init(address="local", num_cpus=8, include_dashboard=False,
-                 _temp_dir=str(workdir / "ray"), log_to_driver=False)
+        for attempt in (1, 2):  # a loaded machine can miss Ray's node start-up deadline
+            try:
+                ray.init(address="local", num_cpus=8, include_dashboard=False,
+                         _temp_dir=str(workdir / "ray"), log_to_driver=False)
+                break
+            except Exception as exc:
+                ray.shutdown()
+                if attempt == 2:
+                    raise
+                print(f"Ray did not start ({exc}); retrying once", flush=True)
+                time.sleep(10)
         serve_port = _free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": serve_port})
         urls = {"direct": direct_url}
@@ -351,6 +388,10 @@ def main(argv: list[str] | None = None) -> int:
             order = paths[(n - 1) % len(paths):] + paths[:(n - 1) % len(paths)]
             round_results = []
             for c in levels:
+                if args.quiet_threshold:
+                    waited, runnable = wait_for_quiet(args.quiet_threshold, args.quiet_max_wait)
+                    print(f"  round {n} c={c}: waited {waited:.0f} s for a quiet machine "
+                          f"({runnable} runnable)", flush=True)
                 for path in order:
                     round_results.append(asyncio.run(run_level(
                         urls[path], key, c, per_level[c], args.max_tokens, n, path)))

@@ -111,6 +111,10 @@ def alive_count(session, inv) -> int:
     return sum(1 for n in state.nodes or () if n.alive)
 
 
+class RunFailed(Exception):
+    """One bring-up did not reach 3 alive nodes (recorded, the next round still runs)."""
+
+
 def down(inv_path: Path) -> None:
     p = cli(inv_path, "down", "--yes")
     if p.returncode != 0:
@@ -124,8 +128,10 @@ def run_cluster_up(inv_path: Path) -> float:
     out = json.loads(p.stdout) if p.stdout.strip() else {}
     alive = [n for n in (out.get("status") or {}).get("nodes", []) if n["alive"]]
     if p.returncode not in (0, 1) or len(alive) != 3:
-        raise SystemExit(f"cluster up failed (exit {p.returncode}):\n{p.stdout[-3000:]}\n"
-                         f"{p.stderr[-3000:]}")
+        failed = [f"{s['node']}: {s['message']}" for s in out.get("steps", [])
+                  if s["status"] not in ("ok", "changed")]
+        raise RunFailed(f"cluster up exit {p.returncode} after {elapsed:.1f} s: "
+                        + ("; ".join(failed) or p.stderr.strip()[-300:]))
     return elapsed
 
 
@@ -138,13 +144,14 @@ def run_ray_up(launcher: Path, inv, autoscaler: str) -> tuple[float, float]:
                        timeout=TIMEOUT_S, env=env, cwd=str(launcher.parent))
     returned = time.perf_counter() - start
     if p.returncode != 0:
-        raise SystemExit(f"ray up failed (exit {p.returncode}):\n{p.stdout[-3000:]}\n"
-                         f"{p.stderr[-3000:]}")
+        last = [line for line in (p.stdout + p.stderr).splitlines() if line.strip()][-1:]
+        raise RunFailed(f"ray up exit {p.returncode} after {returned:.1f} s: "
+                        + (last[0][-300:] if last else ""))
     with Session(inv) as session:
         while alive_count(session, inv) < 3:
             if time.perf_counter() - start > TIMEOUT_S:
-                raise SystemExit("ray up: the workers did not join within "
-                                 f"{TIMEOUT_S} s (see the head's monitor.log)")
+                raise RunFailed("ray up: the workers did not join within "
+                                f"{TIMEOUT_S} s (see the head's monitor.log)")
             time.sleep(1.0)
     return returned, time.perf_counter() - start
 
@@ -188,23 +195,33 @@ def main() -> int:
     simcluster("up", "3", *profiles)
     work = Path(tempfile.mkdtemp(prefix="bench-up-"))
     home = HomeFiles(work)
-    ours, theirs, theirs_returned = [], [], []
+    ours, theirs, theirs_returned, failures = [], [], [], []
     inv_path = write_inventory(work)
     try:
         inv = inventory_mod.load(str(inv_path))
         launcher = write_launcher_config(work, inv, auth_mode(inv))
         down(inv_path)
         for i in range(args.rounds):
-            t = run_cluster_up(inv_path)
-            ours.append(t)
-            print(f"round {i + 1}: cluster up {t:.1f} s (preflight included, 3 nodes alive)",
-                  flush=True)
+            load = os.getloadavg()[0]
+            try:
+                t = run_cluster_up(inv_path)
+                ours.append(t)
+                print(f"round {i + 1} (load {load:.1f}): cluster up {t:.1f} s "
+                      "(preflight included, 3 nodes alive)", flush=True)
+            except RunFailed as exc:
+                failures.append(str(exc))
+                print(f"round {i + 1} (load {load:.1f}): FAILED {exc}", flush=True)
             down(inv_path)
-            returned, alive = run_ray_up(launcher, inv, args.autoscaler)
-            theirs.append(alive)
-            theirs_returned.append(returned)
-            print(f"round {i + 1}: ray up returned after {returned:.1f} s, "
-                  f"3 nodes alive after {alive:.1f} s", flush=True)
+            load = os.getloadavg()[0]
+            try:
+                returned, alive = run_ray_up(launcher, inv, args.autoscaler)
+                theirs.append(alive)
+                theirs_returned.append(returned)
+                print(f"round {i + 1} (load {load:.1f}): ray up returned after {returned:.1f} s, "
+                      f"3 nodes alive after {alive:.1f} s", flush=True)
+            except RunFailed as exc:
+                failures.append(str(exc))
+                print(f"round {i + 1} (load {load:.1f}): FAILED {exc}", flush=True)
             down(inv_path)
     finally:
         final = cli(inv_path, "down", "--yes")  # whatever happened, no Ray is left on the nodes
@@ -216,6 +233,9 @@ def main() -> int:
             Path(tempfile.gettempdir(), "ray", name).unlink(missing_ok=True)
         if not args.keep:
             simcluster("down")
+    if not ours or not theirs:
+        print(f"bench_up: no complete pair of runs ({len(failures)} failed)", file=sys.stderr)
+        return 2
     mine, ray_up = statistics.median(ours), statistics.median(theirs)
     ratio = mine / ray_up
     print(f"median: cluster up {mine:.1f} s, ray up (to 3 alive) {ray_up:.1f} s, "
@@ -223,7 +243,7 @@ def main() -> int:
     print(json.dumps({"bench": "up", "rounds": args.rounds, "autoscaler": args.autoscaler,
                       "cluster_up_s": ours,
                       "ray_up_alive_s": theirs, "ray_up_returned_s": theirs_returned,
-                      "ratio": round(ratio, 3), "goal": 0.7}))
+                      "failures": failures, "ratio": round(ratio, 3), "goal": 0.7}))
     return 0
 
 

@@ -306,8 +306,8 @@ def test_capacity_problems_name_what_cannot_be_scheduled():
     small = cluster_of(("10.0.0.1", 16, 4))
     msgs = deploy.capacity_problems(preview, small)
     assert msgs and "8 GPU" in msgs[0]
-    _, _, strict = build(deploy.spec_from_flags(MODEL, tp=4, dp=2), GPU2x8)
-    assert deploy.capacity_problems(strict, GPU2x4)[0].startswith("one replica needs 4")
+    _, _, strict = build(deploy.spec_from_flags(MODEL, tp=8), GPU2x8)   # STRICT_PACK there
+    assert deploy.capacity_problems(strict, GPU2x4)[0].startswith("one replica needs 8 GPU")
 
 
 def test_endpoint_url():
@@ -401,10 +401,10 @@ def test_redaction_masks_env_values_everywhere():
 def test_dashboard_command_carries_the_body_on_stdin_and_no_secret():
     inv = inventory()
     client = DashboardClient(session=None, inventory=inv)
-    app = {"name": "a", "route_prefix": "/a", "args": {"api_key_env": "CLUSTER_API_KEY"}}
+    app = {"name": "a-unique-app", "route_prefix": "/a", "args": {"api_key_env": "CLUSTER_API_KEY"}}
     command = client.command("apply", {"upsert": app})
     argv_part, _, heredoc = command.partition("<<'")
-    assert '"upsert"' not in argv_part and '"upsert"' in heredoc
+    assert "a-unique-app" not in argv_part and '"name":"a-unique-app"' in heredoc
     assert KEY_VALUE not in command
     assert "NCCL_DEBUG=WARN" in argv_part  # non-secret head env still applies
     assert "http://127.0.0.1:8265" in argv_part

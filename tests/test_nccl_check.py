@@ -1,7 +1,7 @@
 """`cluster nccl-check`, the pure parts: job arguments, the head command, collecting the head's
 answer, expected bandwidth from preflight facts, and the verdict from collected results (NCCL
 transport verdicts from real NCCL logs in tests/fixtures/nccl, fed back as per-rank logs).
-The run on a real Ray cluster is tests/integration/test_nccl_check.py."""
+The run on a real Ray cluster is tests/integration/test_nccl_check_cluster.py."""
 
 from __future__ import annotations
 

@@ -32,6 +32,13 @@ def add_changing(parser: argparse.ArgumentParser) -> None:
                         help="answer yes to confirmations (required without a terminal)")
 
 
+def add_serial(parser: argparse.ArgumentParser) -> None:
+    """--serial N: change the workers N at a time (a rolling operation); 0 means all at once."""
+    parser.add_argument("--serial", type=int, default=0, metavar="N",
+                        help="change the workers N at a time, stopping at the first failed "
+                             "batch (default: all at once)")
+
+
 def load_inventory(args: argparse.Namespace) -> Inventory:
     return inventory_mod.load(getattr(args, "inventory", None))
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from cluster.commands._common import (add_changing, add_json, confirm, load_inventory,
-                                      print_json, start_run, stderr, stdout)
+from cluster.commands._common import (add_changing, add_json, add_serial, confirm,
+                                      load_inventory, print_json, start_run, stderr, stdout)
+from cluster.errors import UsageError
 from cluster.commands.up import inventory_secrets, print_plan, steps_table
 from cluster.remote import Session
 from cluster.render import to_json
@@ -19,12 +20,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Stop Ray with `ray stop` on each node that runs it (workers in parallel, "
                     "then the head), then check that no Ray process is left. Only Ray processes "
                     "of each node are affected. Running Serve apps and jobs are killed.")
+    add_serial(p)
     add_changing(p)
     add_json(p)
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.serial < 0:
+        raise UsageError("--serial must be >= 0")
     inv = load_inventory(args)
     record = start_run(args, inv, "down")
     record.secrets = record.secrets + inventory_secrets(inv)
@@ -37,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         with Session(inv, hooks=[record.record]) as session:
             outcome = ray_down.run(inv, session, args.dry_run,
-                                   confirm=lambda q: confirm(q, args.yes), on_event=event)
+                                   confirm=lambda q: confirm(q, args.yes), on_event=event,
+                                   serial=args.serial)
         code = outcome.exit_code
         payload = dict(outcome.to_dict(), run_dir=str(record.path), dry_run=args.dry_run)
         record.write_json("down.json", payload)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cluster.commands._common import stderr
+from cluster.commands._common import add_json, print_json, stderr
 from cluster.errors import UsageError
 from cluster.inventory import template_text
 
@@ -15,6 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Write a commented cluster.yaml template to PATH (default ./cluster.yaml).")
     p.add_argument("path", nargs="?", default="cluster.yaml")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
+    add_json(p)
     p.set_defaults(handler=run)
 
 
@@ -23,5 +24,8 @@ def run(args: argparse.Namespace) -> int:
     if target.exists() and not args.force:
         raise UsageError(f"{target} exists; pass --force to overwrite it")
     target.write_text(template_text())
+    if getattr(args, "json", False):
+        print_json({"path": str(target.resolve()), "written": True})
+        return 0
     stderr.print(f"wrote {target}: edit the nodes, then run `cluster -i {target} preflight`")
     return 0

@@ -7,7 +7,8 @@ import argparse
 from rich.table import Table
 from rich.text import Text
 
-from cluster.commands._common import add_json, load_inventory, print_json, stdout
+from cluster.commands._common import add_json, load_inventory, print_json, start_run, stdout
+from cluster.commands.up import inventory_secrets
 from cluster.ray_state import cluster_status, query_state, status_exit_code
 from cluster.remote import Session
 
@@ -19,16 +20,25 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "the dashboard does not answer) which Ray nodes are alive with which GPUs "
                     "and CPUs, and which Serve applications run. Exit 0 when every inventory "
                     "node is alive, 2 otherwise.")
+    _add_serving_args(p)
     add_json(p)
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     inv = load_inventory(args)
-    with Session(inv) as session:
-        state, result = query_state(session, inv, include_serve=True)
-    doc = cluster_status(inv, state, head_reached=result.reached)
-    code = status_exit_code(doc)
+    record = start_run(args, inv, "status")  # run record: the query's log and status.json
+    record.secrets = record.secrets + inventory_secrets(inv)
+    code = 2
+    try:
+        with Session(inv, hooks=[record.record]) as session:
+            state, result = query_state(session, inv, include_serve=True)
+            serving = _sample_serving(args, session, inv, state)
+        doc = cluster_status(inv, state, head_reached=result.reached)
+        code = _attach_serving(doc, serving, status_exit_code(doc))
+        record.write_json("status.json", dict(doc, run_dir=str(record.path)))
+    finally:
+        record.finish(code)
     if args.json:
         print_json(doc)
         return code
@@ -62,8 +72,89 @@ def run(args: argparse.Namespace) -> int:
                              for d, v in app["deployments"].items())
             serve.add_row(name, str(app["status"]), str(app["route_prefix"]), deps)
         stdout.print(serve)
+        _print_serving(apps)
     elif doc["serve"] is not None:
         stdout.print("no Serve application")
     if doc["missing"]:
         stdout.print(f"[bold red]missing from Ray:[/bold red] {', '.join(doc['missing'])}")
     return code
+
+
+# ---------------------------------------------------------------- serving section (docs/tune-status.md)
+
+
+def _window(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value <= 600:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 600 seconds: {text}")
+    return value
+
+
+def _add_serving_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--window", type=_window, metavar="S",
+                   help="serving section: seconds between the two samples of each app's vLLM "
+                        "/metrics (default 5; 0: one sample, gauges only). Exit 1 when an app "
+                        "is out of capacity")
+
+
+def _sample_serving(args: argparse.Namespace, session, inv, state) -> dict:
+    """{app: ServingHealth} for the apps with a running replica ({} when none)."""
+    from cluster.serving_health import load_thresholds, sample_serving
+
+    if not state.answered or state.serve is None:
+        return {}
+    thresholds = load_thresholds()
+    window = args.window if getattr(args, "window", None) is not None else thresholds.window_s
+    return sample_serving(session, inv, state.serve, window, thresholds)
+
+
+def _attach_serving(doc: dict, serving: dict, code: int) -> int:
+    """serve.applications[app].serving = the health JSON; exit 1 (from 0) on a warning."""
+    apps = (doc.get("serve") or {}).get("applications") or {}
+    for name, app in apps.items():
+        health = serving.get(name)
+        app["serving"] = health.to_dict() if health is not None else None
+    warned = any(h.status == "warn" for h in serving.values())
+    return 1 if code == 0 and warned else code
+
+
+def _print_serving(apps: dict) -> None:
+    rows = {name: app["serving"] for name, app in apps.items() if app.get("serving")}
+    if not rows:
+        return
+    window = max((s.get("window_s") or 0) for s in rows.values())
+    table = Table(title="Serving (vLLM metrics" + (f" over {window:.1f} s)" if window else ")"))
+    for col in ("app", "replicas", "run/wait", "KV %", "preempt", "TTFT p50/p95 ms",
+                "tok/s out/in", "verdict"):
+        table.add_column(col, overflow="fold")
+
+    def num(value, fmt="{:.0f}"):
+        return "-" if value is None else fmt.format(value)
+
+    for name, s in rows.items():
+        if s["status"] == "error":
+            table.add_row(name, "-", "-", "-", "-", "-", "-",
+                          Text(f"unavailable: {s.get('error')}", style="dim"))
+            continue
+        seen = f"{s['replicas_seen']}" + (f"/{s['replicas_expected']}"
+                                          if s.get("replicas_expected") else "")
+        kv = num(s["kv_cache_use_pct"])
+        if s.get("kv_cache_use_min_pct") is not None and window:
+            kv += f" (min {num(s['kv_cache_use_min_pct'])})"
+        pre = num(s["preemptions"]) + (f" ({num(s['preemptions_per_s'], '{:.1f}')}/s)"
+                                       if s.get("preemptions") else "")
+        verdict = Text("out of capacity", style="bold yellow") if s["out_of_capacity"] else (
+            Text("warning", style="yellow") if s["status"] == "warn" else Text("ok", style="green"))
+        table.add_row(name, seen, f"{num(s['running'])}/{num(s['waiting'])}", kv, pre,
+                      f"{num(s['ttft_p50_ms'])}/{num(s['ttft_p95_ms'])}",
+                      f"{num(s['generation_tokens_per_s'])}/{num(s['prompt_tokens_per_s'])}",
+                      verdict)
+    stdout.print(table)
+    for name, s in rows.items():
+        for w in s.get("warnings") or []:
+            stdout.print(f"[bold yellow]warning:[/bold yellow] {name}: {w}", soft_wrap=True)
+        for n in s.get("notes") or []:
+            stdout.print(f"[dim]note: {name}: {n}[/dim]", soft_wrap=True)

@@ -9,8 +9,8 @@ from typing import Callable
 from rich.table import Table
 from rich.text import Text
 
-from cluster.commands._common import (add_changing, add_json, confirm, load_inventory,
-                                      print_json, start_run, stderr, stdout)
+from cluster.commands._common import (add_changing, add_json, add_serial, confirm,
+                                      load_inventory, print_json, start_run, stderr, stdout)
 from cluster.errors import UsageError
 from cluster.inventory import REDACTED, Inventory, redact_env
 from cluster.ray_cluster import Plan, StepResult
@@ -33,6 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="start the workers S seconds apart instead of all at once (ray#59778)")
     p.add_argument("--timeout", type=float, default=ray_up.DEFAULT_WAIT_S, metavar="S",
                    help="how long to wait for every node to register (default %(default)s)")
+    add_serial(p)
     add_changing(p)
     add_json(p)
     p.set_defaults(handler=run)
@@ -41,11 +42,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.stagger < 0 or args.timeout <= 0:
         raise UsageError("--stagger must be >= 0 and --timeout > 0")
+    if getattr(args, "serial", 0) < 0:
+        raise UsageError("--serial must be >= 0")
     inv = load_inventory(args)
     record = start_run(args, inv, "up")
     record.secrets = record.secrets + inventory_secrets(inv)
     options = ray_up.UpOptions(skip_preflight=args.skip_preflight, force=args.force,
-                               stagger_s=args.stagger, dry_run=args.dry_run, wait_s=args.timeout)
+                               stagger_s=args.stagger, dry_run=args.dry_run, wait_s=args.timeout,
+                               serial=args.serial)
 
     def event(line: str) -> None:
         if not args.json:

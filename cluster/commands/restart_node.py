@@ -1,0 +1,37 @@
+"""`cluster restart-node NODE [--dry-run] [--yes] [--json]`: drain, restart Ray on one worker,
+rejoin, verify; only when the other nodes can carry the deployed apps."""
+
+from __future__ import annotations
+
+import argparse
+
+from cluster import rollout
+from cluster.commands._common import add_changing, add_json, confirm
+from cluster.commands.drain import execute
+from cluster.errors import UsageError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "restart-node", help="drain a worker, restart its Ray, rejoin and verify (rolling restart)",
+        description="Check that the other alive nodes can carry the deployed Serve apps (their "
+                    "placement bundles against the nodes' GPUs/CPUs; refused with the numbers "
+                    "otherwise), drain NODE (Serve replicas move off first), `ray stop` on it, "
+                    "start it with the command `cluster up` would run, wait until it is alive "
+                    "with its GPUs and every app is RUNNING. Exit 0 done, 2 refused or failed.")
+    p.add_argument("node", metavar="NODE", help="an inventory worker name")
+    p.add_argument("--wait", type=float, default=rollout.DEFAULT_MOVE_WAIT_S, metavar="S",
+                   help="how long to wait for the replicas to move (default %(default)s)")
+    p.add_argument("--timeout", type=float, default=240.0, metavar="S",
+                   help="how long to wait for the node to rejoin (default %(default)s)")
+    add_changing(p)
+    add_json(p)
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.wait <= 0 or args.timeout <= 0:
+        raise UsageError("--wait and --timeout must be > 0")
+    return execute(args, "restart-node", lambda session, inv, event: rollout.restart_node(
+        session, inv, args.node, dry_run=args.dry_run, confirm=lambda q: confirm(q, args.yes),
+        wait_s=args.wait, join_timeout_s=args.timeout, on_event=event))

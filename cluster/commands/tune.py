@@ -1,0 +1,277 @@
+"""`cluster tune --name APP`: sweep one engine arg of a deployed app, bench each value, recommend.
+
+Redeploys the app once per value (engine_kwargs[param] = value), benches it at one fixed
+concurrency, recommends the value with the best output tokens/s that meets the TTFT p99 target,
+writes tune.json and tune.png (--out, default the run directory), then restores the original
+config or applies the chosen one (--apply). Exit codes: 0 a recommendation, 1 no value meets
+the target, 2 errors or bad usage. The library is cluster/tune.py; docs/tune-status.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from cluster.commands._common import (add_changing, add_json, confirm, load_inventory,
+                                      print_json, start_run, stderr, stdout)
+from cluster.errors import UsageError
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1: {text}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0: {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0: {text}")
+    return value
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "tune", help="sweep an engine arg of a deployed app (redeploy + bench per value) and "
+                     "recommend one",
+        description="Stepwise load test of one deployed app: for each value of one vLLM engine "
+                    "arg, redeploy the app with it, wait RUNNING, warm up, bench at a fixed "
+                    "concurrency, then recommend the value with the best output tokens/s whose "
+                    "TTFT p99 meets --target-ttft-p99. Writes tune.json and tune.png, then "
+                    "restores the original config (or applies the chosen one with --apply "
+                    "best). Every value restarts the app's replicas.",
+        epilog="Exit codes: 0 a recommendation, 1 no value meets the target, 2 errors or bad "
+               "usage. docs/tune-status.md.")
+    p.add_argument("--name", required=True, metavar="APP",
+                   help="the Serve application (`cluster status`), deployed by `cluster deploy`")
+    p.add_argument("--param", metavar="ENGINE_ARG",
+                   help="the vLLM engine arg to sweep (snake_case; default "
+                        "max_num_batched_tokens)")
+    p.add_argument("--values", metavar="V1,V2,...",
+                   help="comma-separated values (default for max_num_batched_tokens: "
+                        "512,1024,2048,4096; for max_num_seqs: 32,64,128,256)")
+    p.add_argument("--concurrency", type=_positive_int, metavar="C",
+                   help="requests in flight during each bench (default 16)")
+    p.add_argument("--target-ttft-p99", type=_positive_float, metavar="MS",
+                   help="TTFT p99 target in ms a value must meet (default: none, best "
+                        "throughput wins)")
+    p.add_argument("--requests", type=_positive_int, metavar="N",
+                   help="requests per value (default max(4*C, 16))")
+    p.add_argument("--warmup", type=_non_negative_int, metavar="N",
+                   help="warm-up requests after each redeploy, not measured (default C)")
+    p.add_argument("--prompt-len", type=_positive_int, default=128, metavar="N",
+                   help="prompt length in words (~tokens) (default %(default)s)")
+    p.add_argument("--output-len", type=_positive_int, default=128, metavar="N",
+                   help="output tokens per request (default %(default)s)")
+    p.add_argument("--apply", choices=("original", "best"), default="original",
+                   help="what runs afterwards: the original config (default) or the "
+                        "recommended value")
+    p.add_argument("--out", metavar="DIR",
+                   help="where tune.json and tune.png go (default: the run directory)")
+    p.add_argument("--api-key-env", metavar="VAR",
+                   help="environment variable (here) holding the API key (default: the app's "
+                        "own api_key_env, e.g. CLUSTER_API_KEY)")
+    p.add_argument("--timeout", type=_positive_float, default=900.0, metavar="S",
+                   help="how long each redeploy may take to be RUNNING (default %(default)g)")
+    p.add_argument("--request-timeout", type=_positive_float, default=120.0, metavar="S",
+                   help="time limit of one bench request (default %(default)g)")
+    add_changing(p)
+    add_json(p)
+    p.set_defaults(handler=run)
+
+
+def _settings(args: argparse.Namespace):
+    from cluster.tune import TuneSettings, parse_values, tune_defaults
+
+    defaults = tune_defaults()
+    param = args.param or defaults.get("default_param", "max_num_batched_tokens")
+    if args.values:
+        values = parse_values(args.values)
+    else:
+        known = (defaults.get("default_values") or {}).get(param)
+        if not known:
+            raise UsageError(f"--values is required with --param {param} (defaults exist for "
+                             f"{', '.join(sorted(defaults.get('default_values') or {}))})")
+        values = tuple(known)
+    return TuneSettings(
+        name=args.name, param=param, values=values,
+        concurrency=args.concurrency or int(defaults.get("default_concurrency", 16)),
+        target_ttft_p99_ms=args.target_ttft_p99, requests=args.requests,
+        warmup_requests=args.warmup, prompt_len=args.prompt_len, output_len=args.output_len,
+        apply=args.apply, deploy_timeout_s=args.timeout, request_timeout_s=args.request_timeout,
+        close_pct=float(defaults.get("close_pct", 10)))
+
+
+def _api_key(args: argparse.Namespace, app) -> tuple[str | None, str | None]:
+    """(value, variable name) of the API key the app wants; usage error when it is unset here."""
+    name = args.api_key_env or app.api_key_env
+    if not name:
+        return None, None
+    value = os.environ.get(name)
+    if not value:
+        raise UsageError(f"application {app.name!r} wants an API key: export {name} here with "
+                         f"the value the nodes have (or name another variable with "
+                         f"--api-key-env)")
+    return value, name
+
+
+def _out_dir(args: argparse.Namespace, record) -> Path:
+    out = Path(args.out) if args.out else record.path
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {out}: {exc}") from None
+    if not os.access(out, os.W_OK):
+        raise UsageError(f"--out {out}: not writable")
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from cluster import deploy
+    from cluster.commands.up import inventory_secrets
+    from cluster.dashboard_api import DashboardClient
+    from cluster.remote import Session
+    from cluster.tune import plot_tune, read_app, run_tune
+
+    settings = _settings(args)
+    inv = load_inventory(args)
+    record = start_run(args, inv, "tune")
+    record.secrets = record.secrets + inventory_secrets(inv)
+    out = _out_dir(args, record)
+    say = (lambda line: None) if args.json else (lambda line: stderr.print(
+        f"[dim]tune:[/dim] {record.scrub(line)}", soft_wrap=True))
+    doc: dict[str, Any] = {**settings.to_dict(), "status": None, "run_dir": str(record.path),
+                           "dry_run": args.dry_run}
+    code = 2
+    try:
+        with Session(inv, hooks=[record.record]) as session:
+            client = DashboardClient(session, inv)
+            app = read_app(client, settings.name)
+            key, key_env = _api_key(args, app)
+            if key:
+                record.secrets = record.secrets + (key,)
+            settings = replace(settings, api_key=key)
+            endpoint = deploy.endpoint_url(inv, app.route_prefix, app.serve_port)
+            original = (app.config.get("args") or {}).get("engine_kwargs", {}).get(settings.param)
+            doc.update(endpoint=endpoint, model=app.model, original_value=original,
+                       app_status=app.status, api_key_env=key_env)
+            if args.dry_run:
+                doc["status"] = "DRY_RUN"
+                code = 0
+            elif not confirm(
+                    f"Tune redeploys {settings.name!r} {len(settings.values)} time(s) "
+                    f"({settings.param} = {', '.join(map(str, settings.values))}) and then "
+                    f"{'restores the original' if settings.apply == 'original' else 'applies the best'}"
+                    f" config; every redeploy restarts its replicas (requests in flight fail, "
+                    f"the endpoint is down while vLLM starts). Go on?", args.yes):
+                doc["status"] = "CANCELLED"
+            else:
+                result = run_tune(settings, client, inv, app, endpoint, say)
+                doc.update(result.to_dict())
+                code = result.exit_code
+                doc["status"] = "DONE"
+                doc["json_path"] = str(out / "tune.json")
+                try:
+                    doc["plot_path"] = str(plot_tune(result, out / "tune.png"))
+                except ImportError as exc:
+                    doc["plot_path"] = None
+                    doc["warnings"] = doc.get("warnings", []) + [
+                        f"plot not drawn (matplotlib missing: {exc})"]
+    except Exception as exc:
+        doc.setdefault("error", str(exc))
+        raise
+    finally:
+        doc["exit_code"] = code
+        record.write_json("tune.json", doc)
+        if doc.get("json_path") and Path(doc["json_path"]).resolve() != \
+                (record.path / "tune.json").resolve():
+            Path(doc["json_path"]).write_text(
+                record.scrub(json.dumps(doc, indent=2, default=str)) + "\n")
+        record.finish(code)
+    _print(args, doc, record)
+    return code
+
+
+def _fmt(value: Any, digits: int = 0) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _print(args: argparse.Namespace, doc: dict[str, Any], record) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    if args.json:
+        print_json(json.loads(record.scrub(json.dumps(doc, default=str))))
+        return
+    status = doc.get("status")
+    if status == "DRY_RUN":
+        stdout.print(f"dry run: would redeploy {doc['name']} with {doc['param']} = "
+                     f"{', '.join(map(str, doc['values']))} (now: "
+                     f"{doc.get('original_value') if doc.get('original_value') is not None else 'vLLM default'}), "
+                     f"bench each at concurrency {doc['concurrency']} ({doc['requests']} "
+                     f"requests) against {doc.get('endpoint')}, then apply the "
+                     f"{doc['apply']} config (nothing was changed)", soft_wrap=True)
+        return
+    if status == "CANCELLED":
+        stdout.print("cancelled: nothing was changed")
+        return
+    target = doc.get("target_ttft_p99_ms")
+    table = Table(title=f"{doc['name']}: {doc['param']} at concurrency {doc['concurrency']}"
+                        + (f", target TTFT p99 <= {target:g} ms" if target else ""))
+    for col in (doc["param"], "status", "output tok/s", "total tok/s", "TTFT p50 ms",
+                "TTFT p99 ms", "ok/requests", "meets target", "note"):
+        table.add_column(col, overflow="fold")
+    chosen = (doc.get("recommendation") or {}).get("value")
+    for p in doc.get("points") or []:
+        mark = Text("yes", style="green") if p["meets_target"] else Text("no", style="red")
+        value = Text(str(p["value"]), style="bold green" if p["value"] == chosen else "")
+        table.add_row(value, p["status"], _fmt(p["output_tokens_per_s"], 1),
+                      _fmt(p["total_tokens_per_s"], 1), _fmt(p["ttft_p50_ms"]),
+                      _fmt(p["ttft_p99_ms"]), f"{p['ok']}/{p['requests']}", mark,
+                      record.scrub(p.get("error") or ""))
+    stdout.print(table)
+    rec = doc.get("recommendation") or {}
+    if rec.get("found"):
+        stdout.print(Text.assemble(("recommended: ", "bold"),
+                                   (f"{doc['param']}={rec['value']}", "bold green"),
+                                   f" - {rec['reason']}"), soft_wrap=True)
+    elif rec:
+        stdout.print(Text.assemble(("no recommendation: ", "bold red"), rec.get("reason", "")),
+                     soft_wrap=True)
+    applied = doc.get("applied") or {}
+    if applied:
+        state = "RUNNING" if applied.get("ok") else f"NOT RUNNING: {applied.get('error')}"
+        stdout.print(f"now running: the {applied['what']} config ({doc['param']}="
+                     f"{applied.get('value') if applied.get('value') is not None else 'vLLM default'}"
+                     f") - {state}", soft_wrap=True)
+    for w in doc.get("warnings") or []:
+        stderr.print(f"[yellow]warning:[/yellow] {record.scrub(w)}")
+    stdout.print(f"results: {doc.get('json_path')}", soft_wrap=True)
+    if doc.get("plot_path"):
+        stdout.print(f"plot:    {doc['plot_path']}", soft_wrap=True)

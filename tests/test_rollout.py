@@ -1,0 +1,151 @@
+"""Rolling operations, pure parts: batches for --serial, the order and stop-on-failure of
+serial up/down (with a recording executor), the apps' demand from Serve's details, and the
+capacity verdict restart-node uses."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cluster import inventory, rollout
+from cluster.ray_cluster import (CHANGED, FAILED, KEEP, RESTART, START, STOP, NodeAction, Plan,
+                                 StepResult)
+
+
+@pytest.fixture
+def inv(tmp_path):
+    nodes = [{"name": "node1", "role": "head", "address": "10.0.0.1"}] + \
+        [{"name": f"node{i}", "address": f"10.0.0.{i}"} for i in range(2, 7)]
+    path = tmp_path / "cluster.yaml"
+    path.write_text(json.dumps({"nodes": nodes}))
+    return inventory.load(str(path))
+
+
+def test_batches():
+    assert rollout.batches([1, 2, 3, 4, 5], 2) == [[1, 2], [3, 4], [5]]
+    assert rollout.batches([1, 2, 3], 0) == [[1, 2, 3]]
+    assert rollout.batches([1, 2, 3], 5) == [[1, 2, 3]]
+    assert rollout.batches([], 2) == []
+
+
+class Recorder:
+    """Stands in for execute_up/execute_down: records each call's changing nodes."""
+
+    def __init__(self, fail: set[str] = frozenset()):
+        self.calls: list[list[str]] = []
+        self.fail = fail
+
+    def __call__(self, plan, session, inventory, *rest):
+        self.calls.append([a.node for a in plan.actions if a.changes])
+        return tuple(StepResult(a.node, a.kind, (FAILED if a.node in self.fail else CHANGED)
+                                if a.changes else "ok", "x") for a in plan.actions)
+
+
+def _up_plan(inv, head_kind=KEEP):
+    actions = [NodeAction("node1", head_kind, "h", ("start",) if head_kind != KEEP else ())]
+    actions += [NodeAction(n.name, START, "w", ("start",)) for n in inv.workers]
+    return Plan("up", tuple(actions))
+
+
+def test_serial_up_runs_the_workers_in_batches_head_with_the_first(inv):
+    rec = Recorder()
+    steps = rollout.execute_up_serial(_up_plan(inv, START), None, inv, 2, execute=rec)
+    assert rec.calls == [["node1", "node2", "node3"], ["node4", "node5"], ["node6"]]
+    assert [s.node for s in steps] == ["node1", "node2", "node3", "node4", "node5", "node6"]
+    assert all(s.status == CHANGED for s in steps)
+
+
+def test_serial_up_stops_at_the_first_failed_batch(inv):
+    rec = Recorder(fail={"node4"})
+    steps = {s.node: s for s in rollout.execute_up_serial(_up_plan(inv), None, inv, 2,
+                                                          execute=rec)}
+    assert rec.calls == [["node2", "node3"], ["node4", "node5"]]
+    assert steps["node4"].status == FAILED and steps["node5"].status == CHANGED
+    assert steps["node6"].status == "skipped" and "batch 2 failed" in steps["node6"].message
+
+
+def test_serial_zero_is_the_plain_parallel_run(inv):
+    rec = Recorder()
+    rollout.execute_up_serial(_up_plan(inv), None, inv, 0, execute=rec)
+    assert rec.calls == [["node2", "node3", "node4", "node5", "node6"]]
+
+
+def _down_plan(inv):
+    actions = [NodeAction(n.name, STOP, "w", ("ray stop",)) for n in inv.workers]
+    actions.append(NodeAction("node1", STOP, "h", ("ray stop",)))
+    return Plan("down", tuple(actions))
+
+
+def test_serial_down_workers_in_batches_then_the_head(inv):
+    rec = Recorder()
+    steps = rollout.execute_down_serial(_down_plan(inv), None, inv, 3, execute=rec)
+    assert rec.calls == [["node2", "node3", "node4"], ["node5", "node6"], ["node1"]]
+    assert len(steps) == 6
+
+
+def test_serial_down_failure_keeps_the_head_running(inv):
+    rec = Recorder(fail={"node2"})
+    steps = {s.node: s for s in rollout.execute_down_serial(_down_plan(inv), None, inv, 2,
+                                                            execute=rec)}
+    assert rec.calls == [["node2", "node3"]]
+    assert steps["node1"].status == "skipped" and steps["node6"].status == "skipped"
+
+
+SERVE = {"applications": {
+    "llama": {"status": "RUNNING", "deployments": {"LLMServer": {
+        "status": "HEALTHY", "target_num_replicas": 2,
+        "deployment_config": {"num_replicas": 2, "placement_group_strategy": "STRICT_PACK",
+                              "placement_group_bundles": [{"CPU": 1, "GPU": 1}, {"GPU": 1}]},
+        "replicas": [{"replica_id": "a", "state": "RUNNING", "node_id": "n2"},
+                     {"replica_id": "b", "state": "RUNNING", "node_id": "n3"}]}}},
+    "echo": {"status": "RUNNING", "deployments": {"Echo": {
+        "status": "HEALTHY", "deployment_config": {"num_replicas": 1,
+                                                   "ray_actor_options": {"num_cpus": 0.5}},
+        "replicas": [{"replica_id": "c", "state": "RUNNING", "node_id": "n2"}]}}},
+}}
+
+
+def test_app_demands_from_serve_details():
+    demands = rollout.app_demands(SERVE)
+    assert [(d.app, d.gpus, d.cpus, d.strategy) for d in demands] == [
+        ("llama", 2.0, 1.0, "STRICT_PACK"), ("llama", 2.0, 1.0, "STRICT_PACK"),
+        ("echo", 0.0, 0.5, "PACK")]
+    assert rollout.app_demands(None) == []
+    assert [r["replica_id"] for r in rollout.replicas_on(SERVE, "n2")] == ["a", "c"]
+
+
+def test_capacity_enough():
+    cap = rollout.capacity_without(rollout.app_demands(SERVE),
+                                   [("node1", {"CPU": 2, "GPU": 2}), ("node3", {"CPU": 2, "GPU": 2})])
+    assert cap.ok and cap.needed_gpus == 4 and cap.available_gpus == 4
+    assert "need 4 GPUs" in cap.summary()
+
+
+def test_capacity_short_of_gpus_gives_the_numbers():
+    cap = rollout.capacity_without(rollout.app_demands(SERVE), [("node1", {"CPU": 8, "GPU": 2})])
+    assert not cap.ok
+    assert cap.problems == ("GPUs: 4 needed, 2 on the other alive nodes",)
+
+
+def test_capacity_totals_fit_but_strict_pack_does_not():
+    """4 GPUs in total, but each replica needs 2 GPUs on one node: 1+1+1+1 cannot hold them."""
+    cap = rollout.capacity_without(rollout.app_demands(SERVE),
+                                   [(f"n{i}", {"CPU": 2, "GPU": 1}) for i in range(4)])
+    assert not cap.ok and "fit on no remaining node" in cap.problems[0]
+
+
+def test_capacity_strict_spread_needs_distinct_nodes():
+    d = [rollout.Demand("a", "d", ({"GPU": 1}, {"GPU": 1}), "STRICT_SPREAD")]
+    assert not rollout.capacity_without(d, [("n1", {"GPU": 2})]).ok
+    assert rollout.capacity_without(d, [("n1", {"GPU": 1}), ("n2", {"GPU": 1})]).ok
+
+
+def test_no_apps_always_fits():
+    assert rollout.capacity_without([], []).ok
+
+
+def test_drain_and_restart_refuse_the_head(inv):
+    from cluster.errors import UsageError
+    with pytest.raises(UsageError, match="head"):
+        rollout.drain(None, inv, "node1", dry_run=True, confirm=lambda q: True)

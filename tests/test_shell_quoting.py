@@ -1,0 +1,192 @@
+"""Values with shell metacharacters never reach a remote shell unquoted.
+
+Every remote command the library generates (ray start / stop / the GCS wait / log tails from
+cluster/ray_cluster.py, the state query from cluster/ray_state.py, the drain from
+cluster/rollout.py, deploy's node check and log tails, the preflight probe script) is built for an
+inventory whose env values hold `; $() `` ' "`, spaces, backslashes and globs (newlines are rejected at load). Each value must
+survive shlex.split as one literal word (`KEY=value`), and running the env prefix through a real
+bash must hand the exact bytes to the process without running anything. Values that cannot be
+quoted safely (names, addresses, interfaces, paths) are rejected when the inventory is loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cluster import deploy, inventory, ray_cluster, ray_state, rollout
+from cluster.errors import InventoryError
+from cluster.preflight import NODE_CHECKS, node_probes
+from cluster.probes import probe_script
+from cluster.ray_cluster import GPU
+
+NASTY = {
+    "SEMI": "a; touch {canary}",
+    "SUBST": "$(touch {canary})",
+    "BACKTICK": "`touch {canary}`",
+    "SQUOTE": "it's '$(touch {canary})'",
+    "DQUOTE": 'say "hi" "$(touch {canary})"',
+    "SPACES": "  two  words  ",
+    "BACKSLASH": "back\\slash \\$(touch {canary})",
+    "GLOB": "* ?[a-z]",
+    "API_TOKEN": "tok;en $(touch {canary}) 'x'",
+}
+
+
+def _inventory(tmp_path: Path, canary: Path) -> inventory.Inventory:
+    env = {k: v.format(canary=canary) for k, v in NASTY.items()}
+    doc = {
+        "nodes": [
+            {"name": "node1", "role": "head", "address": "10.0.0.1", "env": env},
+            {"name": "node2", "address": "10.0.0.2", "env": env,
+             "nccl_socket_ifname": "=eth0", "ib_hcas": ["mlx5_0", "mlx5_1:1"]},
+        ],
+        "ray": {"python": sys.executable, "temp_dir": "/tmp/ray-x", "num_cpus": 2},
+        "model": {"path": "/models/tiny-llama"},
+    }
+    path = tmp_path / "cluster.yaml"
+    path.write_text(json.dumps(doc))  # JSON is YAML
+    return inventory.load(str(path))
+
+
+@pytest.fixture
+def canary(tmp_path) -> Path:
+    return tmp_path / "canary-must-not-exist"
+
+
+@pytest.fixture
+def inv(tmp_path, canary):
+    return _inventory(tmp_path, canary)
+
+
+def _words(command: str) -> list[str]:
+    words = shlex.split(command)
+    assert words, command
+    return words
+
+
+def _assert_env_words(command: str, env: dict[str, str]) -> None:
+    words = _words(command)
+    for key, value in env.items():
+        assert f"{key}={value}" in words, f"{key} did not survive as one word in: {command}"
+
+
+def _generated_commands(inv) -> dict[str, str]:
+    head, worker = inv.head, inv.node("node2")
+    gpus = (GPU(0, "NVIDIA H100 80GB HBM3"), GPU(1, "NVIDIA H100 80GB HBM3"))
+    replica = deploy.ReplicaInfo("dep", "r1", "RUNNING", worker.ip, 4242, "ab" * 14,
+                                 "/tmp/ray/session_latest/logs/serve/replica_app_dep_r1.log")
+    out = {
+        "ray start (head)": ray_cluster.start_command(head, inv, gpus, "token"),
+        "ray start (worker)": ray_cluster.start_command(worker, inv, gpus, "token"),
+        "ray stop": ray_cluster.stop_command(inv),
+        "gcs wait": ray_cluster.wait_for_gcs_command(inv),
+        "log tail (head)": ray_cluster.log_tail_command(inv, head),
+        "gather": ray_cluster.gather_command(worker, inv),
+        "state query": ray_state.state_command(inv, include_serve=True),
+        "drain": rollout.drain_command(inv, "ab" * 28, "cluster drain node2; $(reboot)"),
+        "deploy node check": deploy.node_check_command(inv, "/models/tiny-llama", "CLUSTER_API_KEY"),
+    }
+    if True:
+        out["deploy log tail"] = deploy.log_tail_command(inv, [replica], "app")
+    for node in inv.nodes:
+        out[f"preflight probes ({node.name})"] = probe_script(node_probes(node, inv, NODE_CHECKS))
+    return out
+
+
+def test_every_generated_command_parses_and_is_valid_bash(inv):
+    for name, command in _generated_commands(inv).items():
+        _words(command)
+        syntax = subprocess.run(["bash", "-n", "-c", command], capture_output=True, text=True)
+        assert syntax.returncode == 0, (name, syntax.stderr, command)
+
+
+def test_env_values_are_one_literal_word_in_ray_start(inv):
+    for node in inv.nodes:
+        command = ray_cluster.start_command(node, inv, (), "disabled")
+        _assert_env_words(command, node.env)
+        words = _words(command)
+        assert words[words.index("--node-ip-address") + 1] == node.ip
+
+
+def test_env_values_are_one_literal_word_in_the_head_queries(inv):
+    _assert_env_words(ray_state.state_command(inv), inv.head.env)
+    drain = rollout.drain_command(inv, "ab" * 28, "msg; $(reboot) `x` 'q'")
+    _assert_env_words(drain, inv.head.env)
+    words = _words(drain)
+    assert words[words.index("--reason-message") + 1] == "msg; $(reboot) `x` 'q'"
+
+
+def test_drain_refuses_a_node_id_that_is_not_hex(inv):
+    from cluster.errors import UsageError
+    with pytest.raises(UsageError):
+        rollout.drain_command(inv, "abc; reboot", "x")
+
+
+def test_bash_hands_the_exact_values_to_the_process_and_runs_nothing(inv, canary):
+    """The env prefix `ray start` gets, executed by a real bash in front of a Python that
+    prints its environment: every value arrives byte for byte, the canary is never created."""
+    node = inv.node("node2")
+    env = ray_cluster.start_env(node, "token")
+    dump = shlex.join([sys.executable, "-c",
+                       "import json, os; print(json.dumps(dict(os.environ)))"])
+    p = subprocess.run(["bash", "-c", ray_cluster.env_prefix(env) + dump],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    got = json.loads(p.stdout)
+    for key, value in env.items():
+        assert got[key] == value, key
+    assert not canary.exists()
+
+
+def test_state_query_through_bash_runs_nothing(inv, canary):
+    """The whole status query (head env prefix + snippet) run locally against a closed port:
+    it fails to reach a dashboard but never executes a value."""
+    command = ray_state.state_command(inv, include_serve=False).replace(
+        str(inv.ray.dashboard_port), "1", 1)
+    subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120)
+    assert not canary.exists()
+
+
+@pytest.mark.parametrize("field, value", [
+    ("name", "node;reboot"), ("name", "$(id)"), ("address", "10.0.0.1 && id"),
+    ("address", "`id`"), ("node_ip", "1.2.3.4;id"), ("nccl_socket_ifname", "eth0;id"),
+    ("gloo_socket_ifname", "$(id)"), ("user", "root;id"), ("identity_file", "/k ey"),
+    ("jump_host", "b;id"),
+])
+def test_unquotable_fields_are_rejected_at_load(tmp_path, field, value):
+    node = {"name": "node1", "role": "head", "address": "10.0.0.1", field: value}
+    path = tmp_path / "cluster.yaml"
+    path.write_text(json.dumps({"nodes": [node]}))
+    with pytest.raises(InventoryError):
+        inventory.load(str(path))
+
+
+def test_env_values_with_newlines_are_rejected_at_load(tmp_path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(json.dumps({"nodes": [{"name": "n", "env": {"X": "a\nreboot"}}]}))
+    with pytest.raises(InventoryError, match="newlines"):
+        inventory.load(str(path))
+
+
+@pytest.mark.parametrize("key", ["A;B", "$(id)", "A B", "1X", "A-B"])
+def test_env_names_must_be_identifiers(tmp_path, key):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(json.dumps({"nodes": [{"name": "n", "env": {key: "v"}}]}))
+    with pytest.raises(InventoryError):
+        inventory.load(str(path))
+
+
+def test_ray_python_and_model_path_with_metacharacters_are_rejected(tmp_path):
+    for doc in ({"nodes": [{"name": "n"}], "ray": {"python": "python3; id"}},
+                {"nodes": [{"name": "n"}], "model": {"path": "/m/$(id)"}},
+                {"nodes": [{"name": "n"}], "ray": {"temp_dir": "/tmp/a b"}}):
+        path = tmp_path / "cluster.yaml"
+        path.write_text(json.dumps(doc))
+        with pytest.raises(InventoryError):
+            inventory.load(str(path))
