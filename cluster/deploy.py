@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
-from cluster.errors import DeployError, UsageError
+from cluster.errors import UsageError
 from cluster.inventory import Inventory, Node
 from cluster.plan_file import SECRET_ENGINE_ARG_RE, SERVED_NAME_RE, PlanFile
 

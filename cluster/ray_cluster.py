@@ -462,18 +462,16 @@ def start_command(node: Node, inventory: Inventory, gpus: Sequence[GPU],
 
 
 GCS_WAIT_S = 90
-_GCS_WAIT_SNIPPET = ("import socket, sys, time\n"
-                     "host, port, limit = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])\n"
-                     "end = time.monotonic() + limit\n"
-                     "while True:\n"
-                     "    try:\n"
-                     "        socket.create_connection((host, port), 2).close()\n"
-                     "        break\n"
-                     "    except OSError:\n"
-                     "        if time.monotonic() > end:\n"
-                     "            sys.exit('the head GCS %s:%d did not accept connections within "
-                     "%g s' % (host, port, limit))\n"
-                     "        time.sleep(0.5)\n")
+# One line (the dry run prints commands one per line): poll the port every 0.5 s until it
+# accepts a connection or the time is up.
+_GCS_WAIT_SNIPPET = (
+    "import socket, sys, time; host, port, limit = sys.argv[1], int(sys.argv[2]), "
+    "float(sys.argv[3]); end = time.monotonic() + limit; "
+    "up = lambda: (lambda s: (s.settimeout(2), s.connect_ex((host, port)), s.close())[1] == 0)"
+    "(socket.socket(socket.getaddrinfo(host, port)[0][0])); "
+    "[None for _ in iter(lambda: up() or time.monotonic() > end or time.sleep(0.5), True)]; "
+    "sys.exit(0 if up() else 'the head GCS %s:%d did not accept connections within %g s' "
+    "% (host, port, limit))")
 
 
 def wait_for_gcs_command(inventory: Inventory, limit_s: float = GCS_WAIT_S) -> str:
@@ -811,6 +809,31 @@ def _run_commands(session, node: Node, action: NodeAction, timeouts: Sequence[fl
     return StepResult(node.name, action.kind, CHANGED, action.reason, tuple(results))
 
 
+# `ray start` failures that come from a node too busy to start Ray's processes in Ray's fixed
+# time limits (node.py's 30 s raylet registration wait; the raylet's 15 s wait for the dashboard
+# agent's port file, ray#65983): a worker is stopped and started once more.
+TRANSIENT_START_FAILURES = ("timed out during startup", "Timed out waiting for file")
+
+
+def _start_worker(session, node: Node, action: NodeAction, stop: str,
+                  timeouts: Sequence[float]) -> StepResult:
+    """A worker's commands; one more `ray stop` + start after a transient startup timeout."""
+    step = _run_commands(session, node, action, timeouts)
+    last = step.results[-1] if step.results else None
+    transient = last is not None and last.status == "failed" and \
+        any(t in last.stdout + last.stderr for t in TRANSIENT_START_FAILURES)
+    if step.status != FAILED or not transient:
+        return step
+    again = _run_commands(session, node, NodeAction(node.name, action.kind, action.reason,
+                                                    (stop, action.commands[-1])),
+                          (STOP_TIMEOUT_S, timeouts[-1]))
+    note = "retried once after a Ray startup timeout (overloaded node?)"
+    return StepResult(node.name, action.kind, again.status,
+                      f"{again.message} ({note})" if again.status == CHANGED
+                      else f"{again.message}; {note}, failed again",
+                      step.results + again.results)
+
+
 def _not_run(action: NodeAction, why: str | None = None) -> StepResult:
     return StepResult(action.node, action.kind, action.status_if_not_run, why or action.reason)
 
@@ -880,6 +903,7 @@ def execute_up(plan: Plan, session, inventory: Inventory, stagger_s: float = 0.0
             on_event(f"starting Ray on {len(to_run)} worker(s)"
                      + (f", {stagger_s:g} s apart" if stagger_s > 0 else ""))
     items = []
+    stop = stop_command(inventory)
     for i, a in enumerate(to_run):
         cmds = a.commands
         if head_action.kind == RESTART and a.kind == RESTART:
@@ -887,8 +911,8 @@ def execute_up(plan: Plan, session, inventory: Inventory, stagger_s: float = 0.0
         act = NodeAction(a.node, a.kind, a.reason, cmds)
         tos = (stop_t, start_t) if len(cmds) == 2 else (start_t,)
         items.append((i * stagger_s, (lambda n=by_name[a.node], act=act, tos=tos:
-                                      _run_commands(session, n, act, tos))))
-    deadline = stop_t + start_t + len(items) * stagger_s + 30
+                                      _start_worker(session, n, act, stop, tos))))
+    deadline = 2 * (stop_t + start_t) + len(items) * stagger_s + 30
     results = _Parallel(head_item + items)
     if head_item:
         head_step = results.wait(0, deadline) or StepResult(
@@ -897,6 +921,14 @@ def execute_up(plan: Plan, session, inventory: Inventory, stagger_s: float = 0.0
                                head_stop + head_step.results)
         done[head.name] = head_step
         if head_step.status != CHANGED:
+            # Workers that already ran report what happened; the others are still waiting for
+            # a GCS that will not come (their wait gives up without starting Ray).
+            grace_end = time.monotonic() + HEAD_FAILURE_GRACE_S
+            for j, a in enumerate(to_run):
+                r = results.wait_until(1 + j, grace_end)
+                if r is not None:
+                    done[a.node] = StepResult(a.node, a.kind, r.status,
+                                              f"{r.message} (the head failed)", r.results)
             return _finish_after_head_failure(plan, done, head_step)
     offset = len(head_item)
     for j, a in enumerate(to_run):
@@ -913,6 +945,9 @@ def _finish_after_head_failure(plan: Plan, done: dict[str, StepResult],
                                       f"not run: the head failed ({head_step.message})") \
                 if a.changes else _not_run(a)
     return tuple(done[a.node] for a in plan.actions)
+
+
+HEAD_FAILURE_GRACE_S = 10.0
 
 
 class _Parallel:
@@ -932,7 +967,11 @@ class _Parallel:
         self._out[i] = fn()
 
     def wait(self, i: int, deadline_s: float) -> StepResult | None:
-        self._threads[i].join(max(0.0, self._start + deadline_s - time.monotonic()))
+        """The i-th result, waiting until deadline_s after the start (None: not finished)."""
+        return self.wait_until(i, self._start + deadline_s)
+
+    def wait_until(self, i: int, monotonic_deadline: float) -> StepResult | None:
+        self._threads[i].join(max(0.0, monotonic_deadline - time.monotonic()))
         return self._out[i]
 
 

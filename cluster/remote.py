@@ -10,6 +10,7 @@ its threads without a timeout, so it is not used here).
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -22,6 +23,10 @@ from typing import Callable, Iterable, Protocol, Sequence, TypeVar
 
 from cluster.errors import CommandTimeout, ConnectError
 from cluster.inventory import Inventory, Node, SSHOptions
+
+# paramiko's transport thread logs a hung sshd's banner timeout with a traceback at ERROR level,
+# which Python's last-resort handler prints on stderr: the node's result already says why.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 OK, FAILED, UNREACHABLE, TIMEOUT = "ok", "failed", "unreachable", "timeout"
 T = TypeVar("T")

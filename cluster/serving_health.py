@@ -577,6 +577,7 @@ SAMPLE_SNIPPET = r'''
 import json, sys, time, urllib.request
 base, window, rounds, timeout = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
 spec = json.loads(sys.stdin.read())
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the local proxy, directly
 keep = tuple(spec["keep"])
 out = {t["app"]: [] for t in spec["targets"]}
 start = time.monotonic()
@@ -587,13 +588,15 @@ for r in range(rounds):
     for t in spec["targets"]:
         got = []
         for _ in range(int(t["scrapes"])):
+            sent = time.monotonic()
             try:
-                with urllib.request.urlopen(base + t["path"], timeout=timeout) as resp:
+                with opener.open(base + t["path"], timeout=timeout) as resp:
                     text = resp.read().decode("utf-8", "replace")
                 lines = [l for l in text.splitlines() if l.startswith(keep)]
-                got.append({"t": time.monotonic(), "text": "\n".join(lines)})
+                # the page is rendered between send and receipt: stamp it with the midpoint
+                got.append({"t": (sent + time.monotonic()) / 2, "text": "\n".join(lines)})
             except Exception as exc:
-                got.append({"t": time.monotonic(), "error": "%s: %s" % (type(exc).__name__, exc)})
+                got.append({"t": sent, "error": "%s: %s" % (type(exc).__name__, exc)})
         out[t["app"]].append(got)
 print("CLUSTER_SERVING " + json.dumps(out))
 '''

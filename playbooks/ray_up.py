@@ -1,8 +1,9 @@
 """`cluster up` as ordered, idempotent steps.
 
-preflight (read-only, unless skipped) -> gather facts (read-only) -> the head's view of Ray
-(read-only) -> plan (pure) -> [dry run stops here] -> confirm restarts -> execute (stops, head,
-workers in parallel) -> wait until every node is alive with its GPUs/CPUs -> status.
+preflight (read-only, unless skipped) and, at the same time, gather facts (read-only) -> the
+head's view of Ray (read-only) -> plan (pure) -> [dry run stops here] -> confirm restarts ->
+execute (stops, then the head and the workers) -> wait until every node is alive with its
+GPUs/CPUs -> status.
 
 A step reports per node in Ansible's words: ok (nothing to do), changed (ran and succeeded),
 failed, skipped, unreachable. Nothing is printed here: the caller gets an UpOutcome and an
@@ -11,6 +12,7 @@ failed, skipped, unreachable. Nothing is printed here: the caller gets an UpOutc
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -19,6 +21,7 @@ from cluster.inventory import Inventory
 from cluster.ray_cluster import (CHANGED, FAILED, SKIPPED, UNREACHABLE, NodeFacts, Plan,
                                  StepResult, WaitResult)
 from cluster.ray_state import RayState, cluster_status, query_state
+from cluster.remote import Session
 from cluster.results import Report
 
 DEFAULT_WAIT_S = 240.0
@@ -69,6 +72,33 @@ class UpOutcome:
         }
 
 
+class _Background:
+    """One call in a daemon thread; result() joins it and returns (or re-raises) its outcome."""
+
+    def __init__(self, fn: Callable[[], Any]):
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[[], Any]) -> None:
+        try:
+            self._value = fn()
+        except BaseException as exc:  # handed to the caller by result()
+            self._error = exc
+
+    def result(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+def _gather_separately(session, inventory: Inventory) -> dict[str, NodeFacts]:
+    with Session(inventory, hooks=session.hooks) as own:
+        return ray_cluster.gather(own, inventory)
+
+
 def run_preflight(inventory: Inventory, session) -> Report:
     """The lead's preflight (cluster.preflight.run_preflight); ImportError if not there yet."""
     from cluster.preflight import run_preflight as preflight  # noqa: WPS433 (optional module)
@@ -90,7 +120,9 @@ def run(inventory: Inventory, session, options: UpOptions,
         on_event: Callable[[str], None] = lambda _: None) -> UpOutcome:
     out = UpOutcome()
 
-    # 1. preflight
+    # 1. preflight, with the (read-only) fact gathering running beside it on its own SSH
+    # connections (two threads opening one node's connection at once break paramiko's session)
+    gathering = _Background(lambda: _gather_separately(session, inventory))
     if not options.skip_preflight:
         on_event("preflight")
         try:
@@ -102,12 +134,13 @@ def run(inventory: Inventory, session, options: UpOptions,
         if failed and not options.force and not options.dry_run:
             out.stopped = "preflight failed (fix the failures or pass --force)" \
                 if out.preflight_error is None else out.preflight_error
+            out.facts = gathering.result()
             out.exit_code = 2
             return out
 
-    # 2. gather (read-only) and the head's view
+    # 2. facts (read-only) and the head's view
     on_event("gathering facts")
-    out.facts = ray_cluster.gather(session, inventory)
+    out.facts = gathering.result()
     out.state_before = head_view(session, inventory, out.facts)
 
     # 3. plan (pure)

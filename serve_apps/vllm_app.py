@@ -238,6 +238,7 @@ class VLLMServer:
         ctx = serve.get_replica_context()
         gang = getattr(ctx, "gang_context", None)
         self._dp_rank = gang.rank if gang is not None else None
+        self._gang_id = gang.gang_id if gang is not None else None
         self._pg = (get_placement_group(gang.pg_name) if gang is not None and gang.pg_name
                     else get_current_placement_group())
         self._bundles = describe_placement_group(self._pg)
@@ -307,6 +308,12 @@ class VLLMServer:
                 num_gpus=0.001, scheduling_strategy=strategy,
                 runtime_env=self._config.runtime_env or None).remote(engine_kwargs))
             vllm_config.parallel_config.placement_group = self._pg
+            # vLLM caches device capability per process; this process holds no GPU, so let
+            # it re-read (ray.serve.llm does the same before starting the engine).
+            from vllm.platforms import current_platform
+            cache_clear = getattr(current_platform.get_device_capability, "cache_clear", None)
+            if cache_clear is not None:
+                cache_clear()
         else:
             vllm_config = engine_args.create_engine_config(
                 usage_context=UsageContext.OPENAI_API_SERVER)
@@ -392,6 +399,9 @@ class VLLMServer:
             engine.shutdown()
         for _, probe in getattr(self, "_probes", []):
             ray.kill(probe)
+        if getattr(self, "_dp_rank", None) == 0 and getattr(self, "_gang_id", None):
+            from ray.experimental.internal_kv import _internal_kv_del
+            _internal_kv_del(_dp_master_key(self._gang_id), namespace=DP_MASTER_KV_NAMESPACE)
 
 
 VLLMDeployment = serve.deployment(serve.ingress()(VLLMServer), name="VLLMServer")

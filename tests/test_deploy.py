@@ -5,7 +5,6 @@ PUT needs, Serve's status read for one app, the wait loop, log-tail commands and
 from __future__ import annotations
 
 import ast
-import copy
 import importlib.util
 import inspect
 import json
@@ -122,8 +121,8 @@ def test_gpu_tp_inside_one_node_is_strict_pack():
 
 
 def test_nccl_interfaces_that_differ_per_node_stay_out_of_runtime_env():
-    inv = inventory(INVENTORY.replace("nccl_socket_ifname: eth0,\n      gloo", "nccl_socket_ifname: "
-                                      "ib0,\n      gloo", 1))
+    head_eth0 = "nccl_socket_ifname: eth0,\n      gloo"
+    inv = inventory(INVENTORY.replace(head_eth0, head_eth0.replace("eth0", "ib0"), 1))
     assert {n.nccl_socket_ifname for n in inv.nodes} == {"ib0", "eth0"}
     env = deploy.runtime_env_vars(deploy.spec_from_flags(MODEL), "gpu", GPU2x4, inv)
     assert "NCCL_SOCKET_IFNAME" not in env and env["GLOO_SOCKET_IFNAME"] == "eth0"

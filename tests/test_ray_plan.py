@@ -453,17 +453,20 @@ def test_check_expected_names_missing_and_wrong_gpu_counts(inv):
 class RecordingSession:
     """Answers every command with success and records (time, node, command): no network."""
 
-    def __init__(self, fail_on: str | None = None):
+    def __init__(self, fail_on: str | None = None, worker_delay: float = 0.0):
         import threading
         import time as _time
         self.calls: list[tuple[float, str, str]] = []
         self._lock = threading.Lock()
         self._time = _time
         self.fail_on = fail_on
+        self.worker_delay = worker_delay
 
     def run(self, node, command, timeout=None):
         with self._lock:
             self.calls.append((self._time.monotonic(), node.name, command))
+        if not node.is_head and self.worker_delay:
+            self._time.sleep(self.worker_delay)
         failed = self.fail_on is not None and self.fail_on in command and node.is_head
         return CommandResult(node.name, command, 1 if failed else 0, "", "boom" if failed else "",
                              0.0, "failed" if failed else "ok")
@@ -495,19 +498,51 @@ def test_execute_up_restarts_in_order_and_staggers_workers(inv):
     assert starts[1] - starts[0] >= 0.25  # --stagger
 
 
-def test_execute_up_failed_head_skips_workers(inv):
-    from cluster.ray_cluster import FAILED, SKIPPED, execute_up
+def test_execute_up_failed_head_skips_workers_still_waiting(inv, monkeypatch):
+    from cluster import ray_cluster
+    from cluster.ray_cluster import CHANGED, FAILED, SKIPPED, execute_up
 
     plan = plan_up(inv, {n: facts(n) for n in ("gpu01", "gpu02", "gpu03")}, None)
-    session = RecordingSession(fail_on="--head")
-    steps = execute_up(plan, session, inv)
+    # workers still waiting for the head's GCS when the head fails: skipped
+    monkeypatch.setattr(ray_cluster, "HEAD_FAILURE_GRACE_S", 0.1)
+    steps = execute_up(plan, RecordingSession(fail_on="--head", worker_delay=1.0), inv)
     assert [s.status for s in steps] == [FAILED, SKIPPED, SKIPPED]
     assert "boom" in steps[0].message
     assert all("the head failed" in s.message for s in steps[1:])
+    # workers that had already run report what happened, with the head's failure noted
+    session = RecordingSession(fail_on="--head")
+    steps = execute_up(plan, session, inv)
+    assert [s.status for s in steps] == [FAILED, CHANGED, CHANGED]
+    assert all("(the head failed)" in s.message for s in steps[1:])
     # the worker commands only run `ray start` once the head's GCS accepts connections
     for _, node, cmd in session.calls:
         if node != "gpu01":
             assert cmd.startswith("/opt/venv/bin/python3 -c ") and " && env " in cmd
+
+
+def test_worker_start_retried_once_after_a_startup_timeout(inv):
+    from cluster.ray_cluster import CHANGED, execute_up
+
+    class FlakyOnce(RecordingSession):
+        def __init__(self):
+            super().__init__()
+            self.failed = False
+
+        def run(self, node, command, timeout=None):
+            r = super().run(node, command, timeout)
+            if node.name == "gpu03" and "--address" in command and not self.failed:
+                self.failed = True
+                return CommandResult(node.name, command, 1, "",
+                                     "Exception: The current node timed out during startup.",
+                                     0.0, "failed")
+            return r
+
+    plan = plan_up(inv, {n: facts(n) for n in ("gpu01", "gpu02", "gpu03")}, None)
+    session = FlakyOnce()
+    steps = {s.node: s for s in execute_up(plan, session, inv)}
+    assert steps["gpu03"].status == CHANGED and "retried once" in steps["gpu03"].message
+    assert [_verb(c) for _, n, c in session.calls if n == "gpu03"] == ["start", "stop", "start"]
+    assert len(steps["gpu03"].results) == 3
 
 
 def test_execute_up_on_healthy_plan_runs_nothing(inv):

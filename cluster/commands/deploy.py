@@ -73,7 +73,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="model directory on the nodes (absolute); with --plan: overrides the "
                            "plan's path (default without --plan: the inventory's model_path)")
     what.add_argument("--tp", type=_positive, metavar="N", help="tensor parallel size (default 1)")
-    what.add_argument("--pp", type=_positive, metavar="N", help="pipeline parallel size (default 1)")
+    what.add_argument("--pp", type=_positive, metavar="N",
+                      help="pipeline parallel size (default 1)")
     what.add_argument("--dp", type=_positive, metavar="N",
                       help="data parallel: Serve replicas of a dense model (default 1); with "
                            "--expert-parallel the DP attention ranks of one MoE engine")
@@ -136,27 +137,22 @@ def _spec(args: argparse.Namespace, inv):
 
 
 def run(args: argparse.Namespace) -> int:
-    from cluster import deploy
     from cluster.commands.up import inventory_secrets
-    from cluster.dashboard_api import DashboardClient
-    from cluster.ray_state import query_state
     from cluster.remote import Session
 
     inv = load_inventory(args)
     spec = _spec(args, inv)
     record = start_run(args, inv, "deploy")
     record.secrets = record.secrets + inventory_secrets(inv)
-    say = (lambda line: None) if args.json else (lambda line: stderr.print(f"[dim]deploy:[/dim] "
-                                                                           f"{line}"))
     doc: dict[str, Any] = {"name": spec.name, "served_model_name": spec.served_model_name,
                            "model": spec.model, "status": None, "endpoint": None,
                            "config_path": None, "run_dir": str(record.path),
-                           "dry_run": args.dry_run, "api_key_env": spec.api_key_env}
+                           "dry_run": args.dry_run, "api_key_env": spec.api_key_env,
+                           "warnings": []}
     code = 2
     try:
         with Session(inv, hooks=[record.record]) as session:
-            code = _deploy(args, inv, spec, session, record, doc, say, deploy, DashboardClient,
-                           query_state)
+            code = _deploy(args, inv, spec, session, record, doc)
     except Exception as exc:
         doc.setdefault("error", str(exc))
         raise
@@ -167,8 +163,17 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
-def _deploy(args, inv, spec, session, record, doc, say, deploy, DashboardClient,
-            query_state) -> int:
+def _deploy(args, inv, spec, session, record, doc: dict[str, Any]) -> int:
+    """Prepare (config, checks), then apply and wait. Fills `doc`; returns the exit code."""
+    from cluster import deploy
+    from cluster.dashboard_api import DashboardClient
+    from cluster.ray_state import query_state
+
+    def say(line: str) -> None:
+        if not args.json:
+            stderr.print(f"[dim]deploy:[/dim] {line}")
+
+    # 1. what Ray has: alive nodes and their resources -> device, config, placement
     state, _ = query_state(session, inv, include_serve=False)
     if not state.answered:
         raise DeployError("the head did not answer (is Ray up? `cluster status`): "
@@ -177,19 +182,20 @@ def _deploy(args, inv, spec, session, record, doc, say, deploy, DashboardClient,
     device = cluster.resolve_device(spec.device)
     app, notes = deploy.build_application(spec, device, cluster, inv)
     preview = deploy.placement_preview(app)
-    config = deploy.serve_config(app, inv)
-    text = deploy.render_config(config, spec.source, inv.ray.dashboard_port)
+    text = deploy.render_config(deploy.serve_config(app, inv), spec.source,
+                                inv.ray.dashboard_port)
     leaked = deploy.find_secrets(text, record.secrets)
     if leaked:
         raise DeployError(f"refusing to write a Serve config holding secret values ({leaked}): "
                           "secrets belong in the nodes' env, set at `ray start`")
-    config_path = record.write_text("serve_config.yaml", text)
     doc.update(device=device, import_path=spec.import_path, route_prefix=spec.route,
-               config_path=str(config_path), placement=preview, notes=notes,
-               spec=spec.to_dict(), endpoint=deploy.endpoint_url(inv, spec.route))
-    capacity = deploy.capacity_problems(preview, cluster)
-    warnings: list[str] = []
+               config_path=str(record.write_text("serve_config.yaml", text)),
+               placement=preview, notes=notes, spec=spec.to_dict())
+    warnings = doc["warnings"]
+    if not spec.api_key_env:
+        warnings.append("no API key: anyone who can reach the Serve port can use the endpoint")
 
+    # 2. what Serve runs now (the port it serves on, a previous version of this app)
     client = DashboardClient(session, inv)
     details = client.serve_details()
     before = deploy.app_state(details, spec.name)
@@ -197,16 +203,16 @@ def _deploy(args, inv, spec, session, record, doc, say, deploy, DashboardClient,
     if running_port and running_port != inv.ray.serve_port:
         warnings.append(f"Serve already runs on port {running_port} (the inventory says "
                         f"{inv.ray.serve_port}); the app is served there")
-    doc["endpoint"] = deploy.endpoint_url(inv, spec.route, running_port)
+    doc.update(endpoint=deploy.endpoint_url(inv, spec.route, running_port),
+               previous=before.to_dict() if before else None)
+
+    # 3. checks on every node that may host a bundle
     say(f"checking {spec.model} and ${spec.api_key_env or '(no API key)'} on "
         f"{len(cluster.nodes)} node(s)")
     checks = deploy.check_nodes(session, inv, spec, cluster)
     warnings += list(checks.warnings)
-    doc.update(checks=checks.to_dict(), warnings=warnings,
-               previous=before.to_dict() if before else None)
-    problems = list(checks.problems) + capacity
-    if not spec.api_key_env:
-        warnings.append("no API key: anyone who can reach the Serve port can use the endpoint")
+    doc["checks"] = checks.to_dict()
+    problems = list(checks.problems) + deploy.capacity_problems(preview, cluster)
     if problems:
         doc.update(status="REFUSED", error="; ".join(problems))
         return 2
@@ -216,8 +222,10 @@ def _deploy(args, inv, spec, session, record, doc, say, deploy, DashboardClient,
     if before is not None and not confirm(
             f"Application {spec.name!r} is already deployed ({before.status}); replace it "
             f"(its replicas restart if the config changed)?", args.yes):
-        doc.update(status="CANCELLED")
+        doc["status"] = "CANCELLED"
         return 2
+
+    # 4. PUT (merged with the other apps on the head), then wait for RUNNING
     say(f"deploying {spec.name} ({spec.import_path}) through the dashboard")
     applied = deploy.deploy_app(client, app, inv)
     doc["apply"] = applied.to_dict()

@@ -1,0 +1,207 @@
+"""`cluster status`'s serving section and `cluster tune`, end to end: real Ray 2.60 on one
+simulated CPU node, real vLLM (CPU build) serving the tiny dense model through the serving app.
+
+Covers the acceptance of issue 8 items 2 and 3:
+- a config forced into KV pressure (enforce_eager, num_gpu_blocks_override 8, 32 concurrent
+  200-token requests; ../shared/docs/vllm-cpu.md) makes `cluster status` show the capacity
+  warning with non-zero preemptions (JSON and table, exit 1);
+- bench's counted output tokens equal the increase of vllm:generation_tokens_total over the run,
+  read through the serving app's /metrics (the same route as the OpenAI API);
+- `cluster tune` over a 4-value sweep produces a recommendation, tune.json and a PNG that opens
+  as an image, and puts the original config back (checked on the replica itself);
+- tune's dry run changes nothing; without a terminal and without --yes it refuses.
+
+Heavy: ~3.5 GB of memory and ~10 minutes on a 2-core machine (six vLLM starts). Run your own
+instance: SIMCLUSTER_PREFIX=tun SIMCLUSTER_SUBNET=6 SIMCLUSTER_DIR=/tmp/simcluster-tun.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = [pytest.mark.integration, pytest.mark.ray, pytest.mark.vllm]
+
+REPO = Path(__file__).resolve().parents[2]
+PYTHON = str(REPO / ".venv" / "bin" / "python3") if (REPO / ".venv").is_dir() else sys.executable
+MODEL_DIR = Path("/var/tmp/cluster-tiny-models/dense")   # /tmp is private to each sim node
+KEY = "sk-tune-status-5c2e8a41"                          # test-only, in the node's env at start
+APP = "tiny"
+VALUES = (512, 1024, 2048, 4096)
+PRESSURE = ("--engine-arg", "enforce_eager=true", "--engine-arg", "num_gpu_blocks_override=8")
+
+
+def cli(inventory: Path, *args: str, timeout: float = 1500,
+        env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, "-m", "cluster", "-i", str(inventory), *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=str(REPO),
+                          env=None if env is None else {**os.environ, **env},
+                          stdin=subprocess.DEVNULL)
+
+
+def cli_json(inventory: Path, *args: str, **kw) -> tuple[int, dict]:
+    p = cli(inventory, *args, "--json", **kw)
+    try:
+        return p.returncode, json.loads(p.stdout)
+    except ValueError:
+        raise AssertionError(f"cluster {' '.join(args)}: exit {p.returncode}\n{p.stdout}\n"
+                             f"{p.stderr}") from None
+
+
+@pytest.fixture(scope="module")
+def model() -> Path:
+    for needed in ("torch", "transformers", "tokenizers", "vllm", "ray", "matplotlib"):
+        if importlib.util.find_spec(needed) is None:
+            pytest.skip(f"the tune/status test needs {needed}")
+    spec = importlib.util.spec_from_file_location("make_tiny_model",
+                                                  REPO / "scripts" / "make_tiny_model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.build_tiny_model(MODEL_DIR, "dense")
+
+
+@pytest.fixture(scope="module")
+def inv(simcluster_factory, model, tmp_path_factory) -> Path:
+    """One CPU node with Ray started (API key in its env); the app and Ray removed at the end."""
+    sim = simcluster_factory(1, {"node1": "cpu"})
+    base = tmp_path_factory.mktemp("tune-inv")
+    doc = yaml.safe_load(sim.inventory_path.read_text())
+    doc["ray"] = {"num_cpus": 2, "memory": 8 * 1024 ** 3,
+                  "object_store_memory": 256 * 1024 ** 2, "python": PYTHON}
+    doc["run_dir"] = str(base / "runs")
+    for node in doc["nodes"]:
+        node["env"] = {"CLUSTER_API_KEY": KEY}
+    path = base / "cluster.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    cli(path, "down", "--yes", timeout=300)  # a Ray left from elsewhere lacks this env
+    p = cli(path, "up", "--skip-preflight", "--yes", timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    try:
+        yield path
+    finally:
+        cli(path, "undeploy", APP, "--yes", timeout=300)
+        cli(path, "down", "--yes", timeout=300)
+
+
+@pytest.fixture(scope="module")
+def endpoint(inv, model) -> str:
+    """The tiny model deployed with a KV cache of 8 blocks (forced pressure)."""
+    code, out = cli_json(inv, "deploy", "--model", str(model), "--name", APP,
+                         "--served-model-name", APP, "--max-model-len", "512", *PRESSURE,
+                         "--yes", "--timeout", "900")
+    assert code == 0 and out["status"] == "RUNNING", out
+    return out["endpoint"]
+
+
+def placement(endpoint: str) -> dict:
+    """GET /v1/placement of the replica: the engine kwargs it started with."""
+    import httpx
+
+    r = httpx.get(endpoint + "/placement", headers={"Authorization": f"Bearer {KEY}"},
+                  timeout=30, trust_env=False)
+    r.raise_for_status()
+    return r.json()
+
+
+def gauges(endpoint: str) -> tuple[float, float]:
+    from cluster.bench import scrape_metric
+
+    return (scrape_metric(endpoint, "vllm:num_requests_running"),
+            scrape_metric(endpoint, "vllm:num_requests_waiting"))
+
+
+def test_kv_pressure_shows_the_capacity_warning_and_bench_counts_what_the_engine_made(
+        inv, endpoint):
+    from cluster.bench import BenchConfig, run_bench, scrape_metric
+
+    metric = "vllm:generation_tokens_total"
+    before = scrape_metric(endpoint, metric)     # through the serving app's own route
+    config = BenchConfig(url=endpoint, model=APP, concurrency=(32,), prompt_len=64,
+                         output_len=200, requests=192, timeout_s=300, api_key=KEY)
+    outcome: dict = {}
+    load = threading.Thread(target=lambda: outcome.update(result=run_bench(config)),
+                            name="kv-pressure-load", daemon=True)
+    load.start()
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and sum(gauges(endpoint)) < 8:
+            time.sleep(1)
+        code, status = cli_json(inv, "status", "--window", "5", timeout=300)
+        text = cli(inv, "status", "--window", "3", timeout=300)
+    finally:
+        load.join(timeout=config.deadline_s() + 30)
+    assert not load.is_alive()
+
+    serving = status["serve"]["applications"][APP]["serving"]
+    assert code == 1, serving
+    assert serving["status"] == "warn" and serving["out_of_capacity"] is True
+    assert serving["preemptions"] > 0 and serving["preemptions_per_s"] > 0
+    assert serving["warnings"][0].startswith(
+        "out of capacity: add replicas or lower max_model_len / max_num_seqs")
+    assert serving["running"] + serving["waiting"] > 0 and serving["window_s"] > 2
+    assert serving["generation_tokens_per_s"] > 0 and serving["metrics_path"] == f"/{APP}/metrics"
+    assert text.returncode == 1 and "out of capacity" in text.stdout, text.stdout + text.stderr
+    print(f"\nstatus under KV pressure: {json.dumps(serving)}")
+
+    result = outcome["result"]
+    assert result.exit_code == 0, result.to_dict()
+    counted = result.output_tokens
+    assert counted == 192 * 200
+    deadline = time.monotonic() + 15               # the engine's stats arrive per step
+    while time.monotonic() < deadline and scrape_metric(endpoint, metric) - before < counted:
+        time.sleep(0.5)
+    assert scrape_metric(endpoint, metric) - before == counted
+
+
+def test_tune_dry_run_and_refusal_without_a_terminal_change_nothing(inv, endpoint):
+    env = {"CLUSTER_API_KEY": KEY}
+    before = placement(endpoint)["replica"]["pid"]
+    code, out = cli_json(inv, "tune", "--name", APP, "--dry-run", env=env, timeout=300)
+    assert code == 0 and out["status"] == "DRY_RUN" and out["values"] == list(VALUES)
+    assert out["endpoint"] == endpoint and out["original_value"] is None
+    p = cli(inv, "tune", "--name", APP, "--values", "512,1024", env=env, timeout=300)
+    assert p.returncode == 2 and "pass --yes" in p.stderr
+    p = cli(inv, "tune", "--name", APP, "--yes", env={"CLUSTER_API_KEY": ""}, timeout=300)
+    assert p.returncode == 2 and "export CLUSTER_API_KEY" in p.stderr
+    assert placement(endpoint)["replica"]["pid"] == before   # never redeployed
+
+
+def test_tune_sweeps_four_values_recommends_plots_and_restores(inv, endpoint, tmp_path):
+    from matplotlib.image import imread
+
+    out_dir = tmp_path / "tune"
+    code, doc = cli_json(inv, "tune", "--name", APP, "--values", ",".join(map(str, VALUES)),
+                         "--concurrency", "4", "--requests", "8", "--warmup", "2",
+                         "--prompt-len", "32", "--output-len", "32", "--out", str(out_dir),
+                         "--yes", env={"CLUSTER_API_KEY": KEY}, timeout=2400)
+    print(f"\ntune: {json.dumps({k: doc.get(k) for k in ('points', 'recommendation', 'applied')})}")
+    assert code == 0, doc
+    assert [p["value"] for p in doc["points"]] == list(VALUES)
+    assert all(p["status"] == "ok" and p["ok"] == 8 and p["errors"] == {} for p in doc["points"])
+    assert all(p["output_tokens_per_s"] > 0 and p["ttft_p99_ms"] > 0 for p in doc["points"])
+    rec = doc["recommendation"]
+    assert rec["found"] and rec["value"] in VALUES
+    best = max(doc["points"], key=lambda p: p["output_tokens_per_s"])
+    assert rec["value"] == best["value"]          # no target: the best throughput wins
+    assert doc["applied"] == {"what": "original", "value": None, "ok": True, "redeployed": True,
+                              "status": "RUNNING", "error": None}
+
+    saved = json.loads((out_dir / "tune.json").read_text())
+    assert saved["recommendation"] == rec and saved["exit_code"] == 0
+    assert KEY not in (out_dir / "tune.json").read_text()
+    png = out_dir / "tune.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    image = imread(str(png))
+    assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+
+    kwargs = placement(endpoint)["engine_kwargs"]   # the replica now running: the original
+    assert "max_num_batched_tokens" not in kwargs and kwargs["num_gpu_blocks_override"] == 8
