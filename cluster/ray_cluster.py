@@ -1,4 +1,4 @@
-"""Ray bring-up: gathered node facts -> planned `ray start`/`ray stop` commands (pure), then execute.
+"""Ray bring-up: gathered node facts -> planned `ray start`/`ray stop` commands (pure) -> execute.
 
 Three layers, each usable alone:
   gather   `gather_command(node, inv)` runs one read-only Python snippet per node (with the env
@@ -200,7 +200,7 @@ class NodeFacts:
 
 
 def ray_cli(inventory: Inventory) -> list[str]:
-    """How to run Ray's CLI with the inventory's python (the right environment, not a stray `ray`)."""
+    """Ray's CLI run by the inventory's python (the right environment, not a stray `ray`)."""
     return [inventory.ray.python, "-m", "ray.scripts.scripts"]
 
 
@@ -328,7 +328,8 @@ def parse_facts(node: Node, result: CommandResult) -> NodeFacts:
     if payload is None:
         detail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
         why = "python not found" if result.exit_code == 127 else f"exit {result.exit_code}"
-        return NodeFacts(node.name, reached=True, error=f"fact gathering failed ({why}): {detail[0]}")
+        return NodeFacts(node.name, reached=True,
+                         error=f"fact gathering failed ({why}): {detail[0]}")
     try:
         data = json.loads(payload)
     except ValueError as exc:
@@ -367,7 +368,8 @@ def parse_facts(node: Node, result: CommandResult) -> NodeFacts:
         elif p.get("kind") == "gcs_server":
             port = _flag(args, "gcs_server_port")
             gcs_port = int(port) if port and port.isdigit() else -1
-    level = "minor" if node.env.get("RAY_DEFAULT_PYTHON_VERSION_MATCH_LEVEL") == "minor" else "patch"
+    minor = node.env.get("RAY_DEFAULT_PYTHON_VERSION_MATCH_LEVEL") == "minor"
+    level = "minor" if minor else "patch"
     return NodeFacts(node.name, reached=True, python=data.get("python"),
                      python_version=data.get("python_version"),
                      ray_version=data.get("ray_version"), ray_error=data.get("ray_error"),
@@ -432,7 +434,8 @@ def start_command(node: Node, inventory: Inventory, gpus: Sequence[GPU],
     args = ray_cli(inventory) + ["start"]
     if node.is_head:
         args += ["--head", "--port", str(ray.port),
-                 "--dashboard-host", ray.dashboard_host, "--dashboard-port", str(ray.dashboard_port),
+                 "--dashboard-host", ray.dashboard_host,
+                 "--dashboard-port", str(ray.dashboard_port),
                  "--include-dashboard", "true",
                  "--ray-client-server-port", str(ray.client_server_port)]
     else:
@@ -654,7 +657,7 @@ def plan_up(inventory: Inventory, facts: Mapping[str, NodeFacts],
       Otherwise started (nothing running) or restarted (needs confirmation when a GCS runs).
     - Head started/restarted: every worker is (re)started against it.
     - Head kept: a worker whose raylet is alive in this cluster on its IP is kept; dead, missing
-      or leftover Ray processes -> (re)started; a live raylet elsewhere -> restart with confirmation.
+      or leftover Ray processes -> (re)started; a live raylet elsewhere -> restart, confirmed.
     - Unreachable worker / worker that cannot run Ray: skipped / refused, the others proceed.
     """
     head = inventory.head
@@ -680,7 +683,8 @@ def plan_up(inventory: Inventory, facts: Mapping[str, NodeFacts],
     stop = stop_command(inventory)
     auth = cluster_auth_mode(inventory, facts)
     if _head_healthy(inventory, hf, state):
-        head_action = NodeAction(head.name, KEEP, f"Ray head running (node {_short(hf.raylet.node_id)})")
+        head_action = NodeAction(head.name, KEEP,
+                                 f"Ray head running (node {_short(hf.raylet.node_id)})")
         warnings += _drift(inventory, head, hf, state, auth)
         head_fresh = False
     else:

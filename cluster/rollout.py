@@ -271,13 +271,15 @@ def _place(d: Demand, free: list[dict[str, float]]) -> bool:
 
 
 def drain_command(inventory: Inventory, node_id: str, message: str,
-                  deadline_s: int = DEFAULT_DRAIN_DEADLINE_S) -> str:
+                  deadline_s: int = DEFAULT_DRAIN_DEADLINE_S, auth_mode: str | None = None) -> str:
     """`ray drain-node` run on the head (Ray's GCS DrainNode RPC, the API autoscaler v2 and
     KubeRay use): the node takes no new work and Serve starts replacement replicas elsewhere
     before stopping the ones on it. The env is the head's (token auth, like `cluster status`)."""
     if not all(c in "0123456789abcdefABCDEF" for c in node_id) or not node_id:
         raise UsageError(f"not a Ray node id: {node_id!r}")
-    env = inventory.head.env
+    env = dict(inventory.head.env)
+    if auth_mode:  # the client needs the cluster's token-auth mode (as `ray start` got it)
+        env["RAY_AUTH_MODE"] = auth_mode
     prefix = "".join(f"{shlex.quote(f'{k}={v}')} " for k, v in env.items())
     return (f"env {prefix}" if prefix else "") + shlex.join(
         ray_cluster.ray_cli(inventory) + [
@@ -406,7 +408,9 @@ def drain(session, inventory: Inventory, name: str, *, dry_run: bool, confirm: C
     state, entry = found
     demands = app_demands(state.serve)
     out.capacity = capacity_without(demands, _remaining(state, inventory, entry))
-    cmd = drain_command(inventory, entry.node_id, f"cluster {command} {name}", deadline_s)
+    head_facts = ray_cluster.gather(session, inventory, [inventory.head])
+    auth = ray_cluster.cluster_auth_mode(inventory, head_facts)
+    cmd = drain_command(inventory, entry.node_id, f"cluster {command} {name}", deadline_s, auth)
     out.planned.append(f"[{inventory.head.name}] $ {cmd}")
     if check_capacity and not out.capacity.ok:
         return out.stop(f"refused: {name} cannot be taken out: {out.capacity.summary()} ("

@@ -195,6 +195,7 @@ def main() -> int:
     simcluster("up", "3", *profiles)
     work = Path(tempfile.mkdtemp(prefix="bench-up-"))
     home = HomeFiles(work)
+    ssh_dirs = set(Path(tempfile.gettempdir()).glob("ray_ssh_*"))  # ray up's ssh control dirs
     ours, theirs, theirs_returned, failures = [], [], [], []
     inv_path = write_inventory(work)
     try:
@@ -228,6 +229,9 @@ def main() -> int:
         if final.returncode != 0:
             print(f"bench_up: cluster down failed:\n{final.stdout}", file=sys.stderr)
         home.restore()
+        for made in set(Path(tempfile.gettempdir()).glob("ray_ssh_*")) - ssh_dirs:
+            shutil.rmtree(made, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
         for name in (f"cluster-bench-{ENV['SIMCLUSTER_PREFIX']}.state",
                      f"cluster-bench-{ENV['SIMCLUSTER_PREFIX']}.lock"):
             Path(tempfile.gettempdir(), "ray", name).unlink(missing_ok=True)

@@ -1,4 +1,4 @@
-"""Ray bring-up planning (pure): facts + the head's view -> the exact commands `cluster up/down` run."""
+"""Ray bring-up planning (pure): facts + the head's view -> the commands `cluster up/down` run."""
 
 from __future__ import annotations
 
@@ -188,7 +188,8 @@ def test_label_values_follow_ray_syntax():
 
 
 def test_temp_dir_passed_when_set():
-    inv = inventory.loads(INV.replace("  num_cpus: 2\n", "  num_cpus: 2\n  temp_dir: /scratch/ray\n"))
+    inv = inventory.loads(INV.replace("  num_cpus: 2\n",
+                                      "  num_cpus: 2\n  temp_dir: /scratch/ray\n"))
     cmd = start_command(inv.head, inv, gpus(1))
     assert flag(cmd, "--temp-dir") == "/scratch/ray"
 
@@ -312,7 +313,8 @@ def test_unreachable_or_broken_worker_is_skipped_the_rest_proceeds(inv):
     plan = plan_up(inv, f, None)
     assert not plan.refused
     assert plan.action("gpu01").kind == START
-    assert plan.action("gpu02").kind == SKIP and plan.action("gpu02").status_if_not_run == "unreachable"
+    assert plan.action("gpu02").kind == SKIP
+    assert plan.action("gpu02").status_if_not_run == "unreachable"
     assert plan.action("gpu03").kind == REFUSE and "not importable" in plan.action("gpu03").reason
     assert [e.node for e in plan.expected] == ["gpu01"]
 
@@ -412,9 +414,9 @@ def test_status_document_matches_nodes_by_ip(inv):
          "resources_total": {"CPU": 2.0}, "start_time_ms": 1},
         {"node_id": IDS["gpu02"], "node_ip": "10.0.0.2", "state": "ALIVE",
          "resources_total": {"CPU": 2.0, "GPU": 4.0}, "start_time_ms": 9}],
-        "serve": {"applications": {"llm": {"status": "RUNNING", "route_prefix": "/",
-                                           "deployments": {"VLLM": {"status": "HEALTHY",
-                                                                    "replicas": [{"state": "RUNNING"}]}}}}}}
+        "serve": {"applications": {"llm": {
+            "status": "RUNNING", "route_prefix": "/",
+            "deployments": {"VLLM": {"status": "HEALTHY", "replicas": [{"state": "RUNNING"}]}}}}}}
     st = parse_state_output("CLUSTER_RAY_STATE " + json.dumps(raw))
     doc = cluster_status(inv, st)
     assert doc["ray_version"] == "2.60.0" and doc["dashboard_url"] == "http://127.0.0.1:8266"

@@ -58,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
         table.add_column(col, overflow="fold")
     for n in doc["nodes"]:
         table.add_row(n["name"] or "(not in inventory)",
-                      Text("alive", style="green") if n["alive"] else Text("dead", style="bold red"),
+                      Text("alive", style="green") if n["alive"]
+                      else Text("dead", style="bold red"),
                       n["ip"], f"{n['gpus']:g}", f"{n['cpus']:g}", n["gpu_model"] or "-",
                       n["node_id"][:16])
     stdout.print(table)

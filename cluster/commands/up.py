@@ -147,7 +147,8 @@ def _print(outcome: ray_up.UpOutcome, dry_run: bool, scrub: Callable[[str], str]
     if outcome.status is not None:
         alive = [n for n in outcome.status["nodes"] if n["alive"] and n["name"]]
         gpus = sum(n["gpus"] for n in alive)
-        stdout.print(f"{len(alive)} node(s) alive, {gpus:g} GPUs; Ray {outcome.status['ray_version']}; "
+        stdout.print(f"{len(alive)} node(s) alive, {gpus:g} GPUs; "
+                     f"Ray {outcome.status['ray_version']}; "
                      f"dashboard {outcome.status['dashboard_url']} on the head "
                      "(`cluster dashboard` tunnels to it)")
     if outcome.stopped and outcome.stopped != "dry run":

@@ -68,7 +68,8 @@ def cli_json(inventory: Path, *args: str, timeout: float = 600) -> tuple[int, di
     try:
         return p.returncode, json.loads(p.stdout)
     except ValueError:
-        raise AssertionError(f"cluster {' '.join(args)}: exit {p.returncode}\n{p.stdout}\n{p.stderr}")
+        raise AssertionError(f"cluster {' '.join(args)}: exit {p.returncode}\n"
+                             f"{p.stdout}\n{p.stderr}")
 
 
 def ray_processes(sim, node: str) -> list[str]:
@@ -235,7 +236,8 @@ out = {"driver_env": os.environ.get("CLUSTER_TEST_MARK"),
 for name, shape in (("pack8x1", [{"GPU": 1}] * 8), ("pack2x4", [{"GPU": 4}] * 2)):
     pg = placement_group(shape, strategy="PACK")
     ray.get(pg.ready(), timeout=120)
-    out[name] = [ip_of[n] for _, n in sorted(placement_group_table(pg)["bundles_to_node_id"].items())]
+    bundles = placement_group_table(pg)["bundles_to_node_id"]
+    out[name] = [ip_of[n] for _, n in sorted(bundles.items())]
     remove_placement_group(pg)
 print("RESULT " + json.dumps(out))
 '''
