@@ -648,7 +648,8 @@ def judge_checks(checks: Sequence[NodeCheck], spec: DeploySpec,
 def check_nodes(session, inventory: Inventory, spec: DeploySpec,
                 cluster: ClusterView) -> Checks:
     """Model files and the API-key variable on every alive inventory node (one SSH round)."""
-    nodes = [inventory.node(n.name) for n in cluster.nodes if n.name is not None]
+    alive = {n.name for n in cluster.nodes if n.name is not None}
+    nodes = [n for n in inventory.nodes if n.name in alive]  # inventory order
     command = node_check_command(inventory, spec.model, spec.api_key_env)
     results = session.fan_out(nodes, command, timeout=60) if nodes else ()
     checks = [parse_node_check(n.name, r) for n, r in zip(nodes, results)]

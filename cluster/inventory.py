@@ -94,6 +94,10 @@ class RayOptions:
     object_manager_port: int = 8077
     min_worker_port: int = 10002
     max_worker_port: int = 10999
+    dashboard_agent_listen_port: int = 52365
+    dashboard_agent_grpc_port: int = 8078
+    runtime_env_agent_port: int = 8079
+    metrics_export_port: int = 8080
     object_store_memory: int | None = None
     num_cpus: int | None = None
     memory: int | None = None
@@ -155,6 +159,16 @@ class Inventory:
         return {"path": self.path, "nodes": nodes, "ssh": to_jsonable(self.ssh),
                 "ray": to_jsonable(self.ray), "expectations": to_jsonable(self.expectations),
                 "model_path": self.model_path, "run_dir": self.run_dir}
+
+
+def is_secret_name(name: str) -> bool:
+    """Env names whose values are secrets (KEY, TOKEN, SECRET, PASSWORD, CREDENTIAL)."""
+    return bool(_SECRET_KEY_RE.search(name))
+
+
+def public_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The entries of env that are safe to put on a command line (no secret-looking names)."""
+    return {k: v for k, v in env.items() if not is_secret_name(k)}
 
 
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -473,6 +487,9 @@ _RAY_INT_KEYS = {"port": (1, 65535), "dashboard_port": (1, 65535),
                  "client_server_port": (1, 65535), "node_manager_port": (1, 65535),
                  "object_manager_port": (1, 65535), "min_worker_port": (1024, 65535),
                  "max_worker_port": (1024, 65535), "serve_port": (1, 65535),
+                 "dashboard_agent_listen_port": (1024, 65535),
+                 "dashboard_agent_grpc_port": (1024, 65535),
+                 "runtime_env_agent_port": (1024, 65535), "metrics_export_port": (1024, 65535),
                  "object_store_memory": (78643200, 1 << 50), "num_cpus": (1, 4096),
                  "memory": (1 << 20, 1 << 50)}
 

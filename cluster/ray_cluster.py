@@ -445,6 +445,10 @@ def start_command(node: Node, inventory: Inventory, gpus: Sequence[GPU],
              "--object-manager-port", str(ray.object_manager_port),
              "--min-worker-port", str(ray.min_worker_port),
              "--max-worker-port", str(ray.max_worker_port),
+             "--dashboard-agent-listen-port", str(ray.dashboard_agent_listen_port),
+             "--dashboard-agent-grpc-port", str(ray.dashboard_agent_grpc_port),
+             "--runtime-env-agent-port", str(ray.runtime_env_agent_port),
+             "--metrics-export-port", str(ray.metrics_export_port),
              "--num-gpus", str(len(gpus))]
     if ray.num_cpus is not None:
         args += ["--num-cpus", str(ray.num_cpus)]

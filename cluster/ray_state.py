@@ -17,7 +17,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from cluster.inventory import Inventory
+from cluster.inventory import Inventory, public_env
 
 MARKER = "CLUSTER_RAY_STATE "
 LABEL_NODE = "cluster-toolkit/node"
@@ -175,7 +175,8 @@ def state_command(inventory: Inventory, include_serve: bool = True) -> str:
     if ":" in target:
         target = f"[{target}]"
     base = f"http://{target}:{inventory.ray.dashboard_port}"
-    env = "".join(f"{shlex.quote(f'{k}={v}')} " for k, v in inventory.head.env.items())
+    # Secret-looking entries never go on a command line (ps, run logs): the query needs none.
+    env = "".join(f"{shlex.quote(f'{k}={v}')} " for k, v in public_env(inventory.head.env).items())
     return (f"env {env}" if env else "") + shlex.join(
         [inventory.ray.python, "-c", STATE_SNIPPET, base, gcs_address(inventory),
          "1" if include_serve else "0"]) + " </dev/null"

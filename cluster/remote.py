@@ -124,6 +124,7 @@ class SSHRunner:
         self.ssh = ssh
         self._connections: dict[str, object] = {}
         self._lock = threading.Lock()
+        self._opening: dict[str, threading.Lock] = {}  # one connect at a time per node
 
     def _connect_kwargs(self, node: Node | None) -> dict:
         identity = (node.identity_file if node else None) or self.ssh.identity_file
@@ -176,8 +177,11 @@ class SSHRunner:
 
         start = time.monotonic()
         conn = self.connection(node)
+        with self._lock:
+            opening = self._opening.setdefault(node.name, threading.Lock())
         try:
-            conn.open()
+            with opening:  # two threads opening one connection break paramiko's session
+                conn.open()
         except Exception as exc:  # paramiko/socket errors: all mean "unreachable"
             self._forget(node)
             raise ConnectError(node.name, describe_connect_error(exc)) from None

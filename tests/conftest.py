@@ -35,3 +35,9 @@ def tiny_model() -> Path:
 def tiny_moe_model() -> Path:
     """Directory of the tiny random-weight Qwen3-MoE model."""
     return _tiny("moe")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_builder():
+    """The scripts/make_tiny_model.py module (build_tiny_model(out_dir, kind))."""
+    return _load_tiny_model_builder()

@@ -132,14 +132,13 @@ def test_dp_rank_bundles_follow_nodes_rank0_node_first():
         bundle_indices_for_rank(2, 2, nodes)
 
 
-def test_tiny_model_is_deterministic_and_idempotent(tiny_model):
+def test_tiny_model_is_deterministic_and_idempotent(tiny_model, tiny_model_builder):
     config = json.loads((tiny_model / "config.json").read_text())
     assert config["head_dim"] == 32 and config["vocab_size"] == 2048
     assert config["architectures"] == ["LlamaForCausalLM"]
     weights = next(tiny_model.glob("*.safetensors"))
     before = weights.stat().st_mtime_ns
-    from conftest import _load_tiny_model_builder
-    assert _load_tiny_model_builder().build_tiny_model(tiny_model, "dense") == tiny_model
+    assert tiny_model_builder.build_tiny_model(tiny_model, "dense") == tiny_model
     assert weights.stat().st_mtime_ns == before
 
 

@@ -408,7 +408,11 @@ def ports_probe(node: Node, inventory: Inventory) -> Probe:
 
 def ray_ports(node: Node, inventory: Inventory) -> dict[int, str]:
     r = inventory.ray
-    ports = {r.node_manager_port: "node_manager_port", r.object_manager_port: "object_manager_port"}
+    ports = {r.node_manager_port: "node_manager_port", r.object_manager_port: "object_manager_port",
+             r.dashboard_agent_listen_port: "dashboard_agent_listen_port",
+             r.dashboard_agent_grpc_port: "dashboard_agent_grpc_port",
+             r.runtime_env_agent_port: "runtime_env_agent_port",
+             r.metrics_export_port: "metrics_export_port"}
     if node.is_head:
         ports.update({r.port: "port (GCS)", r.dashboard_port: "dashboard_port",
                       r.client_server_port: "client_server_port", r.serve_port: "serve_port"})
