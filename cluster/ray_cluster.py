@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from cluster.inventory import Inventory, Node
+from cluster.inventory import Inventory, Node, is_secret_name, public_env
 from cluster.ray_state import (LABEL_GPU_MODEL, LABEL_NODE, RESOURCE_GPU_MODEL_PREFIX,
                                RESOURCE_HOST_PREFIX, RayState, gcs_address, node_for_ip,
                                query_state)
@@ -234,6 +234,23 @@ def start_env(node: Node, auth_mode: str | None = None) -> dict[str, str]:
     return env
 
 
+# Secret-looking env values (KEY/TOKEN/SECRET/PASSWORD names) never go on a command line: the
+# command sources them from its standard input, which Session.run sends and no log records.
+SECRET_ENV_FROM_STDIN = "{ set -a; . /dev/stdin; set +a; }"
+
+
+def secret_env_stdin(node: Node) -> str:
+    """The `export K='v'` lines a start command with SECRET_ENV_FROM_STDIN reads."""
+    secret = {k: v for k, v in node.env.items() if is_secret_name(k)}
+    return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in secret.items())
+
+
+def run_node_command(session, node: Node, command: str, timeout: float) -> CommandResult:
+    """Session.run, handing the node's secret env on stdin to commands that read it."""
+    stdin = secret_env_stdin(node) if SECRET_ENV_FROM_STDIN in command else None
+    return session.run(node, command, timeout=timeout, stdin=stdin)
+
+
 def cluster_auth_mode(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> str:
     """token | disabled: the head's explicit RAY_AUTH_MODE, else what `ray start --head` would
     pick (token when the head has an auth token), else disabled."""
@@ -264,8 +281,9 @@ def _field_for(key: str) -> str:
 
 
 def gather_command(node: Node, inventory: Inventory) -> str:
-    """The read-only fact-gathering command for a node (run with the env `ray start` gets)."""
-    env = start_env(node)
+    """The read-only fact-gathering command for a node (run with the env `ray start` gets,
+    less secret-looking values: they change no fact and must not reach a command line)."""
+    env = public_env(start_env(node))
     keys = ",".join(sorted(set(env) | set(MANAGED_ENV)))
     return env_prefix(env) + shlex.join([inventory.ray.python, "-c", GATHER_SNIPPET, keys]) \
         + " </dev/null"
@@ -462,7 +480,10 @@ def start_command(node: Node, inventory: Inventory, gpus: Sequence[GPU],
                                        separators=(",", ":")),
              "--labels", ",".join(f"{k}={v}" for k, v in node_labels(node, gpus).items()),
              "--disable-usage-stats"]
-    start = env_prefix(start_env(node, auth_mode)) + shlex.join(args) + " </dev/null"
+    env = start_env(node, auth_mode)
+    public = public_env(env)
+    secret_prefix = SECRET_ENV_FROM_STDIN + " && " if len(public) < len(env) else ""
+    start = secret_prefix + env_prefix(public) + shlex.join(args) + " </dev/null"
     if node.is_head:
         return start
     return wait_for_gcs_command(inventory) + " && " + start
@@ -640,7 +661,7 @@ def _drift(inventory: Inventory, node: Node, f: NodeFacts, state: RayState | Non
                    f"{inventory.ray.num_cpus}")
     running_env = f.raylet.env if f.raylet is not None else None
     if running_env is not None:
-        for key, want in start_env(node, auth_mode).items():
+        for key, want in public_env(start_env(node, auth_mode)).items():
             have = running_env.get(key)
             if have != want:
                 out.append(f"{node.name}: Ray runs with {key}={have!r}, the inventory says "
@@ -806,7 +827,7 @@ Event = Callable[[str], None]
 def _run_commands(session, node: Node, action: NodeAction, timeouts: Sequence[float]) -> StepResult:
     results = []
     for command, timeout in zip(action.commands, timeouts):
-        r = session.run(node, command, timeout=timeout)
+        r = run_node_command(session, node, command, timeout)
         results.append(r)
         if not r.ok:
             status = UNREACHABLE if r.status == "unreachable" else FAILED

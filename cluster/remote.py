@@ -11,6 +11,7 @@ its threads without a timeout, so it is not used here).
 from __future__ import annotations
 
 import logging
+import io
 import os
 import signal
 import socket
@@ -67,7 +68,8 @@ ResultHook = Callable[[CommandResult], None]
 class Runner(Protocol):
     """Runs one command on one node. Raises ConnectError / CommandTimeout; never for exit codes."""
 
-    def run(self, node: Node, command: str, timeout: float) -> CommandResult: ...
+    def run(self, node: Node, command: str, timeout: float,
+            stdin: str | None = None) -> CommandResult: ...
 
     def close(self) -> None: ...
 
@@ -78,13 +80,15 @@ class Runner(Protocol):
 class LocalRunner:
     """Runs commands on this machine with bash, in their own process group (killed on timeout)."""
 
-    def run(self, node: Node, command: str, timeout: float) -> CommandResult:
+    def run(self, node: Node, command: str, timeout: float,
+            stdin: str | None = None) -> CommandResult:
         start = time.monotonic()
-        proc = subprocess.Popen(["bash", "-c", command], stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(["bash", "-c", command],
+                                stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 start_new_session=True, text=True, errors="replace")
         try:
-            out, err = proc.communicate(timeout=timeout)
+            out, err = proc.communicate(input=stdin, timeout=timeout)
         except subprocess.TimeoutExpired:
             _kill_group(proc)
             raise CommandTimeout(node.name, timeout, command) from None
@@ -172,7 +176,8 @@ class SSHRunner:
                 self._connections[node.name] = conn
             return conn
 
-    def run(self, node: Node, command: str, timeout: float) -> CommandResult:
+    def run(self, node: Node, command: str, timeout: float,
+            stdin: str | None = None) -> CommandResult:
         from invoke.exceptions import CommandTimedOut
 
         start = time.monotonic()
@@ -186,7 +191,8 @@ class SSHRunner:
             self._forget(node)
             raise ConnectError(node.name, describe_connect_error(exc)) from None
         try:
-            result = conn.run(command, hide=True, warn=True, timeout=timeout, in_stream=False)
+            result = conn.run(command, hide=True, warn=True, timeout=timeout,
+                              in_stream=False if stdin is None else io.StringIO(stdin))
         except CommandTimedOut:
             self._forget(node)
             raise CommandTimeout(node.name, timeout, command) from None
@@ -289,12 +295,17 @@ class Session:
     def command_timeout(self) -> float:
         return self.inventory.ssh.command_timeout
 
-    def run(self, node: Node, command: str, timeout: float | None = None) -> CommandResult:
-        """Run one command; unreachable/timeout become results (never raises for a node)."""
+    def run(self, node: Node, command: str, timeout: float | None = None,
+            stdin: str | None = None) -> CommandResult:
+        """Run one command; unreachable/timeout become results (never raises for a node).
+
+        `stdin` is sent to the command's standard input and never recorded: the way to hand a
+        node a secret without putting it on a command line (visible in `ps`) or in run logs.
+        """
         timeout = timeout or self.command_timeout
         start = time.monotonic()
         try:
-            result = self.runner_for(node).run(node, command, timeout)
+            result = self.runner_for(node).run(node, command, timeout, stdin=stdin)
         except CommandTimeout as exc:
             result = CommandResult(node.name, command, None, "", "", time.monotonic() - start,
                                    TIMEOUT, str(exc))

@@ -464,9 +464,10 @@ class RecordingSession:
         self.fail_on = fail_on
         self.worker_delay = worker_delay
 
-    def run(self, node, command, timeout=None):
+    def run(self, node, command, timeout=None, stdin=None):
         with self._lock:
             self.calls.append((self._time.monotonic(), node.name, command))
+            self.stdins = getattr(self, "stdins", []) + [(node.name, stdin)]
         if not node.is_head and self.worker_delay:
             self._time.sleep(self.worker_delay)
         failed = self.fail_on is not None and self.fail_on in command and node.is_head
@@ -530,8 +531,8 @@ def test_worker_start_retried_once_after_a_startup_timeout(inv):
             super().__init__()
             self.failed = False
 
-        def run(self, node, command, timeout=None):
-            r = super().run(node, command, timeout)
+        def run(self, node, command, timeout=None, stdin=None):
+            r = super().run(node, command, timeout, stdin)
             if node.name == "gpu03" and "--address" in command and not self.failed:
                 self.failed = True
                 return CommandResult(node.name, command, 1, "",
@@ -597,4 +598,6 @@ def test_secret_env_values_are_kept_out_of_output():
                                       "env: {NCCL_DEBUG: INFO, HF_TOKEN: hf_secret_value}"))
     assert inventory_secrets(inv) == ("hf_secret_value",)
     cmd = start_command(inv.node("gpu02"), inv, gpus(1))
-    assert "HF_TOKEN=hf_secret_value" in cmd  # ray start still gets it
+    assert "hf_secret_value" not in cmd  # never on a command line (ps)...
+    from cluster.ray_cluster import secret_env_stdin
+    assert secret_env_stdin(inv.node("gpu02")) == "export HF_TOKEN=hf_secret_value\n"  # ...stdin

@@ -71,8 +71,13 @@ def _words(command: str) -> list[str]:
 
 
 def _assert_env_words(command: str, env: dict[str, str]) -> None:
+    """Public entries are one literal word each; secret-looking ones are not on the line at all
+    (they reach `ray start` on its stdin: see test_secret_env_reaches_the_process_via_stdin)."""
     words = _words(command)
     for key, value in env.items():
+        if inventory.is_secret_name(key):
+            assert value not in command, f"secret {key} on a command line: {command}"
+            continue
         assert f"{key}={value}" in words, f"{key} did not survive as one word in: {command}"
 
 
@@ -142,6 +147,26 @@ def test_bash_hands_the_exact_values_to_the_process_and_runs_nothing(inv, canary
     for key, value in env.items():
         assert got[key] == value, key
     assert not canary.exists()
+
+
+def test_secret_env_reaches_the_process_via_stdin(inv, canary):
+    """The start command sources secret env from stdin (Session.run sends it, no log records
+    it): a real bash hands the exact values to the process and executes none of them."""
+    node = inv.node("node2")
+    secret = {k: v for k, v in node.env.items() if inventory.is_secret_name(k)}
+    assert secret, "the nasty inventory must hold a secret-looking name"
+    dump = shlex.join([sys.executable, "-c", "import json, os; print(json.dumps(dict(os.environ)))"])
+    command = ray_cluster.SECRET_ENV_FROM_STDIN + " && " + dump
+    p = subprocess.run(["bash", "-c", command], input=ray_cluster.secret_env_stdin(node),
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    got = json.loads(p.stdout)
+    for key, value in secret.items():
+        assert got[key] == value, key
+    assert not canary.exists()
+    start = ray_cluster.start_command(node, inv, (), "disabled")
+    assert ray_cluster.SECRET_ENV_FROM_STDIN in start
+    assert all(v not in start for v in secret.values())
 
 
 def test_state_query_through_bash_runs_nothing(inv, canary):

@@ -18,8 +18,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "status", help="Ray nodes, GPUs, version and Serve applications, read on the head",
         description="Ask the head (over SSH, through the dashboard's REST API, or the GCS when "
                     "the dashboard does not answer) which Ray nodes are alive with which GPUs "
-                    "and CPUs, and which Serve applications run. Exit 0 when every inventory "
-                    "node is alive, 2 otherwise.")
+                    "and CPUs, and which Serve applications run, with their serving health "
+                    "from vLLM's metrics. Exit 0 when every inventory node is alive, 2 "
+                    "otherwise; 1 when the nodes are fine but an app has a serving warning "
+                    "(out of capacity).")
     _add_serving_args(p)
     add_json(p)
     p.set_defaults(handler=run)

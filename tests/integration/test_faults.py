@@ -9,8 +9,9 @@
 - the Ray head's GCS killed: `status` says so (exit 2), `cluster up --yes` restores the cluster;
 - `cluster restart-node`: dry run, then drain + restart + rejoin of a worker (new node id);
 - secrets: an API key in the CLI's env and a token in a node's inventory env never appear in the
-  run directories, the CLI's stdout/stderr, the nodes' Ray logs or their process lists (sampled
-  while `up` runs and after), across up / status / restart-node / down.
+  run directories, the CLI's stdout/stderr, the nodes' Ray logs or their process lists after
+  `down`, across up / status / restart-node / down, nor in the process lists sampled *while*
+  `up` and `restart-node` run (secret env reaches `ray start` on its stdin, not its argv).
 
 Not covered here (needs the deploy path with a real vLLM): a Serve replica killed during a bench.
 Nodes: node1/node2 `small-4gpu`, node3 `cpu`. Heavy: ~2.5 GB, several minutes on 2 cores.
@@ -353,9 +354,11 @@ def test_serial_down_then_no_secret_anywhere(sim, inv):
         ps = sim.exec(node, "ps", "-eo", "args").stdout
         if NODE_TOKEN in ps or API_KEY in ps:
             leaks.append(f"{node} process list after down")
-    sampled = [line for line in SAMPLES if NODE_TOKEN in line or API_KEY in line]
-    if sampled:
-        leaks.append(f"process list while commands ran ({len(sampled)} samples of "
-                     f"{len(SAMPLES)} lines), e.g. {sampled[0][:300]!r}")
-    assert len(SAMPLES) > 100  # the sampler really ran
     assert not leaks, "\n".join(leaks)
+
+
+def test_no_secret_in_a_process_list_while_commands_run(sim, inv):
+    assert len(SAMPLES) > 100  # the sampler really ran during up / restart-node
+    sampled = [line for line in SAMPLES if NODE_TOKEN in line or API_KEY in line]
+    assert not sampled, (f"{len(sampled)} of {len(SAMPLES)} sampled process-list lines hold a "
+                         f"secret, e.g. {sampled[0][:300]!r}")

@@ -183,7 +183,8 @@ def test_tune_sweeps_four_values_recommends_plots_and_restores(inv, endpoint, tm
                          "--concurrency", "4", "--requests", "8", "--warmup", "2",
                          "--prompt-len", "32", "--output-len", "32", "--out", str(out_dir),
                          "--yes", env={"CLUSTER_API_KEY": KEY}, timeout=2400)
-    print(f"\ntune: {json.dumps({k: doc.get(k) for k in ('points', 'recommendation', 'applied')})}")
+    brief = [{k: v for k, v in p.items() if k != "bench"} for p in doc.get("points") or []]
+    print(f"\ntune: {json.dumps({'points': brief, 'recommendation': doc.get('recommendation'), 'applied': doc.get('applied')})}")
     assert code == 0, doc
     assert [p["value"] for p in doc["points"]] == list(VALUES)
     assert all(p["status"] == "ok" and p["ok"] == 8 and p["errors"] == {} for p in doc["points"])
