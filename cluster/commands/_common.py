@@ -81,3 +81,29 @@ def progress(total: int, label: str, enabled: bool) -> Iterator[Any]:
     with bar:
         task = bar.add_task(label, total=total)
         yield lambda *_: bar.advance(task)
+
+
+def _number(text: str, kind: type, minimum: float, strict: bool):
+    try:
+        value = kind(text)
+    except ValueError:
+        name = "an integer" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"not {name}: {text!r}") from None
+    if value < minimum or (strict and value == minimum):
+        raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {minimum:g}: {text}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    return _number(text, int, 1, strict=False)
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    return _number(text, int, 0, strict=False)
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a number > 0."""
+    return _number(text, float, 0, strict=True)

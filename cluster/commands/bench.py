@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
+from cluster.commands._common import positive_float, positive_int
 from cluster.errors import UsageError
 
 
@@ -29,24 +30,8 @@ def _concurrency_list(text: str) -> tuple[int, ...]:
     return values
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1: {text}")
-    return value
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0: {text}")
-    return value
 
 
 def register(subparsers: Any) -> None:
@@ -64,16 +49,16 @@ def register(subparsers: Any) -> None:
                    help="/v1/completions (default) or /v1/chat/completions")
     p.add_argument("--concurrency", type=_concurrency_list, default=(1, 4, 16, 64),
                    metavar="C[,C...]", help="concurrency levels (default 1,4,16,64)")
-    p.add_argument("--prompt-len", type=_positive_int, default=128, metavar="N",
+    p.add_argument("--prompt-len", type=positive_int, default=128, metavar="N",
                    help="prompt length in words, ~tokens (default 128; the server's count is reported)")
-    p.add_argument("--output-len", type=_positive_int, default=128, metavar="N",
+    p.add_argument("--output-len", type=positive_int, default=128, metavar="N",
                    help="output tokens per request (default 128)")
     amount = p.add_mutually_exclusive_group()
-    amount.add_argument("--requests", type=_positive_int, metavar="N",
+    amount.add_argument("--requests", type=positive_int, metavar="N",
                         help="requests per level (default max(4*C, 16))")
-    amount.add_argument("--duration", type=_positive_float, metavar="S",
+    amount.add_argument("--duration", type=positive_float, metavar="S",
                         help="seconds per level instead of a request count")
-    p.add_argument("--timeout", type=_positive_float, default=120.0, metavar="S",
+    p.add_argument("--timeout", type=positive_float, default=120.0, metavar="S",
                    help="total time allowed per request (default 120)")
     p.add_argument("--api-key-env", metavar="VAR",
                    help="environment variable holding the API key (sent as Bearer; never printed)")

@@ -16,38 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from cluster.commands._common import (add_changing, add_json, confirm, load_inventory,
+                                      non_negative_int, positive_float, positive_int,
                                       print_json, start_run, stderr, stdout)
 from cluster.errors import UsageError
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1: {text}")
-    return value
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0: {text}")
-    return value
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0: {text}")
-    return value
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -70,18 +47,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--values", metavar="V1,V2,...",
                    help="comma-separated values (default for max_num_batched_tokens: "
                         "512,1024,2048,4096; for max_num_seqs: 32,64,128,256)")
-    p.add_argument("--concurrency", type=_positive_int, metavar="C",
+    p.add_argument("--concurrency", type=positive_int, metavar="C",
                    help="requests in flight during each bench (default 16)")
-    p.add_argument("--target-ttft-p99", type=_positive_float, metavar="MS",
+    p.add_argument("--target-ttft-p99", type=positive_float, metavar="MS",
                    help="TTFT p99 target in ms a value must meet (default: none, best "
                         "throughput wins)")
-    p.add_argument("--requests", type=_positive_int, metavar="N",
+    p.add_argument("--requests", type=positive_int, metavar="N",
                    help="requests per value (default max(4*C, 16))")
-    p.add_argument("--warmup", type=_non_negative_int, metavar="N",
+    p.add_argument("--warmup", type=non_negative_int, metavar="N",
                    help="warm-up requests after each redeploy, not measured (default C)")
-    p.add_argument("--prompt-len", type=_positive_int, default=128, metavar="N",
+    p.add_argument("--prompt-len", type=positive_int, default=128, metavar="N",
                    help="prompt length in words (~tokens) (default %(default)s)")
-    p.add_argument("--output-len", type=_positive_int, default=128, metavar="N",
+    p.add_argument("--output-len", type=positive_int, default=128, metavar="N",
                    help="output tokens per request (default %(default)s)")
     p.add_argument("--apply", choices=("original", "best"), default="original",
                    help="what runs afterwards: the original config (default) or the "
@@ -91,9 +68,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key-env", metavar="VAR",
                    help="environment variable (here) holding the API key (default: the app's "
                         "own api_key_env, e.g. CLUSTER_API_KEY)")
-    p.add_argument("--timeout", type=_positive_float, default=900.0, metavar="S",
+    p.add_argument("--timeout", type=positive_float, default=900.0, metavar="S",
                    help="how long each redeploy may take to be RUNNING (default %(default)g)")
-    p.add_argument("--request-timeout", type=_positive_float, default=120.0, metavar="S",
+    p.add_argument("--request-timeout", type=positive_float, default=120.0, metavar="S",
                    help="time limit of one bench request (default %(default)g)")
     add_changing(p)
     add_json(p)
