@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 import sys
 import time
 from pathlib import Path
@@ -16,10 +17,12 @@ from cluster.remote import Session
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
+RUN_DIR = tempfile.mkdtemp(prefix="cluster-test-runs-")
 
 
 def cluster_cli(inv: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {**os.environ, "CLUSTER_RUN_DIR": str(inv.parent / "runs")}
+    # Run records go to a test folder, not into the simulated cluster's own directory.
+    env = {**os.environ, "CLUSTER_RUN_DIR": RUN_DIR}
     return subprocess.run([sys.executable, "-m", "cluster", "-i", str(inv), *args], cwd=REPO,
                           capture_output=True, text=True, timeout=timeout, env=env)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
+RUN_DIR = tempfile.mkdtemp(prefix="cluster-test-runs-")
 
 # node -> (profile, the failures preflight must report on that node and nothing else)
 SCENARIO = {
@@ -26,7 +28,8 @@ SCENARIO = {
 
 
 def preflight(inv: Path, *extra: str) -> tuple[int, dict]:
-    env = {**os.environ, "CLUSTER_RUN_DIR": str(inv.parent / "runs")}
+    # Run records go to a test folder, not into the simulated cluster's own directory.
+    env = {**os.environ, "CLUSTER_RUN_DIR": RUN_DIR}
     proc = subprocess.run([sys.executable, "-m", "cluster", "-i", str(inv), "preflight", "--json",
                            *extra], cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     assert "Traceback" not in proc.stderr, proc.stderr

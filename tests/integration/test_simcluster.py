@@ -193,7 +193,7 @@ def test_host_keys_are_checked_strictly(simcluster, tmp_path):
 def test_inventory_has_the_documented_shape(simcluster):
     yaml = pytest.importorskip("yaml")
     inv = yaml.safe_load(simcluster.inventory_path.read_text())
-    assert set(inv) == {"ssh", "nodes", "expectations"}
+    assert set(inv) == {"ssh", "nodes", "expectations", "ray"}
     assert inv["ssh"] == {"known_hosts": str(simcluster.known_hosts),
                           "identity_file": str(simcluster.identity_file), "connect_timeout": 5}
     assert [n["role"] for n in inv["nodes"]] == ["head", "worker", "worker"]
