@@ -202,7 +202,13 @@ def test_inventory_has_the_documented_shape(simcluster):
                          "port": 22, "node_ip": node.ip, "nccl_socket_ifname": "eth0",
                          "gloo_socket_ifname": "eth0", "ib_hcas": entry["ib_hcas"], "profile": "h100-ib"}
         assert len(entry["ib_hcas"]) == 8
-    assert inv["expectations"] == {"gpu_model": "NVIDIA H100 80GB HBM3", "gpus_per_node": 8}
+    import resource
+    expected = {"gpu_model": "NVIDIA H100 80GB HBM3", "gpus_per_node": 8}
+    hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+    if hard != resource.RLIM_INFINITY and "memlock_min_kib" in inv["expectations"]:
+        expected["memlock_min_kib"] = hard // 1024   # the host cannot give nodes more
+    assert inv["expectations"] == expected
+    assert inv["ray"]["num_cpus"] >= 1 and inv["ray"]["object_store_memory"] >= 78643200
 
 
 @pytest.mark.integration
