@@ -126,7 +126,7 @@ def test_kv_pressure_shows_the_capacity_warning_and_bench_counts_what_the_engine
     metric = "vllm:generation_tokens_total"
     before = scrape_metric(endpoint, metric)     # through the serving app's own route
     config = BenchConfig(url=endpoint, model=APP, concurrency=(32,), prompt_len=64,
-                         output_len=200, requests=256, timeout_s=300, api_key=KEY)
+                         output_len=200, requests=512, timeout_s=300, api_key=KEY)
     outcome: dict = {}
     load = threading.Thread(target=lambda: outcome.update(result=run_bench(config)),
                             name="kv-pressure-load", daemon=True)
@@ -137,13 +137,13 @@ def test_kv_pressure_shows_the_capacity_warning_and_bench_counts_what_the_engine
             time.sleep(1)
         # Pressure comes and goes between engine steps: sample (bounded) until one window
         # catches it while the load still runs.
-        for _ in range(6):
-            text = cli(inv, "status", "--window", "3", timeout=300)
-            if text.returncode == 1 or not load.is_alive():
-                break
-        for _ in range(6):
-            code, status = cli_json(inv, "status", "--window", "5", timeout=300)
-            if code == 1 or not load.is_alive():
+        text = code = status = None
+        for _ in range(16):
+            if text is None or text.returncode != 1:
+                text = cli(inv, "status", "--window", "3", timeout=300)
+            if code != 1:
+                code, status = cli_json(inv, "status", "--window", "5", timeout=300)
+            if (code == 1 and text.returncode == 1) or not load.is_alive():
                 break
     finally:
         load.join(timeout=config.deadline_s() + 30)
