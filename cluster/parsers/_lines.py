@@ -107,6 +107,16 @@ def to_number(value: str) -> int | float | None:
     return int(f) if f.is_integer() and re.fullmatch(r"[+-]?\d+(?:\.0*)?", value) else f
 
 
+def leading_int(value: str | None) -> int | None:
+    """The integer (decimal or 0x hex) a field value starts with, else None ("4 (0x4)" -> 4)."""
+    if value is None:
+        return None
+    m = re.match(r"^\s*(0x[0-9a-fA-F]+|\d+)\b", value)
+    if not m:
+        return None
+    return int(m.group(1), 16) if m.group(1).lower().startswith("0x") else int(m.group(1))
+
+
 def tidy_number(x: float) -> int | float:
     """An int when the float is whole, else the float rounded to 6 significant decimals."""
     return int(x) if float(x).is_integer() else round(x, 6)

@@ -16,8 +16,8 @@ import re
 from dataclasses import dataclass
 
 from cluster.errors import ParseError
-from cluster.parsers._lines import (clean_lines, head_text, jsonable, numbered, require_text,
-                                    to_number)
+from cluster.parsers._lines import (clean_lines, head_text, jsonable, leading_int, numbered,
+                                    require_text, to_number)
 
 KIND = "ibstat"
 
@@ -119,15 +119,6 @@ class Ibstat:
         return jsonable(self)
 
 
-def _int(value: str | None) -> int | None:
-    if value is None:
-        return None
-    m = re.match(r"^\s*(0x[0-9a-fA-F]+|\d+)\b", value)
-    if not m:
-        return None
-    return int(m.group(1), 16) if m.group(1).lower().startswith("0x") else int(m.group(1))
-
-
 def _rate(value: str | None) -> int | float | None:
     if value is None:
         return None
@@ -143,13 +134,13 @@ def _make_port(ca: str | None, port: int, fields: dict[str, str]) -> IbPort:
         physical_state=normalize_physical_state(fields.get("physical_state")),
         rate_gbps=_rate(fields.get("rate")),
         link_layer=normalize_link_layer(fields.get("link_layer")),
-        lid=_int(fields.get("lid")), sm_lid=_int(fields.get("sm_lid")), lmc=_int(fields.get("lmc")),
+        lid=leading_int(fields.get("lid")), sm_lid=leading_int(fields.get("sm_lid")), lmc=leading_int(fields.get("lmc")),
         port_guid=fields.get("port_guid"), capability_mask=fields.get("capability_mask"),
     )
 
 
 def _make_ca(ca: str, fields: dict[str, str]) -> IbCa:
-    return IbCa(ca=ca, ca_type=fields.get("ca_type"), num_ports=_int(fields.get("num_ports")),
+    return IbCa(ca=ca, ca_type=fields.get("ca_type"), num_ports=leading_int(fields.get("num_ports")),
                 firmware=fields.get("firmware"), hardware_version=fields.get("hardware_version"),
                 node_guid=fields.get("node_guid"), system_image_guid=fields.get("system_image_guid"))
 

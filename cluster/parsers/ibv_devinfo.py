@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass
 
 from cluster.errors import ParseError
-from cluster.parsers._lines import (clean_lines, head_text, jsonable, numbered, require_text,
-                                    tidy_number)
+from cluster.parsers._lines import (clean_lines, head_text, jsonable, leading_int, numbered,
+                                    require_text, tidy_number)
 from cluster.parsers.ibstat import (normalize_link_layer, normalize_physical_state,
                                     normalize_state)
 
@@ -88,15 +88,6 @@ class IbvDevinfo:
         return jsonable(self)
 
 
-def _int(value: str | None) -> int | None:
-    if value is None:
-        return None
-    m = re.match(r"^\s*(0x[0-9a-fA-F]+|\d+)\b", value)
-    if not m:
-        return None
-    return int(m.group(1), 16) if m.group(1).lower().startswith("0x") else int(m.group(1))
-
-
 def _strip_code(value: str | None) -> str | None:
     """'InfiniBand (0)' -> 'InfiniBand'."""
     if value is None:
@@ -123,8 +114,8 @@ def _make_port(ca: str | None, port: int, f: dict[str, str], gids: list[Gid]) ->
         physical_state=normalize_physical_state(f.get("phys_state")),
         rate_gbps=_rate(f.get("active_width"), f.get("active_speed")),
         link_layer=normalize_link_layer(f.get("link_layer")),
-        lid=_int(f.get("port_lid")), sm_lid=_int(f.get("sm_lid")),
-        active_mtu=_int(f.get("active_mtu")), max_mtu=_int(f.get("max_mtu")),
+        lid=leading_int(f.get("port_lid")), sm_lid=leading_int(f.get("sm_lid")),
+        active_mtu=leading_int(f.get("active_mtu")), max_mtu=leading_int(f.get("max_mtu")),
         active_width=_strip_code(f.get("active_width")),
         active_speed=_strip_code(f.get("active_speed")),
         gids=tuple(gids),
@@ -134,8 +125,8 @@ def _make_port(ca: str | None, port: int, f: dict[str, str], gids: list[Gid]) ->
 def _make_device(ca: str, f: dict[str, str]) -> IbvDevice:
     return IbvDevice(ca=ca, transport=_strip_code(f.get("transport")), firmware=f.get("fw_ver"),
                      node_guid=f.get("node_guid"), sys_image_guid=f.get("sys_image_guid"),
-                     vendor_id=f.get("vendor_id"), vendor_part_id=_int(f.get("vendor_part_id")),
-                     board_id=f.get("board_id"), phys_port_cnt=_int(f.get("phys_port_cnt")))
+                     vendor_id=f.get("vendor_id"), vendor_part_id=leading_int(f.get("vendor_part_id")),
+                     board_id=f.get("board_id"), phys_port_cnt=leading_int(f.get("phys_port_cnt")))
 
 
 def parse(text: str) -> IbvDevinfo:
