@@ -12,26 +12,12 @@ connections each round (what one `cluster exec` does); "warm" reuses them.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from simbench import simulated_cluster
 
-from cluster import inventory as inventory_mod  # noqa: E402
-from cluster.remote import Session  # noqa: E402
-
-ENV = {"SIMCLUSTER_PREFIX": "bex", "SIMCLUSTER_SUBNET": "2",
-       "SIMCLUSTER_DIR": "/tmp/simcluster-bench-exec"}
-
-
-def simcluster(*args: str) -> None:
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "simcluster"), *args],
-                   env={**os.environ, **ENV}, check=True, stdout=subprocess.DEVNULL)
+from cluster.remote import Session
 
 
 def timed_fan_out(inv, nodes, reuse: Session | None) -> float:
@@ -52,9 +38,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--keep", action="store_true", help="leave the simulated cluster up")
     args = ap.parse_args()
-    simcluster("up", "8")
-    try:
-        inv = inventory_mod.load(os.path.join(ENV["SIMCLUSTER_DIR"], "cluster.yaml"))
+    with simulated_cluster(8, prefix="bex", subnet=2, keep=args.keep) as inv:
         one, eight = inv.nodes[:1], inv.nodes[:8]
         timed_fan_out(inv, eight, None)  # warm-up: caches, ARP
         cold1, cold8, warm1, warm8 = [], [], [], []
@@ -70,9 +54,6 @@ def main() -> int:
             m1, m8 = statistics.median(a), statistics.median(b)
             print(f"{label}: 1 node {m1:.3f} s, 8 nodes {m8:.3f} s, ratio {m8 / m1:.3f} "
                   f"(goal <= 1.3) [rounds {args.rounds}]")
-    finally:
-        if not args.keep:
-            simcluster("down")
     return 0
 
 

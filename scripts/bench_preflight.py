@@ -11,27 +11,13 @@ and their ratio. Preflight includes the cross-node clock sampling on 8 nodes (no
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from simbench import simulated_cluster
 
-from cluster import inventory as inventory_mod  # noqa: E402
-from cluster.preflight import run_preflight  # noqa: E402
-from cluster.remote import Session  # noqa: E402
-
-ENV = {"SIMCLUSTER_PREFIX": "bpf", "SIMCLUSTER_SUBNET": "3",
-       "SIMCLUSTER_DIR": "/tmp/simcluster-bench-preflight"}
-
-
-def simcluster(*args: str) -> None:
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "simcluster"), *args],
-                   env={**os.environ, **ENV}, check=True, stdout=subprocess.DEVNULL)
+from cluster.preflight import run_preflight
+from cluster.remote import Session
 
 
 def timed_preflight(inv, nodes) -> float:
@@ -50,9 +36,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--keep", action="store_true", help="leave the simulated cluster up")
     args = ap.parse_args()
-    simcluster("up", "8")
-    try:
-        inv = inventory_mod.load(os.path.join(ENV["SIMCLUSTER_DIR"], "cluster.yaml"))
+    with simulated_cluster(8, prefix="bpf", subnet=3, keep=args.keep) as inv:
         timed_preflight(inv, inv.nodes)  # warm-up
         one, eight = [], []
         for _ in range(args.rounds):
@@ -62,9 +46,6 @@ def main() -> int:
         print(f"preflight: 1 node {m1:.2f} s (runs {', '.join(f'{x:.2f}' for x in one)})")
         print(f"preflight: 8 nodes {m8:.2f} s (runs {', '.join(f'{x:.2f}' for x in eight)})")
         print(f"ratio 8/1 = {m8 / m1:.2f} (goal <= 1.5)")
-    finally:
-        if not args.keep:
-            simcluster("down")
     return 0
 
 
