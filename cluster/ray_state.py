@@ -169,15 +169,24 @@ def gcs_address(inventory: Inventory) -> str:
     return f"{inventory.head.ip}:{inventory.ray.port}"
 
 
+def head_client_env(inventory: Inventory, auth_mode: str | None = None) -> str:
+    """`env K=V ... ` for a Ray client command run on the head: the head's env less its
+    secret-looking entries (a client needs none, and command lines show in ps and run logs),
+    plus RAY_AUTH_MODE when given. '' when there is nothing to set."""
+    env = public_env(inventory.head.env)
+    if auth_mode:
+        env["RAY_AUTH_MODE"] = auth_mode
+    pairs = "".join(f"{shlex.quote(f'{k}={v}')} " for k, v in env.items())
+    return f"env {pairs}" if pairs else ""
+
+
 def state_command(inventory: Inventory, include_serve: bool = True) -> str:
     """The shell command that prints the head's view of the cluster (one MARKER line)."""
     target = dashboard_target(inventory)
     if ":" in target:
         target = f"[{target}]"
     base = f"http://{target}:{inventory.ray.dashboard_port}"
-    # Secret-looking entries never go on a command line (ps, run logs): the query needs none.
-    env = "".join(f"{shlex.quote(f'{k}={v}')} " for k, v in public_env(inventory.head.env).items())
-    return (f"env {env}" if env else "") + shlex.join(
+    return head_client_env(inventory) + shlex.join(
         [inventory.ray.python, "-c", STATE_SNIPPET, base, gcs_address(inventory),
          "1" if include_serve else "0"]) + " </dev/null"
 

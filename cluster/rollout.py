@@ -19,7 +19,8 @@ from cluster.errors import UsageError
 from cluster.inventory import Inventory, Node
 from cluster.ray_cluster import (CHANGED, FAILED, KEEP, SKIPPED, UNREACHABLE, NodeAction, Plan,
                                  StepResult)
-from cluster.ray_state import GcsNode, RayState, gcs_address, node_for_ip, query_state
+from cluster.ray_state import (GcsNode, RayState, gcs_address, head_client_env, node_for_ip,
+                               query_state)
 from cluster.remote import CommandResult
 
 T = TypeVar("T")
@@ -277,11 +278,8 @@ def drain_command(inventory: Inventory, node_id: str, message: str,
     before stopping the ones on it. The env is the head's (token auth, like `cluster status`)."""
     if not all(c in "0123456789abcdefABCDEF" for c in node_id) or not node_id:
         raise UsageError(f"not a Ray node id: {node_id!r}")
-    env = dict(inventory.head.env)
-    if auth_mode:  # the client needs the cluster's token-auth mode (as `ray start` got it)
-        env["RAY_AUTH_MODE"] = auth_mode
-    prefix = "".join(f"{shlex.quote(f'{k}={v}')} " for k, v in env.items())
-    return (f"env {prefix}" if prefix else "") + shlex.join(
+    # The client needs the cluster's token-auth mode (as `ray start` got it), no secrets.
+    return head_client_env(inventory, auth_mode) + shlex.join(
         ray_cluster.ray_cli(inventory) + [
             "drain-node", "--address", gcs_address(inventory), "--node-id", node_id,
             "--reason", DRAIN_REASON, "--reason-message", message,

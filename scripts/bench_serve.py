@@ -14,8 +14,10 @@ Paths:
   serve-nice15  the same app with process_priority: null (replica stays at Ray's nice 15)
   rayllm        ray.serve.llm build_openai_app with its defaults (CPU placement bundles)
 
-Ray-wide settings (worker niceness, HAProxy ingress ...) go in with --ray-env KEY=VALUE;
-they apply to the whole Ray instance, so compare them across separate runs.
+The Serve ingress follows the product's default (the inventory's ray.serve_ingress: haproxy,
+i.e. RAY_SERVE_ENABLE_HA_PROXY=1); --serve-ingress proxy measures Serve's Python proxy instead.
+Other Ray-wide settings (worker niceness ...) go in with --ray-env KEY=VALUE; they apply to the
+whole Ray instance, so compare them across separate runs.
 
     .venv/bin/python scripts/bench_serve.py --rounds 5 --paths serve,serve-nice15
 """
@@ -38,6 +40,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from cluster.inventory import SERVE_INGRESS, RayOptions  # noqa: E402
 
 MODEL_ID = "tiny"
 KEY_ENV = "BENCH_SERVE_API_KEY"
@@ -312,6 +316,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--ray-env", action="append", default=[], metavar="KEY=VALUE",
                         help="environment for the whole Ray instance (e.g. RAY_worker_niceness=0)")
+    parser.add_argument("--serve-ingress", choices=sorted(SERVE_INGRESS),
+                        default=RayOptions.serve_ingress,
+                        help="how HTTP reaches the replicas (default: the inventory default, "
+                             f"{RayOptions.serve_ingress})")
     parser.add_argument("--direct-env", action="append", default=[], metavar="KEY=VALUE",
                         help="extra environment for vLLM's own server only")
     parser.add_argument("--quiet-threshold", type=int, default=0,
@@ -345,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ[KEY_ENV] = os.environ.get(KEY_ENV) or os.urandom(12).hex()
     key = os.environ[KEY_ENV]
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ["RAY_SERVE_ENABLE_HA_PROXY"] = SERVE_INGRESS[args.serve_ingress]
     for item in args.ray_env:
         name, _, value = item.partition("=")
         os.environ[name] = value
@@ -418,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps({
             "settings": {"model": str(model), "engine_kwargs": ENGINE_KWARGS,
                          "max_tokens": args.max_tokens, "requests": per_level,
-                         "ray_env": args.ray_env, "direct_env": args.direct_env,
+                         "serve_ingress": args.serve_ingress, "ray_env": args.ray_env, "direct_env": args.direct_env,
                          "paths": paths},
             "results": [asdict(r) for r in results], "summary": summary}, indent=2))
     return 0

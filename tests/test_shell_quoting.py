@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import deploy, inventory, ray_cluster, ray_state, rollout
+from cluster import deploy, inventory, nccl_check, ray_cluster, ray_state, rollout
 from cluster.errors import InventoryError
 from cluster.preflight import NODE_CHECKS, node_probes
 from cluster.probes import probe_script
@@ -76,7 +76,9 @@ def _assert_env_words(command: str, env: dict[str, str]) -> None:
     words = _words(command)
     for key, value in env.items():
         if inventory.is_secret_name(key):
-            assert value not in command, f"secret {key} on a command line: {command}"
+            # Neither raw nor shell-quoted: no word decodes to the value.
+            assert value not in command and not any(value in w for w in words), \
+                f"secret {key} on a command line: {command}"
             continue
         assert f"{key}={value}" in words, f"{key} did not survive as one word in: {command}"
 
@@ -96,9 +98,10 @@ def _generated_commands(inv) -> dict[str, str]:
         "state query": ray_state.state_command(inv, include_serve=True),
         "drain": rollout.drain_command(inv, "ab" * 28, "cluster drain node2; $(reboot)"),
         "deploy node check": deploy.node_check_command(inv, "/models/tiny-llama", "CLUSTER_API_KEY"),
+        "deploy log tail": deploy.log_tail_command(inv, [replica], "app"),
+        "nccl-check (head)": nccl_check.head_command(inv, nccl_check.CheckOptions(backend="gloo"),
+                                                     inv.nodes, "nccl-check-1"),
     }
-    if True:
-        out["deploy log tail"] = deploy.log_tail_command(inv, [replica], "app")
     for node in inv.nodes:
         out[f"preflight probes ({node.name})"] = probe_script(node_probes(node, inv, NODE_CHECKS))
     return out
@@ -109,6 +112,17 @@ def test_every_generated_command_parses_and_is_valid_bash(inv):
         _words(command)
         syntax = subprocess.run(["bash", "-n", "-c", command], capture_output=True, text=True)
         assert syntax.returncode == 0, (name, syntax.stderr, command)
+
+
+def test_no_generated_command_carries_a_secret_value(inv):
+    """Secret-looking env values (API_TOKEN here) reach processes on stdin, never on a command
+    line: ps on the node and the run directory's command logs would show them."""
+    secrets = [v for k, v in inv.head.env.items() if inventory.is_secret_name(k)]
+    assert secrets
+    for name, command in _generated_commands(inv).items():
+        words = _words(command)
+        for value in secrets:
+            assert value not in command and not any(value in w for w in words), name
 
 
 def test_env_values_are_one_literal_word_in_ray_start(inv):

@@ -6,6 +6,10 @@ the nodes' Ray environment); deploy TP 2 -> RUNNING, completions, chat, streamin
 wrong or missing key, `cluster status` shows it; a second app keeps the first one untouched;
 a failing app is reported with its exception and log tails; a killed replica is restarted by
 Serve and requests succeed again; undeploy removes it and leaves no vLLM process behind.
+The cluster runs the default ingress (ray.serve_ingress: haproxy). The module is also the
+secrets check of the scripting issue: one up/deploy/bench/undeploy/down cycle, the process
+list sampled all along, then every CLI output, run directory, Serve YAML and node Ray log
+grepped for the API key.
 
 The tiny model is built under /var/tmp (the simulated nodes share the host's filesystem except
 /tmp, which is per node). Heavy: ~4.5 GB of memory and 5-10 minutes on a 2-core machine.
@@ -17,8 +21,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -36,9 +42,16 @@ APP = "tiny"
 PROFILES = {"node1": "cpu", "node2": "cpu"}
 
 
-def cli(inventory: Path, *args: str, timeout: float = 1200) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-m", "cluster", "-i", str(inventory), *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=str(REPO))
+CLI_OUTPUTS: list[str] = []   # every CLI run's argv, stdout and stderr: grepped for the key
+
+
+def cli(inventory: Path, *args: str, timeout: float = 1200,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    p = subprocess.run([PYTHON, "-m", "cluster", "-i", str(inventory), *args],
+                       capture_output=True, text=True, timeout=timeout, cwd=str(REPO),
+                       env={**os.environ, **(env or {})})
+    CLI_OUTPUTS.append("\n".join([" ".join(p.args), p.stdout, p.stderr]))
+    return p
 
 
 def cli_json(inventory: Path, *args: str, timeout: float = 1200) -> tuple[int, dict]:
@@ -67,8 +80,58 @@ def sim(simcluster_factory):
     return simcluster_factory(2, PROFILES)
 
 
+class ProcessListWatch:
+    """Samples every process's command line (the host's `ps` sees the simulated nodes' PID
+    namespaces too) until stopped; keeps the lines holding the key. As a positive control it
+    also counts processes whose *environment* holds it (Ray on the nodes must: it reads the key
+    from there), which proves the sampler sees the nodes' processes at all."""
+
+    PERIOD_S = 1.0
+    LIMIT_S = 3 * 3600.0
+
+    def __init__(self, secret: str):
+        self.secret = secret
+        self.hits: list[str] = []
+        self.samples = 0
+        self.env_holders = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "ProcessListWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        end = time.monotonic() + self.LIMIT_S
+        while not self._stop.is_set() and time.monotonic() < end:
+            self.sample()
+            self._stop.wait(self.PERIOD_S)
+
+    def sample(self) -> None:
+        ps = subprocess.run(["ps", "-eww", "-o", "pid=,args="], capture_output=True, text=True)
+        self.hits += [line for line in ps.stdout.splitlines() if self.secret in line]
+        holders = 0
+        for environ in Path("/proc").glob("[0-9]*/environ"):
+            try:
+                holders += self.secret.encode() in environ.read_bytes()
+            except OSError:
+                continue
+        self.env_holders = max(self.env_holders, holders)
+        self.samples += 1
+
+
 @pytest.fixture(scope="module")
-def inv(sim, model, tmp_path_factory) -> Path:
+def process_watch():
+    with ProcessListWatch(KEY) as watch:
+        yield watch
+
+
+@pytest.fixture(scope="module")
+def inv(sim, model, tmp_path_factory, process_watch) -> Path:
     """The simcluster inventory + small-node Ray settings + the API key in every node's env;
     Ray (re)started with it, stopped at the end."""
     base = tmp_path_factory.mktemp("deploy-inv")
@@ -211,6 +274,26 @@ def test_cluster_status_shows_the_app_running(inv, deployed):
     assert app["status"] == "RUNNING" and app["route_prefix"] == f"/{APP}"
 
 
+def test_requests_go_through_serve_haproxy_ingress(sim, deployed):
+    """ray.serve_ingress defaults to haproxy: `cluster up` started Ray with
+    RAY_SERVE_ENABLE_HA_PROXY=1, so Serve runs HAProxy in front of the replicas."""
+    found = {}
+    for node in PROFILES:
+        ps = sim.exec(node, "ps", "-eww", "-o", "args=", check=True).stdout
+        found[node] = [line for line in ps.splitlines() if "haproxy" in line.split(" ")[0]]
+    assert any(found.values()), found
+
+
+def test_cluster_bench_through_the_endpoint(inv, deployed):
+    p = cli(inv, "bench", "--url", deployed["endpoint"], "--model", SERVED, "--concurrency", "2",
+            "--requests", "6", "--prompt-len", "8", "--output-len", "16",
+            "--api-key-env", "CLUSTER_API_KEY", "--json", env={"CLUSTER_API_KEY": KEY})
+    code, out = p.returncode, json.loads(p.stdout)
+    assert code == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    (level,) = out["levels"]
+    assert level["ok"] == 6 and level["output_tokens"] == 6 * 16
+
+
 def test_a_second_app_keeps_the_first_untouched(inv, deployed):
     before = [(r.replica_id, r.pid) for r in live_replicas(inv, APP)]
     code, out = cli_json(inv, "deploy", "--model", str(MODEL_DIR), "--tp", "2", "--name",
@@ -240,26 +323,48 @@ def test_a_failing_app_is_reported_with_its_exception_and_logs(inv, deployed):
 def test_a_killed_replica_is_restarted_and_serves_again(sim, inv, deployed):
     """Also fault (e) of the scripting issue: the replica is killed while `cluster bench` runs;
     the failed requests are counted by kind (none lost, none hanging) and the app recovers."""
-    import threading
-
     from cluster.bench import BenchConfig, run_bench
 
     (old,) = live_replicas(inv, APP)
     node = next(n.name for n in sim.nodes if n.ip == old.node_ip)
+    # The tiny model generates a whole answer long before the client has read it; a stream the
+    # replica already finished still drains to the client from socket buffers after a kill. So
+    # the replica is first stopped (SIGSTOP): the streams it finished drain, each worker then
+    # sends its next request into the stopped replica and waits; once no request has finished
+    # for 3 s, every worker's request is stuck there, and SIGKILL must fail them.
     config = BenchConfig(url=deployed["endpoint"], model=SERVED, concurrency=(4,), prompt_len=16,
-                         output_len=200, requests=48, timeout_s=120, api_key=KEY)
+                         output_len=64, requests=24, timeout_s=120, api_key=KEY)
+    finished: list[float] = []
     outcome: dict = {}
-    load = threading.Thread(target=lambda: outcome.update(result=run_bench(config)), daemon=True)
+    load = threading.Thread(target=lambda: outcome.update(
+        result=run_bench(config, on_request=lambda c, o: finished.append(time.monotonic()))),
+        daemon=True)
     load.start()
-    time.sleep(3)   # 48 requests of 200 tokens take far longer: kill with requests in flight
-    assert load.is_alive(), "the bench ended before the replica could be killed"
+    deadline = time.monotonic() + 300
+    while not finished and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert finished, "no request finished before the kill"
+    sim.exec(node, "kill", "-STOP", str(old.pid), check=True)
+    stopped_at = time.monotonic()
+    while time.monotonic() - max(finished[-1], stopped_at) < 3 and \
+            time.monotonic() - stopped_at < 60:
+        time.sleep(0.1)
+    assert load.is_alive() and len(finished) < config.requests, "the bench ended before the kill"
     start = time.monotonic()
-    sim.exec(node, "kill", "-9", str(old.pid), check=True)
+    sim.exec(node, "kill", "-9", str(old.pid))  # Serve's health check may have been first
+    gone = False
+    while not gone and time.monotonic() - start < 30:
+        gone = sim.exec(node, "kill", "-0", str(old.pid)).returncode != 0
+        time.sleep(0.2)
+    assert gone, f"replica process {old.pid} on {node} still alive after kill -9"
     load.join(timeout=config.deadline_s() + 60)
     assert not load.is_alive(), "bench hung after the replica died"
     level = outcome["result"].levels[0]
-    assert level.requests == 48 and level.ok + sum(level.errors.values()) == 48
-    assert sum(level.errors.values()) > 0, "requests in flight on the killed replica must fail"
+    assert level.requests == 24 and level.ok + sum(level.errors.values()) == 24
+    assert sum(level.errors.values()) > 0, \
+        f"requests in flight on the killed replica must fail: {level.to_dict()}"
+    assert set(level.errors) <= {"dropped", "connection_error", "incomplete_stream", "http_502",
+                                 "http_503", "http_500"}, level.errors
     assert outcome["result"].exit_code == 2
     new = None
     while time.monotonic() - start < 900:
@@ -297,3 +402,30 @@ def test_undeploy_removes_it_and_leaves_no_engine(sim, inv, deployed):
     assert not any(vllm_processes(sim, n) for n in PROFILES)
     code, again = cli_json(inv, "undeploy", APP, "--yes")
     assert code == 0 and again["status"] == "ABSENT"
+
+
+def test_the_api_key_appears_nowhere_after_the_full_cycle(sim, inv, process_watch):
+    """up (the inv fixture) / deploy / bench / undeploy / down: the key never reached a command
+    line on any node or the laptop, a CLI output, the run directory (command logs, reports,
+    the Serve YAML) or Ray's logs on the nodes."""
+    p = cli(inv, "down", "--yes", timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    process_watch.sample()
+    assert process_watch.samples >= 60, "the process list was hardly sampled"
+    assert process_watch.env_holders >= 1, "the sampler never saw the Ray processes holding the key"
+    assert process_watch.hits == [], process_watch.hits[:5]
+    commands = " ".join(CLI_OUTPUTS)
+    for step in (" up ", " deploy ", " bench ", " undeploy ", " down "):
+        assert step in commands, f"the cycle lacks `cluster{step}`"
+    leaked = [o.splitlines()[0] for o in CLI_OUTPUTS if KEY in o]
+    assert leaked == [], leaked
+    run_dir = Path(yaml.safe_load(inv.read_text())["run_dir"])
+    files = [f for f in run_dir.rglob("*") if f.is_file()]
+    assert any(f.suffix in (".yaml", ".yml") and "serve" in f.read_text(errors="replace")
+               for f in files), "no Serve config in the run directories"
+    assert [str(f) for f in files if KEY.encode() in f.read_bytes()] == []
+    for node in PROFILES:
+        logs = sim.exec(node, "sh", "-c", "ls -d /tmp/ray/session_*/logs | head -1")
+        assert logs.returncode == 0 and logs.stdout.strip(), f"{node}: no Ray logs to search"
+        grep = sim.exec(node, "grep", "-rlF", "--", KEY, "/tmp/ray", timeout=120)
+        assert grep.returncode == 1, f"{node}: key in Ray's files: {grep.stdout[:500]}"
