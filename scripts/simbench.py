@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -14,6 +15,21 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
+def instance_dir(prefix: str) -> str:
+    return f"/tmp/simcluster-{prefix}"
+
+
+def node_cpu_seconds(prefix: str) -> float:
+    """CPU seconds (user + system) used so far on the instance's nodes: each node's PID-1 sshd and
+    its descendants once reaped (a session's processes count when it ends)."""
+    state = json.loads(Path(instance_dir(prefix), "state.json").read_text())
+    ticks = 0
+    for rec in state["nodes"].values():
+        stat = Path(f"/proc/{rec['sshd_pid']}/stat").read_text()
+        ticks += sum(int(x) for x in stat.rsplit(")", 1)[1].split()[11:15])  # u, s, cu, cs time
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 @contextlib.contextmanager
 def simulated_cluster(nodes: int, prefix: str, subnet: int, keep: bool = False) -> Iterator:
     """Bring up `nodes` simulated nodes on their own prefix/subnet; yield the loaded inventory;
@@ -21,7 +37,7 @@ def simulated_cluster(nodes: int, prefix: str, subnet: int, keep: bool = False) 
     from cluster import inventory
 
     env = {**os.environ, "SIMCLUSTER_PREFIX": prefix, "SIMCLUSTER_SUBNET": str(subnet),
-           "SIMCLUSTER_DIR": f"/tmp/simcluster-{prefix}"}
+           "SIMCLUSTER_DIR": instance_dir(prefix)}
 
     def simcluster(*args: str) -> None:
         subprocess.run([sys.executable, str(ROOT / "scripts" / "simcluster"), *args], env=env,

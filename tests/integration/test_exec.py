@@ -134,6 +134,17 @@ def test_connections_are_reused_within_a_run(simcluster):
         assert transports == {n: c.transport for n, c in s._ssh._connections.items()}
 
 
+def test_connections_send_without_nagle_delay(simcluster):
+    # Small SSH packets must not wait for the peer's delayed ACK (~40 ms a command otherwise).
+    import socket
+
+    inv = inventory_mod.load(str(simcluster.inventory_path))
+    with Session(inv) as s:
+        assert all(r.ok for r in s.fan_out(inv.nodes, "true", timeout=20))
+        for conn in s._ssh._connections.values():
+            assert conn.transport.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+
+
 def test_shell_metacharacters_in_argv_are_quoted(simcluster, tmp_path):
     marker = tmp_path / "pwned"
     proc = cluster_cli(simcluster.inventory_path, "exec", "--json", "--nodes", "node1", "--",

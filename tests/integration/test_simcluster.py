@@ -152,6 +152,58 @@ def test_tool_verb_prints_profile_output_and_127_for_missing_tools():
     assert p.returncode == 2 and "no recorded output" in p.stderr
 
 
+def write_node_tools(name: str, node_dir: Path) -> None:
+    """The tool files `up` writes into a node of profile `name` (bin/, rendered/, profile/)."""
+    cfg = sim.Config(node_dir.parent, "t", 0, None)
+    files = sim.node_files_for(cfg, node_dir.name, sim.load_profile(name), "ssh-ed25519 AAAA test\n")
+    for rel, (data, mode) in files.items():
+        if rel.split("/")[0] in ("bin", "rendered", "profile") or rel == "profile-name":
+            (node_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+            (node_dir / rel).write_bytes(data)
+            os.chmod(node_dir / rel, mode)
+
+
+@pytest.mark.parametrize("name", ALL_PROFILES)
+def test_shell_tools_print_exactly_what_the_python_tool_prints(name, tmp_path, capsys):
+    node_dir = tmp_path / "node1"
+    write_node_tools(name, node_dir)
+    (node_dir / "bin" / "simtool").unlink()  # what the shell tools answer, they answer alone
+    files = sim.load_profile(name).outputs
+    env = {"PATH": os.environ["PATH"], "LC_ALL": "C"}
+    rendered = 0
+    for tool in sim.tools_of(files):
+        assert (node_dir / "bin" / tool).read_text().startswith("#!/bin/sh\n")
+        for argv in sim.fast_argvs(tool):
+            code = sim.tool_main([str(node_dir / "bin" / tool), *argv[1:]])  # the Python tool
+            py = capsys.readouterr()
+            sh = subprocess.run([str(node_dir / "bin" / tool), *argv[1:]], capture_output=True, env=env)
+            if code != 0:  # no such output in this profile: left to the Python tool's message
+                assert sh.returncode != 0 and b"simtool" in sh.stderr, argv
+                continue
+            assert (sh.returncode, sh.stderr) == (0, b""), (argv, sh.stderr)
+            assert sh.stdout == py.out.encode(), argv
+            rendered += 1
+    assert rendered or not sim.tools_of(files)
+
+
+def test_shell_tools_hand_other_argument_lists_to_the_python_tool(tmp_path):
+    node_dir = tmp_path / "node1"
+    write_node_tools("h100-ib", node_dir)
+    stub = node_dir / "bin" / "simtool"
+    stub.write_text(stub.read_text().replace("/run/simcluster-pycache", str(tmp_path / "pycache")))
+    smi = str(node_dir / "bin" / "nvidia-smi")
+    files = sim.load_profile("h100-ib").outputs
+    for args in (["--query-gpu=index,uuid", "--format=csv"], ["-i", "0", "-L"], ["-L", "extra"], ["-l"]):
+        p = subprocess.run([smi, *args], capture_output=True, text=True)
+        try:
+            want = (0, sim.run_tool("nvidia-smi", args, files, "h100-ib"), "")
+        except sim.ToolError as e:
+            want = (e.code, "", f"{e}\n")
+        assert (p.returncode, p.stdout, p.stderr) == want, args
+    assert "lsmod" in sim.tools_of(files) and "ntpq" not in sim.tools_of(files)
+    assert not (node_dir / "bin" / "ntpq").exists()
+
+
 def test_fixtures_skip_with_a_reason_when_not_root(monkeypatch):
     spec = importlib.util.spec_from_file_location("simcluster_conftest", Path(__file__).with_name("conftest.py"))
     conftest = importlib.util.module_from_spec(spec)
@@ -219,6 +271,11 @@ def test_node_tools_print_their_profile_outputs(simcluster_factory):
     assert r.stdout == (h100 / "nvidia-smi.txt").read_text()
     r = ssh_ok(c, "node1", "nvidia-smi --query-gpu=index,name --format=csv,noheader")
     assert r.stdout.splitlines() == [f"{i}, NVIDIA H100 80GB HBM3" for i in range(8)]
+    args = ["--query-gpu=index,pci.bus_id", "--format=csv,noheader"]  # not rendered: the Python tool
+    r = ssh_ok(c, "node1", "nvidia-smi " + " ".join(args))
+    assert r.stdout == sim.run_tool("nvidia-smi", args, sim.load_profile("h100-ib").outputs, "h100-ib")
+    r = c.ssh("node1", "nvidia-smi --bogus")
+    assert r.returncode == 2 and "no recorded output" in r.stderr
     assert ssh_ok(c, "node1", "ibstat").stdout == (h100 / "ibstat.txt").read_text()
     assert ssh_ok(c, "node1", "chronyc tracking").stdout == (h100 / "chronyc-tracking.txt").read_text()
     assert ssh_ok(c, "node1", "cat /proc/driver/nvidia/version").stdout == \
@@ -304,6 +361,15 @@ def test_kill_ends_the_node_and_up_restarts_it_with_the_same_host_key(simcluster
     assert "sleep 4343" not in again.exec("node2", "ps", "-eo", "args").stdout
     assert again.known_hosts.read_text() == keys
     ssh_ok(again, "node2")
+
+
+@pytest.mark.integration
+def test_a_node_removed_and_added_again_answers_at_once(simcluster_factory):
+    simcluster_factory(4)
+    assert ssh_ok(simcluster_factory(4), "node4", "hostname").stdout.strip() == "node4"
+    simcluster_factory(3)  # removes node4; the host still caches its eth0's MAC
+    c = simcluster_factory(4)  # a new eth0: up waits for its sshd (20 s at most) over TCP
+    assert ssh_ok(c, "node4", "hostname").stdout.strip() == "node4"
 
 
 @pytest.mark.integration
