@@ -629,9 +629,8 @@ async def run_level(config: BenchConfig, concurrency: int,
     limit = total if total is not None else MAX_REQUESTS_PER_LEVEL
     outcomes: list[RequestOutcome] = []
     issued = 0
-    start = time.perf_counter()
-    stop_at = start + config.duration_s if config.duration_s is not None else math.inf
-    last_end = start
+    start = last_end = time.perf_counter()
+    stop_at = math.inf
 
     async def worker(client: Any) -> None:
         nonlocal issued, last_end
@@ -651,6 +650,10 @@ async def run_level(config: BenchConfig, concurrency: int,
     deadline_hit = False
     async with httpx.AsyncClient(timeout=timeout, limits=limits,
                                  trust_env=not _is_loopback(url)) as client:
+        # The level's clock starts once the client exists (its set-up is not load time).
+        start = last_end = time.perf_counter()
+        if config.duration_s is not None:
+            stop_at = start + config.duration_s
         tasks = [asyncio.ensure_future(worker(client)) for _ in range(concurrency)]
         try:
             await asyncio.wait_for(asyncio.gather(*tasks), timeout=config.level_deadline_s(concurrency))
