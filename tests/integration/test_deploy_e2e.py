@@ -332,8 +332,9 @@ def test_a_killed_replica_is_restarted_and_serves_again(sim, inv, deployed):
     # the replica is first stopped (SIGSTOP): the streams it finished drain, each worker then
     # sends its next request into the stopped replica and waits; once no request has finished
     # for 3 s, every worker's request is stuck there, and SIGKILL must fail them.
+    # Enough requests that the bench cannot end before the kill (the rest run on the new replica).
     config = BenchConfig(url=deployed["endpoint"], model=SERVED, concurrency=(4,), prompt_len=16,
-                         output_len=64, requests=24, timeout_s=120, api_key=KEY)
+                         output_len=64, requests=120, timeout_s=120, api_key=KEY)
     finished: list[float] = []
     outcome: dict = {}
     load = threading.Thread(target=lambda: outcome.update(
@@ -360,7 +361,8 @@ def test_a_killed_replica_is_restarted_and_serves_again(sim, inv, deployed):
     load.join(timeout=config.deadline_s() + 60)
     assert not load.is_alive(), "bench hung after the replica died"
     level = outcome["result"].levels[0]
-    assert level.requests == 24 and level.ok + sum(level.errors.values()) == 24
+    assert level.requests == config.requests
+    assert level.ok + sum(level.errors.values()) == config.requests
     assert sum(level.errors.values()) > 0, \
         f"requests in flight on the killed replica must fail: {level.to_dict()}"
     assert set(level.errors) <= {"dropped", "connection_error", "incomplete_stream", "http_502",
