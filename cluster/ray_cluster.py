@@ -28,8 +28,8 @@ from typing import Any, Callable, Mapping, Sequence
 from cluster.inventory import (SERVE_INGRESS, Inventory, Node, RayOptions, is_secret_name,
                                public_env)
 from cluster.ray_state import (LABEL_GPU_MODEL, LABEL_NODE, RESOURCE_GPU_MODEL_PREFIX,
-                               RESOURCE_HOST_PREFIX, RayState, gcs_address, node_for_ip,
-                               query_state)
+                               RESOURCE_HOST_PREFIX, RayState, env_prefix, gcs_address,
+                               node_for_ip, query_state)
 from cluster.remote import CommandResult
 
 FACTS_MARKER = "CLUSTER_RAY_FACTS "
@@ -214,13 +214,6 @@ class NodeFacts:
 def ray_cli(inventory: Inventory) -> list[str]:
     """Ray's CLI run by the inventory's python (the right environment, not a stray `ray`)."""
     return [inventory.ray.python, "-m", "ray.scripts.scripts"]
-
-
-def env_prefix(env: Mapping[str, str]) -> str:
-    """`env K=V ...` with every pair shlex-quoted ('' when empty)."""
-    if not env:
-        return ""
-    return "env " + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items()) + " "
 
 
 def start_env(node: Node, auth_mode: str | None = None,
@@ -715,8 +708,8 @@ def plan_up(inventory: Inventory, facts: Mapping[str, NodeFacts],
         warnings += env_conflicts(node, inventory.ray.serve_ingress)
     if not hf.reached:
         refused.append(f"head {head.name} unreachable: {hf.error}")
-    elif _node_problem(inventory, hf):
-        refused.append(f"head {head.name}: {_node_problem(inventory, hf)}")
+    elif (problem := _node_problem(inventory, hf)) is not None:
+        refused.append(f"head {head.name}: {problem}")
     skew = version_skew(inventory, facts)
     if skew:
         refused.append("version skew (every node must run the head's Ray and Python): "

@@ -169,6 +169,13 @@ def gcs_address(inventory: Inventory) -> str:
     return f"{inventory.head.ip}:{inventory.ray.port}"
 
 
+def env_prefix(env: Mapping[str, str]) -> str:
+    """`env K=V ... ` with every pair shlex-quoted ('' when empty)."""
+    if not env:
+        return ""
+    return "env " + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items()) + " "
+
+
 def head_client_env(inventory: Inventory, auth_mode: str | None = None) -> str:
     """`env K=V ... ` for a Ray client command run on the head: the head's env less its
     secret-looking entries (a client needs none, and command lines show in ps and run logs),
@@ -176,8 +183,7 @@ def head_client_env(inventory: Inventory, auth_mode: str | None = None) -> str:
     env = public_env(inventory.head.env)
     if auth_mode:
         env["RAY_AUTH_MODE"] = auth_mode
-    pairs = "".join(f"{shlex.quote(f'{k}={v}')} " for k, v in env.items())
-    return f"env {pairs}" if pairs else ""
+    return env_prefix(env)
 
 
 def state_command(inventory: Inventory, include_serve: bool = True) -> str:

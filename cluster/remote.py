@@ -10,8 +10,8 @@ its threads without a timeout, so it is not used here).
 
 from __future__ import annotations
 
-import logging
 import io
+import logging
 import os
 import signal
 import socket

@@ -147,17 +147,21 @@ def test_drain_refuses_a_node_id_that_is_not_hex(inv):
         rollout.drain_command(inv, "abc; reboot", "x")
 
 
+def _environ_behind(wrap, stdin: str | None = None) -> dict[str, str]:
+    """The environment a Python process sees when run by a real bash as wrap(its command)."""
+    dump = shlex.join([sys.executable, "-c", "import json, os; print(json.dumps(dict(os.environ)))"])
+    p = subprocess.run(["bash", "-c", wrap(dump)], input=stdin, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
 def test_bash_hands_the_exact_values_to_the_process_and_runs_nothing(inv, canary):
     """The env prefix `ray start` gets, executed by a real bash in front of a Python that
     prints its environment: every value arrives byte for byte, the canary is never created."""
     node = inv.node("node2")
     env = ray_cluster.start_env(node, "token")
-    dump = shlex.join([sys.executable, "-c",
-                       "import json, os; print(json.dumps(dict(os.environ)))"])
-    p = subprocess.run(["bash", "-c", ray_cluster.env_prefix(env) + dump],
-                       capture_output=True, text=True, timeout=60)
-    assert p.returncode == 0, p.stderr
-    got = json.loads(p.stdout)
+    got = _environ_behind(lambda dump: ray_cluster.env_prefix(env) + dump)
     for key, value in env.items():
         assert got[key] == value, key
     assert not canary.exists()
@@ -169,12 +173,8 @@ def test_secret_env_reaches_the_process_via_stdin(inv, canary):
     node = inv.node("node2")
     secret = {k: v for k, v in node.env.items() if inventory.is_secret_name(k)}
     assert secret, "the nasty inventory must hold a secret-looking name"
-    dump = shlex.join([sys.executable, "-c", "import json, os; print(json.dumps(dict(os.environ)))"])
-    command = ray_cluster.SECRET_ENV_FROM_STDIN + " && " + dump
-    p = subprocess.run(["bash", "-c", command], input=ray_cluster.secret_env_stdin(node),
-                       capture_output=True, text=True, timeout=60)
-    assert p.returncode == 0, p.stderr
-    got = json.loads(p.stdout)
+    got = _environ_behind(lambda dump: ray_cluster.SECRET_ENV_FROM_STDIN + " && " + dump,
+                          stdin=ray_cluster.secret_env_stdin(node))
     for key, value in secret.items():
         assert got[key] == value, key
     assert not canary.exists()
