@@ -9,11 +9,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from typing import Sequence
 
-from cluster import __version__
+from cluster import __version__, crash_log
 from cluster.errors import ClusterError
+from cluster.textsafe import terminal_safe_line
 
 # Explicit registry: (subcommand, module under cluster.commands). Each module has
 # register(subparsers) -> None, which sets `handler` (args -> int) on its parser.
@@ -60,24 +62,71 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    handler = getattr(args, "handler", None)
-    if handler is None:
-        parser.print_help()
-        return 2
+    """Run one command and return its exit code; never raises (argparse's own exits aside).
+
+    Every error ends in one line on stderr and exit 2: a ClusterError says what is wrong; any
+    other exception is an internal error whose traceback goes to a crash log, never the terminal.
+    """
+    args: argparse.Namespace | None = None
     try:
-        return int(handler(args))
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        handler = getattr(args, "handler", None)
+        if handler is None:
+            parser.print_help()
+            return 2
+        code = handler(args)
+        return _exit_code(code)
+    except SystemExit:  # argparse: --help/--version exit 0, usage errors exit 2 (two lines)
+        raise
     except ClusterError as exc:
-        print(f"cluster {args.command}: {exc}", file=sys.stderr)
-        if getattr(args, "json", False):  # scripts always get one JSON document with --json
-            json.dump({"command": args.command, "exit_code": 2, "status": "error",
-                       "error": str(exc)}, sys.stdout)
-            sys.stdout.write("\n")
-        return 2
+        return _fail(args, str(exc))
     except KeyboardInterrupt:
-        print(f"cluster {args.command}: interrupted", file=sys.stderr)
+        return _fail(args, "interrupted")
+    except BrokenPipeError:
+        _silence_stdout()
         return 2
+    except Exception as exc:  # the one top-level guard: unexpected means exit 2, never 1
+        where = crash_log.write(exc)
+        detail = f"details in {where}" if where else "no crash log could be written"
+        return _fail(args, f"internal error: {type(exc).__name__}: {_one_line(exc)} "
+                           f"(please report; {detail})")
+
+
+def _exit_code(code: object) -> int:
+    """A handler's return value as an exit code: 0, 1 or 2 (anything else is an error: 2)."""
+    return code if isinstance(code, int) and not isinstance(code, bool) and code in (0, 1, 2) \
+        else 2
+
+
+def _one_line(exc: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(exc).split()) or "(no message)"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _fail(args: argparse.Namespace | None, message: str) -> int:
+    command = getattr(args, "command", None) or ""
+    prefix = f"cluster {command}:" if command else "cluster:"
+    try:
+        line = "; ".join(part.strip() for part in message.splitlines() if part.strip())
+        print(f"{prefix} {terminal_safe_line(line)}", file=sys.stderr)
+        if getattr(args, "json", False):  # scripts always get one JSON document with --json
+            json.dump({"command": command, "exit_code": 2, "status": "error",
+                       "error": message}, sys.stdout)
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+    except BrokenPipeError:
+        _silence_stdout()
+    return 2
+
+
+def _silence_stdout() -> None:
+    """After a closed pipe (`cluster ... | head`): point stdout at /dev/null so exit is quiet."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 def run() -> None:

@@ -24,6 +24,7 @@ from typing import Callable, Iterable, Protocol, Sequence, TypeVar
 
 from cluster.errors import CommandTimeout, ConnectError
 from cluster.inventory import Inventory, Node, SSHOptions
+from cluster.textsafe import terminal_safe_line
 
 # paramiko's transport thread logs a hung sshd's banner timeout with a traceback at ERROR level,
 # which Python's last-resort handler prints on stderr: the node's result already says why.
@@ -121,7 +122,11 @@ class SSHRunner:
 
     Host keys are checked against the inventory's known_hosts (or ~/.ssh/known_hosts); an
     unknown host is refused unless `accept_unknown_host_keys` is set; a changed key is always
-    refused (paramiko's BadHostKeyException).
+    refused (paramiko's BadHostKeyException). The same policy holds on every hop.
+
+    The inventory alone decides the route: ~/.ssh/config, /etc/ssh/ssh_config and Fabric's own
+    config files are not read (a ProxyJump there would make Fabric build a hop of its own, with
+    a policy that accepts any unknown key). A bastion is the inventory's `jump_host`.
     """
 
     def __init__(self, ssh: SSHOptions):
@@ -144,10 +149,14 @@ class SSHRunner:
     def _make(self, host: str, user: str | None, port: int, node: Node | None,
               gateway: object | None):
         from fabric import Config, Connection
-        from paramiko import RejectPolicy
+        from paramiko import SSHConfig
 
-        config = Config(overrides={"run": {"in_stream": False}})
-        conn = Connection(host, user=user, port=port, config=config, gateway=gateway,
+        # An explicit empty SSHConfig and lazy=True: no ssh_config or Fabric/invoke config file
+        # is loaded; gateway=False (not None) stops Fabric from looking for one in them.
+        config = Config(overrides={"run": {"in_stream": False}}, ssh_config=SSHConfig(),
+                        lazy=True)
+        conn = Connection(host, user=user, port=port, config=config,
+                          gateway=gateway if gateway is not None else False,
                           connect_timeout=max(1, int(round(self.ssh.connect_timeout))),
                           connect_kwargs=self._connect_kwargs(node))
         client = conn.client
@@ -159,7 +168,7 @@ class SSHRunner:
         else:
             client.load_system_host_keys()
         client.set_missing_host_key_policy(
-            _AcceptForThisRun() if self.ssh.accept_unknown_host_keys else RejectPolicy())
+            _AcceptForThisRun() if self.ssh.accept_unknown_host_keys else _RejectUnknown())
         return conn
 
     def _gateway(self, node: Node):
@@ -233,6 +242,17 @@ def _nodelay_transport(sock, **kwargs):
     return paramiko.Transport(sock, **kwargs)
 
 
+class _RejectUnknown:
+    """Refuse a host whose key is not in known_hosts, naming the key's fingerprint to check."""
+
+    def missing_host_key(self, client, hostname, key) -> None:
+        import paramiko
+
+        raise paramiko.SSHException(
+            f"Server {hostname!r} not found in known_hosts (it offered {key.get_name()} "
+            f"{key_fingerprint(key)})")
+
+
 class _AcceptForThisRun:
     """Accept an unknown host key for this run only (kept in memory, never written to a file).
 
@@ -256,14 +276,28 @@ def _close(conn) -> None:
         pass
 
 
+def key_fingerprint(key) -> str:
+    """OpenSSH's fingerprint of a host key: SHA256:<unpadded base64 of the key blob's digest>."""
+    import base64
+    import hashlib
+
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode("ascii").rstrip("=")
+
+
 def describe_connect_error(exc: BaseException) -> str:
-    """One line naming why a node could not be reached."""
+    """One line naming why a node could not be reached (control characters escaped)."""
+    return terminal_safe_line(_describe_connect_error(exc))
+
+
+def _describe_connect_error(exc: BaseException) -> str:
     import paramiko
 
     if isinstance(exc, paramiko.BadHostKeyException):
         return (f"host key mismatch for {exc.hostname} (expected {exc.expected_key.get_name()} "
-                f"{exc.expected_key.get_base64()[:16]}..., got {exc.key.get_base64()[:16]}...): "
-                "refused; if the host was reinstalled, update known_hosts")
+                f"{key_fingerprint(exc.expected_key)}, got {exc.key.get_name()} "
+                f"{key_fingerprint(exc.key)}): refused; if the host was reinstalled, check the "
+                "new key's fingerprint out of band and update known_hosts")
     if isinstance(exc, paramiko.SSHException) and "not found in known_hosts" in str(exc):
         return (f"unknown host key ({exc}); add it to known_hosts "
                 "(or set ssh.accept_unknown_host_keys: true)")

@@ -10,6 +10,7 @@ from rich.text import Text
 
 from cluster.remote import CommandResult
 from cluster.results import Report, Status, to_jsonable
+from cluster.textsafe import terminal_safe
 
 STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "error": "bold magenta",
                 "skip": "dim", "failed": "bold red", "unreachable": "bold magenta",
@@ -17,7 +18,8 @@ STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "error": "b
 
 
 def to_json(data: Any) -> str:
-    return json.dumps(to_jsonable(data), indent=2)
+    """Indented JSON; NaN or Infinity anywhere is a bug (invalid JSON) and raises ValueError."""
+    return json.dumps(to_jsonable(data), indent=2, allow_nan=False)
 
 
 def status_text(status: str | Status) -> Text:
@@ -36,7 +38,7 @@ def command_results_table(results: Iterable[CommandResult], title: str | None = 
         if r.error:
             out = r.error if not out else f"{out}\n{r.error}"
         table.add_row(r.node, status_text(r.status), "" if r.exit_code is None else str(r.exit_code),
-                      f"{r.duration_s:.2f}s", Text(out))
+                      f"{r.duration_s:.2f}s", Text(terminal_safe(out)))
     return table
 
 
@@ -48,5 +50,6 @@ def report_table(report: Report, title: str | None = None) -> Table:
     for r in report.results:
         summary = r.summary if not r.fix or r.status in (Status.OK, Status.SKIP) \
             else f"{r.summary}\n  fix: {r.fix}"
-        table.add_row(r.node or "(cluster)", r.check, status_text(r.status), summary)
+        table.add_row(r.node or "(cluster)", r.check, status_text(r.status),
+                      Text(terminal_safe(summary)))
     return table

@@ -16,8 +16,37 @@ from cluster.inventory import Inventory
 from cluster.render import to_json
 from cluster.rundir import RunDir
 
-stdout = Console(soft_wrap=False)
-stderr = Console(stderr=True)
+
+
+class SafeConsole(Console):
+    """rich's Console that never lets a node's or server's text drive the terminal.
+
+    Strings and Text objects are shown with their control characters escaped (textsafe); a
+    string whose brackets are not valid rich markup (a node's output can hold "[/x]") is shown
+    as plain text instead of raising MarkupError.
+    """
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:  # noqa: A003 - rich's name
+        from rich.errors import MarkupError
+        from rich.text import Text
+
+        from cluster.textsafe import terminal_safe
+
+        safe = []
+        for obj in objects:
+            if isinstance(obj, str):
+                obj = terminal_safe(obj)
+            elif isinstance(obj, Text) and terminal_safe(obj.plain) != obj.plain:
+                obj = Text(terminal_safe(obj.plain), style=obj.style)
+            safe.append(obj)
+        try:
+            super().print(*safe, **kwargs)
+        except MarkupError:
+            super().print(*safe, **dict(kwargs, markup=False))
+
+
+stdout = SafeConsole(soft_wrap=False)
+stderr = SafeConsole(stderr=True)
 
 
 def add_json(parser: argparse.ArgumentParser) -> None:

@@ -1,0 +1,157 @@
+"""The CLI's one top-level guard and what reaches the terminal: an unexpected exception is one
+line and exit 2 (never 1) with the traceback in a crash log; control characters from nodes and
+servers are escaped; host keys are named by their SHA256 fingerprint; ~/.ssh/config never
+decides the route or the host-key policy."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import paramiko
+import pytest
+
+from cluster import cli, remote
+from cluster.commands import _common
+from cluster.inventory import SSHOptions
+from cluster.textsafe import terminal_safe, terminal_safe_line
+
+
+def _boom(_args):
+    raise ValueError("something\nunexpected \x1b]0;pwned\x07")
+
+
+def test_unexpected_exception_is_one_line_exit_2_with_crash_log(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("CLUSTER_CRASH_DIR", str(tmp_path))
+    import cluster.commands.inventory as inv_cmd
+    monkeypatch.setattr(inv_cmd, "run", _boom)
+    code = cli.main(["inventory"])
+    out, err = capsys.readouterr()
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("cluster inventory: internal error: ValueError: something unexpected")
+    assert "\x1b" not in err and "\x07" not in err
+    assert "Traceback" not in err + out
+    logs = list(tmp_path.iterdir())
+    assert len(logs) == 1 and str(logs[0]) in lines[0]
+    text = logs[0].read_text()
+    assert "Traceback" in text and "_boom" in text
+
+
+def test_unexpected_exception_with_json_still_gives_one_document(monkeypatch, capsys, tmp_path):
+    import json
+
+    monkeypatch.setenv("CLUSTER_CRASH_DIR", str(tmp_path))
+    import cluster.commands.inventory as inv_cmd
+    monkeypatch.setattr(inv_cmd, "run", _boom)
+    assert cli.main(["inventory", "--json"]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["exit_code"] == 2 and doc["status"] == "error"
+    assert doc["error"].startswith("internal error: ValueError")
+
+
+@pytest.mark.parametrize("returned", [None, True, 3, -1, "0"])
+def test_a_handler_returning_no_exit_code_is_an_error(monkeypatch, returned):
+    import cluster.commands.inventory as inv_cmd
+    monkeypatch.setattr(inv_cmd, "run", lambda _args: returned)
+    assert cli.main(["inventory"]) == 2
+
+
+def test_usage_errors_and_help_keep_argparse_codes(capsys):
+    for argv, code in ((["--version"], 0), (["no-such-command"], 2)):
+        with pytest.raises(SystemExit) as exc:
+            cli.main(argv)
+        assert exc.value.code == code
+    capsys.readouterr()
+
+
+def test_crash_through_the_real_entry_point_exits_2(tmp_path):
+    # A run dir that is a file is an ordinary error today; a deliberately broken import is not
+    # reachable from outside, so drive the entry point with a handler that raises via -c.
+    code = ("import sys, cluster.cli as c, cluster.commands.inventory as m\n"
+            "m.run = lambda a: 1 / 0\n"
+            "sys.exit(c.main(['inventory']))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={"CLUSTER_CRASH_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"},
+                          timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1
+    assert "internal error: ZeroDivisionError" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_terminal_safe_escapes_controls_but_keeps_lines():
+    hostile = "ok\n\tline\x1b[2J\x1b]0;title\x07\x9b31m\u202eevil\r"
+    safe = terminal_safe(hostile)
+    assert "\n\t" in safe
+    for ch in ("\x1b", "\x07", "\x9b", "\u202e", "\r"):
+        assert ch not in safe
+    assert "\\x1b[2J" in safe and "\\u202e" in safe
+    assert "\n" not in terminal_safe_line(hostile)
+
+
+def test_terminal_safe_is_linear_on_large_input():
+    text = "\x1b" * 2_000_000
+    assert len(terminal_safe(text)) == 4 * len(text)
+
+
+def test_safe_console_escapes_and_survives_bad_markup():
+    console = _common.SafeConsole(file=io.StringIO(), force_terminal=False, width=200)
+    console.print("node said: [/bogus] \x1b]0;x\x07 done")
+    shown = console.file.getvalue()
+    assert "[/bogus]" in shown and "\x1b" not in shown and "\\x1b" in shown
+
+
+def test_host_key_fingerprint_matches_openssh(tmp_path):
+    key = paramiko.RSAKey.generate(1024)
+    expected = "SHA256:" + base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode() \
+        .rstrip("=")
+    assert remote.key_fingerprint(key) == expected
+    pub = tmp_path / "k.pub"
+    pub.write_text(f"{key.get_name()} {key.get_base64()}\n")
+    keygen = subprocess.run(["ssh-keygen", "-lf", str(pub)], capture_output=True, text=True)
+    if keygen.returncode == 0:
+        assert keygen.stdout.split()[1] == expected
+
+
+def test_host_key_mismatch_message_names_fingerprints():
+    a, b = paramiko.RSAKey.generate(1024), paramiko.RSAKey.generate(1024)
+    msg = remote.describe_connect_error(paramiko.BadHostKeyException("gpu01", b, a))
+    assert remote.key_fingerprint(a) in msg and remote.key_fingerprint(b) in msg
+    assert a.get_base64()[:16] not in msg
+
+
+def test_unknown_host_key_is_refused_with_its_fingerprint():
+    key = paramiko.ECDSAKey.generate()
+    client = paramiko.SSHClient()
+    with pytest.raises(paramiko.SSHException) as err:
+        remote._RejectUnknown().missing_host_key(client, "gpu02", key)
+    msg = remote.describe_connect_error(err.value)
+    assert "unknown host key" in msg and remote.key_fingerprint(key) in msg
+
+
+def test_user_ssh_config_does_not_decide_route_or_policy(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "config").write_text(
+        "Host 127.0.0.2\n  ProxyJump user@127.0.0.3:2223\n  Port 2999\n  User mallory\n"
+        "  StrictHostKeyChecking no\n")
+    monkeypatch.setenv("HOME", str(home))
+    runner = remote.SSHRunner(SSHOptions())
+    conn = runner._make("127.0.0.2", "root", 22, None, None)
+    assert conn.gateway is False
+    assert conn.port == 22 and conn.user == "root"
+    assert "proxyjump" not in conn.ssh_config
+    assert isinstance(conn.client._policy, remote._RejectUnknown)
+
+
+def test_json_output_refuses_nan():
+    from cluster.render import to_json
+
+    with pytest.raises(ValueError):
+        to_json({"x": float("nan")})
