@@ -53,6 +53,7 @@ class SSHOptions:
     connect_timeout: float = 10.0
     command_timeout: float = 120.0
     jump_host: str | None = None
+    max_parallel: int = 32
 
 
 @dataclass(frozen=True)
@@ -307,7 +308,7 @@ _TOP_KEYS = {"nodes", "ssh", "ray", "expectations", "model", "model_path", "run_
 _NODE_KEYS = {"name", "address", "role", "user", "port", "identity_file", "jump_host", "node_ip",
               "nccl_socket_ifname", "gloo_socket_ifname", "ib_hcas", "env", "local", "profile"}
 _SSH_KEYS = {"user", "port", "identity_file", "known_hosts", "accept_unknown_host_keys",
-             "connect_timeout", "command_timeout", "jump_host"}
+             "connect_timeout", "command_timeout", "jump_host", "max_parallel"}
 _MODEL_KEYS = {"path"}
 
 
@@ -422,6 +423,7 @@ def _ssh_options(v: _Validator, raw: Any) -> SSHOptions:
         connect_timeout=v.number(m.get("connect_timeout"), at + ("connect_timeout",), 10.0),
         command_timeout=v.number(m.get("command_timeout"), at + ("command_timeout",), 120.0),
         jump_host=v.string(m.get("jump_host"), at + ("jump_host",), _JUMP_RE, "jump host"),
+        max_parallel=v.integer(m.get("max_parallel"), at + ("max_parallel",), 1, 1024, 32),
     )
 
 

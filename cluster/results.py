@@ -110,17 +110,36 @@ class Report:
                 "facts": to_jsonable(self.facts)}
 
 
-def to_jsonable(value: Any) -> Any:
-    """Dataclasses, enums, tuples and mappings to plain JSON types."""
-    import dataclasses
+_SCALARS = frozenset((str, int, float, bool, type(None)))
 
+
+def to_jsonable(value: Any) -> Any:
+    """Dataclasses, enums, tuples and mappings to plain JSON types.
+
+    Plain data (dicts, lists and scalars, the bulk of a large report) takes a fast path on the
+    exact type; anything else goes through the general checks.
+    """
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is dict:
+        return {k if type(k) is str else str(k): to_jsonable(v) for k, v in value.items()}
+    if kind is list or kind is tuple:
+        return [to_jsonable(v) for v in value]
+    return _to_jsonable_general(value)
+
+
+def _to_jsonable_general(value: Any) -> Any:
+    import dataclasses
+    from collections.abc import Mapping as AbcMapping
+
+    if isinstance(value, enum.Enum):
+        return value.value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         if hasattr(value, "to_dict"):
             return value.to_dict()
         return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, Mapping):
+    if isinstance(value, AbcMapping):
         return {str(k): to_jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):
         return [to_jsonable(v) for v in value]

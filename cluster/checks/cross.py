@@ -147,7 +147,8 @@ def sample_clock(session: Session, node: Node, samples: int = 3) -> ClockSample:
 
 def measure_skew(session: Session, nodes: Sequence[Node]) -> dict[str, ClockSample]:
     return parallel(list(nodes), lambda n: sample_clock(session, n), 60,
-                    lambda n: ClockSample(n.name, None, None, "no answer"))
+                    lambda n: ClockSample(n.name, None, None, "no answer"),
+                    session.max_parallel)
 
 
 def clock_skew(samples: Mapping[str, ClockSample], expect: Mapping[str, Any]) -> list[CheckResult]:

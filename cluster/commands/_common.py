@@ -77,6 +77,16 @@ def print_json(data: Any) -> None:
     sys.stdout.flush()
 
 
+def emit_json(record: RunDir, name: str, payload: Any, to_stdout: bool) -> None:
+    """Serialise a report once: the same scrubbed text goes to the run directory and, with
+    --json, to stdout (large reports cost one encode, not one per destination)."""
+    text = record.scrub(to_json(payload)) + "\n"
+    record.write_text(name, text)
+    if to_stdout:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+
 def interactive() -> bool:
     return sys.stdin.isatty() and sys.stdout.isatty()
 
@@ -101,15 +111,27 @@ def start_run(args: argparse.Namespace, inventory: Inventory, command: str) -> R
 
 @contextlib.contextmanager
 def progress(total: int, label: str, enabled: bool) -> Iterator[Any]:
-    """A progress bar on stderr for a person at a terminal; a no-op callback otherwise."""
+    """A progress bar on stderr for a person at a terminal (nodes done/total, failures so far,
+    elapsed); a no-op callback otherwise (not a terminal, or --json). The callback takes the
+    finished item: one whose `ok` is False counts as a failure."""
     if not enabled or not sys.stderr.isatty():
         yield lambda *_: None
         return
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), console=stderr, transient=True)
+                   TextColumn("{task.fields[failed]}"), TimeElapsedColumn(), console=stderr,
+                   transient=True)
+    failed = 0
+
+    def advance(result: Any = None, *_: Any) -> None:
+        nonlocal failed
+        if result is not None and getattr(result, "ok", True) is False:
+            failed += 1
+            bar.update(task, failed=f"{failed} failed")
+        bar.advance(task)
+
     with bar:
-        task = bar.add_task(label, total=total)
-        yield lambda *_: bar.advance(task)
+        task = bar.add_task(label, total=total, failed="")
+        yield advance
 
 
 def _number(text: str, kind: type, minimum: float, strict: bool):

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import shlex
 
-from cluster.commands._common import (add_json, load_inventory, print_json, progress,
+from cluster.commands._common import (add_json, emit_json, load_inventory, progress,
                                       start_run, stdout)
 from cluster.errors import UsageError
 from cluster.remote import Session
-from cluster.render import command_results_table
+from cluster.fold import compress
+from cluster.render import GRID_MAX_NODES, command_results_folded, command_results_table
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -47,15 +48,21 @@ def run(args: argparse.Namespace) -> int:
                "status": "ok" if code == 0 else "fail",
                "results": [dict(r.to_dict(), address=inv.node(r.node).address) for r in results],
                "run_dir": str(record.path)}
-    record.write_json("exec.json", payload)
+    emit_json(record, "exec.json", payload, to_stdout=args.json)
     record.finish(code)
-    if args.json:
-        print_json(payload)
-    else:
-        stdout.print(command_results_table(results, title=f"$ {command}"))
+    if not args.json:
+        if len(results) <= GRID_MAX_NODES:
+            stdout.print(command_results_table(results, title=f"$ {command}"))
+        else:
+            for part in command_results_folded(results, title=f"$ {command}"):
+                stdout.print(part)
         bad = [r for r in results if not r.ok]
         summary = f"{len(results) - len(bad)}/{len(results)} nodes ok"
         if bad:
-            summary += "; " + ", ".join(f"{r.node}: {r.status}" for r in bad)
+            by_status: dict[str, list[str]] = {}
+            for r in bad:
+                by_status.setdefault(r.status, []).append(r.node)
+            summary += "; " + "; ".join(f"{status}: {compress(names)}"
+                                        for status, names in by_status.items())
         stdout.print(summary)
     return code

@@ -7,11 +7,12 @@ import argparse
 from rich.table import Table
 from rich.text import Text
 
-from cluster.commands._common import (add_json, load_inventory, print_json, progress,
+from cluster.commands._common import (add_json, emit_json, load_inventory, progress,
                                       start_run, stdout)
+from cluster.fold import Row, fold, grid_fits
 from cluster.preflight import run_preflight
 from cluster.remote import Session
-from cluster.render import STATUS_STYLE
+from cluster.render import STATUS_STYLE, fix_lines, folded_table
 from cluster.results import Report, Status
 
 
@@ -36,11 +37,9 @@ def run(args: argparse.Namespace) -> int:
         report = run_preflight(inv, session, nodes, measure_clock=not args.no_clock_skew,
                                on_node_done=advance)
     payload = report.to_dict() | {"run_dir": str(record.path), "inventory": inv.path}
-    record.write_json("preflight.json", payload)
+    emit_json(record, "preflight.json", payload, to_stdout=args.json)
     record.finish(report.exit_code)
-    if args.json:
-        print_json(payload)
-    else:
+    if not args.json:
         render(report)
         stdout.print(f"report: {record.path / 'preflight.json'}")
     return report.exit_code
@@ -54,10 +53,28 @@ def _cell(status: Status, summary: str, width: int = 30) -> Text:
 
 
 def render(report: Report) -> None:
-    """A check x node table (status and short summary), the cross-node section, then the fixes."""
+    """A check x node grid while it fits the terminal, else one line per distinct result (folded);
+    then the cross-node section, the fixes and the counts."""
     node_results = [r for r in report.results if r.node is not None]
-    checks = list(dict.fromkeys(r.check for r in node_results))
     nodes = list(dict.fromkeys(r.node for r in node_results))
+    if grid_fits(len(nodes), stdout.width):
+        _render_grid(report, node_results, nodes)
+    else:
+        _render_folded(report, node_results, nodes)
+    counts = report.counts()
+    stdout.print(" ".join(f"{k} {v}" for k, v in counts.items() if v) or "no checks")
+
+
+def _render_folded(report: Report, node_results, nodes) -> None:
+    groups = fold(Row(r.node, r.check, r.status.value, r.summary, r.fix) for r in node_results)
+    stdout.print(folded_table(groups, len(nodes), title=f"preflight: {len(nodes)} nodes"))
+    _render_cross(report)
+    for line in fix_lines(groups, len(nodes)):
+        stdout.print(line)
+
+
+def _render_grid(report: Report, node_results, nodes) -> None:
+    checks = list(dict.fromkeys(r.check for r in node_results))
     table = Table(title="preflight", show_lines=True)
     table.add_column("check")
     for n in nodes:
@@ -69,15 +86,7 @@ def render(report: Report) -> None:
             cells.append(_cell(hit.status, hit.summary) if hit else Text(""))
         table.add_row(c, *cells)
     stdout.print(table)
-    cluster_rows = [r for r in report.results if r.node is None]
-    if cluster_rows:
-        cross = Table(title="cross-node", show_lines=False)
-        for col in ("check", "status", "summary"):
-            cross.add_column(col, overflow="fold")
-        for r in cluster_rows:
-            cross.add_row(r.check, Text(r.status.value, style=STATUS_STYLE.get(r.status.value, "")),
-                          r.summary)
-        stdout.print(cross)
+    _render_cross(report)
     bad = [r for r in report.results if r.status in (Status.FAIL, Status.ERROR, Status.WARN)
            and r.node is not None]
     for r in bad:
@@ -87,5 +96,18 @@ def render(report: Report) -> None:
         if r.fix:
             line.append(f"\n      fix: {r.fix}", style="cyan")
         stdout.print(line)
-    counts = report.counts()
-    stdout.print(" ".join(f"{k} {v}" for k, v in counts.items() if v) or "no checks")
+
+
+def _render_cross(report: Report) -> None:
+    cluster_rows = [r for r in report.results if r.node is None]
+    if cluster_rows:
+        cross = Table(title="cross-node", show_lines=False)
+        for col in ("check", "status", "summary"):
+            cross.add_column(col, overflow="fold")
+        for r in cluster_rows:
+            cross.add_row(r.check, Text(r.status.value, style=STATUS_STYLE.get(r.status.value, "")),
+                          r.summary)
+        stdout.print(cross)
+        for r in cluster_rows:
+            if r.fix and r.status in (Status.FAIL, Status.ERROR, Status.WARN):
+                stdout.print(Text(f"fix {r.check}: {r.fix}", style="cyan"))

@@ -8,6 +8,8 @@ from rich.table import Table
 from rich.text import Text
 
 from cluster.commands._common import add_json, load_inventory, print_json, start_run, stdout
+from cluster.fold import Row, exact, fold
+from cluster.render import GRID_MAX_NODES, folded_table
 from cluster.commands.up import inventory_secrets
 from cluster.ray_state import cluster_status, query_state, status_exit_code
 from cluster.remote import Session
@@ -56,15 +58,20 @@ def run(args: argparse.Namespace) -> int:
         return code
     table = Table(title=f"Ray {doc['ray_version']} - dashboard {doc['dashboard_url']} "
                         f"on {head['name']} (source: {head['source']})")
-    for col in ("node", "state", "ip", "GPUs", "CPUs", "GPU model", "node id"):
-        table.add_column(col, overflow="fold")
-    for n in doc["nodes"]:
+    if len(doc["nodes"]) > GRID_MAX_NODES:
+        stdout.print(_nodes_folded(doc, table.title))
+        table = None
+    else:
+        for col in ("node", "state", "ip", "GPUs", "CPUs", "GPU model", "node id"):
+            table.add_column(col, overflow="fold")
+    for n in doc["nodes"] if table is not None else ():
         table.add_row(n["name"] or "(not in inventory)",
                       Text("alive", style="green") if n["alive"]
                       else Text("dead", style="bold red"),
                       n["ip"], f"{n['gpus']:g}", f"{n['cpus']:g}", n["gpu_model"] or "-",
                       n["node_id"][:16])
-    stdout.print(table)
+    if table is not None:
+        stdout.print(table)
     apps = (doc["serve"] or {}).get("applications") or {}
     if apps:
         serve = Table(title="Serve applications")
@@ -81,6 +88,15 @@ def run(args: argparse.Namespace) -> int:
     if doc["missing"]:
         stdout.print(f"[bold red]missing from Ray:[/bold red] {', '.join(doc['missing'])}")
     return code
+
+
+def _nodes_folded(doc: dict, title: str):
+    """Ray's nodes folded: one line per distinct (state, GPUs, CPUs, GPU model)."""
+    rows = [Row(n["name"] or f"(not in inventory: {n['ip']})", "nodes",
+                "alive" if n["alive"] else "dead",
+                f"{n['gpus']:g} GPUs, {n['cpus']:g} CPUs, {n['gpu_model'] or 'no GPU model'}")
+            for n in doc["nodes"]]
+    return folded_table(fold(rows, label=exact), len(rows), title=title, key_header="Ray")
 
 
 # ---------------------------------------------------------------- serving section (docs/tune-status.md)

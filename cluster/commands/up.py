@@ -15,7 +15,8 @@ from cluster.errors import UsageError
 from cluster.inventory import REDACTED, Inventory, redact_env
 from cluster.ray_cluster import Plan, StepResult
 from cluster.remote import Session
-from cluster.render import report_table, status_text, to_json
+from cluster.fold import Row, compress, fold, shape
+from cluster.render import GRID_MAX_NODES, folded_table, report_table, status_text, to_json
 from playbooks import ray_up
 
 
@@ -91,6 +92,11 @@ def _preflight_failed(outcome: ray_up.UpOutcome) -> bool:
 
 
 def plan_table(plan: Plan, title: str) -> Table:
+    nodes = {a.node for a in plan.actions}
+    if len(nodes) > GRID_MAX_NODES:
+        groups = fold(Row(a.node, a.kind + (" (asks first)" if a.needs_confirmation else ""),
+                          "plan", a.reason) for a in plan.actions)
+        return folded_table(groups, len(nodes), title=title, key_header="action")
     table = Table(title=title)
     for col in ("node", "action", "why"):
         table.add_column(col, overflow="fold")
@@ -103,13 +109,37 @@ def print_plan(plan: Plan, title: str, scrub: Callable[[str], str] = lambda t: t
     """The plan table, then the exact commands per node, unwrapped (copy-pasteable; secret
     values of the inventory's env shown as ***)."""
     stdout.print(plan_table(plan, title))
+    nodes = {a.node for a in plan.actions}
+    if len(nodes) <= GRID_MAX_NODES:
+        for a in plan.actions:
+            for command in a.commands:
+                stdout.print(Text(scrub(f"[{a.node}] $ {command}")), soft_wrap=True)
+        return
+    # Many nodes: each distinct command list once (numbers, such as addresses, may differ),
+    # shown for its first node; every node's exact commands are in the run's JSON.
+    seen: dict[str, list[str]] = {}
+    first: dict[str, tuple[str, tuple[str, ...]]] = {}
     for a in plan.actions:
-        for command in a.commands:
-            stdout.print(Text(scrub(f"[{a.node}] $ {command}")), soft_wrap=True)
+        if not a.commands:
+            continue
+        key = a.kind + "\0" + "\0".join(shape(c) for c in a.commands)
+        seen.setdefault(key, []).append(a.node)
+        first.setdefault(key, (a.node, a.commands))
+    for key, names in seen.items():
+        node, commands = first[key]
+        also = f" (and {len(names) - 1} more nodes: {compress(names[1:])}, with their own values)" \
+            if len(names) > 1 else ""
+        stdout.print(Text(f"[{node}]{also}"), soft_wrap=True)
+        for command in commands:
+            stdout.print(Text(scrub(f"  $ {command}")), soft_wrap=True)
 
 
 def steps_table(steps: tuple[StepResult, ...], title: str,
                 scrub: Callable[[str], str] = lambda t: t) -> Table:
+    nodes = {s.node for s in steps}
+    if len(nodes) > GRID_MAX_NODES:
+        groups = fold(Row(s.node, s.action, s.status, scrub(s.message)) for s in steps)
+        return folded_table(groups, len(nodes), title=title, key_header="action")
     table = Table(title=title)
     for col in ("node", "action", "status", "time", "detail"):
         table.add_column(col, overflow="fold")
@@ -122,7 +152,11 @@ def steps_table(steps: tuple[StepResult, ...], title: str,
 
 def _print(outcome: ray_up.UpOutcome, dry_run: bool, scrub: Callable[[str], str]) -> None:
     if outcome.preflight is not None and outcome.preflight.exit_code >= 1:
-        stdout.print(report_table(outcome.preflight, title="preflight"))
+        if len({r.node for r in outcome.preflight.results if r.node}) > GRID_MAX_NODES:
+            from cluster.commands.preflight import render as render_preflight
+            render_preflight(outcome.preflight)
+        else:
+            stdout.print(report_table(outcome.preflight, title="preflight"))
     if outcome.preflight_error:
         stdout.print(f"[bold red]preflight:[/bold red] {outcome.preflight_error}")
     plan = outcome.plan
