@@ -16,6 +16,7 @@ Never prints: progress goes to the `on_event` callback.
 from __future__ import annotations
 
 import copy
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
+from cluster.bounds import bound, check_float, check_int
 from cluster.errors import ClusterError, UsageError
 
 APPLY_CHOICES = ("original", "best")
@@ -46,17 +48,23 @@ def tune_defaults() -> dict[str, Any]:
 
 def parse_values(text: str) -> tuple[Any, ...]:
     """'512,1024,2048' -> (512, 1024, 2048): YAML scalars (ints, floats, true/false), distinct."""
-    values = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
+    values: list[Any] = []
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if len(parts) > bound("tune", "values"):
+        raise UsageError(f"--values: at most {bound('tune', 'values')} values (got {len(parts)})")
+    for part in parts:
+        if len(part) > 200:
+            raise UsageError(f"--values: {part[:40]!r}... is longer than 200 characters")
         try:
             value = yaml.safe_load(part)
         except yaml.YAMLError:
             raise UsageError(f"--values: cannot read {part!r}") from None
         if isinstance(value, (dict, list)) or value is None:
             raise UsageError(f"--values: {part!r} is not a scalar")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UsageError(f"--values: {part!r} is not a finite number")
+        if not isinstance(value, (str, int, float, bool)):
+            raise UsageError(f"--values: {part!r} is not a number, a word or true/false")
         if value in values:
             raise UsageError(f"--values: {part!r} is given twice")
         values.append(value)
@@ -239,10 +247,21 @@ class TuneSettings:
     def __post_init__(self) -> None:
         if self.apply not in APPLY_CHOICES:
             raise UsageError(f"--apply must be one of {', '.join(APPLY_CHOICES)}")
-        if self.concurrency < 1:
-            raise UsageError("--concurrency must be >= 1")
-        if self.target_ttft_p99_ms is not None and not self.target_ttft_p99_ms > 0:
-            raise UsageError("--target-ttft-p99 must be > 0 ms")
+        check_int(self.concurrency, "--concurrency", lo=1, hi=bound("bench", "concurrency"))
+        if self.target_ttft_p99_ms is not None:
+            check_float(self.target_ttft_p99_ms, "--target-ttft-p99", lo=0, lo_open=True,
+                        hi=bound("tune", "target_ttft_p99_ms"))
+        if self.requests is not None:
+            check_int(self.requests, "--requests", lo=1, hi=bound("bench", "requests"))
+        if self.warmup_requests is not None:
+            check_int(self.warmup_requests, "--warmup", lo=0, hi=bound("bench", "requests"))
+        check_int(self.prompt_len, "--prompt-len", lo=1, hi=bound("bench", "prompt_len"))
+        check_int(self.output_len, "--output-len", lo=1, hi=bound("bench", "output_len"))
+        check_float(self.deploy_timeout_s, "--timeout", lo=0, lo_open=True,
+                    hi=bound("tune", "deploy_timeout_s"))
+        check_float(self.request_timeout_s, "--request-timeout", lo=0, lo_open=True,
+                    hi=bound("bench", "timeout_s"))
+        check_float(self.close_pct, "close_pct", lo=0, hi=100)
         if len(self.values) < 2:
             raise UsageError("give at least two values to compare")
         from cluster.deploy import check_engine_args
