@@ -31,7 +31,7 @@ from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 from cluster.bounds import bound, check_float, check_int
 from cluster.errors import ClusterError, UsageError
-from cluster.textsafe import clean_text
+from cluster.textsafe import safe_line
 
 ENDPOINTS = ("completions", "chat")
 ERROR_KINDS = ("timeout", "connection_error", "dropped", "protocol_error", "stream_error",
@@ -335,7 +335,7 @@ def _split(url: str) -> SplitResult:
     """urlsplit that refuses what is not a clean http(s) URL (UsageError, never ValueError)."""
     text = url.strip() if isinstance(url, str) else ""
     shown = redact_url(text)
-    if not text or len(text) > 2048 or clean_text(text) != text or any(c.isspace() for c in text):
+    if not text or len(text) > 2048 or safe_line(text) != text or any(c.isspace() for c in text):
         raise UsageError(f"not an http(s) URL: {shown!r}")
     try:
         parts = urlsplit(text)
@@ -380,7 +380,7 @@ def metrics_url(url: str) -> str:
 
 def redact_url(url: str) -> str:
     """The URL without user:password@ (credentials never reach output), control characters removed."""
-    text = clean_text(url, limit=2048)
+    text = safe_line(url, limit=2048)
     try:
         parts = urlsplit(text)
         port = parts.port
@@ -486,7 +486,7 @@ def scrape_metric(url: str, name: str, *, api_key: str | None = None,
                         raise BenchError(f"{redact_url(target)}: /metrics page larger than "
                                          f"{cap:,} bytes")
     except httpx.HTTPError as exc:
-        raise BenchError(clean_text(f"cannot read {redact_url(target)}: {type(exc).__name__}: "
+        raise BenchError(safe_line(f"cannot read {redact_url(target)}: {type(exc).__name__}: "
                                     f"{exc}", limit=500)) from None
     if status != 200:
         raise BenchError(f"{redact_url(target)} answered HTTP {status}")
@@ -504,7 +504,7 @@ class StreamFailure(BenchError):
     """A reply that is not a valid OpenAI stream; `kind` is its error kind (protocol_error...)."""
 
     def __init__(self, kind: str, detail: str):
-        detail = clean_text(detail, limit=_ERROR_BODY_CHARS)
+        detail = safe_line(detail, limit=_ERROR_BODY_CHARS)
         super().__init__(detail)
         self.kind = kind
         self.detail = detail
@@ -525,7 +525,7 @@ def _error_message(body: bytes) -> str:
                 text = str(err)
     except (ValueError, RecursionError):
         pass
-    return clean_text(text, limit=_ERROR_BODY_CHARS)
+    return safe_line(text, limit=_ERROR_BODY_CHARS)
 
 
 def _chunk_content(chunk: Mapping[str, Any], endpoint: str) -> str:
@@ -565,7 +565,7 @@ def usage_tokens(usage: Mapping[str, Any] | None) -> tuple[int, int] | None:
         if (isinstance(value, bool) or not isinstance(value, int)
                 or not 0 <= value <= bound("bench", "token_count")):
             raise StreamFailure("protocol_error",
-                                f"usage.{key} {clean_text(repr(value), limit=40)} is not a token count")
+                                f"usage.{key} {safe_line(repr(value), limit=40)} is not a token count")
         counts.append(value)
     if counts[0] is None or counts[1] is None:
         return None
@@ -657,7 +657,7 @@ class SseReader:
 
 
 def _failure(kind: str, exc: BaseException) -> RequestOutcome:
-    return RequestOutcome(False, kind, clean_text(f"{type(exc).__name__}: {exc}",
+    return RequestOutcome(False, kind, safe_line(f"{type(exc).__name__}: {exc}",
                                                   limit=_ERROR_BODY_CHARS))
 
 
@@ -740,7 +740,7 @@ def summarize_level(concurrency: int, outcomes: Sequence[RequestOutcome], durati
         if not o.ok:
             kind = o.error_kind or "unknown"
             errors[kind] = errors.get(kind, 0) + 1
-            examples.setdefault(kind, clean_text(o.detail, limit=_ERROR_BODY_CHARS))
+            examples.setdefault(kind, safe_line(o.detail, limit=_ERROR_BODY_CHARS))
     tpot = [(o.e2e_s - o.ttft_s) / (o.output_tokens - 1) for o in good
             if o.output_tokens > 1 and o.e2e_s is not None and o.ttft_s is not None]
     return LevelResult(

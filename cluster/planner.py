@@ -34,7 +34,7 @@ import yaml
 from cluster.bounds import bound, check_float, check_int
 from cluster.errors import PlanError, UsageError
 from cluster.modelinfo import DTYPE_BYTES, ModelInfo, read_json_file
-from cluster.textsafe import clean_text
+from cluster.textsafe import safe_line
 
 GiB = 1024 ** 3
 MiB = 1024 ** 2
@@ -159,14 +159,14 @@ def load_cluster_facts_from_report(path: str | Path) -> ClusterFacts:
     max_mib = bound("plan", "gpu_memory_gib") * 1024
     nodes, skipped, notes = [], [], []
     for raw_name, f in raw_nodes.items():
-        name = clean_text(raw_name, limit=200)
+        name = safe_line(raw_name, limit=200)
         if not isinstance(f, Mapping):
             skipped.append(f"{name}: no facts")
             continue
         count, model, mem = f.get("gpu_count"), f.get("gpu_model"), f.get("gpu_memory_mib")
         if (not isinstance(count, int) or isinstance(count, bool) or count < 0
                 or count > bound("plan", "gpus_per_node")):
-            skipped.append(f"{name}: gpu_count {clean_text(repr(count), limit=40)}")
+            skipped.append(f"{name}: gpu_count {safe_line(repr(count), limit=40)}")
             continue
         mem_ok = (isinstance(mem, (int, float)) and not isinstance(mem, bool)
                   and math.isfinite(mem) and 1 <= mem <= max_mib)
@@ -175,11 +175,11 @@ def load_cluster_facts_from_report(path: str | Path) -> ClusterFacts:
             continue
         names = f.get("gpu_names")
         if isinstance(names, list) and len(set(map(str, names))) > 1:
-            mixed = sorted({clean_text(n, limit=80) for n in names})[:16]
+            mixed = sorted({safe_line(n, limit=80) for n in names})[:16]
             notes.append(f"R7 mixed-gpus: node {name} mixes {', '.join(mixed)}; "
                          f"planned at its smallest GPU memory ({int(mem)} MiB)")
         nvlink = f.get("nvlink")
-        nodes.append(NodeGpus(name, count, clean_text(model or "", limit=200),
+        nodes.append(NodeGpus(name, count, safe_line(model or "", limit=200),
                               int(mem) if mem_ok else 0,
                               nvlink if isinstance(nvlink, bool) else None))
     if not nodes:
@@ -689,7 +689,7 @@ def _checked_options(options: PlanOptions) -> PlanOptions:
                     hi=bound("plan", "tokens_per_s_per_gpu"))
     if options.served_model_name is not None:
         name = options.served_model_name
-        if not isinstance(name, str) or not name or clean_text(name) != name or len(name) > 200:
+        if not isinstance(name, str) or not name or safe_line(name) != name or len(name) > 200:
             raise UsageError(f"--served-model-name {name!r}: expected a name without control "
                              f"characters, at most 200 characters")
     return options

@@ -49,6 +49,7 @@ class FakeOpenAI:
 
     def __init__(self) -> None:
         self.requests: list[dict] = []
+        self.raw: dict[str, bytes] = {}  # model name -> SSE body sent verbatim (fuzz tests)
         self.generated = 0  # tokens streamed, exposed as vllm:generation_tokens_total
         self._count = 0
         self._loop = asyncio.new_event_loop()
@@ -156,6 +157,13 @@ class FakeOpenAI:
         if mode == "close":
             return False
         self._head(writer, "200 OK", "text/event-stream", "Transfer-Encoding: chunked\r\n\r\n")
+        if mode in self.raw:
+            data = self.raw[mode]
+            if data:
+                writer.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self._chunk(writer, "")
+            await writer.drain()
+            return True
         if mode == "stall":
             await writer.drain()
             await asyncio.sleep(3600)  # cancelled when the client goes away or at close()

@@ -26,9 +26,9 @@ from cluster.commands._common import float_range, int_range, positive_float, pos
 from cluster.errors import PlanError, UsageError
 from cluster.modelinfo import load_model_info, loads_json, model_info_from_config
 from cluster.planner import ClusterFacts, PlanOptions, load_cluster_facts_from_report, make_plan
-from cluster.textsafe import clean_text
+from cluster.textsafe import safe_line
 from cluster.tune import TuneSettings, parse_values
-from tests.test_bench import ESCAPE_TEXT, FakeOpenAI
+from test_bench import ESCAPE_TEXT, FakeOpenAI  # tests/ is on sys.path (pytest rootdir conftest)
 
 CONFIGS = Path(__file__).parent / "model_configs"
 LLAMA = json.loads((CONFIGS / "llama-3.1-8b.json").read_text())
@@ -55,14 +55,21 @@ def _cli(capsys, *argv: str) -> tuple[int, str, str]:
 
 
 def _refused(capsys, *argv: str, says: str = "") -> str:
-    """Exit 2 with exactly one stderr line and no traceback; returns that line."""
+    """Exit 2 with one error line on stderr and no traceback; returns that line.
+
+    A flag argparse refuses comes after argparse's usage block (cluster/cli.py keeps it); the
+    error itself is still one line, the last.
+    """
     code, _, err = _cli(capsys, *argv)
     lines = err.strip().splitlines()
     assert code == 2, (code, err)
-    assert len(lines) == 1 and "Traceback" not in err, err
-    assert "\x1b" not in err
-    assert says in lines[0], lines[0]
-    return lines[0]
+    assert lines and "Traceback" not in err, err
+    usage = lines[:-1]
+    assert not usage or (usage[0].startswith("usage: ")
+                         and all(line.startswith(" ") for line in usage[1:])), err
+    assert "\x1b" not in err and "\x07" not in err
+    assert says in lines[-1], lines[-1]
+    return lines[-1]
 
 
 def _write(tmp_path: Path, name: str, text: str) -> Path:
@@ -339,12 +346,13 @@ def test_bounds_checks_name_the_field_and_refuse_bools():
         check_float(10 ** 400, "--y", lo=0, hi=1)
 
 
-def test_clean_text_removes_escape_sequences_and_control_characters():
-    assert clean_text(ESCAPE_TEXT) == "engine exploded  forged line2J"
-    assert clean_text("a\u202eb\x00c\x7f\x85d") == "abcd"
-    assert clean_text("one\ntwo\tthree", keep_newlines=True) == "one\ntwo\tthree"
-    assert clean_text("x" * 50, limit=10) == "x" * 10
-    assert clean_text(42) == "42"
+def test_safe_line_shows_control_characters_as_inert_escapes():
+    line = safe_line(ESCAPE_TEXT)
+    assert not any(c in line for c in "\x1b\x07\x9b\r\n")
+    assert "\\x1b]0;pwned" in line and "engine exploded" in line
+    assert safe_line("a\u202eb") == "a\\u202eb"
+    assert safe_line("x" * 50, limit=10) == "x" * 10
+    assert safe_line(42) == "42"
 
 
 # ----------------------------------------------------------------------------- bench
@@ -389,7 +397,7 @@ def test_bench_bad_urls_are_one_line(url, capsys):
 def test_redact_url_never_raises_and_drops_credentials():
     assert redact_url("http://u:pw@[::1/x") == "http://[::1/x"
     assert redact_url("http://u:pw@host:8000/v1") == "http://host:8000/v1"
-    assert redact_url("http://h\x1b[2J:1/") == "http://h:1/"
+    assert "\x1b" not in redact_url("http://h\x1b[2J:1/")
 
 
 def test_bench_config_refuses_non_finite_and_huge_values():
@@ -434,12 +442,11 @@ def test_server_error_text_reaches_no_terminal_raw(fake, mode, kind, capsys, tmp
     assert "engine exploded" in out
     for text in (out, err, (tmp_path / "bench.json").read_text()):
         assert "\x1b" not in text and "\x07" not in text and "\x9b" not in text
-        assert "pwned" not in text
     code, out, _ = _cli(capsys, "bench", "--url", fake.url, "--model", mode, "--concurrency", "1",
                         "--requests", "1", "--output-len", "3", "--json")
     doc = _strict_json(out)
     assert doc["levels"][0]["errors"] == {kind: 1}
-    assert doc["levels"][0]["error_examples"][kind] == clean_text(ESCAPE_TEXT)
+    assert doc["levels"][0]["error_examples"][kind] == safe_line(ESCAPE_TEXT)
 
 
 def test_sse_reader_reads_a_split_stream_and_caps_lines():

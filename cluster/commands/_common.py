@@ -117,7 +117,7 @@ def _number(text: str, kind: type, minimum: float, strict: bool,
             maximum: float = math.inf) -> Any:
     """Parse a flag's number: ASCII digits only, finite, >= (or >) minimum and <= maximum."""
     name = "an integer" if kind is int else "a number"
-    if not isinstance(text, str) or not text.isascii() or len(text) > 64:
+    if not isinstance(text, str) or not text.isascii() or not text.isprintable() or len(text) > 64:
         raise argparse.ArgumentTypeError(f"not {name}: {text!r}")
     try:
         value = kind(text)

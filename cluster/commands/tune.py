@@ -19,7 +19,7 @@ from cluster.bounds import bound
 from cluster.commands._common import (add_changing, add_json, confirm, float_range, int_range,
                                       load_inventory, print_json, start_run, stderr, stdout)
 from cluster.errors import UsageError
-from cluster.textsafe import clean_text
+from cluster.textsafe import safe_line
 
 
 
@@ -235,7 +235,7 @@ def _print(args: argparse.Namespace, doc: dict[str, Any], record) -> None:
         table.add_row(value, p["status"], _fmt(p["output_tokens_per_s"], 1),
                       _fmt(p["total_tokens_per_s"], 1), _fmt(p["ttft_p50_ms"]),
                       _fmt(p["ttft_p99_ms"]), f"{p['ok']}/{p['requests']}", mark,
-                      clean_text(record.scrub(p.get("error") or "")))
+                      safe_line(record.scrub(p.get("error") or "")))
     stdout.print(table)
     rec = doc.get("recommendation") or {}
     if rec.get("found"):
@@ -252,7 +252,7 @@ def _print(args: argparse.Namespace, doc: dict[str, Any], record) -> None:
                      f"{applied.get('value') if applied.get('value') is not None else 'vLLM default'}"
                      f") - {state}", soft_wrap=True)
     for w in doc.get("warnings") or []:
-        stderr.print(f"[yellow]warning:[/yellow] {clean_text(record.scrub(w))}")
+        stderr.print(f"[yellow]warning:[/yellow] {safe_line(record.scrub(w))}")
     stdout.print(f"results: {doc.get('json_path')}", soft_wrap=True)
     if doc.get("plot_path"):
         stdout.print(f"plot:    {doc['plot_path']}", soft_wrap=True)
