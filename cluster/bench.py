@@ -698,6 +698,8 @@ async def _stream_one(client: Any, url: str, body: dict[str, Any], headers: dict
         return _failure("connection_error", exc)
     except (httpx.DecodingError, UnicodeDecodeError) as exc:
         return _failure("protocol_error", exc)
+    except httpx.HTTPError as exc:  # any other failure of the exchange (too many redirects...)
+        return _failure("connection_error", exc)
     t_end = time.perf_counter()
     if not reader.done:
         return RequestOutcome(False, "incomplete_stream", "the stream ended without [DONE]")

@@ -485,3 +485,19 @@ def test_tune_values_and_settings_refuse_non_finite_numbers():
         TuneSettings(name="a", param="max_num_seqs", values=(1, 2), request_timeout_s=math.inf)
     with pytest.raises(UsageError):
         TuneSettings(name="a", param="max_num_seqs", values=(1, 2), concurrency=True)
+
+
+@pytest.mark.timeout(60)
+def test_bench_table_shows_a_model_name_with_brackets_and_escapes_verbatim_and_safe(fake, capsys):
+    code, out, err = _cli(capsys, "bench", "--url", fake.url, "--model", "[/x]\x1b[2J", "--concurrency",
+                          "1", "--requests", "1", "--output-len", "3", "--timeout", "10")
+    assert code in (0, 1), err
+    assert "[/x]" in out and "\x1b" not in out and "Traceback" not in err
+
+
+def test_plan_errors_print_paths_and_values_safely(tmp_path, capsys):
+    model = tmp_path / "evil\x1b]0;t\x07"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({**LLAMA, "num_key_value_heads": 7}))
+    line = _refused(capsys, "plan", "--model", str(model), *FACTS, says="num_key_value_heads 7")
+    assert "\\x1b" in line

@@ -130,9 +130,14 @@ def render_text(doc: dict[str, Any]) -> Any:
     from rich import box
     from rich.table import Table
 
-    table = Table(title=f"cluster bench: {doc['endpoint_url']}  model {doc['model']}  "
-                        f"prompt ~{doc['prompt_len']} / output {doc['output_len']} tokens",
-                  box=box.SIMPLE_HEAD)
+    from rich.text import Text
+
+    from cluster.textsafe import safe_line
+
+    title = Text(f"cluster bench: {safe_line(doc['endpoint_url'])}  model "  # no markup: names
+                 f"{safe_line(doc['model'])}  "                            # are the user's text
+                 f"prompt ~{doc['prompt_len']} / output {doc['output_len']} tokens")
+    table = Table(title=title, box=box.SIMPLE_HEAD)
     for col in ("C", "ok/reqs", "req/s", "out tok/s", "total tok/s",
                 "TTFT ms\np50/95/99", "ITL ms\np50/95/99", "E2E ms\np50/95/99"):
         table.add_column(col, justify="right", overflow="fold")

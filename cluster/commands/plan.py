@@ -20,6 +20,7 @@ import yaml
 from cluster.bounds import bound
 from cluster.commands._common import float_range, int_range
 from cluster.errors import ClusterError, InventoryError, UsageError
+from cluster.textsafe import safe_line
 from cluster.modelinfo import load_model_info
 from cluster.planner import (KV_DTYPE_CHOICES, WORKLOADS, ClusterFacts, Plan, PlanOptions,
                              latest_preflight_report, load_cluster_facts_from_report, make_plan,
@@ -173,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     except ClusterError as exc:
         if args.json:
             print(json.dumps({"error": str(exc)}))
-        print(f"cluster plan: {exc}", file=sys.stderr)
+        print(f"cluster plan: {safe_line(exc)}", file=sys.stderr)
         return 2
     check = None if args.no_validate else validate_engine_args(plan.engine_args)
     doc = plan.to_dict()
@@ -188,7 +189,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             Path(args.out).write_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
         except OSError as exc:
-            print(f"cluster plan: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
+            print(safe_line(f"cluster plan: cannot write {args.out}: {exc.strerror or exc}"),
+                  file=sys.stderr)
             return 2
     if args.json:
         print(text)
@@ -197,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
         if args.out:
             print(f"plan written to {args.out}")
     if check is not None and not check.ok:
-        print(f"cluster plan: engine args rejected by vLLM: {check.detail}", file=sys.stderr)
+        print(f"cluster plan: engine args rejected by vLLM: {safe_line(check.detail)}",
+              file=sys.stderr)
         return 2
     return 1 if plan.warnings else 0
