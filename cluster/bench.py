@@ -108,7 +108,12 @@ class BenchConfig:
                     hi=bound("bench", "timeout_s"))
         if self.endpoint not in ENDPOINTS:
             raise UsageError(f"endpoint must be one of {', '.join(ENDPOINTS)}")
-        api_base(self.url)  # validates the URL
+        _client_url(endpoint_url(self.url, self.endpoint))  # validates the URL
+        if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key
+                                         or not self.api_key.isascii()
+                                         or not self.api_key.isprintable() or " " in self.api_key):
+            raise UsageError("the API key holds characters an HTTP header cannot carry "
+                             "(printable ASCII without spaces only)")
 
     def requests_for(self, concurrency: int) -> int | None:
         """Requests to send at this level; None in duration mode."""
@@ -351,6 +356,18 @@ def _split(url: str) -> SplitResult:
     return parts
 
 
+def _client_url(url: str) -> str:
+    """url, refused (UsageError) unless the HTTP client accepts it too (IDNA host, port...)."""
+    import httpx
+
+    try:
+        httpx.URL(url)
+    except (httpx.InvalidURL, ValueError, UnicodeError) as exc:
+        raise UsageError(f"not an http(s) URL: {redact_url(url)!r} "
+                         f"({safe_line(exc, limit=200)})") from None
+    return url
+
+
 def api_base(url: str) -> str:
     """The OpenAI API base (…/v1) for a server URL given with or without /v1 (or a full endpoint)."""
     parts = _split(url)
@@ -470,7 +487,7 @@ def scrape_metric(url: str, name: str, *, api_key: str | None = None,
     """
     import httpx
 
-    target = metrics_url(url)
+    target = _client_url(metrics_url(url))
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     timeout_s = check_float(timeout_s, "metrics timeout (s)", lo=0, lo_open=True,
                             hi=bound("bench", "timeout_s"))

@@ -22,11 +22,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cluster.bench import (ERROR_KINDS, BenchConfig, SseReader, StreamFailure, run_bench,
-                           usage_tokens)
+from cluster.bench import (ERROR_KINDS, BenchConfig, SseReader, StreamFailure, endpoint_url,
+                           metrics_url, redact_url, run_bench, usage_tokens)
 from cluster.bounds import bound
 from cluster.cli import main
-from cluster.errors import ClusterError
+from cluster.errors import ClusterError, UsageError
 from cluster.modelinfo import model_info_from_config
 from cluster.planner import ClusterFacts, make_plan
 from test_bench import FakeOpenAI  # tests/ is on sys.path (pytest rootdir conftest)
@@ -214,6 +214,32 @@ def test_usage_tokens_accepts_only_whole_counts_in_range(usage):
         for value in counts:
             assert isinstance(value, int) and not isinstance(value, bool)
             assert 0 <= value <= bound("bench", "token_count")
+
+
+_hosts = st.one_of(st.sampled_from(["127.0.0.1", "localhost", "[::1]", "[::1", "::1]", "h..x",
+                                    "\u0663.1", "ex\u00e4mple.com", "u:p@h", "[fe80::1%25e]"]),
+                   st.text(max_size=12))
+_ports = st.one_of(st.just(""), st.integers(-5, 70000).map(lambda p: f":{p}"),
+                   st.text(max_size=6).map(lambda t: ":" + t))
+_urls = st.one_of(st.text(max_size=40),
+                  st.builds(lambda scheme, host, port, path: f"{scheme}://{host}{port}{path}",
+                            st.sampled_from(["http", "https", "ftp", "HTTP"]), _hosts, _ports,
+                            st.one_of(st.just(""), st.just("/v1"), st.text(max_size=10))))
+
+
+@FUZZ
+@given(url=_urls)
+def test_bench_urls_are_accepted_only_when_the_http_client_can_use_them(url):
+    import httpx
+
+    try:
+        BenchConfig(url=url, model="m", concurrency=(1,), requests=1)
+    except UsageError:
+        assert "\x1b" not in redact_url(url)
+        return
+    httpx.URL(endpoint_url(url, "completions"))
+    httpx.URL(metrics_url(url))
+    assert "\x1b" not in redact_url(url)
 
 
 # ----------------------------------------------------------------------------- bench end to end

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.bench import (BenchConfig, SseReader, StreamFailure, api_base, redact_url,
+from cluster.bench import (BenchConfig, SseReader, StreamFailure, redact_url,
                            run_bench, usage_tokens)
 from cluster.bounds import bound, check_float, check_int
 from cluster.cli import main
@@ -384,6 +384,7 @@ def test_bench_flags_are_bounded(flags, says, capsys):
 
 
 @pytest.mark.parametrize("url", ["http://[::1", "http://[::1]:99999", "http://h:0",
+                                 "http://\u0663.1/", "http://[::1]x/",
                                  "http://h:８０", "http://a b", "http://h\x1b[2J/", "ftp://h",
                                  "http://user:secret@[::1/v1"])
 def test_bench_bad_urls_are_one_line(url, capsys):
@@ -391,7 +392,7 @@ def test_bench_bad_urls_are_one_line(url, capsys):
                     says="not an http(s) URL")
     assert "secret" not in line
     with pytest.raises(UsageError):
-        api_base(url)
+        BenchConfig(url=url, model="ok")
 
 
 def test_redact_url_never_raises_and_drops_credentials():
@@ -405,9 +406,10 @@ def test_bench_config_refuses_non_finite_and_huge_values():
     for kw in ({"timeout_s": math.inf}, {"timeout_s": math.nan}, {"duration_s": math.inf},
                {"duration_s": 1e12}, {"concurrency": (True,)}, {"concurrency": (10 ** 9,)},
                {"concurrency": "1"}, {"prompt_len": 10 ** 9}, {"output_len": 0},
-               {"requests": 10 ** 9}):
-        with pytest.raises(UsageError):
+               {"requests": 10 ** 9}, {"api_key": "k\nX-Evil: 1"}, {"api_key": "k\u00e4y"}):
+        with pytest.raises(UsageError) as exc:
             BenchConfig(**base, **kw)
+        assert "X-Evil" not in str(exc.value)
 
 
 @pytest.mark.timeout(60)
