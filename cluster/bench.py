@@ -611,15 +611,16 @@ class SseReader:
     def feed(self, data: bytes) -> int:
         if self.done:
             return 0
+        scan = len(self._buf)  # the rest of the buffer holds no line break: not scanned again
         self._buf += data.replace(b"\r", b"\n")
         found = 0
         start = 0
         while not self.done:
-            end = self._buf.find(b"\n", start)
+            end = self._buf.find(b"\n", scan)
             if end < 0:
                 break
             found += self._line(bytes(self._buf[start:end]))
-            start = end + 1
+            start = scan = end + 1
         del self._buf[:start]
         if self.done:
             self._buf.clear()

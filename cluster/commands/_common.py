@@ -64,9 +64,14 @@ def add_changing(parser: argparse.ArgumentParser) -> None:
 
 def add_serial(parser: argparse.ArgumentParser) -> None:
     """--serial N: change the workers N at a time (a rolling operation); 0 means all at once."""
-    parser.add_argument("--serial", type=int, default=0, metavar="N",
+    parser.add_argument("--serial", type=_serial, default=0, metavar="N",
                         help="change the workers N at a time, stopping at the first failed "
                              "batch (default: all at once)")
+
+
+def _serial(text: str) -> int:
+    """argparse type of --serial: a whole number from 0 (all at once) to 100000."""
+    return _number(text, int, 0, strict=False, maximum=100_000)
 
 
 def load_inventory(args: argparse.Namespace) -> Inventory:
