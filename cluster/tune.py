@@ -26,6 +26,7 @@ import yaml
 
 from cluster.bounds import bound, check_float, check_int
 from cluster.errors import ClusterError, UsageError
+from cluster.textsafe import safe_line
 
 APPLY_CHOICES = ("original", "best")
 SERVE_APPS_PREFIX = "serve_apps.vllm_app:"
@@ -400,17 +401,43 @@ def read_app(client, name: str) -> DeployedApp:
     if not reply.ok or not isinstance(reply.json, dict):
         raise TuneError(f"the dashboard did not list the Serve applications: {reply.describe()}")
     details = reply.json
-    app = (details.get("applications") or {}).get(name)
+    apps = details.get("applications") or {}
+    if not isinstance(apps, dict):
+        raise TuneError("the dashboard's Serve applications are not an object")
+    app = apps.get(name)
     if app is None:
-        names = ", ".join(sorted(details.get("applications") or {})) or "none"
+        names = ", ".join(sorted(safe_line(n, limit=80) for n in apps)[:50]) or "none"
         raise TuneError(f"no Serve application {name!r} (deployed: {names})")
+    if not isinstance(app, dict):
+        raise TuneError(f"the dashboard's entry for {name!r} is not an object")
     config = app.get("deployed_app_config")
     if app.get("source") not in (None, "declarative"):
         config = None
+    if config is not None and not isinstance(config, dict):
+        raise TuneError(f"the deployed config of {name!r} is not an object")
     check_tunable(config, name)
-    return DeployedApp(name=name, config=config, route_prefix=app.get("route_prefix") or "/",
-                       status=str(app.get("status")),
-                       serve_port=(details.get("http_options") or {}).get("port"))
+    return DeployedApp(name=name, config=config, route_prefix=_route_prefix(app.get("route_prefix")),
+                       status=safe_line(app.get("status"), limit=40),
+                       serve_port=_serve_port(details.get("http_options")))
+
+
+def _route_prefix(value: Any) -> str:
+    """The app's route prefix as the dashboard reports it: a path without control characters."""
+    if value is None or value == "":
+        return "/"
+    if not isinstance(value, str) or not value.startswith("/") or safe_line(value) != value \
+            or " " in value or len(value) > 200:
+        raise TuneError(f"the dashboard reports route_prefix {safe_line(repr(value), limit=60)}: "
+                        f"not a URL path")
+    return value
+
+
+def _serve_port(http_options: Any) -> int | None:
+    """Serve's HTTP port from the dashboard's http_options: 1-65535, or None when absent."""
+    port = http_options.get("port") if isinstance(http_options, dict) else None
+    if port is None:
+        return None
+    return check_int(port, "the dashboard's http_options.port", lo=1, hi=65535, error=TuneError)
 
 
 def _deploy_and_wait(client, inventory, config: Mapping[str, Any], timeout_s: float,

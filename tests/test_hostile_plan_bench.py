@@ -503,3 +503,44 @@ def test_plan_errors_print_paths_and_values_safely(tmp_path, capsys):
     (model / "config.json").write_text(json.dumps({**LLAMA, "num_key_value_heads": 7}))
     line = _refused(capsys, "plan", "--model", str(model), *FACTS, says="num_key_value_heads 7")
     assert "\\x1b" in line
+
+
+class _Dashboard:
+    """A dashboard client stub answering GET /api/serve/applications/ with `details`."""
+
+    def __init__(self, details):
+        self.details = details
+
+    def request(self, method, path, body=None, redact=True):
+        from cluster.dashboard_api import DashboardReply
+
+        return DashboardReply(200, json=self.details)
+
+
+_TUNABLE = {"import_path": "serve_apps.vllm_app:build", "args": {"engine_kwargs": {}}}
+
+
+@pytest.mark.parametrize("details", [
+    {"applications": [1, 2]},
+    {"applications": {"app": [1]}},
+    {"applications": {"app": {"source": "declarative", "deployed_app_config": [1]}}},
+    {"applications": {"app": {"deployed_app_config": _TUNABLE, "route_prefix": 5}}},
+    {"applications": {"app": {"deployed_app_config": _TUNABLE, "route_prefix": "/a\x1b[2J"}}},
+    {"applications": {"app": {"deployed_app_config": _TUNABLE}}, "http_options": {"port": 1e400}},
+    {"applications": {"app": {"deployed_app_config": _TUNABLE}}, "http_options": {"port": 99999}},
+    {"applications": {"app": {"deployed_app_config": _TUNABLE}}, "http_options": {"port": True}},
+])
+def test_tune_refuses_a_dashboard_reply_it_cannot_use(details):
+    from cluster.tune import TuneError, read_app
+
+    with pytest.raises(TuneError):
+        read_app(_Dashboard(details), "app")
+
+
+def test_tune_reads_a_sane_dashboard_reply():
+    from cluster.tune import read_app
+
+    app = read_app(_Dashboard({"applications": {"app": {
+        "deployed_app_config": _TUNABLE, "status": "RUNNING\x1b[2J", "route_prefix": "/app"}},
+        "http_options": {"port": 8000}}), "app")
+    assert (app.serve_port, app.route_prefix) == (8000, "/app") and "\x1b" not in app.status
