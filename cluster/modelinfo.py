@@ -282,6 +282,14 @@ def _bool(cfg: Mapping[str, Any], key: str, default: bool) -> bool:
     return value
 
 
+def _flag(cfg: Mapping[str, Any], key: str) -> bool | None:
+    """An optional boolean: true, false or None (absent/null); anything else is refused."""
+    value = cfg.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise PlanError(f"config.json {key}: expected true or false, got {_short(value)}")
+    return value
+
+
 def _str(value: Any, key: str) -> str | None:
     """An optional string field, control characters removed (it reaches the terminal)."""
     if value is None:
@@ -519,7 +527,7 @@ def _estimated_bytes(params: ParamCounts, dtype_bytes: float, quant: Quantizatio
 
 def _heads(cfg: Mapping[str, Any], heads: int) -> int:
     """KV heads, checked to divide the attention heads (whole query groups)."""
-    if cfg.get("multi_query") is True:
+    if _flag(cfg, "multi_query") is True:
         return 1
     keys = ("num_key_value_heads", "num_kv_heads", "n_head_kv")
     kv_heads = _int(cfg, "KV head count", *keys, default=heads, lo=1, limit="num_attention_heads")
@@ -606,7 +614,7 @@ def model_info_from_config(config: Mapping[str, Any], *, name: str, path: str | 
     layer_types = _layer_types(cfg, num_layers)
     num_kv_layers = num_layers - sum(1 for t in layer_types if t in _NO_KV_LAYER_TYPES)
     window = _window(cfg)
-    if cfg.get("use_sliding_window") is False:
+    if _flag(cfg, "use_sliding_window") is False:
         window = None
     n_sliding: int | None = None
     model_type = _str(cfg.get("model_type"), "model_type") or None
