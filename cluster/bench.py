@@ -15,8 +15,11 @@ Measured per request (streaming, `stream_options.include_usage`):
 
 Errors are classified by kind: http_<status> (e.g. http_401, http_500), timeout,
 connection_error (no response), dropped (connection lost mid-stream), protocol_error
-(not SSE, bad JSON), stream_error (an error event inside the stream), incomplete_stream
-(ended without [DONE] or without any content).
+(not SSE, bad JSON, a line or chunk count over its cap, JSON nested too deeply, a usage token
+count that is not a whole number in range), stream_error (an error event inside the stream),
+incomplete_stream (ended without [DONE] or without any content). `SseReader` is the pure
+stream reader. Every number of the config is checked against cluster/data/limits.yaml, and
+every text the server sends is made terminal-safe (cluster.textsafe) before it is kept.
 """
 
 from __future__ import annotations
@@ -525,9 +528,6 @@ class StreamFailure(BenchError):
         super().__init__(detail)
         self.kind = kind
         self.detail = detail
-
-
-_StreamFailure = StreamFailure
 
 
 def _error_message(body: bytes) -> str:
