@@ -12,6 +12,12 @@ the quantization, a parameter count by part and the weight bytes:
 - else from the parameter count x bytes per weight ("parameter-count"; quantized linear layers
   at the bits of their method, embeddings and lm_head in the model dtype).
 
+Every field is checked where it is read (right type, bools are not numbers, finite, inside
+cluster/data/limits.yaml `model:`; KV heads divide the attention heads; sizes positive), and the
+files are read with size caps, without NaN/Infinity and with deep nesting refused
+(`read_json_file`, `loads_json`): a config that breaks any of this is a PlanError naming the
+key and the value, never another exception.
+
 Example (Llama-3.1-70B config.json, no weights on disk):
     ModelInfo(name='llama-3.1-70b', num_layers=80, num_attention_heads=64, num_kv_heads=8,
               head_dim=128, dtype='bfloat16', weights_bytes=141107412992,

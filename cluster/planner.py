@@ -15,6 +15,8 @@ Around it, three small adapters:
   the figure vLLM logs at start-up ("KV cache size: N tokens").
 - `validate_engine_args(engine_args)`: the engine args through vLLM's own EngineArgs and CLI
   parser, when vLLM is importable.
+Flags, options and report facts are checked against cluster/data/limits.yaml `plan:` (finite,
+whole where a count is meant, in range) before any loop or allocation depends on them.
 """
 
 from __future__ import annotations
