@@ -189,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
         if doc.get("json_path") and Path(doc["json_path"]).resolve() != \
                 (record.path / "tune.json").resolve():
             Path(doc["json_path"]).write_text(
-                record.scrub(json.dumps(doc, indent=2, default=str)) + "\n")
+                record.scrub(json.dumps(doc, indent=2, default=str, allow_nan=False)) + "\n")
         record.finish(code)
     _print(args, doc, record)
     return code
@@ -208,7 +208,7 @@ def _print(args: argparse.Namespace, doc: dict[str, Any], record) -> None:
     from rich.text import Text
 
     if args.json:
-        print_json(json.loads(record.scrub(json.dumps(doc, default=str))))
+        print_json(json.loads(record.scrub(json.dumps(doc, default=str, allow_nan=False))))
         return
     status = doc.get("status")
     if status == "DRY_RUN":
