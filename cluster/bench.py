@@ -15,8 +15,11 @@ Measured per request (streaming, `stream_options.include_usage`):
 
 Errors are classified by kind: http_<status> (e.g. http_401, http_500), timeout,
 connection_error (no response), dropped (connection lost mid-stream), protocol_error
-(not SSE, bad JSON), stream_error (an error event inside the stream), incomplete_stream
-(ended without [DONE] or without any content).
+(not SSE, bad JSON, a line or chunk count over its cap, JSON nested too deeply, a usage token
+count that is not a whole number in range), stream_error (an error event inside the stream),
+incomplete_stream (ended without [DONE] or without any content). `SseReader` is the pure
+stream reader. Every number of the config is checked against cluster/data/limits.yaml, and
+every text the server sends is made terminal-safe (cluster.textsafe) before it is kept.
 """
 
 from __future__ import annotations
@@ -27,9 +30,11 @@ import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import SplitResult, urlsplit, urlunsplit
 
+from cluster.bounds import bound, check_float, check_int
 from cluster.errors import ClusterError, UsageError
+from cluster.textsafe import safe_line
 
 ENDPOINTS = ("completions", "chat")
 ERROR_KINDS = ("timeout", "connection_error", "dropped", "protocol_error", "stream_error",
@@ -37,7 +42,7 @@ ERROR_KINDS = ("timeout", "connection_error", "dropped", "protocol_error", "stre
 DEFAULT_TIMEOUT_S = 120.0
 # Duration mode stops issuing requests at this count per level regardless (a dead endpoint
 # that refuses instantly must not be hammered for minutes).
-MAX_REQUESTS_PER_LEVEL = 100_000
+MAX_REQUESTS_PER_LEVEL = int(bound("bench", "requests"))
 # A worker pauses this long after a connection-level failure before its next request.
 ERROR_BACKOFF_S = 0.05
 _ERROR_BODY_CHARS = 300
@@ -85,22 +90,33 @@ class BenchConfig:
     vllm_extensions: bool = True
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "concurrency", tuple(int(c) for c in self.concurrency))
-        if not self.concurrency or any(c < 1 for c in self.concurrency):
+        levels = self.concurrency
+        if isinstance(levels, (str, bytes)) or not hasattr(levels, "__len__") or not levels:
             raise UsageError("concurrency levels must be positive integers")
-        if self.prompt_len < 1 or self.output_len < 1:
-            raise UsageError("prompt length and output length must be >= 1")
+        if len(levels) > bound("bench", "concurrency_levels"):
+            raise UsageError(f"at most {bound('bench', 'concurrency_levels')} concurrency levels "
+                             f"(got {len(levels)})")
+        object.__setattr__(self, "concurrency", tuple(
+            check_int(c, "concurrency level", lo=1, hi=bound("bench", "concurrency")) for c in levels))
+        check_int(self.prompt_len, "prompt length", lo=1, hi=bound("bench", "prompt_len"))
+        check_int(self.output_len, "output length", lo=1, hi=bound("bench", "output_len"))
         if self.requests is not None and self.duration_s is not None:
             raise UsageError("give either a request count or a duration per level, not both")
-        if self.requests is not None and self.requests < 1:
-            raise UsageError("requests per level must be >= 1")
-        if self.duration_s is not None and not self.duration_s > 0:
-            raise UsageError("duration per level must be > 0 seconds")
-        if not self.timeout_s > 0:
-            raise UsageError("the per-request timeout must be > 0 seconds")
+        if self.requests is not None:
+            check_int(self.requests, "requests per level", lo=1, hi=bound("bench", "requests"))
+        if self.duration_s is not None:
+            check_float(self.duration_s, "duration per level (s)", lo=0, lo_open=True,
+                        hi=bound("bench", "duration_s"))
+        check_float(self.timeout_s, "per-request timeout (s)", lo=0, lo_open=True,
+                    hi=bound("bench", "timeout_s"))
         if self.endpoint not in ENDPOINTS:
             raise UsageError(f"endpoint must be one of {', '.join(ENDPOINTS)}")
-        api_base(self.url)  # validates the URL
+        _client_url(endpoint_url(self.url, self.endpoint))  # validates the URL
+        if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key
+                                         or not self.api_key.isascii()
+                                         or not self.api_key.isprintable() or " " in self.api_key):
+            raise UsageError("the API key holds characters an HTTP header cannot carry "
+                             "(printable ASCII without spaces only)")
 
     def requests_for(self, concurrency: int) -> int | None:
         """Requests to send at this level; None in duration mode."""
@@ -323,11 +339,41 @@ def build_prompt(words: int, index: int) -> str:
     return " ".join(picked)
 
 
+def _split(url: str) -> SplitResult:
+    """urlsplit that refuses what is not a clean http(s) URL (UsageError, never ValueError)."""
+    text = url.strip() if isinstance(url, str) else ""
+    shown = redact_url(text)
+    if not text or len(text) > 2048 or safe_line(text) != text or any(c.isspace() for c in text):
+        raise UsageError(f"not an http(s) URL: {shown!r}")
+    try:
+        parts = urlsplit(text)
+        port_text = parts.netloc.rpartition("@")[2].rpartition("]")[2].partition(":")[2]
+        port = parts.port
+    except ValueError as exc:
+        raise UsageError(f"not an http(s) URL: {shown!r} ({exc})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"not an http(s) URL: {shown!r}")
+    if port_text and (not port_text.isascii() or not port_text.isdigit() or port is None
+                      or not 1 <= port <= 65535):
+        raise UsageError(f"not an http(s) URL: {shown!r} (port must be 1-65535)")
+    return parts
+
+
+def _client_url(url: str) -> str:
+    """url, refused (UsageError) unless the HTTP client accepts it too (IDNA host, port...)."""
+    import httpx
+
+    try:
+        httpx.URL(url)
+    except (httpx.InvalidURL, ValueError, UnicodeError) as exc:
+        raise UsageError(f"not an http(s) URL: {redact_url(url)!r} "
+                         f"({safe_line(exc, limit=200)})") from None
+    return url
+
+
 def api_base(url: str) -> str:
     """The OpenAI API base (…/v1) for a server URL given with or without /v1 (or a full endpoint)."""
-    parts = urlsplit(url.strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UsageError(f"not an http(s) URL: {redact_url(url)!r}")
+    parts = _split(url)
     path = parts.path.rstrip("/")
     for suffix in ("/chat/completions", "/completions", "/models"):
         if path.endswith("/v1" + suffix):
@@ -344,7 +390,7 @@ def endpoint_url(url: str, endpoint: str) -> str:
 
 def metrics_url(url: str) -> str:
     """The Prometheus /metrics URL beside an API base (…/v1 stripped); a …/metrics URL as is."""
-    parts = urlsplit(url.strip())
+    parts = _split(url)
     path = parts.path.rstrip("/")
     if not path.endswith("/metrics"):
         base = api_base(url)
@@ -353,19 +399,28 @@ def metrics_url(url: str) -> str:
 
 
 def redact_url(url: str) -> str:
-    """The URL without user:password@ (credentials never reach output)."""
-    parts = urlsplit(url)
+    """The URL without user:password@ (credentials never reach output), control characters removed."""
+    text = safe_line(url, limit=2048)
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError:  # not parseable: cut any userinfo by hand
+        scheme, sep, rest = text.partition("://")
+        authority, slash, tail = rest.partition("/")
+        if sep and "@" in authority:
+            authority = authority.rpartition("@")[2]
+        return scheme + sep + authority + slash + tail if sep else text
     if parts.username is None and parts.password is None:
-        return url
+        return text
     host = parts.hostname or ""
     if ":" in host:
         host = f"[{host}]"
-    netloc = host + (f":{parts.port}" if parts.port else "")
+    netloc = host + (f":{port}" if port else "")
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 def _is_loopback(url: str) -> bool:
-    return (urlsplit(url).hostname or "") in _LOOPBACK_HOSTS
+    return (_split(url).hostname or "") in _LOOPBACK_HOSTS
 
 
 def request_body(config: BenchConfig, index: int) -> dict[str, Any]:
@@ -404,6 +459,8 @@ def parse_metric_total(text: str, name: str) -> float | None:
             value = float(fields[0])
         except ValueError:
             continue
+        if not math.isfinite(value):
+            continue  # NaN / +Inf samples carry no count
         total = value if total is None else total + value
     return total
 
@@ -433,16 +490,27 @@ def scrape_metric(url: str, name: str, *, api_key: str | None = None,
     """
     import httpx
 
-    target = metrics_url(url)
+    target = _client_url(metrics_url(url))
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    timeout_s = check_float(timeout_s, "metrics timeout (s)", lo=0, lo_open=True,
+                            hi=bound("bench", "timeout_s"))
+    cap = int(bound("files", "metrics_page"))
     try:
         with httpx.Client(timeout=timeout_s, trust_env=not _is_loopback(target)) as client:
-            response = client.get(target, headers=headers)
+            with client.stream("GET", target, headers=headers) as response:
+                status = response.status_code
+                raw = bytearray()
+                for part in response.iter_bytes():
+                    raw += part
+                    if len(raw) > cap:
+                        raise BenchError(f"{redact_url(target)}: /metrics page larger than "
+                                         f"{cap:,} bytes")
     except httpx.HTTPError as exc:
-        raise BenchError(f"cannot read {redact_url(target)}: {type(exc).__name__}: {exc}") from None
-    if response.status_code != 200:
-        raise BenchError(f"{redact_url(target)} answered HTTP {response.status_code}")
-    value = parse_metric_total(response.text, name)
+        raise BenchError(safe_line(f"cannot read {redact_url(target)}: {type(exc).__name__}: "
+                                    f"{exc}", limit=500)) from None
+    if status != 200:
+        raise BenchError(f"{redact_url(target)} answered HTTP {status}")
+    value = parse_metric_total(raw.decode("utf-8", "replace"), name)
     if value is None:
         if default is not None:
             return default
@@ -452,8 +520,11 @@ def scrape_metric(url: str, name: str, *, api_key: str | None = None,
 
 # ----------------------------------------------------------------------------- one request
 
-class _StreamFailure(Exception):
+class StreamFailure(BenchError):
+    """A reply that is not a valid OpenAI stream; `kind` is its error kind (protocol_error...)."""
+
     def __init__(self, kind: str, detail: str):
+        detail = safe_line(detail, limit=_ERROR_BODY_CHARS)
         super().__init__(detail)
         self.kind = kind
         self.detail = detail
@@ -463,29 +534,29 @@ def _error_message(body: bytes) -> str:
     text = body.decode("utf-8", "replace").strip()
     try:
         doc = json.loads(text)
-    except ValueError:
-        return text[:_ERROR_BODY_CHARS]
-    if isinstance(doc, dict):
-        err = doc.get("error", doc)
-        if isinstance(err, dict):
-            text = str(err.get("message") or err.get("detail") or json.dumps(err))
-        else:
-            text = str(err)
-    return text[:_ERROR_BODY_CHARS]
+        if isinstance(doc, dict):
+            err = doc.get("error", doc)
+            if isinstance(err, dict):
+                text = str(err.get("message") or err.get("detail") or json.dumps(err))
+            else:
+                text = str(err)
+    except (ValueError, RecursionError):
+        pass
+    return safe_line(text, limit=_ERROR_BODY_CHARS)
 
 
 def _chunk_content(chunk: Mapping[str, Any], endpoint: str) -> str:
     choices = chunk.get("choices") or []
     if not isinstance(choices, list):
-        raise _StreamFailure("protocol_error", "'choices' is not a list")
+        raise StreamFailure("protocol_error", "'choices' is not a list")
     text = ""
     for choice in choices:
         if not isinstance(choice, dict):
-            raise _StreamFailure("protocol_error", "a choice is not an object")
+            raise StreamFailure("protocol_error", "a choice is not an object")
         if endpoint == "chat":
             delta = choice.get("delta") or {}
             if not isinstance(delta, dict):
-                raise _StreamFailure("protocol_error", "'delta' is not an object")
+                raise StreamFailure("protocol_error", "'delta' is not an object")
             for key in ("content", "reasoning_content", "reasoning"):
                 if isinstance(delta.get(key), str):
                     text += delta[key]
@@ -494,14 +565,127 @@ def _chunk_content(chunk: Mapping[str, Any], endpoint: str) -> str:
     return text
 
 
+def usage_tokens(usage: Mapping[str, Any] | None) -> tuple[int, int] | None:
+    """(prompt_tokens, completion_tokens) from a usage object; None when not both reported.
+
+    A count that is there but not a whole number in 0..limits.yaml bench.token_count (a
+    negative count, `true`, 1.5, NaN) is an invalid reply: StreamFailure protocol_error.
+    """
+    if usage is None:
+        return None
+    counts = []
+    for key in ("prompt_tokens", "completion_tokens"):
+        value = usage.get(key)
+        if value is None:
+            counts.append(None)
+            continue
+        if (isinstance(value, bool) or not isinstance(value, int)
+                or not 0 <= value <= bound("bench", "token_count")):
+            raise StreamFailure("protocol_error",
+                                f"usage.{key} {safe_line(repr(value), limit=40)} is not a token count")
+        counts.append(value)
+    if counts[0] is None or counts[1] is None:
+        return None
+    return counts[0], counts[1]
+
+
+class SseReader:
+    """Incremental reader of one streamed completion (server-sent events over HTTP).
+
+    feed(bytes) -> the number of content-carrying chunks it completed; finish() reads a last
+    line without a line break. `done` once [DONE] arrived, `usage` the last usage object.
+    Lines are capped (limits.yaml bench.sse_line_bytes), and so is the chunk count; anything
+    that is not a valid stream raises StreamFailure (protocol_error / stream_error), never
+    another exception. Pure: no clock, no I/O (the fuzz suite feeds it random bytes).
+    """
+
+    def __init__(self, endpoint: str = "completions") -> None:
+        self.endpoint = endpoint
+        self.done = False
+        self.usage: dict[str, Any] | None = None
+        self.content_chunks = 0
+        self._buf = bytearray()
+        self._max_line = int(bound("bench", "sse_line_bytes"))
+        self._max_chunks = int(bound("bench", "chunks_per_request"))
+
+    def feed(self, data: bytes) -> int:
+        if self.done:
+            return 0
+        scan = len(self._buf)  # the rest of the buffer holds no line break: not scanned again
+        self._buf += data.replace(b"\r", b"\n")
+        found = 0
+        start = 0
+        while not self.done:
+            end = self._buf.find(b"\n", scan)
+            if end < 0:
+                break
+            found += self._line(bytes(self._buf[start:end]))
+            start = scan = end + 1
+        del self._buf[:start]
+        if self.done:
+            self._buf.clear()
+        elif len(self._buf) > self._max_line:
+            raise StreamFailure("protocol_error", f"an SSE line longer than {self._max_line:,} bytes")
+        return found
+
+    def finish(self) -> int:
+        """The last line when the body ended without a line break."""
+        rest, self._buf = bytes(self._buf), bytearray()
+        return 0 if self.done or not rest else self._line(rest)
+
+    def _line(self, raw: bytes) -> int:
+        if len(raw) > self._max_line:
+            raise StreamFailure("protocol_error", f"an SSE line longer than {self._max_line:,} bytes")
+        line = raw.decode("utf-8", "replace").strip()
+        if not line or line.startswith(":"):
+            return 0
+        field_name, _, value = line.partition(":")
+        if field_name in ("event", "id", "retry"):
+            return 0
+        if field_name != "data":
+            raise StreamFailure("protocol_error", f"not an SSE line: {line[:80]!r}")
+        payload = value.strip()
+        if payload == "[DONE]":
+            self.done = True
+            return 0
+        try:
+            return self._chunk(payload)
+        except RecursionError:
+            raise StreamFailure("protocol_error", "a chunk nested too deeply") from None
+
+    def _chunk(self, payload: str) -> int:
+        try:
+            chunk = json.loads(payload)
+        except ValueError:
+            raise StreamFailure("protocol_error", f"bad JSON in stream: {payload[:80]!r}") from None
+        if not isinstance(chunk, dict):
+            raise StreamFailure("protocol_error", f"chunk is not an object: {payload[:80]!r}")
+        if "error" in chunk and not chunk.get("choices"):
+            err = chunk["error"]
+            msg = err.get("message", json.dumps(err)) if isinstance(err, dict) else str(err)
+            raise StreamFailure("stream_error", str(msg))
+        found = 1 if _chunk_content(chunk, self.endpoint) else 0
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = chunk["usage"]
+            usage_tokens(self.usage)  # an invalid count fails the request now
+        self.content_chunks += found
+        if self.content_chunks > self._max_chunks:
+            raise StreamFailure("protocol_error", f"more than {self._max_chunks:,} chunks")
+        return found
+
+
+def _failure(kind: str, exc: BaseException) -> RequestOutcome:
+    return RequestOutcome(False, kind, safe_line(f"{type(exc).__name__}: {exc}",
+                                                  limit=_ERROR_BODY_CHARS))
+
+
 async def _stream_one(client: Any, url: str, body: dict[str, Any], headers: dict[str, str],
                       endpoint: str, state: dict[str, Any]) -> RequestOutcome:
     import httpx
 
     t0 = time.perf_counter()
     arrivals: list[float] = []
-    usage: dict[str, Any] | None = None
-    done = False
+    reader = SseReader(endpoint)
     try:
         async with client.stream("POST", url, json=body, headers=headers) as response:
             state["got_headers"] = True
@@ -512,62 +696,41 @@ async def _stream_one(client: Any, url: str, body: dict[str, Any], headers: dict
                     if len(raw) > 4 * _ERROR_BODY_CHARS:
                         break
                 return RequestOutcome(False, f"http_{response.status_code}", _error_message(raw))
-            async for line in response.aiter_lines():
-                line = line.strip()
-                if not line or line.startswith(":"):
-                    continue
-                field_name, _, value = line.partition(":")
-                if field_name in ("event", "id", "retry"):
-                    continue
-                if field_name != "data":
-                    raise _StreamFailure("protocol_error", f"not an SSE line: {line[:80]!r}")
-                payload = value.strip()
-                if payload == "[DONE]":
-                    done = True
+            async for part in response.aiter_bytes():
+                found = reader.feed(part)
+                if found:
+                    now = time.perf_counter()
+                    arrivals.extend([now] * found)
+                if reader.done:
                     break
-                try:
-                    chunk = json.loads(payload)
-                except ValueError:
-                    raise _StreamFailure("protocol_error", f"bad JSON in stream: {payload[:80]!r}") from None
-                if not isinstance(chunk, dict):
-                    raise _StreamFailure("protocol_error", f"chunk is not an object: {payload[:80]!r}")
-                if "error" in chunk and not chunk.get("choices"):
-                    err = chunk["error"]
-                    msg = err.get("message", json.dumps(err)) if isinstance(err, dict) else str(err)
-                    raise _StreamFailure("stream_error", str(msg)[:_ERROR_BODY_CHARS])
-                if _chunk_content(chunk, endpoint):
-                    arrivals.append(time.perf_counter())
-                if isinstance(chunk.get("usage"), dict):
-                    usage = chunk["usage"]
-    except _StreamFailure as failure:
+            if not reader.done and reader.finish():
+                arrivals.append(time.perf_counter())
+            tokens = usage_tokens(reader.usage)
+    except StreamFailure as failure:
         return RequestOutcome(False, failure.kind, failure.detail)
     except httpx.TimeoutException as exc:
         return RequestOutcome(False, "timeout", f"{type(exc).__name__}")
     except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, httpx.CloseError) as exc:
-        kind = "dropped" if state.get("got_headers") else "connection_error"
-        return RequestOutcome(False, kind, f"{type(exc).__name__}: {exc}"[:_ERROR_BODY_CHARS])
+        return _failure("dropped" if state.get("got_headers") else "connection_error", exc)
     except (httpx.TransportError, OSError) as exc:
-        return RequestOutcome(False, "connection_error", f"{type(exc).__name__}: {exc}"[:_ERROR_BODY_CHARS])
+        return _failure("connection_error", exc)
     except (httpx.DecodingError, UnicodeDecodeError) as exc:
-        return RequestOutcome(False, "protocol_error", f"{type(exc).__name__}: {exc}"[:_ERROR_BODY_CHARS])
+        return _failure("protocol_error", exc)
+    except httpx.HTTPError as exc:  # any other failure of the exchange (too many redirects...)
+        return _failure("connection_error", exc)
     t_end = time.perf_counter()
-    if not done:
+    if not reader.done:
         return RequestOutcome(False, "incomplete_stream", "the stream ended without [DONE]")
     if not arrivals:
         return RequestOutcome(False, "incomplete_stream", "the stream carried no content")
-    prompt_tokens = completion_tokens = None
-    if usage is not None:
-        prompt_tokens = usage.get("prompt_tokens")
-        completion_tokens = usage.get("completion_tokens")
-    usage_ok = isinstance(prompt_tokens, int) and isinstance(completion_tokens, int)
     prompt_words = len(body.get("prompt", "").split()) if "prompt" in body else \
         len(body["messages"][0]["content"].split())
     return RequestOutcome(
         True, ttft_s=arrivals[0] - t0, e2e_s=t_end - t0,
         itl_s=tuple(b - a for a, b in zip(arrivals, arrivals[1:])),
-        prompt_tokens=prompt_tokens if usage_ok else prompt_words,
-        output_tokens=completion_tokens if usage_ok else len(arrivals),
-        usage_reported=usage_ok, content_chunks=len(arrivals))
+        prompt_tokens=tokens[0] if tokens else prompt_words,
+        output_tokens=tokens[1] if tokens else len(arrivals),
+        usage_reported=tokens is not None, content_chunks=len(arrivals))
 
 
 async def _one_request(client: Any, config: BenchConfig, url: str, headers: dict[str, str],
@@ -597,7 +760,7 @@ def summarize_level(concurrency: int, outcomes: Sequence[RequestOutcome], durati
         if not o.ok:
             kind = o.error_kind or "unknown"
             errors[kind] = errors.get(kind, 0) + 1
-            examples.setdefault(kind, o.detail)
+            examples.setdefault(kind, safe_line(o.detail, limit=_ERROR_BODY_CHARS))
     tpot = [(o.e2e_s - o.ttft_s) / (o.output_tokens - 1) for o in good
             if o.output_tokens > 1 and o.e2e_s is not None and o.ttft_s is not None]
     return LevelResult(

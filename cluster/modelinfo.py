@@ -12,6 +12,12 @@ the quantization, a parameter count by part and the weight bytes:
 - else from the parameter count x bytes per weight ("parameter-count"; quantized linear layers
   at the bits of their method, embeddings and lm_head in the model dtype).
 
+Every field is checked where it is read (right type, bools are not numbers, finite, inside
+cluster/data/limits.yaml `model:`; KV heads divide the attention heads; sizes positive), and the
+files are read with size caps, without NaN/Infinity and with deep nesting refused
+(`read_json_file`, `loads_json`): a config that breaks any of this is a PlanError naming the
+key and the value, never another exception.
+
 Example (Llama-3.1-70B config.json, no weights on disk):
     ModelInfo(name='llama-3.1-70b', num_layers=80, num_attention_heads=64, num_kv_heads=8,
               head_dim=128, dtype='bfloat16', weights_bytes=141107412992,
@@ -31,7 +37,9 @@ from typing import Any, Mapping
 
 import yaml
 
-from cluster.errors import PlanError, UsageError
+from cluster.bounds import bound, check_float, check_int
+from cluster.errors import ClusterError, PlanError, UsageError
+from cluster.textsafe import safe_line
 
 DTYPE_BYTES: dict[str, float] = {
     "float32": 4, "float": 4, "fp32": 4,
@@ -227,6 +235,9 @@ class ModelInfo:
 
 
 # ---------------------------------------------------------------- pure: config -> ModelInfo
+#
+# Every field is checked where it is read: of the right type (bools are not numbers), finite,
+# and in the range of cluster/data/limits.yaml `model:`; the message names the key and value.
 
 
 def _first(cfg: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
@@ -237,13 +248,69 @@ def _first(cfg: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
     return default
 
 
-def _int(cfg: Mapping[str, Any], what: str, *keys: str, default: Any = None) -> int:
-    v = _first(cfg, *keys, default=default)
-    if v is None:
-        raise PlanError(f"config.json has no {what} ({' / '.join(keys)})")
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or v < 0:
-        raise PlanError(f"config.json {keys[0]}: expected a whole number, got {v!r}")
-    return int(v)
+def _found(cfg: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[str, Any] | None:
+    for k in keys:
+        v = cfg.get(k)
+        if v is not None:
+            return k, v
+    return None
+
+
+def _int(cfg: Mapping[str, Any], what: str, *keys: str, default: int | None = None,
+         lo: int = 1, limit: str | None = None) -> int:
+    """The first of `keys` present, as a whole number in [lo, limits.yaml model.<limit>]."""
+    hit = _found(cfg, keys)
+    if hit is None:
+        if default is None:
+            raise PlanError(f"config.json has no {what} ({' / '.join(keys)})")
+        return default
+    key, value = hit
+    return check_int(value, f"config.json {key}", lo=lo, hi=bound("model", limit or keys[0]),
+                     error=PlanError, integral_float=True)
+
+
+def _opt_int(cfg: Mapping[str, Any], *keys: str, lo: int = 1, limit: str) -> int | None:
+    """Like _int for an optional field: None when absent (null)."""
+    hit = _found(cfg, keys)
+    if hit is None:
+        return None
+    key, value = hit
+    return check_int(value, f"config.json {key}", lo=lo, hi=bound("model", limit),
+                     error=PlanError, integral_float=True)
+
+
+def _bool(cfg: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = cfg.get(key, default)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise PlanError(f"config.json {key}: expected true or false, got {_short(value)}")
+    return value
+
+
+def _flag(cfg: Mapping[str, Any], key: str) -> bool | None:
+    """An optional boolean: true, false or None (absent/null); anything else is refused."""
+    value = cfg.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise PlanError(f"config.json {key}: expected true or false, got {_short(value)}")
+    return value
+
+
+def _str(value: Any, key: str) -> str | None:
+    """An optional string field, control characters removed (it reaches the terminal)."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise PlanError(f"config.json {key}: expected a string, got {_short(value)}")
+    return safe_line(value, limit=200)
+
+
+def _short(value: Any) -> str:
+    try:
+        text = repr(value)
+    except RecursionError:
+        text = f"<{type(value).__name__} nested too deeply>"
+    return safe_line(text if len(text) <= 60 else text[:57] + "...")
 
 
 def _flatten(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -266,10 +333,14 @@ def _flatten(config: Mapping[str, Any]) -> dict[str, Any]:
 def _normalize_dtype(value: Any) -> str:
     if value is None:
         return "bfloat16"
-    name = str(value).replace("torch.", "").lower()
+    if not isinstance(value, str):
+        raise PlanError(f"config.json torch_dtype {_short(value)}: expected bfloat16, float16 or "
+                        f"float32")
+    name = value.replace("torch.", "").lower()
     name = _DTYPE_NAMES.get(name, name)
     if name not in ("bfloat16", "float16", "float32"):
-        raise PlanError(f"config.json torch_dtype {value!r}: expected bfloat16, float16 or float32")
+        raise PlanError(f"config.json torch_dtype {_short(value)}: expected bfloat16, float16 or "
+                        f"float32")
     return name
 
 
@@ -279,31 +350,63 @@ def _quant_bits_table() -> dict[str, float]:
     return {str(k): float(v) for k, v in data["quantization_bits"].items()}
 
 
+def _bits(value: Any, key: str) -> float:
+    return check_float(value, f"config.json quantization_config.{key}", lo=0, lo_open=True,
+                       hi=bound("model", "quantization_bits"), error=PlanError)
+
+
+def _mapping(value: Any, key: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise PlanError(f"config.json {key}: expected an object, got {_short(value)}")
+    return value
+
+
+def _block_size(value: Any) -> str:
+    if not isinstance(value, list) or not 1 <= len(value) <= 4:
+        raise PlanError(f"config.json quantization_config.weight_block_size: expected a list of "
+                        f"1 to 4 whole numbers, got {_short(value)}")
+    sizes = [check_int(v, "config.json quantization_config.weight_block_size", lo=1,
+                       hi=bound("model", "group_size"), error=PlanError) for v in value]
+    return str(sizes)
+
+
 def parse_quantization(qc: Any) -> Quantization | None:
     """quantization_config -> Quantization (bits per quantized weight), None when absent."""
-    if not isinstance(qc, Mapping) or not qc:
+    if qc is not None and not isinstance(qc, Mapping):
+        raise PlanError(f"config.json quantization_config: expected an object, got {_short(qc)}")
+    if not qc:
         return None
     table = _quant_bits_table()
-    method = str(qc.get("quant_method") or qc.get("quant_algo") or "unknown").lower()
+    raw_method = qc.get("quant_method") or qc.get("quant_algo") or "unknown"
+    method = (_str(raw_method, "quantization_config.quant_method") or "unknown").lower()
     if method in ("bitsandbytes", "bnb"):
         key = "bitsandbytes_8bit" if qc.get("load_in_8bit") or qc.get("_load_in_8bit") else "bitsandbytes_4bit"
         return Quantization(method, table[key], "linear", key)
     if method in ("awq", "awq_marlin", "gptq", "gptq_marlin", "auto-round", "intel/auto-round"):
-        bits = float(qc.get("bits") or qc.get("w_bit") or 4)
-        group = qc.get("group_size") or qc.get("q_group_size") or 128
-        extra = (16 + bits) / group if isinstance(group, int) and group > 0 else 0.0
+        bits_key = "bits" if qc.get("bits") is not None else "w_bit"
+        raw_bits = qc.get(bits_key)
+        bits = 4.0 if raw_bits is None or raw_bits == 0 else _bits(raw_bits, bits_key)
+        group_key = "group_size" if qc.get("group_size") is not None else "q_group_size"
+        raw_group = qc.get(group_key)
+        group = 128 if raw_group is None or raw_group == 0 else check_int(
+            raw_group, f"config.json quantization_config.{group_key}", lo=-1,
+            hi=bound("model", "group_size"), error=PlanError)
+        extra = (16 + bits) / group if group > 0 else 0.0
         return Quantization(method, bits + extra, "linear", f"{bits:g}-bit, group {group}")
     if method == "compressed-tensors":
         bits = []
-        for group in (qc.get("config_groups") or {}).values():
-            weights = (group or {}).get("weights") or {}
+        for name, group in _mapping(qc.get("config_groups"), "quantization_config.config_groups").items():
+            where = f"quantization_config.config_groups.{safe_line(name, limit=40)}"
+            weights = _mapping(_mapping(group, where).get("weights"), f"{where}.weights")
             if weights.get("num_bits"):
-                bits.append(float(weights["num_bits"]))
+                bits.append(_bits(weights["num_bits"], "config_groups.*.weights.num_bits"))
         if bits:
             return Quantization(method, max(bits), "linear", f"{max(bits):g}-bit weights")
         return Quantization(method, None, "linear", "no weight bits in config_groups")
     if method == "modelopt":
-        algo = str(qc.get("quant_algo", "")).upper()
+        algo = (_str(qc.get("quant_algo", ""), "quantization_config.quant_algo") or "").upper()
         if "FP4" in algo:
             return Quantization(method, table["nvfp4"], "linear", algo)
         if "FP8" in algo:
@@ -314,37 +417,68 @@ def parse_quantization(qc: Any) -> Quantization | None:
     if method in table:
         detail = method
         if method in _FP8_BLOCKS and qc.get("weight_block_size"):
-            detail = f"{method}, blocks {qc['weight_block_size']}"
+            detail = f"{method}, blocks {_block_size(qc['weight_block_size'])}"
         return Quantization(method, table[method], "linear", detail)
     return Quantization(method, None, "linear", "unknown method")
+
+
+def _layer_list(cfg: Mapping[str, Any], key: str, num_layers: int) -> list[int]:
+    value = cfg.get(key) or []
+    if not isinstance(value, list) or len(value) > num_layers:
+        raise PlanError(f"config.json {key}: expected a list of at most {num_layers} layer "
+                        f"indexes, got {_short(value)}")
+    return [check_int(v, f"config.json {key}", lo=0, hi=num_layers, error=PlanError) for v in value]
 
 
 def _moe_layer_flags(cfg: Mapping[str, Any], num_layers: int, num_experts: int) -> list[bool]:
     if num_experts <= 0:
         return [False] * num_layers
     if "n_routed_experts" in cfg or "first_k_dense_replace" in cfg:     # DeepSeek style
-        first_dense = int(cfg.get("first_k_dense_replace") or 0)
-        freq = int(cfg.get("moe_layer_freq") or 1)
+        first_dense = _opt_int(cfg, "first_k_dense_replace", lo=0, limit="num_layers") or 0
+        freq = _opt_int(cfg, "moe_layer_freq", lo=0, limit="num_layers") or 1
         return [i >= first_dense and i % freq == 0 for i in range(num_layers)]
     if "decoder_sparse_step" in cfg or "mlp_only_layers" in cfg:       # Qwen MoE style
-        step = int(cfg.get("decoder_sparse_step") or 1)
-        dense = set(cfg.get("mlp_only_layers") or [])
+        step = _opt_int(cfg, "decoder_sparse_step", lo=0, limit="num_layers") or 1
+        dense = set(_layer_list(cfg, "mlp_only_layers", num_layers))
         return [i not in dense and (i + 1) % step == 0 for i in range(num_layers)]
     return [True] * num_layers                                           # Mixtral, gpt-oss...
+
+
+@dataclass(frozen=True)
+class _Mla:
+    """Validated MLA fields (DeepSeek-style compressed KV)."""
+
+    kv_lora_rank: int
+    q_lora_rank: int | None
+    qk_rope_head_dim: int | None
+    qk_nope_head_dim: int | None
+    v_head_dim: int | None
+
+
+def _mla(cfg: Mapping[str, Any]) -> _Mla | None:
+    kv_lora = _opt_int(cfg, "kv_lora_rank", lo=1, limit="lora_rank")
+    if kv_lora is None:
+        return None
+    return _Mla(kv_lora, _opt_int(cfg, "q_lora_rank", lo=0, limit="lora_rank") or None,
+                _opt_int(cfg, "qk_rope_head_dim", lo=0, limit="lora_rank"),
+                _opt_int(cfg, "qk_nope_head_dim", lo=0, limit="lora_rank"),
+                _opt_int(cfg, "v_head_dim", lo=0, limit="lora_rank"))
 
 
 def count_params(cfg: Mapping[str, Any], *, num_layers: int, hidden: int, heads: int, kv_heads: int,
                  head_dim: int, intermediate: int | None, vocab: int, tie: bool,
                  num_experts: int, moe_inter: int | None, moe_flags: list[bool]) -> ParamCounts:
     """Parameter count by part from the config (dense, MoE and MLA formulas)."""
-    model_type = str(cfg.get("model_type") or "")
+    model_type = cfg.get("model_type") if isinstance(cfg.get("model_type"), str) else ""
+    bias = _bool(cfg, "attention_bias", False)
     # attention, per layer
-    if cfg.get("kv_lora_rank") is not None:
-        r_kv = int(cfg["kv_lora_rank"])
-        rope = int(cfg.get("qk_rope_head_dim") or 0)
-        nope = int(cfg.get("qk_nope_head_dim") or 0)
-        v_dim = int(cfg.get("v_head_dim") or nope)
-        q_rank = cfg.get("q_lora_rank")
+    mla = _mla(cfg)
+    if mla is not None:
+        r_kv = mla.kv_lora_rank
+        rope = mla.qk_rope_head_dim or 0
+        nope = mla.qk_nope_head_dim or 0
+        v_dim = mla.v_head_dim if mla.v_head_dim is not None else nope
+        q_rank = mla.q_lora_rank
         if q_rank:
             q = hidden * q_rank + q_rank + q_rank * heads * (nope + rope)
         else:
@@ -353,9 +487,9 @@ def count_params(cfg: Mapping[str, Any], *, num_layers: int, hidden: int, heads:
         attn = q + kv + heads * v_dim * hidden
     else:
         attn = hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + heads * head_dim * hidden
-        if cfg.get("attention_bias") or model_type in ("qwen2", "qwen2_moe"):
+        if bias or model_type in ("qwen2", "qwen2_moe"):
             attn += heads * head_dim + 2 * kv_heads * head_dim
-        if cfg.get("attention_bias"):
+        if bias:
             attn += hidden
     mlp_mats = 2 if model_type in _UNGATED_MLP else 3
     inter = intermediate if intermediate is not None else 4 * hidden
@@ -363,11 +497,12 @@ def count_params(cfg: Mapping[str, Any], *, num_layers: int, hidden: int, heads:
     moe_layers = num_layers - dense_layers
     expert = mlp_mats * hidden * (moe_inter or inter)
     shared = 0
-    n_shared = int(cfg.get("n_shared_experts") or 0)
+    n_shared = _opt_int(cfg, "n_shared_experts", lo=0, limit="num_experts") or 0
+    shared_inter = _opt_int(cfg, "shared_expert_intermediate_size", lo=0, limit="intermediate_size")
     if n_shared:
         shared = n_shared * mlp_mats * hidden * (moe_inter or inter)
-    elif cfg.get("shared_expert_intermediate_size"):
-        shared = mlp_mats * hidden * int(cfg["shared_expert_intermediate_size"]) + hidden
+    elif shared_inter:
+        shared = mlp_mats * hidden * shared_inter + hidden
     embedding = vocab * hidden
     return ParamCounts(
         embedding=embedding,
@@ -396,59 +531,105 @@ def _estimated_bytes(params: ParamCounts, dtype_bytes: float, quant: Quantizatio
     }
 
 
+def _heads(cfg: Mapping[str, Any], heads: int) -> int:
+    """KV heads, checked to divide the attention heads (whole query groups)."""
+    if _flag(cfg, "multi_query") is True:
+        return 1
+    keys = ("num_key_value_heads", "num_kv_heads", "n_head_kv")
+    kv_heads = _int(cfg, "KV head count", *keys, default=heads, lo=1, limit="num_attention_heads")
+    if heads % kv_heads:
+        key = (_found(cfg, keys) or (keys[0], kv_heads))[0]
+        raise PlanError(f"config.json {key} {kv_heads} does not divide num_attention_heads {heads}: "
+                        f"grouped-query attention needs a whole number of query heads per KV head")
+    return kv_heads
+
+
+def _layer_types(cfg: Mapping[str, Any], num_layers: int) -> tuple[str, ...]:
+    value = cfg.get("layer_types")
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
+        raise PlanError(f"config.json layer_types: expected a list of strings, got {_short(value)}")
+    if len(value) != num_layers:
+        return ()
+    return tuple(safe_line(t, limit=64) for t in value)
+
+
+def _window(cfg: Mapping[str, Any]) -> int | None:
+    value = cfg.get("sliding_window")
+    if value is None or value is False:
+        return None
+    hi = bound("model", "sliding_window")
+    window = check_int(value, "config.json sliding_window", lo=-hi, hi=hi, error=PlanError,
+                       integral_float=True)
+    return window if window > 0 else None
+
+
+def _architecture(cfg: Mapping[str, Any]) -> str | None:
+    archs = cfg.get("architectures")
+    if archs is None or archs == []:
+        return None
+    if isinstance(archs, str):
+        return _str(archs, "architectures")
+    if not isinstance(archs, list):
+        raise PlanError(f"config.json architectures: expected a list of names, got {_short(archs)}")
+    return _str(archs[0], "architectures[0]")
+
+
 def model_info_from_config(config: Mapping[str, Any], *, name: str, path: str | None = None,
                            measured_weights_bytes: int | None = None,
                            weights_source: str | None = None) -> ModelInfo:
-    """Pure: a parsed config.json (+ measured weight bytes, if known) -> ModelInfo."""
+    """Pure: a parsed config.json (+ measured weight bytes, if known) -> ModelInfo.
+
+    Raises PlanError naming the key and value of the first field that is not a number of the
+    right type and range (cluster/data/limits.yaml `model:`) or that contradicts another.
+    """
     if not isinstance(config, Mapping):
         raise PlanError("config.json: expected a JSON object")
     cfg = _flatten(config)
-    num_layers = _int(cfg, "layer count", "num_hidden_layers", "n_layer", "num_layers")
-    hidden = _int(cfg, "hidden size", "hidden_size", "n_embd", "d_model")
-    heads = _int(cfg, "attention head count", "num_attention_heads", "n_head", "num_heads")
-    if num_layers == 0 or hidden == 0 or heads == 0:
-        raise PlanError("config.json: layers, hidden_size and num_attention_heads must be > 0")
-    if cfg.get("multi_query") is True:
-        kv_heads = 1
-    else:
-        kv_heads = _int(cfg, "KV head count", "num_key_value_heads", "num_kv_heads", "n_head_kv",
-                        default=heads)
-    head_dim = _int(cfg, "head_dim", "head_dim", default=hidden // heads)
-    intermediate = _first(cfg, "intermediate_size", "ffn_hidden_size", "n_inner")
-    intermediate = int(intermediate) if isinstance(intermediate, (int, float)) else None
-    vocab = _int(cfg, "vocab size", "vocab_size", "padded_vocab_size")
+    num_layers = _int(cfg, "layer count", "num_hidden_layers", "n_layer", "num_layers",
+                      limit="num_layers")
+    hidden = _int(cfg, "hidden size", "hidden_size", "n_embd", "d_model", limit="hidden_size")
+    heads = _int(cfg, "attention head count", "num_attention_heads", "n_head", "num_heads",
+                 limit="num_attention_heads")
+    kv_heads = _heads(cfg, heads)
+    if _found(cfg, ("head_dim",)) is None and hidden < heads:
+        raise PlanError(f"config.json hidden_size {hidden} is smaller than num_attention_heads "
+                        f"{heads} and there is no head_dim")
+    head_dim = _int(cfg, "head_dim", "head_dim", default=hidden // heads, limit="head_dim")
+    intermediate = _opt_int(cfg, "intermediate_size", "ffn_hidden_size", "n_inner",
+                            limit="intermediate_size")
+    vocab = _int(cfg, "vocab size", "vocab_size", "padded_vocab_size", limit="vocab_size")
     dtype = _normalize_dtype(_first(cfg, "torch_dtype", "dtype"))
-    max_pos = _first(cfg, "max_position_embeddings", "n_positions", "max_sequence_length",
-                     "seq_length", "max_seq_len")
-    max_pos = int(max_pos) if isinstance(max_pos, (int, float)) else None
-    tie = bool(cfg.get("tie_word_embeddings", True))
+    max_pos = _opt_int(cfg, "max_position_embeddings", "n_positions", "max_sequence_length",
+                       "seq_length", "max_seq_len", limit="max_position_embeddings")
+    tie = _bool(cfg, "tie_word_embeddings", True)
 
-    num_experts = int(_first(cfg, "n_routed_experts", "num_local_experts", "num_experts",
-                             "moe_num_experts", default=0) or 0)
-    experts_per_token = int(_first(cfg, "num_experts_per_tok", "experts_per_token", "moe_top_k",
-                                   default=0) or 0)
-    moe_inter = _first(cfg, "moe_intermediate_size")
-    moe_inter = int(moe_inter) if num_experts and moe_inter else (intermediate if num_experts else None)
+    num_experts = _int(cfg, "expert count", "n_routed_experts", "num_local_experts", "num_experts",
+                       "moe_num_experts", default=0, lo=0, limit="num_experts")
+    experts_per_token = _int(cfg, "experts per token", "num_experts_per_tok", "experts_per_token",
+                             "moe_top_k", default=0, lo=0, limit="num_experts")
+    if num_experts and experts_per_token > num_experts:
+        raise PlanError(f"config.json num_experts_per_tok {experts_per_token} exceeds the "
+                        f"{num_experts} experts")
+    moe_inter = _opt_int(cfg, "moe_intermediate_size", lo=0, limit="intermediate_size")
+    moe_inter = (moe_inter or intermediate) if num_experts else None
     moe_flags = _moe_layer_flags(cfg, num_layers, num_experts)
+    mla = _mla(cfg)
 
-    kv_lora = cfg.get("kv_lora_rank")
-    kv_lora = int(kv_lora) if kv_lora is not None else None
-
-    layer_types = tuple(str(t) for t in (cfg.get("layer_types") or ()))
-    if layer_types and len(layer_types) != num_layers:
-        layer_types = ()
+    layer_types = _layer_types(cfg, num_layers)
     num_kv_layers = num_layers - sum(1 for t in layer_types if t in _NO_KV_LAYER_TYPES)
-    window = cfg.get("sliding_window")
-    window = int(window) if isinstance(window, (int, float)) and window > 0 else None
-    if cfg.get("use_sliding_window") is False:
+    window = _window(cfg)
+    if _flag(cfg, "use_sliding_window") is False:
         window = None
     n_sliding: int | None = None
+    model_type = _str(cfg.get("model_type"), "model_type") or None
     if window:
         if layer_types:
             n_sliding = sum(1 for t in layer_types if t == "sliding_attention")
             if n_sliding == 0:
                 window = None
-        elif str(cfg.get("model_type")) in _INTERLEAVED_SLIDING:
+        elif model_type in _INTERLEAVED_SLIDING:
             n_sliding = None
         else:
             n_sliding = num_layers
@@ -461,35 +642,40 @@ def model_info_from_config(config: Mapping[str, Any], *, name: str, path: str | 
                           num_experts=num_experts, moe_inter=moe_inter, moe_flags=moe_flags)
     parts = _estimated_bytes(params, DTYPE_BYTES[dtype], quant)
     estimated = sum(parts.values())
+    if estimated > bound("model", "weights_bytes"):
+        raise PlanError(f"config.json: the shape gives {estimated:.3g} bytes of weights, beyond "
+                        f"any servable model ({bound('model', 'weights_bytes'):.3g})")
     if measured_weights_bytes:
-        total = int(measured_weights_bytes)
+        total = check_int(measured_weights_bytes, "measured weights bytes", lo=1,
+                          hi=bound("model", "weights_bytes"), error=PlanError)
         source = weights_source or "measured"
         scale = total / estimated if estimated else 1.0
     else:
         total = int(math.ceil(estimated))
         source = "parameter-count"
         scale = 1.0
-    archs = cfg.get("architectures") or []
+    shared_inter = _opt_int(cfg, "shared_expert_intermediate_size", lo=0, limit="intermediate_size")
+    n_shared = _opt_int(cfg, "n_shared_experts", lo=0, limit="num_experts") or 0
     return ModelInfo(
-        name=name, path=path,
-        architecture=str(archs[0]) if archs else None,
-        model_type=str(cfg["model_type"]) if cfg.get("model_type") else None,
+        name=safe_line(name, limit=200), path=path,
+        architecture=_architecture(cfg),
+        model_type=model_type,
         num_layers=num_layers, hidden_size=hidden, num_attention_heads=heads,
         num_kv_heads=kv_heads, head_dim=head_dim, intermediate_size=intermediate,
         vocab_size=vocab, dtype=dtype, max_position_embeddings=max_pos, tie_word_embeddings=tie,
         num_experts=num_experts, experts_per_token=experts_per_token,
         moe_intermediate_size=moe_inter,
-        num_shared_experts=int(cfg.get("n_shared_experts") or (1 if cfg.get("shared_expert_intermediate_size") else 0)),
-        shared_expert_intermediate_size=(int(cfg["shared_expert_intermediate_size"])
-                                         if cfg.get("shared_expert_intermediate_size") else None),
-        first_k_dense_replace=int(cfg.get("first_k_dense_replace") or 0),
+        num_shared_experts=n_shared or (1 if shared_inter else 0),
+        shared_expert_intermediate_size=shared_inter or None,
+        first_k_dense_replace=_opt_int(cfg, "first_k_dense_replace", lo=0, limit="num_layers") or 0,
         num_moe_layers=sum(moe_flags),
-        kv_lora_rank=kv_lora,
-        q_lora_rank=int(cfg["q_lora_rank"]) if cfg.get("q_lora_rank") else None,
-        qk_rope_head_dim=int(cfg["qk_rope_head_dim"]) if cfg.get("qk_rope_head_dim") is not None else None,
-        qk_nope_head_dim=int(cfg["qk_nope_head_dim"]) if cfg.get("qk_nope_head_dim") is not None else None,
-        v_head_dim=int(cfg["v_head_dim"]) if cfg.get("v_head_dim") is not None else None,
-        num_nextn_predict_layers=int(cfg.get("num_nextn_predict_layers") or 0),
+        kv_lora_rank=mla.kv_lora_rank if mla else None,
+        q_lora_rank=mla.q_lora_rank if mla else None,
+        qk_rope_head_dim=mla.qk_rope_head_dim if mla else None,
+        qk_nope_head_dim=mla.qk_nope_head_dim if mla else None,
+        v_head_dim=mla.v_head_dim if mla else None,
+        num_nextn_predict_layers=_opt_int(cfg, "num_nextn_predict_layers", lo=0,
+                                          limit="num_layers") or 0,
         sliding_window=window, num_sliding_layers=n_sliding, layer_types=layer_types,
         num_kv_layers=num_kv_layers,
         quantization=quant, params=params,
@@ -503,25 +689,71 @@ def model_info_from_config(config: Mapping[str, Any], *, name: str, path: str | 
 # ---------------------------------------------------------------- I/O: a model dir or config.json
 
 
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number (JSON has no NaN or Infinity)")
+
+
+def read_json_file(path: Path, what: str, *, max_bytes: int,
+                   error: type[ClusterError] = PlanError) -> Any:
+    """A JSON file read with a size cap; NaN/Infinity and too deep nesting refused as `error`."""
+    try:
+        with path.open("rb") as f:
+            raw = f.read(max_bytes + 1)
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read {what} ({exc.strerror or exc})") from None
+    if len(raw) > max_bytes:
+        raise error(f"{path}: {what} is larger than {max_bytes:,} bytes: refused")
+    return loads_json(raw, f"{path}: {what}", error=error)
+
+
+def loads_json(raw: bytes | str, what: str, *, error: type[ClusterError] = PlanError) -> Any:
+    """json.loads without NaN/Infinity; undecodable, invalid or too deeply nested -> `error`."""
+    try:
+        text = raw.decode("utf-8-sig") if isinstance(raw, bytes) else raw
+        return json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise error(f"{what} is nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise error(f"{what} is not valid JSON ({safe_line(exc, limit=200)})") from None
+
+
+def _offset_end(entry: Mapping[str, Any], key: str, path: Path) -> int:
+    offsets = entry.get("data_offsets")
+    if offsets is None:
+        return 0
+    hi = bound("model", "weights_bytes")
+    if not isinstance(offsets, list) or len(offsets) != 2:
+        raise PlanError(f"{path}: tensor {safe_line(key, limit=80)!r}: data_offsets must be "
+                        f"[begin, end], got {_short(offsets)}")
+    begin, end = (check_int(v, f"{path}: tensor {safe_line(key, limit=80)!r} data_offsets",
+                            lo=0, hi=hi, error=PlanError) for v in offsets)
+    if begin > end:
+        raise PlanError(f"{path}: tensor {safe_line(key, limit=80)!r}: data_offsets {offsets} "
+                        f"end before they begin")
+    return end
+
+
 def safetensors_data_bytes(path: Path) -> int:
     """Tensor bytes in one .safetensors file, from its header (8-byte length + JSON)."""
-    with path.open("rb") as f:
-        head = f.read(8)
-        if len(head) != 8:
-            raise PlanError(f"{path}: not a safetensors file (shorter than 8 bytes)")
-        (length,) = struct.unpack("<Q", head)
-        if length > 100 * 1024 * 1024:
-            raise PlanError(f"{path}: safetensors header of {length} bytes is implausible")
-        try:
-            header = json.loads(f.read(length))
-        except ValueError as exc:
-            raise PlanError(f"{path}: unreadable safetensors header ({exc})") from None
+    try:
+        with path.open("rb") as f:
+            head = f.read(8)
+            if len(head) != 8:
+                raise PlanError(f"{path}: not a safetensors file (shorter than 8 bytes)")
+            (length,) = struct.unpack("<Q", head)
+            if length > bound("files", "safetensors_header"):
+                raise PlanError(f"{path}: safetensors header of {length} bytes is implausible")
+            raw = f.read(length)
+    except OSError as exc:
+        raise PlanError(f"{path}: unreadable ({exc.strerror or exc})") from None
+    header = loads_json(raw, f"{path}: safetensors header")
+    if not isinstance(header, Mapping):
+        raise PlanError(f"{path}: safetensors header is not a JSON object")
     end = 0
     for key, entry in header.items():
         if key == "__metadata__" or not isinstance(entry, Mapping):
             continue
-        offsets = entry.get("data_offsets") or [0, 0]
-        end = max(end, int(offsets[1]))
+        end = max(end, _offset_end(entry, key, path))
     return end
 
 
@@ -529,12 +761,17 @@ def measured_weights(model_dir: Path) -> tuple[int | None, str | None]:
     """(bytes, source) from the index's metadata.total_size, else the safetensors headers."""
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
-        try:
-            total = json.loads(index.read_text()).get("metadata", {}).get("total_size")
-        except (OSError, ValueError) as exc:
-            raise PlanError(f"{index}: unreadable ({exc})") from None
-        if isinstance(total, (int, float)) and total > 0:
-            return int(total), "safetensors-index"
+        doc = read_json_file(index, "safetensors index", max_bytes=bound("files", "index_json"))
+        if not isinstance(doc, Mapping):
+            raise PlanError(f"{index}: expected a JSON object")
+        metadata = doc.get("metadata")
+        if metadata is not None and not isinstance(metadata, Mapping):
+            raise PlanError(f"{index}: metadata: expected an object, got {_short(metadata)}")
+        total = (metadata or {}).get("total_size")
+        if total is not None:
+            return check_int(total, f"{index}: metadata.total_size", lo=1,
+                             hi=bound("model", "weights_bytes"), error=PlanError,
+                             integral_float=True), "safetensors-index"
     files = sorted(model_dir.glob("*.safetensors"))
     if files:
         return sum(safetensors_data_bytes(f) for f in files), "safetensors-headers"
@@ -550,13 +787,11 @@ def load_model_info(path: str | Path) -> ModelInfo:
         config_file, model_dir = p, p.parent
         name = p.parent.resolve().name if p.name == "config.json" else p.stem
     else:
-        raise UsageError(f"--model {path}: no such model directory or config.json")
+        raise UsageError(f"--model {safe_line(path, limit=300)}: no such model directory or "
+                         f"config.json")
     if not config_file.is_file():
         raise UsageError(f"{model_dir}: no config.json (expected a Hugging Face model directory)")
-    try:
-        config = json.loads(config_file.read_text())
-    except (OSError, ValueError) as exc:
-        raise PlanError(f"{config_file}: not valid JSON ({exc})") from None
+    config = read_json_file(config_file, "config.json", max_bytes=bound("files", "config_json"))
     try:
         measured, source = measured_weights(model_dir) if p.is_dir() or p.name == "config.json" else (None, None)
         return model_info_from_config(config, name=name, path=str(p),

@@ -15,6 +15,8 @@ Around it, three small adapters:
   the figure vLLM logs at start-up ("KV cache size: N tokens").
 - `validate_engine_args(engine_args)`: the engine args through vLLM's own EngineArgs and CLI
   parser, when vLLM is importable.
+Flags, options and report facts are checked against cluster/data/limits.yaml `plan:` (finite,
+whole where a count is meant, in range) before any loop or allocation depends on them.
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
+from cluster.bounds import bound, check_float, check_int
 from cluster.errors import PlanError, UsageError
-from cluster.modelinfo import DTYPE_BYTES, ModelInfo
+from cluster.modelinfo import DTYPE_BYTES, ModelInfo, read_json_file
+from cluster.textsafe import safe_line
 
 GiB = 1024 ** 3
 MiB = 1024 ** 2
@@ -110,13 +114,14 @@ class ClusterFacts:
     @classmethod
     def from_flags(cls, *, nodes: int = 1, gpus_per_node: int, gpu_model: str | None = None,
                    gpu_memory_gib: float | None = None, nvlink: bool | None = None) -> "ClusterFacts":
-        if nodes < 1 or gpus_per_node < 1:
-            raise UsageError("--nodes and --gpus-per-node must be at least 1")
+        nodes = check_int(nodes, "--nodes", lo=1, hi=bound("plan", "nodes"))
+        gpus_per_node = check_int(gpus_per_node, "--gpus-per-node", lo=1,
+                                  hi=bound("plan", "gpus_per_node"))
         spec = lookup_gpu(gpu_model)
         if gpu_memory_gib is not None:
-            if gpu_memory_gib <= 0:
-                raise UsageError("--gpu-memory-gib must be > 0")
-            memory_mib = int(round(gpu_memory_gib * 1024))
+            gpu_memory_gib = check_float(gpu_memory_gib, "--gpu-memory-gib", lo=0, lo_open=True,
+                                         hi=bound("plan", "gpu_memory_gib"))
+            memory_mib = max(1, int(round(gpu_memory_gib * 1024)))
         elif spec is not None:
             memory_mib = spec.memory_mib
         else:
@@ -144,35 +149,40 @@ def latest_preflight_report(run_root: str | Path = "runs") -> Path | None:
 def load_cluster_facts_from_report(path: str | Path) -> ClusterFacts:
     """Cluster facts from a preflight JSON report (shape in the module docstring)."""
     p = Path(path)
-    try:
-        data = json.loads(p.read_text())
-    except OSError as exc:
-        raise UsageError(f"{p}: cannot read preflight report ({exc.strerror or exc})") from None
-    except ValueError as exc:
-        raise PlanError(f"{p}: preflight report is not valid JSON ({exc})") from None
+    data = read_json_file(p, "preflight report", max_bytes=bound("files", "preflight_report"))
     facts = data.get("facts") if isinstance(data, Mapping) else None
     raw_nodes = facts.get("nodes") if isinstance(facts, Mapping) else None
     if not isinstance(raw_nodes, Mapping):
         raise PlanError(f"{p}: no facts.nodes in the preflight report (expected "
                         '{"facts": {"nodes": {"<node>": {"gpu_count": ..., ...}}}})')
+    if len(raw_nodes) > bound("plan", "nodes"):
+        raise PlanError(f"{p}: {len(raw_nodes):,} nodes in the preflight report, more than the "
+                        f"{bound('plan', 'nodes'):,} a plan handles")
+    max_mib = bound("plan", "gpu_memory_gib") * 1024
     nodes, skipped, notes = [], [], []
-    for name, f in raw_nodes.items():
+    for raw_name, f in raw_nodes.items():
+        name = safe_line(raw_name, limit=200)
         if not isinstance(f, Mapping):
             skipped.append(f"{name}: no facts")
             continue
         count, model, mem = f.get("gpu_count"), f.get("gpu_model"), f.get("gpu_memory_mib")
-        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-            skipped.append(f"{name}: gpu_count {count!r}")
+        if (not isinstance(count, int) or isinstance(count, bool) or count < 0
+                or count > bound("plan", "gpus_per_node")):
+            skipped.append(f"{name}: gpu_count {safe_line(repr(count), limit=40)}")
             continue
-        if count > 0 and (not isinstance(model, str) or not isinstance(mem, (int, float)) or mem <= 0):
-            skipped.append(f"{name}: gpu_model/gpu_memory_mib missing")
+        mem_ok = (isinstance(mem, (int, float)) and not isinstance(mem, bool)
+                  and math.isfinite(mem) and 1 <= mem <= max_mib)
+        if count > 0 and (not isinstance(model, str) or not mem_ok):
+            skipped.append(f"{name}: gpu_model/gpu_memory_mib missing or out of range")
             continue
         names = f.get("gpu_names")
         if isinstance(names, list) and len(set(map(str, names))) > 1:
-            notes.append(f"R7 mixed-gpus: node {name} mixes {', '.join(sorted(set(map(str, names))))}; "
+            mixed = sorted({safe_line(n, limit=80) for n in names})[:16]
+            notes.append(f"R7 mixed-gpus: node {name} mixes {', '.join(mixed)}; "
                          f"planned at its smallest GPU memory ({int(mem)} MiB)")
         nvlink = f.get("nvlink")
-        nodes.append(NodeGpus(str(name), count, str(model or ""), int(mem or 0),
+        nodes.append(NodeGpus(name, count, safe_line(model or "", limit=200),
+                              int(mem) if mem_ok else 0,
                               nvlink if isinstance(nvlink, bool) else None))
     if not nodes:
         raise PlanError(f"{p}: no node with GPU facts ({'; '.join(skipped) or 'facts.nodes is empty'})")
@@ -666,6 +676,27 @@ def _no_fit_error(model: ModelInfo, hw: _Hardware, fits: Sequence[_Fit], min_con
     return PlanError(" ".join(lines))
 
 
+def _checked_options(options: PlanOptions) -> PlanOptions:
+    """Options with every number checked: whole/finite and inside cluster/data/limits.yaml."""
+    if options.max_model_len is not None:
+        check_int(options.max_model_len, "--max-model-len", lo=1, hi=bound("plan", "max_model_len"))
+    if options.min_concurrency is not None:
+        check_int(options.min_concurrency, "--min-concurrency", lo=1,
+                  hi=bound("plan", "min_concurrency"))
+    if options.gpu_memory_utilization is not None:
+        check_float(options.gpu_memory_utilization, "--gpu-memory-utilization", lo=0, hi=1,
+                    lo_open=True)
+    if options.tokens_per_s_per_gpu is not None:
+        check_float(options.tokens_per_s_per_gpu, "--tokens-per-s-per-gpu", lo=0, lo_open=True,
+                    hi=bound("plan", "tokens_per_s_per_gpu"))
+    if options.served_model_name is not None:
+        name = options.served_model_name
+        if not isinstance(name, str) or not name or safe_line(name) != name or len(name) > 200:
+            raise UsageError(f"--served-model-name {name!r}: expected a name without control "
+                             f"characters, at most 200 characters")
+    return options
+
+
 def make_plan(model: ModelInfo, cluster: ClusterFacts, options: PlanOptions = PlanOptions()) -> Plan:
     """Pure: model facts + cluster facts + options -> Plan (or PlanError with the numbers)."""
     data = planner_defaults()
@@ -674,6 +705,7 @@ def make_plan(model: ModelInfo, cluster: ClusterFacts, options: PlanOptions = Pl
     reasons: list[str] = []
     warnings: list[str] = list(hw.warnings)
 
+    options = _checked_options(options)
     # R11 max-model-len
     model_max = model.max_position_embeddings
     cap = int(d["max_model_len_cap"])

@@ -29,3 +29,9 @@ def terminal_safe(text: str) -> str:
 def terminal_safe_line(text: str) -> str:
     """`text` as one safe line: newlines and tabs escaped too (for one-line messages)."""
     return text.translate(_TABLE_ONE_LINE)
+
+
+def safe_line(value: object, limit: int | None = None) -> str:
+    """terminal_safe_line(str(value)), cut to `limit` characters (for messages and reports)."""
+    text = terminal_safe_line(value if isinstance(value, str) else str(value))
+    return text if limit is None else text[:limit]

@@ -16,6 +16,7 @@ Never prints: progress goes to the `on_event` callback.
 from __future__ import annotations
 
 import copy
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
+from cluster.bounds import bound, check_float, check_int
 from cluster.errors import ClusterError, UsageError
+from cluster.textsafe import safe_line
 
 APPLY_CHOICES = ("original", "best")
 SERVE_APPS_PREFIX = "serve_apps.vllm_app:"
@@ -46,17 +49,23 @@ def tune_defaults() -> dict[str, Any]:
 
 def parse_values(text: str) -> tuple[Any, ...]:
     """'512,1024,2048' -> (512, 1024, 2048): YAML scalars (ints, floats, true/false), distinct."""
-    values = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
+    values: list[Any] = []
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if len(parts) > bound("tune", "values"):
+        raise UsageError(f"--values: at most {bound('tune', 'values')} values (got {len(parts)})")
+    for part in parts:
+        if len(part) > 200:
+            raise UsageError(f"--values: {part[:40]!r}... is longer than 200 characters")
         try:
             value = yaml.safe_load(part)
         except yaml.YAMLError:
             raise UsageError(f"--values: cannot read {part!r}") from None
         if isinstance(value, (dict, list)) or value is None:
             raise UsageError(f"--values: {part!r} is not a scalar")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UsageError(f"--values: {part!r} is not a finite number")
+        if not isinstance(value, (str, int, float, bool)):
+            raise UsageError(f"--values: {part!r} is not a number, a word or true/false")
         if value in values:
             raise UsageError(f"--values: {part!r} is given twice")
         values.append(value)
@@ -239,10 +248,21 @@ class TuneSettings:
     def __post_init__(self) -> None:
         if self.apply not in APPLY_CHOICES:
             raise UsageError(f"--apply must be one of {', '.join(APPLY_CHOICES)}")
-        if self.concurrency < 1:
-            raise UsageError("--concurrency must be >= 1")
-        if self.target_ttft_p99_ms is not None and not self.target_ttft_p99_ms > 0:
-            raise UsageError("--target-ttft-p99 must be > 0 ms")
+        check_int(self.concurrency, "--concurrency", lo=1, hi=bound("bench", "concurrency"))
+        if self.target_ttft_p99_ms is not None:
+            check_float(self.target_ttft_p99_ms, "--target-ttft-p99", lo=0, lo_open=True,
+                        hi=bound("tune", "target_ttft_p99_ms"))
+        if self.requests is not None:
+            check_int(self.requests, "--requests", lo=1, hi=bound("bench", "requests"))
+        if self.warmup_requests is not None:
+            check_int(self.warmup_requests, "--warmup", lo=0, hi=bound("bench", "requests"))
+        check_int(self.prompt_len, "--prompt-len", lo=1, hi=bound("bench", "prompt_len"))
+        check_int(self.output_len, "--output-len", lo=1, hi=bound("bench", "output_len"))
+        check_float(self.deploy_timeout_s, "--timeout", lo=0, lo_open=True,
+                    hi=bound("tune", "deploy_timeout_s"))
+        check_float(self.request_timeout_s, "--request-timeout", lo=0, lo_open=True,
+                    hi=bound("bench", "timeout_s"))
+        check_float(self.close_pct, "close_pct", lo=0, hi=100)
         if len(self.values) < 2:
             raise UsageError("give at least two values to compare")
         from cluster.deploy import check_engine_args
@@ -381,17 +401,43 @@ def read_app(client, name: str) -> DeployedApp:
     if not reply.ok or not isinstance(reply.json, dict):
         raise TuneError(f"the dashboard did not list the Serve applications: {reply.describe()}")
     details = reply.json
-    app = (details.get("applications") or {}).get(name)
+    apps = details.get("applications") or {}
+    if not isinstance(apps, dict):
+        raise TuneError("the dashboard's Serve applications are not an object")
+    app = apps.get(name)
     if app is None:
-        names = ", ".join(sorted(details.get("applications") or {})) or "none"
+        names = ", ".join(sorted(safe_line(n, limit=80) for n in apps)[:50]) or "none"
         raise TuneError(f"no Serve application {name!r} (deployed: {names})")
+    if not isinstance(app, dict):
+        raise TuneError(f"the dashboard's entry for {name!r} is not an object")
     config = app.get("deployed_app_config")
     if app.get("source") not in (None, "declarative"):
         config = None
+    if config is not None and not isinstance(config, dict):
+        raise TuneError(f"the deployed config of {name!r} is not an object")
     check_tunable(config, name)
-    return DeployedApp(name=name, config=config, route_prefix=app.get("route_prefix") or "/",
-                       status=str(app.get("status")),
-                       serve_port=(details.get("http_options") or {}).get("port"))
+    return DeployedApp(name=name, config=config, route_prefix=_route_prefix(app.get("route_prefix")),
+                       status=safe_line(app.get("status"), limit=40),
+                       serve_port=_serve_port(details.get("http_options")))
+
+
+def _route_prefix(value: Any) -> str:
+    """The app's route prefix as the dashboard reports it: a path without control characters."""
+    if value is None or value == "":
+        return "/"
+    if not isinstance(value, str) or not value.startswith("/") or safe_line(value) != value \
+            or " " in value or len(value) > 200:
+        raise TuneError(f"the dashboard reports route_prefix {safe_line(repr(value), limit=60)}: "
+                        f"not a URL path")
+    return value
+
+
+def _serve_port(http_options: Any) -> int | None:
+    """Serve's HTTP port from the dashboard's http_options: 1-65535, or None when absent."""
+    port = http_options.get("port") if isinstance(http_options, dict) else None
+    if port is None:
+        return None
+    return check_int(port, "the dashboard's http_options.port", lo=1, hi=65535, error=TuneError)
 
 
 def _deploy_and_wait(client, inventory, config: Mapping[str, Any], timeout_s: float,

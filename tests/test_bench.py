@@ -5,10 +5,12 @@ thread on 127.0.0.1 inside the tests. What it does is chosen by the request's `m
 ok (one token per chunk, usage at the end), nousage, short, http500, http401, close (closes
 before answering), drop (closes mid-stream), stall (answers headers, then nothing), garbage
 (bad SSE JSON), notsse (a plain line), nodone (no [DONE]), streamerror (an error event),
-flaky (every third request gets a 500). /metrics exposes a generation-token counter the
-server increments by what it streamed. The heavy test (@pytest.mark.vllm) runs bench against
-vLLM's own OpenAI server on the tiny model and checks the counted output tokens against
-vllm:generation_tokens_total.
+flaky (every third request gets a 500); hostile replies (tests/test_hostile_plan_bench.py):
+escape / streamescape (error text with terminal escape sequences), deepnest / deepchoice (a
+chunk nested 100k deep), negusage / boolusage / floatusage (invalid usage.completion_tokens).
+/metrics exposes a generation-token counter the server increments by what it streamed. The
+heavy test (@pytest.mark.vllm) runs bench against vLLM's own OpenAI server on the tiny model and
+checks the counted output tokens against vllm:generation_tokens_total.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from cluster.errors import UsageError
 
 KEY_ENV = "CLUSTER_TEST_BENCH_KEY"
 KEY = "bench-test-key-7d1e9a"  # test-only
+# A window-title change, clear-screen and colour codes: must never reach a terminal or report.
+ESCAPE_TEXT = "\x1b]0;pwned\x07\x1b[2J\x1b[31mengine exploded\x1b[0m\r\nforged line\x9b2J"
 
 
 # ----------------------------------------------------------------------------- the fake server
@@ -45,6 +49,7 @@ class FakeOpenAI:
 
     def __init__(self) -> None:
         self.requests: list[dict] = []
+        self.raw: dict[str, bytes] = {}  # model name -> SSE body sent verbatim (fuzz tests)
         self.generated = 0  # tokens streamed, exposed as vllm:generation_tokens_total
         self._count = 0
         self._loop = asyncio.new_event_loop()
@@ -144,14 +149,41 @@ class FakeOpenAI:
                         json.dumps({"error": "Unauthorized"}))
             await writer.drain()
             return True
+        if mode == "escape":  # an error text that would drive the terminal if printed raw
+            self._plain(writer, "500 Internal Server Error", "application/json",
+                        json.dumps({"error": {"message": ESCAPE_TEXT, "code": 500}}))
+            await writer.drain()
+            return True
         if mode == "close":
             return False
         self._head(writer, "200 OK", "text/event-stream", "Transfer-Encoding: chunked\r\n\r\n")
+        if mode in self.raw:
+            data = self.raw[mode]
+            if data:
+                writer.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self._chunk(writer, "")
+            await writer.drain()
+            return True
         if mode == "stall":
             await writer.drain()
             await asyncio.sleep(3600)  # cancelled when the client goes away or at close()
         if mode == "notsse":
             self._chunk(writer, "this is not server-sent events\n")
+            self._chunk(writer, "")
+            await writer.drain()
+            return True
+        if mode in ("deepnest", "deepchoice"):  # a chunk nested 100k deep
+            deep = "[" * 100_000 + "]" * 100_000
+            if mode == "deepchoice":
+                deep = '{"choices": [{"index": 0, "text": "t", "x": ' + deep + '}]}'
+            self._chunk(writer, "data: " + deep + "\n\n")
+            self._event(writer, "[DONE]")
+            self._chunk(writer, "")
+            await writer.drain()
+            return True
+        if mode == "streamescape":
+            self._event(writer, {"error": {"message": ESCAPE_TEXT, "code": 500}})
+            self._event(writer, "[DONE]")
             self._chunk(writer, "")
             await writer.drain()
             return True
@@ -180,9 +212,11 @@ class FakeOpenAI:
             await writer.drain()
         usage_wanted = (request.get("stream_options") or {}).get("include_usage")
         if usage_wanted and mode != "nousage":
+            completion = {"negusage": -2_000_000, "boolusage": True,
+                          "floatusage": 1.5}.get(mode, tokens)
             self._event(writer, {**base, "choices": [], "usage": {
                 "prompt_tokens": len(prompt.split()) + (3 if chat else 0),
-                "completion_tokens": tokens, "total_tokens": len(prompt.split()) + tokens}})
+                "completion_tokens": completion, "total_tokens": len(prompt.split()) + tokens}})
         if mode != "nodone":
             self._event(writer, "[DONE]")
         self._chunk(writer, "")  # end of the chunked body

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import sys
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -63,9 +64,14 @@ def add_changing(parser: argparse.ArgumentParser) -> None:
 
 def add_serial(parser: argparse.ArgumentParser) -> None:
     """--serial N: change the workers N at a time (a rolling operation); 0 means all at once."""
-    parser.add_argument("--serial", type=int, default=0, metavar="N",
+    parser.add_argument("--serial", type=_serial, default=0, metavar="N",
                         help="change the workers N at a time, stopping at the first failed "
                              "batch (default: all at once)")
+
+
+def _serial(text: str) -> int:
+    """argparse type of --serial: a whole number from 0 (all at once) to 100000."""
+    return _number(text, int, 0, strict=False, maximum=100_000)
 
 
 def load_inventory(args: argparse.Namespace) -> Inventory:
@@ -134,14 +140,22 @@ def progress(total: int, label: str, enabled: bool) -> Iterator[Any]:
         yield advance
 
 
-def _number(text: str, kind: type, minimum: float, strict: bool):
+def _number(text: str, kind: type, minimum: float, strict: bool,
+            maximum: float = math.inf) -> Any:
+    """Parse a flag's number: ASCII digits only, finite, >= (or >) minimum and <= maximum."""
+    name = "an integer" if kind is int else "a number"
+    if not isinstance(text, str) or not text.isascii() or not text.isprintable() or len(text) > 64:
+        raise argparse.ArgumentTypeError(f"not {name}: {text!r}")
     try:
         value = kind(text)
     except ValueError:
-        name = "an integer" if kind is int else "a number"
         raise argparse.ArgumentTypeError(f"not {name}: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
     if value < minimum or (strict and value == minimum):
         raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {minimum:g}: {text}")
+    if value > maximum:
+        raise argparse.ArgumentTypeError(f"must be <= {maximum:g}: {text}")
     return value
 
 
@@ -156,5 +170,21 @@ def non_negative_int(text: str) -> int:
 
 
 def positive_float(text: str) -> float:
-    """argparse type: a number > 0."""
+    """argparse type: a finite number > 0."""
     return _number(text, float, 0, strict=True)
+
+
+def int_range(minimum: int, maximum: int) -> Callable[[str], int]:
+    """argparse type factory: an integer in [minimum, maximum]."""
+    def parse(text: str) -> int:
+        return _number(text, int, minimum, strict=False, maximum=maximum)
+    parse.__name__ = f"int in [{minimum}, {maximum}]"
+    return parse
+
+
+def float_range(minimum: float, maximum: float, *, strict: bool = False) -> Callable[[str], float]:
+    """argparse type factory: a finite number in [minimum, maximum] ((minimum, maximum] if strict)."""
+    def parse(text: str) -> float:
+        return _number(text, float, minimum, strict=strict, maximum=maximum)
+    parse.__name__ = f"number in {'(' if strict else '['}{minimum:g}, {maximum:g}]"
+    return parse

@@ -16,22 +16,25 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
-from cluster.commands._common import positive_float, positive_int
+from cluster.bounds import bound
+from cluster.commands._common import float_range, int_range
 from cluster.errors import UsageError
 
 
 def _concurrency_list(text: str) -> tuple[int, ...]:
+    parse = int_range(1, bound("bench", "concurrency"))
+    parts = [part for part in text.split(",") if part.strip()]
+    if len(parts) > bound("bench", "concurrency_levels"):
+        raise argparse.ArgumentTypeError(f"at most {bound('bench', 'concurrency_levels')} "
+                                         f"concurrency levels: {text[:80]!r}")
     try:
-        values = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") from None
-    if not values or any(v < 1 for v in values):
+        values = tuple(parse(part.strip()) for part in parts)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"concurrency levels must be integers from 1 to "
+                                         f"{bound('bench', 'concurrency')}: {exc}") from None
+    if not values:
         raise argparse.ArgumentTypeError(f"concurrency levels must be positive integers: {text!r}")
     return values
-
-
-
-
 
 
 def register(subparsers: Any) -> None:
@@ -49,17 +52,24 @@ def register(subparsers: Any) -> None:
                    help="/v1/completions (default) or /v1/chat/completions")
     p.add_argument("--concurrency", type=_concurrency_list, default=(1, 4, 16, 64),
                    metavar="C[,C...]", help="concurrency levels (default 1,4,16,64)")
-    p.add_argument("--prompt-len", type=positive_int, default=128, metavar="N",
+    p.add_argument("--prompt-len", type=int_range(1, bound("bench", "prompt_len")), default=128,
+                   metavar="N",
                    help="prompt length in words, ~tokens (default 128; the server's count is reported)")
-    p.add_argument("--output-len", type=positive_int, default=128, metavar="N",
+    p.add_argument("--output-len", type=int_range(1, bound("bench", "output_len")), default=128,
+                   metavar="N",
                    help="output tokens per request (default 128)")
     amount = p.add_mutually_exclusive_group()
-    amount.add_argument("--requests", type=positive_int, metavar="N",
-                        help="requests per level (default max(4*C, 16))")
-    amount.add_argument("--duration", type=positive_float, metavar="S",
-                        help="seconds per level instead of a request count")
-    p.add_argument("--timeout", type=positive_float, default=120.0, metavar="S",
-                   help="total time allowed per request (default 120)")
+    amount.add_argument("--requests", type=int_range(1, bound("bench", "requests")), metavar="N",
+                        help=f"requests per level (default max(4*C, 16); at most "
+                             f"{bound('bench', 'requests')})")
+    amount.add_argument("--duration", metavar="S",
+                        type=float_range(0, bound("bench", "duration_s"), strict=True),
+                        help=f"seconds per level instead of a request count (at most "
+                             f"{bound('bench', 'duration_s')})")
+    p.add_argument("--timeout", type=float_range(0, bound("bench", "timeout_s"), strict=True),
+                   default=120.0, metavar="S",
+                   help=f"total time allowed per request (default 120, at most "
+                        f"{bound('bench', 'timeout_s')})")
     p.add_argument("--api-key-env", metavar="VAR",
                    help="environment variable holding the API key (sent as Bearer; never printed)")
     p.add_argument("--no-vllm-extensions", action="store_true",
@@ -120,9 +130,14 @@ def render_text(doc: dict[str, Any]) -> Any:
     from rich import box
     from rich.table import Table
 
-    table = Table(title=f"cluster bench: {doc['endpoint_url']}  model {doc['model']}  "
-                        f"prompt ~{doc['prompt_len']} / output {doc['output_len']} tokens",
-                  box=box.SIMPLE_HEAD)
+    from rich.text import Text
+
+    from cluster.textsafe import safe_line
+
+    title = Text(f"cluster bench: {safe_line(doc['endpoint_url'])}  model "  # no markup: names
+                 f"{safe_line(doc['model'])}  "                            # are the user's text
+                 f"prompt ~{doc['prompt_len']} / output {doc['output_len']} tokens")
+    table = Table(title=title, box=box.SIMPLE_HEAD)
     for col in ("C", "ok/reqs", "req/s", "out tok/s", "total tok/s",
                 "TTFT ms\np50/95/99", "ITL ms\np50/95/99", "E2E ms\np50/95/99"):
         table.add_column(col, justify="right", overflow="fold")
@@ -154,7 +169,7 @@ def _write_out(out_dir: str, doc: dict[str, Any]) -> tuple[list[Path], str | Non
     try:
         out.mkdir(parents=True, exist_ok=True)
         path = out / "bench.json"
-        path.write_text(json.dumps(doc, indent=2) + "\n")
+        path.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
     except OSError as exc:
         raise UsageError(f"cannot write to {out_dir}: {exc.strerror or exc}") from None
     written = [path]
@@ -187,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"cluster bench: {plot_warning}", file=sys.stderr)
             exit_code = max(exit_code, 1)
     if args.json:
-        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        sys.stdout.write(json.dumps(doc, indent=2, allow_nan=False) + "\n")
         sys.stdout.flush()
         return exit_code
     # Not at a terminal (a log, a pipe): wide enough that the table is never cropped.

@@ -17,7 +17,10 @@ from typing import Any
 
 import yaml
 
+from cluster.bounds import bound
+from cluster.commands._common import float_range, int_range
 from cluster.errors import ClusterError, InventoryError, UsageError
+from cluster.textsafe import safe_line
 from cluster.modelinfo import load_model_info
 from cluster.planner import (KV_DTYPE_CHOICES, WORKLOADS, ClusterFacts, Plan, PlanOptions,
                              latest_preflight_report, load_cluster_facts_from_report, make_plan,
@@ -33,12 +36,16 @@ def register(subparsers: Any) -> None:
     p.add_argument("--model", metavar="PATH",
                    help="model directory or config.json (default: the inventory's model_path)")
     facts = p.add_argument_group("cluster facts (default: the newest preflight report)")
-    facts.add_argument("--nodes", type=int, metavar="N", help="nodes (default 1 with the flags below)")
-    facts.add_argument("--gpus-per-node", type=int, metavar="G")
+    facts.add_argument("--nodes", type=int_range(1, bound("plan", "nodes")), metavar="N",
+                       help=f"nodes, 1 to {bound('plan', 'nodes')} (default 1 with the flags below)")
+    facts.add_argument("--gpus-per-node", type=int_range(1, bound("plan", "gpus_per_node")),
+                       metavar="G", help=f"1 to {bound('plan', 'gpus_per_node')}")
     facts.add_argument("--gpu-model", metavar="NAME",
                        help="GPU name as nvidia-smi prints it, or an alias (H100, A100, L40S...)")
-    facts.add_argument("--gpu-memory-gib", type=float, metavar="M",
-                       help="GPU memory in GiB (default: from the GPU model)")
+    facts.add_argument("--gpu-memory-gib", type=float_range(0, bound("plan", "gpu_memory_gib"),
+                                                            strict=True), metavar="M",
+                       help=f"GPU memory in GiB, at most {bound('plan', 'gpu_memory_gib')} "
+                            f"(default: from the GPU model)")
     facts.add_argument("--nvlink", choices=("yes", "no"),
                        help="NVLink between a node's GPUs (default: typical for the GPU model)")
     facts.add_argument("--report", metavar="PATH", help="a preflight.json report to read facts from")
@@ -46,15 +53,17 @@ def register(subparsers: Any) -> None:
                        help="where <run>/preflight.json reports are (default: the inventory's "
                             "run_dir, else ./runs)")
     opts = p.add_argument_group("serving options")
-    opts.add_argument("--max-model-len", type=int, metavar="L",
-                      help="default: min(8192, the model's maximum)")
-    opts.add_argument("--min-concurrency", type=int, metavar="C",
+    opts.add_argument("--max-model-len", type=int_range(1, bound("plan", "max_model_len")),
+                      metavar="L", help="default: min(8192, the model's maximum)")
+    opts.add_argument("--min-concurrency", type=int_range(1, bound("plan", "min_concurrency")),
+                      metavar="C",
                       help="full-length sequences a replica's KV cache must hold (default 8)")
     opts.add_argument("--kv-cache-dtype", choices=KV_DTYPE_CHOICES, default="auto")
-    opts.add_argument("--gpu-memory-utilization", type=float, metavar="U",
+    opts.add_argument("--gpu-memory-utilization", type=float_range(0, 1, strict=True), metavar="U",
                       help="default 0.90, 0.85 when more than one GPU serves a replica")
     opts.add_argument("--workload", choices=WORKLOADS, help="scheduler defaults (default: chat)")
-    opts.add_argument("--tokens-per-s-per-gpu", type=float, metavar="X",
+    opts.add_argument("--tokens-per-s-per-gpu", metavar="X",
+                      type=float_range(0, bound("plan", "tokens_per_s_per_gpu"), strict=True),
                       help="measured sustained tokens/s per GPU: adds a capacity estimate")
     opts.add_argument("--served-model-name", metavar="NAME", help="default: the model's directory name")
     out = p.add_argument_group("output")
@@ -99,7 +108,7 @@ def cluster_facts(args: argparse.Namespace) -> ClusterFacts:
             raise UsageError("--gpus-per-node is required with the cluster flags "
                              "(--nodes, --gpu-model, --gpu-memory-gib, --nvlink)")
         nvlink = None if args.nvlink is None else args.nvlink == "yes"
-        return ClusterFacts.from_flags(nodes=args.nodes or 1, gpus_per_node=args.gpus_per_node,
+        return ClusterFacts.from_flags(nodes=1 if args.nodes is None else args.nodes, gpus_per_node=args.gpus_per_node,
                                        gpu_model=args.gpu_model, gpu_memory_gib=args.gpu_memory_gib,
                                        nvlink=nvlink)
     if args.report:
@@ -165,24 +174,32 @@ def run(args: argparse.Namespace) -> int:
     except ClusterError as exc:
         if args.json:
             print(json.dumps({"error": str(exc)}))
-        print(f"cluster plan: {exc}", file=sys.stderr)
+        print(f"cluster plan: {safe_line(exc)}", file=sys.stderr)
         return 2
     check = None if args.no_validate else validate_engine_args(plan.engine_args)
     doc = plan.to_dict()
     doc["validation"] = check.to_dict() if check else {"status": "skipped", "detail": "--no-validate"}
+    try:
+        text = json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False)
+    except ValueError as exc:  # a NaN/Infinity slipped past the checks: never print it
+        print(f"cluster plan: internal error: the plan holds a non-finite number ({exc})",
+              file=sys.stderr)
+        return 2
     if args.out:
         try:
             Path(args.out).write_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
         except OSError as exc:
-            print(f"cluster plan: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
+            print(safe_line(f"cluster plan: cannot write {args.out}: {exc.strerror or exc}"),
+                  file=sys.stderr)
             return 2
     if args.json:
-        print(json.dumps(doc, indent=2, ensure_ascii=False))
+        print(text)
     else:
         print(render_text(plan, doc["validation"]))
         if args.out:
             print(f"plan written to {args.out}")
     if check is not None and not check.ok:
-        print(f"cluster plan: engine args rejected by vLLM: {check.detail}", file=sys.stderr)
+        print(f"cluster plan: engine args rejected by vLLM: {safe_line(check.detail)}",
+              file=sys.stderr)
         return 2
     return 1 if plan.warnings else 0

@@ -15,10 +15,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from cluster.commands._common import (add_changing, add_json, confirm, load_inventory,
-                                      non_negative_int, positive_float, positive_int,
-                                      print_json, start_run, stderr, stdout)
+from cluster.bounds import bound
+from cluster.commands._common import (add_changing, add_json, confirm, float_range, int_range,
+                                      load_inventory, print_json, start_run, stderr, stdout)
 from cluster.errors import UsageError
+from cluster.textsafe import safe_line
 
 
 
@@ -47,18 +48,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--values", metavar="V1,V2,...",
                    help="comma-separated values (default for max_num_batched_tokens: "
                         "512,1024,2048,4096; for max_num_seqs: 32,64,128,256)")
-    p.add_argument("--concurrency", type=positive_int, metavar="C",
+    p.add_argument("--concurrency", type=int_range(1, bound("bench", "concurrency")), metavar="C",
                    help="requests in flight during each bench (default 16)")
-    p.add_argument("--target-ttft-p99", type=positive_float, metavar="MS",
+    p.add_argument("--target-ttft-p99",
+                   type=float_range(0, bound("tune", "target_ttft_p99_ms"), strict=True), metavar="MS",
                    help="TTFT p99 target in ms a value must meet (default: none, best "
                         "throughput wins)")
-    p.add_argument("--requests", type=positive_int, metavar="N",
+    p.add_argument("--requests", type=int_range(1, bound("bench", "requests")), metavar="N",
                    help="requests per value (default max(4*C, 16))")
-    p.add_argument("--warmup", type=non_negative_int, metavar="N",
+    p.add_argument("--warmup", type=int_range(0, bound("bench", "requests")), metavar="N",
                    help="warm-up requests after each redeploy, not measured (default C)")
-    p.add_argument("--prompt-len", type=positive_int, default=128, metavar="N",
+    p.add_argument("--prompt-len", type=int_range(1, bound("bench", "prompt_len")), default=128, metavar="N",
                    help="prompt length in words (~tokens) (default %(default)s)")
-    p.add_argument("--output-len", type=positive_int, default=128, metavar="N",
+    p.add_argument("--output-len", type=int_range(1, bound("bench", "output_len")), default=128, metavar="N",
                    help="output tokens per request (default %(default)s)")
     p.add_argument("--apply", choices=("original", "best"), default="original",
                    help="what runs afterwards: the original config (default) or the "
@@ -68,9 +70,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key-env", metavar="VAR",
                    help="environment variable (here) holding the API key (default: the app's "
                         "own api_key_env, e.g. CLUSTER_API_KEY)")
-    p.add_argument("--timeout", type=positive_float, default=900.0, metavar="S",
+    p.add_argument("--timeout",
+                   type=float_range(0, bound("tune", "deploy_timeout_s"), strict=True), default=900.0, metavar="S",
                    help="how long each redeploy may take to be RUNNING (default %(default)g)")
-    p.add_argument("--request-timeout", type=positive_float, default=120.0, metavar="S",
+    p.add_argument("--request-timeout",
+                   type=float_range(0, bound("bench", "timeout_s"), strict=True), default=120.0, metavar="S",
                    help="time limit of one bench request (default %(default)g)")
     add_changing(p)
     add_json(p)
@@ -185,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
         if doc.get("json_path") and Path(doc["json_path"]).resolve() != \
                 (record.path / "tune.json").resolve():
             Path(doc["json_path"]).write_text(
-                record.scrub(json.dumps(doc, indent=2, default=str)) + "\n")
+                record.scrub(json.dumps(doc, indent=2, default=str, allow_nan=False)) + "\n")
         record.finish(code)
     _print(args, doc, record)
     return code
@@ -204,7 +208,7 @@ def _print(args: argparse.Namespace, doc: dict[str, Any], record) -> None:
     from rich.text import Text
 
     if args.json:
-        print_json(json.loads(record.scrub(json.dumps(doc, default=str))))
+        print_json(json.loads(record.scrub(json.dumps(doc, default=str, allow_nan=False))))
         return
     status = doc.get("status")
     if status == "DRY_RUN":
@@ -231,7 +235,7 @@ def _print(args: argparse.Namespace, doc: dict[str, Any], record) -> None:
         table.add_row(value, p["status"], _fmt(p["output_tokens_per_s"], 1),
                       _fmt(p["total_tokens_per_s"], 1), _fmt(p["ttft_p50_ms"]),
                       _fmt(p["ttft_p99_ms"]), f"{p['ok']}/{p['requests']}", mark,
-                      record.scrub(p.get("error") or ""))
+                      safe_line(record.scrub(p.get("error") or "")))
     stdout.print(table)
     rec = doc.get("recommendation") or {}
     if rec.get("found"):
@@ -248,7 +252,7 @@ def _print(args: argparse.Namespace, doc: dict[str, Any], record) -> None:
                      f"{applied.get('value') if applied.get('value') is not None else 'vLLM default'}"
                      f") - {state}", soft_wrap=True)
     for w in doc.get("warnings") or []:
-        stderr.print(f"[yellow]warning:[/yellow] {record.scrub(w)}")
+        stderr.print(f"[yellow]warning:[/yellow] {safe_line(record.scrub(w))}")
     stdout.print(f"results: {doc.get('json_path')}", soft_wrap=True)
     if doc.get("plot_path"):
         stdout.print(f"plot:    {doc['plot_path']}", soft_wrap=True)

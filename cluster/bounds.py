@@ -1,0 +1,61 @@
+"""Bounds (cluster/data/limits.yaml) and checks for numbers entering from flags, configs or servers.
+
+`bound("plan", "nodes")` reads a limit; `check_int` / `check_float` refuse what is not a
+number of the right kind (bools are not numbers), not finite, or out of range, naming the
+field and the value, with the error type the caller gives (UsageError for flags, PlanError for
+model configs...). Pure apart from the cached YAML read.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from cluster.errors import ClusterError, UsageError
+
+
+@lru_cache(maxsize=1)
+def limits() -> dict[str, dict[str, Any]]:
+    """cluster/data/limits.yaml."""
+    return yaml.safe_load(resources.files("cluster").joinpath("data/limits.yaml").read_text())
+
+
+def bound(section: str, key: str) -> int | float:
+    """One limit, e.g. bound("bench", "timeout_s") -> 3600."""
+    return limits()[section][key]
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def check_int(value: Any, what: str, *, lo: int, hi: int | float,
+              error: type[ClusterError] = UsageError, integral_float: bool = False) -> int:
+    """value as an int in [lo, hi]; integral floats (4096.0) pass when integral_float."""
+    ok_type = isinstance(value, int) or (integral_float and isinstance(value, float))
+    if isinstance(value, bool) or not ok_type:
+        raise error(f"{what}: expected a whole number, got {_shown(value)}")
+    if isinstance(value, float) and (not math.isfinite(value) or value != int(value)):
+        raise error(f"{what}: expected a whole number, got {_shown(value)}")
+    if not lo <= value <= hi:
+        raise error(f"{what}: {_shown(value)} is out of range (expected {lo:,} to {hi:,})")
+    return int(value)
+
+
+def check_float(value: Any, what: str, *, lo: float, hi: float, lo_open: bool = False,
+                error: type[ClusterError] = UsageError) -> float:
+    """value as a finite float in [lo, hi] ((lo, hi] when lo_open)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise error(f"{what}: expected a number, got {_shown(value)}")
+    number = float(value) if not isinstance(value, int) or abs(value) < 2 ** 1023 else math.inf
+    if not math.isfinite(number):
+        raise error(f"{what}: expected a finite number, got {_shown(value)}")
+    if number < lo or number > hi or (lo_open and number == lo):
+        low = "above" if lo_open else "from"
+        raise error(f"{what}: {_shown(value)} is out of range (expected {low} {lo:g} to {hi:g})")
+    return number
