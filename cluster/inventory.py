@@ -90,6 +90,7 @@ class Node:
     env: Mapping[str, str] = field(default_factory=dict)
     local: bool = False
     profile: str | None = None
+    secret_names: tuple[str, ...] = ()      # the inventory's secrets.extra_names
 
     @property
     def is_head(self) -> bool:
@@ -99,6 +100,10 @@ class Node:
     def ip(self) -> str:
         """The IP Ray and NCCL must use on this node."""
         return self.node_ip or self.address
+
+    def is_secret(self, name: str) -> bool:
+        """is_secret_name with the inventory's secrets.extra_names."""
+        return is_secret_name(name, self.secret_names)
 
 
 @dataclass(frozen=True)
@@ -181,6 +186,7 @@ class Inventory:
         nodes = []
         for n in self.nodes:
             d = to_jsonable(n)
+            d.pop("secret_names", None)  # shown once, under "secrets"
             d["env"] = redact_env(n.env, self.secret_names) if redact else dict(n.env)
             d["ip"] = n.ip
             nodes.append(d)
@@ -193,6 +199,11 @@ class Inventory:
     def is_secret(self, name: str) -> bool:
         """is_secret_name with this inventory's secrets.extra_names."""
         return is_secret_name(name, self.secret_names)
+
+    def secret_values(self) -> tuple[str, ...]:
+        """The values of every node's secret-looking env entries (to scrub from run records)."""
+        return tuple(sorted({v for n in self.nodes for k, v in n.env.items()
+                             if len(v) >= 4 and is_secret_name(k, self.secret_names)}))
 
 
 def is_secret_name(name: str, extra: Sequence[str] = ()) -> bool:
@@ -453,6 +464,8 @@ def loads(text: str, path: str = "<string>") -> Inventory:
         run_dir = os.environ[RUN_DIR_ENV]
     elif base is None and top.get("run_dir") is None:
         run_dir = str(default_state_dir() / "runs")
+    if secret_names:
+        nodes = tuple(dataclasses.replace(n, secret_names=secret_names) for n in nodes)
     if base is not None:
         ssh = dataclasses.replace(ssh, identity_file=_relative_to(base, ssh.identity_file),
                                   known_hosts=_relative_to(base, ssh.known_hosts))
