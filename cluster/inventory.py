@@ -578,7 +578,7 @@ def _node(v: _Validator, raw: Any, at: tuple, ssh: SSHOptions) -> Node:
         port=v.integer(m.get("port"), at + ("port",), 1, 65535, ssh.port),
         identity_file=v.path(m.get("identity_file"), at + ("identity_file",)) or ssh.identity_file,
         jump_host=_jump_host(v, m.get("jump_host"), at + ("jump_host",)) or ssh.jump_host,
-        node_ip=v.host(m.get("node_ip"), at + ("node_ip",), "IP address"),
+        node_ip=v.host(m.get("node_ip"), at + ("node_ip",), "IP address", ip_only=True),
         nccl_socket_ifname=v.string(m.get("nccl_socket_ifname"), at + ("nccl_socket_ifname",),
                                     _IFACE_RE, "interface name"),
         gloo_socket_ifname=v.string(m.get("gloo_socket_ifname"), at + ("gloo_socket_ifname",),
