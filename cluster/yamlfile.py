@@ -67,8 +67,13 @@ def dotted(at: tuple) -> str:
     recursive alias) are shortened in the middle."""
     out = ""
     for part in at:
-        out += f"[{part}]" if isinstance(part, int) and not isinstance(part, bool) else \
-            (f".{part}" if out else str(part))
+        if isinstance(part, int) and not isinstance(part, bool):
+            out += f"[{part}]"
+            continue
+        text = str(part)
+        if not text.isprintable() or not text:
+            text = repr(text)   # a key with a newline or escape stays on one line, visibly
+        out += f".{text}" if out else text
     if len(out) > 160:
         out = out[:80] + "..." + out[-60:]
     return out or "(document)"
