@@ -203,6 +203,23 @@ def load(path: str | Path, *, error: ErrorFactory, what: str = "a YAML file",
     return parse(text, path=str(path), error=error, empty=empty, max_bytes=max_bytes)
 
 
+class ValueTextError(ValueError):
+    """parse_value's error: the text is not one bounded YAML value (message says why)."""
+
+    def __init__(self, message: str, *, path: str, line: int | None = None,
+                 key: str | None = None):
+        where = f"{path}:{line}" if line is not None else path
+        super().__init__(f"{where}: {key + ': ' if key else ''}{message}")
+
+
+def parse_value(text: str, what: str = "<value>", max_bytes: int = 1 << 16,
+                max_nodes: int = 10_000) -> Any:
+    """One YAML value from a short text (a flag's KEY=VALUE), with the same bounds as files.
+    Raises ValueTextError (a ValueError) instead of a YAML error, a bad date or an alias bomb."""
+    return parse(text, path=what, error=ValueTextError, empty="empty", max_bytes=max_bytes,
+                 max_nodes=max_nodes).data
+
+
 def _compose(loader: _Loader, path: str, error: ErrorFactory, text: str) -> yaml.Node | None:
     try:
         return loader.get_single_node()
