@@ -540,3 +540,24 @@ def test_cli_inventory_prints_the_warning_and_exits_1(tmp_path):
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "dashboard_host" in proc.stderr
     assert json.loads(proc.stdout)["warnings"]
+
+
+# ---------------------------------------------------------------- init, --engine-arg
+
+@pytest.mark.parametrize("target,force", [("{tmp}/no/such/dir/cluster.yaml", False),
+                                          ("{tmp}", True), ("/dev/null", True)])
+def test_init_into_a_bad_place_is_one_error(tmp_path, target, force):
+    target = target.format(tmp=tmp_path)
+    _one_line_exit_2(_cli("init", target, *(["--force"] if force else [])), target)
+
+
+def test_engine_arg_values_use_the_bounded_loader():
+    from cluster.commands.deploy import _engine_pair
+    bomb = "[&a [1,1,1,1,1,1,1,1,1,1], " + ", ".join(
+        f"&l{i} [" + ", ".join([f"*{'a' if i == 0 else f'l{i - 1}'}"] * 10) + "]"
+        for i in range(6)) + "]"
+    assert _engine_pair("x=" + bomb) == ("x", bomb)         # refused as YAML: the text as given
+    assert _engine_pair("d=2020-13-45") == ("d", "2020-13-45")
+    assert _engine_pair("n=[1, 2]") == ("n", [1, 2]) and _engine_pair("m=8") == ("m", 8)
+    with pytest.raises(ValueError, match="aliases"):
+        yamlfile.parse_value(bomb)
