@@ -674,7 +674,7 @@ _MAX_MS = 86_400_000.0      # a day, in milliseconds
 # (true/false/auto), choice (values), int_or (lo, hi, word), names (a list of short names).
 # `nullable` says whether null (not checked) is allowed.
 _EXPECT_SPEC: dict[str, tuple] = {
-    "gpu_model": ("text", True), "gpus_per_node": ("int", True, 1, 4096),
+    "gpu_model": ("text", True), "gpus_per_node": ("int", True, 0, 4096),   # 0: not checked
     "driver_version": ("text", True), "cuda_version": ("text", True),
     "nvlink": ("bool", True),
     "infiniband.required": ("tri", False), "infiniband.link_layer": ("choice", True,

@@ -25,7 +25,7 @@ import yaml
 
 MAX_BYTES = 1 << 20          # 1 MiB: an inventory of a thousand nodes is a few hundred KB
 MAX_DEPTH = 64               # nesting levels (mappings and lists), aliases expanded
-MAX_NODES = 100_000          # YAML nodes once aliases are expanded
+MAX_NODES = 250_000          # YAML nodes (values and keys) composed, and values once aliases expand
 
 ErrorFactory = Callable[..., Exception]   # (message, *, path, line, key) -> exception
 
@@ -150,27 +150,48 @@ def _size(n: int) -> str:
 
 
 class _TooDeep(Exception):
-    def __init__(self, mark: Any):
-        self.mark = mark
+    def __init__(self, mark: Any, what: str):
+        self.mark, self.what = mark, what
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader whose composer stops at max_depth nested collections."""
+class _BoundedComposer(yaml.composer.Composer):
+    """PyYAML's composer, stopping at max_depth nested collections and max_nodes nodes."""
 
     max_depth = MAX_DEPTH
-
-    def __init__(self, stream: str):
-        super().__init__(stream)
-        self._depth = 0
+    max_nodes = MAX_NODES
+    _depth = 0
+    _count = 0
 
     def compose_node(self, parent, index):  # noqa: D401 - PyYAML's hook
         self._depth += 1
+        self._count += 1
         try:
             if self._depth > self.max_depth:
-                raise _TooDeep(self.peek_event().start_mark)
+                raise _TooDeep(self.peek_event().start_mark,
+                               f"nested deeper than {self.max_depth} levels")
+            if self._count > self.max_nodes:
+                raise _TooDeep(self.peek_event().start_mark,
+                               f"more than {self.max_nodes} values")
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
+
+
+if getattr(yaml, "__with_libyaml__", False):
+    from yaml._yaml import CParser as _Parser   # libyaml's scanner and parser: the slow part in C
+
+    class _Loader(_BoundedComposer, _Parser, yaml.constructor.SafeConstructor,
+                  yaml.resolver.Resolver):
+        """libyaml's events, composed and constructed by PyYAML's safe Python classes."""
+
+        def __init__(self, stream: str):
+            _Parser.__init__(self, stream)
+            yaml.constructor.SafeConstructor.__init__(self)
+            yaml.resolver.Resolver.__init__(self)
+            _BoundedComposer.__init__(self)
+else:  # pragma: no cover - PyYAML without libyaml
+    class _Loader(_BoundedComposer, yaml.SafeLoader):  # type: ignore[no-redef]
+        """PyYAML's SafeLoader with the bounded composer."""
 
 
 def parse(text: str, *, path: str, error: ErrorFactory, empty: str = "the file is empty",
@@ -183,7 +204,7 @@ def parse(text: str, *, path: str, error: ErrorFactory, empty: str = "the file i
         loader = _Loader(text)
     except yaml.reader.ReaderError as exc:
         raise _reader_error(exc, text, path, error) from None
-    loader.max_depth = max_depth
+    loader.max_depth, loader.max_nodes = max_depth, max_nodes
     try:
         root = _compose(loader, path, error, text)
         if root is None:
@@ -224,8 +245,7 @@ def _compose(loader: _Loader, path: str, error: ErrorFactory, text: str) -> yaml
     try:
         return loader.get_single_node()
     except _TooDeep as exc:
-        raise error(f"nested deeper than {loader.max_depth} levels", path=path,
-                    line=exc.mark.line + 1, key="(yaml)") from None
+        raise error(exc.what, path=path, line=exc.mark.line + 1, key="(yaml)") from None
     except yaml.reader.ReaderError as exc:
         raise _reader_error(exc, text, path, error) from None
     except yaml.YAMLError as exc:

@@ -127,7 +127,7 @@ EXPECTATION_TYPES = [
     ("rdma maybe", "gpudirect_rdma: maybe", "expectations.gpudirect_rdma"),
     ("gpus float", "gpus_per_node: 8.0", "expectations.gpus_per_node"),
     ("gpus bool", "gpus_per_node: true", "expectations.gpus_per_node"),
-    ("gpus zero", "gpus_per_node: 0", "expectations.gpus_per_node"),
+    ("gpus negative", "gpus_per_node: -1", "expectations.gpus_per_node"),
     ("memlock word", "memlock_min_kib: lots", "expectations.memlock_min_kib"),
     ("memlock inf", "memlock_min_kib: .inf", "expectations.memlock_min_kib"),
     ("driver bool", "driver_version: true", "expectations.driver_version"),
@@ -323,8 +323,11 @@ def test_billion_laughs_through_the_cli_inventory_and_deploy_plan(tmp_path):
 @pytest.mark.parametrize("text,what", [
     ("nodes: &x [*x]\n", "recursive"),
     ("nodes:\n  - &n {name: a, env: *n}\n", "recursive"),
-    ("nodes: " + "[" * 5000 + "]" * 5000 + "\n", "deeper"),
-    ("nodes: " + "{a: " * 3000 + "1" + "}" * 3000 + "\n", "deeper"),
+    ("nodes: " + "[" * 5000 + "]" * 5000 + "\n", "nest"),
+    ("nodes: " + "{a: " * 3000 + "1" + "}" * 3000 + "\n", "nest"),
+    ("nodes:\n  " + "- " * 5000 + "x\n", "nest"),
+    ("nodes:\n" + "".join(" " * i + "a:\n" for i in range(1, 200)) + " " * 200 + "b: 1\n", "nest"),
+    ("nodes: [" + "x," * 300_000 + "]\n", "more than 250000 values"),
 ])
 def test_recursive_aliases_and_deep_nesting(text, what):
     assert what in str(_error(text))
