@@ -201,6 +201,11 @@ def parse(text: str, *, path: str, error: ErrorFactory, empty: str = "the file i
     if len(text) > max_bytes:
         raise error(f"larger than {_size(max_bytes)}", path=path, line=None, key=None)
     try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise error("not valid Unicode text (a lone surrogate)", path=path,
+                    line=text[:exc.start].count("\n") + 1, key="(yaml)") from None
+    try:
         loader = _Loader(text)
     except yaml.reader.ReaderError as exc:
         raise _reader_error(exc, text, path, error) from None

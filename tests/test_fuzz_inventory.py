@@ -304,3 +304,16 @@ _CLI_SCRIPT = (
     "    ok = ok and (code != 2 or (len(lines) == 1 and f in lines[0]))\n"
     "    ok = ok and (code == 2 or 'NaN' not in out.getvalue() and 'Infinity' not in out.getvalue())\n"
     "    print('OK' if ok else f'BAD {f} {code} {text!r}')\n")
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(st.text(max_size=300),
+                 st.text(alphabet=st.characters(codec="utf-8"), max_size=300),
+                 st.binary(max_size=300).map(lambda b: b.decode("latin-1"))))
+def test_hypothesis_any_text_at_all(text):
+    _load_or_inventory_error(text)
+
+
+def test_lone_surrogate_is_one_error():
+    with pytest.raises(InventoryError, match="Unicode"):
+        inventory.loads("nodes: [{name: \ud800}]\n", path="s.yaml")
