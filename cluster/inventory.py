@@ -486,11 +486,17 @@ def inventory_warnings(inv: Inventory) -> tuple[str, ...]:
                    f"host, and it has no authentication (anyone who reaches port "
                    f"{inv.ray.dashboard_port} can run code on the cluster): keep 127.0.0.1 and "
                    "reach it with `cluster dashboard`")
-    run_dir = Path(inv.run_dir).expanduser()
-    if run_dir.exists() and not run_dir.is_dir():
+    if _exists_not_dir(Path(inv.run_dir).expanduser()):
         out.append(f"{inv.path}: run_dir: {inv.run_dir} exists and is not a directory: "
                    "commands that record a run will refuse to start")
     return tuple(out)
+
+
+def _exists_not_dir(path: Path) -> bool:
+    try:
+        return path.exists() and not path.is_dir()
+    except OSError:  # unreadable parent: the run itself will say so
+        return False
 
 
 def is_loopback(host: str) -> bool:
