@@ -256,7 +256,9 @@ class DashboardClient:
         eof = "CLUSTER_EOF_" + _secrets.token_hex(8)
         while eof in body:
             eof = "CLUSTER_EOF_" + _secrets.token_hex(8)
-        head_env = {k: v for k, v in redact_env(self.inventory.head.env).items() if v != REDACTED}
+        head_env = {k: v for k, v in redact_env(self.inventory.head.env,
+                                                 self.inventory.secret_names).items()
+                    if v != REDACTED}
         env = "env " + " ".join(shlex.quote(f"{k}={v}") for k, v in head_env.items()) + " " \
             if head_env else ""
         argv = [self.inventory.ray.python, "-c", snippet(), op, self.base_url,

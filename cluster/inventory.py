@@ -8,9 +8,10 @@ it is used.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import fnmatch
+import ipaddress
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -20,22 +21,38 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
+from cluster import yamlfile
 from cluster.errors import InventoryError
+from cluster.yamlfile import YamlDoc, dotted as _dotted, type_name as _type_name
 
 ENV_VAR = "CLUSTER_INVENTORY"
 DEFAULT_FILE = "cluster.yaml"
 RUN_DIR_ENV = "CLUSTER_RUN_DIR"
 EMBEDDED = "<embedded default>"
+MAX_BYTES = 1 << 20                 # an inventory larger than 1 MiB is the wrong file
+MAX_CONNECT_TIMEOUT = 600.0         # seconds
+MAX_COMMAND_TIMEOUT = 86400.0       # seconds: a day
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-_HOST_RE = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,62})(?:\.[A-Za-z0-9-]{1,63})*\.?"
-                      r"|\d{1,3}(?:\.\d{1,3}){3}|\[?[0-9A-Fa-f:]+\]?)$")
-_USER_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$", re.IGNORECASE)
-_IFACE_RE = re.compile(r"^[\^=]?[A-Za-z0-9._:@-]+(?:,[\^=]?[A-Za-z0-9._:@-]+)*$")
-_HCA_RE = re.compile(r"^[\^=]?[A-Za-z0-9._-]+(?::\d+)?$")
-_PATH_RE = re.compile(r"^[A-Za-z0-9._/~+@%=,:-]+$")
-_ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Every pattern is anchored with \A ... \Z and used with fullmatch: `$` would accept "x\n".
+# Character classes are spelled out ([0-9], not \d, which accepts every Unicode digit).
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}\Z")
+_LABEL_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\Z")
+_USER_RE = re.compile(r"[a-z_][a-z0-9_.-]{0,31}\Z", re.IGNORECASE)
+_IFACE_RE = re.compile(r"[\^=]?[A-Za-z0-9._:@-]{1,64}(?:,[\^=]?[A-Za-z0-9._:@-]{1,64}){0,63}\Z")
+_HCA_RE = re.compile(r"[\^=]?[A-Za-z0-9._-]{1,64}(?::[0-9]{1,3})?\Z")
+_PATH_RE = re.compile(r"[A-Za-z0-9._/~+@%=,:-]{1,4096}\Z")
+_ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
+_DECIMAL_RE = re.compile(r"[-+]?(?:0|[1-9][0-9_]*)\Z")
+_CONTROL_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+MAX_STRING = 4096
+# Secret-looking env names: any name containing one of these (the historical rule) ...
 _SECRET_KEY_RE = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
+# ... or with one of these as a word (DB_PASS, X_AUTH, MY_SESSION, PRIVATE_PEM), unless the
+# name ends in a word that says it is a setting, not a secret (RAY_AUTH_MODE).
+_SECRET_WORDS = frozenset({"PASS", "PASSPHRASE", "AUTH", "AUTHORIZATION", "SESSION", "COOKIE",
+                           "PRIVATE", "CREDENTIALS", "CREDS"})
+_SETTING_WORDS = frozenset({"MODE", "ENABLED", "ENABLE", "DISABLED", "TYPE", "METHOD", "LEVEL",
+                            "TIMEOUT", "PORT", "HOST", "DIR", "VERBOSE", "DEBUG"})
 REDACTED = "***"
 # ray.serve_ingress -> the value of RAY_SERVE_ENABLE_HA_PROXY in every node's `ray start` env.
 SERVE_INGRESS = {"haproxy": "1", "proxy": "0"}
@@ -74,6 +91,7 @@ class Node:
     env: Mapping[str, str] = field(default_factory=dict)
     local: bool = False
     profile: str | None = None
+    secret_names: tuple[str, ...] = ()      # the inventory's secrets.extra_names
 
     @property
     def is_head(self) -> bool:
@@ -83,6 +101,10 @@ class Node:
     def ip(self) -> str:
         """The IP Ray and NCCL must use on this node."""
         return self.node_ip or self.address
+
+    def is_secret(self, name: str) -> bool:
+        """is_secret_name with the inventory's secrets.extra_names."""
+        return is_secret_name(name, self.secret_names)
 
 
 @dataclass(frozen=True)
@@ -127,6 +149,8 @@ class Inventory:
     expectations: Mapping[str, Any]
     model_path: str | None = None
     run_dir: str = "runs"
+    secret_names: tuple[str, ...] = ()      # secrets.extra_names: more env names to treat as secret
+    warnings: tuple[str, ...] = ()          # risky but valid settings (the CLI prints them)
 
     @property
     def head(self) -> Node:
@@ -163,27 +187,52 @@ class Inventory:
         nodes = []
         for n in self.nodes:
             d = to_jsonable(n)
-            d["env"] = redact_env(n.env) if redact else dict(n.env)
+            d.pop("secret_names", None)  # shown once, under "secrets"
+            d["env"] = redact_env(n.env, self.secret_names) if redact else dict(n.env)
             d["ip"] = n.ip
             nodes.append(d)
         return {"path": self.path, "nodes": nodes, "ssh": to_jsonable(self.ssh),
                 "ray": to_jsonable(self.ray), "expectations": to_jsonable(self.expectations),
-                "model_path": self.model_path, "run_dir": self.run_dir}
+                "model_path": self.model_path, "run_dir": self.run_dir,
+                "secrets": {"extra_names": list(self.secret_names)},
+                "warnings": list(self.warnings)}
+
+    def is_secret(self, name: str) -> bool:
+        """is_secret_name with this inventory's secrets.extra_names."""
+        return is_secret_name(name, self.secret_names)
+
+    def secret_values(self) -> tuple[str, ...]:
+        """The values of every node's secret-looking env entries (to scrub from run records)."""
+        return tuple(sorted({v for n in self.nodes for k, v in n.env.items()
+                             if len(v) >= 4 and is_secret_name(k, self.secret_names)}))
 
 
-def is_secret_name(name: str) -> bool:
-    """Env names whose values are secrets (KEY, TOKEN, SECRET, PASSWORD, CREDENTIAL)."""
-    return bool(_SECRET_KEY_RE.search(name))
+def is_secret_name(name: str, extra: Sequence[str] = ()) -> bool:
+    """Env names whose values are secrets.
+
+    A name containing KEY, TOKEN, SECRET, PASSWORD, PASSWD or CREDENTIAL; or one with PASS,
+    AUTH, SESSION, COOKIE, PRIVATE, CREDS (...) as one of its `_`-separated words, unless its
+    last word names a setting (RAY_AUTH_MODE, *_ENABLED, *_PORT ...); or one containing any of
+    `extra` (an inventory's secrets.extra_names), case-insensitively.
+    """
+    if _SECRET_KEY_RE.search(name):
+        return True
+    upper = name.upper()
+    if any(e and e.upper() in upper for e in extra):
+        return True
+    words = [w for w in upper.split("_") if w]
+    return bool(words) and words[-1] not in _SETTING_WORDS and \
+        any(w in _SECRET_WORDS for w in words)
 
 
-def public_env(env: Mapping[str, str]) -> dict[str, str]:
+def public_env(env: Mapping[str, str], extra: Sequence[str] = ()) -> dict[str, str]:
     """The entries of env that are safe to put on a command line (no secret-looking names)."""
-    return {k: v for k, v in env.items() if not is_secret_name(k)}
+    return {k: v for k, v in env.items() if not is_secret_name(k, extra)}
 
 
-def redact_env(env: Mapping[str, str]) -> dict[str, str]:
+def redact_env(env: Mapping[str, str], extra: Sequence[str] = ()) -> dict[str, str]:
     """Env with the values of secret-looking keys replaced by ***."""
-    return {k: (REDACTED if _SECRET_KEY_RE.search(k) else v) for k, v in env.items()}
+    return {k: (REDACTED if is_secret_name(k, extra) else v) for k, v in env.items()}
 
 
 # ---------------------------------------------------------------- lookup
@@ -207,10 +256,8 @@ def load(explicit: str | None = None, cwd: str | None = None) -> Inventory:
     path = resolve_path(explicit, cwd)
     if path is None:
         return embedded_default()
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise InventoryError(f"cannot read: {exc.strerror or exc}", path=path) from None
+    text = yamlfile.read_text(path, error=InventoryError, what="an inventory (cluster.yaml)",
+                              max_bytes=MAX_BYTES)
     return loads(text, path=path)
 
 
@@ -244,76 +291,21 @@ nodes:
 """
 
 
-# ---------------------------------------------------------------- parsing with line numbers
-
-
-class _Doc:
-    """A parsed YAML document plus the line of every key path, for file:line errors."""
-
-    def __init__(self, text: str, path: str):
-        self.path = path
-        self.lines: dict[tuple, int] = {}
-        try:
-            root = yaml.compose(text, Loader=yaml.SafeLoader)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-            line = mark.line + 1 if mark is not None else None
-            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-            raise InventoryError(f"YAML syntax error: {problem}", path=path, line=line,
-                                 key="(yaml)") from None
-        if root is None:
-            raise InventoryError("the file is empty", path=path, line=1, key="(document)")
-        self._index(root, ())
-        try:
-            self.data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:  # pragma: no cover - compose already caught syntax errors
-            raise InventoryError(f"YAML error: {exc}", path=path) from None
-
-    def _index(self, node: yaml.Node, at: tuple) -> None:
-        self.lines[at] = node.start_mark.line + 1
-        if isinstance(node, yaml.MappingNode):
-            seen: dict[Any, int] = {}
-            for key_node, value_node in node.value:
-                key = key_node.value
-                if key in seen:
-                    raise InventoryError(f"duplicate key (first at line {seen[key]})",
-                                         path=self.path, line=key_node.start_mark.line + 1,
-                                         key=_dotted(at + (key,)))
-                seen[key] = key_node.start_mark.line + 1
-                self.lines[at + (key,)] = key_node.start_mark.line + 1
-                self._index(value_node, at + (key,))
-                self.lines[at + (key,)] = key_node.start_mark.line + 1
-        elif isinstance(node, yaml.SequenceNode):
-            for i, item in enumerate(node.value):
-                self._index(item, at + (i,))
-
-    def fail(self, at: tuple, message: str) -> InventoryError:
-        probe = at
-        while probe and probe not in self.lines:
-            probe = probe[:-1]
-        return InventoryError(message, path=self.path, line=self.lines.get(probe),
-                              key=_dotted(at))
-
-
-def _dotted(at: tuple) -> str:
-    out = ""
-    for part in at:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(document)"
-
-
 # ---------------------------------------------------------------- validation
 
-_TOP_KEYS = {"nodes", "ssh", "ray", "expectations", "model", "model_path", "run_dir"}
+_TOP_KEYS = {"nodes", "ssh", "ray", "expectations", "model", "model_path", "run_dir", "secrets"}
 _NODE_KEYS = {"name", "address", "role", "user", "port", "identity_file", "jump_host", "node_ip",
               "nccl_socket_ifname", "gloo_socket_ifname", "ib_hcas", "env", "local", "profile"}
 _SSH_KEYS = {"user", "port", "identity_file", "known_hosts", "accept_unknown_host_keys",
              "connect_timeout", "command_timeout", "jump_host", "max_parallel"}
 _MODEL_KEYS = {"path"}
+_SECRETS_KEYS = {"extra_names"}
 
 
 class _Validator:
-    def __init__(self, doc: _Doc):
+    """Typed reads of the document's values; every refusal names file:line and the key path."""
+
+    def __init__(self, doc: YamlDoc):
         self.doc = doc
 
     def mapping(self, value: Any, at: tuple, allowed: set[str] | None = None) -> dict:
@@ -321,10 +313,18 @@ class _Validator:
             raise self.doc.fail(at, f"must be a mapping, got {_type_name(value)}")
         for key in value:
             if not isinstance(key, str):
-                raise self.doc.fail(at + (key,), "keys must be strings")
+                raise self.doc.fail(at + (key,), f"keys must be strings, got {_type_name(key)}")
             if allowed is not None and key not in allowed:
                 raise self.doc.fail(at + (key,), f"unknown key (allowed: {', '.join(sorted(allowed))})")
         return value
+
+    def text(self, value: Any, at: tuple) -> str:
+        """A string; a number is taken as written (`cuda_version: 12.10` is "12.10")."""
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise self.doc.fail(at, f"must be a string, got {_type_name(value)}")
+        if isinstance(value, str):
+            return value
+        return self.doc.text(at) or str(value)
 
     def string(self, value: Any, at: tuple, pattern: re.Pattern | None = None,
                what: str = "value", optional: bool = True) -> str | None:
@@ -332,36 +332,57 @@ class _Validator:
             if optional:
                 return None
             raise self.doc.fail(at, "is required")
-        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            raise self.doc.fail(at, f"must be a string, got {_type_name(value)}")
-        text = str(value)
+        text = self.text(value, at)
         if not text:
             raise self.doc.fail(at, "must not be empty")
-        if pattern is not None and not pattern.match(text):
-            raise self.doc.fail(at, f"invalid {what} {text!r} (unsafe or malformed characters)")
+        if len(text) > MAX_STRING:
+            raise self.doc.fail(at, f"longer than {MAX_STRING} characters")
+        if pattern is not None and not pattern.fullmatch(text):
+            raise self.doc.fail(at, f"invalid {what} {text[:80]!r} (unsafe or malformed characters)")
+        return text
+
+    def host(self, value: Any, at: tuple, what: str = "host address",
+             ip_only: bool = False) -> str | None:
+        text = self.string(value, at, None, what)
+        if text is None:
+            return None
+        problem = host_problem(text, ip_only=ip_only)
+        if problem:
+            raise self.doc.fail(at, f"invalid {what} {text[:80]!r}: {problem}")
         return text
 
     def integer(self, value: Any, at: tuple, lo: int, hi: int, default: int | None) -> int | None:
         if value is None:
             return default
         if isinstance(value, bool) or not isinstance(value, int):
-            raise self.doc.fail(at, f"must be an integer, got {_type_name(value)}")
+            raise self.doc.fail(at, f"must be an integer, got {_shown(self.doc, value, at)}")
+        written = self.doc.text(at)
+        if written is not None and not _DECIMAL_RE.fullmatch(written):
+            raise self.doc.fail(at, f"must be a decimal integer, got {written[:40]!r} "
+                                    f"(YAML reads it as {value})")
         if not lo <= value <= hi:
             raise self.doc.fail(at, f"must be between {lo} and {hi}, got {value}")
         return value
 
-    def number(self, value: Any, at: tuple, default: float) -> float:
+    def number(self, value: Any, at: tuple, default: float | None, lo: float, hi: float,
+               lo_open: bool = True) -> float | None:
+        """A finite number in (lo, hi] (or [lo, hi] when lo_open is False)."""
         if value is None:
             return default
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise self.doc.fail(at, f"must be a positive number, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self.doc.fail(at, f"must be a number, got {_shown(self.doc, value, at)}")
+        if not math.isfinite(value):
+            raise self.doc.fail(at, f"must be a finite number, got {value}")
+        if value > hi or value < lo or (lo_open and value == lo):
+            low = f"> {lo:g}" if lo_open else f">= {lo:g}"
+            raise self.doc.fail(at, f"must be {low} and <= {hi:g}, got {value:g}")
         return float(value)
 
-    def boolean(self, value: Any, at: tuple, default: bool) -> bool:
+    def boolean(self, value: Any, at: tuple, default: bool | None) -> bool | None:
         if value is None:
             return default
         if not isinstance(value, bool):
-            raise self.doc.fail(at, f"must be true or false, got {value!r}")
+            raise self.doc.fail(at, f"must be true or false, got {_shown(self.doc, value, at)}")
         return value
 
     def path(self, value: Any, at: tuple) -> str | None:
@@ -372,19 +393,64 @@ class _Validator:
         if value is None:
             return default
         if not isinstance(value, str) or value not in allowed:
-            raise self.doc.fail(at, f"must be one of {', '.join(allowed)}, got {value!r}")
+            raise self.doc.fail(at, f"must be one of {', '.join(allowed)}, "
+                                    f"got {_shown(self.doc, value, at)}")
         return value
 
 
-def _type_name(value: Any) -> str:
-    return {dict: "a mapping", list: "a list", str: "a string", int: "an integer",
-            float: "a number", bool: "a boolean", type(None): "nothing"}.get(type(value),
-                                                                              type(value).__name__)
+def _shown(doc: YamlDoc, value: Any, at: tuple) -> str:
+    """A value's type, plus how it was written when that helps (`a date ('2020-01-01')`)."""
+    written = doc.text(at)
+    name = _type_name(value)
+    if written is None or isinstance(value, (dict, list)):
+        return name
+    return f"{name} ({written[:40]!r})"
+
+
+def host_problem(text: str, ip_only: bool = False) -> str | None:
+    """Why text is not a usable host (None when it is): an IPv4/IPv6 address as `ipaddress`
+    parses it, or (unless ip_only) an RFC 1123 host name."""
+    bare = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+    try:
+        ipaddress.ip_address(bare)
+        return None
+    except ValueError:
+        pass
+    if ":" in bare or bare != text:
+        return "not an IPv6 address"
+    labels = text[:-1].split(".") if text.endswith(".") else text.split(".")
+    if all(label.isdigit() for label in labels):
+        return "not an IPv4 address (four ASCII numbers 0-255)"
+    if ip_only:
+        return "not an IP address"
+    if len(text) > 253:
+        return "a host name is at most 253 characters"
+    if not all(_LABEL_RE.fullmatch(label) for label in labels):
+        return "a host name is dot-separated labels of letters, digits and inner hyphens (RFC 1123)"
+    if labels[-1].isdigit():
+        return "the last label of a host name is not all digits"
+    return None
+
+
+def jump_host_problem(text: str) -> str | None:
+    """Why text is not `[user@]host[:port]` (None when it is). IPv6 hops are not supported."""
+    user, at, hostport = text.rpartition("@")
+    if at and not _USER_RE.fullmatch(user):
+        return f"invalid user name {user[:40]!r}"
+    host, colon, port = hostport.partition(":")
+    if colon:
+        if not (port.isascii() and port.isdigit() and len(port) <= 5):
+            return f"the port must be a number 1-65535, got {port[:20]!r}"
+        if not 1 <= int(port) <= 65535:
+            return f"the port must be 1-65535, got {int(port)}"
+    if not host:
+        return "no host"
+    return host_problem(host)
 
 
 def loads(text: str, path: str = "<string>") -> Inventory:
     """Parse and validate inventory text. Raises InventoryError naming file:line and key."""
-    doc = _Doc(text, path)
+    doc = yamlfile.parse(text, path=path, error=InventoryError, max_bytes=MAX_BYTES)
     v = _Validator(doc)
     top = v.mapping(doc.data, (), _TOP_KEYS)
     ssh = _ssh_options(v, top.get("ssh"))
@@ -392,20 +458,57 @@ def loads(text: str, path: str = "<string>") -> Inventory:
     ray = _ray_options(v, top.get("ray"))
     expectations = _expectations(v, top.get("expectations"))
     model_path = _model_path(v, top)
+    secret_names = _secret_names(v, top.get("secrets"))
     run_dir = v.path(top.get("run_dir"), ("run_dir",)) or "runs"
     base = Path(path).resolve().parent if Path(path).is_file() else None
     if os.environ.get(RUN_DIR_ENV):
         run_dir = os.environ[RUN_DIR_ENV]
     elif base is None and top.get("run_dir") is None:
         run_dir = str(default_state_dir() / "runs")
+    if secret_names:
+        nodes = tuple(dataclasses.replace(n, secret_names=secret_names) for n in nodes)
     if base is not None:
         ssh = dataclasses.replace(ssh, identity_file=_relative_to(base, ssh.identity_file),
                                   known_hosts=_relative_to(base, ssh.known_hosts))
         nodes = tuple(dataclasses.replace(n, identity_file=_relative_to(base, n.identity_file))
                       for n in nodes)
         run_dir = _relative_to(base, run_dir)
-    return Inventory(path=path, nodes=nodes, ssh=ssh, ray=ray, expectations=expectations,
-                     model_path=model_path, run_dir=run_dir)
+    inv = Inventory(path=path, nodes=nodes, ssh=ssh, ray=ray, expectations=expectations,
+                    model_path=model_path, run_dir=run_dir, secret_names=secret_names)
+    return dataclasses.replace(inv, warnings=inventory_warnings(inv))
+
+
+def inventory_warnings(inv: Inventory) -> tuple[str, ...]:
+    """Valid but risky settings, one line each (the CLI prints them; `up` exits 1 on them)."""
+    out = []
+    host = inv.ray.dashboard_host
+    if not is_loopback(host):
+        out.append(f"{inv.path}: ray.dashboard_host: {host} exposes the Ray dashboard beyond this "
+                   f"host, and it has no authentication (anyone who reaches port "
+                   f"{inv.ray.dashboard_port} can run code on the cluster): keep 127.0.0.1 and "
+                   "reach it with `cluster dashboard`")
+    if _exists_not_dir(Path(inv.run_dir).expanduser()):
+        out.append(f"{inv.path}: run_dir: {inv.run_dir} exists and is not a directory: "
+                   "commands that record a run will refuse to start")
+    return tuple(out)
+
+
+def _exists_not_dir(path: Path) -> bool:
+    try:
+        return path.exists() and not path.is_dir()
+    except OSError:  # unreadable parent: the run itself will say so
+        return False
+
+
+def is_loopback(host: str) -> bool:
+    """True for localhost and loopback addresses (127.0.0.0/8, ::1)."""
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        return ipaddress.ip_address(bare).is_loopback
+    except ValueError:
+        return False
 
 
 def _ssh_options(v: _Validator, raw: Any) -> SSHOptions:
@@ -420,15 +523,26 @@ def _ssh_options(v: _Validator, raw: Any) -> SSHOptions:
         known_hosts=v.path(m.get("known_hosts"), at + ("known_hosts",)),
         accept_unknown_host_keys=v.boolean(m.get("accept_unknown_host_keys"),
                                            at + ("accept_unknown_host_keys",), False),
-        connect_timeout=v.number(m.get("connect_timeout"), at + ("connect_timeout",), 10.0),
-        command_timeout=v.number(m.get("command_timeout"), at + ("command_timeout",), 120.0),
-        jump_host=v.string(m.get("jump_host"), at + ("jump_host",), _JUMP_RE, "jump host"),
+        connect_timeout=v.number(m.get("connect_timeout"), at + ("connect_timeout",), 10.0,
+                                 0, MAX_CONNECT_TIMEOUT),
+        command_timeout=v.number(m.get("command_timeout"), at + ("command_timeout",), 120.0,
+                                 0, MAX_COMMAND_TIMEOUT),
+        jump_host=_jump_host(v, m.get("jump_host"), at + ("jump_host",)),
         max_parallel=v.integer(m.get("max_parallel"), at + ("max_parallel",), 1, 1024, 32),
     )
 
 
 _LOCAL_ADDRESSES = ("localhost", "127.0.0.1", "::1")
-_JUMP_RE = re.compile(r"^(?:[a-z_][a-z0-9_.-]*@)?[A-Za-z0-9.-]+(?::\d{1,5})?$", re.IGNORECASE)
+
+
+def _jump_host(v: _Validator, raw: Any, at: tuple) -> str | None:
+    text = v.string(raw, at, None, "jump host")
+    if text is None:
+        return None
+    problem = jump_host_problem(text)
+    if problem:
+        raise v.doc.fail(at, f"invalid jump host {text[:80]!r} ([user@]host[:port]): {problem}")
+    return text
 
 
 def _nodes(v: _Validator, raw: Any, ssh: SSHOptions) -> tuple[Node, ...]:
@@ -458,29 +572,12 @@ def _nodes(v: _Validator, raw: Any, ssh: SSHOptions) -> tuple[Node, ...]:
 def _node(v: _Validator, raw: Any, at: tuple, ssh: SSHOptions) -> Node:
     m = v.mapping(raw, at, _NODE_KEYS)
     name = v.string(m.get("name"), at + ("name",), _NAME_RE, "node name", optional=False)
-    address = v.string(m.get("address", name), at + ("address",), _HOST_RE, "host address")
+    address = v.host(m["address"], at + ("address",)) if m.get("address") is not None else \
+        _default_address(v, name, at)
     role = m.get("role", "worker")
     if role not in ("head", "worker"):
-        raise v.doc.fail(at + ("role",), f"must be head or worker, got {role!r}")
+        raise v.doc.fail(at + ("role",), f"must be head or worker, got {_shown(v.doc, role, at + ('role',))}")
     local = v.boolean(m.get("local"), at + ("local",), False)  # default: localhost runs locally
-    env_raw = m.get("env") or {}
-    env = {}
-    for key, value in v.mapping(env_raw, at + ("env",)).items():
-        if not _ENV_KEY_RE.match(key):
-            raise v.doc.fail(at + ("env", key), "invalid environment variable name")
-        if isinstance(value, (dict, list)) or value is None:
-            raise v.doc.fail(at + ("env", key), "must be a string, number or boolean")
-        text = str(value).lower() if isinstance(value, bool) else str(value)
-        if "\n" in text or "\0" in text:
-            raise v.doc.fail(at + ("env", key), "must not contain newlines or NUL")
-        env[key] = text
-    hcas_raw = m.get("ib_hcas") or []
-    if isinstance(hcas_raw, str):
-        hcas_raw = [h for h in hcas_raw.split(",") if h]
-    if not isinstance(hcas_raw, list):
-        raise v.doc.fail(at + ("ib_hcas",), f"must be a list of HCA names, got {_type_name(hcas_raw)}")
-    hcas = tuple(v.string(h, at + ("ib_hcas", j), _HCA_RE, "HCA name", optional=False)
-                 for j, h in enumerate(hcas_raw))
     return Node(
         name=name,
         address=address,
@@ -488,18 +585,60 @@ def _node(v: _Validator, raw: Any, at: tuple, ssh: SSHOptions) -> Node:
         user=v.string(m.get("user"), at + ("user",), _USER_RE, "user name") or ssh.user,
         port=v.integer(m.get("port"), at + ("port",), 1, 65535, ssh.port),
         identity_file=v.path(m.get("identity_file"), at + ("identity_file",)) or ssh.identity_file,
-        jump_host=v.string(m.get("jump_host"), at + ("jump_host",), _JUMP_RE, "jump host")
-        or ssh.jump_host,
-        node_ip=v.string(m.get("node_ip"), at + ("node_ip",), _HOST_RE, "IP address"),
+        jump_host=_jump_host(v, m.get("jump_host"), at + ("jump_host",)) or ssh.jump_host,
+        node_ip=v.host(m.get("node_ip"), at + ("node_ip",), "IP address", ip_only=True),
         nccl_socket_ifname=v.string(m.get("nccl_socket_ifname"), at + ("nccl_socket_ifname",),
                                     _IFACE_RE, "interface name"),
         gloo_socket_ifname=v.string(m.get("gloo_socket_ifname"), at + ("gloo_socket_ifname",),
                                     _IFACE_RE, "interface name"),
-        ib_hcas=hcas,
-        env=env,
+        ib_hcas=_hcas(v, m.get("ib_hcas"), at + ("ib_hcas",)),
+        env=_env(v, m.get("env"), at + ("env",)),
         local=local if m.get("local") is not None else address in _LOCAL_ADDRESSES,
         profile=v.string(m.get("profile"), at + ("profile",), _NAME_RE, "profile name"),
     )
+
+
+def _default_address(v: _Validator, name: str, at: tuple) -> str:
+    """A node without `address` is reached by its name, which must then be a host name."""
+    problem = host_problem(name)
+    if problem:
+        raise v.doc.fail(at + ("name",), f"{name!r} is not a host name ({problem}): give the "
+                                         "node an address")
+    return name
+
+
+def _env(v: _Validator, raw: Any, at: tuple) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for key, value in v.mapping(raw or {}, at).items():
+        if not _ENV_KEY_RE.fullmatch(key):
+            raise v.doc.fail(at + (key,), "invalid environment variable name")
+        if isinstance(value, (dict, list)) or value is None:
+            raise v.doc.fail(at + (key,), "must be a string, number or boolean")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise v.doc.fail(at + (key,), f"must be a finite number, got {value}")
+        if isinstance(value, bool):
+            text = str(value).lower()
+        elif isinstance(value, (str, int, float)):
+            text = v.text(value, at + (key,))
+        else:
+            raise v.doc.fail(at + (key,), f"must be a string, number or boolean, "
+                                          f"got {_shown(v.doc, value, at + (key,))}")
+        if _CONTROL_RE.search(text):
+            raise v.doc.fail(at + (key,), "must not contain newlines, NUL or control characters")
+        if len(text) > 65536:
+            raise v.doc.fail(at + (key,), "longer than 65536 characters")
+        env[key] = text
+    return env
+
+
+def _hcas(v: _Validator, raw: Any, at: tuple) -> tuple[str, ...]:
+    raw = raw or []
+    if isinstance(raw, str):
+        raw = [h for h in raw.split(",") if h]
+    if not isinstance(raw, list):
+        raise v.doc.fail(at, f"must be a list of HCA names, got {_type_name(raw)}")
+    return tuple(v.string(h, at + (j,), _HCA_RE, "HCA name", optional=False)
+                 for j, h in enumerate(raw))
 
 
 _RAY_INT_KEYS = {"port": (1, 65535), "dashboard_port": (1, 65535),
@@ -523,8 +662,8 @@ def _ray_options(v: _Validator, raw: Any) -> RayOptions:
     values: dict[str, Any] = {}
     for key, (lo, hi) in _RAY_INT_KEYS.items():
         values[key] = v.integer(m.get(key), at + (key,), lo, hi, getattr(defaults, key))
-    values["dashboard_host"] = v.string(m.get("dashboard_host"), at + ("dashboard_host",),
-                                        _HOST_RE, "bind address") or defaults.dashboard_host
+    values["dashboard_host"] = v.host(m.get("dashboard_host"), at + ("dashboard_host",),
+                                      "bind address") or defaults.dashboard_host
     values["temp_dir"] = v.path(m.get("temp_dir"), at + ("temp_dir",))
     values["python"] = v.path(m.get("python"), at + ("python",)) or defaults.python
     values["serve_ingress"] = v.choice(m.get("serve_ingress"), at + ("serve_ingress",),
@@ -532,6 +671,32 @@ def _ray_options(v: _Validator, raw: Any) -> RayOptions:
     if values["min_worker_port"] > values["max_worker_port"]:
         raise v.doc.fail(at + ("min_worker_port",), "must not exceed max_worker_port")
     return RayOptions(**values)
+
+
+# ---------------------------------------------------------------- expectations
+
+_TRI = (True, False, "auto")
+_MAX_MS = 86_400_000.0      # a day, in milliseconds
+# Every leaf of cluster/data/expectations.yaml: (kind, arguments). Kinds: text (a string or a
+# number taken as written), int (lo, hi), number (lo, hi: finite, lo <= x <= hi), bool, tri
+# (true/false/auto), choice (values), int_or (lo, hi, word), names (a list of short names).
+# `nullable` says whether null (not checked) is allowed.
+_EXPECT_SPEC: dict[str, tuple] = {
+    "gpu_model": ("text", True), "gpus_per_node": ("int", True, 0, 4096),   # 0: not checked
+    "driver_version": ("text", True), "cuda_version": ("text", True),
+    "nvlink": ("bool", True),
+    "infiniband.required": ("tri", False), "infiniband.link_layer": ("choice", True,
+                                                                      ("InfiniBand", "Ethernet")),
+    "infiniband.min_rate_gbps": ("number", True, 0.0, 1e6),
+    "gpudirect_rdma": ("tri", False),
+    "clock.max_offset_ms": ("number", False, 0.0, _MAX_MS),
+    "clock.max_skew_ms": ("number", False, 0.0, _MAX_MS),
+    "clock.warn_skew_ms": ("number", False, 0.0, _MAX_MS),
+    "shm_min_bytes": ("int", False, 0, 1 << 50),
+    "memlock_min_kib": ("int_or", False, 0, 1 << 50, "unlimited"),
+    "versions_must_match": ("names", False),
+}
+_COMPONENT_RE = re.compile(r"[a-z][a-z0-9_.-]{0,31}\Z")
 
 
 def _expectations(v: _Validator, raw: Any) -> dict[str, Any]:
@@ -548,32 +713,42 @@ def _merge_checked(v: _Validator, base: dict, override: Any, at: tuple) -> None:
         if isinstance(base[key], dict):
             _merge_checked(v, base[key], value, at + (key,))
             continue
-        default = base[key]
-        if default is None:
-            default = _NULL_DEFAULT_KINDS.get(_dotted(at[1:] + (key,)))
-        if default is not None and value is not None and not _same_kind(default, value):
-            raise v.doc.fail(at + (key,), f"must be {_type_name(default)}, got {_type_name(value)}")
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
-            raise v.doc.fail(at + (key,), f"must not be negative, got {value}")
-        base[key] = copy.deepcopy(value)
+        base[key] = _expectation(v, value, at + (key,))
 
 
-# Expectations whose default is null, with an example value of the type they take.
-_NULL_DEFAULT_KINDS: dict[str, Any] = {
-    "gpu_model": "NVIDIA H100 80GB HBM3", "gpus_per_node": 8, "driver_version": "550.54.15",
-    "cuda_version": "12.4", "nvlink": True, "infiniband.min_rate_gbps": 400,
-}
-
-
-def _same_kind(default: Any, value: Any) -> bool:
-    if isinstance(default, bool) or isinstance(value, bool):
-        return isinstance(default, bool) == isinstance(value, bool) or \
-            isinstance(default, str) or isinstance(value, str)
-    if isinstance(default, (int, float)) and isinstance(value, (int, float)):
-        return True
-    if isinstance(default, str):
-        return isinstance(value, (str, int, float))
-    return type(default) is type(value)
+def _expectation(v: _Validator, value: Any, at: tuple) -> Any:
+    kind, nullable, *args = _EXPECT_SPEC[_dotted(at[1:])]
+    if value is None:
+        if nullable:
+            return None
+        raise v.doc.fail(at, "must be set (null is not allowed here)")
+    if kind == "text":
+        return v.string(value, at, None, "value")
+    if kind == "int":
+        return v.integer(value, at, args[0], args[1], None)
+    if kind == "number":
+        number = v.number(value, at, None, args[0], args[1], lo_open=False)
+        return value if isinstance(value, int) else number
+    if kind == "bool":
+        return v.boolean(value, at, None)
+    if kind == "tri":
+        if value not in _TRI or (not isinstance(value, (bool, str))):
+            raise v.doc.fail(at, f"must be true, false or auto, got {_shown(v.doc, value, at)}")
+        return value
+    if kind == "choice":
+        return v.choice(value, at, args[0], args[0][0])
+    if kind == "int_or":
+        if value == args[2]:
+            return value
+        if isinstance(value, str):
+            raise v.doc.fail(at, f"must be an integer or {args[2]}, got {value[:40]!r}")
+        return v.integer(value, at, args[0], args[1], None)
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+        raise v.doc.fail(at, f"must be a list of names, got {_shown(v.doc, value, at)}")
+    for i, name in enumerate(value):
+        if not _COMPONENT_RE.fullmatch(name):
+            raise v.doc.fail(at + (i,), f"invalid component name {name[:40]!r}")
+    return list(value)
 
 
 def _model_path(v: _Validator, top: dict) -> str | None:
@@ -581,6 +756,21 @@ def _model_path(v: _Validator, top: dict) -> str | None:
         m = v.mapping(top["model"], ("model",), _MODEL_KEYS)
         return v.path(m.get("path"), ("model", "path"))
     return v.path(top.get("model_path"), ("model_path",))
+
+
+def _secret_names(v: _Validator, raw: Any) -> tuple[str, ...]:
+    """secrets.extra_names: env names (or parts of names) whose values are secrets too."""
+    if raw is None:
+        return ()
+    at = ("secrets",)
+    m = v.mapping(raw, at, _SECRETS_KEYS)
+    names = m.get("extra_names")
+    if names is None:
+        return ()
+    if not isinstance(names, list):
+        raise v.doc.fail(at + ("extra_names",), f"must be a list of names, got {_type_name(names)}")
+    return tuple(v.string(n, at + ("extra_names", i), _ENV_KEY_RE, "environment variable name",
+                          optional=False) for i, n in enumerate(names))
 
 
 def _relative_to(base: Path, value: str | None) -> str | None:

@@ -12,14 +12,15 @@ as `tensor_paralel_size` is caught instead of silently ignored.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
+from cluster import yamlfile
 from cluster.errors import UsageError
+from cluster.yamlfile import YamlDoc as _Doc, type_name as _type_name
 
 # What Plan.to_dict() writes (docs/planner.md), plus `validation` from `cluster plan --out`.
 USED_KEYS = ("model", "served_model_name", "tensor_parallel_size", "pipeline_parallel_size",
@@ -33,14 +34,16 @@ INFO_KEYS = ("model_name", "expert_parallel_size", "gpus_per_replica", "gpus_use
 KNOWN_KEYS = frozenset(USED_KEYS + INFO_KEYS)
 STRATEGIES = ("PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD")
 MAX_PARALLEL = 4096
+MAX_BYTES = 1 << 20    # a plan is a few KB
 
-SERVED_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
-_ENGINE_KEY_RE = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")
+SERVED_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}\Z")
+_ENGINE_KEY_RE = re.compile(r"^[a-z_][a-z0-9_]{0,63}\Z")
 # The model path as `cluster plan` got it (deploy insists on an absolute path on the nodes,
 # which --model can supply); no shell metacharacters.
-_MODEL_PATH_RE = re.compile(r"^[A-Za-z0-9._/+@%=,:~-]+$")
+_MODEL_PATH_RE = re.compile(r"^[A-Za-z0-9._/+@%=,:~-]{1,4096}\Z")
 # Engine args that would carry a secret (vLLM's api_key / hf_token, and look-alikes).
-SECRET_ENGINE_ARG_RE = re.compile(r"(^|_)(api_keys?|token|secret|password|passwd)($|_)")
+SECRET_ENGINE_ARG_RE = re.compile(r"(^|_)(api_keys?|token|secret|password|passwd|passphrase|"
+                                 r"credentials?|private_key|auth)($|_)")
 
 
 class PlanFileError(UsageError):
@@ -74,76 +77,6 @@ class PlanFile:
         return self.tensor_parallel_size * self.pipeline_parallel_size
 
 
-# ---------------------------------------------------------------- YAML with line numbers
-
-
-class _Doc:
-    """The parsed document plus the line of every key path."""
-
-    def __init__(self, text: str, path: str):
-        self.path = path
-        self.lines: dict[tuple, int] = {}
-        try:
-            root = yaml.compose(text, Loader=yaml.SafeLoader)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-            raise PlanFileError(f"YAML syntax error: {problem}", path=path,
-                                line=mark.line + 1 if mark is not None else None) from None
-        if root is None:
-            raise PlanFileError("the file is empty (write one with `cluster plan --out`)",
-                                path=path, line=1)
-        self._index(root, ())
-        try:
-            self.data = yaml.safe_load(text)
-        except (yaml.YAMLError, ValueError, TypeError, OverflowError) as exc:
-            # compose accepts some things construction refuses (an unknown tag, a bad date).
-            mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-            raise PlanFileError(f"YAML error: {problem}", path=path,
-                                line=mark.line + 1 if mark is not None else None) from None
-
-    def _index(self, node: yaml.Node, at: tuple) -> None:
-        # Paths are kept as strings: `1: x` is the key 1 once loaded but "1" in the node tree.
-        self.lines.setdefault(tuple(map(str, at)), node.start_mark.line + 1)
-        if isinstance(node, yaml.MappingNode):
-            seen: dict[Any, int] = {}
-            for key_node, value_node in node.value:
-                key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
-                line = key_node.start_mark.line + 1
-                if key is not None and key in seen:
-                    raise self.error(at + (key,), f"duplicate key (first at line {seen[key]})",
-                                     line=line)
-                if key is not None:
-                    seen[key] = line
-                    self.lines[tuple(map(str, at + (key,)))] = line
-                    self._index(value_node, at + (key,))
-        elif isinstance(node, yaml.SequenceNode):
-            for i, item in enumerate(node.value):
-                self._index(item, at + (i,))
-
-    def error(self, at: tuple, message: str, line: int | None = None) -> PlanFileError:
-        probe = tuple(map(str, at))
-        while probe and probe not in self.lines:
-            probe = probe[:-1]
-        return PlanFileError(message, path=self.path,
-                             line=line if line is not None else self.lines.get(probe),
-                             key=_dotted(at))
-
-
-def _dotted(at: tuple) -> str:
-    out = ""
-    for part in at:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(document)"
-
-
-def _type_name(value: Any) -> str:
-    return {dict: "a mapping", list: "a list", str: "a string", int: "an integer",
-            float: "a number", bool: "a boolean", type(None): "nothing"}.get(
-                type(value), type(value).__name__)
-
-
 # ---------------------------------------------------------------- validation
 
 
@@ -152,25 +85,27 @@ def _positive_int(doc: _Doc, value: Any, at: tuple, default: int | None = None,
     if value is None and default is not None:
         return default
     if isinstance(value, bool) or not isinstance(value, int):
-        raise doc.error(at, f"must be a positive integer, got {_type_name(value)}"
+        raise doc.fail(at, f"must be a positive integer, got {_type_name(value)}"
                             + (f" {value!r}" if isinstance(value, (str, float)) else ""))
     if not 1 <= value <= hi:
-        raise doc.error(at, f"must be between 1 and {hi}, got {value}")
+        raise doc.fail(at, f"must be between 1 and {hi}, got {value}")
     return value
 
 
 def _string(doc: _Doc, value: Any, at: tuple, pattern: re.Pattern, what: str) -> str:
     if not isinstance(value, str):
-        raise doc.error(at, f"must be a string ({what}), got {_type_name(value)}")
+        raise doc.fail(at, f"must be a string ({what}), got {_type_name(value)}")
     if not pattern.match(value):
-        raise doc.error(at, f"invalid {what} {value[:80]!r}")
+        raise doc.fail(at, f"invalid {what} {value[:80]!r}")
     return value
 
 
 def _engine_value_ok(value: Any, depth: int = 0) -> bool:
     if depth > 4:
         return False
-    if value is None or isinstance(value, (str, int, float, bool)):
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if value is None or isinstance(value, (str, int, bool)):
         return True
     if isinstance(value, list):
         return all(_engine_value_ok(v, depth + 1) for v in value)
@@ -184,25 +119,26 @@ def _engine_args(doc: _Doc, raw: Any, top: Mapping[str, Any]) -> dict[str, Any]:
     if raw is None:
         return {}
     if not isinstance(raw, dict):
-        raise doc.error(at, f"must be a mapping of vLLM engine args, got {_type_name(raw)}")
+        raise doc.fail(at, f"must be a mapping of vLLM engine args, got {_type_name(raw)}")
     out: dict[str, Any] = {}
     for key, value in raw.items():
         if not isinstance(key, str) or not _ENGINE_KEY_RE.match(key):
-            raise doc.error(at + (key,), "engine arg names are vLLM's snake_case names")
+            raise doc.fail(at + (key,), "engine arg names are vLLM's snake_case names")
         if SECRET_ENGINE_ARG_RE.search(key):
-            raise doc.error(at + (key,), "secrets never go into the plan: name the key's "
+            raise doc.fail(at + (key,), "secrets never go into the plan: name the key's "
                                          "environment variable with `cluster deploy --api-key-env`")
         if not _engine_value_ok(value):
-            raise doc.error(at + (key,), f"unsupported value {_type_name(value)}")
+            raise doc.fail(at + (key,), f"unsupported value {_type_name(value)} (engine args are "
+                                        "strings, finite numbers, booleans, lists and mappings)")
         out[key] = value
     # The plan repeats some values at the top level; they must agree.
     for name in ("tensor_parallel_size", "pipeline_parallel_size", "enable_expert_parallel",
                  "max_model_len", "served_model_name"):
         if name in out and name in top and top[name] is not None and out[name] != top[name]:
-            raise doc.error(at + (name,), f"{out[name]!r} disagrees with the top-level "
+            raise doc.fail(at + (name,), f"{out[name]!r} disagrees with the top-level "
                                           f"{name}: {top[name]!r}")
     if "model" in out and top.get("model") is not None and out["model"] != top["model"]:
-        raise doc.error(at + ("model",), f"{out['model']!r} disagrees with the top-level "
+        raise doc.fail(at + ("model",), f"{out['model']!r} disagrees with the top-level "
                                          f"model: {top['model']!r}")
     for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
         if name in out:
@@ -215,16 +151,16 @@ def _engine_args(doc: _Doc, raw: Any, top: Mapping[str, Any]) -> dict[str, Any]:
     if "gpu_memory_utilization" in out:
         u = out["gpu_memory_utilization"]
         if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0 < u <= 1:
-            raise doc.error(at + ("gpu_memory_utilization",),
+            raise doc.fail(at + ("gpu_memory_utilization",),
                             f"must be a number in (0, 1], got {u!r}")
     if "enable_expert_parallel" in out and not isinstance(out["enable_expert_parallel"], bool):
-        raise doc.error(at + ("enable_expert_parallel",), "must be true or false")
+        raise doc.fail(at + ("enable_expert_parallel",), "must be true or false")
     return out
 
 
 def _max_len(doc: _Doc, value: Any, at: tuple) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 16 <= value <= 1 << 24:
-        raise doc.error(at, f"must be an integer between 16 and {1 << 24}, got {value!r}")
+        raise doc.fail(at, f"must be an integer between 16 and {1 << 24}, got {value!r}")
     return value
 
 
@@ -233,48 +169,50 @@ def _placement_strategy(doc: _Doc, raw: Any) -> str | None:
     if raw is None:
         return None
     if not isinstance(raw, dict):
-        raise doc.error(at, f"must be a mapping, got {_type_name(raw)}")
+        raise doc.fail(at, f"must be a mapping, got {_type_name(raw)}")
     strategy = raw.get("strategy")
     if strategy is None:
         return None
     if strategy not in STRATEGIES:
-        raise doc.error(at + ("strategy",), f"must be one of {', '.join(STRATEGIES)}, "
+        raise doc.fail(at + ("strategy",), f"must be one of {', '.join(STRATEGIES)}, "
                                             f"got {strategy!r}")
     bundle = raw.get("bundle")
     if bundle is not None:
         if not isinstance(bundle, dict) or not bundle:
-            raise doc.error(at + ("bundle",), "must be a mapping of resource: amount")
+            raise doc.fail(at + ("bundle",), "must be a mapping of resource: amount")
         for name, amount in bundle.items():
             if not isinstance(name, str) or isinstance(amount, bool) or \
-                    not isinstance(amount, (int, float)) or amount <= 0:
-                raise doc.error(at + ("bundle", name), "resource amounts must be positive numbers")
+                    not isinstance(amount, (int, float)) or not math.isfinite(amount) \
+                    or not 0 < amount <= 1e6:
+                raise doc.fail(at + ("bundle", name), "resource amounts must be positive numbers")
     return strategy
 
 
 def parse_plan(text: str, path: str = "<plan>") -> PlanFile:
     """Validate plan text. Raises PlanFileError naming path:line and key."""
-    doc = _Doc(text, path)
+    doc = yamlfile.parse(text, path=path, error=PlanFileError, max_bytes=MAX_BYTES,
+                         empty="the file is empty (write one with `cluster plan --out`)")
     top = doc.data
     if not isinstance(top, dict):
-        raise doc.error((), f"must be a mapping (a plan from `cluster plan --out`), "
+        raise doc.fail((), f"must be a mapping (a plan from `cluster plan --out`), "
                             f"got {_type_name(top)}")
     for key in top:
         if not isinstance(key, str):
-            raise doc.error((str(key),), "keys must be strings")
+            raise doc.fail((str(key),), "keys must be strings")
         if key not in KNOWN_KEYS:
             close = [k for k in KNOWN_KEYS if _similar(k, key)]
             hint = f" (did you mean {close[0]}?)" if close else ""
-            raise doc.error((key,), f"unknown key{hint}; a plan holds the keys "
+            raise doc.fail((key,), f"unknown key{hint}; a plan holds the keys "
                                     "`cluster plan --out` writes (docs/planner.md)")
     if top.get("model") is None:
-        raise doc.error(("model",), "is required: the model directory on the nodes")
+        raise doc.fail(("model",), "is required: the model directory on the nodes")
     model = _string(doc, top["model"], ("model",), _MODEL_PATH_RE, "model path")
     served = top.get("served_model_name")
     if served is None:
         p = Path(model.rstrip("/"))
         served = p.parent.name if p.name == "config.json" else p.name
         if not SERVED_NAME_RE.match(served):
-            raise doc.error(("served_model_name",), "is required (the model directory's name "
+            raise doc.fail(("served_model_name",), "is required (the model directory's name "
                                                     f"{served!r} is not a usable name)")
     else:
         served = _string(doc, served, ("served_model_name",), SERVED_NAME_RE,
@@ -287,25 +225,25 @@ def parse_plan(text: str, path: str = "<plan>") -> PlanFile:
     if ep is None:
         ep = False
     if not isinstance(ep, bool):
-        raise doc.error(("enable_expert_parallel",), f"must be true or false, got {ep!r}")
+        raise doc.fail(("enable_expert_parallel",), f"must be true or false, got {ep!r}")
     max_len = top.get("max_model_len")
     if max_len is not None:
         max_len = _max_len(doc, max_len, ("max_model_len",))
     engine_args = _engine_args(doc, top.get("engine_args"), top)
     if ep and engine_args.get("data_parallel_size", dp) != dp:
-        raise doc.error(("engine_args", "data_parallel_size"),
+        raise doc.fail(("engine_args", "data_parallel_size"),
                         f"{engine_args['data_parallel_size']!r} disagrees with the top-level "
                         f"data_parallel_size: {dp} (expert parallel)")
     if not ep and engine_args.get("data_parallel_size", 1) != 1:
-        raise doc.error(("engine_args", "data_parallel_size"),
+        raise doc.fail(("engine_args", "data_parallel_size"),
                         "must be 1 for a dense model (replicas are separate engines)")
     strategy = _placement_strategy(doc, top.get("placement"))
     validation = top.get("validation")
     if validation is not None:
         if not isinstance(validation, dict):
-            raise doc.error(("validation",), f"must be a mapping, got {_type_name(validation)}")
+            raise doc.fail(("validation",), f"must be a mapping, got {_type_name(validation)}")
         if validation.get("status") == "invalid":
-            raise doc.error(("validation", "status"),
+            raise doc.fail(("validation", "status"),
                             f"vLLM rejected these engine args when planning: "
                             f"{str(validation.get('detail') or '')[:200]}")
     return PlanFile(path=path, model=model, served_model_name=served, tensor_parallel_size=tp,
@@ -317,20 +255,7 @@ def parse_plan(text: str, path: str = "<plan>") -> PlanFile:
 def load_plan(path: str | Path) -> PlanFile:
     """Read and validate a plan file. Raises PlanFileError (one line: path[:line]: why)."""
     name = str(path)
-    try:
-        raw = Path(path).read_bytes()
-    except IsADirectoryError:
-        raise PlanFileError("is a directory, not a plan file", path=name) from None
-    except OSError as exc:
-        raise PlanFileError(f"cannot read: {exc.strerror or exc}", path=name) from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[:exc.start].count(b"\n") + 1
-        raise PlanFileError("not UTF-8 text (is this a plan file?)", path=name, line=line) from None
-    if "\0" in text:
-        raise PlanFileError("contains NUL bytes (is this a plan file?)", path=name,
-                            line=text[:text.index("\0")].count("\n") + 1)
+    text = yamlfile.read_text(path, error=PlanFileError, what="a plan file", max_bytes=MAX_BYTES)
     return parse_plan(text, name)
 
 

@@ -249,7 +249,7 @@ SECRET_ENV_FROM_STDIN = "{ set -a; . /dev/stdin; set +a; }"
 
 def secret_env_stdin(node: Node) -> str:
     """The `export K='v'` lines a start command with SECRET_ENV_FROM_STDIN reads."""
-    secret = {k: v for k, v in node.env.items() if is_secret_name(k)}
+    secret = {k: v for k, v in node.env.items() if is_secret_name(k, node.secret_names)}
     return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in secret.items())
 
 
@@ -292,7 +292,7 @@ def _field_for(key: str) -> str:
 def gather_command(node: Node, inventory: Inventory) -> str:
     """The read-only fact-gathering command for a node (run with the env `ray start` gets,
     less secret-looking values: they change no fact and must not reach a command line)."""
-    env = public_env(start_env(node, serve_ingress=inventory.ray.serve_ingress))
+    env = public_env(start_env(node, serve_ingress=inventory.ray.serve_ingress), node.secret_names)
     keys = ",".join(sorted(set(env) | set(MANAGED_ENV)))
     return env_prefix(env) + shlex.join([inventory.ray.python, "-c", GATHER_SNIPPET, keys]) \
         + " </dev/null"
@@ -490,7 +490,7 @@ def start_command(node: Node, inventory: Inventory, gpus: Sequence[GPU],
              "--labels", ",".join(f"{k}={v}" for k, v in node_labels(node, gpus).items()),
              "--disable-usage-stats"]
     env = start_env(node, auth_mode, inventory.ray.serve_ingress)
-    public = public_env(env)
+    public = public_env(env, node.secret_names)
     secret_prefix = SECRET_ENV_FROM_STDIN + " && " if len(public) < len(env) else ""
     start = secret_prefix + env_prefix(public) + shlex.join(args) + " </dev/null"
     if node.is_head:
@@ -675,8 +675,8 @@ def _drift(inventory: Inventory, node: Node, f: NodeFacts, state: RayState | Non
                    f"{inventory.ray.num_cpus}")
     running_env = f.raylet.env if f.raylet is not None else None
     if running_env is not None:
-        for key, want in public_env(start_env(node, auth_mode,
-                                              inventory.ray.serve_ingress)).items():
+        for key, want in public_env(start_env(node, auth_mode, inventory.ray.serve_ingress),
+                                    node.secret_names).items():
             have = running_env.get(key)
             if have != want:
                 out.append(f"{node.name}: Ray runs with {key}={have!r}, the inventory says "

@@ -180,7 +180,7 @@ def head_client_env(inventory: Inventory, auth_mode: str | None = None) -> str:
     """`env K=V ... ` for a Ray client command run on the head: the head's env less its
     secret-looking entries (a client needs none, and command lines show in ps and run logs),
     plus RAY_AUTH_MODE when given. '' when there is nothing to set."""
-    env = public_env(inventory.head.env)
+    env = public_env(inventory.head.env, inventory.secret_names)
     if auth_mode:
         env["RAY_AUTH_MODE"] = auth_mode
     return env_prefix(env)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from cluster.errors import UsageError
 from cluster.remote import CommandResult
 from cluster.results import to_jsonable
 
@@ -25,6 +26,7 @@ _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 SECRET_ENV_NAMES = ("CLUSTER_API_KEY", "VLLM_API_KEY", "OPENAI_API_KEY", "HF_TOKEN",
                     "HUGGING_FACE_HUB_TOKEN")
 MASK = "***"
+MAX_RUN_JSON = 1 << 20     # a run.json is a few hundred bytes; a larger one is not ours
 
 
 def secret_values(names: Iterable[str] = ()) -> tuple[str, ...]:
@@ -59,7 +61,12 @@ class RunDir:
                inventory_path: str | None = None, secrets: Iterable[str] = ()) -> "RunDir":
         stamp = _now().strftime("%Y%m%d-%H%M%S-%f")
         path = Path(root) / f"{stamp}-{_SAFE.sub('_', command)}"
-        (path / "nodes").mkdir(parents=True, exist_ok=False)
+        try:
+            (path / "nodes").mkdir(parents=True, exist_ok=False)
+        except OSError as exc:
+            raise UsageError(f"run directory {root}: cannot create a run record there "
+                             f"({exc.strerror or exc}): set run_dir in the inventory or "
+                             "$CLUSTER_RUN_DIR to a writable directory") from None
         run = cls(path=path, command=command, secrets=tuple(secrets) + secret_values())
         run.write_json("run.json", {"command": command, "argv": [run.scrub(a) for a in argv],
                                     "inventory": inventory_path, "started": run.started,
@@ -106,21 +113,65 @@ class RunDir:
 
 
 def list_runs(root: str | os.PathLike) -> list[dict[str, Any]]:
-    """Past runs under root, newest first: {"path", "command", "started", "finished", "exit_code"}."""
+    """Past runs under root, newest first: {"path", "command", "started", "finished", "exit_code"}.
+
+    A run whose run.json cannot be read as ours (not JSON, not an object, wrong types, too
+    large) is listed with its fields None and an "error" saying why, never a crash.
+    """
     base = Path(root)
     if not base.is_dir():
         return []
-    runs = []
-    for meta_file in base.glob("*/run.json"):
-        try:
-            meta = json.loads(meta_file.read_text())
-        except (OSError, ValueError):
-            continue
-        runs.append({"path": str(meta_file.parent), "command": meta.get("command"),
-                     "started": meta.get("started"), "finished": meta.get("finished"),
-                     "exit_code": meta.get("exit_code")})
+    runs = [read_run(meta_file) for meta_file in base.glob("*/run.json")]
     runs.sort(key=lambda r: Path(r["path"]).name, reverse=True)
     return runs
+
+
+_RUN_FIELDS = {"command": (str,), "started": (str,), "finished": (str, type(None)),
+               "exit_code": (int, type(None))}
+
+
+def read_run(meta_file: Path) -> dict[str, Any]:
+    """One run's summary from its run.json; fields None plus "error" when it is malformed."""
+    entry: dict[str, Any] = {"path": str(meta_file.parent), "command": None, "started": None,
+                             "finished": None, "exit_code": None}
+    problem = None
+    try:
+        with open(meta_file, "rb") as fh:
+            raw = fh.read(MAX_RUN_JSON + 1)
+        if len(raw) > MAX_RUN_JSON:
+            problem = f"run.json is larger than {MAX_RUN_JSON >> 20} MiB"
+        else:
+            meta = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+    except OSError as exc:
+        problem = f"run.json cannot be read ({exc.strerror or exc})"
+    except (ValueError, RecursionError):
+        problem = "run.json is not valid JSON"
+    if problem is None and not isinstance(meta, dict):
+        problem = f"run.json is not a JSON object (a {type(meta).__name__})"
+    if problem is None:
+        for key, kinds in _RUN_FIELDS.items():
+            value = meta.get(key)
+            ok = isinstance(value, kinds) and not isinstance(value, bool) and \
+                (not isinstance(value, int) or 0 <= value <= 255) and \
+                (not isinstance(value, str) or len(value) <= 4096)
+            if not ok and not (value is None and key == "command"):
+                problem = f"run.json: {key} is {_kind(value)}"
+                break
+            entry[key] = value
+    if problem is not None:
+        entry.update(command=None, started=None, finished=None, exit_code=None, error=problem)
+    return entry
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, (bool, int)) and not isinstance(value, bool):
+        return f"out of range ({value})"
+    return {dict: "an object", list: "a list", str: "too long", bool: "a boolean",
+            float: "a number", type(None): "missing"}.get(type(value), type(value).__name__)
 
 
 def latest_report(root: str | os.PathLike, name: str) -> Path | None:

@@ -4,6 +4,8 @@ Random mutations of a good file either load or raise InventoryError, never anyth
 
 from __future__ import annotations
 
+import json
+import math
 import random
 import subprocess
 import sys
@@ -152,3 +154,166 @@ def test_random_mutations_load_or_raise_inventory_error(tmp_path):
             inventory.loads("".join(chars), path=f"mut{i}.yaml")
         except InventoryError as exc:
             assert str(exc).startswith(f"mut{i}.yaml")
+
+
+# ---------------------------------------------------------------- Hypothesis (issue 17)
+# Random YAML documents and mutated real inventories: the loader returns an Inventory or raises
+# InventoryError (one line, naming the file), never anything else; through the CLI: exit 0/1/2,
+# one stderr line on error, no traceback.
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_FIELDS = sorted(inventory._NODE_KEYS | inventory._SSH_KEYS | set(inventory._RAY_INT_KEYS)
+                 | {"dashboard_host", "nodes", "ssh", "ray", "expectations", "clock",
+                    "max_offset_ms", "shm_min_bytes", "nvlink", "infiniband", "required",
+                    "secrets", "extra_names", "run_dir", "model", "path"})
+_SCALARS = st.one_of(
+    st.none(), st.booleans(), st.integers(-2**70, 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from(["2020-01-01", "2020-13-45", "2001-12-14t21:59:43.10-05:00", ".nan", ".inf",
+                     "-.inf", "yes", "no", "~", "0x1F", "022", "22:00", "!!binary aGk=",
+                     "!!binary a", "127.0.0.\u0661", "\uff12\uff12", "999.999.999.999",
+                     "host:99999", "host:0", "x\n", "0.0.0.0", "*undefined", "&a x",
+                     "!!python/object:os.system ls", "'quoted'", "\"esc\\e[2J\"", "1e400",
+                     "1.0e+400", "- a", "{a: 1}", "[1, 2"]),
+    st.text(max_size=12))
+_KEYS = st.one_of(st.sampled_from(_FIELDS), st.text(max_size=8))
+
+
+def _yaml_value(depth: int):
+    if depth <= 0:
+        return _SCALARS
+    child = _yaml_value(depth - 1)
+    return st.one_of(_SCALARS, st.lists(child, max_size=4),
+                     st.dictionaries(_KEYS, child, max_size=5))
+
+
+def _render(value, indent: int = 0) -> str:
+    """Hand-made YAML (flow style) so raw scalars like `2020-13-45` or `!!binary a` reach the
+    loader as written, not as yaml.safe_dump would quote them."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_key(k)}: {_render(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_render(v) for v in value) + "]"
+    if isinstance(value, str) and value and value.isprintable() and "," not in value \
+            and "}" not in value and "]" not in value:
+        return value
+    return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip().removesuffix("...").strip()
+
+
+def _key(k) -> str:
+    return k if isinstance(k, str) and k.isidentifier() else json.dumps(str(k))
+
+
+_DOCS = st.one_of(
+    _yaml_value(3).map(_render),
+    st.dictionaries(_KEYS, _yaml_value(2), max_size=6).map(
+        lambda d: "\n".join(f"{_key(k)}: {_render(v)}" for k, v in d.items()) + "\n"),
+    st.builds(lambda nodes, extra: "nodes:\n" + "".join(f"  - {_render(n)}\n" for n in nodes)
+              + "".join(f"{_key(k)}: {_render(v)}\n" for k, v in extra.items()),
+              st.lists(st.dictionaries(st.sampled_from(sorted(inventory._NODE_KEYS)), _SCALARS,
+                                       max_size=6), min_size=1, max_size=3),
+              st.dictionaries(st.sampled_from(["ssh", "ray", "expectations", "secrets"]),
+                              st.dictionaries(_KEYS, _SCALARS, max_size=4), max_size=3)),
+)
+
+
+def _load_or_inventory_error(text: str, path: str = "fuzz.yaml") -> None:
+    try:
+        inv = inventory.loads(text, path=path)
+    except InventoryError as exc:
+        message = str(exc)
+        assert message.startswith(path) and "\n" not in message, message
+        return
+    assert inv.nodes and all(isinstance(n.port, int) and not isinstance(n.port, bool)
+                             and 1 <= n.port <= 65535 for n in inv.nodes)
+    assert math.isfinite(inv.ssh.connect_timeout) and math.isfinite(inv.ssh.command_timeout)
+    json.dumps(inv.to_dict(), allow_nan=False, default=str)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_DOCS)
+def test_hypothesis_random_documents_load_or_raise_inventory_error(text):
+    _load_or_inventory_error(text)
+
+
+_GOOD = yaml.safe_dump(BASE)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(0, len(_GOOD)), st.integers(0, 3),
+                          st.one_of(st.sampled_from(list(":-[]{}&*!|>'\"%@`#,\n\t ;$()\\")
+                                                    + ["x", "1", "\x00", "\x1b", "\ufeff", "\u0661",
+                                                       ".nan", "2020-13-45", "&a ", "*a", "<<: ",
+                                                       "!!binary ", "99999"]),
+                                    st.text(max_size=3))),
+                min_size=1, max_size=5))
+def test_hypothesis_mutated_real_inventory(edits):
+    text = _GOOD
+    for pos, cut, insert in edits:
+        pos = min(pos, len(text))
+        text = text[:pos] + insert + text[pos + cut:]
+    _load_or_inventory_error(text)
+
+
+_FIELD_PATHS = list(_paths(BASE))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(_FIELD_PATHS), _yaml_value(1))
+def test_hypothesis_one_field_of_a_real_inventory_gets_any_yaml_value(at, value):
+    """Every field of a good inventory given any scalar as written (dates, .nan, !!binary,
+    2020-13-45, ...) or a small collection: it loads with sane values or is one clear error."""
+    text = yaml.safe_dump(_set(BASE, at, "@@PLACEHOLDER@@"), width=10**6)
+    text = text.replace("'@@PLACEHOLDER@@'", _render(value)).replace("@@PLACEHOLDER@@",
+                                                                       _render(value))
+    _load_or_inventory_error(text)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(st.lists(_DOCS, min_size=10, max_size=10))
+def test_hypothesis_cli_exit_0_1_2_one_line_no_traceback(tmp_path, texts):
+    # One interpreter for a batch of files (an interpreter per example would take minutes).
+    files = []
+    for i, text in enumerate(texts):
+        f = tmp_path / f"h{i}.yaml"
+        f.write_bytes(text.encode("utf-8", "replace"))
+        files.append(str(f))
+    proc = subprocess.run([sys.executable, "-c", _CLI_SCRIPT, *files], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    bad = [line for line in proc.stdout.splitlines() if not line.startswith("OK")]
+    assert not bad and len(proc.stdout.splitlines()) == len(files), bad[:3]
+
+
+_CLI_SCRIPT = (
+    "import sys, io, contextlib, json\n"
+    "from cluster.cli import main\n"
+    "for f in sys.argv[1:]:\n"
+    "    err, out = io.StringIO(), io.StringIO()\n"
+    "    try:\n"
+    "        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):\n"
+    "            code = main(['-i', f, 'inventory', '--json'])\n"
+    "    except BaseException as exc:\n"
+    "        print(f'BAD {f} raised {type(exc).__name__}: {exc}'); continue\n"
+    "    text = err.getvalue()\n"
+    "    lines = text.strip().splitlines()\n"
+    "    ok = code in (0, 1, 2) and 'Traceback' not in text\n"
+    "    ok = ok and (code != 2 or (len(lines) == 1 and f in lines[0]))\n"
+    "    ok = ok and (code == 2 or 'NaN' not in out.getvalue() and 'Infinity' not in out.getvalue())\n"
+    "    print('OK' if ok else f'BAD {f} {code} {text!r}')\n")
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(st.text(max_size=300),
+                 st.text(alphabet=st.characters(codec="utf-8"), max_size=300),
+                 st.binary(max_size=300).map(lambda b: b.decode("latin-1"))))
+def test_hypothesis_any_text_at_all(text):
+    _load_or_inventory_error(text)
+
+
+def test_lone_surrogate_is_one_error():
+    with pytest.raises(InventoryError, match="Unicode"):
+        inventory.loads("nodes: [{name: \ud800}]\n", path="s.yaml")

@@ -232,3 +232,30 @@ def test_cli_exits_2_with_one_line_and_no_traceback(tmp_path, case):
     lines = [line for line in p.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(f"cluster deploy: {plan}:"), p.stderr
     assert not (tmp_path / "runs").exists(), "a bad plan must fail before any run starts"
+
+
+# ---------------------------------------------------------------- Hypothesis (issue 17)
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_PLAN_TEXT = yaml.safe_dump(BASE, sort_keys=False)
+_RAW = st.sampled_from(["2020-01-01", "2020-13-45", ".nan", ".inf", "yes", "~", "!!binary a",
+                        "!!binary aGk=", "0x10", "022", "22:00", "&a [1]", "*a", "*nope",
+                        "!!python/object:os.system ls", "[" * 80, "\x1b", "1.0e+400", "-7"])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(0, len(_PLAN_TEXT)), st.integers(0, 4),
+                          st.one_of(_RAW, st.text(max_size=3))), min_size=1, max_size=4))
+def test_hypothesis_mutated_real_plan_loads_or_raises_plan_file_error(edits):
+    text = _PLAN_TEXT
+    for pos, cut, insert in edits:
+        pos = min(pos, len(text))
+        text = text[:pos] + insert + text[pos + cut:]
+    try:
+        plan = parse_plan(text, "fuzz.yaml")
+    except PlanFileError as exc:
+        assert "\n" not in str(exc) and str(exc).startswith("fuzz.yaml"), str(exc)
+        return
+    assert 1 <= plan.tensor_parallel_size <= 4096 and 1 <= plan.replicas <= 4096

@@ -112,7 +112,7 @@ def confirm(question: str, yes: bool) -> bool:
 
 def start_run(args: argparse.Namespace, inventory: Inventory, command: str) -> RunDir:
     return RunDir.create(inventory.run_dir, command, argv=sys.argv,
-                         inventory_path=inventory.path)
+                         inventory_path=inventory.path, secrets=inventory.secret_values())
 
 
 @contextlib.contextmanager

@@ -24,12 +24,12 @@ def _pair(text: str) -> tuple[str, str]:
 
 
 def _engine_pair(text: str) -> tuple[str, Any]:
-    import yaml
+    from cluster import yamlfile
 
     key, value = _pair(text)
     try:
-        parsed = yaml.safe_load(value) if value.strip() else value
-    except yaml.YAMLError:
+        parsed = yamlfile.parse_value(value, f"--engine-arg {key}") if value.strip() else value
+    except ValueError:  # not YAML, a bad date, too large once aliases expand: the text as given
         parsed = value
     if isinstance(parsed, (dict, list)) and not value.strip().startswith(("{", "[")):
         parsed = value

@@ -23,7 +23,12 @@ def run(args: argparse.Namespace) -> int:
     target = Path(args.path)
     if target.exists() and not args.force:
         raise UsageError(f"{target} exists; pass --force to overwrite it")
-    target.write_text(template_text())
+    if target.exists() and not target.is_file():
+        raise UsageError(f"{target} is not a regular file; give a file path for the inventory")
+    try:
+        target.write_text(template_text())
+    except OSError as exc:
+        raise UsageError(f"cannot write {target}: {exc.strerror or exc}") from None
     if getattr(args, "json", False):
         print_json({"path": str(target.resolve()), "written": True})
         return 0

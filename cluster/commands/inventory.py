@@ -6,7 +6,9 @@ import argparse
 
 from rich.table import Table
 
-from cluster.commands._common import add_json, load_inventory, print_json, stdout
+from rich.markup import escape
+
+from cluster.commands._common import add_json, load_inventory, print_json, stderr, stdout
 from cluster.inventory import redact_env
 
 
@@ -18,9 +20,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     inv = load_inventory(args)
+    for warning in inv.warnings:
+        stderr.print(f"warning: {escape(warning)}", soft_wrap=True)
+    code = 1 if inv.warnings else 0
     if args.json:
         print_json(inv.to_dict(redact=True))
-        return 0
+        return code
     table = Table(title=f"inventory: {inv.path}")
     for col in ("node", "role", "ssh", "node ip", "NCCL/GLOO iface", "IB HCAs", "env"):
         table.add_column(col, overflow="fold")
@@ -28,13 +33,15 @@ def run(args: argparse.Namespace) -> int:
         ssh = "local" if n.local else f"{n.user or ''}{'@' if n.user else ''}{n.address}:{n.port}"
         if n.jump_host:
             ssh += f" via {n.jump_host}"
-        env = " ".join(f"{k}={v}" for k, v in redact_env(n.env).items())
-        table.add_row(n.name, n.role, ssh, n.ip,
-                      f"{n.nccl_socket_ifname or '-'} / {n.gloo_socket_ifname or '-'}",
-                      ",".join(n.ib_hcas) or "-", env or "-")
+        env = " ".join(f"{k}={v}" for k, v in redact_env(n.env, inv.secret_names).items())
+        table.add_row(*(escape(cell) for cell in (
+            n.name, n.role, ssh, n.ip,
+            f"{n.nccl_socket_ifname or '-'} / {n.gloo_socket_ifname or '-'}",
+            ",".join(n.ib_hcas) or "-", env or "-")))
     stdout.print(table)
     exp = inv.expectations
-    stdout.print(f"expected GPU: {exp.get('gpu_model') or 'any (same on all nodes)'} x "
-                 f"{exp.get('gpus_per_node') or 'any'}; model path: {inv.model_path or '-'}; "
-                 f"Ray: port {inv.ray.port}, dashboard {inv.ray.dashboard_host}:{inv.ray.dashboard_port}")
-    return 0
+    stdout.print(escape(
+        f"expected GPU: {exp.get('gpu_model') or 'any (same on all nodes)'} x "
+        f"{exp.get('gpus_per_node') or 'any'}; model path: {inv.model_path or '-'}; "
+        f"Ray: port {inv.ray.port}, dashboard {inv.ray.dashboard_host}:{inv.ray.dashboard_port}"))
+    return code

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import re
 
+from rich.markup import escape
 from rich.table import Table
 
 from cluster.commands._common import add_json, load_inventory, print_json, stdout
@@ -27,7 +29,19 @@ def run(args: argparse.Namespace) -> int:
     for col in ("started", "command", "exit", "path"):
         table.add_column(col, overflow="fold")
     for r in runs:
-        table.add_row(str(r["started"]), str(r["command"]),
-                      "running?" if r["exit_code"] is None else str(r["exit_code"]), r["path"])
+        if r.get("error"):
+            status = f"broken: {r['error']}"
+        else:
+            status = "running?" if r["exit_code"] is None else str(r["exit_code"])
+        table.add_row(*(_cell(x) for x in (r["started"] or "-", r["command"] or "-", status,
+                                             r["path"])))
     stdout.print(table)
     return 0
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _cell(value: object) -> str:
+    """Text for the terminal: control characters shown as ?, Rich markup escaped."""
+    return escape(_CONTROL.sub("?", str(value)))

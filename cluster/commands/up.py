@@ -81,7 +81,7 @@ def inventory_secrets(inv: Inventory) -> tuple[str, ...]:
     they still reach `ray start`)."""
     out = []
     for node in inv.nodes:
-        shown = redact_env(node.env)
+        shown = redact_env(node.env, node.secret_names)
         out += [v for k, v in node.env.items() if shown[k] == REDACTED and len(v) >= 4]
     return tuple(sorted(set(out), key=len, reverse=True))
 
