@@ -42,7 +42,12 @@ COMMANDS: tuple[tuple[str, str], ...] = (
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that exits 2 with one line (argparse already uses 2 for usage errors)."""
+    """argparse that exits 2 with one line (argparse already uses 2 for usage errors; its own
+    error() prints the whole usage block first). `cluster CMD --help` still shows the usage."""
+
+    def error(self, message: str):  # noqa: D401 - argparse's name
+        self.exit(2, f"{self.prog}: error: {terminal_safe_line(message)} "
+                     f"(see `{self.prog} --help`)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -155,3 +155,15 @@ def test_json_output_refuses_nan():
 
     with pytest.raises(ValueError):
         to_json({"x": float("nan")})
+
+
+@pytest.mark.parametrize("argv", [["no-such-command"], ["plan", "--nodes", "0"],
+                                  ["bench", "--url", "http://127.0.0.1:9", "--model", "m",
+                                   "--timeout", "inf"],
+                                  ["exec", "--timeout", "x", "--", "true"]])
+def test_usage_errors_are_one_line_exit_2(argv):
+    proc = subprocess.run([sys.executable, "-m", "cluster", *argv], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert "error:" in proc.stderr and "Traceback" not in proc.stderr

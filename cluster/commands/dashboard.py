@@ -14,7 +14,7 @@ import socket
 import subprocess
 import time
 
-from cluster.commands._common import load_inventory, stderr, stdout
+from cluster.commands._common import int_range, load_inventory, stderr, stdout
 from cluster.errors import ClusterError, UsageError
 from cluster.inventory import Inventory, SSHOptions
 from cluster.ray_state import dashboard_target
@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Forward a local port to the Ray dashboard on the head over SSH (the "
                     "dashboard has no authentication and stays on the head's loopback). Runs "
                     "until interrupted (Ctrl-C).")
-    p.add_argument("--port", type=int, metavar="LOCAL",
+    p.add_argument("--port", type=int_range(1, 65535), metavar="LOCAL",
                    help="local port (default: the inventory's ray.dashboard_port)")
     p.set_defaults(handler=run)
 

@@ -7,7 +7,7 @@ import argparse
 import json
 
 from cluster import rollout
-from cluster.commands._common import (add_changing, add_json, confirm, load_inventory,
+from cluster.commands._common import (float_range, int_range, add_changing, add_json, confirm, load_inventory,
                                       print_json, start_run, stderr, stdout)
 from cluster.commands.up import inventory_secrets
 from cluster.errors import UsageError
@@ -24,9 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "every app is RUNNING. Refused (with the numbers) when the other alive nodes "
                     "cannot carry the deployed apps. `cluster restart-node NODE` brings it back.")
     p.add_argument("node", metavar="NODE", help="an inventory worker name")
-    p.add_argument("--wait", type=float, default=rollout.DEFAULT_MOVE_WAIT_S, metavar="S",
+    p.add_argument("--wait", type=float_range(0, 3600), default=rollout.DEFAULT_MOVE_WAIT_S, metavar="S",
                    help="how long to wait for the replicas to move (default %(default)s)")
-    p.add_argument("--deadline", type=int, default=rollout.DEFAULT_DRAIN_DEADLINE_S, metavar="S",
+    p.add_argument("--deadline", type=int_range(1, 86400), default=rollout.DEFAULT_DRAIN_DEADLINE_S, metavar="S",
                    help="tell Ray the node goes away after S seconds (default %(default)s)")
     add_changing(p)
     add_json(p)

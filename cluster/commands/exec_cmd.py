@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import shlex
 
-from cluster.commands._common import (add_json, emit_json, load_inventory, progress,
+from cluster.commands._common import (float_range, add_json, emit_json, load_inventory, progress,
                                       start_run, stdout)
 from cluster.errors import UsageError
 from cluster.remote import Session
@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "a shell command line (pipes allowed); several are an exact argv, quoted.")
     p.add_argument("--nodes", metavar="PATTERN",
                    help="comma-separated node names or globs, or head / workers (default: all)")
-    p.add_argument("--timeout", type=float, metavar="S",
+    p.add_argument("--timeout", type=float_range(0, 86400, strict=True), metavar="S",
                    help="per-node command timeout in seconds (default: the inventory's)")
     add_json(p)
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...")

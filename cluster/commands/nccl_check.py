@@ -12,7 +12,8 @@ from rich.table import Table
 from rich.text import Text
 
 from cluster import nccl_check
-from cluster.commands._common import add_json, load_inventory, print_json, start_run, stderr, stdout
+from cluster.commands._common import (add_json, float_range, int_range, load_inventory,
+                                      print_json, start_run, stderr, stdout)
 from cluster.errors import UsageError
 from cluster.remote import CommandResult, Session
 from cluster.render import status_text, to_json
@@ -34,15 +35,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "Exit 0 ok, 1 warnings, 2 failures.")
     p.add_argument("--backend", choices=nccl_check.BACKENDS, default="nccl",
                    help="nccl (GPUs, default) or gloo (CPU, TCP between nodes)")
-    p.add_argument("--size-mb", type=float, default=None, metavar="N",
+    p.add_argument("--size-mb", type=float_range(0, 16384, strict=True), default=None, metavar="N",
                    help=f"all-reduce size in MiB (default {nccl_check.DEFAULT_SIZE_MB['nccl']:g} "
                         f"for nccl, {nccl_check.DEFAULT_SIZE_MB['gloo']:g} for gloo)")
-    p.add_argument("--iters", type=int, default=None, metavar="N",
+    p.add_argument("--iters", type=int_range(1, 10000), default=None, metavar="N",
                    help=f"timed all-reduces (default {nccl_check.DEFAULT_ITERS['nccl']} for nccl, "
                         f"{nccl_check.DEFAULT_ITERS['gloo']} for gloo)")
-    p.add_argument("--warmup", type=int, default=nccl_check.DEFAULT_WARMUP, metavar="N",
+    p.add_argument("--warmup", type=int_range(0, 1000), default=nccl_check.DEFAULT_WARMUP, metavar="N",
                    help="untimed all-reduces first (default %(default)s)")
-    p.add_argument("--timeout", type=float, default=nccl_check.DEFAULT_TIMEOUT_S, metavar="S",
+    p.add_argument("--timeout", type=float_range(0, 3600, strict=True), default=nccl_check.DEFAULT_TIMEOUT_S, metavar="S",
                    help="the whole check ends within S seconds (default %(default)g)")
     p.add_argument("--nodes", metavar="PATTERN",
                    help="only these inventory nodes (comma-separated globs, 'head', 'workers')")

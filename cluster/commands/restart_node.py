@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from cluster import rollout
-from cluster.commands._common import add_changing, add_json, confirm
+from cluster.commands._common import float_range, add_changing, add_json, confirm
 from cluster.commands.drain import execute
 from cluster.errors import UsageError
 
@@ -20,9 +20,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "start it with the command `cluster up` would run, wait until it is alive "
                     "with its GPUs and every app is RUNNING. Exit 0 done, 2 refused or failed.")
     p.add_argument("node", metavar="NODE", help="an inventory worker name")
-    p.add_argument("--wait", type=float, default=rollout.DEFAULT_MOVE_WAIT_S, metavar="S",
+    p.add_argument("--wait", type=float_range(0, 3600), default=rollout.DEFAULT_MOVE_WAIT_S, metavar="S",
                    help="how long to wait for the replicas to move (default %(default)s)")
-    p.add_argument("--timeout", type=float, default=240.0, metavar="S",
+    p.add_argument("--timeout", type=float_range(0, 3600, strict=True), default=240.0, metavar="S",
                    help="how long to wait for the node to rejoin (default %(default)s)")
     add_changing(p)
     add_json(p)

@@ -8,13 +8,13 @@ import re
 from rich.markup import escape
 from rich.table import Table
 
-from cluster.commands._common import add_json, load_inventory, print_json, stdout
+from cluster.commands._common import int_range, add_json, load_inventory, print_json, stdout
 from cluster.rundir import list_runs
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("runs", help="list past runs and where their records are")
-    p.add_argument("--limit", type=int, default=20, metavar="N", help="at most N runs (default 20)")
+    p.add_argument("--limit", type=int_range(1, 100000), default=20, metavar="N", help="at most N runs (default 20)")
     add_json(p)
     p.set_defaults(handler=run)
 

@@ -9,7 +9,7 @@ from typing import Callable
 from rich.table import Table
 from rich.text import Text
 
-from cluster.commands._common import (add_changing, add_json, add_serial, confirm,
+from cluster.commands._common import (float_range, add_changing, add_json, add_serial, confirm,
                                       load_inventory, print_json, start_run, stderr, stdout)
 from cluster.errors import UsageError
 from cluster.inventory import REDACTED, Inventory, redact_env
@@ -30,9 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--skip-preflight", action="store_true", help="do not run preflight first")
     p.add_argument("--force", action="store_true",
                    help="start even when preflight reports failures")
-    p.add_argument("--stagger", type=float, default=0.0, metavar="S",
+    p.add_argument("--stagger", type=float_range(0, 600), default=0.0, metavar="S",
                    help="start the workers S seconds apart instead of all at once (ray#59778)")
-    p.add_argument("--timeout", type=float, default=ray_up.DEFAULT_WAIT_S, metavar="S",
+    p.add_argument("--timeout", type=float_range(0, 86400, strict=True), default=ray_up.DEFAULT_WAIT_S, metavar="S",
                    help="how long to wait for every node to register (default %(default)s)")
     add_serial(p)
     add_changing(p)
@@ -65,7 +65,11 @@ def run(args: argparse.Namespace) -> int:
                 and not args.force:
             outcome.exit_code = 2
         code = outcome.exit_code
-        payload = dict(outcome.to_dict(), run_dir=str(record.path), dry_run=args.dry_run)
+        if code == 0 and inv.warnings:  # e.g. a dashboard bound beyond loopback: warnings only
+            code = 1
+        payload = dict(outcome.to_dict(), run_dir=str(record.path), dry_run=args.dry_run,
+                       inventory_warnings=list(inv.warnings))
+        payload["exit_code"] = code
         record.write_json("up.json", payload)
     finally:
         record.finish(code)
@@ -73,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
         print_json(json.loads(record.scrub(to_json(payload))))
     else:
         _print(outcome, args.dry_run, record.scrub)
+        for warning in inv.warnings:
+            stdout.print(Text(f"warning: {warning}", style="yellow"), soft_wrap=True)
     return code
 
 
