@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""Rack-scale benchmark: `cluster preflight` and `cluster exec` at 1..256 simulated nodes,
+directly and through a bastion, against a baseline tree in the same run.
+
+    .venv/bin/python scripts/bench_scale.py [--sizes 1,8,32,128,256] [--modes direct,bastion]
+                                            [--baseline REV] [--rounds 1]
+
+For each size the simulated cluster (scripts/simcluster, stock OpenSSH limits on every sshd) is
+brought up once per mode (`--bastion`: the nodes accept logins only from the bastion). Each CLI
+run is a subprocess: wall time, the CLI's own CPU (user + system, from wait4's rusage: the
+laptop's cost, not the nodes') and its peak RSS, plus how many results were unreachable/error.
+With --baseline REV the same runs are made, interleaved, with the CLI of git revision REV (a
+temporary worktree), and the table prints current/baseline ratios: the machine is shared and
+noisy, so only same-run ratios mean anything. Root and Linux only (network namespaces).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PREFIX, SUBNET = "bsc", 30
+ENV = {**os.environ, "SIMCLUSTER_PREFIX": PREFIX, "SIMCLUSTER_SUBNET": str(SUBNET),
+       "SIMCLUSTER_DIR": f"/tmp/simcluster-{PREFIX}"}
+INVENTORY = Path(ENV["SIMCLUSTER_DIR"]) / "cluster.yaml"
+COMMANDS = {"preflight": ["preflight", "--json"], "exec": ["exec", "--json", "--", "hostname"]}
+
+
+@dataclass(frozen=True)
+class Run:
+    tree: str
+    command: str
+    nodes: int
+    mode: str
+    wall_s: float
+    cpu_s: float
+    rss_mib: float
+    bad: int       # results unreachable / error / timeout
+    exit_code: int
+
+    @property
+    def cpu_ms_per_node(self) -> float:
+        return self.cpu_s * 1000 / self.nodes
+
+
+def simcluster(*args: str) -> None:
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "simcluster"), *args], env=ENV,
+                   check=True, stdout=subprocess.DEVNULL, timeout=1800)
+
+
+def run_cli(tree: Path, label: str, command: str, nodes: int, mode: str) -> Run:
+    env = {**os.environ, "PYTHONPATH": str(tree), "CLUSTER_RUN_DIR": tempfile.mkdtemp(
+        prefix="bench-scale-runs-")}
+    argv = [sys.executable, "-m", "cluster", "-i", str(INVENTORY), *COMMANDS[command]]
+    start = time.monotonic()
+    with open(os.devnull, "w") as err, tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen(argv, cwd=tree, env=env, stdout=out, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.monotonic() - start
+        out.seek(0)
+        text = out.read().decode(errors="replace")
+    code = os.waitstatus_to_exitcode(status)
+    bad = nodes
+    try:
+        doc = json.loads(text)
+        bad = sum(1 for r in doc.get("results", [])
+                  if r.get("status") in ("unreachable", "error", "timeout"))
+    except ValueError:
+        pass
+    return Run(label, command, nodes, mode, wall, usage.ru_utime + usage.ru_stime,
+               usage.ru_maxrss / 1024, bad, code)
+
+
+def baseline_tree(rev: str) -> Path:
+    target = Path(tempfile.mkdtemp(prefix="bench-scale-baseline-"))
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(target), rev],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="1,8,32,128,256")
+    ap.add_argument("--modes", default="direct,bastion")
+    ap.add_argument("--commands", default="preflight,exec")
+    ap.add_argument("--baseline", metavar="REV", help="git revision to compare against")
+    ap.add_argument("--rounds", type=int, default=1)
+    args = ap.parse_args(argv)
+    sizes = [int(x) for x in args.sizes.split(",")]
+    modes = args.modes.split(",")
+    commands = args.commands.split(",")
+    if not all(1 <= n <= 1000 for n in sizes) or not set(modes) <= {"direct", "bastion"} \
+            or not set(commands) <= set(COMMANDS) or not 1 <= args.rounds <= 10:
+        ap.error("sizes 1..1000, modes direct|bastion, commands preflight|exec, rounds 1..10")
+    trees = [("current", ROOT)]
+    if args.baseline:
+        trees.append(("baseline", baseline_tree(args.baseline)))
+    runs: list[Run] = []
+    try:
+        for n in sizes:
+            for mode in modes:
+                simcluster("up", str(n), *(["--bastion"] if mode == "bastion" else []))
+                for _ in range(args.rounds):
+                    for command in commands:
+                        for label, tree in trees:
+                            run = run_cli(tree, label, command, n, mode)
+                            runs.append(run)
+                            print(f"{label:8} {command:9} {n:4} nodes {mode:7}: "
+                                  f"{run.wall_s:7.2f} s wall, {run.cpu_ms_per_node:7.1f} ms CPU "
+                                  f"per node, {run.rss_mib:6.0f} MiB, {run.bad} bad, "
+                                  f"exit {run.exit_code}", flush=True)
+    finally:
+        simcluster("down")
+        for label, tree in trees:
+            if label == "baseline":
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
+                                str(tree)], check=False)
+    print_table(runs, with_baseline=len(trees) > 1)
+    return 0
+
+
+def print_table(runs: list[Run], with_baseline: bool) -> None:
+    print()
+    head = f"{'command':9} {'nodes':>5} {'mode':7} {'wall s':>7} {'CPU ms/node':>11} " \
+           f"{'marginal':>8} {'RSS MiB':>7} {'bad':>4}"
+    if with_baseline:
+        head += f" | {'base ms/node':>12} {'base marg':>9} {'base bad':>8} {'CPU ratio':>9} " \
+                f"{'marg ratio':>10} {'wall ratio':>10}"
+    print(head)
+    keys = sorted({(r.command, r.nodes, r.mode) for r in runs},
+                  key=lambda k: (k[0], k[1], k[2]))
+    for command, n, mode in keys:
+        mine = [r for r in runs if (r.command, r.nodes, r.mode, r.tree) ==
+                (command, n, mode, "current")]
+        base = [r for r in runs if (r.command, r.nodes, r.mode, r.tree) ==
+                (command, n, mode, "baseline")]
+        cur = min(mine, key=lambda r: r.cpu_s)
+        cur_marg = marginal(runs, cur)
+        line = f"{command:9} {n:5} {mode:7} {cur.wall_s:7.2f} {cur.cpu_ms_per_node:11.1f} " \
+               f"{_ms(cur_marg):>8} {cur.rss_mib:7.0f} {max(r.bad for r in mine):4}"
+        if base:
+            b = min(base, key=lambda r: r.cpu_s)
+            b_marg = marginal(runs, b)
+            ratio = f"{cur_marg / b_marg:10.2f}" if cur_marg and b_marg else f"{'-':>10}"
+            line += f" | {b.cpu_ms_per_node:12.1f} {_ms(b_marg):>9} {max(r.bad for r in base):8} " \
+                    f"{cur.cpu_s / b.cpu_s:9.2f} {ratio} {cur.wall_s / b.wall_s:10.2f}"
+        print(line)
+    print("\nCPU ms/node: the CLI's CPU / nodes; marginal: (CPU - CPU at 1 node) / (nodes - 1), "
+          "the per-node cost without the start-up (imports, inventory)")
+
+
+def marginal(runs: list[Run], run: Run) -> float | None:
+    """Per-node CPU above the same tree/command/mode's 1-node run (ms), or None."""
+    ones = [r for r in runs if (r.tree, r.command, r.mode, r.nodes) ==
+            (run.tree, run.command, run.mode, 1)]
+    if run.nodes <= 1 or not ones:
+        return None
+    one = min(ones, key=lambda r: r.cpu_s)
+    return (run.cpu_s - one.cpu_s) * 1000 / (run.nodes - 1)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

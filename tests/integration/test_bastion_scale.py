@@ -1,0 +1,192 @@
+"""Rack scale through a bastion, over real SSH: one shared connection to the jump host, stock
+OpenSSH limits on every sshd (MaxStartups 10:30:100), transient drops retried, authentication
+failures and unknown keys never retried, and 128 nodes behind one bastion read cleanly.
+
+Own simcluster instance (SIMCLUSTER_PREFIX=bst, subnet 14): `simcluster up N --bastion` puts an
+sshd in front whose address is the only one the nodes accept logins from (AllowUsers root@IP), so
+a run that reaches a node went through the bastion. Counts come from the sshds' own logs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.integration.conftest import REPO, SIMCLUSTER, simcluster_unavailable
+
+pytestmark = pytest.mark.integration
+
+ENV = {**os.environ, "SIMCLUSTER_PREFIX": "bst", "SIMCLUSTER_SUBNET": "14",
+       "SIMCLUSTER_DIR": os.path.join(tempfile.gettempdir(), "simcluster-bst")}
+SIM_DIR = Path(ENV["SIMCLUSTER_DIR"])
+BASTION_IP = "198.18.14.253"
+RUN_DIR = tempfile.mkdtemp(prefix="cluster-test-runs-bst-")
+
+
+def sim(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, str(SIMCLUSTER), *args], capture_output=True, text=True,
+                          timeout=timeout, env=ENV)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def cli(inv: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "CLUSTER_RUN_DIR": RUN_DIR}
+    return subprocess.run([sys.executable, "-m", "cluster", "-i", str(inv), *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def log_of(node: str) -> str:
+    return (SIM_DIR / "nodes" / node / "console.log").read_text(errors="replace")
+
+
+def count(node: str, text: str) -> int:
+    return log_of(node).count(text)
+
+
+@pytest.fixture(scope="module")
+def bastion_cluster():
+    reason = simcluster_unavailable()
+    if reason:
+        pytest.skip(reason)
+    sim("up", "4", "--bastion")
+    yield SIM_DIR / "cluster.yaml"
+    if os.environ.get("SIMCLUSTER_KEEP") != "1":
+        sim("down")
+
+
+def _variant(inv: Path, tmp_path: Path, **ssh_changes) -> Path:
+    doc = yaml.safe_load(inv.read_text())
+    for key, value in ssh_changes.items():
+        if value is None:
+            doc["ssh"].pop(key, None)
+        else:
+            doc["ssh"][key] = value
+    out = tmp_path / "cluster.yaml"
+    out.write_text(yaml.safe_dump(doc))
+    return out
+
+
+def test_every_node_through_one_bastion_connection(bastion_cluster):
+    names = [f"node{i}" for i in range(1, 5)]
+    accepted = "Accepted publickey for root"
+    before = count("bastion", accepted)
+    via = {n: count(n, f"{accepted} from {BASTION_IP}") for n in names}
+    proc = cli(bastion_cluster, "exec", "--json", "--", "hostname")
+    assert proc.returncode == 0, proc.stderr
+    results = {r["node"]: r for r in json.loads(proc.stdout)["results"]}
+    assert {n: r["stdout"].strip() for n, r in results.items()} == {n: n for n in names}
+    assert count("bastion", accepted) - before == 1   # one SSH connection for all four nodes
+    for n in names:                                    # each node saw the bastion's address
+        assert count(n, f"{accepted} from {BASTION_IP}") - via[n] == 1
+
+
+def test_preflight_through_the_bastion_reaches_every_node(bastion_cluster):
+    proc = cli(bastion_cluster, "preflight", "--json")
+    doc = json.loads(proc.stdout)
+    bad = [r for r in doc["results"] if r["status"] == "error"]
+    assert not bad, bad[:3]
+    assert doc["exit_code"] in (0, 1), proc.stderr
+
+
+def test_a_direct_route_is_refused_and_the_auth_failure_not_retried(bastion_cluster, tmp_path):
+    inv = _variant(bastion_cluster, tmp_path, jump_host=None)
+    refused = "not allowed because not listed in AllowUsers"
+    before = count("node2", refused)
+    proc = cli(inv, "exec", "--json", "--nodes", "node2", "--", "true", timeout=120)
+    assert proc.returncode == 2
+    result = json.loads(proc.stdout)["results"][0]
+    assert result["status"] == "unreachable" and "authentication failed" in result["error"]
+    assert "attempts" not in result["error"]
+    assert count("node2", refused) - before == 1      # tried once, never again
+
+
+def test_an_unknown_bastion_key_is_refused_not_retried(bastion_cluster, tmp_path):
+    known = tmp_path / "known_hosts"
+    known.write_text("".join(line for line in (SIM_DIR / "known_hosts").read_text().splitlines(True)
+                             if not line.startswith("bastion,")))
+    inv = _variant(bastion_cluster, tmp_path, known_hosts=str(known))
+    proc = cli(inv, "exec", "--json", "--nodes", "node1", "--", "true", timeout=120)
+    assert proc.returncode == 2
+    error = json.loads(proc.stdout)["results"][0]["error"]
+    assert "jump host" in error and "unknown host key" in error and "SHA256:" in error
+    assert "attempts" not in error
+
+
+def test_a_node_that_drops_the_first_connections_is_retried(bastion_cluster):
+    """node3's sshd keeps OpenSSH's stock MaxStartups 10:30:100: with 100 unauthenticated
+    connections held open it drops every new one; they are released after 1.5 s, while the
+    client retries with backoff inside its connect budget."""
+    holders = []
+    for _ in range(100):
+        s = socket.create_connection(("198.18.14.3", 22), timeout=5)
+        holders.append(s)
+    dropped_before = count("node3", "past MaxStartups")
+
+    def release():
+        time.sleep(1.5)
+        for s in holders:
+            s.close()
+
+    releaser = threading.Thread(target=release)
+    try:
+        time.sleep(0.5)  # let sshd account for every held connection
+        releaser.start()
+        proc = cli(bastion_cluster, "exec", "--json", "--nodes", "node3", "--", "hostname",
+                   timeout=120)
+    finally:
+        releaser.join()
+        for s in holders:
+            s.close()
+    result = json.loads(proc.stdout)["results"][0]
+    assert result["status"] == "ok" and result["stdout"].strip() == "node3", result
+    assert count("node3", "past MaxStartups") > dropped_before  # drops really happened
+
+
+@pytest.fixture(scope="module")
+def rack_128():
+    reason = simcluster_unavailable()
+    if reason:
+        pytest.skip(reason)
+    sim("up", "128", "--bastion", "--profile", "node37=h100-no-peermem", timeout=900)
+    yield SIM_DIR / "cluster.yaml"
+    if os.environ.get("SIMCLUSTER_KEEP") != "1":
+        sim("down", timeout=600)
+
+
+def test_128_nodes_behind_a_stock_bastion(rack_128):
+    for attempt in range(3):
+        proc = cli(rack_128, "preflight", "--json", timeout=600)
+        doc = json.loads(proc.stdout)
+        errors = [(r["node"], r["check"], r["summary"]) for r in doc["results"]
+                  if r["status"] == "error"]
+        assert not errors, (attempt, errors[:5])
+        failing = {(r["node"], r["check"]) for r in doc["results"] if r["status"] == "fail"}
+        assert failing == {("node37", "gpudirect")}, (attempt, sorted(failing)[:5])
+    proc = cli(rack_128, "exec", "--json", "--", "hostname", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = json.loads(proc.stdout)["results"]
+    assert len(results) == 128 and all(r["stdout"].strip() == r["node"] for r in results)
+
+
+def test_128_node_human_preflight_fits_a_screen(rack_128):
+    proc = cli(rack_128, "preflight", timeout=600)
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 2
+    assert len(lines) <= 60, proc.stdout
+    for check in ("gpus", "driver", "nvlink", "infiniband", "gpudirect", "clock", "shm",
+                  "memlock", "versions", "model", "ports"):
+        assert any(line.startswith(check) for line in lines), (check, proc.stdout)
+    fix = [line for line in lines if line.startswith("fix gpudirect")]
+    assert fix and "node37" in fix[0] and "modprobe" in proc.stdout
+    assert "node37" in next(line for line in lines if line.startswith("gpudirect"))
