@@ -60,7 +60,11 @@ def probe_script(probes: Iterable[Probe], per_probe_timeout: float = 20) -> str:
             f"echo '{_MARK} {p.name} begin'; "
             f"{{ {body} 2>&1 1>&3 3>&- | sed -u 's/^/{_ERR}/'; rc=${{PIPESTATUS[0]}}; }} 3>&1; "
             f"printf '\\n{_MARK} {p.name} end %s\\n' \"$rc\"")
-    return "bash -c " + shlex.quote("\n".join(parts))
+    # All output is gathered on the node and written at once: streamed, every line of every
+    # probe was its own SSH packet (through a bastion, twice), which cost the laptop more CPU
+    # than everything else in a preflight. The trailing "." keeps $(...) from eating newlines.
+    script = "\n".join(parts)
+    return "bash -c " + shlex.quote(f"out=$({script}\necho .); printf '%s' \"${{out%.}}\"")
 
 
 def split_probe_output(text: str, probes: Iterable[Probe]) -> dict[str, ProbeOutput]:

@@ -71,8 +71,13 @@ def run_cli(tree: Path, label: str, command: str, nodes: int, mode: str) -> Run:
     bad = nodes
     try:
         doc = json.loads(text)
-        bad = sum(1 for r in doc.get("results", [])
-                  if r.get("status") in ("unreachable", "error", "timeout"))
+        bads = [r for r in doc.get("results", [])
+                if r.get("status") in ("unreachable", "error", "timeout")]
+        bad = len(bads)
+        if bads:
+            first = bads[0]
+            print(f"  {label} {command} {nodes} {mode}: {bad} bad, e.g. {first.get('node')}: "
+                  f"{(first.get('summary') or first.get('error') or '')[:200]}", flush=True)
     except ValueError:
         pass
     return Run(label, command, nodes, mode, wall, usage.ru_utime + usage.ru_stime,
