@@ -50,7 +50,54 @@ class _Parser(argparse.ArgumentParser):
                      f"(see `{self.prog} --help`)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+# One line each for `cluster --help`, so that listing the commands imports none of them
+# (tests/test_cli_guard.py checks these against each module's own help).
+HELP: dict[str, str] = {
+    "init": "write a commented cluster.yaml template",
+    "inventory": "show the resolved inventory (secrets redacted)",
+    "exec": "run a command on nodes in parallel",
+    "preflight": "check drivers, GPUs, NVLink, IB, GPUDirect, clocks, /dev/shm, memlock, "
+                 "versions, model files",
+    "runs": "list past runs and where their records are",
+    "parse": "parse captured outputs of node diagnostics (nvidia-smi, ibstat, chronyc, NCCL "
+             "logs, ...)",
+    "up": "start (or repair) the Ray cluster: head, then workers; idempotent",
+    "down": "stop Ray on every node (workers first, then the head); idempotent",
+    "status": "Ray nodes, GPUs, version and Serve applications, read on the head",
+    "dashboard": "open an SSH tunnel to the head's Ray dashboard and print its local URL",
+    "plan": "plan TP/PP/DP/EP and vLLM engine args for a model on this cluster",
+    "bench": "load-test an OpenAI-compatible endpoint (TTFT, ITL, latency, tokens/s)",
+    "deploy": "serve a model on the Ray cluster (Ray Serve + vLLM, OpenAI API)",
+    "undeploy": "remove a Serve application (the others keep running)",
+    "nccl-check": "prove the real inter-node transport and bandwidth with an all-reduce",
+    "tune": "sweep an engine arg of a deployed app (redeploy + bench per value) and recommend one",
+    "drain": "drain a worker: no new Ray work there, Serve replicas moved off first",
+    "restart-node": "drain a worker, restart its Ray, rejoin and verify (rolling restart)",
+}
+
+
+def chosen_command(argv: Sequence[str]) -> str | None:
+    """The subcommand named in argv (skipping the global options), or None."""
+    words = list(argv)
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word in ("-i", "--inventory"):
+            i += 2
+            continue
+        if word.startswith("-"):
+            i += 1
+            continue
+        return word
+    return None
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The CLI's parser. With argv, only the command it names is imported and registered in
+    full (the others get a one-line entry from HELP): `cluster --help`, `cluster parse` and
+    friends start without importing every command's dependencies. Without argv, all are."""
+    only = chosen_command(argv) if argv is not None else None
+    lazy = argv is not None
     parser = _Parser(
         prog="cluster",
         description="Turn bare-metal GPU servers into a verified Ray cluster serving vLLM.",
@@ -61,8 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="cluster.yaml (default: $CLUSTER_INVENTORY, ./cluster.yaml, "
                              "then the embedded single-node localhost default)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for _name, module in COMMANDS:
-        importlib.import_module(f"cluster.commands.{module}").register(sub)
+    for name, module in COMMANDS:
+        if lazy and name != only:
+            sub.add_parser(name, help=HELP[name], add_help=False)
+        else:
+            importlib.import_module(f"cluster.commands.{module}").register(sub)
     return parser
 
 
@@ -74,7 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args: argparse.Namespace | None = None
     try:
-        parser = build_parser()
+        argv = list(sys.argv[1:] if argv is None else argv)
+        parser = build_parser(argv)
         args = parser.parse_args(argv)
         handler = getattr(args, "handler", None)
         if handler is None:

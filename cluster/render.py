@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from rich.table import Table
 from rich.text import Text
 
-from cluster.remote import CommandResult
 from cluster.results import Report, Status, to_jsonable
 from cluster.textsafe import terminal_safe
+
+if TYPE_CHECKING:  # annotations only: rendering needs no SSH code
+    from cluster.remote import CommandResult
 
 STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "error": "bold magenta",
                 "skip": "dim", "failed": "bold red", "unreachable": "bold magenta",

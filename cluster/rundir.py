@@ -16,11 +16,13 @@ import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from cluster.errors import UsageError
-from cluster.remote import CommandResult
 from cluster.results import to_jsonable
+
+if TYPE_CHECKING:  # annotations only
+    from cluster.remote import CommandResult
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 SECRET_ENV_NAMES = ("CLUSTER_API_KEY", "VLLM_API_KEY", "OPENAI_API_KEY", "HF_TOKEN",

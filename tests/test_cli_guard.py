@@ -167,3 +167,33 @@ def test_usage_errors_are_one_line_exit_2(argv):
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1, proc.stderr
     assert "error:" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_help_lines_match_each_command_module():
+    import argparse
+    import importlib
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    for name, module in cli.COMMANDS:
+        importlib.import_module(f"cluster.commands.{module}").register(sub)
+    helps = {a.dest: a.help for a in sub._choices_actions}
+    assert helps == cli.HELP
+
+
+@pytest.mark.parametrize("argv,absent", [
+    (["--help"], ("rich", "paramiko", "fabric", "yaml", "cluster.remote")),
+    (["parse", "--help"], ("paramiko", "fabric", "cluster.remote")),
+])
+def test_start_up_imports_only_what_the_command_needs(argv, absent):
+    code = ("import sys, cluster.cli as c\n"
+            "try:\n    c.main(%r)\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in %r if m in sys.modules))" % (argv, absent))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60).stdout
+    assert out.strip().splitlines()[-1] == "[]"
+
+
+def test_global_options_before_the_command_are_skipped():
+    assert cli.chosen_command(["-i", "x.yaml", "--version", "exec", "--", "ls"]) == "exec"
+    assert cli.chosen_command(["--help"]) is None

@@ -6,16 +6,17 @@ import argparse
 import contextlib
 import math
 import sys
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cluster import inventory as inventory_mod
 from cluster.errors import UsageError
-from cluster.inventory import Inventory
 from cluster.render import to_json
-from cluster.rundir import RunDir
+
+if TYPE_CHECKING:  # `cluster parse` and `plan` start without the inventory or run records
+    from cluster.inventory import Inventory
+    from cluster.rundir import RunDir
 
 
 
@@ -75,6 +76,8 @@ def _serial(text: str) -> int:
 
 
 def load_inventory(args: argparse.Namespace) -> Inventory:
+    from cluster import inventory as inventory_mod
+
     return inventory_mod.load(getattr(args, "inventory", None))
 
 
@@ -111,6 +114,8 @@ def confirm(question: str, yes: bool) -> bool:
 
 
 def start_run(args: argparse.Namespace, inventory: Inventory, command: str) -> RunDir:
+    from cluster.rundir import RunDir
+
     return RunDir.create(inventory.run_dir, command, argv=sys.argv,
                          inventory_path=inventory.path, secrets=inventory.secret_values())
 
