@@ -190,3 +190,25 @@ def test_128_node_human_preflight_fits_a_screen(rack_128):
     fix = [line for line in lines if line.startswith("fix gpudirect")]
     assert fix and "node37" in fix[0] and "modprobe" in proc.stdout
     assert "node37" in next(line for line in lines if line.startswith("gpudirect"))
+
+
+def test_a_checkout_under_tmp_is_seen_by_the_nodes(bastion_cluster, tmp_path_factory):
+    """Nodes have a private /tmp: a venv (or checkout) under the host's /tmp is bound back into
+    each node at the same path, so `scripts/demo` works from a checkout anywhere."""
+    venv = Path(tempfile.mkdtemp(prefix="venv-under-tmp-", dir="/tmp"))
+    (venv / "bin").mkdir()
+    (venv / "bin" / "python3").symlink_to(os.path.realpath(sys.executable))
+    env = {**ENV, "SIMCLUSTER_VENV": str(venv)}
+    try:
+        up = subprocess.run([sys.executable, str(SIMCLUSTER), "up", "4", "--bastion"],
+                            capture_output=True, text=True, timeout=300, env=env)
+        assert up.returncode == 0, up.stdout + up.stderr
+        inv = yaml.safe_load((SIM_DIR / "cluster.yaml").read_text())
+        assert inv["ray"]["python"] == str(venv / "bin" / "python3")
+        proc = cli(SIM_DIR / "cluster.yaml", "exec", "--json", "--",
+                   f"{venv}/bin/python3 -c 'import sys; print(sys.version_info[0])'")
+        assert proc.returncode == 0, proc.stdout[-2000:]
+        assert {r["stdout"].strip() for r in json.loads(proc.stdout)["results"]} == {"3"}
+    finally:
+        sim("up", "4", "--bastion")  # back to the module's cluster (the repository's venv)
+        subprocess.run(["rm", "-rf", str(venv)], check=False)
