@@ -124,7 +124,7 @@ _SCRIPT_RE = re.compile(r"^Script (?:started|done)(?: on |, (?:file|output log f
 _ANSIBLE_RE = re.compile(
     r"^(?P<host>[^\s|]{1,253}) \| (?P<status>CHANGED|SUCCESS|FAILED!?|OK|SKIPPED|UNREACHABLE!?)"
     r" \| rc=(?P<rc>-?\d{1,6}) (?:>>|\| \(stdout\) ?(?P<inline>.*))$")
-_ANSIBLE_RC_TAIL = "non-zero return code"
+ANSIBLE_RC_NOTE = "non-zero return code"
 # dshbak / clush -b: a dashed rule, the host (or node set "n[1-2] (2)"), a dashed rule
 _RULE_RE = re.compile(r"^-{5,200}$")
 _DSHBAK_HOST_RE = re.compile(r"^(?P<host>[A-Za-z0-9][\w.\-,\[\]]{0,252})(?: \(\d{1,6}\))?$")
@@ -170,12 +170,13 @@ def _ansible(lines: list[str]) -> list[HostOutput] | None:
 
 
 def _without_rc_tail(body: list[str]) -> list[str]:
-    """ansible appends 'non-zero return code' to a failed command's output (no newline before)."""
+    """ansible appends 'non-zero return code' to a failed command's output with no newline
+    before it: put it on its own line (an empty `grep` answer reads as that line alone)."""
     for k in range(len(body) - 1, -1, -1):
         if body[k].strip():
-            if body[k].endswith(_ANSIBLE_RC_TAIL):
-                rest = body[k][: -len(_ANSIBLE_RC_TAIL)]
-                return body[:k] + ([rest] if rest.strip() else []) + body[k + 1:]
+            if body[k].endswith(ANSIBLE_RC_NOTE) and body[k] != ANSIBLE_RC_NOTE:
+                rest = body[k][: -len(ANSIBLE_RC_NOTE)]
+                return body[:k] + [rest, ANSIBLE_RC_NOTE] + body[k + 1:]
             return body
     return body
 
