@@ -43,7 +43,7 @@ _SHOW_TIMESYNC_KEYS = {"LinkNTPServers", "SystemNTPServers", "RuntimeNTPServers"
                        "FallbackNTPServers", "ServerName", "ServerAddress", "RootDistanceMaxUSec",
                        "PollIntervalMinUSec", "PollIntervalMaxUSec", "PollIntervalUSec",
                        "NTPMessage", "Frequency"}
-_COMMAND_PREFIX_RE = re.compile(r"^\S{0,200}+timedatectl(?:\s++status)?\s++")
+_COMMAND_PREFIX_RE = re.compile(r"^\S{0,200}timedatectl(?:\s++status)?\s++")
 _SHOW_LINE_RE = re.compile(r"^\s*+(?P<key>[A-Za-z]{1,40}+)=(?P<value>.*)$")
 _MESSAGE_KEY_RE = re.compile(r"(?<![\w.])(?P<key>[A-Za-z]{1,40}+)=")
 _SYNC_KEYS = {"system clock synchronized", "ntp synchronized", "NTPSynchronized"}
