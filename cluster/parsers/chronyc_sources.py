@@ -17,7 +17,8 @@ import re
 from dataclasses import dataclass
 
 from cluster.errors import ParseError
-from cluster.parsers._lines import clean_lines, head_text, jsonable, numbered, require_text
+from cluster.parsers._lines import (clean_lines, finite_float, head_text, jsonable, numbered,
+                                    require_text)
 
 KIND = "chronyc-sources"
 
@@ -26,19 +27,19 @@ DEFAULT_MAX_OFFSET_SECONDS = 1.0
 _UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0,
                  "m": 60.0, "h": 3600.0, "d": 86400.0, "y": 365 * 86400.0}
 _U = r"(?:ns|us|µs|μs|ms|s|m|h|d|y)"
-_NUM = r"[+-]?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?"
+_NUM = r"[+-]?\d{1,20}+(?:\.\d{1,20}+)?(?:[eE][+-]?\d{1,3}+)?"
 _ROW_RE = re.compile(
-    r"^(?P<mode>[\^=#])(?P<state>[*+\-?x~ ]?)\s*(?P<name>\S+)\s+(?P<stratum>\d+)\s+"
-    r"(?P<poll>-?\d+)\s+(?P<reach>[0-7]+)\s+(?P<lastrx>-|\d+[smhdy]?)"
-    rf"(?:\s+(?P<adj>{_NUM})\s*(?P<adj_u>{_U})\s*"
-    rf"(?:\[\s*(?P<meas>{_NUM})\s*(?P<meas_u>{_U})\s*\]\s*"
-    rf"(?:\+/-\s*(?P<err>{_NUM})\s*(?P<err_u>{_U}))?)?)?\s*$"
+    r"^(?P<mode>[\^=#])(?P<state>[*+\-?x~ ]?)\s*+(?P<name>\S++)\s++(?P<stratum>\d{1,3}+)\s++"
+    r"(?P<poll>-?\d{1,3}+)\s++(?P<reach>[0-7]{1,6}+)\s++(?P<lastrx>-|\d{1,12}+[smhdy]?)"
+    rf"(?:\s++(?P<adj>{_NUM})\s*+(?P<adj_u>{_U})\s*+"
+    rf"(?:\[\s*+(?P<meas>{_NUM})\s*+(?P<meas_u>{_U})\s*+\]\s*+"
+    rf"(?:\+/-\s*+(?P<err>{_NUM})\s*+(?P<err_u>{_U}))?)?)?\s*+$"
 )
 _CSV_RE = re.compile(
-    rf"^(?P<mode>[\^=#]),(?P<state>[*+\-?x~ ]),(?P<name>[^,]+),(?P<stratum>\d+),(?P<poll>-?\d+),"
-    rf"(?P<reach>[0-7]+),(?P<lastrx>-?\d+),(?P<adj>{_NUM}),(?P<meas>{_NUM}),(?P<err>{_NUM})\s*$"
+    rf"^(?P<mode>[\^=#]),(?P<state>[*+\-?x~ ]),(?P<name>[^,]++),(?P<stratum>\d{{1,3}}+),"
+    rf"(?P<poll>-?\d{{1,3}}+),(?P<reach>[0-7]{{1,6}}+),(?P<lastrx>-?\d{{1,12}}+),(?P<adj>{_NUM}),(?P<meas>{_NUM}),(?P<err>{_NUM})\s*$"
 )
-_COUNT_RE = re.compile(r"^\s*(?:210\s+)?Number of sources\s*=\s*(?P<n>\d+)\s*$", re.IGNORECASE)
+_COUNT_RE = re.compile(r"^\s*+(?:210\s++)?Number of sources\s*+=\s*+(?P<n>\d{1,9}+)\s*+$", re.IGNORECASE)
 _HEADER_RE = re.compile(r"^\s*MS\s+Name/IP address\s+Stratum\s+Poll\s+Reach", re.IGNORECASE)
 
 _MODES = {"^": "server", "=": "peer", "#": "local_refclock"}
@@ -82,7 +83,8 @@ class Sources:
 def _seconds(num: str | None, unit: str | None) -> float | None:
     if num is None:
         return None
-    return round(float(num) * _UNIT_SECONDS[unit or "s"], 12)
+    value = finite_float(num)
+    return None if value is None else round(value * _UNIT_SECONDS[unit or "s"], 12)
 
 
 def _last_rx_seconds(value: str) -> int | None:
@@ -98,7 +100,7 @@ def _source(m: re.Match, csv: bool) -> Source:
     reach = m.group("reach")
     lastrx = m.group("lastrx")
     if csv:
-        adj, meas, err = (float(m.group(k)) for k in ("adj", "meas", "err"))
+        adj, meas, err = (finite_float(m.group(k)) for k in ("adj", "meas", "err"))
         # chrony's CSV prints the reach register in octal like the table, LastRx in seconds
         last_rx_seconds = None if lastrx.startswith("-") else int(lastrx)
         # a never-sampled source prints 4294967295 (uint32 -1)
@@ -109,6 +111,9 @@ def _source(m: re.Match, csv: bool) -> Source:
         meas = _seconds(m.group("meas"), m.group("meas_u"))
         err = _seconds(m.group("err"), m.group("err_u"))
         last_rx_seconds = _last_rx_seconds(lastrx)
+    for key, value in (("adj", adj), ("meas", meas), ("err", err)):
+        if m.group(key) is not None and value is None:
+            raise ParseError(KIND, f"sample value {m.group(key)!r} is not a finite number")
     mode = m.group("mode")
     return Source(
         mode=mode, mode_name=_MODES[mode], state=state, state_name=_STATES.get(state or ""),
@@ -170,7 +175,8 @@ def parse(text: str, max_offset_seconds: float = DEFAULT_MAX_OFFSET_SECONDS) -> 
 def detect(text: str) -> bool:
     """chrony's sources header, or at least one source row."""
     head = head_text(text)
-    if re.search(r"^\s*MS\s+Name/IP address\s+Stratum\s+Poll\s+Reach", head, re.MULTILINE):
+    if re.search(r"^[ \t]*+MS[ \t]++Name/IP address[ \t]++Stratum[ \t]++Poll[ \t]++Reach", head,
+                 re.MULTILINE):
         return True
     for line in head.splitlines()[:200]:
         if _ROW_RE.match(line.strip()) and re.search(rf"{_U}\s*\[", line):

@@ -20,25 +20,27 @@ import re
 from dataclasses import dataclass
 
 from cluster.errors import ParseError
-from cluster.parsers._lines import clean_lines, head_text, jsonable, numbered, require_text
+from cluster.parsers._lines import (clean_lines, finite_float, head_text, jsonable, numbered,
+                                    require_text)
 
 KIND = "chronyc-tracking"
 
 DEFAULT_MAX_OFFSET_SECONDS = 1.0
 
-_KV_RE = re.compile(r"^\s*(?P<key>Reference ID|Stratum|Ref time \(UTC\)|System time|Last offset|"
+_KV_RE = re.compile(r"^\s*+(?P<key>Reference ID|Stratum|Ref time \(UTC\)|System time|Last offset|"
                     r"RMS offset|Frequency|Residual freq|Skew|Root delay|Root dispersion|"
-                    r"Update interval|Leap status)\s*:\s*(?P<value>.*?)\s*$", re.IGNORECASE)
-_NUM = r"[+-]?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?"
-_SYSTEM_TIME_RE = re.compile(rf"^(?P<num>{_NUM})\s*(?:seconds?)?\s*(?P<dir>fast|slow)\b",
+                    r"Update interval|Leap status)\s*+:(?P<value>.*)$", re.IGNORECASE)
+_NUM = r"[+-]?\d{1,20}+(?:\.\d{1,20}+)?(?:[eE][+-]?\d{1,3}+)?"
+_SYSTEM_TIME_RE = re.compile(rf"^(?P<num>{_NUM})\s*+(?:seconds?)?\s*+(?P<dir>fast|slow)\b",
                              re.IGNORECASE)
-_FREQ_RE = re.compile(rf"^(?P<num>{_NUM})\s*ppm\s*(?P<dir>fast|slow)?", re.IGNORECASE)
-_REF_RE = re.compile(r"^(?P<id>[0-9A-Fa-f]{8}|\d{1,3}(?:\.\d{1,3}){3}|\S+)\s*(?:\((?P<name>.*)\))?$")
+_FREQ_RE = re.compile(rf"^(?P<num>{_NUM})\s*+ppm\s*+(?P<dir>fast|slow)?", re.IGNORECASE)
+_REF_RE = re.compile(r"^(?P<id>[0-9A-Fa-f]{8}|\d{1,3}(?:\.\d{1,3}){3}|[^\s(]++)\s*+"
+                     r"(?:\((?P<name>.*)\))?$")
 _CSV_RE = re.compile(
-    rf"^(?P<id>[0-9A-Fa-f]{{8}}),(?P<name>[^,]*),(?P<stratum>\d+),(?P<reftime>{_NUM}),"
+    rf"^(?P<id>[0-9A-Fa-f]{{8}}),(?P<name>[^,]*),(?P<stratum>\d{{1,3}}+),(?P<reftime>{_NUM}),"
     rf"(?P<correction>{_NUM}),(?P<last>{_NUM}),(?P<rms>{_NUM}),(?P<freq>{_NUM}),"
     rf"(?P<resid>{_NUM}),(?P<skew>{_NUM}),(?P<delay>{_NUM}),(?P<disp>{_NUM}),"
-    rf"(?P<interval>{_NUM}),(?P<leap>[A-Za-z ]+)\s*$"
+    rf"(?P<interval>{_NUM}),(?P<leap>[A-Za-z][A-Za-z ]*+)$"
 )
 _LOCAL_REFIDS = {"7F7F0101", "127.127.1.1"}
 _LEAPS = {"normal": "Normal", "insert second": "Insert second", "delete second": "Delete second",
@@ -73,8 +75,8 @@ class Tracking:
 def _float(value: str | None) -> float | None:
     if value is None:
         return None
-    m = re.match(rf"^\s*({_NUM})", value)
-    return float(m.group(1)) if m else None
+    m = re.match(rf"^\s*+({_NUM})", value)
+    return finite_float(m.group(1)) if m else None
 
 
 def _signed(value: str | None, regex: re.Pattern, positive: str) -> float | None:
@@ -83,10 +85,13 @@ def _signed(value: str | None, regex: re.Pattern, positive: str) -> float | None
     m = regex.match(value.strip())
     if not m:
         return None
-    x = abs(float(m.group("num")))
+    value = finite_float(m.group("num"))
+    if value is None:
+        return None
+    x = abs(value)
     direction = (m.group("dir") or "").lower()
     if not direction:
-        return float(m.group("num"))
+        return value
     return x if direction == positive else -x
 
 
@@ -115,7 +120,12 @@ def _leap(value: str | None) -> str | None:
 
 
 def _from_csv(m: re.Match, max_offset_seconds: float) -> Tracking:
-    correction = float(m.group("correction"))
+    keys = ("correction", "last", "rms", "freq", "resid", "skew", "delay", "disp", "interval")
+    v = {k: finite_float(m.group(k)) for k in keys}
+    bad = next((k for k in keys if v[k] is None), None)
+    if bad is not None:
+        raise ParseError(KIND, f"CSV field {bad} {m.group(bad)!r} is not a finite number")
+    correction = v["correction"]
     offset = -correction if correction else 0.0
     leap = _leap(m.group("leap"))
     stratum = int(m.group("stratum"))
@@ -125,11 +135,11 @@ def _from_csv(m: re.Match, max_offset_seconds: float) -> Tracking:
         offset_seconds=offset, stratum=stratum, leap_status=leap,
         reference_id=m.group("id").upper(), reference_name=m.group("name") or None,
         ref_time=m.group("reftime"),
-        last_offset_seconds=float(m.group("last")), rms_offset_seconds=float(m.group("rms")),
-        frequency_ppm=float(m.group("freq")), residual_freq_ppm=float(m.group("resid")),
-        skew_ppm=float(m.group("skew")), root_delay_seconds=float(m.group("delay")),
-        root_dispersion_seconds=float(m.group("disp")),
-        update_interval_seconds=float(m.group("interval")),
+        last_offset_seconds=v["last"], rms_offset_seconds=v["rms"],
+        frequency_ppm=v["freq"], residual_freq_ppm=v["resid"],
+        skew_ppm=v["skew"], root_delay_seconds=v["delay"],
+        root_dispersion_seconds=v["disp"],
+        update_interval_seconds=v["interval"],
         max_offset_seconds=max_offset_seconds,
     )
 
@@ -162,7 +172,7 @@ def parse(text: str, max_offset_seconds: float = DEFAULT_MAX_OFFSET_SECONDS) -> 
             if key == "reference id" and current:
                 reports.append(current)
                 current = {}
-            current.setdefault(key, m.group("value"))
+            current.setdefault(key, m.group("value").strip())
             continue
         m = _CSV_RE.match(line.strip())
         if m:
@@ -193,7 +203,8 @@ def parse(text: str, max_offset_seconds: float = DEFAULT_MAX_OFFSET_SECONDS) -> 
     if system_time is not None and offset is None:
         raise ParseError(KIND, f"unreadable System time value {system_time!r}")
     stratum_text = f.get("stratum")
-    stratum = int(stratum_text) if stratum_text and stratum_text.strip().isdigit() else None
+    stratum = (int(stratum_text) if stratum_text and re.fullmatch(r"[0-9]{1,6}", stratum_text.strip())
+               else None)
     leap = _leap(f.get("leap status"))
     return Tracking(
         synchronized=judge(leap_status=leap, stratum=stratum, offset_seconds=offset,
@@ -216,11 +227,11 @@ def parse(text: str, max_offset_seconds: float = DEFAULT_MAX_OFFSET_SECONDS) -> 
 def detect(text: str) -> bool:
     """`System time : ... of NTP time` or the Reference ID / Leap status pair, or the CSV form."""
     head = head_text(text)
-    if re.search(r"^\s*System time\s*:.*\bof NTP time", head, re.MULTILINE | re.IGNORECASE):
+    if re.search(r"^[ \t]*+System time[ \t]*+:.*\bof NTP time", head, re.MULTILINE | re.IGNORECASE):
         return True
-    if (re.search(r"^\s*Reference ID\s*:", head, re.MULTILINE)
-            and re.search(r"^\s*(Leap status|Root dispersion|Ref time \(UTC\))\s*:", head,
+    if (re.search(r"^[ \t]*+Reference ID[ \t]*+:", head, re.MULTILINE)
+            and re.search(r"^[ \t]*+(Leap status|Root dispersion|Ref time \(UTC\))[ \t]*+:", head,
                           re.MULTILINE)
-            and not re.search(r"^\s*Remote address\s*:", head, re.MULTILINE)):
+            and not re.search(r"^[ \t]*+Remote address[ \t]*+:", head, re.MULTILINE)):
         return True
     return any(_CSV_RE.match(line.strip()) for line in head.splitlines()[:50])
