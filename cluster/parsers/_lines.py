@@ -98,6 +98,12 @@ def clean_lines(text: str) -> list[str]:
     return lines
 
 
+def unwrap(text: Any) -> Any:
+    """The text of ONE host's output without its fleet-tool wrapping (see clean_lines); a text
+    that is not a string is returned as it is (the parser's own check refuses it)."""
+    return "\n".join(clean_lines(text)) if isinstance(text, str) else text
+
+
 def head_text(text: str, chars: int = 20000) -> str:
     """The cleaned start of a text, for cheap detect() checks."""
     return "\n".join(clean_lines(text[:chars])) if isinstance(text, str) else ""
