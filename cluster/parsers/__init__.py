@@ -165,7 +165,17 @@ def parse(kind: str, text: str) -> Any:
         raise ParseError(kind, f"the capture holds the output of {len(outputs)} hosts "
                                f"({names}{more}); parse one host at a time")
     if outputs[0].host is None:
-        return module.parse(text)
+        try:
+            return module.parse(text)
+        except ParseError:
+            plain = _lines.plain_text(text)   # CR, ANSI, `script` markers, line numbers
+            if plain == text or plain == text.rstrip("\n"):
+                raise
+            try:
+                return module.parse(plain)
+            except ParseError:
+                pass
+            raise
     try:
         return module.parse(outputs[0].text)
     except ParseError:
@@ -199,9 +209,14 @@ def parse_hosts(kind: str, text: str) -> list[tuple[str | None, Any]]:
 
 
 def _first_host_text(text: str) -> str | None:
-    """The first host's output of a fleet capture (from its first 4 MB), or None for plain text."""
-    outputs = _lines.host_outputs(text[:4_000_000])
-    return outputs[0].text if outputs[0].host is not None or len(outputs) > 1 else None
+    """The first host's output of a fleet capture, or the cleaned text of a terminal capture
+    (CR, ANSI, `script` markers), from its first 4 MB; None when cleaning changes nothing."""
+    head = text[:4_000_000]
+    outputs = _lines.host_outputs(head)
+    if outputs[0].host is not None or len(outputs) > 1:
+        return outputs[0].text
+    plain = outputs[0].text
+    return plain if plain != head and plain != head.rstrip("\n") else None
 
 
 def parse_auto(text: str) -> tuple[str, Any]:

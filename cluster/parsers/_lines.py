@@ -98,6 +98,12 @@ def clean_lines(text: str) -> list[str]:
     return lines
 
 
+def plain_text(text: str) -> str:
+    """The text normalised (CR, ANSI, controls, BOM), `script` markers and paste line numbers
+    dropped, lines cut at MAX_LINE_CHARS; no fleet unwrapping."""
+    return "\n".join(_split(text))
+
+
 def unwrap(text: Any) -> Any:
     """The text of ONE host's output without its fleet-tool wrapping (see clean_lines); a text
     that is not a string is returned as it is (the parser's own check refuses it)."""
@@ -208,8 +214,12 @@ def _salt(lines: list[str]) -> list[HostOutput] | None:
     after = [ln for ln in lines[first:] if ln.strip()]
     if any(not (ln.startswith("    ") or _SALT_RE.match(ln)) for ln in after):
         return None
+    if not any(ln.startswith("    ") for ln in after):
+        return None
     before = lines[:first]
     preamble = [ln for ln in before if ln.strip() and not ln.startswith("    ")]
+    if any(command_in(ln) is None and not prompt_only(ln) for ln in preamble):
+        return None
     orphan = [ln[4:] for ln in before if ln.startswith("    ")]
     out = [HostOutput(None, tuple(preamble + orphan))] if orphan else []
     for n, i in enumerate(heads):
@@ -225,7 +235,8 @@ def _host_like(prefix: str) -> bool:
 
 
 def _prefixed(lines: list[str]) -> list[HostOutput] | None:
-    """pdsh/clush/srun -l: one prefix on >= 90% of the lines, or several host-like ones."""
+    """pdsh/clush/srun -l: one prefix on >= 90% of 3+ lines (or on every line, when it looks
+    like a host: a digit or a dot in it), or several host-like ones on >= 90% of the lines."""
     rows = [line for line in lines if line.strip()]
     counts: dict[str, int] = {}
     for line in rows:
@@ -237,7 +248,7 @@ def _prefixed(lines: list[str]) -> list[HostOutput] | None:
     prefix, n = max(counts.items(), key=lambda kv: kv[1])
     unprefixed = [ln for ln in rows if not _HOST_PREFIX_RE.match(ln)]
     commands = sum(1 for ln in unprefixed if command_in(ln) is not None or prompt_only(ln))
-    if len(rows) >= 3 and n >= 0.9 * len(rows):
+    if (len(rows) >= 3 and n >= 0.9 * len(rows)) or (n == len(rows) and _host_like(prefix[:-1])):
         hosts = [prefix]
     else:
         hosts = [p for p in counts if _host_like(p[:-1])]

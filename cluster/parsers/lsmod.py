@@ -179,7 +179,7 @@ def detect(text: str) -> bool:
         return True
     rows = [line.strip() for line in head.splitlines() if line.strip()]
     hits = sum(1 for r in rows if _LSMOD_RE.match(r) or _PROC_RE.match(r))
-    echoes = sum(1 for r in rows if re.search(r"\blsmod\b|/proc/modules", r))
+    echoes = sum(1 for r in rows if re.search(r"\blsmod\b|/proc/modules", r) or prompt_only(r))
     # a filtered listing: module lines, plus the command echo and at most little else
     others = len(rows) - hits - echoes
     if hits == 0:   # an empty `lsmod | grep`: its command lines and prompts, nothing else
