@@ -8,6 +8,7 @@ the fixtures show), and garbage that every parser must refuse with ParseError.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -750,3 +751,237 @@ def test_fixture_survives_pdsh_host_prefix(kind: str, path: Path) -> None:
     prefixed = "".join(f"gpu-node-07: {line}\n" for line in text.splitlines())
     assert parsers.parse(kind, prefixed).to_dict() == parsers.parse(kind, text).to_dict()
     assert MODULES[kind].detect(prefixed) and parsers.detect(prefixed) == kind
+
+
+# ---- issue 15, class 5: `lsmod | grep` that found nothing ---------------------------------
+
+@pytest.mark.parametrize("session", [
+    "# lsmod | grep nvidia_peermem\n#\n",
+    "(pytorch) [root@gpu3 ~]# lsmod | grep nvidia_peermem\n(pytorch) [root@gpu3 ~]#\n",
+    "ubuntu@node01:~$ lsmod | grep nvidia_peermem\nubuntu@node01:~$ lsmod | grep -i nv_peer_mem\n"
+    "ubuntu@node01:~$\n",
+    "$ sudo lsmod | grep -w nvidia_peermem\n$ lsmod | grep nvidia_peermem\n$\n",
+    "[root@h ~]# grep nvidia_peermem /proc/modules\n[root@h ~]#\n",
+    "\x1b[01;32mroot@n1\x1b[00m:~# lsmod | grep nvidia_peermem\r\n\x1b[01;32mroot@n1\x1b[00m:~# \r\n",
+    "$ ansible gpu -m shell -a 'lsmod | grep nvidia_peermem'\nn2 | FAILED | rc=1 >>\n"
+    "non-zero return code\n",
+])
+def test_lsmod_empty_grep_session_means_absent(session: str) -> None:
+    data = parsers.parse("lsmod", session).to_dict()
+    assert data["nvidia_peermem"] is False and data["nv_peer_mem"] is False
+    assert data["modules"] == [] and data["complete"] is False
+    assert "nvidia_peermem" in data["filtered_by"]
+    assert parsers.detect(session) == "lsmod"
+
+
+@pytest.mark.parametrize("text", [
+    "$ lsmod | grep nvidia_peermem\n",                      # the paste may be cut: no answer shown
+    "$ lsmod | grep nvidia_peermem\nsomething else\n",     # answered by text that is no module line
+    "# ls /tmp\n#\n",                                       # not an lsmod command
+    "#\n$\n",
+    "lsmod: command not found\n",
+])
+def test_lsmod_unanswered_or_foreign_session_is_still_a_parse_error(text: str) -> None:
+    with pytest.raises(ParseError):
+        lsmod.parse(text)
+
+
+def test_lsmod_grep_with_output_and_an_empty_one() -> None:
+    text = ("$ lsmod | grep nv_peer_mem\nnv_peer_mem            16384  0\n"
+            "$ lsmod | grep nvidia_peermem\n$\n")
+    data = lsmod.parse(text).to_dict()
+    assert (data["nv_peer_mem"], data["nvidia_peermem"]) == (True, False)
+    assert data["filtered_by"] == ["nv_peer_mem", "nvidia_peermem"]
+
+
+# ---- issue 15, class 6: timedatectl's machine-readable and timesyncd forms -----------------
+
+def test_timedatectl_show_properties() -> None:
+    text = ("$ timedatectl show\nTimezone=Europe/Berlin\nLocalRTC=no\nCanNTP=yes\nNTP=yes\n"
+            "NTPSynchronized=yes\nTimeUSec=Mon 2024-06-03 10:00:00 CEST\n"
+            "RTCTimeUSec=Mon 2024-06-03 08:00:00 CEST\n")
+    t = timedatectl.parse(text)
+    assert (t.synchronized, t.ntp_active, t.timezone, t.labels) == (True, True, "Europe/Berlin",
+                                                                     "show")
+    assert timedatectl.detect(text) and parsers.detect(text) == "timedatectl"
+    unsynced = timedatectl.parse(text.replace("NTPSynchronized=yes", "NTPSynchronized=no")
+                                 .replace("NTP=yes", "NTP=no"))
+    assert (unsynced.synchronized, unsynced.ntp_active) == (False, False)
+
+
+def test_timedatectl_show_timesync_has_no_sync_flag() -> None:
+    text = ("LinkNTPServers=\nSystemNTPServers=\nFallbackNTPServers=ntp.ubuntu.com\n"
+            "ServerName=ntp.ubuntu.com\nServerAddress=91.189.91.157\nRootDistanceMaxUSec=5s\n"
+            "PollIntervalMinUSec=32s\nPollIntervalMaxUSec=34min 8s\nPollIntervalUSec=2min 8s\n"
+            "NTPMessage={ Leap=0, Version=4, Mode=4, Stratum=2, Precision=-23, RootDelay=1.1ms, "
+            "RootDispersion=25.2ms, Reference=11FD227B, Ignored=no PacketCount=3, Jitter=0 }\n"
+            "Frequency=-1183345\n")
+    t = timedatectl.parse(text)
+    assert (t.synchronized, t.labels, t.server, t.leap, t.stratum) == (
+        None, "show-timesync", "ntp.ubuntu.com", "normal", 2)
+    assert parsers.detect(text) == "timedatectl"
+    alarm = timedatectl.parse(text.replace("Leap=0", "Leap=3"))
+    assert alarm.synchronized is False and alarm.leap == "not synchronized"
+
+
+@pytest.mark.parametrize("offset,leap,stratum,synced", [
+    ("+1.234ms", "normal", "2", True),
+    ("-250.5us", "normal", "3", True),
+    ("-1.087495s", "normal", "2", False),          # a second off: not in sync
+    ("+2min 3.5s", "normal", "2", False),
+    ("+1.2ms", "not synchronized", "2", False),
+    ("+1.2ms", "normal", "16", False),
+])
+def test_timedatectl_timesync_status(offset: str, leap: str, stratum: str, synced: bool) -> None:
+    text = (f"$ timedatectl timesync-status\n       Server: 91.189.94.4 (ntp.ubuntu.com)\n"
+            f"Poll interval: 34min 8s (min: 32s; max 34min 8s)\n         Leap: {leap}\n"
+            f"      Version: 4\n      Stratum: {stratum}\n    Reference: C0248F97\n"
+            f"    Precision: 1us (-24)\nRoot distance: 40.580ms (max: 5s)\n"
+            f"       Offset: {offset}\n        Delay: 25.012ms\n       Jitter: 1.103ms\n"
+            f" Packet count: 620\n    Frequency: +3.123ppm\n")
+    t = timedatectl.parse(text)
+    assert (t.synchronized, t.labels, t.leap) == (synced, "timesync-status", leap)
+    assert parsers.detect(text) == "timedatectl"
+
+
+def test_timedatectl_timesync_status_without_offset_is_unknown() -> None:
+    t = timedatectl.parse("Server: 10.0.0.1 (10.0.0.1)\nPoll interval: 32s (min: 32s; max 34min 8s)\n"
+                          "Packet count: 0\n")
+    assert t.synchronized is None and t.server == "10.0.0.1 (10.0.0.1)"
+
+
+def test_timedatectl_timesync_words_alone_are_not_enough() -> None:
+    with pytest.raises(ParseError):
+        timedatectl.parse("Offset: 3\nDelay: 4\n")
+
+
+# ---- issue 15, class 7: captures from fleet tools, for every node kind ---------------------
+
+def _fleet_wrappers(text: str) -> dict[str, str]:
+    lines = text.splitlines()
+    return {
+        "ansible": "node01 | CHANGED | rc=0 >>\n" + text,
+        "ansible-oneline": "node01 | CHANGED | rc=0 | (stdout) " + "\\n".join(lines) + "\n",
+        "pdsh-ip": "".join(f"10.1.2.3: {line}\n" for line in lines),
+        "clush": "".join(f"gpu-a07: {line}\n" for line in lines),
+        "dshbak": "----------------\nnode01\n----------------\n" + text,
+        "salt": "node01:\n" + "".join(f"    {line}\n" if line else "\n" for line in lines),
+        "script-ansi-crlf": ("Script started on 2024-05-01 10:00:00+00:00 [TERM=\"xterm\"]\r\n"
+                             + "".join(f"\x1b[0m{line}\x1b[K\r\n" for line in lines)
+                             + "\x1b]0;root@n1: ~\x07\x1b[01;32mroot@n1\x1b[00m:~# \r\n"
+                             "Script done on 2024-05-01 10:00:05+00:00 [COMMAND_EXIT_CODE=\"0\"]\r\n"),
+    }
+
+
+NODE_CASES = [(kind, path) for kind in parsers.KINDS if kind != "nccl"
+              for path in sorted((FIXTURES / kind).glob("*.txt"))]
+
+
+@pytest.mark.parametrize("kind,path", NODE_CASES, ids=[f"{k}/{p.name}" for k, p in NODE_CASES])
+def test_fixture_through_every_fleet_tool(kind: str, path: Path) -> None:
+    text = path.read_text()
+    want = parsers.parse(kind, text).to_dict()
+    for tool, wrapped in _fleet_wrappers(text).items():
+        assert parsers.parse(kind, wrapped).to_dict() == want, tool
+        assert parsers.detect(wrapped) == kind, tool
+
+
+def test_two_hosts_in_one_capture_are_never_merged() -> None:
+    one = "nvidia_peermem         16384  0\nib_core               434176  9 nvidia_peermem\n"
+    other = "ib_core               434176  8\n"
+    captures = [
+        f"n1 | CHANGED | rc=0 >>\n{one}n2 | CHANGED | rc=0 >>\n{other}",
+        "".join(f"10.0.0.1: {ln}\n" for ln in one.splitlines())
+        + "".join(f"10.0.0.2: {ln}\n" for ln in other.splitlines()),
+        f"----------------\nn1\n----------------\n{one}----------------\nn2\n----------------\n{other}",
+        "n1:\n" + "".join(f"    {ln}\n" for ln in one.splitlines())
+        + "n2:\n" + "".join(f"    {ln}\n" for ln in other.splitlines()),
+    ]
+    for capture in captures:
+        with pytest.raises(ParseError, match="2 hosts"):
+            parsers.parse("lsmod", capture)
+        results = parsers.parse_hosts("lsmod", capture)
+        assert [r.nvidia_peermem for _, r in results] == [True, False], capture
+        assert len({host for host, _ in results}) == 2
+
+
+def test_paste_line_numbers_are_dropped_but_srun_task_ids_are_hosts() -> None:
+    numbered = ("lsmod | grep nvidia\n   160: nvidia_uvm           2650112  4\n"
+                "   163: nvidia              18214912  584 nvidia_uvm,nvidia_modeset\n")
+    data = lsmod.parse(numbered).to_dict()
+    assert [m["name"] for m in data["modules"]] == ["nvidia_uvm", "nvidia"]
+    tasks = "0: nvidia_peermem 16384 0\n1: nvidia 1 1\n"
+    assert len(parsers.parse_hosts("lsmod", tasks)) == 2
+
+
+# ---- issue 17: linear time on hostile lines, finite numbers --------------------------------
+
+MB = 1_000_000
+# Each once took seconds to hours (super-linear backtracking); each must now end promptly.
+HOSTILE = [
+    ("ulimit", "max locked memory " + " " * MB + "x"),
+    ("ulimit", "-l: " + "a " * (MB // 2) + "x"),
+    ("ulimit", " " * MB + "x"),
+    ("ulimit", "(" * MB),
+    ("df-shm", " " * MB + "x"),
+    ("df-shm", "df " + "-a" * (MB // 2)),
+    ("ibdev2netdev", "\t" * MB + "x"),
+    ("ibdev2netdev", "mlx5_0 port 1 " * (MB // 14) + "==> ib0 (" + " " * MB + "x"),
+    ("ibdev2netdev", "=" * MB),
+    ("ibstat", "CA 'mlx5_0'\nPort 1:\nState" + " " * MB + "x: Active"),
+    ("ibstat", "CA 'mlx5_0'\nPort 1:\nState: Active" + " " * MB + "(1"),
+    ("ibv_devinfo", "hca_id: mlx5_0\nport: 1\nGID[0]: fe80::1, " + " " * MB + "x"),
+    ("timedatectl", "Local time: " + "x " * (MB // 2) + "\nNTP synchronized: yes"),
+    ("chronyc-tracking", "System time : 1" + " " * MB + "x"),
+    ("chronyc-tracking", "7F7F0101,,1,1,1,1,1,1,1,1,1,1,1,Normal" + " " * MB + "1"),
+    ("chronyc-sources", "^* a 1 1 377 1 " + "1" * MB + "x"),
+    ("ntpq", "*a b 1 u 1 1 377 " + "1" * MB),
+    ("ntpq", 'status=0615 leap_none\n' + 'a="' * (MB // 3)),
+    ("lsmod", "nvidia 1 1" + " " * MB + "!"),
+    ("lsmod", "\n" * MB),
+    ("nvidia-smi-nvlink", "GPU 0: a" + " " * MB + "b\n  Link 0: 25 GB/s"),
+    ("nvidia-smi-nvlink", "GPU 0: a\n  Link 0: a," + " " * MB + "b"),
+    ("proc-driver-nvidia-version", "NVRM version: NVIDIA UNIX Kernel Module  535.1  x\nGCC version: a"
+     + " " * MB + "b"),
+    ("nvidia-smi-query", "index, name\n" + "0, " + " " * MB + "x"),
+    ("nvcc", "Cuda compilation tools, release 12.1, " + "V" * MB),
+]
+
+
+@pytest.mark.parametrize("kind,text", HOSTILE, ids=[f"{k}-{i}" for i, (k, _) in enumerate(HOSTILE)])
+def test_hostile_long_line_ends_in_a_result_or_parse_error(kind: str, text: str) -> None:
+    try:
+        result = parsers.parse(kind, text)
+    except ParseError:
+        return
+    json.dumps(result.to_dict(), allow_nan=False)
+
+
+@pytest.mark.parametrize("kind,text", [
+    ("chronyc-sources", "^* a 1 1 377 1 +1e999ms[+1ms] +/- 1ms"),
+    ("chronyc-sources", "^*,a,1,1,377,1,1e999,1,1"),
+    ("chronyc-tracking", "Stratum : 3\nSystem time : 1e999 seconds fast of NTP time\nLeap status : Normal"),
+    ("chronyc-tracking", "7F7F0101,,1,1,1e999,1,1,1,1,1,1,1,1,Normal"),
+    ("ntpq", "     remote           refid      st t when poll reach   delay   offset  jitter\n"
+             "*a b 1 u 1 1 377 1e999 1 1"),
+    ("ntpq", "associd=0 status=0615 leap_none, sync_ntp,\noffset=nan, stratum=2, sys_jitter=1"),
+    ("ntpq", "associd=0 status=0615 leap_none, sync_ntp,\noffset=1e999, stratum=2"),
+    ("df-shm", "Filesystem Size Used Avail Use% Mounted on\ntmpfs " + "9" * 400 + "G 0 0 0% /dev/shm"),
+    ("ibstat", "CA 'mlx5_0'\nPort 1:\nState: Active\nRate: " + "9" * 5000),
+    ("ibv_devinfo", "hca_id: mlx5_0\nfw_ver: 1\nport: 1\nactive_width: " + "9" * 400
+                    + "X\nactive_speed: 25 Gbps"),
+    ("lsmod", "nvidia " + "9" * 5000 + " 0"),
+    ("ulimit", "max locked memory (kbytes, -l) " + "9" * 5000),
+    ("nvidia-smi-nvlink", "GPU 0: a\n  Link " + "9" * 5000 + ": 25 GB/s"),
+    ("nvidia-smi-nvlink", "GPU 0: a\n  Link 0: Rx: " + "9" * 5000),
+    ("nvidia-smi-nvlink", "GPU 0: a\n  Link 0: 1.2.3 GB/s"),
+    ("nvidia-smi-query", "index, power.draw [W]\n0, 1e999 W"),
+    ("nvidia-smi-query", "index, memory.total [MiB]\n0, " + "9" * 5000),
+    ("timedatectl", "Offset: 1e999s\nServer: a\nPoll interval: 1s\nLeap: normal"),
+])
+def test_absurd_numbers_never_crash_nor_reach_json_as_inf(kind: str, text: str) -> None:
+    try:
+        result = parsers.parse(kind, text)
+    except ParseError:
+        return
+    json.dumps(result.to_dict(), allow_nan=False)
