@@ -94,7 +94,7 @@ def clean_lines(text: str) -> list[str]:
     lines = _split(text)
     outputs = _fleet(lines)
     if outputs is not None and len(outputs) == 1:
-        return list(outputs[0].lines)
+        return strip_line_numbers(list(outputs[0].lines))
     return lines
 
 
@@ -111,8 +111,8 @@ def unwrap(text: Any) -> Any:
 
 
 def head_text(text: str, chars: int = 20000) -> str:
-    """The cleaned start of a text, for cheap detect() checks."""
-    return "\n".join(clean_lines(text[:chars])) if isinstance(text, str) else ""
+    """The cleaned start of a text (its first host's, for a fleet capture), for detect()."""
+    return host_outputs(text[:chars])[0].text if isinstance(text, str) else ""
 
 
 # ---- fleet captures -------------------------------------------------------------------------
@@ -153,11 +153,21 @@ def host_outputs(text: str) -> list[HostOutput]:
     Lines before the first host (the command echo) are kept in front of every host's lines.
     """
     lines = _split(text)
-    return _fleet(lines) or [HostOutput(None, tuple(lines))]
+    outputs = _fleet(lines)
+    if outputs is None:
+        return [HostOutput(None, tuple(lines))]
+    return [dataclasses.replace(o, lines=tuple(strip_line_numbers(list(o.lines)))) for o in outputs]
 
 
-def _fleet(lines: list[str]) -> list[HostOutput] | None:
-    return _ansible(lines) or _dshbak(lines) or _salt(lines) or _prefixed(lines)
+def _fleet(lines: list[str], depth: int = 2) -> list[HostOutput] | None:
+    """The hosts of a fleet capture; one host's output is unwrapped once more (salt run
+    through pdsh, ansible pasted with line prefixes)."""
+    outputs = _ansible(lines) or _dshbak(lines) or _salt(lines) or _prefixed(lines)
+    if outputs is not None and len(outputs) == 1 and depth > 1:
+        inner = _fleet(list(outputs[0].lines), depth - 1)
+        if inner is not None:
+            return inner
+    return outputs
 
 
 def _ansible(lines: list[str]) -> list[HostOutput] | None:
@@ -211,7 +221,7 @@ def _salt(lines: list[str]) -> list[HostOutput] | None:
     if not heads:
         return None
     first = heads[0]
-    after = [ln for ln in lines[first:] if ln.strip()]
+    after = [ln for ln in lines[first:] if ln.strip() and not prompt_only(ln)]
     if any(not (ln.startswith("    ") or _SALT_RE.match(ln)) for ln in after):
         return None
     if not any(ln.startswith("    ") for ln in after):
@@ -303,15 +313,17 @@ def strip_line_numbers(lines: list[str]) -> list[str]:
     numbers: list[int] = []
     loose = 0
     for line in lines:
-        if not line.strip():
+        if not line.strip() or prompt_only(line):
             continue
         m = _LINE_NUMBER_RE.match(line)
         if m:
             numbers.append(int(m.group("n")))
-        elif not prompt_only(line) and (numbers or loose):
+        elif numbers:
             return lines
-        elif not prompt_only(line):
+        elif command_in(line) is None:
             loose += 1
+            if loose > 1:
+                return lines
     if len(numbers) < 2 or numbers[0] == 0 or any(b <= a for a, b in zip(numbers, numbers[1:])):
         return lines
     return [line[m.end():] if (m := _LINE_NUMBER_RE.match(line)) else line for line in lines]

@@ -7,7 +7,9 @@ name, stratum, poll (log2 s), reach (octal register), LastRx and the last sample
 
 synchronized: a source is selected (`*`) and, when its adjusted offset is shown, that offset
 is within max_offset_seconds (default 1.0 s). With no source lines but chrony's header
-("Number of sources = 0", the column header) the answer is false; other text raises.
+("Number of sources = 0", the column header) the answer is false; other text raises. When no
+source is selected but the author cut rows out of the listing (`...`, `[...]` lines), the
+answer is null: the selected row may be among those cut.
 Lines of other reports pasted alongside (a following `chronyc tracking`) are ignored.
 """
 
@@ -39,6 +41,8 @@ _CSV_RE = re.compile(
     rf"^(?P<mode>[\^=#]),(?P<state>[*+\-?x~ ]),(?P<name>[^,]++),(?P<stratum>\d{{1,3}}+),"
     rf"(?P<poll>-?\d{{1,3}}+),(?P<reach>[0-7]{{1,6}}+),(?P<lastrx>-?\d{{1,12}}+),(?P<adj>{_NUM}),(?P<meas>{_NUM}),(?P<err>{_NUM})\s*$"
 )
+_ELISION_RE = re.compile(r"^\s*+(?:\.{3,}+|\[\s*+\.{3,}+\s*+\]|…|<\s*+snip(?:ped)?\s*+>)\s*+$",
+                         re.IGNORECASE)
 _COUNT_RE = re.compile(r"^\s*+(?:210\s++)?Number of sources\s*+=\s*+(?P<n>\d{1,9}+)\s*+$", re.IGNORECASE)
 _HEADER_RE = re.compile(r"^\s*MS\s+Name/IP address\s+Stratum\s+Poll\s+Reach", re.IGNORECASE)
 
@@ -69,7 +73,7 @@ class Source:
 
 @dataclass(frozen=True)
 class Sources:
-    synchronized: bool
+    synchronized: bool | None
     selected: str | None
     offset_seconds: float | None
     number_of_sources: int | None
@@ -128,7 +132,8 @@ def parse(text: str, max_offset_seconds: float = DEFAULT_MAX_OFFSET_SECONDS) -> 
     """Parse `chronyc sources [-v]` output.
 
     Returns Sources; to_dict():
-        {"synchronized": true, "selected": "169.254.169.123", "offset_seconds": -3.07e-07,
+        {"synchronized": true | false | null (no `*` row, but rows were cut out: `...`),
+         "selected": "169.254.169.123", "offset_seconds": -3.07e-07,
          "number_of_sources": 1 | null, "max_offset_seconds": 1.0,
          "sources": [{"mode": "^", "mode_name": "server", "state": "*",
                       "state_name": "selected", "name": "169.254.169.123", "stratum": 3,
@@ -141,7 +146,11 @@ def parse(text: str, max_offset_seconds: float = DEFAULT_MAX_OFFSET_SECONDS) -> 
     sources: list[Source] = []
     count: int | None = None
     header = False
+    elided = False
     for _, line in numbered(lines):
+        if _ELISION_RE.match(line):
+            elided = True
+            continue
         m = _ROW_RE.match(line.strip())
         if m:
             sources.append(_source(m, csv=False))
@@ -162,8 +171,10 @@ def parse(text: str, max_offset_seconds: float = DEFAULT_MAX_OFFSET_SECONDS) -> 
             raise ParseError(KIND, f"chronyc reported an error: {daemon_error!r}")
         raise ParseError(KIND, "no source line ('^* name stratum poll reach lastrx sample') found")
     selected = next((s for s in sources if s.state == "*"), None)
-    synchronized = selected is not None and (
+    synchronized: bool | None = selected is not None and (
         selected.offset_seconds is None or abs(selected.offset_seconds) <= max_offset_seconds)
+    if selected is None and elided:
+        synchronized = None
     return Sources(
         synchronized=synchronized,
         selected=selected.name if selected else None,

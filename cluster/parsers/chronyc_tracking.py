@@ -10,7 +10,10 @@ synchronized is true only when every condition the text shows holds:
   - 0 < stratum < 16,
   - the reference is not chrony's own local clock (Reference ID 7F7F0101, `local stratum N`),
   - |offset_seconds| <= max_offset_seconds (default 1.0 s): a clock 7.8 s off that chrony is
-    still slewing is NOT synchronized, whatever "Leap status: Normal" says.
+    still slewing is NOT synchronized, whatever "Leap status: Normal" says,
+  - the error bound chrony gives for the clock, root delay / 2 + root dispersion, is within
+    max_offset_seconds too: a daemon that just started (root dispersion 48 s) does not yet know
+    its clock to within a second, however small the offset it prints.
 It is false as soon as one shown condition fails, and null when one is not shown (a cut paste).
 """
 
@@ -96,8 +99,12 @@ def _signed(value: str | None, regex: re.Pattern, positive: str) -> float | None
 
 
 def judge(*, leap_status: str | None, stratum: int | None, offset_seconds: float | None,
-          reference_id: str | None, max_offset_seconds: float) -> bool | None:
+          reference_id: str | None, max_offset_seconds: float,
+          root_delay: float | None = None, root_dispersion: float | None = None) -> bool | None:
     """False when a shown condition fails, None when one is missing, else True."""
+    bound = None if root_dispersion is None else (root_delay or 0.0) / 2 + root_dispersion
+    if bound is not None and bound > max_offset_seconds:
+        return False
     checks: list[bool | None] = [
         None if leap_status is None else leap_status != "Not synchronised"
         and leap_status in ("Normal", "Insert second", "Delete second"),
@@ -131,7 +138,8 @@ def _from_csv(m: re.Match, max_offset_seconds: float) -> Tracking:
     stratum = int(m.group("stratum"))
     return Tracking(
         synchronized=judge(leap_status=leap, stratum=stratum, offset_seconds=offset,
-                           reference_id=m.group("id"), max_offset_seconds=max_offset_seconds),
+                           reference_id=m.group("id"), max_offset_seconds=max_offset_seconds,
+                           root_delay=v["delay"], root_dispersion=v["disp"]),
         offset_seconds=offset, stratum=stratum, leap_status=leap,
         reference_id=m.group("id").upper(), reference_name=m.group("name") or None,
         ref_time=m.group("reftime"),
@@ -181,7 +189,9 @@ def parse(text: str, max_offset_seconds: float = DEFAULT_MAX_OFFSET_SECONDS) -> 
         reports.append(current)
     if not reports and csv_match is not None:
         return _from_csv(csv_match, max_offset_seconds)
-    useful = [r for r in reports if "system time" in r or "leap status" in r or "stratum" in r]
+    # a Stratum line alone is timesyncd's or ntpq's as much as chrony's
+    useful = [r for r in reports if "system time" in r or "leap status" in r
+              or ("stratum" in r and "reference id" in r)]
     if (not any("system time" in r for r in useful)
             and any(re.match(r"^\s*Remote address\s*:", ln, re.IGNORECASE) for ln in lines)):
         raise ParseError(KIND, "this is `chronyc ntpdata` (per-server data), not `chronyc tracking`")
@@ -206,9 +216,11 @@ def parse(text: str, max_offset_seconds: float = DEFAULT_MAX_OFFSET_SECONDS) -> 
     stratum = (int(stratum_text) if stratum_text and re.fullmatch(r"[0-9]{1,6}", stratum_text.strip())
                else None)
     leap = _leap(f.get("leap status"))
+    root_delay, root_dispersion = _float(f.get("root delay")), _float(f.get("root dispersion"))
     return Tracking(
         synchronized=judge(leap_status=leap, stratum=stratum, offset_seconds=offset,
-                           reference_id=reference_id, max_offset_seconds=max_offset_seconds),
+                           reference_id=reference_id, max_offset_seconds=max_offset_seconds,
+                           root_delay=root_delay, root_dispersion=root_dispersion),
         offset_seconds=offset, stratum=stratum, leap_status=leap,
         reference_id=reference_id, reference_name=reference_name,
         ref_time=f.get("ref time (utc)"),
@@ -217,8 +229,8 @@ def parse(text: str, max_offset_seconds: float = DEFAULT_MAX_OFFSET_SECONDS) -> 
         frequency_ppm=_signed(f.get("frequency"), _FREQ_RE, "fast"),
         residual_freq_ppm=_float(f.get("residual freq")),
         skew_ppm=_float(f.get("skew")),
-        root_delay_seconds=_float(f.get("root delay")),
-        root_dispersion_seconds=_float(f.get("root dispersion")),
+        root_delay_seconds=root_delay,
+        root_dispersion_seconds=root_dispersion,
         update_interval_seconds=_float(f.get("update interval")),
         max_offset_seconds=max_offset_seconds,
     )

@@ -211,7 +211,7 @@ def parse(text: str) -> Ibstat:
         if kv is None:
             continue
         key, value = kv[0].lower(), kv[1]
-        if not value:
+        if not value or value in ("...", "…", "[...]"):   # a value the author elided
             continue
         if key in _PORT_KEYS and port is not None:
             port_fields.setdefault(_PORT_KEYS[key], value)
