@@ -89,6 +89,8 @@ _TYPED = re.compile(
     r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]|GPU-[0-9a-fA-F-]+|"
     r"\d{1,9}+(?:\.\d{1,9}+){1,6}+|P\d{1,2}+|Enabled|Disabled)$")
 _IDENTITY = ("index", "uuid", "pci.bus_id")
+# The shell's `time` report after the command (`real\t0m0,022s`, a locale's decimal comma).
+_TIME_LINE = re.compile(r"^(?:real|user|sys)\s++\d{1,9}+m\d{1,9}+(?:[.,]\d{1,9}+)?s$")
 # A logged list of CSV lines longer than this is not unpacked (literal_eval is not for big input).
 _MAX_LITERAL_CHARS = 65536
 
@@ -254,6 +256,8 @@ def _rows(body: list[tuple[int, str]], names: list[str] | None,
     for number, text in body:
         if header_text is not None and text == header_text:
             continue   # header printed again (several runs pasted together)
+        if _TIME_LINE.match(text):
+            continue   # `time nvidia-smi ...`: the shell's timing lines
         values = [v.strip() for v in text.split(",")]
         if width is None:
             if len(values) < 2:
