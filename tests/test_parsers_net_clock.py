@@ -1061,3 +1061,15 @@ def test_absurd_numbers_never_crash_nor_reach_json_as_inf(kind: str, text: str) 
     except ParseError:
         return
     json.dumps(result.to_dict(), allow_nan=False)
+
+
+@pytest.mark.parametrize("text", ["x\n" + "\n" * MB + "y\n", "x\n" + " \n" * (MB // 2), "=" * MB,
+                                  " " * MB + "x", "NVSMI LOG" + "=" * MB])
+def test_kind_detection_ends_on_blank_lines_and_endless_lines(text: str) -> None:
+    """Detectors see the start without blank lines, each line cut: a run of 20,000 blank lines
+    once took a detector minutes (a multi-line `^\\s*` pattern)."""
+    try:
+        kind = parsers.detect(text)
+    except ParseError:
+        return
+    assert kind in parsers.KINDS

@@ -132,10 +132,10 @@ def detect(text: str) -> str:
     """
     if not isinstance(text, str) or not text.strip():
         raise ParseError("auto", "could not recognise the output: empty input")
-    candidates = [text]
+    candidates = [_detect_head(text)]
     first = _first_host_text(text)
     if first is not None:
-        candidates.append(first)
+        candidates.append(_detect_head(first))
     for candidate in candidates:
         for kind in DETECT_ORDER:
             try:
@@ -206,6 +206,23 @@ def parse_hosts(kind: str, text: str) -> list[tuple[str | None, Any]]:
         except ParseError as exc:
             results.append((out.host, exc))
     return results
+
+
+# What detectors are shown: the start of the text without blank lines, each line cut, so that
+# no detector's pattern can be made slow by a run of blank lines or one endless line.
+_DETECT_CHARS = 1_000_000
+_DETECT_LINES = 20_000
+
+
+def _detect_head(text: str) -> str:
+    lines = []
+    for line in text[:_DETECT_CHARS].split("\n"):
+        line = line[:_lines.MAX_LINE_CHARS].rstrip()
+        if line.strip():
+            lines.append(line)
+            if len(lines) >= _DETECT_LINES:
+                break
+    return "\n".join(lines) + "\n"
 
 
 def _first_host_text(text: str) -> str | None:
