@@ -236,3 +236,14 @@ def test_pipe_above_the_cap_stops_at_the_cap(monkeypatch: pytest.MonkeyPatch) ->
     finally:
         stdin.close()
     assert out.get("input_error") and "stdin is larger than 3 MiB" in out["error"]
+
+
+def test_lines_past_the_cap_are_reported_as_truncated(tmp_path: Path) -> None:
+    path = tmp_path / "ulimit.txt"
+    path.write_text("max locked memory       (kbytes, -l) 64\n" + "x" * 10_000 + "\n")
+    proc = cluster_parse("--json", "--kind", "ulimit", str(path))
+    assert proc.returncode == 0, proc.stderr
+    (out,) = json.loads(proc.stdout)
+    assert out["truncated_lines"] == 1 and out["data"]["memlock_kib"] == 64
+    text = cluster_parse("--kind", "ulimit", str(path))
+    assert text.returncode == 0 and "read only up to that length" in text.stdout

@@ -33,6 +33,7 @@ from rich.text import Text
 from cluster import parsers
 from cluster.commands._common import add_json, print_json, stderr, stdout
 from cluster.errors import ParseError
+from cluster.parsers._lines import MAX_LINE_CHARS, long_lines
 
 MAX_LOG_BYTES = 2 * 1024 ** 3       # an NCCL log, streamed line by line
 MAX_TEXT_BYTES = 256 * 1024 ** 2    # any other kind's text, held in memory
@@ -205,8 +206,17 @@ def _parse_stream(result: dict[str, Any], path: str, stream: IO[bytes],
     return _results(result, kind, _decode(data))
 
 
+# Kinds whose parser reads each line only up to _lines.MAX_LINE_CHARS characters.
+_CAPPED_KINDS = frozenset(parsers.KINDS) - {"nccl", "nvidia-smi", "nvidia-smi-q", "nvidia-smi-topo"}
+
+
 def _results(result: dict[str, Any], kind: str, text: str) -> list[dict[str, Any]]:
-    """One result, or one per host of a fleet capture."""
+    """One result, or one per host of a fleet capture; "truncated_lines" counts the lines
+    longer than the parser reads (only when there are any)."""
+    if kind in _CAPPED_KINDS:
+        cut = long_lines(text)
+        if cut:
+            result = {**result, "truncated_lines": cut}
     outs = parsers.parse_hosts(kind, text)
     if len(outs) == 1:
         parsed = outs[0][1]
@@ -216,6 +226,8 @@ def _results(result: dict[str, Any], kind: str, text: str) -> list[dict[str, Any
     rows = []
     for host, parsed in outs:
         row: dict[str, Any] = {"file": result["file"], "host": host, "kind": kind}
+        if "truncated_lines" in result:
+            row["truncated_lines"] = result["truncated_lines"]
         if isinstance(parsed, ParseError):
             row["error"] = str(parsed)
         else:
@@ -296,6 +308,12 @@ def _render(result: dict[str, Any]) -> Panel:
         return Panel(Text(result["error"], style="red"), title=title, title_align="left",
                      border_style="red")
     data = result["data"]
+    if result.get("truncated_lines"):
+        note = Text(f"{result['truncated_lines']} line(s) longer than {MAX_LINE_CHARS} characters "
+                    "were read only up to that length", style="yellow")
+        return Panel(Group(note, _render({k: v for k, v in result.items()
+                                          if k != "truncated_lines"}).renderable),
+                     title=title, title_align="left", border_style="green")
     if not isinstance(data, dict):
         return Panel(Text(_cell(data)), title=title, title_align="left")
     facts = Table(show_header=False, box=None, pad_edge=False)
