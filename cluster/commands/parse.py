@@ -2,17 +2,26 @@
 
 An admin pastes what a node printed into a file (or pipes it to `-`); the kind is detected
 when --kind is not given. With --json: a list with one object per file,
-{"file", "kind", "data"} or {"file", "kind", "error"} (kind null when detection failed).
-Exit 0 when every file parsed, 2 when any did not.
+{"file", "kind", "data"} or {"file", "kind", "error"} (kind null when detection failed);
+a fleet capture of several hosts (ansible, pdsh/clush, salt) gives one object per host, each
+with a "host" key. Exit 0 when every file parsed, 2 when any did not.
+
+Inputs are bounded: an NCCL log is streamed up to MAX_LOG_BYTES (2 GiB), any other kind's text
+is read into memory up to MAX_TEXT_BYTES (256 MiB), in chunks, from files, pipes, devices and
+stdin alike. A larger input, binary data (NUL bytes: `cluster parse /dev/zero`), a closed stdin
+or an unreadable file is an error for that file, one line on stderr (the "error" of its object
+with --json). UTF-16 text (a PowerShell capture) is decoded.
 """
 
 from __future__ import annotations
 
 import argparse
+import codecs
 import dataclasses
 import os
+import stat
 import sys
-from typing import Any
+from typing import IO, Any, Iterator
 
 from rich import box
 from rich.console import Group
@@ -22,12 +31,20 @@ from rich.table import Table
 from rich.text import Text
 
 from cluster import parsers
-from cluster.commands._common import add_json, print_json, stdout
+from cluster.commands._common import add_json, print_json, stderr, stdout
 from cluster.errors import ParseError
+from cluster.parsers._lines import MAX_LINE_CHARS, long_lines
 
-# Read whole files up to this size; beyond it, detect from the head and stream where possible.
-_WHOLE_FILE_BYTES = 8 * 1024 * 1024
-_DETECT_HEAD_BYTES = 1024 * 1024
+MAX_LOG_BYTES = 2 * 1024 ** 3       # an NCCL log, streamed line by line
+MAX_TEXT_BYTES = 256 * 1024 ** 2    # any other kind's text, held in memory
+_DETECT_HEAD_BYTES = 1024 * 1024    # the kind is detected from this much of the start
+_CHUNK_BYTES = 1024 * 1024
+_BINARY_PROBE_BYTES = 64 * 1024     # NULs in this much of the start: not text
+_STREAM_KINDS = frozenset({"nccl"})
+
+
+class InputError(Exception):
+    """An input that cannot be read as text: missing, closed, too large, binary."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -51,36 +68,204 @@ def _as_data(parsed: Any) -> Any:
     return parsed
 
 
-def _read_text(path: str, limit: int | None = None) -> str:
+def _fmt_bytes(n: int) -> str:
+    for unit, size in (("GiB", 1024 ** 3), ("MiB", 1024 ** 2), ("KiB", 1024)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n} bytes"
+
+
+def _too_large(what: str, limit: int, kind: str | None) -> InputError:
+    of = f" of a {kind} output" if kind else ""
+    return InputError(f"{what} is larger than {_fmt_bytes(limit)}, the most `cluster parse` "
+                      f"reads{of}; cut it to the part that matters")
+
+
+def _open(path: str) -> tuple[IO[bytes], bool, int | None]:
+    """(binary stream, whether to close it, its size when it is a regular file)."""
     if path == "-":
-        return sys.stdin.read()
-    with open(path, "r", encoding="utf-8", errors="replace") as fh:
-        return fh.read() if limit is None else fh.read(limit)
+        stream = getattr(sys.stdin, "buffer", None) if sys.stdin is not None else None
+        try:
+            if stream is None or stream.closed:
+                raise ValueError
+            st = os.fstat(stream.fileno())
+        except (OSError, ValueError):
+            raise InputError("cannot read stdin: it is closed (pipe the output in, or name "
+                             "a file)") from None
+        return stream, False, st.st_size if stat.S_ISREG(st.st_mode) else None
+    fh = open(path, "rb")
+    try:
+        st = os.fstat(fh.fileno())
+        if stat.S_ISDIR(st.st_mode):
+            raise InputError(f"cannot read {path}: it is a directory")
+    except BaseException:
+        fh.close()
+        raise
+    return fh, True, st.st_size if stat.S_ISREG(st.st_mode) else None
+
+
+def _read_head(stream: IO[bytes], n: int) -> bytes:
+    """Up to n bytes (fewer only at the end of the stream), in chunks."""
+    chunks: list[bytes] = []
+    total = 0
+    while total < n:
+        chunk = stream.read(min(_CHUNK_BYTES, n - total))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+    return b"".join(chunks)
+
+
+def _read_rest(stream: IO[bytes], limit: int, what: str, kind: str | None) -> bytes:
+    """The rest of the stream, at most `limit` bytes; InputError when it holds more."""
+    data = _read_head(stream, limit + 1)
+    if len(data) > limit:
+        raise _too_large(what, MAX_TEXT_BYTES, kind)
+    return data
+
+
+_BOMS = ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"),
+         (codecs.BOM_UTF16_BE, "utf-16"))
+
+
+def _encoding(head: bytes) -> str:
+    """utf-16 for UTF-16 text (a BOM, or ASCII with every other byte NUL), else utf-8."""
+    for bom, name in _BOMS:
+        if head.startswith(bom):
+            return name
+    probe = head[:_BINARY_PROBE_BYTES]
+    if len(probe) >= 8:
+        even, odd = probe[0::2], probe[1::2]
+        if odd.count(0) > 0.9 * len(odd) and even.count(0) < 0.05 * len(even):
+            return "utf-16-le"
+        if even.count(0) > 0.9 * len(even) and odd.count(0) < 0.05 * len(odd):
+            return "utf-16-be"
+    return "utf-8"
+
+
+def _refuse_binary(head: bytes, what: str) -> None:
+    """InputError for data that is not text: NUL bytes in its start (and it is not UTF-16)."""
+    if _encoding(head) != "utf-8":
+        return
+    probe = head[:_BINARY_PROBE_BYTES]
+    nuls = probe.count(0)
+    if nuls > 8 + len(probe) // 1000:
+        raise InputError(f"{what} is not text: {nuls} NUL bytes in its first "
+                         f"{_fmt_bytes(len(probe))} (binary data, not a captured output)")
+    bad = probe.decode("utf-8", errors="replace").count("\ufffd")
+    if bad > 8 + len(probe) // 20:
+        raise InputError(f"{what} is not text: {bad} bytes that are not UTF-8 in its first "
+                         f"{_fmt_bytes(len(probe))} (binary data, not a captured output)")
+
+
+def _decode(data: bytes) -> str:
+    return data.decode(_encoding(data[:_BINARY_PROBE_BYTES]), errors="replace")
+
+
+def _stream_lines(head: bytes, stream: IO[bytes], what: str) -> Iterator[bytes]:
+    """The lines of head + the rest of the stream; InputError past MAX_LOG_BYTES."""
+    total, pending = len(head), head
+    while True:
+        chunk = stream.read(_CHUNK_BYTES)
+        if not chunk:
+            break
+        total += len(chunk)
+        if total > MAX_LOG_BYTES:
+            raise _too_large(what, MAX_LOG_BYTES, "nccl")
+        pending += chunk
+        cut = pending.rfind(b"\n")
+        if cut >= 0:
+            yield from pending[:cut + 1].splitlines(keepends=True)
+            pending = pending[cut + 1:]
+    if pending:
+        yield from pending.splitlines(keepends=True)
+
+
+def _parse_stream(result: dict[str, Any], path: str, stream: IO[bytes],
+                  size: int | None) -> list[dict[str, Any]]:
+    what = "stdin" if path == "-" else path
+    if size is not None and size > MAX_LOG_BYTES:
+        raise InputError(f"{what} is {_fmt_bytes(size)}, larger than {_fmt_bytes(MAX_LOG_BYTES)}, "
+                         "the most `cluster parse` reads; cut it to the part that matters")
+    head = _read_head(stream, _DETECT_HEAD_BYTES)
+    _refuse_binary(head, what)
+    kind = result["kind"]
+    if kind is None:
+        kind = result["kind"] = parsers.detect(_decode(head))
+    if kind in _STREAM_KINDS:
+        module = parsers.load(kind)
+        if path != "-" and size is not None and hasattr(module, "parse_file"):
+            parsed = module.parse_file(path)      # streamed in C, memory flat
+        else:
+            parsed = module.parse_lines(_stream_lines(head, stream, what))
+        return [{**result, "data": _as_data(parsed)}]
+    if size is not None and size > MAX_TEXT_BYTES:
+        raise _too_large(what, MAX_TEXT_BYTES, kind)
+    data = head + _read_rest(stream, MAX_TEXT_BYTES - len(head), what, kind)
+    return _results(result, kind, _decode(data))
+
+
+# Kinds whose parser reads each line only up to _lines.MAX_LINE_CHARS characters.
+_CAPPED_KINDS = frozenset(parsers.KINDS) - {"nccl", "nvidia-smi", "nvidia-smi-q", "nvidia-smi-topo"}
+
+
+def _results(result: dict[str, Any], kind: str, text: str) -> list[dict[str, Any]]:
+    """One result, or one per host of a fleet capture; "truncated_lines" counts the lines
+    longer than the parser reads (only when there are any)."""
+    if kind in _CAPPED_KINDS:
+        cut = long_lines(text)
+        if cut:
+            result = {**result, "truncated_lines": cut}
+    outs = parsers.parse_hosts(kind, text)
+    if len(outs) == 1:
+        parsed = outs[0][1]
+        if isinstance(parsed, ParseError):
+            raise parsed
+        return [{**result, "data": _as_data(parsed)}]
+    rows = []
+    for host, parsed in outs:
+        row: dict[str, Any] = {"file": result["file"], "host": host, "kind": kind}
+        if "truncated_lines" in result:
+            row["truncated_lines"] = result["truncated_lines"]
+        if isinstance(parsed, ParseError):
+            row["error"] = str(parsed)
+        else:
+            row["data"] = _as_data(parsed)
+        rows.append(row)
+    return rows
+
+
+def parse_path(path: str, kind: str | None) -> list[dict[str, Any]]:
+    """{"file", "kind", "data"} or {"file", "kind", "error"} for one file, one per host of a
+    fleet capture of several hosts (with a "host" key); never raises. An input that could
+    not be read as text also carries "input_error": True (not printed in --json)."""
+    result: dict[str, Any] = {"file": path, "kind": kind}
+    what = "stdin" if path == "-" else path
+    try:
+        stream, close, size = _open(path)
+        try:
+            return _parse_stream(result, path, stream, size)
+        finally:
+            if close:
+                stream.close()
+    except InputError as exc:
+        return [{**result, "error": str(exc), "input_error": True}]
+    except ParseError as exc:
+        return [{**result, "error": str(exc)}]
+    except OSError as exc:
+        return [{**result, "error": f"cannot read {what}: {exc.strerror or exc}",
+                 "input_error": True}]
+    except MemoryError:
+        return [{**result, "error": f"cannot read {what}: out of memory", "input_error": True}]
+    except Exception as exc:  # a parser bug on one file must not hide the other files' results
+        return [{**result, "error": f"internal error in the {result['kind'] or 'kind detection'}"
+                                    f" parser: {type(exc).__name__}: {exc}"}]
 
 
 def parse_one(path: str, kind: str | None) -> dict[str, Any]:
-    """{"file", "kind", "data"} or {"file", "kind", "error"} for one file; never raises."""
-    result: dict[str, Any] = {"file": path, "kind": kind}
-    try:
-        big = path != "-" and os.path.getsize(path) > _WHOLE_FILE_BYTES
-        text = None if big else _read_text(path)
-        if kind is None:
-            head = text if text is not None else _read_text(path, _DETECT_HEAD_BYTES)
-            kind = parsers.detect(head)
-            result["kind"] = kind
-        module = parsers.load(kind)
-        if path != "-" and hasattr(module, "parse_file") and (big or kind == "nccl"):
-            parsed = module.parse_file(path)
-        else:
-            parsed = parsers.parse(kind, text if text is not None else _read_text(path))
-        result["data"] = _as_data(parsed)
-    except ParseError as exc:
-        result["error"] = str(exc)
-    except OSError as exc:
-        result["error"] = f"cannot read {path}: {exc.strerror or exc}"
-    except Exception as exc:  # a parser bug on one file must not hide the other files' results
-        result["error"] = f"internal error in the {kind} parser: {type(exc).__name__}: {exc}"
-    return result
+    """The first result of parse_path (a plain capture has only one)."""
+    return parse_path(path, kind)[0]
 
 
 def _cell(value: Any) -> str:
@@ -117,11 +302,18 @@ _SUMMARY: dict[tuple[str, str], tuple[str, ...] | None] = {
 
 
 def _render(result: dict[str, Any]) -> Panel:
-    title = f"[bold]{result['kind'] or 'unknown kind'}[/bold]: {escape(result['file'])}"
+    host = f" ({escape(str(result['host']))})" if "host" in result else ""
+    title = f"[bold]{result['kind'] or 'unknown kind'}[/bold]: {escape(result['file'])}{host}"
     if "error" in result:
         return Panel(Text(result["error"], style="red"), title=title, title_align="left",
                      border_style="red")
     data = result["data"]
+    if result.get("truncated_lines"):
+        note = Text(f"{result['truncated_lines']} line(s) longer than {MAX_LINE_CHARS} characters "
+                    "were read only up to that length", style="yellow")
+        return Panel(Group(note, _render({k: v for k, v in result.items()
+                                          if k != "truncated_lines"}).renderable),
+                     title=title, title_align="left", border_style="green")
     if not isinstance(data, dict):
         return Panel(Text(_cell(data)), title=title, title_align="left")
     facts = Table(show_header=False, box=None, pad_edge=False)
@@ -158,10 +350,14 @@ def _render(result: dict[str, Any]) -> Panel:
 
 
 def run(args: argparse.Namespace) -> int:
-    results = [parse_one(path, args.kind) for path in args.files]
+    results = [r for path in args.files for r in parse_path(path, args.kind)]
     if args.json:
-        print_json(results)
+        print_json([{k: v for k, v in r.items() if k != "input_error"} for r in results])
     else:
         for result in results:
-            stdout.print(_render(result))
+            if result.get("input_error"):
+                stderr.print(f"cluster parse: {result['error']}", markup=False, highlight=False,
+                             soft_wrap=True)
+            else:
+                stdout.print(_render(result))
     return 0 if all("data" in r for r in results) else 2

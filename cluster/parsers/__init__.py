@@ -17,6 +17,7 @@ from types import ModuleType
 from typing import Any
 
 from cluster.errors import ParseError
+from cluster.parsers import _lines
 
 # kind (the fixture folder name, the --kind value) -> module under cluster.parsers
 MODULES: dict[str, str] = {
@@ -118,18 +119,23 @@ def available(kind: str) -> bool:
     return True
 
 
+# Kinds whose parser reads a whole multi-host log itself (its own prefixes, every rank's lines).
+WHOLE_TEXT_KINDS: frozenset[str] = frozenset({"nccl"})
+
+
 def detect(text: str) -> str:
     """The kind of a captured output, trying detectors from the most specific.
 
+    A fleet capture (ansible, pdsh/clush, salt) is recognised by its first host's output.
     A detector that is missing or raises is skipped. Raises ParseError("auto", ...) when
     none recognises the text.
     """
     if not isinstance(text, str) or not text.strip():
         raise ParseError("auto", "could not recognise the output: empty input")
-    candidates = [text]
-    unprefixed = _without_host_prefix(text)
-    if unprefixed is not None:
-        candidates.append(unprefixed)
+    candidates = [_detect_head(text)]
+    first = _first_host_text(text)
+    if first is not None:
+        candidates.append(_detect_head(first))
     for candidate in candidates:
         for kind in DETECT_ORDER:
             try:
@@ -145,27 +151,89 @@ def detect(text: str) -> str:
 def parse(kind: str, text: str) -> Any:
     """Parse text as the given kind; ParseError on an unknown kind or unreadable text.
 
-    When the text carries a `host: ` prefix on every line (pdsh, clush, srun --label) and the
-    parser refuses it, the text is parsed once more without the prefix.
+    A node kind's text captured through a fleet tool (ansible ad-hoc header, pdsh/clush/srun
+    prefix, dshbak or salt block) is unwrapped first; a capture of several hosts is refused
+    (parse_hosts gives one result per host): one verdict must not mix two nodes.
     """
     module = load(kind)
-    try:
+    if kind in WHOLE_TEXT_KINDS or not isinstance(text, str):
         return module.parse(text)
-    except ParseError:
-        unprefixed = _without_host_prefix(text) if isinstance(text, str) else None
-        if unprefixed is None:
+    outputs = _lines.host_outputs(text)
+    if len(outputs) > 1:
+        names = ", ".join(o.host or "(unnamed)" for o in outputs[:5])
+        more = ", ..." if len(outputs) > 5 else ""
+        raise ParseError(kind, f"the capture holds the output of {len(outputs)} hosts "
+                               f"({names}{more}); parse one host at a time")
+    if outputs[0].host is None:
+        try:
+            return module.parse(text)
+        except ParseError:
+            plain = _lines.plain_text(text)   # CR, ANSI, `script` markers, line numbers
+            if plain == text or plain == text.rstrip("\n"):
+                raise
+            try:
+                return module.parse(plain)
+            except ParseError:
+                pass
             raise
-        return module.parse(unprefixed)
+    try:
+        return module.parse(outputs[0].text)
+    except ParseError:
+        try:
+            return module.parse(text)
+        except ParseError:
+            pass
+        raise
 
 
-def _without_host_prefix(text: str) -> str | None:
-    """The text without a per-line `host: ` prefix, or None when it has none."""
-    from cluster.parsers._lines import clean_lines
+def parse_hosts(kind: str, text: str) -> list[tuple[str | None, Any]]:
+    """[(host, parsed or the ParseError)] for each host of a fleet capture (one entry, host
+    None, for a plain text). Never raises ParseError for a host's text; raises it for an
+    unknown kind."""
+    module = load(kind)
+    outputs = ([] if kind in WHOLE_TEXT_KINDS or not isinstance(text, str)
+               else _lines.host_outputs(text))
+    if len(outputs) <= 1:
+        host = outputs[0].host if outputs else None
+        try:
+            return [(host, parse(kind, text))]
+        except ParseError as exc:
+            return [(host, exc)]
+    results: list[tuple[str | None, Any]] = []
+    for out in outputs:
+        try:
+            results.append((out.host, module.parse(out.text)))
+        except ParseError as exc:
+            results.append((out.host, exc))
+    return results
 
+
+# What detectors are shown: the start of the text without blank lines, each line cut, so that
+# no detector's pattern can be made slow by a run of blank lines or one endless line.
+_DETECT_CHARS = 1_000_000
+_DETECT_LINES = 20_000
+
+
+def _detect_head(text: str) -> str:
+    lines = []
+    for line in text[:_DETECT_CHARS].split("\n"):
+        line = line[:_lines.MAX_LINE_CHARS].rstrip()
+        if line.strip():
+            lines.append(line)
+            if len(lines) >= _DETECT_LINES:
+                break
+    return "\n".join(lines) + "\n"
+
+
+def _first_host_text(text: str) -> str | None:
+    """The first host's output of a fleet capture, or the cleaned text of a terminal capture
+    (CR, ANSI, `script` markers), from its first 4 MB; None when cleaning changes nothing."""
     head = text[:4_000_000]
-    cleaned = "\n".join(clean_lines(head))
-    plain = "\n".join(line.rstrip() for line in head.replace("\r\n", "\n").split("\n"))
-    return cleaned if cleaned != plain and len(head) == len(text) else None
+    outputs = _lines.host_outputs(head)
+    if outputs[0].host is not None or len(outputs) > 1:
+        return outputs[0].text
+    plain = outputs[0].text
+    return plain if plain != head and plain != head.rstrip("\n") else None
 
 
 def parse_auto(text: str) -> tuple[str, Any]:

@@ -6,11 +6,13 @@ nvcc and proc_driver_nvidia_version. Pure functions on strings; nothing here kno
 
 from __future__ import annotations
 
+import math
 import re
 
 from cluster.errors import ParseError
 
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
+# An OSC body stops at the next ESC or newline: an unterminated one costs only its own length.
+_ANSI = re.compile(r"\x1b\[[0-9;?]*+[A-Za-z]|\x1b\][^\x07\x1b\n]*+\x07")
 
 # A shell prompt in front of a command: `$ `, `# `, `~$ `, `root@host:~# `, `[user@h ~]$ `,
 # `(base) [user@h ~]$ `, `bash-5.2# `, `PS C:\> `, `C:\> `, `> `.
@@ -94,13 +96,14 @@ _NUMBER = re.compile(r"^[+-]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?$")
 
 
 def to_number(value: str) -> int | float | None:
-    """`"42"` -> 42, `"83.92"` -> 83.92, `"1e-9"` -> 1e-09; anything else -> None."""
+    """`"42"` -> 42, `"83.92"` -> 83.92, `"1e-9"` -> 1e-09; anything else (1e400, 500 digits) -> None."""
     value = value.strip()
-    if not _NUMBER.match(value):
+    if len(value) > 64 or not _NUMBER.match(value):   # 64: no reading has more digits
         return None
     if re.match(r"^[+-]?\d+$", value):
         return int(value)
-    return float(value)
+    number = float(value)
+    return number if math.isfinite(number) else None
 
 
 _MISSING = {"n/a", "[n/a]", "na", "not supported", "[not supported]", "not found", "[not found]",

@@ -7,7 +7,9 @@ name, stratum, poll (log2 s), reach (octal register), LastRx and the last sample
 
 synchronized: a source is selected (`*`) and, when its adjusted offset is shown, that offset
 is within max_offset_seconds (default 1.0 s). With no source lines but chrony's header
-("Number of sources = 0", the column header) the answer is false; other text raises.
+("Number of sources = 0", the column header) the answer is false; other text raises. When no
+source is selected but the author cut rows out of the listing (`...`, `[...]` lines), the
+answer is null: the selected row may be among those cut.
 Lines of other reports pasted alongside (a following `chronyc tracking`) are ignored.
 """
 
@@ -17,7 +19,8 @@ import re
 from dataclasses import dataclass
 
 from cluster.errors import ParseError
-from cluster.parsers._lines import clean_lines, head_text, jsonable, numbered, require_text
+from cluster.parsers._lines import (clean_lines, finite_float, head_text, jsonable, numbered,
+                                    require_text)
 
 KIND = "chronyc-sources"
 
@@ -26,19 +29,21 @@ DEFAULT_MAX_OFFSET_SECONDS = 1.0
 _UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0,
                  "m": 60.0, "h": 3600.0, "d": 86400.0, "y": 365 * 86400.0}
 _U = r"(?:ns|us|µs|μs|ms|s|m|h|d|y)"
-_NUM = r"[+-]?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?"
+_NUM = r"[+-]?\d{1,20}+(?:\.\d{1,20}+)?(?:[eE][+-]?\d{1,3}+)?"
 _ROW_RE = re.compile(
-    r"^(?P<mode>[\^=#])(?P<state>[*+\-?x~ ]?)\s*(?P<name>\S+)\s+(?P<stratum>\d+)\s+"
-    r"(?P<poll>-?\d+)\s+(?P<reach>[0-7]+)\s+(?P<lastrx>-|\d+[smhdy]?)"
-    rf"(?:\s+(?P<adj>{_NUM})\s*(?P<adj_u>{_U})\s*"
-    rf"(?:\[\s*(?P<meas>{_NUM})\s*(?P<meas_u>{_U})\s*\]\s*"
-    rf"(?:\+/-\s*(?P<err>{_NUM})\s*(?P<err_u>{_U}))?)?)?\s*$"
+    r"^(?P<mode>[\^=#])(?P<state>[*+\-?x~ ]?)\s*+(?P<name>\S++)\s++(?P<stratum>\d{1,3}+)\s++"
+    r"(?P<poll>-?\d{1,3}+)\s++(?P<reach>[0-7]{1,6}+)\s++(?P<lastrx>-|\d{1,12}+[smhdy]?)"
+    rf"(?:\s++(?P<adj>{_NUM})\s*+(?P<adj_u>{_U})\s*+"
+    rf"(?:\[\s*+(?P<meas>{_NUM})\s*+(?P<meas_u>{_U})\s*+\]\s*+"
+    rf"(?:\+/-\s*+(?P<err>{_NUM})\s*+(?P<err_u>{_U}))?)?)?\s*+$"
 )
 _CSV_RE = re.compile(
-    rf"^(?P<mode>[\^=#]),(?P<state>[*+\-?x~ ]),(?P<name>[^,]+),(?P<stratum>\d+),(?P<poll>-?\d+),"
-    rf"(?P<reach>[0-7]+),(?P<lastrx>-?\d+),(?P<adj>{_NUM}),(?P<meas>{_NUM}),(?P<err>{_NUM})\s*$"
+    rf"^(?P<mode>[\^=#]),(?P<state>[*+\-?x~ ]),(?P<name>[^,]++),(?P<stratum>\d{{1,3}}+),"
+    rf"(?P<poll>-?\d{{1,3}}+),(?P<reach>[0-7]{{1,6}}+),(?P<lastrx>-?\d{{1,12}}+),(?P<adj>{_NUM}),(?P<meas>{_NUM}),(?P<err>{_NUM})\s*$"
 )
-_COUNT_RE = re.compile(r"^\s*(?:210\s+)?Number of sources\s*=\s*(?P<n>\d+)\s*$", re.IGNORECASE)
+_ELISION_RE = re.compile(r"^\s*+(?:\.{3,}+|\[\s*+\.{3,}+\s*+\]|…|<\s*+snip(?:ped)?\s*+>)\s*+$",
+                         re.IGNORECASE)
+_COUNT_RE = re.compile(r"^\s*+(?:210\s++)?Number of sources\s*+=\s*+(?P<n>\d{1,9}+)\s*+$", re.IGNORECASE)
 _HEADER_RE = re.compile(r"^\s*MS\s+Name/IP address\s+Stratum\s+Poll\s+Reach", re.IGNORECASE)
 
 _MODES = {"^": "server", "=": "peer", "#": "local_refclock"}
@@ -68,7 +73,7 @@ class Source:
 
 @dataclass(frozen=True)
 class Sources:
-    synchronized: bool
+    synchronized: bool | None
     selected: str | None
     offset_seconds: float | None
     number_of_sources: int | None
@@ -82,7 +87,8 @@ class Sources:
 def _seconds(num: str | None, unit: str | None) -> float | None:
     if num is None:
         return None
-    return round(float(num) * _UNIT_SECONDS[unit or "s"], 12)
+    value = finite_float(num)
+    return None if value is None else round(value * _UNIT_SECONDS[unit or "s"], 12)
 
 
 def _last_rx_seconds(value: str) -> int | None:
@@ -98,7 +104,7 @@ def _source(m: re.Match, csv: bool) -> Source:
     reach = m.group("reach")
     lastrx = m.group("lastrx")
     if csv:
-        adj, meas, err = (float(m.group(k)) for k in ("adj", "meas", "err"))
+        adj, meas, err = (finite_float(m.group(k)) for k in ("adj", "meas", "err"))
         # chrony's CSV prints the reach register in octal like the table, LastRx in seconds
         last_rx_seconds = None if lastrx.startswith("-") else int(lastrx)
         # a never-sampled source prints 4294967295 (uint32 -1)
@@ -109,6 +115,9 @@ def _source(m: re.Match, csv: bool) -> Source:
         meas = _seconds(m.group("meas"), m.group("meas_u"))
         err = _seconds(m.group("err"), m.group("err_u"))
         last_rx_seconds = _last_rx_seconds(lastrx)
+    for key, value in (("adj", adj), ("meas", meas), ("err", err)):
+        if m.group(key) is not None and value is None:
+            raise ParseError(KIND, f"sample value {m.group(key)!r} is not a finite number")
     mode = m.group("mode")
     return Source(
         mode=mode, mode_name=_MODES[mode], state=state, state_name=_STATES.get(state or ""),
@@ -123,7 +132,8 @@ def parse(text: str, max_offset_seconds: float = DEFAULT_MAX_OFFSET_SECONDS) -> 
     """Parse `chronyc sources [-v]` output.
 
     Returns Sources; to_dict():
-        {"synchronized": true, "selected": "169.254.169.123", "offset_seconds": -3.07e-07,
+        {"synchronized": true | false | null (no `*` row, but rows were cut out: `...`),
+         "selected": "169.254.169.123", "offset_seconds": -3.07e-07,
          "number_of_sources": 1 | null, "max_offset_seconds": 1.0,
          "sources": [{"mode": "^", "mode_name": "server", "state": "*",
                       "state_name": "selected", "name": "169.254.169.123", "stratum": 3,
@@ -136,7 +146,11 @@ def parse(text: str, max_offset_seconds: float = DEFAULT_MAX_OFFSET_SECONDS) -> 
     sources: list[Source] = []
     count: int | None = None
     header = False
+    elided = False
     for _, line in numbered(lines):
+        if _ELISION_RE.match(line):
+            elided = True
+            continue
         m = _ROW_RE.match(line.strip())
         if m:
             sources.append(_source(m, csv=False))
@@ -157,8 +171,10 @@ def parse(text: str, max_offset_seconds: float = DEFAULT_MAX_OFFSET_SECONDS) -> 
             raise ParseError(KIND, f"chronyc reported an error: {daemon_error!r}")
         raise ParseError(KIND, "no source line ('^* name stratum poll reach lastrx sample') found")
     selected = next((s for s in sources if s.state == "*"), None)
-    synchronized = selected is not None and (
+    synchronized: bool | None = selected is not None and (
         selected.offset_seconds is None or abs(selected.offset_seconds) <= max_offset_seconds)
+    if selected is None and elided:
+        synchronized = None
     return Sources(
         synchronized=synchronized,
         selected=selected.name if selected else None,
@@ -170,7 +186,8 @@ def parse(text: str, max_offset_seconds: float = DEFAULT_MAX_OFFSET_SECONDS) -> 
 def detect(text: str) -> bool:
     """chrony's sources header, or at least one source row."""
     head = head_text(text)
-    if re.search(r"^\s*MS\s+Name/IP address\s+Stratum\s+Poll\s+Reach", head, re.MULTILINE):
+    if re.search(r"^[ \t]*+MS[ \t]++Name/IP address[ \t]++Stratum[ \t]++Poll[ \t]++Reach", head,
+                 re.MULTILINE):
         return True
     for line in head.splitlines()[:200]:
         if _ROW_RE.match(line.strip()) and re.search(rf"{_U}\s*\[", line):

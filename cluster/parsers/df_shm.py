@@ -22,12 +22,13 @@ KIND = "df-shm"
 
 SHM_MOUNT = "/dev/shm"
 
-_HEADER_RE = re.compile(r"^\s*(?:Filesystem|Type|Size|\d+[A-Za-z]*-blocks)\b.*\b(?:Mounted on|"
-                        r"Avail(?:able)?|Use%|Capacity|Used)\b", re.IGNORECASE)
-_BLOCKS_RE = re.compile(r"^(?P<n>\d+)(?P<unit>[KMGTPE]?)(?P<si>B?)-blocks$", re.IGNORECASE)
-_DF_CMD_RE = re.compile(r"(?:^|[\s;|&(/])df(?P<args>(?:\s+\S+)*)\s*$")
-_SIZE_CELL = re.compile(r"^\d+(?:[.,]\d+)?[KMGTPEZY]?i?B?$", re.IGNORECASE)
-_PCT_RE = re.compile(r"^(?P<n>\d+)%$|^-$")
+_HEADER_RE = re.compile(r"^\s*+(?:Filesystem|Type|Size|\d{1,12}+[A-Za-z]{0,3}+-blocks)\b.*\b"
+                        r"(?:Mounted on|Avail(?:able)?|Use%|Capacity|Used)\b", re.IGNORECASE)
+_BLOCKS_RE = re.compile(r"^(?P<n>\d{1,12}+)(?P<unit>[KMGTPE]?)(?P<si>B?)-blocks$", re.IGNORECASE)
+# "df ARGS" to the end of the line; ARGS split by str.split (no nested quantifier)
+_DF_CMD_RE = re.compile(r"(?:^|[\s;|&(/])df(?=\s|$)")
+_SIZE_CELL = re.compile(r"^\d{1,30}+(?:[.,]\d{1,30}+)?[KMGTPEZY]?i?B?$", re.IGNORECASE)
+_PCT_RE = re.compile(r"^(?P<n>\d{1,3})%$|^-$")
 
 
 @dataclass(frozen=True)
@@ -86,10 +87,12 @@ def _block_bytes(columns: list[str], si: bool) -> tuple[int | None, bool]:
 
 def _flags_of(args: str) -> tuple[bool, int | None, bool]:
     """(si, block bytes or None, asks about /dev/shm) from a df command line."""
-    si = bool(re.search(r"(?:^|\s)(?:-[a-zA-Z]*H[a-zA-Z]*|--si)\b", args))
-    human = bool(re.search(r"(?:^|\s)(?:-[a-zA-Z]*h[a-zA-Z]*|--human-readable)\b", args))
+    flags = [tok for tok in args.split() if tok.startswith("-")]
+    si = any(tok == "--si" or (not tok.startswith("--") and "H" in tok) for tok in flags)
+    human = any(tok == "--human-readable" or (not tok.startswith("--") and "h" in tok)
+                for tok in flags)
     block: int | None = None if (si or human) else 1024
-    m = re.search(r"(?:-B\s*|--block-size=)(?P<n>\d*)(?P<u>[KMGTPE]?)(?P<b>i?B?)", args)
+    m = re.search(r"(?:-B\s*+|--block-size=)(?P<n>\d{0,12}+)(?P<u>[KMGTPE]?)(?P<b>i?B?)", args)
     if m:
         n = int(m.group("n") or 1)
         u = m.group("u").upper()
@@ -162,9 +165,10 @@ def parse(text: str) -> DfShm:
     wrapped: str | None = None
     for i, line in numbered(lines):
         cmd = command_in(line)
-        m = _DF_CMD_RE.search(cmd if cmd is not None else line)
+        where = cmd if cmd is not None else line
+        m = _DF_CMD_RE.search(where)
         if m and (cmd is not None or line.strip().startswith("df")):
-            si, block, shm_arg = _flags_of(m.group("args"))
+            si, block, shm_arg = _flags_of(where[m.end():])
             saw_cmd = True
             current, wrapped = None, None
             continue
@@ -188,7 +192,7 @@ def parse(text: str) -> DfShm:
             current.rows.append((i, tokens))
             continue
         # rows without a header: only when sizes have units or the df command fixed the unit
-        if len(tokens) >= 6 and tokens[-1].startswith("/") and re.fullmatch(r"\d+%|-", tokens[-2]):
+        if len(tokens) >= 6 and tokens[-1].startswith("/") and re.fullmatch(r"\d{1,3}%|-", tokens[-2]):
             if current is None or current.columns is not None:
                 human = any(re.search(r"[KMGTPE]i?$", t, re.IGNORECASE) for t in tokens[1:-2])
                 if not human and not saw_cmd:
@@ -225,11 +229,17 @@ def parse(text: str) -> DfShm:
                  entries=tuple(shm))
 
 
+def _df_on_shm(line: str) -> bool:
+    """`df ... /dev/shm` on this line."""
+    m = re.search(r"\s/dev/shm\b", line)
+    return m is not None and re.search(r"\bdf\b", line[:m.start()]) is not None
+
+
 def detect(text: str) -> bool:
     """A df header (Filesystem ... Mounted on) and a row mounted on /dev/shm or `df ... /dev/shm`."""
     head = head_text(text)
-    has_header = re.search(r"^\s*Filesystem\s+.*Mounted\s+on\s*$", head,
+    has_header = re.search(r"^[ \t]*+Filesystem[ \t].*Mounted[ \t]++on[ \t]*+$", head,
                            re.MULTILINE | re.IGNORECASE) is not None
-    shm_row = re.search(r"\s/dev/shm/?\s*$", head, re.MULTILINE) is not None
-    shm_cmd = re.search(r"\bdf\b[^\n]*\s/dev/shm\b", head) is not None
+    shm_row = re.search(r"[ \t]/dev/shm/?[ \t]*+$", head, re.MULTILINE) is not None
+    shm_cmd = any(_df_on_shm(line) for line in head.splitlines() if "/dev/shm" in line)
     return (has_header and (shm_row or shm_cmd)) or (shm_row and shm_cmd)

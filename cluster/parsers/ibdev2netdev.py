@@ -19,10 +19,14 @@ from cluster.parsers.ibstat import normalize_state
 
 KIND = "ibdev2netdev"
 
-_LINE_RE = re.compile(
-    r"^\s*(?P<pre>.*?\S)\s+port\s+(?P<port>\d+)\s*(?:\(\s*(?P<pstate>[A-Za-z_]+)\s*\)\s*)?"
-    r"=+>\s*(?P<netdev>[^\s()#]+)\s*(?:\(\s*(?P<state>[A-Za-z_ ]+?)\s*\))?"
-    r"\s*(?:#.*)?$"
+# The line is split at its "==>" (str.find); each side has its own anchored, possessive pattern.
+_LEFT_RE = re.compile(
+    r"^\s*+(?P<pre>\S(?:.*\S)?)\s++port\s++(?P<port>\d{1,5}+)\s*+(?:\(\s*+(?P<pstate>[A-Za-z_]{1,32}+)\s*+\)\s*+)?"
+    r"=*+$"
+)
+_RIGHT_RE = re.compile(
+    r"^\s*+(?P<netdev>[^\s()#]++)\s*+(?:\(\s*+(?P<state>[A-Za-z_]{1,32}+(?: [A-Za-z_]{1,32}+){0,3}+)"
+    r"\s*+\))?\s*+(?:#.*)?$"
 )
 _PCI_RE = re.compile(r"^(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 _FW_RE = re.compile(r"\bfw\s+(?P<fw>\d[\w.\-]*)")
@@ -42,6 +46,16 @@ class NetdevPort:
     firmware: str | None
 
 
+class _Match:
+    """The groups of a line's two sides, read like one match."""
+
+    def __init__(self, left: re.Match, right: re.Match):
+        self._groups = {**left.groupdict(), **right.groupdict()}
+
+    def group(self, name: str) -> str | None:
+        return self._groups[name]
+
+
 @dataclass(frozen=True)
 class Ibdev2netdev:
     ports: tuple[NetdevPort, ...]
@@ -51,9 +65,13 @@ class Ibdev2netdev:
 
 
 def _parse_line(line: str) -> NetdevPort | None:
-    m = _LINE_RE.match(line)
-    if not m:
+    arrow = line.find("=>")
+    if arrow < 0:
         return None
+    left, right = _LEFT_RE.match(line[:arrow]), _RIGHT_RE.match(line[arrow + 2:])
+    if not left or not right:
+        return None
+    m = _Match(left, right)
     tokens = m.group("pre").split()
     pci = None
     if len(tokens) > 1 and _PCI_RE.match(tokens[0]):
@@ -91,5 +109,8 @@ def parse(text: str) -> Ibdev2netdev:
 
 def detect(text: str) -> bool:
     """A `<dev> port <n> ==> <netdev> (Up|Down)` line."""
-    return re.search(r"\bport\s+\d+\s*(?:\(\s*[A-Za-z_]+\s*\)\s*)?=+>\s*\S+\s*\(\s*(?:Up|Down)",
-                     head_text(text), re.IGNORECASE) is not None
+    for line in head_text(text).splitlines():
+        port = _parse_line(line) if "=>" in line else None
+        if port is not None and port.state in ("Up", "Down"):
+            return True
+    return False

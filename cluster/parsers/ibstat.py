@@ -21,9 +21,26 @@ from cluster.parsers._lines import (clean_lines, head_text, jsonable, leading_in
 
 KIND = "ibstat"
 
-_CA_RE = re.compile(r"^\s*CA:?\s+'(?P<ca>[^']+)'\s*$")
-_PORT_RE = re.compile(r"^\s*Port\s+(?P<port>\d+)\s*:\s*$")
-_KV_RE = re.compile(r"^\s*(?P<key>[A-Za-z][A-Za-z ]*?)\s*:\s*(?P<value>.*?)\s*$")
+_CA_RE = re.compile(r"^\s*+CA:?\s++'(?P<ca>[^']++)'\s*+$")
+_PORT_RE = re.compile(r"^\s*+Port\s++(?P<port>\d{1,5}+)\s*+:\s*+$")
+_KEY_RE = re.compile(r"[A-Za-z][A-Za-z ]*+")
+_CODE_SUFFIX_RE = re.compile(r"\(\s*+-?\d{1,12}+\s*+\)$")
+
+
+def key_value(line: str, key_re: re.Pattern = _KEY_RE) -> tuple[str, str] | None:
+    """`  Key name: value` -> ("Key name", "value") when the text before the first ':' is a key."""
+    key, sep, value = line.partition(":")
+    key = key.strip()
+    if not sep or not key_re.fullmatch(key):
+        return None
+    return key, value.strip()
+
+
+def strip_code(raw: str) -> str:
+    """'PORT_NOP (0)' -> 'PORT_NOP': the value without a trailing numeric code."""
+    raw = raw.rstrip()
+    m = _CODE_SUFFIX_RE.search(raw)
+    return raw[:m.start()].rstrip() if m else raw.strip()
 
 _CA_KEYS = {"ca type": "ca_type", "number of ports": "num_ports",
             "firmware version": "firmware", "hardware version": "hardware_version",
@@ -45,14 +62,14 @@ _LINK_LAYERS = {"infiniband": "InfiniBand", "ib": "InfiniBand", "ethernet": "Eth
 
 def _printed(raw: str) -> str:
     """The value as printed, without a trailing numeric code: 'PORT_NOP (0)' -> 'PORT_NOP'."""
-    return re.sub(r"\s*\(\s*-?\d+\s*\)\s*$", "", raw).strip()
+    return strip_code(raw)
 
 
 def _squash(value: str) -> str:
     """'PORT_ACTIVE (4)' -> 'active'; '5: LinkUp' -> 'linkup'; 'Port Configuration Training' ..."""
-    value = re.sub(r"\(\s*\d+\s*\)", "", value)
-    value = re.sub(r"^\s*\d+\s*:\s*", "", value)
-    value = re.sub(r"^\s*PORT_", "", value.strip(), flags=re.IGNORECASE)
+    value = re.sub(r"\(\s*+\d{1,12}+\s*+\)", "", value)
+    value = re.sub(r"^\s*+\d{1,12}+\s*+:\s*+", "", value)
+    value = re.sub(r"^\s*+PORT_", "", value.strip(), flags=re.IGNORECASE)
     return re.sub(r"[^a-z]", "", value.lower())
 
 
@@ -122,7 +139,7 @@ class Ibstat:
 def _rate(value: str | None) -> int | float | None:
     if value is None:
         return None
-    m = re.match(r"^\s*(\d+(?:\.\d+)?)", value)
+    m = re.match(r"^\s*+(\d{1,9}+(?:\.\d{1,9}+)?)", value)
     return to_number(m.group(1)) if m else None
 
 
@@ -190,12 +207,11 @@ def parse(text: str) -> Ibstat:
             close_port()
             port, saw_structure = int(m.group("port")), True
             continue
-        m = _KV_RE.match(line)
-        if not m:
+        kv = key_value(line)
+        if kv is None:
             continue
-        key = m.group("key").strip().lower()
-        value = m.group("value")
-        if not value:
+        key, value = kv[0].lower(), kv[1]
+        if not value or value in ("...", "…", "[...]"):   # a value the author elided
             continue
         if key in _PORT_KEYS and port is not None:
             port_fields.setdefault(_PORT_KEYS[key], value)
@@ -217,6 +233,6 @@ def parse(text: str) -> Ibstat:
 def detect(text: str) -> bool:
     """A `CA 'name'` header followed by CA or port keys."""
     head = head_text(text)
-    return (re.search(r"^\s*CA:?\s+'[^']+'\s*$", head, re.MULTILINE) is not None
-            and re.search(r"^\s*(CA type|Port \d+|State|Firmware version)\s*:", head,
+    return (re.search(r"^[ \t]*+CA:?[ \t]++'[^'\n]++'[ \t]*+$", head, re.MULTILINE) is not None
+            and re.search(r"^[ \t]*+(CA type|Port \d{1,5}+|State|Firmware version)[ \t]*+:", head,
                           re.MULTILINE) is not None)

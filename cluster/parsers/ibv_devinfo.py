@@ -16,17 +16,17 @@ from dataclasses import dataclass
 from cluster.errors import ParseError
 from cluster.parsers._lines import (clean_lines, head_text, jsonable, leading_int, numbered,
                                     require_text, tidy_number)
-from cluster.parsers.ibstat import (normalize_link_layer, normalize_physical_state,
-                                    normalize_state)
+from cluster.parsers.ibstat import (key_value, normalize_link_layer, normalize_physical_state,
+                                    normalize_state, strip_code)
 
 KIND = "ibv_devinfo"
 
-_HCA_RE = re.compile(r"^\s*hca_id\s*:\s*(?P<ca>\S+)\s*$")
-_PORT_RE = re.compile(r"^\s*port\s*:\s*(?P<port>\d+)\s*$")
-_KV_RE = re.compile(r"^\s*(?P<key>[A-Za-z_][\w\[\] .]*?)\s*:\s*(?P<value>.*?)\s*$")
-_GID_RE = re.compile(r"^\s*GID\[\s*(?P<index>\d+)\s*\]\s*:\s*(?P<gid>[0-9a-fA-F:.]+)"
-                     r"(?:\s*,\s*(?P<type>.+?))?\s*$")
-_LIST_HEADER_RE = re.compile(r"^\s*(?P<n>\d+)\s+HCAs?\s+found\s*:?\s*$", re.IGNORECASE)
+_HCA_RE = re.compile(r"^\s*+hca_id\s*+:\s*+(?P<ca>\S++)\s*+$")
+_PORT_RE = re.compile(r"^\s*+port\s*+:\s*+(?P<port>\d{1,5}+)\s*+$")
+_KEY_RE = re.compile(r"[A-Za-z_][\w\[\] .]*+")
+_GID_RE = re.compile(r"^\s*+GID\[\s*+(?P<index>\d{1,6}+)\s*+\]\s*+:\s*+(?P<gid>[0-9a-fA-F:.]++)"
+                     r"(?:\s*+,\s*+(?P<type>.+))?$")
+_LIST_HEADER_RE = re.compile(r"^\s*+(?P<n>\d{1,6}+)\s++HCAs?\s++found\s*+:?\s*+$", re.IGNORECASE)
 
 _DEVICE_KEYS = {"transport", "fw_ver", "node_guid", "sys_image_guid", "vendor_id",
                 "vendor_part_id", "hw_ver", "board_id", "phys_port_cnt"}
@@ -92,15 +92,15 @@ def _strip_code(value: str | None) -> str | None:
     """'InfiniBand (0)' -> 'InfiniBand'."""
     if value is None:
         return None
-    return re.sub(r"\s*\(\s*-?\d+\s*\)\s*$", "", value).strip() or None
+    return strip_code(value) or None
 
 
 def _rate(width: str | None, speed: str | None) -> int | float | None:
     """4X (2) x 25.0 Gbps (32) -> 100; None when either is missing or unreadable."""
     if not width or not speed:
         return None
-    w = re.match(r"^\s*(\d+)\s*X\b", width, re.IGNORECASE)
-    s = re.match(r"^\s*(\d+(?:\.\d+)?)\s*Gb(?:ps|/s)?\b", speed, re.IGNORECASE)
+    w = re.match(r"^\s*+(\d{1,3}+)\s*+X\b", width, re.IGNORECASE)
+    s = re.match(r"^\s*+(\d{1,6}+(?:\.\d{1,6}+)?)\s*+Gb(?:ps|/s)?\b", speed, re.IGNORECASE)
     if not w or not s:
         return None
     return tidy_number(round(int(w.group(1)) * float(s.group(1)), 3))
@@ -189,12 +189,13 @@ def parse(text: str) -> IbvDevinfo:
                 continue
         m = _GID_RE.match(line)
         if m and port is not None:
-            gids.append(Gid(int(m.group("index")), m.group("gid"), m.group("type")))
+            gids.append(Gid(int(m.group("index")), m.group("gid"),
+                            m.group("type").strip() if m.group("type") else None))
             continue
-        m = _KV_RE.match(line)
-        if not m or ca is None:
+        kv = key_value(line, _KEY_RE)
+        if kv is None or ca is None:
             continue
-        key, value = m.group("key").strip().lower(), m.group("value")
+        key, value = kv[0].lower(), kv[1]
         if not value:
             continue
         if port is not None and key in _PORT_KEYS:
@@ -218,8 +219,8 @@ def parse(text: str) -> IbvDevinfo:
 def detect(text: str) -> bool:
     """An `hca_id:` line followed by device keys (or the `N HCAs found:` list)."""
     head = head_text(text)
-    if re.search(r"^\s*\d+\s+HCAs?\s+found\s*:", head, re.MULTILINE | re.IGNORECASE):
+    if re.search(r"^[ \t]*+\d{1,6}+[ \t]++HCAs?[ \t]++found[ \t]*+:", head, re.MULTILINE | re.IGNORECASE):
         return True
-    return (re.search(r"^\s*hca_id\s*:\s*\S+", head, re.MULTILINE) is not None
-            and re.search(r"^\s*(transport|fw_ver|node_guid|phys_port_cnt|port)\s*:", head,
+    return (re.search(r"^[ \t]*+hca_id[ \t]*+:[ \t]*+\S", head, re.MULTILINE) is not None
+            and re.search(r"^[ \t]*+(transport|fw_ver|node_guid|phys_port_cnt|port)[ \t]*+:", head,
                           re.MULTILINE) is not None)

@@ -20,24 +20,26 @@ import re
 from dataclasses import dataclass
 
 from cluster.errors import ParseError
-from cluster.parsers._lines import clean_lines, head_text, jsonable, numbered, require_text
+from cluster.parsers._lines import (clean_lines, finite_float, head_text, jsonable, numbered,
+                                    require_text)
 
 KIND = "ntpq"
 
 DEFAULT_MAX_OFFSET_MS = 1000.0
 
-_NUM = r"[+-]?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?"
+_NUM = r"[+-]?\d{1,20}+(?:\.\d{1,20}+)?(?:[eE][+-]?\d{1,3}+)?"
 _UNIT = r"(?:ns|us|µs|ms|s)?"
-_PEER_TAIL = (rf"(?P<refid>\S+)\s+(?P<st>\d+)\s+(?P<t>[A-Za-z\-*])\s+(?P<when>-|\d+[smhd]?)\s+"
-              rf"(?P<poll>\d+[smhd]?)\s+(?P<reach>[0-7]+)\s+(?P<delay>{_NUM})(?P<delay_u>{_UNIT})\s+"
-              rf"(?P<offset>{_NUM})(?P<offset_u>{_UNIT})\s+(?P<jitter>{_NUM})(?P<jitter_u>{_UNIT})\s*$")
-_PEER_RE = re.compile(rf"^(?P<tally>[ x.\-+#*o])(?P<remote>\S+)\s+{_PEER_TAIL}")
-_WIDE_NAME_RE = re.compile(r"^(?P<tally>[ x.\-+#*o])(?P<remote>\S+)\s*$")
-_WIDE_TAIL_RE = re.compile(rf"^\s+{_PEER_TAIL}")
-_PEER_HEADER_RE = re.compile(r"^\s*remote\s+(?:refid|local)\s+st\s+t\s+when\s+poll\s+reach\s+delay\s+offset",
-                             re.IGNORECASE)
-_STATUS_RE = re.compile(r"\bstatus=(?P<word>[0-9a-fA-F]{4})\s+(?P<text>[^\n]*)")
-_VAR_RE = re.compile(r"(?<![\w.])(?P<key>[A-Za-z_][\w]*)=(?P<value>\"[^\"]*\"|[^,\s]*)")
+_PEER_TAIL = (rf"(?P<refid>\S++)\s++(?P<st>\d{{1,3}}+)\s++(?P<t>[A-Za-z\-*])\s++"
+              rf"(?P<when>-|\d{{1,12}}+[smhd]?)\s++(?P<poll>\d{{1,12}}+[smhd]?)\s++(?P<reach>[0-7]{{1,6}}+)\s++"
+              rf"(?P<delay>{_NUM})(?P<delay_u>{_UNIT})\s++(?P<offset>{_NUM})(?P<offset_u>{_UNIT})\s++"
+              rf"(?P<jitter>{_NUM})(?P<jitter_u>{_UNIT})\s*+$")
+_PEER_RE = re.compile(rf"^(?P<tally>[ x.\-+#*o])(?P<remote>\S++)\s++{_PEER_TAIL}")
+_WIDE_NAME_RE = re.compile(r"^(?P<tally>[ x.\-+#*o])(?P<remote>\S++)\s*+$")
+_WIDE_TAIL_RE = re.compile(rf"^\s++{_PEER_TAIL}")
+_PEER_HEADER_RE = re.compile(r"^\s*+remote\s++(?:refid|local)\s++st\s++t\s++when\s++poll\s++reach"
+                             r"\s++delay\s++offset", re.IGNORECASE)
+_STATUS_RE = re.compile(r"\bstatus=(?P<word>[0-9a-fA-F]{4})\s++(?P<text>[^\n]*+)")
+_VAR_RE = re.compile(r"(?<![\w.])(?P<key>[A-Za-z_]\w{0,63}+)=(?P<value>\"[^\"\n]*+\"|[^,\s]*+)")
 _TO_MS = {"": 1.0, "ns": 1e-6, "us": 1e-3, "µs": 1e-3, "ms": 1.0, "s": 1000.0}
 _SYNC_SOURCES = ("sync_unspec", "sync_pps", "sync_lf_radio", "sync_hf_radio", "sync_uhf_radio",
                  "sync_local", "sync_ntp", "sync_other", "sync_wristwatch", "sync_telephone")
@@ -83,7 +85,10 @@ class Ntpq:
 
 
 def _ms(value: str, unit: str) -> float:
-    return round(float(value) * _TO_MS[unit], 9)
+    number = finite_float(value)
+    if number is None:
+        raise ParseError(KIND, f"peer value {value!r} is not a finite number")
+    return round(number * _TO_MS[unit], 9)
 
 
 def _peer(tally: str, remote: str, m: re.Match) -> Peer:
@@ -174,11 +179,9 @@ def _from_variables(text: str, max_offset_ms: float) -> Ntpq | None:
         sync_source = next((w for w in _SYNC_SOURCES if re.search(rf"\b{w}\b", words)), sync_source)
     elif "leap" in variables:
         leap = _LEAP_NAMES.get(variables["leap"].strip())
-    stratum = int(variables["stratum"]) if variables.get("stratum", "").isdigit() else None
-    try:
-        offset_ms = float(variables["offset"]) if "offset" in variables else None
-    except ValueError:
-        offset_ms = None
+    stratum = (int(variables["stratum"]) if re.fullmatch(r"[0-9]{1,6}", variables.get("stratum", ""))
+               else None)
+    offset_ms = finite_float(variables["offset"]) if "offset" in variables else None
     checks = [
         None if leap is None else leap != "leap_alarm",
         None if sync_source is None else sync_source not in ("sync_unspec", "sync_local"),
@@ -233,11 +236,12 @@ def parse(text: str, max_offset_ms: float = DEFAULT_MAX_OFFSET_MS) -> Ntpq:
 def detect(text: str) -> bool:
     """The `ntpq -p` column header or peer rows, or `associd=0 status=...` variables."""
     head = head_text(text)
-    if re.search(r"^\s*remote\s+(?:refid|local)\s+st\s+t\s+when\s+poll\s+reach", head,
+    if re.search(r"^[ \t]*+remote[ \t]++(?:refid|local)[ \t]++st[ \t]++t[ \t]++when[ \t]++poll"
+                 r"[ \t]++reach", head,
                  re.MULTILINE | re.IGNORECASE):
         return True
-    if re.search(r"\bassocid=\d+\s+status=[0-9a-fA-F]{4}\b", head):
+    if re.search(r"\bassocid=\d{1,9}+\s++status=[0-9a-fA-F]{4}\b", head):
         return True
-    if re.search(r"\bstatus=[0-9a-fA-F]{4}\s+leap_\w+", head):
+    if re.search(r"\bstatus=[0-9a-fA-F]{4}\s++leap_\w", head):
         return True
     return sum(1 for line in head.splitlines()[:100] if _PEER_RE.match(line)) >= 2

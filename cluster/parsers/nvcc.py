@@ -20,15 +20,17 @@ import re
 from dataclasses import asdict, dataclass
 
 from cluster.errors import ParseError
+from cluster.parsers._lines import unwrap
 from cluster.parsers._nvidia_text import lines_of, tool_failure
 
 KIND = "nvcc"
 
 _RELEASE = re.compile(
-    r"Cuda compilation tools,\s*release\s+(\d+\.\d+)(?:\s*,\s*(V?\d+(?:\.\d+)*))?", re.I)
-_BUILD = re.compile(r"^\s*Build\s+(\S+)\s*$")
-_BUILT_ON = re.compile(r"Built on\s+(\S+)")
-_COPYRIGHT = re.compile(r"Copyright \(c\)\s*(\d{4}(?:-\d{4})?)\s+NVIDIA", re.I)
+    r"Cuda compilation tools,\s*+release\s++(\d{1,4}+\.\d{1,4}+)(?:\s*+,\s*+(V?\d{1,6}+(?:\.\d{1,9}+){0,4}+))?",
+    re.I)
+_BUILD = re.compile(r"^\s*+Build\s++(\S++)\s*+$")
+_BUILT_ON = re.compile(r"Built on\s++(\S++)")
+_COPYRIGHT = re.compile(r"Copyright \(c\)\s*+(\d{4}(?:-\d{4})?)\s++NVIDIA", re.I)
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,7 @@ def detect(text: str) -> bool:
 
 def parse(text: str) -> Nvcc:
     """Parse nvcc --version output; see the module docstring for the returned shape."""
-    lines = lines_of(text, KIND)
+    lines = lines_of(unwrap(text), KIND)
     release = next((m for m in map(_RELEASE.search, lines) if m), None)
     if release is None:
         failure = tool_failure(lines)

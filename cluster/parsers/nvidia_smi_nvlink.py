@@ -34,16 +34,27 @@ import re
 from dataclasses import dataclass, field
 
 from cluster.errors import ParseError
+from cluster.parsers._lines import unwrap
 from cluster.parsers._nvidia_text import (command_echo, is_elision, is_missing, lines_of, snake,
                                           strip_prompt, to_number, tool_failure)
 
 KIND = "nvidia-smi-nvlink"
 
-_GPU_LINE = re.compile(r"^\s*GPU\s+(\d{1,4}):(?:\s+(.*?))?\s*(?:\(UUID:\s*([^)]*?)\s*\))?\s*$")
+# Anchored, bounded patterns; the free text after a label is taken whole and split in Python.
+_GPU_LINE = re.compile(r"^\s*+GPU\s++(\d{1,4}):(?=\s|$)(.*)$")
 _BUS_ID = re.compile(r"^[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]$")
-_LINK_LINE = re.compile(r"^\s*Link\s+(\d+)\s*[:,]\s*(.*?)\s*$")
-_SPEED = re.compile(r"^([\d.]+)\s*GB/s$")
-_UNIT_VALUE = re.compile(r"^([+-]?\d+(?:\.\d+)?)\s*([A-Za-z/]+)$")
+_LINK_LINE = re.compile(r"^\s*+Link\s++(\d{1,6}+)\s*+[:,](.*)$")
+_SPEED = re.compile(r"^(\d{1,9}+(?:\.\d{1,9}+)?)\s*+GB/s$")
+_UNIT_VALUE = re.compile(r"^([+-]?\d{1,30}+(?:\.\d{1,30}+)?)\s*+([A-Za-z/]{1,16}+)$")
+
+
+def _gpu_name_uuid(rest: str) -> tuple[str | None, str | None]:
+    """' NVIDIA H100 (UUID: GPU-...)' -> ('NVIDIA H100', 'GPU-...')."""
+    rest = rest.strip()
+    at = rest.rfind("(UUID:")
+    if rest.endswith(")") and at >= 0 and ")" not in rest[at:-1]:
+        return rest[:at].strip() or None, rest[at + 6:-1].strip() or None
+    return rest or None, None
 
 
 @dataclass(frozen=True)
@@ -88,13 +99,13 @@ class NvidiaSmiNvlink:
 
 def detect(text: str) -> bool:
     """True for `GPU <i>: ...` lines followed by indented `Link <n>:` / `Link <n>,` lines."""
-    return bool(re.search(r"(?m)^\s*GPU\s+\d{1,4}:\s", text)
-                and re.search(r"(?m)^\s+Link\s+\d+\s*[:,]", text))
+    return bool(re.search(r"(?m)^[ \t]*+GPU[ \t]++\d{1,4}:\s", text)
+                and re.search(r"(?m)^[ \t]++Link[ \t]++\d{1,6}+[ \t]*+[:,]", text))
 
 
 def parse(text: str) -> NvidiaSmiNvlink:
     """Parse nvidia-smi nvlink output; see the module docstring for the returned shape."""
-    lines = lines_of(text, KIND)
+    lines = lines_of(unwrap(text), KIND)
     gpus: list[dict] = []
     for number, raw in enumerate(lines, start=1):
         if not raw.strip() or is_elision(raw) or command_echo(raw, "nvidia-smi") is not None:
@@ -102,15 +113,16 @@ def parse(text: str) -> NvidiaSmiNvlink:
         line = strip_prompt(raw) if not raw[:1].isspace() else raw
         gpu = _GPU_LINE.match(line)
         if gpu and not _LINK_LINE.match(line):
-            gpus.append({"index": int(gpu.group(1)), "name": gpu.group(2) or None,
-                         "uuid": gpu.group(3) or None, "links": {}, "messages": []})
+            name, uuid = _gpu_name_uuid(gpu.group(2))
+            gpus.append({"index": int(gpu.group(1)), "name": name,
+                         "uuid": uuid, "links": {}, "messages": []})
             continue
         link = _LINK_LINE.match(line)
         if link:
             if not gpus:
                 raise ParseError(KIND, "link line before any 'GPU <i>:' line", line=number)
             record = gpus[-1]["links"].setdefault(int(link.group(1)), {"link": int(link.group(1))})
-            _merge(record, link.group(2), number)
+            _merge(record, link.group(2).strip(), number)
             continue
         if gpus and raw[:1].isspace():
             gpus[-1]["messages"].append(line.strip())
@@ -138,7 +150,7 @@ def _merge(record: dict, body: str, number: int) -> None:
         record["speed_gbps"] = float(speed.group(1))
         return
     # `Rx0: 0 KBytes, Tx0: 0 KBytes` carries two pairs on one line
-    pairs = [p for p in re.split(r",\s+(?=[^,:]+:)", body) if p.strip()]
+    pairs = [p for p in re.split(r",\s++(?=[^,:]++:)", body) if p.strip()]
     for pair in pairs:
         if ":" not in pair:
             record.setdefault("notes", []).append(pair.strip())

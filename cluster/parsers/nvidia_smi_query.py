@@ -40,6 +40,7 @@ import re
 from dataclasses import dataclass, field
 
 from cluster.errors import ParseError
+from cluster.parsers._lines import unwrap
 from cluster.parsers._nvidia_text import (command_echo, is_elision, is_missing, lines_of,
                                           strip_prompt, to_number, tool_failure)
 
@@ -79,15 +80,19 @@ _TEXT_FIELDS = {"timestamp", "driver_version", "name", "serial", "uuid", "vbios_
                 "compute_cap", "gpu_part_number", "board_part_number"}
 _TEXT_ROOTS = {"inforom", "pci", "platform", "gsp"}
 _OTHER_QUERY = re.compile(r"--query-(?!gpu\b)([\w-]+)")
-_FIELD_NAME = re.compile(r"^([A-Za-z_][\w.]*)(?:\s*\[([^\]]*)\])?$")
+_FIELD_NAME = re.compile(r"^([A-Za-z_][\w.]{0,127}+)(?:\s*+\[([^\]]{0,64}+)\])?$")
 _UNIT_VALUE = re.compile(
-    r"^([+-]?\d+(?:\.\d+)?)\s*(MiB|GiB|KiB|MB|GB|KB|B|%|W|mW|MHz|GHz|C|us|ms|ns|s|V|mV|A|RPM|x)$")
+    r"^([+-]?\d{1,30}+(?:\.\d{1,30}+)?)\s*+(MiB|GiB|KiB|MB|GB|KB|B|%|W|mW|MHz|GHz|C|us|ms|ns|s|V|mV|A|RPM|x)$")
 _TYPED = re.compile(
-    r"^(?:[+-]?\d+(?:\.\d+)?(?:\s*(?:MiB|GiB|KiB|%|W|MHz|C|us|ms|s|V|A|RPM))?|"
+    r"^(?:[+-]?\d{1,30}+(?:\.\d{1,30}+)?(?:\s*+(?:MiB|GiB|KiB|%|W|MHz|C|us|ms|s|V|A|RPM))?|"
     r"\[?N/A\]?|\[Not Supported\]|0x[0-9A-Fa-f]+|"
     r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]|GPU-[0-9a-fA-F-]+|"
-    r"\d+(?:\.\d+)+|P\d+|Enabled|Disabled)$")
+    r"\d{1,9}+(?:\.\d{1,9}+){1,6}+|P\d{1,2}+|Enabled|Disabled)$")
 _IDENTITY = ("index", "uuid", "pci.bus_id")
+# The shell's `time` report after the command (`real\t0m0,022s`, a locale's decimal comma).
+_TIME_LINE = re.compile(r"^(?:real|user|sys)\s++\d{1,9}+m\d{1,9}+(?:[.,]\d{1,9}+)?s$")
+# A logged list of CSV lines longer than this is not unpacked (literal_eval is not for big input).
+_MAX_LITERAL_CHARS = 65536
 
 
 @dataclass(frozen=True)
@@ -123,7 +128,7 @@ def detect(text: str) -> bool:
     """True for an echoed `--query-gpu` command or a CSV header of known --query-gpu fields."""
     if re.search(r"--query-gpu[= ]", text):
         return True
-    for line in text.splitlines()[:20]:
+    for line in text[:20000].splitlines()[:20]:
         names = _header_names(line)
         if names is not None and len(names) >= 2:
             return True
@@ -137,7 +142,7 @@ def parse(text: str) -> NvidiaSmiQuery:
 
 def parse_query(text: str, fields: list[str] | tuple[str, ...] | None = None) -> NvidiaSmiQuery:
     """Parse --query-gpu CSV output; `fields` (what was asked for) names the columns."""
-    lines = lines_of(text, KIND)
+    lines = lines_of(unwrap(text), KIND)
     cmd_fields, cmd_noheader = _command(lines)
     body = _body(lines)
     if not body:
@@ -215,9 +220,11 @@ def _python_list(text: str) -> list[str] | None:
     """`['a, b', '']` (a CSV line logged as a Python list) -> ['a, b']; None for anything else."""
     if not (text.startswith("[") and text.endswith("]") and ("'" in text or '"' in text)):
         return None
+    if len(text) > _MAX_LITERAL_CHARS:
+        return None
     try:
         value = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         return None
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
         return None
@@ -249,6 +256,8 @@ def _rows(body: list[tuple[int, str]], names: list[str] | None,
     for number, text in body:
         if header_text is not None and text == header_text:
             continue   # header printed again (several runs pasted together)
+        if _TIME_LINE.match(text):
+            continue   # `time nvidia-smi ...`: the shell's timing lines
         values = [v.strip() for v in text.split(",")]
         if width is None:
             if len(values) < 2:

@@ -31,17 +31,31 @@ import re
 from dataclasses import asdict, dataclass
 
 from cluster.errors import ParseError
+from cluster.parsers._lines import unwrap
 from cluster.parsers._nvidia_text import lines_of, tool_failure
 
 KIND = "proc-driver-nvidia-version"
 
-_NVRM = re.compile(r"NVRM version:\s*(.*)$")
-_MODULE = re.compile(r"^(?P<desc>.*?Kernel Module(?:\s+for\s+(?P<arch_for>\S+))?)\s+"
-                     r"(?P<version>\d+\.\d+(?:\.\d+)*)\b\s*(?P<rest>.*)$")
-_ARCH_BEFORE = re.compile(r"(?<!Open)\s(?!Open\b|UNIX\b)(\S+)\s+Kernel Module")
-_BUILD_TYPE = re.compile(r"^((?:Release|Debug|Develop)\s+Build)\s*")
-_BUILDER = re.compile(r"^\(([^)]*)\)\s*")
-_GCC = re.compile(r"GCC version:\s*(.*?)\s*$")
+_NVRM = re.compile(r"NVRM version:\s*+(.*)$")
+# The description up to the first "Kernel Module" (str.find), then anchored bounded patterns.
+_AFTER_MODULE = re.compile(r"(?:\s++for\s++(?P<arch_for>\S++))?\s++"
+                           r"(?P<version>\d{1,6}+\.\d{1,6}+(?:\.\d{1,6}+){0,4}+)\b\s*+(?P<rest>.*)$")
+_ARCH_BEFORE = re.compile(r"(?<!Open)\s(?!Open\b|UNIX\b)(\S++)\s++Kernel Module")
+_BUILD_TYPE = re.compile(r"^((?:Release|Debug|Develop)\s++Build)\s*+")
+_BUILDER = re.compile(r"^\(([^)]*+)\)\s*+")
+_GCC = re.compile(r"GCC version:(.*)$")
+
+
+def _module_match(nvrm: str) -> tuple[str, str | None, str, str] | None:
+    """(description, arch after "for", version, rest) of the NVRM line's text, or None."""
+    at = nvrm.find("Kernel Module")
+    if at < 0:
+        return None
+    m = _AFTER_MODULE.match(nvrm, at + len("Kernel Module"))
+    if m is None:
+        return None
+    desc = nvrm[:m.start("version")].rstrip()
+    return desc, m.group("arch_for"), m.group("version"), m.group("rest")
 
 
 @dataclass(frozen=True)
@@ -69,18 +83,18 @@ def detect(text: str) -> bool:
 
 def parse(text: str) -> ProcDriverNvidiaVersion:
     """Parse /proc/driver/nvidia/version; see the module docstring for the returned shape."""
-    lines = lines_of(text, KIND)
+    lines = lines_of(unwrap(text), KIND)
     found = [(i, m) for i, m in enumerate(map(_NVRM.search, lines), start=1) if m]
     if not found:
         failure = tool_failure(lines)
         raise ParseError(KIND, f"driver not loaded or file missing: {failure}" if failure
                          else "no 'NVRM version:' line found")
     number, nvrm = found[0]
-    module = _MODULE.match(nvrm.group(1).strip())
+    module = _module_match(nvrm.group(1).strip())
     if module is None:
         raise ParseError(KIND, "no '<...> Kernel Module  <version>' on the NVRM line", line=number)
-    desc = re.sub(r"\s+", " ", module.group("desc")).strip()
-    arch = module.group("arch_for")
+    raw_desc, arch, version, rest = module
+    desc = re.sub(r"\s+", " ", raw_desc).strip()
     if arch is None:
         before = _ARCH_BEFORE.search(desc)
         arch = before.group(1) if before else None
@@ -90,7 +104,7 @@ def parse(text: str) -> ProcDriverNvidiaVersion:
         flavour = "proprietary"
     else:
         flavour = None
-    rest = module.group("rest").strip()
+    rest = rest.strip()
     build_type = builder = None
     m = _BUILD_TYPE.match(rest)
     if m:
@@ -98,13 +112,13 @@ def parse(text: str) -> ProcDriverNvidiaVersion:
     m = _BUILDER.match(rest)
     if m:
         builder, rest = m.group(1), rest[m.end():]
-    gcc = next((m.group(1) for m in map(_GCC.search, lines) if m), None) or None
+    gcc = next((m.group(1).strip() for m in map(_GCC.search, lines) if m), None) or None
     gcc_version = None
     if gcc:
-        v = re.search(r"version\s+(\d+(?:\.\d+)+)", gcc)
+        v = re.search(r"version\s++(\d{1,6}+(?:\.\d{1,6}+){1,4}+)", gcc)
         gcc_version = v.group(1) if v else None
     return ProcDriverNvidiaVersion(
-        driver_version=module.group("version"),
+        driver_version=version,
         kernel_module=flavour,
         module_description=desc,
         arch=arch,

@@ -24,26 +24,29 @@ from cluster.parsers._lines import (clean_lines, command_in, head_text, jsonable
 
 KIND = "ulimit"
 
-_VALUE = r"(?P<value>unlimited|infinity|\d+)"
-_NOTE = r"\s*(?:#.*)?"  # a trailing "# annotation" some pastes carry
+_VALUE = r"(?P<value>unlimited|infinity|\d{1,30})"
+_NOTE = r"\s*+(?:#.*)?"  # a trailing "# annotation" some pastes carry
+# Possessive quantifiers throughout: every pattern is linear in the line's length.
 _LINE_RES = (
     # bash: "max locked memory       (kbytes, -l) 64"; busybox/ksh: "... (kb)   (-l) 64"
-    re.compile(rf"^\s*max locked memory\s*(?:\((?P<unit>[^,)]*)(?:,\s*-l)?\))?\s*(?:\(-l\))?\s*{_VALUE}{_NOTE}$",
-               re.IGNORECASE),
+    re.compile(rf"^\s*+max locked memory\s*+(?:\((?P<unit>[^,)]*+)(?:,\s*+-l)?\))?\s*+(?:\(-l\))?"
+               rf"\s*+{_VALUE}{_NOTE}$", re.IGNORECASE),
     # zsh: "-l: locked-in-memory size (kbytes) 64"; dash: "-l: locked memory(kbytes) 64"
-    re.compile(rf"^\s*-l:\s*[\w\- ]*?\(?(?P<unit>kbytes|kb|kib|bytes|blocks)?\)?\s+{_VALUE}{_NOTE}$",
-               re.IGNORECASE),
+    re.compile(rf"^\s*+-l:\s*+(?:[A-Za-z_\-]++\s*+)*?\(?(?P<unit>kbytes|kb|kib|bytes|blocks)?\)?"
+               rf"\s*+{_VALUE}{_NOTE}$", re.IGNORECASE),
     # old dash: "locked memory(kbytes) 64"; mksh "-l: locked memory (KiB)"
-    re.compile(rf"^\s*locked(?:-in)?[\s\-]memory(?: size)?\s*\((?P<unit>[^)]*)\)\s*{_VALUE}{_NOTE}$",
-               re.IGNORECASE),
+    re.compile(rf"^\s*+locked(?:-in)?[\s\-]memory(?: size)?\s*+\((?P<unit>[^)]*+)\)\s*+{_VALUE}"
+               rf"{_NOTE}$", re.IGNORECASE),
 )
-_LIMIT_RE = re.compile(r"^\s*memorylocked\s+(?P<value>unlimited|\d+(?:\.\d+)?)\s*(?P<unit>[kKmMgGtT]?B|kbytes|"
-                       r"megabytes|bytes)?\s*$", re.IGNORECASE)
-_PROC_RE = re.compile(r"^\s*Max locked memory\s+(?P<soft>unlimited|\d+)\s+(?P<hard>unlimited|\d+)"
-                      r"\s+(?P<unit>bytes|kbytes)?\s*$", re.IGNORECASE)
-_BARE_RE = re.compile(r"^\s*(?P<value>unlimited|\d+)\s*$", re.IGNORECASE)
-_ULIMIT_CMD_RE = re.compile(r"(?:^|[\s;|&(])ulimit\s+(?P<flags>(?:-[a-zA-Z]+\s*)+)")
-_A_LINE_RE = re.compile(r"\((?:[^)]*,\s*)?-[a-zA-Z]\)\s+\S+\s*$|^\s*-[a-zA-Z]:\s")
+_LIMIT_RE = re.compile(r"^\s*+memorylocked\s++(?P<value>unlimited|\d{1,30}(?:\.\d{1,30})?)\s*+"
+                       r"(?P<unit>[kKmMgGtT]?B|kbytes|megabytes|bytes)?\s*+$", re.IGNORECASE)
+_PROC_RE = re.compile(r"^\s*+Max locked memory\s++(?P<soft>unlimited|\d{1,30})\s++"
+                      r"(?P<hard>unlimited|\d{1,30})(?:\s++(?P<unit>bytes|kbytes))?\s*+$", re.IGNORECASE)
+_BARE_RE = re.compile(r"^\s*+(?P<value>unlimited|\d{1,30})\s*+$", re.IGNORECASE)
+_ULIMIT_CMD_RE = re.compile(r"(?:^|[\s;|&(])ulimit\s++(?P<flags>(?:-[a-zA-Z]++\s*+)+)")
+# a line of `ulimit -a`: bash "(blocks, -c) 0", busybox "(-c) 0", zsh/dash "-c: ..."
+_A_LINE_RE = re.compile(r"-[a-zA-Z]\)\s++\S++$")
+_A_LINE_ZSH_RE = re.compile(r"^\s*+-[a-zA-Z]:\s")
 
 @dataclass(frozen=True)
 class Ulimit:
@@ -118,7 +121,7 @@ def parse(text: str) -> Ulimit:
             scope = "hard" if flags is None and re.search(r"\blimit\s+-h\b", text) else None
             return Ulimit(memlock_kib=value, memlock_hard_kib=value if scope == "hard" else None,
                           scope=scope, source="limit")
-        if _A_LINE_RE.search(line):
+        if _A_LINE_RE.search(line) or _A_LINE_ZSH_RE.match(line):
             a_lines += 1
         m = _BARE_RE.match(line)
         if m:
@@ -149,8 +152,9 @@ def parse(text: str) -> Ulimit:
 def detect(text: str) -> bool:
     """A locked-memory line of some shell's ulimit/limit listing, or `ulimit -l` with its value."""
     head = head_text(text)
-    if re.search(r"max locked memory|locked-in-memory size|^\s*-l:\s*locked|^\s*memorylocked\s",
+    if re.search(r"max locked memory|locked-in-memory size|^[ \t]*+-l:[ \t]*+locked|"
+                 r"^[ \t]*+memorylocked\s",
                  head, re.IGNORECASE | re.MULTILINE):
         return True
-    return re.search(r"ulimit\s+-[SH]?l[SH]?\s*\n\s*(unlimited|\d+)\s*$", head,
+    return re.search(r"ulimit[ \t]++-[SH]?l[SH]?[ \t]*+\n\s*+(unlimited|\d++)[ \t]*+$", head,
                      re.MULTILINE) is not None
