@@ -646,3 +646,100 @@ def test_cut_and_glued_fixture_lines_never_crash():
             continue
         assert result.status in ("ok", "warn", "fail")
         json.dumps(result.to_dict())
+
+
+# ---- hostile input (issue 17): every pattern linear, long lines cut and reported ----------------
+# Each input below made one regex rescan the line from every start position (minutes for a
+# 20 KB line before the fix). The sizes are 2-5 MB: instant when the parser is linear, hours
+# when it is not, so the suite hangs instead of passing. No timing is asserted
+# (scripts/bench_nccl_parse.py --long-lines prints the time per MB).
+
+MB = 1_000_000
+
+
+def _parse_or_error(text: str):
+    try:
+        return nccl.parse(text)
+    except ParseError as exc:
+        return exc
+
+
+def test_long_run_before_the_envelope_is_cut_and_reported(tmp_path):
+    """'a'*N + ' NCCL INFO x' (the head pattern): the line is read up to LINE_MAX only."""
+    text = "a" * (3 * MB) + " NCCL INFO x"
+    out = _parse_or_error(text)
+    assert isinstance(out, ParseError) and "longer than" in str(out)
+    path = tmp_path / "a.log"
+    path.write_text(text)
+    with pytest.raises(ParseError, match="longer than"):
+        nccl.parse_file(path)
+
+
+def test_long_line_keeps_the_lines_around_it(tmp_path):
+    text = "\n".join([env("n1", 0, "NCCL version 2.21.5+cuda12.4"), "x" * (2 * MB),
+                      env("n1", 0, "Using network IB")]) + "\n"
+    path = tmp_path / "mixed.log"
+    path.write_text(text)
+    for r in (nccl.parse(text), nccl.parse_file(path),
+              nccl.parse_lines(io.StringIO(text))):
+        assert r.nccl_version == "2.21.5+cuda12.4" and r.network == "IB"
+        assert r.lines == 3 and r.lines_truncated == 1
+        assert any("longer than" in note for note in r.notes)
+        assert r.to_dict()["lines_truncated"] == 1
+
+
+def test_warn_padded_with_spaces():
+    """WARN + MBs of spaces (the tail-junk pattern's leading \\s*), padding before or after."""
+    for text in (env("n1", 0, "misc/socket.cc:1 NCCL x" + " " * (3 * MB) + "y", level="WARN"),
+                 env("n1", 0, "transport/net_ib.cc:1 Call failed" + " " * (3 * MB), level="WARN")):
+        r = nccl.parse(text)
+        assert r.status == "fail" and len(r.errors) == 1 and r.lines_truncated == 1
+
+
+def test_short_lines_of_spaces_digits_and_brackets():
+    """Many lines just under LINE_MAX, each a worst case for one of the old patterns."""
+    n = nccl.LINE_MAX - 200
+    lines = [
+        env("n1", 0, "Channel " + "1" * n),                           # channel pattern: digits
+        env("n1", 0, "Channel 00/0 : " + "7" * n + "[0] -> 1[1] via NET/IB/0"),
+        env("n1", 0, "Using network " + " " * n + "IB"),
+        env("n1", 0, "x.cc:1 NCCL " + "1:" * (n // 2), level="WARN"),  # normalising pattern
+        env("n1", 0, "x.cc:1 NCCL " + "a" * n, level="WARN"),
+        env("n1", 0, "NET/Plugin: Loaded net plugin x" + " " * n),
+        env("n1", 0, "NCCL_IB_HCA set to " + "[" * n),
+        env("n1", 0, "comm 0x1 rank 0 nranks 2 cudaDev 0 " * (n // 40)),
+        env("n1", 0, "NCCL INFO " * (n // 10)),                         # glued envelopes
+        "1:" * (n // 2) + " NCCL INFO x",                              # head pattern: anchors
+        "h:1:1 [0] " * (n // 10) + "NCCL INFO x",
+    ]
+    r = nccl.parse("\n".join(lines * 4))
+    assert r.status in ("ok", "warn", "fail") and r.lines_truncated == 0
+    assert r.n_ranks is None        # no digit run is taken for a ring listing or a rank
+
+
+def test_channel_digits_line_cut_is_not_a_ring_listing():
+    r = nccl.parse(env("n1", 0, "Channel 00/0 : " + "7" * (3 * MB) + "[0] -> 1[1] via NET/IB/0"))
+    assert r.lines_truncated == 1 and r.n_ranks is None and r.inter_node_transport == "UNKNOWN"
+
+
+def test_glued_lines_are_split_a_bounded_number_of_times():
+    for sep in (" ", ""):
+        line = sep.join(env(f"h{i}", 0, "Using network IB") for i in range(5000))
+        r = nccl.parse(line)
+        assert 2 <= len(r.hosts) <= 64
+        # glued without a separator the next host name eats the end of the message ("IBh1")
+        assert r.network == ("IB" if sep else None)
+
+
+def test_cut_at_a_block_boundary_keeps_every_line(tmp_path):
+    """Lines that straddle parse_file's 1 MiB blocks, and an over-long line ending in one."""
+    body = [env("n1", i % 8, f"Channel {i % 32:02d}/0 : {i % 8}[{i % 8}] -> {(i + 1) % 8}[{(i + 1) % 8}]"
+                              f" via P2P/IPC/read") for i in range(60_000)]
+    body.insert(30_000, "z" * (nccl.BLOCK_BYTES + 10))
+    text = "\n".join(body)
+    path = tmp_path / "blocks.log"
+    path.write_text(text)
+    r1, r2 = nccl.parse_file(path), nccl.parse(text)
+    assert r1.lines == r2.lines == 60_001
+    assert r1.lines_truncated == r2.lines_truncated == 1
+    assert r1.channel_counts == r2.channel_counts == {"P2P/IPC": 60_000}

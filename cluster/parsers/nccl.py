@@ -73,71 +73,96 @@ _HEAD_CACHE_MAX = 8192         # distinct envelope prefixes remembered (cleared 
 _CHAN_CACHE_MAX = 1 << 16      # distinct channel messages remembered (cleared when full)
 _MAX_FINDINGS = 200            # distinct error/warning kinds+messages kept; the rest only counted
 _MAX_KEYS = 1 << 17            # bound on per-rank / per-host maps (memory stays flat)
+LINE_MAX = 1 << 16             # chars of a line that are read; the rest is dropped (lines_truncated)
+_WINDOW_BYTES = 64 << 20       # raw bytes counted into the window before it is handled
+_HEAD_WINDOW = 2048            # the envelope head is looked for in the last chars before "NCCL "
+_NORM_INPUT = 512              # chars of a message normalised into a finding's key
+_GLUED_MAX = 32                # log lines glued into one line that are split apart (the rest stays)
 
 # ---------------------------------------------------------------------------------------------
-# Regexes (compiled once). Each runs only on lines that passed a substring prefilter.
+# Regexes (compiled once). Each runs only on lines that passed a substring prefilter, and every
+# one runs in time linear in its input: no unbounded quantifier can rescan what another one (or
+# another start position) already consumed. Repeats are bounded ({1,253} for a host name,
+# {1,10} for a number), searches start at a literal found by str.find, and the text searched is
+# bounded (a line is cut at LINE_MAX, the envelope head searched in its last _HEAD_WINDOW chars,
+# a message normalised from its first _NORM_INPUT chars). tests/test_nccl_parser.py holds the
+# pathological inputs (50 MB of one character, runs of digits or spaces) as regressions and
+# scripts/bench_nccl_parse.py --long-lines prints the time per MB from 1 KB to 50 MB lines.
 
 # The envelope head right before "NCCL INFO": host:pid:tid [dev]. The host may be glued to a
 # SkyPilot "[host:0]:" or CloudWatch timestamp in front; '/' and '|' are never part of it.
-_HEAD_RE = re.compile(r"([^\s:/|()<>]+):(\d+):(\d+) \[(\d+)\]")
-_ISO_TS_RE = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?")
+# Its tail ":pid:tid [dev]" is found first (it starts at a ":"); the host is read backwards.
+_HEAD_ANCHOR_RE = re.compile(r":(\d{1,10}):(\d{1,10}) \[(\d{1,6})\]")
+_HOST_STOP = frozenset(":/|()<>")
+_HOST_MAX = 253
+_ISO_TS_RE = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?")
 _RAY_IP_RE = re.compile(r"\bip=(\d{1,3}(?:\.\d{1,3}){3})")
-_SRC_RE = re.compile(r"\] (?:\d+\.\d+ )?([\w./+-]+\.(?:cc|c|cu|h|hpp|cpp|cxx)):(\d+)")
-_ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
-# Trailing wrapper junk on a message: ANSI colour (with or without ESC) or Ray's dedup suffix.
-_TAIL_JUNK_RE = re.compile(r"\s*(?:\x1b?\[\d+(?:;\d+)*m|\[repeated \d+x across cluster\]).*$")
+_ANSI_RE = re.compile(r"\x1b\[[0-9;?]{0,32}[ -/]{0,4}[@-~]")
+# Trailing wrapper junk on a message, matched only where a '[' is: ANSI colour (with or without
+# ESC) or Ray's dedup suffix. _strip_junk cuts the message there.
+_JUNK_AT_RE = re.compile(r"\[(?:\d{1,3}(?:;\d{1,3}){0,8}m|repeated \d{1,12}x across cluster\])")
 
 # "Channel 06/0 : 7[7] -> 14[6] [receive]" / "Ring 00 : 3 -> 4 [send]" / "Channel 01 : 2[c7000] -> 0[87000]"
-_CHAN_RE = re.compile(r"(\d+)(?:\[([0-9a-fA-F]+)\])? -> (\d+)(?:\[([0-9a-fA-F]+)\])?(?: \[(send|receive)\])?")
-_COLLNET_RE = re.compile(r"CollNet (\d+)(?:/\d+)? : (\d+) \[(send|receive)\]")
+# Matched only at " -> " (found by str.find), in a bounded window around it.
+_CHAN_RE = re.compile(r"(?<![0-9a-fA-F\]])(\d{1,9})(?:\[([0-9a-fA-F]{1,16})\])? -> (\d{1,9})"
+                      r"(?:\[([0-9a-fA-F]{1,16})\])?(?: \[(send|receive)\])?")
+_CHAN_BEFORE = 32              # chars before " -> " that can hold "rank[busId]"
+_CHAN_AFTER = 48               # chars after it: "rank[busId] [receive]"
+_COLLNET_RE = re.compile(r"CollNet (\d{1,6})(?:/\d{1,6})? : (\d{1,9}) \[(send|receive)\]")
 
-_VERSION_RE = re.compile(r"NCCL version (\d+)\.(\d+)\.(\d+)([0-9A-Za-z\-]*(?:\+cuda\d+(?:\.\d+)?)?)")
-_VLLM_VERSION_RE = re.compile(r"using nccl==(\d+)\.(\d+)\.(\d+)")
+_VERSION_RE = re.compile(
+    r"NCCL version (\d{1,4})\.(\d{1,4})\.(\d{1,4})([0-9A-Za-z\-]{0,32}(?:\+cuda\d{1,4}(?:\.\d{1,4})?)?)")
+_VLLM_VERSION_RE = re.compile(r"using nccl==(\d{1,4})\.(\d{1,4})\.(\d{1,4})")
 _COMM_SHAPE_RE = re.compile(
-    r"comm (0x[0-9a-fA-F]+) rank (\d+) nRanks (\d+) nNodes (\d+)(?: localRanks (\d+))?")
-_INIT_RE = re.compile(
-    r"comm (0x[0-9a-fA-F]+) rank (\d+) nranks (\d+) cudaDev (\d+)(?: nvmlDev \d+)?"
-    r"(?: busId ([0-9a-fA-F]+))?.* - Init (START|COMPLETE)")
-_NRANKS_RE = re.compile(r"\bnranks (\d+)")
-_RINGS_RE = re.compile(r"Connected all rings, use ring PXN (\d+) GDR (\d+)")
-_RANK_IN_INIT_TIMING_RE = re.compile(r"\brank (\d+) nranks (\d+)")
-_ENV_RE = re.compile(r"^(NCCL_\w+) set (?:by environment )?to (.*)$")
-_IB_DEV_RE = re.compile(r"\[(\d+)\]\s*([A-Za-z0-9_.\-]+):(\d+)(?::\d+)*/(IB|RoCE)\b")
-_OOB_RE = re.compile(r"OOB ([^\s:;<]+):")
-_SOCK_DEV_RE = re.compile(r"\[\d+\]([^\s:\[\]]+):")
-_BOOT_RE = re.compile(r"Using \[?\d*\]?([^\s:\[\]]+):")
-_OFI_PROVIDER_RE = re.compile(r"Selected [Pp]rovider is (\S+?)(?:,|\s|$)(?:.*?found (\d+) nics)?")
-_OFI_VERSION_RE = re.compile(r"(?:Initializing|Using) aws-ofi-nccl (\S+)")
-_PLUGIN_LOADED_RE = re.compile(r"Loaded net plugin (.+?)(?: \(v\d+\))?\s*$")
-_GDR_GPU_RE = re.compile(r"GPU Direct RDMA (Enabled|Disabled) for (?:GPU )?(\S+)")
-_GDR_HCA_RE = re.compile(r"GPU Direct RDMA (Enabled|Disabled) for HCA (\d+) '([^']+)'")
-_SHARP_RE = re.compile(r"SHARP rank (\d+)/(\d+) initialized on (\S+)")
+    r"comm (0x[0-9a-fA-F]{1,16}) rank (\d{1,9}) nRanks (\d{1,9}) nNodes (\d{1,9})(?: localRanks (\d{1,9}))?")
+_INIT_RE = re.compile(          # the part before " - Init START|COMPLETE" (found by str.rfind)
+    r"comm (0x[0-9a-fA-F]{1,16}) rank (\d{1,9}) nranks (\d{1,9}) cudaDev (\d{1,6})(?: nvmlDev \d{1,6})?"
+    r"(?: busId ([0-9a-fA-F]{1,16}))?")
+_RINGS_RE = re.compile(r"Connected all rings, use ring PXN (\d{1,3}) GDR (\d{1,3})")
+_RANK_IN_INIT_TIMING_RE = re.compile(r"\brank (\d{1,9}) nranks (\d{1,9})")
+_ENV_RE = re.compile(r"(NCCL_\w{1,64}) set (?:by environment )?to ")
+_IB_DEV_RE = re.compile(r"\[(\d{1,4})\]\s{0,4}([A-Za-z0-9_.\-]{1,64}):(\d{1,4})(?::\d{1,6}){0,4}/(IB|RoCE)\b")
+_OOB_RE = re.compile(r"OOB ([^\s:;<]{1,64}):")
+_SOCK_DEV_RE = re.compile(r"\[\d{1,4}\]([^\s:\[\]]{1,64}):")
+_BOOT_RE = re.compile(r"Using \[?\d{0,4}\]?([^\s:\[\]]{1,64}):")
+_OFI_PROVIDER_RE = re.compile(r"Selected [Pp]rovider is ([^\s,]{1,64})(?:.{0,200}?found (\d{1,6}) nics)?")
+_OFI_VERSION_RE = re.compile(r"(?:Initializing|Using) aws-ofi-nccl (\S{1,64})")
+_PLUGIN_VERSION_SUFFIX_RE = re.compile(r" \(v\d{1,4}\)$")
+_GDR_GPU_RE = re.compile(r"GPU Direct RDMA (Enabled|Disabled) for (?:GPU )?(\S{1,64})")
+_GDR_HCA_RE = re.compile(r"GPU Direct RDMA (Enabled|Disabled) for HCA (\d{1,4}) '([^']{1,64})'")
+_SHARP_RE = re.compile(r"SHARP rank (\d{1,9})/(\d{1,9}) initialized on (\S{1,64})")
 _CHANNEL_COUNTS_RE = re.compile(
-    r"^(\d+) coll channels, (?:(\d+) collnet channels, )?(?:(\d+) nvls channels, )?(\d+) p2p channels")
-_TRACE_RE = re.compile(r"^([\w./+-]+\.(?:cc|c|cu|h|hpp|cpp|cxx)):(\d+) -> (\d+)")
-_PEER_IFACE_RE = re.compile(r"%([A-Za-z][\w.\-]*)<\d+>")
+    r"(\d{1,6}) coll channels, (?:(\d{1,6}) collnet channels, )?(?:(\d{1,6}) nvls channels, )?"
+    r"(\d{1,6}) p2p channels")
+# "transport/net_ib.cc:1295" (WARN) / "transport/net_ib.cc:1295 -> 6" (the stack of a failed call):
+# matched at the start of the message only.
+_SRC_NAME = r"([\w./+-]{1,160}?\.(?:cc|c|cu|h|hpp|cpp|cxx))"
+_TRACE_RE = re.compile(_SRC_NAME + r":(\d{1,6}) -> (\d{1,4})")
+_SRC_RE = re.compile(_SRC_NAME + r":(\d{1,6})\b")
+_PEER_IFACE_RE = re.compile(r"%([A-Za-z][\w.\-]{0,31})<\d{1,6}>")
 # Addresses, pointers, numbers and hex ids vary between otherwise identical messages.
-_NORM_RE = re.compile(r"\S+<\d+>|0x[0-9a-fA-F]+|[0-9a-fA-F:]*\d[0-9a-fA-F:]*")
-_OLD_WARN_RE = re.compile(r"\[(\d+)\] ([\w./+-]+:\d+) WARN (.*)$")
+_NORM_RE = re.compile(r"[^\s<]{1,64}<\d{1,8}>|0x[0-9a-fA-F]{1,32}|[0-9a-fA-F:]{0,64}\d[0-9a-fA-F:]{0,64}")
+_OLD_WARN_RE = re.compile(r"\[(\d{1,6})\] ([\w./+-]{1,160}:\d{1,6}) WARN ")
 
 # nccl-tests
 _NT_ROW_HINT_RE = re.compile(
-    r"\d\s+(?:float|half|double|bfloat16|u?int(?:8|32|64)|fp8_e4m3|fp8_e5m2|f8e4m3|f8e5m2|char|int)\s")
+    r"\d\s{1,64}(?:float|half|double|bfloat16|u?int(?:8|32|64)|fp8_e4m3|fp8_e5m2|f8e4m3|f8e5m2|char|int)\s")
 _NT_TYPES = frozenset("int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 fp8_e4m3 "
                       "fp8_e5m2 f8e4m3 f8e5m2 char int".split())
 _ROW_ENDS = frozenset("0123456789A")  # a result row ends with #wrong (a count, or N/A)
 _NT_OPS = frozenset("sum prod max min avg premulsum mulsum none".split())
-_NT_AVG_RE = re.compile(r"#\s*Avg bus bandwidth\s*:\s*([0-9.]+(?:[eE][+-]?\d+)?)")
-_NT_OOB_RE = re.compile(r"#\s*Out of bounds values\s*:\s*(\d+)\s*(OK|FAILED)?")
-_NT_RANK_RE = re.compile(r"#\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+(\d+)")
+_NT_AVG_RE = re.compile(r"#\s{0,64}Avg bus bandwidth\s{0,64}:\s{0,64}([0-9.]{1,32}(?:[eE][+-]?\d{1,4})?)")
+_NT_OOB_RE = re.compile(r"#\s{0,64}Out of bounds values\s{0,64}:\s{0,64}(\d{1,18})\s{0,64}(OK|FAILED)?")
+_NT_RANK_RE = re.compile(r"#\s{0,64}Rank\s{1,64}(\d{1,9})\s{1,64}Group\s{1,64}\d{1,9}\s{1,64}Pid\s{1,64}(\d{1,10})"
+                         r"\s{1,64}on\s{1,64}(\S{1,253})\s{1,64}device\s{1,64}(\d{1,6})")
 _NT_COLL_RE = re.compile(r"\b(all_reduce|all_gather|reduce_scatter|broadcast|reduce|alltoall|sendrecv|"
                          r"scatter|gather|hypercube)_perf\b")
 
 # Launchers (weakest evidence, used only when NCCL itself does not say): torchrun flags,
 # c10d's store barrier ("with N nodes" counts ranks), PyTorch Lightning's start line.
-_NNODES_RE = re.compile(r"--nnodes[= ](\d+)(?::(\d+))?")
-_NPROC_RE = re.compile(r"--nproc[_-]per[_-]node[= ](\d+)")
-_WORLD_RE = re.compile(r"store-based barrier for key:\S+ with (\d+) nodes|Starting with (\d+) processes")
+_NNODES_RE = re.compile(r"--nnodes[= ](\d{1,6})(?::(\d{1,6}))?")
+_NPROC_RE = re.compile(r"--nproc[_-]per[_-]node[= ](\d{1,6})")
+_WORLD_RE = re.compile(r"store-based barrier for key:\S{1,256}? with (\d{1,9}) nodes|Starting with (\d{1,9}) processes")
 
 # Errors PyTorch / launchers print when NCCL failed (no NCCL_DEBUG needed).
 _APP_ERRORS: tuple[tuple[str, str], ...] = (
@@ -261,6 +286,7 @@ class NcclLog:
     evidence: Mapping[str, str | None]
     lines: int
     nccl_lines: int
+    lines_truncated: int
     status: str
     verdict: str
 
@@ -310,6 +336,7 @@ class NcclLog:
             "cuda_driver_version": self.cuda_driver_version,
             "lines": self.lines,
             "nccl_lines": self.nccl_lines,
+            "lines_truncated": self.lines_truncated,
         }
 
 
@@ -321,6 +348,46 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
+def _strip_junk(text: str) -> str:
+    """text without trailing wrapper junk (ANSI colour with or without ESC, Ray's
+    `[repeated Nx across cluster]`) and surrounding blanks. Linear: only the '[' are tried."""
+    i = text.find("[")
+    while i >= 0:
+        if _JUNK_AT_RE.match(text, i):
+            if i and text[i - 1] == "\x1b":
+                i -= 1
+            return text[:i].strip()
+        i = text.find("[", i + 1)
+    return text.strip()
+
+
+def _same_message(text: str, clean: str) -> bool:
+    """_strip_junk(text) == clean, for a clean (already stripped) message, without scanning all
+    of text: text must start with it and go on with nothing but blanks or wrapper junk."""
+    text = text.lstrip()
+    if not text.startswith(clean):
+        return False
+    tail = text[len(clean):].lstrip()
+    if tail.startswith("\x1b"):
+        tail = tail[1:]
+    return not tail or (tail[0] == "[" and _JUNK_AT_RE.match(tail) is not None)
+
+
+def _last_head(text: str) -> tuple[int, str, int, int] | None:
+    """(start, host, pid, dev) of the last `host:pid:tid [dev]` in text, searched in its last
+    _HEAD_WINDOW chars (a head sits right before 'NCCL INFO' or before WARN's file:line)."""
+    base = max(0, len(text) - _HEAD_WINDOW)
+    anchors = list(_HEAD_ANCHOR_RE.finditer(text, base))
+    for m in reversed(anchors):
+        end = m.start()
+        k, lo = end, max(base, end - _HOST_MAX)
+        while k > lo and not text[k - 1].isspace() and text[k - 1] not in _HOST_STOP:
+            k -= 1
+        if k < end:
+            return k, text[k:end], int(m.group(1)), int(m.group(3))
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # Via-text classification: "NET/IB/0(8)/GDRDMA", "P2P/CUMEM/read", "SHM/direct/direct", ...
 # -> (family, label, intra token or None, net name or None, gdr flag, proxy flag)
@@ -329,7 +396,7 @@ _ViaInfo = tuple  # (family, label, intra, netname, gdr, proxy)
 
 
 def _classify_via(text: str) -> _ViaInfo | None:
-    s = _TAIL_JUNK_RE.sub("", text).strip()
+    s = _strip_junk(text)
     if s.startswith("NET/"):
         parts = s[4:].split("/")
         name = parts[0].strip() or "?"
@@ -390,6 +457,8 @@ class NcclLogAccumulator:
     def __init__(self) -> None:
         self.lines = 0
         self.nccl_lines = 0
+        self.truncated = 0                             # lines longer than LINE_MAX (cut there)
+        self._cut = False                              # the line being handled was cut
         self.recognised = 0
         self._pending: Counter = Counter()
         self._heads: dict[str, tuple | None] = {}
@@ -508,6 +577,10 @@ class NcclLogAccumulator:
         handle = self._line
         self.lines += sum(pending.values())
         for raw, n in pending.items():
+            self._cut = len(raw) > LINE_MAX
+            if self._cut:
+                raw = raw[:LINE_MAX]
+                self.truncated += n
             line = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
             if "\x1b" in line:
                 line = _ANSI_RE.sub("", line)
@@ -515,7 +588,7 @@ class NcclLogAccumulator:
 
     # -- one line --------------------------------------------------------------------------
 
-    def _line(self, line: str, n: int) -> None:
+    def _line(self, line: str, n: int, depth: int = 0) -> None:
         i = line.find("NCCL ")
         if i < 0:
             if line:
@@ -539,7 +612,11 @@ class NcclLogAccumulator:
         self.recognised += n
         j = msg.find("NCCL ")
         if j >= 0 and msg[j + 5:j + 9] in ("INFO", "WARN", "TRAC"):
-            msg = self._unglue(msg, j, n)
+            if depth < _GLUED_MAX:
+                msg = self._unglue(msg, j, n, depth)
+            else:                       # the rest of the glued lines is dropped
+                last = _last_head(msg[:j])
+                msg = msg[:last[0] if last else j].rstrip()
         if info is None:
             host = pid = None
         else:
@@ -562,13 +639,11 @@ class NcclLogAccumulator:
         h = head
         if "-" in h and ":" in h:
             h = _ISO_TS_RE.sub(" ", h)
-        m = None
-        for m in _HEAD_RE.finditer(h):
-            pass
-        if m is None:
+        found = _last_head(h)
+        if found is None:
             self._heads[head] = None
             return None
-        host, pid, dev = m.group(1), int(m.group(2)), int(m.group(4))
+        _start, host, pid, dev = found
         if "ip=" in head:
             ip = _RAY_IP_RE.search(head)
             if ip and len(self.ray_ips) < _MAX_KEYS:
@@ -580,20 +655,18 @@ class NcclLogAccumulator:
             self.procs.add(info)
         return info
 
-    def _unglue(self, msg: str, j: int, n: int) -> str:
+    def _unglue(self, msg: str, j: int, n: int, depth: int) -> str:
         """Two log lines glued into one: handle the second one, return the first message."""
         prefix = msg[:j]
-        last = None
-        for last in _HEAD_RE.finditer(prefix):
-            pass
+        last = _last_head(prefix)
         if last is None:
             return prefix
-        cut = last.start()
+        cut = last[0]
         first = prefix[:cut].rstrip(" |\t")
         second = prefix[cut:] + msg[j:]
         k = second.find("NCCL ")
-        if _TAIL_JUNK_RE.sub("", second[k + 10:]).strip() != _TAIL_JUNK_RE.sub("", first).strip():
-            self._line(second, n)       # a CloudWatch duplicate column is the same message
+        if not _same_message(second[k + 10:], _strip_junk(first)):
+            self._line(second, n, depth + 1)    # a CloudWatch duplicate column is the same message
         if cut and not prefix[cut - 1].isspace() and " via " in first:
             return prefix               # glued without a separator: the host may have eaten the
         return first                    # end of the via-text, which is classified by its start
@@ -646,7 +719,8 @@ class NcclLogAccumulator:
         if info is None:
             return False
         family, label, intra, net, gdr, proxy = info
-        m = _CHAN_RE.search(msg, 0, v)
+        a = msg.find(" -> ", 0, v)
+        m = None if a < 0 else _CHAN_RE.search(msg, max(0, a - _CHAN_BEFORE), min(v, a + 4 + _CHAN_AFTER))
         if m is None:
             return (label, intra, family, net, gdr, proxy, None, None, None, None, None)
         src, dst, direction = int(m.group(1)), int(m.group(3)), m.group(5)
@@ -657,8 +731,10 @@ class NcclLogAccumulator:
         c = msg.find(" : ")
         if c < 0:
             return
+        if self._cut:
+            return                      # a listing cut short would give a wrong rank count
         toks = msg[c + 3:].split()
-        if toks and all(t.isdigit() for t in toks):
+        if toks and all(t.isdigit() and len(t) < 8 for t in toks):
             self.ring_sizes.add(len(set(toks)))
 
     def _m_collnet(self, msg: str, host, pid, n: int, line: str) -> None:
@@ -678,7 +754,7 @@ class NcclLogAccumulator:
 
     def _m_using(self, msg: str, host, pid, n: int, line: str) -> None:
         if msg.startswith("Using network "):
-            name = _TAIL_JUNK_RE.sub("", msg[14:]).strip()
+            name = _strip_junk(msg[14:])
             if name:
                 self.networks[name] = self.networks.get(name, 0) + n
 
@@ -729,9 +805,10 @@ class NcclLogAccumulator:
             self.ofi.setdefault("seen", True)
         elif msg.startswith("NET/Plugin"):
             self._era(host, msg)
-            m = _PLUGIN_LOADED_RE.search(msg)
-            if m:
-                self.plugin["loaded"] = m.group(1)
+            k = msg.find("Loaded net plugin ")
+            name = _PLUGIN_VERSION_SUFFIX_RE.sub("", msg[k + 18:].strip()) if k >= 0 else ""
+            if name:
+                self.plugin["loaded"] = name
             elif "set by env to" in msg:
                 self.plugin["requested"] = msg.rsplit(" ", 1)[-1].strip()
             elif "using internal" in msg or "Using internal" in msg or "No plugin found" in msg:
@@ -746,12 +823,16 @@ class NcclLogAccumulator:
                 self.socket_ifaces.setdefault(m.group(1), None)
 
     def _m_comm(self, msg: str, host, pid, n: int, line: str) -> None:
-        if " - Init " in msg:
-            m = _INIT_RE.search(msg)
+        k = msg.rfind(" - Init ")
+        if k >= 0:
+            state = msg[k + 8:k + 16]
+            state = "START" if state.startswith("START") else \
+                "COMPLETE" if state.startswith("COMPLETE") else None
+            m = _INIT_RE.search(msg, 0, k) if state else None
             if m:
                 rank, nranks = int(m.group(2)), int(m.group(3))
                 key = (host, pid, m.group(1), rank, nranks)
-                target = self.init_start if m.group(6) == "START" else self.init_complete
+                target = self.init_start if state == "START" else self.init_complete
                 if len(target) < _MAX_KEYS:
                     target.add(key)
                 self.comm_nranks.add(nranks)
@@ -794,9 +875,10 @@ class NcclLogAccumulator:
         if msg.startswith("NCCL version"):
             self._version(msg, host)
         elif msg.startswith("NCCL_"):
-            m = _ENV_RE.match(_TAIL_JUNK_RE.sub("", msg).strip())
+            text = _strip_junk(msg)
+            m = _ENV_RE.match(text)
             if m and (m.group(1) in self.env or len(self.env) < 128):
-                value = m.group(2).strip()
+                value = text[m.end():].strip()
                 if value.endswith(".") and value[:-1].lstrip("-").isdigit():
                     value = value[:-1]
                 self.env[m.group(1)] = value
@@ -827,11 +909,11 @@ class NcclLogAccumulator:
 
     def _m_plugin_path(self, msg: str, host, pid, n: int, line: str) -> None:
         if msg.startswith("Plugin Path"):
-            self.plugin["path"] = _TAIL_JUNK_RE.sub("", msg.split(":", 1)[-1]).strip()
+            self.plugin["path"] = _strip_junk(msg.split(":", 1)[-1])
 
     def _m_p2p_plugin(self, msg: str, host, pid, n: int, line: str) -> None:
         if msg.startswith("P2P plugin "):
-            self.plugin["loaded"] = _TAIL_JUNK_RE.sub("", msg[11:]).strip()
+            self.plugin["loaded"] = _strip_junk(msg[11:])
 
     def _m_plugin_loaded(self, msg: str, host, pid, n: int, line: str) -> None:
         if msg.startswith("Successfully loaded external plugin"):
@@ -870,7 +952,7 @@ class NcclLogAccumulator:
     # -- WARN lines ------------------------------------------------------------------------
 
     def _warn(self, msg: str, host, line: str, n: int) -> None:
-        msg = _TAIL_JUNK_RE.sub("", msg).strip()
+        msg = _strip_junk(msg)
         kind, severity = "nccl_warn", "error"
         for needles, k, sev in _WARN_RULES:
             if any(s in msg for s in needles):
@@ -887,7 +969,7 @@ class NcclLogAccumulator:
         self._finding(severity, kind, msg, line, host, n)
 
     def _finding(self, severity: str, kind: str, msg: str, line: str, host, n: int) -> None:
-        norm = _NORM_RE.sub("N", msg)[:160]
+        norm = _NORM_RE.sub("N", msg[:_NORM_INPUT])[:160]
         key = (severity, kind, norm)
         rec = self.findings.get(key)
         if rec is None:
@@ -916,7 +998,7 @@ class NcclLogAccumulator:
             m = _OLD_WARN_RE.search(line)
             if m:
                 self.recognised += n
-                self._warn(m.group(3), None, line, n)
+                self._warn(line[m.end():], None, line, n)
                 return
         if "NCCL" in line or "nccl" in line:
             self._app_error(line, n)
@@ -1069,8 +1151,10 @@ class NcclLogAccumulator:
         """The facts so far. Raises ParseError when nothing NCCL-related was seen."""
         self._flush()
         if self.recognised == 0:
+            cut = (f" ({self.truncated} line(s) longer than {LINE_MAX} characters were read up to "
+                   "that length only)") if self.truncated else ""
             raise ParseError(KIND, "no NCCL_DEBUG line (host:pid:tid [dev] NCCL INFO/WARN), "
-                                   "NCCL version line, nccl-tests table or NCCL error found")
+                                   "NCCL version line, nccl-tests table or NCCL error found" + cut)
         return _Summary(self).build()
 
 
@@ -1397,6 +1481,9 @@ class _Summary:
             if a.ofi.get("failures") and network and _net_family(network) != "OFI":
                 self.notes.append(f"the OFI (aws-ofi-nccl) plugin did not work here "
                                   f"({a.ofi['failures']}); NCCL used {network}")
+        if a.truncated:
+            self.notes.append(f"{a.truncated} line(s) longer than {LINE_MAX} characters: only their "
+                              "first part was read")
         if a.env.get("NCCL_P2P_DISABLE") == "1":
             self.notes.append("NCCL_P2P_DISABLE=1: intra-node traffic cannot use NVLink/PCIe P2P")
         if a.env.get("NCCL_IB_DISABLE") == "1":
@@ -1430,7 +1517,7 @@ class _Summary:
             findings=tuple(self.findings), notes=tuple(dict.fromkeys(self.notes)),
             nccl_tests=nccl_tests, busbw_gbps=busbw, env=dict(a.env),
             cuda_driver_version=a.cuda_driver, evidence=dict(self.evidence), lines=a.lines,
-            nccl_lines=a.nccl_lines, status=status, verdict=verdict)
+            nccl_lines=a.nccl_lines, lines_truncated=a.truncated, status=status, verdict=verdict)
 
     def _finding(self, status: str, reason: str) -> None:
         self.findings.append({"status": status, "reason": reason})
@@ -1586,13 +1673,43 @@ def parse_file(path: str | os.PathLike) -> NcclLog:
 
 
 def _feed_stream(acc: NcclLogAccumulator, f: Any) -> None:
-    """Count the lines of a seekable stream (file, BytesIO, StringIO) batch by batch, in C."""
-    lines = iter(f)
+    """Count the lines of a stream (file, BytesIO, StringIO) block by block: each block is split
+    into lines in C; only the line that runs across two blocks is joined in Python. A line longer
+    than LINE_MAX is kept up to LINE_MAX + 1 characters (the window cuts it to LINE_MAX and counts
+    it as truncated) and the rest of it is skipped unread, so memory stays bounded by the block
+    size and the window however long a line is."""
+    carry = None                # the unfinished last line of the previous blocks
+    cut = False                 # carry holds the start of an over-long line; skip to its end
+    since_flush = 0
     while True:
-        before = f.tell()
-        acc._count(itertools.islice(lines, _FILE_BATCH))
-        if f.tell() == before:
-            return
+        block = f.read(BLOCK_BYTES)
+        if not block:
+            break
+        nl = "\n" if isinstance(block, str) else b"\n"
+        k = block.find(nl)
+        if k < 0:
+            if not cut:
+                carry = block if carry is None else carry + block
+                if len(carry) > LINE_MAX:
+                    carry, cut = carry[:LINE_MAX + 1], True
+            continue
+        lines = block[k + 1:].split(nl)
+        first = block[:k]
+        if cut:
+            first = carry
+        elif carry is not None:
+            first = carry + first
+        carry, cut = lines.pop(), False
+        if len(carry) > LINE_MAX:
+            carry, cut = carry[:LINE_MAX + 1], True
+        lines.insert(0, first)           # keep the order: the first line of a kind is shown
+        acc._count(lines)
+        since_flush += len(block)
+        if since_flush > _WINDOW_BYTES:
+            acc._flush()
+            since_flush = 0
+    if carry:
+        acc._count((carry,))
 
 
 _DETECT_RE = re.compile(r"(?m)^\W{0,8}(?:\S+\s+)?NCCL version \d+\.\d+\.\d+|"
