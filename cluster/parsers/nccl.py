@@ -56,7 +56,7 @@ import itertools
 import os
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping
 
 from cluster.errors import ParseError
@@ -97,6 +97,8 @@ _HOST_STOP = frozenset(":/|()<>")
 _HOST_MAX = 253
 _ISO_TS_RE = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?")
 _RAY_IP_RE = re.compile(r"\bip=(\d{1,3}(?:\.\d{1,3}){3})")
+# GitHub turns "net_ib.cc:101" and IPs of a pasted log into "[net_ib.cc:101](http://net_ib.cc:101/)".
+_MD_LINK_RE = re.compile(r"\[([^\]\s]{1,200})\]\(https?://[^)\s]{1,300}\)")
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]{0,32}[ -/]{0,4}[@-~]")
 # Trailing wrapper junk on a message, matched only where a '[' is: ANSI colour (with or without
 # ESC) or Ray's dedup suffix. _strip_junk cuts the message there.
@@ -139,6 +141,12 @@ _CHANNEL_COUNTS_RE = re.compile(
 _SRC_NAME = r"([\w./+-]{1,160}?\.(?:cc|c|cu|h|hpp|cpp|cxx))"
 _TRACE_RE = re.compile(_SRC_NAME + r":(\d{1,6}) -> (\d{1,4})")
 _SRC_RE = re.compile(_SRC_NAME + r":(\d{1,6})\b")
+# What follows an envelope head: TRACE's "<ms> " then WARN's / TRACE's "file.cc:NNN".
+_SRC_AFTER_HEAD_RE = re.compile(r" {0,4}(?:\d{1,12}\.\d{1,9} )?" + _SRC_NAME + r":(\d{1,6})")
+# RoCE v2 GIDs: IPv4-mapped "::ffff:10.0.0.1" (not a socket address "<port>"), or the 2.19+
+# hex form "GID 3 (0/0A00000AFFFF0000)" (subnet prefix 0, interface id ::ffff:a.b.c.d).
+_MAPPED_GID_RE = re.compile(r"::ffff:(\d{1,3}(?:\.\d{1,3}){3})(?![\d.<])", re.IGNORECASE)
+_HEX_GID_RE = re.compile(r"GID \d{1,4} \(0/[0-9A-Fa-f]{1,8}FFFF0000\)")
 _PEER_IFACE_RE = re.compile(r"%([A-Za-z][\w.\-]{0,31})<\d{1,6}>")
 # Addresses, pointers, numbers and hex ids vary between otherwise identical messages.
 _NORM_RE = re.compile(r"[^\s<]{1,64}<\d{1,8}>|0x[0-9a-fA-F]{1,32}|[0-9a-fA-F:]{0,64}\d[0-9a-fA-F:]{0,64}")
@@ -184,6 +192,9 @@ _APP_ERRORS: tuple[tuple[str, str], ...] = (
 _WARN_RULES: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("Got completion", "got completion with error"), "ib_completion_error", "error"),
     (("async fatal event",), "ib_async_fatal_event", "error"),
+    # QP/CQ/device errors among the async events break the connection; port and SM events do not
+    (("work queue error", "catastrophic", "CQ error", "access violation", "path migration error",
+      "port error"), "ib_async_error_event", "error"),
     (("Got async event",), "ib_async_event", "warning"),
     (("no socket interface found", "No socket interface found", "No usable listening interface",
       "no usable listening interface"), "no_socket_interface", "error"),
@@ -202,6 +213,30 @@ _WARN_RULES: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("NET/Plugin", "plugin", "Plugin", "NET/OFI"), "plugin_failure", "warning"),
     (("imeout", "timed out"), "timeout", "error"),
 )
+
+# Source files that name a transport ("transport/net_ib.cc:1295", "net_socket.cc:NNN -> 2"): the
+# IB verbs path (IB or RoCE), the socket transport, and the intra-node ones.
+def _source_transport(path: str) -> str | None:
+    base = path.rsplit("/", 1)[-1]
+    if "net_ib" in path or base == "ib_plugin.c":  # transport/net_ib.cc, net_ib/*.cc; the IBext plugin
+        return "IB"
+    if base.startswith("net_socket"):
+        return "SOCKET"
+    if base == "p2p.cc":
+        return "P2P"
+    if base == "shm.cc" and "transport" in path:
+        return "SHM"
+    if base == "nvls.cc":
+        return "NVLS"
+    if base in ("coll_net.cc", "collnet.cc"):
+        return "COLLNET"
+    return None
+
+
+# Env settings that only a RoCE fabric uses (the GID picks the RoCE version / address family).
+_ROCE_ENV = ("NCCL_IB_GID_INDEX", "NCCL_IB_ROCE_VERSION_NUM", "NCCL_IB_ADDR_FAMILY", "NCCL_IB_ADDR_RANGE")
+# Frames of the old (<= 2.8) GPUDirect probe: "include/net.h:NN -> 2" alone, NCCL goes on without GDR.
+_PROBE_FRAMES = frozenset(("include/net.h",))
 
 _NCCL_RESULT = {1: "ncclUnhandledCudaError", 2: "ncclSystemError", 3: "ncclInternalError",
                 4: "ncclInvalidArgument", 5: "ncclInvalidUsage", 6: "ncclRemoteError"}
@@ -265,6 +300,8 @@ class NcclLog:
     channel_counts: Mapping[str, int]
     ib_hcas: tuple[str, ...]
     link_layers: tuple[str, ...]
+    link_layer_evidence: tuple[str, ...]
+    source_transports: Mapping[str, int]
     socket_ifaces: tuple[str, ...]
     bootstrap_ifaces: tuple[str, ...]
     net_plugin: Mapping[str, Any] | None
@@ -316,6 +353,8 @@ class NcclLog:
             "evidence": dict(self.evidence),
             "network": self.network,
             "link_layers": list(self.link_layers),
+            "link_layer_evidence": list(self.link_layer_evidence),
+            "source_transports": dict(self.source_transports),
             "gdr_asymmetric": self.gdr_asymmetric,
             "gdr_by_host": dict(self.gdr_by_host),
             "gdr_by_rank": dict(self.gdr_by_rank),
@@ -373,8 +412,8 @@ def _same_message(text: str, clean: str) -> bool:
     return not tail or (tail[0] == "[" and _JUNK_AT_RE.match(tail) is not None)
 
 
-def _last_head(text: str) -> tuple[int, str, int, int] | None:
-    """(start, host, pid, dev) of the last `host:pid:tid [dev]` in text, searched in its last
+def _last_head(text: str) -> tuple[int, int, str, int, int] | None:
+    """(start, end, host, pid, dev) of the last `host:pid:tid [dev]` in text, searched in its last
     _HEAD_WINDOW chars (a head sits right before 'NCCL INFO' or before WARN's file:line)."""
     base = max(0, len(text) - _HEAD_WINDOW)
     anchors = list(_HEAD_ANCHOR_RE.finditer(text, base))
@@ -384,7 +423,7 @@ def _last_head(text: str) -> tuple[int, str, int, int] | None:
         while k > lo and not text[k - 1].isspace() and text[k - 1] not in _HOST_STOP:
             k -= 1
         if k < end:
-            return k, text[k:end], int(m.group(1)), int(m.group(3))
+            return k, m.end(), text[k:end], int(m.group(1)), int(m.group(3))
     return None
 
 
@@ -459,6 +498,7 @@ class NcclLogAccumulator:
         self.nccl_lines = 0
         self.truncated = 0                             # lines longer than LINE_MAX (cut there)
         self._cut = False                              # the line being handled was cut
+        self._raw: str | None = None                   # the line as written, when it was cleaned
         self.recognised = 0
         self._pending: Counter = Counter()
         self._heads: dict[str, tuple | None] = {}
@@ -471,6 +511,7 @@ class NcclLogAccumulator:
             "NVLS": self._m_nvls, "GPU ": self._m_gpu_gdr, "SHAR": self._m_sharp,
             "DMA-": self._m_dmabuf, "Plug": self._m_plugin_path, "P2P ": self._m_p2p_plugin,
             "Assi": self._m_assigned, "Succ": self._m_plugin_loaded, "cuda": self._m_cuda,
+            "Laun": self._m_launch,
         }
         # facts
         self.versions: dict[str, set] = {}             # version string -> hosts (None = bare line)
@@ -513,7 +554,17 @@ class NcclLogAccumulator:
         self.cuda_driver: int | None = None
         self.findings: dict[tuple, list] = {}          # (severity, kind, norm msg) -> [msg, line, n, hosts]
         self.findings_dropped = 0
-        self.trace_errors: dict[tuple, list] = {}      # (code, plugin?) -> [line, n, hosts]
+        self.trace_errors: dict[tuple, list] = {}      # (code, plugin?, (host, pid)) -> [line, n, files]
+        self.src_transports: dict[str, int] = {}       # transport named by a WARN / stack source file
+        self.roce_evidence: dict[str, None] = {}       # why the verbs path is RoCE, not InfiniBand
+        self.ib_link_evidence: dict[str, None] = {}    # why it is InfiniBand (an Ethernet-free fabric)
+        self.rank_procs: dict[int, set] = {}           # rank -> {(host, pid)} that printed as it
+        self.intra_edges: set[tuple] = set()           # (src, dst) of P2P/SHM channel hops
+        self.done_procs: set[tuple] = set()            # (host, pid) that finished init
+        self.chan_procs: set[tuple] = set()            # (host, pid) that printed channel set-up
+        self.warn_err_procs: set[tuple] = set()        # (host, pid) with an error WARN
+        self.aborted = False                           # a communicator abort was printed
+        self.boot_scope: set[str] = set()              # "loopback" / "network" bootstrap interfaces
         # nccl-tests
         self.nt_rows: dict[tuple, tuple] = {}
         self.nt_avgs: dict[float, int] = {}
@@ -584,7 +635,11 @@ class NcclLogAccumulator:
             line = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
             if "\x1b" in line:
                 line = _ANSI_RE.sub("", line)
+            self._raw = None
+            if "](http" in line:
+                self._raw, line = line, _MD_LINK_RE.sub(r"\1", line)
             handle(line.rstrip("\r\n"), n)
+        self._raw = None
 
     # -- one line --------------------------------------------------------------------------
 
@@ -618,19 +673,23 @@ class NcclLogAccumulator:
                 last = _last_head(msg[:j])
                 msg = msg[:last[0] if last else j].rstrip()
         if info is None:
-            host = pid = None
+            host = pid = src = None
         else:
-            host, pid, _dev = info
+            host, pid, _dev, src = info
+        if src is not None:
+            self._source(src, n)
+        if "::ffff:" in msg or "GID " in msg:
+            self._gid(msg)
         if level == "WARN":
-            self._warn(msg, host, line, n)
+            self._warn(msg, host, line, n, pid)
             return
         handler = self._dispatch.get(msg[:4])
         if handler is not None:
             handler(msg, host, pid, n, line)
         elif msg[:1].isdigit():
-            self._m_channel_counts(msg)
+            self._m_channel_counts(msg, host, pid)
         elif " -> " in msg:
-            self._m_trace(msg, host, line, n)
+            self._m_trace(msg, host, pid, line, n)
 
     def _head(self, head: str) -> tuple | None:
         """host, pid, dev from the text before 'NCCL INFO' (cached per distinct head)."""
@@ -643,17 +702,18 @@ class NcclLogAccumulator:
         if found is None:
             self._heads[head] = None
             return None
-        _start, host, pid, dev = found
+        _start, end, host, pid, dev = found
+        m = _SRC_AFTER_HEAD_RE.match(h, end) if end < len(h) else None
+        src = m.group(1) if m else None
         if "ip=" in head:
             ip = _RAY_IP_RE.search(head)
             if ip and len(self.ray_ips) < _MAX_KEYS:
                 self.ray_ips.add(ip.group(1))
-        info = (host, pid, dev)
-        self._heads[head] = info
+        self._heads[head] = (host, pid, dev, src)
         if len(self.hosts) < _MAX_KEYS:
             self.hosts.add(host)
-            self.procs.add(info)
-        return info
+            self.procs.add((host, pid, dev))
+        return self._heads[head]
 
     def _unglue(self, msg: str, j: int, n: int, depth: int) -> str:
         """Two log lines glued into one: handle the second one, return the first message."""
@@ -694,6 +754,13 @@ class NcclLogAccumulator:
         if len(seen) < _MAX_KEYS:
             seen.add(src)
             seen.add(dst)
+        if family in ("P2P", "SHM") and len(self.intra_edges) < _MAX_KEYS:
+            self.intra_edges.add((src, dst))
+        self._rank_proc(me, host, pid)
+        if intra == "P2P_DIRECT":           # "P2P/direct pointer": the peer is in this process
+            self._rank_proc(peer, host, pid)
+        if len(self.chan_procs) < _MAX_KEYS:
+            self.chan_procs.add((host, pid))
         if host is not None:
             hs = self.emitters.get(me)
             if hs is None:
@@ -782,6 +849,8 @@ class NcclLogAccumulator:
                     self.socket_ifaces.setdefault(m.group(1), None)
             elif "No device found" in msg:
                 self.ib_no_device = True
+            if "RoCE" in msg and " Using" not in msg:
+                self.roce_evidence.setdefault("RoCE named in a NET/IB line", None)
         elif msg.startswith("NET/Socket"):
             if " Using" in msg:
                 for m in _SOCK_DEV_RE.finditer(msg):
@@ -821,6 +890,8 @@ class NcclLogAccumulator:
             if m:
                 self.boot_ifaces.setdefault(m.group(1), None)
                 self.socket_ifaces.setdefault(m.group(1), None)
+                loop = m.group(1) == "lo" or ":127." in msg
+                self.boot_scope.add("loopback" if loop else "network")
 
     def _m_comm(self, msg: str, host, pid, n: int, line: str) -> None:
         k = msg.rfind(" - Init ")
@@ -838,6 +909,12 @@ class NcclLogAccumulator:
                 self.comm_nranks.add(nranks)
                 if host is not None and (rank in self.emitters or len(self.emitters) < _MAX_KEYS):
                     self.emitters.setdefault(rank, set()).add(host)
+                self._rank_proc(rank, host, pid)
+                if state == "COMPLETE":
+                    self._done(host, pid)
+            return
+        if " - Abort COMPLETE" in msg or " - Abort START" in msg:
+            self.aborted = True
             return
         if "nNodes" in msg:
             m = _COMM_SHAPE_RE.search(msg)
@@ -852,10 +929,13 @@ class NcclLogAccumulator:
             m = _RANK_IN_INIT_TIMING_RE.search(msg)
             if m:
                 self.comm_nranks.add(int(m.group(2)))
+            self._done(host, pid)
         elif msg.startswith("Initialized NET plugin "):
             self.plugin.setdefault("initialized", {})[msg[23:].strip()] = True
 
     def _m_connected(self, msg: str, host, pid, n: int, line: str) -> None:
+        if msg.startswith("Connected all"):
+            self._done(host, pid)
         if msg.startswith("Connected all rings"):
             m = _RINGS_RE.search(msg)
             if m:
@@ -925,33 +1005,69 @@ class NcclLogAccumulator:
             if v and v[0].isdigit():
                 self.cuda_driver = int(v[0])
 
-    def _m_channel_counts(self, msg: str) -> None:
+    def _m_channel_counts(self, msg: str, host, pid) -> None:
         # "%d coll channels, %d collnet channels, %d nvls channels, ..." - recent NCCL prints
         # comm->nChannels as the collnet count too, so only the nvls count is evidence.
         m = _CHANNEL_COUNTS_RE.match(msg)
-        if m and m.group(3) and int(m.group(3)) > 0:
-            self.nvls = True
+        if m:
+            self._done(host, pid)       # printed once the channels are connected
+            if m.group(3) and int(m.group(3)) > 0:
+                self.nvls = True
 
-    def _m_trace(self, msg: str, host, line: str, n: int) -> None:
+    def _m_launch(self, msg: str, host, pid, n: int, line: str) -> None:
+        if msg.startswith("Launch mode"):   # <= 2.7, printed at the end of init
+            self._done(host, pid)
+
+    def _done(self, host, pid) -> None:
+        if len(self.done_procs) < _MAX_KEYS:
+            self.done_procs.add((host, pid))
+
+    def _rank_proc(self, rank: int, host, pid) -> None:
+        if host is None:
+            return
+        procs = self.rank_procs.get(rank)
+        if procs is None:
+            if len(self.rank_procs) < _MAX_KEYS:
+                self.rank_procs[rank] = {(host, pid)}
+        elif len(procs) < 8:
+            procs.add((host, pid))
+
+    def _source(self, path: str, n: int) -> None:
+        fam = _source_transport(path)
+        if fam is not None:
+            self.src_transports[fam] = self.src_transports.get(fam, 0) + n
+
+    def _gid(self, msg: str) -> None:
+        m = _MAPPED_GID_RE.search(msg) or _HEX_GID_RE.search(msg)
+        if m:
+            self.roce_evidence.setdefault(f"IPv4-mapped GID ({m.group(0)})", None)
+
+    def _m_trace(self, msg: str, host, pid, line: str, n: int) -> None:
         m = _TRACE_RE.match(msg)
         if not m:
             return
         code = int(m.group(3))
         if code not in _NCCL_RESULT:
             return                      # 0 success, 7 ncclInProgress (non-blocking init)
-        plugin = m.group(1).startswith("plugin/")
-        key = (code, plugin)
+        path = m.group(1)
+        self._source(path, n)
+        plugin = path.startswith("plugin/")
+        key = (code, plugin, (host, pid))
         rec = self.trace_errors.get(key)
         if rec is None:
-            self.trace_errors[key] = [line.strip()[:400], n, {host} if host else set()]
+            if len(self.trace_errors) >= _MAX_FINDINGS:
+                key = (code, plugin, (None, None))
+                rec = self.trace_errors.get(key)
+        if rec is None:
+            self.trace_errors[key] = [line.strip()[:400], n, {path}]
         else:
             rec[1] += n
-            if host and len(rec[2]) < 16:
-                rec[2].add(host)
+            if len(rec[2]) < 64:
+                rec[2].add(path)
 
     # -- WARN lines ------------------------------------------------------------------------
 
-    def _warn(self, msg: str, host, line: str, n: int) -> None:
+    def _warn(self, msg: str, host, line: str, n: int, pid=None) -> None:
         msg = _strip_junk(msg)
         kind, severity = "nccl_warn", "error"
         for needles, k, sev in _WARN_RULES:
@@ -966,6 +1082,11 @@ class NcclLogAccumulator:
             m = _PEER_IFACE_RE.search(msg)
             if m:
                 self.socket_ifaces.setdefault(m.group(1), None)
+        if "ibv_modify_qp" in msg and ("Network is unreachable" in msg or "No route to host" in msg):
+            # only RoCE routes a QP's address through the IP stack (ENETUNREACH / EHOSTUNREACH)
+            self.roce_evidence.setdefault("ibv_modify_qp: IP route to the peer's GID missing", None)
+        if severity == "error" and len(self.warn_err_procs) < _MAX_KEYS:
+            self.warn_err_procs.add((host, pid))
         self._finding(severity, kind, msg, line, host, n)
 
     def _finding(self, severity: str, kind: str, msg: str, line: str, host, n: int) -> None:
@@ -976,7 +1097,8 @@ class NcclLogAccumulator:
             if len(self.findings) >= _MAX_FINDINGS:
                 self.findings_dropped += n
                 return
-            self.findings[key] = [msg[:300], line.strip()[:400], n, {host} if host else set()]
+            shown = self._raw if self._raw is not None else line
+            self.findings[key] = [msg[:300], shown.strip()[:400], n, {host} if host else set()]
         else:
             rec[2] += n
             if host and len(rec[3]) < 16:
@@ -998,10 +1120,15 @@ class NcclLogAccumulator:
             m = _OLD_WARN_RE.search(line)
             if m:
                 self.recognised += n
+                self._source(m.group(2).rsplit(":", 1)[0], n)
                 self._warn(line[m.end():], None, line, n)
                 return
         if "NCCL" in line or "nccl" in line:
             self._app_error(line, n)
+            if "NCCL_IB_GID_INDEX=" in line:
+                self.roce_evidence.setdefault("NCCL_IB_GID_INDEX set", None)
+        if "ink layer" in line or "ink_layer" in line or "inkLayer" in line:
+            self._link_layer_line(line)
         if "libfabric" in line and ("<warn>" in line or "<error>" in line):
             self._libfabric(line, n)
         if "got completion with error" in line:
@@ -1120,6 +1247,7 @@ class NcclLogAccumulator:
         for needle, kind in _APP_ERRORS:
             if needle in line:
                 self.recognised += n
+                self.aborted = True
                 self._finding("error", kind, line.strip()[:300], line, None, n)
                 return
         m = _VLLM_VERSION_RE.search(line)
@@ -1133,6 +1261,16 @@ class NcclLogAccumulator:
             self._finding("error", kind, msg[:300], line, None, n)
         else:
             self._finding("warning", "libfabric_warning", msg[:300], line, None, n)
+
+    def _link_layer_line(self, line: str) -> None:
+        """ibv_devinfo / ibstat / sysfs output pasted with the log: 'link_layer: Ethernet'."""
+        low = line.lower()
+        k = max(low.find("link layer"), low.find("link_layer"), low.find("linklayer"))
+        tail = low[k:k + 40]
+        if "ethernet" in tail:
+            self.roce_evidence.setdefault("Ethernet link layer", None)
+        elif "infiniband" in tail:
+            self.ib_link_evidence.setdefault("InfiniBand link layer", None)
 
     def _launcher(self, line: str) -> None:
         m = _NNODES_RE.search(line)
@@ -1192,7 +1330,8 @@ class _Summary:
             if shapes and n_ranks != biggest[0]:
                 n_nodes = None
                 self.evidence.pop("n_nodes", None)
-        if n_ranks is None and a.nt_ranks:
+        if n_ranks is None and a.nt_ranks and set(a.nt_ranks) == set(range(len(a.nt_ranks))):
+            # the listing starts at rank 0 and has no gap (an excerpt cut above it proves nothing)
             n_ranks = len(a.nt_ranks)
             n_nodes = len(set(a.nt_ranks.values()))
             self.evidence["n_ranks"] = self.evidence["n_nodes"] = "nccl-tests device listing"
@@ -1203,7 +1342,8 @@ class _Summary:
             # are 0..k-1: the communicator is closed (rings span all ranks) -> k ranks.
             seen = a.ranks_seen
             k = max(seen) + 1
-            if len(seen) == k and all(r in rank_hosts for r in seen):
+            # ... and no other GPU process printed (its rank would be one the channels do not name)
+            if len(seen) == k and all(r in rank_hosts for r in seen) and len(a.procs) <= k:
                 n_ranks = k
                 self.evidence["n_ranks"] = "channel lines (every rank seen printing)"
                 if n_nodes is None and len(set(rank_hosts[r] for r in seen)) == 1 and len(a.hosts) == 1:
@@ -1215,6 +1355,17 @@ class _Summary:
         if n_nodes is None and n_ranks == 1:
             n_nodes = 1
             self.evidence["n_nodes"] = "single rank"
+        many = max((sh[1] for sh in a.comm_shapes), default=0) > 1 or a.collnet_channels or a.collnet_agg
+        if n_nodes is None and n_ranks and not many:
+            proof = self._single_node_proof(n_ranks, rank_hosts)
+            if proof:
+                n_nodes = 1
+                self.evidence["n_nodes"] = proof
+        if n_nodes is None and n_ranks is None and not many:
+            proof = self._one_host_proof(hosts)
+            if proof:
+                n_nodes = 1
+                self.evidence["n_nodes"] = proof
         if n_nodes is None and n_ranks is not None and len(hosts) == n_ranks:
             n_nodes = n_ranks
             self.evidence["n_nodes"] = "one host per rank"
@@ -1227,11 +1378,78 @@ class _Summary:
                            max((s[1] for s in a.comm_shapes), default=0)]) or None
         return n_ranks, n_nodes, n_ranks_min, n_nodes_min, rank_hosts
 
+    def _single_node_proof(self, n_ranks: int, rank_hosts: dict[int, str]) -> str | None:
+        """Why every one of the n_ranks ranks runs on one node, or None when the text does not
+        prove it (then the node count stays unknown: an excerpt never shows that no other exists)."""
+        a = self.a
+        if n_ranks > _MAX_KEYS:
+            return None
+        ranks = range(n_ranks)
+        procs = [a.rank_procs.get(r) for r in ranks]
+        if all(p is not None and len(p) == 1 for p in procs) and len(set().union(*procs)) == 1:
+            return "one process drives every rank"
+        if all(r in rank_hosts for r in ranks) and len({rank_hosts[r] for r in ranks}) == 1:
+            return "every rank prints from one host"
+        if a.intra_edges and self._connected_by(a.intra_edges, n_ranks):
+            return "P2P/SHM channel hops join every rank"
+        return None
+
+    def _one_host_proof(self, hosts: set) -> str | None:
+        """Single node without a rank count: every bootstrap interface is loopback (no peer on
+        another host could connect), or one process drives every rank the text names (two or
+        more, each printing or reached through "P2P/direct pointer"); GPUs alone do not count,
+        one process per node may drive all of its node's GPUs."""
+        a = self.a
+        if len(hosts) != 1:
+            return None
+        if a.boot_scope == {"loopback"}:
+            return "bootstrap over the loopback interface only"
+        procs = {(h, p) for h, p, _d in a.procs}
+        ranks = a.ranks_seen | set(a.rank_procs)
+        if len(procs) == 1 and len(ranks) >= 2 and all(a.rank_procs.get(r) == procs for r in ranks):
+            return "one process drives every rank shown"
+        return None
+
+    @staticmethod
+    def _connected_by(edges: set[tuple], n_ranks: int) -> bool:
+        """True when the intra-node hops (P2P, SHM: never between nodes) join ranks 0..n-1 into
+        one group: then they all share a node."""
+        parent = list(range(n_ranks))
+
+        def root(x: int) -> int:
+            while parent[x] != x:
+                parent[x] = parent[parent[x]]
+                x = parent[x]
+            return x
+
+        for src, dst in edges:
+            if 0 <= src < n_ranks and 0 <= dst < n_ranks:
+                parent[root(src)] = root(dst)
+            else:
+                return False            # a rank outside the communicator: another comm's lines
+        r0 = root(0)
+        return all(root(r) == r0 for r in range(n_ranks))
+
     # transport ---------------------------------------------------------------------------
 
+    def _roce_evidence(self) -> list[str]:
+        """Why the verbs path (NET/IB) runs over RoCE rather than InfiniBand."""
+        a = self.a
+        out = list(a.roce_evidence)
+        out += [f"{k} set" for k in _ROCE_ENV if k in a.env and f"{k} set" not in out]
+        return out
+
     def _link_layer_family(self, family: str) -> str:
+        """NET/IB is the verbs path of InfiniBand and RoCE alike: ROCE when every listed HCA is
+        RoCE, or, none listed, when a RoCE-only fact shows (IPv4-mapped GID, a GID index
+        setting, an Ethernet link layer) and no InfiniBand link layer does."""
+        if family != "IB":
+            return family
         layers = set(self.a.ib_devs.values())
-        if family == "IB" and layers == {"RoCE"}:
+        if layers:
+            return "ROCE" if layers == {"RoCE"} else "IB"
+        if self._roce_evidence() and not self.a.ib_link_evidence:
+            self.evidence["link_layer"] = "; ".join(self._roce_evidence())
             return "ROCE"
         return family
 
@@ -1249,7 +1467,11 @@ class _Summary:
         a = self.a
         if single_node:
             self.evidence["inter_node_transport"] = "single node"
-            return "NONE", (max(a.networks, key=a.networks.get) if a.networks else None)
+            if a.networks:
+                return "NONE", max(a.networks, key=a.networks.get)
+            # no RDMA device (or no libibverbs) and only NET/Socket listed: the net is Socket
+            no_ib = a.ib_no_device or any(k[1] == "ibverbs_missing" for k in a.findings)
+            return "NONE", ("Socket" if no_ib and a.net_socket_ifaces and not a.ib_devs else None)
         names: Counter = Counter()
         for key, n in inter:
             names[key[4]] += n
@@ -1273,6 +1495,13 @@ class _Summary:
             fam = "SOCKET" if "SOCKET" in fams else _net_family(net)
             self.evidence["inter_node_transport"] = "Using network line"
             return self._link_layer_family(fam), net
+        src = [f for f in ("SOCKET", "IB") if a.src_transports.get(f)]
+        if src:
+            # "transport/net_ib.cc:1295 NCCL WARN ..." / "net_socket.cc:NNN -> 2": the net
+            # transport that was running (error excerpts often show nothing else)
+            self.evidence["inter_node_transport"] = ("source file transport/net_socket.cc" if src[0] == "SOCKET"
+                                                     else "source file transport/net_ib.cc")
+            return self._link_layer_family(src[0]), None
         if a.ib_error_seen:
             self.evidence["inter_node_transport"] = "IB completion errors"
             return self._link_layer_family("IB"), "IB"
@@ -1392,19 +1621,49 @@ class _Summary:
         for (severity, kind, _norm), (msg, line, n, hosts) in a.findings.items():
             f = Finding(kind, severity, msg, line, n, tuple(sorted(h for h in hosts if h)))
             (errors if severity == "error" else warnings).append(f)
-        for (code, plugin), (line, n, hosts) in a.trace_errors.items():
-            name = _NCCL_RESULT.get(code, str(code))
+        stacks: dict[tuple, list] = {}          # (severity, code) -> [line, n, hosts]
+        for (code, plugin, proc), (line, n, files) in a.trace_errors.items():
             if plugin:
                 if not a.ofi.get("failures"):
                     self.notes.append(f"a net plugin failed to load or initialise ({line}); "
                                       "NCCL fell back to another network")
                 continue
-            errors.append(Finding("nccl_call_failed", "error",
-                                  f"an NCCL call returned {code} ({name})", line, n,
-                                  tuple(sorted(h for h in hosts if h))))
+            key = (self._stack_severity(proc, files), code)
+            rec = stacks.setdefault(key, [line, 0, set()])
+            rec[1] += n
+            if proc[0]:
+                rec[2].add(proc[0])
+        for (severity, code), (line, n, hosts) in stacks.items():
+            name = _NCCL_RESULT.get(code, str(code))
+            if severity == "error":
+                errors.append(Finding("nccl_call_failed", "error",
+                                      f"an NCCL call returned {code} ({name})", line, n,
+                                      tuple(sorted(hosts))))
+            else:
+                warnings.append(Finding("nccl_call_recovered", "warning",
+                                        f"an NCCL call returned {code} ({name}) and NCCL went on "
+                                        "(an optional path or probe failed and fell back)", line, n,
+                                        tuple(sorted(hosts))))
         if a.findings_dropped:
             self.notes.append(f"{a.findings_dropped} more WARN/error lines of other kinds not listed")
         return tuple(errors), tuple(warnings)
+
+    def _stack_severity(self, proc: tuple, files: set) -> str:
+        """A failed call's stack ("file.cc:NNN -> N") is an error unless the failure was
+        recovered: the process went on to finish init (Init COMPLETE, Connected all rings,
+        Init timings, the channel summary) with no error WARN of its own and no abort; an old
+        GPUDirect probe (include/net.h alone) followed by channel set-up is recovered too. A
+        stack with no such sign is an init that never completed."""
+        a = self.a
+        known = proc[0] is not None
+        if a.aborted or (proc in a.warn_err_procs if known else bool(a.warn_err_procs)):
+            return "error"
+        done = proc in a.done_procs if known else bool(a.done_procs)
+        if done:
+            return "warning"
+        if files <= _PROBE_FRAMES and (a.chan_procs or a.done_procs):
+            return "warning"            # the same probe on every rank; the rings were set up
+        return "error"
 
     def _incomplete(self):
         a = self.a
@@ -1457,12 +1716,22 @@ class _Summary:
         intra_set = set(a.intra)
         if intra:
             intra_set.add("NET")
+        for fam in ("SHM", "NVLS"):     # transport/shm.cc, nvls.cc in a WARN or a failed call's stack
+            if a.src_transports.get(fam):
+                intra_set.add(fam)
         if a.nvls:
             intra_set.add("NVLS")
         intra_t = tuple(t for t in INTRA_NODE_TRANSPORTS if t in intra_set)
 
         version, versions, mismatch = self._versions()
         errors, warnings = self._log_findings()
+        if transport == "OFI":          # the OFI plugin carries the traffic: its WARNs are failures
+            ofi = tuple(replace(w, kind="ofi_failure", severity="error") for w in warnings
+                        if w.kind == "plugin_failure" and w.message.startswith("NET/OFI"))
+            if ofi:
+                warnings = tuple(w for w in warnings
+                                 if not (w.kind == "plugin_failure" and w.message.startswith("NET/OFI")))
+                errors = errors + ofi
         incomplete = self._incomplete()
         nccl_tests, busbw = self._nccl_tests()
         ib_hcas = tuple(a.ib_devs)
@@ -1509,7 +1778,8 @@ class _Summary:
             inter_node_transport=transport, network=network, gdr=gdr, gdr_asymmetric=asym,
             gdr_by_host=gdr_by_host, gdr_by_rank=gdr_by_rank, intra_node_transports=intra_t,
             channel_counts=dict(sorted(a.chan_counts.items())), ib_hcas=ib_hcas,
-            link_layers=link_layers, socket_ifaces=socket_ifaces,
+            link_layers=link_layers, link_layer_evidence=self._link_evidence(transport),
+            source_transports=dict(sorted(a.src_transports.items())), socket_ifaces=socket_ifaces,
             bootstrap_ifaces=tuple(a.boot_ifaces), net_plugin=net_plugin,
             collnet=bool(a.collnet_channels or a.collnet_agg), nvls=a.nvls, pxn=pxn,
             hosts=tuple(sorted(a.hosts))[:4096], ray_node_ips=tuple(sorted(a.ray_ips))[:4096],
@@ -1518,6 +1788,13 @@ class _Summary:
             nccl_tests=nccl_tests, busbw_gbps=busbw, env=dict(a.env),
             cuda_driver_version=a.cuda_driver, evidence=dict(self.evidence), lines=a.lines,
             nccl_lines=a.nccl_lines, lines_truncated=a.truncated, status=status, verdict=verdict)
+
+    def _link_evidence(self, transport: str) -> tuple[str, ...]:
+        """Why the verbs path is RoCE or InfiniBand (device lines first)."""
+        a = self.a
+        layers = sorted(set(a.ib_devs.values()))
+        out = [f"NET/IB device line: {'/'.join(layers)}"] if layers else []
+        return tuple(out + self._roce_evidence() + list(a.ib_link_evidence))
 
     def _finding(self, status: str, reason: str) -> None:
         self.findings.append({"status": status, "reason": reason})
@@ -1584,6 +1861,8 @@ class _Summary:
         elif transport in ("IB", "ROCE"):
             name = "RoCE" if transport == "ROCE" else "InfiniBand"
             s = f"inter-node traffic uses {name}{shape}"
+            if transport == "IB" and not self.a.ib_devs and not self.a.ib_link_evidence:
+                s += " verbs (NET/IB; the link layer is not shown, RoCE would print the same)"
             if network and network not in ("IB",):
                 s += f" via {network}"
             if hcas:
