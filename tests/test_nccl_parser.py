@@ -743,3 +743,316 @@ def test_cut_at_a_block_boundary_keeps_every_line(tmp_path):
     assert r1.lines == r2.lines == 60_001
     assert r1.lines_truncated == r2.lines_truncated == 1
     assert r1.channel_counts == r2.channel_counts == {"P2P/IPC": 60_000}
+
+
+# ---- issue 15 class 1: transport named by source files in WARN lines and failed-call stacks -----
+# Error excerpts often carry nothing but "file.cc:NNN NCCL WARN" and "file.cc:NNN -> N" lines; the
+# file names the transport. Formats as in fixtures 023/037 and the nccl-logs.md WARN envelope.
+
+def warn(host: str, dev: int, src: str, msg: str, pid: int = 100) -> str:
+    """A WARN line: `host:pid:tid [dev] file.cc:NNN NCCL WARN msg`."""
+    return f"{host}:{pid}:{pid + 1} [{dev}] {src} NCCL WARN {msg}"
+
+
+def test_net_ib_stack_names_the_verbs_transport():
+    r = nccl.parse("\n".join([
+        warn("gpu1", 3, "misc/ibvwrap.cc:284", "Call to ibv_create_qp failed"),
+        env("gpu1", 3, "transport/net_ib.cc:395 -> 2"),
+        env("gpu1", 3, "transport/net_ib.cc:498 -> 2"),
+        env("gpu1", 3, "transport/net.cc:728 -> 2"),
+        env("gpu1", 3, "init.cc:1079 -> 2"),
+    ]))
+    assert r.inter_node_transport == "IB" and r.network is None
+    assert r.evidence["inter_node_transport"] == "source file transport/net_ib.cc"
+    assert r.source_transports == {"IB": 2}
+    assert r.status == "fail" and {e.kind for e in r.errors} >= {"nccl_call_failed"}
+    assert "link layer is not shown" in r.verdict       # NET/IB alone does not say InfiniBand
+
+
+def test_net_socket_warn_and_stack_name_the_socket_transport():
+    r = nccl.parse("\n".join([
+        warn("p4d-1", 0, "transport/net_socket.cc:431", "NET/Socket : message truncated : "
+                        "receiving 1048576 bytes instead of 65536"),
+        env("p4d-1", 0, "transport/net_socket.cc:512 -> 3"),
+        env("p4d-1", 0, "transport/net.cc:870 -> 3"),
+        env("p4d-1", 0, "proxy.cc:698 -> 3 [Proxy Thread]"),
+    ]))
+    assert r.inter_node_transport == "SOCKET" and r.gdr is False and r.status == "fail"
+
+
+def test_bootstrap_socket_files_are_not_the_socket_transport():
+    """misc/socket.cc carries bootstrap and proxy traffic whatever the net transport is."""
+    r = nccl.parse("\n".join([
+        warn("h100-15", 7, "misc/socket.cc:485", "socketStartConnect: Connect to "
+                          "10.0.0.82<38455> failed : Software caused connection abort"),
+        env("h100-15", 7, "misc/socket.cc:567 -> 2"),
+        env("h100-15", 7, "transport/net.cc:1015 -> 2"),
+    ]))
+    assert r.inter_node_transport == "UNKNOWN" and r.source_transports == {}
+
+
+def test_pdsh_and_srun_prefixed_stacks():
+    lines = [
+        "10.1.2.3: node07:4242:4301 [2] transport/net_ib.cc:1295 NCCL WARN NET/IB : Got completion "
+        "from peer 10.1.2.4<55112> with status=12 opcode=0 len=0 vendor err 129 (Send)",
+        "10.1.2.3: node07:4242:4301 [2] NCCL INFO transport/net.cc:1302 -> 6",
+        "3: node08:977:1002 [3] NCCL INFO transport/net_ib.cc:1041 -> 6",
+        "3: node08:977:1002 [3] NCCL INFO proxy.cc:698 -> 6",
+    ]
+    r = nccl.parse("\n".join(lines))
+    assert set(r.hosts) == {"node07", "node08"} and r.n_nodes_min == 2
+    assert r.inter_node_transport == "IB"
+    assert r.errors[0].hosts == ("node07",) and r.errors[0].kind == "ib_completion_error"
+    assert r.source_transports["IB"] == 2
+
+
+def test_shm_stack_names_the_intra_node_transport():
+    r = nccl.parse("\n".join([
+        "[2026-04-22 21:34:20] ci-t4:202016:202235 [0] misc/shmutils.cc:132 NCCL WARN Error while "
+        "creating shared memory segment /dev/shm/nccl-WU88OE (size 9637888)",
+        env("ci-t4", 0, "transport/shm.cc:551 -> 2", pid=202016),
+    ]))
+    assert r.intra_node_transports == ("SHM",) and r.errors[0].kind == "shm_too_small"
+
+
+def test_markdown_linkified_paste():
+    """GitHub turns file names and IPs of a pasted log into links; the text is read through them."""
+    r = nccl.parse("\n".join([
+        "> node023:10214:10303 [0] transport/[net_ib.cc:1909](http://net_ib.cc:1909/) NCCL WARN NET/IB : "
+        "Got completion from peer [10.1.3.201](http://10.1.3.201/)<33057> with status=9 opcode=0 len=0 "
+        "vendor err 138 (Send) localGid ::ffff:[10.206.1.23](http://10.206.1.23/)",
+        "> node023:10214:10303 [0] NCCL INFO transport/[net.cc:1137](http://net.cc:1137/) -> 6",
+    ]))
+    assert r.inter_node_transport == "ROCE"
+    assert r.errors[0].line.startswith("> node023:10214:10303 [0] transport/[net_ib.cc:1909]")
+
+
+# ---- issue 15 class 2: RoCE versus InfiniBand on the shared verbs path ---------------------------
+
+def test_ipv4_mapped_gid_in_a_completion_warn_means_roce():
+    r = nccl.parse(warn("gpu-a", 1, "transport/net_ib.cc:1693", "NET/IB : Got completion from "
+                                   "peer 192.168.6.4<45321> with status=12 opcode=0 len=0 vendor err 129 "
+                                   "(Send) localGid ::ffff:192.168.6.3 remoteGids::ffff:192.168.6.4 hca mlx5_2"))
+    assert r.inter_node_transport == "ROCE"
+    assert any("::ffff:192.168.6.3" in e for e in r.link_layer_evidence)
+    assert "RoCE" in r.verdict
+
+
+def test_socket_address_with_a_mapped_ipv4_is_not_a_gid():
+    r = nccl.parse(warn("gpu-a", 1, "transport/net_ib.cc:1693", "NET/IB : Got completion from peer "
+                                   "::ffff:192.168.6.4<45321> with status=12 opcode=0 len=0 vendor err 129"))
+    assert r.inter_node_transport == "IB" and r.link_layer_evidence == ()
+
+
+def test_hex_gid_and_gid_index_env_mean_roce():
+    r = nccl.parse("\n".join([
+        env("node4", 0, "NCCL_IB_GID_INDEX set by environment to 3."),
+        env("node4", 0, "Using network IB"),
+        env("node4", 0, "NET/IB: Dev 0 Port 1 qpn 4386 mtu 5 GID 3 (0/A10B0A0AFFFF0000)"),
+    ]))
+    assert r.inter_node_transport == "ROCE" and r.env["NCCL_IB_GID_INDEX"] == "3"
+    assert len(r.link_layer_evidence) == 2
+    # the env alone is enough; device lines win over it
+    assert nccl.parse("\n".join([env("n", 0, "NCCL_IB_GID_INDEX set by environment to 3."),
+                                 env("n", 0, "Using network IB")])).inter_node_transport == "ROCE"
+    r = nccl.parse("\n".join([env("n", 0, "NCCL_IB_GID_INDEX set by environment to 3."),
+                              env("n", 0, "NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:10.0.0.1<0>"),
+                              env("n", 0, "Using network IB")]))
+    assert r.inter_node_transport == "IB"
+
+
+def test_ethernet_link_layer_and_roce_only_env():
+    r = nccl.parse("\n".join([
+        "\t\tlink_layer:\t\tEthernet",
+        env("n", 0, "NCCL_IB_ROCE_VERSION_NUM set by environment to 2."),
+        env("n", 0, "transport/net_ib.cc:282 -> 2"),
+    ]))
+    assert r.inter_node_transport == "ROCE"
+    assert "Ethernet link layer" in r.link_layer_evidence
+    r = nccl.parse("\n".join(["\t\tlink_layer:\t\tInfiniBand", env("n", 0, "Using network IB")]))
+    assert r.inter_node_transport == "IB" and "link layer is not shown" not in r.verdict
+
+
+def test_modify_qp_network_unreachable_is_a_roce_route_failure():
+    r = nccl.parse("\n".join([
+        warn("dgx-3", 0, "misc/ibvwrap.cc:187", "Call to ibv_modify_qp failed with error "
+                        "Network is unreachable"),
+        env("dgx-3", 0, "transport/net_ib.cc:579 -> 2"),
+    ]))
+    assert r.inter_node_transport == "ROCE" and r.status == "fail"
+
+
+# ---- issue 15 class 3: single node versus unknown --------------------------------------------
+
+def test_one_process_driving_every_rank_is_single_node():
+    r = nccl.parse("\n".join([
+        env("box", 3, "Channel 00/0 : 3[3] -> 2[2] via P2P/direct pointer", pid=6742),
+        env("box", 2, "Channel 00/0 : 2[2] -> 1[1] via P2P/direct pointer", pid=6742),
+        env("box", 1, "Channel 00/0 : 1[1] -> 0[0] via P2P/direct pointer", pid=6742),
+        env("box", 0, "Connected all rings", pid=6742),
+    ]))
+    assert (r.n_nodes, r.inter_node_transport) == (1, "NONE")
+    assert r.evidence["n_nodes"] == "one process drives every rank shown"
+
+
+def test_one_process_with_a_rank_it_does_not_drive_stays_unknown():
+    r = nccl.parse("\n".join([
+        env("box", 0, "Channel 00/0 : 0[0] -> 1[1] via P2P/IPC", pid=10),
+        env("box", 1, "Channel 00/0 : 1[1] -> 8[0] [send] via NET/IB/0/GDRDMA", pid=10),
+    ]))
+    assert r.n_nodes is None and r.inter_node_transport == "IB"
+
+
+def test_gpus_of_one_process_without_ranks_prove_nothing():
+    """One process per node may drive all of the node's GPUs (TF MultiWorkerMirroredStrategy)."""
+    r = nccl.parse("\n".join([env("aliyun", d, f"Setting affinity for GPU {d} to 03ffff", pid=82174)
+                              for d in range(4)] + [env("aliyun", 0, "NET/Socket : Using [0]eth0:192.168.0.172<0>",
+                                                        pid=82174)]))
+    assert r.n_nodes is None and r.inter_node_transport != "NONE"
+
+
+def test_every_rank_from_one_host_with_nranks():
+    r = nccl.parse("\n".join(
+        [env("node-0", r, f"ncclCommInitRank comm 0x{r + 1:x} rank {r} nranks 4 cudaDev {r} nvmlDev {r} "
+                          f"busId {r + 1}000 commId 0x1 - Init COMPLETE", pid=100 + r) for r in range(4)]
+        + [env("node-0", 0, "Using network IB", pid=100)]))
+    assert (r.n_ranks, r.n_nodes, r.inter_node_transport) == (4, 1, "NONE")
+    assert r.evidence["n_nodes"] == "every rank prints from one host"
+
+
+def test_only_some_ranks_from_one_host_stays_unknown():
+    r = nccl.parse("\n".join(
+        [env("node-0", r, f"ncclCommInitRank comm 0x1 rank {r} nranks 8 cudaDev {r} nvmlDev {r} "
+                          f"busId 1000 commId 0x1 - Init COMPLETE", pid=100 + r) for r in (1, 2, 4, 6)]
+        + [env("node-0", 0, "Using network IB", pid=100)]))
+    assert r.n_ranks == 8 and r.n_nodes is None and r.inter_node_transport == "IB"
+
+
+def test_p2p_shm_hops_joining_every_rank():
+    """A ring whose every hop is P2P/SHM never leaves the node, host names or not."""
+    hops = [env(f"pod{i % 2}", 0, f"Channel 00/0 : {i}[{i}] -> {(i + 1) % 4}[{(i + 1) % 4}] via "
+                                  f"{'SHM/direct/direct' if i % 2 else 'P2P/CUMEM/read'}", pid=i) for i in range(4)]
+    r = nccl.parse("\n".join(hops + [env("pod0", 0, "comm 0x1 rank 0 nranks 4 cudaDev 0 busId 1000 - Init START")]))
+    assert (r.n_ranks, r.n_nodes, r.inter_node_transport) == (4, 1, "NONE")
+    assert r.evidence["n_nodes"] == "P2P/SHM channel hops join every rank"
+    # a hop missing: ranks 0-1 and 2-3 could be on two nodes
+    r = nccl.parse("\n".join(hops[:1] + hops[2:3] + [env("pod0", 0, "comm 0x1 rank 0 nranks 4 cudaDev 0 "
+                                                                   "busId 1000 - Init START")]))
+    assert r.n_nodes is None
+
+
+def test_nnodes_2_is_never_overruled_by_a_single_node_proof():
+    r = nccl.parse("\n".join([
+        env("a", 0, "comm 0x1 rank 0 nRanks 2 nNodes 2 localRanks 1 localRank 0 MNNVL 0"),
+        env("a", 0, "Channel 00/0 : 0[0] -> 1[1] via P2P/direct pointer"),
+    ]))
+    assert r.n_nodes == 2
+
+
+def test_loopback_bootstrap_is_single_node():
+    r = nccl.parse("\n".join(
+        [f"[1,{r}]<stdout>:5873af64cf59:{10158 + r}:10560 [{r}] NCCL INFO Bootstrap : Using [0]lo:127.0.0.1<0>"
+         for r in range(4)]
+        + ["[1,0]<stdout>:5873af64cf59:10158:10560 [0] NCCL INFO NET/IB : No device found.",
+           "[1,0]<stdout>:5873af64cf59:10158:10560 [0] NCCL INFO NET/Socket : Using [0]lo:127.0.0.1<0>"]))
+    assert (r.n_nodes, r.inter_node_transport, r.gdr) == (1, "NONE", False)
+
+
+def test_nccl_tests_listing_cut_above_rank_0_proves_no_count():
+    r = nccl.parse("\n".join([
+        "#  Rank  1 Group  0 Pid   4940 on ai-worker03 device  0 [0x61] NVIDIA L40",
+        env("ai-worker01", 0, "Using network IBext_v8", pid=5771),
+        env("ai-worker03", 0, "Using network IBext_v8", pid=4940),
+    ]))
+    assert r.n_ranks is None and r.n_nodes is None and r.n_nodes_min == 2
+    assert r.inter_node_transport == "IB"
+
+
+def test_closed_channel_set_needs_every_printing_process():
+    r = nccl.parse("\n".join([
+        "[0] node0:13571:13571 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/Socket/0",
+        "[1] node2:22555:22555 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [send] via NET/Socket/0",
+        "[2] node0:13572:13572 [1] NCCL INFO Channel 00 : 2[1] -> 0[0] via SHM/direct/direct",
+        "[3] node2:22556:22556 [1] NCCL INFO Connected all trees",
+    ]))
+    assert r.n_ranks is None and r.n_ranks_min == 4
+
+
+# ---- issue 15 class 4: a failed call's stack is an error only when not recovered ------------------
+
+def test_stack_then_init_complete_is_a_warning():
+    r = nccl.parse("\n".join([
+        env("n1", 0, "transport/nvls.cc:215 -> 5", pid=7),
+        env("n1", 0, "init.cc:1400 -> 5", pid=7),
+        env("n1", 0, "Connected all rings, use ring PXN 0 GDR 1", pid=7),
+        env("n1", 0, "ncclCommInitRank comm 0x1 rank 0 nranks 1 cudaDev 0 nvmlDev 0 busId 1000 commId 0x2 "
+                     "- Init COMPLETE", pid=7),
+    ]))
+    assert r.errors == () and [w.kind for w in r.warnings] == ["nccl_call_recovered"]
+    assert r.status == "warn" and "NVLS" in r.intra_node_transports
+
+
+def test_stack_ending_in_a_warn_is_an_error_even_after_init():
+    r = nccl.parse("\n".join([
+        env("n1", 0, "ncclCommInitRank comm 0x1 rank 0 nranks 2 cudaDev 0 busId 1000 - Init COMPLETE", pid=7),
+        warn("n1", 0, "transport/net_ib.cc:1041", "NET/IB : Got completion from peer 10.0.0.2<1> with "
+                     "status=12 opcode=0 len=0 vendor err 129", pid=7),
+        env("n1", 0, "transport/net.cc:1302 -> 6", pid=7),
+    ]))
+    assert {e.kind for e in r.errors} == {"ib_completion_error", "nccl_call_failed"}
+
+
+def test_stack_with_no_sign_of_recovery_is_an_error():
+    r = nccl.parse("\n".join([env("dgx", 0, "Channel 03/0 : 0[90000] -> 1[1000] [send] via NET/Socket/3", pid=1050),
+                              env("dgx", 0, "include/net.h:25 -> 2", pid=1050),
+                              env("dgx", 0, "transport/net.cc:515 -> 2", pid=1050)]))
+    assert [e.kind for e in r.errors] == ["nccl_call_failed"]
+
+
+def test_old_gdr_probe_followed_by_ring_setup_is_a_warning():
+    r = nccl.parse("\n".join([
+        env("ip-1", 1, "NET/OFI No NIC info for dev 0", pid=35481),
+        env("ip-1", 1, "include/net.h:24 -> 2", pid=35481),
+        env("ip-1", 0, "include/net.h:24 -> 2", pid=35480),
+        env("ip-1", 0, "Ring 00 : 15 -> 0 [receive] via NET/AWS Libfabric/0", pid=35480),
+        env("ip-1", 0, "Ring 00 : 0[0] -> 1[1] via P2P/IPC", pid=35480),
+    ]))
+    assert r.errors == () and [w.kind for w in r.warnings] == ["nccl_call_recovered"]
+
+
+def test_abort_makes_every_stack_an_error():
+    r = nccl.parse("\n".join([
+        env("n1", 0, "ncclCommInitRank comm 0x1 rank 0 nranks 2 cudaDev 0 busId 1000 - Init COMPLETE", pid=7),
+        env("n1", 0, "enqueue.cc:1300 -> 3", pid=7),
+        env("n1", 0, "comm 0x1 rank 0 nranks 2 cudaDev 0 busId 1000 - Abort COMPLETE", pid=7),
+    ]))
+    assert [e.kind for e in r.errors] == ["nccl_call_failed"]
+
+
+def test_plugin_probing_stays_a_note():
+    r = nccl.parse("\n".join([
+        env("n1", 0, "NET/Plugin: Could not find: libnccl-net.so. Using internal network plugin."),
+        env("n1", 0, "plugin/net.cc:118 -> 2"),
+        env("n1", 0, "Using network IB"),
+    ]))
+    assert r.errors == () and r.warnings == () and any("plugin" in n for n in r.notes)
+
+
+def test_async_events_error_versus_port_events():
+    qp = warn("n1", 0, "transport/net_ib.cc:101", "NET/IB : mlx5_0:1 Got async event : local access "
+                      "violation work queue error")
+    rereg = warn("n1", 0, "transport/net_ib.cc:101", "NET/IB : mlx5_0:1 Got async event : client "
+                         "reregistration")
+    assert [e.kind for e in nccl.parse(qp).errors] == ["ib_async_error_event"]
+    r = nccl.parse(rereg)
+    assert r.errors == () and [w.kind for w in r.warnings] == ["ib_async_event"]
+
+
+def test_ofi_warns_are_errors_when_ofi_carries_the_traffic():
+    chan = env("8h200-2", 1, "Channel 00/0 : 1[1] -> 2[0] [send] via NET/AWS Libfabric/1/GDRDMA", pid=14630)
+    ofi = warn("8h200-2", 0, "process_err_completion:1723", "NET/OFI Operation with NULL context "
+                             "completed with error", pid=14630)
+    r = nccl.parse("\n".join([chan, ofi]))
+    assert r.inter_node_transport == "OFI" and [e.kind for e in r.errors] == ["ofi_failure"]
+    r = nccl.parse("\n".join([ofi, env("x", 0, "Using network IB")]))
+    assert r.errors == () and [w.kind for w in r.warnings] == ["plugin_failure"]
