@@ -170,7 +170,9 @@ _NT_COLL_RE = re.compile(r"\b(all_reduce|all_gather|reduce_scatter|broadcast|red
 # c10d's store barrier ("with N nodes" counts ranks), PyTorch Lightning's start line.
 _NNODES_RE = re.compile(r"--nnodes[= ](\d{1,6})(?::(\d{1,6}))?")
 _NPROC_RE = re.compile(r"--nproc[_-]per[_-]node[= ](\d{1,6})")
-_WORLD_RE = re.compile(r"store-based barrier for key:\S{1,256}? with (\d{1,9}) nodes|Starting with (\d{1,9}) processes")
+_WORLD_RE = re.compile(r"store-based barrier for key:\S{1,256}? with (\d{1,9}) nodes|Starting with (\d{1,9}) processes|"
+                       r"\bworld_size=(\d{1,9}) rank=\d{1,9} local_rank=")
+_VLLM_NODES_RE = re.compile(r"Detected (\d{1,6}) nodes in the distributed environment")   # vLLM
 
 # Errors PyTorch / launchers print when NCCL failed (no NCCL_DEBUG needed).
 _APP_ERRORS: tuple[tuple[str, str], ...] = (
@@ -1134,7 +1136,8 @@ class NcclLogAccumulator:
         if "got completion with error" in line:
             self.ib_error_seen = True
             self._finding("error", "ib_completion_error", line.strip()[:300], line, None, n)
-        if "--nnodes" in line or "nproc" in line or "store-based barrier" in line or "Starting with" in line:
+        if ("--nnodes" in line or "nproc" in line or "store-based barrier" in line or "Starting with" in line
+                or "world_size=" in line or "Detected " in line):
             self._launcher(line)
         if "_perf" in line:
             m = _NT_COLL_RE.search(line)
@@ -1281,7 +1284,10 @@ class NcclLogAccumulator:
             self.hint_nproc = int(m.group(1))
         m = _WORLD_RE.search(line)
         if m:
-            self.hint_world = int(m.group(1) or m.group(2))
+            self.hint_world = int(m.group(1) or m.group(2) or m.group(3))
+        m = _VLLM_NODES_RE.search(line)
+        if m:
+            self.hint_nnodes = int(m.group(1))
 
     # -- result ------------------------------------------------------------------------------
 
@@ -1312,8 +1318,15 @@ class _Summary:
     # ranks and nodes ------------------------------------------------------------------------
 
     def _rank_hosts(self) -> dict[int, str]:
-        """rank -> host, for ranks printed from exactly one host."""
+        """rank -> host, for ranks printed from exactly one host; empty when a host name is
+        redacted or generic ("xxx", "<cluster_name>", "localhost"): such names do not tell
+        machines apart, so nothing is decided from them."""
+        if self._anonymous_hosts():
+            return {}
         return {r: next(iter(hs)) for r, hs in self.a.emitters.items() if len(hs) == 1}
+
+    def _anonymous_hosts(self) -> bool:
+        return any(_generic_host(h) for h in self.a.hosts)
 
     def _ranks_and_nodes(self):
         a = self.a
@@ -1366,7 +1379,10 @@ class _Summary:
             if proof:
                 n_nodes = 1
                 self.evidence["n_nodes"] = proof
-        if n_nodes is None and n_ranks is not None and len(hosts) == n_ranks:
+        if n_nodes is None and n_ranks and n_ranks <= _MAX_KEYS and all(r in rank_hosts for r in range(n_ranks)):
+            n_nodes = len({rank_hosts[r] for r in range(n_ranks)})
+            self.evidence["n_nodes"] = "the host of every rank"
+        if n_nodes is None and n_ranks is not None and len(hosts) == n_ranks and not self._anonymous_hosts():
             n_nodes = n_ranks
             self.evidence["n_nodes"] = "one host per rank"
         if n_nodes is None and a.hint_nnodes:
@@ -1390,6 +1406,9 @@ class _Summary:
             return "one process drives every rank"
         if all(r in rank_hosts for r in ranks) and len({rank_hosts[r] for r in ranks}) == 1:
             return "every rank prints from one host"
+        if len(a.hosts) == 1 and len(a.procs) >= n_ranks and not self._anonymous_hosts():
+            # n_ranks ranks, and that many GPU processes print, all from one host
+            return f"{len(a.procs)} GPU processes on one host for {n_ranks} ranks"
         if a.intra_edges and self._connected_by(a.intra_edges, n_ranks):
             return "P2P/SHM channel hops join every rank"
         return None
@@ -1400,7 +1419,7 @@ class _Summary:
         more, each printing or reached through "P2P/direct pointer"); GPUs alone do not count,
         one process per node may drive all of its node's GPUs."""
         a = self.a
-        if len(hosts) != 1:
+        if len(hosts) != 1 or self._anonymous_hosts():
             return None
         if a.boot_scope == {"loopback"}:
             return "bootstrap over the loopback interface only"
@@ -1905,6 +1924,17 @@ class _Summary:
                     else " WITHOUT GPUDirect RDMA (data staged through host memory)")
         return ("; GPUDirect RDMA not shown (rerun with NCCL_DEBUG_SUBSYS=INIT,NET,GRAPH "
                 "and a real collective)")
+
+
+_GENERIC_HOSTS = frozenset(("localhost", "hostname", "host", "node", "server", "machine"))
+
+
+def _generic_host(host: str) -> bool:
+    """A host name a poster redacted ("xxx", "***", "<cluster_name>") or one that every machine
+    may carry (localhost): it does not tell machines apart."""
+    low = host.lower()
+    return (low in _GENERIC_HOSTS or not low.strip("x*#?._-") or low.startswith("<")
+            or low.endswith(">"))
 
 
 def _flatten(by: dict[str, set]) -> dict[str, Any]:
