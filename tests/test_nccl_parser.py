@@ -1062,3 +1062,40 @@ def test_ofi_warns_are_errors_when_ofi_carries_the_traffic():
     assert r.inter_node_transport == "OFI" and [e.kind for e in r.errors] == ["ofi_failure"]
     r = nccl.parse("\n".join([ofi, env("x", 0, "Using network IB")]))
     assert r.errors == () and [w.kind for w in r.warnings] == ["plugin_failure"]
+
+
+def test_redacted_or_generic_host_names_prove_no_single_node():
+    """'xxx', '[pod-name]', '<cluster_name>', 'localhost' may stand for several machines."""
+    for host in ("xxx", "[pod-name]", "<cluster_name>", "localhost"):
+        r = nccl.parse("\n".join([
+            f"{host}:10:11 [0] NCCL INFO Channel 00 :    0   1",
+            f"{host}:10:11 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC/read",
+            f"{host}:12:13 [1] NCCL INFO Channel 00/0 : 1[1] -> 0[0] via P2P/IPC/read",
+        ]))
+        assert r.n_ranks == 2 and r.n_nodes is None, host
+    r = nccl.parse("\n".join([
+        "gpu-7:10:11 [0] NCCL INFO Channel 00 :    0   1",
+        "gpu-7:10:11 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC/read",
+        "gpu-7:12:13 [1] NCCL INFO Channel 00/0 : 1[1] -> 0[0] via P2P/IPC/read",
+    ]))
+    assert (r.n_ranks, r.n_nodes, r.inter_node_transport) == (2, 1, "NONE")
+
+
+def test_every_rank_host_known_gives_the_node_count():
+    lines = [f"node{r // 2}:{100 + r}:1 [{r % 2}] NCCL INFO Channel 00/0 : {r}[{r % 2}] -> {(r + 1) % 4}"
+             f"[{(r + 1) % 2}] via {'P2P/IPC' if r % 2 == 0 else 'NET/IB/0/GDRDMA'}" for r in range(4)]
+    r = nccl.parse("\n".join(lines + ["node0:100:1 [0] NCCL INFO comm 0x1 rank 0 nranks 4 cudaDev 0 busId 1 - Init START"]))
+    assert (r.n_ranks, r.n_nodes, r.evidence["n_nodes"]) == (4, 2, "the host of every rank")
+    assert (r.inter_node_transport, r.gdr) == ("IB", True)
+
+
+def test_vllm_world_size_and_detected_nodes_are_launcher_evidence():
+    r = nccl.parse("\n".join([
+        "(Worker pid=958) INFO 08-09 20:55:03 [distributed/parallel_state.py:1607] world_size=2 rank=1 "
+        "local_rank=1 distributed_init_method=tcp://127.0.0.1:51789 backend=nccl",
+        "(Worker pid=820) DEBUG 08-09 20:55:03 [distributed/parallel_state.py:1689] Detected 1 nodes in the "
+        "distributed environment",
+        "box:820:820 [0] NCCL INFO Using network IB",
+    ]))
+    assert (r.n_ranks, r.n_nodes, r.inter_node_transport) == (2, 1, "NONE")
+    assert r.evidence["n_ranks"] == r.evidence["n_nodes"] == "launcher line"

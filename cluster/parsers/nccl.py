@@ -1933,8 +1933,8 @@ def _generic_host(host: str) -> bool:
     """A host name a poster redacted ("xxx", "***", "<cluster_name>") or one that every machine
     may carry (localhost): it does not tell machines apart."""
     low = host.lower()
-    return (low in _GENERIC_HOSTS or not low.strip("x*#?._-") or low.startswith("<")
-            or low.endswith(">"))
+    return (low in _GENERIC_HOSTS or not low.strip("x*#?._-") or low[:1] in "<[{("
+            or low[-1:] in ">]})")
 
 
 def _flatten(by: dict[str, set]) -> dict[str, Any]:
