@@ -1066,19 +1066,18 @@ def test_ofi_warns_are_errors_when_ofi_carries_the_traffic():
 
 def test_redacted_or_generic_host_names_prove_no_single_node():
     """'xxx', '[pod-name]', '<cluster_name>', 'localhost' may stand for several machines."""
-    for host in ("xxx", "[pod-name]", "<cluster_name>", "localhost"):
-        r = nccl.parse("\n".join([
+    def log(host: str) -> str:          # NET hops: only the host names could place the ranks
+        return "\n".join([
             f"{host}:10:11 [0] NCCL INFO Channel 00 :    0   1",
-            f"{host}:10:11 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC/read",
-            f"{host}:12:13 [1] NCCL INFO Channel 00/0 : 1[1] -> 0[0] via P2P/IPC/read",
-        ]))
-        assert r.n_ranks == 2 and r.n_nodes is None, host
-    r = nccl.parse("\n".join([
-        "gpu-7:10:11 [0] NCCL INFO Channel 00 :    0   1",
-        "gpu-7:10:11 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC/read",
-        "gpu-7:12:13 [1] NCCL INFO Channel 00/0 : 1[1] -> 0[0] via P2P/IPC/read",
-    ]))
+            f"{host}:10:11 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] [send] via NET/IB/0/GDRDMA",
+            f"{host}:12:13 [1] NCCL INFO Channel 00/0 : 1[1] -> 0[0] [send] via NET/IB/0/GDRDMA",
+        ])
+    for host in ("xxx", "[pod-name]", "<cluster_name>", "localhost"):
+        r = nccl.parse(log(host))
+        assert r.n_ranks == 2 and r.n_nodes is None and r.inter_node_transport == "IB", host
+    r = nccl.parse(log("gpu-7"))
     assert (r.n_ranks, r.n_nodes, r.inter_node_transport) == (2, 1, "NONE")
+    assert r.intra_node_transports == ("NET",)
 
 
 def test_every_rank_host_known_gives_the_node_count():
