@@ -145,6 +145,8 @@ _SRC_RE = re.compile(_SRC_NAME + r":(\d{1,6})\b")
 _SRC_AFTER_HEAD_RE = re.compile(r" {0,4}(?:\d{1,12}\.\d{1,9} )?" + _SRC_NAME + r":(\d{1,6})")
 # RoCE v2 GIDs: IPv4-mapped "::ffff:10.0.0.1" (not a socket address "<port>"), or the 2.19+
 # hex form "GID 3 (0/0A00000AFFFF0000)" (subnet prefix 0, interface id ::ffff:a.b.c.d).
+# The HCA a NET/IB WARN names: "NET/IB : mlx5_0:1 Got async event" / 2.27+ "... hca mlx5_10".
+_WARN_HCA_RE = re.compile(r"^NET/IB ?: ([A-Za-z][\w.\-]{0,31}:\d{1,3}) |\bhca ([A-Za-z][\w.\-]{0,31})")
 _MAPPED_GID_RE = re.compile(r"::ffff:(\d{1,3}(?:\.\d{1,3}){3})(?![\d.<])", re.IGNORECASE)
 _HEX_GID_RE = re.compile(r"GID \d{1,4} \(0/[0-9A-Fa-f]{1,8}FFFF0000\)")
 _PEER_IFACE_RE = re.compile(r"%([A-Za-z][\w.\-]{0,31})<\d{1,6}>")
@@ -566,6 +568,8 @@ class NcclLogAccumulator:
         self.chan_procs: set[tuple] = set()            # (host, pid) that printed channel set-up
         self.warn_err_procs: set[tuple] = set()        # (host, pid) with an error WARN
         self.aborted = False                           # a communicator abort was printed
+        self.ib_dev_index: dict[str, int] = {}         # hca -> its [index] in the device list
+        self.warn_hcas: dict[str, None] = {}           # HCAs named by NET/IB WARN lines
         self.boot_scope: set[str] = set()              # "loopback" / "network" bootstrap interfaces
         # nccl-tests
         self.nt_rows: dict[tuple, tuple] = {}
@@ -841,18 +845,27 @@ class NcclLogAccumulator:
                 m = _GDR_HCA_RE.search(msg)
                 if m:
                     self.gdr_hca[m.group(3)] = m.group(1)
-            elif " Using" in msg:
+            elif "Using interface " in msg:    # 2.3: "NET/IB : Using interface X for sideband ..."
+                name = msg.split("Using interface ", 1)[1].split(" ", 1)[0].split(":", 1)[0]
+                if name:
+                    self.socket_ifaces.setdefault(name, None)
+            elif " Using" in msg or msg[6:9] in (": [", " : ["):   # 2.3: "NET/IB: [2] mlx5_1:1/IB"
                 for m in _IB_DEV_RE.finditer(msg):
                     hca = f"{m.group(2)}:{m.group(3)}"
                     if hca not in self.ib_devs and len(self.ib_devs) < 4096:
                         self.ib_devs[hca] = m.group(4)
+                        self.ib_dev_index[hca] = int(m.group(1))
                 m = _OOB_RE.search(msg)
                 if m:
                     self.socket_ifaces.setdefault(m.group(1), None)
             elif "No device found" in msg:
                 self.ib_no_device = True
-            if "RoCE" in msg and " Using" not in msg:
+            if "RoCE" in msg and " Using" not in msg and not self.ib_devs:
                 self.roce_evidence.setdefault("RoCE named in a NET/IB line", None)
+        elif msg.startswith("NET : Using interface "):    # 2.3
+            name = msg[22:].split(":", 1)[0].split(" ", 1)[0]
+            if name:
+                self.socket_ifaces.setdefault(name, None)
         elif msg.startswith("NET/Socket"):
             if " Using" in msg:
                 for m in _SOCK_DEV_RE.finditer(msg):
@@ -889,11 +902,13 @@ class NcclLogAccumulator:
         self._era(host, msg)
         if "Using" in msg:
             m = _BOOT_RE.search(msg)
+            names = [d.group(1) for d in _SOCK_DEV_RE.finditer(msg)] if "[1]" in msg else []
+            for name in names or ([m.group(1)] if m else []):   # <= 2.6 lists every interface
+                self.boot_ifaces.setdefault(name, None)
+                self.socket_ifaces.setdefault(name, None)
             if m:
-                self.boot_ifaces.setdefault(m.group(1), None)
-                self.socket_ifaces.setdefault(m.group(1), None)
                 loop = m.group(1) == "lo" or ":127." in msg
-                self.boot_scope.add("loopback" if loop else "network")
+                self.boot_scope.add("loopback" if loop and not names else "network")
 
     def _m_comm(self, msg: str, host, pid, n: int, line: str) -> None:
         k = msg.rfind(" - Init ")
@@ -1084,6 +1099,10 @@ class NcclLogAccumulator:
             m = _PEER_IFACE_RE.search(msg)
             if m:
                 self.socket_ifaces.setdefault(m.group(1), None)
+        if msg.startswith("NET/IB") and ("async event" in msg or " hca " in msg):
+            m = _WARN_HCA_RE.search(msg)
+            if m and len(self.warn_hcas) < 256:
+                self.warn_hcas.setdefault(m.group(1) or m.group(2), None)
         if "ibv_modify_qp" in msg and ("Network is unreachable" in msg or "No route to host" in msg):
             # only RoCE routes a QP's address through the IP stack (ENETUNREACH / EHOSTUNREACH)
             self.roce_evidence.setdefault("ibv_modify_qp: IP route to the peer's GID missing", None)
@@ -1753,8 +1772,13 @@ class _Summary:
                 errors = errors + ofi
         incomplete = self._incomplete()
         nccl_tests, busbw = self._nccl_tests()
-        ib_hcas = tuple(a.ib_devs)
+        # in device-list order ([0], [1], ...; 2.3 prints one device per line, in any order)
+        ib_hcas = tuple(sorted(a.ib_devs, key=lambda h: a.ib_dev_index.get(h, 1 << 30))) or tuple(a.warn_hcas)
         link_layers = tuple(sorted(set(a.ib_devs.values())))
+        if not link_layers and transport == "ROCE":
+            link_layers = ("RoCE",)             # shown by a GID, a GID-index setting, a link layer line
+        elif not link_layers and transport == "IB" and a.ib_link_evidence:
+            link_layers = ("IB",)
         pxn = any(k[6] for k, _ in inter) or 1 in a.rings_pxn
 
         comms = tuple({"n_ranks": s[0], "n_nodes": s[1], "local_ranks": s[2], "count": c}
