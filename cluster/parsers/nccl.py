@@ -515,7 +515,7 @@ class NcclLogAccumulator:
             "NVLS": self._m_nvls, "GPU ": self._m_gpu_gdr, "SHAR": self._m_sharp,
             "DMA-": self._m_dmabuf, "Plug": self._m_plugin_path, "P2P ": self._m_p2p_plugin,
             "Assi": self._m_assigned, "Succ": self._m_plugin_loaded, "cuda": self._m_cuda,
-            "Laun": self._m_launch,
+            "Laun": self._m_launch, "rank": self._m_rank_line,
         }
         # facts
         self.versions: dict[str, set] = {}             # version string -> hosts (None = bare line)
@@ -1030,6 +1030,16 @@ class NcclLogAccumulator:
             self._done(host, pid)       # printed once the channels are connected
             if m.group(3) and int(m.group(3)) > 0:
                 self.nvls = True
+
+    def _m_rank_line(self, msg: str, host, pid, n: int, line: str) -> None:
+        # NCCL 2.3: "rank 6 nranks 8" once a communicator is set up
+        m = _RANK_IN_INIT_TIMING_RE.match(msg)
+        if m:
+            rank, nranks = int(m.group(1)), int(m.group(2))
+            self.comm_nranks.add(nranks)
+            if host is not None and (rank in self.emitters or len(self.emitters) < _MAX_KEYS):
+                self.emitters.setdefault(rank, set()).add(host)
+            self._rank_proc(rank, host, pid)
 
     def _m_launch(self, msg: str, host, pid, n: int, line: str) -> None:
         if msg.startswith("Launch mode"):   # <= 2.7, printed at the end of init
