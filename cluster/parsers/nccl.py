@@ -74,6 +74,7 @@ _CHAN_CACHE_MAX = 1 << 16      # distinct channel messages remembered (cleared w
 _MAX_FINDINGS = 200            # distinct error/warning kinds+messages kept; the rest only counted
 _MAX_KEYS = 1 << 17            # bound on per-rank / per-host maps (memory stays flat)
 LINE_MAX = 1 << 16             # chars of a line that are read; the rest is dropped (lines_truncated)
+_CUT_KEEP = LINE_MAX + 3       # what the stream reader keeps of an over-long line (flagged as cut)
 _WINDOW_BYTES = 64 << 20       # raw bytes counted into the window before it is handled
 _HEAD_WINDOW = 2048            # the envelope head is looked for in the last chars before "NCCL "
 _NORM_INPUT = 512              # chars of a message normalised into a finding's key
@@ -634,7 +635,7 @@ class NcclLogAccumulator:
         handle = self._line
         self.lines += sum(pending.values())
         for raw, n in pending.items():
-            self._cut = len(raw) > LINE_MAX
+            self._cut = len(raw) > LINE_MAX + 2      # its "\r\n" aside
             if self._cut:
                 raw = raw[:LINE_MAX]
                 self.truncated += n
@@ -2016,11 +2017,11 @@ def parse_file(path: str | os.PathLike) -> NcclLog:
 
 
 def _feed_stream(acc: NcclLogAccumulator, f: Any) -> None:
-    """Count the lines of a stream (file, BytesIO, StringIO) block by block: each block is split
-    into lines in C; only the line that runs across two blocks is joined in Python. A line longer
-    than LINE_MAX is kept up to LINE_MAX + 1 characters (the window cuts it to LINE_MAX and counts
-    it as truncated) and the rest of it is skipped unread, so memory stays bounded by the block
-    size and the window however long a line is."""
+    """Count the lines of a stream (file, BytesIO, StringIO) block by block: the whole lines of a
+    block are iterated in C (an in-memory stream over the block); only the line that runs across
+    two blocks is joined in Python. A line longer than LINE_MAX is kept up to _CUT_KEEP characters
+    (the window cuts it to LINE_MAX and counts it as truncated) and the rest of it is skipped
+    unread, so memory stays bounded by the block size and the window however long a line is."""
     carry = None                # the unfinished last line of the previous blocks
     cut = False                 # carry holds the start of an over-long line; skip to its end
     since_flush = 0
@@ -2028,25 +2029,24 @@ def _feed_stream(acc: NcclLogAccumulator, f: Any) -> None:
         block = f.read(BLOCK_BYTES)
         if not block:
             break
-        nl = "\n" if isinstance(block, str) else b"\n"
+        text = isinstance(block, str)
+        nl = "\n" if text else b"\n"
         k = block.find(nl)
         if k < 0:
             if not cut:
                 carry = block if carry is None else carry + block
                 if len(carry) > LINE_MAX:
-                    carry, cut = carry[:LINE_MAX + 1], True
+                    carry, cut = carry[:_CUT_KEEP], True
             continue
-        lines = block[k + 1:].split(nl)
-        first = block[:k]
-        if cut:
-            first = carry
-        elif carry is not None:
-            first = carry + first
-        carry, cut = lines.pop(), False
-        if len(carry) > LINE_MAX:
-            carry, cut = carry[:LINE_MAX + 1], True
-        lines.insert(0, first)           # keep the order: the first line of a kind is shown
-        acc._count(lines)
+        first = carry if cut else block[:k + 1] if carry is None else carry + block[:k + 1]
+        acc._count((first,))
+        j = block.rfind(nl)
+        if j > k:
+            middle = block[k + 1:j + 1]
+            acc._count(io.StringIO(middle, newline="\n") if text else io.BytesIO(middle))
+        carry, cut = block[j + 1:] or None, False
+        if carry is not None and len(carry) > LINE_MAX:
+            carry, cut = carry[:_CUT_KEEP], True
         since_flush += len(block)
         if since_flush > _WINDOW_BYTES:
             acc._flush()
