@@ -18,14 +18,22 @@ evidence). nccl-tests result tables (busbw per size, `# Avg bus bandwidth`) and 
 `#  Rank  0 ... on host device 0` listing are read too.
 
 Streaming: `NcclLogAccumulator.feed(line)` / `feed_lines(it)` / `feed_block(text)` then
-`result()`; `parse_file(path)` iterates the file's lines in C (binary, buffered), so memory
-stays flat whatever the file size. Lines are first counted (in C, by a Counter over a bounded
+`result()`; `parse_file(path)` reads 1 MiB blocks and iterates their lines in C, so memory
+stays flat whatever the file size or line length (a line is read up to LINE_MAX characters;
+`lines_truncated` counts the longer ones). Lines are first counted (in C, by a Counter over a bounded
 window of distinct lines) and each distinct line is then handled once with its multiplicity:
 every fact kept is a count, a set or a maximum, so the order of lines never matters, and a log
 that repeats itself (every rank and every communicator prints the same lines) costs little more
 than reading it. A distinct line is dispatched on the first 4 characters of its message; regexes
 run only on the few line kinds that carry facts, and envelope heads and channel messages are
 parsed once each (bounded caches). docs/nccl-parser.md explains the keys and the verdict logic.
+
+Issue 15 classes: the transport is also read from the source files of WARN lines and failed-call
+stacks (transport/net_ib.cc = IB verbs, transport/net_socket.cc = sockets); RoCE is told from
+InfiniBand by RoCE-only facts (IPv4-mapped GIDs, GID-index settings, an Ethernet link layer), not
+by "NET/IB"; one node only with a proof (nNodes 1, one process driving every rank, every rank on
+one host, P2P/SHM hops joining every rank, loopback bootstrap); a failed call's stack is an error
+only when nothing shows the process recovering (init completing without an error WARN or abort).
 
 Returned shape, `NcclLog.to_dict()` (contract keys first, then extras)::
 
@@ -43,7 +51,8 @@ Returned shape, `NcclLog.to_dict()` (contract keys first, then extras)::
      "network", "link_layers", "gdr_asymmetric", "gdr_by_host", "gdr_by_rank", "channel_counts",
      "collnet", "nvls", "pxn", "bootstrap_ifaces", "net_plugin", "hosts", "ray_node_ips",
      "ranks_incomplete", "communicators", "findings", "notes", "nccl_tests", "env",
-     "cuda_driver_version", "lines", "nccl_lines"}
+     "cuda_driver_version", "lines", "nccl_lines", "lines_truncated", "link_layer_evidence",
+     "source_transports"}
 
 Raises ParseError("nccl", ...) for text with no NCCL envelope line, no NCCL version line, no
 nccl-tests table and no NCCL error message at all.
