@@ -108,7 +108,7 @@ _HOST_MAX = 253
 _ISO_TS_RE = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?")
 _RAY_IP_RE = re.compile(r"\bip=(\d{1,3}(?:\.\d{1,3}){3})")
 # GitHub turns "net_ib.cc:101" and IPs of a pasted log into "[net_ib.cc:101](http://net_ib.cc:101/)".
-_MD_LINK_RE = re.compile(r"\[([^\]\s]{1,200})\]\(https?://[^)\s]{1,300}\)")
+_MD_LINK_RE = re.compile(r"\[([^\[\]\s]{1,200})\]\(https?://[^()\s]{1,300}\)")
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]{0,32}[ -/]{0,4}[@-~]")
 # Trailing wrapper junk on a message, matched only where a '[' is: ANSI colour (with or without
 # ESC) or Ray's dedup suffix. _strip_junk cuts the message there.
