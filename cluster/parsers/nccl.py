@@ -870,7 +870,7 @@ class NcclLogAccumulator:
                     self.socket_ifaces.setdefault(m.group(1), None)
             elif "No device found" in msg:
                 self.ib_no_device = True
-            if "RoCE" in msg and " Using" not in msg and not self.ib_devs:
+            if "RoCE" in msg and " Using" not in msg and not _IB_DEV_RE.search(msg):
                 self.roce_evidence.setdefault("RoCE named in a NET/IB line", None)
         elif msg.startswith("NET : Using interface "):    # 2.3
             name = msg[22:].split(":", 1)[0].split(" ", 1)[0]
