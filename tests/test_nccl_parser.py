@@ -1242,3 +1242,20 @@ def test_vllm_world_size_and_detected_nodes_are_launcher_evidence():
     ]))
     assert (r.n_ranks, r.n_nodes, r.inter_node_transport) == (2, 1, "NONE")
     assert r.evidence["n_ranks"] == r.evidence["n_nodes"] == "launcher line"
+
+
+def test_nccl_tests_numbers_are_ascii_and_finite():
+    """'# Avg bus bandwidth : 110.1.2.3' crashed float(); nan/inf/1e400 or '²' must not enter the result."""
+    for text in ("# Avg bus bandwidth    : 110.1.2.3", "# Avg bus bandwidth : 1e400",
+                 "# Avg bus bandwidth : nan"):
+        out = _parse_or_error(text)
+        assert isinstance(out, ParseError) or out.busbw_gbps is None
+    row = "     1048576        262144     float     sum      -1    {t}   {a}   {b}      0    {t}   {a}   {b}      0"
+    for bad in ("nan", "inf", "1e400"):
+        out = _parse_or_error("#  out-of-place  in-place\n" + row.format(t="10.5", a=bad, b="1.0"))
+        assert isinstance(out, ParseError) or out.nccl_tests["rows"] == []
+    r = nccl.parse("#  out-of-place  in-place\n" + row.format(t="10.5", a="99.8", b="187.1"))
+    assert r.nccl_tests["peak_busbw_gbps_oop"] == 187.1
+    json.dumps(r.to_dict(), allow_nan=False)
+    r = nccl.parse("#  out-of-place  in-place\n" + row.format(t="10.5", a="99.8", b="187.1")[:-1] + "²")
+    json.dumps(r.to_dict(), allow_nan=False)

@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import math
 import os
 import re
 from collections import Counter
@@ -171,7 +172,7 @@ _NT_TYPES = frozenset("int8 uint8 int32 uint32 int64 uint64 half float double bf
                       "fp8_e5m2 f8e4m3 f8e5m2 char int".split())
 _ROW_ENDS = frozenset("0123456789A")  # a result row ends with #wrong (a count, or N/A)
 _NT_OPS = frozenset("sum prod max min avg premulsum mulsum none".split())
-_NT_AVG_RE = re.compile(r"#\s{0,64}Avg bus bandwidth\s{0,64}:\s{0,64}([0-9.]{1,32}(?:[eE][+-]?\d{1,4})?)")
+_NT_AVG_RE = re.compile(r"#\s{0,64}Avg bus bandwidth\s{0,64}:\s{0,64}(\d{1,16}(?:\.\d{1,16})?(?:[eE][+-]?\d{1,3})?)(?![\d.])")
 _NT_OOB_RE = re.compile(r"#\s{0,64}Out of bounds values\s{0,64}:\s{0,64}(\d{1,18})\s{0,64}(OK|FAILED)?")
 _NT_RANK_RE = re.compile(r"#\s{0,64}Rank\s{1,64}(\d{1,9})\s{1,64}Group\s{1,64}\d{1,9}\s{1,64}Pid\s{1,64}(\d{1,10})"
                          r"\s{1,64}on\s{1,64}(\S{1,253})\s{1,64}device\s{1,64}(\d{1,6})")
@@ -817,7 +818,7 @@ class NcclLogAccumulator:
         if self._cut:
             return                      # a listing cut short would give a wrong rank count
         toks = msg[c + 3:].split()
-        if toks and all(t.isdigit() and len(t) < 8 for t in toks):
+        if toks and all(_uint(t) and len(t) < 8 for t in toks):
             self.ring_sizes.add(len(set(toks)))
 
     def _m_collnet(self, msg: str, host, pid, n: int, line: str) -> None:
@@ -1029,7 +1030,7 @@ class NcclLogAccumulator:
     def _m_cuda(self, msg: str, host, pid, n: int, line: str) -> None:
         if msg.startswith("cudaDriverVersion "):
             v = msg[18:].split()
-            if v and v[0].isdigit():
+            if v and v[0].isascii() and v[0].isdigit():
                 self.cuda_driver = int(v[0])
 
     def _m_channel_counts(self, msg: str, host, pid) -> None:
@@ -1231,10 +1232,10 @@ class NcclLogAccumulator:
             self.recognised += n
         elif "Avg bus bandwidth" in line:
             m = _NT_AVG_RE.search(line)
-            if m:
+            v = _finite(m.group(1)) if m else None
+            if v is not None:
                 self.nt_seen = True
                 self.recognised += n
-                v = float(m.group(1))
                 if v in self.nt_avgs or len(self.nt_avgs) < 256:
                     self.nt_avgs[v] = self.nt_avgs.get(v, 0) + n
         elif "Out of bounds values" in line:
@@ -1257,23 +1258,23 @@ class NcclLogAccumulator:
     def _nccl_tests_row(self, line: str, n: int) -> None:
         toks = line.split()
         for i in range(len(toks) - 6):
-            if toks[i + 2] in _NT_TYPES and toks[i].isdigit() and toks[i + 1].isdigit():
+            if toks[i + 2] in _NT_TYPES and _uint(toks[i]) and _uint(toks[i + 1]):
                 break
         else:
             return
         rest = toks[i + 3:]
         redop = rest.pop(0) if rest and rest[0] in _NT_OPS else None
         root = None
-        if len(rest) in (5, 9) and rest[0].lstrip("-").isdigit():
+        if len(rest) in (5, 9) and _uint(rest[0].lstrip("-")):
             root = int(rest.pop(0))
         if len(rest) not in (4, 8):
             return
-        try:
-            oop = (float(rest[0]), float(rest[1]), float(rest[2]))
-            ip = (float(rest[4]), float(rest[5]), float(rest[6])) if len(rest) == 8 else None
-        except ValueError:
-            return
-        wrong = [w for w in (rest[3], rest[7] if len(rest) == 8 else "0") if w.isdigit()]
+        nums = [_finite(t) for t in (rest[:3] + rest[4:7])]
+        if None in nums:
+            return                      # not a number, or NaN / infinite: not a result row
+        oop = tuple(nums[:3])
+        ip = tuple(nums[3:6]) if len(rest) == 8 else None
+        wrong = [w for w in (rest[3], rest[7] if len(rest) == 8 else "0") if _uint(w)]
         bad = sum(int(w) for w in wrong)
         size = int(toks[i])
         key = (size, toks[i + 2], redop)
@@ -1979,6 +1980,22 @@ def _generic_host(host: str) -> bool:
     low = host.lower()
     return (low in _GENERIC_HOSTS or not low.strip("x*#?._-") or low[:1] in "<[{("
             or low[-1:] in ">]})")
+
+
+def _uint(text: str) -> bool:
+    """ASCII digits only (str.isdigit() also takes '²' and '١', which int() refuses or misreads)."""
+    return text.isascii() and text.isdigit()
+
+
+def _finite(text: str) -> float | None:
+    """A finite float from ASCII digits ("1.5", "2e3"), else None (no 'nan', 'inf', '1e400', '١')."""
+    if not text.isascii() or text.strip().lower().lstrip("+-") in ("nan", "inf", "infinity"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def _flatten(by: dict[str, set]) -> dict[str, Any]:
