@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from cluster.errors import ParseError
 from cluster.parsers import nccl
@@ -1258,4 +1260,44 @@ def test_nccl_tests_numbers_are_ascii_and_finite():
     assert r.nccl_tests["peak_busbw_gbps_oop"] == 187.1
     json.dumps(r.to_dict(), allow_nan=False)
     r = nccl.parse("#  out-of-place  in-place\n" + row.format(t="10.5", a="99.8", b="187.1")[:-1] + "²")
+    json.dumps(r.to_dict(), allow_nan=False)
+
+
+# ---- property-based: real lines, mutated; a result or a ParseError, JSON without NaN ------------
+
+_REAL_LINES = [ln for p in LOGS for ln in p.read_text(encoding="utf-8", errors="replace").split("\n") if ln]
+_JUNK = ["[", "]", ":", "::ffff:", " -> ", " via ", "NCCL INFO ", "NCCL WARN ", "\x1b[", "](http://x)",
+         "<1>", "GID 3 (0/", "hca ", "rank 1 nranks ", "[rank0]:", "10.1.2.3: ", " - Init ", "nan", "1e400",
+         "net_ib.cc:1 -> 2", "\u0661", "\u00b2", "\t", " " * 70]
+
+
+@st.composite
+def _mutated_logs(draw):
+    lines = draw(st.lists(st.sampled_from(_REAL_LINES), min_size=1, max_size=20))
+    out = []
+    for line in lines:
+        op = draw(st.integers(0, 4))
+        if op == 0:
+            i = draw(st.integers(0, len(line)))
+            line = line[:i] + draw(st.sampled_from(_JUNK)) + line[i:]
+        elif op == 1:
+            line = line[:draw(st.integers(0, len(line)))]
+        elif op == 2 and out:
+            out[-1] += line
+            continue
+        out.append(line)
+    return "\n".join(out)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_mutated_logs())
+def test_mutated_real_logs_give_a_result_or_a_parse_error(text):
+    try:
+        r = nccl.parse(text)
+    except ParseError:
+        return
+    assert r.status in ("ok", "warn", "fail") and r.inter_node_transport in nccl.INTER_NODE_TRANSPORTS
+    assert set(r.intra_node_transports) <= set(nccl.INTRA_NODE_TRANSPORTS)
+    if r.errors:
+        assert r.status == "fail"
     json.dumps(r.to_dict(), allow_nan=False)
