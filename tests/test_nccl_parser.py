@@ -66,95 +66,154 @@ LABEL_DISAGREEMENTS: dict[str, dict[str, tuple[object, str]]] = {
 # staged fixtures (labels/nccl.yaml, 101-161): where the parser reads the text differently from the label
 LABEL_DISAGREEMENTS.update({
     '102-intel-e810-roce-ibv-modify-qp-einval-net-h.log': {
-        'inter_node_transport': ("IB", 'the label takes ROCE (an Intel E810 card) from the rest of the thread; the log itself shows only the verbs path (ibvwrap.cc, net_ib.cc frames): IB verbs, link layer not shown'),
+        'inter_node_transport': ("IB",
+            'the label takes ROCE (an Intel E810 card) from the rest of the thread; the log itself '
+            'shows only the verbs path (ibvwrap.cc, net_ib.cc frames): IB verbs, link layer not shown'),
     },
     '105-nccl-2.27-roce-status12-retry-exceeded-hca-suffix.log': {
-        'n_nodes_min': (1, "label '>=2' from a peer address in a WARN: one host may own several addresses, and only one host name prints; n_nodes_min is 1"),
+        'n_nodes_min': (1,
+            "label '>=2' from a peer address in a WARN: one host may own several addresses, and only "
+            'one host name prints; n_nodes_min is 1'),
     },
     '106-ibext-plugin-ib-plugin-c-status12-ipv6-ula-gids.log': {
-        'n_nodes_min': (1, "label '>=2' from a peer address in a WARN: one host may own several addresses, and only one host name prints; n_nodes_min is 1"),
-        'inter_node_transport': ("IB", 'label ROCE from IPv6 ULA GIDs (fd00::/8), a judgement call: an InfiniBand subnet prefix can be any value, so only IPv4-mapped GIDs, a GID-index setting or a link-layer line count as RoCE; ib_plugin.c is the verbs path'),
+        'n_nodes_min': (1,
+            "label '>=2' from a peer address in a WARN: one host may own several addresses, and only "
+            'one host name prints; n_nodes_min is 1'),
+        'inter_node_transport': ("IB",
+            'label ROCE from IPv6 ULA GIDs (fd00::/8), a judgement call: an InfiniBand subnet prefix '
+            'can be any value, so only IPv4-mapped GIDs, a GID-index setting or a link-layer line '
+            'count as RoCE; ib_plugin.c is the verbs path'),
         'link_layer': ((), 'no device line, no RoCE-only fact: the link layer is not shown'),
     },
     '107-nccl-2.5.6-rank-bracket-prefix-mixed-ib-roce-hcas.log': {
         'n_ranks_min': (158, "label '>=156 (rank 155 shown)': a channel line names rank 157 (157[b2000])"),
     },
     '108-nccl-2.27-mpirun-tag-output-prefix-roce-10nic.log': {
-        'n_nodes': (None, 'label 2: two host names print, but not every rank prints its own line and no nNodes line bounds the count from above; n_nodes_min is 2'),
+        'n_nodes': (None,
+            'label 2: two host names print, but not every rank prints its own line and no nNodes line'
+            ' bounds the count from above; n_nodes_min is 2'),
     },
     '111-l40-2.21.5-intel-irdma-roce-ibext-v8-plugin-init.log': {
-        'n_ranks': (None, "label 2 from the nccl-tests listing, but the excerpt shows only '# Rank 1' (cut above rank 0): a listing that does not start at rank 0 proves no count"),
-        'n_nodes': (None, 'label 2: two hosts print (ai-worker01, ai-worker03) but nothing bounds the count from above; n_nodes_min is 2'),
+        'n_ranks': (None,
+            "label 2 from the nccl-tests listing, but the excerpt shows only '# Rank 1' (cut above "
+            'rank 0): a listing that does not start at rank 0 proves no count'),
+        'n_nodes': (None,
+            'label 2: two hosts print (ai-worker01, ai-worker03) but nothing bounds the count from '
+            'above; n_nodes_min is 2'),
         'n_nodes_min': (2, 'two host names print'),
     },
     '114-4gpu-single-process-p2p-direct-pointer-tinygrad-p2p-driver.log': {
-        'n_ranks': (None, 'label 4 from devices [0]-[3]: rank 0 prints no line of its own; the single-node proof (one process drives ranks 1-3 and reaches 0 by P2P/direct pointer) holds, the rank count is only >= 4'),
+        'n_ranks': (None,
+            'label 4 from devices [0]-[3]: rank 0 prints no line of its own; the single-node proof '
+            '(one process drives ranks 1-3 and reaches 0 by P2P/direct pointer) holds, the rank count'
+            ' is only >= 4'),
     },
     '116-accelerate-deepspeed-pdsh-ip-prefix-p2p-ipc-busid.log': {
-        'n_nodes': (None, 'label 2: two hosts (pdsh prefixes) print, but not every rank prints its own line and no nNodes line bounds the count from above; n_nodes_min is 2'),
+        'n_nodes': (None,
+            'label 2: two hosts (pdsh prefixes) print, but not every rank prints its own line and no '
+            'nNodes line bounds the count from above; n_nodes_min is 2'),
     },
     '118-efa-old-nccl-ofi-no-nic-info-include-net-h-noise-then-rings.log': {
-        'n_nodes': (None, 'label 2: two host names print, but not every rank prints its own line and no nNodes line bounds the count from above; n_nodes_min is 2'),
+        'n_nodes': (None,
+            'label 2: two host names print, but not every rank prints its own line and no nNodes line'
+            ' bounds the count from above; n_nodes_min is 2'),
     },
     '120-nccl-2.4-roce-mlx4-many-veth-bootstrap-ifaces.log': {
-        'n_ranks_min': (1, "label '>=4': ranks 0-3 are in the post's own text, not in the log; one GPU process prints"),
+        'n_ranks_min': (1,
+            "label '>=4': ranks 0-3 are in the post's own text, not in the log; one GPU process "
+            'prints'),
     },
     '122-deepspeed-2node-ibext-asymmetric-gdrdma-shm-direct.log': {
-        'n_nodes_min': (1, "label '>=2': only PHLRR4036 prints; which ranks are remote is not shown (a NET hop can stay inside a node)"),
-        'gdr': (False, "label 'partial' is not in the vocabulary: the NET channels are mixed, so gdr is false and gdr_by_host says 'mixed'"),
+        'n_nodes_min': (1,
+            "label '>=2': only PHLRR4036 prints; which ranks are remote is not shown (a NET hop can "
+            'stay inside a node)'),
+        'gdr': (False,
+            "label 'partial' is not in the vocabulary: the NET channels are mixed, so gdr is false "
+            "and gdr_by_host says 'mixed'"),
     },
     '123-rank-bracket-prefix-2node-net-socket-shm.log': {
-        'n_ranks': (None, "label 4 from the '[N]' launcher prefixes, which are not NCCL's; rank 3 prints no rank-bearing line; n_ranks_min is 4 (four GPU processes)"),
+        'n_ranks': (None,
+            "label 4 from the '[N]' launcher prefixes, which are not NCCL's; rank 3 prints no "
+            'rank-bearing line; n_ranks_min is 4 (four GPU processes)'),
         'n_nodes': (None, 'label 2: not every rank prints its own line; n_nodes_min is 2'),
         'n_ranks_min': (4, 'four GPU processes print'),
         'n_nodes_min': (2, 'node0 and node2 print'),
     },
     '124-p4d-2.14.3-net-socket-broken-pipe-net-socket-cc-stack.log': {
-        'n_ranks_min': (1, "label '>=10 (rank 9 named)': rank 9 is named only inside WARN text, not in a channel/init line; one GPU process prints"),
-        'n_nodes_min': (1, "label '>=2' from a peer address in a WARN: one host may own several addresses, and only one host name prints; n_nodes_min is 1"),
+        'n_ranks_min': (1,
+            "label '>=10 (rank 9 named)': rank 9 is named only inside WARN text, not in a "
+            'channel/init line; one GPU process prints'),
+        'n_nodes_min': (1,
+            "label '>=2' from a peer address in a WARN: one host may own several addresses, and only "
+            'one host name prints; n_nodes_min is 1'),
     },
     '125-ib-plugin-c-error4-vendor81-service-thread-closed.log': {
-        'n_nodes': (None, 'label 2: two host names print, but not every rank prints its own line and no nNodes line bounds the count from above; n_nodes_min is 2'),
+        'n_nodes': (None,
+            'label 2: two host names print, but not every rank prints its own line and no nNodes line'
+            ' bounds the count from above; n_nodes_min is 2'),
     },
     '126-socket-start-connect-abort-net-socket-cc-shm-interleaved.log': {
-        'n_nodes_min': (1, "label '>=2 (ubuntu and node1 / 10.0.0.2)': node1 is named only inside a WARN as the peer; one host name prints"),
+        'n_nodes_min': (1,
+            "label '>=2 (ubuntu and node1 / 10.0.0.2)': node1 is named only inside a WARN as the "
+            'peer; one host name prints'),
     },
     '127-nccl-2.18.3-date-and-mpi-tag-prefix-cuda-invalid-argument.log': {
         'n_ranks_min': (2, "label '>=4': the mpirun tags [1,0]/[1,3] are MPI ranks; two GPU processes print"),
     },
     '131-nccl-2.5.6-mpi-tag-prefix-no-ib-socket-loopback-only.log': {
-        'n_ranks_min': (3, "label '>=4 (ranks [1,0]-[1,3])': three GPU processes print NCCL lines in the excerpt"),
+        'n_ranks_min': (3,
+            "label '>=4 (ranks [1,0]-[1,3])': three GPU processes print NCCL lines in the excerpt"),
     },
     '132-nccl-2.4.8-double-spaced-libibverbs-missing-socket-single-process.log': {
-        'n_nodes': (None, 'label 1: one process drives GPUs 0-3 but names no rank; one process per node may drive all its GPUs, so one node is not proven'),
-        'inter_node_transport': ("UNKNOWN", "label NONE follows from the single-node reading above; 2.4.8's 'NET/Socket : Using' also names the bootstrap interface, so it does not show the data path"),
+        'n_nodes': (None,
+            'label 1: one process drives GPUs 0-3 but names no rank; one process per node may drive '
+            'all its GPUs, so one node is not proven'),
+        'inter_node_transport': ("UNKNOWN",
+            "label NONE follows from the single-node reading above; 2.4.8's 'NET/Socket : Using' also"
+            ' names the bootstrap interface, so it does not show the data path'),
         'gdr': (None, 'no data path shown'),
     },
     '134-nccl-2.3-glued-interleaved-lines-ib-sideband.log': {
-        'n_nodes': (None, 'label 1 is a judgement call (the label says so): only ranks 1, 2, 4, 6 of nranks 8 print, all on learnfair062'),
-        'inter_node_transport': ("IB", 'label NONE follows from the judgement above; the NCCL 2.3 device lines (NET/IB: [0] mlx5_3:1/IB ...) show the IB verbs path'),
+        'n_nodes': (None,
+            'label 1 is a judgement call (the label says so): only ranks 1, 2, 4, 6 of nranks 8 '
+            'print, all on learnfair062'),
+        'inter_node_transport': ("IB",
+            'label NONE follows from the judgement above; the NCCL 2.3 device lines (NET/IB: [0] '
+            'mlx5_3:1/IB ...) show the IB verbs path'),
     },
     '138-p4-2.7.8-efa-ofi-no-gdrdma-nccl-tests-table-interleaved.log': {
-        'n_nodes': (None, 'label 2: two host names print, but not every rank prints its own line and no nNodes line bounds the count from above; n_nodes_min is 2'),
+        'n_nodes': (None,
+            'label 2: two host names print, but not every rank prints its own line and no nNodes line'
+            ' bounds the count from above; n_nodes_min is 2'),
     },
     '142-azure-2.18-hostname-colon-prefix-double-spaced-ipoib-bootstrap.log': {
-        'n_ranks_min': (4, "label '>=9 (devices up to [7] ...)': devices are not ranks; four GPU processes print"),
-        'n_nodes': (None, 'label 2 from hosts MLVM and MLVM2: nothing bounds the count from above; n_nodes_min is 2'),
+        'n_ranks_min': (4,
+            "label '>=9 (devices up to [7] ...)': devices are not ranks; four GPU processes print"),
+        'n_nodes': (None,
+            'label 2 from hosts MLVM and MLVM2: nothing bounds the count from above; n_nodes_min is 2'),
     },
     '143-sglang-2node-ib-gdrdma-p2p-ipc-2.21.log': {
-        'n_nodes_min': (1, "label '>=2' is an inference (the label says so): every line prints from node17-2"),
-        'intra_node_transports': (("P2P_IPC", "NET"), 'the NET/IB hops 3->4 and 7->0 join ranks that both print from node17-2: a NIC loopback inside the node, which the vocabulary calls NET'),
+        'n_nodes_min': (1,
+            "label '>=2' is an inference (the label says so): every line prints from node17-2"),
+        'intra_node_transports': (("P2P_IPC", "NET"),
+            'the NET/IB hops 3->4 and 7->0 join ranks that both print from node17-2: a NIC loopback '
+            'inside the node, which the vocabulary calls NET'),
     },
     '145-nccl-2.27-ci-t4-dev-shm-full-warn-timestamps-shm-cc-stack.log': {
         'n_ranks_min': (2, "label '>=3 (devices [0] and [2])': two GPU processes print"),
-        'n_nodes': (None, 'label 1: one process drives GPUs [0] and [2] but names no rank; one node is not proven'),
+        'n_nodes': (None,
+            'label 1: one process drives GPUs [0] and [2] but names no rank; one node is not proven'),
         'inter_node_transport': ("UNKNOWN", 'label NONE follows from the single-node reading above'),
     },
     '150-sagemaker-2.10.3-efa-ofi-1.3.0-no-rdma-libfabric-warn.log': {
-        'gdr': (None, "label false from the libfabric 'FI_HMEM capability requires RDMA' line, a provider capability, not a channel or GDR line; no data path shown"),
+        'gdr': (None,
+            "label false from the libfabric 'FI_HMEM capability requires RDMA' line, a provider "
+            'capability, not a channel or GDR line; no data path shown'),
     },
     '151-a100-2node-old-busid-ib-gdrdma-p2p-ipc-read.log': {
-        'n_ranks': (None, 'label 8: not every rank prints its own line and no nranks line; n_ranks_min covers the ranks named'),
+        'n_ranks': (None,
+            'label 8: not every rank prints its own line and no nranks line; n_ranks_min covers the '
+            'ranks named'),
         'n_nodes': (None, 'label 2: two hosts print but nothing bounds the count from above'),
     },
     '153-nccl-2.5.6-omnipath-hfi1-as-ib-markdown-bold-quote.log': {
@@ -165,26 +224,41 @@ LABEL_DISAGREEMENTS.update({
         'n_nodes': (None, 'label 2: two hosts print but nothing bounds the count from above'),
     },
     '155-dgx-b200-single-node-nvls-multicast-mnnvl-health.log': {
-        'n_ranks_min': (6, "label '>=8 (devices 0-7)': six GPU processes print in the excerpt; devices are not ranks"),
+        'n_ranks_min': (6,
+            "label '>=8 (devices 0-7)': six GPU processes print in the excerpt; devices are not ranks"),
     },
     '156-p5en-h200-single-process-2gpu-efa-loopback-gdrdma-ofi-warn.log': {
-        'n_nodes': (None, 'label 1: rank 0 never prints its own line, so one process driving both ranks is not shown (the [0] lines carry no rank)'),
-        'inter_node_transport': ("OFI", 'label NONE follows from the single-process reading above; the channels are NET/AWS Libfabric'),
+        'n_nodes': (None,
+            'label 1: rank 0 never prints its own line, so one process driving both ranks is not '
+            'shown (the [0] lines carry no rank)'),
+        'inter_node_transport': ("OFI",
+            'label NONE follows from the single-process reading above; the channels are NET/AWS '
+            'Libfabric'),
         'intra_node_transports': ((), 'the NET channels count as inter-node while one node is not proven'),
     },
     '157-hyperpod-srun-label-prefix-app-log-binomial-trees.log': {
-        'n_nodes': (None, 'label 2: two hosts (srun labels) print, but not every rank prints its own line and no nNodes line bounds the count from above; n_nodes_min is 2'),
+        'n_nodes': (None,
+            'label 2: two hosts (srun labels) print, but not every rank prints its own line and no '
+            'nNodes line bounds the count from above; n_nodes_min is 2'),
     },
     '158-a100-2node-single-process-ib-no-gdrdma-p2p-direct-read.log': {
-        'n_nodes': (None, 'label 2: two host names print, but not every rank prints its own line and no nNodes line bounds the count from above; n_nodes_min is 2'),
+        'n_nodes': (None,
+            'label 2: two host names print, but not every rank prints its own line and no nNodes line'
+            ' bounds the count from above; n_nodes_min is 2'),
     },
     '159-nccl-2.29-rank-prefixed-init-start-gin-plugin-ib-4hca.log': {
-        'n_nodes': (None, 'label 1 is a judgement call (the label says so): only some of the 8 ranks print, all on node-0'),
-        'inter_node_transport': ("IB", "label NONE follows from the judgement above; 'Using network IB' is printed"),
+        'n_nodes': (None,
+            'label 1 is a judgement call (the label says so): only some of the 8 ranks print, all on '
+            'node-0'),
+        'inter_node_transport': ("IB",
+            "label NONE follows from the judgement above; 'Using network IB' is printed"),
     },
     '160-nccl-2.22.3-roce-version-num-proxy-connect-fail-segfault.log': {
-        'n_ranks_min': (2, "label '>=5 (devices [2] and [4])': two GPU processes print; devices are not ranks"),
-        'inter_node_transport': ("UNKNOWN", 'the label takes ROCE (title, show_gids) from the rest of the thread; the log itself shows only transport.cc / generic.cc frames, no transport'),
+        'n_ranks_min': (2,
+            "label '>=5 (devices [2] and [4])': two GPU processes print; devices are not ranks"),
+        'inter_node_transport': ("UNKNOWN",
+            'the label takes ROCE (title, show_gids) from the rest of the thread; the log itself '
+            'shows only transport.cc / generic.cc frames, no transport'),
     },
 })
 
