@@ -1247,13 +1247,17 @@ def test_old_gdr_probe_followed_by_ring_setup_is_a_warning():
     assert r.errors == () and [w.kind for w in r.warnings] == ["nccl_call_recovered"]
 
 
-def test_abort_makes_every_stack_an_error():
-    r = nccl.parse("\n".join([
+def test_an_application_failure_makes_every_stack_an_error():
+    lines = [
         env("n1", 0, "ncclCommInitRank comm 0x1 rank 0 nranks 2 cudaDev 0 busId 1000 - Init COMPLETE", pid=7),
         env("n1", 0, "enqueue.cc:1300 -> 3", pid=7),
         env("n1", 0, "comm 0x1 rank 0 nranks 2 cudaDev 0 busId 1000 - Abort COMPLETE", pid=7),
-    ]))
-    assert [e.kind for e in r.errors] == ["nccl_call_failed"]
+    ]
+    # PyTorch aborts its communicators at shutdown: an Abort COMPLETE alone proves no failure
+    assert [w.kind for w in nccl.parse("\n".join(lines)).warnings] == ["nccl_call_recovered"]
+    r = nccl.parse("\n".join(lines + ["RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1275, internal "
+                                       "error, NCCL version 2.18.1"]))
+    assert sorted(e.kind for e in r.errors) == ["nccl_call_failed", "nccl_call_failed"]
 
 
 def test_plugin_probing_stays_a_note():

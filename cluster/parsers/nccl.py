@@ -578,7 +578,7 @@ class NcclLogAccumulator:
         self.done_procs: set[tuple] = set()            # (host, pid) that finished init
         self.chan_procs: set[tuple] = set()            # (host, pid) that printed channel set-up
         self.warn_err_procs: set[tuple] = set()        # (host, pid) with an error WARN
-        self.aborted = False                           # a communicator abort was printed
+        self.aborted = False                           # the application reported an NCCL failure
         self.ib_dev_index: dict[str, int] = {}         # hca -> its [index] in the device list
         self.warn_hcas: dict[str, None] = {}           # HCAs named by NET/IB WARN lines
         self.boot_scope: set[str] = set()              # "loopback" / "network" bootstrap interfaces
@@ -940,9 +940,6 @@ class NcclLogAccumulator:
                 self._rank_proc(rank, host, pid)
                 if state == "COMPLETE":
                     self._done(host, pid)
-            return
-        if " - Abort COMPLETE" in msg or " - Abort START" in msg:
-            self.aborted = True
             return
         if "nNodes" in msg:
             m = _COMM_SHAPE_RE.search(msg)
@@ -1710,7 +1707,9 @@ class _Summary:
     def _stack_severity(self, proc: tuple, files: set) -> str:
         """A failed call's stack ("file.cc:NNN -> N") is an error unless the failure was
         recovered: the process went on to finish init (Init COMPLETE, Connected all rings,
-        Init timings, the channel summary) with no error WARN of its own and no abort; an old
+        Init timings, the channel summary) with no error WARN of its own and the application
+        reported no NCCL failure (a communicator's "Abort COMPLETE" alone is not one: PyTorch
+        aborts its communicators at shutdown); an old
         GPUDirect probe (include/net.h alone) followed by channel set-up is recovered too. A
         stack with no such sign is an init that never completed."""
         a = self.a
