@@ -205,11 +205,6 @@ LABEL_DISAGREEMENTS.update({
             'label 1: one process drives GPUs [0] and [2] but names no rank; one node is not proven'),
         'inter_node_transport': ("UNKNOWN", 'label NONE follows from the single-node reading above'),
     },
-    '150-sagemaker-2.10.3-efa-ofi-1.3.0-no-rdma-libfabric-warn.log': {
-        'gdr': (None,
-            "label false from the libfabric 'FI_HMEM capability requires RDMA' line, a provider "
-            'capability, not a channel or GDR line; no data path shown'),
-    },
     '151-a100-2node-old-busid-ib-gdrdma-p2p-ipc-read.log': {
         'n_ranks': (None,
             'label 8: not every rank prints its own line and no nranks line; n_ranks_min covers the '
@@ -1380,3 +1375,13 @@ def test_mutated_real_logs_give_a_result_or_a_parse_error(text):
     if r.errors:
         assert r.status == "fail"
     json.dumps(r.to_dict(), allow_nan=False)
+
+
+def test_libfabric_without_hmem_means_no_gpudirect():
+    r = nccl.parse("\n".join([
+        "algo-1:110:110 [0] NCCL INFO NET/OFI Selected Provider is efa (found 1 nics)",
+        "libfabric:462:1673041636:efa:core:rxr_info_to_rxr():506<warn> FI_HMEM capability requires RDMA, "
+        "which this device does not support.",
+    ]))
+    assert (r.inter_node_transport, r.gdr) == ("OFI", False)
+    assert r.evidence["gdr"] == "libfabric: FI_HMEM not supported by the device"

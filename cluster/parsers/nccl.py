@@ -1296,6 +1296,9 @@ class NcclLogAccumulator:
 
     def _libfabric(self, line: str, n: int) -> None:
         msg = line.strip()
+        if "FI_HMEM" in line and "not support" in line:
+            # e.g. EFA without RDMA read/write: the provider cannot move GPU memory, no GPUDirect
+            self.ofi["hmem"] = False
         if "output empty list" in line or "<error>" in line:
             kind = "ofi_provider_unavailable" if "empty list" in line else "libfabric_error"
             self._finding("error", kind, msg[:300], line, None, n)
@@ -1611,6 +1614,9 @@ class _Summary:
             return gdr, asym, _flatten(by_host), _flatten(by_rank), len(flags) > 1
         if transport == "SOCKET" or (network and _net_family(network) == "SOCKET"):
             self.evidence["gdr"] = "network is Socket"
+            return False, False, {}, {}, False
+        if transport == "OFI" and a.ofi.get("hmem") is False:
+            self.evidence["gdr"] = "libfabric: FI_HMEM not supported by the device"
             return False, False, {}, {}, False
         if a.rings_gdr and transport != "NONE":
             per_host: dict[str, set] = {}
