@@ -1385,3 +1385,11 @@ def test_libfabric_without_hmem_means_no_gpudirect():
     ]))
     assert (r.inter_node_transport, r.gdr) == ("OFI", False)
     assert r.evidence["gdr"] == "libfabric: FI_HMEM not supported by the device"
+
+
+def test_plugin_source_files_name_their_transport():
+    r = nccl.parse(warn("node1", 0, "nccl_ofi_rdma.cpp:1023", "NET/OFI Unable to post receive buffer"))
+    assert r.inter_node_transport == "OFI" and r.source_transports == {"OFI": 1}
+    assert [e.kind for e in r.errors] == ["ofi_failure"]
+    r = nccl.parse(warn("node1", 0, "p2p_plugin.c:511", "NET/IB : Got async event : port error"))
+    assert r.inter_node_transport == "IB" and r.errors[0].kind == "ib_async_error_event"

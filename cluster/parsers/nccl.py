@@ -233,8 +233,10 @@ _WARN_RULES: tuple[tuple[tuple[str, ...], str, str], ...] = (
 # IB verbs path (IB or RoCE), the socket transport, and the intra-node ones.
 def _source_transport(path: str) -> str | None:
     base = path.rsplit("/", 1)[-1]
-    if "net_ib" in path or base == "ib_plugin.c":  # transport/net_ib.cc, net_ib/*.cc; the IBext plugin
-        return "IB"
+    if "net_ib" in path or base in ("ib_plugin.c", "p2p_plugin.c"):
+        return "IB"                         # transport/net_ib.cc, net_ib/*.cc; HPC-X IBext plugin
+    if base.startswith("nccl_ofi"):         # aws-ofi-nccl: nccl_ofi_net.c, nccl_ofi_rdma.cpp ...
+        return "OFI"
     if base.startswith("net_socket"):
         return "SOCKET"
     if base == "p2p.cc":
@@ -1554,12 +1556,13 @@ class _Summary:
             fam = "SOCKET" if "SOCKET" in fams else _net_family(net)
             self.evidence["inter_node_transport"] = "Using network line"
             return self._link_layer_family(fam), net
-        src = [f for f in ("SOCKET", "IB") if a.src_transports.get(f)]
+        src = [f for f in ("SOCKET", "IB", "OFI") if a.src_transports.get(f)]
         if src:
             # "transport/net_ib.cc:1295 NCCL WARN ..." / "net_socket.cc:NNN -> 2": the net
             # transport that was running (error excerpts often show nothing else)
-            self.evidence["inter_node_transport"] = ("source file transport/net_socket.cc" if src[0] == "SOCKET"
-                                                     else "source file transport/net_ib.cc")
+            self.evidence["inter_node_transport"] = {
+                "SOCKET": "source file transport/net_socket.cc", "IB": "source file transport/net_ib.cc",
+                "OFI": "source file of aws-ofi-nccl"}[src[0]]
             return self._link_layer_family(src[0]), None
         if a.ib_error_seen:
             self.evidence["inter_node_transport"] = "IB completion errors"
