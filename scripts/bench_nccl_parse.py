@@ -14,7 +14,13 @@ A repeated log is kind to the parser (it counts identical lines in C and handles
 line once), so `--unique` also times a variant where every repetition carries its own srun-style
 `N: ` prefix: no line repeats across repetitions, which is the parser's worst case.
 
+`--long-lines` (issue 17) times the hostile inputs that were quadratic before: one character
+repeated before ' NCCL INFO x', a WARN padded with spaces, 'Channel' followed by a run of digits,
+and glued envelopes, each as files of lines of 1 KB to 50 MB (>= --long-mb MB per file), through
+parse_file and parse; it prints seconds per MB and the ratio to the 1 KB lines (flat = linear).
+
 Usage: python scripts/bench_nccl_parse.py [--size-mb 200] [--rounds 5] [--unique] [--keep DIR]
+       python scripts/bench_nccl_parse.py --long-lines [--long-mb 20]
 Prints ratios; makes no timed assertions.
 """
 
@@ -123,6 +129,52 @@ def compare(path: Path, size: int, rounds: int, label: str) -> float:
     return ratio
 
 
+LONG_LINE_SIZES = (1_000, 10_000, 60_000, 100_000, 1_000_000, 10_000_000, 50_000_000)
+
+# name -> line of (about) `size` characters: the reproductions of issue 17 item 1
+LONG_LINE_CASES = {
+    "a* + NCCL INFO (head)": lambda size: "a" * max(1, size - 12) + " NCCL INFO x",
+    "WARN + spaces (tail junk)": lambda size: "h:1:1 [0] misc/socket.cc:1 NCCL WARN x" + " " * max(1, size - 40) + "y",
+    "Channel + digits (channel)": lambda size: ("h:1:1 [0] NCCL INFO Channel 00/0 : " + "7" * max(1, size - 60)
+                                                + "[0] -> 1[1] via NET/IB/0"),
+    "WARN 1:1:1 (normalising)": lambda size: "h:1:1 [0] x.cc:1 NCCL WARN " + "1:" * max(1, (size - 27) // 2),
+    "glued envelopes": lambda size: "h:1:1 [0] NCCL INFO x " * max(1, size // 22),
+}
+
+
+def long_lines(total_mb: float, workdir: Path) -> None:
+    """Seconds per MB for each hostile line shape, from 1 KB to 50 MB lines."""
+    print(f"long lines: seconds per MB (files of >= {total_mb:g} MB; ratio to 1 KB lines; "
+          f"lines over {nccl.LINE_MAX} chars are read up to that length)")
+    for name, make in LONG_LINE_CASES.items():
+        base = None
+        print(f"  {name}")
+        for size in LONG_LINE_SIZES:
+            line = make(size) + "\n"
+            reps = max(1, int(total_mb * MB) // len(line))
+            path = workdir / "long.log"
+            # an srun-style "N: " prefix makes every line distinct: no line is handled only once
+            text = "".join(f"{i}: {line}" for i in range(reps))
+            path.write_text(text)
+            nbytes = path.stat().st_size
+            timings = []
+            for fn, arg in ((nccl.parse_file, path), (nccl.parse, text)):
+                t = time.perf_counter()
+                try:
+                    r = fn(arg)
+                    out = f"{r.status}, {r.lines_truncated} cut"
+                except nccl.ParseError:
+                    out = "ParseError"
+                timings.append(time.perf_counter() - t)
+            del text
+            per_mb = [t / (nbytes / MB) for t in timings]
+            base = base or per_mb
+            print(f"    {size:>10,} B x {reps:>6}: parse_file {per_mb[0] * 1000:8.2f} ms/MB "
+                  f"({per_mb[0] / base[0]:5.2f}x)   parse {per_mb[1] * 1000:8.2f} ms/MB "
+                  f"({per_mb[1] / base[1]:5.2f}x)   -> {out}")
+            path.unlink()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--size-mb", type=float, default=200.0, help="size of the built log (default 200)")
@@ -130,7 +182,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--unique", action="store_true",
                     help="also time a log where no line repeats across repetitions")
     ap.add_argument("--keep", metavar="DIR", help="build the logs in DIR and keep them")
+    ap.add_argument("--long-lines", action="store_true",
+                    help="only time the hostile long-line inputs (seconds per MB, 1 KB to 50 MB lines)")
+    ap.add_argument("--long-mb", type=float, default=20.0,
+                    help="size of each long-line file in MB (default 20; a 50 MB line makes 50)")
     args = ap.parse_args(argv)
+    if args.long_lines:
+        workdir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-nccl-long-"))
+        workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            long_lines(args.long_mb, workdir)
+        finally:
+            if not args.keep:
+                shutil.rmtree(workdir, ignore_errors=True)
+        return 0
     if shutil.which("grep") is None:
         print("grep not found", file=sys.stderr)
         return 2

@@ -18,14 +18,22 @@ evidence). nccl-tests result tables (busbw per size, `# Avg bus bandwidth`) and 
 `#  Rank  0 ... on host device 0` listing are read too.
 
 Streaming: `NcclLogAccumulator.feed(line)` / `feed_lines(it)` / `feed_block(text)` then
-`result()`; `parse_file(path)` iterates the file's lines in C (binary, buffered), so memory
-stays flat whatever the file size. Lines are first counted (in C, by a Counter over a bounded
+`result()`; `parse_file(path)` reads 1 MiB blocks and iterates their lines in C, so memory
+stays flat whatever the file size or line length (a line is read up to LINE_MAX characters;
+`lines_truncated` counts the longer ones). Lines are first counted (in C, by a Counter over a bounded
 window of distinct lines) and each distinct line is then handled once with its multiplicity:
 every fact kept is a count, a set or a maximum, so the order of lines never matters, and a log
 that repeats itself (every rank and every communicator prints the same lines) costs little more
 than reading it. A distinct line is dispatched on the first 4 characters of its message; regexes
 run only on the few line kinds that carry facts, and envelope heads and channel messages are
 parsed once each (bounded caches). docs/nccl-parser.md explains the keys and the verdict logic.
+
+Issue 15 classes: the transport is also read from the source files of WARN lines and failed-call
+stacks (transport/net_ib.cc = IB verbs, transport/net_socket.cc = sockets); RoCE is told from
+InfiniBand by RoCE-only facts (IPv4-mapped GIDs, GID-index settings, an Ethernet link layer), not
+by "NET/IB"; one node only with a proof (nNodes 1, one process driving every rank, every rank on
+one host, P2P/SHM hops joining every rank, loopback bootstrap); a failed call's stack is an error
+only when nothing shows the process recovering (init completing without an error WARN or abort).
 
 Returned shape, `NcclLog.to_dict()` (contract keys first, then extras)::
 
@@ -43,7 +51,8 @@ Returned shape, `NcclLog.to_dict()` (contract keys first, then extras)::
      "network", "link_layers", "gdr_asymmetric", "gdr_by_host", "gdr_by_rank", "channel_counts",
      "collnet", "nvls", "pxn", "bootstrap_ifaces", "net_plugin", "hosts", "ray_node_ips",
      "ranks_incomplete", "communicators", "findings", "notes", "nccl_tests", "env",
-     "cuda_driver_version", "lines", "nccl_lines"}
+     "cuda_driver_version", "lines", "nccl_lines", "lines_truncated", "link_layer_evidence",
+     "source_transports"}
 
 Raises ParseError("nccl", ...) for text with no NCCL envelope line, no NCCL version line, no
 nccl-tests table and no NCCL error message at all.
@@ -53,10 +62,11 @@ from __future__ import annotations
 
 import io
 import itertools
+import math
 import os
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping
 
 from cluster.errors import ParseError
@@ -73,71 +83,109 @@ _HEAD_CACHE_MAX = 8192         # distinct envelope prefixes remembered (cleared 
 _CHAN_CACHE_MAX = 1 << 16      # distinct channel messages remembered (cleared when full)
 _MAX_FINDINGS = 200            # distinct error/warning kinds+messages kept; the rest only counted
 _MAX_KEYS = 1 << 17            # bound on per-rank / per-host maps (memory stays flat)
+LINE_MAX = 1 << 16             # chars of a line that are read; the rest is dropped (lines_truncated)
+_CUT_KEEP = LINE_MAX + 3       # what the stream reader keeps of an over-long line (flagged as cut)
+_WINDOW_BYTES = 64 << 20       # raw bytes counted into the window before it is handled
+_HEAD_WINDOW = 2048            # the envelope head is looked for in the last chars before "NCCL "
+_NORM_INPUT = 512              # chars of a message normalised into a finding's key
+_GLUED_MAX = 32                # log lines glued into one line that are split apart (the rest stays)
 
 # ---------------------------------------------------------------------------------------------
-# Regexes (compiled once). Each runs only on lines that passed a substring prefilter.
+# Regexes (compiled once). Each runs only on lines that passed a substring prefilter, and every
+# one runs in time linear in its input: no unbounded quantifier can rescan what another one (or
+# another start position) already consumed. Repeats are bounded ({1,253} for a host name,
+# {1,10} for a number), searches start at a literal found by str.find, and the text searched is
+# bounded (a line is cut at LINE_MAX, the envelope head searched in its last _HEAD_WINDOW chars,
+# a message normalised from its first _NORM_INPUT chars). tests/test_nccl_parser.py holds the
+# pathological inputs (50 MB of one character, runs of digits or spaces) as regressions and
+# scripts/bench_nccl_parse.py --long-lines prints the time per MB from 1 KB to 50 MB lines.
 
 # The envelope head right before "NCCL INFO": host:pid:tid [dev]. The host may be glued to a
 # SkyPilot "[host:0]:" or CloudWatch timestamp in front; '/' and '|' are never part of it.
-_HEAD_RE = re.compile(r"([^\s:/|()<>]+):(\d+):(\d+) \[(\d+)\]")
-_ISO_TS_RE = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?")
+# Its tail ":pid:tid [dev]" is found first (it starts at a ":"); the host is read backwards.
+_HEAD_ANCHOR_RE = re.compile(r":(\d{1,10}):(\d{1,10}) \[(\d{1,6})\]")
+_HOST_STOP = frozenset(":/|()<>")
+_HOST_MAX = 253
+_ISO_TS_RE = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?")
 _RAY_IP_RE = re.compile(r"\bip=(\d{1,3}(?:\.\d{1,3}){3})")
-_SRC_RE = re.compile(r"\] (?:\d+\.\d+ )?([\w./+-]+\.(?:cc|c|cu|h|hpp|cpp|cxx)):(\d+)")
-_ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
-# Trailing wrapper junk on a message: ANSI colour (with or without ESC) or Ray's dedup suffix.
-_TAIL_JUNK_RE = re.compile(r"\s*(?:\x1b?\[\d+(?:;\d+)*m|\[repeated \d+x across cluster\]).*$")
+# GitHub turns "net_ib.cc:101" and IPs of a pasted log into "[net_ib.cc:101](http://net_ib.cc:101/)".
+_MD_LINK_RE = re.compile(r"\[([^\[\]\s]{1,200})\]\(https?://[^()\s]{1,300}\)")
+_ANSI_RE = re.compile(r"\x1b\[[0-9;?]{0,32}[ -/]{0,4}[@-~]")
+# Trailing wrapper junk on a message, matched only where a '[' is: ANSI colour (with or without
+# ESC) or Ray's dedup suffix. _strip_junk cuts the message there.
+_JUNK_AT_RE = re.compile(r"\[(?:\d{1,3}(?:;\d{1,3}){0,8}m|repeated \d{1,12}x across cluster\])")
 
 # "Channel 06/0 : 7[7] -> 14[6] [receive]" / "Ring 00 : 3 -> 4 [send]" / "Channel 01 : 2[c7000] -> 0[87000]"
-_CHAN_RE = re.compile(r"(\d+)(?:\[([0-9a-fA-F]+)\])? -> (\d+)(?:\[([0-9a-fA-F]+)\])?(?: \[(send|receive)\])?")
-_COLLNET_RE = re.compile(r"CollNet (\d+)(?:/\d+)? : (\d+) \[(send|receive)\]")
+# Matched only at " -> " (found by str.find), in a bounded window around it.
+_CHAN_RE = re.compile(r"(?<![0-9a-fA-F\]])(\d{1,9})(?:\[([0-9a-fA-F]{1,16})\])? -> (\d{1,9})"
+                      r"(?:\[([0-9a-fA-F]{1,16})\])?(?: \[(send|receive)\])?")
+_CHAN_BEFORE = 32              # chars before " -> " that can hold "rank[busId]"
+_CHAN_AFTER = 48               # chars after it: "rank[busId] [receive]"
+_COLLNET_RE = re.compile(r"CollNet (\d{1,6})(?:/\d{1,6})? : (\d{1,9}) \[(send|receive)\]")
 
-_VERSION_RE = re.compile(r"NCCL version (\d+)\.(\d+)\.(\d+)([0-9A-Za-z\-]*(?:\+cuda\d+(?:\.\d+)?)?)")
-_VLLM_VERSION_RE = re.compile(r"using nccl==(\d+)\.(\d+)\.(\d+)")
+_VERSION_RE = re.compile(
+    r"NCCL version (\d{1,4})\.(\d{1,4})\.(\d{1,4})([0-9A-Za-z\-]{0,32}(?:\+cuda\d{1,4}(?:\.\d{1,4})?)?)")
+_VLLM_VERSION_RE = re.compile(r"using nccl==(\d{1,4})\.(\d{1,4})\.(\d{1,4})")
 _COMM_SHAPE_RE = re.compile(
-    r"comm (0x[0-9a-fA-F]+) rank (\d+) nRanks (\d+) nNodes (\d+)(?: localRanks (\d+))?")
-_INIT_RE = re.compile(
-    r"comm (0x[0-9a-fA-F]+) rank (\d+) nranks (\d+) cudaDev (\d+)(?: nvmlDev \d+)?"
-    r"(?: busId ([0-9a-fA-F]+))?.* - Init (START|COMPLETE)")
-_NRANKS_RE = re.compile(r"\bnranks (\d+)")
-_RINGS_RE = re.compile(r"Connected all rings, use ring PXN (\d+) GDR (\d+)")
-_RANK_IN_INIT_TIMING_RE = re.compile(r"\brank (\d+) nranks (\d+)")
-_ENV_RE = re.compile(r"^(NCCL_\w+) set (?:by environment )?to (.*)$")
-_IB_DEV_RE = re.compile(r"\[(\d+)\]\s*([A-Za-z0-9_.\-]+):(\d+)(?::\d+)*/(IB|RoCE)\b")
-_OOB_RE = re.compile(r"OOB ([^\s:;<]+):")
-_SOCK_DEV_RE = re.compile(r"\[\d+\]([^\s:\[\]]+):")
-_BOOT_RE = re.compile(r"Using \[?\d*\]?([^\s:\[\]]+):")
-_OFI_PROVIDER_RE = re.compile(r"Selected [Pp]rovider is (\S+?)(?:,|\s|$)(?:.*?found (\d+) nics)?")
-_OFI_VERSION_RE = re.compile(r"(?:Initializing|Using) aws-ofi-nccl (\S+)")
-_PLUGIN_LOADED_RE = re.compile(r"Loaded net plugin (.+?)(?: \(v\d+\))?\s*$")
-_GDR_GPU_RE = re.compile(r"GPU Direct RDMA (Enabled|Disabled) for (?:GPU )?(\S+)")
-_GDR_HCA_RE = re.compile(r"GPU Direct RDMA (Enabled|Disabled) for HCA (\d+) '([^']+)'")
-_SHARP_RE = re.compile(r"SHARP rank (\d+)/(\d+) initialized on (\S+)")
+    r"comm (0x[0-9a-fA-F]{1,16}) rank (\d{1,9}) nRanks (\d{1,9}) nNodes (\d{1,9})(?: localRanks (\d{1,9}))?")
+_INIT_RE = re.compile(          # the part before " - Init START|COMPLETE" (found by str.rfind)
+    r"comm (0x[0-9a-fA-F]{1,16}) rank (\d{1,9}) nranks (\d{1,9}) cudaDev (\d{1,6})(?: nvmlDev \d{1,6})?"
+    r"(?: busId ([0-9a-fA-F]{1,16}))?")
+_RINGS_RE = re.compile(r"Connected all rings, use ring PXN (\d{1,3}) GDR (\d{1,3})")
+_RANK_IN_INIT_TIMING_RE = re.compile(r"\brank (\d{1,9}) nranks (\d{1,9})")
+_ENV_RE = re.compile(r"(NCCL_\w{1,64}) set (?:by environment )?to ")
+_IB_DEV_RE = re.compile(r"\[(\d{1,4})\]\s{0,4}([A-Za-z0-9_.\-]{1,64}):(\d{1,4})(?::\d{1,6}){0,4}/(IB|RoCE)\b")
+_OOB_RE = re.compile(r"OOB ([^\s:;<]{1,64}):")
+_SOCK_DEV_RE = re.compile(r"\[\d{1,4}\]([^\s:\[\]]{1,64}):")
+_BOOT_RE = re.compile(r"Using \[?\d{0,4}\]?([^\s:\[\]]{1,64}):")
+_OFI_PROVIDER_RE = re.compile(r"Selected [Pp]rovider is ([^\s,]{1,64})(?:.{0,200}?found (\d{1,6}) nics)?")
+_OFI_VERSION_RE = re.compile(r"(?:Initializing|Using) aws-ofi-nccl (\S{1,64})")
+_PLUGIN_VERSION_SUFFIX_RE = re.compile(r" \(v\d{1,4}\)$")
+_GDR_GPU_RE = re.compile(r"GPU Direct RDMA (Enabled|Disabled) for (?:GPU )?(\S{1,64})")
+_GDR_HCA_RE = re.compile(r"GPU Direct RDMA (Enabled|Disabled) for HCA (\d{1,4}) '([^']{1,64})'")
+_SHARP_RE = re.compile(r"SHARP rank (\d{1,9})/(\d{1,9}) initialized on (\S{1,64})")
 _CHANNEL_COUNTS_RE = re.compile(
-    r"^(\d+) coll channels, (?:(\d+) collnet channels, )?(?:(\d+) nvls channels, )?(\d+) p2p channels")
-_TRACE_RE = re.compile(r"^([\w./+-]+\.(?:cc|c|cu|h|hpp|cpp|cxx)):(\d+) -> (\d+)")
-_PEER_IFACE_RE = re.compile(r"%([A-Za-z][\w.\-]*)<\d+>")
+    r"(\d{1,6}) coll channels, (?:(\d{1,6}) collnet channels, )?(?:(\d{1,6}) nvls channels, )?"
+    r"(\d{1,6}) p2p channels")
+# "transport/net_ib.cc:1295" (WARN) / "transport/net_ib.cc:1295 -> 6" (the stack of a failed call):
+# matched at the start of the message only.
+_SRC_NAME = r"([\w./+-]{1,160}?\.(?:cc|c|cu|h|hpp|cpp|cxx))"
+_TRACE_RE = re.compile(_SRC_NAME + r":(\d{1,6}) -> (\d{1,4})")
+_SRC_RE = re.compile(_SRC_NAME + r":(\d{1,6})\b")
+# What follows an envelope head: TRACE's "<ms> " then WARN's / TRACE's "file.cc:NNN".
+_SRC_AFTER_HEAD_RE = re.compile(r" {0,4}(?:\d{1,12}\.\d{1,9} )?" + _SRC_NAME + r":(\d{1,6})")
+# RoCE v2 GIDs: IPv4-mapped "::ffff:10.0.0.1" (not a socket address "<port>"), or the 2.19+
+# hex form "GID 3 (0/0A00000AFFFF0000)" (subnet prefix 0, interface id ::ffff:a.b.c.d).
+# The HCA a NET/IB WARN names: "NET/IB : mlx5_0:1 Got async event" / 2.27+ "... hca mlx5_10".
+_WARN_HCA_RE = re.compile(r"^NET/IB ?: ([A-Za-z][\w.\-]{0,31}:\d{1,3}) |\bhca ([A-Za-z][\w.\-]{0,31})")
+_MAPPED_GID_RE = re.compile(r"::ffff:(\d{1,3}(?:\.\d{1,3}){3})(?![\d.<])", re.IGNORECASE)
+_HEX_GID_RE = re.compile(r"GID \d{1,4} \(0/[0-9A-Fa-f]{1,8}FFFF0000\)")
+_PEER_IFACE_RE = re.compile(r"%([A-Za-z][\w.\-]{0,31})<\d{1,6}>")
 # Addresses, pointers, numbers and hex ids vary between otherwise identical messages.
-_NORM_RE = re.compile(r"\S+<\d+>|0x[0-9a-fA-F]+|[0-9a-fA-F:]*\d[0-9a-fA-F:]*")
-_OLD_WARN_RE = re.compile(r"\[(\d+)\] ([\w./+-]+:\d+) WARN (.*)$")
+_NORM_RE = re.compile(r"[^\s<]{1,64}<\d{1,8}>|0x[0-9a-fA-F]{1,32}|[0-9a-fA-F:]{0,64}\d[0-9a-fA-F:]{0,64}")
+_OLD_WARN_RE = re.compile(r"\[(\d{1,6})\] ([\w./+-]{1,160}:\d{1,6}) WARN ")
 
 # nccl-tests
 _NT_ROW_HINT_RE = re.compile(
-    r"\d\s+(?:float|half|double|bfloat16|u?int(?:8|32|64)|fp8_e4m3|fp8_e5m2|f8e4m3|f8e5m2|char|int)\s")
+    r"\d\s{1,64}(?:float|half|double|bfloat16|u?int(?:8|32|64)|fp8_e4m3|fp8_e5m2|f8e4m3|f8e5m2|char|int)\s")
 _NT_TYPES = frozenset("int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 fp8_e4m3 "
                       "fp8_e5m2 f8e4m3 f8e5m2 char int".split())
 _ROW_ENDS = frozenset("0123456789A")  # a result row ends with #wrong (a count, or N/A)
 _NT_OPS = frozenset("sum prod max min avg premulsum mulsum none".split())
-_NT_AVG_RE = re.compile(r"#\s*Avg bus bandwidth\s*:\s*([0-9.]+(?:[eE][+-]?\d+)?)")
-_NT_OOB_RE = re.compile(r"#\s*Out of bounds values\s*:\s*(\d+)\s*(OK|FAILED)?")
-_NT_RANK_RE = re.compile(r"#\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+(\d+)")
+_NT_AVG_RE = re.compile(r"#\s{0,64}Avg bus bandwidth\s{0,64}:\s{0,64}(\d{1,16}(?:\.\d{1,16})?(?:[eE][+-]?\d{1,3})?)(?![\d.])")
+_NT_OOB_RE = re.compile(r"#\s{0,64}Out of bounds values\s{0,64}:\s{0,64}(\d{1,18})\s{0,64}(OK|FAILED)?")
+_NT_RANK_RE = re.compile(r"#\s{0,64}Rank\s{1,64}(\d{1,9})\s{1,64}Group\s{1,64}\d{1,9}\s{1,64}Pid\s{1,64}(\d{1,10})"
+                         r"\s{1,64}on\s{1,64}(\S{1,253})\s{1,64}device\s{1,64}(\d{1,6})")
 _NT_COLL_RE = re.compile(r"\b(all_reduce|all_gather|reduce_scatter|broadcast|reduce|alltoall|sendrecv|"
                          r"scatter|gather|hypercube)_perf\b")
 
 # Launchers (weakest evidence, used only when NCCL itself does not say): torchrun flags,
 # c10d's store barrier ("with N nodes" counts ranks), PyTorch Lightning's start line.
-_NNODES_RE = re.compile(r"--nnodes[= ](\d+)(?::(\d+))?")
-_NPROC_RE = re.compile(r"--nproc[_-]per[_-]node[= ](\d+)")
-_WORLD_RE = re.compile(r"store-based barrier for key:\S+ with (\d+) nodes|Starting with (\d+) processes")
+_NNODES_RE = re.compile(r"--nnodes[= ](\d{1,6})(?::(\d{1,6}))?")
+_NPROC_RE = re.compile(r"--nproc[_-]per[_-]node[= ](\d{1,6})")
+_WORLD_RE = re.compile(r"store-based barrier for key:\S{1,256}? with (\d{1,9}) nodes|Starting with (\d{1,9}) processes|"
+                       r"\bworld_size=(\d{1,9}) rank=\d{1,9} local_rank=")
+_VLLM_NODES_RE = re.compile(r"Detected (\d{1,6}) nodes in the distributed environment")   # vLLM
 
 # Errors PyTorch / launchers print when NCCL failed (no NCCL_DEBUG needed).
 _APP_ERRORS: tuple[tuple[str, str], ...] = (
@@ -159,6 +207,9 @@ _APP_ERRORS: tuple[tuple[str, str], ...] = (
 _WARN_RULES: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("Got completion", "got completion with error"), "ib_completion_error", "error"),
     (("async fatal event",), "ib_async_fatal_event", "error"),
+    # QP/CQ/device errors among the async events break the connection; port and SM events do not
+    (("work queue error", "catastrophic", "CQ error", "access violation", "path migration error",
+      "port error"), "ib_async_error_event", "error"),
     (("Got async event",), "ib_async_event", "warning"),
     (("no socket interface found", "No socket interface found", "No usable listening interface",
       "no usable listening interface"), "no_socket_interface", "error"),
@@ -177,6 +228,32 @@ _WARN_RULES: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("NET/Plugin", "plugin", "Plugin", "NET/OFI"), "plugin_failure", "warning"),
     (("imeout", "timed out"), "timeout", "error"),
 )
+
+# Source files that name a transport ("transport/net_ib.cc:1295", "net_socket.cc:NNN -> 2"): the
+# IB verbs path (IB or RoCE), the socket transport, and the intra-node ones.
+def _source_transport(path: str) -> str | None:
+    base = path.rsplit("/", 1)[-1]
+    if "net_ib" in path or base in ("ib_plugin.c", "p2p_plugin.c"):
+        return "IB"                         # transport/net_ib.cc, net_ib/*.cc; HPC-X IBext plugin
+    if base.startswith("nccl_ofi"):         # aws-ofi-nccl: nccl_ofi_net.c, nccl_ofi_rdma.cpp ...
+        return "OFI"
+    if base.startswith("net_socket"):
+        return "SOCKET"
+    if base == "p2p.cc":
+        return "P2P"
+    if base == "shm.cc" and "transport" in path:
+        return "SHM"
+    if base == "nvls.cc":
+        return "NVLS"
+    if base in ("coll_net.cc", "collnet.cc"):
+        return "COLLNET"
+    return None
+
+
+# Env settings that only a RoCE fabric uses (the GID picks the RoCE version / address family).
+_ROCE_ENV = ("NCCL_IB_GID_INDEX", "NCCL_IB_ROCE_VERSION_NUM", "NCCL_IB_ADDR_FAMILY", "NCCL_IB_ADDR_RANGE")
+# Frames of the old (<= 2.8) GPUDirect probe: "include/net.h:NN -> 2" alone, NCCL goes on without GDR.
+_PROBE_FRAMES = frozenset(("include/net.h",))
 
 _NCCL_RESULT = {1: "ncclUnhandledCudaError", 2: "ncclSystemError", 3: "ncclInternalError",
                 4: "ncclInvalidArgument", 5: "ncclInvalidUsage", 6: "ncclRemoteError"}
@@ -240,6 +317,8 @@ class NcclLog:
     channel_counts: Mapping[str, int]
     ib_hcas: tuple[str, ...]
     link_layers: tuple[str, ...]
+    link_layer_evidence: tuple[str, ...]
+    source_transports: Mapping[str, int]
     socket_ifaces: tuple[str, ...]
     bootstrap_ifaces: tuple[str, ...]
     net_plugin: Mapping[str, Any] | None
@@ -261,6 +340,7 @@ class NcclLog:
     evidence: Mapping[str, str | None]
     lines: int
     nccl_lines: int
+    lines_truncated: int
     status: str
     verdict: str
 
@@ -290,6 +370,8 @@ class NcclLog:
             "evidence": dict(self.evidence),
             "network": self.network,
             "link_layers": list(self.link_layers),
+            "link_layer_evidence": list(self.link_layer_evidence),
+            "source_transports": dict(self.source_transports),
             "gdr_asymmetric": self.gdr_asymmetric,
             "gdr_by_host": dict(self.gdr_by_host),
             "gdr_by_rank": dict(self.gdr_by_rank),
@@ -310,6 +392,7 @@ class NcclLog:
             "cuda_driver_version": self.cuda_driver_version,
             "lines": self.lines,
             "nccl_lines": self.nccl_lines,
+            "lines_truncated": self.lines_truncated,
         }
 
 
@@ -321,6 +404,46 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
+def _strip_junk(text: str) -> str:
+    """text without trailing wrapper junk (ANSI colour with or without ESC, Ray's
+    `[repeated Nx across cluster]`) and surrounding blanks. Linear: only the '[' are tried."""
+    i = text.find("[")
+    while i >= 0:
+        if _JUNK_AT_RE.match(text, i):
+            if i and text[i - 1] == "\x1b":
+                i -= 1
+            return text[:i].strip()
+        i = text.find("[", i + 1)
+    return text.strip()
+
+
+def _same_message(text: str, clean: str) -> bool:
+    """_strip_junk(text) == clean, for a clean (already stripped) message, without scanning all
+    of text: text must start with it and go on with nothing but blanks or wrapper junk."""
+    text = text.lstrip()
+    if not text.startswith(clean):
+        return False
+    tail = text[len(clean):].lstrip()
+    if tail.startswith("\x1b"):
+        tail = tail[1:]
+    return not tail or (tail[0] == "[" and _JUNK_AT_RE.match(tail) is not None)
+
+
+def _last_head(text: str) -> tuple[int, int, str, int, int] | None:
+    """(start, end, host, pid, dev) of the last `host:pid:tid [dev]` in text, searched in its last
+    _HEAD_WINDOW chars (a head sits right before 'NCCL INFO' or before WARN's file:line)."""
+    base = max(0, len(text) - _HEAD_WINDOW)
+    anchors = list(_HEAD_ANCHOR_RE.finditer(text, base))
+    for m in reversed(anchors):
+        end = m.start()
+        k, lo = end, max(base, end - _HOST_MAX)
+        while k > lo and not text[k - 1].isspace() and text[k - 1] not in _HOST_STOP:
+            k -= 1
+        if k < end:
+            return k, m.end(), text[k:end], int(m.group(1)), int(m.group(3))
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # Via-text classification: "NET/IB/0(8)/GDRDMA", "P2P/CUMEM/read", "SHM/direct/direct", ...
 # -> (family, label, intra token or None, net name or None, gdr flag, proxy flag)
@@ -329,7 +452,7 @@ _ViaInfo = tuple  # (family, label, intra, netname, gdr, proxy)
 
 
 def _classify_via(text: str) -> _ViaInfo | None:
-    s = _TAIL_JUNK_RE.sub("", text).strip()
+    s = _strip_junk(text)
     if s.startswith("NET/"):
         parts = s[4:].split("/")
         name = parts[0].strip() or "?"
@@ -390,6 +513,9 @@ class NcclLogAccumulator:
     def __init__(self) -> None:
         self.lines = 0
         self.nccl_lines = 0
+        self.truncated = 0                             # lines longer than LINE_MAX (cut there)
+        self._cut = False                              # the line being handled was cut
+        self._raw: str | None = None                   # the line as written, when it was cleaned
         self.recognised = 0
         self._pending: Counter = Counter()
         self._heads: dict[str, tuple | None] = {}
@@ -402,6 +528,7 @@ class NcclLogAccumulator:
             "NVLS": self._m_nvls, "GPU ": self._m_gpu_gdr, "SHAR": self._m_sharp,
             "DMA-": self._m_dmabuf, "Plug": self._m_plugin_path, "P2P ": self._m_p2p_plugin,
             "Assi": self._m_assigned, "Succ": self._m_plugin_loaded, "cuda": self._m_cuda,
+            "Laun": self._m_launch, "rank": self._m_rank_line,
         }
         # facts
         self.versions: dict[str, set] = {}             # version string -> hosts (None = bare line)
@@ -444,7 +571,19 @@ class NcclLogAccumulator:
         self.cuda_driver: int | None = None
         self.findings: dict[tuple, list] = {}          # (severity, kind, norm msg) -> [msg, line, n, hosts]
         self.findings_dropped = 0
-        self.trace_errors: dict[tuple, list] = {}      # (code, plugin?) -> [line, n, hosts]
+        self.trace_errors: dict[tuple, list] = {}      # (code, plugin?, (host, pid)) -> [line, n, files]
+        self.src_transports: dict[str, int] = {}       # transport named by a WARN / stack source file
+        self.roce_evidence: dict[str, None] = {}       # why the verbs path is RoCE, not InfiniBand
+        self.ib_link_evidence: dict[str, None] = {}    # why it is InfiniBand (an Ethernet-free fabric)
+        self.rank_procs: dict[int, set] = {}           # rank -> {(host, pid)} that printed as it
+        self.intra_edges: set[tuple] = set()           # (src, dst) of P2P/SHM channel hops
+        self.done_procs: set[tuple] = set()            # (host, pid) that finished init
+        self.chan_procs: set[tuple] = set()            # (host, pid) that printed channel set-up
+        self.warn_err_procs: set[tuple] = set()        # (host, pid) with an error WARN
+        self.aborted = False                           # the application reported an NCCL failure
+        self.ib_dev_index: dict[str, int] = {}         # hca -> its [index] in the device list
+        self.warn_hcas: dict[str, None] = {}           # HCAs named by NET/IB WARN lines
+        self.boot_scope: set[str] = set()              # "loopback" / "network" bootstrap interfaces
         # nccl-tests
         self.nt_rows: dict[tuple, tuple] = {}
         self.nt_avgs: dict[float, int] = {}
@@ -508,14 +647,22 @@ class NcclLogAccumulator:
         handle = self._line
         self.lines += sum(pending.values())
         for raw, n in pending.items():
+            self._cut = len(raw) > LINE_MAX + 2      # its "\r\n" aside
+            if self._cut:
+                raw = raw[:LINE_MAX]
+                self.truncated += n
             line = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
             if "\x1b" in line:
                 line = _ANSI_RE.sub("", line)
+            self._raw = None
+            if "](http" in line:
+                self._raw, line = line, _MD_LINK_RE.sub(r"\1", line)
             handle(line.rstrip("\r\n"), n)
+        self._raw = None
 
     # -- one line --------------------------------------------------------------------------
 
-    def _line(self, line: str, n: int) -> None:
+    def _line(self, line: str, n: int, depth: int = 0) -> None:
         i = line.find("NCCL ")
         if i < 0:
             if line:
@@ -539,21 +686,29 @@ class NcclLogAccumulator:
         self.recognised += n
         j = msg.find("NCCL ")
         if j >= 0 and msg[j + 5:j + 9] in ("INFO", "WARN", "TRAC"):
-            msg = self._unglue(msg, j, n)
+            if depth < _GLUED_MAX:
+                msg = self._unglue(msg, j, n, depth)
+            else:                       # the rest of the glued lines is dropped
+                last = _last_head(msg[:j])
+                msg = msg[:last[0] if last else j].rstrip()
         if info is None:
-            host = pid = None
+            host = pid = src = None
         else:
-            host, pid, _dev = info
+            host, pid, _dev, src = info
+        if src is not None:
+            self._source(src, n)
+        if "::ffff:" in msg or "GID " in msg:
+            self._gid(msg)
         if level == "WARN":
-            self._warn(msg, host, line, n)
+            self._warn(msg, host, line, n, pid)
             return
         handler = self._dispatch.get(msg[:4])
         if handler is not None:
             handler(msg, host, pid, n, line)
         elif msg[:1].isdigit():
-            self._m_channel_counts(msg)
+            self._m_channel_counts(msg, host, pid)
         elif " -> " in msg:
-            self._m_trace(msg, host, line, n)
+            self._m_trace(msg, host, pid, line, n)
 
     def _head(self, head: str) -> tuple | None:
         """host, pid, dev from the text before 'NCCL INFO' (cached per distinct head)."""
@@ -562,38 +717,35 @@ class NcclLogAccumulator:
         h = head
         if "-" in h and ":" in h:
             h = _ISO_TS_RE.sub(" ", h)
-        m = None
-        for m in _HEAD_RE.finditer(h):
-            pass
-        if m is None:
+        found = _last_head(h)
+        if found is None:
             self._heads[head] = None
             return None
-        host, pid, dev = m.group(1), int(m.group(2)), int(m.group(4))
+        _start, end, host, pid, dev = found
+        m = _SRC_AFTER_HEAD_RE.match(h, end) if end < len(h) else None
+        src = m.group(1) if m else None
         if "ip=" in head:
             ip = _RAY_IP_RE.search(head)
             if ip and len(self.ray_ips) < _MAX_KEYS:
                 self.ray_ips.add(ip.group(1))
-        info = (host, pid, dev)
-        self._heads[head] = info
+        self._heads[head] = (host, pid, dev, src)
         if len(self.hosts) < _MAX_KEYS:
             self.hosts.add(host)
-            self.procs.add(info)
-        return info
+            self.procs.add((host, pid, dev))
+        return self._heads[head]
 
-    def _unglue(self, msg: str, j: int, n: int) -> str:
+    def _unglue(self, msg: str, j: int, n: int, depth: int) -> str:
         """Two log lines glued into one: handle the second one, return the first message."""
         prefix = msg[:j]
-        last = None
-        for last in _HEAD_RE.finditer(prefix):
-            pass
+        last = _last_head(prefix)
         if last is None:
             return prefix
-        cut = last.start()
+        cut = last[0]
         first = prefix[:cut].rstrip(" |\t")
         second = prefix[cut:] + msg[j:]
         k = second.find("NCCL ")
-        if _TAIL_JUNK_RE.sub("", second[k + 10:]).strip() != _TAIL_JUNK_RE.sub("", first).strip():
-            self._line(second, n)       # a CloudWatch duplicate column is the same message
+        if not _same_message(second[k + 10:], _strip_junk(first)):
+            self._line(second, n, depth + 1)    # a CloudWatch duplicate column is the same message
         if cut and not prefix[cut - 1].isspace() and " via " in first:
             return prefix               # glued without a separator: the host may have eaten the
         return first                    # end of the via-text, which is classified by its start
@@ -621,6 +773,13 @@ class NcclLogAccumulator:
         if len(seen) < _MAX_KEYS:
             seen.add(src)
             seen.add(dst)
+        if family in ("P2P", "SHM") and len(self.intra_edges) < _MAX_KEYS:
+            self.intra_edges.add((src, dst))
+        self._rank_proc(me, host, pid)
+        if intra == "P2P_DIRECT":           # "P2P/direct pointer": the peer is in this process
+            self._rank_proc(peer, host, pid)
+        if len(self.chan_procs) < _MAX_KEYS:
+            self.chan_procs.add((host, pid))
         if host is not None:
             hs = self.emitters.get(me)
             if hs is None:
@@ -646,7 +805,8 @@ class NcclLogAccumulator:
         if info is None:
             return False
         family, label, intra, net, gdr, proxy = info
-        m = _CHAN_RE.search(msg, 0, v)
+        a = msg.find(" -> ", 0, v)
+        m = None if a < 0 else _CHAN_RE.search(msg, max(0, a - _CHAN_BEFORE), min(v, a + 4 + _CHAN_AFTER))
         if m is None:
             return (label, intra, family, net, gdr, proxy, None, None, None, None, None)
         src, dst, direction = int(m.group(1)), int(m.group(3)), m.group(5)
@@ -657,8 +817,10 @@ class NcclLogAccumulator:
         c = msg.find(" : ")
         if c < 0:
             return
+        if self._cut:
+            return                      # a listing cut short would give a wrong rank count
         toks = msg[c + 3:].split()
-        if toks and all(t.isdigit() for t in toks):
+        if toks and all(_uint(t) and len(t) < 8 for t in toks):
             self.ring_sizes.add(len(set(toks)))
 
     def _m_collnet(self, msg: str, host, pid, n: int, line: str) -> None:
@@ -678,7 +840,7 @@ class NcclLogAccumulator:
 
     def _m_using(self, msg: str, host, pid, n: int, line: str) -> None:
         if msg.startswith("Using network "):
-            name = _TAIL_JUNK_RE.sub("", msg[14:]).strip()
+            name = _strip_junk(msg[14:])
             if name:
                 self.networks[name] = self.networks.get(name, 0) + n
 
@@ -696,16 +858,27 @@ class NcclLogAccumulator:
                 m = _GDR_HCA_RE.search(msg)
                 if m:
                     self.gdr_hca[m.group(3)] = m.group(1)
-            elif " Using" in msg:
+            elif "Using interface " in msg:    # 2.3: "NET/IB : Using interface X for sideband ..."
+                name = msg.split("Using interface ", 1)[1].split(" ", 1)[0].split(":", 1)[0]
+                if name:
+                    self.socket_ifaces.setdefault(name, None)
+            elif " Using" in msg or msg[6:9] in (": [", " : ["):   # 2.3: "NET/IB: [2] mlx5_1:1/IB"
                 for m in _IB_DEV_RE.finditer(msg):
                     hca = f"{m.group(2)}:{m.group(3)}"
                     if hca not in self.ib_devs and len(self.ib_devs) < 4096:
                         self.ib_devs[hca] = m.group(4)
+                        self.ib_dev_index[hca] = int(m.group(1))
                 m = _OOB_RE.search(msg)
                 if m:
                     self.socket_ifaces.setdefault(m.group(1), None)
             elif "No device found" in msg:
                 self.ib_no_device = True
+            if "RoCE" in msg and " Using" not in msg and not _IB_DEV_RE.search(msg):
+                self.roce_evidence.setdefault("RoCE named in a NET/IB line", None)
+        elif msg.startswith("NET : Using interface "):    # 2.3
+            name = msg[22:].split(":", 1)[0].split(" ", 1)[0]
+            if name:
+                self.socket_ifaces.setdefault(name, None)
         elif msg.startswith("NET/Socket"):
             if " Using" in msg:
                 for m in _SOCK_DEV_RE.finditer(msg):
@@ -729,9 +902,10 @@ class NcclLogAccumulator:
             self.ofi.setdefault("seen", True)
         elif msg.startswith("NET/Plugin"):
             self._era(host, msg)
-            m = _PLUGIN_LOADED_RE.search(msg)
-            if m:
-                self.plugin["loaded"] = m.group(1)
+            k = msg.find("Loaded net plugin ")
+            name = _PLUGIN_VERSION_SUFFIX_RE.sub("", msg[k + 18:].strip()) if k >= 0 else ""
+            if name:
+                self.plugin["loaded"] = name
             elif "set by env to" in msg:
                 self.plugin["requested"] = msg.rsplit(" ", 1)[-1].strip()
             elif "using internal" in msg or "Using internal" in msg or "No plugin found" in msg:
@@ -741,22 +915,33 @@ class NcclLogAccumulator:
         self._era(host, msg)
         if "Using" in msg:
             m = _BOOT_RE.search(msg)
+            names = [d.group(1) for d in _SOCK_DEV_RE.finditer(msg)] if "[1]" in msg else []
+            for name in names or ([m.group(1)] if m else []):   # <= 2.6 lists every interface
+                self.boot_ifaces.setdefault(name, None)
+                self.socket_ifaces.setdefault(name, None)
             if m:
-                self.boot_ifaces.setdefault(m.group(1), None)
-                self.socket_ifaces.setdefault(m.group(1), None)
+                loop = m.group(1) == "lo" or ":127." in msg
+                self.boot_scope.add("loopback" if loop and not names else "network")
 
     def _m_comm(self, msg: str, host, pid, n: int, line: str) -> None:
-        if " - Init " in msg:
-            m = _INIT_RE.search(msg)
+        k = msg.rfind(" - Init ")
+        if k >= 0:
+            state = msg[k + 8:k + 16]
+            state = "START" if state.startswith("START") else \
+                "COMPLETE" if state.startswith("COMPLETE") else None
+            m = _INIT_RE.search(msg, 0, k) if state else None
             if m:
                 rank, nranks = int(m.group(2)), int(m.group(3))
                 key = (host, pid, m.group(1), rank, nranks)
-                target = self.init_start if m.group(6) == "START" else self.init_complete
+                target = self.init_start if state == "START" else self.init_complete
                 if len(target) < _MAX_KEYS:
                     target.add(key)
                 self.comm_nranks.add(nranks)
                 if host is not None and (rank in self.emitters or len(self.emitters) < _MAX_KEYS):
                     self.emitters.setdefault(rank, set()).add(host)
+                self._rank_proc(rank, host, pid)
+                if state == "COMPLETE":
+                    self._done(host, pid)
             return
         if "nNodes" in msg:
             m = _COMM_SHAPE_RE.search(msg)
@@ -771,10 +956,13 @@ class NcclLogAccumulator:
             m = _RANK_IN_INIT_TIMING_RE.search(msg)
             if m:
                 self.comm_nranks.add(int(m.group(2)))
+            self._done(host, pid)
         elif msg.startswith("Initialized NET plugin "):
             self.plugin.setdefault("initialized", {})[msg[23:].strip()] = True
 
     def _m_connected(self, msg: str, host, pid, n: int, line: str) -> None:
+        if msg.startswith("Connected all"):
+            self._done(host, pid)
         if msg.startswith("Connected all rings"):
             m = _RINGS_RE.search(msg)
             if m:
@@ -794,9 +982,10 @@ class NcclLogAccumulator:
         if msg.startswith("NCCL version"):
             self._version(msg, host)
         elif msg.startswith("NCCL_"):
-            m = _ENV_RE.match(_TAIL_JUNK_RE.sub("", msg).strip())
+            text = _strip_junk(msg)
+            m = _ENV_RE.match(text)
             if m and (m.group(1) in self.env or len(self.env) < 128):
-                value = m.group(2).strip()
+                value = text[m.end():].strip()
                 if value.endswith(".") and value[:-1].lstrip("-").isdigit():
                     value = value[:-1]
                 self.env[m.group(1)] = value
@@ -827,11 +1016,11 @@ class NcclLogAccumulator:
 
     def _m_plugin_path(self, msg: str, host, pid, n: int, line: str) -> None:
         if msg.startswith("Plugin Path"):
-            self.plugin["path"] = _TAIL_JUNK_RE.sub("", msg.split(":", 1)[-1]).strip()
+            self.plugin["path"] = _strip_junk(msg.split(":", 1)[-1])
 
     def _m_p2p_plugin(self, msg: str, host, pid, n: int, line: str) -> None:
         if msg.startswith("P2P plugin "):
-            self.plugin["loaded"] = _TAIL_JUNK_RE.sub("", msg[11:]).strip()
+            self.plugin["loaded"] = _strip_junk(msg[11:])
 
     def _m_plugin_loaded(self, msg: str, host, pid, n: int, line: str) -> None:
         if msg.startswith("Successfully loaded external plugin"):
@@ -840,37 +1029,83 @@ class NcclLogAccumulator:
     def _m_cuda(self, msg: str, host, pid, n: int, line: str) -> None:
         if msg.startswith("cudaDriverVersion "):
             v = msg[18:].split()
-            if v and v[0].isdigit():
+            if v and v[0].isascii() and v[0].isdigit():
                 self.cuda_driver = int(v[0])
 
-    def _m_channel_counts(self, msg: str) -> None:
+    def _m_channel_counts(self, msg: str, host, pid) -> None:
         # "%d coll channels, %d collnet channels, %d nvls channels, ..." - recent NCCL prints
         # comm->nChannels as the collnet count too, so only the nvls count is evidence.
         m = _CHANNEL_COUNTS_RE.match(msg)
-        if m and m.group(3) and int(m.group(3)) > 0:
-            self.nvls = True
+        if m:
+            self._done(host, pid)       # printed once the channels are connected
+            if m.group(3) and int(m.group(3)) > 0:
+                self.nvls = True
 
-    def _m_trace(self, msg: str, host, line: str, n: int) -> None:
+    def _m_rank_line(self, msg: str, host, pid, n: int, line: str) -> None:
+        # NCCL 2.3: "rank 6 nranks 8" once a communicator is set up
+        m = _RANK_IN_INIT_TIMING_RE.match(msg)
+        if m:
+            rank, nranks = int(m.group(1)), int(m.group(2))
+            self.comm_nranks.add(nranks)
+            if host is not None and (rank in self.emitters or len(self.emitters) < _MAX_KEYS):
+                self.emitters.setdefault(rank, set()).add(host)
+            self._rank_proc(rank, host, pid)
+
+    def _m_launch(self, msg: str, host, pid, n: int, line: str) -> None:
+        if msg.startswith("Launch mode"):   # <= 2.7, printed at the end of init
+            self._done(host, pid)
+
+    def _done(self, host, pid) -> None:
+        if len(self.done_procs) < _MAX_KEYS:
+            self.done_procs.add((host, pid))
+
+    def _rank_proc(self, rank: int, host, pid) -> None:
+        if host is None:
+            return
+        procs = self.rank_procs.get(rank)
+        if procs is None:
+            if len(self.rank_procs) < _MAX_KEYS:
+                self.rank_procs[rank] = {(host, pid)}
+        elif len(procs) < 8:
+            procs.add((host, pid))
+
+    def _source(self, path: str, n: int) -> None:
+        fam = _source_transport(path)
+        if fam is not None:
+            self.src_transports[fam] = self.src_transports.get(fam, 0) + n
+
+    def _gid(self, msg: str) -> None:
+        m = _MAPPED_GID_RE.search(msg) or _HEX_GID_RE.search(msg)
+        if m:
+            self.roce_evidence.setdefault(f"IPv4-mapped GID ({m.group(0)})", None)
+
+    def _m_trace(self, msg: str, host, pid, line: str, n: int) -> None:
         m = _TRACE_RE.match(msg)
         if not m:
             return
         code = int(m.group(3))
         if code not in _NCCL_RESULT:
             return                      # 0 success, 7 ncclInProgress (non-blocking init)
-        plugin = m.group(1).startswith("plugin/")
-        key = (code, plugin)
+        path = m.group(1)
+        self._source(path, n)
+        plugin = path.startswith("plugin/")
+        key = (code, plugin, (host, pid))
         rec = self.trace_errors.get(key)
         if rec is None:
-            self.trace_errors[key] = [line.strip()[:400], n, {host} if host else set()]
+            if len(self.trace_errors) >= _MAX_FINDINGS:
+                key = (code, plugin, (None, None))
+                rec = self.trace_errors.get(key)
+        if rec is None:
+            self.trace_errors[key] = [line.strip()[:400], n, {path}]
         else:
             rec[1] += n
-            if host and len(rec[2]) < 16:
-                rec[2].add(host)
+            if len(rec[2]) < 64:
+                rec[2].add(path)
 
     # -- WARN lines ------------------------------------------------------------------------
 
-    def _warn(self, msg: str, host, line: str, n: int) -> None:
-        msg = _TAIL_JUNK_RE.sub("", msg).strip()
+    def _warn(self, msg: str, host, line: str, n: int, pid=None) -> None:
+        msg = _strip_junk(msg)
         kind, severity = "nccl_warn", "error"
         for needles, k, sev in _WARN_RULES:
             if any(s in msg for s in needles):
@@ -884,17 +1119,27 @@ class NcclLogAccumulator:
             m = _PEER_IFACE_RE.search(msg)
             if m:
                 self.socket_ifaces.setdefault(m.group(1), None)
+        if msg.startswith("NET/IB") and ("async event" in msg or " hca " in msg):
+            m = _WARN_HCA_RE.search(msg)
+            if m and len(self.warn_hcas) < 256:
+                self.warn_hcas.setdefault(m.group(1) or m.group(2), None)
+        if "ibv_modify_qp" in msg and ("Network is unreachable" in msg or "No route to host" in msg):
+            # only RoCE routes a QP's address through the IP stack (ENETUNREACH / EHOSTUNREACH)
+            self.roce_evidence.setdefault("ibv_modify_qp: IP route to the peer's GID missing", None)
+        if severity == "error" and len(self.warn_err_procs) < _MAX_KEYS:
+            self.warn_err_procs.add((host, pid))
         self._finding(severity, kind, msg, line, host, n)
 
     def _finding(self, severity: str, kind: str, msg: str, line: str, host, n: int) -> None:
-        norm = _NORM_RE.sub("N", msg)[:160]
+        norm = _NORM_RE.sub("N", msg[:_NORM_INPUT])[:160]
         key = (severity, kind, norm)
         rec = self.findings.get(key)
         if rec is None:
             if len(self.findings) >= _MAX_FINDINGS:
                 self.findings_dropped += n
                 return
-            self.findings[key] = [msg[:300], line.strip()[:400], n, {host} if host else set()]
+            shown = self._raw if self._raw is not None else line
+            self.findings[key] = [msg[:300], shown.strip()[:400], n, {host} if host else set()]
         else:
             rec[2] += n
             if host and len(rec[3]) < 16:
@@ -916,16 +1161,22 @@ class NcclLogAccumulator:
             m = _OLD_WARN_RE.search(line)
             if m:
                 self.recognised += n
-                self._warn(m.group(3), None, line, n)
+                self._source(m.group(2).rsplit(":", 1)[0], n)
+                self._warn(line[m.end():], None, line, n)
                 return
         if "NCCL" in line or "nccl" in line:
             self._app_error(line, n)
+            if "NCCL_IB_GID_INDEX=" in line:
+                self.roce_evidence.setdefault("NCCL_IB_GID_INDEX set", None)
+        if "ink layer" in line or "ink_layer" in line or "inkLayer" in line:
+            self._link_layer_line(line)
         if "libfabric" in line and ("<warn>" in line or "<error>" in line):
             self._libfabric(line, n)
         if "got completion with error" in line:
             self.ib_error_seen = True
             self._finding("error", "ib_completion_error", line.strip()[:300], line, None, n)
-        if "--nnodes" in line or "nproc" in line or "store-based barrier" in line or "Starting with" in line:
+        if ("--nnodes" in line or "nproc" in line or "store-based barrier" in line or "Starting with" in line
+                or "world_size=" in line or "Detected " in line):
             self._launcher(line)
         if "_perf" in line:
             m = _NT_COLL_RE.search(line)
@@ -980,10 +1231,10 @@ class NcclLogAccumulator:
             self.recognised += n
         elif "Avg bus bandwidth" in line:
             m = _NT_AVG_RE.search(line)
-            if m:
+            v = _finite(m.group(1)) if m else None
+            if v is not None:
                 self.nt_seen = True
                 self.recognised += n
-                v = float(m.group(1))
                 if v in self.nt_avgs or len(self.nt_avgs) < 256:
                     self.nt_avgs[v] = self.nt_avgs.get(v, 0) + n
         elif "Out of bounds values" in line:
@@ -1006,23 +1257,23 @@ class NcclLogAccumulator:
     def _nccl_tests_row(self, line: str, n: int) -> None:
         toks = line.split()
         for i in range(len(toks) - 6):
-            if toks[i + 2] in _NT_TYPES and toks[i].isdigit() and toks[i + 1].isdigit():
+            if toks[i + 2] in _NT_TYPES and _uint(toks[i]) and _uint(toks[i + 1]):
                 break
         else:
             return
         rest = toks[i + 3:]
         redop = rest.pop(0) if rest and rest[0] in _NT_OPS else None
         root = None
-        if len(rest) in (5, 9) and rest[0].lstrip("-").isdigit():
+        if len(rest) in (5, 9) and _uint(rest[0].lstrip("-")):
             root = int(rest.pop(0))
         if len(rest) not in (4, 8):
             return
-        try:
-            oop = (float(rest[0]), float(rest[1]), float(rest[2]))
-            ip = (float(rest[4]), float(rest[5]), float(rest[6])) if len(rest) == 8 else None
-        except ValueError:
-            return
-        wrong = [w for w in (rest[3], rest[7] if len(rest) == 8 else "0") if w.isdigit()]
+        nums = [_finite(t) for t in (rest[:3] + rest[4:7])]
+        if None in nums:
+            return                      # not a number, or NaN / infinite: not a result row
+        oop = tuple(nums[:3])
+        ip = tuple(nums[3:6]) if len(rest) == 8 else None
+        wrong = [w for w in (rest[3], rest[7] if len(rest) == 8 else "0") if _uint(w)]
         bad = sum(int(w) for w in wrong)
         size = int(toks[i])
         key = (size, toks[i + 2], redop)
@@ -1038,6 +1289,7 @@ class NcclLogAccumulator:
         for needle, kind in _APP_ERRORS:
             if needle in line:
                 self.recognised += n
+                self.aborted = True
                 self._finding("error", kind, line.strip()[:300], line, None, n)
                 return
         m = _VLLM_VERSION_RE.search(line)
@@ -1046,11 +1298,24 @@ class NcclLogAccumulator:
 
     def _libfabric(self, line: str, n: int) -> None:
         msg = line.strip()
+        if "FI_HMEM" in line and "not support" in line:
+            # e.g. EFA without RDMA read/write: the provider cannot move GPU memory, no GPUDirect
+            self.ofi["hmem"] = False
         if "output empty list" in line or "<error>" in line:
             kind = "ofi_provider_unavailable" if "empty list" in line else "libfabric_error"
             self._finding("error", kind, msg[:300], line, None, n)
         else:
             self._finding("warning", "libfabric_warning", msg[:300], line, None, n)
+
+    def _link_layer_line(self, line: str) -> None:
+        """ibv_devinfo / ibstat / sysfs output pasted with the log: 'link_layer: Ethernet'."""
+        low = line.lower()
+        k = max(low.find("link layer"), low.find("link_layer"), low.find("linklayer"))
+        tail = low[k:k + 40]
+        if "ethernet" in tail:
+            self.roce_evidence.setdefault("Ethernet link layer", None)
+        elif "infiniband" in tail:
+            self.ib_link_evidence.setdefault("InfiniBand link layer", None)
 
     def _launcher(self, line: str) -> None:
         m = _NNODES_RE.search(line)
@@ -1061,7 +1326,10 @@ class NcclLogAccumulator:
             self.hint_nproc = int(m.group(1))
         m = _WORLD_RE.search(line)
         if m:
-            self.hint_world = int(m.group(1) or m.group(2))
+            self.hint_world = int(m.group(1) or m.group(2) or m.group(3))
+        m = _VLLM_NODES_RE.search(line)
+        if m:
+            self.hint_nnodes = int(m.group(1))
 
     # -- result ------------------------------------------------------------------------------
 
@@ -1069,8 +1337,10 @@ class NcclLogAccumulator:
         """The facts so far. Raises ParseError when nothing NCCL-related was seen."""
         self._flush()
         if self.recognised == 0:
+            cut = (f" ({self.truncated} line(s) longer than {LINE_MAX} characters were read up to "
+                   "that length only)") if self.truncated else ""
             raise ParseError(KIND, "no NCCL_DEBUG line (host:pid:tid [dev] NCCL INFO/WARN), "
-                                   "NCCL version line, nccl-tests table or NCCL error found")
+                                   "NCCL version line, nccl-tests table or NCCL error found" + cut)
         return _Summary(self).build()
 
 
@@ -1090,8 +1360,15 @@ class _Summary:
     # ranks and nodes ------------------------------------------------------------------------
 
     def _rank_hosts(self) -> dict[int, str]:
-        """rank -> host, for ranks printed from exactly one host."""
+        """rank -> host, for ranks printed from exactly one host; empty when a host name is
+        redacted or generic ("xxx", "<cluster_name>", "localhost"): such names do not tell
+        machines apart, so nothing is decided from them."""
+        if self._anonymous_hosts():
+            return {}
         return {r: next(iter(hs)) for r, hs in self.a.emitters.items() if len(hs) == 1}
+
+    def _anonymous_hosts(self) -> bool:
+        return any(_generic_host(h) for h in self.a.hosts)
 
     def _ranks_and_nodes(self):
         a = self.a
@@ -1108,7 +1385,8 @@ class _Summary:
             if shapes and n_ranks != biggest[0]:
                 n_nodes = None
                 self.evidence.pop("n_nodes", None)
-        if n_ranks is None and a.nt_ranks:
+        if n_ranks is None and a.nt_ranks and set(a.nt_ranks) == set(range(len(a.nt_ranks))):
+            # the listing starts at rank 0 and has no gap (an excerpt cut above it proves nothing)
             n_ranks = len(a.nt_ranks)
             n_nodes = len(set(a.nt_ranks.values()))
             self.evidence["n_ranks"] = self.evidence["n_nodes"] = "nccl-tests device listing"
@@ -1119,7 +1397,8 @@ class _Summary:
             # are 0..k-1: the communicator is closed (rings span all ranks) -> k ranks.
             seen = a.ranks_seen
             k = max(seen) + 1
-            if len(seen) == k and all(r in rank_hosts for r in seen):
+            # ... and no other GPU process printed (its rank would be one the channels do not name)
+            if len(seen) == k and all(r in rank_hosts for r in seen) and len(a.procs) <= k:
                 n_ranks = k
                 self.evidence["n_ranks"] = "channel lines (every rank seen printing)"
                 if n_nodes is None and len(set(rank_hosts[r] for r in seen)) == 1 and len(a.hosts) == 1:
@@ -1131,7 +1410,21 @@ class _Summary:
         if n_nodes is None and n_ranks == 1:
             n_nodes = 1
             self.evidence["n_nodes"] = "single rank"
-        if n_nodes is None and n_ranks is not None and len(hosts) == n_ranks:
+        many = max((sh[1] for sh in a.comm_shapes), default=0) > 1 or a.collnet_channels or a.collnet_agg
+        if n_nodes is None and n_ranks and not many:
+            proof = self._single_node_proof(n_ranks, rank_hosts)
+            if proof:
+                n_nodes = 1
+                self.evidence["n_nodes"] = proof
+        if n_nodes is None and n_ranks is None and not many:
+            proof = self._one_host_proof(hosts)
+            if proof:
+                n_nodes = 1
+                self.evidence["n_nodes"] = proof
+        if n_nodes is None and n_ranks and n_ranks <= _MAX_KEYS and all(r in rank_hosts for r in range(n_ranks)):
+            n_nodes = len({rank_hosts[r] for r in range(n_ranks)})
+            self.evidence["n_nodes"] = "the host of every rank"
+        if n_nodes is None and n_ranks is not None and len(hosts) == n_ranks and not self._anonymous_hosts():
             n_nodes = n_ranks
             self.evidence["n_nodes"] = "one host per rank"
         if n_nodes is None and a.hint_nnodes:
@@ -1143,11 +1436,81 @@ class _Summary:
                            max((s[1] for s in a.comm_shapes), default=0)]) or None
         return n_ranks, n_nodes, n_ranks_min, n_nodes_min, rank_hosts
 
+    def _single_node_proof(self, n_ranks: int, rank_hosts: dict[int, str]) -> str | None:
+        """Why every one of the n_ranks ranks runs on one node, or None when the text does not
+        prove it (then the node count stays unknown: an excerpt never shows that no other exists)."""
+        a = self.a
+        if n_ranks > _MAX_KEYS:
+            return None
+        ranks = range(n_ranks)
+        procs = [a.rank_procs.get(r) for r in ranks]
+        if all(p is not None and len(p) == 1 for p in procs) and len(set().union(*procs)) == 1:
+            return "one process drives every rank"
+        if all(r in rank_hosts for r in ranks) and len({rank_hosts[r] for r in ranks}) == 1:
+            return "every rank prints from one host"
+        if len(a.hosts) == 1 and len(a.procs) >= n_ranks and not self._anonymous_hosts():
+            # n_ranks ranks, and that many GPU processes print, all from one host
+            return f"{len(a.procs)} GPU processes on one host for {n_ranks} ranks"
+        if a.intra_edges and self._connected_by(a.intra_edges, n_ranks):
+            return "P2P/SHM channel hops join every rank"
+        return None
+
+    def _one_host_proof(self, hosts: set) -> str | None:
+        """Single node without a rank count: every bootstrap interface is loopback (no peer on
+        another host could connect), or one process drives every rank the text names (two or
+        more, each printing or reached through "P2P/direct pointer"); GPUs alone do not count,
+        one process per node may drive all of its node's GPUs."""
+        a = self.a
+        if len(hosts) != 1 or self._anonymous_hosts():
+            return None
+        if a.boot_scope == {"loopback"}:
+            return "bootstrap over the loopback interface only"
+        procs = {(h, p) for h, p, _d in a.procs}
+        ranks = a.ranks_seen | set(a.rank_procs)
+        if len(procs) == 1 and len(ranks) >= 2 and all(a.rank_procs.get(r) == procs for r in ranks):
+            return "one process drives every rank shown"
+        return None
+
+    @staticmethod
+    def _connected_by(edges: set[tuple], n_ranks: int) -> bool:
+        """True when the intra-node hops (P2P, SHM: never between nodes) join ranks 0..n-1 into
+        one group: then they all share a node."""
+        parent = list(range(n_ranks))
+
+        def root(x: int) -> int:
+            while parent[x] != x:
+                parent[x] = parent[parent[x]]
+                x = parent[x]
+            return x
+
+        for src, dst in edges:
+            if 0 <= src < n_ranks and 0 <= dst < n_ranks:
+                parent[root(src)] = root(dst)
+            else:
+                return False            # a rank outside the communicator: another comm's lines
+        r0 = root(0)
+        return all(root(r) == r0 for r in range(n_ranks))
+
     # transport ---------------------------------------------------------------------------
 
+    def _roce_evidence(self) -> list[str]:
+        """Why the verbs path (NET/IB) runs over RoCE rather than InfiniBand."""
+        a = self.a
+        out = list(a.roce_evidence)
+        out += [f"{k} set" for k in _ROCE_ENV if k in a.env and f"{k} set" not in out]
+        return out
+
     def _link_layer_family(self, family: str) -> str:
+        """NET/IB is the verbs path of InfiniBand and RoCE alike: ROCE when every listed HCA is
+        RoCE, or, none listed, when a RoCE-only fact shows (IPv4-mapped GID, a GID index
+        setting, an Ethernet link layer) and no InfiniBand link layer does."""
+        if family != "IB":
+            return family
         layers = set(self.a.ib_devs.values())
-        if family == "IB" and layers == {"RoCE"}:
+        if layers:
+            return "ROCE" if layers == {"RoCE"} else "IB"
+        if self._roce_evidence() and not self.a.ib_link_evidence:
+            self.evidence["link_layer"] = "; ".join(self._roce_evidence())
             return "ROCE"
         return family
 
@@ -1165,7 +1528,11 @@ class _Summary:
         a = self.a
         if single_node:
             self.evidence["inter_node_transport"] = "single node"
-            return "NONE", (max(a.networks, key=a.networks.get) if a.networks else None)
+            if a.networks:
+                return "NONE", max(a.networks, key=a.networks.get)
+            # no RDMA device (or no libibverbs) and only NET/Socket listed: the net is Socket
+            no_ib = a.ib_no_device or any(k[1] == "ibverbs_missing" for k in a.findings)
+            return "NONE", ("Socket" if no_ib and a.net_socket_ifaces and not a.ib_devs else None)
         names: Counter = Counter()
         for key, n in inter:
             names[key[4]] += n
@@ -1189,6 +1556,14 @@ class _Summary:
             fam = "SOCKET" if "SOCKET" in fams else _net_family(net)
             self.evidence["inter_node_transport"] = "Using network line"
             return self._link_layer_family(fam), net
+        src = [f for f in ("SOCKET", "IB", "OFI") if a.src_transports.get(f)]
+        if src:
+            # "transport/net_ib.cc:1295 NCCL WARN ..." / "net_socket.cc:NNN -> 2": the net
+            # transport that was running (error excerpts often show nothing else)
+            self.evidence["inter_node_transport"] = {
+                "SOCKET": "source file transport/net_socket.cc", "IB": "source file transport/net_ib.cc",
+                "OFI": "source file of aws-ofi-nccl"}[src[0]]
+            return self._link_layer_family(src[0]), None
         if a.ib_error_seen:
             self.evidence["inter_node_transport"] = "IB completion errors"
             return self._link_layer_family("IB"), "IB"
@@ -1242,6 +1617,9 @@ class _Summary:
             return gdr, asym, _flatten(by_host), _flatten(by_rank), len(flags) > 1
         if transport == "SOCKET" or (network and _net_family(network) == "SOCKET"):
             self.evidence["gdr"] = "network is Socket"
+            return False, False, {}, {}, False
+        if transport == "OFI" and a.ofi.get("hmem") is False:
+            self.evidence["gdr"] = "libfabric: FI_HMEM not supported by the device"
             return False, False, {}, {}, False
         if a.rings_gdr and transport != "NONE":
             per_host: dict[str, set] = {}
@@ -1308,19 +1686,51 @@ class _Summary:
         for (severity, kind, _norm), (msg, line, n, hosts) in a.findings.items():
             f = Finding(kind, severity, msg, line, n, tuple(sorted(h for h in hosts if h)))
             (errors if severity == "error" else warnings).append(f)
-        for (code, plugin), (line, n, hosts) in a.trace_errors.items():
-            name = _NCCL_RESULT.get(code, str(code))
+        stacks: dict[tuple, list] = {}          # (severity, code) -> [line, n, hosts]
+        for (code, plugin, proc), (line, n, files) in a.trace_errors.items():
             if plugin:
                 if not a.ofi.get("failures"):
                     self.notes.append(f"a net plugin failed to load or initialise ({line}); "
                                       "NCCL fell back to another network")
                 continue
-            errors.append(Finding("nccl_call_failed", "error",
-                                  f"an NCCL call returned {code} ({name})", line, n,
-                                  tuple(sorted(h for h in hosts if h))))
+            key = (self._stack_severity(proc, files), code)
+            rec = stacks.setdefault(key, [line, 0, set()])
+            rec[1] += n
+            if proc[0]:
+                rec[2].add(proc[0])
+        for (severity, code), (line, n, hosts) in stacks.items():
+            name = _NCCL_RESULT.get(code, str(code))
+            if severity == "error":
+                errors.append(Finding("nccl_call_failed", "error",
+                                      f"an NCCL call returned {code} ({name})", line, n,
+                                      tuple(sorted(hosts))))
+            else:
+                warnings.append(Finding("nccl_call_recovered", "warning",
+                                        f"an NCCL call returned {code} ({name}) and NCCL went on "
+                                        "(an optional path or probe failed and fell back)", line, n,
+                                        tuple(sorted(hosts))))
         if a.findings_dropped:
             self.notes.append(f"{a.findings_dropped} more WARN/error lines of other kinds not listed")
         return tuple(errors), tuple(warnings)
+
+    def _stack_severity(self, proc: tuple, files: set) -> str:
+        """A failed call's stack ("file.cc:NNN -> N") is an error unless the failure was
+        recovered: the process went on to finish init (Init COMPLETE, Connected all rings,
+        Init timings, the channel summary) with no error WARN of its own and the application
+        reported no NCCL failure (a communicator's "Abort COMPLETE" alone is not one: PyTorch
+        aborts its communicators at shutdown); an old
+        GPUDirect probe (include/net.h alone) followed by channel set-up is recovered too. A
+        stack with no such sign is an init that never completed."""
+        a = self.a
+        known = proc[0] is not None
+        if a.aborted or (proc in a.warn_err_procs if known else bool(a.warn_err_procs)):
+            return "error"
+        done = proc in a.done_procs if known else bool(a.done_procs)
+        if done:
+            return "warning"
+        if files <= _PROBE_FRAMES and (a.chan_procs or a.done_procs):
+            return "warning"            # the same probe on every rank; the rings were set up
+        return "error"
 
     def _incomplete(self):
         a = self.a
@@ -1373,16 +1783,31 @@ class _Summary:
         intra_set = set(a.intra)
         if intra:
             intra_set.add("NET")
+        for fam in ("SHM", "NVLS"):     # transport/shm.cc, nvls.cc in a WARN or a failed call's stack
+            if a.src_transports.get(fam):
+                intra_set.add(fam)
         if a.nvls:
             intra_set.add("NVLS")
         intra_t = tuple(t for t in INTRA_NODE_TRANSPORTS if t in intra_set)
 
         version, versions, mismatch = self._versions()
         errors, warnings = self._log_findings()
+        if transport == "OFI":          # the OFI plugin carries the traffic: its WARNs are failures
+            ofi = tuple(replace(w, kind="ofi_failure", severity="error") for w in warnings
+                        if w.kind == "plugin_failure" and w.message.startswith("NET/OFI"))
+            if ofi:
+                warnings = tuple(w for w in warnings
+                                 if not (w.kind == "plugin_failure" and w.message.startswith("NET/OFI")))
+                errors = errors + ofi
         incomplete = self._incomplete()
         nccl_tests, busbw = self._nccl_tests()
-        ib_hcas = tuple(a.ib_devs)
+        # in device-list order ([0], [1], ...; 2.3 prints one device per line, in any order)
+        ib_hcas = tuple(sorted(a.ib_devs, key=lambda h: a.ib_dev_index.get(h, 1 << 30))) or tuple(a.warn_hcas)
         link_layers = tuple(sorted(set(a.ib_devs.values())))
+        if not link_layers and transport == "ROCE":
+            link_layers = ("RoCE",)             # shown by a GID, a GID-index setting, a link layer line
+        elif not link_layers and transport == "IB" and a.ib_link_evidence:
+            link_layers = ("IB",)
         pxn = any(k[6] for k, _ in inter) or 1 in a.rings_pxn
 
         comms = tuple({"n_ranks": s[0], "n_nodes": s[1], "local_ranks": s[2], "count": c}
@@ -1397,6 +1822,9 @@ class _Summary:
             if a.ofi.get("failures") and network and _net_family(network) != "OFI":
                 self.notes.append(f"the OFI (aws-ofi-nccl) plugin did not work here "
                                   f"({a.ofi['failures']}); NCCL used {network}")
+        if a.truncated:
+            self.notes.append(f"{a.truncated} line(s) longer than {LINE_MAX} characters: only their "
+                              "first part was read")
         if a.env.get("NCCL_P2P_DISABLE") == "1":
             self.notes.append("NCCL_P2P_DISABLE=1: intra-node traffic cannot use NVLink/PCIe P2P")
         if a.env.get("NCCL_IB_DISABLE") == "1":
@@ -1422,7 +1850,8 @@ class _Summary:
             inter_node_transport=transport, network=network, gdr=gdr, gdr_asymmetric=asym,
             gdr_by_host=gdr_by_host, gdr_by_rank=gdr_by_rank, intra_node_transports=intra_t,
             channel_counts=dict(sorted(a.chan_counts.items())), ib_hcas=ib_hcas,
-            link_layers=link_layers, socket_ifaces=socket_ifaces,
+            link_layers=link_layers, link_layer_evidence=self._link_evidence(transport),
+            source_transports=dict(sorted(a.src_transports.items())), socket_ifaces=socket_ifaces,
             bootstrap_ifaces=tuple(a.boot_ifaces), net_plugin=net_plugin,
             collnet=bool(a.collnet_channels or a.collnet_agg), nvls=a.nvls, pxn=pxn,
             hosts=tuple(sorted(a.hosts))[:4096], ray_node_ips=tuple(sorted(a.ray_ips))[:4096],
@@ -1430,7 +1859,14 @@ class _Summary:
             findings=tuple(self.findings), notes=tuple(dict.fromkeys(self.notes)),
             nccl_tests=nccl_tests, busbw_gbps=busbw, env=dict(a.env),
             cuda_driver_version=a.cuda_driver, evidence=dict(self.evidence), lines=a.lines,
-            nccl_lines=a.nccl_lines, status=status, verdict=verdict)
+            nccl_lines=a.nccl_lines, lines_truncated=a.truncated, status=status, verdict=verdict)
+
+    def _link_evidence(self, transport: str) -> tuple[str, ...]:
+        """Why the verbs path is RoCE or InfiniBand (device lines first)."""
+        a = self.a
+        layers = sorted(set(a.ib_devs.values()))
+        out = [f"NET/IB device line: {'/'.join(layers)}"] if layers else []
+        return tuple(out + self._roce_evidence() + list(a.ib_link_evidence))
 
     def _finding(self, status: str, reason: str) -> None:
         self.findings.append({"status": status, "reason": reason})
@@ -1497,6 +1933,8 @@ class _Summary:
         elif transport in ("IB", "ROCE"):
             name = "RoCE" if transport == "ROCE" else "InfiniBand"
             s = f"inter-node traffic uses {name}{shape}"
+            if transport == "IB" and not self.a.ib_devs and not self.a.ib_link_evidence:
+                s += " verbs (NET/IB; the link layer is not shown, RoCE would print the same)"
             if network and network not in ("IB",):
                 s += f" via {network}"
             if hcas:
@@ -1539,6 +1977,33 @@ class _Summary:
                     else " WITHOUT GPUDirect RDMA (data staged through host memory)")
         return ("; GPUDirect RDMA not shown (rerun with NCCL_DEBUG_SUBSYS=INIT,NET,GRAPH "
                 "and a real collective)")
+
+
+_GENERIC_HOSTS = frozenset(("localhost", "hostname", "host", "node", "server", "machine"))
+
+
+def _generic_host(host: str) -> bool:
+    """A host name a poster redacted ("xxx", "***", "<cluster_name>") or one that every machine
+    may carry (localhost): it does not tell machines apart."""
+    low = host.lower()
+    return (low in _GENERIC_HOSTS or not low.strip("x*#?._-") or low[:1] in "<[{("
+            or low[-1:] in ">]})")
+
+
+def _uint(text: str) -> bool:
+    """ASCII digits only (str.isdigit() also takes '²' and '١', which int() refuses or misreads)."""
+    return text.isascii() and text.isdigit()
+
+
+def _finite(text: str) -> float | None:
+    """A finite float from ASCII digits ("1.5", "2e3"), else None (no 'nan', 'inf', '1e400', '١')."""
+    if not text.isascii() or text.strip().lower().lstrip("+-") in ("nan", "inf", "infinity"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def _flatten(by: dict[str, set]) -> dict[str, Any]:
@@ -1586,13 +2051,42 @@ def parse_file(path: str | os.PathLike) -> NcclLog:
 
 
 def _feed_stream(acc: NcclLogAccumulator, f: Any) -> None:
-    """Count the lines of a seekable stream (file, BytesIO, StringIO) batch by batch, in C."""
-    lines = iter(f)
+    """Count the lines of a stream (file, BytesIO, StringIO) block by block: the whole lines of a
+    block are iterated in C (an in-memory stream over the block); only the line that runs across
+    two blocks is joined in Python. A line longer than LINE_MAX is kept up to _CUT_KEEP characters
+    (the window cuts it to LINE_MAX and counts it as truncated) and the rest of it is skipped
+    unread, so memory stays bounded by the block size and the window however long a line is."""
+    carry = None                # the unfinished last line of the previous blocks
+    cut = False                 # carry holds the start of an over-long line; skip to its end
+    since_flush = 0
     while True:
-        before = f.tell()
-        acc._count(itertools.islice(lines, _FILE_BATCH))
-        if f.tell() == before:
-            return
+        block = f.read(BLOCK_BYTES)
+        if not block:
+            break
+        text = isinstance(block, str)
+        nl = "\n" if text else b"\n"
+        k = block.find(nl)
+        if k < 0:
+            if not cut:
+                carry = block if carry is None else carry + block
+                if len(carry) > LINE_MAX:
+                    carry, cut = carry[:_CUT_KEEP], True
+            continue
+        first = carry if cut else block[:k + 1] if carry is None else carry + block[:k + 1]
+        acc._count((first,))
+        j = block.rfind(nl)
+        if j > k:
+            middle = block[k + 1:j + 1]
+            acc._count(io.StringIO(middle, newline="\n") if text else io.BytesIO(middle))
+        carry, cut = block[j + 1:] or None, False
+        if carry is not None and len(carry) > LINE_MAX:
+            carry, cut = carry[:_CUT_KEEP], True
+        since_flush += len(block)
+        if since_flush > _WINDOW_BYTES:
+            acc._flush()
+            since_flush = 0
+    if carry:
+        acc._count((carry,))
 
 
 _DETECT_RE = re.compile(r"(?m)^\W{0,8}(?:\S+\s+)?NCCL version \d+\.\d+\.\d+|"
