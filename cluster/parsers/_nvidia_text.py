@@ -10,7 +10,8 @@ import re
 
 from cluster.errors import ParseError
 
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
+# bounded: an unterminated OSC (`ESC ]` without BEL) must not make every later one rescan the text
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07\x1b\n]{0,512}\x07")
 
 # A shell prompt in front of a command: `$ `, `# `, `~$ `, `root@host:~# `, `[user@h ~]$ `,
 # `(base) [user@h ~]$ `, `bash-5.2# `, `PS C:\> `, `C:\> `, `> `.
