@@ -12,7 +12,10 @@ Returned shape (`parse(text).to_dict()`):
                 "xid": 43,
                 "message": "pid=35521, Ch 00000008"}, ...],   # the rest of the line
       "fell_off_bus": ["0000:3b:00", ...],     # PCI ids of Xid 79 lines and of "fallen off
-                                               # the bus" messages, as printed, first seen first
+                                               # the bus" messages (also wrapped over lines:
+                                               # `NVRM: The NVIDIA GPU 0000:b3:00.0` ...
+                                               # `NVRM: fallen off the bus ...`), as printed,
+                                               # first seen first
     }
 
 A log without Xids gives empty lists. Lines are cut at 4096 characters; patterns are anchored
@@ -80,12 +83,15 @@ def _xid(line: str) -> Xid | None:
     return Xid(pci=m.group(1), xid=int(m.group(2)), message=m.group(3).strip())
 
 
-def _fallen_off(line: str) -> str | None:
-    at = line.find("fallen off the bus")
-    if at < 0:
-        return None
-    m = _OFF_BUS.search(line, 0, at)
+def _gpu_named(line: str, end: int | None = None) -> str | None:
+    """The PCI id after `GPU` / `GPU at` in the line (before `end`), or None."""
+    m = _OFF_BUS.search(line, 0, len(line) if end is None else end)
     return m.group(1) if m else None
+
+
+def _is_continuation(line: str) -> bool:
+    """A wrapped kernel message: `               NVRM: fallen off the bus ...` (no stamp)."""
+    return line[:1].isspace() and not _MONOTONIC.match(line.lstrip())
 
 
 def parse(text: str) -> Dmesg:
@@ -94,6 +100,7 @@ def parse(text: str) -> Dmesg:
     xids: list[Xid] = []
     off_bus: list[str] = []
     kernel_lines = 0
+    named: str | None = None   # the GPU a message wrapped over several lines is about
     for line in lines:
         if not line.strip():
             continue
@@ -104,10 +111,15 @@ def parse(text: str) -> Dmesg:
             xids.append(xid)
             if xid.xid == FELL_OFF_BUS_XID and xid.pci not in off_bus:
                 off_bus.append(xid.pci)
+            named = None
             continue
-        pci = _fallen_off(line)
-        if pci is not None and pci not in off_bus:
-            off_bus.append(pci)
+        at = line.find("fallen off the bus")
+        pci = _gpu_named(line, None if at < 0 else at)
+        if pci is None and not _is_continuation(line):
+            named = None
+        named = pci or named
+        if at >= 0 and named is not None and named not in off_bus:
+            off_bus.append(named)
     if not kernel_lines:
         raise ParseError(KIND, "no kernel log line (`[  12.345678] ...`, `[Wed Jan 27 23:04:35 "
                                "2021] ...`, `... kernel: ...` or `NVRM: ...`) found")
