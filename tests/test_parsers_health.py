@@ -262,6 +262,15 @@ def test_ip_brief_form_and_peer_names():
     assert parsers.detect(text) == "ip-addr"
 
 
+def test_ip_brief_link_form_is_not_ip_addr():
+    """`ip -br link show` (MACs where addresses go), as quoted in iproute2-cheatsheet#28."""
+    text = ("lo               UNKNOWN        00:00:00:00:00:00 <LOOPBACK,UP,LOWER_UP> \n"
+            "eth0             UP             b8:27:eb:68:5f:03 <BROADCAST,MULTICAST,UP,LOWER_UP> \n")
+    with pytest.raises(ParseError):
+        ip_addr.parse(text)
+    assert not ip_addr.detect(text)
+
+
 def test_ip_addr_full_form_veth_and_invalid_addresses():
     text = ("3: eth0@if12: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 9000 qdisc noqueue state UP "
             "group default\n"
