@@ -83,9 +83,20 @@ def test_every_fixture_has_a_label_entry_and_every_entry_a_fixture():
             assert entry.get("expect"), f"{kind}/{name}: no expect block"
 
 
+def _parse_error_expected(kind: str, path: Path) -> str | None:
+    """The message a fixture of a tool's failure output must raise (`parse_error` label)."""
+    return _labels(kind)[path.name]["expect"].get("parse_error")
+
+
 @pytest.mark.parametrize("kind,path", BY_KIND_CASES)
 def test_fixture_parses_to_labelled_facts(kind: str, path: Path):
     module = MODULES[kind]
+    message = _parse_error_expected(kind, path)
+    if message is not None:
+        with pytest.raises(ParseError) as info:
+            module.parse(path.read_text())
+        assert str(info.value) == message
+        return
     result = module.parse(path.read_text())
     data = result.to_dict()
     json.dumps(data)                       # the documented shape is plain JSON
@@ -97,12 +108,17 @@ def test_fixture_parses_to_labelled_facts(kind: str, path: Path):
 def test_fixture_is_detected_as_its_own_kind_only(kind: str, path: Path):
     text = path.read_text()
     hits = [k for k, m in MODULES.items() if m.detect(text)]
-    assert hits == [kind]
+    assert hits == ([] if _parse_error_expected(kind, path) else [kind])
 
 
 @pytest.mark.parametrize("kind,path", BY_KIND_CASES)
 def test_fixture_survives_crlf_and_trailing_junk(kind: str, path: Path):
     text = path.read_text()
+    if _parse_error_expected(kind, path):
+        for variant in (text.replace("\n", "\r\n"), "\n\n" + text + "\nuser@host:~$ \n"):
+            with pytest.raises(ParseError):
+                MODULES[kind].parse(variant)
+        return
     plain = MODULES[kind].parse(text).to_dict()
     crlf = MODULES[kind].parse(text.replace("\n", "\r\n")).to_dict()
     assert crlf == plain

@@ -8,7 +8,8 @@ away until the node is reset; so does the same message printed without an Xid
 Returned shape (`parse(text).to_dict()`):
 
     {
-      "xids": [{"pci": "0000:3d:00",            # as printed in the Xid line (no function)
+      "xids": [{"pci": "0000:3d:00",            # as printed in the Xid line (no function);
+                                               # null where the paste elided it (`PCI:...`)
                 "xid": 43,
                 "message": "pid=35521, Ch 00000008"}, ...],   # the rest of the line
       "fell_off_bus": ["0000:3b:00", ...],     # PCI ids of Xid 79 lines and of "fallen off
@@ -36,7 +37,7 @@ KIND = "dmesg"
 FELL_OFF_BUS_XID = 79
 
 # `Xid (PCI:0000:3d:00): 43, pid=...`; MIG: `Xid (PCI:0000:01:00 GPU-I:05): 94, ...`
-_XID = re.compile(r"Xid \((?:PCI:)?([0-9A-Fa-f][0-9A-Fa-f:.]{0,15})(?: [^)]{0,64})?\): "
+_XID = re.compile(r"Xid \((?:PCI:)?([0-9A-Fa-f][0-9A-Fa-f:.]{0,15}|\.{2,4})(?: [^)]{0,64})?\): "
                   r"(\d{1,5})\b,? ?(.*)$")
 # `NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.` / `NVRM: GPU at PCI:0000:3b:00: ...`
 _OFF_BUS = re.compile(r"GPU (?:at )?(?:PCI:)?([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}"
@@ -52,7 +53,7 @@ _ISO_KERNEL = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\S{0,32} \S{1,253} ker
 class Xid:
     """One Xid line."""
 
-    pci: str
+    pci: str | None
     xid: int
     message: str
 
@@ -80,7 +81,8 @@ def _xid(line: str) -> Xid | None:
     m = _XID.match(line, at)
     if m is None:
         return None
-    return Xid(pci=m.group(1), xid=int(m.group(2)), message=m.group(3).strip())
+    pci = None if m.group(1).startswith(".") else m.group(1)   # `PCI:...`: elided in the paste
+    return Xid(pci=pci, xid=int(m.group(2)), message=m.group(3).strip())
 
 
 def _gpu_named(line: str, end: int | None = None) -> str | None:
@@ -109,7 +111,7 @@ def parse(text: str) -> Dmesg:
         xid = _xid(line)
         if xid is not None:
             xids.append(xid)
-            if xid.xid == FELL_OFF_BUS_XID and xid.pci not in off_bus:
+            if xid.xid == FELL_OFF_BUS_XID and xid.pci is not None and xid.pci not in off_bus:
                 off_bus.append(xid.pci)
             named = None
             continue

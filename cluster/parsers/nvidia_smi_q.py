@@ -558,7 +558,8 @@ def _gpu(index: int, s: _Node) -> Gpu:
         ecc_errors=ecc_errors,
         retired_pages=retired,
         remapped_rows=remapped,
-        temperature_c=_int(s.value_at("Temperature", "GPU Current Temp")),
+        temperature_c=_int(_first(s, ("Temperature", "GPU Current Temp"),
+                                  ("Temperature", "Gpu"))),   # R304: "Gpu"
         power_draw_w=_float(_first(s, ("GPU Power Readings", "Power Draw"),
                                    ("GPU Power Readings", "Instantaneous Power Draw"),
                                    ("GPU Power Readings", "Average Power Draw"),
