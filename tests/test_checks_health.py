@@ -75,9 +75,16 @@ def test_fabric_not_completed_success_fails(name: str, state: str):
     assert verdict.status is Status.FAIL and state in verdict.summary
 
 
-def test_fabric_completed_success_with_manager_running_is_ok():
+def test_fabric_registered_but_unhealthy_fails_and_healthy_is_ok():
+    """The labelled fact: Completed/Success with Health Summary Unhealthy is not a working
+    fabric; the healthy and limited cases edit that summary."""
     q = _data("nvidia-smi-q", "h2-005-dra626-nvsmi-q-fabric-completed-health-unhealthy.txt")
     running = _data("fabricmanager", "h2-001-bottlerocket142-systemctl-status-active-running.txt")
+    verdict = health.fabricmanager(running, q, TH)
+    assert verdict.status is Status.FAIL and "Unhealthy" in verdict.summary
+    q["gpus"][0]["fabric_health_summary"] = "Limited Capacity"
+    assert health.fabricmanager(running, q, TH).status is Status.WARN
+    q["gpus"][0]["fabric_health_summary"] = "Healthy"
     verdict = health.fabricmanager(running, q, TH)
     assert verdict.status is Status.OK and "fabric manager running" in verdict.summary
 

@@ -310,3 +310,35 @@ def test_hostile_inputs_end_in_a_result_or_parse_error(kind: str, name: str):
         json.dumps(module.parse(HOSTILE[name]).to_dict())
     except ParseError as exc:
         assert exc.kind == kind
+
+
+# ---------------------------------------------------------------- property-based (issue 17)
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from cluster.parsers import nvidia_smi, nvidia_smi_q, nvidia_smi_topo  # noqa: E402
+
+ALL = {**MODULES, "nvidia-smi": nvidia_smi, "nvidia-smi-q": nvidia_smi_q,
+       "nvidia-smi-topo": nvidia_smi_topo}
+# pieces of every format, so that random texts get deep into the parsers
+TOKENS = ["\n", " ", "  ", "\t", ":", " : ", "+", "-", "|", "x", "0", "79", "0000:3b:00.0",
+          "ACSCtl:", "SrcValid+", "ReqRedir-", "[  12.345678] ", "NVRM: Xid (PCI:", "): ",
+          "fallen off the bus", "GPU ", "GPU0", "NIC0", " X ", "PIX", "SYS", "NV12",
+          "Remapped Rows", "Pending", "Yes", "Fabric", "State", "Completed", "Active",
+          "<nvidia_smi_log>", "<gpu id=\"00000000:01:00.0\">", "</gpu>", "1: eth0: <UP> mtu ",
+          "    inet 10.0.0.1/24", "state UP", "Active: active (running)",
+          "nv-fabricmanager[1]: ", "systemd[1]: ", "NVIDIA-SMI 550.54", "Driver Version:",
+          "| 0  NVIDIA H100  On | 00000000:18:00.0 Off | 0 |", "\x1b]", "\r\n", "\u0661"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from(TOKENS), max_size=80).map("".join))
+def test_any_text_gives_a_result_or_parse_error(text: str):
+    for kind, module in ALL.items():
+        assert module.detect(text) in (True, False)
+        try:
+            data = module.parse(text).to_dict()
+        except ParseError as exc:
+            assert exc.kind == kind
+        else:
+            json.dumps(data, allow_nan=False)

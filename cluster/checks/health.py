@@ -140,6 +140,18 @@ def fabricmanager(fm: Mapping[str, Any] | None, smi_q: Mapping[str, Any] | None,
                     f"(state/status {shown}; want {state_ok}/{status_ok})", fix)
     if not gpus:
         return skip("no per-GPU fabric state to judge")
+    unhealthy = [g for g in gpus if g.get("fabric_health_summary") in
+                 _th_list(th, "fabric_health_fail", str)]
+    limited = [g for g in gpus if g.get("fabric_health_summary") in
+               _th_list(th, "fabric_health_warn", str)]
+    if unhealthy or limited:
+        which = unhealthy or limited
+        shown = _listed(f"{_gpu_name(g)} {g['fabric_health_summary']}" for g in which)
+        summary = (f"{len(which)} GPU(s) registered ({state_ok}/{status_ok}) but the fabric "
+                   f"health summary says {shown}")
+        hint = ("check `nvidia-smi -q | grep -A12 Fabric` (Bandwidth, Route Unhealthy) and the "
+                "NVSwitch / NVLink trays; `journalctl -u nvidia-fabricmanager` for link errors")
+        return fail(summary, hint) if unhealthy else warn(summary, hint)
     running = "" if fm is None or fm.get("running") is None else ", fabric manager running"
     return ok(f"{len(gpus)} GPU(s) fabric {state_ok}/{status_ok}{running}")
 

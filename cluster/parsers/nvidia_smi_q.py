@@ -58,6 +58,7 @@ Returned shape (`parse(text).to_dict()`):
           "retired_pages_pending": true | false | null,   # "Pending Page Blacklist" Yes / No
           "fabric_state": "Completed" | "In Progress" | ... | null,   # "Fabric" / "State"
           "fabric_status": "Success" | ... | null,                    # "Fabric" / "Status"
+          "fabric_health_summary": "Healthy" | "Unhealthy" | ... | null,  # "Health" / "Summary"
           "temperature_c": 34 | null,
           "power_draw_w": 69.3 | null, "power_limit_w": 400.0 | null,
           "pcie_gen_current": 4 | null, "pcie_gen_max": 4 | null,
@@ -175,6 +176,7 @@ class Gpu:
     retired_pages_pending: bool | None = None
     fabric_state: str | None = None
     fabric_status: str | None = None
+    fabric_health_summary: str | None = None
 
     def to_dict(self) -> dict:
         out = {name: getattr(self, name) for name in self.__dataclass_fields__}
@@ -579,6 +581,7 @@ def _gpu(index: int, s: _Node) -> Gpu:
         retired_pages_pending=_yes_no(retired_pending),
         fabric_state=s.value_at("Fabric", "State"),
         fabric_status=s.value_at("Fabric", "Status"),
+        fabric_health_summary=s.value_at("Fabric", "Health", "Summary"),
     )
 
 
