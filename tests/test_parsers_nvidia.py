@@ -727,3 +727,18 @@ def test_hostile_megabyte_inputs_end_in_a_result_or_parse_error(kind: str, name:
         assert exc.kind == kind
     else:
         json.dumps(data)
+
+
+OTHER_TOOL_FIXTURES = [pytest.param(path, id=f"{path.parent.name}/{path.name}")
+                       for path in sorted(FIXTURES.glob("*/*"))
+                       if path.parent.name not in MODULES and path.parent.name != "labels"]
+
+
+@pytest.mark.parametrize("path", OTHER_TOOL_FIXTURES)
+def test_q_table_topo_refuse_every_other_tools_fixture(path: Path):
+    """The header-less -q excerpts widened detect(): no other tool's real output may pass."""
+    text = path.read_text(errors="replace")
+    for module in (nvidia_smi_q, nvidia_smi, nvidia_smi_topo):
+        assert not module.detect(text), f"{module.KIND} detects {path.parent.name}/{path.name}"
+        with pytest.raises(ParseError):
+            module.parse(text)
