@@ -62,7 +62,7 @@ def main() -> int:
     modules = {"nvidia-smi-q": nvidia_smi_q, "nvidia-smi": nvidia_smi,
                "nvidia-smi-topo": nvidia_smi_topo}
     print(f"{'shape':16s} {'parser':16s} " + " ".join(f"{s / MB:>10.3f}MB" for s in sizes)
-          + "   (s/MB; ratio to the first size)")
+          + "   (s/MB (ratio to the first size))")
     for shape in shapes(1):
         for kind, module in modules.items():
             per_mb = []
@@ -70,7 +70,7 @@ def main() -> int:
                 text = shapes(size)[shape]
                 per_mb.append(timed(module, text, args.rounds) / (len(text) / MB))
             base = per_mb[0] or 1e-12
-            cells = " ".join(f"{v:8.3f}x{v / base:<5.1f}"[:12].rjust(12) for v in per_mb)
+            cells = " ".join(f"{v:.3f} ({v / base:.1f})".rjust(12) for v in per_mb)
             print(f"{shape:16s} {kind:16s} {cells}")
     return 0
 
