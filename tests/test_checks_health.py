@@ -207,3 +207,37 @@ def test_bad_thresholds_are_named(key: str, value):
         health.acs(lspci, 4, 0, th)
         health.gpu_health(None, log, th)
         health.fabricmanager(None, q, th)
+
+
+# ---------------------------------------------------------------- interface / MTU
+
+def test_iface_up_with_node_ip_is_ok_and_gives_the_mtu():
+    data = _data("ip-addr", "103-docker-host-eth0-altname-docker0-bridge-no-carrier.txt")
+    verdict = health.iface(data, "eth0", "172.22.42.25")
+    assert verdict.status is Status.OK and verdict.facts == {"mtu": 1500}
+
+
+def test_iface_missing_down_or_without_node_ip_fails():
+    data = _data("ip-addr", "h2-001-vllm7429-ip-addr-bond-ib-host.txt")
+    missing = health.iface(data, "ib0", None)
+    assert missing.status is Status.FAIL and "bond0" in missing.summary
+    down = health.iface(data, "enx964498447070", None)
+    assert down.status is Status.FAIL and "DOWN" in down.summary
+    no_ip = health.iface(data, "bond0", "10.0.0.5")
+    assert no_ip.status is Status.FAIL and "no IPv4 address" in no_ip.summary
+
+
+def test_iface_public_node_ip_warns():
+    data = _data("ip-addr", "x01-iproute2cheatsheet28-brief-addr-show.txt")   # 192.0.2.1
+    assert health.iface(data, "eth0", "192.0.2.1").status is Status.OK   # TEST-NET-1: reserved
+    assert health.iface(data, "eth0", "8.8.8.8").status is Status.FAIL   # not on eth0
+    public = {"interfaces": [{"name": "eth0", "state": "UP", "mtu": 1500,
+                              "ipv4": ["8.8.8.8/24"]}]}
+    assert health.iface(public, "eth0", "8.8.8.8").status is Status.WARN
+
+
+def test_mtu_match_across_nodes():
+    assert health.mtu_match({"a": 9000, "b": 9000}).status is Status.OK
+    verdict = health.mtu_match({"a": 9000, "b": 1500, "c": 9000, "d": None})
+    assert verdict.status is Status.FAIL and "1500: b" in verdict.summary
+    assert health.mtu_match({"a": 9000, "b": None}).status is Status.SKIP

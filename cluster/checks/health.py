@@ -12,10 +12,13 @@ per-node checks that probe the nodes and call these are to be built on the facts
     pcie_link(smi_q, th)                             link trained below its width / generation
     persistence(gpus, th)                            persistence mode off: warn (fixable)
     nic_locality(topo, th, rdma_nics=None)           nearest RDMA NIC across the socket: warn
+    iface(ip_addr, ifname, node_ip)                  NCCL/Gloo interface missing, down, wrong IP
+    mtu_match(mtus)                                  the interface's MTU differs across nodes
 """
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -321,3 +324,54 @@ def nic_locality(topo: Mapping[str, Any], th: Mapping[str, Any],
     return ok(f"every GPU has an RDMA NIC on its side of the socket "
               f"({', '.join(sorted(set(nearest.values())))})", facts=facts)
 
+
+
+# ---------------------------------------------------------------- interface
+
+
+def iface(ip_addr: Mapping[str, Any], ifname: str, node_ip: str | None) -> Verdict:
+    """The configured NCCL/Gloo interface exists, is up and carries node_ip, a private address.
+
+    Facts: the interface's MTU (for mtu_match across nodes).
+    """
+    found = next((i for i in ip_addr.get("interfaces") or () if i.get("name") == ifname), None)
+    fix = (f"set nccl_socket_ifname / gloo_socket_ifname to the interface that carries the "
+           f"node's address (`ip -br addr`), or bring {ifname} up (`ip link set {ifname} up`)")
+    if found is None:
+        names = ", ".join([i.get("name", "?") for i in ip_addr.get("interfaces") or ()][:32])
+        return fail(f"interface {ifname} does not exist (have: {names or 'none'})", fix)
+    facts = {"mtu": found.get("mtu")}
+    if found.get("state") not in ("UP", "UNKNOWN"):
+        return fail(f"interface {ifname} is {found.get('state') or 'not up'}", fix, facts=facts)
+    addresses = [a.split("/", 1)[0] for a in found.get("ipv4") or ()]
+    if node_ip is not None and node_ip not in addresses:
+        return fail(f"interface {ifname} does not carry node_ip {node_ip} "
+                    f"(it has {', '.join(addresses) or 'no IPv4 address'})", fix, facts=facts)
+    if node_ip is not None:
+        try:
+            private = ipaddress.IPv4Address(node_ip).is_private
+        except ValueError:
+            return fail(f"node_ip {node_ip!r} is not an IPv4 address", fix, facts=facts)
+        if not private:
+            return warn(f"node_ip {node_ip} on {ifname} is a public address: Ray and NCCL "
+                        f"ports would be reachable from outside",
+                        "use the node's private (cluster network) address as node_ip",
+                        facts=facts)
+    return ok(f"{ifname} is up with {', '.join(addresses) or 'no IPv4'}"
+              + (f", MTU {found['mtu']}" if found.get("mtu") else ""),
+              facts=facts)
+
+
+def mtu_match(mtus: Mapping[str, int | None]) -> Verdict:
+    """The NCCL/Gloo interface's MTU is the same on every node (node -> MTU; None: unknown)."""
+    known = {node: mtu for node, mtu in mtus.items() if mtu is not None}
+    if len(known) < 2:
+        return skip("fewer than two nodes with a known MTU")
+    values = sorted(set(known.values()))
+    if len(values) == 1:
+        return ok(f"MTU {values[0]} on all {len(known)} nodes")
+    by_mtu = {v: sorted(n for n, m in known.items() if m == v) for v in values}
+    shown = "; ".join(f"{v}: {_listed(nodes)}" for v, nodes in by_mtu.items())
+    return fail(f"MTU differs across nodes ({shown}): large messages are dropped or fragmented",
+                "set the same MTU on every node's interface (and the switch ports), e.g. "
+                "`ip link set <if> mtu 9000` plus the distribution's network config")
