@@ -83,9 +83,20 @@ def test_every_fixture_has_a_label_entry_and_every_entry_a_fixture():
             assert entry.get("expect"), f"{kind}/{name}: no expect block"
 
 
+def _parse_error_expected(kind: str, path: Path) -> str | None:
+    """The message a fixture of a tool's failure output must raise (`parse_error` label)."""
+    return _labels(kind)[path.name]["expect"].get("parse_error")
+
+
 @pytest.mark.parametrize("kind,path", BY_KIND_CASES)
 def test_fixture_parses_to_labelled_facts(kind: str, path: Path):
     module = MODULES[kind]
+    message = _parse_error_expected(kind, path)
+    if message is not None:
+        with pytest.raises(ParseError) as info:
+            module.parse(path.read_text())
+        assert str(info.value) == message
+        return
     result = module.parse(path.read_text())
     data = result.to_dict()
     json.dumps(data)                       # the documented shape is plain JSON
@@ -97,12 +108,17 @@ def test_fixture_parses_to_labelled_facts(kind: str, path: Path):
 def test_fixture_is_detected_as_its_own_kind_only(kind: str, path: Path):
     text = path.read_text()
     hits = [k for k, m in MODULES.items() if m.detect(text)]
-    assert hits == [kind]
+    assert hits == ([] if _parse_error_expected(kind, path) else [kind])
 
 
 @pytest.mark.parametrize("kind,path", BY_KIND_CASES)
 def test_fixture_survives_crlf_and_trailing_junk(kind: str, path: Path):
     text = path.read_text()
+    if _parse_error_expected(kind, path):
+        for variant in (text.replace("\n", "\r\n"), "\n\n" + text + "\nuser@host:~$ \n"):
+            with pytest.raises(ParseError):
+                MODULES[kind].parse(variant)
+        return
     plain = MODULES[kind].parse(text).to_dict()
     crlf = MODULES[kind].parse(text.replace("\n", "\r\n")).to_dict()
     assert crlf == plain
@@ -553,3 +569,176 @@ def test_proc_version_legacy_without_arch():
     data = proc_driver_nvidia_version.parse(text).to_dict()
     assert data["driver_version"] == "304.137" and data["kernel_module"] == "proprietary"
     assert data["arch"] is None and data["gcc"] is None
+
+
+# ---------------------------------------------------------------- issue 16: new -q / table / topo keys
+
+GREP_A4_UNCORR = """\
+$ nvidia-smi -q | grep -A4 -i uncorr
+            SRAM Uncorrectable            : 0
+            DRAM Correctable              : 0
+            DRAM Uncorrectable            : 2
+        Aggregate
+            SRAM Correctable              : 0
+            SRAM Uncorrectable            : 0
+            DRAM Correctable              : 0
+            DRAM Uncorrectable            : 3
+    Retired Pages
+        Single Bit ECC                    : N/A
+        Double Bit ECC                    : N/A
+        Pending Page Blacklist            : N/A
+--
+        Uncorrectable Error               : 0
+        Pending                           : Yes
+        Remapping Failure Occurred        : No
+        Bank Remap Availability Histogram
+            Max                           : 639 bank(s)
+--
+            SRAM Uncorrectable            : 0
+            DRAM Correctable              : 0
+            DRAM Uncorrectable            : 0
+        Aggregate
+            SRAM Correctable              : 0
+            SRAM Uncorrectable            : 0
+            DRAM Correctable              : 0
+            DRAM Uncorrectable            : 0
+    Retired Pages
+        Single Bit ECC                    : N/A
+        Double Bit ECC                    : N/A
+        Pending Page Blacklist            : N/A
+--
+        Uncorrectable Error               : 0
+        Pending                           : No
+        Remapping Failure Occurred        : No
+        Bank Remap Availability Histogram
+            Max                           : 640 bank(s)
+"""
+
+
+def test_q_grep_a4_uncorr_excerpt_without_headers():
+    """Layout of `nvidia-smi -q | grep -A4 -i uncorr` on R470-R535 (key order and indentation as
+    in the DCGM#50 -q paste); not a captured sample. The `Volatile` and `Remapped Rows` lines
+    are cut by grep; the counters are read into their sections, one GPU per repeat."""
+    data = nvidia_smi_q.parse(GREP_A4_UNCORR).to_dict()
+    assert len(data["gpus"]) == 2
+    first, second = data["gpus"]
+    assert first["ecc_uncorrectable_volatile"] == 2 and first["ecc_uncorrectable_aggregate"] == 3
+    assert first["remapped_rows_pending"] is True and first["remapped_rows_failure"] is False
+    assert first["remapped_rows"]["histogram"] == {"max": 639}
+    assert first["retired_pages_pending"] is None and first["bus_id"] is None
+    assert second["ecc_uncorrectable_volatile"] == 0 and second["remapped_rows_pending"] is False
+    assert nvidia_smi_q.detect(GREP_A4_UNCORR)
+
+
+def test_q_counters_without_section_or_aggregate_stay_null():
+    """SRAM/DRAM counters cut from their section with no `Aggregate` after them could be either
+    side: left null, not guessed."""
+    text = ("    Product Name                          : NVIDIA A100-SXM4-80GB\n"
+            "            DRAM Uncorrectable            : 5\n")
+    gpu = nvidia_smi_q.parse(text).to_dict()["gpus"][0]
+    assert gpu["ecc_uncorrectable_volatile"] is None and gpu["ecc_uncorrectable_aggregate"] is None
+
+
+def test_q_full_report_new_flat_keys():
+    data = nvidia_smi_q.parse(Q_REPORT.replace(
+        "    Processes                             : None\n",
+        "    Fabric\n        State                             : Completed\n"
+        "        Status                            : Success\n"
+        "    Processes                             : None\n")).to_dict()
+    first, second = data["gpus"]
+    assert first["persistence_mode_enabled"] is True
+    assert (first["ecc_uncorrectable_volatile"], first["ecc_uncorrectable_aggregate"]) == (0, 1)
+    assert first["remapped_rows_pending"] is False and first["remapped_rows_failure"] is False
+    assert (first["fabric_state"], first["fabric_status"]) == ("Completed", "Success")
+    assert second["ecc_uncorrectable_volatile"] == 0 and second["ecc_uncorrectable_aggregate"] is None
+    assert second["persistence_mode_enabled"] is None and second["fabric_state"] is None
+
+
+def test_q_xml_refuses_entities_and_reads_a_cut_paste():
+    xml = (FIXTURES / "nvidia-smi-q" / "x06-xml-tesla-t4-515-link-x8-telegraf.txt").read_text()
+    bomb = xml.replace('<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v11.dtd">',
+                       '<!DOCTYPE nvidia_smi_log [<!ENTITY a "aaaaaaaaaa">]>')
+    assert bomb != xml
+    with pytest.raises(ParseError, match="entity"):
+        nvidia_smi_q.parse(bomb)
+    cut = nvidia_smi_q.parse(xml[:xml.index("<ecc_errors>")]).to_dict()
+    assert cut["gpus"][0]["name"] == "Tesla T4" and cut["gpus"][0]["pcie_width_current"] == 8
+    assert cut["gpus"][0]["ecc_uncorrectable_volatile"] is None
+
+
+def test_table_persistence_mode_enabled():
+    data = nvidia_smi.parse(OLD_R3XX_TABLE).to_dict()
+    assert [g["persistence_mode_enabled"] for g in data["gpus"]] == [False, False]
+    windows = nvidia_smi.parse(WINDOWS_TABLE).to_dict()
+    assert windows["gpus"][0]["persistence_mode_enabled"] is None
+
+
+def test_topo_gpu_nic_closest_with_legend_names():
+    data = nvidia_smi_topo.parse(TOPO_WITH_NIC_LEGEND).to_dict()
+    assert data["gpu_nic"] == {
+        "GPU0": {"nics": ["NIC0"], "names": ["mlx5_0"], "relation": "PXB"},
+        "GPU1": {"nics": ["NIC1"], "names": ["mlx5_1"], "relation": "PXB"}}
+
+
+def test_topo_gpu_nic_sys_only_and_no_nic_columns():
+    text = ("        GPU0    GPU1    mlx5_0  CPU Affinity\n"
+            "GPU0     X      SOC     SOC     0-7\n"
+            "GPU1    SOC      X      SOC     8-15\n"
+            "mlx5_0  SOC     SOC      X\n")
+    data = nvidia_smi_topo.parse(text).to_dict()
+    assert data["gpu_nic"]["GPU0"] == {"nics": ["mlx5_0"], "names": ["mlx5_0"], "relation": "SYS"}
+    none = nvidia_smi_topo.parse((FIXTURES / "nvidia-smi-topo" /
+                                  "007-h100-8gpu-nv18-no-nic-columns.txt").read_text()).to_dict()
+    assert none["gpu_nic"] == {}
+
+
+# ---------------------------------------------------------------- issue 17: linear time on hostile input
+
+HOSTILE = {
+    "x_spaces_line": "x" + " " * 1_000_000 + "x" + " " * 1_000_000 + "x",
+    "key_colon_spaces": "x" + " " * 1_000_000 + ":" + " " * 1_000_000 + "y" + " " * 100_000,
+    "banner_equals": "=" * 3_000_000,
+    "blank_lines": "\n" * 1_000_000 + " " * 1_000_000,
+    "unterminated_osc": "\x1b]" * 1_000_000,
+    "deep_indent": "".join(" " * i + "Sec\n" for i in range(2_500)),
+    "distinct_keys": "".join(f"    Key{i}   : v\n" for i in range(50_000)),
+    "table_row_spaces": "| 0 " + " " * 1_000_000 + "x |00000000:01:00.0 Off|  0 |\n",
+    "power_digits": "|  " + "1" * 1_000_000 + " / " + " " * 1_000_000 + "|  x   |  y  |\n",
+    "memory_digits": "|" + "1" * 2_000_000 + "MiB |",
+    "process_row": "| Processes: |\n| 0 " + " " * 1_000_000 + " 1 C x" + " " * 1_000_000 + " 5 MiB |\n",
+    "topo_long_row": "GPU0 GPU1\nGPU0 X " + "NV1 " * 500_000 + "\n",
+    "tabs_spaces": " \t" * 1_500_000,
+    "xml_deep": "<nvidia_smi_log>" + "<a>" * 100_000,
+}
+
+
+@pytest.mark.parametrize("kind", ["nvidia-smi-q", "nvidia-smi", "nvidia-smi-topo"])
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_megabyte_inputs_end_in_a_result_or_parse_error(kind: str, name: str):
+    """Issue 17: a 1 MB line of `x   ...   x` ran for minutes in the -q key-value pattern.
+    Each of these inputs (1-6 MB) must end, in a result or ParseError (speed is measured by
+    scripts/bench_parsers_nvidia.py, not here)."""
+    module = MODULES[kind]
+    text = HOSTILE[name]
+    assert module.detect(text) in (True, False)
+    try:
+        data = module.parse(text).to_dict()
+    except ParseError as exc:
+        assert exc.kind == kind
+    else:
+        json.dumps(data)
+
+
+OTHER_TOOL_FIXTURES = [pytest.param(path, id=f"{path.parent.name}/{path.name}")
+                       for path in sorted(FIXTURES.glob("*/*"))
+                       if path.parent.name not in MODULES and path.parent.name != "labels"]
+
+
+@pytest.mark.parametrize("path", OTHER_TOOL_FIXTURES)
+def test_q_table_topo_refuse_every_other_tools_fixture(path: Path):
+    """The header-less -q excerpts widened detect(): no other tool's real output may pass."""
+    text = path.read_text(errors="replace")
+    for module in (nvidia_smi_q, nvidia_smi, nvidia_smi_topo):
+        assert not module.detect(text), f"{module.KIND} detects {path.parent.name}/{path.name}"
+        with pytest.raises(ParseError):
+            module.parse(text)

@@ -355,9 +355,12 @@ def run(args: argparse.Namespace) -> int:
         print_json([{k: v for k, v in r.items() if k != "input_error"} for r in results])
     else:
         for result in results:
-            if result.get("input_error"):
-                stderr.print(f"cluster parse: {result['error']}", markup=False, highlight=False,
-                             soft_wrap=True)
-            else:
+            if not result.get("input_error"):
                 stdout.print(_render(result))
-    return 0 if all("data" in r for r in results) else 2
+    failed = [r for r in results if "data" not in r]
+    if failed:  # the error rule: one line on stderr, whatever stdout shows
+        first = failed[0]
+        more = f" (and {len(failed) - 1} more of {len(results)} inputs)" if len(failed) > 1 else ""
+        stderr.print(f"cluster parse: {first.get('file')}: {first.get('error')}{more}",
+                     markup=False, highlight=False, soft_wrap=True)
+    return 0 if not failed else 2

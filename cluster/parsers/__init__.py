@@ -39,12 +39,17 @@ MODULES: dict[str, str] = {
     "ulimit": "ulimit",
     "df-shm": "df_shm",
     "nccl": "nccl",
+    "lspci": "lspci",
+    "dmesg": "dmesg",
+    "fabricmanager": "fabricmanager",
+    "ip-addr": "ip_addr",
 }
 
 # Most specific first: a text that could pass two detectors goes to the stricter one.
 # nccl logs are unmistakable and may embed anything; nvidia-smi -q and topo before the default
 # table; the CSV query form is loose, so it comes late; chronyc sources before tracking (a
-# sources paste often ends with a tracking report); lsmod/ulimit/df after the rest.
+# sources paste often ends with a tracking report); fabric manager's journal before the kernel
+# log (both are journal lines); lsmod/ulimit/df after the rest.
 DETECT_ORDER: tuple[str, ...] = (
     "nccl",
     "nvidia-smi-q",
@@ -60,6 +65,10 @@ DETECT_ORDER: tuple[str, ...] = (
     "chronyc-tracking",
     "ntpq",
     "timedatectl",
+    "fabricmanager",
+    "lspci",
+    "ip-addr",
+    "dmesg",
     "ulimit",
     "df-shm",
     "lsmod",

@@ -21,6 +21,7 @@ Returned shape (`parse(text).to_dict()`):
           "memory_total_mib": 81920 | null, "memory_used_mib": 437 | null,
           "bus_id": "00000000:01:00.0",
           "persistence_mode": "On" | "Off" | null, "driver_model": "WDDM" | "TCC" | null,
+          "persistence_mode_enabled": true | false | null,   # Persistence-M On / Off as a bool
           "display_active": "On" | "Off" | null,
           "ecc_uncorrected_volatile": 0 | null,     # "Volatile Uncorr. ECC"; N/A/Off -> null
           "ecc_column": "0" | "N/A" | "Off",        # that column as shown
@@ -34,7 +35,8 @@ Returned shape (`parse(text).to_dict()`):
     }
 
 `No devices were found` parses to zero GPUs (gpu_count 0). Text that is not an nvidia-smi table,
-or nvidia-smi's own failure message (driver not loaded...), raises ParseError.
+or nvidia-smi's own failure message (driver not loaded...), raises ParseError. Linear in its
+input: lines are cut at 4096 characters and cells split with string operations.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ import re
 from dataclasses import asdict, dataclass
 
 from cluster.errors import ParseError
+from cluster.parsers._lines import MAX_LINE_CHARS
 from cluster.parsers._nvidia_text import is_missing, lines_of, tool_failure, version_in
 
 KIND = "nvidia-smi"
@@ -52,13 +55,13 @@ _SMI_HEADER = re.compile(r"NVIDIA-SMI\s+(\d[\w.-]*)")
 _DRIVER = re.compile(r"(?:Driver|KMD)\s+Version:\s*(\S+)", re.I)
 _CUDA = re.compile(r"CUDA\s+(?:UMD\s+)?Version:\s*(\S+(?:\s\S+)?)", re.I)
 _BUS_CELL = re.compile(r"^\s*(" + _BUS_ID + r")\s*(On|Off|N/A)?\s*$")
-_ROW1_CELL = re.compile(r"^\s*(\d+)\s+(.*?)(?:\s+(On|Off|N/A|WDDM|TCC|MCDM))?\s*$")
-_MEMORY = re.compile(r"(\d+)\s*MiB\s*/\s*(\d+)\s*MiB")
+_ROW1_MODES = ("On", "Off", "N/A", "WDDM", "TCC", "MCDM")
+_MEMORY = re.compile(r"(?<!\d)(\d{1,12}) {0,8}MiB {0,8}/ {0,8}(\d{1,12}) {0,8}MiB")
 _BORDER = re.compile(r"^\s*\+[-=+]+\+\s*$")
 _TIMESTAMP = re.compile(
     r"^\s*(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)\s+\w{3}\s+\d+\s+\d\d:\d\d:\d\d\s+\d{4}\s*$")
-_PROCESS = re.compile(r"^\s*(\d+|N/A)\s+(?:(\S+)\s+(\S+)\s+)?(\d+)\s+([CGM](?:\+[CGM])*)\s+"
-                      r"(.*?)\s+(\d+\s*MiB|N/A)\s*$")
+_PROCESS_HEAD = re.compile(r"^\s*(\d+|N/A)\s+(?:(\S+)\s+(\S+)\s+)?(\d+)\s+([CGM](?:\+[CGM])*)\s")
+_PROCESS_MEMORY = re.compile(r"(?<!\S)(\d{1,12}) {0,8}MiB$|(?<!\S)N/A$")
 _NO_DEVICES = re.compile(r"No devices were found", re.I)
 
 
@@ -86,6 +89,7 @@ class Gpu:
     memory_used_mib: int | None
     bus_id: str
     persistence_mode: str | None
+    persistence_mode_enabled: bool | None
     driver_model: str | None
     display_active: str | None
     ecc_uncorrected_volatile: int | None
@@ -139,7 +143,7 @@ def detect(text: str) -> bool:
 
 def parse(text: str) -> NvidiaSmi:
     """Parse nvidia-smi's default output; see the module docstring for the returned shape."""
-    lines = [_from_first_bar(line) for line in lines_of(text, KIND)]
+    lines = [_from_first_bar(line[:MAX_LINE_CHARS]) for line in lines_of(text, KIND)]
     header_seen, driver, cuda, smi_version = _header(lines)
     timestamp = next((ln.strip() for ln in lines if _TIMESTAMP.match(ln)), None)
     gpus, last_gpu_line = _gpus(lines)
@@ -197,7 +201,7 @@ def _gpus(lines: list[str]) -> tuple[list[Gpu], int]:
         if cells is None:
             continue
         bus = _BUS_CELL.match(cells[1])
-        first = _ROW1_CELL.match(cells[0])
+        first = _row1_cell(cells[0])
         if bus is None or first is None:
             continue
         row2 = _cells(lines[i + 1]) if i + 1 < len(lines) else None
@@ -209,12 +213,27 @@ def _gpus(lines: list[str]) -> tuple[list[Gpu], int]:
     return gpus, last
 
 
-def _gpu(first: re.Match, bus: re.Match, ecc_cell: str, row2: list[str] | None,
+def _row1_cell(cell: str) -> tuple[int, str, str | None] | None:
+    """`   0  NVIDIA A100 80GB PCIe  On` -> (0, "NVIDIA A100 80GB PCIe", "On"); None when the
+    cell does not start with a GPU index followed by a blank (the name may then be empty)."""
+    parts = cell.split(None, 1)
+    if not parts or not (parts[0].isascii() and parts[0].isdigit()):
+        return None
+    if len(parts) == 1:
+        after = cell.lstrip()[len(parts[0]):]
+        return (int(parts[0]), "", None) if after else None
+    rest = parts[1].strip()
+    words = rest.rsplit(None, 1)
+    if len(words) == 2 and words[1] in _ROW1_MODES:
+        return int(parts[0]), words[0].strip(), words[1]
+    return int(parts[0]), rest, None
+
+
+def _gpu(first: tuple[int, str, str | None], bus: re.Match, ecc_cell: str, row2: list[str] | None,
          row3: list[str] | None, line_no: int) -> Gpu:
-    name = first.group(2).strip()
+    index, name, mode = first
     if not name:
         raise ParseError(KIND, "GPU row without a name", line=line_no + 1)
-    mode = first.group(3)
     ecc = ecc_cell.strip() or None
     fan = temp = perf = draw = cap = util = used = total = None
     compute = None
@@ -226,13 +245,14 @@ def _gpu(first: re.Match, bus: re.Match, ecc_cell: str, row2: list[str] | None,
         util, compute = _row2_last_cell(row2[2])
     mig = row3[2].strip() if row3 is not None else None
     return Gpu(
-        index=int(first.group(1)),
+        index=index,
         name=name,
         name_truncated=name.endswith("..."),
         memory_total_mib=total,
         memory_used_mib=used,
         bus_id=bus.group(1),
         persistence_mode=mode if mode in ("On", "Off") else None,
+        persistence_mode_enabled={"On": True, "Off": False}.get(mode or ""),
         driver_model=mode if mode in ("WDDM", "TCC", "MCDM") else None,
         display_active=bus.group(2) if bus.group(2) in ("On", "Off") else None,
         ecc_uncorrected_volatile=int(ecc) if ecc and ecc.isdigit() else None,
@@ -251,29 +271,43 @@ def _gpu(first: re.Match, bus: re.Match, ecc_cell: str, row2: list[str] | None,
 def _int_in(token: str | None, suffix: str) -> int | None:
     if token is None:
         return None
-    m = re.fullmatch(r"(\d+)(?:\.\d+)?\s*" + suffix, token.strip())
+    m = re.fullmatch(r"(\d{1,12})(?:\.\d{1,12})? {0,8}" + suffix, token.strip())
     return int(m.group(1)) if m else None
 
 
 def _row2_first_cell(cell: str) -> tuple:
     """`N/A   32C    P0    69W /  300W` -> (fan %, temp C, perf state, power draw W, cap W)."""
-    power = re.search(r"(\S+)\s*/\s*(\S+)\s*$", cell)
-    draw = _int_in(power.group(1), "W") if power else None
-    cap = _int_in(power.group(2), "W") if power else None
-    head = cell[:power.start()] if power else cell
-    tokens = head.split()
+    tokens, draw_token, cap_token = _power_split(cell.split())
+    draw = _int_in(draw_token, "W")
+    cap = _int_in(cap_token, "W")
     fan = _int_in(tokens[0], "%") if len(tokens) > 0 else None
     temp = _int_in(tokens[1], "C") if len(tokens) > 1 else None
     perf = tokens[2] if len(tokens) > 2 and re.fullmatch(r"P\d+", tokens[2]) else None
     return fan, temp, perf, draw, cap
 
 
+def _power_split(tokens: list[str]) -> tuple[list[str], str | None, str | None]:
+    """(tokens before the power pair, draw, cap) of `... 69W / 300W` (also `69W/300W`,
+    `69W /300W`, `69W/ 300W`); no pair: (tokens, None, None)."""
+    if len(tokens) >= 3 and tokens[-2] == "/":
+        return tokens[:-3], tokens[-3], tokens[-1]
+    if len(tokens) >= 2 and tokens[-1].startswith("/") and len(tokens[-1]) > 1:
+        return tokens[:-2], tokens[-2], tokens[-1][1:]
+    if len(tokens) >= 2 and tokens[-2].endswith("/") and len(tokens[-2]) > 1:
+        return tokens[:-2], tokens[-2][:-1], tokens[-1]
+    if tokens and tokens[-1].count("/") == 1 and tokens[-1] != "N/A":
+        draw, _, cap = tokens[-1].partition("/")
+        if draw and cap:
+            return tokens[:-1], draw, cap
+    return tokens, None, None
+
+
 def _row2_last_cell(cell: str) -> tuple[int | None, str | None]:
     """`100%      Default` -> (100, "Default"); `11%   E. Process` -> (11, "E. Process")."""
-    m = re.match(r"^\s*(\S+)\s+(.*?)\s*$", cell)
-    if not m:
+    parts = cell.strip().split(None, 1)
+    if len(parts) < 2:
         return None, None
-    return _int_in(m.group(1), "%"), m.group(2) or None
+    return _int_in(parts[0], "%"), parts[1] or None
 
 
 def _complete(lines: list[str], last_gpu_line: int) -> bool | None:
@@ -295,10 +329,10 @@ def _processes(lines: list[str]) -> list[Process]:
         stripped = line.strip()
         if not (stripped.startswith("|") and stripped.endswith("|")) or stripped.count("|") != 2:
             continue
-        m = _PROCESS.match(stripped[1:-1])
-        if m is None:
+        parsed = _process_row(stripped[1:-1])
+        if parsed is None:
             continue
-        gpu, gi, ci, pid, ptype, name, mem = m.groups()
+        gpu, gi, ci, pid, ptype, name, mem = parsed
         out.append(Process(
             gpu=int(gpu) if gpu.isdigit() else None,
             gi=None if gi is None or is_missing(gi) else gi,
@@ -306,3 +340,19 @@ def _processes(lines: list[str]) -> list[Process]:
             pid=int(pid), type=ptype, name=name.strip(),
             memory_mib=_int_in(mem.replace(" ", ""), "MiB")))
     return out
+
+
+def _process_row(cell: str) -> tuple | None:
+    """(gpu, gi, ci, pid, type, name, memory) of one Processes row, or None."""
+    cell = cell.rstrip()
+    head = _PROCESS_HEAD.match(cell)
+    tail = _PROCESS_MEMORY.search(cell[-32:])
+    if head is None or tail is None:
+        return None
+    mem_start = len(cell) - len(cell[-32:]) + tail.start()
+    if mem_start < head.end():
+        return None
+    name = cell[head.end():mem_start].strip()
+    if not name:
+        return None
+    return (*head.groups(), name, tail.group(0))

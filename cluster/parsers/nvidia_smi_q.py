@@ -2,8 +2,16 @@
 
 Reads the full report and its filtered forms (`-q -d MEMORY,ECC,...`, `-q -i N`, `-a`), the old
 (R3xx-R4xx) and new (R450+, R550+ SRAM/DRAM ECC, R610+ `KMD Version` / `CUDA UMD Version`) key
-names, and grep'ed excerpts without the `GPU <bus id>` section lines (`nvidia-smi -q | grep UUID`):
-there a new GPU starts whenever a key seen for the current GPU comes again.
+names, the XML form (`nvidia-smi -q -x`, its tags mapped onto the same keys), and grep'ed
+excerpts without the `GPU <bus id>` section lines (`nvidia-smi -q | grep UUID`,
+`nvidia-smi -q | grep -A4 -i uncorr`): there a new GPU starts whenever a GPU-level key seen for
+the current GPU comes again, grep's `--` separator closes the open sections, and counters whose
+section line was cut (`Uncorrectable Error`, `Pending` of Remapped Rows; SRAM/DRAM counters
+before an `Aggregate` section, which nvidia-smi prints after `Volatile`) are read into that
+section; anything else without its section line is left out (null), never guessed.
+
+Linear in its input: lines are cut at 4096 characters and split with string operations, no
+pattern can backtrack over a line; XML with entity declarations is refused.
 
 Returned shape (`parse(text).to_dict()`):
 
@@ -25,7 +33,8 @@ Returned shape (`parse(text).to_dict()`):
           "uuid": "GPU-..." | null, "serial": ... | null, "vbios_version": ... | null,
           "brand": "Tesla" | null, "architecture": "Ampere" | null,
           "minor_number": 0 | null, "module_id": 1 | null,
-          "persistence_mode": "Enabled" | "Disabled" | null,
+          "persistence_mode": "Enabled" | "Disabled" | null,  # as printed
+          "persistence_mode_enabled": true | false | null,     # the same as a bool
           "mig_mode": "Enabled" | "Disabled" | null,          # "MIG Mode" / "Current"
           "compute_mode": "Default" | ... | null,
           "performance_state": "P0" | null,
@@ -42,6 +51,14 @@ Returned shape (`parse(text).to_dict()`):
                             "pending": "Yes"/"No"|null},
           "remapped_rows": {"correctable": 1, "uncorrectable": 0, "pending": true|false|null,
                             "failure": true|false|null, "histogram": {"max": 639, ...}} | null,
+          "ecc_uncorrectable_volatile": 0 | null,   # = ecc_errors.volatile.uncorrectable
+          "ecc_uncorrectable_aggregate": 0 | null,  # = ecc_errors.aggregate.uncorrectable
+          "remapped_rows_pending": true | false | null,   # "Remapped Rows" / "Pending"
+          "remapped_rows_failure": true | false | null,   # / "Remapping Failure Occurred"
+          "retired_pages_pending": true | false | null,   # "Pending Page Blacklist" Yes / No
+          "fabric_state": "Completed" | "In Progress" | ... | null,   # "Fabric" / "State"
+          "fabric_status": "Success" | ... | null,                    # "Fabric" / "Status"
+          "fabric_health_summary": "Healthy" | "Unhealthy" | ... | null,  # "Health" / "Summary"
           "temperature_c": 34 | null,
           "power_draw_w": 69.3 | null, "power_limit_w": 400.0 | null,
           "pcie_gen_current": 4 | null, "pcie_gen_max": 4 | null,
@@ -55,18 +72,19 @@ Raises ParseError on text that is not an nvidia-smi -q report (no known key at a
 from __future__ import annotations
 
 import re
+import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 
 from cluster.errors import ParseError
+from cluster.parsers._lines import MAX_LINE_CHARS
 from cluster.parsers._nvidia_text import (command_echo, is_elision, is_missing, lines_of,
                                           strip_prompt, tool_failure, to_number, version_in)
 
 KIND = "nvidia-smi-q"
 
 _BUS_ID = r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]"
-_SECTION_GPU = re.compile(r"^GPU\s+(" + _BUS_ID + r")\s*$")
-_KEY_VALUE = re.compile(r"^(\s*)([^:\s][^:]*?)\s*:(?:\s+(.*?))?\s*$")
-_BANNER = re.compile(r"=+\s*NVSMI LOG\s*=+")
+_SECTION_GPU = re.compile(r"^GPU\s{1,8}(" + _BUS_ID + r")$")
+_TITLE = re.compile(r"^[A-Za-z][\w ./()+-]*$")
 _TOP_KEYS = {"timestamp", "driver version", "kmd version", "cuda version", "cuda umd version",
              "attached gpus", "vgpu driver capability"}
 # Keys that only nvidia-smi -q prints; at least one must be present.
@@ -78,6 +96,18 @@ _MARKER_KEYS = {"driver version", "kmd version", "cuda version", "cuda umd versi
                 "bus id", "serial number", "gpu current temp", "board id", "module id",
                 "product architecture", "driver model", "mig mode", "ecc mode", "compute mode",
                 "gpu power readings", "power readings", "temperature", "nvsmi log"}
+# detect(): keys typical of -q, laid out as `Key    : value` (two or more spaces before the colon)
+_DETECT_KEYS = ("Attached GPUs", "Product Name", "GPU UUID", "FB Memory Usage", "Driver Version",
+                "CUDA Version", "KMD Version", "Persistence Mode", "Remapped Rows", "ECC Errors",
+                "Performance State")
+# Keys of the Remapped Rows section, read there even when a grep cut the section line.
+_DETECT_TITLES = {"Clocks Throttle Reasons", "Clocks Event Reasons", "Remapped Rows", "Fabric",
+                  "ECC Errors", "Retired Pages", "FB Memory Usage", "BAR1 Memory Usage"}
+_REMAP_KEYS = {"correctable error", "uncorrectable error", "pending", "remapping failure occurred",
+               "bank remap availability histogram"}
+_REMAP_ONLY_KEYS = {"uncorrectable error", "remapping failure occurred"}
+_ECC_COUNTER = re.compile(r"^(?:SRAM|DRAM) (?:Un)?[Cc]orrectable(?: [\w-]{1,16})?$")
+_DETECT_SCAN_CHARS = 1_000_000
 
 
 @dataclass
@@ -138,6 +168,15 @@ class Gpu:
     pcie_gen_max: int | None
     pcie_width_current: int | None
     pcie_width_max: int | None
+    persistence_mode_enabled: bool | None = None
+    ecc_uncorrectable_volatile: int | None = None
+    ecc_uncorrectable_aggregate: int | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
+    retired_pages_pending: bool | None = None
+    fabric_state: str | None = None
+    fabric_status: str | None = None
+    fabric_health_summary: str | None = None
 
     def to_dict(self) -> dict:
         out = {name: getattr(self, name) for name in self.__dataclass_fields__}
@@ -175,21 +214,62 @@ class NvidiaSmiQ:
 
 
 def detect(text: str) -> bool:
-    """True for the NVSMI LOG banner or typical -q keys laid out as `Key    : value`."""
-    if _BANNER.search(text):
+    """True for the NVSMI LOG banner, the XML root, two typical -q keys as `Key    : value`,
+    or a -q section title (`Remapped Rows`, `Clocks Event Reasons`, `Fabric`...) directly
+    followed by a deeper `Key    : value` line (a grep'ed excerpt)."""
+    if not isinstance(text, str):
+        return False
+    head = text[:_DETECT_SCAN_CHARS]
+    if "NVSMI LOG" in head or "<nvidia_smi_log" in head:
         return True
-    hits = re.findall(r"(?m)^\s*(Attached GPUs|Product Name|GPU UUID|FB Memory Usage|"
-                      r"Driver Version|CUDA Version|KMD Version|Persistence Mode|"
-                      r"Remapped Rows|ECC Errors|Performance State)\s{2,}:?", text)
-    return len(hits) >= 2 or bool(re.search(r"(?m)^\s{2,}GPU UUID\s+:\s+GPU-", text))
+    hits = 0
+    title_indent: int | None = None
+    for raw in head.split("\n"):
+        line = raw[:MAX_LINE_CHARS].rstrip().expandtabs(8)
+        stripped = line.strip()
+        if not stripped:
+            continue
+        indent = len(line) - len(stripped)
+        if title_indent is not None and indent > title_indent and _is_aligned_key(stripped):
+            return True
+        title_indent = indent if stripped in _DETECT_TITLES else None
+        if _is_detect_key_line(line):
+            hits += 1
+        if line.startswith("  ") and stripped.startswith("GPU UUID"):
+            key, value = _key_value(line) or ("", "")
+            if key == "GPU UUID" and value.startswith("GPU-"):
+                return True
+        if hits >= 2:
+            return True
+    return False
+
+
+def _is_aligned_key(stripped: str) -> bool:
+    """`HW Slowdown         : Active` (two or more blanks before the colon, as -q aligns)."""
+    key, colon, _ = stripped.partition(":")
+    return bool(colon) and key.endswith("  ") and bool(_TITLE.match(key.strip()))
+
+
+def _is_detect_key_line(line: str) -> bool:
+    """`    Product Name        : ...` (a known key, then two or more spaces, maybe a colon)."""
+    stripped = line.lstrip()
+    for key in _DETECT_KEYS:
+        if stripped.startswith(key):
+            rest = stripped[len(key):]
+            return len(rest) >= 2 and rest[:2].isspace() and rest[:2] != "\n"
+    return False
 
 
 def parse(text: str) -> NvidiaSmiQ:
-    """Parse nvidia-smi -q output; see the module docstring for the returned shape."""
-    lines = lines_of(text, KIND)
-    top, sections, real_sections = _tree(lines)
+    """Parse nvidia-smi -q output (text or XML); see the module docstring for the shape."""
+    lines = [line[:MAX_LINE_CHARS] for line in lines_of(text, KIND)]
+    if any("<nvidia_smi_log" in line for line in lines):
+        top, sections, real_sections = _xml_tree("\n".join(lines))
+    else:
+        top, sections, real_sections = _tree(lines)
     keys = {n.key.lower() for n in _walk(top)} | {n.key.lower() for s in sections for n in _walk(s)}
-    if not real_sections and not (keys & _MARKER_KEYS):
+    fabric = any(s.find("Fabric", "State") is not None for s in sections)
+    if not real_sections and not (keys & _MARKER_KEYS) and not fabric:
         failure = tool_failure(lines)
         if failure:
             raise ParseError(KIND, f"nvidia-smi did not run: {failure}")
@@ -208,25 +288,89 @@ def parse(text: str) -> NvidiaSmiQ:
 
 
 def _walk(node: _Node):
-    for child in node.children:
+    """Every node below this one, depth first (iterative: indentation may nest deeply)."""
+    stack = list(reversed(node.children))
+    while stack:
+        child = stack.pop()
         yield child
-        yield from _walk(child)
+        stack.extend(reversed(child.children))
+
+
+def _key_value(line: str) -> tuple[str, str] | None:
+    """`  Key   : value` -> ("Key", "value"); None when the line has no `:` followed by a blank
+    or the end (a section title, `GPU 00000000:18:00.0`), or the key is empty."""
+    key, colon, value = line.partition(":")
+    if not colon or (value and not value[0].isspace()):
+        return None
+    key = key.strip()
+    if not key:
+        return None
+    return key, value.strip()
+
+
+def _is_banner(line: str) -> bool:
+    """`==============NVSMI LOG==============`"""
+    stripped = line.strip()
+    return "NVSMI LOG" in stripped and stripped.startswith("=") and stripped.endswith("=")
+
+
+def _node_of(line: str) -> _Node | None:
+    """The node a (prompt-stripped, tab-expanded) line stands for, or None for noise."""
+    kv = _key_value(line)
+    indent = len(line) - len(line.lstrip())
+    if kv is None:
+        # a section title (`ECC Errors`, `    Volatile`) has no colon
+        title = line.strip()
+        return _Node(title, None, indent) if _TITLE.match(title) else None
+    return _Node(kv[0], kv[1], indent)
+
+
+class _Headerless:
+    """GPUs built from a grep'ed excerpt that has no `GPU <bus id>` lines."""
+
+    def __init__(self, sections: list[_Node]):
+        self.sections = sections
+        self.gpu: _Node | None = None
+        self.seen: set[str] = set()
+        self.stack: list[_Node] = []
+
+    def add(self, node: _Node) -> None:
+        while len(self.stack) > 1 and self.stack[-1].indent >= node.indent:
+            self.stack.pop()
+        if self.gpu is None or (len(self.stack) <= 1 and node.key in self.seen):
+            self.gpu = _Node("GPU", None, -1)
+            self.sections.append(self.gpu)
+            self.seen = set()
+            self.stack = [self.gpu]
+        if len(self.stack) == 1:
+            self.seen.add(node.key)
+        self.stack[-1].children.append(node)
+        if not node.value:
+            self.stack.append(node)
+
+    def cut(self) -> None:
+        """grep's `--`: the lines after it do not continue the sections open before it."""
+        del self.stack[1:]
 
 
 def _tree(lines: list[str]) -> tuple[_Node, list[_Node], bool]:
     """The top-level node, one node per GPU section, and whether `GPU <bus id>` lines exist."""
     top = _Node("", None, -1)
     sections: list[_Node] = []
-    headerless: _Node | None = None   # GPU being filled when the text has no section lines
+    headerless = _Headerless(sections)   # GPUs when the text has no section lines
     real_sections = False
     stack: list[_Node] = [top]
     for raw in lines:
-        if not raw.strip() or is_elision(raw) or _BANNER.search(raw):
+        if not raw.strip() or is_elision(raw) or _is_banner(raw):
             continue
-        if command_echo(raw, "nvidia-smi") is not None and _KEY_VALUE.match(raw) is None:
+        if raw.strip() == "--":
+            headerless.cut()
+            continue
+        if "nvidia-smi" in raw and command_echo(raw, "nvidia-smi") is not None \
+                and _key_value(raw) is None:
             continue
         line = raw if raw.startswith((" ", "\t")) else strip_prompt(raw)
-        line = line.expandtabs(8)
+        line = line.expandtabs(8)[:MAX_LINE_CHARS]
         sec = _SECTION_GPU.match(line.strip()) if not line.startswith(" ") else None
         if sec:
             node = _Node("GPU", sec.group(1), 0)
@@ -235,53 +379,138 @@ def _tree(lines: list[str]) -> tuple[_Node, list[_Node], bool]:
             real_sections = True
             sections.append(node)
             stack = [node]
-            headerless = None
             continue
-        m = _KEY_VALUE.match(line)
-        if m is None:
-            # a section title (`ECC Errors`, `    Volatile`) has no colon
-            title = line.strip()
-            if not re.match(r"^[A-Za-z][\w ./()+-]*$", title):
-                continue
-            indent = len(line) - len(line.lstrip())
-            node = _Node(title, None, indent)
-        else:
-            indent = len(m.group(1))
-            node = _Node(m.group(2).strip(), m.group(3) if m.group(3) is not None else "", indent)
-        if not real_sections and indent > 0 and node.key.lower() not in _TOP_KEYS \
-                and not _under_top_section(stack):
-            # grep'ed excerpt: GPU keys with no `GPU <bus id>` line above them
-            if not node.value:
-                continue
-            if headerless is None or any(c.key == node.key for c in headerless.children):
-                headerless = _Node("GPU", None, 0)
-                sections.append(headerless)
-            headerless.children.append(node)
+        node = _node_of(line)
+        if node is None:
             continue
-        while len(stack) > 1 and stack[-1].indent >= indent:
+        if not real_sections and node.key.lower() not in _TOP_KEYS \
+                and not _under_top_section(stack, node.indent):
+            headerless.add(node)   # grep'ed excerpt: GPU keys with no `GPU <bus id>` above
+            continue
+        while len(stack) > 1 and stack[-1].indent >= node.indent:
             stack.pop()
         stack[-1].children.append(node)
-        if node.value is None or node.value == "":
+        if not node.value:
             stack.append(node)
     return top, sections, real_sections
 
 
-def _under_top_section(stack: list[_Node]) -> bool:
+def _under_top_section(stack: list[_Node], indent: int) -> bool:
     """True while filling a top-level section such as `vGPU Driver Capability`."""
-    return len(stack) > 1 and stack[1].key.lower() in _TOP_KEYS
+    return len(stack) > 1 and stack[1].key.lower() in _TOP_KEYS and indent > stack[1].indent
+
+
+# ------------------------------------------------------------------ XML (`nvidia-smi -q -x`)
+
+# XML tag -> the key the text report prints (tags not listed: underscores read as spaces).
+_XML_KEYS = {
+    "uuid": "GPU UUID", "serial": "Serial Number", "mig_mode": "MIG Mode",
+    "current_mig": "Current", "current_ecc": "Current", "ecc_mode": "ECC Mode",
+    "module_id": "Module ID", "gpu_module_id": "Module ID", "vbios_version": "VBIOS Version", "pci_bus_id": "Bus Id",
+    "pci_gpu_link_info": "GPU Link Info", "pcie_gen": "PCIe Generation",
+    "max_link_gen": "Max", "current_link_gen": "Current", "link_widths": "Link Width",
+    "max_link_width": "Max", "current_link_width": "Current", "gpu_temp": "GPU Current Temp",
+    "instant_power_draw": "Instantaneous Power Draw", "power_state": "Power State",
+    "remapped_row_corr": "Correctable Error", "remapped_row_unc": "Uncorrectable Error",
+    "remapped_row_pending": "Pending", "remapped_row_failure": "Remapping Failure Occurred",
+    "remapped_row_histogram": "Bank Remap Availability Histogram",
+    "row_remap_histogram_max": "Max", "row_remap_histogram_high": "High",
+    "row_remap_histogram_partial": "Partial", "row_remap_histogram_low": "Low",
+    "row_remap_histogram_none": "None",
+    "multiple_single_bit_retirement": "Single Bit ECC", "double_bit_retirement": "Double Bit ECC",
+    "retired_count": "Retired Page Count", "pending_blacklist": "Pending Page Blacklist",
+    "clocks_throttle_reasons": "Clocks Throttle Reasons",
+    "clocks_event_reasons": "Clocks Event Reasons",
+}
+# clocks_event_reason_<tag> / clocks_throttle_reason_<tag> -> the name the text report prints
+_XML_REASONS = {
+    "gpu_idle": "Idle", "applications_clocks_setting": "Applications Clocks Setting",
+    "sw_power_cap": "SW Power Cap", "hw_slowdown": "HW Slowdown",
+    "hw_thermal_slowdown": "HW Thermal Slowdown",
+    "hw_power_brake_slowdown": "HW Power Brake Slowdown", "sync_boost": "Sync Boost",
+    "sw_thermal_slowdown": "SW Thermal Slowdown",
+    "display_clocks_setting": "Display Clock Setting",
+}
+_XML_MAX_DEPTH = 64
+
+
+def _xml_key(tag: str) -> str:
+    for prefix in ("clocks_event_reason_", "clocks_throttle_reason_"):
+        if tag.startswith(prefix) and not tag.startswith(("clocks_event_reasons",
+                                                          "clocks_throttle_reasons")):
+            suffix = tag[len(prefix):]
+            return _XML_REASONS.get(suffix, suffix.replace("_", " "))
+    return _XML_KEYS.get(tag, tag.replace("_", " "))
+
+
+def _xml_events(text: str):
+    """(event, element) pairs of the XML up to the first error (a paste cut short)."""
+    parser = ET.XMLPullParser(events=("start", "end"))
+    try:
+        parser.feed(text)
+        parser.close()
+    except ET.ParseError:
+        pass
+    events = parser.read_events()
+    while True:
+        try:
+            yield next(events)
+        except (StopIteration, ET.ParseError):
+            return
+
+
+def _xml_tree(text: str) -> tuple[_Node, list[_Node], bool]:
+    """The same tree as _tree, from `nvidia-smi -q -x`; a paste cut short keeps what came."""
+    if re.search(r"<!ENTITY", text, re.I):
+        raise ParseError(KIND, "XML with entity declarations is refused")
+    start = text.find("<nvidia_smi_log")
+    decl = text.rfind("<?xml", 0, start)
+    end = text.find("</nvidia_smi_log>", start)
+    stop = end + len("</nvidia_smi_log>") if end >= 0 else len(text)
+    top = _Node("", None, -1)
+    sections: list[_Node] = []
+    stack: list[_Node] = []
+    for event, elem in _xml_events(text[decl if decl >= 0 else start:stop]):
+        if event == "start":
+            if not stack:
+                stack.append(top)
+                continue
+            if len(stack) > _XML_MAX_DEPTH:
+                raise ParseError(KIND, f"XML nested deeper than {_XML_MAX_DEPTH} levels")
+            if len(stack) == 1 and elem.tag == "gpu":
+                node = _Node("GPU", elem.get("id"), 0)
+                sections.append(node)
+            else:
+                node = _Node(_xml_key(elem.tag), None, len(stack))
+                stack[-1].children.append(node)
+            stack.append(node)
+        else:
+            node = stack.pop() if stack else None
+            if node is not None and node is not top and node.key != "GPU" and not node.children:
+                node.value = (elem.text or "").strip()
+            elem.clear()
+    if not stack and not sections and not top.children:
+        raise ParseError(KIND, "XML without an <nvidia_smi_log> element")
+    for node in sections:
+        if node.value is not None and not re.fullmatch(_BUS_ID, node.value):
+            node.value = None
+    return top, sections, bool(sections)
+
+
+# ------------------------------------------------------------------ per GPU
 
 
 def _int(value: str | None) -> int | None:
     if value is None:
         return None
-    m = re.match(r"^\s*(\d+)", value)
+    m = re.match(r"^\s*(\d{1,18})", value)
     return int(m.group(1)) if m else None
 
 
 def _float(value: str | None) -> float | None:
     if value is None:
         return None
-    m = re.match(r"^\s*(\d+(?:\.\d+)?)", value)
+    m = re.match(r"^\s*(\d{1,18}(?:\.\d{1,18})?)", value)
     return float(m.group(1)) if m else None
 
 
@@ -293,8 +522,20 @@ def _first(node: _Node, *paths: tuple[str, ...]) -> str | None:
     return None
 
 
+def _enabled(value: str | None) -> bool | None:
+    if value is None:
+        return None
+    return {"enabled": True, "disabled": False}.get(value.strip().lower())
+
+
 def _gpu(index: int, s: _Node) -> Gpu:
     pcie = ("PCI", "GPU Link Info")
+    ecc_volatile, ecc_aggregate = _ecc_nodes(s)
+    ecc_errors = {"volatile": _ecc_side(ecc_volatile), "aggregate": _ecc_side(ecc_aggregate)}
+    retired = _retired(s.find("Retired Pages"))
+    remapped = _remapped(s.find("Remapped Rows") or _orphan_remapped(s))
+    retired_pending = (retired or {}).get("pending") or s.value_at("Pending Page Blacklist")
+    persistence = s.value_at("Persistence Mode")
     return Gpu(
         index=index,
         name=s.value_at("Product Name"),
@@ -309,18 +550,18 @@ def _gpu(index: int, s: _Node) -> Gpu:
         architecture=s.value_at("Product Architecture"),
         minor_number=_int(s.value_at("Minor Number")),
         module_id=_int(_first(s, ("Module ID",), ("Module Id",))),
-        persistence_mode=s.value_at("Persistence Mode"),
+        persistence_mode=persistence,
         mig_mode=_first(s, ("MIG Mode", "Current")),
         compute_mode=s.value_at("Compute Mode"),
         performance_state=s.value_at("Performance State"),
         clocks_event_reasons_active=_active_reasons(
             s.find("Clocks Event Reasons") or s.find("Clocks Throttle Reasons")),
         ecc_mode=_first(s, ("ECC Mode", "Current")),
-        ecc_errors={"volatile": _ecc_side(s.find("ECC Errors", "Volatile")),
-                    "aggregate": _ecc_side(s.find("ECC Errors", "Aggregate"))},
-        retired_pages=_retired(s.find("Retired Pages")),
-        remapped_rows=_remapped(s.find("Remapped Rows")),
-        temperature_c=_int(s.value_at("Temperature", "GPU Current Temp")),
+        ecc_errors=ecc_errors,
+        retired_pages=retired,
+        remapped_rows=remapped,
+        temperature_c=_int(_first(s, ("Temperature", "GPU Current Temp"),
+                                  ("Temperature", "Gpu"))),   # R304: "Gpu"
         power_draw_w=_float(_first(s, ("GPU Power Readings", "Power Draw"),
                                    ("GPU Power Readings", "Instantaneous Power Draw"),
                                    ("GPU Power Readings", "Average Power Draw"),
@@ -332,7 +573,50 @@ def _gpu(index: int, s: _Node) -> Gpu:
         pcie_gen_max=_int(_first(s, pcie + ("PCIe Generation", "Max"))),
         pcie_width_current=_int(_first(s, pcie + ("Link Width", "Current"))),
         pcie_width_max=_int(_first(s, pcie + ("Link Width", "Max"))),
+        persistence_mode_enabled=_enabled(persistence),
+        ecc_uncorrectable_volatile=ecc_errors["volatile"]["uncorrectable"],
+        ecc_uncorrectable_aggregate=ecc_errors["aggregate"]["uncorrectable"],
+        remapped_rows_pending=remapped["pending"] if remapped else None,
+        remapped_rows_failure=remapped["failure"] if remapped else None,
+        retired_pages_pending=_yes_no(retired_pending),
+        fabric_state=s.value_at("Fabric", "State"),
+        fabric_status=s.value_at("Fabric", "Status"),
+        fabric_health_summary=s.value_at("Fabric", "Health", "Summary"),
     )
+
+
+def _ecc_nodes(s: _Node) -> tuple[_Node | None, _Node | None]:
+    """The Volatile and Aggregate ECC sections; in a grep'ed excerpt without the `ECC Errors`
+    line, the sections at GPU level, and counters cut from their `Volatile` line but followed
+    by `Aggregate` (nvidia-smi prints Volatile first) read as Volatile."""
+    volatile, aggregate = s.find("ECC Errors", "Volatile"), s.find("ECC Errors", "Aggregate")
+    if s.value is not None or s.find("ECC Errors") is not None:
+        return volatile, aggregate
+    volatile, aggregate = s.find("Volatile"), s.find("Aggregate")
+    if volatile is None and aggregate is not None:
+        before = s.children[:s.children.index(aggregate)]
+        orphans = [c for c in before if c.value and _ECC_COUNTER.match(c.key)]
+        if orphans:
+            volatile = _Node("Volatile", None, aggregate.indent, orphans)
+    return volatile, aggregate
+
+
+def _orphan_remapped(s: _Node) -> _Node | None:
+    """Remapped Rows counters of a grep'ed excerpt whose `Remapped Rows` line was cut: the run
+    of its keys around `Uncorrectable Error` / `Remapping Failure Occurred` at GPU level."""
+    if s.value is not None:
+        return None
+    children = s.children
+    anchor = next((i for i, c in enumerate(children) if c.key.lower() in _REMAP_ONLY_KEYS), None)
+    if anchor is None:
+        return None
+    lo = anchor
+    while lo > 0 and children[lo - 1].key.lower() in _REMAP_KEYS:
+        lo -= 1
+    hi = anchor
+    while hi + 1 < len(children) and children[hi + 1].key.lower() in _REMAP_KEYS:
+        hi += 1
+    return _Node("Remapped Rows", None, children[anchor].indent, children[lo:hi + 1])
 
 
 def _active_reasons(node: _Node | None) -> tuple[str, ...] | None:
@@ -356,7 +640,7 @@ def _ecc_side(node: _Node | None) -> dict:
     for child in node.children:
         if child.value is None or child.children:
             continue
-        count = to_number(child.value)
+        count = to_number(child.value[:64])
         if not isinstance(count, int):
             continue
         key = child.key.lower()

@@ -15,6 +15,13 @@ Returned shape (`parse(text).to_dict()`):
       "nics": ["mlx5_0", "NIC1", ...],        # NIC columns: legend name when shown, else the label
       "nic_legend": {"NIC0": "mlx5_0", ...},  # as printed; {} when the legend is absent
       "gpu_nic_paths": {"GPU0": {"NIC0": "PIX", ...}, ...},   # keyed by column label
+      "gpu_nic": {"GPU0": {"nics": ["NIC0"], "names": ["mlx5_0"], "relation": "PIX"}, ...},
+                                              # the closest NIC columns of each GPU row shown
+                                              # (best of PIX, PXB, PHB, NODE, SYS; old SOC =
+                                              # SYS), their legend names (null where the
+                                              # legend is not printed; old mlx5_N columns
+                                              # name themselves); {} without NIC columns;
+                                              # nics [] and relation null when no cell ranks
       "affinity": {"GPU0": {"cpu_affinity": "0-79", "numa_affinity": "0", "gpu_numa_id": null}},
       "complete": true | false,               # every GPU row is shown
     }
@@ -22,7 +29,8 @@ Returned shape (`parse(text).to_dict()`):
 Link values are kept as printed: X (self), NV# (# bonded NVLinks), PIX, PXB, PHB, NODE, SYS
 (SOC in old drivers). Raises ParseError when no matrix header with GPU0 is found, no GPU row
 follows it, or a row holds something that is not a link value (a last row cut short by the
-paste is left out, and `complete` says so).
+paste is left out, and `complete` says so). Linear in its input: lines are cut at 4096
+characters and split into tokens; patterns only ever see one token.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import re
 from dataclasses import dataclass, field
 
 from cluster.errors import ParseError
+from cluster.parsers._lines import MAX_LINE_CHARS
 from cluster.parsers._nvidia_text import is_missing, lines_of, snake, tool_failure
 
 KIND = "nvidia-smi-topo"
@@ -42,7 +51,10 @@ _LINK_VALUE = re.compile(r"^(?:X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC|PSB|C2C\d*|N/A)$
 _NVLINK = re.compile(r"^NV\d+$")
 _GPU = re.compile(r"^GPU(\d+)$")
 _DEVICE = re.compile(r"^(?:GPU\d+|NIC\d+|[A-Za-z][\w.-]*\d)$")
-_LEGEND = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
+_LEGEND = re.compile(r"^(NIC\d{1,6}) {0,8}: {0,8}(\S{1,256})$")
+_NIC_LABEL = re.compile(r"^NIC\d+$")
+# NIC relations from nearest to farthest (SOC: old name of SYS)
+_NIC_RANK = {"PIX": 0, "PXB": 1, "PHB": 2, "NODE": 3, "SYS": 4, "SOC": 4}
 
 
 @dataclass(frozen=True)
@@ -57,6 +69,7 @@ class NvidiaSmiTopo:
     gpu_nic_paths: dict = field(default_factory=dict)
     affinity: dict = field(default_factory=dict)
     complete: bool = False
+    gpu_nic: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {
@@ -68,13 +81,26 @@ class NvidiaSmiTopo:
             "gpu_nic_paths": {g: dict(p) for g, p in self.gpu_nic_paths.items()},
             "affinity": {g: dict(a) for g, a in self.affinity.items()},
             "complete": self.complete,
+            "gpu_nic": {g: {"nics": list(v["nics"]), "names": list(v["names"]),
+                            "relation": v["relation"]} for g, v in self.gpu_nic.items()},
         }
 
 
 def detect(text: str) -> bool:
     """True when a header with GPU0 is followed by a `GPU0  X ...` row."""
-    return bool(re.search(r"(?m)^[ \t]*GPU0[ \t]+(?:GPU1|NIC0|mlx\d+_\d+|CPU[ \t]+Affinity)", text)
-                and re.search(r"(?m)^\s*GPU0[ \t]+X(?:[ \t]|$)", text))
+    header = row = False
+    for raw in text[:1_000_000].split("\n"):
+        words = raw[:MAX_LINE_CHARS].split()
+        if len(words) < 2 or words[0] != "GPU0":
+            continue
+        if words[1] == "X":
+            row = True
+        elif words[1] in ("GPU1", "NIC0") or re.fullmatch(r"mlx\d{1,4}_\d{1,4}", words[1]) \
+                or (words[1] == "CPU" and len(words) > 2 and words[2] == "Affinity"):
+            header = True
+        if header and row:
+            return True
+    return False
 
 
 def _tokens(line: str) -> list[str]:
@@ -117,7 +143,7 @@ def _header(lines: list[str]) -> tuple[int, list[str], list[str]]:
 
 def parse(text: str) -> NvidiaSmiTopo:
     """Parse nvidia-smi topo -m output; see the module docstring for the returned shape."""
-    lines = lines_of(text, KIND)
+    lines = [line[:MAX_LINE_CHARS] for line in lines_of(text, KIND)]
     try:
         at, devices, extra = _header(lines)
     except ParseError:
@@ -134,7 +160,7 @@ def parse(text: str) -> NvidiaSmiTopo:
     affinity: dict[str, dict] = {}
     legend: dict[str, str] = {}
     for number, line in enumerate(lines[at + 1:], start=at + 2):
-        legend_entry = _LEGEND.match(line)
+        legend_entry = _LEGEND.match(line.strip())
         if legend_entry:
             legend[legend_entry.group(1)] = legend_entry.group(2)
             continue
@@ -178,7 +204,24 @@ def parse(text: str) -> NvidiaSmiTopo:
         gpu_nic_paths=paths,
         affinity=affinity,
         complete=all(g in rows for g in gpu_cols),
+        gpu_nic=_gpu_nic(paths, legend) if nic_cols else {},
     )
+
+
+def _gpu_nic(paths: dict[str, dict[str, str]], legend: dict[str, str]) -> dict[str, dict]:
+    """Each GPU row's closest NIC columns, their names and the relation to them."""
+    out: dict[str, dict] = {}
+    for gpu, cells in paths.items():
+        ranked = [(nic, _NIC_RANK[v]) for nic, v in cells.items() if v in _NIC_RANK]
+        best = min((rank for _, rank in ranked), default=None)
+        nics = [nic for nic, rank in ranked if rank == best]
+        relation = next((cells[nic] for nic in nics), None)
+        out[gpu] = {
+            "nics": nics,
+            "names": [legend.get(nic) or (None if _NIC_LABEL.match(nic) else nic) for nic in nics],
+            "relation": "SYS" if relation == "SOC" else relation,
+        }
+    return out
 
 
 def _row_label(line: str, devices: list[str]) -> bool:

@@ -1,0 +1,243 @@
+"""Node-health verdicts (cluster/checks/health.py) on parsed real fixtures and the default thresholds.
+
+Each verdict function is fed what the parsers make of the fixtures under tests/fixtures/
+(real public outputs, labelled in tests/fixtures/labels/) and the `health` section of
+cluster/data/expectations.yaml; a few cases edit the parsed data to reach a state no fixture
+shows (said so where done).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from cluster.checks import health
+from cluster.errors import InventoryError
+from cluster.inventory import default_expectations
+from cluster.parsers import parse
+from cluster.results import Status
+
+FIXTURES = Path(__file__).parent / "fixtures"
+TH = default_expectations()["health"]
+
+
+def _data(kind: str, name: str) -> dict:
+    return parse(kind, (FIXTURES / kind / name).read_text()).to_dict()
+
+
+# ---------------------------------------------------------------- acs
+
+def test_acs_enabled_on_a_multi_gpu_node_fails_with_the_bridge_and_the_fix():
+    lspci = _data("lspci", "h2-001-rccl547-amd-starship-gpp-bridge-acs-enabled.txt")
+    verdict = health.acs(lspci, gpu_count=4, rdma_nics=0, th=TH)
+    assert verdict.status is Status.FAIL and "40:01.1" in verdict.summary
+    assert "setpci" in verdict.fix and "BIOS" in verdict.fix and "boot" in verdict.fix
+
+
+def test_acs_grep_excerpt_fails_with_rdma_nics_even_on_one_gpu():
+    lspci = _data("lspci", "h2-002-nccl606-grep-acsctl-srcvalid-only.txt")
+    assert health.acs(lspci, gpu_count=1, rdma_nics=2, th=TH).status is Status.FAIL
+    assert health.acs(lspci, gpu_count=1, rdma_nics=0, th=TH).status is Status.OK
+
+
+def test_acs_disabled_is_ok_and_unknown_is_skip():
+    disabled = _data("lspci", "h2-004-nccl1405-grep-acsctl-all-disabled.txt")
+    assert health.acs(disabled, gpu_count=8, rdma_nics=8, th=TH).status is Status.OK
+    plain = _data("lspci", "x02-nccl19-grep-plx-pex8747-device-list.txt")
+    assert health.acs(plain, gpu_count=8, rdma_nics=8, th=TH).status is Status.SKIP
+
+
+# ---------------------------------------------------------------- fabric manager
+
+def test_fabricmanager_stopped_on_nvswitch_fails_with_its_reason():
+    fm = _data("fabricmanager", "102-cubestudio29-2x4090-pre-nvl5-nothing-to-do.txt")
+    verdict = health.fabricmanager(fm, None, TH, nvswitch=True)
+    assert verdict.status is Status.FAIL and "NV_WARN_NOTHING_TO_DO" in verdict.summary
+    assert "systemctl enable --now nvidia-fabricmanager" in verdict.fix
+
+
+def test_fabricmanager_skips_without_nvswitch():
+    fm = _data("fabricmanager", "102-cubestudio29-2x4090-pre-nvl5-nothing-to-do.txt")
+    q = _data("nvidia-smi-q", "x06-xml-tesla-t4-515-link-x8-telegraf.txt")   # fabric N/A
+    assert health.fabricmanager(fm, q, TH).status is Status.SKIP
+
+
+@pytest.mark.parametrize("name,state", [
+    ("h2-007-gpuoperator2511-fabric-in-progress.txt", "In Progress"),
+    ("104-fabric-completed-insufficient-resources-clique0-zero-uuid.txt", "Completed"),
+])
+def test_fabric_not_completed_success_fails(name: str, state: str):
+    q = _data("nvidia-smi-q", name)
+    running = _data("fabricmanager", "h2-001-bottlerocket142-systemctl-status-active-running.txt")
+    verdict = health.fabricmanager(running, q, TH)
+    assert verdict.status is Status.FAIL and state in verdict.summary
+
+
+def test_fabric_registered_but_unhealthy_fails_and_healthy_is_ok():
+    """The labelled fact: Completed/Success with Health Summary Unhealthy is not a working
+    fabric; the healthy and limited cases edit that summary."""
+    q = _data("nvidia-smi-q", "h2-005-dra626-nvsmi-q-fabric-completed-health-unhealthy.txt")
+    running = _data("fabricmanager", "h2-001-bottlerocket142-systemctl-status-active-running.txt")
+    verdict = health.fabricmanager(running, q, TH)
+    assert verdict.status is Status.FAIL and "Unhealthy" in verdict.summary
+    q["gpus"][0]["fabric_health_summary"] = "Limited Capacity"
+    assert health.fabricmanager(running, q, TH).status is Status.WARN
+    q["gpus"][0]["fabric_health_summary"] = "Healthy"
+    verdict = health.fabricmanager(running, q, TH)
+    assert verdict.status is Status.OK and "fabric manager running" in verdict.summary
+
+
+# ---------------------------------------------------------------- gpu health
+
+def test_xid79_and_fallen_off_bus_fail_by_name():
+    log = _data("dmesg", "101-nvsentinel-fallen-off-bus-no-xid-probe-failed-570.txt")
+    verdict = health.gpu_health(None, log, TH)
+    assert verdict.status is Status.FAIL and "0000:b3:00.0 fell off the bus" in verdict.summary
+    assert "RMA" in verdict.fix
+
+
+def test_hardware_xid_fails_application_xid_warns():
+    gsp = _data("dmesg", "105-vllm40652-dmesg-T-xid119-gsp-timeout-domain-0001.txt")
+    verdict = health.gpu_health(None, gsp, TH)
+    assert verdict.status is Status.FAIL and "Xid 119 (GSP RPC timeout) on 0001:6c:00" in verdict.summary
+    app = _data("dmesg", "h2-005-sglang29160-single-xid31-unrecognized-client.txt")
+    verdict = health.gpu_health(None, app, TH)
+    assert verdict.status is Status.WARN and "Xid 31 (GPU memory page fault)" in verdict.summary
+
+
+def test_pending_row_remap_fails():
+    q = _data("nvidia-smi-q", "h2-005-gpud80-remapped-rows-pending-yes.txt")
+    verdict = health.gpu_health(q, None, TH)
+    assert verdict.status is Status.FAIL and "row remapping pending" in verdict.summary
+
+
+def test_hw_power_brake_warns_and_idle_is_ok():
+    brake = _data("nvidia-smi-q", "h2-001-l4rz-v100-sxm2-32gb-hw-power-brake-active.txt")
+    verdict = health.gpu_health(brake, None, TH)
+    assert verdict.status is Status.WARN and "HW Power Brake Slowdown" in verdict.summary
+    idle = _data("nvidia-smi-q", "h2-003-kubeflow68-grep-clocks-throttle-old-format.txt")
+    healthy_log = _data("dmesg", "h2-007-ollama1769-multi-gpu-driver-load-no-xid.txt")
+    assert health.gpu_health(idle, healthy_log, TH).status is Status.OK
+
+
+def test_uncorrectable_ecc_thresholds():
+    """Counts edited into a real report: no fixture shows a volatile uncorrectable error."""
+    q = _data("nvidia-smi-q", "x05-xml-a100-sxm4-535-mig-telegraf.txt")
+    assert health.gpu_health(q, None, TH).status is Status.OK
+    broken = copy.deepcopy(q)
+    broken["gpus"][0]["ecc_uncorrectable_volatile"] = 2
+    verdict = health.gpu_health(broken, None, TH)
+    assert verdict.status is Status.FAIL and "2 uncorrectable ECC" in verdict.summary
+    old = copy.deepcopy(q)
+    old["gpus"][0]["ecc_uncorrectable_aggregate"] = 1
+    assert health.gpu_health(old, None, TH).status is Status.WARN
+    assert health.gpu_health(broken, None, dict(TH, ecc_uncorrectable_volatile_max=5)
+                             ).status is Status.OK
+
+
+# ---------------------------------------------------------------- pcie link / persistence
+
+def test_pcie_link_x8_of_x16_warns_full_link_is_ok():
+    t4 = _data("nvidia-smi-q", "x06-xml-tesla-t4-515-link-x8-telegraf.txt")
+    verdict = health.pcie_link(t4, TH)
+    assert verdict.status is Status.WARN and "x8 of x16" in verdict.summary
+    a100 = _data("nvidia-smi-q", "x05-xml-a100-sxm4-535-mig-telegraf.txt")
+    assert health.pcie_link(a100, TH).status is Status.OK
+    assert health.pcie_link(_data("nvidia-smi-q", "003-uuid-list-8gpu.txt"), TH).status \
+        is Status.SKIP
+
+
+def test_pcie_generation_counts_only_under_load():
+    """Generation edited down in a real report (P0) and the state set to P8."""
+    q = _data("nvidia-smi-q", "x05-xml-a100-sxm4-535-mig-telegraf.txt")
+    q["gpus"][0]["pcie_gen_current"] = 1
+    assert health.pcie_link(q, TH).status is Status.WARN
+    q["gpus"][0]["performance_state"] = "P8"
+    verdict = health.pcie_link(q, TH)
+    assert verdict.status is Status.OK and "while idle" in verdict.summary
+
+
+def test_persistence_off_warns_with_the_fix():
+    off = _data("nvidia-smi", "001-a100-80gb-pcie-550-partial.txt")["gpus"]
+    verdict = health.persistence(off, TH)
+    assert verdict.status is Status.WARN and "nvidia-smi -pm 1" in verdict.fix
+    on = _data("nvidia-smi-q", "h2-011-persistence-nvidiadocker914-v100-sxm2-enabled.txt")
+    assert health.persistence(on["gpus"], TH).status is Status.OK
+    uuids = _data("nvidia-smi-q", "003-uuid-list-8gpu.txt")
+    assert health.persistence(uuids["gpus"], TH).status is Status.SKIP
+
+
+# ---------------------------------------------------------------- nic locality
+
+def test_nics_only_across_the_socket_warn():
+    topo = _data("nvidia-smi-topo", "101-8x4090-all-sys-2nic-phb-tabs-nic-rows.txt")
+    verdict = health.nic_locality(topo, TH)
+    assert verdict.status is Status.WARN and "GPU0 (SYS)" in verdict.summary
+    assert verdict.facts["nearest_nic_relation"]["GPU6"] == "PHB"
+
+
+def test_pix_nics_are_ok_and_give_an_hca_order():
+    topo = _data("nvidia-smi-topo", "h2-002-nccl707-a100-18-mlx5-columns.txt")
+    verdict = health.nic_locality(topo, TH)
+    assert verdict.status is Status.OK
+    assert verdict.facts["nccl_ib_hca_order"]["GPU0"][:4] == ["mlx5_4", "mlx5_5", "mlx5_6",
+                                                             "mlx5_7"]
+    only = health.nic_locality(topo, TH, rdma_nics=["mlx5_16", "mlx5_17"])
+    assert only.facts["nccl_ib_hca_order"]["GPU0"] == ["mlx5_16", "mlx5_17"]
+
+
+def test_no_nic_columns_skip():
+    topo = _data("nvidia-smi-topo", "007-h100-8gpu-nv18-no-nic-columns.txt")
+    assert health.nic_locality(topo, TH).status is Status.SKIP
+
+
+# ---------------------------------------------------------------- thresholds
+
+@pytest.mark.parametrize("key,value", [("acs_fail_min_gpus", True), ("acs_fail_min_gpus", -1),
+                                       ("acs_fail_min_gpus", 2.5), ("xid_fail", [79, True]),
+                                       ("fabric_state_ok", "")])
+def test_bad_thresholds_are_named(key: str, value):
+    lspci = _data("lspci", "h2-001-rccl547-amd-starship-gpp-bridge-acs-enabled.txt")
+    log = _data("dmesg", "h2-005-sglang29160-single-xid31-unrecognized-client.txt")
+    q = _data("nvidia-smi-q", "h2-007-gpuoperator2511-fabric-in-progress.txt")
+    th = dict(TH, **{key: value})
+    with pytest.raises(InventoryError, match=f"health.{key}"):
+        health.acs(lspci, 4, 0, th)
+        health.gpu_health(None, log, th)
+        health.fabricmanager(None, q, th)
+
+
+# ---------------------------------------------------------------- interface / MTU
+
+def test_iface_up_with_node_ip_is_ok_and_gives_the_mtu():
+    data = _data("ip-addr", "103-docker-host-eth0-altname-docker0-bridge-no-carrier.txt")
+    verdict = health.iface(data, "eth0", "172.22.42.25")
+    assert verdict.status is Status.OK and verdict.facts == {"mtu": 1500}
+
+
+def test_iface_missing_down_or_without_node_ip_fails():
+    data = _data("ip-addr", "h2-001-vllm7429-ip-addr-bond-ib-host.txt")
+    missing = health.iface(data, "ib0", None)
+    assert missing.status is Status.FAIL and "bond0" in missing.summary
+    down = health.iface(data, "enx964498447070", None)
+    assert down.status is Status.FAIL and "DOWN" in down.summary
+    no_ip = health.iface(data, "bond0", "10.0.0.5")
+    assert no_ip.status is Status.FAIL and "no IPv4 address" in no_ip.summary
+
+
+def test_iface_public_node_ip_warns():
+    data = _data("ip-addr", "x01-iproute2cheatsheet28-brief-addr-show.txt")   # 192.0.2.1
+    assert health.iface(data, "eth0", "192.0.2.1").status is Status.OK   # TEST-NET-1: reserved
+    assert health.iface(data, "eth0", "8.8.8.8").status is Status.FAIL   # not on eth0
+    public = {"interfaces": [{"name": "eth0", "state": "UP", "mtu": 1500,
+                              "ipv4": ["8.8.8.8/24"]}]}
+    assert health.iface(public, "eth0", "8.8.8.8").status is Status.WARN
+
+
+def test_mtu_match_across_nodes():
+    assert health.mtu_match({"a": 9000, "b": 9000}).status is Status.OK
+    verdict = health.mtu_match({"a": 9000, "b": 1500, "c": 9000, "d": None})
+    assert verdict.status is Status.FAIL and "1500: b" in verdict.summary
+    assert health.mtu_match({"a": 9000, "b": None}).status is Status.SKIP
