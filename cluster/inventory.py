@@ -679,7 +679,8 @@ _TRI = (True, False, "auto")
 _MAX_MS = 86_400_000.0      # a day, in milliseconds
 # Every leaf of cluster/data/expectations.yaml: (kind, arguments). Kinds: text (a string or a
 # number taken as written), int (lo, hi), number (lo, hi: finite, lo <= x <= hi), bool, tri
-# (true/false/auto), choice (values), int_or (lo, hi, word), names (a list of short names).
+# (true/false/auto), choice (values), int_or (lo, hi, word), names (a list of short names),
+# ints (a list of int lo..hi), texts (a list of strings).
 # `nullable` says whether null (not checked) is allowed.
 _EXPECT_SPEC: dict[str, tuple] = {
     "gpu_model": ("text", True), "gpus_per_node": ("int", True, 0, 4096),   # 0: not checked
@@ -695,6 +696,17 @@ _EXPECT_SPEC: dict[str, tuple] = {
     "shm_min_bytes": ("int", False, 0, 1 << 50),
     "memlock_min_kib": ("int_or", False, 0, 1 << 50, "unlimited"),
     "versions_must_match": ("names", False),
+    "health.acs_fail_min_gpus": ("int", False, 1, 4096),
+    "health.xid_fail": ("ints", False, 0, 100_000),
+    "health.ecc_uncorrectable_volatile_max": ("int", False, 0, 1 << 40),
+    "health.ecc_uncorrectable_aggregate_max": ("int", False, 0, 1 << 40),
+    "health.clock_reasons_warn": ("texts", False),
+    "health.pcie_gen_check_pstates": ("texts", False),
+    "health.nic_locality_warn": ("texts", False),
+    "health.fabric_state_ok": ("text", False),
+    "health.fabric_status_ok": ("text", False),
+    "health.fabric_health_fail": ("texts", False),
+    "health.fabric_health_warn": ("texts", False),
 }
 _COMPONENT_RE = re.compile(r"[a-z][a-z0-9_.-]{0,31}\Z")
 
@@ -743,6 +755,15 @@ def _expectation(v: _Validator, value: Any, at: tuple) -> Any:
         if isinstance(value, str):
             raise v.doc.fail(at, f"must be an integer or {args[2]}, got {value[:40]!r}")
         return v.integer(value, at, args[0], args[1], None)
+    if kind == "ints":
+        if not isinstance(value, list):
+            raise v.doc.fail(at, f"must be a list of integers, got {_shown(v.doc, value, at)}")
+        return [v.integer(x, at + (i,), args[0], args[1], None) for i, x in enumerate(value)]
+    if kind == "texts":
+        if not isinstance(value, list) or len(value) > 64:
+            raise v.doc.fail(at, f"must be a list of at most 64 strings, got "
+                                 f"{_shown(v.doc, value, at)}")
+        return [v.string(x, at + (i,), None, "value", optional=False) for i, x in enumerate(value)]
     if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
         raise v.doc.fail(at, f"must be a list of names, got {_shown(v.doc, value, at)}")
     for i, name in enumerate(value):

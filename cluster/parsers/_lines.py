@@ -239,6 +239,20 @@ def _salt(lines: list[str]) -> list[HostOutput] | None:
     return out
 
 
+# Words a log puts before a colon on every line that are not hosts (a journal's or dmesg's own
+# tags: `kernel: NVRM: Xid ...`), so they are never taken for a pdsh/clush prefix.
+_LOG_TAGS = frozenset({"kernel", "nvrm", "systemd", "nvidia-fabricmanager", "nv-fabricmanager",
+                       "nvidia-persistenced", "error", "warning", "info", "debug", "note"})
+
+
+def _prefix_match(line: str):
+    """The `host:` prefix of a line (None for none, or for a log's own tag such as kernel:)."""
+    m = _HOST_PREFIX_RE.match(line)
+    if m is None or m.group("prefix")[:-1].lower() in _LOG_TAGS:
+        return None
+    return m
+
+
 def _host_like(prefix: str) -> bool:
     """A pdsh/clush prefix names a host: it carries a digit or a dot (node01, 10.1.2.3, gpu-a.x)."""
     return any(c.isdigit() or c == "." for c in prefix)
@@ -250,13 +264,13 @@ def _prefixed(lines: list[str]) -> list[HostOutput] | None:
     rows = [line for line in lines if line.strip()]
     counts: dict[str, int] = {}
     for line in rows:
-        m = _HOST_PREFIX_RE.match(line)
+        m = _prefix_match(line)
         if m:
             counts[m.group("prefix")] = counts.get(m.group("prefix"), 0) + 1
     if not counts:
         return None
     prefix, n = max(counts.items(), key=lambda kv: kv[1])
-    unprefixed = [ln for ln in rows if not _HOST_PREFIX_RE.match(ln)]
+    unprefixed = [ln for ln in rows if not _prefix_match(ln)]
     commands = sum(1 for ln in unprefixed if command_in(ln) is not None or prompt_only(ln))
     if (len(rows) >= 3 and n >= 0.9 * len(rows)) or (n == len(rows) and _host_like(prefix[:-1])):
         hosts = [prefix]
@@ -269,7 +283,7 @@ def _prefixed(lines: list[str]) -> list[HostOutput] | None:
     preamble: list[str] = []
     bodies: dict[str, list[str]] = {h: [] for h in hosts}
     for line in lines:
-        m = _HOST_PREFIX_RE.match(line)
+        m = _prefix_match(line)
         p = m.group("prefix") if m else None
         if p in wanted:
             bodies[p].append(line[len(p) + 1:])   # the prefix and the one space after it
@@ -291,7 +305,7 @@ def strip_host_prefix(lines: list[str]) -> list[str]:
         return lines
     counts: dict[str, int] = {}
     for line in rows:
-        m = _HOST_PREFIX_RE.match(line)
+        m = _prefix_match(line)
         if m:
             counts[m.group("prefix")] = counts.get(m.group("prefix"), 0) + 1
     if not counts:
