@@ -64,7 +64,8 @@ def probe_script(probes: Iterable[Probe], per_probe_timeout: float = 20) -> str:
     # probe was its own SSH packet (through a bastion, twice), which cost the laptop more CPU
     # than everything else in a preflight. The trailing "." keeps $(...) from eating newlines.
     script = "\n".join(parts)
-    return "bash -c " + shlex.quote(f"out=$({script}\necho .); printf '%s' \"${{out%.}}\"")
+    return "bash -c " + shlex.quote(
+        f"export LC_ALL=C; out=$({script}\necho .); printf '%s' \"${{out%.}}\"")
 
 
 def split_probe_output(text: str, probes: Iterable[Probe]) -> dict[str, ProbeOutput]:

@@ -257,15 +257,18 @@ class SSHRunner:
             self._forget(node)
             raise ConnectError(node.name, f"connection lost: {describe_connect_error(exc)}") \
                 from None
+        deadline = start + timeout
         try:
             chan.settimeout(timeout)
             chan.exec_command(command)
             chan.shutdown_write()
-            out = _read_capped(chan.recv)
-            err = _read_capped(chan.recv_stderr)
-            if not chan.status_event.wait(max(0.0, timeout - (time.monotonic() - start))):
+            out = _read_capped(chan, chan.recv, deadline)
+            err = _read_capped(chan, chan.recv_stderr, deadline)
+            if not chan.status_event.wait(max(0.0, deadline - time.monotonic())):
                 raise socket.timeout()
             code = chan.recv_exit_status()
+            if code == -1 and not conn.transport.is_active():  # the connection died
+                raise EOFError("the SSH transport closed")
         except socket.timeout:
             raise CommandTimeout(node.name, timeout, command) from None
         except Exception as exc:
@@ -287,22 +290,22 @@ class SSHRunner:
         """
         with self._lock:
             opening = self._opening.setdefault(node.name, threading.Lock())
-        give_up_at = time.monotonic() + self._connect_budget
-        for attempt in range(1, MAX_CONNECT_ATTEMPTS + 1):
+
+        def attempt():
             conn = self.connection(node)
             try:
                 with opening:  # two threads opening one connection break paramiko's session
                     conn.open()
-                return conn
-            except Exception as exc:  # paramiko/socket errors: all mean "unreachable"
+            except Exception:
                 self._forget(node)
-                pause = retry_pause(attempt)
-                if not is_transient(exc) or attempt == MAX_CONNECT_ATTEMPTS \
-                        or time.monotonic() + pause >= give_up_at:
-                    tries = f" (after {attempt} attempts)" if attempt > 1 else ""
-                    raise ConnectError(node.name, describe_connect_error(exc) + tries) from None
-                time.sleep(pause)
-        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+                raise
+            return conn
+
+        try:
+            return retrying(attempt, self._connect_budget, self.ssh.connect_timeout)
+        except GaveUp as failed:  # paramiko/socket errors: all mean "unreachable"
+            raise ConnectError(node.name, describe_connect_error(failed.error)
+                               + failed.attempts_text) from None
 
     def _forget(self, node: Node) -> None:
         with self._lock:
@@ -325,10 +328,14 @@ class SSHRunner:
 SMALL_OUTPUT_MAX_BYTES = 64 << 10
 
 
-def _read_capped(recv: Callable[[int], bytes]) -> bytes:
-    """Read a channel stream to its end, keeping at most SMALL_OUTPUT_MAX_BYTES."""
+def _read_capped(chan, recv: Callable[[int], bytes], deadline: float) -> bytes:
+    """Read a channel stream to its end by `deadline`, keeping at most SMALL_OUTPUT_MAX_BYTES."""
     chunks, size = [], 0
     while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout()
+        chan.settimeout(left)
         data = recv(32768)
         if not data:
             return b"".join(chunks)
@@ -338,6 +345,39 @@ def _read_capped(recv: Callable[[int], bytes]) -> bytes:
 
 
 MAX_CONNECT_ATTEMPTS = 8
+
+
+class GaveUp(Exception):
+    """retrying() stopped: `error` is the last attempt's exception, after `attempts` tries."""
+
+    def __init__(self, error: BaseException, attempts: int):
+        super().__init__(str(error))
+        self.error = error
+        self.attempts = attempts
+
+    @property
+    def attempts_text(self) -> str:
+        return f" (after {self.attempts} attempts)" if self.attempts > 1 else ""
+
+
+def retrying(attempt: Callable[[], "T"], budget_s: float, attempt_s: float) -> "T":
+    """attempt() until it succeeds, retrying transient failures with jittered backoff.
+
+    A retry starts only while its pause plus one more attempt (attempt_s) fit in budget_s from
+    the first try, so the whole call ends within budget_s + the last attempt's own timeouts.
+    Raises GaveUp with the last error (a non-transient one at once).
+    """
+    give_up_at = time.monotonic() + budget_s
+    for n in range(1, MAX_CONNECT_ATTEMPTS + 1):
+        try:
+            return attempt()
+        except Exception as exc:
+            pause = retry_pause(n)
+            if not is_transient(exc) or n == MAX_CONNECT_ATTEMPTS \
+                    or time.monotonic() + pause + attempt_s > give_up_at:
+                raise GaveUp(exc, n) from exc
+            time.sleep(pause)
+    raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 _TRANSIENT_TEXT = ("Error reading SSH protocol banner", "Connection reset by peer",
                    "Socket is closed", "EOF during negotiation", "Timeout opening channel")
 
@@ -384,29 +424,42 @@ class JumpHost:
         self._channel_timeout = channel_timeout
         self._budget = budget
         self._conn = None
+        self._refused: _JumpHostError | None = None  # a failure retrying cannot cure
+        self._closed = False
         self._lock = threading.Lock()
         self.connects = 0  # how many SSH connections were made to the bastion (tests read it)
 
     def open(self) -> None:
+        """Connect once for every node; a permanent failure (authentication, host key) is
+        remembered and given to every later node at once: the bastion is asked only once."""
         with self._lock:
+            if self._refused is not None:
+                raise self._refused
             if self._conn is not None and self._conn.is_connected:
                 return
-            give_up_at = time.monotonic() + self._budget
-            for attempt in range(1, MAX_CONNECT_ATTEMPTS + 1):
+
+            def attempt():
                 conn = self._make()
+                self.connects += 1
                 try:
-                    self.connects += 1
                     conn.open()
-                    self._conn = conn
-                    return
-                except Exception as exc:
+                except Exception:
                     _close_quietly(conn)
-                    pause = retry_pause(attempt)
-                    if not is_transient(exc) or attempt == MAX_CONNECT_ATTEMPTS \
-                            or time.monotonic() + pause >= give_up_at:
-                        raise _JumpHostError(f"{self.label}: {describe_connect_error(exc)}") \
-                            from exc
-                    time.sleep(pause)
+                    raise
+                return conn
+
+            try:
+                conn = retrying(attempt, self._budget, self._channel_timeout)
+            except GaveUp as failed:
+                error = _JumpHostError(f"{self.label}: {describe_connect_error(failed.error)}"
+                                       + failed.attempts_text)
+                if not is_transient(failed.error):
+                    self._refused = error
+                raise error from None
+            if self._closed:  # the session ended while we connected
+                _close_quietly(conn)
+                raise _JumpHostError(f"{self.label}: the run is over")
+            self._conn = conn
 
     @property
     def transport(self) -> "_ChannelOpener":
@@ -416,8 +469,9 @@ class JumpHost:
         return _ChannelOpener(conn.transport, self._channel_timeout, self.label)
 
     def close(self) -> None:
-        with self._lock:
-            conn, self._conn = self._conn, None
+        """Close without waiting for a connect in progress (it sees _closed and gives up)."""
+        self._closed = True
+        conn, self._conn = self._conn, None
         if conn is not None:
             _close_quietly(conn)
 
@@ -543,10 +597,15 @@ def _close_quietly(conn) -> None:
 
 
 def _close(conn) -> None:
-    try:
-        conn.close()
-    except Exception:
-        pass
+    """Fabric's close, then paramiko's: after a failed connect Fabric never set its transport and
+    skips client.close(), which left the socket and the transport thread alive."""
+    for close in (getattr(conn, "close", None), getattr(getattr(conn, "client", None), "close",
+                                                        None)):
+        try:
+            if close is not None:
+                close()
+        except Exception:
+            pass
 
 
 def key_fingerprint(key) -> str:
@@ -682,7 +741,9 @@ class Session:
                 on_result(res)
             return res
 
-        deadline = timeout + self.inventory.ssh.connect_timeout * 2 + 5
+        # connect budget (2 x connect_timeout) + the last attempt's TCP, banner and auth
+        # timeouts (3 x connect_timeout) + the command's timeout + a grace period
+        deadline = timeout + self.inventory.ssh.connect_timeout * 5 + 5
         results = parallel(nodes, work, deadline, late, self.max_parallel)
         return tuple(results[n.name] for n in nodes)
 
