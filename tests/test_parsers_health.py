@@ -37,18 +37,7 @@ OTHER_FIXTURES = [pytest.param(path, id=f"{path.parent.name}/{path.name}")
                   if path.parent.name not in MODULES and path.name not in HOLDS_LSPCI]
 
 
-def _resolve(value, parts: list[str]):
-    if not parts:
-        return [value]
-    if parts[0] == "*":
-        items = value.values() if isinstance(value, dict) else value
-        assert items, f"nothing to iterate at '*' in {value!r}"
-        return [v for item in items for v in _resolve(item, parts[1:])]
-    if isinstance(value, list):
-        return _resolve(value[int(parts[0])], parts[1:])
-    assert isinstance(value, dict), f"cannot index {value!r} with {parts}"
-    assert parts[0] in value, f"no key {parts[0]!r} in {sorted(value)}"
-    return _resolve(value[parts[0]], parts[1:])
+from tests.test_parsers_nvidia import _resolve  # noqa: E402 - one label-path reader
 
 
 def _check(data: dict, path: str, expected) -> None:

@@ -258,15 +258,21 @@ def _host_like(prefix: str) -> bool:
     return any(c.isdigit() or c == "." for c in prefix)
 
 
-def _prefixed(lines: list[str]) -> list[HostOutput] | None:
-    """pdsh/clush/srun -l: one prefix on >= 90% of 3+ lines (or on every line, when it looks
-    like a host: a digit or a dot in it), or several host-like ones on >= 90% of the lines."""
-    rows = [line for line in lines if line.strip()]
+def _prefix_counts(rows: list[str]) -> dict[str, int]:
+    """How many lines start with each `host:` prefix (a log's own tags excluded)."""
     counts: dict[str, int] = {}
     for line in rows:
         m = _prefix_match(line)
         if m:
             counts[m.group("prefix")] = counts.get(m.group("prefix"), 0) + 1
+    return counts
+
+
+def _prefixed(lines: list[str]) -> list[HostOutput] | None:
+    """pdsh/clush/srun -l: one prefix on >= 90% of 3+ lines (or on every line, when it looks
+    like a host: a digit or a dot in it), or several host-like ones on >= 90% of the lines."""
+    rows = [line for line in lines if line.strip()]
+    counts = _prefix_counts(rows)
     if not counts:
         return None
     prefix, n = max(counts.items(), key=lambda kv: kv[1])
@@ -303,11 +309,7 @@ def strip_host_prefix(lines: list[str]) -> list[str]:
     rows = [line for line in lines if line.strip()]
     if len(rows) < 3:
         return lines
-    counts: dict[str, int] = {}
-    for line in rows:
-        m = _prefix_match(line)
-        if m:
-            counts[m.group("prefix")] = counts.get(m.group("prefix"), 0) + 1
+    counts = _prefix_counts(rows)
     if not counts:
         return lines
     prefix, n = max(counts.items(), key=lambda kv: kv[1])
