@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping, Sequence
 import yaml
 
 from cluster.errors import UsageError
-from cluster.inventory import Inventory, Node
+from cluster.inventory import Inventory, Node, is_secret_name
 from cluster.plan_file import SECRET_ENGINE_ARG_RE, SERVED_NAME_RE, PlanFile
 
 DENSE_IMPORT_PATH = "serve_apps.vllm_app:build_app"
@@ -48,9 +48,6 @@ RUNNING, DEPLOY_FAILED, DEPLOYING, UNHEALTHY, DELETING = (
 APP_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 ROUTE_PREFIX_RE = re.compile(r"^/(?:[A-Za-z0-9._~-]+(?:/[A-Za-z0-9._~-]+)*)?$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# Environment variable names that hold secrets (HF_TOKEN, VLLM_API_KEY, AWS_SECRET_ACCESS_KEY).
-SECRET_NAME_RE = re.compile(r"(^|_)(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)(_|$)",
-                            re.IGNORECASE)
 ENGINE_ARG_RE = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")
 # Engine args that have their own flag, or that the app sets itself.
 RESERVED_ENGINE_ARGS = ("model", "served_model_name", "tensor_parallel_size",
@@ -162,7 +159,7 @@ def check_user_env(env: Mapping[str, str], api_key_env: str | None) -> dict[str,
     for key, value in env.items():
         if not ENV_NAME_RE.match(key):
             raise UsageError(f"--env {key!r}: not an environment variable name")
-        if key == api_key_env or SECRET_NAME_RE.search(key):
+        if key == api_key_env or is_secret_name(key):
             raise UsageError(f"--env {key}: secrets never go into the Serve config (it is "
                              "written to the run directory and shown by the dashboard); put it "
                              "in the nodes' `env:` in the inventory, set at `ray start`")

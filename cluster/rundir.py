@@ -96,16 +96,15 @@ class RunDir:
                 fh.write(text)
 
     def write_json(self, name: str, data: Any) -> Path:
-        target = self.path / name
-        text = self.scrub(json.dumps(to_jsonable(data), indent=2, sort_keys=False))
-        tmp = target.with_suffix(target.suffix + ".tmp")
-        tmp.write_text(text + "\n")
-        tmp.replace(target)
-        return target
+        return self.write_text(name, json.dumps(to_jsonable(data), indent=2, sort_keys=False)
+                               + "\n")
 
     def write_text(self, name: str, text: str) -> Path:
+        """Write a file of the run, secrets scrubbed, atomically (a reader never sees half)."""
         target = self.path / name
-        target.write_text(self.scrub(text))
+        tmp = target.with_suffix(target.suffix + ".tmp")
+        tmp.write_text(self.scrub(text))
+        tmp.replace(target)
         return target
 
     def finish(self, exit_code: int) -> None:
