@@ -190,9 +190,7 @@ class SSHRunner:
 
     def _make(self, host: str, user: str | None, port: int, node: Node | None,
               gateway: object | None):
-        from fabric import Connection
-
-        conn = Connection(host, user=user, port=port, config=self._fabric_config(),
+        conn = _shared_config_connection()(host, user=user, port=port, config=self._fabric_config(),
                           gateway=gateway if gateway is not None else False,
                           connect_timeout=max(1, int(round(self.ssh.connect_timeout))),
                           connect_kwargs=self._connect_kwargs(node))
@@ -524,6 +522,30 @@ def _event_driven_remote():
 
         _REMOTE_RUNNER = EventDrivenRemote
     return _REMOTE_RUNNER
+
+
+_SHARED_CONFIG_CONNECTION = None
+
+
+def _shared_config_connection():
+    """Fabric's Connection that never writes into the Config it is given.
+
+    invoke treats an attribute it does not see on the class as a config key: Fabric 3's
+    Connection.__init__ sets `self.inline_ssh_env`, which is not declared on the class, so every
+    new connection wrote into the run's one shared Config, and that write re-merges the whole
+    config (its dict emptied, then refilled) while other nodes' threads read `config.run`:
+    now and then a node failed with "No attribute or config key found for 'run'" (seen at 128
+    nodes). Declared here, it is the connection's own attribute, as Fabric does for the rest.
+    """
+    global _SHARED_CONFIG_CONNECTION
+    if _SHARED_CONFIG_CONNECTION is None:
+        from fabric import Connection
+
+        class SharedConfigConnection(Connection):
+            inline_ssh_env = None
+
+        _SHARED_CONFIG_CONNECTION = SharedConfigConnection
+    return _SHARED_CONFIG_CONNECTION
 
 
 _QUIET_TRANSPORT = None

@@ -157,3 +157,26 @@ def test_a_late_result_is_not_overwritten():
     gate.set()
     time.sleep(0.1)
     assert results == {"n1": "late"}
+
+
+def test_making_a_connection_never_rewrites_the_shared_config(monkeypatch):
+    """A new node's Connection must not re-merge the Config other nodes' threads are reading.
+
+    invoke re-merges a Config (emptying its dict first) on every write; Fabric 3's Connection
+    wrote `inline_ssh_env` into it, and at 128 nodes a node running a command now and then saw
+    no `run` key at all.
+    """
+    import invoke.config
+
+    from cluster.inventory import SSHOptions
+
+    runner = remote.SSHRunner(SSHOptions())
+    config = runner._fabric_config()
+    merges = []
+    real_merge = invoke.config.Config.merge
+    monkeypatch.setattr(invoke.config.Config, "merge",
+                        lambda self: (merges.append(self), real_merge(self))[1])
+    conns = [runner._make(f"198.18.0.{i}", "root", 22, None, None) for i in range(1, 4)]
+    assert [m for m in merges if m is config] == []
+    assert config._modifications == {}
+    assert all(c.config is config and c.inline_ssh_env is True for c in conns)
