@@ -47,6 +47,18 @@ PEERMEM_SYSFS = ("for f in /sys/kernel/mm/memory_peers/nv_mem*/version "
 GPU_QUERY = ("nvidia-smi --query-gpu=index,name,memory.total,pci.bus_id,driver_version "
              "--format=csv,nounits")
 
+# The preflight's health probes, verbatim (tests/test_field_kit.py keeps them in step).
+LSPCI_ACS = ("command -v lspci >/dev/null || exit 127; lspci -vvv 2>/dev/null | "
+             "grep -E '^[[:xdigit:]]|Access Control Services|ACSCap:|ACSCtl:'; true")
+KERNEL_LOG = (
+    "command -v dmesg >/dev/null || exit 127; "
+    "log=$(dmesg 2>&1) || log=$(journalctl -k -b --no-pager -q 2>&1) || "
+    "{ printf '%s\\n' \"$log\" | tail -n 2 >&2; exit 3; }; "
+    "printf '%s\\n' \"$log\" | grep -E 'NVRM|fallen off the bus' | tail -n 400; true")
+FABRICMANAGER = ("command -v systemctl >/dev/null || exit 127; "
+                 "systemctl status nvidia-fabricmanager --no-pager --full 2>&1 | "
+                 "head -n 200; exit ${PIPESTATUS[0]}")
+
 
 @dataclass(frozen=True)
 class Capture:
@@ -93,6 +105,9 @@ CAPTURES: tuple[Capture, ...] = (
     Capture("fabricmanager", "systemctl status nvidia-fabricmanager --no-pager -l",
             "fabricmanager"),
     Capture("ip-addr", "ip addr", "ip-addr"),
+    Capture("lspci-acs", LSPCI_ACS, "lspci"),
+    Capture("kernel-log-nvrm", KERNEL_LOG, "dmesg"),
+    Capture("fabricmanager-status", FABRICMANAGER, "fabricmanager"),
     Capture("ip-br-addr", "ip -br addr", "ip-addr"),
     Capture("os-release", "cat /etc/os-release", None),
     Capture("uname", "uname -a", None),

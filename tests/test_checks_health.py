@@ -234,10 +234,3 @@ def test_iface_public_node_ip_warns():
     public = {"interfaces": [{"name": "eth0", "state": "UP", "mtu": 1500,
                               "ipv4": ["8.8.8.8/24"]}]}
     assert health.iface(public, "eth0", "8.8.8.8").status is Status.WARN
-
-
-def test_mtu_match_across_nodes():
-    assert health.mtu_match({"a": 9000, "b": 9000}).status is Status.OK
-    verdict = health.mtu_match({"a": 9000, "b": 1500, "c": 9000, "d": None})
-    assert verdict.status is Status.FAIL and "1500: b" in verdict.summary
-    assert health.mtu_match({"a": 9000, "b": None}).status is Status.SKIP

@@ -84,3 +84,27 @@ def required(setting: Any, default_when_auto: bool) -> bool:
     if isinstance(setting, bool):
         return setting
     return default_when_auto
+
+
+def parsed(module: Any, out: ProbeOutput) -> dict:
+    """The parser module's reading of a probe's stdout, as plain data (ParseError on garbage)."""
+    return module.parse(out.stdout).to_dict()
+
+
+def tool_problem(out: ProbeOutput, tool: str, needed: bool, what: str, fix: str) -> Verdict | None:
+    """A verdict when the tool did not run properly (missing, hung, failed), else None.
+
+    `what` names the thing the tool reveals ("NVIDIA GPUs"): a missing tool fails when it is
+    expected and is a skip otherwise.
+    """
+    if out.missing_tool:
+        if needed:
+            return fail(f"{tool} not found, but {what} expected", fix, probe=out.name)
+        return skip(f"{tool} not found: no {what} here (none expected)", probe=out.name)
+    if out.timed_out:
+        return error(f"{tool} hung (no answer within the probe timeout)", probe=out.name)
+    if out.exit_code != 0 and not out.stdout.strip():
+        msg = (out.stderr.strip().splitlines() or [f"exit {out.exit_code}"])[-1]
+        return fail(f"{tool} failed: {msg}", fix, probe=out.name) if needed \
+            else skip(f"{tool} failed: {msg}", probe=out.name)
+    return None

@@ -60,6 +60,18 @@ def driver_consistency(facts: Facts, head: str) -> list[CheckResult]:
                         "install the same driver version on every node")
 
 
+def mtu_consistency(facts: Facts, head: str) -> list[CheckResult]:
+    """The NCCL/Gloo interface's MTU (the iface check's fact) is the same on every node."""
+    mtus = {n: f["mtu"] for n, f in facts.items() if isinstance(f.get("mtu"), int)}
+    if len(mtus) < 2:
+        return [CheckResult("mtu-match", None, Status.SKIP,
+                            "fewer than two nodes with a known interface MTU")]
+    return _differences("mtu-match", "MTU", mtus, head, Status.FAIL,
+                        "set the same MTU on every node's interface and its switch ports (e.g. "
+                        "`ip link set <if> mtu 9000` plus the distribution's network config): "
+                        "large messages are dropped or fragmented between nodes that differ")
+
+
 def version_consistency(facts: Facts, head: str, components: Sequence[str]) -> list[CheckResult]:
     results: list[CheckResult] = []
     for comp in components:
@@ -198,6 +210,7 @@ def cross_node_checks(facts: Facts, inventory: Inventory,
                       skew: Mapping[str, ClockSample] | None) -> list[CheckResult]:
     head = inventory.head.name
     results = gpu_consistency(facts, head) + driver_consistency(facts, head)
+    results += mtu_consistency(facts, head)
     results += version_consistency(facts, head,
                                    inventory.expectations.get("versions_must_match", ()))
     results += model_consistency(facts, head)

@@ -13,7 +13,6 @@ per-node checks that probe the nodes and call these are to be built on the facts
     persistence(gpus, th)                            persistence mode off: warn (fixable)
     nic_locality(topo, th, rdma_nics=None)           nearest RDMA NIC across the socket: warn
     iface(ip_addr, ifname, node_ip)                  NCCL/Gloo interface missing, down, wrong IP
-    mtu_match(mtus)                                  the interface's MTU differs across nodes
 """
 
 from __future__ import annotations
@@ -332,7 +331,7 @@ def nic_locality(topo: Mapping[str, Any], th: Mapping[str, Any],
 def iface(ip_addr: Mapping[str, Any], ifname: str, node_ip: str | None) -> Verdict:
     """The configured NCCL/Gloo interface exists, is up and carries node_ip, a private address.
 
-    Facts: the interface's MTU (for mtu_match across nodes).
+    Facts: the interface's MTU (cross.mtu_consistency compares it across nodes).
     """
     found = next((i for i in ip_addr.get("interfaces") or () if i.get("name") == ifname), None)
     fix = (f"set nccl_socket_ifname / gloo_socket_ifname to the interface that carries the "
@@ -360,18 +359,3 @@ def iface(ip_addr: Mapping[str, Any], ifname: str, node_ip: str | None) -> Verdi
     return ok(f"{ifname} is up with {', '.join(addresses) or 'no IPv4'}"
               + (f", MTU {found['mtu']}" if found.get("mtu") else ""),
               facts=facts)
-
-
-def mtu_match(mtus: Mapping[str, int | None]) -> Verdict:
-    """The NCCL/Gloo interface's MTU is the same on every node (node -> MTU; None: unknown)."""
-    known = {node: mtu for node, mtu in mtus.items() if mtu is not None}
-    if len(known) < 2:
-        return skip("fewer than two nodes with a known MTU")
-    values = sorted(set(known.values()))
-    if len(values) == 1:
-        return ok(f"MTU {values[0]} on all {len(known)} nodes")
-    by_mtu = {v: sorted(n for n, m in known.items() if m == v) for v in values}
-    shown = "; ".join(f"{v}: {_listed(nodes)}" for v, nodes in by_mtu.items())
-    return fail(f"MTU differs across nodes ({shown}): large messages are dropped or fragmented",
-                "set the same MTU on every node's interface (and the switch ports), e.g. "
-                "`ip link set <if> mtu 9000` plus the distribution's network config")

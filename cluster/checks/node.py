@@ -11,38 +11,16 @@ import re
 import shlex
 from typing import Any
 
-from cluster.checks.base import (NodeCheck, NodeContext, Verdict, error, fail, ok, required,
-                                 skip, static_probe, warn)
+from cluster.checks.base import (NodeCheck, NodeContext, Verdict, error, fail, ok, parsed,
+                                 required, skip, static_probe, tool_problem, warn)
 from cluster.errors import ParseError
 from cluster.inventory import Inventory, Node
 from cluster.parsers import (chronyc_tracking, df_shm, ibstat, lsmod, ntpq, nvidia_smi,
                              nvidia_smi_query, nvidia_smi_topo, timedatectl, ulimit)
+from cluster.checks.node_health import HEALTH_CHECKS
+from cluster.checks.tool_probes import GPU_QUERY, GPU_TOPO, IBSTAT, NVIDIA_SMI
 from cluster.probes import Probe, ProbeOutput
 
-GPU_QUERY_FIELDS = ("index", "name", "memory.total", "pci.bus_id", "driver_version")
-
-
-def _parse(module: Any, out: ProbeOutput) -> dict:
-    return module.parse(out.stdout).to_dict()
-
-
-def _tool_problem(out: ProbeOutput, tool: str, needed: bool, what: str, fix: str) -> Verdict | None:
-    """A verdict when the tool did not run properly (missing, hung, failed), else None.
-
-    `what` names the thing the tool reveals ("NVIDIA GPUs"): a missing tool fails when it is
-    expected and is a skip otherwise.
-    """
-    if out.missing_tool:
-        if needed:
-            return fail(f"{tool} not found, but {what} expected", fix, probe=out.name)
-        return skip(f"{tool} not found: no {what} here (none expected)", probe=out.name)
-    if out.timed_out:
-        return error(f"{tool} hung (no answer within the probe timeout)", probe=out.name)
-    if out.exit_code != 0 and not out.stdout.strip():
-        msg = (out.stderr.strip().splitlines() or [f"exit {out.exit_code}"])[-1]
-        return fail(f"{tool} failed: {msg}", fix, probe=out.name) if needed \
-            else skip(f"{tool} failed: {msg}", probe=out.name)
-    return None
 
 
 def _same_model(a: str, b: str) -> bool:
@@ -58,11 +36,11 @@ def evaluate_gpus(ctx: NodeContext) -> Verdict:
     want_count = ctx.expect.get("gpus_per_node")
     want_model = ctx.expect.get("gpu_model")
     needed = bool(want_count or want_model)
-    problem = _tool_problem(out, "nvidia-smi", needed, "NVIDIA GPUs",
+    problem = tool_problem(out, "nvidia-smi", needed, "NVIDIA GPUs",
                             "install the NVIDIA driver and check `nvidia-smi` on the node")
     if problem:
         return problem
-    data = _parse(nvidia_smi_query, out)
+    data = parsed(nvidia_smi_query, out)
     gpus = data["gpus"]
     names = [str(g.get("name")) for g in gpus]
     memory = [g.get("memory.total") for g in gpus if isinstance(g.get("memory.total"), (int, float))]
@@ -94,11 +72,11 @@ def evaluate_driver(ctx: NodeContext) -> Verdict:
     want_cuda = ctx.expect.get("cuda_version")
     needed = bool(want_driver or want_cuda or ctx.expect.get("gpus_per_node")
                   or ctx.expect.get("gpu_model"))
-    problem = _tool_problem(out, "nvidia-smi", needed, "NVIDIA driver",
+    problem = tool_problem(out, "nvidia-smi", needed, "NVIDIA driver",
                             "install the NVIDIA driver")
     if problem:
         return problem
-    data = _parse(nvidia_smi, out)
+    data = parsed(nvidia_smi, out)
     driver, cuda = data.get("driver_version"), data.get("cuda_version")
     facts = {"driver_version": driver, "cuda_version": cuda}
     summary = f"driver {driver}, CUDA {cuda}"
@@ -115,11 +93,11 @@ def evaluate_driver(ctx: NodeContext) -> Verdict:
 def evaluate_nvlink(ctx: NodeContext) -> Verdict:
     out = ctx.output("gpu-topo")
     want = ctx.expect.get("nvlink")
-    problem = _tool_problem(out, "nvidia-smi", want is True, "NVLink",
+    problem = tool_problem(out, "nvidia-smi", want is True, "NVLink",
                             "install the NVIDIA driver")
     if problem:
         return problem
-    data = _parse(nvidia_smi_topo, out)
+    data = parsed(nvidia_smi_topo, out)
     nvlink = data.get("nvlink")
     kinds = sorted({v for v in data.get("links", {}).values()})
     facts = {"nvlink": nvlink, "topology_nics": data.get("nics", [])}
@@ -150,14 +128,14 @@ def evaluate_infiniband(ctx: NodeContext) -> Verdict:
     expected_hcas = [_hca_name(h) for h in ctx.node.ib_hcas if not h.startswith("^")]
     needed = required(ib.get("required"), bool(expected_hcas))
     out = ctx.output("ibstat")
-    problem = _tool_problem(out, "ibstat", needed,
+    problem = tool_problem(out, "ibstat", needed,
                             "InfiniBand/RoCE ports",
                             "install infiniband-diags (ibstat) and the MLNX/DOCA OFED drivers")
     if problem:
         return problem
     if not needed:
         return skip("no InfiniBand expected on this node (no ib_hcas in the inventory)")
-    data = _parse(ibstat, out)
+    data = parsed(ibstat, out)
     ports = data["ports"]
     if expected_hcas:
         chosen = [p for p in ports if any(p["ca"] == n and (pt is None or p["port"] == pt)
@@ -217,11 +195,11 @@ def evaluate_gpudirect(ctx: NodeContext) -> Verdict:
     if not needed:
         return skip("GPUDirect RDMA not expected here (no InfiniBand/RoCE)")
     out = ctx.output("lsmod")
-    problem = _tool_problem(out, "lsmod", True, "kernel module listing",
+    problem = tool_problem(out, "lsmod", True, "kernel module listing",
                             "install kmod")
     if problem:
         return problem
-    data = _parse(lsmod, out)
+    data = parsed(lsmod, out)
     registered = [line.split(":", 1)[0] for line in ctx.output("peermem-sysfs").stdout.splitlines()
                   if line.startswith("/sys/")]
     facts = {"peermem_loaded": bool(data.get("nvidia_peermem") or data.get("nv_peer_mem")),
@@ -257,7 +235,7 @@ def evaluate_clock(ctx: NodeContext) -> Verdict:
         if out.missing_tool or out.exit_code != 0 or not out.stdout.strip():
             tried.append(tool)
             continue
-        data = _parse(module, out)
+        data = parsed(module, out)
         offset_s = data.get("offset_seconds")
         if offset_s is None and data.get("offset_ms") is not None:
             offset_s = data["offset_ms"] / 1000.0
@@ -278,10 +256,10 @@ def evaluate_clock(ctx: NodeContext) -> Verdict:
 
 def evaluate_shm(ctx: NodeContext) -> Verdict:
     out = ctx.output("shm")
-    problem = _tool_problem(out, "df", True, "/dev/shm", "mount /dev/shm")
+    problem = tool_problem(out, "df", True, "/dev/shm", "mount /dev/shm")
     if problem:
         return problem
-    data = _parse(df_shm, out)
+    data = parsed(df_shm, out)
     size = data["size_bytes"]
     want = int(ctx.expect["shm_min_bytes"])
     facts = {"shm_bytes": size}
@@ -295,7 +273,7 @@ def evaluate_shm(ctx: NodeContext) -> Verdict:
 
 def evaluate_memlock(ctx: NodeContext) -> Verdict:
     out = ctx.output("memlock")
-    data = _parse(ulimit, out)
+    data = parsed(ulimit, out)
     value = data["memlock_kib"]
     want = ctx.expect["memlock_min_kib"]
     facts = {"memlock_kib": value}
@@ -442,13 +420,12 @@ def evaluate_ports(ctx: NodeContext) -> Verdict:
 
 NODE_CHECKS: tuple[NodeCheck, ...] = (
     NodeCheck("gpus", "GPU count and model",
-              (static_probe("gpu-query", "nvidia-smi --query-gpu=" + ",".join(GPU_QUERY_FIELDS)
-                            + " --format=csv,nounits"),), evaluate_gpus),
+              (GPU_QUERY,), evaluate_gpus),
     NodeCheck("driver", "NVIDIA driver and CUDA version",
-              (static_probe("nvidia-smi", "nvidia-smi"),), evaluate_driver),
-    NodeCheck("nvlink", "NVLink between GPUs", (static_probe("gpu-topo", "nvidia-smi topo -m"),),
+              (NVIDIA_SMI,), evaluate_driver),
+    NodeCheck("nvlink", "NVLink between GPUs", (GPU_TOPO,),
               evaluate_nvlink),
-    NodeCheck("infiniband", "InfiniBand/RoCE ports", (static_probe("ibstat", "ibstat"),),
+    NodeCheck("infiniband", "InfiniBand/RoCE ports", (IBSTAT,),
               evaluate_infiniband),
     NodeCheck("gpudirect", "GPUDirect RDMA peer memory",
               (static_probe("lsmod", "lsmod"),
@@ -463,4 +440,4 @@ NODE_CHECKS: tuple[NodeCheck, ...] = (
               evaluate_versions),
     NodeCheck("model", "model files present", (model_probe,), evaluate_model),
     NodeCheck("ports", "Ray ports free", (ports_probe,), evaluate_ports),
-)
+) + HEALTH_CHECKS

@@ -1,0 +1,258 @@
+"""Per-node health checks (issue 16): probes for PCIe ACS, the kernel log, the fabric manager,
+`nvidia-smi -q` and `ip addr`, judged by the pure verdicts of cluster/checks/health.py.
+
+Each check reads its probes' outputs from the one SSH round trip of the preflight. A tool that
+is not on the node (no pciutils, no systemd, no NVIDIA driver) makes its check skip: the GPU
+and driver checks already fail when GPUs are expected and nvidia-smi is missing.
+
+    acs            lspci ACSCtl bits                  ACS on with >1 GPU or RDMA NICs: fail
+    fabricmanager  systemctl status + nvidia-smi -q   NVSwitch fabric not up: fail
+    gpu-health     nvidia-smi -q + kernel log         Xid, ECC, remaps, retired pages: fail;
+                                                      clock slowdowns: warn
+    pcie-link      nvidia-smi -q                      below max width / gen under load: warn
+    persistence    nvidia-smi                         off: warn (fixable)
+    nic-locality   nvidia-smi topo -m + ibstat        nearest RDMA NIC across the socket: warn
+    iface          ip addr                            NCCL/Gloo interface missing/down/no node_ip
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any, Mapping
+
+from cluster.checks import health
+from cluster.checks.base import (NodeCheck, NodeContext, Verdict, fail, parsed, skip,
+                                 static_probe, tool_problem)
+from cluster.parsers import (dmesg, fabricmanager, ibstat, ip_addr, lspci, nvidia_smi,
+                             nvidia_smi_q, nvidia_smi_query, nvidia_smi_topo)
+from cluster.checks.tool_probes import GPU_QUERY, GPU_TOPO, IBSTAT, NVIDIA_SMI, NVIDIA_SMI_Q
+from cluster.probes import ProbeOutput
+from cluster.results import worst
+
+# Device lines and the ACS lines only: a whole `lspci -vvv` is ~1 MB on a GPU server.
+LSPCI_COMMAND = ("command -v lspci >/dev/null || exit 127; lspci -vvv 2>/dev/null | "
+                 "grep -E '^[[:xdigit:]]|Access Control Services|ACSCap:|ACSCtl:'; true")
+# The NVIDIA driver's lines of the kernel log since boot (dmesg, else the journal's copy).
+KERNEL_LOG_COMMAND = (
+    "command -v dmesg >/dev/null || exit 127; "
+    "log=$(dmesg 2>&1) || log=$(journalctl -k -b --no-pager -q 2>&1) || "
+    "{ printf '%s\\n' \"$log\" | tail -n 2 >&2; exit 3; }; "
+    "printf '%s\\n' \"$log\" | grep -E 'NVRM|fallen off the bus' | tail -n 400; true")
+# systemctl's own exit code: 0 active, 3 not running, 4 no such unit.
+FABRICMANAGER_COMMAND = ("command -v systemctl >/dev/null || exit 127; "
+                         "systemctl status nvidia-fabricmanager --no-pager --full 2>&1 | "
+                         "head -n 200; exit ${PIPESTATUS[0]}")
+_SYSTEMCTL_ANSWERED = (0, 3, 4)
+KERNEL_LOG_UNREADABLE = 3
+
+
+def _health(ctx: NodeContext) -> Mapping[str, Any]:
+    return ctx.expect["health"]
+
+
+def _optional(ctx: NodeContext, probe: str, module: Any) -> dict | None:
+    """The parsed output of a probe whose tool may be absent: None when it did not run."""
+    out = ctx.output(probe)
+    if out.missing_tool or out.timed_out or (out.exit_code != 0 and not out.stdout.strip()):
+        return None
+    return parsed(module, out)
+
+
+def _smi_q(ctx: NodeContext) -> tuple[dict | None, Verdict | None]:
+    """nvidia-smi -q parsed, or the skip/error verdict when it did not run."""
+    out = ctx.output("nvidia-smi-q")
+    problem = tool_problem(out, "nvidia-smi", False, "NVIDIA GPUs", "install the NVIDIA driver")
+    if problem:
+        return None, problem
+    return parsed(nvidia_smi_q, out), None
+
+
+def _gpu_count(ctx: NodeContext) -> int | None:
+    query = _optional(ctx, "gpu-query", nvidia_smi_query)
+    return len(query["gpus"]) if query is not None else None
+
+
+def _rdma_devices(ctx: NodeContext) -> list[str] | None:
+    """The node's RDMA devices (ibstat's CA names); None when ibstat did not run."""
+    data = _optional(ctx, "ibstat", ibstat)
+    if data is None:
+        return None
+    return sorted({p["ca"] for p in data["ports"] if p.get("ca")})
+
+
+# ---------------------------------------------------------------- ACS
+
+
+def evaluate_acs(ctx: NodeContext) -> Verdict:
+    out = ctx.output("lspci")
+    if out.missing_tool:
+        return skip("lspci not found (install pciutils): PCIe ACS not checked", probe="lspci")
+    problem = tool_problem(out, "lspci", False, "PCIe ACS reading", "install pciutils")
+    if problem:
+        return problem
+    if not out.stdout.strip():
+        return skip("lspci showed no PCI device (a container without the host's PCI tree?)")
+    rdma = _rdma_devices(ctx) or []
+    return health.acs(parsed(lspci, out), _gpu_count(ctx), len(rdma), _health(ctx))
+
+
+# ---------------------------------------------------------------- fabric manager
+
+
+def _fabricmanager_state(out: ProbeOutput) -> dict | None:
+    """systemctl's view of nvidia-fabricmanager; None when systemctl could not say."""
+    if out.missing_tool or out.timed_out or out.exit_code not in _SYSTEMCTL_ANSWERED:
+        return None   # no systemd (a container) or systemctl failed: the GPUs' fabric state decides
+    return parsed(fabricmanager, out)
+
+
+def evaluate_fabricmanager(ctx: NodeContext) -> Verdict:
+    smi_q, problem = _smi_q(ctx)
+    if problem:
+        return problem
+    return health.fabricmanager(_fabricmanager_state(ctx.output("fabricmanager")), smi_q,
+                                _health(ctx))
+
+
+# ---------------------------------------------------------------- GPU health
+
+
+def _kernel_log(out: ProbeOutput) -> dict | None:
+    """The driver's kernel-log lines parsed; None when the log could not be read."""
+    if out.missing_tool or out.timed_out or out.exit_code == KERNEL_LOG_UNREADABLE:
+        return None
+    if not out.stdout.strip():
+        return {"xids": [], "fell_off_bus": []}   # the log was read: no NVRM line in it
+    return parsed(dmesg, out)
+
+
+def evaluate_gpu_health(ctx: NodeContext) -> Verdict:
+    smi_q, problem = _smi_q(ctx)
+    if problem:
+        return problem
+    log = _kernel_log(ctx.output("kernel-log"))
+    verdict = health.gpu_health(smi_q, log, _health(ctx))
+    if log is None and verdict.status.value == "ok":
+        return Verdict(verdict.status, verdict.summary + " (kernel log not readable: Xids not "
+                                                         "checked)", verdict.fix, verdict.data)
+    return verdict
+
+
+# ---------------------------------------------------------------- PCIe link, persistence
+
+
+def evaluate_pcie_link(ctx: NodeContext) -> Verdict:
+    smi_q, problem = _smi_q(ctx)
+    if problem:
+        return problem
+    return health.pcie_link(smi_q, _health(ctx))
+
+
+def evaluate_persistence(ctx: NodeContext) -> Verdict:
+    out = ctx.output("nvidia-smi")
+    problem = tool_problem(out, "nvidia-smi", False, "NVIDIA GPUs", "install the NVIDIA driver")
+    if problem:
+        return problem
+    verdict = health.persistence(parsed(nvidia_smi, out)["gpus"], _health(ctx))
+    off = verdict.status.value == "warn"
+    return Verdict(verdict.status, verdict.summary, verdict.fix, verdict.data,
+                   {"persistence_off": off} if verdict.status.value != "skip" else {})
+
+
+# ---------------------------------------------------------------- NIC locality
+
+
+def evaluate_nic_locality(ctx: NodeContext) -> Verdict:
+    out = ctx.output("gpu-topo")
+    problem = tool_problem(out, "nvidia-smi", False, "GPU topology", "install the NVIDIA driver")
+    if problem:
+        return problem
+    return health.nic_locality(parsed(nvidia_smi_topo, out), _health(ctx),
+                               _rdma_devices(ctx))
+
+
+# ---------------------------------------------------------------- interface
+
+
+def matching_interfaces(spec: str, names: list[str]) -> list[str]:
+    """The interfaces NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME select, in NCCL's syntax.
+
+    A comma-separated list of name prefixes; `=` in front: exact names; `^` in front: every
+    interface except those.
+    """
+    exclude = spec.startswith("^")
+    body = spec[1:] if exclude else spec
+    exact = body.startswith("=")
+    body = body[1:] if exact else body
+    wanted = [w for w in body.split(",") if w]
+    hit = (lambda n: n in wanted) if exact else (lambda n: any(n.startswith(w) for w in wanted))
+    return [n for n in names if hit(n) != exclude]
+
+
+def _node_ip(ctx: NodeContext) -> str | None:
+    try:
+        return str(ipaddress.IPv4Address(ctx.node.ip))
+    except ValueError:
+        return None   # a host name: the address Ray uses is not known here
+
+
+def _carrying(interfaces: list[dict], ip: str | None) -> list[str]:
+    return [i["name"] for i in interfaces
+            if ip is not None and any(a.split("/", 1)[0] == ip for a in i.get("ipv4") or ())]
+
+
+def evaluate_iface(ctx: NodeContext) -> Verdict:
+    out = ctx.output("ip-addr")
+    problem = tool_problem(out, "ip", False, "network interfaces", "install iproute2")
+    if problem:
+        return problem
+    data = parsed(ip_addr, out)
+    interfaces = data["interfaces"]
+    names = [i["name"] for i in interfaces]
+    ip = _node_ip(ctx)
+    carrying = _carrying(interfaces, ip)
+    specs = [(var, spec) for var, spec in (("NCCL_SOCKET_IFNAME", ctx.node.nccl_socket_ifname),
+                                           ("GLOO_SOCKET_IFNAME", ctx.node.gloo_socket_ifname))
+             if spec]
+    if not specs:
+        if ip is None:
+            return skip(f"node address {ctx.node.ip} is a host name: set node_ip to check the "
+                        f"interface Ray and NCCL use")
+        if not carrying:
+            return fail(f"no interface carries node_ip {ip} (have: "
+                        f"{', '.join(names[:32]) or 'none'}): Ray cannot bind to it",
+                        "set node_ip to the node's cluster-network address (`ip -br addr`)",
+                        data=data)
+        return health.iface(data, carrying[0], ip)
+    verdicts = []
+    for var, spec in dict.fromkeys(specs):
+        chosen = matching_interfaces(spec, names)
+        if not chosen:
+            return fail(f"no interface matches {var}={spec} (have: "
+                        f"{', '.join(names[:32]) or 'none'})",
+                        f"set {var.lower()} in the inventory to the interface that carries the "
+                        f"node's address (`ip -br addr`)", data=data)
+        preferred = [n for n in chosen if n in carrying] or chosen
+        verdicts.append(health.iface(data, preferred[0], ip))
+    return next(v for v in verdicts if v.status == worst(v.status for v in verdicts))
+
+
+HEALTH_CHECKS: tuple[NodeCheck, ...] = (
+    NodeCheck("acs", "PCIe ACS off on the GPU/NIC paths",
+              (static_probe("lspci", LSPCI_COMMAND), GPU_QUERY, IBSTAT), evaluate_acs),
+    NodeCheck("fabricmanager", "NVSwitch fabric manager and fabric state",
+              (NVIDIA_SMI_Q,
+               static_probe("fabricmanager", FABRICMANAGER_COMMAND)), evaluate_fabricmanager),
+    NodeCheck("gpu-health", "Xid, ECC, row remaps, retired pages, clock slowdowns",
+              (NVIDIA_SMI_Q,
+               static_probe("kernel-log", KERNEL_LOG_COMMAND)), evaluate_gpu_health),
+    NodeCheck("pcie-link", "GPU PCIe link width and generation",
+              (NVIDIA_SMI_Q,), evaluate_pcie_link),
+    NodeCheck("persistence", "GPU persistence mode",
+              (NVIDIA_SMI,), evaluate_persistence),
+    NodeCheck("nic-locality", "an RDMA NIC near each GPU",
+              (GPU_TOPO, IBSTAT),
+              evaluate_nic_locality),
+    NodeCheck("iface", "NCCL/Gloo interface up with node_ip",
+              (static_probe("ip-addr", "ip addr"),), evaluate_iface),
+)
