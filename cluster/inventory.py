@@ -707,6 +707,10 @@ _EXPECT_SPEC: dict[str, tuple] = {
     "health.fabric_status_ok": ("text", False),
     "health.fabric_health_fail": ("texts", False),
     "health.fabric_health_warn": ("texts", False),
+    "reachability.full_matrix_max_nodes": ("int", False, 2, 4096),
+    "reachability.peers_per_node": ("int", False, 1, 64),
+    "reachability.connect_timeout_s": ("number", False, 0.1, 30.0),
+    "reachability.worker_port_samples": ("int", False, 0, 32),
 }
 _COMPONENT_RE = re.compile(r"[a-z][a-z0-9_.-]{0,31}\Z")
 

@@ -1,4 +1,5 @@
-"""Preflight: run every node check in parallel (one SSH round trip per node), then cross-node checks.
+"""Preflight: run every node check in parallel (one SSH round trip per node), then cross-node
+checks, then TCP reachability between the nodes (three short fan-outs, cluster/reachability.py).
 
 run_preflight never raises for a node: an unreachable node or unreadable output is a result
 with status error. The report's facts (per node: GPU count/model/memory, NVLink, IB ports,
@@ -15,6 +16,7 @@ from cluster.checks.node import NODE_CHECKS
 from cluster.errors import ParseError
 from cluster.inventory import Inventory, Node
 from cluster.probes import Probe, probe_script, split_probe_output
+from cluster.reachability import run_reachability
 from cluster.remote import CommandResult, Session
 from cluster.results import CheckResult, Evidence, Report, Status, tail
 
@@ -72,7 +74,7 @@ def _evidence(ctx: NodeContext, check: NodeCheck, verdict: Verdict) -> Evidence:
 
 def run_preflight(inventory: Inventory, session: Session, nodes: Sequence[Node] | None = None,
                   checks: Sequence[NodeCheck] = NODE_CHECKS, measure_clock: bool = True,
-                  on_node_done=None) -> Report:
+                  on_node_done=None, reachability: bool = True) -> Report:
     nodes = list(nodes or inventory.nodes)
     probes = {n.name: node_probes(n, inventory, checks) for n in nodes}
     per_node_timeout = PER_PROBE_TIMEOUT_S * 2 + 30
@@ -88,4 +90,6 @@ def run_preflight(inventory: Inventory, session: Session, nodes: Sequence[Node] 
     skew = measure_skew(session, reachable) if measure_clock and len(reachable) > 1 else None
     cluster_facts = {n: f for n, f in facts.items() if f.get("reachable")}
     results += cross_node_checks(cluster_facts, inventory, skew)
+    if reachability and len(reachable) > 1:
+        results += run_reachability(inventory, session, reachable)
     return Report("preflight", tuple(results), {"nodes": facts})

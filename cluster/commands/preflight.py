@@ -24,6 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--nodes", metavar="PATTERN", help="only these nodes (names, globs, head, workers)")
     p.add_argument("--no-clock-skew", action="store_true",
                    help="do not sample the nodes' clocks from here")
+    p.add_argument("--no-reachability", action="store_true",
+                   help="do not test TCP between the nodes on Ray's ports (a short-lived "
+                        "listener on each node)")
     add_json(p)
     p.set_defaults(handler=run)
 
@@ -35,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     with Session(inv, hooks=[record.record]) as session, \
             progress(len(nodes), "preflight", enabled=not args.json) as advance:
         report = run_preflight(inv, session, nodes, measure_clock=not args.no_clock_skew,
-                               on_node_done=advance)
+                               on_node_done=advance, reachability=not args.no_reachability)
     payload = report.to_dict() | {"run_dir": str(record.path), "inventory": inv.path}
     emit_json(record, "preflight.json", payload, to_stdout=args.json)
     record.finish(report.exit_code)

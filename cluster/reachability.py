@@ -1,0 +1,239 @@
+"""Cross-node reachability: real TCP connects between the nodes on Ray's and Serve's ports.
+
+Three fan-outs of the on-node program cluster/node_programs/reach.py: every node starts a
+short-lived listener on the ports it will serve (those already taken, e.g. by a running Ray,
+are answered by their owner), every node connects to the ports of its peers, then the
+listeners are stopped (they also exit by themselves). A dropped SYN (a firewall's DROP) is a
+timeout, a REJECT is refused: both fail with the pair and the port named.
+
+Peers (pure, `plan_targets`): up to `full_matrix_max_nodes` every node probes every other. Above
+it the cost stays linear: each node probes the head and `peers_per_node` others at distances
+1, 2, 4, ... along the inventory order; the head probes every node; and every pair of /24
+subnets (the racks, as far as addresses tell) has at least one probe each way.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import secrets
+import shlex
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from cluster.checks.node import ray_ports
+from cluster.inventory import Inventory, Node
+from cluster.node_programs import source
+from cluster.remote import CommandResult, Session
+from cluster.results import CheckResult, Evidence, Status
+
+CHECK = "reachability"
+PROBES_AT_ONCE = 512            # reach.py's MAX_AT_ONCE: connects in flight per node
+_LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+@dataclass(frozen=True)
+class Target:
+    node: str
+    ip: str
+    port: int
+    what: str      # the port's name (node_manager_port, ...)
+
+
+def served_ports(node: Node, inventory: Inventory, samples: int) -> dict[int, str]:
+    """The ports other nodes connect to on `node`: Ray's, and samples of the worker range
+    (Serve replicas and Ray workers listen there). The dashboard only when not on loopback."""
+    ports = dict(ray_ports(node, inventory))
+    r = inventory.ray
+    if r.dashboard_host in _LOOPBACK_HOSTS:
+        ports.pop(r.dashboard_port, None)
+    lo, hi = r.min_worker_port, r.max_worker_port
+    for i in range(samples):
+        port = lo + (hi - lo) * i // max(1, samples - 1)
+        ports.setdefault(port, "worker port range")
+    return ports
+
+
+def _subnet(node: Node) -> str:
+    try:
+        return str(ipaddress.ip_network(f"{node.ip}/24", strict=False))
+    except ValueError:
+        return node.ip      # a host name: its own group
+
+
+def plan_peers(nodes: Sequence[Node], head: str, full_max: int, per_node: int
+               ) -> dict[str, list[str]]:
+    """source node -> the nodes it probes (pure)."""
+    names = [n.name for n in nodes]
+    count = len(names)
+    if count <= full_max:
+        return {a: [b for b in names if b != a] for a in names}
+    peers: dict[str, set[str]] = {a: set() for a in names}
+    for i, a in enumerate(names):
+        if a != head and head in peers:
+            peers[a].add(head)
+        step = 1
+        for _ in range(per_node):
+            peers[a].add(names[(i + step) % count])
+            step *= 2
+        peers[a].discard(a)
+    if head in peers:
+        peers[head] |= set(names) - {head}
+    groups: dict[str, list[str]] = defaultdict(list)
+    for n in nodes:
+        groups[_subnet(n)].append(n.name)
+    keys = sorted(groups)
+    for i, ga in enumerate(keys):
+        for j, gb in enumerate(keys):
+            if ga != gb and not any(b in peers[a] for a in groups[ga] for b in groups[gb]):
+                src = groups[ga][(i + j) % len(groups[ga])]
+                peers[src].add(groups[gb][(i + j) % len(groups[gb])])
+    return {a: sorted(p, key=names.index) for a, p in peers.items()}
+
+
+def plan_targets(nodes: Sequence[Node], inventory: Inventory, th: Mapping[str, Any]
+                 ) -> dict[str, list[Target]]:
+    """source node -> every (peer, port) it connects to (pure)."""
+    by_name = {n.name: n for n in nodes}
+    head = inventory.head.name
+    peers = plan_peers(nodes, head, th["full_matrix_max_nodes"], th["peers_per_node"])
+    served = {n.name: served_ports(n, inventory, th["worker_port_samples"]) for n in nodes}
+    return {src: [Target(dst, by_name[dst].ip, port, what)
+                  for dst in dsts for port, what in sorted(served[dst].items())]
+            for src, dsts in peers.items()}
+
+
+def _targets_arg(targets: Sequence[Target]) -> str:
+    """host:p1+p2,host2:p3 (compact: one argument stays far below the kernel's 128 KiB)."""
+    by_ip: dict[str, list[int]] = defaultdict(list)
+    for t in targets:
+        by_ip[t.ip].append(t.port)
+    return ",".join(f"{ip}:{'+'.join(map(str, ports))}" for ip, ports in by_ip.items())
+
+
+def _program(inventory: Inventory, verb: str, *args: str) -> str:
+    return " ".join([shlex.quote(inventory.ray.python), "-", verb, *map(shlex.quote, args)])
+
+
+def _doc(result: CommandResult) -> dict | None:
+    if not result.reached or result.exit_code != 0:
+        return None
+    try:
+        doc = json.loads(result.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def run_reachability(inventory: Inventory, session: Session, nodes: Sequence[Node]
+                     ) -> list[CheckResult]:
+    """Listen, probe, stop on `nodes` (all reachable over SSH); the results, never raising."""
+    th = inventory.expectations["reachability"]
+    if len(nodes) < 2:
+        return [CheckResult(CHECK, None, Status.SKIP, "fewer than two reachable nodes")]
+    program = source("reach")
+    plan = plan_targets(nodes, inventory, th)
+    served = {n.name: served_ports(n, inventory, th["worker_port_samples"]) for n in nodes}
+    tag = secrets.token_hex(6)
+    timeout = float(th["connect_timeout_s"])
+    batches = -(-len(nodes) // max(1, session.max_parallel))
+    lifetime = min(900.0, 60.0 + batches * (timeout * 3 + inventory.ssh.connect_timeout + 5))
+    listened = session.fan_out(
+        nodes, lambda n: _program(inventory, "listen", "--ports",
+                                  ",".join(map(str, served[n.name])), "--for", f"{lifetime:g}",
+                                  "--tag", tag), timeout=30, stdin=program)
+    rounds = max(-(-len(plan[n.name]) // PROBES_AT_ONCE) for n in nodes)
+    try:
+        probed = session.fan_out(
+            nodes, lambda n: _program(inventory, "probe", "--targets",
+                                      _targets_arg(plan[n.name]), "--timeout", f"{timeout:g}"),
+            timeout=30 + rounds * timeout, stdin=program)
+    finally:
+        session.fan_out(nodes, _program(inventory, "stop", "--tag", tag), timeout=30,
+                        stdin=program)
+    listen_docs = {r.node: _doc(r) for r in listened}
+    probe_docs = {r.node: _doc(r) for r in probed}
+    return judge(plan, listen_docs, probe_docs, [n.name for n in nodes],
+                 sampled=len(nodes) > th["full_matrix_max_nodes"])
+
+
+_OUTCOME = {"timeout": "timed out (SYN dropped: a firewall?)",
+            "refused": "refused (a REJECT rule, or nothing listened)"}
+_LISTED = 4
+
+
+def _describe(t: Target, outcome: str) -> str:
+    return f"{t.node}:{t.port} ({t.what}) {_OUTCOME.get(outcome, outcome)}"
+
+
+def _node_result(src: str, targets: Sequence[Target], listeners: Mapping[str, dict | None],
+                 outcomes: Mapping[str, Any]) -> tuple[CheckResult, int, list[tuple[str, Target, str]]]:
+    """One source node's result, how many connects counted, and its failures."""
+    bad: list[tuple[str, Target, str]] = []
+    counted = 0
+    peers: set[str] = set()
+    for t in targets:
+        listener = listeners.get(t.node)
+        if listener is None or t.port not in set(listener.get("listening") or ()) | \
+                set(listener.get("busy") or ()):
+            continue            # nothing was to answer there: not a verdict on the path
+        counted += 1
+        peers.add(t.node)
+        got = outcomes.get(f"{t.ip}:{t.port}")
+        if got != "ok":
+            bad.append((src, t, str(got or "no answer")))
+    if bad:
+        shown = "; ".join(_describe(t, o) for _, t, o in bad[:_LISTED])
+        more = f" and {len(bad) - _LISTED} more" if len(bad) > _LISTED else ""
+        dsts = sorted({t.node for _, t, _ in bad})
+        ports = sorted({t.port for _, t, _ in bad})
+        return (CheckResult(CHECK, src, Status.FAIL, f"cannot connect to {shown}{more}",
+                            Evidence(data={"failed": [{"to": t.node, "port": t.port,
+                                                       "what": t.what, "outcome": o}
+                                                      for _, t, o in bad]}),
+                            f"open TCP {','.join(map(str, ports))} from {src} to "
+                            f"{', '.join(dsts[:_LISTED])} (on the receiver: `nft list ruleset`, "
+                            f"`iptables -S`; cloud security groups; switch ACLs)"),
+                counted, bad)
+    return (CheckResult(CHECK, src, Status.OK,
+                        f"connects to {len(peers)} node(s) on {counted} port(s)"), counted, bad)
+
+
+def judge(plan: Mapping[str, Sequence[Target]], listen_docs: Mapping[str, dict | None],
+          probe_docs: Mapping[str, dict | None], names: Sequence[str],
+          sampled: bool = False) -> list[CheckResult]:
+    """Pure: the listeners' and probes' JSON documents -> per-node results and a summary."""
+    results: list[CheckResult] = []
+    failures: list[tuple[str, Target, str]] = []
+    total = 0
+    for src in names:
+        doc = probe_docs.get(src)
+        if doc is None or not isinstance(doc.get("results"), dict):
+            results.append(CheckResult(CHECK, src, Status.ERROR,
+                                       "the connect probe did not run (no answer from the node's "
+                                       "python)"))
+            continue
+        result, counted, bad = _node_result(src, plan.get(src, ()), listen_docs, doc["results"])
+        results.append(result)
+        total += counted
+        failures += bad
+    silent = [n for n in names if listen_docs.get(n) is None]
+    how = "sampled peers (the head, 2^k neighbours, every subnet pair)" if sampled else \
+        "every pair"
+    if failures:
+        pairs = sorted({(s, t.node) for s, t, _ in failures})
+        shown = "; ".join(f"{s} -> {_describe(t, o)}" for s, t, o in failures[:_LISTED])
+        results.append(CheckResult(
+            CHECK, None, Status.FAIL,
+            f"{len(failures)} of {total} connections failed between {len(pairs)} pair(s): "
+            f"{shown}", Evidence(data={"pairs": [list(p) for p in pairs]}),
+            "open Ray's ports and the worker port range between the nodes named"))
+    elif silent:
+        results.append(CheckResult(CHECK, None, Status.ERROR,
+                                   f"no listener started on {', '.join(silent[:_LISTED])}: their "
+                                   f"ports were not tested"))
+    else:
+        results.append(CheckResult(CHECK, None, Status.OK,
+                                   f"{total} connections between {len(names)} nodes ok ({how})"))
+    return results

@@ -1,0 +1,121 @@
+"""Reachability between nodes: the peer plan (pure), the verdicts (pure), and the on-node
+program run for real on loopback (listen, connect, stop)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from itertools import combinations
+
+from cluster.inventory import loads
+from cluster.node_programs import HERE
+from cluster.reachability import Target, judge, plan_peers, plan_targets, served_ports
+from cluster.results import Status
+
+TH = {"full_matrix_max_nodes": 16, "peers_per_node": 4, "connect_timeout_s": 2,
+      "worker_port_samples": 3}
+
+
+def inventory(count: int, per_subnet: int = 250):
+    rows = [f"  - {{name: n{i}, address: 10.0.{i // per_subnet}.{i % per_subnet + 1}"
+            f"{', role: head' if i == 0 else ''}}}" for i in range(count)]
+    return loads("nodes:\n" + "\n".join(rows) + "\n")
+
+
+def test_small_clusters_get_the_full_matrix():
+    inv = inventory(5)
+    peers = plan_peers(inv.nodes, "n0", 16, 4)
+    assert all(set(p) == {n.name for n in inv.nodes} - {src} for src, p in peers.items())
+
+
+def test_large_clusters_stay_linear_and_cover_head_and_every_subnet_pair():
+    inv = inventory(600, per_subnet=100)        # 6 "racks" of 100
+    peers = plan_peers(inv.nodes, "n0", 16, 4)
+    workers = [n.name for n in inv.nodes[1:]]
+    assert set(peers["n0"]) == set(workers)                       # the head reaches everyone
+    assert all("n0" in peers[w] for w in workers)                 # everyone reaches the head
+    assert max(len(peers[w]) for w in workers) <= 1 + 4 + 2       # linear: a few per node
+    subnet = {n.name: n.address.rsplit(".", 1)[0] for n in inv.nodes}
+    covered = {(subnet[a], subnet[b]) for a, ps in peers.items() for b in ps}
+    racks = sorted(set(subnet.values()))
+    assert all((a, b) in covered and (b, a) in covered for a, b in combinations(racks, 2))
+
+
+def test_served_ports_skip_a_loopback_dashboard_and_sample_the_worker_range():
+    inv = inventory(2)
+    head, worker = inv.nodes
+    ports = served_ports(head, inv, 3)
+    assert inv.ray.port in ports and inv.ray.dashboard_port not in ports
+    assert {inv.ray.min_worker_port, inv.ray.max_worker_port} <= set(ports)
+    assert inv.ray.port not in served_ports(worker, inv, 3)       # GCS lives on the head only
+    targets = plan_targets(inv.nodes, inv, TH)
+    assert {t.port for t in targets["n1"]} == set(ports)
+
+
+def _plan():
+    return {"a": [Target("b", "10.0.0.2", 6379, "port (GCS)"),
+                  Target("b", "10.0.0.2", 8076, "node_manager_port")],
+            "b": [Target("a", "10.0.0.1", 8076, "node_manager_port")]}
+
+
+def test_a_dropped_port_names_the_pair_and_the_port():
+    listens = {"a": {"listening": [8076], "busy": []}, "b": {"listening": [6379, 8076]}}
+    probes = {"a": {"results": {"10.0.0.2:6379": "ok", "10.0.0.2:8076": "timeout"}},
+              "b": {"results": {"10.0.0.1:8076": "ok"}}}
+    results = {(r.node, r.check): r for r in judge(_plan(), listens, probes, ["a", "b"])}
+    bad = results[("a", "reachability")]
+    assert bad.status is Status.FAIL
+    assert "b:8076 (node_manager_port) timed out" in bad.summary and "8076" in bad.fix
+    assert results[("b", "reachability")].status is Status.OK
+    summary = results[(None, "reachability")]
+    assert summary.status is Status.FAIL and "1 of 3 connections" in summary.summary
+
+
+def test_ports_nobody_listened_on_are_not_counted_and_a_silent_node_is_an_error():
+    listens = {"a": None, "b": {"listening": [6379], "busy": [8076]}}
+    probes = {"a": {"results": {"10.0.0.2:6379": "ok", "10.0.0.2:8076": "ok"}}, "b": None}
+    results = {(r.node, r.check): r for r in judge(_plan(), listens, probes, ["a", "b"])}
+    assert results[("a", "reachability")].status is Status.OK
+    assert results[("b", "reachability")].status is Status.ERROR
+    assert results[(None, "reachability")].status is Status.ERROR
+
+
+def _program(*args: str) -> dict:
+    proc = subprocess.run([sys.executable, "-", *args], input=(HERE / "reach.py").read_text(),
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _free_ports(count: int) -> list[int]:
+    socks = [socket.socket() for _ in range(count)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def test_the_node_program_listens_connects_and_stops_for_real():
+    free, closed = _free_ports(2)
+    taken = socket.socket()
+    taken.bind(("0.0.0.0", 0))
+    taken.listen(1)
+    busy = taken.getsockname()[1]
+    try:
+        up = _program("listen", "--ports", f"{free},{busy}", "--for", "30", "--tag", "t0test")
+        assert up["listening"] == [free] and up["busy"] == [busy] and up["pid"]
+        got = _program("probe", "--targets", f"127.0.0.1:{free}+{busy}+{closed}",
+                       "--timeout", "2")["results"]
+        assert got == {f"127.0.0.1:{free}": "ok", f"127.0.0.1:{busy}": "ok",
+                       f"127.0.0.1:{closed}": "refused"}
+        down = _program("stop", "--tag", "t0test")
+        assert down == {"stopped": up["pid"], "gone": True}
+        after = _program("probe", "--targets", f"127.0.0.1:{free}", "--timeout", "2")
+        assert after["results"] == {f"127.0.0.1:{free}": "refused"}
+        assert _program("stop", "--tag", "t0test") == {"stopped": None}
+    finally:
+        taken.close()
