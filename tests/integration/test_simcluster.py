@@ -20,7 +20,12 @@ import pytest
 SIMCLUSTER = Path(__file__).resolve().parents[2] / "scripts" / "simcluster"
 PROFILES_DIR = SIMCLUSTER.parent / "simcluster_profiles"
 REQUIRED_PROFILES = ["h100-ib", "h100-ib-port-down", "h100-no-peermem", "h100-clock-off", "h100-driver-diff",
-                     "l40s-pcie", "h100-7gpu", "cpu", "small-4gpu", "small-shm"]
+                     "l40s-pcie", "h100-7gpu", "cpu", "small-4gpu", "small-shm",
+                     "h100-acs", "h100-fm-stopped", "h100-xid79", "h100-remap-pending", "h100-pcie-x8",
+                     "h100-persistence-off", "h100-nic-sys", "h100-mtu-9000"]
+HEALTH_FACTS = ("acs_enabled", "fabric_manager", "fabric_state", "xids", "persistence_mode", "pcie_narrow_gpus",
+                "remap_pending_gpus", "nearest_nic_relation")
+FM_STATUS = ("systemctl", "status", "nvidia-fabricmanager", "--no-pager", "--full")
 
 
 def load_simcluster_module():
@@ -72,7 +77,8 @@ def test_profile_documents_the_source_and_edits_of_every_file(name):
         assert all(s.startswith("fixtures node/") for s in meta["sources"]), meta["sources"]
         assert isinstance(meta.get("edits"), list)
     assert prof.description
-    for key in ("gpu_count", "gpu_model", "driver_version", "ib_hcas", "nvidia_peermem", "dev_shm", "memlock"):
+    for key in ("gpu_count", "gpu_model", "driver_version", "ib_hcas", "nvidia_peermem", "dev_shm", "memlock",
+                *HEALTH_FACTS):
         assert key in prof.facts, f"{name}: fact {key} missing"
 
 
@@ -119,6 +125,46 @@ def test_profile_facts_match_what_its_tools_print(name):
         m = re.search(r"System time\s*: ([0-9.]+) seconds", tool("chronyc", "tracking"))
         assert abs(float(m.group(1)) - facts["clock_offset_seconds"]) < 1e-9
         assert facts["clock_synchronized"] == (float(m.group(1)) < 1.0)
+    check_health_facts(name, prof, tool, tools)
+
+
+def check_health_facts(name, prof, tool, tools):
+    """The node-health facts against what the toolkit's own parsers read from the profile's tools."""
+    from cluster.parsers import dmesg, fabricmanager, lspci, nvidia_smi, nvidia_smi_q, nvidia_smi_topo
+    facts = prof.facts
+    if not facts["gpu_count"]:
+        assert all(facts[k] is None for k in HEALTH_FACTS), "a node without GPUs has no GPU health facts"
+        return
+    # A GPU node without its own dmesg would run the host's: every GPU profile has one.
+    assert {"dmesg", "lspci", "systemctl"} <= set(tools)
+    gpus = nvidia_smi_q.parse(tool("nvidia-smi", "-q")).gpus
+    assert len(gpus) == facts["gpu_count"]
+    buses = {g.bus_id for g in gpus}
+    assert lspci.parse(tool("lspci", "-vvv")).acs_enabled is facts["acs_enabled"]
+    fm = fabricmanager.parse(tool(*FM_STATUS))
+    code = sim.tool_exit_code(FM_STATUS[0], list(FM_STATUS[1:]), prof.exit_codes)
+    assert (fm.running, code) == {"running": (True, 0), "failed": (False, 3), "absent": (False, 4)}[
+        facts["fabric_manager"]]
+    assert {g.fabric_state for g in gpus} == {facts["fabric_state"]}
+    assert all(g.fabric_status == "Success" for g in gpus) == (facts["fabric_state"] == "Completed")
+    kernel = "\n".join(ln for ln in tool("dmesg").splitlines() if "NVRM" in ln or "fallen off the bus" in ln)
+    log = dmesg.parse(kernel)
+    assert sorted({x.xid for x in log.xids}) == facts["xids"]
+    for pci in [x.pci for x in log.xids] + list(log.fell_off_bus):   # 0000:0a:00 names GPU 00000000:0A:00.0
+        assert any(b.lower().endswith(pci[5:].lower() + ".0") for b in buses), (pci, buses)
+    assert {g.persistence_mode_enabled for g in gpus} == {facts["persistence_mode"]}
+    table = nvidia_smi.parse(tool("nvidia-smi")).gpus
+    assert {g.persistence_mode_enabled for g in table} == {facts["persistence_mode"]}, "nvidia-smi agrees with -q"
+    assert [g.bus_id for g in gpus if g.pcie_width_current < g.pcie_width_max] == facts["pcie_narrow_gpus"]
+    assert [g.bus_id for g in gpus if g.remapped_rows_pending] == facts["remap_pending_gpus"]
+    assert all(g.ecc_uncorrectable_volatile == 0 and g.ecc_uncorrectable_aggregate == 0 for g in gpus)
+    assert all(g.clocks_event_reasons_active == () for g in gpus)
+    topo = nvidia_smi_topo.parse(tool("nvidia-smi", "topo", "-m"))
+    relations = [v["relation"] for v in topo.gpu_nic.values()]
+    rank = ["PIX", "PXB", "PHB", "NODE", "SYS"]
+    assert (max(relations, key=rank.index) if relations else None) == facts["nearest_nic_relation"]
+    if facts["ib_hcas"]:   # the topology's NICs are the HCAs ibstat lists
+        assert sorted(topo.nic_legend.values()) == sorted(facts["ib_hcas"])
 
 
 def test_query_gpu_renders_nvidia_smi_csv_formats():
@@ -150,6 +196,35 @@ def test_tool_verb_prints_profile_output_and_127_for_missing_tools():
     assert p.returncode == 127 and "command not found" in p.stderr
     p = subprocess.run(run + ["h100-ib", "--", "nvidia-smi", "--bogus"], capture_output=True, text=True)
     assert p.returncode == 2 and "no recorded output" in p.stderr
+    for profile, code in (("h100-ib", 0), ("h100-fm-stopped", 3), ("l40s-pcie", 4)):
+        p = subprocess.run(run + [profile, "--", *FM_STATUS], capture_output=True, text=True)
+        want = (PROFILES_DIR / profile / "systemctl-status-nvidia-fabricmanager.txt").read_text()
+        assert (p.returncode, p.stdout) == (code, want), profile   # systemctl's own exit codes
+
+
+def test_profile_exit_codes_and_mtu_are_inherited_and_checked(tmp_path, monkeypatch):
+    assert sim.load_profile("h100-fm-stopped").exit_codes == {"systemctl-status-nvidia-fabricmanager.txt": 3}
+    assert sim.load_profile("h100-ib").exit_codes == {} and sim.load_profile("h100-ib").mtu is None
+    assert sim.load_profile("h100-mtu-9000").mtu == 9000
+    base = (PROFILES_DIR / "h100-mtu-9000" / "profile.yaml").read_text()
+    (tmp_path / "h100-ib").symlink_to(PROFILES_DIR / "h100-ib")   # the base the variants name
+    monkeypatch.setattr(sim, "PROFILES_DIR", tmp_path)
+    for i, bad in enumerate(("mtu: 100000", "mtu: true", "mtu: 9000.5", "mtu: 100")):
+        (tmp_path / f"bad{i}").mkdir()
+        (tmp_path / f"bad{i}" / "profile.yaml").write_text(base.replace("mtu: 9000", bad))
+        with pytest.raises(sim.SimError, match="mtu must be"):
+            sim.load_profile(f"bad{i}")
+
+
+def test_firewall_ruleset_and_port_parsing():
+    assert sim.port_range("8265") == (8265, 8265) and sim.port_range("6379-6381") == (6379, 6381)
+    for bad in ("0", "70000", "9-8", "a", "", "1-2-3"):
+        with pytest.raises(sim.UsageError):
+            sim.port_range(bad)
+    text = sim.firewall_ruleset([{"low": 6379, "high": 6379, "from": None, "from_ip": None},
+                                 {"low": 8000, "high": 8100, "from": "node3", "from_ip": "198.18.0.3"}])
+    assert "tcp dport 6379 drop" in text and "ip saddr 198.18.0.3 tcp dport 8000-8100 drop" in text
+    assert text.startswith("table inet simcluster\ndelete table inet simcluster\n")
 
 
 def write_node_tools(name: str, node_dir: Path) -> None:
@@ -157,7 +232,7 @@ def write_node_tools(name: str, node_dir: Path) -> None:
     cfg = sim.Config(node_dir.parent, "t", 0, None)
     files = sim.node_files_for(cfg, node_dir.name, sim.load_profile(name), "ssh-ed25519 AAAA test\n")
     for rel, (data, mode) in files.items():
-        if rel.split("/")[0] in ("bin", "rendered", "profile") or rel == "profile-name":
+        if rel.split("/")[0] in ("bin", "rendered", "profile") or rel in ("profile-name", "exit-codes.json"):
             (node_dir / rel).parent.mkdir(parents=True, exist_ok=True)
             (node_dir / rel).write_bytes(data)
             os.chmod(node_dir / rel, mode)
@@ -177,10 +252,11 @@ def test_shell_tools_print_exactly_what_the_python_tool_prints(name, tmp_path, c
             code = sim.tool_main([str(node_dir / "bin" / tool), *argv[1:]])  # the Python tool
             py = capsys.readouterr()
             sh = subprocess.run([str(node_dir / "bin" / tool), *argv[1:]], capture_output=True, env=env)
-            if code != 0:  # no such output in this profile: left to the Python tool's message
-                assert sh.returncode != 0 and b"simtool" in sh.stderr, argv
+            if py.err:  # no such output in this profile: left to the Python tool's message
+                assert code != 0 and sh.returncode != 0 and b"simtool" in sh.stderr, argv
                 continue
-            assert (sh.returncode, sh.stderr) == (0, b""), (argv, sh.stderr)
+            assert code == sim.tool_exit_code(tool, list(argv[1:]), sim.load_profile(name).exit_codes)
+            assert (sh.returncode, sh.stderr) == (code, b""), (argv, sh.stderr)
             assert sh.stdout == py.out.encode(), argv
             rendered += 1
     assert rendered or not sim.tools_of(files)
