@@ -504,3 +504,120 @@ def test_up_down_up_down_leaves_the_machine_as_it_was(simcluster_factory):
     assert after == before
     assert not any(alive(pid, start) for pid, start in ours)
     assert not instance_dir.exists() or not any(instance_dir.iterdir())
+
+
+# ----------------------------------------------------------------------------- network conditions
+
+LISTENER = """
+import os, socket, sys, time
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", int(sys.argv[1])))
+s.listen(16)
+open("/tmp/listener-%s.pid" % sys.argv[1], "w").write(str(os.getpid()))
+s.settimeout(1.0)
+deadline = time.monotonic() + 120          # never outlives the test by much
+while time.monotonic() < deadline:
+    try:
+        s.accept()[0].close()
+    except socket.timeout:
+        pass
+"""
+CONNECT = """
+import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=float(sys.argv[3])).close()
+    print("connected")
+except socket.timeout:
+    print("timeout")
+except OSError as e:
+    print("error", e)
+"""
+
+
+def connect(cluster, src: str, dst: str, port: int, timeout: float = 2.0) -> str:
+    r = cluster.exec(src, "python3", "-c", CONNECT, cluster.node(dst).ip, str(port), str(timeout), check=True)
+    return r.stdout.strip()
+
+
+@pytest.fixture
+def listener(simcluster):
+    """A TCP listener on node2, port 47123 (stopped by its pid afterwards)."""
+    port = 47123
+    simcluster.exec("node2", "sh", "-c", f"nohup python3 -c '{LISTENER}' {port} >/dev/null 2>&1 &", check=True)
+    deadline = time.monotonic() + 20
+    while connect(simcluster, "node1", "node2", port) != "connected":
+        assert time.monotonic() < deadline, "the listener on node2 did not come up"
+        time.sleep(0.2)
+    yield port
+    pid = simcluster.exec("node2", "cat", f"/tmp/listener-{port}.pid").stdout.strip()
+    if pid.isdigit():
+        simcluster.exec("node2", "kill", pid)
+
+
+@pytest.mark.integration
+def test_firewall_drops_inbound_tcp_until_cleared(simcluster, simcluster_factory, listener):
+    fw = lambda *a, **kw: simcluster_factory.run("firewall", *a, **kw)   # noqa: E731
+    try:
+        assert "node2 drops inbound TCP 47120-47130" in fw("node2", "drop", "47120-47130").stdout
+        assert connect(simcluster, "node1", "node2", listener) == "timeout"
+        assert "(already)" in fw("node2", "drop", "47120-47130").stdout             # idempotent
+        listed = fw("node2", "list").stdout
+        assert listed.count("tcp dport 47120-47130 drop") == 1, listed
+        assert simcluster.status()["nodes"][1]["firewall"] == [
+            {"low": 47120, "high": 47130, "from": None, "from_ip": None}]
+        ssh_ok(simcluster, "node2")                                                   # port 22 untouched
+        assert "firewall cleared" in fw("node2", "clear").stdout
+        assert connect(simcluster, "node1", "node2", listener) == "connected"
+        assert "firewall cleared" in fw("node2", "clear").stdout                      # idempotent
+        assert "no firewall rules" in fw("node2", "list").stdout
+        fw("node2", "drop", str(listener), "--from", "node3")
+        assert connect(simcluster, "node3", "node2", listener) == "timeout"
+        assert connect(simcluster, "node1", "node2", listener) == "connected"
+        assert f"ip saddr {simcluster.node('node3').ip} tcp dport {listener} drop" in fw("node2", "list").stdout
+    finally:
+        fw("node2", "clear", check=False)
+    assert connect(simcluster, "node3", "node2", listener) == "connected"
+    for bad in (["node2", "drop"], ["node2", "drop", "0"], ["node2", "drop", "80", "--from", "node9"],
+                ["node2", "clear", "80"], ["node9", "drop", "80"]):
+        p = fw(*bad, check=False)
+        assert p.returncode == 2 and p.stderr.count("\n") == 1, (bad, p.stderr)
+
+
+JUMBO = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.IPPROTO_IP, 10, 2)     # IP_MTU_DISCOVER = IP_PMTUDISC_DO: never fragment
+try:
+    s.sendto(b"x" * 8972, (sys.argv[1], 9))  # 8972 + 28 header bytes = 9000
+    print("sent")
+except OSError as e:
+    print("errno", e.errno)
+"""
+
+
+def send_jumbo(cluster, node: str, dst: str) -> str:
+    return cluster.exec(node, "python3", "-c", JUMBO, dst, check=True).stdout.strip()
+
+
+def eth0_mtu(cluster, node: str) -> int:
+    out = cluster.exec(node, "cat", "/sys/class/net/eth0/mtu", check=True).stdout
+    return int(out)
+
+
+@pytest.mark.integration
+def test_profile_mtu_is_set_for_real_on_the_nodes_link(simcluster_factory):
+    c = simcluster_factory(3, {"node2": "h100-mtu-9000"})
+    prefix = os.environ.get("SIMCLUSTER_PREFIX", "sim")
+    try:
+        assert [eth0_mtu(c, n) for n in c.names] == [1500, 9000, 1500]
+        assert Path(f"/sys/class/net/{prefix}-node2/mtu").read_text().strip() == "9000"   # the host side
+        r = ssh_ok(c, "node2", "ip -o link show eth0")
+        assert " mtu 9000 " in r.stdout
+        # the kernel enforces it: a 9000-byte datagram with DF set leaves node2, not node1 (EMSGSIZE)
+        assert send_jumbo(c, "node2", c.node("node1").ip) == "sent"
+        assert send_jumbo(c, "node1", c.node("node2").ip) == "errno 90"
+    finally:
+        c = simcluster_factory(3)
+    assert [eth0_mtu(c, n) for n in c.names] == [1500, 1500, 1500]
+    assert Path(f"/sys/class/net/{prefix}-node2/mtu").read_text().strip() == "1500"
