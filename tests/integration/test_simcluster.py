@@ -20,7 +20,12 @@ import pytest
 SIMCLUSTER = Path(__file__).resolve().parents[2] / "scripts" / "simcluster"
 PROFILES_DIR = SIMCLUSTER.parent / "simcluster_profiles"
 REQUIRED_PROFILES = ["h100-ib", "h100-ib-port-down", "h100-no-peermem", "h100-clock-off", "h100-driver-diff",
-                     "l40s-pcie", "h100-7gpu", "cpu", "small-4gpu", "small-shm"]
+                     "l40s-pcie", "h100-7gpu", "cpu", "small-4gpu", "small-shm",
+                     "h100-acs", "h100-fm-stopped", "h100-xid79", "h100-remap-pending", "h100-pcie-x8",
+                     "h100-persistence-off", "h100-nic-sys", "h100-mtu-9000"]
+HEALTH_FACTS = ("acs_enabled", "fabric_manager", "fabric_state", "xids", "persistence_mode", "pcie_narrow_gpus",
+                "remap_pending_gpus", "nearest_nic_relation")
+FM_STATUS = ("systemctl", "status", "nvidia-fabricmanager", "--no-pager", "--full")
 
 
 def load_simcluster_module():
@@ -72,7 +77,8 @@ def test_profile_documents_the_source_and_edits_of_every_file(name):
         assert all(s.startswith("fixtures node/") for s in meta["sources"]), meta["sources"]
         assert isinstance(meta.get("edits"), list)
     assert prof.description
-    for key in ("gpu_count", "gpu_model", "driver_version", "ib_hcas", "nvidia_peermem", "dev_shm", "memlock"):
+    for key in ("gpu_count", "gpu_model", "driver_version", "ib_hcas", "nvidia_peermem", "dev_shm", "memlock",
+                *HEALTH_FACTS):
         assert key in prof.facts, f"{name}: fact {key} missing"
 
 
@@ -119,6 +125,46 @@ def test_profile_facts_match_what_its_tools_print(name):
         m = re.search(r"System time\s*: ([0-9.]+) seconds", tool("chronyc", "tracking"))
         assert abs(float(m.group(1)) - facts["clock_offset_seconds"]) < 1e-9
         assert facts["clock_synchronized"] == (float(m.group(1)) < 1.0)
+    check_health_facts(name, prof, tool, tools)
+
+
+def check_health_facts(name, prof, tool, tools):
+    """The node-health facts against what the toolkit's own parsers read from the profile's tools."""
+    from cluster.parsers import dmesg, fabricmanager, lspci, nvidia_smi, nvidia_smi_q, nvidia_smi_topo
+    facts = prof.facts
+    if not facts["gpu_count"]:
+        assert all(facts[k] is None for k in HEALTH_FACTS), "a node without GPUs has no GPU health facts"
+        return
+    # A GPU node without its own dmesg would run the host's: every GPU profile has one.
+    assert {"dmesg", "lspci", "systemctl"} <= set(tools)
+    gpus = nvidia_smi_q.parse(tool("nvidia-smi", "-q")).gpus
+    assert len(gpus) == facts["gpu_count"]
+    buses = {g.bus_id for g in gpus}
+    assert lspci.parse(tool("lspci", "-vvv")).acs_enabled is facts["acs_enabled"]
+    fm = fabricmanager.parse(tool(*FM_STATUS))
+    code = sim.tool_exit_code(FM_STATUS[0], list(FM_STATUS[1:]), prof.exit_codes)
+    assert (fm.running, code) == {"running": (True, 0), "failed": (False, 3), "absent": (False, 4)}[
+        facts["fabric_manager"]]
+    assert {g.fabric_state for g in gpus} == {facts["fabric_state"]}
+    assert all(g.fabric_status == "Success" for g in gpus) == (facts["fabric_state"] == "Completed")
+    kernel = "\n".join(ln for ln in tool("dmesg").splitlines() if "NVRM" in ln or "fallen off the bus" in ln)
+    log = dmesg.parse(kernel)
+    assert sorted({x.xid for x in log.xids}) == facts["xids"]
+    for pci in [x.pci for x in log.xids] + list(log.fell_off_bus):   # 0000:0a:00 names GPU 00000000:0A:00.0
+        assert any(b.lower().endswith(pci[5:].lower() + ".0") for b in buses), (pci, buses)
+    assert {g.persistence_mode_enabled for g in gpus} == {facts["persistence_mode"]}
+    table = nvidia_smi.parse(tool("nvidia-smi")).gpus
+    assert {g.persistence_mode_enabled for g in table} == {facts["persistence_mode"]}, "nvidia-smi agrees with -q"
+    assert [g.bus_id for g in gpus if g.pcie_width_current < g.pcie_width_max] == facts["pcie_narrow_gpus"]
+    assert [g.bus_id for g in gpus if g.remapped_rows_pending] == facts["remap_pending_gpus"]
+    assert all(g.ecc_uncorrectable_volatile == 0 and g.ecc_uncorrectable_aggregate == 0 for g in gpus)
+    assert all(g.clocks_event_reasons_active == () for g in gpus)
+    topo = nvidia_smi_topo.parse(tool("nvidia-smi", "topo", "-m"))
+    relations = [v["relation"] for v in topo.gpu_nic.values()]
+    rank = ["PIX", "PXB", "PHB", "NODE", "SYS"]
+    assert (max(relations, key=rank.index) if relations else None) == facts["nearest_nic_relation"]
+    if facts["ib_hcas"]:   # the topology's NICs are the HCAs ibstat lists
+        assert sorted(topo.nic_legend.values()) == sorted(facts["ib_hcas"])
 
 
 def test_query_gpu_renders_nvidia_smi_csv_formats():
@@ -150,6 +196,35 @@ def test_tool_verb_prints_profile_output_and_127_for_missing_tools():
     assert p.returncode == 127 and "command not found" in p.stderr
     p = subprocess.run(run + ["h100-ib", "--", "nvidia-smi", "--bogus"], capture_output=True, text=True)
     assert p.returncode == 2 and "no recorded output" in p.stderr
+    for profile, code in (("h100-ib", 0), ("h100-fm-stopped", 3), ("l40s-pcie", 4)):
+        p = subprocess.run(run + [profile, "--", *FM_STATUS], capture_output=True, text=True)
+        want = (PROFILES_DIR / profile / "systemctl-status-nvidia-fabricmanager.txt").read_text()
+        assert (p.returncode, p.stdout) == (code, want), profile   # systemctl's own exit codes
+
+
+def test_profile_exit_codes_and_mtu_are_inherited_and_checked(tmp_path, monkeypatch):
+    assert sim.load_profile("h100-fm-stopped").exit_codes == {"systemctl-status-nvidia-fabricmanager.txt": 3}
+    assert sim.load_profile("h100-ib").exit_codes == {} and sim.load_profile("h100-ib").mtu is None
+    assert sim.load_profile("h100-mtu-9000").mtu == 9000
+    base = (PROFILES_DIR / "h100-mtu-9000" / "profile.yaml").read_text()
+    (tmp_path / "h100-ib").symlink_to(PROFILES_DIR / "h100-ib")   # the base the variants name
+    monkeypatch.setattr(sim, "PROFILES_DIR", tmp_path)
+    for i, bad in enumerate(("mtu: 100000", "mtu: true", "mtu: 9000.5", "mtu: 100")):
+        (tmp_path / f"bad{i}").mkdir()
+        (tmp_path / f"bad{i}" / "profile.yaml").write_text(base.replace("mtu: 9000", bad))
+        with pytest.raises(sim.SimError, match="mtu must be"):
+            sim.load_profile(f"bad{i}")
+
+
+def test_firewall_ruleset_and_port_parsing():
+    assert sim.port_range("8265") == (8265, 8265) and sim.port_range("6379-6381") == (6379, 6381)
+    for bad in ("0", "70000", "9-8", "a", "", "1-2-3"):
+        with pytest.raises(sim.UsageError):
+            sim.port_range(bad)
+    text = sim.firewall_ruleset([{"low": 6379, "high": 6379, "from": None, "from_ip": None},
+                                 {"low": 8000, "high": 8100, "from": "node3", "from_ip": "198.18.0.3"}])
+    assert "tcp dport 6379 drop" in text and "ip saddr 198.18.0.3 tcp dport 8000-8100 drop" in text
+    assert text.startswith("table inet simcluster\ndelete table inet simcluster\n")
 
 
 def write_node_tools(name: str, node_dir: Path) -> None:
@@ -157,7 +232,7 @@ def write_node_tools(name: str, node_dir: Path) -> None:
     cfg = sim.Config(node_dir.parent, "t", 0, None)
     files = sim.node_files_for(cfg, node_dir.name, sim.load_profile(name), "ssh-ed25519 AAAA test\n")
     for rel, (data, mode) in files.items():
-        if rel.split("/")[0] in ("bin", "rendered", "profile") or rel == "profile-name":
+        if rel.split("/")[0] in ("bin", "rendered", "profile") or rel in ("profile-name", "exit-codes.json"):
             (node_dir / rel).parent.mkdir(parents=True, exist_ok=True)
             (node_dir / rel).write_bytes(data)
             os.chmod(node_dir / rel, mode)
@@ -177,10 +252,11 @@ def test_shell_tools_print_exactly_what_the_python_tool_prints(name, tmp_path, c
             code = sim.tool_main([str(node_dir / "bin" / tool), *argv[1:]])  # the Python tool
             py = capsys.readouterr()
             sh = subprocess.run([str(node_dir / "bin" / tool), *argv[1:]], capture_output=True, env=env)
-            if code != 0:  # no such output in this profile: left to the Python tool's message
-                assert sh.returncode != 0 and b"simtool" in sh.stderr, argv
+            if py.err:  # no such output in this profile: left to the Python tool's message
+                assert code != 0 and sh.returncode != 0 and b"simtool" in sh.stderr, argv
                 continue
-            assert (sh.returncode, sh.stderr) == (0, b""), (argv, sh.stderr)
+            assert code == sim.tool_exit_code(tool, list(argv[1:]), sim.load_profile(name).exit_codes)
+            assert (sh.returncode, sh.stderr) == (code, b""), (argv, sh.stderr)
             assert sh.stdout == py.out.encode(), argv
             rendered += 1
     assert rendered or not sim.tools_of(files)
@@ -428,3 +504,120 @@ def test_up_down_up_down_leaves_the_machine_as_it_was(simcluster_factory):
     assert after == before
     assert not any(alive(pid, start) for pid, start in ours)
     assert not instance_dir.exists() or not any(instance_dir.iterdir())
+
+
+# ----------------------------------------------------------------------------- network conditions
+
+LISTENER = """
+import os, socket, sys, time
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", int(sys.argv[1])))
+s.listen(16)
+open("/tmp/listener-%s.pid" % sys.argv[1], "w").write(str(os.getpid()))
+s.settimeout(1.0)
+deadline = time.monotonic() + 120          # never outlives the test by much
+while time.monotonic() < deadline:
+    try:
+        s.accept()[0].close()
+    except socket.timeout:
+        pass
+"""
+CONNECT = """
+import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=float(sys.argv[3])).close()
+    print("connected")
+except socket.timeout:
+    print("timeout")
+except OSError as e:
+    print("error", e)
+"""
+
+
+def connect(cluster, src: str, dst: str, port: int, timeout: float = 2.0) -> str:
+    r = cluster.exec(src, "python3", "-c", CONNECT, cluster.node(dst).ip, str(port), str(timeout), check=True)
+    return r.stdout.strip()
+
+
+@pytest.fixture
+def listener(simcluster):
+    """A TCP listener on node2, port 47123 (stopped by its pid afterwards)."""
+    port = 47123
+    simcluster.exec("node2", "sh", "-c", f"nohup python3 -c '{LISTENER}' {port} >/dev/null 2>&1 &", check=True)
+    deadline = time.monotonic() + 20
+    while connect(simcluster, "node1", "node2", port) != "connected":
+        assert time.monotonic() < deadline, "the listener on node2 did not come up"
+        time.sleep(0.2)
+    yield port
+    pid = simcluster.exec("node2", "cat", f"/tmp/listener-{port}.pid").stdout.strip()
+    if pid.isdigit():
+        simcluster.exec("node2", "kill", pid)
+
+
+@pytest.mark.integration
+def test_firewall_drops_inbound_tcp_until_cleared(simcluster, simcluster_factory, listener):
+    fw = lambda *a, **kw: simcluster_factory.run("firewall", *a, **kw)   # noqa: E731
+    try:
+        assert "node2 drops inbound TCP 47120-47130" in fw("node2", "drop", "47120-47130").stdout
+        assert connect(simcluster, "node1", "node2", listener) == "timeout"
+        assert "(already)" in fw("node2", "drop", "47120-47130").stdout             # idempotent
+        listed = fw("node2", "list").stdout
+        assert listed.count("tcp dport 47120-47130 drop") == 1, listed
+        assert simcluster.status()["nodes"][1]["firewall"] == [
+            {"low": 47120, "high": 47130, "from": None, "from_ip": None}]
+        ssh_ok(simcluster, "node2")                                                   # port 22 untouched
+        assert "firewall cleared" in fw("node2", "clear").stdout
+        assert connect(simcluster, "node1", "node2", listener) == "connected"
+        assert "firewall cleared" in fw("node2", "clear").stdout                      # idempotent
+        assert "no firewall rules" in fw("node2", "list").stdout
+        fw("node2", "drop", str(listener), "--from", "node3")
+        assert connect(simcluster, "node3", "node2", listener) == "timeout"
+        assert connect(simcluster, "node1", "node2", listener) == "connected"
+        assert f"ip saddr {simcluster.node('node3').ip} tcp dport {listener} drop" in fw("node2", "list").stdout
+    finally:
+        fw("node2", "clear", check=False)
+    assert connect(simcluster, "node3", "node2", listener) == "connected"
+    for bad in (["node2", "drop"], ["node2", "drop", "0"], ["node2", "drop", "80", "--from", "node9"],
+                ["node2", "clear", "80"], ["node9", "drop", "80"]):
+        p = fw(*bad, check=False)
+        assert p.returncode == 2 and p.stderr.count("\n") == 1, (bad, p.stderr)
+
+
+JUMBO = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.IPPROTO_IP, 10, 2)     # IP_MTU_DISCOVER = IP_PMTUDISC_DO: never fragment
+try:
+    s.sendto(b"x" * 8972, (sys.argv[1], 9))  # 8972 + 28 header bytes = 9000
+    print("sent")
+except OSError as e:
+    print("errno", e.errno)
+"""
+
+
+def send_jumbo(cluster, node: str, dst: str) -> str:
+    return cluster.exec(node, "python3", "-c", JUMBO, dst, check=True).stdout.strip()
+
+
+def eth0_mtu(cluster, node: str) -> int:
+    out = cluster.exec(node, "cat", "/sys/class/net/eth0/mtu", check=True).stdout
+    return int(out)
+
+
+@pytest.mark.integration
+def test_profile_mtu_is_set_for_real_on_the_nodes_link(simcluster_factory):
+    c = simcluster_factory(3, {"node2": "h100-mtu-9000"})
+    prefix = os.environ.get("SIMCLUSTER_PREFIX", "sim")
+    try:
+        assert [eth0_mtu(c, n) for n in c.names] == [1500, 9000, 1500]
+        assert Path(f"/sys/class/net/{prefix}-node2/mtu").read_text().strip() == "9000"   # the host side
+        r = ssh_ok(c, "node2", "ip -o link show eth0")
+        assert " mtu 9000 " in r.stdout
+        # the kernel enforces it: a 9000-byte datagram with DF set leaves node2, not node1 (EMSGSIZE)
+        assert send_jumbo(c, "node2", c.node("node1").ip) == "sent"
+        assert send_jumbo(c, "node1", c.node("node2").ip) == "errno 90"
+    finally:
+        c = simcluster_factory(3)
+    assert [eth0_mtu(c, n) for n in c.names] == [1500, 1500, 1500]
+    assert Path(f"/sys/class/net/{prefix}-node2/mtu").read_text().strip() == "1500"
