@@ -115,6 +115,10 @@ class SimCluster:
     def kill(self, node: str) -> None:
         self._factory.run("kill", node)
 
+    def firewall(self, node: str, *args: str) -> None:
+        """A real nftables rule in the node's namespace: ("drop", "8076", "--from", "node4"), ("clear",)."""
+        self._factory.run("firewall", node, *args)
+
     def status(self) -> dict:
         return json.loads(self._factory.run("status", "--json", check=False).stdout)
 

@@ -68,6 +68,49 @@ def test_each_misconfiguration_is_caught_and_nothing_else_fails(simcluster_facto
     assert by[(None, "clock-skew")]["status"] == "ok"
 
 
+# node -> (profile, {check: the status preflight must report}); every other result ok/skip.
+HEALTH_SCENARIO = {
+    "node1": ("h100-ib", {}),
+    "node2": ("h100-acs", {"acs": "fail"}),
+    "node3": ("h100-fm-stopped", {"fabricmanager": "fail"}),
+    "node4": ("h100-xid79", {"gpu-health": "fail", "reachability": "fail"}),
+    "node5": ("h100-remap-pending", {"gpu-health": "fail"}),
+    "node6": ("h100-pcie-x8", {"pcie-link": "warn"}),
+    "node7": ("h100-persistence-off", {"persistence": "warn"}),
+    "node8": ("h100-nic-sys", {"nic-locality": "warn"}),
+    "node9": ("h100-mtu-9000", {"mtu-match": "fail"}),
+}
+
+
+def test_each_health_problem_is_caught_and_nothing_else(simcluster_factory):
+    c = simcluster_factory(9, {n: p for n, (p, _) in HEALTH_SCENARIO.items() if n != "node1"})
+    c.firewall("node1", "drop", "8076", "--from", "node4")   # a real packet filter
+    try:
+        code, report = preflight(c.inventory_path)
+    finally:
+        c.firewall("node1", "clear")
+    assert code == 2
+    found = {n: {} for n in HEALTH_SCENARIO}
+    for r in report["results"]:
+        if r["status"] not in ("ok", "skip") and r["node"]:
+            found[r["node"]][r["check"]] = r["status"]
+            assert r["fix"], f"{r['node']}/{r['check']} says no fix"
+    assert found == {n: want for n, (_, want) in HEALTH_SCENARIO.items()}
+    by = {(r["node"], r["check"]): r for r in report["results"]}
+    assert "Xid 79" in by[("node4", "gpu-health")]["summary"]
+    assert "node1:8076 (node_manager_port) timed out" in by[("node4", "reachability")]["summary"]
+    assert "x8 of x16" in by[("node6", "pcie-link")]["summary"]
+    assert by[(None, "mtu-match")]["status"] == "fail"
+    assert by[(None, "reachability")]["status"] == "fail"
+    assert "node4 -> node1:8076" in by[(None, "reachability")]["summary"]
+    # The NIC order per GPU is a fact for NCCL_IB_HCA.
+    assert report["facts"]["nodes"]["node1"]["nearest_nic_relation"]["GPU0"] in ("PIX", "PXB")
+    # The port open again: reachability passes.
+    code, report = preflight(c.inventory_path, "--no-clock-skew", "--nodes", "node1,node4")
+    by = {(r["node"], r["check"]): r for r in report["results"]}
+    assert by[(None, "reachability")]["status"] == "ok", by[(None, "reachability")]["summary"]
+
+
 def test_all_healthy_cluster_exits_0(simcluster_factory):
     c = simcluster_factory(3)
     code, report = preflight(c.inventory_path)
