@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from cluster.checks.node import ray_ports
+from cluster.errors import InventoryError
 from cluster.inventory import Inventory, Node
 from cluster.node_programs import source
 from cluster.remote import CommandResult, Session
@@ -41,17 +42,29 @@ class Target:
     what: str      # the port's name (node_manager_port, ...)
 
 
-def served_ports(node: Node, inventory: Inventory, samples: int) -> dict[int, str]:
-    """The ports other nodes connect to on `node`: Ray's, and samples of the worker range
-    (Serve replicas and Ray workers listen there). The dashboard only when not on loopback."""
+def _samples(lo: int, hi: int, count: int) -> list[int]:
+    """`count` ports from lo to hi: the first, the last and evenly between."""
+    return sorted({lo + (hi - lo) * i // max(1, count - 1) for i in range(count)})
+
+
+def served_ports(node: Node, inventory: Inventory, th: Mapping[str, Any]) -> dict[int, str]:
+    """The ports other nodes connect to on `node`: Ray's; samples of the worker range (Ray
+    workers); with Serve's HAProxy ingress, samples of the replicas' HTTP port range. The
+    dashboard only when not on loopback."""
     ports = dict(ray_ports(node, inventory))
     r = inventory.ray
     if r.dashboard_host in _LOOPBACK_HOSTS:
         ports.pop(r.dashboard_port, None)
-    lo, hi = r.min_worker_port, r.max_worker_port
-    for i in range(samples):
-        port = lo + (hi - lo) * i // max(1, samples - 1)
+    count = th["worker_port_samples"]
+    for port in _samples(r.min_worker_port, r.max_worker_port, count):
         ports.setdefault(port, "worker port range")
+    replica = th["serve_replica_ports"]
+    if len(replica) != 2 or replica[0] > replica[1]:
+        raise InventoryError(f"must be [first, last] port, got {replica!r}",
+                             key="expectations.reachability.serve_replica_ports")
+    if r.serve_ingress == "haproxy":
+        for port in _samples(replica[0], replica[1], count):
+            ports.setdefault(port, "Serve replica port range")
     return ports
 
 
@@ -98,7 +111,7 @@ def plan_targets(nodes: Sequence[Node], inventory: Inventory, th: Mapping[str, A
     by_name = {n.name: n for n in nodes}
     head = inventory.head.name
     peers = plan_peers(nodes, head, th["full_matrix_max_nodes"], th["peers_per_node"])
-    served = {n.name: served_ports(n, inventory, th["worker_port_samples"]) for n in nodes}
+    served = {n.name: served_ports(n, inventory, th) for n in nodes}
     return {src: [Target(dst, by_name[dst].ip, port, what)
                   for dst in dsts for port, what in sorted(served[dst].items())]
             for src, dsts in peers.items()}
@@ -134,7 +147,7 @@ def run_reachability(inventory: Inventory, session: Session, nodes: Sequence[Nod
         return [CheckResult(CHECK, None, Status.SKIP, "fewer than two reachable nodes")]
     program = source("reach")
     plan = plan_targets(nodes, inventory, th)
-    served = {n.name: served_ports(n, inventory, th["worker_port_samples"]) for n in nodes}
+    served = {n.name: served_ports(n, inventory, th) for n in nodes}
     tag = secrets.token_hex(6)
     timeout = float(th["connect_timeout_s"])
     batches = -(-len(nodes) // max(1, session.max_parallel))

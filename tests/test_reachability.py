@@ -15,7 +15,7 @@ from cluster.reachability import Target, judge, plan_peers, plan_targets, served
 from cluster.results import Status
 
 TH = {"full_matrix_max_nodes": 16, "peers_per_node": 4, "connect_timeout_s": 2,
-      "worker_port_samples": 3}
+      "worker_port_samples": 3, "serve_replica_ports": [30000, 31000]}
 
 
 def inventory(count: int, per_subnet: int = 250):
@@ -46,10 +46,11 @@ def test_large_clusters_stay_linear_and_cover_head_and_every_subnet_pair():
 def test_served_ports_skip_a_loopback_dashboard_and_sample_the_worker_range():
     inv = inventory(2)
     head, worker = inv.nodes
-    ports = served_ports(head, inv, 3)
+    ports = served_ports(head, inv, TH)
     assert inv.ray.port in ports and inv.ray.dashboard_port not in ports
     assert {inv.ray.min_worker_port, inv.ray.max_worker_port} <= set(ports)
-    assert inv.ray.port not in served_ports(worker, inv, 3)       # GCS lives on the head only
+    assert {30000, 30500, 31000} <= set(ports)                    # HAProxy ingress replicas
+    assert inv.ray.port not in served_ports(worker, inv, TH)      # GCS lives on the head only
     targets = plan_targets(inv.nodes, inv, TH)
     assert {t.port for t in targets["n1"]} == set(ports)
 
