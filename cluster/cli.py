@@ -24,6 +24,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("inventory", "inventory"),
     ("exec", "exec_cmd"),
     ("preflight", "preflight"),
+    ("fix", "fix"),
     ("runs", "runs"),
     ("parse", "parse"),
     ("up", "up"),
@@ -58,6 +59,7 @@ HELP: dict[str, str] = {
     "exec": "run a command on nodes in parallel",
     "preflight": "check drivers, GPUs, NVLink, IB, GPUDirect, clocks, /dev/shm, memlock, "
                  "versions, model files",
+    "fix": "repair what preflight found (check mode, idempotent, undo record)",
     "runs": "list past runs and where their records are",
     "parse": "parse captured outputs of node diagnostics (nvidia-smi, ibstat, chronyc, NCCL "
              "logs, ...)",

@@ -1,0 +1,123 @@
+"""`cluster fix [--checks LIST] [--nodes PATTERN] [--dry-run] [--yes] [--json] [--undo RUN]`:
+repair what preflight found (playbooks/fix.py), or put back what a fix run changed."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from rich.table import Table
+
+from cluster.commands._common import (add_changing, add_json, confirm, emit_json,
+                                      load_inventory, start_run, stderr, stdout)
+from cluster.errors import UsageError
+from cluster.fold import Row, fold, grid_fits
+from cluster.remote import Session
+from cluster.render import folded_table, status_text
+from playbooks import fix as fix_playbook
+
+NAME_RE_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789-")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "fix", help="repair what preflight found (check mode, idempotent, undo record)",
+        description="Gather facts, judge them (the preflight checks), plan a fix for each "
+                    "failed check that has a safe one, print the plan, confirm, apply per node "
+                    "in parallel, then re-check. Exit 0 all ok afterwards, 1 only manual "
+                    "items left, 2 a fix failed or a node was unreachable.")
+    p.add_argument("--checks", metavar="LIST", type=_check_list,
+                   help="only these checks, comma-separated (e.g. gpudirect,shm); "
+                        "`versions` runs only when named")
+    p.add_argument("--nodes", metavar="PATTERN", help="only these nodes (names, globs, head, workers)")
+    p.add_argument("--undo", metavar="RUN",
+                   help="restore the files and mounts a fix run changed (its run directory "
+                        "or name)")
+    add_changing(p)
+    add_json(p)
+    p.set_defaults(handler=run)
+
+
+def _check_list(text: str) -> frozenset[str]:
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names or len(names) > 64 or any(len(n) > 32 or set(n) - NAME_RE_CHARS for n in names):
+        raise argparse.ArgumentTypeError("a comma-separated list of check ids (e.g. gpudirect,shm)")
+    return frozenset(names)
+
+
+def _local_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def _undo_file(inv, run: str) -> Path:
+    path = Path(run)
+    if not path.is_absolute() and not path.exists():
+        path = Path(inv.run_dir) / run
+    record = path / fix_playbook.UNDO_FILE if path.is_dir() else path
+    if not record.is_file():
+        raise UsageError(f"--undo {run}: no {fix_playbook.UNDO_FILE} there (the run directory "
+                         f"of a `cluster fix` that changed something)")
+    return record
+
+
+def run(args: argparse.Namespace) -> int:
+    inv = load_inventory(args)
+    nodes = inv.select(args.nodes)
+    record = start_run(args, inv, "fix")
+
+    def event(line: str) -> None:
+        if not args.json:
+            stderr.print(f"[dim]fix:[/dim] {line}")
+
+    code = 2
+    try:
+        with Session(inv, hooks=[record.record]) as session:
+            if args.undo:
+                undo_file = _undo_file(inv, args.undo)
+                if not args.dry_run:
+                    confirm(f"Restore what {undo_file.parent.name} changed?", args.yes)
+                outcome = fix_playbook.undo(inv, session, undo_file, _local_root()) \
+                    if not args.dry_run else fix_playbook.FixOutcome(None, dry_run=True)
+            else:
+                outcome = fix_playbook.run(inv, session, nodes, args.checks, args.dry_run,
+                                           args.yes, lambda q: confirm(q, args.yes),
+                                           record.path, _local_root(), on_event=event)
+        code = outcome.exit_code
+        payload = dict(outcome.to_dict(), run_dir=str(record.path), inventory=inv.path)
+        emit_json(record, "fix.json", payload, to_stdout=args.json)
+    finally:
+        record.finish(code)
+    if not args.json:
+        render(outcome, args.dry_run)
+        stdout.print(f"report: {record.path / 'fix.json'}")
+    return code
+
+
+def render(outcome, dry_run: bool) -> None:
+    results = outcome.results
+    title = "fix plan (dry run: nothing was changed)" if dry_run else "cluster fix"
+    nodes = {r.node for r in results if r.node}
+    if grid_fits(len(nodes), stdout.width) or len(nodes) <= 16:
+        table = Table(title=title)
+        for col in ("node", "check", "status", "before -> after", "detail"):
+            table.add_column(col, overflow="fold")
+        for r in results:
+            change = f"{r.before or '-'} -> {r.after or '-'}" if r.before or r.after else ""
+            detail = r.summary + (f"\nnext: {r.next_step}" if r.next_step else "") + \
+                (f"\nnote: {r.note}" if r.note else "")
+            table.add_row(r.node or "(cluster)", r.check, status_text(r.status), change, detail)
+        stdout.print(table)
+    else:
+        groups = fold(Row(r.node or "(cluster)", r.check, r.status, r.summary, r.next_step)
+                      for r in results)
+        stdout.print(folded_table(groups, len(nodes), title=title))
+    if dry_run:
+        for r in results:
+            for c in r.commands:
+                stdout.print(f"[{r.node}] $ {c}", soft_wrap=True, markup=False)
+    if outcome.restart_ray:
+        stdout.print("restart Ray to apply the new memlock limit on: "
+                     + ", ".join(outcome.restart_ray))
+    if outcome.undo_file:
+        stdout.print(f"undo: cluster fix --undo {Path(outcome.undo_file).parent}")

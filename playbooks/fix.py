@@ -1,0 +1,394 @@
+"""`cluster fix` steps: gather (preflight, read-only) -> plan (cluster/fixes.py, pure) -> dry run
+-> confirm -> execute (per node in parallel, an undo record first) -> verify (preflight again on
+the nodes touched), each check reported before -> after.
+
+Result statuses, Ansible's vocabulary: ok (nothing to do), changed (fixed and verified),
+failed (a command failed or the check still fails), skipped, unreachable, manual (no safe
+automatic fix: the reason and the next diagnostic step). `undo` restores the files and mounts
+a run changed (modules loaded and clock steps are not undone).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from cluster.checks.node import NODE_CHECKS
+from cluster.errors import UsageError
+from cluster.fixes import FIXABLE, FileWrite, FixPlan, Step, as_root, plan_fixes
+from cluster.inventory import Inventory, Node
+from cluster.preflight import run_preflight
+from cluster.remote import Session, parallel
+from cluster.results import Status
+
+UNDO_FILE = "fix-undo.json"
+STEP_TIMEOUT_S = 120
+_ABSENT = 3          # exit code of the read command: the file does not exist
+_SUDO_PASSWORD = "a password is required"
+
+
+@dataclass(frozen=True)
+class FixResult:
+    node: str | None
+    check: str
+    status: str                      # ok changed failed skipped unreachable manual planned
+    summary: str
+    before: str | None = None        # the check's status before
+    after: str | None = None         # ... and after the fix
+    commands: tuple[str, ...] = ()
+    note: str | None = None
+    next_step: str | None = None
+
+
+@dataclass
+class FixOutcome:
+    plan: FixPlan | None
+    results: list[FixResult] = field(default_factory=list)
+    restart_ray: list[str] = field(default_factory=list)
+    dry_run: bool = False
+    undo_file: str | None = None
+
+    @property
+    def exit_code(self) -> int:
+        statuses = {r.status for r in self.results}
+        if statuses & {"failed", "unreachable"}:
+            return 2
+        if statuses & {"manual", "planned", "skipped"}:
+            return 1
+        return 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"command": "fix", "exit_code": self.exit_code, "dry_run": self.dry_run,
+                "results": [asdict(r) for r in self.results],
+                "restart_ray": self.restart_ray, "undo": self.undo_file}
+
+
+class UndoRecord:
+    """What each change replaced, appended as it happens and written at once to the run dir."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.entries: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def add(self, entry: dict[str, Any]) -> None:
+        with self._lock:
+            self.entries.append(entry)
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"entries": self.entries}, indent=1) + "\n")
+            tmp.replace(self.path)
+
+
+# ---------------------------------------------------------------- gather + plan
+
+
+def _checks(chosen: frozenset[str] | None):
+    if chosen is None:
+        return NODE_CHECKS
+    wanted = set(chosen) | ({"versions"} if "versions" in chosen else set())
+    return tuple(c for c in NODE_CHECKS if c.id in wanted)
+
+
+def gather_and_plan(inventory: Inventory, session: Session, nodes: Sequence[Node],
+                    chosen: frozenset[str] | None, yes: bool):
+    report = run_preflight(inventory, session, nodes, checks=_checks(chosen),
+                           measure_clock=False, reachability=False)
+    facts = report.facts["nodes"]
+    plan = plan_fixes(report.results, facts, inventory, chosen, yes)
+    return report, plan
+
+
+def _unreachable(report) -> set[str]:
+    return {n for n, f in report.facts["nodes"].items() if not f.get("reachable")}
+
+
+def plan_results(plan: FixPlan, report, status_of_step: str = "planned") -> list[FixResult]:
+    before = {(r.node, r.check): r for r in report.results}
+    down = _unreachable(report)
+    out: list[FixResult] = []
+    for node, check in plan.ok:
+        if check in FIXABLE and node is not None:
+            out.append(FixResult(node, check, "ok", before[(node, check)].summary, "ok", "ok"))
+    for s in plan.steps:
+        b = before.get((s.node, s.check))
+        out.append(FixResult(s.node, s.check, status_of_step, s.action,
+                             b.status.value if b else None, None, _shown(s), s.note))
+    for m in plan.manual:
+        b = before.get((m.node, m.check))
+        out.append(FixResult(m.node, m.check, "manual", m.reason,
+                             b.status.value if b else None, None, (), None, m.next_step))
+    for k in plan.skipped:
+        status = "unreachable" if k.node in down else "skipped"
+        out.append(FixResult(k.node, k.check, status, k.reason))
+    return out
+
+
+def _shown(step: Step) -> tuple[str, ...]:
+    return step.commands + tuple(f"write {w.path}" for w in step.writes)
+
+
+# ---------------------------------------------------------------- execute
+
+
+class StepFailed(Exception):
+    def __init__(self, why: str, manual: tuple[str, str] | None = None):
+        super().__init__(why)
+        self.why = why
+        self.manual = manual
+
+
+def _why(result) -> str:
+    text = (result.stderr or result.stdout or result.error or "").strip()
+    if _SUDO_PASSWORD in text:
+        return "sudo asks for a password on this node: `cluster fix` needs passwordless " \
+               "sudo (NOPASSWD) for the SSH user, or log in as root"
+    last = text.splitlines()[-1] if text else f"exit {result.exit_code}"
+    return last[:300]
+
+
+class NodeExecutor:
+    """Runs one node's steps in order as root (sudo -n when the SSH user is not root)."""
+
+    def __init__(self, inventory: Inventory, session: Session, node: Node, undo: UndoRecord,
+                 local_root: bool):
+        self.inventory, self.session, self.node, self.undo = inventory, session, node, undo
+        self.local_root = local_root
+
+    def root(self, command: str, stdin: str | None = None):
+        res = self.session.run(self.node, as_root(command, self.node, self.inventory,
+                                                  self.local_root),
+                               timeout=STEP_TIMEOUT_S, stdin=stdin)
+        if not res.reached:
+            raise StepFailed(f"{res.status}: {res.error}")
+        return res
+
+    def read(self, path: str) -> str | None:
+        q = _quote(path)
+        res = self.root(f"if [ -e {q} ]; then cat {q}; else exit {_ABSENT}; fi")
+        if res.exit_code == _ABSENT:
+            return None
+        if res.exit_code != 0:
+            raise StepFailed(f"cannot read {path}: {_why(res)}")
+        return res.stdout
+
+    def write(self, step: Step, w: FileWrite) -> bool:
+        current = self.read(w.path)
+        new = w.new_text(current)
+        if new == current:
+            return False
+        self.undo.add({"node": self.node.name, "check": step.check, "kind": "file",
+                       "path": w.path, "before": current})
+        q, tmp = _quote(w.path), _quote(w.path + ".cluster-fix.tmp")
+        res = self.root(f"mkdir -p {_quote(str(Path(w.path).parent))} && cat > {tmp} && "
+                        f"chmod 644 {tmp} && mv {tmp} {q}", stdin=new)
+        if res.exit_code != 0:
+            raise StepFailed(f"cannot write {w.path}: {_why(res)}")
+        return True
+
+    def record_mount(self, step: Step, target: str) -> None:
+        res = self.root(f"findmnt -no OPTIONS {_quote(target)}")
+        if res.exit_code == 0 and res.stdout.strip():
+            self.undo.add({"node": self.node.name, "check": step.check, "kind": "mount",
+                           "target": target, "options": res.stdout.strip()})
+
+    def apply(self, step: Step) -> None:
+        check = self.root("true")
+        if check.exit_code != 0:
+            raise StepFailed(_why(check))
+        for target in step.remounts:
+            self.record_mount(step, target)
+        for command in step.commands:
+            res = self.root(command)
+            if res.exit_code != 0:
+                if step.manual_exit and res.exit_code == step.manual_exit[0]:
+                    raise StepFailed(step.manual_exit[1], (step.manual_exit[1],
+                                                           step.manual_exit[2]))
+                raise StepFailed(f"`{command}` failed: {_why(res)}")
+        for w in step.writes:
+            self.write(step, w)
+
+
+def _quote(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
+
+
+def execute(inventory: Inventory, session: Session, plan: FixPlan, undo: UndoRecord,
+            local_root: bool) -> dict[tuple[str, str], StepFailed | None]:
+    """Each node's steps in order, nodes in parallel: (node, check) -> None (done) or why not."""
+    by_name = {n.name: n for n in inventory.nodes}
+    nodes = [by_name[name] for name in plan.nodes]
+
+    def work(node: Node) -> dict[tuple[str, str], StepFailed | None]:
+        runner = NodeExecutor(inventory, session, node, undo, local_root)
+        done: dict[tuple[str, str], StepFailed | None] = {}
+        for step in (s for s in plan.steps if s.node == node.name):
+            try:
+                runner.apply(step)
+                done[(node.name, step.check)] = None
+            except StepFailed as exc:
+                done[(node.name, step.check)] = exc
+        return done
+
+    def late(node: Node):
+        return {(node.name, s.check): StepFailed("no answer within the deadline")
+                for s in plan.steps if s.node == node.name}
+
+    deadline = STEP_TIMEOUT_S * (2 + 3 * max((sum(1 for s in plan.steps if s.node == n.name)
+                                              for n in nodes), default=1))
+    per_node = parallel(nodes, work, deadline, late, session.max_parallel)
+    out: dict[tuple[str, str], StepFailed | None] = {}
+    for d in per_node.values():
+        out.update(d)
+    return out
+
+
+# ---------------------------------------------------------------- verify
+
+
+def verify(inventory: Inventory, session: Session, plan: FixPlan,
+           done: dict[tuple[str, str], StepFailed | None], report) -> list[FixResult]:
+    before = {(r.node, r.check): r for r in report.results}
+    touched = sorted({n for (n, _), why in done.items() if why is None})
+    by_name = {n.name: n for n in inventory.nodes}
+    after: dict[tuple[str | None, str], Any] = {}
+    if touched:
+        checks = {s.check for s in plan.steps}
+        again = run_preflight(inventory, session, [by_name[n] for n in touched],
+                              checks=_checks(frozenset(checks)), measure_clock=False,
+                              reachability=False)
+        after = {(r.node, r.check): r for r in again.results}
+        if "versions" in checks:
+            for r in again.results:
+                if r.node and r.check.endswith("-match"):
+                    prev = after.get((r.node, "versions"))
+                    if prev is None or r.status.severity > prev.status.severity:
+                        after[(r.node, "versions")] = r
+    out: list[FixResult] = []
+    for s in plan.steps:
+        key = (s.node, s.check)
+        b = before.get(key)
+        was = b.status.value if b else None
+        why = done.get(key, StepFailed("not run"))
+        if why is not None:
+            if why.manual:
+                out.append(FixResult(s.node, s.check, "manual", why.manual[0], was, was,
+                                     _shown(s), s.note, why.manual[1]))
+            else:
+                out.append(FixResult(s.node, s.check, "failed", why.why, was, was, _shown(s),
+                                     s.note))
+            continue
+        a = after.get(key)
+        now = a.status.value if a else None
+        if a is not None and a.status in (Status.OK, Status.SKIP):
+            out.append(FixResult(s.node, s.check, "changed", f"{s.action}: {a.summary}", was,
+                                 now, _shown(s), s.note))
+        else:
+            out.append(FixResult(s.node, s.check, "failed",
+                                 f"still failing after the fix: "
+                                 f"{a.summary if a else 'not re-checked'}", was, now,
+                                 _shown(s), s.note))
+    return out
+
+
+# ---------------------------------------------------------------- the playbook
+
+
+def run(inventory: Inventory, session: Session, nodes: Sequence[Node],
+        chosen: frozenset[str] | None, dry_run: bool, yes: bool,
+        confirm: Callable[[str], bool], run_dir: Path, local_root: bool,
+        on_event: Callable[[str], None] = lambda line: None) -> FixOutcome:
+    if chosen is not None:
+        known = {c.id for c in NODE_CHECKS}
+        unknown = sorted(set(chosen) - known)
+        if unknown:
+            raise UsageError(f"--checks: unknown check(s) {', '.join(unknown)} (known: "
+                             f"{', '.join(sorted(known))})")
+    on_event(f"gathering facts on {len(nodes)} node(s)")
+    report, plan = gather_and_plan(inventory, session, nodes, chosen, yes)
+    outcome = FixOutcome(plan, dry_run=dry_run)
+    planned = plan_results(plan, report)
+    if dry_run or not plan.steps:
+        outcome.results = planned
+        return outcome
+    nodes_n = len(plan.nodes)
+    if not confirm(f"Apply {len(plan.steps)} fix(es) on {nodes_n} node(s)?"):
+        outcome.results = [r if r.status != "planned" else
+                           FixResult(r.node, r.check, "skipped", "not confirmed", r.before)
+                           for r in planned]
+        return outcome
+    undo = UndoRecord(run_dir / UNDO_FILE)
+    undo.add({"kind": "start", "nodes": plan.nodes})
+    outcome.undo_file = str(undo.path)
+    on_event(f"applying {len(plan.steps)} fix(es) on {nodes_n} node(s)")
+    done = execute(inventory, session, plan, undo, local_root)
+    on_event("verifying")
+    verified = verify(inventory, session, plan, done, report)
+    outcome.results = [r for r in planned if r.status != "planned"] + verified
+    outcome.restart_ray = sorted({r.node for r in verified
+                                  if r.status == "changed" and r.note and "Ray" in r.note
+                                  and r.check == "memlock"})
+    return outcome
+
+
+# ---------------------------------------------------------------- undo
+
+
+def undo(inventory: Inventory, session: Session, record: Path, local_root: bool
+         ) -> FixOutcome:
+    """Put back the files and mounts a fix run changed, newest first."""
+    try:
+        entries = json.loads(record.read_text())["entries"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"{record}: not a fix undo record ({exc})") from None
+    by_name = {n.name: n for n in inventory.nodes}
+    outcome = FixOutcome(None)
+    items = [e for e in entries if isinstance(e, dict) and e.get("kind") in ("file", "mount")]
+    # The oldest record of a path holds its state before the run.
+    first: dict[tuple[str, str], dict] = {}
+    for e in items:
+        first.setdefault((e["node"], e.get("path") or e.get("target")), e)
+    for (node_name, what), e in reversed(list(first.items())):
+        node = by_name.get(node_name)
+        if node is None:
+            outcome.results.append(FixResult(node_name, e.get("check", "?"), "skipped",
+                                             f"{node_name} is not in the inventory"))
+            continue
+        runner = NodeExecutor(inventory, session, node, UndoRecord(Path("/dev/null")),
+                              local_root)
+        try:
+            summary = _undo_one(runner, e)
+            outcome.results.append(FixResult(node_name, e.get("check", "?"), "changed",
+                                             summary))
+        except StepFailed as exc:
+            outcome.results.append(FixResult(node_name, e.get("check", "?"), "failed",
+                                             exc.why))
+    outcome.results.append(FixResult(None, "undo", "ok", "modules loaded, services enabled and "
+                                                         "clock steps are not undone"))
+    return outcome
+
+
+def _undo_one(runner: NodeExecutor, e: dict) -> str:
+    if e["kind"] == "file":
+        path = e["path"]
+        if e.get("before") is None:
+            res = runner.root(f"rm -f {_quote(path)}")
+            if res.exit_code != 0:
+                raise StepFailed(f"cannot remove {path}: {_why(res)}")
+            return f"removed {path} (it did not exist before)"
+        res = runner.root(f"cat > {_quote(path)}", stdin=e["before"])
+        if res.exit_code != 0:
+            raise StepFailed(f"cannot restore {path}: {_why(res)}")
+        return f"restored {path}"
+    size = next((o.split("=", 1)[1] for o in e.get("options", "").split(",")
+                 if o.startswith("size=")), None)
+    if size is None:
+        raise StepFailed(f"{e['target']}: no size in the recorded options {e.get('options')!r}")
+    res = runner.root(f"mount -o remount,size={_quote(size)} {_quote(e['target'])}")
+    if res.exit_code != 0:
+        raise StepFailed(f"cannot remount {e['target']}: {_why(res)}")
+    return f"remounted {e['target']} with size={size}"

@@ -1,0 +1,152 @@
+"""`cluster fix` planning (pure: results + facts -> steps) and the executor's undo record, run
+for real on this machine against files under a temporary directory."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cluster import fixes
+from cluster.fixes import FileWrite, Step, as_root, fstab_with_shm, plan_fixes
+from cluster.inventory import loads
+from cluster.remote import Session
+from cluster.results import CheckResult, Status
+from playbooks import fix as fix_playbook
+
+INV = loads("""
+nodes:
+  - {name: n1, address: 10.0.0.1, role: head}
+  - {name: n2, address: 10.0.0.2, user: admin}
+""")
+
+
+def result(check: str, status: Status = Status.FAIL, node: str | None = "n2",
+           summary: str = "bad", fix: str | None = "look at it") -> CheckResult:
+    return CheckResult(check, node, status, summary, None, fix)
+
+
+def plan(results, facts=None, chosen=None, yes=False):
+    return plan_fixes(results, facts or {}, INV, chosen, yes)
+
+
+def test_a_converged_node_plans_nothing():
+    ok = [result(c, Status.OK) for c in ("gpudirect", "clock", "shm", "memlock", "persistence",
+                                         "fabricmanager", "infiniband")]
+    p = plan(ok)
+    assert p.steps == () and p.manual == () and len(p.ok) == len(ok)
+
+
+def test_gpudirect_loads_the_module_and_persists_it():
+    (step,) = plan([result("gpudirect")], {"n2": {"peermem_loaded": False}}).steps
+    assert step.commands == ("modprobe nvidia_peermem 2>/dev/null || modprobe nv_peer_mem",)
+    (write,) = step.writes
+    assert write.path == "/etc/modules-load.d/cluster-peermem.conf"
+    once = write.new_text(None)
+    assert once == "nvidia_peermem\n" and write.new_text(once) == once      # idempotent
+    assert write.new_text("ib_umad\n") == "ib_umad\nnvidia_peermem\n"
+
+
+def test_a_loaded_but_unregistered_module_is_manual():
+    p = plan([result("gpudirect")], {"n2": {"peermem_loaded": True}})
+    assert p.steps == () and p.manual[0].check == "gpudirect" and "OFED" in p.manual[0].next_step
+
+
+def test_clock_step_on_a_node_running_ray_needs_yes():
+    facts = {"n2": {"clock_source": "chronyc tracking", "ray_running": True}}
+    assert plan([result("clock")], facts).steps == ()
+    assert "--yes" in plan([result("clock")], facts).skipped[0].reason
+    (step,) = plan([result("clock")], facts, yes=True).steps
+    assert step.commands[-1] == "chronyc makestep" and step.note
+    (step,) = plan([result("clock")], {"n2": {"clock_source": "timedatectl"}}).steps
+    assert step.commands == ("timedatectl set-ntp true", "systemctl restart systemd-timesyncd")
+
+
+def test_shm_remounts_at_the_expected_size_and_edits_fstab_idempotently():
+    (step,) = plan([result("shm")]).steps
+    size = INV.expectations["shm_min_bytes"]
+    assert f"mount -o remount,size={size} /dev/shm" in step.commands[0]
+    assert step.remounts == ("/dev/shm",) and step.manual_exit[0] == fixes.IN_CONTAINER_EXIT
+    fstab = "UUID=1 / ext4 defaults 0 1\ntmpfs /dev/shm tmpfs defaults,size=64m 0 0\n"
+    once = fstab_with_shm(fstab, size)
+    assert once.count("/dev/shm") == 1 and f"size={size}" in once and "UUID=1" in once
+    assert fstab_with_shm(once, size) == once
+    assert "# tmpfs /dev/shm" in fstab_with_shm("# tmpfs /dev/shm x\n", size)   # comments kept
+
+
+def test_memlock_writes_limits_and_names_a_ray_restart():
+    (step,) = plan([result("memlock")], {"n2": {"ray_running": True}}).steps
+    assert [w.path for w in step.writes] == [fixes.LIMITS_FILE, fixes.SYSTEMD_LIMITS_FILE]
+    assert "memlock unlimited" in step.writes[0].content and "restart" in step.note.lower()
+
+
+def test_everything_else_is_manual_with_the_checks_own_next_step():
+    p = plan([result("infiniband", summary="mlx5_5 port 1 is Down",
+                     fix="check cables/switch ports and the subnet manager"),
+              result("gpus", summary="7 of 8 GPUs")])
+    assert [(m.check, m.next_step) for m in p.manual] == [
+        ("infiniband", "check cables/switch ports and the subnet manager"),
+        ("gpus", "look at it")]
+
+
+def test_versions_only_when_named():
+    results = [result("ray-match", node="n2", summary="ray 2.59.0 differs from 2.60.0")]
+    facts = {"n1": {"versions": {"ray": "2.60.0", "vllm": "0.32.0"}},
+             "n2": {"versions": {"ray": "2.59.0", "vllm": "0.32.0"}}}
+    p = plan(results, facts)
+    assert p.steps == () and "--checks versions" in p.skipped[0].reason
+    (step,) = plan(results, facts, chosen=frozenset({"versions"})).steps
+    assert step.commands == ("python3 -m pip install --no-input 'ray[serve]==2.60.0'",)
+
+
+def test_checks_filter_and_unreachable_nodes():
+    p = plan([result("shm"), result("memlock")], chosen=frozenset({"shm"}))
+    assert [s.check for s in p.steps] == ["shm"]
+    p = plan([result("shm", Status.ERROR, summary="unreachable: n2: no route")])
+    assert p.steps == () and p.skipped[0].reason.startswith("unreachable")
+
+
+def test_a_non_root_user_goes_through_sudo_without_a_password():
+    n1, n2 = INV.nodes
+    assert as_root("modprobe x", n2, INV, local_root=True) == "sudo -n bash -c 'modprobe x'"
+    assert as_root("modprobe x", n1, INV, local_root=True) == "modprobe x"
+    assert as_root("modprobe x", n1, INV, local_root=False).startswith("sudo -n")
+
+
+def test_a_sudo_password_prompt_is_named_as_the_reason():
+    class R:
+        stderr, stdout, error, exit_code = "sudo: a password is required\n", "", None, 1
+    assert "passwordless sudo" in fix_playbook._why(R())
+
+
+def test_the_executor_records_what_it_replaces_and_undo_puts_it_back(tmp_path):
+    inv = loads("nodes:\n  - {name: here, address: 127.0.0.1, local: true}\n")
+    existing, created = tmp_path / "a.conf", tmp_path / "sub" / "b.conf"
+    existing.write_text("old\n")
+    step = Step("here", "memlock", "test", ("true",),
+                (FileWrite(str(existing), "new\n"), FileWrite(str(created), "made\n")))
+    undo = fix_playbook.UndoRecord(tmp_path / "fix-undo.json")
+    with Session(inv) as session:
+        runner = fix_playbook.NodeExecutor(inv, session, inv.nodes[0], undo, local_root=True)
+        runner.apply(step)
+        runner.apply(step)                                   # converged: writes nothing new
+        assert existing.read_text() == "new\n" and created.read_text() == "made\n"
+        entries = json.loads(undo.path.read_text())["entries"]
+        assert [(e["path"], e["before"]) for e in entries] == [(str(existing), "old\n"),
+                                                               (str(created), None)]
+        outcome = fix_playbook.undo(inv, session, undo.path, local_root=True)
+    assert existing.read_text() == "old\n" and not created.exists()
+    assert [r.status for r in outcome.results] == ["changed", "changed", "ok"]
+
+
+def test_a_failing_command_fails_the_step_with_its_message(tmp_path):
+    inv = loads("nodes:\n  - {name: here, address: 127.0.0.1, local: true}\n")
+    undo = fix_playbook.UndoRecord(tmp_path / "u.json")
+    with Session(inv) as session:
+        runner = fix_playbook.NodeExecutor(inv, session, inv.nodes[0], undo, local_root=True)
+        with pytest.raises(fix_playbook.StepFailed, match="no such module"):
+            runner.apply(Step("here", "gpudirect", "t", ("echo no such module >&2; exit 1",)))
+        with pytest.raises(fix_playbook.StepFailed) as exc:
+            runner.apply(Step("here", "shm", "t", ("exit 42",),
+                              manual_exit=(42, "a container", "use --shm-size")))
+        assert exc.value.manual == ("a container", "use --shm-size")
