@@ -741,6 +741,10 @@ def test_fix_commands_change_that_nodes_outputs_for_the_next_session_only(simclu
         assert r.stdout == "570.133.20\n570.133.20\n"
         assert ssh_ok(c, "node4", "systemctl is-active nvidia-fabricmanager").stdout == "active\n"
         assert ssh_ok(c, "node2", "systemctl is-active chrony chronyd").stdout == "active\ninactive\n"
+        states = {n["name"]: n["state"] for n in json.loads(simcluster_factory.run("status", "--json").stdout)["nodes"]}
+        assert (states["node1"]["peermem"], states["node2"]["clock"], states["node3"]["persistence"],
+                states["node4"]["fabricmanager"], states.get("node5", {}).get("peermem")) == \
+               ("loaded", "synced", "on", "running", None)
         # only that node: its twin and the others still print their own profiles' outputs
         assert c.ssh("node5", "lsmod").stdout == before["node1"]["lsmod"]
         assert c.ssh("node5", "cat /sys/module/nvidia_peermem/version").returncode != 0
@@ -829,6 +833,13 @@ def test_limits_d_sets_memlock_at_the_next_login_as_pam_limits_does(simcluster_f
         ssh_ok(c, "node1", "printf 'root - memlock unlimited\\n' > /etc/security/limits.d/91-root.conf")
         assert ssh_ok(c, "node1", "ulimit -l").stdout == f"{cap}\n"
         assert ssh_ok(c, "node2", "ulimit -l").stdout == "64\n"           # another node: its own limits.d
+        # systemd's DefaultLimitMEMLOCK is what sshd gets at boot (a restart of the node here)
+        ssh_ok(c, "node2", "printf '[Manager]\\nDefaultLimitMEMLOCK=infinity\\n' "
+                           "> /etc/systemd/system.conf.d/90-cluster-memlock.conf")
+        assert ssh_ok(c, "node2", "ulimit -l").stdout == "64\n"
+        c.kill("node2")
+        simcluster_factory.run("up", "2", "--default-profile", "h100-memlock-64", "--users")
+        assert ssh_ok(c, "node2", "ulimit -l; ulimit -H -l").stdout == f"{cap}\n{cap}\n"
     finally:
         simcluster_factory(3)
 
