@@ -621,3 +621,252 @@ def test_profile_mtu_is_set_for_real_on_the_nodes_link(simcluster_factory):
         c = simcluster_factory(3)
     assert [eth0_mtu(c, n) for n in c.names] == [1500, 1500, 1500]
     assert Path(f"/sys/class/net/{prefix}-node2/mtu").read_text().strip() == "1500"
+
+
+# ----------------------------------------------------------------------------- node state (cluster fix)
+
+def test_each_state_variant_is_its_profile_with_only_that_aspects_files_changed():
+    """STATE_VARIANTS pairs profiles that differ exactly in the aspect's files: what a node prints
+    after a state change is the other profile's capture, and nothing else moves."""
+    for name, aspects in sim.STATE_VARIANTS.items():
+        prof = sim.load_profile(name)
+        spec = sim.state_spec(prof)
+        for aspect, variants in aspects.items():
+            names, paths = sim.STATE_FILES[aspect]
+            for state, other_name in variants.items():
+                other = sim.load_profile(other_name)
+                assert sim.default_states(other.facts, other.outputs)[aspect] == state
+                for f in set(prof.outputs) | set(other.outputs):
+                    same = (f in prof.outputs and f in other.outputs
+                            and prof.outputs[f].read_bytes() == other.outputs[f].read_bytes())
+                    assert same or f in names, (name, other_name, f)
+                assert {f for f in names if f in prof.outputs and (f not in other.outputs or
+                        prof.outputs[f].read_bytes() != other.outputs[f].read_bytes())}, (name, aspect)
+                outs, codes, nfiles = sim.apply_states(prof.outputs, prof.exit_codes,
+                                                       {p: sim.node_file_text(prof, p) for p in prof.node_files},
+                                                       spec, {aspect: state},
+                                                       lambda a, s, f: other.outputs[f])
+                assert {f: p.read_bytes() for f, p in outs.items()} == \
+                       {f: p.read_bytes() for f, p in other.outputs.items()}
+                assert {f: c for f, c in codes.items()} == other.exit_codes
+                for p in paths:
+                    assert nfiles.get(p) == sim.node_file_text(other, p), (name, p)
+
+
+def test_apply_states_refuses_states_without_outputs():
+    prof = sim.load_profile("h100-clock-off")
+    spec = sim.state_spec(prof)
+    with pytest.raises(sim.ToolError, match="no recorded outputs for persistence off"):
+        sim.apply_states(prof.outputs, {}, {}, spec, {"persistence": "off"}, lambda a, s, f: None)
+    assert sim.state_spec(sim.load_profile("cpu")) == {}
+    assert sim.state_spec(sim.load_profile("l40s-pcie"))["peermem"] == {"default": "unloaded", "variants": {}}
+
+
+def host_etc_snapshot() -> dict[str, bytes | None]:
+    out = {}
+    for path in sim.NODE_ETC + sim.USER_ETC:
+        p = Path(path)
+        if p.is_dir():
+            for f in sorted(p.rglob("*")):
+                out[str(f)] = f.read_bytes() if f.is_file() else b"<dir>"
+        out[path] = p.read_bytes() if p.is_file() else (b"<dir>" if p.is_dir() else None)
+    return out
+
+
+def fresh(factory, n: int, profiles: dict[str, str], users: bool = True):
+    """Nodes in their profiles' start state: a profile change resets a node's state and /etc."""
+    factory.run("up", str(n), "--default-profile", "cpu", *(["--users"] if users else []))
+    args = [a for node, p in sorted(profiles.items()) for a in ("--profile", f"{node}={p}")]
+    factory.run("up", str(n), *args, *(["--users"] if users else []))
+    return sim_cluster(factory)
+
+
+class Running:
+    """The running instance after a plain `factory.run("up", ...)` (the factory itself has no --users)."""
+
+    def __init__(self, factory):
+        self.factory = factory
+        self.dir = Path(json.loads(factory.run("status", "--json").stdout)["dir"])
+        self.ssh_config = self.dir / "ssh_config"
+
+    def ssh(self, node: str, command: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["ssh", "-F", str(self.ssh_config), node, command],
+                              capture_output=True, text=True, timeout=60)
+
+    def kill(self, node: str) -> None:
+        self.factory.run("kill", node)
+
+
+def sim_cluster(factory):
+    return Running(factory)
+
+
+def tool_out(profile: str, *argv: str) -> str:
+    return sim.run_tool(argv[0], list(argv[1:]), sim.load_profile(profile).outputs, profile)
+
+
+FIXED = {  # node: (profile, the fix command, [(command after it, the h100-ib output it must print)])
+    "node1": ("h100-no-peermem", "modprobe nvidia_peermem", [("lsmod", "lsmod")]),
+    "node2": ("h100-clock-off", "chronyc makestep", [("chronyc tracking", "chronyc tracking"),
+                                                     ("chronyc sources", "chronyc sources")]),
+    "node3": ("h100-persistence-off", "nvidia-smi -pm 1", [("nvidia-smi", "nvidia-smi"),
+                                                          ("nvidia-smi -q", "nvidia-smi -q")]),
+    "node4": ("h100-fm-stopped", "systemctl enable --now nvidia-fabricmanager",
+              [("nvidia-smi -q", "nvidia-smi -q"), (" ".join(FM_STATUS), " ".join(FM_STATUS))]),
+}
+
+
+@pytest.mark.integration
+def test_fix_commands_change_that_nodes_outputs_for_the_next_session_only(simcluster_factory):
+    profiles = {node: p for node, (p, _, _) in FIXED.items()}
+    profiles["node5"] = "h100-no-peermem"                      # a twin of node1 that nobody fixes
+    c = fresh(simcluster_factory, 5, profiles)
+    try:
+        before = {n: {cmd: c.ssh(n, cmd).stdout for _, _, checks in [FIXED[n]] for cmd, _ in checks}
+                  for n in FIXED}
+        for node, (profile, fix, checks) in FIXED.items():
+            for cmd, _ in checks:
+                assert before[node][cmd] == tool_out(profile, *cmd.split()), (node, cmd)
+        assert "nvidia_peermem" not in before["node1"]["lsmod"]
+        assert "7.800260112 seconds fast" in before["node2"]["chronyc tracking"]
+        assert c.ssh("node1", "cat /sys/module/nvidia_peermem/version").returncode != 0
+        assert c.ssh("node4", " ".join(FM_STATUS)).returncode == 3
+        assert c.ssh("node4", "systemctl is-active nvidia-fabricmanager").stdout == "failed\n"
+        for node, (_, fix, _) in FIXED.items():
+            ssh_ok(c, node, fix)
+        for node, (_, _, checks) in FIXED.items():       # new sessions see the fixed node
+            for cmd, healthy in checks:
+                assert ssh_ok(c, node, cmd).stdout == tool_out("h100-ib", *healthy.split()), (node, cmd)
+        r = ssh_ok(c, "node1", "cat /sys/module/nvidia_peermem/version /sys/kernel/mm/memory_peers/nv_mem*/version")
+        assert r.stdout == "570.133.20\n570.133.20\n"
+        assert ssh_ok(c, "node4", "systemctl is-active nvidia-fabricmanager").stdout == "active\n"
+        assert ssh_ok(c, "node2", "systemctl is-active chrony chronyd").stdout == "active\ninactive\n"
+        states = {n["name"]: n["state"] for n in json.loads(simcluster_factory.run("status", "--json").stdout)["nodes"]}
+        assert (states["node1"]["peermem"], states["node2"]["clock"], states["node3"]["persistence"],
+                states["node4"]["fabricmanager"], states.get("node5", {}).get("peermem")) == \
+               ("loaded", "synced", "on", "running", None)
+        # only that node: its twin and the others still print their own profiles' outputs
+        assert c.ssh("node5", "lsmod").stdout == before["node1"]["lsmod"]
+        assert c.ssh("node5", "cat /sys/module/nvidia_peermem/version").returncode != 0
+        assert c.ssh("node1", "chronyc tracking").stdout == tool_out("h100-ib", "chronyc", "tracking")
+        # the state survives an `up` that changes nothing and a restart of the node
+        assert "no changes" in simcluster_factory.run("up", "5", *[a for n, p in sorted(profiles.items())
+                                                                    for a in ("--profile", f"{n}={p}")],
+                                                      "--users").stdout
+        c.kill("node1")
+        simcluster_factory.run("up", "5", *[a for n, p in sorted(profiles.items()) for a in ("--profile", f"{n}={p}")],
+                               "--users")
+        assert ssh_ok(c, "node1", "lsmod").stdout == tool_out("h100-ib", "lsmod")
+        assert ssh_ok(c, "node1", "cat /sys/module/nvidia_peermem/version").stdout == "570.133.20\n"
+        # and back: modprobe -r, -pm 0 print the broken captures again
+        ssh_ok(c, "node1", "modprobe -r nvidia_peermem")
+        assert c.ssh("node1", "lsmod").stdout == tool_out("h100-no-peermem", "lsmod")
+        assert c.ssh("node1", "ls /sys/module/nvidia_peermem").returncode != 0
+        ssh_ok(c, "node3", "nvidia-smi -pm 0")
+        assert c.ssh("node3", "nvidia-smi -q").stdout == tool_out("h100-persistence-off", "nvidia-smi", "-q")
+        r = c.ssh("node1", "modprobe nv_peer_mem")
+        assert r.returncode == 1 and "Module nv_peer_mem not found" in r.stderr
+        # a profile change forgets it all
+        ssh_ok(c, "node5", "modprobe nvidia_peermem")
+        simcluster_factory.run("up", "5", "--profile", "node5=h100-ib", "--users")
+        simcluster_factory.run("up", "5", "--profile", "node5=h100-no-peermem", "--users")
+        assert c.ssh("node5", "lsmod").stdout == before["node1"]["lsmod"]
+    finally:
+        simcluster_factory(3)
+
+
+@pytest.mark.integration
+def test_node_etc_is_the_nodes_own_and_dev_shm_really_remounts(simcluster_factory):
+    host = host_etc_snapshot()
+    c = fresh(simcluster_factory, 2, {"node1": "small-shm", "node2": "small-shm"})
+    d = Path(c.dir) / "nodes"
+    try:
+        script = ("echo nvidia_peermem > /etc/modules-load.d/cluster-peermem.conf && "
+                  "printf '* soft memlock unlimited\\n' > /etc/security/limits.d/90-cluster-memlock.conf && "
+                  "printf '[Manager]\\nDefaultLimitMEMLOCK=infinity\\n' > /etc/systemd/system.conf.d/90-cluster-memlock.conf && "
+                  "echo 'tmpfs /dev/shm tmpfs defaults,size=1073741824 0 0' >> /etc/fstab && "
+                  "echo '# x' >> /etc/security/limits.conf && "
+                  "mount -o remount,size=1073741824 /dev/shm && df -k /dev/shm")
+        r = ssh_ok(c, "node1", script)
+        assert " 1048576 " in r.stdout.splitlines()[-1]
+        assert " 65536 " in ssh_ok(c, "node2", "df -k /dev/shm").stdout.splitlines()[-1]
+        assert host_etc_snapshot() == host                      # the host never sees it
+        r = c.ssh("node2", "ls /etc/modules-load.d/cluster-peermem.conf /etc/systemd/system.conf.d/; grep -c size= /etc/fstab")
+        assert "No such file" in r.stderr and r.stdout.strip().endswith("0")
+        assert (d / "node1/etc/modules-load.d/cluster-peermem.conf").read_text() == "nvidia_peermem\n"
+        assert "size=1073741824" in ssh_ok(c, "node1", "cat /etc/fstab").stdout
+        # kept across `up` and a restart; the node boots with its fstab's /dev/shm size
+        c.kill("node1")
+        simcluster_factory.run("up", "2", "--default-profile", "small-shm", "--users")
+        r = ssh_ok(c, "node1", "cat /etc/systemd/system.conf.d/90-cluster-memlock.conf; df -k /dev/shm")
+        assert r.stdout.startswith("[Manager]\nDefaultLimitMEMLOCK=infinity\n")
+        assert " 1048576 " in r.stdout.splitlines()[-1]
+        # a new profile starts from the host's files again
+        simcluster_factory.run("up", "2", "--default-profile", "small-shm", "--profile", "node1=h100-ib", "--users")
+        assert not (d / "node1/etc/modules-load.d/cluster-peermem.conf").exists()
+        assert (d / "node1/etc/fstab").read_bytes() == Path("/etc/fstab").read_bytes()
+    finally:
+        simcluster_factory(3)
+    assert host_etc_snapshot() == host
+
+
+def host_memlock_cap() -> str:
+    import resource
+    hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+    return "unlimited" if hard == resource.RLIM_INFINITY else str(hard // 1024)
+
+
+@pytest.mark.integration
+def test_limits_d_sets_memlock_at_the_next_login_as_pam_limits_does(simcluster_factory):
+    c = fresh(simcluster_factory, 2, {"node1": "h100-memlock-64", "node2": "h100-memlock-64"})
+    cap = host_memlock_cap()
+    try:
+        assert ssh_ok(c, "node1", "ulimit -l; ulimit -H -l").stdout == "64\n64\n"
+        assert ssh_ok(c, "node1", "ulimit -l", ).stdout == "64\n"
+        ssh_ok(c, "node1", "printf '* soft memlock unlimited\\n* hard memlock unlimited\\n' "
+                           "> /etc/security/limits.d/90-cluster-memlock.conf")
+        assert ssh_ok(c, "node1", "ulimit -l").stdout == "64\n"           # '*' is not for root (pam_limits)
+        assert c.ssh("node1", "true").returncode == 0
+        r = subprocess.run(["ssh", "-F", str(c.ssh_config), "-l", "fixer", "node1", "ulimit -l; ulimit -H -l"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.stdout == f"{cap}\n{cap}\n", r.stderr
+        ssh_ok(c, "node1", "printf 'root - memlock unlimited\\n' > /etc/security/limits.d/91-root.conf")
+        assert ssh_ok(c, "node1", "ulimit -l").stdout == f"{cap}\n"
+        assert ssh_ok(c, "node2", "ulimit -l").stdout == "64\n"           # another node: its own limits.d
+        # systemd's DefaultLimitMEMLOCK is what sshd gets at boot (a restart of the node here)
+        ssh_ok(c, "node2", "printf '[Manager]\\nDefaultLimitMEMLOCK=infinity\\n' "
+                           "> /etc/systemd/system.conf.d/90-cluster-memlock.conf")
+        assert ssh_ok(c, "node2", "ulimit -l").stdout == "64\n"
+        c.kill("node2")
+        simcluster_factory.run("up", "2", "--default-profile", "h100-memlock-64", "--users")
+        assert ssh_ok(c, "node2", "ulimit -l; ulimit -H -l").stdout == f"{cap}\n{cap}\n"
+    finally:
+        simcluster_factory(3)
+
+
+def ssh_as(c, user: str, node: str, command: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["ssh", "-F", str(c.ssh_config), "-l", user, node, command],
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.integration
+def test_users_fixer_has_passwordless_sudo_and_askers_sudo_asks(simcluster_factory):
+    c = fresh(simcluster_factory, 2, {"node1": "h100-no-peermem", "node2": "h100-no-peermem"})
+    try:
+        r = ssh_as(c, "fixer", "node1", "id -un; sudo -n true && echo ok; sudo -n bash -c 'command -v modprobe'")
+        assert r.stdout == "fixer\nok\n/run/simcluster/bin/modprobe\n", r.stderr
+        r = ssh_as(c, "asker", "node1", "id -un; sudo -n true")
+        assert r.returncode == 1 and r.stdout == "asker\n" and "a password is required" in r.stderr
+        r = ssh_as(c, "asker", "node1", "modprobe nvidia_peermem")
+        assert r.returncode == 1 and "Operation not permitted" in r.stderr
+        assert "nvidia_peermem" not in c.ssh("node1", "lsmod").stdout
+        r = ssh_as(c, "fixer", "node1", "sudo -n modprobe nvidia_peermem && lsmod")
+        assert r.returncode == 0 and r.stdout == tool_out("h100-ib", "lsmod"), r.stderr
+        assert "nvidia_peermem" not in c.ssh("node2", "lsmod").stdout
+        for u in ("fixer", "asker"):
+            inv = (Path(c.dir) / f"cluster-{u}.yaml").read_text()
+            assert f"    user: {u}\n" in inv and "    user: root\n" not in inv
+        assert "fixer" not in Path("/etc/passwd").read_text()           # the users live on the nodes only
+    finally:
+        simcluster_factory(3)
+    assert not (Path(c.dir) / "cluster-fixer.yaml").exists()
