@@ -95,3 +95,38 @@ def test_fix_repairs_what_it_can_converges_and_undoes(simcluster_factory):
     after = failures(inv)
     assert after.get("node3") == {"shm"} and after.get("node5") == {"memlock"}
     assert "node2" not in after and "node4" not in after     # not undone, as it says
+
+
+def test_a_non_root_user_fixes_through_sudo_and_a_password_prompt_fails(simcluster_factory):
+    c = simcluster_factory(2, {"node1": "h100-no-peermem", "node2": "h100-no-peermem"},
+                           users=True)
+    for node in ("node1", "node2"):      # state left by an earlier test: start unloaded
+        c.exec(node, "modprobe", "-r", "nvidia_peermem")   # absent: exit 1, fine
+    assert failures(c.inventory_path) == {"node1": {"gpudirect"}, "node2": {"gpudirect"}}
+    folder = Path(c.inventory_path).parent
+    fixer, asker = folder / "cluster-fixer.yaml", folder / "cluster-asker.yaml"
+    # asker: sudo wants a password -> failed, with that reason, nothing changed.
+    code, asked = cli(asker, "fix", "--yes", "--nodes", "node2", "--checks", "gpudirect")
+    assert code == 2
+    (r,) = [r for r in asked["results"] if r["node"] == "node2" and r["check"] == "gpudirect"]
+    assert r["status"] == "failed" and "passwordless sudo" in r["summary"]
+    assert failures(c.inventory_path).get("node2") == {"gpudirect"}
+    # fixer: passwordless sudo -> changed and verified.
+    code, fixed = cli(fixer, "fix", "--yes", "--nodes", "node1", "--checks", "gpudirect")
+    (r,) = [r for r in fixed["results"] if r["node"] == "node1" and r["check"] == "gpudirect"]
+    assert code == 0 and r["status"] == "changed" and r["after"] == "ok", fixed
+    assert "node1" not in failures(c.inventory_path)
+
+
+def test_persistence_and_fabric_manager_are_fixed(simcluster_factory):
+    c = simcluster_factory(2, {"node1": "h100-persistence-off", "node2": "h100-fm-stopped"})
+    code, done = cli(c.inventory_path, "fix", "--yes", "--checks",
+                     "persistence,fabricmanager")
+    by = {(r["node"], r["check"]): r for r in done["results"]}
+    assert code == 0, done
+    assert by[("node1", "persistence")]["status"] == "changed"
+    assert by[("node2", "fabricmanager")]["status"] == "changed"
+    assert by[("node2", "fabricmanager")]["after"] == "ok"
+    code, again = cli(c.inventory_path, "fix", "--yes", "--checks",
+                      "persistence,fabricmanager")
+    assert code == 0 and {r["status"] for r in again["results"]} == {"ok"}
