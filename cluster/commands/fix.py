@@ -7,14 +7,12 @@ import argparse
 import os
 from pathlib import Path
 
-from rich.table import Table
-
 from cluster.commands._common import (add_changing, add_json, confirm, emit_json,
                                       load_inventory, start_run, stderr, stdout)
 from cluster.errors import UsageError
-from cluster.fold import Row, fold, grid_fits
+from cluster.fold import Row, fold
 from cluster.remote import Session
-from cluster.render import folded_table, status_text
+from cluster.render import fix_lines, folded_table
 from playbooks import fix as fix_playbook
 
 NAME_RE_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789-")
@@ -94,24 +92,24 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
+def _detail(r) -> str:
+    change = f"{r.before} -> {r.after}: " if r.status in ("changed", "failed") and r.before \
+        else ""
+    note = f" (note: {r.note})" if r.note else ""
+    return change + r.summary + note
+
+
 def render(outcome, dry_run: bool) -> None:
+    """Identical results folded into one line per check ("ok on 3 nodes"), the nodes that
+    differ listed with theirs; the next step of each manual item once."""
     results = outcome.results
     title = "fix plan (dry run: nothing was changed)" if dry_run else "cluster fix"
     nodes = {r.node for r in results if r.node}
-    if grid_fits(len(nodes), stdout.width) or len(nodes) <= 16:
-        table = Table(title=title)
-        for col in ("node", "check", "status", "before -> after", "detail"):
-            table.add_column(col, overflow="fold")
-        for r in results:
-            change = f"{r.before or '-'} -> {r.after or '-'}" if r.before or r.after else ""
-            detail = r.summary + (f"\nnext: {r.next_step}" if r.next_step else "") + \
-                (f"\nnote: {r.note}" if r.note else "")
-            table.add_row(r.node or "(cluster)", r.check, status_text(r.status), change, detail)
-        stdout.print(table)
-    else:
-        groups = fold(Row(r.node or "(cluster)", r.check, r.status, r.summary, r.next_step)
-                      for r in results)
-        stdout.print(folded_table(groups, len(nodes), title=title))
+    groups = fold(Row(r.node or "(cluster)", r.check, r.status, _detail(r), r.next_step)
+                  for r in results)
+    stdout.print(folded_table(groups, max(1, len(nodes)), title=title))
+    for line in fix_lines(groups, max(1, len(nodes))):
+        stdout.print(line)
     if dry_run:
         for r in results:
             for c in r.commands:
