@@ -30,8 +30,10 @@ MODULES_LOAD_FILE = "/etc/modules-load.d/cluster-peermem.conf"
 LIMITS_FILE = "/etc/security/limits.d/90-cluster-memlock.conf"
 SYSTEMD_LIMITS_FILE = "/etc/systemd/system.conf.d/90-cluster-memlock.conf"
 FSTAB = "/etc/fstab"
+# pam_limits never applies `*` to root: root needs its own lines (limits.conf(5)).
 LIMITS_TEXT = "# written by `cluster fix` (memlock for RDMA)\n" \
-              "* soft memlock unlimited\n* hard memlock unlimited\n"
+              "* soft memlock unlimited\n* hard memlock unlimited\n" \
+              "root soft memlock unlimited\nroot hard memlock unlimited\n"
 SYSTEMD_LIMITS_TEXT = "# written by `cluster fix` (memlock for RDMA)\n" \
                       "[Manager]\nDefaultLimitMEMLOCK=infinity\n"
 # Run only when named in --checks: they change software or copy data, not node settings.

@@ -97,6 +97,14 @@ else:
     except Exception as exc:
         out["nvidia_smi"] = {"status": "error", "error": "%s: %s" % (type(exc).__name__, exc)}
 KEYS = sys.argv[1].split(",") if len(sys.argv) > 1 and sys.argv[1] else []
+# The locked-memory limit a new session gets (what a Ray started now would have), in bytes.
+try:
+    import resource
+    soft = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
+    out["memlock_session"] = None if soft == resource.RLIM_INFINITY else soft
+    out["memlock_session_known"] = True
+except Exception:
+    out["memlock_session_known"] = False
 WORDS = ("ray::", "default_worker.py", "setup_worker.py", "log_monitor.py", "monitor.py",
          "dashboard/dashboard.py", "dashboard/agent.py", "runtime_env/agent/main.py",
          "ray.util.client.server", "ray-dashboard-", "ray.dashboard")
@@ -134,6 +142,14 @@ for pid in os.listdir("/proc"):
             proc["env"] = env
         except OSError:
             proc["env"] = None
+        try:
+            with open("/proc/%s/limits" % pid) as fh:
+                for row in fh:
+                    if row.startswith("Max locked memory"):
+                        soft = row.split()[3]
+                        proc["memlock"] = None if soft == "unlimited" else int(soft)
+        except (OSError, ValueError, IndexError):
+            pass
     out["processes"].append(proc)
 print("CLUSTER_RAY_FACTS " + json.dumps(out))
 '''
@@ -155,6 +171,7 @@ class RayletInfo:
     gcs_address: str | None
     resources: Mapping[str, float] = field(default_factory=dict)
     env: Mapping[str, str] | None = None
+    memlock: int | None | str = "unknown"   # bytes; None: unlimited; "unknown": not read
 
 
 @dataclass(frozen=True)
@@ -180,6 +197,7 @@ class NodeFacts:
     auth_mode: str | None = None          # RAY_AUTH_MODE in the node's env, if set
     auth_token: bool = False              # a Ray auth token is available (env or token file)
     haproxy: str | None = None            # the HAProxy binary Serve's HAProxy ingress would run
+    memlock_session: int | None | str = "unknown"   # a new session's limit (bytes; None: unlimited)
 
     @property
     def usable(self) -> bool:
@@ -391,7 +409,8 @@ def parse_facts(node: Node, result: CommandResult) -> NodeFacts:
                                 node_ip=_flag(args, "node_ip_address"),
                                 gcs_address=_flag(args, "gcs-address"),
                                 resources=_static_resources(_flag(args, "static_resource_list")),
-                                env=p.get("env"))
+                                env=p.get("env"),
+                                memlock=p["memlock"] if "memlock" in p else "unknown")
         elif p.get("kind") == "gcs_server":
             port = _flag(args, "gcs_server_port")
             gcs_port = int(port) if port and port.isdigit() else -1
@@ -404,7 +423,9 @@ def parse_facts(node: Node, result: CommandResult) -> NodeFacts:
                      gcs_port=gcs_port, ray_pids=tuple(sorted(pids)),
                      ray_processes=tuple(procs), hostname=data.get("hostname"),
                      python_match_level=level, auth_mode=data.get("auth_mode"),
-                     auth_token=bool(data.get("auth_token")), haproxy=data.get("haproxy"))
+                     auth_token=bool(data.get("auth_token")), haproxy=data.get("haproxy"),
+                     memlock_session=data.get("memlock_session")
+                     if data.get("memlock_session_known") else "unknown")
 
 
 def gather(session, inventory: Inventory, nodes: Sequence[Node] | None = None,
@@ -661,6 +682,20 @@ def _head_healthy(inventory: Inventory, f: NodeFacts, state: RayState | None) ->
             and _alive_in_gcs(state, f.raylet.node_id))
 
 
+def memlock_drift(name: str, f: NodeFacts) -> str | None:
+    """The running raylet's memlock limit below what a new session gets (e.g. after `cluster
+    fix` raised it): Ray keeps the old one until it is restarted."""
+    ray = f.raylet.memlock if f.raylet is not None else "unknown"
+    new = f.memlock_session
+    if ray == "unknown" or new == "unknown" or ray is None:
+        return None
+    if new is None or new > ray:
+        shown = "unlimited" if new is None else f"{new // 1024} KiB"
+        return (f"{name}: Ray runs with memlock {ray // 1024} KiB, a new session gets {shown} "
+                f"(raised since Ray started)")
+    return None
+
+
 def _drift(inventory: Inventory, node: Node, f: NodeFacts, state: RayState | None,
            auth_mode: str) -> list[str]:
     """Differences between a healthy node's running Ray and what the inventory asks for."""
@@ -681,6 +716,9 @@ def _drift(inventory: Inventory, node: Node, f: NodeFacts, state: RayState | Non
             if have != want:
                 out.append(f"{node.name}: Ray runs with {key}={have!r}, the inventory says "
                            f"{want!r}")
+    memlock = memlock_drift(node.name, f)
+    if memlock:
+        out.append(memlock)
     if out:
         out.append(f"{node.name}: not restarted (it may be running work): apply with "
                    "`cluster down` then `cluster up`")

@@ -182,17 +182,22 @@ class NodeExecutor:
         self.undo.add({"node": self.node.name, "check": step.check, "kind": "file",
                        "path": w.path, "before": current})
         q, tmp = _quote(w.path), _quote(w.path + ".cluster-fix.tmp")
+        # Atomic rename; a file that is a mount point (a bind-mounted /etc/fstab in a
+        # container) cannot be renamed over: it is then rewritten in place.
         res = self.root(f"mkdir -p {_quote(str(Path(w.path).parent))} && cat > {tmp} && "
-                        f"chmod 644 {tmp} && mv {tmp} {q}", stdin=new)
+                        f"chmod 644 {tmp} && {{ mv -f {tmp} {q} 2>/dev/null || "
+                        f"{{ cat {tmp} > {q} && rm -f {tmp}; }}; }}", stdin=new)
         if res.exit_code != 0:
             raise StepFailed(f"cannot write {w.path}: {_why(res)}")
         return True
 
     def record_mount(self, step: Step, target: str) -> None:
+        # Mounts stacked on one point are listed oldest first: the last is the visible one.
         res = self.root(f"findmnt -no OPTIONS {_quote(target)}")
-        if res.exit_code == 0 and res.stdout.strip():
+        lines = res.stdout.strip().splitlines() if res.exit_code == 0 else []
+        if lines:
             self.undo.add({"node": self.node.name, "check": step.check, "kind": "mount",
-                           "target": target, "options": res.stdout.strip()})
+                           "target": target, "options": lines[-1].strip()})
 
     def apply(self, step: Step) -> None:
         check = self.root("true")

@@ -671,3 +671,23 @@ def test_secret_env_values_are_kept_out_of_output():
     assert "hf_secret_value" not in cmd  # never on a command line (ps)...
     from cluster.ray_cluster import secret_env_stdin
     assert secret_env_stdin(inv.node("gpu02")) == "export HF_TOKEN=hf_secret_value\n"  # ...stdin
+
+
+def test_a_raylet_started_before_memlock_was_raised_is_reported_as_drift(inv):
+    from cluster.ray_cluster import memlock_drift
+
+    data = {"python": "/opt/venv/bin/python3", "python_version": "3.11.7",
+            "ray_version": "2.60.0", "hostname": "gpu02",
+            "nvidia_smi": {"status": "missing"}, "memlock_session": None,
+            "memlock_session_known": True,
+            "processes": [{"pid": 42, "kind": "raylet", "comm": "raylet", "args": [],
+                           "env": {}, "memlock": 65536}]}
+    f = parse_facts(inv.node("gpu02"), _result("CLUSTER_RAY_FACTS " + json.dumps(data)))
+    assert f.raylet.memlock == 65536 and f.memlock_session is None
+    assert "64 KiB, a new session gets unlimited" in memlock_drift("gpu02", f)
+    data["processes"][0]["memlock"] = None                    # Ray already unlimited
+    f = parse_facts(inv.node("gpu02"), _result("CLUSTER_RAY_FACTS " + json.dumps(data)))
+    assert memlock_drift("gpu02", f) is None
+    del data["processes"][0]["memlock"]                       # /proc/PID/limits unreadable
+    f = parse_facts(inv.node("gpu02"), _result("CLUSTER_RAY_FACTS " + json.dumps(data)))
+    assert memlock_drift("gpu02", f) is None

@@ -30,13 +30,14 @@ from cluster.errors import UsageError
 REPO = Path(__file__).resolve().parents[1]
 
 # Commands that change nodes (those of them that exist in the registry are checked).
-CHANGING = {"up", "down", "deploy", "undeploy", "tune", "drain", "restart-node"}
+CHANGING = {"up", "down", "deploy", "undeploy", "tune", "drain", "restart-node", "fix"}
 # Commands exempt from --json, with the reason.
 NO_JSON = {"dashboard": "an interactive SSH tunnel that runs until Ctrl-C; it prints one URL"}
 # Commands that contact nodes -> argv that reaches the nodes (each must write a run directory).
 NODE_COMMANDS = {
     "exec": ["--", "true"],
     "preflight": ["--no-clock-skew"],
+    "fix": ["--yes"],
     "up": ["--skip-preflight", "--yes"],
     "down": ["--yes"],
     "status": [],
@@ -135,6 +136,9 @@ def test_confirmation_through_the_cli_with_stdin_not_a_tty(tmp_path):
     ["up", "--stagger", "-1"],
     ["drain"],
     ["exec"],
+    ["fix", "--checks", "shm;reboot"],
+    ["fix", "--checks", ""],
+    ["fix", "--checks", "nosuchcheck", "--dry-run"],
 ])
 def test_bad_usage_exits_2_without_traceback(tmp_path, argv):
     p = _cli(*argv, cwd=tmp_path)

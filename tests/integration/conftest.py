@@ -138,9 +138,11 @@ class SimClusterFactory:
                                  f"{p.stdout}{p.stderr}")
         return p
 
-    def __call__(self, n: int = 3, profiles: dict[str, str] | None = None) -> SimCluster:
+    def __call__(self, n: int = 3, profiles: dict[str, str] | None = None,
+                 users: bool = False) -> SimCluster:
+        """`users`: also the sudo test users fixer (NOPASSWD) and asker (sudo asks)."""
         self.used = True
-        args = ["up", str(n)]
+        args = ["up", str(n)] + (["--users"] if users else [])
         for node, profile in sorted((profiles or {}).items()):
             args += ["--profile", f"{node}={profile}"]
         self.last_up_output = self.run(*args).stdout
