@@ -783,6 +783,7 @@ def test_node_etc_is_the_nodes_own_and_dev_shm_really_remounts(simcluster_factor
     try:
         script = ("echo nvidia_peermem > /etc/modules-load.d/cluster-peermem.conf && "
                   "printf '* soft memlock unlimited\\n' > /etc/security/limits.d/90-cluster-memlock.conf && "
+                  "mkdir -p /etc/systemd/system.conf.d && "
                   "printf '[Manager]\\nDefaultLimitMEMLOCK=infinity\\n' > /etc/systemd/system.conf.d/90-cluster-memlock.conf && "
                   "echo 'tmpfs /dev/shm tmpfs defaults,size=1073741824 0 0' >> /etc/fstab && "
                   "echo '# x' >> /etc/security/limits.conf && "
@@ -804,7 +805,13 @@ def test_node_etc_is_the_nodes_own_and_dev_shm_really_remounts(simcluster_factor
         # a new profile starts from the host's files again
         simcluster_factory.run("up", "2", "--default-profile", "small-shm", "--profile", "node1=h100-ib", "--users")
         assert not (d / "node1/etc/modules-load.d/cluster-peermem.conf").exists()
-        assert (d / "node1/etc/fstab").read_bytes() == Path("/etc/fstab").read_bytes()
+        assert ssh_ok(c, "node1", "cat /etc/fstab").stdout == Path("/etc/fstab").read_text()
+        # a rename over an /etc file works (atomic writes), and stays on the node
+        ssh_ok(c, "node2", "cp /etc/fstab /etc/fstab.tmp && echo '# node2' >> /etc/fstab.tmp && "
+                           "mv /etc/fstab.tmp /etc/fstab && rm /etc/security/limits.conf")
+        assert ssh_ok(c, "node2", "tail -1 /etc/fstab; ls /etc/security/limits.conf 2>&1 | grep -c 'No such'"
+                      ).stdout == "# node2\n1\n"
+        assert host_etc_snapshot() == host
     finally:
         simcluster_factory(3)
     assert host_etc_snapshot() == host
@@ -834,7 +841,7 @@ def test_limits_d_sets_memlock_at_the_next_login_as_pam_limits_does(simcluster_f
         assert ssh_ok(c, "node1", "ulimit -l").stdout == f"{cap}\n"
         assert ssh_ok(c, "node2", "ulimit -l").stdout == "64\n"           # another node: its own limits.d
         # systemd's DefaultLimitMEMLOCK is what sshd gets at boot (a restart of the node here)
-        ssh_ok(c, "node2", "printf '[Manager]\\nDefaultLimitMEMLOCK=infinity\\n' "
+        ssh_ok(c, "node2", "mkdir -p /etc/systemd/system.conf.d && printf '[Manager]\\nDefaultLimitMEMLOCK=infinity\\n' "
                            "> /etc/systemd/system.conf.d/90-cluster-memlock.conf")
         assert ssh_ok(c, "node2", "ulimit -l").stdout == "64\n"
         c.kill("node2")
