@@ -188,12 +188,18 @@ def _node_result(src: str, targets: Sequence[Target], listeners: Mapping[str, di
     peers: set[str] = set()
     for t in targets:
         listener = listeners.get(t.node)
-        if listener is None or t.port not in set(listener.get("listening") or ()) | \
-                set(listener.get("busy") or ()):
+        ours = set(listener.get("listening") or ()) if listener else set()
+        theirs = set(listener.get("busy") or ()) if listener else set()
+        if t.port not in ours | theirs:
             continue            # nothing was to answer there: not a verdict on the path
+        got = outcomes.get(f"{t.ip}:{t.port}")
+        if got == "refused" and t.port in theirs:
+            # Another process held the port (Ray, a Serve replica): it may listen on loopback
+            # only or have closed it since. A refusal says nothing about the path; a dropped
+            # SYN (timeout) still does.
+            continue
         counted += 1
         peers.add(t.node)
-        got = outcomes.get(f"{t.ip}:{t.port}")
         if got != "ok":
             bad.append((src, t, str(got or "no answer")))
     if bad:

@@ -74,6 +74,18 @@ def test_a_dropped_port_names_the_pair_and_the_port():
     assert summary.status is Status.FAIL and "1 of 3 connections" in summary.summary
 
 
+def test_a_refusal_on_a_port_another_process_held_is_not_a_verdict_but_a_drop_is():
+    listens = {"a": {"listening": [8076]}, "b": {"listening": [], "busy": [6379, 8076]}}
+    refused = {"a": {"results": {"10.0.0.2:6379": "refused", "10.0.0.2:8076": "ok"}},
+               "b": {"results": {"10.0.0.1:8076": "ok"}}}
+    results = {(r.node, r.check): r for r in judge(_plan(), listens, refused, ["a", "b"])}
+    assert results[("a", "reachability")].status is Status.OK
+    dropped = {"a": {"results": {"10.0.0.2:6379": "timeout", "10.0.0.2:8076": "ok"}},
+               "b": {"results": {"10.0.0.1:8076": "ok"}}}
+    results = {(r.node, r.check): r for r in judge(_plan(), listens, dropped, ["a", "b"])}
+    assert results[("a", "reachability")].status is Status.FAIL
+
+
 def test_ports_nobody_listened_on_are_not_counted_and_a_silent_node_is_an_error():
     listens = {"a": None, "b": {"listening": [6379], "busy": [8076]}}
     probes = {"a": {"results": {"10.0.0.2:6379": "ok", "10.0.0.2:8076": "ok"}}, "b": None}

@@ -142,7 +142,9 @@ class SimClusterFactory:
                  users: bool = False) -> SimCluster:
         """`users`: also the sudo test users fixer (NOPASSWD) and asker (sudo asks)."""
         self.used = True
-        args = ["up", str(n)] + (["--users"] if users else [])
+        # --fresh: a node that an earlier test's commands changed (cluster fix) starts again
+        # from its profile's state, as every test expects.
+        args = ["up", str(n), "--fresh"] + (["--users"] if users else [])
         for node, profile in sorted((profiles or {}).items()):
             args += ["--profile", f"{node}={profile}"]
         self.last_up_output = self.run(*args).stdout
