@@ -139,7 +139,8 @@ def _fetch_all(copy: _Copy, targets: Mapping[str, Node], plans: Mapping[str, Cop
     if not busy:
         return {}
     longest = max(_copy_timeout(plans[n.name]) for n in busy)
-    pid = copy.serve(longest + 120)
+    batches = -(-len(busy) // max(1, copy.session.max_parallel))    # parallel()'s bound
+    pid = copy.serve(batches * (longest + 120) + 60)
     try:
         return parallel(busy, lambda n: copy.fetch(n, plans[n.name]), longest + 120,
                         lambda n: {"error": "no answer within the copy's deadline"},

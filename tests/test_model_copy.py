@@ -166,3 +166,16 @@ def test_serve_reports_a_busy_port_and_stop_ignores_a_foreign_pid(tmp_path):
     assert "token" in program("serve", "--dir", str(tmp_path), "--bind", "127.0.0.1",
                               "--port", str(port), "--for", "5", "--tag", TAG,
                               data="short\n")["error"]
+
+
+def test_an_unreachable_source_fails_fast_and_keeps_nothing(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    make_model(src)
+    entries = program("manifest", "--dir", str(src))["files"]
+    token = secrets.token_urlsafe(24)
+    doc = fetch(tmp_path / "dst", f"http://127.0.0.1:{free_port()}", token, entries)
+    reasons = [f["reason"] for f in doc["files"]]
+    assert doc["failed"] == 3 and reasons[0].startswith("cannot download from 127.0.0.1:")
+    assert all(r.startswith("not tried: cannot download") for r in reasons[1:])
+    assert token not in json.dumps(doc)

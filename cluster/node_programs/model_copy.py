@@ -51,6 +51,10 @@ class Refused(Exception):
     """A request or an input this program will not act on (the reason is the message)."""
 
 
+class Unreachable(Refused):
+    """The source did not answer (refused, dropped, timed out)."""
+
+
 # ---------------------------------------------------------------- walking and hashing
 
 
@@ -295,10 +299,18 @@ def fetch(args, stdin):
     deadline = time.monotonic() + seconds
     os.makedirs(root, exist_ok=True)
     out = []
+    down = None                     # the source did not answer: the other files are not tried
     for entry in wanted:
+        if down is not None:
+            out.append({"path": entry["path"], "status": "failed",
+                        "reason": "not tried: %s" % down})
+            continue
         try:
             got = fetch_one(root, url, token, entry, deadline)
             out.append({"path": entry["path"], "status": "ok", "bytes": got})
+        except Unreachable as exc:
+            down = str(exc)[:200]
+            out.append({"path": entry["path"], "status": "failed", "reason": str(exc)[:300]})
         except Refused as exc:
             out.append({"path": entry["path"], "status": "failed", "reason": str(exc)[:300]})
     return {"files": out, "ok": sum(1 for o in out if o["status"] == "ok"),
@@ -393,7 +405,8 @@ def download(url, part, have, deadline):
     except urllib.error.HTTPError as exc:
         raise Refused("HTTP %d from the source" % exc.code)
     except (urllib.error.URLError, socket.timeout, ConnectionError) as exc:
-        raise Refused("cannot download: %s" % (getattr(exc, "reason", None) or exc))
+        raise Unreachable("cannot download from %s: %s"
+                          % (url.split("/")[2], getattr(exc, "reason", None) or exc))
 
 
 # ---------------------------------------------------------------- arguments
