@@ -12,7 +12,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 # Reads the program from stdin's first line and runs it as __main__; the rest of stdin is its.
-BOOT = "import sys,json;exec(compile(json.loads(sys.stdin.readline()),'node_program','exec'))"
+BOOT = 'import sys,json;exec(compile(json.loads(sys.stdin.readline()),"node_program","exec"))'
 
 
 def source(name: str) -> str:
