@@ -13,6 +13,8 @@ it changes is named in `remounts`. Nothing here runs a command.
     persistence    nvidia-smi -pm 1 (+ nvidia-persistenced when present)
     fabricmanager  enable and start nvidia-fabricmanager
     versions       pip install the reference versions into ray.python (only with --checks versions)
+    model          copy the missing or differing model files from the reference node, node to
+                   node (only with --checks model; the copy itself is playbooks/fix_model.py)
     anything else  manual: the reason and the next diagnostic step
 """
 
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from cluster.inventory import Inventory, Node
+from cluster.model_sync import reference_node
 from cluster.results import CheckResult, Status
 
 MODULES_LOAD_FILE = "/etc/modules-load.d/cluster-peermem.conf"
@@ -37,7 +40,7 @@ LIMITS_TEXT = "# written by `cluster fix` (memlock for RDMA)\n" \
 SYSTEMD_LIMITS_TEXT = "# written by `cluster fix` (memlock for RDMA)\n" \
                       "[Manager]\nDefaultLimitMEMLOCK=infinity\n"
 # Run only when named in --checks: they change software or copy data, not node settings.
-OPT_IN = frozenset({"versions"})
+OPT_IN = frozenset({"versions", "model"})
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ class Step:
     remounts: tuple[str, ...] = ()     # mount points whose options it changes
     note: str | None = None            # what the admin must still know (e.g. restart Ray)
     manual_exit: tuple[int, str, str] | None = None   # (exit code, reason, next step): manual
+    source: str | None = None          # model: the node that holds the reference copy
 
 
 @dataclass(frozen=True)
@@ -261,10 +265,16 @@ def plan_fixes(results: Sequence[CheckResult], facts: Mapping[str, Mapping[str, 
     skipped: list[Skipped] = []
     ok: list[tuple[str | None, str]] = []
     version_fails = _version_results(results)
+    model_fails = _model_results(results)
     for r in results:
         if r.check.endswith("-match") and r.check[:-6] in ("ray", "vllm", "torch", "python",
-                                                           "nccl"):
-            continue                                          # handled as `versions` below
+                                                           "nccl", "model"):
+            continue                                 # handled as `versions` / `model` below
+        if r.check == "model" and r.node is not None and r.status is not Status.ERROR:
+            if not _needs_fix(r) and r.node not in model_fails and \
+                    (chosen is None or "model" in chosen):
+                ok.append((r.node, r.check))
+            continue                                          # failures: `model` below
         if chosen is not None and r.check not in chosen:
             continue
         if not _needs_fix(r):
@@ -303,7 +313,48 @@ def plan_fixes(results: Sequence[CheckResult], facts: Mapping[str, Mapping[str, 
                 skipped.append(Skipped(node, "versions",
                                        "version skew: name it in --checks versions to pip "
                                        "install the head's versions"))
+    if model_fails:
+        if chosen is not None and "model" in chosen:
+            for outcome in plan_model(model_fails, facts, inventory):
+                (steps if isinstance(outcome, Step) else manual).append(outcome)
+        elif chosen is None:
+            for node in model_fails:
+                skipped.append(Skipped(node, "model",
+                                       "model files missing or different: name it in --checks "
+                                       "model to copy them from the reference node"))
     return FixPlan(tuple(steps), tuple(manual), tuple(skipped), tuple(ok))
+
+
+def _model_results(results: Sequence[CheckResult]) -> dict[str, CheckResult]:
+    """Per node, the first failing `model` (absent, no config.json) or `model-match` result."""
+    out: dict[str, CheckResult] = {}
+    for r in results:
+        if r.node and r.check in ("model", "model-match") and _needs_fix(r) \
+                and r.status is not Status.ERROR:
+            out.setdefault(r.node, r)
+    return out
+
+
+def plan_model(fails: Mapping[str, CheckResult], facts: Mapping[str, Mapping[str, Any]],
+               inventory: Inventory) -> list[Step | Manual]:
+    """One copy step per failing node, all from the reference: of the nodes that passed, the one
+    whose key files most nodes share (the head on a tie)."""
+    prints = {}
+    for name, f in facts.items():
+        files = (f or {}).get("model_files") or {}
+        if name not in fails and "config.json" in files:
+            prints[name] = tuple(sorted((k, v["size"], v["sha256"]) for k, v in files.items()))
+    source = reference_node(prints, inventory.head.name, [n.name for n in inventory.nodes])
+    path = inventory.model_path
+    if source is None or not path:
+        return [Manual(node, "model", f"no node among those checked has a good copy: {r.summary}",
+                       "copy the model to one node by hand (or include a node that has it "
+                       "in --nodes), then run `cluster fix --checks model` again")
+                for node, r in fails.items()]
+    return [Step(node, "model", f"copy the missing or differing files of {path} from {source}",
+                 note="undo does not restore model files (the undo record lists their paths)",
+                 source=source)
+            for node in fails]
 
 
 def as_root(command: str, node: Node, inventory: Inventory, local_root: bool) -> str:

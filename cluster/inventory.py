@@ -712,6 +712,7 @@ _EXPECT_SPEC: dict[str, tuple] = {
     "reachability.connect_timeout_s": ("number", False, 0.1, 30.0),
     "reachability.worker_port_samples": ("int", False, 0, 32),
     "reachability.serve_replica_ports": ("ints", False, 1, 65535),
+    "fix.model_copy_port": ("int", False, 1, 65535),
 }
 _COMPONENT_RE = re.compile(r"[a-z][a-z0-9_.-]{0,31}\Z")
 

@@ -10,6 +10,7 @@ a run changed (modules loaded and clock steps are not undone).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from dataclasses import asdict, dataclass, field
@@ -23,6 +24,7 @@ from cluster.inventory import Inventory, Node
 from cluster.preflight import run_preflight
 from cluster.remote import Session, parallel
 from cluster.results import Status
+from playbooks.fix_model import copy_models
 
 UNDO_FILE = "fix-undo.json"
 STEP_TIMEOUT_S = 120
@@ -127,6 +129,9 @@ def plan_results(plan: FixPlan, report, status_of_step: str = "planned") -> list
 
 
 def _shown(step: Step) -> tuple[str, ...]:
+    if step.check == "model":
+        return (f"model_copy.py: manifest, serve on {step.source}, fetch on {step.node}, "
+                f"verify by sha256",)
     return step.commands + tuple(f"write {w.path}" for w in step.writes)
 
 
@@ -300,6 +305,23 @@ def verify(inventory: Inventory, session: Session, plan: FixPlan,
     return out
 
 
+def _model_results(inventory: Inventory, session: Session, plan: FixPlan, report,
+                   undo: UndoRecord, local_root: bool, on_event) -> list[FixResult]:
+    """The model steps (playbooks/fix_model.py), verified there by a second manifest."""
+    steps = [s for s in plan.steps if s.check == "model"]
+    if not steps:
+        return []
+    before = {(r.node, r.check): r for r in report.results}
+    by_node = {s.node: s for s in steps}
+    out = []
+    for o in copy_models(inventory, session, steps, undo, local_root, on_event):
+        s = by_node[o.node]
+        b = before.get((s.node, "model-match")) or before.get((s.node, "model"))
+        out.append(FixResult(s.node, "model", o.status, o.summary, b.status.value if b else None,
+                             o.after, _shown(s), s.note))
+    return out
+
+
 # ---------------------------------------------------------------- the playbook
 
 
@@ -330,9 +352,11 @@ def run(inventory: Inventory, session: Session, nodes: Sequence[Node],
     undo.add({"kind": "start", "nodes": plan.nodes})
     outcome.undo_file = str(undo.path)
     on_event(f"applying {len(plan.steps)} fix(es) on {nodes_n} node(s)")
-    done = execute(inventory, session, plan, undo, local_root)
+    rest = dataclasses.replace(plan, steps=tuple(s for s in plan.steps if s.check != "model"))
+    done = execute(inventory, session, rest, undo, local_root) if rest.steps else {}
+    copied = _model_results(inventory, session, plan, report, undo, local_root, on_event)
     on_event("verifying")
-    verified = verify(inventory, session, plan, done, report)
+    verified = verify(inventory, session, rest, done, report) + copied
     outcome.results = [r for r in planned if r.status != "planned"] + verified
     outcome.restart_ray = sorted({r.node for r in verified
                                   if r.status == "changed" and r.note and "Ray" in r.note
@@ -374,6 +398,13 @@ def undo(inventory: Inventory, session: Session, record: Path, local_root: bool
                                              exc.why))
     outcome.results.append(FixResult(None, "undo", "ok", "modules loaded, services enabled and "
                                                          "clock steps are not undone"))
+    for e in entries:
+        if isinstance(e, dict) and e.get("kind") == "model-files":
+            count = len(e.get("created") or ()) + len(e.get("replaced") or ())
+            outcome.results.append(FixResult(e.get("node"), "model", "skipped",
+                                             f"{count} model file(s) copied into {e.get('dir')} "
+                                             f"are not restored (undo does not restore model "
+                                             f"files; the record lists them)"))
     return outcome
 
 

@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "items left, 2 a fix failed or a node was unreachable.")
     p.add_argument("--checks", metavar="LIST", type=_check_list,
                    help="only these checks, comma-separated (e.g. gpudirect,shm); "
-                        "`versions` runs only when named")
+                        "`versions` and `model` (copies model files) run only when named")
     p.add_argument("--nodes", metavar="PATTERN", help="only these nodes (names, globs, head, workers)")
     p.add_argument("--undo", metavar="RUN",
                    help="restore the files and mounts a fix run changed (its run directory "
