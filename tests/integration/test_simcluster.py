@@ -877,3 +877,18 @@ def test_users_fixer_has_passwordless_sudo_and_askers_sudo_asks(simcluster_facto
     finally:
         simcluster_factory(3)
     assert not (Path(c.dir) / "cluster-fixer.yaml").exists()
+
+
+def test_up_fresh_restarts_only_a_node_that_commands_changed(simcluster_factory):
+    c = simcluster_factory(2, {"node1": "h100-no-peermem", "node2": "h100-no-peermem"})
+    c.exec("node1", "modprobe", "nvidia_peermem", check=True)
+    assert "nvidia_peermem" in c.exec("node1", "lsmod").stdout
+    kept = simcluster_factory.run("up", "2", "--profile", "node1=h100-no-peermem",
+                                  "--profile", "node2=h100-no-peermem").stdout
+    assert "no changes" in kept                                  # without --fresh: kept
+    assert "nvidia_peermem" in c.exec("node1", "lsmod").stdout
+    simcluster_factory(2, {"node1": "h100-no-peermem", "node2": "h100-no-peermem"})
+    out = simcluster_factory.last_up_output
+    assert "node1 restarted (--fresh" in out and "node2" not in out
+    assert "nvidia_peermem" not in c.exec("node1", "lsmod").stdout
+    assert c.exec("node1", "cat", "/sys/module/nvidia_peermem/version").returncode != 0
