@@ -281,9 +281,8 @@ def plan_fixes(results: Sequence[CheckResult], facts: Mapping[str, Mapping[str, 
             ok.append((r.node, r.check))
             continue
         if r.node is None:
-            if r.check not in ("versions",):
-                manual.append(Manual(None, r.check, f"a cross-node result: {r.summary}",
-                                     r.fix or "see the per-node results"))
+            manual.append(Manual(None, r.check, f"a cross-node result: {r.summary}",
+                                 r.fix or "see the per-node results"))
             continue
         if r.status is Status.ERROR and r.summary.startswith(("unreachable", "timeout")):
             skipped.append(Skipped(r.node, r.check, r.summary))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+from shlex import quote
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -171,7 +172,7 @@ class NodeExecutor:
         return res
 
     def read(self, path: str) -> str | None:
-        q = _quote(path)
+        q = quote(path)
         res = self.root(f"if [ -e {q} ]; then cat {q}; else exit {_ABSENT}; fi")
         if res.exit_code == _ABSENT:
             return None
@@ -186,10 +187,10 @@ class NodeExecutor:
             return False
         self.undo.add({"node": self.node.name, "check": step.check, "kind": "file",
                        "path": w.path, "before": current})
-        q, tmp = _quote(w.path), _quote(w.path + ".cluster-fix.tmp")
+        q, tmp = quote(w.path), quote(w.path + ".cluster-fix.tmp")
         # Atomic rename; a file that is a mount point (a bind-mounted /etc/fstab in a
         # container) cannot be renamed over: it is then rewritten in place.
-        res = self.root(f"mkdir -p {_quote(str(Path(w.path).parent))} && cat > {tmp} && "
+        res = self.root(f"mkdir -p {quote(str(Path(w.path).parent))} && cat > {tmp} && "
                         f"chmod 644 {tmp} && {{ mv -f {tmp} {q} 2>/dev/null || "
                         f"{{ cat {tmp} > {q} && rm -f {tmp}; }}; }}", stdin=new)
         if res.exit_code != 0:
@@ -198,7 +199,7 @@ class NodeExecutor:
 
     def record_mount(self, step: Step, target: str) -> None:
         # Mounts stacked on one point are listed oldest first: the last is the visible one.
-        res = self.root(f"findmnt -no OPTIONS {_quote(target)}")
+        res = self.root(f"findmnt -no OPTIONS {quote(target)}")
         lines = res.stdout.strip().splitlines() if res.exit_code == 0 else []
         if lines:
             self.undo.add({"node": self.node.name, "check": step.check, "kind": "mount",
@@ -219,12 +220,6 @@ class NodeExecutor:
                 raise StepFailed(f"`{command}` failed: {_why(res)}")
         for w in step.writes:
             self.write(step, w)
-
-
-def _quote(text: str) -> str:
-    import shlex
-
-    return shlex.quote(text)
 
 
 def execute(inventory: Inventory, session: Session, plan: FixPlan, undo: UndoRecord,
@@ -412,11 +407,11 @@ def _undo_one(runner: NodeExecutor, e: dict) -> str:
     if e["kind"] == "file":
         path = e["path"]
         if e.get("before") is None:
-            res = runner.root(f"rm -f {_quote(path)}")
+            res = runner.root(f"rm -f {quote(path)}")
             if res.exit_code != 0:
                 raise StepFailed(f"cannot remove {path}: {_why(res)}")
             return f"removed {path} (it did not exist before)"
-        res = runner.root(f"cat > {_quote(path)}", stdin=e["before"])
+        res = runner.root(f"cat > {quote(path)}", stdin=e["before"])
         if res.exit_code != 0:
             raise StepFailed(f"cannot restore {path}: {_why(res)}")
         return f"restored {path}"
@@ -424,7 +419,7 @@ def _undo_one(runner: NodeExecutor, e: dict) -> str:
                  if o.startswith("size=")), None)
     if size is None:
         raise StepFailed(f"{e['target']}: no size in the recorded options {e.get('options')!r}")
-    res = runner.root(f"mount -o remount,size={_quote(size)} {_quote(e['target'])}")
+    res = runner.root(f"mount -o remount,size={quote(size)} {quote(e['target'])}")
     if res.exit_code != 0:
         raise StepFailed(f"cannot remount {e['target']}: {_why(res)}")
     return f"remounted {e['target']} with size={size}"
