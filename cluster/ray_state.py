@@ -1,88 +1,32 @@
 """What the running Ray cluster says about itself: nodes, versions and Serve apps, read on the head.
 
 The dashboard is bound to 127.0.0.1 on the head by default (it has no authentication), so the
-laptop usually cannot reach it. The query therefore runs a small stdlib-only Python snippet on
-the head over SSH: it reads the dashboard's REST API (`/api/version`, `/api/v0/nodes`, the state
-API, and `/api/serve/applications/`), and falls back to the GCS client (`ray._raylet.GcsClient`)
-for the node table when the dashboard does not answer (it starts a few seconds after the GCS).
+laptop usually cannot reach it. The query therefore runs the on-node program
+cluster/node_programs/head_state.py on the head over SSH: it reads the dashboard's REST API
+(`/api/version`, `/api/v0/nodes`, the state API, and `/api/serve/applications/`), and falls back
+to the GCS client (`ray._raylet.GcsClient`) for the node table when the dashboard does not
+answer (it starts a few seconds after the GCS).
 
-Pure parts: `parse_state_output` (snippet output -> RayState) and `cluster_status`
+Pure parts: `parse_state_output` (the program's document -> RayState) and `cluster_status`
 (inventory + RayState -> the documented `cluster status --json` document).
 """
 
 from __future__ import annotations
 
-import json
 import shlex
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from cluster.errors import ProgramError
 from cluster.inventory import Inventory, public_env
+from cluster.node_programs import Call, program_call, read_document
 
-MARKER = "CLUSTER_RAY_STATE "
+STATE_PROGRAM = "head_state"       # cluster/node_programs/head_state.py, run on the head
 LABEL_NODE = "cluster-toolkit/node"
 LABEL_GPU_MODEL = "cluster-toolkit/gpu-model"
 RESOURCE_HOST_PREFIX = "host:"
 RESOURCE_GPU_MODEL_PREFIX = "gpu_model:"
 
-# Runs on the head with the inventory's python (stdlib only, except the GCS fallback).
-# argv: dashboard base URL, GCS address, "1" to include Serve applications.
-STATE_SNIPPET = r'''
-import json, os, sys, urllib.request
-base, gcs, want_serve = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
-out = {"source": None, "ray_version": None, "nodes": None, "serve": None, "errors": []}
-# Ray token authentication: the same token sources Ray itself reads.
-token = os.environ.get("RAY_AUTH_TOKEN")
-path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
-if not token and os.path.isfile(path):
-    with open(path) as fh:
-        token = fh.read().strip()
-headers = {"Authorization": "Bearer " + token} if token else {}
-if token and os.environ.get("RAY_AUTH_MODE") is None:
-    os.environ["RAY_AUTH_MODE"] = "token"
-def get(path, timeout):
-    req = urllib.request.Request(base + path, headers=headers)
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read().decode("utf-8", "replace"))
-try:
-    out["ray_version"] = get("/api/version", 5).get("ray_version")
-    reply = get("/api/v0/nodes?detail=1&limit=10000&timeout=10", 15)
-    if not reply.get("result"):
-        raise RuntimeError(reply.get("msg") or "state API error")
-    out["nodes"] = reply["data"]["result"]["result"]
-    out["source"] = "dashboard"
-except Exception as exc:
-    out["errors"].append("dashboard %s: %s: %s" % (base, type(exc).__name__, exc))
-if out["nodes"] is None:
-    try:
-        import socket
-        host, _, port = gcs.rpartition(":")
-        socket.create_connection((host.strip("[]"), int(port)), timeout=3).close()
-        import ray
-        from ray._raylet import GcsClient
-        from ray.core.generated import gcs_pb2
-        infos = GcsClient(address=gcs).get_all_node_info(timeout=10)
-        nodes = []
-        for node_id, info in infos.items():
-            nodes.append({"node_id": node_id.hex(), "node_ip": info.node_manager_address,
-                          "is_head_node": bool(info.is_head_node),
-                          "state": "ALIVE" if info.state == gcs_pb2.GcsNodeInfo.ALIVE else "DEAD",
-                          "node_name": info.node_name,
-                          "resources_total": dict(info.resources_total),
-                          "labels": dict(info.labels),
-                          "start_time_ms": int(info.start_time_ms)})
-        out["nodes"] = nodes
-        out["source"] = "gcs"
-        out["ray_version"] = out["ray_version"] or ray.__version__
-    except Exception as exc:
-        out["errors"].append("gcs %s: %s: %s" % (gcs, type(exc).__name__, exc))
-if want_serve and out["source"] == "dashboard":
-    try:
-        out["serve"] = get("/api/serve/applications/", 30)
-    except Exception as exc:
-        out["errors"].append("serve: %s: %s" % (type(exc).__name__, exc))
-print("CLUSTER_RAY_STATE " + json.dumps(out))
-'''
 
 
 @dataclass(frozen=True)
@@ -186,34 +130,45 @@ def head_client_env(inventory: Inventory, auth_mode: str | None = None) -> str:
     return env_prefix(env)
 
 
-def state_command(inventory: Inventory, include_serve: bool = True) -> str:
-    """The shell command that prints the head's view of the cluster (one MARKER line)."""
+def state_call(inventory: Inventory, include_serve: bool = True) -> Call:
+    """The command (and its stdin) that prints the head's view of the cluster."""
     target = dashboard_target(inventory)
     if ":" in target:
         target = f"[{target}]"
     base = f"http://{target}:{inventory.ray.dashboard_port}"
-    return head_client_env(inventory) + shlex.join(
-        [inventory.ray.python, "-c", STATE_SNIPPET, base, gcs_address(inventory),
-         "1" if include_serve else "0"]) + " </dev/null"
+    return program_call(inventory.ray.python, STATE_PROGRAM,
+                        [base, gcs_address(inventory), "1" if include_serve else "0"],
+                        env_prefix=head_client_env(inventory))
 
 
-def parse_state_output(stdout: str) -> RayState:
-    """The MARKER line of STATE_SNIPPET's output -> RayState (no marker: nothing answered)."""
-    payload = None
-    for line in stdout.splitlines():
-        if line.startswith(MARKER):
-            payload = line[len(MARKER):]
-    if payload is None:
-        return RayState(None, None, None, None, ("the state query printed no result",))
-    try:
-        data = json.loads(payload)
-    except ValueError as exc:
-        return RayState(None, None, None, None, (f"unreadable state query output: {exc}",))
+def state_command(inventory: Inventory, include_serve: bool = True) -> str:
+    """The shell command of state_call (the program itself goes on its stdin)."""
+    return state_call(inventory, include_serve).command
+
+
+def parse_state_output(data: Mapping[str, Any]) -> RayState:
+    """The head program's JSON document -> RayState (pure)."""
     nodes = None
     if data.get("nodes") is not None:
         nodes = tuple(_gcs_node(raw) for raw in data["nodes"])
     return RayState(source=data.get("source"), ray_version=data.get("ray_version"), nodes=nodes,
                     serve=data.get("serve"), errors=tuple(data.get("errors") or ()))
+
+
+def state_of(result, head: str) -> RayState:
+    """The state query's CommandResult -> RayState (unanswered, with the reason, when the
+    program gave no document)."""
+    try:
+        return parse_state_output(read_document(result, STATE_PROGRAM))
+    except ProgramError as exc:
+        if not exc.reached:
+            why: tuple[str, ...] = (f"head {head} {result.status}: {result.error}",)
+        elif exc.doc is not None:
+            return parse_state_output(exc.doc)
+        else:
+            why = ("the state query printed no result",
+                   f"exit {result.exit_code}: {exc.detail or exc.reason}")
+        return RayState(None, None, None, None, why)
 
 
 def _gcs_node(raw: Mapping[str, Any]) -> GcsNode:
@@ -231,16 +186,9 @@ def _gcs_node(raw: Mapping[str, Any]) -> GcsNode:
 def query_state(session, inventory: Inventory, include_serve: bool = True,
                 timeout: float = 60.0) -> tuple[RayState, Any]:
     """Run the state query on the head. Returns (RayState, the CommandResult)."""
-    result = session.run(inventory.head, state_command(inventory, include_serve), timeout=timeout)
-    if not result.reached:
-        return RayState(None, None, None, None,
-                        (f"head {inventory.head.name} {result.status}: {result.error}",)), result
-    state = parse_state_output(result.stdout)
-    if not state.answered and result.exit_code != 0:
-        detail = (result.stderr or result.stdout).strip().splitlines()[-1:] or [""]
-        state = RayState(None, None, None, None,
-                         state.errors + (f"exit {result.exit_code}: {detail[0]}",))
-    return state, result
+    call = state_call(inventory, include_serve)
+    result = session.run(inventory.head, call.command, timeout=timeout, stdin=call.stdin)
+    return state_of(result, inventory.head.name), result
 
 
 # ---------------------------------------------------------------- matching Ray to the inventory

@@ -26,21 +26,21 @@ from __future__ import annotations
 
 import json
 import math
-import shlex
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Mapping, Sequence
 
 import yaml
 
-from cluster.errors import ParseError
+from cluster.errors import ParseError, ProgramError
 from cluster.inventory import Inventory
+from cluster.node_programs import Call, program_call, read_document
 
 KIND = "prometheus"
 FAMILIES = ("vllm:", "ray_vllm:", "ray_vllm_")
 REPLICA_LABEL = "ReplicaId"
 CAPACITY_WARNING = "out of capacity: add replicas or lower max_model_len / max_num_seqs"
-MARKER = "CLUSTER_SERVING "
+SAMPLE_PROGRAM = "serve_sample"    # cluster/node_programs/serve_sample.py, run on the head
 
 # What each figure is read from: base names after the family prefix, first match wins.
 RUNNING = ("num_requests_running",)
@@ -571,35 +571,6 @@ def proxy_base(details: Mapping[str, Any] | None, inventory: Inventory) -> str:
     return f"http://{host}:{http.get('port') or inventory.ray.serve_port}"
 
 
-# Runs on the head (stdlib only). argv: proxy base URL, window seconds, rounds, scrape timeout.
-# stdin: {"targets": [{"app", "path", "scrapes"}], "keep": [line prefixes]}.
-SAMPLE_SNIPPET = r'''
-import json, sys, time, urllib.request
-base, window, rounds, timeout = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
-spec = json.loads(sys.stdin.read())
-opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the local proxy, directly
-keep = tuple(spec["keep"])
-out = {t["app"]: [] for t in spec["targets"]}
-start = time.monotonic()
-for r in range(rounds):
-    wait = start + r * window - time.monotonic()
-    if wait > 0:
-        time.sleep(wait)
-    for t in spec["targets"]:
-        got = []
-        for _ in range(int(t["scrapes"])):
-            sent = time.monotonic()
-            try:
-                with opener.open(base + t["path"], timeout=timeout) as resp:
-                    text = resp.read().decode("utf-8", "replace")
-                lines = [l for l in text.splitlines() if l.startswith(keep)]
-                # the page is rendered between send and receipt: stamp it with the midpoint
-                got.append({"t": (sent + time.monotonic()) / 2, "text": "\n".join(lines)})
-            except Exception as exc:
-                got.append({"t": sent, "error": "%s: %s" % (type(exc).__name__, exc)})
-        out[t["app"]].append(got)
-print("CLUSTER_SERVING " + json.dumps(out))
-'''
 
 
 def keep_prefixes() -> list[str]:
@@ -607,15 +578,22 @@ def keep_prefixes() -> list[str]:
     return [PROCESS_START] + [f + b for f in FAMILIES for b in WANTED_BASES]
 
 
-def sample_command(inventory: Inventory, base: str, targets: Sequence[ServingTarget],
-                   window_s: float, thresholds: ServingThresholds) -> str:
+def sample_call(inventory: Inventory, base: str, targets: Sequence[ServingTarget],
+                window_s: float, thresholds: ServingThresholds) -> Call:
+    """The sampling command run on the head, and its stdin (the program, then the targets)."""
     payload = json.dumps({"targets": [{"app": t.app, "path": t.path,
                                        "scrapes": t.scrapes(thresholds)} for t in targets],
                           "keep": keep_prefixes()}, separators=(",", ":"))
     rounds = 2 if window_s > 0 else 1
-    argv = [inventory.ray.python, "-c", SAMPLE_SNIPPET, base, f"{window_s:g}", str(rounds),
-            f"{thresholds.scrape_timeout_s:g}"]
-    return f"{shlex.join(argv)} <<'CLUSTER_SERVING_EOF'\n{payload}\nCLUSTER_SERVING_EOF"
+    return program_call(inventory.ray.python, SAMPLE_PROGRAM,
+                        [base, f"{window_s:g}", str(rounds), f"{thresholds.scrape_timeout_s:g}"],
+                        stdin=payload)
+
+
+def sample_command(inventory: Inventory, base: str, targets: Sequence[ServingTarget],
+                   window_s: float, thresholds: ServingThresholds) -> str:
+    """The shell command of sample_call (program and targets go on its stdin)."""
+    return sample_call(inventory, base, targets, window_s, thresholds).command
 
 
 def command_timeout(targets: Sequence[ServingTarget], window_s: float,
@@ -625,19 +603,27 @@ def command_timeout(targets: Sequence[ServingTarget], window_s: float,
     return window_s + rounds * scrapes * (thresholds.scrape_timeout_s + 1) + 30
 
 
-def parse_sample_output(stdout: str, targets: Sequence[ServingTarget],
+def _all_failed(targets: Sequence[ServingTarget], error: str) -> dict[str, ServingHealth]:
+    return {t.app: ServingHealth(status="error", metrics_path=t.path,
+                                 replicas_expected=t.replicas, error=error) for t in targets}
+
+
+def samples_of(result, targets: Sequence[ServingTarget], thresholds: ServingThresholds,
+               head: str) -> dict[str, ServingHealth]:
+    """The sampling's CommandResult -> {app: ServingHealth} (every app in error, with the
+    reason, when the program gave no document)."""
+    try:
+        return parse_sample_output(read_document(result, SAMPLE_PROGRAM), targets, thresholds)
+    except ProgramError as exc:
+        if not exc.reached:
+            return _all_failed(targets, f"head {head} {result.status}: {result.error}")
+        return _all_failed(targets, "the sampling on the head printed no result "
+                                    f"(exit {result.exit_code}: {exc.detail or exc.reason})")
+
+
+def parse_sample_output(data: Mapping[str, Any], targets: Sequence[ServingTarget],
                         thresholds: ServingThresholds) -> dict[str, ServingHealth]:
-    """The snippet's MARKER line -> {app: ServingHealth}."""
-    payload = None
-    for line in stdout.splitlines():
-        if line.startswith(MARKER):
-            payload = line[len(MARKER):]
-    if payload is None:
-        return {t.app: ServingHealth(status="error", metrics_path=t.path,
-                                     replicas_expected=t.replicas,
-                                     error="the sampling on the head printed no result")
-                for t in targets}
-    data = json.loads(payload)
+    """The head program's JSON document -> {app: ServingHealth} (pure)."""
     out = {}
     for t in targets:
         rounds = data.get(t.app) or []
@@ -670,13 +656,7 @@ def sample_serving(session, inventory: Inventory, details: Mapping[str, Any] | N
     targets = serving_targets(details)
     if not targets:
         return {}
-    command = sample_command(inventory, proxy_base(details, inventory), targets, window_s,
-                             thresholds)
-    result = session.run(inventory.head, command,
+    call = sample_call(inventory, proxy_base(details, inventory), targets, window_s, thresholds)
+    result = session.run(inventory.head, call.command, stdin=call.stdin,
                          timeout=command_timeout(targets, window_s, thresholds))
-    if not result.reached:
-        return {t.app: ServingHealth(status="error", metrics_path=t.path,
-                                     replicas_expected=t.replicas,
-                                     error=f"head {inventory.head.name} {result.status}: "
-                                           f"{result.error}") for t in targets}
-    return parse_sample_output(result.stdout, targets, thresholds)
+    return samples_of(result, targets, thresholds, inventory.head.name)

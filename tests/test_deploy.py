@@ -14,7 +14,8 @@ import yaml
 
 from cluster import deploy
 from cluster.dashboard_api import (DashboardClient, DashboardReply, merge_applications,
-                                   parse_reply, redact_runtime_envs, snippet)
+                                   parse_reply, redact_runtime_envs, reply_of)
+from cluster import node_programs
 from cluster.errors import UsageError
 from cluster.inventory import loads as load_inventory
 from cluster.plan_file import parse_plan
@@ -377,14 +378,14 @@ def test_merge_remove_and_absent_and_conflicts():
 
 
 def test_the_merge_runs_standalone_on_the_head():
-    """The snippet ships merge_applications by source: it must need nothing from this module."""
+    """The head program holds merge_applications: it must need nothing from the toolkit."""
     source = "from __future__ import annotations\n" + inspect.getsource(merge_applications)
     namespace: dict = {}
     exec(compile(source, "<head>", "exec"), namespace)  # noqa: S102 - our own source
     out = namespace["merge_applications"](_details({"a": _app("a", "/a")}),
                                           upsert={"name": "b", "route_prefix": "/b"})
     assert [a["name"] for a in out["body"]["applications"]] == ["a", "b"]
-    ast.parse(snippet())
+    ast.parse(node_programs.source("dashboard"))
 
 
 def test_redaction_masks_env_values_everywhere():
@@ -401,19 +402,20 @@ def test_dashboard_command_carries_the_body_on_stdin_and_no_secret():
     inv = inventory()
     client = DashboardClient(session=None, inventory=inv)
     app = {"name": "a-unique-app", "route_prefix": "/a", "args": {"api_key_env": "CLUSTER_API_KEY"}}
-    command = client.command("apply", {"upsert": app})
-    argv_part, _, heredoc = command.partition("<<'")
+    call = client.call("apply", {"upsert": app})
+    argv_part, heredoc = call.command, call.stdin
     assert "a-unique-app" not in argv_part and '"name":"a-unique-app"' in heredoc
-    assert KEY_VALUE not in command
+    assert KEY_VALUE not in call.command and KEY_VALUE not in call.stdin
     assert "NCCL_DEBUG=WARN" in argv_part  # non-secret head env still applies
     assert "http://127.0.0.1:8265" in argv_part
 
 
 def test_parse_reply():
-    line = 'CLUSTER_DASHBOARD {"status": 200, "json": {"a": 1}, "merge": {"kept": ["x"]}}'
-    reply = parse_reply("noise\n" + line + "\n")
+    line = '{"status": 200, "json": {"a": 1}, "merge": {"kept": ["x"]}}'
+    reply = parse_reply(json.loads(line))
     assert reply.ok and reply.json == {"a": 1} and reply.merge == {"kept": ["x"]}
-    assert parse_reply("nothing") is None
+    nothing = reply_of(_result("gpu1", "nothing"), "gpu1")
+    assert nothing.status is None and "printed no answer (exit 0): nothing" in nothing.error
     bad = DashboardReply(400, text="ValidationError(...)\nbad import path")
     assert not bad.ok and bad.describe() == "HTTP 400: bad import path"
 

@@ -487,7 +487,7 @@ def test_status_document_matches_nodes_by_ip(inv):
         "serve": {"applications": {"llm": {
             "status": "RUNNING", "route_prefix": "/",
             "deployments": {"VLLM": {"status": "HEALTHY", "replicas": [{"state": "RUNNING"}]}}}}}}
-    st = parse_state_output("CLUSTER_RAY_STATE " + json.dumps(raw))
+    st = parse_state_output(json.loads(json.dumps(raw)))
     doc = cluster_status(inv, st)
     assert doc["ray_version"] == "2.60.0" and doc["dashboard_url"] == "http://127.0.0.1:8266"
     assert [(n["name"], n["node_id"][:2], n["alive"], n["gpus"]) for n in doc["nodes"]] == \
@@ -502,7 +502,9 @@ def test_status_document_matches_nodes_by_ip(inv):
 
 
 def test_status_head_not_answering(inv):
-    doc = cluster_status(inv, parse_state_output("Traceback ..."), head_reached=True)
+    from cluster.ray_state import state_of
+    result = CommandResult("gpu01", "cmd", 0, "Traceback ...", "", 0.1, "ok")
+    doc = cluster_status(inv, state_of(result, "gpu01"), head_reached=True)
     assert doc["missing"] == ["gpu01", "gpu02", "gpu03"] and status_exit_code(doc) == 2
     assert doc["head"]["answered"] is False
 

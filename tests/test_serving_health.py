@@ -20,11 +20,13 @@ import pytest
 
 from cluster.commands.status import _attach_serving
 from cluster.errors import ParseError
-from cluster.serving_health import (CAPACITY_WARNING, Histogram, SAMPLE_SNIPPET, ServingHealth,
+from cluster.serving_health import (CAPACITY_WARNING, Histogram, SAMPLE_PROGRAM, ServingHealth,
                                     ServingTarget, ServingThresholds, health_from_texts,
                                     keep_prefixes, load_thresholds, parse_prometheus,
-                                    parse_sample_output, proxy_base, serving_targets,
-                                    snapshots_from_text, summarize)
+                                    parse_sample_output, proxy_base, samples_of,
+                                    serving_targets, snapshots_from_text, summarize)
+from cluster.node_programs import program_call
+from cluster.remote import CommandResult
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-metrics"
 WINDOW = 6.158  # seconds between the two kv-pressure captures (SOURCE.md)
@@ -305,7 +307,7 @@ class _Pages(http.server.ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), Handler)
 
 
-def test_the_head_snippet_samples_twice_and_the_output_is_judged():
+def test_the_head_program_samples_twice_and_the_output_is_judged():
     server = _Pages([text("serve-kv-pressure-t0.txt"), text("serve-kv-pressure-t1.txt")])
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -314,18 +316,20 @@ def test_the_head_snippet_samples_twice_and_the_output_is_judged():
         targets = [ServingTarget("app", "/app/metrics", 1), ServingTarget("gone", "/gone/metrics", 1)]
         spec = json.dumps({"targets": [{"app": t.app, "path": t.path, "scrapes": 1}
                                        for t in targets], "keep": keep_prefixes()})
-        p = subprocess.run([sys.executable, "-c", SAMPLE_SNIPPET, base, "0.3", "2", "5"],
-                           input=spec, capture_output=True, text=True, timeout=60)
+        call = program_call(sys.executable, SAMPLE_PROGRAM, [base, "0.3", "2", "5"], stdin=spec)
+        p = subprocess.run(["bash", "-c", call.command], input=call.stdin, capture_output=True,
+                           text=True, timeout=60)
     finally:
         server.shutdown()
         server.server_close()
     assert p.returncode == 0, p.stderr
-    out = parse_sample_output(p.stdout, targets, ServingThresholds())
+    out = parse_sample_output(json.loads(p.stdout), targets, ServingThresholds())
     h = out["app"]
     assert h.status == "warn" and h.preemptions == 10 and h.out_of_capacity
     assert 0 < h.window_s < 6  # measured on the head (~0.3 s), not the files' 6.158 s
     assert out["gone"].status == "error" and "HTTP Error 404" in out["gone"].error
-    missing = parse_sample_output("nothing\n", targets, ServingThresholds())
+    missing = samples_of(CommandResult("head", "c", 0, "nothing\n", "", 0.1, "ok"), targets,
+                         ServingThresholds(), "head")
     assert missing["app"].status == "error" and "no result" in missing["app"].error
 
 

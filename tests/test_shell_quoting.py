@@ -186,10 +186,12 @@ def test_secret_env_reaches_the_process_via_stdin(inv, canary):
 def test_state_query_through_bash_runs_nothing(inv, canary):
     """The whole status query (head env prefix + snippet) run locally against a closed port:
     it fails to reach a dashboard but never executes a value."""
-    command = ray_state.state_command(inv, include_serve=False).replace(
-        str(inv.ray.dashboard_port), "1", 1)
-    subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120)
+    call = ray_state.state_call(inv, include_serve=False)
+    command = call.command.replace(str(inv.ray.dashboard_port), "1", 1)
+    p = subprocess.run(["bash", "-c", command], input=call.stdin, capture_output=True, text=True,
+                       timeout=120)
     assert not canary.exists()
+    assert json.loads(p.stdout)["nodes"] is None  # the program ran, and found no Ray
 
 
 @pytest.mark.parametrize("field, value", [

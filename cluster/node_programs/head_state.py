@@ -1,0 +1,90 @@
+"""On the head, for `cluster status` and the commands that read Ray's state: the node table, Ray's
+version and the Serve applications, as the head itself sees them. Prints one JSON document:
+
+    head_state DASHBOARD_BASE GCS_ADDRESS INCLUDE_SERVE(1|0)
+    {"source": "dashboard" | "gcs" | null, "ray_version", "nodes": [...] | null,
+     "serve": {...} | null, "errors": [...]}
+
+The dashboard's REST API first (`/api/version`, the state API `/api/v0/nodes`, then
+`/api/serve/applications/`); when it does not answer (it starts a few seconds after the GCS),
+the node table from the GCS client (`ray._raylet.GcsClient`, the one non-stdlib import, only
+then). A Ray auth token (token mode) is read here, never passed in or printed. Read-only.
+Python 3.8+.
+"""
+
+import json
+import os
+import socket
+import sys
+import urllib.request
+
+from cluster.node_programs._common import auth_token
+
+
+def fetcher(base, token):
+    headers = {"Authorization": "Bearer " + token} if token else {}
+
+    def get(path, timeout):
+        req = urllib.request.Request(base + path, headers=headers)
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read().decode("utf-8", "replace"))
+    return get
+
+
+def from_dashboard(get, out):
+    out["ray_version"] = get("/api/version", 5).get("ray_version")
+    reply = get("/api/v0/nodes?detail=1&limit=10000&timeout=10", 15)
+    if not reply.get("result"):
+        raise RuntimeError(reply.get("msg") or "state API error")
+    out["nodes"] = reply["data"]["result"]["result"]
+    out["source"] = "dashboard"
+
+
+def from_gcs(gcs, token, out):
+    host, _, port = gcs.rpartition(":")
+    socket.create_connection((host.strip("[]"), int(port)), timeout=3).close()
+    if token and os.environ.get("RAY_AUTH_MODE") is None:
+        os.environ["RAY_AUTH_MODE"] = "token"     # what the GCS client reads
+    import ray
+    from ray._raylet import GcsClient
+    from ray.core.generated import gcs_pb2
+    infos = GcsClient(address=gcs).get_all_node_info(timeout=10)
+    nodes = []
+    for node_id, info in infos.items():
+        nodes.append({"node_id": node_id.hex(), "node_ip": info.node_manager_address,
+                      "is_head_node": bool(info.is_head_node),
+                      "state": "ALIVE" if info.state == gcs_pb2.GcsNodeInfo.ALIVE else "DEAD",
+                      "node_name": info.node_name,
+                      "resources_total": dict(info.resources_total),
+                      "labels": dict(info.labels),
+                      "start_time_ms": int(info.start_time_ms)})
+    out["nodes"] = nodes
+    out["source"] = "gcs"
+    out["ray_version"] = out["ray_version"] or ray.__version__
+
+
+def main(argv, env=None):
+    base, gcs, want_serve = argv[0], argv[1], argv[2] == "1"
+    env = os.environ if env is None else env
+    out = {"source": None, "ray_version": None, "nodes": None, "serve": None, "errors": []}
+    token = auth_token(env)
+    get = fetcher(base, token)
+    try:
+        from_dashboard(get, out)
+    except Exception as exc:
+        out["errors"].append("dashboard %s: %s: %s" % (base, type(exc).__name__, exc))
+    if out["nodes"] is None:
+        try:
+            from_gcs(gcs, token, out)
+        except Exception as exc:
+            out["errors"].append("gcs %s: %s: %s" % (gcs, type(exc).__name__, exc))
+    if want_serve and out["source"] == "dashboard":
+        try:
+            out["serve"] = get("/api/serve/applications/", 30)
+        except Exception as exc:
+            out["errors"].append("serve: %s: %s" % (type(exc).__name__, exc))
+    return out
+
+
+if __name__ == "__main__":
+    sys.stdout.write(json.dumps(main(sys.argv[1:])) + "\n")
