@@ -20,9 +20,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from cluster.errors import ProgramError, RayError
+from cluster.errors import RayError
 from cluster.inventory import Inventory
-from cluster.node_programs import Call, program_call, read_document
+from cluster.node_programs import Call, document_of, failure, program_call
 from cluster.node_programs.dashboard import (SERVE_API, merge_applications,  # noqa: F401
                                              redact_runtime_envs)
 from cluster.ray_state import dashboard_target, head_client_env
@@ -63,16 +63,13 @@ def parse_reply(data: Mapping[str, Any]) -> DashboardReply:
 def reply_of(result, head: str) -> DashboardReply:
     """The request's CommandResult -> DashboardReply (status None, with the reason, when the
     program gave no document)."""
-    try:
-        return parse_reply(read_document(result, PROGRAM))
-    except ProgramError as exc:
-        if not exc.reached:
-            return DashboardReply(None, error=f"head {head} {result.status}: {result.error}")
-        if exc.doc is not None:
-            return parse_reply(exc.doc)
-        return DashboardReply(None, error=f"the request on the head printed no answer "
-                                          f"(exit {result.exit_code}): "
-                                          f"{(exc.detail or exc.reason)[:300]}")
+    got = document_of(result, PROGRAM)
+    if isinstance(got, dict):
+        return parse_reply(got)
+    if not got.reached:
+        return DashboardReply(None, error=failure(got, f"head {head}"))
+    return DashboardReply(None, error=f"the request on the head printed no answer (exit "
+                                      f"{got.result.exit_code}): {(got.detail or got.reason)[:300]}")
 
 
 class DashboardClient:

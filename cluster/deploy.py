@@ -584,9 +584,9 @@ def node_check_from(node: str, answer: dict | ProgramError) -> NodeCheck:
     if isinstance(answer, ProgramError):
         if not answer.reached:
             return NodeCheck(node, False, error=answer.reason)
-        code = answer.result.exit_code if answer.result is not None else None
-        return NodeCheck(node, True, error=f"check failed (exit {code}): "
-                                           f"{(answer.detail or answer.reason)[:200]}")
+        detail = (answer.detail or answer.reason)[:200]
+        return NodeCheck(node, True, error=f"check failed (exit {answer.result.exit_code}): "
+                                           f"{detail}")
     return NodeCheck(node, True, bool(answer.get("model")), bool(answer.get("model_dir")),
                      answer.get("key"))
 

@@ -34,9 +34,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from cluster.errors import ParseError, ProgramError, UsageError
+from cluster.errors import ParseError, UsageError
 from cluster.inventory import Inventory, Node
-from cluster.node_programs import Call, program_call, read_document
+from cluster.node_programs import Call, document_of, failure, program_call
 from cluster.ray_state import head_client_env
 from cluster.results import (CheckResult, Evidence, Report, Status, exit_code_for, tail,
                              worst)
@@ -180,17 +180,12 @@ def parse_head_output(data: Mapping[str, Any]) -> JobOutcome:
 def outcome_of(result, head: str, submission_id: str) -> JobOutcome:
     """The head command's CommandResult -> JobOutcome (when the program gave no document,
     an outcome whose errors say why)."""
-    try:
-        return parse_head_output(read_document(result, HEAD_PROGRAM))
-    except ProgramError as exc:
-        if not exc.reached:
-            why: tuple[str, ...] = (f"head {head} {result.status}: {result.error}",)
-        elif exc.doc is not None:
-            return parse_head_output(exc.doc)
-        else:
-            why = ("the head printed no nccl-check result",
-                   f"exit {result.exit_code}: {exc.detail or exc.reason}"[:320])
-        return JobOutcome(submission_id, False, None, None, None, errors=why)
+    got = document_of(result, HEAD_PROGRAM)
+    if isinstance(got, dict):
+        return parse_head_output(got)
+    why = ("the head printed no nccl-check result",) if got.reached else ()
+    return JobOutcome(submission_id, False, None, None, None,
+                      errors=why + (failure(got, f"head {head}")[:320],))
 
 
 def _result_from_logs(logs: str) -> Mapping[str, Any] | None:

@@ -17,9 +17,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from cluster.errors import ProgramError
 from cluster.inventory import Inventory, public_env
-from cluster.node_programs import Call, program_call, read_document
+from cluster.node_programs import Call, document_of, failure, program_call
 
 STATE_PROGRAM = "head_state"       # cluster/node_programs/head_state.py, run on the head
 LABEL_NODE = "cluster-toolkit/node"
@@ -158,17 +157,11 @@ def parse_state_output(data: Mapping[str, Any]) -> RayState:
 def state_of(result, head: str) -> RayState:
     """The state query's CommandResult -> RayState (unanswered, with the reason, when the
     program gave no document)."""
-    try:
-        return parse_state_output(read_document(result, STATE_PROGRAM))
-    except ProgramError as exc:
-        if not exc.reached:
-            why: tuple[str, ...] = (f"head {head} {result.status}: {result.error}",)
-        elif exc.doc is not None:
-            return parse_state_output(exc.doc)
-        else:
-            why = ("the state query printed no result",
-                   f"exit {result.exit_code}: {exc.detail or exc.reason}")
-        return RayState(None, None, None, None, why)
+    got = document_of(result, STATE_PROGRAM)
+    if isinstance(got, dict):
+        return parse_state_output(got)
+    why = ("the state query printed no result",) if got.reached else ()
+    return RayState(None, None, None, None, why + (failure(got, f"head {head}"),))
 
 
 def _gcs_node(raw: Mapping[str, Any]) -> GcsNode:

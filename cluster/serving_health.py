@@ -32,9 +32,9 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
-from cluster.errors import ParseError, ProgramError
+from cluster.errors import ParseError
 from cluster.inventory import Inventory
-from cluster.node_programs import Call, program_call, read_document
+from cluster.node_programs import Call, document_of, failure, program_call
 
 KIND = "prometheus"
 FAMILIES = ("vllm:", "ray_vllm:", "ray_vllm_")
@@ -612,13 +612,13 @@ def samples_of(result, targets: Sequence[ServingTarget], thresholds: ServingThre
                head: str) -> dict[str, ServingHealth]:
     """The sampling's CommandResult -> {app: ServingHealth} (every app in error, with the
     reason, when the program gave no document)."""
-    try:
-        return parse_sample_output(read_document(result, SAMPLE_PROGRAM), targets, thresholds)
-    except ProgramError as exc:
-        if not exc.reached:
-            return _all_failed(targets, f"head {head} {result.status}: {result.error}")
-        return _all_failed(targets, "the sampling on the head printed no result "
-                                    f"(exit {result.exit_code}: {exc.detail or exc.reason})")
+    got = document_of(result, SAMPLE_PROGRAM)
+    if isinstance(got, dict):
+        return parse_sample_output(got, targets, thresholds)
+    why = failure(got, f"head {head}")
+    if got.reached:
+        why = f"the sampling on the head printed no result ({why})"
+    return _all_failed(targets, why)
 
 
 def parse_sample_output(data: Mapping[str, Any], targets: Sequence[ServingTarget],

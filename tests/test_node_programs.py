@@ -569,3 +569,16 @@ def test_serve_sample_keeps_only_the_wanted_lines_and_stamps_the_rounds(routes):
     assert "HTTPError" in out["gone"][0][0]["error"] and len(slept) == 1 and 0 < slept[0] < 50
     with pytest.raises(SystemExit):
         serve_sample.main([base, "5", "0", "3"], spec)
+
+
+def test_document_of_and_failure_say_why_in_one_line():
+    from cluster.node_programs import document_of, failure
+    assert document_of(_result('{"a": 1}'), "deploy_check") == {"a": 1}
+    assert document_of(_result('{"e": 1}', code=1, status="failed"), "model_copy") == {"e": 1}
+    crashed = document_of(_result("", code=1, status="failed", stderr="Traceback\nKeyError: 'x'"),
+                          "head_state")
+    assert isinstance(crashed, ProgramError) and failure(crashed, "head h") == \
+        "exit 1: KeyError: 'x'"
+    lost = document_of(_result("", code=None, status="timeout", error="h: no answer within 5 s"),
+                       "head_state")
+    assert failure(lost, "head h") == "head h timeout: h: no answer within 5 s"

@@ -10,7 +10,7 @@ import sys
 from itertools import combinations
 
 from cluster.inventory import loads
-from cluster.node_programs import HERE
+from cluster.node_programs import source
 from cluster.reachability import Target, judge, plan_peers, plan_targets, served_ports
 from cluster.results import Status
 
@@ -96,7 +96,7 @@ def test_ports_nobody_listened_on_are_not_counted_and_a_silent_node_is_an_error(
 
 
 def _program(*args: str) -> dict:
-    proc = subprocess.run([sys.executable, "-", *args], input=(HERE / "reach.py").read_text(),
+    proc = subprocess.run([sys.executable, "-", *args], input=source("reach"),
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)

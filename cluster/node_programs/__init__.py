@@ -95,6 +95,24 @@ def read_document(result, name: str, max_bytes: int = MAX_OUTPUT_BYTES) -> dict:
     return doc
 
 
+def document_of(result, name: str, max_bytes: int = MAX_OUTPUT_BYTES) -> dict | ProgramError:
+    """read_document without raising: the document (also one printed before a non-zero exit)
+    or the ProgramError that says why there is none."""
+    try:
+        return read_document(result, name, max_bytes)
+    except ProgramError as exc:
+        return exc.doc if exc.doc is not None else exc
+
+
+def failure(exc: ProgramError, where: str) -> str:
+    """One line for a run without a document: `WHERE STATUS: ERROR` when the node was not
+    reached, else `exit CODE: DETAIL` (the output's last line, or the reason)."""
+    result = exc.result
+    if not exc.reached:
+        return f"{where} {result.status}: {result.error}"
+    return f"exit {result.exit_code}: {exc.detail or exc.reason}"
+
+
 def _one_document(text: str, node: str, name: str, result, detail: str) -> dict | None:
     """None when the text is no JSON document; ProgramError for several or a non-object."""
     if not text:

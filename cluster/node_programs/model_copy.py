@@ -37,6 +37,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+from cluster.node_programs._common import detach_grandchild, stop_tagged
+
 CHUNK = 1 << 20
 MAX_FILES = 100000
 MAX_PATH = 4096
@@ -237,18 +239,6 @@ def serve(args, stdin):
             "skipped": skipped}
 
 
-def detach_grandchild():
-    """In the first child: a new session and a second fork. True in the grandchild, which runs
-    on with stdio on /dev/null (so the SSH command returns); False in the first child."""
-    os.setsid()
-    if os.fork():
-        return False
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    return True
-
-
 def run_server(server, seconds):
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     timer = threading.Timer(seconds, lambda: os._exit(0))
@@ -262,27 +252,7 @@ def stop(args, _stdin):
     pid = args.get("--pid", "")
     if not tag.isalnum() or not pid.isdigit() or int(pid) <= 1:
         raise Refused("bad --tag or --pid")
-    pid = int(pid)
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as f:
-            ours = (b"\0--tag\0" + tag.encode() + b"\0") in f.read() + b"\0"
-        if not ours:
-            return {"stopped": None}
-        os.kill(pid, signal.SIGTERM)
-    except OSError:
-        return {"stopped": None}
-    end = time.monotonic() + STOP_WAIT_S
-    while running(pid) and time.monotonic() < end:
-        time.sleep(0.02)
-    return {"stopped": pid, "gone": not running(pid)}
-
-
-def running(pid):
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
+    return stop_tagged(int(pid), tag, STOP_WAIT_S)
 
 
 # ---------------------------------------------------------------- fetching

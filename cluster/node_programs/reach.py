@@ -22,6 +22,8 @@ import socket
 import sys
 import time
 
+from cluster.node_programs._common import detach_grandchild, stop_tagged
+
 MAX_TARGETS = 20000
 MAX_PORTS = 256
 MAX_AT_ONCE = 512
@@ -82,18 +84,6 @@ def serve(socks, seconds, tag):
             os.unlink(pid_file(tag))
         except OSError:
             pass
-
-
-def detach_grandchild():
-    """In the first child: a new session and a second fork. True in the grandchild, which runs
-    on with stdio on /dev/null (so the SSH command returns); False in the first child."""
-    os.setsid()
-    if os.fork():
-        return False
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    return True
 
 
 def listen(args):
@@ -193,27 +183,7 @@ def stop(args):
             pid = int(f.read().strip() or 0)
     except (OSError, ValueError):
         return {"stopped": None}
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as f:
-            ours = (b"\0--tag\0" + tag.encode() + b"\0") in f.read() + b"\0"
-        if not ours or pid <= 1:
-            return {"stopped": None}
-        os.kill(pid, signal.SIGTERM)
-    except OSError:
-        return {"stopped": None}
-    end = time.monotonic() + STOP_WAIT_S    # its ports are free when stop returns (ray start next)
-    while running(pid) and time.monotonic() < end:
-        time.sleep(0.02)
-    return {"stopped": pid, "gone": not running(pid)}
-
-
-def running(pid):
-    """Alive and not a zombie (a zombie holds no socket; its reaper may be slow)."""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
+    return stop_tagged(pid, tag, STOP_WAIT_S)
 
 
 def main(argv):
