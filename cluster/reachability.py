@@ -15,21 +15,20 @@ subnets (the racks, as far as addresses tell) has at least one probe each way.
 from __future__ import annotations
 
 import ipaddress
-import json
 import secrets
-import shlex
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from cluster.checks.node import ray_ports
-from cluster.errors import InventoryError
+from cluster.errors import InventoryError, ProgramError
 from cluster.inventory import Inventory, Node
-from cluster.node_programs import source
-from cluster.remote import CommandResult, Session
+from cluster.node_programs import fan_out_program
+from cluster.remote import Session
 from cluster.results import CheckResult, Evidence, Status
 
 CHECK = "reachability"
+PROGRAM = "reach"                # cluster/node_programs/reach.py
 PROBES_AT_ONCE = 512            # reach.py's MAX_AT_ONCE: connects in flight per node
 _LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
@@ -125,18 +124,9 @@ def _targets_arg(targets: Sequence[Target]) -> str:
     return ",".join(f"{ip}:{'+'.join(map(str, ports))}" for ip, ports in by_ip.items())
 
 
-def _program(inventory: Inventory, verb: str, *args: str) -> str:
-    return " ".join([shlex.quote(inventory.ray.python), "-", verb, *map(shlex.quote, args)])
-
-
-def _doc(result: CommandResult) -> dict | None:
-    if not result.reached or result.exit_code != 0:
-        return None
-    try:
-        doc = json.loads(result.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return None
-    return doc if isinstance(doc, dict) else None
+def _docs(answers: Sequence[dict | ProgramError], nodes: Sequence[Node]) -> dict[str, dict | None]:
+    """node -> the program's document, None when it gave none (unreached, failed, garbled)."""
+    return {n.name: a if isinstance(a, dict) else None for n, a in zip(nodes, answers)}
 
 
 def run_reachability(inventory: Inventory, session: Session, nodes: Sequence[Node]
@@ -145,28 +135,26 @@ def run_reachability(inventory: Inventory, session: Session, nodes: Sequence[Nod
     th = inventory.expectations["reachability"]
     if len(nodes) < 2:
         return [CheckResult(CHECK, None, Status.SKIP, "fewer than two reachable nodes")]
-    program = source("reach")
     plan = plan_targets(nodes, inventory, th)
     served = {n.name: served_ports(n, inventory, th) for n in nodes}
     tag = secrets.token_hex(6)
     timeout = float(th["connect_timeout_s"])
     batches = -(-len(nodes) // max(1, session.max_parallel))
     lifetime = min(900.0, 60.0 + batches * (timeout * 3 + inventory.ssh.connect_timeout + 5))
-    listened = session.fan_out(
-        nodes, lambda n: _program(inventory, "listen", "--ports",
-                                  ",".join(map(str, served[n.name])), "--for", f"{lifetime:g}",
-                                  "--tag", tag), timeout=30, stdin=program)
+    listened = fan_out_program(
+        session, nodes, PROGRAM, lambda n: ["listen", "--ports",
+                                            ",".join(map(str, served[n.name])),
+                                            "--for", f"{lifetime:g}", "--tag", tag], timeout=30)
     rounds = max(-(-len(plan[n.name]) // PROBES_AT_ONCE) for n in nodes)
     try:
-        probed = session.fan_out(
-            nodes, lambda n: _program(inventory, "probe", "--targets",
-                                      _targets_arg(plan[n.name]), "--timeout", f"{timeout:g}"),
-            timeout=30 + rounds * timeout, stdin=program)
+        probed = fan_out_program(
+            session, nodes, PROGRAM, lambda n: ["probe", "--targets", _targets_arg(plan[n.name]),
+                                                "--timeout", f"{timeout:g}"],
+            timeout=30 + rounds * timeout)
     finally:
-        session.fan_out(nodes, _program(inventory, "stop", "--tag", tag), timeout=30,
-                        stdin=program)
-    listen_docs = {r.node: _doc(r) for r in listened}
-    probe_docs = {r.node: _doc(r) for r in probed}
+        fan_out_program(session, nodes, PROGRAM, ["stop", "--tag", tag], timeout=30)
+    listen_docs = _docs(listened, nodes)
+    probe_docs = _docs(probed, nodes)
     return judge(plan, listen_docs, probe_docs, [n.name for n in nodes],
                  sampled=len(nodes) > th["full_matrix_max_nodes"])
 
