@@ -582,3 +582,14 @@ def test_document_of_and_failure_say_why_in_one_line():
     lost = document_of(_result("", code=None, status="timeout", error="h: no answer within 5 s"),
                        "head_state")
     assert failure(lost, "head h") == "head h timeout: h: no answer within 5 s"
+
+
+def test_inline_command_runs_the_program_from_a_here_document(tmp_path):
+    from cluster.node_programs import inline_command
+    (tmp_path / "config.json").write_text("{}")
+    script = "echo before >&2\n" + inline_command(PYTHON, "deploy_check", [str(tmp_path), ""]) \
+        + "\necho after >&2\n"
+    p = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60,
+                       stdin=subprocess.DEVNULL)
+    assert p.returncode == 0 and p.stderr.split() == ["before", "after"], p.stderr
+    assert one_document(p.stdout) == {"model": True, "model_dir": True, "key": None}

@@ -67,6 +67,18 @@ def program_call(python: str, name: str, args: Sequence[str] = (), stdin: str | 
     return Call(env_prefix + shlex.join([python, "-c", BOOT, *words]), with_input(name, stdin))
 
 
+def inline_command(python: str, name: str, args: Sequence[str] = (), env_prefix: str = "") -> str:
+    """Program `name` as one shell command that carries its own text in a quoted here-document
+    (`python - ARGS <<'EOF'`): for a script of several commands sharing one stdin, such as the
+    preflight's probe script (one SSH round trip per node). Its output is still one document."""
+    text = source(name)
+    eof = "CLUSTER_PROGRAM_" + name.upper() + "_EOF"
+    if eof in text:
+        raise ValueError(f"{name}: its text holds the here-document delimiter {eof}")
+    return (env_prefix + shlex.join([python, "-", *map(str, args)])
+            + f" <<'{eof}'\n{text.rstrip()}\n{eof}")
+
+
 def _detail(result) -> str:
     lines = (result.stderr or result.stdout or "").strip().splitlines()
     return lines[-1][:DETAIL_CHARS] if lines else "no output"
