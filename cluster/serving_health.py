@@ -590,12 +590,6 @@ def sample_call(inventory: Inventory, base: str, targets: Sequence[ServingTarget
                         stdin=payload)
 
 
-def sample_command(inventory: Inventory, base: str, targets: Sequence[ServingTarget],
-                   window_s: float, thresholds: ServingThresholds) -> str:
-    """The shell command of sample_call (program and targets go on its stdin)."""
-    return sample_call(inventory, base, targets, window_s, thresholds).command
-
-
 def command_timeout(targets: Sequence[ServingTarget], window_s: float,
                     thresholds: ServingThresholds) -> float:
     scrapes = sum(t.scrapes(thresholds) for t in targets)
