@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -31,6 +30,7 @@ from cluster.ray_state import (LABEL_GPU_MODEL, LABEL_NODE, RESOURCE_GPU_MODEL_P
                                RESOURCE_HOST_PREFIX, RayState, env_prefix, gcs_address,
                                node_for_ip, query_state)
 from cluster.remote import CommandResult
+from cluster.threads import Calls, run_all
 
 FACTS_MARKER = "CLUSTER_RAY_FACTS "
 # What a Ray start env must carry (the variables this toolkit sets, beside the inventory's env).
@@ -920,13 +920,6 @@ def _not_run(action: NodeAction, why: str | None = None) -> StepResult:
     return StepResult(action.node, action.kind, action.status_if_not_run, why or action.reason)
 
 
-def _parallel(items: Sequence[tuple[float, Callable[[], StepResult]]],
-              deadline_s: float) -> list[StepResult | None]:
-    """Run callables in threads, each after its delay; wait at most deadline_s for all."""
-    run = _Parallel(items)
-    return [run.wait(i, deadline_s) for i in range(len(items))]
-
-
 def execute_up(plan: Plan, session, inventory: Inventory, stagger_s: float = 0.0,
                on_event: Event = lambda _: None) -> tuple[StepResult, ...]:
     """Run an up plan.
@@ -953,7 +946,7 @@ def execute_up(plan: Plan, session, inventory: Inventory, stagger_s: float = 0.0
         restarting = [a for a in plan.actions if a.kind == RESTART and a.node != head.name]
         if restarting:
             on_event(f"stopping Ray on {len(restarting)} worker(s) before the head restart")
-        stops = _parallel([(0.0, (lambda a=a: _run_commands(
+        stops = run_all([(0.0, (lambda a=a: _run_commands(
             session, by_name[a.node], NodeAction(a.node, a.kind, a.reason, a.commands[:1]),
             (stop_t,)))) for a in restarting], stop_t + 30)
         for a, r in zip(restarting, stops):
@@ -995,7 +988,7 @@ def execute_up(plan: Plan, session, inventory: Inventory, stagger_s: float = 0.0
         items.append((i * stagger_s, (lambda n=by_name[a.node], act=act, tos=tos:
                                       _start_worker(session, n, act, stop, tos))))
     deadline = 2 * (stop_t + start_t) + len(items) * stagger_s + 30
-    results = _Parallel(head_item + items)
+    results = Calls(head_item + items)
     if head_item:
         head_step = results.wait(0, deadline) or StepResult(
             head.name, head_action.kind, FAILED, "no answer before the deadline")
@@ -1032,31 +1025,6 @@ def _finish_after_head_failure(plan: Plan, done: dict[str, StepResult],
 HEAD_FAILURE_GRACE_S = 10.0
 
 
-class _Parallel:
-    """Callables started at once in daemon threads (each after its delay); wait for any one."""
-
-    def __init__(self, items: Sequence[tuple[float, Callable[[], StepResult]]]):
-        self._start = time.monotonic()
-        self._out: list[StepResult | None] = [None] * len(items)
-        self._threads = [threading.Thread(target=self._work, args=(i, d, fn), daemon=True)
-                         for i, (d, fn) in enumerate(items)]
-        for t in self._threads:
-            t.start()
-
-    def _work(self, i: int, delay: float, fn: Callable[[], StepResult]) -> None:
-        if delay > 0:
-            time.sleep(delay)
-        self._out[i] = fn()
-
-    def wait(self, i: int, deadline_s: float) -> StepResult | None:
-        """The i-th result, waiting until deadline_s after the start (None: not finished)."""
-        return self.wait_until(i, self._start + deadline_s)
-
-    def wait_until(self, i: int, monotonic_deadline: float) -> StepResult | None:
-        self._threads[i].join(max(0.0, monotonic_deadline - time.monotonic()))
-        return self._out[i]
-
-
 def execute_down(plan: Plan, session, inventory: Inventory,
                  on_event: Event = lambda _: None) -> tuple[StepResult, ...]:
     """Stop the workers in parallel, then the head."""
@@ -1070,7 +1038,7 @@ def execute_down(plan: Plan, session, inventory: Inventory,
             done[a.node] = _not_run(a)
     if to_stop:
         on_event(f"stopping Ray on {len(to_stop)} worker(s)")
-    outcomes = _parallel([(0.0, (lambda a=a: _run_commands(session, by_name[a.node], a,
+    outcomes = run_all([(0.0, (lambda a=a: _run_commands(session, by_name[a.node], a,
                                                            (STOP_TIMEOUT_S,))))
                           for a in to_stop], STOP_TIMEOUT_S + 30)
     for a, r in zip(to_stop, outcomes):

@@ -12,7 +12,6 @@ failed, skipped, unreachable. Nothing is printed here: the caller gets an UpOutc
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -23,6 +22,7 @@ from cluster.ray_cluster import (CHANGED, FAILED, SKIPPED, UNREACHABLE, NodeFact
 from cluster.ray_state import RayState, cluster_status, query_state
 from cluster.remote import Session
 from cluster.results import Report
+from cluster.threads import Call
 
 DEFAULT_WAIT_S = 240.0
 
@@ -72,28 +72,6 @@ class UpOutcome:
         }
 
 
-class _Background:
-    """One call in a daemon thread; result() joins it and returns (or re-raises) its outcome."""
-
-    def __init__(self, fn: Callable[[], Any]):
-        self._value: Any = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
-        self._thread.start()
-
-    def _run(self, fn: Callable[[], Any]) -> None:
-        try:
-            self._value = fn()
-        except BaseException as exc:  # handed to the caller by result()
-            self._error = exc
-
-    def result(self) -> Any:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-
 def _gather_separately(session, inventory: Inventory) -> dict[str, NodeFacts]:
     with Session(inventory, hooks=session.hooks) as own:
         return ray_cluster.gather(own, inventory)
@@ -122,7 +100,7 @@ def run(inventory: Inventory, session, options: UpOptions,
 
     # 1. preflight, with the (read-only) fact gathering running beside it on its own SSH
     # connections (two threads opening one node's connection at once break paramiko's session)
-    gathering = _Background(lambda: _gather_separately(session, inventory))
+    gathering = Call(lambda: _gather_separately(session, inventory))
     if not options.skip_preflight:
         on_event("preflight")
         try:
