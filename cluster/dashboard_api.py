@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import secrets as _secrets
 import shlex
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -26,6 +25,7 @@ from typing import Any, Mapping
 from cluster.errors import RayError
 from cluster.inventory import Inventory, redact_env
 from cluster.ray_state import dashboard_target
+from cluster.shell import env_prefix, heredoc
 
 MARKER = "CLUSTER_DASHBOARD "
 SERVE_API = "/api/serve/applications/"
@@ -253,17 +253,12 @@ class DashboardClient:
     def command(self, op: str, payload: Mapping[str, Any]) -> str:
         """The shell command run on the head (payload on stdin, only non-secret env in argv)."""
         body = json.dumps(payload, separators=(",", ":"))
-        eof = "CLUSTER_EOF_" + _secrets.token_hex(8)
-        while eof in body:
-            eof = "CLUSTER_EOF_" + _secrets.token_hex(8)
         head_env = {k: v for k, v in redact_env(self.inventory.head.env,
                                                  self.inventory.secret_names).items()
                     if v != REDACTED}
-        env = "env " + " ".join(shlex.quote(f"{k}={v}") for k, v in head_env.items()) + " " \
-            if head_env else ""
         argv = [self.inventory.ray.python, "-c", snippet(), op, self.base_url,
                 str(self.timeout), LOCK_FILE]
-        return f"{env}{shlex.join(argv)} <<'{eof}'\n{body}\n{eof}"
+        return heredoc(env_prefix(head_env) + shlex.join(argv), body)
 
     def _run(self, op: str, payload: Mapping[str, Any]) -> DashboardReply:
         head = self.inventory.head

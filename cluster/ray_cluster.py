@@ -27,9 +27,10 @@ from typing import Any, Callable, Mapping, Sequence
 from cluster.inventory import (SERVE_INGRESS, Inventory, Node, RayOptions, is_secret_name,
                                public_env)
 from cluster.ray_state import (LABEL_GPU_MODEL, LABEL_NODE, RESOURCE_GPU_MODEL_PREFIX,
-                               RESOURCE_HOST_PREFIX, RayState, env_prefix, gcs_address,
+                               RESOURCE_HOST_PREFIX, RayState, gcs_address,
                                node_for_ip, query_state)
 from cluster.remote import CommandResult
+from cluster.shell import SECRET_ENV_FROM_STDIN, env_prefix, export_lines
 from cluster.threads import Calls, run_all
 
 FACTS_MARKER = "CLUSTER_RAY_FACTS "
@@ -261,14 +262,14 @@ def start_env(node: Node, auth_mode: str | None = None,
 
 
 # Secret-looking env values (KEY/TOKEN/SECRET/PASSWORD names) never go on a command line: the
-# command sources them from its standard input, which Session.run sends and no log records.
-SECRET_ENV_FROM_STDIN = "{ set -a; . /dev/stdin; set +a; }"
+# command sources them from its standard input (SECRET_ENV_FROM_STDIN, cluster/shell.py), which
+# Session.run sends and no log records.
 
 
 def secret_env_stdin(node: Node) -> str:
     """The `export K='v'` lines a start command with SECRET_ENV_FROM_STDIN reads."""
     secret = {k: v for k, v in node.env.items() if is_secret_name(k, node.secret_names)}
-    return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in secret.items())
+    return export_lines(secret)
 
 
 def run_node_command(session, node: Node, command: str, timeout: float) -> CommandResult:

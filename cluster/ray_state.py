@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from cluster.inventory import Inventory, public_env
+from cluster.shell import env_prefix
 
 MARKER = "CLUSTER_RAY_STATE "
 LABEL_NODE = "cluster-toolkit/node"
@@ -167,13 +168,6 @@ def dashboard_url(inventory: Inventory) -> str:
 
 def gcs_address(inventory: Inventory) -> str:
     return f"{inventory.head.ip}:{inventory.ray.port}"
-
-
-def env_prefix(env: Mapping[str, str]) -> str:
-    """`env K=V ... ` with every pair shlex-quoted ('' when empty)."""
-    if not env:
-        return ""
-    return "env " + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items()) + " "
 
 
 def head_client_env(inventory: Inventory, auth_mode: str | None = None) -> str:
