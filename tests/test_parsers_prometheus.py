@@ -22,14 +22,21 @@ def samples(name: str):
     return parse((FIXTURES / "prometheus" / name).read_text()).samples
 
 
+def labelled(name: str):
+    """(the fixture's label, its samples), the sample count checked against the label."""
+    label, got = LABELS[name], samples(name)
+    assert len(got) == label["samples"]
+    for metric, value in label.get("totals", {}).items():
+        assert total(got, metric) == pytest.approx(value)
+    return label, got
+
+
 def test_every_fixture_has_a_label():
     assert sorted(LABELS) == sorted(p.name for p in (FIXTURES / "prometheus").glob("*.txt"))
 
 
 def test_vllm_process_and_gauges():
-    label = LABELS["001-production-stack318-vllm-process-and-gauges.txt"]
-    got = samples("001-production-stack318-vllm-process-and-gauges.txt")
-    assert len(got) == label["samples"]
+    label, got = labelled("001-production-stack318-vllm-process-and-gauges.txt")
     for name, value in label["values"].items():
         assert total(got, name) == pytest.approx(value)
     for name, labels in label["label"].items():
@@ -38,9 +45,7 @@ def test_vllm_process_and_gauges():
 
 
 def test_histogram_buckets_in_order():
-    label = LABELS["002-production-stack318-vllm-tpot-histogram-buckets.txt"]
-    got = samples("002-production-stack318-vllm-tpot-histogram-buckets.txt")
-    assert len(got) == label["samples"]
+    label, got = labelled("002-production-stack318-vllm-tpot-histogram-buckets.txt")
     buckets = [(parse_value(s.label("le")), s.value) for s in got
                if s.name == label["buckets"]["metric"]]
     first, last = label["buckets"]["first"], label["buckets"]["last"]
@@ -49,11 +54,7 @@ def test_histogram_buckets_in_order():
 
 
 def test_two_models_and_the_inf_bucket():
-    label = LABELS["003-vllm11117-lora-e2e-latency-buckets-two-models.txt"]
-    got = samples("003-vllm11117-lora-e2e-latency-buckets-two-models.txt")
-    assert len(got) == label["samples"]
-    for name, value in label["totals"].items():
-        assert total(got, name) == value
+    label, got = labelled("003-vllm11117-lora-e2e-latency-buckets-two-models.txt")
     inf = [s for s in got if s.label("le") == "+Inf"]
     assert len(inf) == 1 and math.isinf(parse_value(inf[0].label("le")))
     assert inf[0].label("model_name") == label["inf_bucket"]["model_name"]
@@ -62,11 +63,7 @@ def test_two_models_and_the_inf_bucket():
 
 
 def test_python_collector_counters_and_info_labels():
-    label = LABELS["004-ibm-vllm18-python-gc-and-info-labels.txt"]
-    got = samples("004-ibm-vllm18-python-gc-and-info-labels.txt")
-    assert len(got) == label["samples"]
-    for name, value in label["totals"].items():
-        assert total(got, name) == value
+    label, got = labelled("004-ibm-vllm18-python-gc-and-info-labels.txt")
     (info,) = [s for s in got if s.name == "python_info"]
     assert dict(info.labels) == label["label"]["python_info"]
 
@@ -121,3 +118,44 @@ def test_to_dict_holds_only_json_numbers():
     data = parse('a{le="+Inf"} +Inf\nb 1.5\n').to_dict()
     assert data == {"samples": [{"name": "a", "labels": {"le": "+Inf"}, "value": "inf"},
                                 {"name": "b", "labels": {}, "value": 1.5}]}
+
+
+def _serve_once(body: bytes):
+    """A loopback HTTP server answering every GET with body; returns (url, server)."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the stdlib's name
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}", server
+
+
+@pytest.mark.timeout(30)
+def test_bench_scrapes_with_this_parser_and_refuses_a_page_that_is_not_prometheus():
+    from cluster.bench import BenchError, parse_metric_total, scrape_metric
+
+    page = (FIXTURES / "prometheus" / "004-ibm-vllm18-python-gc-and-info-labels.txt").read_bytes()
+    url, server = _serve_once(page)
+    try:
+        assert scrape_metric(url, "python_gc_collections_total") == 4261
+    finally:
+        server.shutdown()
+    html = b"<html><body>502 Bad Gateway</body></html>\n"
+    with pytest.raises(ParseError):
+        parse_metric_total(html.decode(), "x")
+    url, server = _serve_once(html)
+    try:
+        with pytest.raises(BenchError, match="cannot parse prometheus output"):
+            scrape_metric(url, "x", default=0.0)
+    finally:
+        server.shutdown()
