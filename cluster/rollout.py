@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
 from cluster import ray_cluster
+from cluster.facts import gather as gather_facts
 from cluster.errors import UsageError
 from cluster.inventory import Inventory, Node
 from cluster.ray_cluster import (CHANGED, FAILED, KEEP, SKIPPED, UNREACHABLE, NodeAction, Plan,
@@ -406,7 +407,7 @@ def drain(session, inventory: Inventory, name: str, *, dry_run: bool, confirm: C
     state, entry = found
     demands = app_demands(state.serve)
     out.capacity = capacity_without(demands, _remaining(state, inventory, entry))
-    head_facts = ray_cluster.gather(session, inventory, [inventory.head])
+    head_facts = gather_facts(session, inventory, [inventory.head])
     auth = ray_cluster.cluster_auth_mode(inventory, head_facts)
     cmd = drain_command(inventory, entry.node_id, f"cluster {command} {name}", deadline_s, auth)
     out.planned.append(f"[{inventory.head.name}] $ {cmd}")
@@ -450,7 +451,7 @@ def restart_node(session, inventory: Inventory, name: str, *, dry_run: bool,
     """Drain a worker, `ray stop` on it, start it with the command `cluster up` would run,
     wait until it is alive again with its GPUs/CPUs and the apps are RUNNING."""
     node = _worker(inventory, name)
-    facts = ray_cluster.gather(session, inventory)
+    facts = gather_facts(session, inventory)
     stop = ray_cluster.stop_command(inventory)
     f = facts[name]
     if not f.usable:

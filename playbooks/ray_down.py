@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 from cluster import ray_cluster
+from cluster.facts import gather as gather_facts
 from cluster.inventory import Inventory
 from cluster.ray_cluster import CHANGED, FAILED, UNREACHABLE, NodeFacts, Plan, StepResult
 
@@ -46,7 +47,7 @@ def run(inventory: Inventory, session, dry_run: bool, confirm: Callable[[str], b
         on_event: Callable[[str], None] = lambda _: None, serial: int = 0) -> DownOutcome:
     out = DownOutcome()
     on_event("gathering facts")
-    out.facts = ray_cluster.gather(session, inventory)
+    out.facts = gather_facts(session, inventory)
     out.plan = ray_cluster.plan_down(inventory, out.facts)
     if dry_run:
         out.stopped = "dry run"
@@ -75,7 +76,7 @@ def run(inventory: Inventory, session, dry_run: bool, confirm: Callable[[str], b
     for attempt in range(VERIFY_ATTEMPTS):
         if attempt:
             time.sleep(VERIFY_PAUSE_S)
-        after = ray_cluster.gather(session, inventory, stopped)
+        after = gather_facts(session, inventory, stopped)
         if not any(f.usable and f.running for f in after.values()):
             break
     steps = []

@@ -1,7 +1,8 @@
 """`cluster up` as ordered, idempotent steps.
 
-preflight (read-only, unless skipped) and, at the same time, gather facts (read-only) -> the
-head's view of Ray (read-only) -> plan (pure) -> [dry run stops here] -> confirm restarts ->
+gather facts once (read-only, cluster/facts.py: one round trip per node, with the preflight's
+probes unless it is skipped) -> preflight verdicts on those facts -> the head's view of Ray
+(read-only) -> plan (pure) -> [dry run stops here] -> confirm restarts ->
 execute (stops, then the head and the workers) -> wait until every node is alive with its
 GPUs/CPUs -> status.
 
@@ -20,9 +21,7 @@ from cluster.inventory import Inventory
 from cluster.ray_cluster import (CHANGED, FAILED, SKIPPED, UNREACHABLE, NodeFacts, Plan,
                                  StepResult, WaitResult)
 from cluster.ray_state import RayState, cluster_status, query_state
-from cluster.remote import Session
 from cluster.results import Report
-from cluster.threads import Call
 
 DEFAULT_WAIT_S = 240.0
 
@@ -72,16 +71,19 @@ class UpOutcome:
         }
 
 
-def _gather_separately(session, inventory: Inventory) -> dict[str, NodeFacts]:
-    with Session(inventory, hooks=session.hooks) as own:
-        return ray_cluster.gather(own, inventory)
+def gather_facts(session, inventory: Inventory, with_preflight: bool) -> dict[str, NodeFacts]:
+    """The run's facts, once: with the preflight's probes too unless it is skipped."""
+    from cluster.checks.node import NODE_CHECKS
+    from cluster.preflight import gather_for
+
+    return gather_for(inventory, session, checks=NODE_CHECKS if with_preflight else ())
 
 
-def run_preflight(inventory: Inventory, session) -> Report:
-    """The lead's preflight (cluster.preflight.run_preflight); ImportError if not there yet."""
-    from cluster.preflight import run_preflight as preflight  # noqa: WPS433 (optional module)
+def run_preflight(inventory: Inventory, session, facts: Mapping[str, NodeFacts]) -> Report:
+    """The preflight's verdicts on the run's facts (plus its cross-node and reachability steps)."""
+    from cluster.preflight import run_preflight as preflight
 
-    return preflight(inventory, session)
+    return preflight(inventory, session, facts=facts)
 
 
 def head_view(session, inventory: Inventory, facts: Mapping[str, NodeFacts]) -> RayState | None:
@@ -98,27 +100,18 @@ def run(inventory: Inventory, session, options: UpOptions,
         on_event: Callable[[str], None] = lambda _: None) -> UpOutcome:
     out = UpOutcome()
 
-    # 1. preflight, with the (read-only) fact gathering running beside it on its own SSH
-    # connections (two threads opening one node's connection at once break paramiko's session)
-    gathering = Call(lambda: _gather_separately(session, inventory))
+    # 1. facts (read-only), once: one round trip per node serves the preflight and the plan
+    on_event("gathering facts")
+    out.facts = gather_facts(session, inventory, with_preflight=not options.skip_preflight)
     if not options.skip_preflight:
         on_event("preflight")
-        try:
-            out.preflight = run_preflight(inventory, session)
-        except ImportError as exc:
-            out.preflight_error = (f"preflight is not available ({exc}); "
-                                   "pass --skip-preflight to start without it")
-        failed = out.preflight_error is not None or out.preflight.exit_code >= 2
-        if failed and not options.force and not options.dry_run:
-            out.stopped = "preflight failed (fix the failures or pass --force)" \
-                if out.preflight_error is None else out.preflight_error
-            out.facts = gathering.result()
+        out.preflight = run_preflight(inventory, session, out.facts)
+        if out.preflight.exit_code >= 2 and not options.force and not options.dry_run:
+            out.stopped = "preflight failed (fix the failures or pass --force)"
             out.exit_code = 2
             return out
 
-    # 2. facts (read-only) and the head's view
-    on_event("gathering facts")
-    out.facts = gathering.result()
+    # 2. the head's view
     out.state_before = head_view(session, inventory, out.facts)
 
     # 3. plan (pure)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from cluster.errors import ParseError
 from cluster.inventory import Inventory, Node
 from cluster.probes import Probe, ProbeOutput
 from cluster.results import Status
+
+if TYPE_CHECKING:
+    from cluster.facts import NodeFacts
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,15 @@ class NodeContext:
     node: Node
     inventory: Inventory
     outputs: Mapping[str, ProbeOutput]
+    gathered: "NodeFacts | None" = None   # the run's facts of this node (cluster/facts.py)
+
+    @property
+    def facts(self) -> "NodeFacts":
+        """The node's facts: those gathered for the run, else read from `outputs`."""
+        if self.gathered is not None:
+            return self.gathered
+        from cluster.facts import facts_from_outputs
+        return facts_from_outputs(self.node, self.outputs)
 
     @property
     def expect(self) -> Mapping[str, Any]:

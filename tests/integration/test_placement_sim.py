@@ -130,11 +130,12 @@ def ray_tables(inventory: Path, timeout: float = 300) -> dict:
     with the cluster's auth mode (as tests/integration/test_ray_cluster.py does)."""
     from cluster import inventory as inventory_mod
     from cluster import ray_cluster
+    from cluster.facts import gather as gather_facts
     from cluster.remote import Session
 
     inv = inventory_mod.load(str(inventory))
     with Session(inv) as session:
-        facts = ray_cluster.gather(session, inv, [inv.head])
+        facts = gather_facts(session, inv, [inv.head])
         mode = ray_cluster.cluster_auth_mode(inv, facts)
         command = (f"cd /tmp && env RAY_AUTH_MODE={mode} RAY_USAGE_STATS_ENABLED=0 "
                    + shlex.join([inv.ray.python, "-c", TABLES]))

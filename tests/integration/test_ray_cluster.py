@@ -87,11 +87,12 @@ def run_driver(sim, inventory: Path, script: str, timeout: float = 300) -> dict:
     """Run a Ray driver on the head (with the cluster's auth mode) and return its RESULT json."""
     from cluster import inventory as inventory_mod
     from cluster import ray_cluster
+    from cluster.facts import gather as gather_facts
     from cluster.remote import Session
 
     inv = inventory_mod.load(str(inventory))
     with Session(inv) as session:
-        facts = ray_cluster.gather(session, inv, [inv.head])
+        facts = gather_facts(session, inv, [inv.head])
         mode = ray_cluster.cluster_auth_mode(inv, facts)
         command = (f"cd /tmp && env RAY_AUTH_MODE={mode} RAY_USAGE_STATS_ENABLED=0 "
                    + shlex.join([inv.ray.python, "-c", script]))
@@ -241,6 +242,49 @@ for name, shape in (("pack8x1", [{"GPU": 1}] * 8), ("pack2x4", [{"GPU": 4}] * 2)
     remove_placement_group(pg)
 print("RESULT " + json.dumps(out))
 '''
+
+
+def _accepted(sim, node: str) -> int:
+    """SSH logins sshd accepted on the node so far (its own log)."""
+    log = sim.dir / "nodes" / node / "console.log"
+    return log.read_text(errors="replace").count("Accepted publickey for")
+
+
+def _logged_commands(log: Path) -> list[str]:
+    """The commands of a run directory's node log (cluster/rundir.py: `=== ...`, `$ CMD` (may
+    span lines), then `! error` / `--- stdout` / `--- stderr` sections)."""
+    commands = []
+    for entry in log.read_text().split("\n=== "):
+        _, _, rest = entry.partition("\n$ ")
+        for end in ("\n! ", "\n--- stdout", "\n--- stderr"):
+            rest = rest.split(end, 1)[0]
+        commands.append(rest)
+    return commands
+
+
+def test_up_opens_one_ssh_session_per_node_and_gathers_once(sim, inv):
+    """`cluster up` with its preflight, on a running cluster: one SSH connection per node for the
+    whole run (sshd's own log), and the facts gathered in one round trip per node that carries
+    both the preflight's probes and the node-facts program (the run directory's command log)."""
+    runs = Path(yaml.safe_load(inv.read_text())["run_dir"])
+    before_runs = set(runs.glob("*-up")) if runs.is_dir() else set()
+    before = {n: _accepted(sim, n) for n in PROFILES}
+    code, up = cli_json(inv, "up", "--force", "--yes")
+    assert code in (0, 1, 2) and up["plan"] is not None, json.dumps(up, indent=1)[-3000:]
+    assert [a["action"] for a in up["plan"]["actions"]] == ["keep"] * 3
+    assert {n: _accepted(sim, n) - before[n] for n in PROFILES} == {n: 1 for n in PROFILES}
+    (run,) = set(runs.glob("*-up")) - before_runs
+    for name in PROFILES:
+        commands = _logged_commands(run / "nodes" / f"{name}.log")
+        gathers = [c for c in commands if "@@cluster-probe@@" in c]
+        assert len(gathers) == 1, [c[:100] for c in commands]
+        assert "@@cluster-probe@@ versions begin" in gathers[0]     # node_facts.py
+        assert "@@cluster-probe@@ gpu-query begin" in gathers[0]
+        assert "@@cluster-probe@@ ibstat begin" in gathers[0]       # a preflight probe
+    checks = {r["check"] for r in up["preflight"]["results"]}
+    assert {"gpus", "versions", "ports"} <= checks
+    ports = {r["node"]: r for r in up["preflight"]["results"] if r["check"] == "ports"}
+    assert all("Ray is running" in ports[n]["summary"] for n in PROFILES)
 
 
 def test_env_at_start_time_and_gpu_placement(sim, inv):
