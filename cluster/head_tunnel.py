@@ -98,6 +98,10 @@ class _Stream:
     def sendall(self, data: bytes) -> None:
         self.conn.sendall(data)
 
+    def fileno(self) -> int:
+        """A descriptor that select() sees readable when data or the end arrives."""
+        return self.conn.fileno()
+
     def shutdown_write(self) -> None:
         try:
             if isinstance(self.conn, socket.socket):
