@@ -32,7 +32,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +40,7 @@ import pytest
 import yaml
 
 from browser import Browser, chromium_unavailable, visible_text
+from test_deploy_e2e import ProcessListWatch
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray]
 
@@ -58,31 +58,15 @@ def cli(inventory: Path, *args: str, timeout: float = 900) -> subprocess.Complet
                           capture_output=True, text=True, timeout=timeout, cwd=str(REPO))
 
 
-class ArgvWatch:
-    """Samples the command lines of this test's own processes (descendants of pytest) and keeps
-    the ones holding `secret`; `seen` counts the distinct processes sampled (a control)."""
+class ArgvWatch(ProcessListWatch):
+    """ProcessListWatch's sampler thread, over the command lines of this test's own processes
+    only (descendants of pytest); `seen` counts the distinct processes sampled (a control)."""
 
     PERIOD_S = 0.5
 
     def __init__(self, secret: str):
-        self.secret = secret.encode()
-        self.hits: list[str] = []
+        super().__init__(secret)
         self.seen: set[int] = set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> "ArgvWatch":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.sample()
-            self._stop.wait(self.PERIOD_S)
 
     def sample(self) -> None:
         parents: dict[int, int] = {}
@@ -104,7 +88,7 @@ class ArgvWatch:
             except OSError:
                 continue
             self.seen.add(pid)
-            if self.secret in argv:
+            if self.secret.encode() in argv:
                 self.hits.append(argv.replace(b"\0", b" ").decode("utf-8", "replace")[:300])
 
 
@@ -122,15 +106,11 @@ class Scenario:
 
 
 @pytest.fixture(scope="module")
-def model() -> Path:
+def model(tiny_model_builder) -> Path:
     for needed in ("torch", "transformers", "tokenizers"):
         if importlib.util.find_spec(needed) is None:
             pytest.skip(f"building the tiny model needs {needed}")
-    spec = importlib.util.spec_from_file_location("make_tiny_model",
-                                                  REPO / "scripts" / "make_tiny_model.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.build_tiny_model(MODELS / "dense", "dense")
+    return tiny_model_builder.build_tiny_model(MODELS / "dense", "dense")
 
 
 @pytest.fixture(scope="module")
