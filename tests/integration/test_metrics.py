@@ -16,12 +16,8 @@ SIMCLUSTER_PREFIX=metrics SIMCLUSTER_SUBNET=44 SIMCLUSTER_DIR=/tmp/simcluster-me
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -30,9 +26,9 @@ import yaml
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray, pytest.mark.vllm]
 
-REPO = Path(__file__).resolve().parents[2]
-PYTHON = str(REPO / ".venv" / "bin" / "python3") if (REPO / ".venv").is_dir() else sys.executable
-MODEL_DIR = Path("/var/tmp/cluster-tiny-models/dense")
+from test_deploy_e2e import PYTHON, REPO, cli, cli_json  # noqa: E402 - one CLI runner
+from test_deploy_e2e import model as tiny_dense_model  # noqa: E402,F401 - the tiny model
+
 APP = "tinym"
 SERVED = "tiny-metrics"
 PORT = 19090
@@ -40,32 +36,11 @@ PROFILES = {"node1": "cpu", "node2": "cpu"}
 SCRAPE_WAIT_S = 240.0
 
 
-def cli(inventory: Path, *args: str, timeout: float = 1200) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-m", "cluster", "-i", str(inventory), *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=str(REPO))
-
-
-def cli_json(inventory: Path, *args: str, timeout: float = 1200) -> tuple[int, dict]:
-    p = cli(inventory, *args, "--json", timeout=timeout)
-    try:
-        return p.returncode, json.loads(p.stdout)
-    except ValueError:
-        raise AssertionError(f"cluster {' '.join(args)}: exit {p.returncode}\n{p.stdout}\n"
-                             f"{p.stderr}") from None
-
-
 @pytest.fixture(scope="module")
-def model() -> Path:
-    for needed in ("torch", "transformers", "tokenizers", "vllm"):
-        if importlib.util.find_spec(needed) is None:
-            pytest.skip(f"the metrics test needs {needed}")
+def model(tiny_dense_model) -> Path:
     if shutil.which("prometheus") is None:
         pytest.skip("no prometheus binary (scripts/bootstrap installs Debian's package)")
-    spec = importlib.util.spec_from_file_location("make_tiny_model",
-                                                  REPO / "scripts" / "make_tiny_model.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.build_tiny_model(MODEL_DIR, "dense")
+    return tiny_dense_model
 
 
 @pytest.fixture(scope="module")
