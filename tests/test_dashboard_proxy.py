@@ -435,3 +435,22 @@ def test_a_busy_port_is_one_line_and_exit_2(tmp_path, dashboard):
                                        "dashboard", "--port", str(port)))
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and str(port) in err and TOKEN not in err
+
+
+def test_an_unreachable_head_is_one_line_and_exit_2(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    (tmp_path / "known_hosts").write_text("")
+    inv = tmp_path / "cluster.yaml"
+    inv.write_text(f"ssh: {{known_hosts: {tmp_path}/known_hosts, connect_timeout: 3}}\n"
+                   f"nodes: [{{name: node1, address: 127.0.0.1, port: {closed}, local: false}}]\n")
+    for extra in ([], ["--json"]):
+        code, out, err = _fails(_start(tmp_path, "-i", str(inv), "dashboard", "--port", "0",
+                                       *extra))
+        assert code == 2 and len(err.strip().splitlines()) == 1 and "node1" in err
+        assert "refused" in err and "Traceback" not in err
+        if extra:   # --json: the error document, as every command gives
+            assert json.loads(out)["status"] == "error"
+        else:
+            assert out == ""
