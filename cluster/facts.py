@@ -121,7 +121,8 @@ def node_program_probe(node: Node, inventory: Inventory) -> Probe:
     from cluster.ray_state import env_prefix
     from cluster.inventory import public_env
 
-    env = public_env(start_env(node, serve_ingress=inventory.ray.serve_ingress), node.secret_names)
+    env = public_env(start_env(node, serve_ingress=inventory.ray.serve_ingress, ray=inventory.ray),
+                     node.secret_names)
     keys = ",".join(sorted(set(env) | set(MANAGED_ENV)))
     return Probe(NODE_PROGRAM, env_prefix(env) + shlex.join(
         [inventory.ray.python, "-c", source("node_facts"), keys]) + " </dev/null")

@@ -4,7 +4,8 @@ gather facts once (read-only, cluster/facts.py: one round trip per node, with th
 probes unless it is skipped) -> preflight verdicts on those facts -> the head's view of Ray
 (read-only) -> plan (pure) -> [dry run stops here] -> confirm restarts ->
 execute (stops, then the head and the workers) -> wait until every node is alive with its
-GPUs/CPUs -> status.
+GPUs/CPUs -> status -> with `ray.metrics: prometheus`, the head's Prometheus (probe, plan,
+start or keep, verify: cluster/prometheus_head.py) and Ray's Grafana dashboards.
 
 A step reports per node in Ansible's words: ok (nothing to do), changed (ran and succeeded),
 failed, skipped, unreachable. Nothing is printed here: the caller gets an UpOutcome and an
@@ -16,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from cluster import ray_cluster
+from cluster import prometheus_head, ray_cluster
 from cluster.inventory import Inventory
 from cluster.ray_cluster import (CHANGED, FAILED, SKIPPED, UNREACHABLE, NodeFacts, Plan,
                                  StepResult, WaitResult)
@@ -51,10 +52,18 @@ class UpOutcome:
     wait: WaitResult | None = None
     status: dict | None = None
     failed_logs: Mapping[str, str] = field(default_factory=dict)  # node -> end of its Ray logs
+    prometheus: StepResult | None = None       # ray.metrics: prometheus only
+    grafana: Mapping[str, str] = field(default_factory=dict)      # file name -> dashboard JSON
+    grafana_error: str | None = None
 
     @property
     def changed(self) -> bool:
-        return any(s.status == CHANGED for s in self.steps)
+        return any(s.status == CHANGED for s in self.steps + self.extra_steps)
+
+    @property
+    def extra_steps(self) -> tuple[StepResult, ...]:
+        """Steps after the nodes' (the head's Prometheus)."""
+        return (self.prometheus,) if self.prometheus is not None else ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -68,6 +77,8 @@ class UpOutcome:
             "wait": self.wait.to_dict() if self.wait else None,
             "failed_logs": dict(self.failed_logs),
             "status": self.status,
+            "prometheus": self.prometheus.to_dict() if self.prometheus else None,
+            "grafana": {"files": sorted(self.grafana), "error": self.grafana_error},
         }
 
 
@@ -159,11 +170,20 @@ def run(inventory: Inventory, session, options: UpOptions,
     if started_and_failed:
         out.failed_logs = ray_cluster.log_tails(session, inventory, started_and_failed)
 
-    bad = [s for s in out.steps if s.status in (FAILED, UNREACHABLE)]
+    if prometheus_head.enabled(inventory) and head_step.status not in (FAILED, UNREACHABLE):
+        _metrics(out, session, inventory, on_event)
+
+    bad = [s for s in out.steps + out.extra_steps if s.status in (FAILED, UNREACHABLE)]
     if bad or (out.wait is not None and not out.wait.ok) or out.wait is None:
         out.exit_code = 2
-    elif out.plan.warnings:
+    elif out.plan.warnings or out.grafana_error:
         out.exit_code = 1
     else:
         out.exit_code = 0
     return out
+
+
+def _metrics(out: UpOutcome, session, inventory: Inventory, on_event: Callable[[str], None]) -> None:
+    """The head's Prometheus (kept, started or restarted), then Ray's Grafana dashboards."""
+    out.prometheus = prometheus_head.up(session, inventory, on_event)
+    out.grafana, out.grafana_error = prometheus_head.dashboards(session, inventory)

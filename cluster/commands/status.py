@@ -11,6 +11,7 @@ from cluster.commands._common import add_json, load_inventory, print_json, start
 from cluster.fold import Row, exact, fold
 from cluster.render import GRID_MAX_NODES, folded_table
 from cluster.commands.up import inventory_secrets
+from cluster.prometheus_head import metrics_doc
 from cluster.ray_state import cluster_status, query_state, status_exit_code
 from cluster.remote import Session
 
@@ -39,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
             state, result = query_state(session, inv, include_serve=True)
             serving = _sample_serving(args, session, inv, state)
         doc = cluster_status(inv, state, head_reached=result.reached)
+        doc.setdefault("dashboard", {})["metrics"] = metrics_doc(inv)
         code = _attach_serving(doc, serving, status_exit_code(doc))
         record.write_json("status.json", dict(doc, run_dir=str(record.path)))
     finally:
@@ -72,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
                       n["node_id"][:16])
     if table is not None:
         stdout.print(table)
+    stdout.print(_metrics_line(doc["dashboard"]["metrics"]), soft_wrap=True)
     apps = (doc["serve"] or {}).get("applications") or {}
     if apps:
         serve = Table(title="Serve applications")
@@ -88,6 +91,13 @@ def run(args: argparse.Namespace) -> int:
     if doc["missing"]:
         stdout.print(f"[bold red]missing from Ray:[/bold red] {', '.join(doc['missing'])}")
     return code
+
+
+def _metrics_line(metrics: dict) -> str:
+    prom = metrics["prometheus_url"]
+    grafana = metrics["grafana_url"]
+    return ("metrics: " + (f"Prometheus {prom} on the head" if prom else "Prometheus off")
+            + (f", Grafana {grafana}" if grafana else ""))
 
 
 def _nodes_folded(doc: dict, title: str):
