@@ -118,7 +118,8 @@ def test_only_the_heads_ray_start_gets_the_prometheus_and_grafana_hosts():
     off = inv(BASE + "  port: 6379\n")
     assert "RAY_PROMETHEUS_HOST" not in ray_cluster.start_command(off.head, off, ())
     # gather reads the variable from the running raylet's env (to compare it)
-    assert "RAY_PROMETHEUS_HOST" in ray_cluster.gather_command(i.head, i)
+    from cluster.facts import gather_command
+    assert "RAY_PROMETHEUS_HOST" in gather_command(i.head, i)
 
 
 def _healthy(i, head_env):
