@@ -174,3 +174,16 @@ def test_auth_token_presence_never_the_token(tmp_path):
     assert not program.auth_token_present({"RAY_AUTH_TOKEN_PATH": str(tmp_path / "none"),
                                            "HOME": str(tmp_path)})
     assert program.auth_token_present({"RAY_AUTH_TOKEN": "x"})
+
+
+def test_parse_only_kinds_are_exactly_those_no_check_or_fact_reads():
+    """Every parser either feeds a check/fact or is documented as parse-only (PARSE_ONLY)."""
+    import re
+    from cluster import parsers
+    root = Path(parsers.__file__).resolve().parents[1]
+    readers = [root / "facts.py", root / "fixes.py", *sorted((root / "checks").glob("*.py")),
+               *sorted(root.glob("nccl*.py")), *sorted((root.parent / "playbooks").glob("*.py"))]
+    text = "\n".join(p.read_text() for p in readers)
+    used = {kind for kind, module in parsers.MODULES.items()
+            if re.search(rf"\b{module}\b", text)}
+    assert set(parsers.PARSE_ONLY) == set(parsers.MODULES) - used
