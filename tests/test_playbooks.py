@@ -223,6 +223,115 @@ def test_tune_sweeps_after_confirming_and_reports_each_step(tmp_path):
     assert (cancelled.doc["status"], cancelled.exit_code) == ("CANCELLED", 2)
 
 
+# ---------------------------------------------------------------- deploy
+
+
+class FakeDashboard:
+    """Serve behind the DashboardClient methods deploy uses: nothing deployed until the PUT,
+    then the app RUNNING."""
+
+    def __init__(self):
+        self.puts: list[dict] = []
+
+    def serve_details(self):
+        apps = {}
+        if self.puts:
+            apps[self.puts[-1]["name"]] = {"status": "RUNNING", "last_deployed_time_s": 1.0,
+                                           "route_prefix": self.puts[-1]["route_prefix"],
+                                           "deployments": {}}
+        return {"http_options": {"port": 8000}, "applications": apps}
+
+    def apply_application(self, app, http_options=None):
+        self.puts.append(copy.deepcopy(dict(app)))
+        return DashboardReply(200, merge={"previous": None, "http_options": http_options})
+
+
+@pytest.fixture
+def deploy_cluster(monkeypatch):
+    """Two alive CPU nodes in Ray; every node has the model and the key (the checks' verdicts
+    are tested in test_deploy.py: here they are judged from fixed NodeChecks)."""
+    from cluster import deploy as lib
+
+    state = RayState("dashboard", "2.60.0", tuple(
+        GcsNode(f"id{i}", ip, True, i == 0, {"CPU": 4.0, "GPU": 0.0})
+        for i, ip in enumerate(("10.0.0.1", "10.0.0.2"))), None)
+    monkeypatch.setattr("cluster.ray_state.query_state",
+                        lambda session, inv, include_serve=False: (state, None))
+
+    def check_nodes(session, inv, spec, cluster):
+        checks = [lib.NodeCheck(n.name, True, True, True, "set") for n in inv.nodes]
+        return lib.judge_checks(checks, spec, cluster)
+
+    monkeypatch.setattr(lib, "check_nodes", check_nodes)
+
+
+def _deploy_options(**kw):
+    from cluster import deploy as lib
+    from playbooks import deploy
+
+    return deploy.DeployOptions(lib.spec_from_flags("/models/tiny"), timeout_s=5, **kw)
+
+
+def test_deploy_dry_run_writes_the_config_checks_and_deploys_nothing(deploy_cluster):
+    from playbooks import deploy
+    from test_deploy import inventory as deploy_inventory
+
+    dash, events, written = FakeDashboard(), [], {}
+    out = deploy.run(deploy_inventory(), None, _deploy_options(dry_run=True), never,
+                     events.append, write_config=lambda n, t: written.setdefault(n, t) and Path(n),
+                     client=dash)
+    assert out.doc["status"] == "DRY_RUN" and out.exit_code == 0 and dash.puts == []
+    assert out.doc["config_path"] == "serve_config.yaml" and "applications" in written[
+        "serve_config.yaml"]
+    assert out.doc["device"] == "cpu" and out.doc["checks"]["ok"]
+    assert out.doc["endpoint"] == "http://10.0.0.1:8000/tiny/v1"
+    assert events == ["checking /models/tiny and $CLUSTER_API_KEY on 2 node(s)"]
+
+
+def test_deploy_refuses_a_config_holding_a_secret(deploy_cluster):
+    from cluster.errors import DeployError
+    from playbooks import deploy
+    from test_deploy import inventory as deploy_inventory
+
+    with pytest.raises(DeployError, match="secret values"):
+        deploy.run(deploy_inventory(), None, _deploy_options(secrets=("/models/tiny",)), never,
+                   client=FakeDashboard())
+
+
+def test_deploy_puts_the_app_and_waits_for_running(deploy_cluster):
+    from playbooks import deploy
+    from test_deploy import inventory as deploy_inventory
+
+    dash, events = FakeDashboard(), []
+    out = deploy.run(deploy_inventory(), None, _deploy_options(), never, events.append,
+                     client=dash)
+    assert out.doc["status"] == "RUNNING" and out.exit_code == 0
+    assert [p["name"] for p in dash.puts] == ["tiny"] and out.doc["config_path"] is None
+    assert events[:3] == ["checking /models/tiny and $CLUSTER_API_KEY on 2 node(s)",
+                          "deploying tiny (serve_apps.vllm_app:build_app) through the dashboard",
+                          "waiting up to 5 s for tiny to be RUNNING"]
+
+
+# ---------------------------------------------------------------- nccl-check
+
+
+def test_nccl_check_submits_one_head_command_and_judges_a_silent_head():
+    from cluster.nccl_check import CheckOptions
+    from playbooks import nccl_check
+
+    inv = inventory.loads(INV)
+    session, events = RecordingSession(), []
+    options = nccl_check.NcclOptions(CheckOptions(backend="gloo", timeout_s=60),
+                                     submission_id="nccl-check-gloo-test")
+    out = nccl_check.run(inv, session, options, events.append)
+    assert [node for _, node, _ in session.calls] == ["gpu01"]   # one command, on the head
+    assert session.stdins[0][1]                                   # the program on stdin
+    assert len(events) == 1 and events[0].startswith("gloo all-reduce of ")
+    assert events[0].endswith("over 3 node(s) as a Ray job on gpu01 (timeout 60 s)")
+    assert out.exit_code == 2 and out.result.status.value == "fail"  # no document came back
+    assert out.to_dict()["exit_code"] == 2 and "total" in out.result.timings
+
+
 # ---------------------------------------------------------------- the recorded-run context
 
 
