@@ -21,6 +21,7 @@ from cluster import deploy
 from cluster.deploy import DeploySpec
 from cluster.errors import DeployError
 from cluster.inventory import Inventory
+from playbooks.outcome import DocOutcome
 
 
 @dataclass(frozen=True)
@@ -31,12 +32,8 @@ class DeployOptions:
     secrets: Sequence[str] = field(default=(), repr=False)  # a config holding one is refused
 
 
-@dataclass
-class DeployOutcome:
-    """deploy.json's fields as they are learned; `exit_code` follows the CLI contract."""
-
-    doc: dict[str, Any] = field(default_factory=dict)
-    exit_code: int = 2
+class DeployOutcome(DocOutcome):
+    """deploy.json's fields as they are learned."""
 
     @classmethod
     def start(cls, options: DeployOptions, run_dir: str) -> "DeployOutcome":
@@ -45,9 +42,6 @@ class DeployOutcome:
                     "model": spec.model, "status": None, "endpoint": None,
                     "config_path": None, "run_dir": run_dir, "dry_run": options.dry_run,
                     "api_key_env": spec.api_key_env, "warnings": []})
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.doc)
 
 
 def run(inventory: Inventory, session, options: DeployOptions, confirm: Callable[[str], bool],

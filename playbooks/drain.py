@@ -27,10 +27,16 @@ Event = Callable[[str], None]
 
 
 @dataclass(frozen=True)
-class DrainOptions:
+class WorkerOptions:
+    """One worker taken out: drain and restart-node."""
+
     node: str
     dry_run: bool = False
-    wait_s: float = DEFAULT_MOVE_WAIT_S
+    wait_s: float = DEFAULT_MOVE_WAIT_S     # for the Serve replicas to move off it
+
+
+@dataclass(frozen=True)
+class DrainOptions(WorkerOptions):
     deadline_s: int = DEFAULT_DRAIN_DEADLINE_S
 
 

@@ -18,17 +18,14 @@ from cluster.inventory import Inventory
 from cluster.ray_cluster import CHANGED, FAILED, KEEP, NodeAction, Plan
 from cluster.ray_state import node_for_ip
 from cluster.rollout import DEFAULT_MOVE_WAIT_S, RolloutOutcome, apps_not_running, worker
-from playbooks.drain import drain, ray_view
+from playbooks.drain import WorkerOptions, drain, ray_view
 
 Event = Callable[[str], None]
 DEFAULT_JOIN_TIMEOUT_S = 240.0
 
 
 @dataclass(frozen=True)
-class RestartOptions:
-    node: str
-    dry_run: bool = False
-    wait_s: float = DEFAULT_MOVE_WAIT_S
+class RestartOptions(WorkerOptions):
     join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S
 
 

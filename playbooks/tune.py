@@ -12,12 +12,13 @@ callback for progress lines; `on_secret` is told the API key before anything use
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from cluster.errors import UsageError
 from cluster.inventory import Inventory
+from playbooks.outcome import DocOutcome
 from cluster.tune import DeployedApp, TuneSettings
 
 
@@ -29,20 +30,13 @@ class TuneOptions:
     dry_run: bool = False
 
 
-@dataclass
-class TuneOutcome:
-    """tune.json's fields as they are learned; `exit_code` follows the CLI contract."""
-
-    doc: dict[str, Any] = field(default_factory=dict)
-    exit_code: int = 2
+class TuneOutcome(DocOutcome):
+    """tune.json's fields as they are learned."""
 
     @classmethod
     def start(cls, options: TuneOptions, run_dir: str) -> "TuneOutcome":
         return cls({**options.settings.to_dict(), "status": None, "run_dir": run_dir,
                     "dry_run": options.dry_run})
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.doc)
 
 
 def api_key(app: DeployedApp, variable: str | None,

@@ -11,11 +11,12 @@ Nothing is printed: the caller gets an UndeployOutcome (the undeploy.json docume
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from cluster import deploy
 from cluster.inventory import Inventory
+from playbooks.outcome import DocOutcome
 
 DEFAULT_TIMEOUT_S = 180.0
 
@@ -27,20 +28,13 @@ class UndeployOptions:
     dry_run: bool = False
 
 
-@dataclass
-class UndeployOutcome:
-    """undeploy.json's fields as they are learned; `exit_code` follows the CLI contract."""
-
-    doc: dict[str, Any] = field(default_factory=dict)
-    exit_code: int = 2
+class UndeployOutcome(DocOutcome):
+    """undeploy.json's fields as they are learned."""
 
     @classmethod
     def start(cls, options: UndeployOptions, run_dir: str) -> "UndeployOutcome":
         return cls({"name": options.name, "status": None, "run_dir": run_dir,
                     "dry_run": options.dry_run})
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.doc)
 
 
 def run(inventory: Inventory, session, options: UndeployOptions, confirm: Callable[[str], bool],

@@ -186,6 +186,10 @@ class RecordedRun:
     def confirm(self, question: str) -> bool:
         return confirm(question, bool(getattr(self.args, "yes", False)))
 
+    def progress(self, total: int) -> Any:
+        """The progress bar over `total` nodes (none with --json or without a terminal)."""
+        return progress(total, self.command, enabled=not self.quiet)
+
     def print_json(self, payload: Any) -> None:
         """The payload, secrets scrubbed, as JSON on stdout."""
         print_json(json.loads(self.scrub(to_json(payload))))
@@ -199,6 +203,15 @@ def recorded_run(args: argparse.Namespace, command: str, inventory: Inventory | 
     """Load the inventory (unless given) and start the command's run directory."""
     inv = inventory if inventory is not None else load_inventory(args)
     return RecordedRun(args, command, inv, start_run(args, inv, command), soft_wrap)
+
+
+def recorded_run_on_nodes(args: argparse.Namespace, command: str
+                          ) -> tuple[RecordedRun, list[Any]]:
+    """The run of a command over --nodes: the pattern is checked before the run directory is
+    made (a bad one leaves no record). Returns (run, the selected nodes)."""
+    inv = load_inventory(args)
+    nodes = inv.select(getattr(args, "nodes", None))
+    return recorded_run(args, command, inv), nodes
 
 
 def run_outcome(run: RecordedRun, work: Callable[[Any], Any], **extra: Any) -> tuple[Any, dict]:

@@ -4,6 +4,7 @@ replicas moved off first (playbooks/drain.py)."""
 from __future__ import annotations
 
 import argparse
+from typing import Any, Callable
 
 from cluster import rollout
 from cluster.commands._common import (add_changing, add_json, float_range, int_range,
@@ -37,21 +38,22 @@ def add_node_and_wait(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from playbooks import drain
 
-    if args.wait <= 0 or args.deadline <= 0:
-        raise UsageError("--wait and --deadline must be > 0")
-    options = drain.DrainOptions(args.node, dry_run=args.dry_run, wait_s=args.wait,
-                                 deadline_s=args.deadline)
-    return execute(args, "drain", lambda session, run_: drain.run(
-        run_.inventory, session, options, confirm=run_.confirm, on_event=run_.event))
+    return execute(args, "drain", drain.run, drain.DrainOptions(
+        args.node, dry_run=args.dry_run, wait_s=args.wait, deadline_s=args.deadline),
+        ("--deadline", args.deadline))
 
 
-def execute(args: argparse.Namespace, command: str, work) -> int:
-    """Shared by drain and restart-node: run dir, session, output."""
+def execute(args: argparse.Namespace, command: str, playbook: Callable[..., Any],
+            options: Any, limit: tuple[str, float]) -> int:
+    """Shared by drain and restart-node: checks, run dir, session, the playbook, output.
+    `limit`: the command's other time flag and its value, > 0 like --wait."""
+    if args.wait <= 0 or limit[1] <= 0:
+        raise UsageError(f"--wait and {limit[0]} must be > 0")
     inv = load_inventory(args)
     inv.node(args.node)  # unknown name -> InventoryError/UsageError before anything runs
     run_ = recorded_run(args, command, inv)
-    outcome, payload = run_outcome(run_, lambda session: work(session, run_),
-                                   dry_run=args.dry_run)
+    outcome, payload = run_outcome(run_, lambda session: playbook(
+        inv, session, options, confirm=run_.confirm, on_event=run_.event), dry_run=args.dry_run)
     code = outcome.exit_code
     if args.json:
         run_.print_json(payload)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import shlex
 
-from cluster.commands._common import (add_json, add_nodes, emit_json, float_range, progress,
-                                      load_inventory, recorded_run, stdout)
+from cluster.commands._common import (add_json, add_nodes, emit_json, float_range,
+                                      recorded_run_on_nodes, stdout)
 from cluster.errors import UsageError
 from cluster.fold import compress
 from cluster.render import GRID_MAX_NODES, command_results_folded, command_results_table
@@ -35,12 +35,9 @@ def command_line(words: list[str]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     command = command_line(args.cmd)
-    inv = load_inventory(args)
-    nodes = inv.select(args.nodes)
-    run_ = recorded_run(args, "exec", inv)
-    record = run_.record
-    with run_.session() as session, \
-            progress(len(nodes), "exec", enabled=not args.json) as advance:
+    run_, nodes = recorded_run_on_nodes(args, "exec")
+    inv, record = run_.inventory, run_.record
+    with run_.session() as session, run_.progress(len(nodes)) as advance:
         results = session.fan_out(nodes, command, timeout=args.timeout, on_result=advance)
     code = 0 if all(r.ok for r in results) else 2
     payload = {"command": command, "exit_code": code,

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from cluster.commands._common import (add_changing, add_json, add_nodes, emit_json,
-                                      load_inventory, recorded_run, stdout)
+                                      recorded_run_on_nodes, stdout)
 from cluster.errors import UsageError
 from cluster.fold import Row, fold
 from cluster.render import fix_lines, folded_table
@@ -59,10 +59,8 @@ def _undo_file(inv, run: str) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    inv = load_inventory(args)
-    nodes = inv.select(args.nodes)
-    run_ = recorded_run(args, "fix", inv)
-    record = run_.record
+    run_, nodes = recorded_run_on_nodes(args, "fix")
+    inv, record = run_.inventory, run_.record
     code = 2
     try:
         with run_.session() as session:

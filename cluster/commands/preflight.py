@@ -7,8 +7,8 @@ import argparse
 from rich.table import Table
 from rich.text import Text
 
-from cluster.commands._common import (add_json, add_nodes, emit_json, load_inventory, progress,
-                                      recorded_run, stdout)
+from cluster.commands._common import (add_json, add_nodes, emit_json, recorded_run_on_nodes,
+                                      stdout)
 from cluster.fold import Row, fold, grid_fits
 from cluster.preflight import run_preflight
 from cluster.render import STATUS_STYLE, fix_lines, folded_table
@@ -31,12 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    inv = load_inventory(args)
-    nodes = inv.select(args.nodes)
-    run_ = recorded_run(args, "preflight", inv)
-    record = run_.record
-    with run_.session() as session, \
-            progress(len(nodes), "preflight", enabled=not args.json) as advance:
+    run_, nodes = recorded_run_on_nodes(args, "preflight")
+    inv, record = run_.inventory, run_.record
+    with run_.session() as session, run_.progress(len(nodes)) as advance:
         report = run_preflight(inv, session, nodes, measure_clock=not args.no_clock_skew,
                                on_node_done=advance, reachability=not args.no_reachability)
     payload = report.to_dict() | {"run_dir": str(record.path), "inventory": inv.path}

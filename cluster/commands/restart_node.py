@@ -7,7 +7,6 @@ import argparse
 
 from cluster.commands._common import add_changing, add_json, float_range
 from cluster.commands.drain import add_node_and_wait, execute
-from cluster.errors import UsageError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -29,9 +28,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from playbooks import restart_node
 
-    if args.wait <= 0 or args.timeout <= 0:
-        raise UsageError("--wait and --timeout must be > 0")
-    options = restart_node.RestartOptions(args.node, dry_run=args.dry_run, wait_s=args.wait,
-                                          join_timeout_s=args.timeout)
-    return execute(args, "restart-node", lambda session, run_: restart_node.run(
-        run_.inventory, session, options, confirm=run_.confirm, on_event=run_.event))
+    return execute(args, "restart-node", restart_node.run, restart_node.RestartOptions(
+        args.node, dry_run=args.dry_run, wait_s=args.wait, join_timeout_s=args.timeout),
+        ("--timeout", args.timeout))
