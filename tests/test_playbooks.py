@@ -397,6 +397,8 @@ run_dir: {tmp_path}/runs
     run.add_secret("sk-later-key")
     run.record.write_text("t.txt", "key sk-later-key")
     assert (run.path / "t.txt").read_text() == "key ***"
+    run.add_secret("abcdefghijkl")  # added last, holds both: still masked whole
+    assert run.scrub("abcdefghijkl") == "***"
 
 
 SECRET = "hf_recordedrun_secret"
