@@ -1,10 +1,9 @@
-"""Preflight's pure parts: the probes each node needs for the chosen checks, and one node's
-probe output judged into check results and facts (evaluate_node).
+"""Preflight: run every node check in parallel (one SSH round trip per node), then cross-node
+checks, then TCP reachability between the nodes (three short fan-outs, cluster/reachability.py).
 
-The sequencing (one SSH round trip per node, then cross-node checks, then TCP reachability
-between the nodes) is playbooks/preflight.py. An unreachable node or unreadable output is a
-result with status error, never an exception. The report's facts (per node: GPU count/model/
-memory, NVLink, IB ports, versions...) feed `cluster up` and `cluster plan`.
+run_preflight never raises for a node: an unreachable node or unreadable output is a result
+with status error. The report's facts (per node: GPU count/model/memory, NVLink, IB ports,
+versions...) feed `cluster up` and `cluster plan`.
 """
 
 from __future__ import annotations
@@ -12,11 +11,14 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from cluster.checks.base import NodeCheck, NodeContext, Verdict
+from cluster.checks.cross import cross_node_checks, measure_skew
+from cluster.checks.node import NODE_CHECKS
 from cluster.errors import ParseError
 from cluster.inventory import Inventory, Node
-from cluster.probes import Probe, split_probe_output
-from cluster.remote import CommandResult
-from cluster.results import CheckResult, Evidence, Status, tail
+from cluster.probes import Probe, probe_script, split_probe_output
+from cluster.reachability import run_reachability
+from cluster.remote import CommandResult, Session
+from cluster.results import CheckResult, Evidence, Report, Status, tail
 
 PER_PROBE_TIMEOUT_S = 20
 
@@ -68,3 +70,26 @@ def _evidence(ctx: NodeContext, check: NodeCheck, verdict: Verdict) -> Evidence:
     text = "".join(o.stdout + o.stderr for o in outs)
     return Evidence(command=" ; ".join(o.command for o in outs), exit_code=first.exit_code,
                     output_tail=tail(text, lines=15, chars=1500), data=verdict.data)
+
+
+def run_preflight(inventory: Inventory, session: Session, nodes: Sequence[Node] | None = None,
+                  checks: Sequence[NodeCheck] = NODE_CHECKS, measure_clock: bool = True,
+                  on_node_done=None, reachability: bool = True) -> Report:
+    nodes = list(nodes or inventory.nodes)
+    probes = {n.name: node_probes(n, inventory, checks) for n in nodes}
+    per_node_timeout = PER_PROBE_TIMEOUT_S * 2 + 30
+    raw = session.fan_out(nodes, lambda n: probe_script(probes[n.name], PER_PROBE_TIMEOUT_S),
+                          timeout=per_node_timeout, on_result=on_node_done)
+    results: list[CheckResult] = []
+    facts: dict[str, dict] = {}
+    for node, res in zip(nodes, raw):
+        node_results, node_facts = evaluate_node(node, inventory, checks, res, probes[node.name])
+        results += node_results
+        facts[node.name] = node_facts
+    reachable = [n for n in nodes if facts[n.name].get("reachable")]
+    skew = measure_skew(session, reachable) if measure_clock and len(reachable) > 1 else None
+    cluster_facts = {n: f for n, f in facts.items() if f.get("reachable")}
+    results += cross_node_checks(cluster_facts, inventory, skew)
+    if reachability and len(reachable) > 1:
+        results += run_reachability(inventory, session, reachable)
+    return Report("preflight", tuple(results), {"nodes": facts})

@@ -100,8 +100,8 @@ def _gather_separately(session, inventory: Inventory) -> dict[str, NodeFacts]:
 
 
 def run_preflight(inventory: Inventory, session) -> Report:
-    """The preflight playbook (playbooks/preflight.py); ImportError if not there."""
-    from playbooks.preflight import run_preflight as preflight  # noqa: WPS433 (optional module)
+    """The lead's preflight (cluster.preflight.run_preflight); ImportError if not there yet."""
+    from cluster.preflight import run_preflight as preflight  # noqa: WPS433 (optional module)
 
     return preflight(inventory, session)
 

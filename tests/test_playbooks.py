@@ -332,50 +332,6 @@ def test_nccl_check_submits_one_head_command_and_judges_a_silent_head():
     assert out.to_dict()["exit_code"] == 2 and "total" in out.result.timings
 
 
-# ---------------------------------------------------------------- preflight
-
-
-class UnreachableFanOut:
-    """A Session whose fan-out reaches no node (refused); anything else must not run."""
-
-    def __init__(self):
-        self.commands: dict[str, str] = {}
-
-    def fan_out(self, nodes, command, timeout=None, on_result=None):
-        from cluster.remote import CommandResult
-
-        out = []
-        for n in nodes:
-            self.commands[n.name] = command(n)
-            r = CommandResult(n.name, self.commands[n.name], None, "", "", 0.0, "unreachable",
-                              "Connection refused")
-            if on_result:
-                on_result(r)
-            out.append(r)
-        return out
-
-    def run(self, *a, **kw):
-        raise AssertionError("preflight ran more than its fan-out with no node reached")
-
-
-def test_preflight_probes_each_selected_node_once_and_judges_unreachable_as_error():
-    from cluster.results import Status
-    from playbooks import preflight
-
-    inv = inventory.loads(INV)
-    session, done = UnreachableFanOut(), []
-    nodes = (inv.node("gpu02"), inv.node("gpu03"))
-    report = preflight.run(inv, session, preflight.PreflightOptions(nodes), done.append)
-    assert sorted(session.commands) == ["gpu02", "gpu03"] and [r.node for r in done] == [
-        "gpu02", "gpu03"]
-    node_results = [r for r in report.results if r.node]
-    assert node_results and all(r.status == Status.ERROR for r in node_results)
-    assert {r.node for r in node_results} == {"gpu02", "gpu03"}
-    assert report.exit_code == 2
-    assert report.to_dict()["facts"]["nodes"] == {"gpu02": {"reachable": False},
-                                                  "gpu03": {"reachable": False}}
-
-
 # ---------------------------------------------------------------- the recorded-run context
 
 

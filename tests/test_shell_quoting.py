@@ -21,8 +21,7 @@ import pytest
 
 from cluster import deploy, inventory, nccl_check, ray_cluster, ray_state, rollout
 from cluster.errors import InventoryError
-from cluster.checks.node import NODE_CHECKS
-from cluster.preflight import node_probes
+from cluster.preflight import NODE_CHECKS, node_probes
 from cluster.probes import probe_script
 from cluster.ray_cluster import GPU
 

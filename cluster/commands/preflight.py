@@ -10,6 +10,7 @@ from rich.text import Text
 from cluster.commands._common import (add_json, add_nodes, emit_json, recorded_run_on_nodes,
                                       stdout)
 from cluster.fold import Row, fold, grid_fits
+from cluster.preflight import run_preflight
 from cluster.render import STATUS_STYLE, fix_lines, folded_table
 from cluster.results import Report, Status
 
@@ -30,14 +31,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from playbooks import preflight
-
     run_, nodes = recorded_run_on_nodes(args, "preflight")
     inv, record = run_.inventory, run_.record
     with run_.session() as session, run_.progress(len(nodes)) as advance:
-        report = preflight.run(inv, session, preflight.PreflightOptions(
-            tuple(nodes), measure_clock=not args.no_clock_skew,
-            reachability=not args.no_reachability), on_node_done=advance)
+        report = run_preflight(inv, session, nodes, measure_clock=not args.no_clock_skew,
+                               on_node_done=advance, reachability=not args.no_reachability)
     payload = report.to_dict() | {"run_dir": str(record.path), "inventory": inv.path}
     emit_json(record, "preflight.json", payload, to_stdout=args.json)
     record.finish(report.exit_code)
