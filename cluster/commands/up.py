@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Callable
 
 from rich.table import Table
 from rich.text import Text
 
 from cluster.commands._common import (add_changing, add_json, add_serial, float_range,
-                                      recorded_run, stdout)
+                                      print_json, recorded_run, stdout)
 from cluster.commands._common import inventory_secrets  # noqa: F401 (status.py imports it here)
 from cluster.errors import UsageError
 from cluster.fold import Row, compress, fold, shape
 from cluster.ray_cluster import Plan, StepResult
-from cluster.render import GRID_MAX_NODES, folded_table, report_table, status_text
+from cluster.render import GRID_MAX_NODES, folded_table, report_table, status_text, to_json
 from playbooks import ray_up
 
 
@@ -64,9 +65,9 @@ def run(args: argparse.Namespace) -> int:
         payload["exit_code"] = code
         record.write_json("up.json", payload)
     finally:
-        run_.finish(code)
+        record.finish(code)
     if args.json:
-        run_.print_json(payload)
+        print_json(json.loads(record.scrub(to_json(payload))))
     else:
         _print(outcome, args.dry_run, record.scrub)
         for warning in inv.warnings:
