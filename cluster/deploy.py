@@ -31,8 +31,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
-from cluster.errors import UsageError
+from cluster.errors import ProgramError, UsageError
 from cluster.inventory import Inventory, Node, is_secret_name
+from cluster.node_programs import Call, fan_out_program, program_call, read_document
 from cluster.plan_file import SECRET_ENGINE_ARG_RE, SERVED_NAME_RE, PlanFile
 
 DENSE_IMPORT_PATH = "serve_apps.vllm_app:build_app"
@@ -533,31 +534,7 @@ def endpoint_url(inventory: Inventory, route_prefix: str, port: int | None = Non
 
 # ---------------------------------------------------------------- checks on the nodes
 
-NODE_CHECK_MARKER = "CLUSTER_DEPLOY_CHECK "
-# argv: model dir, API key variable name ('' for none). Prints whether the model's config.json
-# is there and whether the node's raylet (whose env Ray workers inherit) has the variable set;
-# never the value.
-NODE_CHECK_SNIPPET = r'''
-import json, os, sys
-model, key = sys.argv[1], sys.argv[2]
-out = {"model": os.path.isfile(os.path.join(model, "config.json")),
-       "model_dir": os.path.isdir(model), "key": None}
-if key:
-    out["key"] = "no-raylet"
-    for pid in os.listdir("/proc"):
-        try:
-            with open("/proc/%s/comm" % pid) as fh:
-                if fh.read().strip() != "raylet":
-                    continue
-            with open("/proc/%s/environ" % pid, "rb") as fh:
-                items = [i.split(b"=", 1) for i in fh.read().split(b"\0") if b"=" in i]
-        except OSError:
-            continue
-        env = {k.decode("utf-8", "replace"): v for k, v in items}
-        out["key"] = "set" if env.get(key) else ("empty" if key in env else "unset")
-        break
-print("CLUSTER_DEPLOY_CHECK " + json.dumps(out))
-'''
+NODE_CHECK_PROGRAM = "deploy_check"   # cluster/node_programs/deploy_check.py
 
 
 @dataclass(frozen=True)
@@ -591,24 +568,35 @@ class Checks:
                 "nodes": [n.to_dict() for n in self.nodes]}
 
 
+def node_check_call(inventory: Inventory, model: str, api_key_env: str | None) -> Call:
+    """The on-node check: whether the model's config.json is there and whether the node's raylet
+    (whose env Ray workers inherit) has the API-key variable set; never the value."""
+    return program_call(inventory.ray.python, NODE_CHECK_PROGRAM, [model, api_key_env or ""])
+
+
 def node_check_command(inventory: Inventory, model: str, api_key_env: str | None) -> str:
-    return shlex.join([inventory.ray.python, "-c", NODE_CHECK_SNIPPET, model,
-                       api_key_env or ""]) + " </dev/null"
+    """The shell command of the check (the program itself goes on its stdin)."""
+    return node_check_call(inventory, model, api_key_env).command
+
+
+def node_check_from(node: str, answer: dict | ProgramError) -> NodeCheck:
+    """The check's document (or why there is none) -> NodeCheck."""
+    if isinstance(answer, ProgramError):
+        if not answer.reached:
+            return NodeCheck(node, False, error=answer.reason)
+        code = answer.result.exit_code if answer.result is not None else None
+        return NodeCheck(node, True, error=f"check failed (exit {code}): "
+                                           f"{(answer.detail or answer.reason)[:200]}")
+    return NodeCheck(node, True, bool(answer.get("model")), bool(answer.get("model_dir")),
+                     answer.get("key"))
 
 
 def parse_node_check(node: str, result) -> NodeCheck:
-    if not result.reached:
-        return NodeCheck(node, False, error=f"{result.status}: {result.error}")
-    for line in reversed(result.stdout.splitlines()):
-        if line.startswith(NODE_CHECK_MARKER):
-            try:
-                data = json.loads(line[len(NODE_CHECK_MARKER):])
-            except ValueError:
-                break
-            return NodeCheck(node, True, bool(data.get("model")), bool(data.get("model_dir")),
-                             data.get("key"))
-    tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
-    return NodeCheck(node, True, error=f"check failed (exit {result.exit_code}): {tail[0][:200]}")
+    """The check's CommandResult on one node -> NodeCheck."""
+    try:
+        return node_check_from(node, read_document(result, NODE_CHECK_PROGRAM))
+    except ProgramError as exc:
+        return node_check_from(node, exc)
 
 
 def judge_checks(checks: Sequence[NodeCheck], spec: DeploySpec,
@@ -647,9 +635,9 @@ def check_nodes(session, inventory: Inventory, spec: DeploySpec,
     """Model files and the API-key variable on every alive inventory node (one SSH round)."""
     alive = {n.name for n in cluster.nodes if n.name is not None}
     nodes = [n for n in inventory.nodes if n.name in alive]  # inventory order
-    command = node_check_command(inventory, spec.model, spec.api_key_env)
-    results = session.fan_out(nodes, command, timeout=60) if nodes else ()
-    checks = [parse_node_check(n.name, r) for n, r in zip(nodes, results)]
+    answers = fan_out_program(session, nodes, NODE_CHECK_PROGRAM,
+                              [spec.model, spec.api_key_env or ""], timeout=60) if nodes else ()
+    checks = [node_check_from(n.name, a) for n, a in zip(nodes, answers)]
     return judge_checks(checks, spec, cluster)
 
 

@@ -71,3 +71,28 @@ class RayError(ClusterError):
 
 class DeployError(ClusterError):
     """A Serve deployment failed or did not become RUNNING."""
+
+
+class ProgramError(RemoteError):
+    """An on-node program (cluster/node_programs/) did not give its one JSON document: the node
+    was not reached or did not answer in time, the program exited non-zero, printed no JSON,
+    more than one document, or more output than allowed.
+
+    `kind`: unreachable | timeout | exit | no-json | several | oversized | not-an-object.
+    `result`: the CommandResult; `doc`: the document when one was read despite a non-zero exit.
+    `reason`: the message without the node name; `detail`: the output's last line (<= 300)."""
+
+    def __init__(self, node: str, program: str, kind: str, reason: str, *, result=None,
+                 doc: dict | None = None, detail: str = ""):
+        self.program = program
+        self.kind = kind
+        self.reason = reason
+        self.result = result
+        self.doc = doc
+        self.detail = detail
+        super().__init__(node, f"{program}: {reason}")
+
+    @property
+    def reached(self) -> bool:
+        """The program ran on the node (whatever it printed); False: unreachable or timed out."""
+        return self.kind not in ("unreachable", "timeout")

@@ -3,22 +3,22 @@
 The job's entrypoint is playbooks/nccl_allreduce.py (see its docstring for what runs on the
 cluster). This module is the laptop side, in three layers:
 
-  build    `job_args(options, nodes)` (the entrypoint's arguments) and `head_command(...)`:
-           one SSH command that runs HEAD_SNIPPET (stdlib only) with the inventory's python on
-           the head. The snippet writes the entrypoint script to a temporary directory there,
-           submits the job to the dashboard's REST API on the head's loopback
+  build    `job_args(options, nodes)` (the entrypoint's arguments) and `head_call(...)`: one
+           SSH command that runs the on-node program cluster/node_programs/nccl_job.py with
+           the inventory's python on the head. It writes the entrypoint script to a temporary
+           directory there, submits the job to the dashboard's REST API on the head's loopback
            (`POST /api/jobs/`, so it shows in the Ray dashboard), polls it until it ends or the
            deadline (then stops it), reads the result file the entrypoint wrote and the job's
-           logs, removes its files and prints one MARKER line.
-  collect  `parse_head_output(stdout) -> JobOutcome` (pure).
+           logs, removes its files and prints one JSON document.
+  collect  `parse_head_output(document) -> JobOutcome` (pure).
   judge    `expected_bandwidth(preflight_facts, nodes)` (IB rate x active NICs per node) and
            `judge(options, outcome, expected)` -> NcclCheckResult (pure): for NCCL the ranks'
            NCCL_DEBUG logs are parsed together with cluster.parsers.nccl (transport, GDR,
            verdict) and the measured bus bandwidth is compared with the expected one (< 50%:
            warn). A node that is missing, unreachable or died fails the check by name.
 
-`run_check(session, inventory, options, preflight_facts)` ties them together. Nothing here
-prints; ray and torch are never imported on the laptop.
+playbooks/nccl_check.py ties them together (submit, wait, judge). Nothing here prints; ray and
+torch are never imported on the laptop.
 """
 
 from __future__ import annotations
@@ -27,16 +27,15 @@ import base64
 import json
 import re
 import secrets
-import shlex
-import time
 import zlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from cluster.errors import ParseError, UsageError
+from cluster.errors import ParseError, ProgramError, UsageError
 from cluster.inventory import Inventory, Node
+from cluster.node_programs import Call, program_call, read_document
 from cluster.ray_state import head_client_env
 from cluster.results import (CheckResult, Evidence, Report, Status, exit_code_for, tail,
                              worst)
@@ -50,96 +49,10 @@ MIN_TIMEOUT_S = 30.0
 BANDWIDTH_WARN_FRACTION = 0.5
 DRIVER_RESERVE_S = 10.0       # the entrypoint finishes this long before the job is stopped
 SSH_MARGIN_S = 60.0           # the SSH command's timeout beyond --timeout (submit, stop, read back)
-MARKER = "CLUSTER_NCCL_JOB "
+HEAD_PROGRAM = "nccl_job"           # cluster/node_programs/nccl_job.py, run on the head
 JOB_MARKER = "CLUSTER_NCCL_CHECK "   # the entrypoint's own stdout line (playbooks/nccl_allreduce.py)
 ENTRYPOINT = Path(__file__).resolve().parents[1] / "playbooks" / "nccl_allreduce.py"
 
-# Runs on the head with the inventory's python; stdlib only. argv[1]: JSON config
-# {base, submission_id, python, script_b64, args, timeout_s, reserve_s, metadata}.
-HEAD_SNIPPET = r'''
-import base64, json, os, shlex, shutil, sys, tempfile, time, urllib.error, urllib.request, zlib
-cfg = json.loads(sys.argv[1])
-sid = cfg["submission_id"]
-out = {"submission_id": sid, "submitted": False, "status": None, "message": None,
-       "result_z": None, "logs_tail": "", "errors": [], "timed_out": False, "waited_s": None,
-       "entrypoint": None}
-token = os.environ.get("RAY_AUTH_TOKEN")
-path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
-if not token and os.path.isfile(path):
-    with open(path) as fh:
-        token = fh.read().strip()
-headers = {"Content-Type": "application/json"}
-if token:
-    headers["Authorization"] = "Bearer " + token
-def call(method, route, body=None, timeout=20):
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(cfg["base"] + route, data=data, headers=headers, method=method)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return json.loads(r.read().decode("utf-8", "replace") or "null")
-    except urllib.error.HTTPError as exc:
-        text = exc.read().decode("utf-8", "replace").strip().splitlines()
-        raise RuntimeError("HTTP %s %s: %s" % (exc.code, route, text[-1] if text else exc.reason))
-work = tempfile.mkdtemp(prefix="cluster-nccl-check-")
-start = time.time()
-deadline = start + cfg["timeout_s"]
-try:
-    script = os.path.join(work, "nccl_allreduce.py")
-    with open(script, "wb") as fh:
-        fh.write(base64.b64decode(cfg["script_b64"]))
-    result_file = os.path.join(work, "result.json")
-    log_dir = os.path.join(tempfile.gettempdir(), "cluster-nccl-check-" + sid)
-    args = cfg["args"] + ["--deadline", "%.3f" % (deadline - cfg["reserve_s"]),
-                          "--log-dir", log_dir, "--result-file", result_file]
-    out["entrypoint"] = shlex.join([cfg["python"], script] + args)
-    try:
-        call("POST", "/api/jobs/", {"entrypoint": out["entrypoint"], "submission_id": sid,
-                                    "metadata": cfg["metadata"]})
-        out["submitted"] = True
-    except Exception as exc:
-        out["errors"].append("submit to %s: %s: %s" % (cfg["base"], type(exc).__name__, exc))
-    final = ("SUCCEEDED", "FAILED", "STOPPED")
-    while out["submitted"]:
-        try:
-            info = call("GET", "/api/jobs/" + sid)
-            out["status"], out["message"] = info.get("status"), info.get("message")
-        except Exception as exc:
-            out["errors"].append("status: %s: %s" % (type(exc).__name__, exc))
-            break
-        if out["status"] in final:
-            break
-        if time.time() >= deadline:
-            out["timed_out"] = True
-            try:
-                call("POST", "/api/jobs/%s/stop" % sid)
-            except Exception as exc:
-                out["errors"].append("stop: %s: %s" % (type(exc).__name__, exc))
-            stop_by = time.time() + 15
-            while time.time() < stop_by:
-                try:
-                    info = call("GET", "/api/jobs/" + sid)
-                    out["status"], out["message"] = info.get("status"), info.get("message")
-                except Exception:
-                    break
-                if out["status"] in final:
-                    break
-                time.sleep(1)
-            break
-        time.sleep(1)
-    out["waited_s"] = round(time.time() - start, 2)
-    if os.path.isfile(result_file):
-        with open(result_file, "rb") as fh:
-            out["result_z"] = base64.b64encode(zlib.compress(fh.read(), 6)).decode()
-    if out["submitted"]:
-        try:
-            logs = call("GET", "/api/jobs/%s/logs" % sid).get("logs") or ""
-            out["logs_tail"] = logs[-30000:]
-        except Exception as exc:
-            out["errors"].append("logs: %s: %s" % (type(exc).__name__, exc))
-finally:
-    shutil.rmtree(work, ignore_errors=True)
-print("CLUSTER_NCCL_JOB " + json.dumps(out))
-'''
 
 
 # ---------------------------------------------------------------- options and the job
@@ -205,9 +118,9 @@ def dashboard_base(inventory: Inventory) -> str:
     return f"http://{host}:{inventory.ray.dashboard_port}"
 
 
-def head_command(inventory: Inventory, options: CheckOptions, nodes: Sequence[Node],
-                 submission_id: str, script: str | None = None) -> str:
-    """The one SSH command run on the head: submit, wait, read back (prints one MARKER line)."""
+def head_call(inventory: Inventory, options: CheckOptions, nodes: Sequence[Node],
+              submission_id: str, script: str | None = None) -> Call:
+    """The one SSH command run on the head (submit, wait, read back) and its stdin."""
     text = script if script is not None else ENTRYPOINT.read_text()
     cfg = {"base": dashboard_base(inventory), "submission_id": submission_id,
            "python": inventory.ray.python,
@@ -215,8 +128,15 @@ def head_command(inventory: Inventory, options: CheckOptions, nodes: Sequence[No
            "args": job_args(options, nodes), "timeout_s": options.timeout_s,
            "reserve_s": DRIVER_RESERVE_S,
            "metadata": {"cluster-toolkit": "nccl-check", "backend": options.backend}}
-    return head_client_env(inventory) + shlex.join([inventory.ray.python, "-c", HEAD_SNIPPET,
-                                json.dumps(cfg, separators=(",", ":"))]) + " </dev/null"
+    return program_call(inventory.ray.python, HEAD_PROGRAM,
+                        [json.dumps(cfg, separators=(",", ":"))],
+                        env_prefix=head_client_env(inventory))
+
+
+def head_command(inventory: Inventory, options: CheckOptions, nodes: Sequence[Node],
+                 submission_id: str, script: str | None = None) -> str:
+    """The shell command of head_call (the program itself goes on its stdin)."""
+    return head_call(inventory, options, nodes, submission_id, script).command
 
 
 # ---------------------------------------------------------------- collect
@@ -238,20 +158,8 @@ class JobOutcome:
     entrypoint: str | None = None
 
 
-def parse_head_output(stdout: str) -> JobOutcome:
-    """The snippet's MARKER line -> JobOutcome (no marker: nothing was reported)."""
-    payload = None
-    for line in stdout.splitlines():
-        if line.startswith(MARKER):
-            payload = line[len(MARKER):]
-    if payload is None:
-        return JobOutcome(None, False, None, None, None,
-                          errors=("the head printed no nccl-check result",))
-    try:
-        data = json.loads(payload)
-    except ValueError as exc:
-        return JobOutcome(None, False, None, None, None,
-                          errors=(f"unreadable nccl-check output on the head: {exc}",))
+def parse_head_output(data: Mapping[str, Any]) -> JobOutcome:
+    """The head program's JSON document -> JobOutcome (pure)."""
     result = None
     errors = list(data.get("errors") or ())
     if data.get("result_z"):
@@ -266,6 +174,22 @@ def parse_head_output(stdout: str) -> JobOutcome:
                       logs_tail=data.get("logs_tail") or "", errors=tuple(errors),
                       timed_out=bool(data.get("timed_out")), waited_s=data.get("waited_s"),
                       entrypoint=data.get("entrypoint"))
+
+
+def outcome_of(result, head: str, submission_id: str) -> JobOutcome:
+    """The head command's CommandResult -> JobOutcome (when the program gave no document,
+    an outcome whose errors say why)."""
+    try:
+        return parse_head_output(read_document(result, HEAD_PROGRAM))
+    except ProgramError as exc:
+        if not exc.reached:
+            why: tuple[str, ...] = (f"head {head} {result.status}: {result.error}",)
+        elif exc.doc is not None:
+            return parse_head_output(exc.doc)
+        else:
+            why = ("the head printed no nccl-check result",
+                   f"exit {result.exit_code}: {exc.detail or exc.reason}"[:320])
+        return JobOutcome(submission_id, False, None, None, None, errors=why)
 
 
 def _result_from_logs(logs: str) -> Mapping[str, Any] | None:
@@ -578,38 +502,8 @@ def _parse_rank_logs(raw_ranks: Sequence[Mapping[str, Any]]) -> dict[str, Any] |
         return None
 
 
-# ---------------------------------------------------------------- orchestration
-
-
-def run_check(session: Any, inventory: Inventory, options: CheckOptions,
-              nodes: Sequence[Node] | None = None,
-              preflight_facts: Mapping[str, Any] | None = None,
-              submission_id: str | None = None) -> tuple[NcclCheckResult, JobOutcome, Any]:
-    """Submit the job on the head, wait for it, judge it. Returns (result, outcome, CommandResult)."""
-    from cluster.ray_state import dashboard_url
-
-    nodes = list(nodes or inventory.nodes)
-    sid = submission_id or new_submission_id(options.backend)
-    command = head_command(inventory, options, nodes, sid)
-    started = time.monotonic()
-    result = session.run(inventory.head, command, timeout=options.timeout_s + SSH_MARGIN_S)
-    if not result.reached:
-        outcome = JobOutcome(sid, False, None, None, None,
-                             errors=(f"head {inventory.head.name} {result.status}: {result.error}",))
-    else:
-        outcome = parse_head_output(result.stdout)
-        if outcome.submission_id is None:
-            detail = (result.stderr or result.stdout).strip().splitlines()[-1:] or [""]
-            outcome = JobOutcome(sid, False, None, None, None,
-                                 errors=outcome.errors + (f"exit {result.exit_code}: {detail[0][:300]}",))
-    rank_nodes = [n.name for n in nodes]
-    expected = expected_bandwidth(preflight_facts, _nodes_with_ranks(outcome, rank_nodes))
-    judged = judge(options, outcome, expected, dashboard_url(inventory))
-    timings = dict(judged.timings, total=round(time.monotonic() - started, 2))
-    return replace(judged, timings=timings), outcome, result
-
-
-def _nodes_with_ranks(outcome: JobOutcome, default: Sequence[str]) -> list[str]:
+def nodes_with_ranks(outcome: JobOutcome, default: Sequence[str]) -> list[str]:
+    """The nodes the job's ranks ran on (in `default`'s order), else `default`."""
     ranks = (outcome.result or {}).get("ranks") or []
     names = _ordered({r.get("node") for r in ranks if isinstance(r, Mapping) and r.get("node")},
                      list(default))

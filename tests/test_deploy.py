@@ -542,7 +542,7 @@ def _result(node, stdout="", status="ok", code=0):
 
 def test_node_checks_name_the_nodes_without_the_model_or_the_key():
     spec = deploy.spec_from_flags(MODEL, tp=2)
-    line = deploy.NODE_CHECK_MARKER + '{"model": %s, "model_dir": true, "key": "%s"}'
+    line = '{"model": %s, "model_dir": true, "key": "%s"}'
     checks = [deploy.parse_node_check("gpu1", _result("gpu1", line % ("true", "set"))),
               deploy.parse_node_check("gpu2", _result("gpu2", line % ("false", "unset")))]
     out = deploy.judge_checks(checks, spec, CPU2)

@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 
 from cluster import inventory as inventory_mod
-from cluster import nccl_check
+from cluster import nccl_check, node_programs
 from cluster.errors import UsageError
 from cluster.nccl_check import (CheckOptions, Expected, JobOutcome, expected_bandwidth, judge,
                                 parse_head_output)
+from cluster.remote import CommandResult
 from cluster.results import Status
 from playbooks import nccl_allreduce as job
 
@@ -83,13 +84,15 @@ def test_entrypoint_rejects_bad_arguments():
         job.parse_args(base + ["--nodes", '[{"name": "a"}]'])
 
 
-def test_head_command_runs_the_snippet_with_the_inventory_python(inv):
-    command = nccl_check.head_command(inv, CheckOptions("gloo"), inv.nodes, "nccl-check-x",
-                                      script="print('entrypoint')\n")
-    argv = __import__("shlex").split(command.replace(" </dev/null", ""))
-    assert argv[0] == "/opt/venv/bin/python" and argv[1] == "-c"
-    assert argv[2] == nccl_check.HEAD_SNIPPET
-    cfg = json.loads(argv[3])
+def test_head_command_runs_the_program_with_the_inventory_python(inv):
+    call = nccl_check.head_call(inv, CheckOptions("gloo"), inv.nodes, "nccl-check-x",
+                                script="print('entrypoint')\n")
+    assert nccl_check.head_command(inv, CheckOptions("gloo"), inv.nodes, "nccl-check-x",
+                                   script="print('entrypoint')\n") == call.command
+    argv = __import__("shlex").split(call.command)
+    assert argv[0] == "/opt/venv/bin/python" and argv[1] == "-"
+    assert call.stdin == node_programs.source(nccl_check.HEAD_PROGRAM)  # the program, on stdin
+    cfg = json.loads(argv[2])
     assert cfg["base"] == "http://127.0.0.1:8299"      # the dashboard on the head's loopback
     assert cfg["submission_id"] == "nccl-check-x"
     assert base64.b64decode(cfg["script_b64"]).decode() == "print('entrypoint')\n"
@@ -98,7 +101,7 @@ def test_head_command_runs_the_snippet_with_the_inventory_python(inv):
 
 
 def test_head_snippet_and_entrypoint_compile_and_the_entrypoint_needs_no_toolkit():
-    compile(nccl_check.HEAD_SNIPPET, "<head snippet>", "exec")
+    compile(node_programs.source(nccl_check.HEAD_PROGRAM), "<head program>", "exec")
     tree = ast.parse(nccl_check.ENTRYPOINT.read_text())
     top = set()
     for node in ast.walk(tree):
@@ -187,7 +190,7 @@ def _head_stdout(result: dict | None, **extra) -> str:
                "result_z": base64.b64encode(zlib.compress(json.dumps(result).encode())).decode()
                if result is not None else None}
     payload.update(extra)
-    return "some noise\n" + nccl_check.MARKER + json.dumps(payload) + "\n"
+    return payload
 
 
 def test_parse_head_output_reads_the_compressed_result():
@@ -202,8 +205,13 @@ def test_parse_head_output_falls_back_to_the_job_log_line():
 
 
 def test_parse_head_output_without_marker():
-    out = parse_head_output("Traceback ...\n")
+    result = CommandResult("gpu01", "cmd", 1, "", "Traceback ...\n", 0.1, "failed")
+    out = nccl_check.outcome_of(result, "gpu01", "nccl-check-x")
     assert not out.submitted and out.result is None and "no nccl-check result" in out.errors[0]
+    assert out.submission_id == "nccl-check-x" and out.errors[1] == "exit 1: Traceback ..."
+    lost = CommandResult("gpu01", "cmd", None, "", "", 0.1, "unreachable", "gpu01: refused")
+    out = nccl_check.outcome_of(lost, "gpu01", "nccl-check-x")
+    assert out.errors == ("head gpu01 unreachable: gpu01: refused",)
 
 
 # ---------------------------------------------------------------- expected bandwidth

@@ -703,7 +703,7 @@ def test_dashboard_tunnel_uses_inventory_ssh_settings_and_loopback():
 
 
 def test_secret_env_values_are_kept_out_of_output():
-    from cluster.commands.up import inventory_secrets
+    from cluster.commands._common import inventory_secrets
 
     inv = inventory.loads(INV.replace('env: {NCCL_DEBUG: INFO, ODD: "a b\'c"}',
                                       "env: {NCCL_DEBUG: INFO, HF_TOKEN: hf_secret_value}"))

@@ -10,7 +10,7 @@ from rich.text import Text
 from cluster.commands._common import add_json, load_inventory, print_json, start_run, stdout
 from cluster.fold import Row, exact, fold
 from cluster.render import GRID_MAX_NODES, folded_table
-from cluster.commands.up import inventory_secrets
+from cluster.commands._common import inventory_secrets
 from cluster.prometheus_head import metrics_doc
 from cluster.ray_state import cluster_status, query_state, status_exit_code
 from cluster.remote import Session

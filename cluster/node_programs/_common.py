@@ -1,0 +1,132 @@
+"""On-node code the programs share, written once: the Ray auth-token reader, the /proc scan for a
+process's environment, and the stop/running/detach helpers of the detached servers.
+
+Never run by itself. A program imports it with one line,
+`from cluster.node_programs._common import NAMES`, which works when the program is imported
+as a module (tests); when the program is shipped to a node, the runner replaces that line by
+this file's text (cluster/node_programs/__init__.py `source`), so the node runs one
+self-contained file. Stdlib only, Python 3.8+, no annotations.
+"""
+
+import os
+import signal
+import time
+
+TOKEN_FILE = os.path.join(".ray", "auth_token")
+RAY_DAEMONS = ("gcs_server", "raylet")
+
+
+def _read_stripped(path):
+    with open(path) as fh:
+        return fh.read().strip()
+
+
+def token_file(env):
+    """The token file Ray reads: $RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token."""
+    home = env.get("HOME") or os.path.expanduser("~")
+    return env.get("RAY_AUTH_TOKEN_PATH") or os.path.join(home, TOKEN_FILE)
+
+
+def token_from(env):
+    """The Ray auth token the environment `env` points at (the variable, else the token file),
+    or None. Ray's own order: RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token."""
+    token = (env.get("RAY_AUTH_TOKEN") or "").strip()
+    if token:
+        return token
+    path = token_file(env)
+    if os.path.isfile(path):
+        return _read_stripped(path) or None
+    return None
+
+
+def auth_token(env, scan_ray=False, proc="/proc"):
+    """The Ray auth token for a client on this node, or None. With scan_ray, when `env` has
+    none, the environment the node's own gcs_server/raylet was started with (its token or its
+    token file). Never printed by a program."""
+    token = token_from(env)
+    if token or not scan_ray:
+        return token
+    for pid in pids_named(RAY_DAEMONS, proc):
+        found = process_env(pid, proc)
+        if found is None:
+            continue
+        try:
+            token = token_from(dict(found, HOME="/nonexistent"))
+        except OSError:
+            continue
+        if token:
+            return token
+    return None
+
+
+def comm_of(pid, proc="/proc"):
+    """The process's command name (/proc/PID/comm), or None when it cannot be read."""
+    try:
+        return _read_stripped(os.path.join(proc, str(pid), "comm"))
+    except OSError:
+        return None
+
+
+def pids_named(comms, proc="/proc"):
+    """The pids (strings, /proc's order) of the processes whose comm is one of `comms`."""
+    try:
+        entries = os.listdir(proc)
+    except OSError:
+        return []
+    return [pid for pid in entries if pid.isdigit() and comm_of(pid, proc) in comms]
+
+
+def process_env(pid, proc="/proc"):
+    """The process's environment (/proc/PID/environ: NAME=value items; values decoded as UTF-8
+    with replacement), or None when it cannot be read (gone, another user's)."""
+    try:
+        with open(os.path.join(proc, str(pid), "environ"), "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return None
+    env = {}
+    for item in raw.split(b"\0"):
+        if b"=" in item:
+            key, _, value = item.decode("utf-8", "replace").partition("=")
+            env[key] = value
+    return env
+
+
+def running(pid, proc="/proc"):
+    """Alive and not a zombie (a zombie holds no socket; its reaper may be slow)."""
+    try:
+        with open(os.path.join(proc, "%d" % pid, "stat")) as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def stop_tagged(pid, tag, wait_s, proc="/proc"):
+    """SIGTERM the process `pid` if its command line holds `--tag TAG` (ours), then wait up to
+    wait_s for it to go: {"stopped": pid, "gone": bool}, or {"stopped": None} (not ours, gone)."""
+    if pid <= 1:
+        return {"stopped": None}
+    try:
+        with open(os.path.join(proc, "%d" % pid, "cmdline"), "rb") as f:
+            ours = (b"\0--tag\0" + tag.encode() + b"\0") in f.read() + b"\0"
+        if not ours:
+            return {"stopped": None}
+        os.kill(pid, signal.SIGTERM)
+    except OSError:
+        return {"stopped": None}
+    end = time.monotonic() + wait_s    # its ports are free when stop returns (ray start next)
+    while running(pid, proc) and time.monotonic() < end:
+        time.sleep(0.02)
+    return {"stopped": pid, "gone": not running(pid, proc)}
+
+
+def detach_grandchild():
+    """In the first child: a new session and a second fork. True in the grandchild, which runs
+    on with stdio on /dev/null (so the SSH command returns); False in the first child."""
+    os.setsid()
+    if os.fork():
+        return False
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    return True

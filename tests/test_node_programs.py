@@ -1,0 +1,407 @@
+"""The on-node programs (cluster/node_programs/) and their one runner: every program ships as one
+self-contained stdlib file that prints one JSON document; run_program turns anything else into a
+typed ProgramError; the shared on-node code (_common) reads Ray's token and /proc as Ray does.
+
+Programs run for real: main() against fake /proc trees, token files and HTTP servers on
+loopback, and the shipped text as a subprocess of this venv's python (`python -`, as on a node).
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import json
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import zlib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from cluster import deploy, nccl_check, node_programs
+from cluster.errors import ProgramError, RemoteError
+from cluster.inventory import loads as load_inventory
+from cluster.node_programs import (BOOT, HERE, fan_out_program, program_call, read_document,
+                                   run_program, source)
+from cluster.node_programs import _common, deploy_check, nccl_job
+from cluster.remote import CommandResult
+
+PYTHON = sys.executable
+PROGRAMS = sorted(p.stem for p in HERE.glob("*.py") if not p.stem.startswith("_"))
+INVENTORY = """
+nodes:
+  - {name: head, role: head, address: 10.0.0.1}
+  - {name: w1, address: 10.0.0.2}
+ray: {python: /opt/py/bin/python3}
+"""
+
+
+def run_shipped(name: str, args, stdin_data: str | None = None, env=None) -> subprocess.CompletedProcess:
+    """The program as a node runs it: the command program_call builds, its stdin as shipped."""
+    call = program_call(PYTHON, name, args, stdin_data)
+    return subprocess.run(["bash", "-c", call.command], input=call.stdin, capture_output=True,
+                          text=True, timeout=120, env=env)
+
+
+def one_document(text: str) -> dict:
+    doc, end = json.JSONDecoder().raw_decode(text.strip())
+    assert not text.strip()[end:].strip(), text
+    assert isinstance(doc, dict)
+    return doc
+
+
+# ---------------------------------------------------------------- shipping
+
+
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_every_shipped_program_is_self_contained_stdlib(name):
+    text = source(name)
+    tree = ast.parse(text)
+    tops = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            tops |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, "a relative import cannot run on a node"
+            tops.add(node.module.split(".")[0])
+    assert "cluster" not in tops and "playbooks" not in tops and "__future__" not in tops
+    assert tops <= set(sys.stdlib_module_names), tops - set(sys.stdlib_module_names)
+    assert "if __name__ == \"__main__\":" in text
+
+
+def test_source_bundles_common_in_place_of_its_import():
+    text = source("deploy_check")
+    assert not any(line.startswith(node_programs.COMMON_IMPORT) for line in text.splitlines())
+    assert "def process_env(" in text and text.count("def pids_named(") == 1
+    assert (HERE / "deploy_check.py").read_text().count(node_programs.COMMON_IMPORT) == 1
+    with pytest.raises(ValueError):
+        source("_common")
+    with pytest.raises(ValueError):
+        source("../remote")
+
+
+def test_program_call_keeps_the_program_off_argv():
+    plain = program_call("/opt/py/bin/python3", "deploy_check", ["/m o", "K"], env_prefix="env A=1 ")
+    assert plain.command == "env A=1 /opt/py/bin/python3 - '/m o' K"
+    assert plain.stdin == source("deploy_check")
+    fed = program_call("/opt/py/bin/python3", "model_copy", ["manifest"], stdin="secret\n")
+    assert shlex.split(fed.command) == ["/opt/py/bin/python3", "-c", BOOT, "manifest"]
+    first, _, rest = fed.stdin.partition("\n")
+    assert json.loads(first) == source("model_copy") and rest == "secret\n"
+    assert "secret" not in fed.command
+
+
+# ---------------------------------------------------------------- the runner's typed errors
+
+
+def _result(stdout="", code=0, status="ok", stderr="", error=None):
+    return CommandResult("w1", "cmd", code, stdout, stderr, 0.1, status, error)
+
+
+class FakeSession:
+    """Answers every command with a canned CommandResult; records (node, command, stdin)."""
+
+    def __init__(self, result: CommandResult | dict):
+        self.inventory = load_inventory(INVENTORY)
+        self.answers = result
+        self.calls: list[tuple[str, str, str | None]] = []
+
+    def _answer(self, node):
+        got = self.answers[node.name] if isinstance(self.answers, dict) else self.answers
+        return CommandResult(node.name, got.command, got.exit_code, got.stdout, got.stderr,
+                             got.duration_s, got.status, got.error)
+
+    def run(self, node, command, timeout=None, stdin=None):
+        self.calls.append((node.name, command, stdin))
+        return self._answer(node)
+
+    def fan_out(self, nodes, command, timeout=None, stdin=None):
+        out = []
+        for node in nodes:
+            self.calls.append((node.name, command(node) if callable(command) else command, stdin))
+            out.append(self._answer(node))
+        return tuple(out)
+
+
+def test_run_program_returns_the_document_and_ships_with_the_inventory_python():
+    session = FakeSession(_result('  {"a": 1}\n'))
+    node = session.inventory.node("w1")
+    assert run_program(session, node, "deploy_check", ["/m", "K"], timeout=5) == {"a": 1}
+    (name, command, stdin), = session.calls
+    assert name == "w1" and command == "/opt/py/bin/python3 - /m K"
+    assert stdin == source("deploy_check")
+    run_program(session, node, "deploy_check", ["/m"], python="/other/python")
+    assert session.calls[-1][1].startswith("/other/python - ")
+
+
+@pytest.mark.parametrize("result, kind, words", [
+    (_result("", status="unreachable", code=None, error="w1: refused"), "unreachable",
+     "unreachable: w1: refused"),
+    (_result("", status="timeout", code=None, error="w1: no answer within 5 s"), "timeout",
+     "timeout: w1: no answer"),
+    (_result("", code=127, status="failed", stderr="bash: /opt/py/bin/python3: No such file"),
+     "exit", "exit 127: bash: /opt/py/bin/python3: No such file"),
+    (_result("Traceback (most recent call last):\n  boom\n", code=0), "no-json",
+     "printed no JSON document"),
+    (_result("", code=0), "no-json", "no output"),
+    (_result('{"a": 1}\n{"b": 2}\n'), "several", "more than one JSON document"),
+    (_result('{"a": 1} trailing'), "several", "more than one"),
+    (_result("[1, 2]"), "not-an-object", "a JSON list"),
+    (_result('"x" ' + " " * (node_programs.MAX_OUTPUT_BYTES)), "oversized", "at most"),
+])
+def test_run_program_raises_a_typed_error_for_anything_but_one_document(result, kind, words):
+    session = FakeSession(result)
+    with pytest.raises(ProgramError) as info:
+        run_program(session, session.inventory.node("w1"), "deploy_check", ["/m"])
+    exc = info.value
+    assert isinstance(exc, RemoteError) and exc.kind == kind and exc.node == "w1"
+    assert words in str(exc) and exc.program == "deploy_check" and exc.result is not None
+    assert exc.reached == (kind not in ("unreachable", "timeout"))
+
+
+def test_a_document_printed_before_a_non_zero_exit_rides_on_the_error():
+    with pytest.raises(ProgramError) as info:
+        read_document(_result('{"error": "bad --dir"}\n', code=1, status="failed"), "model_copy")
+    assert info.value.kind == "exit" and info.value.doc == {"error": "bad --dir"}
+
+
+def test_the_output_bound_is_the_callers():
+    with pytest.raises(ProgramError, match="at most 10"):
+        read_document(_result('{"a": "0123456789"}'), "deploy_check", max_bytes=10)
+
+
+def test_fan_out_program_gives_a_document_or_an_error_per_node_in_order():
+    session = FakeSession({"head": _result('{"n": "head"}'),
+                           "w1": _result("", status="unreachable", code=None, error="down")})
+    nodes = session.inventory.nodes
+    got = fan_out_program(session, nodes, "deploy_check", lambda n: [f"/m/{n.name}"])
+    assert got[0] == {"n": "head"} and isinstance(got[1], ProgramError) and not got[1].reached
+    assert [c[1] for c in session.calls] == ["/opt/py/bin/python3 - /m/head",
+                                             "/opt/py/bin/python3 - /m/w1"]
+    assert {c[2] for c in session.calls} == {source("deploy_check")}
+
+
+# ---------------------------------------------------------------- _common: token and /proc
+
+
+def fake_proc(root: Path, procs: dict[int, tuple[str, dict[str, str]]]) -> Path:
+    """/proc/PID/{comm,environ,cmdline} for pid -> (comm, env)."""
+    for pid, (comm, env) in procs.items():
+        d = root / str(pid)
+        d.mkdir(parents=True)
+        (d / "comm").write_text(comm + "\n")
+        (d / "environ").write_bytes(b"\0".join(f"{k}={v}".encode() for k, v in env.items())
+                                    + b"\0NO_EQUALS_SIGN\0")
+        (d / "cmdline").write_bytes(comm.encode() + b"\0")
+    (root / "self").mkdir(exist_ok=True)
+    return root
+
+
+def test_auth_token_follows_rays_order(tmp_path):
+    home = tmp_path / "home"
+    (home / ".ray").mkdir(parents=True)
+    (home / ".ray" / "auth_token").write_text("from-home\n")
+    other = tmp_path / "tok"
+    other.write_text("  from-path \n")
+    assert _common.auth_token({"RAY_AUTH_TOKEN": " env-tok\n", "HOME": str(home)}) == "env-tok"
+    assert _common.auth_token({"RAY_AUTH_TOKEN_PATH": str(other), "HOME": str(home)}) == \
+        "from-path"
+    assert _common.auth_token({"HOME": str(home)}) == "from-home"
+    assert _common.auth_token({"HOME": str(tmp_path / "nobody")}) is None
+
+
+def test_auth_token_scans_the_ray_daemons_only_when_asked(tmp_path):
+    tok = tmp_path / "daemon-token"
+    tok.write_text("daemon-file\n")
+    proc = fake_proc(tmp_path / "proc", {
+        10: ("bash", {"RAY_AUTH_TOKEN": "not-ray"}),
+        11: ("raylet", {"PATH": "/bin"}),
+        12: ("gcs_server", {"RAY_AUTH_TOKEN_PATH": str(tok)})})
+    env = {"HOME": str(tmp_path / "nobody")}
+    assert _common.auth_token(env, proc=str(proc)) is None
+    assert _common.auth_token(env, scan_ray=True, proc=str(proc)) == "daemon-file"
+    (proc / "13").mkdir()
+    (proc / "13" / "comm").write_text("raylet\n")            # environ unreadable: skipped
+    assert _common.auth_token(env, scan_ray=True, proc=str(proc)) == "daemon-file"
+
+
+def test_process_env_and_pids_named(tmp_path):
+    proc = fake_proc(tmp_path / "proc", {5: ("raylet", {"A": "1=2", "EMPTY": ""}),
+                                         6: ("python3", {})})
+    assert _common.pids_named(("raylet",), str(proc)) == ["5"]
+    assert _common.process_env("5", str(proc)) == {"A": "1=2", "EMPTY": ""}
+    assert _common.process_env("99", str(proc)) is None
+    assert _common.pids_named(("raylet",), str(tmp_path / "absent")) == []
+
+
+def test_stop_tagged_ends_only_a_process_carrying_the_tag():
+    child = subprocess.Popen([PYTHON, "-c", "import time; time.sleep(60)", "--tag", "abc123"])
+    try:
+        assert _common.running(child.pid)
+        assert _common.stop_tagged(child.pid, "zzz999", 1.0) == {"stopped": None}
+        assert _common.stop_tagged(1, "abc123", 1.0) == {"stopped": None}
+        threading.Thread(target=child.wait, daemon=True).start()   # reap: not a zombie
+        got = _common.stop_tagged(child.pid, "abc123", 5.0)
+        assert got == {"stopped": child.pid, "gone": True}
+    finally:
+        child.kill()
+        child.wait()
+    assert not _common.running(child.pid)
+
+
+# ---------------------------------------------------------------- deploy_check
+
+
+def test_deploy_check_reads_the_model_and_the_raylets_env(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    proc = fake_proc(tmp_path / "proc", {7: ("raylet", {"KEY": "sk-value", "BLANK": ""})})
+    main = deploy_check.main
+    assert main([str(model), ""], str(proc)) == {"model": False, "model_dir": True, "key": None}
+    (model / "config.json").write_text("{}")
+    assert main([str(model), "KEY"], str(proc))["key"] == "set"
+    assert main([str(model), "BLANK"], str(proc))["key"] == "empty"
+    assert main([str(model), "OTHER"], str(proc))["key"] == "unset"
+    assert main([str(tmp_path / "none"), "KEY"], str(tmp_path))["key"] == "no-raylet"
+    assert "sk-value" not in json.dumps(main([str(model), "KEY"], str(proc)))
+
+
+def test_deploy_check_shipped_prints_one_document(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    p = run_shipped("deploy_check", [str(tmp_path), "SOME_UNSET_KEY_FOR_THE_TEST"])
+    assert p.returncode == 0, p.stderr
+    doc = one_document(p.stdout)
+    assert doc["model"] is True and doc["model_dir"] is True
+    assert doc["key"] in ("unset", "no-raylet")
+    result = CommandResult("w1", "c", p.returncode, p.stdout, p.stderr, 0.1, "ok")
+    assert deploy.parse_node_check("w1", result).model is True
+
+
+def test_deploy_node_check_errors_keep_their_meaning():
+    failed = deploy.parse_node_check("w1", _result("", code=127, status="failed",
+                                                   stderr="python3: not found"))
+    assert failed.reached and failed.error == "check failed (exit 127): python3: not found"
+    lost = deploy.parse_node_check("w1", _result("", code=None, status="unreachable",
+                                                 error="w1: refused"))
+    assert not lost.reached and lost.error == "unreachable: w1: refused"
+
+
+# ---------------------------------------------------------------- nccl_job against a fake job API
+
+
+class JobAPI(BaseHTTPRequestHandler):
+    """Ray's job REST API as nccl_job uses it: POST submits (the fake 'entrypoint' writes the
+    result file at once), GET answers RUNNING then `final`, stop makes it STOPPED."""
+
+    state: dict = {}
+
+    def log_message(self, *_):
+        pass
+
+    def _send(self, code, doc):
+        body = json.dumps(doc).encode()
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
+        st = self.state
+        st.setdefault("auth", []).append(self.headers.get("Authorization"))
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"] or 0)) or b"null")
+        if self.path == "/api/jobs/":
+            if st.get("refuse"):
+                return self._send(500, {"detail": "no"})
+            st["submitted"] = body
+            words = shlex.split(body["entrypoint"])
+            if st.get("write_result", True):
+                Path(words[words.index("--result-file") + 1]).write_text(json.dumps(
+                    {"ok": True, "ranks": [{"rank": 0}]}))
+            st["polls"] = 0
+            return self._send(200, {"submission_id": body["submission_id"]})
+        if self.path.endswith("/stop"):
+            st["stopped"] = True
+            return self._send(200, {"stopped": True})
+        return self._send(404, {})
+
+    def do_GET(self):
+        st = self.state
+        if self.path.endswith("/logs"):
+            return self._send(200, {"logs": "x" * 40000 + "END"})
+        st["polls"] = st.get("polls", 0) + 1
+        if st.get("stopped"):
+            status = "STOPPED"
+        elif st["polls"] > 1 and not st.get("hang"):
+            status = st.get("final", "SUCCEEDED")
+        else:
+            status = "RUNNING"
+        return self._send(200, {"status": status, "message": f"job {status.lower()}"})
+
+
+@pytest.fixture
+def job_api():
+    JobAPI.state = {}
+    server = ThreadingHTTPServer(("127.0.0.1", 0), JobAPI)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", JobAPI.state
+    server.shutdown()
+    server.server_close()
+
+
+def _cfg(base: str, timeout_s: float = 60.0) -> str:
+    return json.dumps({"base": base, "submission_id": "nccl-check-t", "python": "/py",
+                       "script_b64": base64.b64encode(b"print('job')\n").decode(),
+                       "args": ["--backend", "gloo"], "timeout_s": timeout_s, "reserve_s": 1.0,
+                       "metadata": {"cluster-toolkit": "nccl-check"}})
+
+
+def test_nccl_job_submits_waits_and_reads_the_result_back(job_api, tmp_path):
+    base, state = job_api
+    out = nccl_job.main([_cfg(base)], env={"RAY_AUTH_TOKEN": "tok", "HOME": str(tmp_path)},
+                        sleep=lambda s: None)
+    assert out["submitted"] and out["status"] == "SUCCEEDED" and not out["timed_out"]
+    assert json.loads(zlib.decompress(base64.b64decode(out["result_z"]))) == \
+        {"ok": True, "ranks": [{"rank": 0}]}
+    assert out["logs_tail"].endswith("END") and len(out["logs_tail"]) == nccl_job.LOGS_TAIL
+    assert state["auth"] == ["Bearer tok"]
+    assert state["submitted"]["metadata"] == {"cluster-toolkit": "nccl-check"}
+    words = shlex.split(out["entrypoint"])
+    assert words[0] == "/py" and words[2:4] == ["--backend", "gloo"]
+    assert not Path(words[1]).exists()           # its files are removed
+    outcome = nccl_check.parse_head_output(out)
+    assert outcome.result == {"ok": True, "ranks": [{"rank": 0}]}
+
+
+def test_nccl_job_stops_a_job_past_its_deadline(job_api, tmp_path):
+    base, state = job_api
+    state["hang"] = True
+    out = nccl_job.main([_cfg(base, timeout_s=0.0)], env={"HOME": str(tmp_path)},
+                        sleep=lambda s: None)
+    assert out["timed_out"] and out["status"] == "STOPPED" and state["stopped"]
+    assert state["auth"] == [None, None]         # no token: no header
+
+
+def test_nccl_job_reports_a_refused_submission(job_api, tmp_path):
+    base, state = job_api
+    state["refuse"] = True
+    out = nccl_job.main([_cfg(base)], env={"HOME": str(tmp_path)}, sleep=lambda s: None)
+    assert not out["submitted"] and out["status"] is None
+    assert out["errors"][0].startswith(f"submit to {base}: RuntimeError: HTTP 500")
+
+
+def test_nccl_job_shipped_prints_one_document(job_api, tmp_path):
+    base, _ = job_api
+    env = dict(os.environ, HOME=str(tmp_path))
+    env.pop("RAY_AUTH_TOKEN", None)
+    env.pop("RAY_AUTH_TOKEN_PATH", None)
+    p = run_shipped("nccl_job", [_cfg(base)], env=env)
+    assert p.returncode == 0, p.stderr
+    doc = one_document(p.stdout)
+    assert doc["status"] == "SUCCEEDED" and doc["result_z"]
+    result = CommandResult("head", "c", 0, p.stdout, p.stderr, 1.0, "ok")
+    assert nccl_check.outcome_of(result, "head", "x").result["ok"] is True
