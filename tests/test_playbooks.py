@@ -49,7 +49,7 @@ def ray_view(serve: dict | None, gpus: float = 8.0) -> RayState:
 @pytest.fixture
 def head(monkeypatch):
     """The head's answers: a queue of RayStates for query_state (the last one repeats) and
-    facts for ray_cluster.gather. Returns the queue."""
+    facts for the facts layer's gather. Returns the queue."""
     views: list[RayState] = []
 
     def query_state(session, inventory, include_serve=True):
@@ -61,7 +61,8 @@ def head(monkeypatch):
         return {n: facts(n, running=True) for n in names}
 
     monkeypatch.setattr("playbooks.drain.query_state", query_state)
-    monkeypatch.setattr(ray_cluster, "gather", gather)
+    monkeypatch.setattr("playbooks.drain.gather_facts", gather)
+    monkeypatch.setattr("playbooks.restart_node.gather_facts", gather)
     return views
 
 
