@@ -1,6 +1,6 @@
-"""Preflight: judge every node check on the run's facts (cluster/facts.py: one SSH round trip per
-node, gathered here or handed in by `cluster up`), then cross-node checks, then TCP reachability
-between the nodes (three short fan-outs, cluster/reachability.py).
+"""Preflight's parts: the probes the checks need, the one gather of them (cluster/facts.py: one SSH
+round trip per node) and the pure judgement of one node's facts. The sequencing (gather, judge,
+cross-node checks, reachability) is the playbook playbooks/preflight.py.
 
 run_preflight never raises for a node: an unreachable node or unreadable output is a result
 with status error. The report's facts (per node: GPU count/model/memory, NVLink, IB ports,
@@ -9,18 +9,16 @@ versions...) feed `cluster up` and `cluster plan`.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 from cluster.checks.base import NodeCheck, NodeContext, Verdict
-from cluster.checks.cross import cross_node_checks, measure_skew
 from cluster.checks.node import NODE_CHECKS
 from cluster.errors import ParseError
 from cluster.inventory import Inventory, Node
 from cluster.facts import RAY_PROBES, NodeFacts, gather, probes_for
 from cluster.probes import Probe
-from cluster.reachability import run_reachability
 from cluster.remote import Session
-from cluster.results import CheckResult, Evidence, Report, Status, tail
+from cluster.results import CheckResult, Evidence, Status, tail
 
 def node_probes(node: Node, inventory: Inventory, checks: Sequence[NodeCheck]) -> list[Probe]:
     """The probes the checks need on a node (with the facts every run reads), one per name."""
@@ -73,29 +71,3 @@ def _evidence(ctx: NodeContext, check: NodeCheck, verdict: Verdict) -> Evidence:
     text = "".join(o.stdout + o.stderr for o in outs)
     return Evidence(command=" ; ".join(o.command for o in outs), exit_code=first.exit_code,
                     output_tail=tail(text, lines=15, chars=1500), data=verdict.data)
-
-
-def run_preflight(inventory: Inventory, session: Session, nodes: Sequence[Node] | None = None,
-                  checks: Sequence[NodeCheck] = NODE_CHECKS, measure_clock: bool = True,
-                  on_node_done=None, reachability: bool = True,
-                  facts: Mapping[str, NodeFacts] | None = None) -> Report:
-    """Every check on every node, then the cross-node checks and the reachability matrix.
-
-    `facts`: the run's facts when the caller gathered them already (`cluster up` gathers once
-    for the preflight and its plan); otherwise they are gathered here."""
-    nodes = list(nodes or inventory.nodes)
-    if facts is None:
-        facts = gather_for(inventory, session, nodes, checks, on_node_done)
-    results: list[CheckResult] = []
-    report_facts: dict[str, dict] = {}
-    for node in nodes:
-        node_results, node_report = evaluate_node(node, inventory, checks, facts[node.name])
-        results += node_results
-        report_facts[node.name] = node_report
-    reachable = [n for n in nodes if report_facts[n.name].get("reachable")]
-    skew = measure_skew(session, reachable) if measure_clock and len(reachable) > 1 else None
-    cluster_facts = {n: f for n, f in report_facts.items() if f.get("reachable")}
-    results += cross_node_checks(cluster_facts, inventory, skew)
-    if reachability and len(reachable) > 1:
-        results += run_reachability(inventory, session, reachable)
-    return Report("preflight", tuple(results), {"nodes": report_facts})

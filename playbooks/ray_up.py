@@ -92,7 +92,7 @@ def gather_facts(session, inventory: Inventory, with_preflight: bool) -> dict[st
 
 def run_preflight(inventory: Inventory, session, facts: Mapping[str, NodeFacts]) -> Report:
     """The preflight's verdicts on the run's facts (plus its cross-node and reachability steps)."""
-    from cluster.preflight import run_preflight as preflight
+    from playbooks.preflight import run_preflight as preflight
 
     return preflight(inventory, session, facts=facts)
 

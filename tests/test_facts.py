@@ -187,3 +187,26 @@ def test_parse_only_kinds_are_exactly_those_no_check_or_fact_reads():
     used = {kind for kind, module in parsers.MODULES.items()
             if re.search(rf"\b{module}\b", text)}
     assert set(parsers.PARSE_ONLY) == set(parsers.MODULES) - used
+
+
+class _NoSession:
+    """A session that must not be used: any call is a test failure."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"the session was used ({name}) though the facts were handed in")
+
+
+def test_the_preflight_playbook_judges_handed_in_facts_without_another_round_trip(inv):
+    """`cluster up` gathers once and hands the facts to the preflight: no second gather."""
+    from playbooks import preflight
+    outputs = {"versions": _out("versions", _doc()),
+               "gpu-query": _out("gpu-query", f"index, name\n0, {H100}\n")}
+    gathered = {n.name: facts.facts_from_outputs(n, outputs) for n in inv.nodes}
+    checks = tuple(c for c in NODE_CHECKS if c.id in ("gpus", "versions"))
+    report = preflight.run(inv, _NoSession(), preflight.PreflightOptions(
+        checks=checks, measure_clock=False, reachability=False), facts=gathered)
+    by = {(r.check, r.node): r for r in report.results}
+    assert by[("gpus", "n2")].summary == f"1 x {H100}"
+    assert by[("versions", "n3")].status.value == "ok"
+    assert report.facts["nodes"]["n1"]["versions"]["ray"] == "2.60.0"
+    assert {r.check for r in report.results if r.node is None} >= {"ray-match", "vllm-match"}

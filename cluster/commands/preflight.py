@@ -10,7 +10,7 @@ from rich.text import Text
 from cluster.commands._common import (add_json, add_nodes, emit_json, recorded_run_on_nodes,
                                       stdout)
 from cluster.fold import Row, fold, grid_fits
-from cluster.preflight import run_preflight
+from playbooks.preflight import run_preflight
 from cluster.render import STATUS_STYLE, fix_lines, folded_table
 from cluster.results import Report, Status
 
