@@ -52,6 +52,7 @@ class UpOutcome:
     wait: WaitResult | None = None
     status: dict | None = None
     failed_logs: Mapping[str, str] = field(default_factory=dict)  # node -> end of its Ray logs
+    health_job: Any = None                     # cluster.health_job.JobStep, once Ray is up
 
     @property
     def changed(self) -> bool:
@@ -69,6 +70,7 @@ class UpOutcome:
             "wait": self.wait.to_dict() if self.wait else None,
             "failed_logs": dict(self.failed_logs),
             "status": self.status,
+            "health_job": self.health_job.to_dict() if self.health_job else None,
         }
 
 
@@ -188,10 +190,15 @@ def run(inventory: Inventory, session, options: UpOptions,
     if started_and_failed:
         out.failed_logs = ray_cluster.log_tails(session, inventory, started_and_failed)
 
+    if out.wait is not None and out.wait.ok:   # 7. the periodic health job: started or kept
+        from cluster.health_job import ensure_job
+        on_event("health job")
+        out.health_job = ensure_job(session, inventory)
+
     bad = [s for s in out.steps if s.status in (FAILED, UNREACHABLE)]
     if bad or (out.wait is not None and not out.wait.ok) or out.wait is None:
         out.exit_code = 2
-    elif out.plan.warnings:
+    elif out.plan.warnings or (out.health_job is not None and out.health_job.status == FAILED):
         out.exit_code = 1
     else:
         out.exit_code = 0
