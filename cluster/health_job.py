@@ -335,15 +335,10 @@ def submit_command(inventory: Inventory) -> str:
 
 
 def parse_submit_output(stdout: str) -> dict[str, Any] | None:
-    """The program's MARKER line (the last one), or None."""
-    payload = None
-    for line in stdout.splitlines():
-        if line.startswith(MARKER):
-            payload = line[len(MARKER):]
-    if payload is None:
-        return None
+    """The program's last MARKER line as a JSON object, or None."""
+    lines = [ln[len(MARKER):] for ln in stdout.splitlines() if ln.startswith(MARKER)]
     try:
-        doc = json.loads(payload)
+        doc = json.loads(lines[-1]) if lines else None
     except ValueError:
         return None
     return doc if isinstance(doc, dict) else None

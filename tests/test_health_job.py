@@ -242,3 +242,64 @@ def test_reader_judges_a_node_as_preflight_does(tmp_path, monkeypatch, profile, 
     assert readings["clock"].value == pytest.approx(offset, rel=1e-3)
     assert (readings["infiniband"].status, readings["infiniband"].value) == ("ok", 8.0)
     assert readings["gpu-health"].status == "ok"
+
+
+def test_parse_submit_output_takes_the_last_marker_line():
+    text = f"noise\n{h.MARKER}{{\"action\": \"kept\"}}\n{h.MARKER}{{\"action\": \"submitted\"}}\n"
+    assert h.parse_submit_output(text) == {"action": "submitted"}
+    assert h.parse_submit_output("nothing") is None
+    assert h.parse_submit_output(f"{h.MARKER}[1]\n") is None
+    assert h.parse_submit_output(f"{h.MARKER}{{broken\n") is None
+
+
+class _Job:
+    def __init__(self, sid, status, digest):
+        self.submission_id, self.status, self.message = sid, status, ""
+        self.metadata = {"cluster-toolkit": "health", "digest": digest}
+
+
+class _Client:
+    """Records what the submit program asks of Ray's job API (a list of jobs it starts from)."""
+
+    def __init__(self, jobs):
+        self.jobs, self.calls = list(jobs), []
+
+    def list_jobs(self):
+        return list(self.jobs)
+
+    def stop_job(self, sid):
+        self.calls.append(("stop", sid))
+
+    def submit_job(self, **kw):
+        self.calls.append(("submit", kw["submission_id"], kw["runtime_env"], kw["metadata"]))
+        self.jobs.append(_Job(kw["submission_id"], "RUNNING", kw["metadata"]["digest"]))
+        return kw["submission_id"]
+
+    def get_job_info(self, sid):
+        return next(j for j in self.jobs if j.submission_id == sid)
+
+
+def _request(digest="d1"):
+    req = json.loads(h.submit_input(_inventory(), "ensure").split("\n", 1)[1])
+    return dict(req, digest=digest)
+
+
+def test_submit_program_keeps_the_matching_job_and_stops_the_others(monkeypatch):
+    client = _Client([_Job("old", "RUNNING", "d0"), _Job("cur", "RUNNING", "d1"),
+                      _Job("done", "FAILED", "d1")])
+    monkeypatch.setattr(health_submit, "_client", lambda url: client)
+    out = health_submit.ensure(_request("d1"))
+    assert (out["action"], out["submission_id"], out["stopped"]) == ("kept", "cur", ["old"])
+    assert client.calls == [("stop", "old")]
+
+
+def test_submit_program_submits_the_package_when_nothing_matches(monkeypatch):
+    client = _Client([_Job("old", "RUNNING", "d0")])
+    monkeypatch.setattr(health_submit, "_client", lambda url: client)
+    out = health_submit.ensure(_request("d1"))
+    assert out["action"] == "submitted" and out["job_status"] == "RUNNING" and not out["error"]
+    assert client.calls[0] == ("stop", "old")
+    _, sid, runtime_env, metadata = client.calls[1]
+    assert sid.startswith(h.SUBMISSION_PREFIX) and metadata["digest"] == "d1"
+    assert runtime_env["py_modules"][0].endswith("/cluster")
+    assert not Path(runtime_env["py_modules"][0]).exists()       # the temporary copy is gone
