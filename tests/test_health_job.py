@@ -303,3 +303,24 @@ def test_submit_program_submits_the_package_when_nothing_matches(monkeypatch):
     assert sid.startswith(h.SUBMISSION_PREFIX) and metadata["digest"] == "d1"
     assert runtime_env["py_modules"][0].endswith("/cluster")
     assert not Path(runtime_env["py_modules"][0]).exists()       # the temporary copy is gone
+
+
+def test_human_status_folds_each_check_with_the_age_of_its_oldest_reading():
+    from rich.console import Console
+
+    from cluster.commands.status import _health_folded
+
+    def r(status, value, age, summary):
+        return {"status": status, "value": value, "age_s": age, "summary": summary}
+
+    health = {f"node{i}": {"gpus": r("ok", 8, i, "8 x NVIDIA H100 80GB HBM3"),
+                           "clock": r("ok", 0.00026, 2, "synchronized (chronyc tracking)")}
+              for i in (1, 2, 3)}
+    health["node2"]["clock"] = r("fail", 7.8, 4.4, "clock 7.8 s off (chronyc tracking)")
+    console = Console(width=200, record=True)
+    console.print(_health_folded(health, 5.0))
+    lines = console.export_text().splitlines()
+    assert any("gpus" in ln and "all 3 nodes" in ln and "(3 s ago)" in ln for ln in lines), lines
+    assert any("fail" in ln and "node2" in ln and "7.8 s off" in ln and "(4 s ago)" in ln
+               for ln in lines), lines
+    assert any("2 nodes" in ln and "synchronized" in ln for ln in lines), lines

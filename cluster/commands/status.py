@@ -109,3 +109,92 @@ def _health_folded(health: dict, period_s: float):
     groups = [replace(g, summary=f"{g.summary} ({max(ages[n, g.key] for n in g.nodes):.0f} s ago)")
               for g in fold(rows)]
     return folded_table(groups, len(health), title=f"Node health (health job, every {period_s:g} s)")
+
+
+def _nodes_folded(doc: dict, title: str):
+    """Ray's nodes folded: one line per distinct (state, GPUs, CPUs, GPU model)."""
+    rows = [Row(n["name"] or f"(not in inventory: {n['ip']})", "nodes",
+                "alive" if n["alive"] else "dead",
+                f"{n['gpus']:g} GPUs, {n['cpus']:g} CPUs, {n['gpu_model'] or 'no GPU model'}")
+            for n in doc["nodes"]]
+    return folded_table(fold(rows, label=exact), len(rows), title=title, key_header="Ray")
+
+
+# ---------------------------------------------------------------- serving section (docs/tune-status.md)
+
+
+def _window(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value <= 600:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 600 seconds: {text}")
+    return value
+
+
+def _add_serving_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--window", type=_window, metavar="S",
+                   help="serving section: seconds between the two samples of each app's vLLM "
+                        "/metrics (default 5; 0: one sample, gauges only). Exit 1 when an app "
+                        "is out of capacity")
+
+
+def _sample_serving(args: argparse.Namespace, session, inv, state) -> dict:
+    """{app: ServingHealth} for the apps with a running replica ({} when none)."""
+    from cluster.serving_health import load_thresholds, sample_serving
+
+    if not state.answered or state.serve is None:
+        return {}
+    thresholds = load_thresholds()
+    window = args.window if getattr(args, "window", None) is not None else thresholds.window_s
+    return sample_serving(session, inv, state.serve, window, thresholds)
+
+
+def _attach_serving(doc: dict, serving: dict, code: int) -> int:
+    """serve.applications[app].serving = the health JSON; exit 1 (from 0) on a warning."""
+    apps = (doc.get("serve") or {}).get("applications") or {}
+    for name, app in apps.items():
+        health = serving.get(name)
+        app["serving"] = health.to_dict() if health is not None else None
+    warned = any(h.status == "warn" for h in serving.values())
+    return 1 if code == 0 and warned else code
+
+
+def _print_serving(apps: dict) -> None:
+    rows = {name: app["serving"] for name, app in apps.items() if app.get("serving")}
+    if not rows:
+        return
+    window = max((s.get("window_s") or 0) for s in rows.values())
+    table = Table(title="Serving (vLLM metrics" + (f" over {window:.1f} s)" if window else ")"))
+    for col in ("app", "replicas", "run/wait", "KV %", "preempt", "TTFT p50/p95 ms",
+                "tok/s out/in", "verdict"):
+        table.add_column(col, overflow="fold")
+
+    def num(value, fmt="{:.0f}"):
+        return "-" if value is None else fmt.format(value)
+
+    for name, s in rows.items():
+        if s["status"] == "error":
+            table.add_row(name, "-", "-", "-", "-", "-", "-",
+                          Text(f"unavailable: {s.get('error')}", style="dim"))
+            continue
+        seen = f"{s['replicas_seen']}" + (f"/{s['replicas_expected']}"
+                                          if s.get("replicas_expected") else "")
+        kv = num(s["kv_cache_use_pct"])
+        if s.get("kv_cache_use_min_pct") is not None and window:
+            kv += f" (min {num(s['kv_cache_use_min_pct'])})"
+        pre = num(s["preemptions"]) + (f" ({num(s['preemptions_per_s'], '{:.1f}')}/s)"
+                                       if s.get("preemptions") else "")
+        verdict = Text("out of capacity", style="bold yellow") if s["out_of_capacity"] else (
+            Text("warning", style="yellow") if s["status"] == "warn" else Text("ok", style="green"))
+        table.add_row(name, seen, f"{num(s['running'])}/{num(s['waiting'])}", kv, pre,
+                      f"{num(s['ttft_p50_ms'])}/{num(s['ttft_p95_ms'])}",
+                      f"{num(s['generation_tokens_per_s'])}/{num(s['prompt_tokens_per_s'])}",
+                      verdict)
+    stdout.print(table)
+    for name, s in rows.items():
+        for w in s.get("warnings") or []:
+            stdout.print(f"[bold yellow]warning:[/bold yellow] {name}: {w}", soft_wrap=True)
+        for n in s.get("notes") or []:
+            stdout.print(f"[dim]note: {name}: {n}[/dim]", soft_wrap=True)

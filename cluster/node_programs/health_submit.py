@@ -26,10 +26,23 @@ import time
 MARKER = "CLUSTER_HEALTH_JOB "
 ACTIVE = ("PENDING", "RUNNING")
 START_WAIT_S = 30.0
+RETRY_S = 60.0        # the dashboard and its job agent start a little after the nodes register
 
 
 def _status(job):
     return str(getattr(job.status, "value", job.status))
+
+
+def _retrying(call):
+    """call() until it works or RETRY_S has passed (then its last error is raised)."""
+    deadline = time.monotonic() + RETRY_S
+    while True:
+        try:
+            return call()
+        except Exception:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(2)
 
 
 def _client(dashboard):
@@ -38,7 +51,7 @@ def _client(dashboard):
                                                     or os.path.isfile(path)):
         os.environ["RAY_AUTH_MODE"] = "token"
     from ray.job_submission import JobSubmissionClient
-    return JobSubmissionClient(dashboard)
+    return _retrying(lambda: JobSubmissionClient(dashboard))
 
 
 def _active(client, req):
@@ -72,9 +85,16 @@ def _submit(client, req):
                            os.urandom(3).hex())
         metadata = {req["metadata_key"]: req["metadata_value"], "digest": req["digest"],
                     "period_s": "%g" % req["config"]["period_s"]}
-        return client.submit_job(entrypoint=entrypoint, submission_id=sid,
-                                 runtime_env={"py_modules": [package]}, metadata=metadata,
-                                 entrypoint_num_cpus=0)
+        def submit():
+            try:
+                return client.submit_job(entrypoint=entrypoint, submission_id=sid,
+                                         runtime_env={"py_modules": [package]},
+                                         metadata=metadata, entrypoint_num_cpus=0)
+            except Exception as exc:  # an earlier try went through after all
+                if "already exists" in str(exc):
+                    return sid
+                raise
+        return _retrying(submit)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
