@@ -18,6 +18,7 @@ command on the head running node_programs/health_submit.py) and `read_health`.
 from __future__ import annotations
 
 import base64
+import gzip
 import hashlib
 import io
 import json
@@ -274,7 +275,8 @@ def readings_path(temp_dir: str) -> str:
 def package_archive(root: Path = PACKAGE_DIR) -> bytes:
     """The `cluster` package as a reproducible tar.gz (sources and data files, no caches)."""
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:
+    with gzip.GzipFile(fileobj=buf, mode="wb", compresslevel=6, mtime=0) as gz, \
+            tarfile.open(fileobj=gz, mode="w") as tar:     # no time stamp: the same bytes
         for path in sorted(root.rglob("*")):
             rel = path.relative_to(root.parent)
             if "__pycache__" in rel.parts or not path.is_file() or path.suffix in (".pyc", ".pyo"):
