@@ -235,7 +235,8 @@ def ray_cli(inventory: Inventory) -> list[str]:
 
 
 def start_env(node: Node, auth_mode: str | None = None,
-              serve_ingress: str = RayOptions.serve_ingress) -> dict[str, str]:
+              serve_ingress: str = RayOptions.serve_ingress,
+              ray: RayOptions | None = None) -> dict[str, str]:
     """The env `ray start` gets on a node: the inventory's env, then the managed variables.
 
     Set at start time so every Ray worker process on the node inherits them (env exported later
@@ -244,6 +245,8 @@ def start_env(node: Node, auth_mode: str | None = None,
     token auth on by itself when the head has ~/.ray/auth_token, `ray start --address` does not,
     so every node gets it explicitly. RAY_SERVE_ENABLE_HA_PROXY follows the inventory's
     ray.serve_ingress (Serve reads it in the controller and on every node at import time).
+    With `ray` given, the head also gets RAY_PROMETHEUS_HOST / RAY_GRAFANA_* (ray.metrics,
+    cluster/prometheus_head.py), read by Ray's dashboard at start.
     """
     env = dict(node.env)
     if node.nccl_socket_ifname:
@@ -257,6 +260,9 @@ def start_env(node: Node, auth_mode: str | None = None,
     if auth_mode:
         env["RAY_AUTH_MODE"] = auth_mode
     env["RAY_SERVE_ENABLE_HA_PROXY"] = SERVE_INGRESS[serve_ingress]
+    if ray is not None and node.is_head:
+        from cluster.prometheus_head import head_env  # imports this module: a cycle at import
+        env.update(head_env(ray))
     return env
 
 
@@ -310,7 +316,8 @@ def _field_for(key: str) -> str:
 def gather_command(node: Node, inventory: Inventory) -> str:
     """The read-only fact-gathering command for a node (run with the env `ray start` gets,
     less secret-looking values: they change no fact and must not reach a command line)."""
-    env = public_env(start_env(node, serve_ingress=inventory.ray.serve_ingress), node.secret_names)
+    env = public_env(start_env(node, serve_ingress=inventory.ray.serve_ingress, ray=inventory.ray),
+                     node.secret_names)
     keys = ",".join(sorted(set(env) | set(MANAGED_ENV)))
     return env_prefix(env) + shlex.join([inventory.ray.python, "-c", GATHER_SNIPPET, keys]) \
         + " </dev/null"
@@ -510,7 +517,7 @@ def start_command(node: Node, inventory: Inventory, gpus: Sequence[GPU],
                                        separators=(",", ":")),
              "--labels", ",".join(f"{k}={v}" for k, v in node_labels(node, gpus).items()),
              "--disable-usage-stats"]
-    env = start_env(node, auth_mode, inventory.ray.serve_ingress)
+    env = start_env(node, auth_mode, inventory.ray.serve_ingress, inventory.ray)
     public = public_env(env, node.secret_names)
     secret_prefix = SECRET_ENV_FROM_STDIN + " && " if len(public) < len(env) else ""
     start = secret_prefix + env_prefix(public) + shlex.join(args) + " </dev/null"
@@ -710,8 +717,8 @@ def _drift(inventory: Inventory, node: Node, f: NodeFacts, state: RayState | Non
                    f"{inventory.ray.num_cpus}")
     running_env = f.raylet.env if f.raylet is not None else None
     if running_env is not None:
-        for key, want in public_env(start_env(node, auth_mode, inventory.ray.serve_ingress),
-                                    node.secret_names).items():
+        for key, want in public_env(start_env(node, auth_mode, inventory.ray.serve_ingress,
+                                              inventory.ray), node.secret_names).items():
             have = running_env.get(key)
             if have != want:
                 out.append(f"{node.name}: Ray runs with {key}={have!r}, the inventory says "

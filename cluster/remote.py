@@ -279,6 +279,11 @@ class SSHRunner:
                              err.decode("utf-8", "replace"), time.monotonic() - start,
                              OK if code == 0 else FAILED)
 
+    def transport(self, node: Node):
+        """The paramiko Transport of the node's open connection (cluster/head_tunnel.py opens
+        its direct-tcpip channels on it). Raises ConnectError like run()."""
+        return self._open(node).transport
+
     def _open(self, node: Node):
         """The node's open connection; transient failures are retried within the connect budget.
 

@@ -3,7 +3,8 @@
 preflight (read-only, unless skipped) and, at the same time, gather facts (read-only) -> the
 head's view of Ray (read-only) -> plan (pure) -> [dry run stops here] -> confirm restarts ->
 execute (stops, then the head and the workers) -> wait until every node is alive with its
-GPUs/CPUs -> status.
+GPUs/CPUs -> status -> with `ray.metrics: prometheus`, the head's Prometheus (probe, plan,
+start or keep, verify: cluster/prometheus_head.py) and Ray's Grafana dashboards.
 
 A step reports per node in Ansible's words: ok (nothing to do), changed (ran and succeeded),
 failed, skipped, unreachable. Nothing is printed here: the caller gets an UpOutcome and an
@@ -16,7 +17,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from cluster import ray_cluster
+from cluster import prometheus_head, ray_cluster
 from cluster.inventory import Inventory
 from cluster.ray_cluster import (CHANGED, FAILED, SKIPPED, UNREACHABLE, NodeFacts, Plan,
                                  StepResult, WaitResult)
@@ -53,10 +54,18 @@ class UpOutcome:
     status: dict | None = None
     failed_logs: Mapping[str, str] = field(default_factory=dict)  # node -> end of its Ray logs
     health_job: Any = None                     # cluster.health_job.JobStep, once Ray is up
+    prometheus: StepResult | None = None       # ray.metrics: prometheus only
+    grafana: Mapping[str, str] = field(default_factory=dict)      # file name -> dashboard JSON
+    grafana_error: str | None = None
 
     @property
     def changed(self) -> bool:
-        return any(s.status == CHANGED for s in self.steps)
+        return any(s.status == CHANGED for s in self.steps + self.extra_steps)
+
+    @property
+    def extra_steps(self) -> tuple[StepResult, ...]:
+        """Steps after the nodes' (the head's Prometheus)."""
+        return (self.prometheus,) if self.prometheus is not None else ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -71,6 +80,8 @@ class UpOutcome:
             "failed_logs": dict(self.failed_logs),
             "status": self.status,
             "health_job": self.health_job.to_dict() if self.health_job else None,
+            "prometheus": self.prometheus.to_dict() if self.prometheus else None,
+            "grafana": {"files": sorted(self.grafana), "error": self.grafana_error},
         }
 
 
@@ -190,16 +201,26 @@ def run(inventory: Inventory, session, options: UpOptions,
     if started_and_failed:
         out.failed_logs = ray_cluster.log_tails(session, inventory, started_and_failed)
 
-    if out.wait is not None and out.wait.ok:   # 7. the periodic health job: started or kept
+    if out.wait is not None and out.wait.ok:   # the periodic health job: started or kept
         from cluster.health_job import ensure_job
         on_event("health job")
         out.health_job = ensure_job(session, inventory)
 
-    bad = [s for s in out.steps if s.status in (FAILED, UNREACHABLE)]
+    if prometheus_head.enabled(inventory) and head_step.status not in (FAILED, UNREACHABLE):
+        _metrics(out, session, inventory, on_event)
+
+    bad = [s for s in out.steps + out.extra_steps if s.status in (FAILED, UNREACHABLE)]
     if bad or (out.wait is not None and not out.wait.ok) or out.wait is None:
         out.exit_code = 2
-    elif out.plan.warnings or (out.health_job is not None and out.health_job.status == FAILED):
+    elif out.plan.warnings or out.grafana_error or (out.health_job is not None
+                                                    and out.health_job.status == FAILED):
         out.exit_code = 1
     else:
         out.exit_code = 0
     return out
+
+
+def _metrics(out: UpOutcome, session, inventory: Inventory, on_event: Callable[[str], None]) -> None:
+    """The head's Prometheus (kept, started or restarted), then Ray's Grafana dashboards."""
+    out.prometheus = prometheus_head.up(session, inventory, on_event)
+    out.grafana, out.grafana_error = prometheus_head.dashboards(session, inventory)

@@ -17,6 +17,7 @@ from cluster.errors import ParseError
 from cluster.inventory import Inventory, Node
 from cluster.parsers import (chronyc_tracking, df_shm, ibstat, lsmod, ntpq, nvidia_smi,
                              nvidia_smi_query, nvidia_smi_topo, timedatectl, ulimit)
+from cluster.checks.metrics import METRICS_CHECKS
 from cluster.checks.node_health import HEALTH_CHECKS
 from cluster.checks.tool_probes import GPU_QUERY, GPU_TOPO, IBSTAT, NVIDIA_SMI
 from cluster.probes import Probe, ProbeOutput
@@ -440,4 +441,4 @@ NODE_CHECKS: tuple[NodeCheck, ...] = (
               evaluate_versions),
     NodeCheck("model", "model files present", (model_probe,), evaluate_model),
     NodeCheck("ports", "Ray ports free", (ports_probe,), evaluate_ports),
-) + HEALTH_CHECKS
+) + HEALTH_CHECKS + METRICS_CHECKS

@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         print_plan(outcome.plan, "plan (dry run: nothing was changed)")
         return code
     if outcome.steps:
-        stdout.print(steps_table(outcome.steps, "cluster down"))
+        stdout.print(steps_table(outcome.steps + outcome.extra_steps, "cluster down"))
     if outcome.stopped:
         stdout.print(f"[bold red]stopped:[/bold red] {outcome.stopped}")
     elif code != 0:

@@ -13,6 +13,7 @@ from cluster.fold import Row, exact, fold
 from cluster.render import GRID_MAX_NODES, folded_table
 from cluster.commands.up import inventory_secrets
 from cluster.health_job import read_health
+from cluster.prometheus_head import metrics_doc
 from cluster.ray_state import cluster_status, query_state, status_exit_code
 from cluster.remote import Session
 
@@ -44,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
         doc = cluster_status(inv, state, head_reached=result.reached)
         doc["health"] = health
         doc["errors"] += [health_error] if health_error else []
+        doc.setdefault("dashboard", {})["metrics"] = metrics_doc(inv)
         code = _attach_serving(doc, serving, status_exit_code(doc))
         record.write_json("status.json", dict(doc, run_dir=str(record.path)))
     finally:
@@ -77,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
                       n["node_id"][:16])
     if table is not None:
         stdout.print(table)
+    stdout.print(_metrics_line(doc["dashboard"]["metrics"]), soft_wrap=True)
     apps = (doc["serve"] or {}).get("applications") or {}
     if apps:
         serve = Table(title="Serve applications")
@@ -109,6 +112,13 @@ def _health_folded(health: dict, period_s: float):
     groups = [replace(g, summary=f"{g.summary} ({max(ages[n, g.key] for n in g.nodes):.0f} s ago)")
               for g in fold(rows)]
     return folded_table(groups, len(health), title=f"Node health (health job, every {period_s:g} s)")
+
+
+def _metrics_line(metrics: dict) -> str:
+    prom = metrics["prometheus_url"]
+    grafana = metrics["grafana_url"]
+    return ("metrics: " + (f"Prometheus {prom} on the head" if prom else "Prometheus off")
+            + (f", Grafana {grafana}" if grafana else ""))
 
 
 def _nodes_folded(doc: dict, title: str):

@@ -70,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
         payload = dict(outcome.to_dict(), run_dir=str(record.path), dry_run=args.dry_run,
                        inventory_warnings=list(inv.warnings))
         payload["exit_code"] = code
+        payload["grafana"] = dict(payload["grafana"], dir=_write_dashboards(record, outcome))
         record.write_json("up.json", payload)
     finally:
         record.finish(code)
@@ -77,9 +78,22 @@ def run(args: argparse.Namespace) -> int:
         print_json(json.loads(record.scrub(to_json(payload))))
     else:
         _print(outcome, args.dry_run, record.scrub)
+        if payload["grafana"]["dir"]:
+            stdout.print(f"Ray's Grafana dashboards (to import): {payload['grafana']['dir']}",
+                         soft_wrap=True)
         for warning in inv.warnings:
             stdout.print(Text(f"warning: {warning}", style="yellow"), soft_wrap=True)
     return code
+
+
+def _write_dashboards(record, outcome: ray_up.UpOutcome) -> str | None:
+    """Ray's Grafana dashboards into <run dir>/grafana/ (for import); that folder or None."""
+    if not outcome.grafana:
+        return None
+    (record.path / "grafana").mkdir(exist_ok=True)
+    for name, text in outcome.grafana.items():
+        record.write_text(f"grafana/{name}", text)
+    return str(record.path / "grafana")
 
 
 def inventory_secrets(inv: Inventory) -> tuple[str, ...]:
@@ -174,7 +188,9 @@ def _print(outcome: ray_up.UpOutcome, dry_run: bool, scrub: Callable[[str], str]
         for line in plan.warnings:
             stdout.print(f"[yellow]warning:[/yellow] {line}")
     if outcome.steps and not dry_run:
-        stdout.print(steps_table(outcome.steps, "cluster up", scrub))
+        stdout.print(steps_table(outcome.steps + outcome.extra_steps, "cluster up", scrub))
+    if outcome.grafana_error:
+        stdout.print(f"[yellow]warning:[/yellow] {outcome.grafana_error}")
     for node, tail in outcome.failed_logs.items():
         stdout.print(f"[bold red]{node}:[/bold red] `ray start` failed; end of its Ray logs:")
         stdout.print(Text(scrub(tail) or "(no Ray log)"))
