@@ -1,14 +1,16 @@
 """The health job on real Ray, two simulated h100-ib nodes, `health.period_s: 5`: after `up`,
 `status --json` shows every check of both nodes; a second `up` keeps the job; node2's clock
 switched in place to the h100-clock-off capture (7.8 s fast) turns its clock check fail with
-that offset within two periods; the gauges are on the head's metrics endpoint for both nodes;
-`down` leaves no job process. Heavy: ~2 GB of memory and a few minutes on a 2-core machine.
+that offset within two periods; the gauges are on the head's metrics endpoint for both nodes
+and, where a `prometheus` binary is installed (`ray.metrics: prometheus`), in the head's
+Prometheus; `down` leaves no job process. Heavy: ~2 GB of memory and a few minutes on a 2-core machine.
 """
 
 from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -24,6 +26,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.ray]
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = str(REPO / ".venv" / "bin" / "python3") if (REPO / ".venv").is_dir() else sys.executable
 PERIOD_S = 5.0
+PROMETHEUS = shutil.which("prometheus") is not None    # ray.metrics: prometheus when it can run
 NODES = ("node1", "node2")
 OFFSET_S = 7.800260112          # h100-clock-off's `chronyc tracking`: System time 7.800260112 s fast
 METRICS_SNIPPET = r'''
@@ -44,6 +47,9 @@ def inv(sim, tmp_path_factory) -> Path:
     doc = yaml.safe_load(sim.inventory_path.read_text())
     doc["ray"] = {"num_cpus": 2, "memory": 2 * 1024 ** 3, "object_store_memory": 256 * 1024 ** 2,
                   "python": PYTHON}
+    if PROMETHEUS:
+        from test_metrics import PORT
+        doc["ray"].update(metrics="prometheus", prometheus_port=PORT)
     doc["health"] = {"period_s": PERIOD_S}
     doc["run_dir"] = str(base / "runs")
     path = base / "cluster.yaml"
@@ -133,6 +139,18 @@ def test_health_job_reads_every_node_and_follows_a_drifting_clock(sim, inv):
             break
         assert time.monotonic() < deadline, "\n".join(lines) or text[-2000:]
         time.sleep(3)
+
+    if PROMETHEUS:   # the same series in the head's Prometheus (Ray's scrape of every agent)
+        from test_metrics import wait_for_series
+
+        def tagged(series):
+            return {(x["metric"].get("node"), x["metric"].get("check")): x["value"][1]
+                    for x in series}
+        want = {(n, c) for n in NODES for c in HEALTH_CHECKS}
+        series = wait_for_series(inv, "ray_cluster_health_status",
+                                 lambda s: set(tagged(s)) >= want and
+                                 tagged(s).get(("node2", "clock")) == "2")
+        assert set(tagged(series)) >= want and tagged(series)[("node2", "clock")] == "2", series
 
     code, down = cli_json(inv, "down", "--yes", timeout=300)
     assert code == 0, down
