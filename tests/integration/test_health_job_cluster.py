@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,8 +21,8 @@ from cluster.health_job import HEALTH_CHECKS
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray]
 
-REPO = Path(__file__).resolve().parents[2]
-PYTHON = str(REPO / ".venv" / "bin" / "python3") if (REPO / ".venv").is_dir() else sys.executable
+from test_deploy_e2e import PYTHON, cli, cli_json  # noqa: E402 - one CLI runner
+
 PERIOD_S = 5.0
 PROMETHEUS = shutil.which("prometheus") is not None    # ray.metrics: prometheus when it can run
 NODES = ("node1", "node2")
@@ -57,19 +55,6 @@ def inv(sim, tmp_path_factory) -> Path:
     yield path
     cli(path, "down", "--yes", timeout=300)
     sim._factory.run("state", "node2", "clock", "synced", check=False)
-
-
-def cli(inventory: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-m", "cluster", "-i", str(inventory), *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=str(REPO))
-
-
-def cli_json(inventory: Path, *args: str, timeout: float = 600) -> tuple[int, dict]:
-    p = cli(inventory, *args, "--json", timeout=timeout)
-    try:
-        return p.returncode, json.loads(p.stdout)
-    except ValueError:
-        raise AssertionError(f"cluster {' '.join(args)}: exit {p.returncode}\n{p.stdout}\n{p.stderr}")
 
 
 def wait_for_health(inv: Path, done, timeout: float) -> dict:
