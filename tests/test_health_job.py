@@ -327,3 +327,99 @@ def test_human_status_folds_each_check_with_the_age_of_its_oldest_reading():
     assert any("fail" in ln and "node2" in ln and "7.8 s off" in ln and "(4 s ago)" in ln
                for ln in lines), lines
     assert any("2 nodes" in ln and "synchronized" in ln for ln in lines), lines
+
+
+# ---------------------------------------------------------------- the driver's bookkeeping
+
+
+class _Ref:
+    def __init__(self, value):
+        self.value = value
+
+
+class _Actor:
+    def __init__(self, ray, node_id, name):
+        self.ray, self.node_id, self.name = ray, node_id, name
+        self.read = self
+
+    def remote(self):       # actor.read.remote()
+        if self.name in self.ray.broken:
+            return _Ref(RuntimeError("the actor died"))
+        return _Ref([h.Reading(self.name, c, "ok", 1.0, f"{c} fine", 100.0)
+                     for c in h.HEALTH_CHECKS])
+
+
+class _FakeRay:
+    """What the driver calls of Ray: remote actors placed by node id, wait, get, kill."""
+
+    def __init__(self):
+        self.placed, self.killed, self.broken = [], [], set()
+
+    def remote(self, **options):
+        assert options == {"num_cpus": 0, "max_restarts": 0}
+        ray = self
+
+        class _Class:
+            def __init__(self, cls):
+                self.cls = cls
+
+            def options(self, scheduling_strategy):
+                node_id = scheduling_strategy.node_id
+                assert scheduling_strategy.soft is False
+
+                class _Maker:
+                    def remote(_, config, name):
+                        h.JobConfig.from_dict(config)
+                        ray.placed.append((node_id, name))
+                        return _Actor(ray, node_id, name)
+                return _Maker()
+        return _Class
+
+    def wait(self, refs, num_returns, timeout):
+        return list(refs), []
+
+    def get(self, ref):
+        if isinstance(ref.value, Exception):
+            raise ref.value
+        return ref.value
+
+    def kill(self, actor):
+        self.killed.append(actor.node_id)
+
+
+ID1, ID2, ID3 = ("%02x" % i * 28 for i in (1, 2, 3))    # Ray node ids: 28 bytes in hex
+
+
+def _statuses(path):
+    snap = h.parse_readings(Path(path).read_text())
+    return {n: {c: r.status for c, r in checks.items()} for n, checks in snap.readings.items()}
+
+
+def test_driver_places_readers_and_follows_nodes_that_leave_join_or_fail(tmp_path):
+    from cluster.node_programs.health_job import Driver
+
+    ray = _FakeRay()
+    path = tmp_path / "cluster-health.json"
+    driver = Driver(ray, h.job_config(_inventory("health: {period_s: 5}\n")), str(path), "sid")
+    ok = {c: "ok" for c in h.HEALTH_CHECKS}
+    unknown = {c: "unknown" for c in h.HEALTH_CHECKS}
+
+    driver.place({ID1: "node1", ID2: "node2"})
+    driver.round(wait_s=1)
+    driver.write()
+    assert ray.placed == [(ID1, "node1"), (ID2, "node2")]
+    assert _statuses(path) == {"node1": ok, "node2": ok}
+
+    driver.place({ID1: "node1"})                      # node2 left Ray
+    driver.write()
+    assert ray.killed == [ID2] and _statuses(path)["node2"] == unknown
+    assert "not alive" in h.parse_readings(path.read_text()).readings["node2"]["gpus"].summary
+
+    driver.place({ID1: "node1", ID3: "node2"})      # it rejoined under a new node id
+    ray.broken.add("node1")                             # and node1's reader died
+    driver.round(wait_s=1)
+    driver.write()
+    assert ray.placed[-1] == (ID3, "node2") and _statuses(path) == {"node1": unknown,
+                                                                      "node2": ok}
+    driver.place({ID1: "node1", ID3: "node2"})      # a new reader on node1 next round
+    assert ray.placed[-1] == (ID1, "node1") and ray.killed == [ID2, ID1]
