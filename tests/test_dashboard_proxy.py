@@ -372,10 +372,11 @@ def _start(tmp_path, *args: str, token: str | None = TOKEN) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True)
 
 
-def _end(proc: subprocess.Popen, stop: bool = True) -> tuple[int, str, str]:
-    """Exit code, the rest of stdout, stderr; `stop`: SIGTERM first (it keeps serving)."""
+def _end(proc: subprocess.Popen, stop: bool = True,
+         sig: int = signal.SIGTERM) -> tuple[int, str, str]:
+    """Exit code, the rest of stdout, stderr; `stop`: send `sig` first (it keeps serving)."""
     if stop and proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)
     return proc.returncode, out, err
 
@@ -409,7 +410,8 @@ def test_the_json_line_then_serving_with_the_token_never_printed(tmp_path, dashb
     assert not (tmp_path / "runs").exists() and not (tmp_path / "crash").exists()
 
 
-def test_url_only_prints_just_the_url(tmp_path, dashboard):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_url_only_prints_just_the_url_and_a_signal_ends_it_with_0(tmp_path, dashboard, sig):
     proc = _start(tmp_path, "-i", str(_inventory(tmp_path, dashboard.port)), "dashboard",
                   "--port", "0", "--url-only")
     try:
@@ -417,7 +419,7 @@ def test_url_only_prints_just_the_url(tmp_path, dashboard):
         assert url.startswith("http://127.0.0.1:")
         assert httpx.get(url + "/api/jobs/", timeout=10, trust_env=False).status_code == 200
     finally:
-        code, out, err = _end(proc)
+        code, out, err = _end(proc, sig=sig)
     assert code == 0 and out == "" and err == ""
 
 
@@ -435,3 +437,22 @@ def test_a_busy_port_is_one_line_and_exit_2(tmp_path, dashboard):
                                        "dashboard", "--port", str(port)))
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and str(port) in err and TOKEN not in err
+
+
+def test_an_unreachable_head_is_one_line_and_exit_2(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    (tmp_path / "known_hosts").write_text("")
+    inv = tmp_path / "cluster.yaml"
+    inv.write_text(f"ssh: {{known_hosts: {tmp_path}/known_hosts, connect_timeout: 3}}\n"
+                   f"nodes: [{{name: node1, address: 127.0.0.1, port: {closed}, local: false}}]\n")
+    for extra in ([], ["--json"]):
+        code, out, err = _fails(_start(tmp_path, "-i", str(inv), "dashboard", "--port", "0",
+                                       *extra))
+        assert code == 2 and len(err.strip().splitlines()) == 1 and "node1" in err
+        assert "refused" in err and "Traceback" not in err
+        if extra:   # --json: the error document, as every command gives
+            assert json.loads(out)["status"] == "error"
+        else:
+            assert out == ""
