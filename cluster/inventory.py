@@ -147,6 +147,14 @@ class RayOptions:
 
 
 @dataclass(frozen=True)
+class HealthOptions:
+    """The periodic health job `cluster up` starts (cluster/health_job.py): on/off, its period."""
+
+    enabled: bool = True
+    period_s: float = 180.0
+
+
+@dataclass(frozen=True)
 class Inventory:
     """The resolved cluster description. `expectations` holds defaults merged with overrides."""
 
@@ -159,6 +167,7 @@ class Inventory:
     run_dir: str = "runs"
     secret_names: tuple[str, ...] = ()      # secrets.extra_names: more env names to treat as secret
     warnings: tuple[str, ...] = ()          # risky but valid settings (the CLI prints them)
+    health: HealthOptions = field(default_factory=HealthOptions)
 
     @property
     def head(self) -> Node:
@@ -203,6 +212,7 @@ class Inventory:
                 "ray": to_jsonable(self.ray), "expectations": to_jsonable(self.expectations),
                 "model_path": self.model_path, "run_dir": self.run_dir,
                 "secrets": {"extra_names": list(self.secret_names)},
+                "health": to_jsonable(self.health),
                 "warnings": list(self.warnings)}
 
     def is_secret(self, name: str) -> bool:
@@ -301,7 +311,8 @@ nodes:
 
 # ---------------------------------------------------------------- validation
 
-_TOP_KEYS = {"nodes", "ssh", "ray", "expectations", "model", "model_path", "run_dir", "secrets"}
+_TOP_KEYS = {"nodes", "ssh", "ray", "expectations", "model", "model_path", "run_dir", "secrets",
+             "health"}
 _NODE_KEYS = {"name", "address", "role", "user", "port", "identity_file", "jump_host", "node_ip",
               "nccl_socket_ifname", "gloo_socket_ifname", "ib_hcas", "env", "local", "profile"}
 _SSH_KEYS = {"user", "port", "identity_file", "known_hosts", "accept_unknown_host_keys",
@@ -467,6 +478,7 @@ def loads(text: str, path: str = "<string>") -> Inventory:
     expectations = _expectations(v, top.get("expectations"))
     model_path = _model_path(v, top)
     secret_names = _secret_names(v, top.get("secrets"))
+    health = _health_options(v, top.get("health"))
     run_dir = v.path(top.get("run_dir"), ("run_dir",)) or "runs"
     base = Path(path).resolve().parent if Path(path).is_file() else None
     if os.environ.get(RUN_DIR_ENV):
@@ -482,7 +494,8 @@ def loads(text: str, path: str = "<string>") -> Inventory:
                       for n in nodes)
         run_dir = _relative_to(base, run_dir)
     inv = Inventory(path=path, nodes=nodes, ssh=ssh, ray=ray, expectations=expectations,
-                    model_path=model_path, run_dir=run_dir, secret_names=secret_names)
+                    model_path=model_path, run_dir=run_dir, secret_names=secret_names,
+                    health=health)
     return dataclasses.replace(inv, warnings=inventory_warnings(inv))
 
 
@@ -688,6 +701,20 @@ def _ray_options(v: _Validator, raw: Any) -> RayOptions:
     if values["min_worker_port"] > values["max_worker_port"]:
         raise v.doc.fail(at + ("min_worker_port",), "must not exceed max_worker_port")
     return RayOptions(**values)
+
+
+HEALTH_PERIOD_S = (5.0, 3600.0)     # health.period_s bounds (seconds)
+
+
+def _health_options(v: _Validator, raw: Any) -> HealthOptions:
+    if raw is None:
+        return HealthOptions()
+    at = ("health",)
+    m = v.mapping(raw, at, {"enabled", "period_s"})
+    lo, hi = HEALTH_PERIOD_S
+    return HealthOptions(enabled=v.boolean(m.get("enabled"), at + ("enabled",), True),
+                         period_s=v.number(m.get("period_s"), at + ("period_s",), 180.0, lo, hi,
+                                           lo_open=False))
 
 
 def _metrics_word(v: _Validator, value: Any, at: tuple) -> Any:

@@ -52,6 +52,7 @@ class UpOutcome:
     wait: WaitResult | None = None
     status: dict | None = None
     failed_logs: Mapping[str, str] = field(default_factory=dict)  # node -> end of its Ray logs
+    health_job: Any = None                     # cluster.health_job.JobStep, once Ray is up
     prometheus: StepResult | None = None       # ray.metrics: prometheus only
     grafana: Mapping[str, str] = field(default_factory=dict)      # file name -> dashboard JSON
     grafana_error: str | None = None
@@ -77,6 +78,7 @@ class UpOutcome:
             "wait": self.wait.to_dict() if self.wait else None,
             "failed_logs": dict(self.failed_logs),
             "status": self.status,
+            "health_job": self.health_job.to_dict() if self.health_job else None,
             "prometheus": self.prometheus.to_dict() if self.prometheus else None,
             "grafana": {"files": sorted(self.grafana), "error": self.grafana_error},
         }
@@ -170,13 +172,19 @@ def run(inventory: Inventory, session, options: UpOptions,
     if started_and_failed:
         out.failed_logs = ray_cluster.log_tails(session, inventory, started_and_failed)
 
+    if out.wait is not None and out.wait.ok:   # the periodic health job: started or kept
+        from cluster.health_job import ensure_job
+        on_event("health job")
+        out.health_job = ensure_job(session, inventory)
+
     if prometheus_head.enabled(inventory) and head_step.status not in (FAILED, UNREACHABLE):
         _metrics(out, session, inventory, on_event)
 
     bad = [s for s in out.steps + out.extra_steps if s.status in (FAILED, UNREACHABLE)]
     if bad or (out.wait is not None and not out.wait.ok) or out.wait is None:
         out.exit_code = 2
-    elif out.plan.warnings or out.grafana_error:
+    elif out.plan.warnings or out.grafana_error or (out.health_job is not None
+                                                    and out.health_job.status == FAILED):
         out.exit_code = 1
     else:
         out.exit_code = 0

@@ -189,6 +189,9 @@ def _print(outcome: ray_up.UpOutcome, dry_run: bool, scrub: Callable[[str], str]
                      f"Ray {outcome.status['ray_version']}; "
                      f"dashboard {outcome.status['dashboard_url']} on the head "
                      "(`cluster dashboard` tunnels to it)")
+    if outcome.health_job is not None:
+        style = "yellow" if outcome.health_job.status == "failed" else "dim"
+        stdout.print(Text(scrub(f"health job: {outcome.health_job.message}"), style=style))
     if outcome.stopped and outcome.stopped != "dry run":
         stdout.print(f"[bold red]stopped:[/bold red] {outcome.stopped}")
     elif not dry_run and outcome.plan is not None and not outcome.plan.refused:
