@@ -120,3 +120,14 @@ def tool_problem(out: ProbeOutput, tool: str, needed: bool, what: str, fix: str)
         return fail(f"{tool} failed: {msg}", fix, probe=out.name) if needed \
             else skip(f"{tool} failed: {msg}", probe=out.name)
     return None
+
+
+def read_tool(ctx: NodeContext, probe: str, module: Any, tool: str, needed: bool, what: str,
+              fix: str) -> tuple[dict | None, Verdict | None]:
+    """(the parser's reading of the probe, None), or (None, the verdict) when the tool did not
+    run properly (see tool_problem)."""
+    out = ctx.output(probe)
+    problem = tool_problem(out, tool, needed, what, fix)
+    if problem:
+        return None, problem
+    return parsed(module, out), None

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Any
 
-from cluster.checks.base import (NodeCheck, NodeContext, Verdict, error, fail, ok, parsed,
+from cluster.checks.base import (NodeCheck, NodeContext, Verdict, error, fail, ok, parsed, read_tool,
                                  required, skip, static_probe, tool_problem, warn)
 from cluster.errors import ParseError
 from cluster.facts import node_program_probe, program_document
@@ -20,7 +19,7 @@ from cluster.parsers import (chronyc_tracking, df_shm, ibstat, lsmod, ntpq, nvid
 from cluster.checks.metrics import METRICS_CHECKS
 from cluster.checks.node_health import HEALTH_CHECKS
 from cluster.checks.tool_probes import GPU_QUERY, GPU_TOPO, IBSTAT, NVIDIA_SMI
-from cluster.probes import Probe, ProbeOutput
+from cluster.probes import Probe
 
 
 
@@ -33,15 +32,14 @@ def _same_model(a: str, b: str) -> bool:
 
 
 def evaluate_gpus(ctx: NodeContext) -> Verdict:
-    out = ctx.output("gpu-query")
     want_count = ctx.expect.get("gpus_per_node")
     want_model = ctx.expect.get("gpu_model")
     needed = bool(want_count or want_model)
-    problem = tool_problem(out, "nvidia-smi", needed, "NVIDIA GPUs",
-                            "install the NVIDIA driver and check `nvidia-smi` on the node")
+    data, problem = read_tool(ctx, "gpu-query", nvidia_smi_query, "nvidia-smi", needed,
+                              "NVIDIA GPUs",
+                              "install the NVIDIA driver and check `nvidia-smi` on the node")
     if problem:
         return problem
-    data = parsed(nvidia_smi_query, out)
     gpus = data["gpus"]
     names = [str(g.get("name")) for g in gpus]
     memory = [g.get("memory.total") for g in gpus if isinstance(g.get("memory.total"), (int, float))]
@@ -68,16 +66,14 @@ def evaluate_gpus(ctx: NodeContext) -> Verdict:
 
 
 def evaluate_driver(ctx: NodeContext) -> Verdict:
-    out = ctx.output("nvidia-smi")
     want_driver = ctx.expect.get("driver_version")
     want_cuda = ctx.expect.get("cuda_version")
     needed = bool(want_driver or want_cuda or ctx.expect.get("gpus_per_node")
                   or ctx.expect.get("gpu_model"))
-    problem = tool_problem(out, "nvidia-smi", needed, "NVIDIA driver",
-                            "install the NVIDIA driver")
+    data, problem = read_tool(ctx, "nvidia-smi", nvidia_smi, "nvidia-smi", needed,
+                              "NVIDIA driver", "install the NVIDIA driver")
     if problem:
         return problem
-    data = parsed(nvidia_smi, out)
     driver, cuda = data.get("driver_version"), data.get("cuda_version")
     facts = {"driver_version": driver, "cuda_version": cuda}
     summary = f"driver {driver}, CUDA {cuda}"
@@ -92,13 +88,11 @@ def evaluate_driver(ctx: NodeContext) -> Verdict:
 
 
 def evaluate_nvlink(ctx: NodeContext) -> Verdict:
-    out = ctx.output("gpu-topo")
     want = ctx.expect.get("nvlink")
-    problem = tool_problem(out, "nvidia-smi", want is True, "NVLink",
-                            "install the NVIDIA driver")
+    data, problem = read_tool(ctx, "gpu-topo", nvidia_smi_topo, "nvidia-smi", want is True,
+                              "NVLink", "install the NVIDIA driver")
     if problem:
         return problem
-    data = parsed(nvidia_smi_topo, out)
     nvlink = data.get("nvlink")
     kinds = sorted({v for v in data.get("links", {}).values()})
     facts = {"nvlink": nvlink, "topology_nics": data.get("nics", [])}
@@ -195,12 +189,10 @@ def evaluate_gpudirect(ctx: NodeContext) -> Verdict:
     needed = required(ctx.expect.get("gpudirect_rdma"), ib_needed)
     if not needed:
         return skip("GPUDirect RDMA not expected here (no InfiniBand/RoCE)")
-    out = ctx.output("lsmod")
-    problem = tool_problem(out, "lsmod", True, "kernel module listing",
-                            "install kmod")
+    data, problem = read_tool(ctx, "lsmod", lsmod, "lsmod", True, "kernel module listing",
+                              "install kmod")
     if problem:
         return problem
-    data = parsed(lsmod, out)
     registered = [line.split(":", 1)[0] for line in ctx.output("peermem-sysfs").stdout.splitlines()
                   if line.startswith("/sys/")]
     facts = {"peermem_loaded": bool(data.get("nvidia_peermem") or data.get("nv_peer_mem")),
@@ -256,11 +248,9 @@ def evaluate_clock(ctx: NodeContext) -> Verdict:
 
 
 def evaluate_shm(ctx: NodeContext) -> Verdict:
-    out = ctx.output("shm")
-    problem = tool_problem(out, "df", True, "/dev/shm", "mount /dev/shm")
+    data, problem = read_tool(ctx, "shm", df_shm, "df", True, "/dev/shm", "mount /dev/shm")
     if problem:
         return problem
-    data = parsed(df_shm, out)
     size = data["size_bytes"]
     want = int(ctx.expect["shm_min_bytes"])
     facts = {"shm_bytes": size}
