@@ -530,3 +530,32 @@ def test_a_worker_needs_fewer_ports_than_the_head():
     assert set(node_checks.ray_ports(worker, inv).values()) == {
         "node_manager_port", "object_manager_port", "dashboard_agent_listen_port",
         "dashboard_agent_grpc_port", "runtime_env_agent_port", "metrics_export_port"}
+
+
+def test_versions_without_ray_and_vllm_warns(tmp_path):
+    """This interpreter without its site-packages (-S): ray and vllm are not found."""
+    bare = tmp_path / "python3"
+    bare.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    bare.chmod(0o755)
+    inv = _python_inventory(str(bare))
+    verdict = judge("versions", inv, versions=_run_probe("versions", inv, "versions"))
+    assert verdict.status is Status.WARN
+    assert verdict.summary == (f"ray and vllm not installed for {bare} "
+                               f"(python {'.'.join(map(str, sys.version_info[:3]))})")
+    assert verdict.fix == ("pip install ray vllm in the nodes' environment (same versions on "
+                           "every node)")
+    assert verdict.facts["versions"]["torch"] is None
+
+
+def test_a_node_that_stopped_mid_probe_is_an_error_for_the_checks_it_did_not_answer():
+    """The probe output ends after the GPU query: the checks of the later probes say so."""
+    inv = loads(inventory())
+    checks = [c for c in NODE_CHECKS if c.id in ("gpus", "shm")]
+    probes = node_probes(inv.head, inv, checks)
+    assert [p.name for p in probes] == ["gpu-query", "shm"]
+    cut = ("@@cluster-probe@@ gpu-query begin\n" + fixture_text(*H100_QUERY)
+           + "\n@@cluster-probe@@ gpu-query end 0\n@@cluster-probe@@ shm begin\nFilesystem")
+    results, facts = evaluate_node(inv.head, inv, checks, result("n1", cut), probes)
+    assert [(r.check, r.status) for r in results] == [("gpus", Status.OK), ("shm", Status.ERROR)]
+    assert "no output for 'shm': the node stopped answering mid-probe" in results[1].summary
+    assert facts["gpu_count"] == 2
