@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -363,15 +365,26 @@ def test_the_probe_markers_the_tests_write_are_the_ones_probe_script_prints():
 # ---------------------------------------------------------------- probes run here by bash
 
 
-def _run(command: str, timeout: float = 60) -> tuple[int, str, str]:
-    p = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=timeout)
+def _run(command: str, timeout: float = 60, env: dict | None = None) -> tuple[int, str, str]:
+    p = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=timeout,
+                       env=env)
     return p.returncode, p.stdout, p.stderr
 
 
-def _run_probe(check: str, inv: str, probe: str):
+def _run_probe(check: str, inv: str, probe: str, env: dict | None = None):
     command = check_probes(check, loads(inv), "n1")[probe]
-    code, stdout, stderr = _run(command)
+    code, stdout, stderr = _run(command, env=env)
     return probe_output(probe, stdout, code, stderr, command)
+
+
+def _without_raylet(tmp_path) -> dict:
+    """An environment whose `pgrep` finds no process: this machine as a node without Ray
+    (another test session's raylet may run here); `ss` stays the real one."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "pgrep").write_text("#!/bin/sh\nexit 1\n")
+    (bin_dir / "pgrep").chmod(0o755)
+    return dict(os.environ, PATH=f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}")
 
 
 def _python_inventory(python: str) -> str:
@@ -484,14 +497,16 @@ def _ports(n: int) -> tuple[list[socket.socket], list[int]]:
     return held, [s.getsockname()[1] for s in held]
 
 
-def test_ports_taken_by_a_listener_fail_naming_the_setting():
+def test_ports_taken_by_a_listener_fail_naming_the_setting(tmp_path):
+    if shutil.which("ss") is None and shutil.which("netstat") is None:
+        pytest.skip("neither ss nor netstat here")
+    env = _without_raylet(tmp_path)
     held, ports = _ports(10)
     try:
         held[0].listen()
         inv = _ray_ports_inventory(ports[0], ports[1:])
-        output = _run_probe("ports", inv, "ports")
-        if "raylet-running" in output.stdout:
-            pytest.skip("a raylet runs on this machine: the check then trusts Ray's own ports")
+        output = _run_probe("ports", inv, "ports", env)
+        assert "raylet-running" not in output.stdout
         verdict = judge("ports", inv, ports=output)
         assert verdict.status is Status.FAIL, output.stdout
         assert verdict.summary == f"ports Ray needs are taken: {ports[0]} (node_manager_port)"
@@ -499,7 +514,7 @@ def test_ports_taken_by_a_listener_fail_naming_the_setting():
         assert verdict.facts == {"ray_running": False}
         held[0].close()
         held[0] = socket.socket()          # keep the number, no longer listening
-        verdict = judge("ports", inv, ports=_run_probe("ports", inv, "ports"))
+        verdict = judge("ports", inv, ports=_run_probe("ports", inv, "ports", env))
         assert verdict.status is Status.OK and verdict.summary == "10 Ray ports free"
     finally:
         for s in held:
