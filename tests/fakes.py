@@ -36,12 +36,15 @@ def fixture_text(kind: str, name: str) -> str:
 # ---------------------------------------------------------------- command results
 
 
+_BOOM = object()
+
+
 def result(node: str, stdout: str = "", status: str = "ok", code: int | None = 0,
-           command: str = "cmd", stderr: str = "", error: str | None = None,
+           command: str = "cmd", stderr: str = "", error: Any = _BOOM,
            duration_s: float = 0.1) -> CommandResult:
-    """One command's CommandResult; a status other than ok without `error` gets "boom"."""
-    if error is None and status != "ok":
-        error = "boom"
+    """One command's CommandResult; error, unless given: None when ok, else "boom"."""
+    if error is _BOOM:
+        error = None if status == "ok" else "boom"
     return CommandResult(node, command, code, stdout, stderr, duration_s, status, error)
 
 
