@@ -17,6 +17,7 @@ from cluster.probes import NOT_FOUND, Probe, ProbeOutput, probe_script
 from cluster.ray_state import (GcsNode, RayState, cluster_status, parse_state_output,
                                status_exit_code)
 from cluster.remote import CommandResult
+from fakes import RecordingSession, result
 
 INV = """\
 ssh: {user: root}
@@ -420,7 +421,7 @@ def test_down_on_stopped_cluster_plans_nothing(inv):
 
 
 def _result(stdout, code=0, status="ok"):
-    return CommandResult("gpu02", "x", code, stdout, "", 0.1, status)
+    return result("gpu02", stdout, status, code, command="x", error=None)
 
 
 def _probe_text(outputs: dict[str, tuple[int, str]]) -> str:
@@ -561,29 +562,6 @@ def test_check_expected_names_missing_and_wrong_gpu_counts(inv):
 
 
 # ---------------------------------------------------------------- execution order (recorded runner)
-
-
-class RecordingSession:
-    """Answers every command with success and records (time, node, command): no network."""
-
-    def __init__(self, fail_on: str | None = None, worker_delay: float = 0.0):
-        import threading
-        import time as _time
-        self.calls: list[tuple[float, str, str]] = []
-        self._lock = threading.Lock()
-        self._time = _time
-        self.fail_on = fail_on
-        self.worker_delay = worker_delay
-
-    def run(self, node, command, timeout=None, stdin=None):
-        with self._lock:
-            self.calls.append((self._time.monotonic(), node.name, command))
-            self.stdins = getattr(self, "stdins", []) + [(node.name, stdin)]
-        if not node.is_head and self.worker_delay:
-            self._time.sleep(self.worker_delay)
-        failed = self.fail_on is not None and self.fail_on in command and node.is_head
-        return CommandResult(node.name, command, 1 if failed else 0, "", "boom" if failed else "",
-                             0.0, "failed" if failed else "ok")
 
 
 def _verb(command: str) -> str:

@@ -10,20 +10,18 @@ Heavy: ~2.4 GB of memory and a few minutes on a 2-core machine.
 from __future__ import annotations
 
 import json
-import shlex
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 
+from integration_kit import PYTHON, REPO, ClusterCli, derive_inventory, head_driver
+
 pytestmark = [pytest.mark.integration, pytest.mark.ray]
 
-REPO = Path(__file__).resolve().parents[2]
-PYTHON = str(REPO / ".venv" / "bin" / "python3") if (REPO / ".venv").is_dir() else sys.executable
 PROFILES = {"node1": "small-4gpu", "node2": "small-4gpu", "node3": "cpu"}
 EXPECTED_GPUS = {"node1": 4, "node2": 4, "node3": 0}
 MARK = "set-at-ray-start"
@@ -31,11 +29,8 @@ RAY_WORDS = ("raylet", "gcs_server", "ray::", "dashboard.py", "log_monitor", "de
              "runtime_env/agent", "dashboard/agent", "monitor.py", "ray.util.client.server")
 
 
-def _ray_settings(doc: dict, run_dir: Path) -> dict:
-    doc["ray"] = {"num_cpus": 2, "memory": 2 * 1024 ** 3, "object_store_memory": 256 * 1024 ** 2,
-                  "python": PYTHON}
-    doc["run_dir"] = str(run_dir)
-    return doc
+cli = ClusterCli(timeout=600)
+cli_json = cli.json
 
 
 @pytest.fixture(scope="module")
@@ -46,30 +41,10 @@ def sim(simcluster_factory):
 @pytest.fixture(scope="module")
 def inv(sim, tmp_path_factory) -> Path:
     """The simcluster inventory + ray settings; node2 carries NCCL_SOCKET_IFNAME and a marker."""
-    base = tmp_path_factory.mktemp("ray-inv")
-    doc = _ray_settings(yaml.safe_load(sim.inventory_path.read_text()), base / "runs")
-    for node in doc["nodes"]:
-        if node["name"] == "node2":
-            node["nccl_socket_ifname"] = "=eth0"
-            node["env"] = {"CLUSTER_TEST_MARK": MARK}
-    path = base / "cluster.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    path = derive_inventory(sim, tmp_path_factory.mktemp("ray-inv"), nodes={
+        "node2": {"nccl_socket_ifname": "=eth0", "env": {"CLUSTER_TEST_MARK": MARK}}})
     yield path
     cli(path, "down", "--yes", timeout=300)  # always leave the nodes without Ray
-
-
-def cli(inventory: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-m", "cluster", "-i", str(inventory), *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=str(REPO))
-
-
-def cli_json(inventory: Path, *args: str, timeout: float = 600) -> tuple[int, dict]:
-    p = cli(inventory, *args, "--json", timeout=timeout)
-    try:
-        return p.returncode, json.loads(p.stdout)
-    except ValueError:
-        raise AssertionError(f"cluster {' '.join(args)}: exit {p.returncode}\n"
-                             f"{p.stdout}\n{p.stderr}")
 
 
 def ray_processes(sim, node: str) -> list[str]:
@@ -85,23 +60,7 @@ def node_ids(status: dict) -> dict[str, str]:
 
 def run_driver(sim, inventory: Path, script: str, timeout: float = 300) -> dict:
     """Run a Ray driver on the head (with the cluster's auth mode) and return its RESULT json."""
-    from cluster import inventory as inventory_mod
-    from cluster import ray_cluster
-    from cluster.facts import gather as gather_facts
-    from cluster.remote import Session
-
-    inv = inventory_mod.load(str(inventory))
-    with Session(inv) as session:
-        facts = gather_facts(session, inv, [inv.head])
-        mode = ray_cluster.cluster_auth_mode(inv, facts)
-        command = (f"cd /tmp && env RAY_AUTH_MODE={mode} RAY_USAGE_STATS_ENABLED=0 "
-                   + shlex.join([inv.ray.python, "-c", script]))
-        r = session.run(inv.head, command, timeout=timeout)
-    for line in r.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    raise AssertionError(f"driver failed ({r.status}, exit {r.exit_code}):\n{r.stdout[-3000:]}\n"
-                         f"{r.stderr[-3000:]}")
+    return head_driver(inventory, script, timeout)
 
 
 # ---------------------------------------------------------------- before anything runs
