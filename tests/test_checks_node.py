@@ -66,6 +66,12 @@ REGISTERED = "/sys/kernel/mm/memory_peers/nv_mem/version: 570.133.20\n"
 CHRONYD_DOWN = dict(exit_code=1, stderr="506 Cannot talk to daemon\n")
 
 
+def evaluate_result(node, inv, checks, res, probes):
+    """preflight's judgement of one node's gather result (the facts layer reads it first)."""
+    from cluster.facts import node_facts
+    return evaluate_node(node, inv, checks, node_facts(node, res, probes))
+
+
 def inventory(expectations: str = "", **node: str) -> str:
     """A one-node inventory (node n1, the head) with optional node keys and expectations."""
     keys = "".join(f", {k}: {v}" for k, v in node.items())
@@ -272,7 +278,8 @@ def test_every_node_check_has_a_passing_and_a_failing_case():
     """Each per-node check of node.py (the health ones: test_checks_node_health.py) is covered."""
     from cluster.checks.node_health import HEALTH_CHECKS
     health = {c.id for c in HEALTH_CHECKS}
-    own = [c.id for c in NODE_CHECKS if c.id not in health]
+    own = [c.id for c in NODE_CHECKS
+           if c.id not in health and c.evaluate.__module__ == "cluster.checks.node"]
     seen: dict[str, set] = {}
     for case in CASES:
         seen.setdefault(case[1], set()).add(case[4])
@@ -335,7 +342,7 @@ def test_an_output_the_parser_refuses_is_an_error_in_preflight(check, probe, cap
                      + (fixture_text(*capture) if p.name == probe else "")
                      + f"\n@@cluster-probe@@ {p.name} end {0 if p.name == probe else 127}\n"
                      for p in probes)
-    results, _ = evaluate_node(node, inv, [c for c in NODE_CHECKS if c.id == check],
+    results, _ = evaluate_result(node, inv, [c for c in NODE_CHECKS if c.id == check],
                                result("n1", marked), probes)
     assert [r.status for r in results] == [Status.ERROR]
     assert results[0].summary.startswith("could not read the output:")
@@ -344,7 +351,7 @@ def test_an_output_the_parser_refuses_is_an_error_in_preflight(check, probe, cap
 def test_an_unreached_node_is_an_error_for_every_check():
     inv = loads(inventory())
     probes = node_probes(inv.head, inv, NODE_CHECKS)
-    results, facts = evaluate_node(inv.head, inv, NODE_CHECKS,
+    results, facts = evaluate_result(inv.head, inv, NODE_CHECKS,
                                    result("n1", status="unreachable", code=None,
                                           error="connection refused"), probes)
     assert facts == {"reachable": False}
@@ -375,16 +382,6 @@ def _run_probe(check: str, inv: str, probe: str, env: dict | None = None):
     command = check_probes(check, loads(inv), "n1")[probe]
     code, stdout, stderr = _run(command, env=env)
     return probe_output(probe, stdout, code, stderr, command)
-
-
-def _without_raylet(tmp_path) -> dict:
-    """An environment whose `pgrep` finds no process: this machine as a node without Ray
-    (another test session's raylet may run here); `ss` stays the real one."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "pgrep").write_text("#!/bin/sh\nexit 1\n")
-    (bin_dir / "pgrep").chmod(0o755)
-    return dict(os.environ, PATH=f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}")
 
 
 def _python_inventory(python: str) -> str:
@@ -434,7 +431,7 @@ def test_versions_probe_that_fails_or_prints_no_json(tmp_path):
     assert verdict.status is Status.ERROR
     assert verdict.summary == "version probe failed: Fatal Python error: init_fs_encoding"
     inv = _python_inventory("/bin/echo")        # prints its arguments: not JSON
-    with pytest.raises(ParseError, match="not JSON"):
+    with pytest.raises(ParseError, match="not one JSON document"):
         judge("versions", inv, versions=_run_probe("versions", inv, "versions"))
 
 
@@ -500,13 +497,12 @@ def _ports(n: int) -> tuple[list[socket.socket], list[int]]:
 def test_ports_taken_by_a_listener_fail_naming_the_setting(tmp_path):
     if shutil.which("ss") is None and shutil.which("netstat") is None:
         pytest.skip("neither ss nor netstat here")
-    env = _without_raylet(tmp_path)
+    env = None   # the node facts are not given: no raylet reading, the listing decides
     held, ports = _ports(10)
     try:
         held[0].listen()
         inv = _ray_ports_inventory(ports[0], ports[1:])
         output = _run_probe("ports", inv, "ports", env)
-        assert "raylet-running" not in output.stdout
         verdict = judge("ports", inv, ports=output)
         assert verdict.status is Status.FAIL, output.stdout
         assert verdict.summary == f"ports Ray needs are taken: {ports[0]} (node_manager_port)"
@@ -526,9 +522,13 @@ def test_ports_in_use_by_a_running_raylet_are_fine():
     try:
         held[0].listen()
         inv = _ray_ports_inventory(ports[0], ports[1:])
-        listing = _run_probe("ports", inv, "ports").stdout.partition("--ray--")[0]
-        running = probe_output("ports", listing + "--ray--\nraylet-running\n")
-        verdict = judge("ports", inv, ports=running)
+        listing = probe_output("ports", _run_probe("ports", inv, "ports").stdout)
+        # the one "is Ray running" reading: a raylet in the node-facts program's process list
+        raylet = {"pid": 42, "kind": "raylet", "comm": "raylet", "args": [], "env": {}}
+        facts_doc = json.dumps({"python": "/usr/bin/python3", "versions": {"ray": "2.60.0"},
+                                "processes": [raylet]})
+        verdict = judge("ports", inv, ports=listing,
+                        versions=probe_output("versions", facts_doc + "\n"))
         assert verdict.status is Status.OK
         assert verdict.summary == "Ray is running on this node: its ports are in use by Ray"
         assert verdict.facts == {"ray_running": True}
@@ -567,10 +567,10 @@ def test_a_node_that_stopped_mid_probe_is_an_error_for_the_checks_it_did_not_ans
     inv = loads(inventory())
     checks = [c for c in NODE_CHECKS if c.id in ("gpus", "shm")]
     probes = node_probes(inv.head, inv, checks)
-    assert [p.name for p in probes] == ["gpu-query", "shm"]
+    assert [p.name for p in probes] == ["gpu-query", "versions", "shm"]   # + the node facts
     cut = ("@@cluster-probe@@ gpu-query begin\n" + fixture_text(*H100_QUERY)
            + "\n@@cluster-probe@@ gpu-query end 0\n@@cluster-probe@@ shm begin\nFilesystem")
-    results, facts = evaluate_node(inv.head, inv, checks, result("n1", cut), probes)
+    results, facts = evaluate_result(inv.head, inv, checks, result("n1", cut), probes)
     assert [(r.check, r.status) for r in results] == [("gpus", Status.OK), ("shm", Status.ERROR)]
     assert "no output for 'shm': the node stopped answering mid-probe" in results[1].summary
     assert facts["gpu_count"] == 2

@@ -370,7 +370,8 @@ def evaluate_ports(ctx: NodeContext) -> Verdict:
     out = ctx.output("ports")
     listing = out.stdout
     if ctx.facts.raylet is not None:   # the one "is Ray running" reading (cluster/facts.py)
-        return ok("Ray is running on this node: its ports are in use by Ray", facts={"ray_running": True})
+        return ok("Ray is running on this node: its ports are in use by Ray",
+                  facts={"ray_running": True}, probe="versions")
     listening = {int(m.group(1)) for m in _LISTEN_RE.finditer(listing)}
     wanted = ray_ports(ctx.node, ctx.inventory)
     busy = {p: name for p, name in wanted.items() if p in listening}
@@ -378,8 +379,9 @@ def evaluate_ports(ctx: NodeContext) -> Verdict:
     if busy:
         return fail("ports Ray needs are taken: " + ", ".join(f"{p} ({n})" for p, n in busy.items()),
                     "stop what listens there (`ss -ltnp`) or change the ports under ray: in the "
-                    "inventory", data={"listening": sorted(listening)}, facts=facts)
-    return ok(f"{len(wanted)} Ray ports free", facts=facts)
+                    "inventory", data={"listening": sorted(listening)}, facts=facts,
+                    probe="ports")
+    return ok(f"{len(wanted)} Ray ports free", facts=facts, probe="ports")
 
 
 # ---------------------------------------------------------------- registry
@@ -405,5 +407,5 @@ NODE_CHECKS: tuple[NodeCheck, ...] = (
     NodeCheck("versions", "Python, Ray, vLLM, torch, NCCL versions", (node_program_probe,),
               evaluate_versions),
     NodeCheck("model", "model files present", (model_probe,), evaluate_model),
-    NodeCheck("ports", "Ray ports free", (ports_probe,), evaluate_ports),
+    NodeCheck("ports", "Ray ports free", (ports_probe, node_program_probe), evaluate_ports),
 ) + HEALTH_CHECKS + METRICS_CHECKS
