@@ -21,7 +21,10 @@ from cluster.health_job import HEALTH_CHECKS
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray]
 
-from test_deploy_e2e import PYTHON, cli, cli_json  # noqa: E402 - one CLI runner
+from integration_kit import PYTHON, ClusterCli  # noqa: E402 - the one CLI runner
+
+cli = ClusterCli(timeout=1200)
+cli_json = cli.json
 
 PERIOD_S = 5.0
 PROMETHEUS = shutil.which("prometheus") is not None    # ray.metrics: prometheus when it can run

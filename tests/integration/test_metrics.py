@@ -26,8 +26,11 @@ import yaml
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray, pytest.mark.vllm]
 
-from test_deploy_e2e import PYTHON, REPO, cli, cli_json  # noqa: E402 - one CLI runner
+from integration_kit import PYTHON, REPO, ClusterCli  # noqa: E402 - the one CLI runner
 from test_deploy_e2e import model as tiny_dense_model  # noqa: E402,F401 - the tiny model
+
+cli = ClusterCli(timeout=1200)
+cli_json = cli.json
 
 APP = "tinym"
 SERVED = "tiny-metrics"
