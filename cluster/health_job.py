@@ -1,7 +1,7 @@
 """The periodic node-health job: its config, its readings and their file, the gauges, and the
 laptop side that starts it (`cluster up`) and reads it (`cluster status`).
 
-After `cluster up`, one Ray job (cluster/node_programs/health_job.py, shipped with this package
+After `cluster up`, one Ray job (cluster/health_runner.py, shipped with this package
 as its runtime_env `py_modules`) re-reads the cheap facts of every Ray node every
 `health.period_s` seconds: one reader actor per node runs the preflight probes and verdicts of
 HEALTH_CHECKS there (cluster/checks/*, thresholds from the inventory's expectations). Each

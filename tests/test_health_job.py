@@ -178,7 +178,7 @@ def test_package_archive_is_the_package_and_reproducible(monkeypatch):
     monkeypatch.setattr(time, "time", lambda: later)     # gzip would stamp the time
     assert archive == h.package_archive()
     names = tarfile.open(fileobj=io.BytesIO(archive)).getnames()
-    assert "cluster/node_programs/health_job.py" in names and "cluster/data/expectations.yaml" in names
+    assert "cluster/health_runner.py" in names and "cluster/data/expectations.yaml" in names
     assert not [n for n in names if "__pycache__" in n or not n.startswith("cluster/")]
     cfg = h.job_config(_inventory())
     assert h.code_digest(archive, cfg) != h.code_digest(archive + b"x", cfg)
@@ -234,7 +234,7 @@ def _shim_tools(tmp_path: Path, profile: str) -> str:
 @pytest.mark.parametrize("profile,clock,offset", [("h100-ib", "ok", 0.000260),
                                                   ("h100-clock-off", "fail", 7.800260112)])
 def test_reader_judges_a_node_as_preflight_does(tmp_path, monkeypatch, profile, clock, offset):
-    from cluster.node_programs.health_job import read_node
+    from cluster.health_runner import read_node
 
     monkeypatch.setenv("PATH", _shim_tools(tmp_path, profile))
     cfg = h.job_config(_inventory("expectations: {gpus_per_node: 8}\n"))
@@ -396,7 +396,7 @@ def _statuses(path):
 
 
 def test_driver_places_readers_and_follows_nodes_that_leave_join_or_fail(tmp_path):
-    from cluster.node_programs.health_job import Driver
+    from cluster.health_runner import Driver
 
     ray = _FakeRay()
     path = tmp_path / "cluster-health.json"

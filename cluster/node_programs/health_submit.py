@@ -23,6 +23,9 @@ import tarfile
 import tempfile
 import time
 
+# Imported from the head's own Ray install (the inventory's python runs Ray there), not stdlib.
+NODE_IMPORTS = ("ray",)
+
 MARKER = "CLUSTER_HEALTH_JOB "
 ACTIVE = ("PENDING", "RUNNING")
 START_WAIT_S = 30.0
@@ -79,7 +82,7 @@ def _submit(client, req):
     work = tempfile.mkdtemp(prefix="cluster-health-")
     try:
         package = _unpack(base64.b64decode(req["package_b64"]), work)
-        entrypoint = shlex.join([req["python"], "-m", "cluster.node_programs.health_job",
+        entrypoint = shlex.join([req["python"], "-m", "cluster.health_runner",
                                  json.dumps(req["config"], separators=(",", ":"))])
         sid = "%s%s-%s" % (req["submission_prefix"], time.strftime("%Y%m%d-%H%M%S"),
                            os.urandom(3).hex())

