@@ -33,7 +33,8 @@ from typing import Any, Callable, Mapping, Sequence
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 from cluster.bounds import bound, check_float, check_int
-from cluster.errors import ClusterError, UsageError
+from cluster.errors import ClusterError, ParseError, UsageError
+from cluster.parsers import prometheus
 from cluster.textsafe import safe_line
 
 ENDPOINTS = ("completions", "chat")
@@ -438,47 +439,9 @@ def request_body(config: BenchConfig, index: int) -> dict[str, Any]:
 
 
 def parse_metric_total(text: str, name: str) -> float | None:
-    """Sum of the samples of metric `name` over all label sets in Prometheus text; None when absent."""
-    total: float | None = None
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#") or not line.startswith(name):
-            continue
-        rest = line[len(name):]
-        if rest.startswith("{"):
-            end = _labels_end(rest)
-            if end < 0:
-                continue
-            rest = rest[end + 1:]
-        elif rest and not rest[0].isspace():
-            continue  # a longer metric name with this prefix
-        fields = rest.split()
-        if not fields:
-            continue
-        try:
-            value = float(fields[0])
-        except ValueError:
-            continue
-        if not math.isfinite(value):
-            continue  # NaN / +Inf samples carry no count
-        total = value if total is None else total + value
-    return total
-
-
-def _labels_end(text: str) -> int:
-    """Index of the '}' closing the label set that starts text, honouring quoted values."""
-    quoted = False
-    escaped = False
-    for i, ch in enumerate(text):
-        if escaped:
-            escaped = False
-        elif ch == "\\":
-            escaped = True
-        elif ch == '"':
-            quoted = not quoted
-        elif ch == "}" and not quoted:
-            return i
-    return -1
+    """Sum of the samples of metric `name` over all label sets in Prometheus text; None when absent.
+    NaN / +Inf samples carry no count. ParseError when the text is not Prometheus exposition."""
+    return prometheus.total(prometheus.parse(text).samples, name)
 
 
 def scrape_metric(url: str, name: str, *, api_key: str | None = None,
@@ -510,7 +473,10 @@ def scrape_metric(url: str, name: str, *, api_key: str | None = None,
                                     f"{exc}", limit=500)) from None
     if status != 200:
         raise BenchError(f"{redact_url(target)} answered HTTP {status}")
-    value = parse_metric_total(raw.decode("utf-8", "replace"), name)
+    try:
+        value = parse_metric_total(raw.decode("utf-8", "replace"), name)
+    except ParseError as exc:
+        raise BenchError(safe_line(f"{redact_url(target)}: {exc}", limit=500)) from None
     if value is None:
         if default is not None:
             return default

@@ -66,7 +66,8 @@ HELP: dict[str, str] = {
     "up": "start (or repair) the Ray cluster: head, then workers; idempotent",
     "down": "stop Ray on every node (workers first, then the head); idempotent",
     "status": "Ray nodes, GPUs, version and Serve applications, read on the head",
-    "dashboard": "open an SSH tunnel to the head's Ray dashboard and print its local URL",
+    "dashboard": "serve the head's Ray dashboard on this machine's loopback, the Ray token "
+                 "added, and print its local URL",
     "plan": "plan TP/PP/DP/EP and vLLM engine args for a model on this cluster",
     "bench": "load-test an OpenAI-compatible endpoint (TTFT, ITL, latency, tokens/s)",
     "deploy": "serve a model on the Ray cluster (Ray Serve + vLLM, OpenAI API)",

@@ -56,6 +56,11 @@ class CommandTimeout(RemoteError):
         super().__init__(node, f"no answer within {timeout:g} s")
 
 
+class TunnelError(RemoteError):
+    """The head was reached but would not connect a forwarded channel to the service there
+    (nothing listens on that port, or the head's sshd refuses TCP forwarding)."""
+
+
 class PlanError(ClusterError):
     """A plan that cannot be made (the model does not fit, impossible request)."""
 

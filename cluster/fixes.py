@@ -28,6 +28,7 @@ from typing import Any, Callable, Mapping, Sequence
 from cluster.inventory import Inventory, Node
 from cluster.model_sync import reference_node
 from cluster.results import CheckResult, Status
+from cluster.shell import as_root_command
 
 MODULES_LOAD_FILE = "/etc/modules-load.d/cluster-peermem.conf"
 LIMITS_FILE = "/etc/security/limits.d/90-cluster-memlock.conf"
@@ -361,4 +362,4 @@ def as_root(command: str, node: Node, inventory: Inventory, local_root: bool) ->
     user = node.user or inventory.ssh.user
     if (node.local and local_root) or user == "root" or (user is None and local_root):
         return command
-    return f"sudo -n bash -c {shlex.quote(command)}"
+    return as_root_command(command)

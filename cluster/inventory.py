@@ -56,6 +56,10 @@ _SETTING_WORDS = frozenset({"MODE", "ENABLED", "ENABLE", "DISABLED", "TYPE", "ME
 REDACTED = "***"
 # ray.serve_ingress -> the value of RAY_SERVE_ENABLE_HA_PROXY in every node's `ray start` env.
 SERVE_INGRESS = {"haproxy": "1", "proxy": "0"}
+# ray.metrics: off, or prometheus (`cluster up` starts the head's own Prometheus binary).
+METRICS = ("off", "prometheus")
+# An http(s) URL: scheme, host[:port], an optional path; no credentials, spaces or quotes.
+_URL_RE = re.compile(r"https?://[A-Za-z0-9.\-\[\]:]{1,261}(?:/[A-Za-z0-9._~/%+=&?#-]{0,1024})?\Z")
 
 
 @dataclass(frozen=True)
@@ -136,6 +140,18 @@ class RayOptions:
     serve_port: int = 8000
     python: str = "python3"
     serve_ingress: str = "haproxy"      # haproxy | proxy (see SERVE_INGRESS)
+    metrics: str = "off"                # off | prometheus (see METRICS: Prometheus on the head)
+    prometheus_port: int = 9090         # the head's Prometheus, bound to its loopback
+    grafana_url: str | None = None      # an existing Grafana (RAY_GRAFANA_HOST)
+    grafana_iframe_url: str | None = None   # what the browser loads (default: grafana_url)
+
+
+@dataclass(frozen=True)
+class HealthOptions:
+    """The periodic health job `cluster up` starts (cluster/health_job.py): on/off, its period."""
+
+    enabled: bool = True
+    period_s: float = 180.0
 
 
 @dataclass(frozen=True)
@@ -151,6 +167,7 @@ class Inventory:
     run_dir: str = "runs"
     secret_names: tuple[str, ...] = ()      # secrets.extra_names: more env names to treat as secret
     warnings: tuple[str, ...] = ()          # risky but valid settings (the CLI prints them)
+    health: HealthOptions = field(default_factory=HealthOptions)
 
     @property
     def head(self) -> Node:
@@ -195,6 +212,7 @@ class Inventory:
                 "ray": to_jsonable(self.ray), "expectations": to_jsonable(self.expectations),
                 "model_path": self.model_path, "run_dir": self.run_dir,
                 "secrets": {"extra_names": list(self.secret_names)},
+                "health": to_jsonable(self.health),
                 "warnings": list(self.warnings)}
 
     def is_secret(self, name: str) -> bool:
@@ -293,7 +311,8 @@ nodes:
 
 # ---------------------------------------------------------------- validation
 
-_TOP_KEYS = {"nodes", "ssh", "ray", "expectations", "model", "model_path", "run_dir", "secrets"}
+_TOP_KEYS = {"nodes", "ssh", "ray", "expectations", "model", "model_path", "run_dir", "secrets",
+             "health"}
 _NODE_KEYS = {"name", "address", "role", "user", "port", "identity_file", "jump_host", "node_ip",
               "nccl_socket_ifname", "gloo_socket_ifname", "ib_hcas", "env", "local", "profile"}
 _SSH_KEYS = {"user", "port", "identity_file", "known_hosts", "accept_unknown_host_keys",
@@ -459,6 +478,7 @@ def loads(text: str, path: str = "<string>") -> Inventory:
     expectations = _expectations(v, top.get("expectations"))
     model_path = _model_path(v, top)
     secret_names = _secret_names(v, top.get("secrets"))
+    health = _health_options(v, top.get("health"))
     run_dir = v.path(top.get("run_dir"), ("run_dir",)) or "runs"
     base = Path(path).resolve().parent if Path(path).is_file() else None
     if os.environ.get(RUN_DIR_ENV):
@@ -474,7 +494,8 @@ def loads(text: str, path: str = "<string>") -> Inventory:
                       for n in nodes)
         run_dir = _relative_to(base, run_dir)
     inv = Inventory(path=path, nodes=nodes, ssh=ssh, ray=ray, expectations=expectations,
-                    model_path=model_path, run_dir=run_dir, secret_names=secret_names)
+                    model_path=model_path, run_dir=run_dir, secret_names=secret_names,
+                    health=health)
     return dataclasses.replace(inv, warnings=inventory_warnings(inv))
 
 
@@ -648,6 +669,7 @@ _RAY_INT_KEYS = {"port": (1, 65535), "dashboard_port": (1, 65535),
                  "dashboard_agent_listen_port": (1024, 65535),
                  "dashboard_agent_grpc_port": (1024, 65535),
                  "runtime_env_agent_port": (1024, 65535), "metrics_export_port": (1024, 65535),
+                 "prometheus_port": (1, 65535),
                  "object_store_memory": (78643200, 1 << 50), "num_cpus": (1, 4096),
                  "memory": (1 << 20, 1 << 50)}
 
@@ -656,7 +678,8 @@ def _ray_options(v: _Validator, raw: Any) -> RayOptions:
     if raw is None:
         return RayOptions()
     at = ("ray",)
-    allowed = set(_RAY_INT_KEYS) | {"dashboard_host", "temp_dir", "python", "serve_ingress"}
+    allowed = set(_RAY_INT_KEYS) | {"dashboard_host", "temp_dir", "python", "serve_ingress",
+                                    "metrics", "grafana_url", "grafana_iframe_url"}
     m = v.mapping(raw, at, allowed)
     defaults = RayOptions()
     values: dict[str, Any] = {}
@@ -668,9 +691,68 @@ def _ray_options(v: _Validator, raw: Any) -> RayOptions:
     values["python"] = v.path(m.get("python"), at + ("python",)) or defaults.python
     values["serve_ingress"] = v.choice(m.get("serve_ingress"), at + ("serve_ingress",),
                                        SERVE_INGRESS, defaults.serve_ingress)
+    values["metrics"] = v.choice(_metrics_word(v, m.get("metrics"), at + ("metrics",)),
+                                 at + ("metrics",), METRICS, defaults.metrics)
+    for key in ("grafana_url", "grafana_iframe_url"):
+        values[key] = _url(v, m.get(key), at + (key,))
+    if values["grafana_iframe_url"] and not values["grafana_url"]:
+        raise v.doc.fail(at + ("grafana_iframe_url",), "needs ray.grafana_url")
+    values["grafana_iframe_url"] = values["grafana_iframe_url"] or values["grafana_url"]
     if values["min_worker_port"] > values["max_worker_port"]:
         raise v.doc.fail(at + ("min_worker_port",), "must not exceed max_worker_port")
     return RayOptions(**values)
+
+
+HEALTH_PERIOD_S = (5.0, 3600.0)     # health.period_s bounds (seconds)
+
+
+def _health_options(v: _Validator, raw: Any) -> HealthOptions:
+    if raw is None:
+        return HealthOptions()
+    at = ("health",)
+    m = v.mapping(raw, at, {"enabled", "period_s"})
+    lo, hi = HEALTH_PERIOD_S
+    return HealthOptions(enabled=v.boolean(m.get("enabled"), at + ("enabled",), True),
+                         period_s=v.number(m.get("period_s"), at + ("period_s",), 180.0, lo, hi,
+                                           lo_open=False))
+
+
+def _metrics_word(v: _Validator, value: Any, at: tuple) -> Any:
+    """`metrics: off` as written (YAML 1.1 reads a bare off as false)."""
+    written = (v.doc.text(at) or "").strip("'\"")
+    return "off" if value is False and written.lower() == "off" else value
+
+
+def _url(v: _Validator, value: Any, at: tuple) -> str | None:
+    """An http(s) URL with a valid host and port (no credentials), trailing / dropped."""
+    text = v.string(value, at, None, "URL")
+    if text is None:
+        return None
+    if not _URL_RE.fullmatch(text):
+        raise v.doc.fail(at, f"must be an http:// or https:// URL without credentials, "
+                             f"got {text[:80]!r}")
+    problem = _url_host_problem(text.split("://", 1)[1].split("/", 1)[0])
+    if problem:
+        raise v.doc.fail(at, f"invalid URL {text[:80]!r}: {problem}")
+    return text.rstrip("/")
+
+
+def _url_host_problem(hostport: str) -> str | None:
+    """Why a URL's `host[:port]` (an IPv6 host in brackets) is not usable, else None."""
+    if hostport.startswith("["):
+        if "]" not in hostport:
+            return "an IPv6 address without its closing ]"
+        host, _, rest = hostport.partition("]")
+        host, port = host + "]", rest[1:] if rest.startswith(":") else None
+        if rest and port is None:
+            return "junk after the IPv6 address"
+    else:
+        host, colon, port = hostport.partition(":")
+        port = port if colon else None
+    if port is not None and not (port.isascii() and port.isdigit() and len(port) <= 5
+                                 and 1 <= int(port) <= 65535):
+        return f"the port must be a number 1-65535, got {port[:20]!r}"
+    return host_problem(host) if host else "no host"
 
 
 # ---------------------------------------------------------------- expectations

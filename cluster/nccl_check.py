@@ -17,8 +17,8 @@ cluster). This module is the laptop side, in three layers:
            verdict) and the measured bus bandwidth is compared with the expected one (< 50%:
            warn). A node that is missing, unreachable or died fails the check by name.
 
-`run_check(session, inventory, options, preflight_facts)` ties them together. Nothing here
-prints; ray and torch are never imported on the laptop.
+playbooks/nccl_check.py ties them together (submit, wait, judge). Nothing here prints; ray and
+torch are never imported on the laptop.
 """
 
 from __future__ import annotations
@@ -27,9 +27,8 @@ import base64
 import json
 import re
 import secrets
-import time
 import zlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -498,31 +497,8 @@ def _parse_rank_logs(raw_ranks: Sequence[Mapping[str, Any]]) -> dict[str, Any] |
         return None
 
 
-# ---------------------------------------------------------------- orchestration
-
-
-def run_check(session: Any, inventory: Inventory, options: CheckOptions,
-              nodes: Sequence[Node] | None = None,
-              preflight_facts: Mapping[str, Any] | None = None,
-              submission_id: str | None = None) -> tuple[NcclCheckResult, JobOutcome, Any]:
-    """Submit the job on the head, wait for it, judge it. Returns (result, outcome, CommandResult)."""
-    from cluster.ray_state import dashboard_url
-
-    nodes = list(nodes or inventory.nodes)
-    sid = submission_id or new_submission_id(options.backend)
-    call = head_call(inventory, options, nodes, sid)
-    started = time.monotonic()
-    result = session.run(inventory.head, call.command, timeout=options.timeout_s + SSH_MARGIN_S,
-                         stdin=call.stdin)
-    outcome = outcome_of(result, inventory.head.name, sid)
-    rank_nodes = [n.name for n in nodes]
-    expected = expected_bandwidth(preflight_facts, _nodes_with_ranks(outcome, rank_nodes))
-    judged = judge(options, outcome, expected, dashboard_url(inventory))
-    timings = dict(judged.timings, total=round(time.monotonic() - started, 2))
-    return replace(judged, timings=timings), outcome, result
-
-
-def _nodes_with_ranks(outcome: JobOutcome, default: Sequence[str]) -> list[str]:
+def nodes_with_ranks(outcome: JobOutcome, default: Sequence[str]) -> list[str]:
+    """The nodes the job's ranks ran on (in `default`'s order), else `default`."""
     ranks = (outcome.result or {}).get("ranks") or []
     names = _ordered({r.get("node") for r in ranks if isinstance(r, Mapping) and r.get("node")},
                      list(default))

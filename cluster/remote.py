@@ -25,6 +25,7 @@ from typing import Callable, Iterable, Protocol, Sequence, TypeVar
 from cluster.errors import CommandTimeout, ConnectError
 from cluster.inventory import Inventory, Node, SSHOptions
 from cluster.textsafe import terminal_safe_line
+from cluster.threads import Call, parallel  # parallel: callers import it from here too
 
 # paramiko's transport thread logs a hung sshd's banner timeout with a traceback at ERROR level,
 # which Python's last-resort handler prints on stderr: the node's result already says why.
@@ -278,6 +279,11 @@ class SSHRunner:
         return CommandResult(node.name, command, code, out.decode("utf-8", "replace"),
                              err.decode("utf-8", "replace"), time.monotonic() - start,
                              OK if code == 0 else FAILED)
+
+    def transport(self, node: Node):
+        """The paramiko Transport of the node's open connection (cluster/head_tunnel.py opens
+        its direct-tcpip channels on it). Raises ConnectError like run()."""
+        return self._open(node).transport
 
     def _open(self, node: Node):
         """The node's open connection; transient failures are retried within the connect budget.
@@ -622,7 +628,7 @@ class _AcceptForThisRun:
 
 def _close_quietly(conn) -> None:
     # Closing a connection to a frozen sshd can block: do it in a daemon thread.
-    threading.Thread(target=_close, args=(conn,), daemon=True).start()
+    Call(lambda: _close(conn))
 
 
 def _close(conn) -> None:
@@ -786,42 +792,3 @@ class Session:
         return self.inventory.ssh.max_parallel
 
 
-def parallel(nodes: Sequence[Node], work: Callable[[Node], "T"], deadline_s: float,
-             late: Callable[[Node], "T"], max_parallel: int | None = None) -> dict[str, "T"]:
-    """Call work(node) for every node in daemon threads, at most max_parallel at a time.
-
-    Each node gets deadline_s from the moment its call starts; a call still running then gets
-    late(node) as its result, its thread is abandoned (daemon threads never block the process
-    from exiting) and its slot goes to the next node, so a hung node delays no one and the whole
-    call returns within ceil(len(nodes) / max_parallel) x deadline_s.
-    """
-    nodes = list(nodes)
-    limit = len(nodes) if not max_parallel else max(1, min(int(max_parallel), len(nodes)))
-    results: dict[str, T] = {}
-    waiting = list(reversed(nodes))
-    running: dict[str, tuple[Node, float]] = {}
-    done = threading.Condition()
-
-    def call(node: Node) -> None:
-        value = work(node)
-        with done:
-            if node.name in running:  # not declared late meanwhile
-                del running[node.name]
-                results[node.name] = value
-            done.notify_all()
-
-    with done:
-        while waiting or running:
-            while waiting and len(running) < limit:
-                node = waiting.pop()
-                running[node.name] = (node, time.monotonic() + deadline_s)
-                threading.Thread(target=call, args=(node,), daemon=True,
-                                 name=f"cluster-{node.name}").start()
-            now = time.monotonic()
-            overdue = [n for n, end in running.values() if end <= now]
-            for node in overdue:
-                del running[node.name]
-                results[node.name] = late(node)
-            if running and not overdue:
-                done.wait(min(end for _, end in running.values()) - now)
-    return results

@@ -1,26 +1,24 @@
 """Rolling operations: nodes changed in batches (--serial N), Ray node drain with Serve replicas
 moved off first, and restart of one worker's Ray only when the rest can carry the deployed apps.
 
-Pure parts (batching, the apps' resource demand from Serve's details, the capacity verdict, the
-drain command) are separate from the parts that run commands (drain, restart_node), which take
-a Session like every other step (architecture.md: read, decide, then do).
+Pure parts only (batching, the apps' resource demand from Serve's details, the capacity verdict,
+the drain command, the outcome record) plus the serial executors of up/down; the drain and
+restart-node orchestrations are playbooks/drain.py and playbooks/restart_node.py.
 """
 
 from __future__ import annotations
 
 import json
 import shlex
-import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
 from cluster import ray_cluster
 from cluster.errors import UsageError
 from cluster.inventory import Inventory, Node
-from cluster.ray_cluster import (CHANGED, FAILED, KEEP, SKIPPED, UNREACHABLE, NodeAction, Plan,
+from cluster.ray_cluster import (FAILED, KEEP, SKIPPED, UNREACHABLE, NodeAction, Plan,
                                  StepResult)
-from cluster.ray_state import (GcsNode, RayState, gcs_address, head_client_env, node_for_ip,
-                               query_state)
+from cluster.ray_state import GcsNode, RayState, gcs_address, head_client_env
 from cluster.remote import CommandResult
 
 T = TypeVar("T")
@@ -336,7 +334,8 @@ class RolloutOutcome:
         return self
 
 
-def _worker(inventory: Inventory, name: str) -> Node:
+def worker(inventory: Inventory, name: str) -> Node:
+    """The inventory worker `name`; UsageError for the head (draining it stops the cluster)."""
     node = inventory.node(name)
     if node.is_head:
         raise UsageError(f"{name} is the head: it holds the GCS and the Serve controller; "
@@ -344,152 +343,12 @@ def _worker(inventory: Inventory, name: str) -> Node:
     return node
 
 
-def _state(session, inventory: Inventory) -> RayState:
-    state, _ = query_state(session, inventory, include_serve=True)
-    return state
-
-
-def _remaining(state: RayState, inventory: Inventory, node: GcsNode
-               ) -> list[tuple[str, Mapping[str, float]]]:
+def remaining_nodes(state: RayState, inventory: Inventory, node: GcsNode
+                    ) -> list[tuple[str, Mapping[str, float]]]:
+    """(name, resources) of the alive Ray nodes other than `node`: what must carry the apps."""
     names = {n.ip: n.name for n in inventory.nodes}
     return [(names.get(n.ip, n.ip), n.resources) for n in state.nodes or ()
             if n.alive and n.node_id != node.node_id]
-
-
-def locate(session, inventory: Inventory, name: str, out: RolloutOutcome
-           ) -> tuple[RayState, GcsNode] | None:
-    """The head's view and the node's alive entry, or None (out says why, exit 2)."""
-    node = _worker(inventory, name)
-    state = _state(session, inventory)
-    if not state.answered:
-        out.stop("the head does not answer: " + "; ".join(state.errors))
-        return None
-    entry = node_for_ip(state.nodes, node.ip)
-    if entry is None or not entry.alive:
-        out.stop(f"{name} is not alive in Ray ({node.ip}): nothing to drain "
-                 "(`cluster up` rejoins it)")
-        return None
-    out.node_id = entry.node_id
-    return state, entry
-
-
-def wait_moved(session, inventory: Inventory, node_id: str, wait_s: float,
-               on_event: Event, poll_s: float = 3.0) -> tuple[bool, list[dict], RayState]:
-    """Poll until no Serve replica is on the node and every app is RUNNING (at most wait_s)."""
-    end = time.monotonic() + wait_s
-    last = ""
-    while True:
-        state = _state(session, inventory)
-        left = replicas_on(state.serve, node_id) if state.answered else [{"state": "unknown"}]
-        pending = apps_not_running(state.serve) if state.serve is not None else ["serve: no answer"]
-        if not left and not pending:
-            return True, left, state
-        msg = f"{len(left)} replica(s) still on the node; apps not running: {pending or 'none'}"
-        if msg != last:
-            on_event(msg)
-            last = msg
-        if time.monotonic() + poll_s > end:
-            return False, left, state
-        time.sleep(poll_s)
-
-
-def drain(session, inventory: Inventory, name: str, *, dry_run: bool, confirm: Callable[[str], bool],
-          wait_s: float = DEFAULT_MOVE_WAIT_S, deadline_s: int = DEFAULT_DRAIN_DEADLINE_S,
-          on_event: Event = lambda _: None, command: str = "drain",
-          check_capacity: bool = True) -> RolloutOutcome:
-    """Drain a worker: capacity check, ask, `ray drain-node`, then wait until Serve has moved
-    every replica off it and the apps are RUNNING again."""
-    out = RolloutOutcome(command, name)
-    found = locate(session, inventory, name, out)
-    if found is None:
-        return out
-    state, entry = found
-    demands = app_demands(state.serve)
-    out.capacity = capacity_without(demands, _remaining(state, inventory, entry))
-    head_facts = ray_cluster.gather(session, inventory, [inventory.head])
-    auth = ray_cluster.cluster_auth_mode(inventory, head_facts)
-    cmd = drain_command(inventory, entry.node_id, f"cluster {command} {name}", deadline_s, auth)
-    out.planned.append(f"[{inventory.head.name}] $ {cmd}")
-    if check_capacity and not out.capacity.ok:
-        return out.stop(f"refused: {name} cannot be taken out: {out.capacity.summary()} ("
-                        + "; ".join(out.capacity.problems) + ")")
-    if dry_run:
-        return out.stop("dry run", 0)
-    replicas = replicas_on(state.serve, entry.node_id)
-    if not confirm(f"Drain {name} (Ray node {entry.node_id[:12]}): it takes no new work and "
-                   f"{len(replicas)} Serve replica(s) move to other nodes. Continue?"):
-        return out.stop("not confirmed")
-    on_event(f"draining {name}")
-    r = session.run(inventory.head, cmd, timeout=DRAIN_TIMEOUT_S)
-    out.results.append(r)
-    if not r.ok:
-        detail = (r.stderr.strip() or r.stdout.strip() or r.error or "").splitlines()[-1:]
-        out.step("drain", FAILED, f"ray drain-node: {r.status} (exit {r.exit_code}): "
-                 + " ".join(detail))
-        return out.stop("drain not accepted")
-    out.step("drain", CHANGED, f"drain accepted for node {entry.node_id[:12]}")
-    out.moved_replicas = replicas
-    if not demands:
-        out.step("move-replicas", "ok", "no Serve application: nothing to move")
-        return out
-    on_event(f"waiting for Serve to move {len(replicas)} replica(s) off {name}")
-    moved, left, _ = wait_moved(session, inventory, entry.node_id, wait_s, on_event)
-    if not moved:
-        out.step("move-replicas", FAILED, f"after {wait_s:g} s: {len(left)} replica(s) still on "
-                 f"{name}, or an app is not RUNNING", left=left)
-        return out.stop("replicas not moved in time")
-    out.step("move-replicas", CHANGED, f"{len(replicas)} replica(s) moved off {name}; "
-             "every app RUNNING")
-    return out
-
-
-def restart_node(session, inventory: Inventory, name: str, *, dry_run: bool,
-                 confirm: Callable[[str], bool], wait_s: float = DEFAULT_MOVE_WAIT_S,
-                 join_timeout_s: float = 240.0, on_event: Event = lambda _: None
-                 ) -> RolloutOutcome:
-    """Drain a worker, `ray stop` on it, start it with the command `cluster up` would run,
-    wait until it is alive again with its GPUs/CPUs and the apps are RUNNING."""
-    node = _worker(inventory, name)
-    facts = ray_cluster.gather(session, inventory)
-    stop = ray_cluster.stop_command(inventory)
-    f = facts[name]
-    if not f.usable:
-        out = RolloutOutcome("restart-node", name)
-        return out.stop(f"{name} unreachable or unusable: {f.error}")
-    auth = ray_cluster.cluster_auth_mode(inventory, facts)
-    start = ray_cluster.start_command(node, inventory, f.gpus, auth)
-    out = drain(session, inventory, name, dry_run=dry_run, confirm=confirm, wait_s=wait_s,
-                on_event=on_event, command="restart-node")
-    out.planned += [f"[{name}] $ {stop}", f"[{name}] $ {start}"]
-    if out.stopped:
-        return out
-    on_event(f"restarting Ray on {name}")
-    action = NodeAction(name, ray_cluster.RESTART, "restart-node", (stop, start))
-    plan = Plan("up", (NodeAction(inventory.head.name, KEEP, "kept"), action))
-    steps = ray_cluster.execute_up(plan, session, inventory, 0.0, on_event)
-    step = next(s for s in steps if s.node == name)
-    out.results += list(step.results)
-    out.step("restart", step.status, step.message)
-    if step.status != CHANGED:
-        return out.stop(f"ray stop/start on {name} failed: {step.message}")
-    expected = (ray_cluster.ExpectedNode(name, node.ip, f.gpu_count, inventory.ray.num_cpus),)
-    wait = ray_cluster.wait_for_nodes(session, inventory, expected, join_timeout_s,
-                                      on_event=on_event)
-    if not wait.ok:
-        out.step("rejoin", FAILED, "; ".join(f"{k}: {v}" for k, v in wait.problems.items()),
-                 log_tails=dict(wait.log_tails))
-        return out.stop(f"{name} did not rejoin within {join_timeout_s:g} s")
-    entry = node_for_ip(wait.state.nodes, node.ip)
-    out.new_node_id = entry.node_id if entry else None
-    out.step("rejoin", CHANGED, f"{name} alive again as node {(out.new_node_id or '?')[:12]} "
-             f"with {f.gpu_count} GPU(s)")
-    state = _state(session, inventory)
-    bad = apps_not_running(state.serve) if state.serve is not None else []
-    if bad:
-        out.step("verify", FAILED, "apps not RUNNING: " + "; ".join(bad))
-        return out.stop("apps not healthy after the restart")
-    out.step("verify", "ok", "every inventory node alive; every Serve app RUNNING")
-    return out
 
 
 def dumps(outcome: RolloutOutcome) -> str:

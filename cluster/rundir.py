@@ -42,7 +42,8 @@ def secret_values(names: Iterable[str] = ()) -> tuple[str, ...]:
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:
-    for s in secrets:
+    """Every secret masked, the longest first (one that holds a shorter one is masked whole)."""
+    for s in sorted(set(secrets), key=len, reverse=True):
         if s:
             text = text.replace(s, MASK)
     return text

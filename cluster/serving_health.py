@@ -33,10 +33,11 @@ from typing import Any, Mapping, Sequence
 import yaml
 
 from cluster.errors import ParseError
+from cluster.parsers import prometheus
+from cluster.parsers.prometheus import Sample
 from cluster.inventory import Inventory
 from cluster.node_programs import Call, document_of, failure, program_call
 
-KIND = "prometheus"
 FAMILIES = ("vllm:", "ray_vllm:", "ray_vllm_")
 REPLICA_LABEL = "ReplicaId"
 CAPACITY_WARNING = "out of capacity: add replicas or lower max_model_len / max_num_seqs"
@@ -87,91 +88,12 @@ def load_thresholds(overrides: Mapping[str, Any] | None = None) -> ServingThresh
 
 # ---------------------------------------------------------------- Prometheus text
 
-
-@dataclass(frozen=True)
-class PromSample:
-    """One sample line: name, labels (sorted pairs), value."""
-
-    name: str
-    labels: tuple[tuple[str, str], ...]
-    value: float
-
-    def label(self, key: str, default: str | None = None) -> str | None:
-        for k, v in self.labels:
-            if k == key:
-                return v
-        return default
+PromSample = Sample  # the name tests and callers know
 
 
-def _is_name_char(ch: str, first: bool) -> bool:
-    return ch.isascii() and (ch.isalpha() or ch in "_:" or (not first and ch.isdigit()))
-
-
-def _parse_value(text: str, lineno: int) -> float:
-    lowered = text.lower()
-    if lowered in ("+inf", "inf"):
-        return math.inf
-    if lowered == "-inf":
-        return -math.inf
-    if lowered == "nan":
-        return math.nan
-    try:
-        return float(text)
-    except ValueError:
-        raise ParseError(KIND, f"not a number: {text[:40]!r}", line=lineno) from None
-
-
-def _parse_labels(line: str, start: int, lineno: int) -> tuple[tuple[tuple[str, str], ...], int]:
-    """Labels from line[start] == '{'; returns (pairs, index after '}')."""
-    pairs, i, n = [], start + 1, len(line)
-    while True:
-        while i < n and line[i] in " \t,":
-            i += 1
-        if i < n and line[i] == "}":
-            return tuple(sorted(pairs)), i + 1
-        j = i
-        while j < n and _is_name_char(line[j], j == i):
-            j += 1
-        if j == i or j >= n or line[j] != "=" or j + 1 >= n or line[j + 1] != '"':
-            raise ParseError(KIND, "malformed label set", line=lineno)
-        key, k, value = line[i:j], j + 2, []
-        while k < n and line[k] != '"':
-            if line[k] == "\\" and k + 1 < n:
-                value.append({"n": "\n", "\\": "\\", '"': '"'}.get(line[k + 1], line[k + 1]))
-                k += 2
-            else:
-                value.append(line[k])
-                k += 1
-        if k >= n:
-            raise ParseError(KIND, "unterminated label value", line=lineno)
-        pairs.append((key, "".join(value)))
-        i = k + 1
-
-
-def parse_prometheus(text: str) -> tuple[PromSample, ...]:
-    """Prometheus text exposition (0.0.4, or OpenMetrics' `# EOF`) -> its samples.
-
-    Comments (# HELP, # TYPE) are skipped; a line that is not `name[{labels}] value [ts]`
-    raises ParseError with its line number.
-    """
-    out = []
-    for lineno, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        i = 0
-        while i < len(line) and _is_name_char(line[i], i == 0):
-            i += 1
-        if i == 0:
-            raise ParseError(KIND, f"not a metric line: {line[:60]!r}", line=lineno)
-        name, labels = line[:i], ()
-        if i < len(line) and line[i] == "{":
-            labels, i = _parse_labels(line, i, lineno)
-        fields = line[i:].split()
-        if not fields or len(fields) > 2:
-            raise ParseError(KIND, f"expected a value after {name}", line=lineno)
-        out.append(PromSample(name, labels, _parse_value(fields[0], lineno)))
-    return tuple(out)
+def parse_prometheus(text: str) -> tuple[Sample, ...]:
+    """Prometheus text exposition -> its samples (cluster.parsers.prometheus; ParseError on garbage)."""
+    return prometheus.parse(text).samples
 
 
 # ---------------------------------------------------------------- histograms
@@ -228,7 +150,7 @@ def _histogram(samples: Sequence[PromSample], name: str) -> Histogram | None:
             le = s.label("le")
             if le is None:
                 continue
-            bound = _parse_value(le, 0)
+            bound = prometheus.parse_value(le)
             buckets[bound] = buckets.get(bound, 0.0) + s.value
             seen = True
         elif s.name == name + "_count":

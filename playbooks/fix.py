@@ -22,7 +22,7 @@ from cluster.checks.node import NODE_CHECKS
 from cluster.errors import UsageError
 from cluster.fixes import FIXABLE, FileWrite, FixPlan, Step, as_root, plan_fixes
 from cluster.inventory import Inventory, Node
-from cluster.preflight import run_preflight
+from playbooks.preflight import run_preflight
 from cluster.remote import Session, parallel
 from cluster.results import Status
 from playbooks.fix_model import copy_models

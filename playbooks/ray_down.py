@@ -2,7 +2,8 @@
 
 gather (read-only) -> plan (pure: stop only nodes with Ray processes, workers first, then the
 head) -> [dry run stops here] -> confirm -> execute (`ray stop` on each node, which stops only
-that node's Ray processes) -> verify (gather again: no Ray process may be left).
+that node's Ray processes; with `ray.metrics: prometheus` the head's Prometheus too) -> verify
+(gather again: no Ray process may be left).
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
-from cluster import ray_cluster
+from cluster import prometheus_head, ray_cluster
+from cluster.facts import gather as gather_facts
 from cluster.inventory import Inventory
 from cluster.ray_cluster import CHANGED, FAILED, UNREACHABLE, NodeFacts, Plan, StepResult
 
@@ -28,10 +30,15 @@ class DownOutcome:
     plan: Plan | None = None
     steps: tuple[StepResult, ...] = ()
     leftovers: Mapping[str, list[str]] = field(default_factory=dict)
+    prometheus: StepResult | None = None       # ray.metrics: prometheus only
 
     @property
     def changed(self) -> bool:
-        return any(s.status == CHANGED for s in self.steps)
+        return any(s.status == CHANGED for s in self.steps + self.extra_steps)
+
+    @property
+    def extra_steps(self) -> tuple[StepResult, ...]:
+        return (self.prometheus,) if self.prometheus is not None else ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"command": "down", "exit_code": self.exit_code, "stopped": self.stopped,
@@ -39,14 +46,15 @@ class DownOutcome:
                 "facts": {k: v.to_dict() for k, v in self.facts.items()},
                 "plan": self.plan.to_dict() if self.plan else None,
                 "steps": [s.to_dict() for s in self.steps],
-                "leftovers": dict(self.leftovers)}
+                "leftovers": dict(self.leftovers),
+                "prometheus": self.prometheus.to_dict() if self.prometheus else None}
 
 
 def run(inventory: Inventory, session, dry_run: bool, confirm: Callable[[str], bool],
         on_event: Callable[[str], None] = lambda _: None, serial: int = 0) -> DownOutcome:
     out = DownOutcome()
     on_event("gathering facts")
-    out.facts = ray_cluster.gather(session, inventory)
+    out.facts = gather_facts(session, inventory)
     out.plan = ray_cluster.plan_down(inventory, out.facts)
     if dry_run:
         out.stopped = "dry run"
@@ -63,8 +71,11 @@ def run(inventory: Inventory, session, dry_run: bool, confirm: Callable[[str], b
         out.steps = execute_down_serial(out.plan, session, inventory, serial, on_event)
     else:
         out.steps = ray_cluster.execute_down(out.plan, session, inventory, on_event)
+    if prometheus_head.enabled(inventory) and out.facts[inventory.head.name].reached:
+        out.prometheus = prometheus_head.down(session, inventory, on_event)
     if not out.plan.changes:
-        out.exit_code = 2 if any(s.status in (FAILED, UNREACHABLE) for s in out.steps) else 0
+        out.exit_code = 2 if any(s.status in (FAILED, UNREACHABLE)
+                                 for s in out.steps + out.extra_steps) else 0
         return out
 
     # verify: nothing of Ray may be left on the nodes that were reached (processes that are
@@ -75,7 +86,7 @@ def run(inventory: Inventory, session, dry_run: bool, confirm: Callable[[str], b
     for attempt in range(VERIFY_ATTEMPTS):
         if attempt:
             time.sleep(VERIFY_PAUSE_S)
-        after = ray_cluster.gather(session, inventory, stopped)
+        after = gather_facts(session, inventory, stopped)
         if not any(f.usable and f.running for f in after.values()):
             break
     steps = []
@@ -88,6 +99,7 @@ def run(inventory: Inventory, session, dry_run: bool, confirm: Callable[[str], b
                                    + ", ".join(f.ray_processes[:8]))
         steps.append(step)
     out.steps = tuple(steps)
-    out.exit_code = 2 if any(s.status in (FAILED, UNREACHABLE) for s in out.steps) else 0
+    out.exit_code = 2 if any(s.status in (FAILED, UNREACHABLE)
+                             for s in out.steps + out.extra_steps) else 0
     return out
 

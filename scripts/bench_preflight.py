@@ -20,7 +20,7 @@ import time
 
 from simbench import node_cpu_seconds, simulated_cluster
 
-from cluster.preflight import run_preflight
+from playbooks.preflight import run_preflight
 from cluster.remote import Session
 
 

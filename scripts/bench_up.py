@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from cluster import inventory as inventory_mod  # noqa: E402
 from cluster import ray_cluster  # noqa: E402
+from cluster.facts import gather as gather_facts  # noqa: E402
 from cluster.ray_state import query_state  # noqa: E402
 from cluster.remote import Session  # noqa: E402
 
@@ -77,7 +78,7 @@ def write_inventory(work: Path) -> Path:
 
 def auth_mode(inv) -> str:
     with Session(inv) as session:
-        return ray_cluster.cluster_auth_mode(inv, ray_cluster.gather(session, inv, [inv.head]))
+        return ray_cluster.cluster_auth_mode(inv, gather_facts(session, inv, [inv.head]))
 
 
 def write_launcher_config(work: Path, inv, mode: str) -> Path:

@@ -16,6 +16,9 @@ the proxy and the engine (ray.serve.llm's default path adds both; see docs/servi
 the measurements behind this choice). Config fields follow ray.serve.llm's LLMConfig names
 (serve_apps/config.py).
 
+Engine metrics: vLLM's stat loggers export through Ray's metrics too, tagged with the app
+(serve_apps/engine_metrics.py), beside the app's own /metrics.
+
 Extra route: GET /v1/placement (API-key guarded) reports where the replica, its bundles and
 (dry_run) the probe actors landed, plus the engine kwargs it started with.
 """
@@ -47,6 +50,7 @@ from ray.util.placement_group import (
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from serve_apps.api_key import read_api_key
+from serve_apps.engine_metrics import stat_loggers
 from serve_apps.config import (
     AppConfig,
     AppConfigError,
@@ -317,8 +321,10 @@ class VLLMServer:
         else:
             vllm_config = engine_args.create_engine_config(
                 usage_context=UsageContext.OPENAI_API_SERVER)
+        # Engine metrics through Ray's metrics (app-tagged) and on the app's own /metrics.
         self._engine = AsyncLLM.from_vllm_config(
             vllm_config=vllm_config, usage_context=UsageContext.OPENAI_API_SERVER,
+            stat_loggers=stat_loggers(),
             enable_log_requests=engine_args.enable_log_requests,
             disable_log_stats=engine_args.disable_log_stats)
         # vLLM's frontend reads one flat namespace of frontend + engine args, like its CLI.

@@ -234,3 +234,108 @@ def test_iface_public_node_ip_warns():
     public = {"interfaces": [{"name": "eth0", "state": "UP", "mtu": 1500,
                               "ipv4": ["8.8.8.8/24"]}]}
     assert health.iface(public, "eth0", "8.8.8.8").status is Status.WARN
+
+
+# ---------------------------------------------------------------- every failing class: summary and fix
+
+RUNNING_FM = ("fabricmanager", "h2-001-bottlerocket142-systemctl-status-active-running.txt")
+STOPPED_FM = ("fabricmanager", "102-cubestudio29-2x4090-pre-nvl5-nothing-to-do.txt")
+FM_FIX = ("install nvidia-fabricmanager of exactly the driver's version and "
+          "`systemctl enable --now nvidia-fabricmanager`")
+GPU_FIX = "drain the node; reset the GPU (`nvidia-smi -r -i <n>`, no process on it)"
+CLOCK_FIX = "HW slowdown / power brake: check cooling, PSUs and the BMC's power capping"
+
+
+@pytest.mark.parametrize("verdict, status, summary, fix", [
+    pytest.param(lambda: health.fabricmanager(_data(*STOPPED_FM), None, TH, nvswitch=True),
+                 Status.FAIL, "nvidia-fabricmanager is not running: ", FM_FIX, id="fm-stopped"),
+    pytest.param(lambda: health.fabricmanager(_data(*RUNNING_FM), _data(
+        "nvidia-smi-q", "h2-007-gpuoperator2511-fabric-in-progress.txt"), TH),
+                 Status.FAIL, "1 GPU(s) not registered with the NVLink fabric (state/status ",
+                 FM_FIX, id="fm-in-progress"),
+    pytest.param(lambda: health.fabricmanager(_data(*RUNNING_FM), _data(
+        "nvidia-smi-q", "h2-005-dra626-nvsmi-q-fabric-completed-health-unhealthy.txt"), TH),
+                 Status.FAIL, "registered (Completed/Success) but the fabric health summary says",
+                 "`journalctl -u nvidia-fabricmanager` for link errors", id="fm-unhealthy"),
+    pytest.param(lambda: health.gpu_health(_data(
+        "nvidia-smi-q", "001-a100-sxm4-ecc-remapped-rows-pending.txt"), None, TH),
+                 Status.FAIL, "00000000:10:1C.0: row remapping pending (needs a GPU reset)",
+                 GPU_FIX, id="gpu-remap-pending"),
+    pytest.param(lambda: health.gpu_health(None, _data(
+        "dmesg", "h2-003-chia-gigahorse301-xid31-62-45-cascade.txt"), TH),
+                 Status.FAIL, "Xid 62 (internal micro-controller halt)", GPU_FIX, id="gpu-xid62"),
+    pytest.param(lambda: health.gpu_health(_data(
+        "nvidia-smi-q", "h2-001-l4rz-v100-sxm2-32gb-hw-power-brake-active.txt"), None, TH),
+                 Status.WARN, "clocks held down (HW Slowdown, HW Power Brake Slowdown)", CLOCK_FIX,
+                 id="gpu-power-brake"),
+    pytest.param(lambda: health.pcie_link(_data(
+        "nvidia-smi-q", "x06-xml-tesla-t4-515-link-x8-telegraf.txt"), TH),
+                 Status.WARN, "PCIe link below its maximum: 00000000:00:1E.0 x8 of x16",
+                 "`lspci -vv` LnkSta against LnkCap", id="pcie-x8"),
+    pytest.param(lambda: health.persistence(_data(
+        "nvidia-smi-q", "h2-013-persistence-k8sdp307-gtx1080ti-disabled.txt")["gpus"], TH),
+                 Status.WARN, "persistence mode off on 1 of 1 GPU(s) (00000000:65:00.0)",
+                 "`sudo systemctl enable --now nvidia-persistenced`", id="persistence-off"),
+    pytest.param(lambda: health.nic_locality(_data(
+        "nvidia-smi-topo", "101-8x4090-all-sys-2nic-phb-tabs-nic-rows.txt"), TH),
+                 Status.WARN, "7 GPU(s) reach their nearest RDMA NIC only across the CPU socket: "
+                              "GPU0 (SYS), GPU1 (SYS), GPU2 (SYS), GPU3 (SYS) and 3 more",
+                 "set NCCL_IB_HCA per GPU from the facts' nccl_ib_hca_order", id="nic-sys"),
+    pytest.param(lambda: health.iface(_data(
+        "ip-addr", "103-docker-host-eth0-altname-docker0-bridge-no-carrier.txt"), "ib0", None),
+                 Status.FAIL, "interface ib0 does not exist (have: lo, eth0, docker0",
+                 "set nccl_socket_ifname / gloo_socket_ifname", id="iface-missing"),
+])
+def test_each_failing_class_says_what_and_how_to_fix(verdict, status, summary, fix):
+    v = verdict()
+    assert v.status is status, v
+    assert summary in v.summary, v.summary
+    assert v.fix and fix in v.fix, v.fix
+
+
+def test_fabricmanager_on_nvswitch_with_no_gpu_listed_skips():
+    verdict = health.fabricmanager(_data(*RUNNING_FM), None, TH, nvswitch=True)
+    assert verdict.status is Status.SKIP and verdict.summary == "no per-GPU fabric state to judge"
+
+
+def test_fabricmanager_ok_without_a_systemctl_reading_does_not_claim_it_runs():
+    q = _data("nvidia-smi-q", "h2-005-dra626-nvsmi-q-fabric-completed-health-unhealthy.txt")
+    q["gpus"][0]["fabric_health_summary"] = "Healthy"     # edited, as above
+    verdict = health.fabricmanager(None, q, TH)
+    assert verdict.status is Status.OK and verdict.summary == "1 GPU(s) fabric Completed/Success"
+
+
+def test_remap_failure_and_pending_retirement_fail():
+    """States no fixture shows (edited into the parsed pending-remap report, said so here)."""
+    q = _data("nvidia-smi-q", "h2-005-gpud80-remapped-rows-pending-yes.txt")
+    q["gpus"][0]["remapped_rows_pending"] = False
+    q["gpus"][0]["remapped_rows_failure"] = True
+    failed = health.gpu_health(q, None, TH)
+    assert failed.status is Status.FAIL and "row remapping failed" in failed.summary
+    assert "a remap failure, repeated uncorrectable ECC or Xid 79 after a reboot means RMA" \
+        in failed.fix
+    q["gpus"][0]["remapped_rows_failure"] = False
+    q["gpus"][0]["retired_pages_pending"] = True
+    retired = health.gpu_health(q, None, TH)
+    assert retired.status is Status.FAIL
+    assert "page retirement pending (needs a GPU reset)" in retired.summary
+
+
+def test_gpu_health_with_nothing_read_skips_and_a_failure_keeps_the_warnings_as_data():
+    nothing = health.gpu_health(None, None, TH)
+    assert nothing.status is Status.SKIP
+    assert nothing.summary == "neither nvidia-smi -q nor the kernel log was read"
+    log = _data("dmesg", "h2-003-chia-gigahorse301-xid31-62-45-cascade.txt")
+    verdict = health.gpu_health(None, log, TH)
+    assert verdict.summary == "Xid 62 (internal micro-controller halt) on 0000:0a:00"
+    assert verdict.data == {"fail": ["Xid 62 (internal micro-controller halt) on 0000:0a:00"],
+                            "warn": ["Xid 31 (GPU memory page fault) on 0000:0a:00",
+                                     "Xid 45 (preemptive cleanup) on 0000:0a:00"]}
+
+
+def test_nic_locality_ok_names_the_relations():
+    verdict = health.nic_locality(_data(
+        "nvidia-smi-topo", "003-dgx2-16gpu-nv6-mlx5-columns-old-format.txt"), TH)
+    assert verdict.status is Status.OK
+    assert verdict.summary == "every GPU has an RDMA NIC on its side of the socket (PIX)"
+    assert verdict.fix is None

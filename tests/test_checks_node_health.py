@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from cluster.checks import cross, node_health
-from cluster.checks.base import NodeContext
 from cluster.checks.node import NODE_CHECKS
 from cluster.inventory import loads
-from cluster.probes import ProbeOutput
 from cluster.results import Status
+import fakes
+from fakes import MISSING, TIMED_OUT
 
 FIXTURES = Path(__file__).parent / "fixtures"
 INVENTORY = """
@@ -24,28 +24,18 @@ nodes:
   - {name: n1, address: 10.1.0.5, role: head}
   - {name: n2, address: gpu-b.example, nccl_socket_ifname: "=bond0"}
 """
-CHECKS = {c.id: c for c in NODE_CHECKS}
 
 
 def fixture(rel: str) -> str:
     return (FIXTURES / rel).read_text()
 
 
-def output(name: str, stdout: str = "", exit_code: int = 0, stderr: str = "") -> ProbeOutput:
-    return ProbeOutput(name, name, exit_code, stdout, stderr)
-
-
-MISSING = dict(exit_code=127, stderr="bash: line 1: x: command not found\n")
+output = fakes.probe_output
 
 
 def judge(check: str, node: str = "n1", inventory: str = INVENTORY, **outputs) -> object:
-    inv = loads(inventory)
-    node_obj = next(n for n in inv.nodes if n.name == node)
-    probes = {p.name for b in CHECKS[check].probes if (p := b(node_obj, inv)) is not None}
-    given = {name.replace("_", "-"): out for name, out in outputs.items()}
-    assert set(given) <= probes, f"{check} reads {probes}, not {set(given) - probes}"
-    full = {name: given.get(name, output(name, **MISSING)) for name in probes}
-    return CHECKS[check].evaluate(NodeContext(node_obj, inv, full))
+    """The check's verdict as preflight judges it (tests/fakes.py); absent probes: 127."""
+    return fakes.judge(check, inventory, node, **outputs)
 
 
 def test_every_health_check_is_in_preflight_with_its_probes():
@@ -223,3 +213,76 @@ def test_mtu_differences_name_the_odd_node():
     assert cross.mtu_consistency({"a": {"mtu": 9000}, "b": {"mtu": 9000}}, "a")[0].status \
         is Status.OK
     assert cross.mtu_consistency({"a": {"mtu": 9000}}, "a")[0].status is Status.SKIP
+
+
+# ---------------------------------------------------------------- the remaining wiring branches
+
+
+CX6_TWO_IB = "ibstat/108-ucx9727-cx6-hdr200-two-active-ib-then-cx4lx-dollar-prompt.txt"
+ONE_GPU = "nvidia-smi-query/005-noheader-nounits-rtx2080-command-and-raw-line.txt"
+ACS_ON_GREP = "lspci/h2-002-nccl606-grep-acsctl-srcvalid-only.txt"
+
+
+def test_acs_counts_the_rdma_devices_ibstat_shows():
+    """One GPU: ACS on is harmless, unless ibstat shows RDMA devices (GPUDirect crosses it)."""
+    alone = judge("acs", lspci=output("lspci", fixture(ACS_ON_GREP)),
+                  gpu_query=output("gpu-query", fixture(ONE_GPU)))
+    assert alone.status is Status.OK and "harmless with 1 GPU(s) and no RDMA NIC" in alone.summary
+    with_nics = judge("acs", lspci=output("lspci", fixture(ACS_ON_GREP)),
+                      gpu_query=output("gpu-query", fixture(ONE_GPU)),
+                      ibstat=output("ibstat", fixture(CX6_TWO_IB)))
+    assert with_nics.status is Status.FAIL and "GPUDirect RDMA" in with_nics.summary
+
+
+def test_acs_hung_lspci_is_an_error_and_an_empty_listing_skips():
+    hung = judge("acs", lspci=output("lspci", **TIMED_OUT))
+    assert hung.status is Status.ERROR and hung.summary.startswith("lspci hung")
+    empty = judge("acs", lspci=output("lspci", ""))
+    assert empty.status is Status.SKIP
+    assert empty.summary == "lspci showed no PCI device (a container without the host's PCI tree?)"
+
+
+def test_pcie_link_reads_nvidia_smi_q():
+    narrow = judge("pcie-link", nvidia_smi_q=output("nvidia-smi-q", fixture(
+        "nvidia-smi-q/x06-xml-tesla-t4-515-link-x8-telegraf.txt")))
+    assert narrow.status is Status.WARN
+    assert narrow.summary == "PCIe link below its maximum: 00000000:00:1E.0 x8 of x16"
+    assert "reseat the GPU or riser" in narrow.fix
+    no_link = judge("pcie-link", nvidia_smi_q=output("nvidia-smi-q", fixture(
+        "nvidia-smi-q/001-a100-sxm4-ecc-remapped-rows-pending.txt")))
+    assert no_link.status is Status.SKIP and "no PCIe link information" in no_link.summary
+    missing = judge("pcie-link")
+    assert missing.status is Status.SKIP and missing.summary.startswith("nvidia-smi not found")
+
+
+def test_nic_locality_reads_the_topology_and_only_counts_ibstat_devices():
+    topo = output("gpu-topo", fixture("nvidia-smi-topo/101-8x4090-all-sys-2nic-phb-tabs-nic-rows.txt"))
+    every_nic = judge("nic-locality", gpu_topo=topo)             # no ibstat: every NIC column
+    assert every_nic.status is Status.WARN
+    assert "reach their nearest RDMA NIC only across the CPU socket" in every_nic.summary
+    assert "NCCL_IB_HCA" in every_nic.fix and every_nic.facts["nccl_ib_hca_order"]
+    assert every_nic.facts["nccl_ib_hca_order"]["GPU0"] == ["NIC0", "NIC1"]
+    # ibstat's devices are mlx5_0/1; this matrix names its NICs NIC0/1 with no legend: none counts
+    unnamed = judge("nic-locality", gpu_topo=topo, ibstat=output("ibstat", fixture(CX6_TWO_IB)))
+    assert unnamed.status is Status.SKIP and unnamed.summary == "no RDMA NIC in the topology matrix"
+    # a matrix of 18 mlx5 columns: only the two RDMA devices ibstat shows are ordered
+    named = judge("nic-locality", gpu_topo=output("gpu-topo", fixture(
+        "nvidia-smi-topo/h2-002-nccl707-a100-18-mlx5-columns.txt")),
+        ibstat=output("ibstat", fixture(CX6_TWO_IB)))
+    assert named.status is Status.OK and named.summary.startswith("every GPU has an RDMA NIC")
+    assert {tuple(v) for v in named.facts["nccl_ib_hca_order"].values()} <= {
+        ("mlx5_0", "mlx5_1"), ("mlx5_1", "mlx5_0")}
+    hung = judge("nic-locality", gpu_topo=output("gpu-topo", **TIMED_OUT))
+    assert hung.status is Status.ERROR
+
+
+def test_iface_without_ip_skips_and_a_hung_ip_is_an_error():
+    missing = judge("iface")
+    assert missing.status is Status.SKIP
+    assert missing.summary == "ip not found: no network interfaces here (none expected)"
+    assert judge("iface", ip_addr=output("ip-addr", **TIMED_OUT)).status is Status.ERROR
+
+
+def test_persistence_skip_carries_no_fact():
+    verdict = judge("persistence")
+    assert verdict.status is Status.SKIP and verdict.facts == {}

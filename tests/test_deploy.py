@@ -20,7 +20,7 @@ from cluster.errors import UsageError
 from cluster.inventory import loads as load_inventory
 from cluster.plan_file import parse_plan
 from cluster.ray_state import GcsNode, RayState
-from cluster.remote import CommandResult
+from fakes import FakeClock, result as _result
 
 MODEL = "/models/tiny"
 KEY_VALUE = "sk-live-9f8e7d6c5b4a"
@@ -462,17 +462,6 @@ def test_failure_reason_is_the_exception_line_without_colour_codes():
     assert "never listed" in deploy.failure_reason(deploy.WaitOutcome(None, 5, True), 5)
 
 
-class FakeClock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, s: float) -> None:
-        self.now += s
-
-
 class ScriptedClient:
     """Stands in for DashboardClient.serve_details: answers from a list (the last repeats)."""
 
@@ -535,11 +524,6 @@ def test_log_tail_command_targets_the_replica_files_safely():
     unsafe = deploy.log_tail_command(inv, [dead], "tiny")
     assert "passwd" not in unsafe and "worker-*-7.err" in unsafe
     assert "serve/controller_*.log" in deploy.log_tail_command(inv, [], "tiny")
-
-
-def _result(node, stdout="", status="ok", code=0):
-    return CommandResult(node, "cmd", code, stdout, "", 0.1, status, None if status == "ok"
-                         else "boom")
 
 
 def test_node_checks_name_the_nodes_without_the_model_or_the_key():

@@ -500,7 +500,8 @@ def test_configurable_secret_names_redact_everywhere():
 
 
 def test_extra_secret_names_stay_off_the_ray_start_command_line():
-    from cluster.ray_cluster import gather_command, secret_env_stdin, start_command
+    from cluster.facts import gather_command
+    from cluster.ray_cluster import secret_env_stdin, start_command
     inv = inventory.loads(ONE + "    env: {MY_PIN: s3cr3t-pin, DB_PASS: hunter22}\n"
                           "secrets:\n  extra_names: [PIN]\n")
     node = inv.nodes[0]

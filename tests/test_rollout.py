@@ -9,6 +9,7 @@ import json
 import pytest
 
 from cluster import inventory, rollout
+from playbooks import drain
 from cluster.ray_cluster import (CHANGED, FAILED, KEEP, RESTART, START, STOP, NodeAction, Plan,
                                  StepResult)
 
@@ -148,4 +149,4 @@ def test_no_apps_always_fits():
 def test_drain_and_restart_refuse_the_head(inv):
     from cluster.errors import UsageError
     with pytest.raises(UsageError, match="head"):
-        rollout.drain(None, inv, "node1", dry_run=True, confirm=lambda q: True)
+        drain.drain(None, inv, "node1", dry_run=True, confirm=lambda q: True)

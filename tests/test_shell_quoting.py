@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from cluster.facts import gather_command
 from cluster import deploy, inventory, nccl_check, ray_cluster, ray_state, rollout
 from cluster.errors import InventoryError
 from cluster.preflight import NODE_CHECKS, node_probes
@@ -94,7 +95,7 @@ def _generated_commands(inv) -> dict[str, str]:
         "ray stop": ray_cluster.stop_command(inv),
         "gcs wait": ray_cluster.wait_for_gcs_command(inv),
         "log tail (head)": ray_cluster.log_tail_command(inv, head),
-        "gather": ray_cluster.gather_command(worker, inv),
+        "gather": gather_command(worker, inv),
         "state query": ray_state.state_command(inv, include_serve=True),
         "drain": rollout.drain_command(inv, "ab" * 28, "cluster drain node2; $(reboot)"),
         "deploy node check": deploy.node_check_command(inv, "/models/tiny-llama", "CLUSTER_API_KEY"),

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from cluster.errors import ParseError
 from cluster.inventory import Inventory, Node
 from cluster.probes import Probe, ProbeOutput
 from cluster.results import Status
+
+if TYPE_CHECKING:
+    from cluster.facts import NodeFacts
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,15 @@ class NodeContext:
     node: Node
     inventory: Inventory
     outputs: Mapping[str, ProbeOutput]
+    gathered: "NodeFacts | None" = None   # the run's facts of this node (cluster/facts.py)
+
+    @property
+    def facts(self) -> "NodeFacts":
+        """The node's facts: those gathered for the run, else read from `outputs`."""
+        if self.gathered is not None:
+            return self.gathered
+        from cluster.facts import facts_from_outputs
+        return facts_from_outputs(self.node, self.outputs)
 
     @property
     def expect(self) -> Mapping[str, Any]:
@@ -108,3 +120,14 @@ def tool_problem(out: ProbeOutput, tool: str, needed: bool, what: str, fix: str)
         return fail(f"{tool} failed: {msg}", fix, probe=out.name) if needed \
             else skip(f"{tool} failed: {msg}", probe=out.name)
     return None
+
+
+def read_tool(ctx: NodeContext, probe: str, module: Any, tool: str, needed: bool, what: str,
+              fix: str) -> tuple[dict | None, Verdict | None]:
+    """(the parser's reading of the probe, None), or (None, the verdict) when the tool did not
+    run properly (see tool_problem)."""
+    out = ctx.output(probe)
+    problem = tool_problem(out, tool, needed, what, fix)
+    if problem:
+        return None, problem
+    return parsed(module, out), None

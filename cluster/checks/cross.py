@@ -13,6 +13,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from cluster.facts import reference_value, version_skew
 from cluster.inventory import Inventory, Node
 from cluster.remote import Session, parallel
 from cluster.results import CheckResult, Evidence, Status
@@ -73,14 +74,17 @@ def mtu_consistency(facts: Facts, head: str) -> list[CheckResult]:
 
 
 def version_consistency(facts: Facts, head: str, components: Sequence[str]) -> list[CheckResult]:
+    """Every component in `components` at the head's version on every node (the one skew
+    judgement: cluster.facts.version_skew)."""
+    versions = {n: f["versions"] for n, f in facts.items() if f.get("versions")}
+    skews = version_skew(versions, head, components)
     results: list[CheckResult] = []
     for comp in components:
-        values = {n: f["versions"].get(comp) for n, f in facts.items()
-                  if f.get("versions") and f["versions"].get(comp)}
+        values = {n: v[comp] for n, v in versions.items() if v.get(comp)}
         if not values:
             continue
-        ref = values.get(head) if head in values else _reference(values, head)
-        odd = {n: v for n, v in values.items() if v != ref}
+        ref = reference_value(values, head)
+        odd = [s for s in skews if s.component == comp]
         ev = Evidence(data={"values": values, "reference": ref})
         fix = f"install {comp} {ref} on every node (Ray and vLLM must match the head exactly)"
         if not odd:
@@ -89,11 +93,9 @@ def version_consistency(facts: Facts, head: str, components: Sequence[str]) -> l
             continue
         results.append(CheckResult(f"{comp}-match", None, Status.FAIL,
                                    f"{comp} differs from the head's {ref}: " +
-                                   ", ".join(f"{v} on {n}" for n, v in sorted(odd.items())),
-                                   ev, fix))
-        for name, value in sorted(odd.items()):
-            results.append(CheckResult(f"{comp}-match", name, Status.FAIL,
-                                       f"{comp} {value}, head has {ref}", ev, fix))
+                                   ", ".join(f"{s.value} on {s.node}" for s in odd), ev, fix))
+        results += [CheckResult(f"{comp}-match", s.node, Status.FAIL,
+                                f"{comp} {s.value}, head has {ref}", ev, fix) for s in odd]
     return results
 
 

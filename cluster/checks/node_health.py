@@ -21,7 +21,7 @@ import ipaddress
 from typing import Any, Mapping
 
 from cluster.checks import health
-from cluster.checks.base import (NodeCheck, NodeContext, Verdict, fail, parsed, skip,
+from cluster.checks.base import (NodeCheck, NodeContext, Verdict, fail, parsed, read_tool, skip,
                                  static_probe, tool_problem)
 from cluster.parsers import (dmesg, fabricmanager, ibstat, ip_addr, lspci, nvidia_smi,
                              nvidia_smi_q, nvidia_smi_query, nvidia_smi_topo)
@@ -60,11 +60,8 @@ def _optional(ctx: NodeContext, probe: str, module: Any) -> dict | None:
 
 def _smi_q(ctx: NodeContext) -> tuple[dict | None, Verdict | None]:
     """nvidia-smi -q parsed, or the skip/error verdict when it did not run."""
-    out = ctx.output("nvidia-smi-q")
-    problem = tool_problem(out, "nvidia-smi", False, "NVIDIA GPUs", "install the NVIDIA driver")
-    if problem:
-        return None, problem
-    return parsed(nvidia_smi_q, out), None
+    return read_tool(ctx, "nvidia-smi-q", nvidia_smi_q, "nvidia-smi", False, "NVIDIA GPUs",
+                     "install the NVIDIA driver")
 
 
 def _gpu_count(ctx: NodeContext) -> int | None:
@@ -202,11 +199,10 @@ def _carrying(interfaces: list[dict], ip: str | None) -> list[str]:
 
 
 def evaluate_iface(ctx: NodeContext) -> Verdict:
-    out = ctx.output("ip-addr")
-    problem = tool_problem(out, "ip", False, "network interfaces", "install iproute2")
+    data, problem = read_tool(ctx, "ip-addr", ip_addr, "ip", False, "network interfaces",
+                              "install iproute2")
     if problem:
         return problem
-    data = parsed(ip_addr, out)
     interfaces = data["interfaces"]
     names = [i["name"] for i in interfaces]
     ip = _node_ip(ctx)

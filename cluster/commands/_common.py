@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from rich.console import Console
@@ -63,6 +66,12 @@ def add_changing(parser: argparse.ArgumentParser) -> None:
                         help="answer yes to confirmations (required without a terminal)")
 
 
+def add_nodes(parser: argparse.ArgumentParser,
+              help: str = "only these nodes (names, globs, head, workers)") -> None:  # noqa: A002
+    """--nodes PATTERN: the inventory nodes a command runs on (default: all)."""
+    parser.add_argument("--nodes", metavar="PATTERN", help=help)
+
+
 def add_serial(parser: argparse.ArgumentParser) -> None:
     """--serial N: change the workers N at a time (a rolling operation); 0 means all at once."""
     parser.add_argument("--serial", type=_serial, default=0, metavar="N",
@@ -113,11 +122,112 @@ def confirm(question: str, yes: bool) -> bool:
     return answer in ("y", "yes")
 
 
+def inventory_secrets(inv: Inventory) -> tuple[str, ...]:
+    """Values of the inventory's secret-looking env entries, longest first (kept out of output
+    and records; they still reach `ray start`)."""
+    from cluster.inventory import REDACTED, redact_env
+
+    out = set(inv.secret_values())
+    for node in inv.nodes:
+        shown = redact_env(node.env, node.secret_names)
+        out |= {v for k, v in node.env.items() if shown[k] == REDACTED and len(v) >= 4}
+    return tuple(sorted(out, key=lambda v: (-len(v), v)))
+
+
 def start_run(args: argparse.Namespace, inventory: Inventory, command: str) -> RunDir:
+    """A run directory whose scrub list holds the inventory's secrets and the secret
+    variables of this environment."""
     from cluster.rundir import RunDir
 
     return RunDir.create(inventory.run_dir, command, argv=sys.argv,
-                         inventory_path=inventory.path, secrets=inventory.secret_values())
+                         inventory_path=inventory.path, secrets=inventory_secrets(inventory))
+
+
+@dataclass
+class RecordedRun:
+    """One command's recorded run: the inventory, its run directory (the inventory's secrets
+    on the scrub list) and SSH sessions whose every command is logged there."""
+
+    args: argparse.Namespace
+    command: str
+    inventory: Inventory
+    record: RunDir
+    soft_wrap: bool = False                # progress lines unwrapped
+
+    @property
+    def path(self) -> Path:
+        return self.record.path
+
+    @property
+    def quiet(self) -> bool:
+        """--json: no progress lines (stdout carries the JSON, stderr only errors)."""
+        return bool(getattr(self.args, "json", False))
+
+    def scrub(self, text: str) -> str:
+        return self.record.scrub(text)
+
+    def add_secret(self, value: str | None) -> None:
+        """One more value (an API key read here) to keep out of the record and output."""
+        if value and value not in self.record.secrets:
+            self.record.secrets = self.record.secrets + (value,)
+
+    def session(self, hook: Callable[[Any], Any] | None = None) -> Any:
+        """A Session over the inventory that logs each command (through `hook` when given)."""
+        from cluster.remote import Session
+
+        return Session(self.inventory, hooks=[hook or self.record.record])
+
+    def event(self, line: str) -> None:
+        """A progress line on stderr ("<command>: ..."), secrets scrubbed; none with --json."""
+        if not self.quiet:
+            stderr.print(f"[dim]{self.command}:[/dim] {self.scrub(line)}",
+                         soft_wrap=self.soft_wrap)
+
+    def confirm(self, question: str) -> bool:
+        return confirm(question, bool(getattr(self.args, "yes", False)))
+
+    def progress(self, total: int) -> Any:
+        """The progress bar over `total` nodes (none with --json or without a terminal)."""
+        return progress(total, self.command, enabled=not self.quiet)
+
+    def print_json(self, payload: Any) -> None:
+        """The payload, secrets scrubbed, as JSON on stdout."""
+        print_json(json.loads(self.scrub(to_json(payload))))
+
+    def finish(self, exit_code: int) -> None:
+        self.record.finish(exit_code)
+
+
+def recorded_run(args: argparse.Namespace, command: str, inventory: Inventory | None = None,
+                 soft_wrap: bool = False) -> RecordedRun:
+    """Load the inventory (unless given) and start the command's run directory."""
+    inv = inventory if inventory is not None else load_inventory(args)
+    return RecordedRun(args, command, inv, start_run(args, inv, command), soft_wrap)
+
+
+def recorded_run_on_nodes(args: argparse.Namespace, command: str
+                          ) -> tuple[RecordedRun, list[Any]]:
+    """The run of a command over --nodes: the pattern is checked before the run directory is
+    made (a bad one leaves no record). Returns (run, the selected nodes)."""
+    inv = load_inventory(args)
+    nodes = inv.select(getattr(args, "nodes", None))
+    return recorded_run(args, command, inv), nodes
+
+
+def run_outcome(run: RecordedRun, work: Callable[[Any], Any], **extra: Any) -> tuple[Any, dict]:
+    """Open the run's session, let `work(session)` return an outcome (exit_code, to_dict()),
+    write <command>.json (the outcome, run_dir and `extra`) and finish the record, whatever
+    happens. Returns (outcome, payload)."""
+    code = 2
+    try:
+        with run.session() as session:
+            outcome = work(session)
+        code = outcome.exit_code
+        payload = dict(outcome.to_dict(), run_dir=str(run.path), **extra)
+        run.record.write_json(f"{run.command}.json", payload)
+    finally:
+        run.finish(code)
+    return outcome, payload
 
 
 @contextlib.contextmanager

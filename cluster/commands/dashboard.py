@@ -1,33 +1,53 @@
-"""`cluster dashboard [--port LOCAL]`: an SSH tunnel from this machine to the head's dashboard.
+"""`cluster dashboard`: the head's Ray dashboard on this machine's loopback, with the Ray token added.
 
-The Ray dashboard has no authentication: it stays bound to the head's loopback and is reached
-only through this tunnel (`ssh -N -L LOCAL:127.0.0.1:<dashboard_port>`), with the inventory's
-SSH settings and strict host-key checking. Never expose it on a public address.
+A local HTTP proxy (cluster/dashboard_proxy.py) listens on 127.0.0.1 (`--bind` takes only
+loopback addresses) and sends every request over its own SSH channel (cluster/head_tunnel.py:
+the inventory's SSH route, bastion included, strict host-key checks) to the dashboard on the
+head's loopback. When the cluster uses Ray token authentication, the token is read on the head
+over SSH, held in this process's memory only and added to every request, so a browser never
+sees "Authentication Token Required". Runs until Ctrl-C / SIGTERM (exit 0).
+
+`tunnel_argv` is the plain `ssh -N -L` tunnel (no token) for those who want one.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
-import socket
-import subprocess
-import time
+import signal
+import sys
+import threading
 
-from cluster.commands._common import int_range, load_inventory, stderr, stdout
-from cluster.errors import ClusterError, UsageError
+from cluster.commands._common import int_range, load_inventory, stderr
+from cluster.errors import UsageError
 from cluster.inventory import Inventory, SSHOptions
 from cluster.ray_state import dashboard_target
+
+AUTH_TOKEN, AUTH_DISABLED = "token", "disabled"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "dashboard", help="open an SSH tunnel to the head's Ray dashboard and print its local URL",
-        description="Forward a local port to the Ray dashboard on the head over SSH (the "
-                    "dashboard has no authentication and stays on the head's loopback). Runs "
-                    "until interrupted (Ctrl-C).")
-    p.add_argument("--port", type=int_range(1, 65535), metavar="LOCAL",
-                   help="local port (default: the inventory's ray.dashboard_port)")
+        "dashboard", help="serve the head's Ray dashboard on this machine's loopback, the Ray "
+                          "token added, and print its local URL",
+        description="A local HTTP proxy on 127.0.0.1 to the Ray dashboard on the head's "
+                    "loopback, over SSH channels; with Ray token authentication it adds the "
+                    "head's token (read over SSH, held in memory only) to every request. Runs "
+                    "until interrupted (Ctrl-C or SIGTERM).")
+    p.add_argument("--port", type=int_range(0, 65535), metavar="LOCAL",
+                   help="local port (default: the inventory's ray.dashboard_port; 0: any free "
+                        "port)")
+    p.add_argument("--bind", default="127.0.0.1", metavar="ADDR",
+                   help="local loopback address to listen on (127.0.0.0/8 or ::1; default "
+                        "127.0.0.1); anything else is refused")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--url-only", action="store_true",
+                     help="print only the URL once the proxy answers, then keep serving")
+    out.add_argument("--json", action="store_true",
+                     help='print one JSON line {"url", "head", "auth", "local_port", "bind"} '
+                          "once the proxy answers, then keep serving")
     p.set_defaults(handler=run)
 
 
@@ -63,60 +83,112 @@ def tunnel_argv(inventory: Inventory, local_port: int) -> list[str]:
     return argv
 
 
-def _auth_mode(port: int) -> str | None:
-    """The dashboard's authentication mode (a public endpoint), or None when it does not say."""
+def _auth_mode(http, base: str) -> str | None:
+    """The dashboard's authentication mode (a public endpoint): token, disabled, or None when
+    the dashboard does not answer (Ray not running, an old Ray)."""
     import httpx
 
     try:
-        reply = httpx.get(f"http://127.0.0.1:{port}/api/authentication_mode", timeout=10)
-        return reply.json().get("authentication_mode")
-    except Exception:  # an old Ray, a dashboard still starting: nothing to add
+        reply = http.get(f"{base}/api/authentication_mode")
+        mode = reply.json().get("authentication_mode") if reply.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
         return None
+    return mode if mode in (AUTH_TOKEN, AUTH_DISABLED) else None
 
 
-def _port_open(port: int) -> bool:
+def _head_base(inv: Inventory) -> str:
+    target = dashboard_target(inv)
+    return f"http://[{target}]:{inv.ray.dashboard_port}" if ":" in target \
+        else f"http://{target}:{inv.ray.dashboard_port}"
+
+
+def _answers(url: str) -> bool:
+    """The proxy answers an HTTP request (any status: the dashboard may still be starting)."""
+    import httpx
+
     try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        httpx.get(f"{url}/api/authentication_mode", timeout=30, trust_env=False)
         return True
-    except OSError:
+    except httpx.HTTPError:
         return False
 
 
-def run(args: argparse.Namespace) -> int:
-    inv = load_inventory(args)
-    local = args.port or inv.ray.dashboard_port
-    if not 1 <= local <= 65535:
-        raise UsageError("--port must be between 1 and 65535")
-    if inv.head.local:
-        stdout.print(f"the head runs on this machine: http://{dashboard_target(inv)}:"
-                     f"{inv.ray.dashboard_port}")
-        return 0
-    if _port_open(local):
-        raise UsageError(f"local port {local} is already in use: pick another with --port")
-    argv = tunnel_argv(inv, local)
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+def _token_header(session, inv: Inventory, mode: str | None) -> str | None:
+    """The Authorization value to add: required in token mode, used when found in an unknown
+    mode, never read when the dashboard says token auth is disabled."""
+    from cluster.errors import RemoteError
+    from cluster.head_tunnel import read_auth_token
+
+    if mode == AUTH_DISABLED:
+        return None
     try:
-        deadline = time.monotonic() + inv.ssh.connect_timeout + 10
-        while not _port_open(local):
-            if proc.poll() is not None:
-                raise ClusterError(f"ssh exited with {proc.returncode}: {shlex.join(argv)}")
-            if time.monotonic() > deadline:
-                raise ClusterError(f"the tunnel did not open within "
-                                   f"{inv.ssh.connect_timeout + 10:g} s: {shlex.join(argv)}")
-            time.sleep(0.2)
-        stdout.print(f"http://127.0.0.1:{local}", soft_wrap=True)
-        if _auth_mode(local) == "token":
-            stderr.print("the cluster uses Ray token authentication: the dashboard asks for the "
-                         "token (~/.ray/auth_token on the head)")
-        stderr.print(f"tunnel to the Ray dashboard on {inv.head.name} open: keep it on this "
-                     "machine, never expose the dashboard. Ctrl-C closes it.")
-        return 0 if proc.wait() == 0 else 2
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        token = read_auth_token(session, inv)
+    except RemoteError as exc:
+        if mode == AUTH_TOKEN:
+            raise UsageError(f"the cluster uses Ray token authentication but the head's token "
+                             f"could not be read: {exc}") from None
+        return None
+    if token is None and mode == AUTH_TOKEN:
+        raise UsageError(f"the cluster uses Ray token authentication but {inv.head.name} has no "
+                         "token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)")
+    return token.header if token else None
+
+
+def _stop_on_sigterm(stop: threading.Event) -> None:
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+
+def _announce(args: argparse.Namespace, inv: Inventory, proxy, mode: str | None) -> None:
+    if args.json:
+        sys.stdout.write(json.dumps({"url": proxy.url, "head": inv.head.name, "auth": mode,
+                                     "local_port": proxy.port, "bind": proxy.bind}) + "\n")
+        sys.stdout.flush()
+        return
+    sys.stdout.write(proxy.url + "\n")
+    sys.stdout.flush()
+    if args.url_only:
+        return
+    if mode == AUTH_TOKEN:
+        stderr.print("the cluster uses Ray token authentication: the proxy adds the head's token "
+                     "to every request (held in memory only)", soft_wrap=True)
+    elif mode is None:
+        stderr.print(f"the dashboard on {inv.head.name} does not answer yet (is Ray up? "
+                     "`cluster status`): serving anyway", soft_wrap=True)
+    stderr.print(f"proxy to the Ray dashboard on {inv.head.name} open on {proxy.bind} only: "
+                 "keep it on this machine. Ctrl-C closes it.", soft_wrap=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    import httpx
+
+    from cluster.dashboard_proxy import DashboardProxy, loopback_bind
+    from cluster.head_tunnel import HeadTransport, HeadTunnel
+    from cluster.remote import Session
+
+    bind = loopback_bind(args.bind)
+    inv = load_inventory(args)
+    local = inv.ray.dashboard_port if args.port is None else args.port
+    stop = threading.Event()
+    with Session(inv) as session:
+        tunnel = HeadTunnel(session)
+        base = _head_base(inv)
+        with httpx.Client(transport=HeadTransport(tunnel), timeout=30) as http:
+            if not inv.head.local:  # an unreachable head is an error, not an unknown mode
+                session.runner_for(inv.head).transport(inv.head)
+            mode = _auth_mode(http, base)
+        header = _token_header(session, inv, mode)
+        target = (dashboard_target(inv), inv.ray.dashboard_port)
+        proxy = DashboardProxy(lambda: tunnel.open(*target), header, bind, local).start()
+        try:
+            _stop_on_sigterm(stop)
+            if not _answers(proxy.url):
+                raise UsageError(f"the proxy on {proxy.url} does not answer")
+            _announce(args, inv, proxy, mode)
+            stop.wait()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            proxy.stop()
+    return 0
+

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 
-from cluster.commands._common import (add_changing, add_json, add_serial, confirm,
-                                      load_inventory, print_json, start_run, stderr, stdout)
+from cluster.commands._common import (add_changing, add_json, add_serial, recorded_run,
+                                      run_outcome, stdout)
+from cluster.commands.up import print_plan, steps_table
 from cluster.errors import UsageError
-from cluster.commands.up import inventory_secrets, print_plan, steps_table
-from cluster.remote import Session
-from cluster.render import to_json
 from playbooks import ray_down
 
 
@@ -29,33 +26,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.serial < 0:
         raise UsageError("--serial must be >= 0")
-    inv = load_inventory(args)
-    record = start_run(args, inv, "down")
-    record.secrets = record.secrets + inventory_secrets(inv)
-
-    def event(line: str) -> None:
-        if not args.json:
-            stderr.print(f"[dim]down:[/dim] {line}")
-
-    code = 2
-    try:
-        with Session(inv, hooks=[record.record]) as session:
-            outcome = ray_down.run(inv, session, args.dry_run,
-                                   confirm=lambda q: confirm(q, args.yes), on_event=event,
-                                   serial=args.serial)
-        code = outcome.exit_code
-        payload = dict(outcome.to_dict(), run_dir=str(record.path), dry_run=args.dry_run)
-        record.write_json("down.json", payload)
-    finally:
-        record.finish(code)
+    run_ = recorded_run(args, "down")
+    outcome, payload = run_outcome(run_, lambda session: ray_down.run(
+        run_.inventory, session, args.dry_run, confirm=run_.confirm, on_event=run_.event,
+        serial=args.serial), dry_run=args.dry_run)
+    code = outcome.exit_code
     if args.json:
-        print_json(json.loads(record.scrub(to_json(payload))))
+        run_.print_json(payload)
         return code
     if args.dry_run:
         print_plan(outcome.plan, "plan (dry run: nothing was changed)")
         return code
     if outcome.steps:
-        stdout.print(steps_table(outcome.steps, "cluster down"))
+        stdout.print(steps_table(outcome.steps + outcome.extra_steps, "cluster down"))
     if outcome.stopped:
         stdout.print(f"[bold red]stopped:[/bold red] {outcome.stopped}")
     elif code != 0:

@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 import shlex
 
-from cluster.commands._common import (float_range, add_json, emit_json, load_inventory, progress,
-                                      start_run, stdout)
+from cluster.commands._common import (add_json, add_nodes, emit_json, float_range,
+                                      recorded_run_on_nodes, stdout)
 from cluster.errors import UsageError
-from cluster.remote import Session
 from cluster.fold import compress
 from cluster.render import GRID_MAX_NODES, command_results_folded, command_results_table
 
@@ -18,8 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "exec", help="run a command on nodes in parallel",
         description="Run a command on the selected nodes in parallel. One argument after -- is "
                     "a shell command line (pipes allowed); several are an exact argv, quoted.")
-    p.add_argument("--nodes", metavar="PATTERN",
-                   help="comma-separated node names or globs, or head / workers (default: all)")
+    add_nodes(p, "comma-separated node names or globs, or head / workers (default: all)")
     p.add_argument("--timeout", type=float_range(0, 86400, strict=True), metavar="S",
                    help="per-node command timeout in seconds (default: the inventory's)")
     add_json(p)
@@ -37,11 +35,9 @@ def command_line(words: list[str]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     command = command_line(args.cmd)
-    inv = load_inventory(args)
-    nodes = inv.select(args.nodes)
-    record = start_run(args, inv, "exec")
-    with Session(inv, hooks=[record.record]) as session, \
-            progress(len(nodes), "exec", enabled=not args.json) as advance:
+    run_, nodes = recorded_run_on_nodes(args, "exec")
+    inv, record = run_.inventory, run_.record
+    with run_.session() as session, run_.progress(len(nodes)) as advance:
         results = session.fan_out(nodes, command, timeout=args.timeout, on_result=advance)
     code = 0 if all(r.ok for r in results) else 2
     payload = {"command": command, "exit_code": code,

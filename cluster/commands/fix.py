@@ -7,11 +7,10 @@ import argparse
 import os
 from pathlib import Path
 
-from cluster.commands._common import (add_changing, add_json, confirm, emit_json,
-                                      load_inventory, start_run, stderr, stdout)
+from cluster.commands._common import (add_changing, add_json, add_nodes, emit_json,
+                                      recorded_run_on_nodes, stdout)
 from cluster.errors import UsageError
 from cluster.fold import Row, fold
-from cluster.remote import Session
 from cluster.render import fix_lines, folded_table
 from playbooks import fix as fix_playbook
 
@@ -28,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checks", metavar="LIST", type=_check_list,
                    help="only these checks, comma-separated (e.g. gpudirect,shm); "
                         "`versions` and `model` (copies model files) run only when named")
-    p.add_argument("--nodes", metavar="PATTERN", help="only these nodes (names, globs, head, workers)")
+    add_nodes(p)
     p.add_argument("--undo", metavar="RUN",
                    help="restore the files and mounts a fix run changed (its run directory "
                         "or name)")
@@ -60,27 +59,21 @@ def _undo_file(inv, run: str) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    inv = load_inventory(args)
-    nodes = inv.select(args.nodes)
-    record = start_run(args, inv, "fix")
-
-    def event(line: str) -> None:
-        if not args.json:
-            stderr.print(f"[dim]fix:[/dim] {line}")
-
+    run_, nodes = recorded_run_on_nodes(args, "fix")
+    inv, record = run_.inventory, run_.record
     code = 2
     try:
-        with Session(inv, hooks=[record.record]) as session:
+        with run_.session() as session:
             if args.undo:
                 undo_file = _undo_file(inv, args.undo)
                 if not args.dry_run:
-                    confirm(f"Restore what {undo_file.parent.name} changed?", args.yes)
+                    run_.confirm(f"Restore what {undo_file.parent.name} changed?")
                 outcome = fix_playbook.undo(inv, session, undo_file, _local_root()) \
                     if not args.dry_run else fix_playbook.FixOutcome(None, dry_run=True)
             else:
                 outcome = fix_playbook.run(inv, session, nodes, args.checks, args.dry_run,
-                                           args.yes, lambda q: confirm(q, args.yes),
-                                           record.path, _local_root(), on_event=event)
+                                           args.yes, run_.confirm,
+                                           record.path, _local_root(), on_event=run_.event)
         code = outcome.exit_code
         payload = dict(outcome.to_dict(), run_dir=str(record.path), inventory=inv.path)
         emit_json(record, "fix.json", payload, to_stdout=args.json)

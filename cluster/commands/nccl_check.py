@@ -12,11 +12,11 @@ from rich.table import Table
 from rich.text import Text
 
 from cluster import nccl_check
-from cluster.commands._common import (add_json, float_range, int_range, load_inventory,
-                                      print_json, start_run, stderr, stdout)
+from cluster.commands._common import (add_json, add_nodes, float_range, int_range,
+                                      load_inventory, recorded_run, stdout)
 from cluster.errors import UsageError
-from cluster.remote import CommandResult, Session
-from cluster.render import status_text, to_json
+from cluster.remote import CommandResult
+from cluster.render import status_text
 from cluster.rundir import latest_report
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -45,8 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="untimed all-reduces first (default %(default)s)")
     p.add_argument("--timeout", type=float_range(0, 3600, strict=True), default=nccl_check.DEFAULT_TIMEOUT_S, metavar="S",
                    help="the whole check ends within S seconds (default %(default)g)")
-    p.add_argument("--nodes", metavar="PATTERN",
-                   help="only these inventory nodes (comma-separated globs, 'head', 'workers')")
+    add_nodes(p, "only these inventory nodes (comma-separated globs, 'head', 'workers')")
     p.add_argument("--report", metavar="PATH",
                    help="preflight.json to read the IB ports from (default: the newest one "
                         "under the run directory)")
@@ -55,32 +54,32 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    options = nccl_check.CheckOptions(backend=args.backend, size_mb=args.size_mb,
-                                      iters=args.iters, warmup=args.warmup,
-                                      timeout_s=args.timeout)
+    from playbooks import nccl_check as playbook
+
+    check = nccl_check.CheckOptions(backend=args.backend, size_mb=args.size_mb,
+                                    iters=args.iters, warmup=args.warmup,
+                                    timeout_s=args.timeout)
     inv = load_inventory(args)
     nodes = inv.select(args.nodes)
     if not nodes:
         raise UsageError(f"--nodes {args.nodes!r} matches no inventory node")
     facts, facts_source = _preflight_facts(args.report, inv.run_dir)
-    record = start_run(args, inv, "nccl-check")
+    run_ = recorded_run(args, "nccl-check", inv)
+    record = run_.record
+    options = playbook.NcclOptions(check, tuple(nodes), facts)
     code = 2
     try:
-        if not args.json:
-            stderr.print(f"[dim]nccl-check:[/dim] {options.backend} all-reduce of "
-                         f"{options.size:g} MiB x {options.iterations} over {len(nodes)} node(s) "
-                         f"as a Ray job on {inv.head.name} (timeout {options.timeout_s:g} s)")
-        with Session(inv, hooks=[lambda r: record.record(_short(r))]) as session:
-            result, outcome, _cmd = nccl_check.run_check(session, inv, options, nodes, facts)
-        result = dataclasses.replace(result, run_dir=str(record.path))
-        _write_logs(record.path, outcome)
+        with run_.session(lambda r: record.record(_short(r))) as session:
+            outcome = playbook.run(inv, session, options, on_event=run_.event)
+        result = dataclasses.replace(outcome.result, run_dir=str(record.path))
+        _write_logs(record.path, outcome.job)
         payload = dict(result.to_dict(), preflight_report=facts_source)
         record.write_json("nccl-check.json", payload)
         code = result.exit_code
     finally:
-        record.finish(code)
+        run_.finish(code)
     if args.json:
-        print_json(json.loads(record.scrub(to_json(payload))))
+        run_.print_json(payload)
     else:
         _print(result, facts_source)
     return code

@@ -7,11 +7,10 @@ import argparse
 from rich.table import Table
 from rich.text import Text
 
-from cluster.commands._common import (add_json, emit_json, load_inventory, progress,
-                                      start_run, stdout)
+from cluster.commands._common import (add_json, add_nodes, emit_json, recorded_run_on_nodes,
+                                      stdout)
 from cluster.fold import Row, fold, grid_fits
-from cluster.preflight import run_preflight
-from cluster.remote import Session
+from playbooks.preflight import run_preflight
 from cluster.render import STATUS_STYLE, fix_lines, folded_table
 from cluster.results import Report, Status
 
@@ -21,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                          "/dev/shm, memlock, versions, model files",
                        description="Read-only checks on every node in parallel plus cross-node "
                                    "checks. Exit 0 all ok, 1 warnings, 2 failures or errors.")
-    p.add_argument("--nodes", metavar="PATTERN", help="only these nodes (names, globs, head, workers)")
+    add_nodes(p)
     p.add_argument("--no-clock-skew", action="store_true",
                    help="do not sample the nodes' clocks from here")
     p.add_argument("--no-reachability", action="store_true",
@@ -32,11 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    inv = load_inventory(args)
-    nodes = inv.select(args.nodes)
-    record = start_run(args, inv, "preflight")
-    with Session(inv, hooks=[record.record]) as session, \
-            progress(len(nodes), "preflight", enabled=not args.json) as advance:
+    run_, nodes = recorded_run_on_nodes(args, "preflight")
+    inv, record = run_.inventory, run_.record
+    with run_.session() as session, run_.progress(len(nodes)) as advance:
         report = run_preflight(inv, session, nodes, measure_clock=not args.no_clock_skew,
                                on_node_done=advance, reachability=not args.no_reachability)
     payload = report.to_dict() | {"run_dir": str(record.path), "inventory": inv.path}

@@ -1,14 +1,12 @@
 """`cluster restart-node NODE [--dry-run] [--yes] [--json]`: drain, restart Ray on one worker,
-rejoin, verify; only when the other nodes can carry the deployed apps."""
+rejoin, verify; only when the other nodes can carry the deployed apps (playbooks/restart_node.py)."""
 
 from __future__ import annotations
 
 import argparse
 
-from cluster import rollout
-from cluster.commands._common import float_range, add_changing, add_json, confirm
-from cluster.commands.drain import execute
-from cluster.errors import UsageError
+from cluster.commands._common import add_changing, add_json, float_range
+from cluster.commands.drain import add_node_and_wait, execute
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,9 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "otherwise), drain NODE (Serve replicas move off first), `ray stop` on it, "
                     "start it with the command `cluster up` would run, wait until it is alive "
                     "with its GPUs and every app is RUNNING. Exit 0 done, 2 refused or failed.")
-    p.add_argument("node", metavar="NODE", help="an inventory worker name")
-    p.add_argument("--wait", type=float_range(0, 3600), default=rollout.DEFAULT_MOVE_WAIT_S, metavar="S",
-                   help="how long to wait for the replicas to move (default %(default)s)")
+    add_node_and_wait(p)
     p.add_argument("--timeout", type=float_range(0, 3600, strict=True), default=240.0, metavar="S",
                    help="how long to wait for the node to rejoin (default %(default)s)")
     add_changing(p)
@@ -30,8 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.wait <= 0 or args.timeout <= 0:
-        raise UsageError("--wait and --timeout must be > 0")
-    return execute(args, "restart-node", lambda session, inv, event: rollout.restart_node(
-        session, inv, args.node, dry_run=args.dry_run, confirm=lambda q: confirm(q, args.yes),
-        wait_s=args.wait, join_timeout_s=args.timeout, on_event=event))
+    from playbooks import restart_node
+
+    return execute(args, "restart-node", restart_node.run, restart_node.RestartOptions(
+        args.node, dry_run=args.dry_run, wait_s=args.wait, join_timeout_s=args.timeout),
+        ("--timeout", args.timeout))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 from rich.table import Table
 from rich.text import Text
@@ -10,7 +11,9 @@ from rich.text import Text
 from cluster.commands._common import add_json, load_inventory, print_json, start_run, stdout
 from cluster.fold import Row, exact, fold
 from cluster.render import GRID_MAX_NODES, folded_table
-from cluster.commands.up import inventory_secrets
+from cluster.commands._common import inventory_secrets
+from cluster.health_job import read_health
+from cluster.prometheus_head import metrics_doc
 from cluster.ray_state import cluster_status, query_state, status_exit_code
 from cluster.remote import Session
 
@@ -38,7 +41,11 @@ def run(args: argparse.Namespace) -> int:
         with Session(inv, hooks=[record.record]) as session:
             state, result = query_state(session, inv, include_serve=True)
             serving = _sample_serving(args, session, inv, state)
+            health, health_error = read_health(session, inv) if state.answered else (None, None)
         doc = cluster_status(inv, state, head_reached=result.reached)
+        doc["health"] = health
+        doc["errors"] += [health_error] if health_error else []
+        doc.setdefault("dashboard", {})["metrics"] = metrics_doc(inv)
         code = _attach_serving(doc, serving, status_exit_code(doc))
         record.write_json("status.json", dict(doc, run_dir=str(record.path)))
     finally:
@@ -72,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
                       n["node_id"][:16])
     if table is not None:
         stdout.print(table)
+    stdout.print(_metrics_line(doc["dashboard"]["metrics"]), soft_wrap=True)
     apps = (doc["serve"] or {}).get("applications") or {}
     if apps:
         serve = Table(title="Serve applications")
@@ -85,9 +93,32 @@ def run(args: argparse.Namespace) -> int:
         _print_serving(apps)
     elif doc["serve"] is not None:
         stdout.print("no Serve application")
+    if doc["health"]:
+        stdout.print(_health_folded(doc["health"], inv.health.period_s))
     if doc["missing"]:
         stdout.print(f"[bold red]missing from Ray:[/bold red] {', '.join(doc['missing'])}")
     return code
+
+
+def _health_folded(health: dict, period_s: float):
+    """The health job's latest readings: one line per check and distinct result, with the age
+    of its oldest reading."""
+    rows, ages = [], {}
+    for node, checks in health.items():
+        for check, r in checks.items():
+            value = "" if r["value"] is None else f" [{r['value']:g}]"
+            rows.append(Row(node, check, r["status"], f"{r['summary']}{value}"))
+            ages[node, check] = r["age_s"]
+    groups = [replace(g, summary=f"{g.summary} ({max(ages[n, g.key] for n in g.nodes):.0f} s ago)")
+              for g in fold(rows)]
+    return folded_table(groups, len(health), title=f"Node health (health job, every {period_s:g} s)")
+
+
+def _metrics_line(metrics: dict) -> str:
+    prom = metrics["prometheus_url"]
+    grafana = metrics["grafana_url"]
+    return ("metrics: " + (f"Prometheus {prom} on the head" if prom else "Prometheus off")
+            + (f", Grafana {grafana}" if grafana else ""))
 
 
 def _nodes_folded(doc: dict, title: str):

@@ -4,7 +4,8 @@ Redeploys the app once per value (engine_kwargs[param] = value), benches it at o
 concurrency, recommends the value with the best output tokens/s that meets the TTFT p99 target,
 writes tune.json and tune.png (--out, default the run directory), then restores the original
 config or applies the chosen one (--apply). Exit codes: 0 a recommendation, 1 no value meets
-the target, 2 errors or bad usage. The library is cluster/tune.py; docs/tune-status.md.
+the target, 2 errors or bad usage. The steps are playbooks/tune.py, the library cluster/tune.py;
+docs/tune-status.md.
 """
 
 from __future__ import annotations
@@ -16,16 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from cluster.bounds import bound
-from cluster.commands._common import (add_changing, add_json, confirm, float_range, int_range,
-                                      load_inventory, print_json, start_run, stderr, stdout)
+from cluster.commands._common import (add_changing, add_json, float_range, int_range,
+                                      print_json, recorded_run, stderr, stdout)
 from cluster.errors import UsageError
 from cluster.textsafe import safe_line
-
-
-
-
-
-
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -103,19 +98,6 @@ def _settings(args: argparse.Namespace):
         close_pct=float(defaults.get("close_pct", 10)))
 
 
-def _api_key(args: argparse.Namespace, app) -> tuple[str | None, str | None]:
-    """(value, variable name) of the API key the app wants; usage error when it is unset here."""
-    name = args.api_key_env or app.api_key_env
-    if not name:
-        return None, None
-    value = os.environ.get(name)
-    if not value:
-        raise UsageError(f"application {app.name!r} wants an API key: export {name} here with "
-                         f"the value the nodes have (or name another variable with "
-                         f"--api-key-env)")
-    return value, name
-
-
 def _out_dir(args: argparse.Namespace, record) -> Path:
     out = Path(args.out) if args.out else record.path
     try:
@@ -128,71 +110,31 @@ def _out_dir(args: argparse.Namespace, record) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
-    from cluster import deploy
-    from cluster.commands.up import inventory_secrets
-    from cluster.dashboard_api import DashboardClient
-    from cluster.remote import Session
-    from cluster.tune import plot_tune, read_app, run_tune
+    from playbooks import tune
 
     settings = _settings(args)
-    inv = load_inventory(args)
-    record = start_run(args, inv, "tune")
-    record.secrets = record.secrets + inventory_secrets(inv)
-    out = _out_dir(args, record)
-    say = (lambda line: None) if args.json else (lambda line: stderr.print(
-        f"[dim]tune:[/dim] {record.scrub(line)}", soft_wrap=True))
-    doc: dict[str, Any] = {**settings.to_dict(), "status": None, "run_dir": str(record.path),
-                           "dry_run": args.dry_run}
-    code = 2
+    run_ = recorded_run(args, "tune", soft_wrap=True)
+    options = tune.TuneOptions(settings, _out_dir(args, run_.record),
+                               api_key_env=args.api_key_env, dry_run=args.dry_run)
+    out = tune.TuneOutcome.start(options, str(run_.path))
+    doc = out.doc
     try:
-        with Session(inv, hooks=[record.record]) as session:
-            client = DashboardClient(session, inv)
-            app = read_app(client, settings.name)
-            key, key_env = _api_key(args, app)
-            if key:
-                record.secrets = record.secrets + (key,)
-            settings = replace(settings, api_key=key)
-            endpoint = deploy.endpoint_url(inv, app.route_prefix, app.serve_port)
-            original = (app.config.get("args") or {}).get("engine_kwargs", {}).get(settings.param)
-            doc.update(endpoint=endpoint, model=app.model, original_value=original,
-                       app_status=app.status, api_key_env=key_env)
-            if args.dry_run:
-                doc["status"] = "DRY_RUN"
-                code = 0
-            elif not confirm(
-                    f"Tune redeploys {settings.name!r} {len(settings.values)} time(s) "
-                    f"({settings.param} = {', '.join(map(str, settings.values))}) and then "
-                    f"{'restores the original' if settings.apply == 'original' else 'applies the best'}"
-                    f" config; every redeploy restarts its replicas (requests in flight fail, "
-                    f"the endpoint is down while vLLM starts). Go on?", args.yes):
-                doc["status"] = "CANCELLED"
-            else:
-                result = run_tune(settings, client, inv, app, endpoint, say)
-                doc.update(result.to_dict())
-                code = result.exit_code
-                doc["status"] = "DONE"
-                doc["json_path"] = str(out / "tune.json")
-                try:
-                    doc["plot_path"] = str(plot_tune(result, out / "tune.png"))
-                except ImportError as exc:
-                    doc["plot_path"] = None
-                    doc["warnings"] = doc.get("warnings", []) + [
-                        f"plot not drawn (matplotlib missing: {exc})"]
+        with run_.session() as session:
+            tune.run(run_.inventory, session, options, confirm=run_.confirm,
+                     on_event=run_.event, on_secret=run_.add_secret, out=out)
     except Exception as exc:
         doc.setdefault("error", str(exc))
         raise
     finally:
-        doc["exit_code"] = code
-        record.write_json("tune.json", doc)
+        doc["exit_code"] = out.exit_code
+        run_.record.write_json("tune.json", doc)
         if doc.get("json_path") and Path(doc["json_path"]).resolve() != \
-                (record.path / "tune.json").resolve():
+                (run_.path / "tune.json").resolve():
             Path(doc["json_path"]).write_text(
-                record.scrub(json.dumps(doc, indent=2, default=str, allow_nan=False)) + "\n")
-        record.finish(code)
-    _print(args, doc, record)
-    return code
+                run_.scrub(json.dumps(doc, indent=2, default=str, allow_nan=False)) + "\n")
+        run_.finish(out.exit_code)
+    _print(args, doc, run_.record)
+    return out.exit_code
 
 
 def _fmt(value: Any, digits: int = 0) -> str:

@@ -9,13 +9,11 @@ from typing import Callable
 from rich.table import Table
 from rich.text import Text
 
-from cluster.commands._common import (float_range, add_changing, add_json, add_serial, confirm,
-                                      load_inventory, print_json, start_run, stderr, stdout)
+from cluster.commands._common import (add_changing, add_json, add_serial, float_range,
+                                      print_json, recorded_run, stdout)
 from cluster.errors import UsageError
-from cluster.inventory import REDACTED, Inventory, redact_env
-from cluster.ray_cluster import Plan, StepResult
-from cluster.remote import Session
 from cluster.fold import Row, compress, fold, shape
+from cluster.ray_cluster import Plan, StepResult
 from cluster.render import GRID_MAX_NODES, folded_table, report_table, status_text, to_json
 from playbooks import ray_up
 
@@ -45,22 +43,16 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--stagger must be >= 0 and --timeout > 0")
     if getattr(args, "serial", 0) < 0:
         raise UsageError("--serial must be >= 0")
-    inv = load_inventory(args)
-    record = start_run(args, inv, "up")
-    record.secrets = record.secrets + inventory_secrets(inv)
+    run_ = recorded_run(args, "up")
+    inv, record = run_.inventory, run_.record
     options = ray_up.UpOptions(skip_preflight=args.skip_preflight, force=args.force,
                                stagger_s=args.stagger, dry_run=args.dry_run, wait_s=args.timeout,
                                serial=args.serial)
-
-    def event(line: str) -> None:
-        if not args.json:
-            stderr.print(f"[dim]up:[/dim] {line}")
-
     code = 2
     try:
-        with Session(inv, hooks=[record.record]) as session:
-            outcome = ray_up.run(inv, session, options,
-                                 confirm=lambda q: confirm(q, args.yes), on_event=event)
+        with run_.session() as session:
+            outcome = ray_up.run(inv, session, options, confirm=run_.confirm,
+                                 on_event=run_.event)
         if args.dry_run and outcome.exit_code == 0 and _preflight_failed(outcome) \
                 and not args.force:
             outcome.exit_code = 2
@@ -70,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         payload = dict(outcome.to_dict(), run_dir=str(record.path), dry_run=args.dry_run,
                        inventory_warnings=list(inv.warnings))
         payload["exit_code"] = code
+        payload["grafana"] = dict(payload["grafana"], dir=_write_dashboards(record, outcome))
         record.write_json("up.json", payload)
     finally:
         record.finish(code)
@@ -77,19 +70,22 @@ def run(args: argparse.Namespace) -> int:
         print_json(json.loads(record.scrub(to_json(payload))))
     else:
         _print(outcome, args.dry_run, record.scrub)
+        if payload["grafana"]["dir"]:
+            stdout.print(f"Ray's Grafana dashboards (to import): {payload['grafana']['dir']}",
+                         soft_wrap=True)
         for warning in inv.warnings:
             stdout.print(Text(f"warning: {warning}", style="yellow"), soft_wrap=True)
     return code
 
 
-def inventory_secrets(inv: Inventory) -> tuple[str, ...]:
-    """Values of the inventory's secret-looking env entries (kept out of output and records;
-    they still reach `ray start`)."""
-    out = []
-    for node in inv.nodes:
-        shown = redact_env(node.env, node.secret_names)
-        out += [v for k, v in node.env.items() if shown[k] == REDACTED and len(v) >= 4]
-    return tuple(sorted(set(out), key=len, reverse=True))
+def _write_dashboards(record, outcome: ray_up.UpOutcome) -> str | None:
+    """Ray's Grafana dashboards into <run dir>/grafana/ (for import); that folder or None."""
+    if not outcome.grafana:
+        return None
+    (record.path / "grafana").mkdir(exist_ok=True)
+    for name, text in outcome.grafana.items():
+        record.write_text(f"grafana/{name}", text)
+    return str(record.path / "grafana")
 
 
 def _preflight_failed(outcome: ray_up.UpOutcome) -> bool:
@@ -174,7 +170,9 @@ def _print(outcome: ray_up.UpOutcome, dry_run: bool, scrub: Callable[[str], str]
         for line in plan.warnings:
             stdout.print(f"[yellow]warning:[/yellow] {line}")
     if outcome.steps and not dry_run:
-        stdout.print(steps_table(outcome.steps, "cluster up", scrub))
+        stdout.print(steps_table(outcome.steps + outcome.extra_steps, "cluster up", scrub))
+    if outcome.grafana_error:
+        stdout.print(f"[yellow]warning:[/yellow] {outcome.grafana_error}")
     for node, tail in outcome.failed_logs.items():
         stdout.print(f"[bold red]{node}:[/bold red] `ray start` failed; end of its Ray logs:")
         stdout.print(Text(scrub(tail) or "(no Ray log)"))
@@ -191,6 +189,9 @@ def _print(outcome: ray_up.UpOutcome, dry_run: bool, scrub: Callable[[str], str]
                      f"Ray {outcome.status['ray_version']}; "
                      f"dashboard {outcome.status['dashboard_url']} on the head "
                      "(`cluster dashboard` tunnels to it)")
+    if outcome.health_job is not None:
+        style = "yellow" if outcome.health_job.status == "failed" else "dim"
+        stdout.print(Text(scrub(f"health job: {outcome.health_job.message}"), style=style))
     if outcome.stopped and outcome.stopped != "dry run":
         stdout.print(f"[bold red]stopped:[/bold red] {outcome.stopped}")
     elif not dry_run and outcome.plan is not None and not outcome.plan.refused:

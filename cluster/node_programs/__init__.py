@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from cluster.errors import ProgramError
+from cluster.shell import heredoc
 
 HERE = Path(__file__).resolve().parent
 # Reads the program from stdin's first line and runs it as __main__; the rest of stdin is its.
@@ -71,12 +72,8 @@ def inline_command(python: str, name: str, args: Sequence[str] = (), env_prefix:
     """Program `name` as one shell command that carries its own text in a quoted here-document
     (`python - ARGS <<'EOF'`): for a script of several commands sharing one stdin, such as the
     preflight's probe script (one SSH round trip per node). Its output is still one document."""
-    text = source(name)
-    eof = "CLUSTER_PROGRAM_" + name.upper() + "_EOF"
-    if eof in text:
-        raise ValueError(f"{name}: its text holds the here-document delimiter {eof}")
-    return (env_prefix + shlex.join([python, "-", *map(str, args)])
-            + f" <<'{eof}'\n{text.rstrip()}\n{eof}")
+    return heredoc(env_prefix + shlex.join([python, "-", *map(str, args)]),
+                   source(name).rstrip(), prefix="CLUSTER_PROGRAM_")
 
 
 def _detail(result) -> str:

@@ -20,6 +20,8 @@ import urllib.request
 
 from cluster.node_programs._common import auth_token
 
+NODE_IMPORTS = ("ray",)           # the GCS fallback only, inside from_gcs
+
 
 def fetcher(base, token):
     headers = {"Authorization": "Bearer " + token} if token else {}

@@ -128,6 +128,20 @@ def available(kind: str) -> bool:
     return True
 
 
+# Kinds that no preflight check reads: `cluster parse` and the field kit read them for a person
+# (each says something a check's own source already decides), so they stay parse-only.
+PARSE_ONLY: Mapping[str, str] = {
+    "chronyc-sources": "which time source is selected; the clock check reads chronyc tracking's "
+                       "offset and sync state",
+    "ibdev2netdev": "the HCA -> netdev map; nic-locality reads the topology and NCCL_IB_HCA",
+    "ibv_devinfo": "port states like ibstat's; the infiniband check reads ibstat",
+    "nvcc": "the CUDA toolkit on the node; what matters to vLLM's wheels is the driver's CUDA "
+            "(the driver check)",
+    "nvidia-smi-nvlink": "per-link NVLink speeds; the nvlink check reads `nvidia-smi topo -m`",
+    "proc-driver-nvidia-version": "the kernel module's version; the driver check reads "
+                                  "nvidia-smi's",
+}
+
 # Kinds whose parser reads a whole multi-host log itself (its own prefixes, every rank's lines).
 WHOLE_TEXT_KINDS: frozenset[str] = frozenset({"nccl"})
 

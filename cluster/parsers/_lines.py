@@ -31,12 +31,27 @@ _CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]++")
 # "bash-5.1$", "PS C:\>", "zira:~>". Possessive quantifiers: no backtracking over a long line.
 _PROMPT_HEAD = (
     r"^\s*+(?:\([^)]*+\)\s*+)?"
-    r"(?:\[[^\]]*+\]|[\w.\-]++@[^\s:#$%>]++(?::\S*)?|[\w.\-]++:\S*|[~/]\S*|[\w.\-]++|PS \S++)?"
+    r"(?:\[[^\]]*+\]|[\w.\-]++@[^\s:#$%>]++(?::\S*)?|(?:PS )?[A-Za-z]:\\[^\s>]*+|[\w.\-]++:\S*"
+    r"|[~/]\S*|[\w.\-]++)?"
     r"\s*+[#$%>❯➜]"
 )
 # A shell prompt followed by a command.
 PROMPT_RE = re.compile(_PROMPT_HEAD + r"\s++(?P<command>\S.*)$")
 _PROMPT_ONLY_RE = re.compile(_PROMPT_HEAD + r"$")
+
+
+def lines_of(text: str, kind: str) -> list[str]:
+    """The text's lines, normalised (normalize_text; no-break spaces as spaces), right-stripped.
+
+    For parsers that read every line themselves (the NVIDIA tools'): no fleet unwrapping, no
+    line cut. ParseError when the text is not a string or holds nothing but whitespace.
+    """
+    if not isinstance(text, str):
+        raise ParseError(kind, f"expected text, got {type(text).__name__}")
+    lines = [line.rstrip() for line in normalize_text(text).replace("\xa0", " ").split("\n")]
+    if not any(line.strip() for line in lines):
+        raise ParseError(kind, "empty input")
+    return lines
 
 
 def require_text(kind: str, text: Any) -> str:
@@ -363,6 +378,15 @@ def prompt_only(line: str) -> bool:
     return _PROMPT_ONLY_RE.match(line) is not None
 
 
+def strip_prompt(line: str) -> str:
+    """The line without a leading shell prompt: the command after it, '' for a prompt alone,
+    the line as it is when it has none."""
+    command = command_in(line)
+    if command is not None:
+        return command
+    return "" if prompt_only(line) else line
+
+
 # Digits a number of these tools may carry; more is not a measurement, and keeps int()/float()
 # away from Python's 4300-digit limit and from overflowing to inf.
 MAX_NUMBER_DIGITS = 40
@@ -382,15 +406,20 @@ def finite_float(value: str | None) -> float | None:
     return f if math.isfinite(f) else None
 
 
+_NUMBER_RE = re.compile(r"[+-]?(?:\d{1,40}(?:\.\d{0,40})?|\.\d{1,40})(?:[eE][+-]?\d{1,4})?")
+_INT_RE = re.compile(r"[+-]?\d{1,40}")
+
+
 def to_number(value: str) -> int | float | None:
-    """'200' -> 200, '2.5' -> 2.5, anything else (NaN, inf, 1e400, 500 digits) -> None."""
+    """'200' -> 200, '83.92' -> 83.92, '1e-9' -> 1e-09 (an int only for an integer literal);
+    anything else (NaN, inf, 1e400, 1_000, more than MAX_NUMBER_DIGITS digits) -> None."""
     value = value.strip()
-    f = finite_float(value)
-    if f is None:
+    if not _NUMBER_RE.fullmatch(value) or sum(c.isdigit() for c in value) > MAX_NUMBER_DIGITS:
         return None
-    if re.fullmatch(r"[+-]?\d{1,40}", value):
+    if _INT_RE.fullmatch(value):
         return int(value)
-    return int(f) if f.is_integer() and re.fullmatch(r"[+-]?\d{1,40}\.0*+", value) else f
+    number = float(value)
+    return number if math.isfinite(number) else None
 
 
 def leading_int(value: str | None) -> int | None:

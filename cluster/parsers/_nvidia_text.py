@@ -1,33 +1,13 @@
-"""Text clean-up shared by the NVIDIA parsers: lines, shell prompts, command echoes, tool errors.
+"""What the NVIDIA tools print around their data: command echoes, elisions, tool errors, N/A.
 
 Private helper of nvidia_smi, nvidia_smi_q, nvidia_smi_query, nvidia_smi_topo, nvidia_smi_nvlink,
-nvcc and proc_driver_nvidia_version. Pure functions on strings; nothing here knows a format.
+nvcc and proc_driver_nvidia_version. Pure functions on strings; nothing here knows a format. The
+text clean-up itself (lines, ANSI colours, CRLF, prompts, numbers) is _lines.py's.
 """
 
 from __future__ import annotations
 
-import math
 import re
-
-from cluster.errors import ParseError
-
-# An OSC body stops at the next ESC or newline: an unterminated one costs only its own length.
-_ANSI = re.compile(r"\x1b\[[0-9;?]*+[A-Za-z]|\x1b\][^\x07\x1b\n]*+\x07")
-
-# A shell prompt in front of a command: `$ `, `# `, `~$ `, `root@host:~# `, `[user@h ~]$ `,
-# `(base) [user@h ~]$ `, `bash-5.2# `, `PS C:\> `, `C:\> `, `> `.
-_PROMPT = re.compile(
-    r"""^\s*(?:\([^)]*\)\s*)?
-        (?:\[[^\]]*\]\s*[$#%]
-          |[\w.-]+@[\w.-]+(?::\S*?)?\s*[$#%]
-          |[\w.-]+-\d[\d.]*[$#]
-          |[~/][^\s$#]*\s*[$#]
-          |PS\s+[A-Za-z]:\\[^>]*>
-          |[A-Za-z]:\\[^>]*>
-          |[$#%>]
-        )\s*""",
-    re.X,
-)
 
 # Lines an author put in to show that something was cut: `[...]`, `...`, `....`, `(...)`, `<snip>`.
 _ELISION = re.compile(
@@ -45,29 +25,9 @@ _TOOL_FAILURES = (
 )
 
 
-def lines_of(text: str, kind: str) -> list[str]:
-    """Split text into lines: CRLF/CR normalised, ANSI colours and BOM dropped, right-stripped.
-
-    Raises ParseError when the text is not a string or holds nothing but whitespace.
-    """
-    if not isinstance(text, str):
-        raise ParseError(kind, f"expected text, got {type(text).__name__}")
-    text = text.replace("\r\n", "\n").replace("\r", "\n")
-    text = _ANSI.sub("", text).replace("\ufeff", "").replace("\xa0", " ")
-    lines = [line.rstrip() for line in text.split("\n")]
-    if not any(line.strip() for line in lines):
-        raise ParseError(kind, "empty input")
-    return lines
-
-
 def is_elision(line: str) -> bool:
     """True for a line an author inserted to mark cut text (`[...]`, `...`)."""
     return bool(_ELISION.match(line))
-
-
-def strip_prompt(line: str) -> str:
-    """The line without a leading shell prompt (unchanged when it has none)."""
-    return _PROMPT.sub("", line, count=1)
 
 
 def command_echo(line: str, tool: str) -> str | None:
@@ -90,20 +50,6 @@ def tool_failure(lines: list[str]) -> str | None:
             if m:
                 return m.group(0).strip()
     return None
-
-
-_NUMBER = re.compile(r"^[+-]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?$")
-
-
-def to_number(value: str) -> int | float | None:
-    """`"42"` -> 42, `"83.92"` -> 83.92, `"1e-9"` -> 1e-09; anything else (1e400, 500 digits) -> None."""
-    value = value.strip()
-    if len(value) > 64 or not _NUMBER.match(value):   # 64: no reading has more digits
-        return None
-    if re.match(r"^[+-]?\d+$", value):
-        return int(value)
-    number = float(value)
-    return number if math.isfinite(number) else None
 
 
 _MISSING = {"n/a", "[n/a]", "na", "not supported", "[not supported]", "not found", "[not found]",

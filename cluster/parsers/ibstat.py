@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from cluster.errors import ParseError
 from cluster.parsers._lines import (clean_lines, head_text, jsonable, leading_int, numbered,
@@ -95,8 +96,8 @@ def normalize_link_layer(raw: str | None) -> str | None:
 
 
 @dataclass(frozen=True)
-class IbPort:
-    """One port of one CA."""
+class PortState:
+    """What ibstat and ibv_devinfo both tell of a port (their port types add the rest)."""
 
     ca: str | None
     port: int
@@ -107,6 +108,12 @@ class IbPort:
     link_layer: str | None
     lid: int | None
     sm_lid: int | None
+
+
+@dataclass(frozen=True)
+class IbPort(PortState):
+    """One port of one CA."""
+
     lmc: int | None
     port_guid: str | None
     capability_mask: str | None
@@ -127,13 +134,51 @@ class IbCa:
 
 @dataclass(frozen=True)
 class Ibstat:
-    """The ports (and CAs) an `ibstat` output shows."""
+    """The ports (and CAs) an `ibstat` output shows (ibv_devinfo's result has this shape too)."""
 
-    ports: tuple[IbPort, ...]
-    cas: tuple[IbCa, ...]
+    ports: tuple[PortState, ...]
+    cas: tuple[Any, ...]
 
     def to_dict(self) -> dict:
         return jsonable(self)
+
+
+class CaBlocks:
+    """The CA (device) blocks and the port blocks inside them, as ibstat and ibv_devinfo print
+    them: a header opens a block and closes the open one; keys go to the block that is open.
+    make_ca(name, fields) and make_port(ca, port, fields, items) build the closed blocks
+    (items: what a port collected besides its keys, ibv_devinfo's GIDs)."""
+
+    def __init__(self, make_ca: Callable[[str, dict], Any],
+                 make_port: Callable[[str | None, int, dict, list], Any]):
+        self._make_ca, self._make_port = make_ca, make_port
+        self.cas: list = []
+        self.ports: list = []
+        self.ca: str | None = None
+        self.ca_fields: dict[str, str] = {}
+        self.port: int | None = None
+        self.port_fields: dict[str, str] = {}
+        self.port_items: list = []
+
+    def open_ca(self, name: str) -> None:
+        self.close_ca()
+        self.ca = name
+
+    def open_port(self, number: int) -> None:
+        self.close_port()
+        self.port = number
+
+    def close_port(self) -> None:
+        if self.port is not None:
+            self.ports.append(self._make_port(self.ca, self.port, self.port_fields,
+                                              self.port_items))
+        self.port, self.port_fields, self.port_items = None, {}, []
+
+    def close_ca(self) -> None:
+        self.close_port()
+        if self.ca is not None:
+            self.cas.append(self._make_ca(self.ca, self.ca_fields))
+        self.ca, self.ca_fields = None, {}
 
 
 def _rate(value: str | None) -> int | float | None:
@@ -143,7 +188,7 @@ def _rate(value: str | None) -> int | float | None:
     return to_number(m.group(1)) if m else None
 
 
-def _make_port(ca: str | None, port: int, fields: dict[str, str]) -> IbPort:
+def _make_port(ca: str | None, port: int, fields: dict[str, str], _items: list) -> IbPort:
     state_raw = fields.get("state")
     return IbPort(
         ca=ca, port=port,
@@ -175,37 +220,18 @@ def parse(text: str) -> Ibstat:
     Raises ParseError when the text holds no `CA '...'` block or port section.
     """
     lines = clean_lines(require_text(KIND, text))
-    cas: list[IbCa] = []
-    ports: list[IbPort] = []
-    ca: str | None = None
-    ca_fields: dict[str, str] = {}
-    port: int | None = None
-    port_fields: dict[str, str] = {}
+    blocks = CaBlocks(_make_ca, _make_port)
     saw_structure = False
-
-    def close_port() -> None:
-        nonlocal port, port_fields
-        if port is not None:
-            ports.append(_make_port(ca, port, port_fields))
-        port, port_fields = None, {}
-
-    def close_ca() -> None:
-        nonlocal ca, ca_fields
-        close_port()
-        if ca is not None:
-            cas.append(_make_ca(ca, ca_fields))
-        ca, ca_fields = None, {}
-
     for _, line in numbered(lines):
         m = _CA_RE.match(line)
         if m:
-            close_ca()
-            ca, saw_structure = m.group("ca"), True
+            blocks.open_ca(m.group("ca"))
+            saw_structure = True
             continue
         m = _PORT_RE.match(line)
         if m:
-            close_port()
-            port, saw_structure = int(m.group("port")), True
+            blocks.open_port(int(m.group("port")))
+            saw_structure = True
             continue
         kv = key_value(line)
         if kv is None:
@@ -213,11 +239,12 @@ def parse(text: str) -> Ibstat:
         key, value = kv[0].lower(), kv[1]
         if not value or value in ("...", "…", "[...]"):   # a value the author elided
             continue
-        if key in _PORT_KEYS and port is not None:
-            port_fields.setdefault(_PORT_KEYS[key], value)
-        elif key in _CA_KEYS and ca is not None and port is None:
-            ca_fields.setdefault(_CA_KEYS[key], value)
-    close_ca()
+        if key in _PORT_KEYS and blocks.port is not None:
+            blocks.port_fields.setdefault(_PORT_KEYS[key], value)
+        elif key in _CA_KEYS and blocks.ca is not None and blocks.port is None:
+            blocks.ca_fields.setdefault(_CA_KEYS[key], value)
+    blocks.close_ca()
+    ports, cas = blocks.ports, blocks.cas
 
     if not saw_structure:
         if any("no ib devices found" in line.lower() for line in lines):

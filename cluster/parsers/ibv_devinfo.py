@@ -14,10 +14,10 @@ import re
 from dataclasses import dataclass
 
 from cluster.errors import ParseError
-from cluster.parsers._lines import (clean_lines, head_text, jsonable, leading_int, numbered,
+from cluster.parsers._lines import (clean_lines, head_text, leading_int, numbered,
                                     require_text, tidy_number)
-from cluster.parsers.ibstat import (key_value, normalize_link_layer, normalize_physical_state,
-                                    normalize_state, strip_code)
+from cluster.parsers.ibstat import (CaBlocks, Ibstat, PortState, key_value, normalize_link_layer,
+                                    normalize_physical_state, normalize_state, strip_code)
 
 KIND = "ibv_devinfo"
 
@@ -43,18 +43,9 @@ class Gid:
 
 
 @dataclass(frozen=True)
-class IbvPort:
+class IbvPort(PortState):
     """One port of one device."""
 
-    ca: str | None
-    port: int
-    state: str | None
-    state_raw: str | None
-    physical_state: str | None
-    rate_gbps: int | float | None
-    link_layer: str | None
-    lid: int | None
-    sm_lid: int | None
     active_mtu: int | None
     max_mtu: int | None
     active_width: str | None
@@ -78,14 +69,8 @@ class IbvDevice:
 
 
 @dataclass(frozen=True)
-class IbvDevinfo:
-    """The ports and devices an `ibv_devinfo` output shows."""
-
-    ports: tuple[IbvPort, ...]
-    cas: tuple[IbvDevice, ...]
-
-    def to_dict(self) -> dict:
-        return jsonable(self)
+class IbvDevinfo(Ibstat):
+    """The ports (IbvPort) and devices (IbvDevice) an `ibv_devinfo` output shows."""
 
 
 def _strip_code(value: str | None) -> str | None:
@@ -145,64 +130,43 @@ def parse(text: str) -> IbvDevinfo:
     Raises ParseError when the text holds no `hca_id:` device and no device list.
     """
     lines = clean_lines(require_text(KIND, text))
-    devices: list[IbvDevice] = []
-    ports: list[IbvPort] = []
-    ca: str | None = None
-    ca_fields: dict[str, str] = {}
-    port: int | None = None
-    port_fields: dict[str, str] = {}
-    gids: list[Gid] = []
+    blocks = CaBlocks(_make_device, _make_port)
     listed: list[str] | None = None
-
-    def close_port() -> None:
-        nonlocal port, port_fields, gids
-        if port is not None:
-            ports.append(_make_port(ca, port, port_fields, gids))
-        port, port_fields, gids = None, {}, []
-
-    def close_device() -> None:
-        nonlocal ca, ca_fields
-        close_port()
-        if ca is not None:
-            devices.append(_make_device(ca, ca_fields))
-        ca, ca_fields = None, {}
-
     for _, line in numbered(lines):
         m = _HCA_RE.match(line)
         if m:
-            close_device()
-            ca = m.group("ca")
+            blocks.open_ca(m.group("ca"))
             continue
         m = _PORT_RE.match(line)
-        if m and ca is not None:
-            close_port()
-            port = int(m.group("port"))
+        if m and blocks.ca is not None:
+            blocks.open_port(int(m.group("port")))
             continue
         m = _LIST_HEADER_RE.match(line)
         if m:
             listed = []
             continue
-        if listed is not None and ca is None:
+        if listed is not None and blocks.ca is None:
             name = line.strip()
             if re.fullmatch(r"[A-Za-z][\w.\-]*", name):
                 listed.append(name)
                 continue
         m = _GID_RE.match(line)
-        if m and port is not None:
-            gids.append(Gid(int(m.group("index")), m.group("gid"),
+        if m and blocks.port is not None:
+            blocks.port_items.append(Gid(int(m.group("index")), m.group("gid"),
                             m.group("type").strip() if m.group("type") else None))
             continue
         kv = key_value(line, _KEY_RE)
-        if kv is None or ca is None:
+        if kv is None or blocks.ca is None:
             continue
         key, value = kv[0].lower(), kv[1]
         if not value:
             continue
-        if port is not None and key in _PORT_KEYS:
-            port_fields.setdefault(key, value)
-        elif port is None and key in _DEVICE_KEYS:
-            ca_fields.setdefault(key, value)
-    close_device()
+        if blocks.port is not None and key in _PORT_KEYS:
+            blocks.port_fields.setdefault(key, value)
+        elif blocks.port is None and key in _DEVICE_KEYS:
+            blocks.ca_fields.setdefault(key, value)
+    blocks.close_ca()
+    ports, devices = blocks.ports, blocks.cas
 
     if not devices:
         if listed:

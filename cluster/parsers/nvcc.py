@@ -20,8 +20,8 @@ import re
 from dataclasses import asdict, dataclass
 
 from cluster.errors import ParseError
-from cluster.parsers._lines import unwrap
-from cluster.parsers._nvidia_text import lines_of, tool_failure
+from cluster.parsers._lines import lines_of, unwrap
+from cluster.parsers._nvidia_text import tool_failure
 
 KIND = "nvcc"
 

@@ -45,8 +45,8 @@ import re
 from dataclasses import asdict, dataclass
 
 from cluster.errors import ParseError
-from cluster.parsers._lines import MAX_LINE_CHARS
-from cluster.parsers._nvidia_text import is_missing, lines_of, tool_failure, version_in
+from cluster.parsers._lines import MAX_LINE_CHARS, lines_of
+from cluster.parsers._nvidia_text import is_missing, tool_failure, version_in
 
 KIND = "nvidia-smi"
 

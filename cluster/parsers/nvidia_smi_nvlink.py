@@ -34,9 +34,8 @@ import re
 from dataclasses import dataclass, field
 
 from cluster.errors import ParseError
-from cluster.parsers._lines import unwrap
-from cluster.parsers._nvidia_text import (command_echo, is_elision, is_missing, lines_of, snake,
-                                          strip_prompt, to_number, tool_failure)
+from cluster.parsers._lines import lines_of, strip_prompt, to_number, unwrap
+from cluster.parsers._nvidia_text import command_echo, is_elision, is_missing, snake, tool_failure
 
 KIND = "nvidia-smi-nvlink"
 

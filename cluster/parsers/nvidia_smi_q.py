@@ -76,9 +76,9 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 
 from cluster.errors import ParseError
-from cluster.parsers._lines import MAX_LINE_CHARS
-from cluster.parsers._nvidia_text import (command_echo, is_elision, is_missing, lines_of,
-                                          strip_prompt, tool_failure, to_number, version_in)
+from cluster.parsers._lines import MAX_LINE_CHARS, lines_of, strip_prompt, to_number
+from cluster.parsers._nvidia_text import (command_echo, is_elision, is_missing, tool_failure,
+                                          version_in)
 
 KIND = "nvidia-smi-q"
 

@@ -39,8 +39,8 @@ import re
 from dataclasses import dataclass, field
 
 from cluster.errors import ParseError
-from cluster.parsers._lines import MAX_LINE_CHARS
-from cluster.parsers._nvidia_text import is_missing, lines_of, snake, tool_failure
+from cluster.parsers._lines import MAX_LINE_CHARS, lines_of
+from cluster.parsers._nvidia_text import is_missing, snake, tool_failure
 
 KIND = "nvidia-smi-topo"
 

@@ -14,6 +14,24 @@ profile changed, thaws frozen sshds, brings links back up and restarts dead node
 SIMCLUSTER_PREFIX and SIMCLUSTER_SUBNET select the instance (for parallel development).
 Tests using these fixtures are skipped, with the reason, when not root, without `ip netns`, or
 without /usr/sbin/sshd. Mark them @pytest.mark.integration.
+
+Shared helpers are plain functions in tests/integration/integration_kit.py (import it by name,
+`from integration_kit import ...`: pytest puts this folder on sys.path). Use them instead of
+writing your own:
+
+    cli = ClusterCli(timeout=600)                   # `python -m cluster -i INV ...`, from the repo
+    cli_json = cli.json                             # (exit code, JSON doc) of `... --json`
+    #   ClusterCli(env={...}, stdin=subprocess.DEVNULL, python=sys.executable,
+    #              record=OUTPUTS.append-like hook, no_traceback=True)
+    path = derive_inventory(sim, tmp_path_factory.mktemp("x"), ray={"num_cpus": 4},
+                            nodes={"node2": {"env": {...}}}, every_node={...})
+    with ray_up(cli, path, timeout=600, down_first=False):   # Ray up; `down --yes` always after
+        yield path
+    head_driver(path, SCRIPT)                       # a Ray driver on the head -> its RESULT json
+    PYTHON, REPO, SMALL_NODE_RAY                    # the venv's python, the checkout, Ray sizes
+
+The tiny test models: the session fixture `tiny_model_builder` of tests/conftest.py
+(`tiny_model_builder.build_tiny_model(dir, "dense")`).
 """
 from __future__ import annotations
 

@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.conftest import REPO, SIMCLUSTER, simcluster_unavailable
+from integration_kit import ClusterCli
+from tests.integration.conftest import SIMCLUSTER, simcluster_unavailable
 
 pytestmark = pytest.mark.integration
 
@@ -40,10 +41,7 @@ def sim(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return proc
 
 
-def cli(inv: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "CLUSTER_RUN_DIR": RUN_DIR}
-    return subprocess.run([sys.executable, "-m", "cluster", "-i", str(inv), *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout, env=env)
+cli = ClusterCli(timeout=300, env={"CLUSTER_RUN_DIR": RUN_DIR}, python=sys.executable)
 
 
 def log_of(node: str) -> str:

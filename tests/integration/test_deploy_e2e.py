@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -31,10 +29,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from integration_kit import ClusterCli, derive_inventory, ray_up
+
 pytestmark = [pytest.mark.integration, pytest.mark.ray, pytest.mark.vllm]
 
-REPO = Path(__file__).resolve().parents[2]
-PYTHON = str(REPO / ".venv" / "bin" / "python3") if (REPO / ".venv").is_dir() else sys.executable
 MODEL_DIR = Path("/var/tmp/cluster-tiny-models/dense")
 KEY = "sk-e2e-3b9d1f7a0c"          # a test-only key, set in the nodes' env at `ray start`
 SERVED = "tiny-dense"
@@ -43,36 +41,17 @@ PROFILES = {"node1": "cpu", "node2": "cpu"}
 
 
 CLI_OUTPUTS: list[str] = []   # every CLI run's argv, stdout and stderr: grepped for the key
-
-
-def cli(inventory: Path, *args: str, timeout: float = 1200,
-        env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    p = subprocess.run([PYTHON, "-m", "cluster", "-i", str(inventory), *args],
-                       capture_output=True, text=True, timeout=timeout, cwd=str(REPO),
-                       env={**os.environ, **(env or {})})
-    CLI_OUTPUTS.append("\n".join([" ".join(p.args), p.stdout, p.stderr]))
-    return p
-
-
-def cli_json(inventory: Path, *args: str, timeout: float = 1200) -> tuple[int, dict]:
-    p = cli(inventory, *args, "--json", timeout=timeout)
-    try:
-        return p.returncode, json.loads(p.stdout)
-    except ValueError:
-        raise AssertionError(f"cluster {' '.join(args)}: exit {p.returncode}\n{p.stdout}\n"
-                             f"{p.stderr}") from None
+cli = ClusterCli(timeout=1200, record=lambda p: CLI_OUTPUTS.append(
+    "\n".join([" ".join(p.args), p.stdout, p.stderr])))
+cli_json = cli.json
 
 
 @pytest.fixture(scope="module")
-def model() -> Path:
+def model(tiny_model_builder) -> Path:
     for needed in ("torch", "transformers", "tokenizers", "vllm", "openai"):
         if importlib.util.find_spec(needed) is None:
             pytest.skip(f"the end-to-end deploy test needs {needed}")
-    spec = importlib.util.spec_from_file_location("make_tiny_model",
-                                                  REPO / "scripts" / "make_tiny_model.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.build_tiny_model(MODEL_DIR, "dense")
+    return tiny_model_builder.build_tiny_model(MODEL_DIR, "dense")
 
 
 @pytest.fixture(scope="module")
@@ -134,20 +113,11 @@ def process_watch():
 def inv(sim, model, tmp_path_factory, process_watch) -> Path:
     """The simcluster inventory + small-node Ray settings + the API key in every node's env;
     Ray (re)started with it, stopped at the end."""
-    base = tmp_path_factory.mktemp("deploy-inv")
-    doc = yaml.safe_load(sim.inventory_path.read_text())
-    doc["ray"] = {"num_cpus": 2, "memory": 4 * 1024 ** 3,
-                  "object_store_memory": 256 * 1024 ** 2, "python": PYTHON}
-    doc["run_dir"] = str(base / "runs")
-    for node in doc["nodes"]:
-        node["env"] = {"CLUSTER_API_KEY": KEY}
-    path = base / "cluster.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    cli(path, "down", "--yes", timeout=300)  # a Ray left from elsewhere lacks this env
-    p = cli(path, "up", "--skip-preflight", "--yes", timeout=600)
-    assert p.returncode == 0, p.stdout + p.stderr
-    yield path
-    cli(path, "down", "--yes", timeout=300)
+    path = derive_inventory(sim, tmp_path_factory.mktemp("deploy-inv"),
+                            ray={"memory": 4 * 1024 ** 3},
+                            every_node={"env": {"CLUSTER_API_KEY": KEY}})
+    with ray_up(cli, path, timeout=600, down_first=True):   # a Ray left elsewhere lacks the env
+        yield path
 
 
 def serve_app(inv: Path, name: str):

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import tempfile
 import sys
 import time
@@ -12,19 +10,17 @@ from pathlib import Path
 
 import pytest
 
+from integration_kit import ClusterCli
+
 from cluster import inventory as inventory_mod
 from cluster.remote import Session
 
 pytestmark = pytest.mark.integration
-REPO = Path(__file__).resolve().parents[2]
 RUN_DIR = tempfile.mkdtemp(prefix="cluster-test-runs-")
 
 
-def cluster_cli(inv: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    # Run records go to a test folder, not into the simulated cluster's own directory.
-    env = {**os.environ, "CLUSTER_RUN_DIR": RUN_DIR}
-    return subprocess.run([sys.executable, "-m", "cluster", "-i", str(inv), *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout, env=env)
+# Run records go to a test folder, not into the simulated cluster's own directory.
+cluster_cli = ClusterCli(timeout=120, env={"CLUSTER_RUN_DIR": RUN_DIR}, python=sys.executable)
 
 
 def test_exec_hostname_json(simcluster):

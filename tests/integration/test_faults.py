@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -30,10 +29,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from integration_kit import PYTHON, REPO, ClusterCli, derive_inventory
+
 pytestmark = [pytest.mark.integration, pytest.mark.ray]
 
-REPO = Path(__file__).resolve().parents[2]
-PYTHON = str(REPO / ".venv" / "bin" / "python3") if (REPO / ".venv").is_dir() else sys.executable
 PROFILES = {"node1": "small-4gpu", "node2": "small-4gpu", "node3": "cpu"}
 API_KEY = "sk-faulttest-4f9c2e7a1b"          # in the CLI's environment (CLUSTER_API_KEY)
 NODE_TOKEN = "hf_faulttest_token_8d3b6a0c"   # in node2's inventory env (reaches ray start)
@@ -47,37 +46,16 @@ def sim(simcluster_factory):
 
 @pytest.fixture(scope="module")
 def inv(sim, tmp_path_factory) -> Path:
-    base = tmp_path_factory.mktemp("faults")
-    doc = yaml.safe_load(sim.inventory_path.read_text())
-    doc["ray"] = {"num_cpus": 2, "memory": 2 * 1024 ** 3, "object_store_memory": 256 * 1024 ** 2,
-                  "python": PYTHON}
-    doc["run_dir"] = str(base / "runs")
-    for node in doc["nodes"]:
-        if node["name"] == "node2":
-            node["env"] = {"HF_TOKEN": NODE_TOKEN}
-    path = base / "cluster.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    path = derive_inventory(sim, tmp_path_factory.mktemp("faults"),
+                            nodes={"node2": {"env": {"HF_TOKEN": NODE_TOKEN}}})
     yield path
     sim.thaw("node1"), sim.thaw("node2")
     cli(path, "down", "--yes", timeout=300)  # always leave the nodes without Ray
 
 
-def cli(inventory: Path, *args: str, timeout: float = 600, stdin=subprocess.DEVNULL
-        ) -> subprocess.CompletedProcess:
-    env = {**os.environ, "CLUSTER_API_KEY": API_KEY}
-    p = subprocess.run([PYTHON, "-m", "cluster", "-i", str(inventory), *args], env=env,
-                       capture_output=True, text=True, timeout=timeout, cwd=str(REPO), stdin=stdin)
-    OUTPUTS.extend([p.stdout, p.stderr])
-    return p
-
-
-def cli_json(inventory: Path, *args: str, timeout: float = 600) -> tuple[int, dict]:
-    p = cli(inventory, *args, "--json", timeout=timeout)
-    assert "Traceback" not in p.stderr, p.stderr[-3000:]
-    try:
-        return p.returncode, json.loads(p.stdout)
-    except ValueError:
-        raise AssertionError(f"cluster {' '.join(args)}: exit {p.returncode}\n{p.stdout}\n{p.stderr}")
+cli = ClusterCli(timeout=600, env={"CLUSTER_API_KEY": API_KEY}, stdin=subprocess.DEVNULL,
+                 record=lambda p: OUTPUTS.extend([p.stdout, p.stderr]), no_traceback=True)
+cli_json = cli.json
 
 
 def alive(status: dict) -> dict[str, str]:

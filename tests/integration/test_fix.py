@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -12,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from integration_kit import ClusterCli
+
 pytestmark = pytest.mark.integration
-REPO = Path(__file__).resolve().parents[2]
 RUN_DIR = tempfile.mkdtemp(prefix="cluster-test-fix-runs-")
 
 # node -> (profile, the check preflight fails there)
@@ -27,13 +26,8 @@ SCENARIO = {
 }
 
 
-def cli(inv: Path, *args: str) -> tuple[int, dict]:
-    env = {**os.environ, "CLUSTER_RUN_DIR": RUN_DIR}
-    proc = subprocess.run([sys.executable, "-m", "cluster", "-i", str(inv), *args, "--json"],
-                          cwd=REPO, capture_output=True, text=True, timeout=400, env=env,
-                          stdin=subprocess.DEVNULL)
-    assert "Traceback" not in proc.stderr, proc.stderr
-    return proc.returncode, json.loads(proc.stdout)
+cli = ClusterCli(timeout=400, env={"CLUSTER_RUN_DIR": RUN_DIR}, stdin=subprocess.DEVNULL,
+                 python=sys.executable, no_traceback=True).json
 
 
 def failures(inv: Path) -> dict[str, set[str]]:

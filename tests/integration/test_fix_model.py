@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import shutil
 import subprocess
@@ -20,20 +19,16 @@ from pathlib import Path
 import pytest
 import yaml
 
+from integration_kit import REPO, ClusterCli
+
 pytestmark = pytest.mark.integration
-REPO = Path(__file__).resolve().parents[2]
 RUN_DIR = tempfile.mkdtemp(prefix="cluster-test-fix-model-runs-")
 MODEL = "/tmp/cluster-fix-model/tiny"
 WEIGHTS = "weights/model-00001-of-00001.safetensors"
 
 
-def cli(inv: Path, *args: str) -> tuple[int, dict]:
-    env = {**os.environ, "CLUSTER_RUN_DIR": RUN_DIR}
-    proc = subprocess.run([sys.executable, "-m", "cluster", "-i", str(inv), *args, "--json"],
-                          cwd=REPO, capture_output=True, text=True, timeout=400, env=env,
-                          stdin=subprocess.DEVNULL)
-    assert "Traceback" not in proc.stderr, proc.stderr
-    return proc.returncode, json.loads(proc.stdout)
+cli = ClusterCli(timeout=400, env={"CLUSTER_RUN_DIR": RUN_DIR}, stdin=subprocess.DEVNULL,
+                 python=sys.executable, no_traceback=True).json
 
 
 def model_files() -> dict[str, bytes]:

@@ -13,33 +13,21 @@ from __future__ import annotations
 
 import json
 import shlex
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-import yaml
+
+from integration_kit import ClusterCli, derive_inventory, ray_up
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray]
 
-REPO = Path(__file__).resolve().parents[2]
-PYTHON = str(REPO / ".venv" / "bin" / "python3") if (REPO / ".venv").is_dir() else sys.executable
 PROFILES = {"node1": "cpu", "node2": "cpu", "node3": "cpu"}
 CUT_TIMEOUT_S = 90
 
 
-def cli(inventory: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-m", "cluster", "-i", str(inventory), *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=str(REPO))
-
-
-def cli_json(inventory: Path, *args: str, timeout: float = 600) -> tuple[int, dict]:
-    p = cli(inventory, *args, "--json", timeout=timeout)
-    try:
-        return p.returncode, json.loads(p.stdout)
-    except ValueError:
-        raise AssertionError(f"cluster {' '.join(args)}: exit {p.returncode}\n{p.stdout}\n{p.stderr}")
+cli = ClusterCli(timeout=600)
+cli_json = cli.json
 
 
 @pytest.fixture(scope="module")
@@ -50,20 +38,12 @@ def sim(simcluster_factory):
 @pytest.fixture(scope="module")
 def inv(sim, tmp_path_factory) -> Path:
     """The simcluster inventory + small-node Ray settings, with Ray started on it."""
-    base = tmp_path_factory.mktemp("nccl-check-inv")
-    doc = yaml.safe_load(sim.inventory_path.read_text())
-    doc["ray"] = {"num_cpus": 2, "memory": 2 * 1024 ** 3, "object_store_memory": 256 * 1024 ** 2,
-                  "python": PYTHON}
-    doc["run_dir"] = str(base / "runs")
-    path = base / "cluster.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    try:
-        code, out = cli_json(path, "up", "--skip-preflight", "--yes", timeout=600)
-        assert code == 0, json.dumps(out.get("steps"), indent=1)
-        yield path
-    finally:
-        sim.link("node3", "up")          # a failed test must not leave node3 cut off
-        cli(path, "down", "--yes", timeout=300)
+    path = derive_inventory(sim, tmp_path_factory.mktemp("nccl-check-inv"))
+    with ray_up(cli, path, timeout=600):
+        try:
+            yield path
+        finally:
+            sim.link("node3", "up")          # a failed test must not leave node3 cut off
 
 
 def job_on_dashboard(inventory: Path, job_id: str) -> dict:

@@ -23,9 +23,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import shlex
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -33,43 +30,26 @@ from pathlib import Path
 import pytest
 import yaml
 
+from integration_kit import ClusterCli, derive_inventory, head_driver, ray_up
+
 pytestmark = [pytest.mark.integration, pytest.mark.ray]
 
-REPO = Path(__file__).resolve().parents[2]
-PYTHON = str(REPO / ".venv" / "bin" / "python3") if (REPO / ".venv").is_dir() else sys.executable
 MODELS = Path("/var/tmp/cluster-tiny-models")  # not /tmp: each simulated node has its own /tmp
 PROFILES = {"node1": "small-4gpu", "node2": "small-4gpu"}
 DENSE_APP, MOE_APP = "plc-dense", "plc-moe"
 
 
-def cli(inventory: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-m", "cluster", "-i", str(inventory), *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=str(REPO))
-
-
-def cli_json(inventory: Path, *args: str, timeout: float = 900) -> tuple[int, dict]:
-    p = cli(inventory, *args, "--json", timeout=timeout)
-    try:
-        return p.returncode, json.loads(p.stdout)
-    except ValueError:
-        raise AssertionError(f"cluster {' '.join(args)}: exit {p.returncode}\n{p.stdout}\n"
-                             f"{p.stderr}") from None
-
-
-def _build(kind: str) -> Path:
-    spec = importlib.util.spec_from_file_location("make_tiny_model",
-                                                  REPO / "scripts" / "make_tiny_model.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.build_tiny_model(MODELS / kind, kind)
+cli = ClusterCli(timeout=900)
+cli_json = cli.json
 
 
 @pytest.fixture(scope="module")
-def models() -> dict[str, Path]:
+def models(tiny_model_builder) -> dict[str, Path]:
     for needed in ("torch", "transformers", "tokenizers"):
         if importlib.util.find_spec(needed) is None:
             pytest.skip(f"building the tiny models needs {needed}")
-    return {kind: _build(kind) for kind in ("dense", "moe")}
+    return {kind: tiny_model_builder.build_tiny_model(MODELS / kind, kind)
+            for kind in ("dense", "moe")}
 
 
 @pytest.fixture(scope="module")
@@ -83,25 +63,15 @@ def inv(sim, models, tmp_path_factory) -> Path:
 
     num_cpus 9: the bundles are {GPU: 1, CPU: 1} with the replica's CPU in bundle 0, so the
     dense layout needs 5 + 4 CPUs and the MoE gang 8 + 8 (logical resources only)."""
-    base = tmp_path_factory.mktemp("placement-inv")
-    doc = yaml.safe_load(sim.inventory_path.read_text())
-    doc["ray"] = {"num_cpus": 9, "memory": 2 * 1024 ** 3,
-                  "object_store_memory": 256 * 1024 ** 2, "python": PYTHON}
-    doc["run_dir"] = str(base / "runs")
-    for node in doc["nodes"]:
-        # 9 logical CPUs on a 2-core host: do not prestart 9 idle workers per node.
-        node["env"] = {"RAY_prestart_worker_first_driver": "0"}
-    path = base / "cluster.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    cli(path, "down", "--yes", timeout=300)
-    try:
-        p = cli(path, "up", "--skip-preflight", "--yes", timeout=900)
-        assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
-        yield path
-    finally:
-        for app in (MOE_APP, DENSE_APP):
-            cli(path, "undeploy", app, "--yes", timeout=300)
-        cli(path, "down", "--yes", timeout=300)
+    # 9 logical CPUs on a 2-core host: do not prestart 9 idle workers per node.
+    path = derive_inventory(sim, tmp_path_factory.mktemp("placement-inv"), ray={"num_cpus": 9},
+                            every_node={"env": {"RAY_prestart_worker_first_driver": "0"}})
+    with ray_up(cli, path, timeout=900, down_first=True):
+        try:
+            yield path
+        finally:
+            for app in (MOE_APP, DENSE_APP):
+                cli(path, "undeploy", app, "--yes", timeout=300)
 
 
 # ---------------------------------------------------------------- Ray's tables, read on the head
@@ -128,26 +98,11 @@ print("RESULT " + json.dumps({"placement_groups": pgs, "actors": actors}))
 def ray_tables(inventory: Path, timeout: float = 300) -> dict:
     """Ray's placement-group table (GCS) and alive actors (state API), from a head driver run
     with the cluster's auth mode (as tests/integration/test_ray_cluster.py does)."""
-    from cluster import inventory as inventory_mod
-    from cluster import ray_cluster
-    from cluster.remote import Session
-
-    inv = inventory_mod.load(str(inventory))
-    with Session(inv) as session:
-        facts = ray_cluster.gather(session, inv, [inv.head])
-        mode = ray_cluster.cluster_auth_mode(inv, facts)
-        command = (f"cd /tmp && env RAY_AUTH_MODE={mode} RAY_USAGE_STATS_ENABLED=0 "
-                   + shlex.join([inv.ray.python, "-c", TABLES]))
-        r = session.run(inv.head, command, timeout=timeout)
-    for line in r.stdout.splitlines():
-        if line.startswith("RESULT "):
-            out = json.loads(line[len("RESULT "):])
-            for pg in out["placement_groups"].values():  # JSON made the bundle indices str
-                pg["bundles"] = {int(i): r for i, r in pg["bundles"].items()}
-                pg["bundle_ips"] = {int(i): ip for i, ip in pg["bundle_ips"].items()}
-            return out
-    raise AssertionError(f"driver failed ({r.status}, exit {r.exit_code}):\n{r.stdout[-3000:]}\n"
-                         f"{r.stderr[-3000:]}")
+    out = head_driver(inventory, TABLES, timeout)
+    for pg in out["placement_groups"].values():  # JSON made the bundle indices str
+        pg["bundles"] = {int(i): r for i, r in pg["bundles"].items()}
+        pg["bundle_ips"] = {int(i): ip for i, ip in pg["bundle_ips"].items()}
+    return out
 
 
 def app_tables(inventory: Path, app: str, want_replicas: int, timeout: float = 180) -> dict:

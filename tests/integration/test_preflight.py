@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from integration_kit import ClusterCli
+
 pytestmark = pytest.mark.integration
-REPO = Path(__file__).resolve().parents[2]
 RUN_DIR = tempfile.mkdtemp(prefix="cluster-test-runs-")
 
 # node -> (profile, the failures preflight must report on that node and nothing else)
@@ -27,13 +28,13 @@ SCENARIO = {
 }
 
 
+# Run records go to a test folder, not into the simulated cluster's own directory.
+_cli = ClusterCli(timeout=300, env={"CLUSTER_RUN_DIR": RUN_DIR}, python=sys.executable,
+                  no_traceback=True)
+
+
 def preflight(inv: Path, *extra: str) -> tuple[int, dict]:
-    # Run records go to a test folder, not into the simulated cluster's own directory.
-    env = {**os.environ, "CLUSTER_RUN_DIR": RUN_DIR}
-    proc = subprocess.run([sys.executable, "-m", "cluster", "-i", str(inv), "preflight", "--json",
-                           *extra], cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
-    assert "Traceback" not in proc.stderr, proc.stderr
-    return proc.returncode, json.loads(proc.stdout)
+    return _cli.json(inv, "preflight", *extra)
 
 
 def test_each_misconfiguration_is_caught_and_nothing_else_fails(simcluster_factory):

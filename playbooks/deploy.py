@@ -1,0 +1,142 @@
+"""`cluster deploy` as ordered steps.
+
+gather (read-only: Ray's alive nodes and resources from the head, what Serve runs now) -> plan
+(pure, cluster/deploy.py: device, the Serve application, its placement, the config file) ->
+checks on every node that may host a bundle (the model files, the API-key variable: read-only)
+-> [dry run stops here] -> confirm (replacing a deployed app) -> execute (the dashboard's PUT,
+merged with the other apps on the head) -> verify (wait until the app is RUNNING; the replicas'
+log tails when it is not).
+
+Nothing is printed: the caller gets a DeployOutcome (the deploy.json document) and an
+`on_event` callback for progress lines; the Serve config is handed to `write_config`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from cluster import deploy
+from cluster.deploy import DeploySpec
+from cluster.errors import DeployError
+from cluster.inventory import Inventory
+from playbooks.outcome import DocOutcome
+
+
+@dataclass(frozen=True)
+class DeployOptions:
+    spec: DeploySpec
+    timeout_s: float = deploy.DEFAULT_TIMEOUT_S
+    dry_run: bool = False
+    secrets: Sequence[str] = field(default=(), repr=False)  # a config holding one is refused
+
+
+class DeployOutcome(DocOutcome):
+    """deploy.json's fields as they are learned."""
+
+    @classmethod
+    def start(cls, options: DeployOptions, run_dir: str) -> "DeployOutcome":
+        spec = options.spec
+        return cls({"name": spec.name, "served_model_name": spec.served_model_name,
+                    "model": spec.model, "status": None, "endpoint": None,
+                    "config_path": None, "run_dir": run_dir, "dry_run": options.dry_run,
+                    "api_key_env": spec.api_key_env, "warnings": []})
+
+
+def run(inventory: Inventory, session, options: DeployOptions, confirm: Callable[[str], bool],
+        on_event: Callable[[str], None] = lambda _: None,
+        write_config: Callable[[str, str], Path] | None = None,
+        out: DeployOutcome | None = None, client=None) -> DeployOutcome:
+    """Fills `out` (given by a caller that records a partial outcome on an error) and returns
+    it. `write_config(name, text)` stores the Serve config and returns its path (default: not
+    stored); `client`: the dashboard (default DashboardClient)."""
+    out = out if out is not None else DeployOutcome.start(options, "")
+    out.exit_code = _deploy(inventory, session, options, confirm, on_event, write_config, out.doc,
+                            client)
+    return out
+
+
+def _deploy(inv, session, options: DeployOptions, confirm, say, write_config,
+            doc: dict[str, Any], client) -> int:
+    """Prepare (config, checks), then apply and wait. Fills `doc`; returns the exit code."""
+    from cluster.ray_state import query_state
+
+    spec = options.spec
+    # 1. what Ray has: alive nodes and their resources -> device, config, placement
+    state, _ = query_state(session, inv, include_serve=False)
+    if not state.answered:
+        raise DeployError("the head did not answer (is Ray up? `cluster status`): "
+                          + "; ".join(state.errors[-2:]))
+    cluster = deploy.ClusterView.from_state(inv, state)
+    device = cluster.resolve_device(spec.device)
+    app, notes = deploy.build_application(spec, device, cluster, inv)
+    preview = deploy.placement_preview(app)
+    text = deploy.render_config(deploy.serve_config(app, inv), spec.source,
+                                inv.ray.dashboard_port)
+    leaked = deploy.find_secrets(text, options.secrets)
+    if leaked:
+        raise DeployError(f"refusing to write a Serve config holding secret values ({leaked}): "
+                          "secrets belong in the nodes' env, set at `ray start`")
+    config_path = write_config("serve_config.yaml", text) if write_config else None
+    doc.update(device=device, import_path=spec.import_path, route_prefix=spec.route,
+               config_path=str(config_path) if config_path else None,
+               placement=preview, notes=notes, spec=spec.to_dict())
+    warnings = doc["warnings"]
+    if not spec.api_key_env:
+        warnings.append("no API key: anyone who can reach the Serve port can use the endpoint")
+
+    # 2. what Serve runs now (the port it serves on, a previous version of this app)
+    if client is None:
+        from cluster.dashboard_api import DashboardClient
+        client = DashboardClient(session, inv)
+    details = client.serve_details()
+    before = deploy.app_state(details, spec.name)
+    running_port = (details.get("http_options") or {}).get("port")
+    if running_port and running_port != inv.ray.serve_port:
+        warnings.append(f"Serve already runs on port {running_port} (the inventory says "
+                        f"{inv.ray.serve_port}); the app is served there")
+    doc.update(endpoint=deploy.endpoint_url(inv, spec.route, running_port),
+               previous=before.to_dict() if before else None)
+
+    # 3. checks on every node that may host a bundle
+    say(f"checking {spec.model} and ${spec.api_key_env or '(no API key)'} on "
+        f"{len(cluster.nodes)} node(s)")
+    checks = deploy.check_nodes(session, inv, spec, cluster)
+    warnings += list(checks.warnings)
+    doc["checks"] = checks.to_dict()
+    problems = list(checks.problems) + deploy.capacity_problems(preview, cluster)
+    if problems:
+        doc.update(status="REFUSED", error="; ".join(problems))
+        return 2
+    if options.dry_run:
+        doc["status"] = "DRY_RUN"
+        return 0
+    if before is not None and not confirm(
+            f"Application {spec.name!r} is already deployed ({before.status}); replace it "
+            f"(its replicas restart if the config changed)?"):
+        doc["status"] = "CANCELLED"
+        return 2
+
+    # 4. PUT (merged with the other apps on the head), then wait for RUNNING
+    say(f"deploying {spec.name} ({spec.import_path}) through the dashboard")
+    applied = deploy.deploy_app(client, app, inv)
+    doc["apply"] = applied.to_dict()
+    if not applied.ok:
+        doc.update(status="FAILED", error=applied.error)
+        return 2
+    if applied.http_options and applied.http_options.get("port"):
+        doc["endpoint"] = deploy.endpoint_url(inv, spec.route, applied.http_options["port"])
+    previous_time = (applied.previous or {}).get("last_deployed_time_s")
+    say(f"waiting up to {options.timeout_s:g} s for {spec.name} to be RUNNING")
+    outcome = deploy.wait_for_app(client, spec.name, options.timeout_s,
+                                  previous_time=previous_time, on_event=say)
+    doc.update(status=outcome.state.status if outcome.state else "UNKNOWN",
+               waited_s=round(outcome.waited_s, 1),
+               app=outcome.state.to_dict() if outcome.state else None)
+    if outcome.running:
+        return 0
+    doc["error"] = deploy.failure_reason(outcome, options.timeout_s)
+    say(f"not RUNNING: {doc['error']}; reading the replica logs")
+    doc["log_tails"] = deploy.collect_log_tails(session, inv, outcome.state)
+    return 2

@@ -1,0 +1,72 @@
+"""`cluster nccl-check` as ordered steps.
+
+options (backend, size, iterations, timeout, the nodes) + the facts of the last preflight
+report (read by the caller: the expected bandwidth) -> plan (pure, cluster/nccl_check.py: the
+job's head command) -> execute (submit the all-reduce as a Ray job on the head, wait for it
+within the timeout) -> verify (judge: transport, GDR, bus bandwidth against the expected one,
+every node's ranks present). Read-only on the nodes: no dry run, nothing to confirm.
+
+Nothing is printed: the caller gets an NcclOutcome (the judged result, the job's output) and
+an `on_event` callback for progress lines.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Mapping, Sequence
+
+from cluster import nccl_check
+from cluster.inventory import Inventory, Node
+from cluster.nccl_check import CheckOptions, JobOutcome, NcclCheckResult
+
+
+@dataclass(frozen=True)
+class NcclOptions:
+    check: CheckOptions
+    nodes: tuple[Node, ...] = ()             # () : every inventory node
+    preflight_facts: Mapping[str, Any] | None = None
+    submission_id: str | None = None
+
+
+@dataclass(frozen=True)
+class NcclOutcome:
+    result: NcclCheckResult
+    job: JobOutcome
+    command_result: Any                      # the head command's CommandResult
+
+    @property
+    def exit_code(self) -> int:
+        return self.result.exit_code
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.result.to_dict()
+
+
+def announce(options: NcclOptions, inventory: Inventory) -> str:
+    """The line saying what is about to run."""
+    c = options.check
+    nodes = options.nodes or inventory.nodes
+    return (f"{c.backend} all-reduce of {c.size:g} MiB x {c.iterations} over {len(nodes)} "
+            f"node(s) as a Ray job on {inventory.head.name} (timeout {c.timeout_s:g} s)")
+
+
+def run(inventory: Inventory, session, options: NcclOptions,
+        on_event: Callable[[str], None] = lambda _: None) -> NcclOutcome:
+    """Submit the job on the head, wait for it, judge it."""
+    from cluster.ray_state import dashboard_url
+
+    check = options.check
+    nodes: Sequence[Node] = list(options.nodes or inventory.nodes)
+    sid = options.submission_id or nccl_check.new_submission_id(check.backend)
+    call = nccl_check.head_call(inventory, check, nodes, sid)
+    on_event(announce(options, inventory))
+    started = time.monotonic()
+    result = session.run(inventory.head, call.command,
+                         timeout=check.timeout_s + nccl_check.SSH_MARGIN_S, stdin=call.stdin)
+    job = nccl_check.outcome_of(result, inventory.head.name, sid)
+    ranked = nccl_check.nodes_with_ranks(job, [n.name for n in nodes])
+    expected = nccl_check.expected_bandwidth(options.preflight_facts, ranked)
+    judged = nccl_check.judge(check, job, expected, dashboard_url(inventory))
+    timings = dict(judged.timings, total=round(time.monotonic() - started, 2))
+    return NcclOutcome(replace(judged, timings=timings), job, result)

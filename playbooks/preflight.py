@@ -1,0 +1,66 @@
+"""`cluster preflight` as ordered, read-only steps.
+
+gather (the facts layer: every node's probes in one SSH round trip per node, in parallel; or the
+run's facts handed in, as `cluster up` does) -> judge (pure, cluster/preflight.evaluate_node) ->
+cross-node checks (clocks sampled from here, versions, drivers, MTU, model) -> TCP reachability
+between the reachable nodes (cluster/reachability.py). Read-only: no plan, no dry run, nothing
+to confirm. Nothing is printed: the caller gets the Report (`to_dict()`, `exit_code`) and an
+`on_node_done` callback per node gathered. Never raises for a node: an unreachable node or
+unreadable output is a result with status error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+from cluster.checks.base import NodeCheck
+from cluster.checks.cross import cross_node_checks, measure_skew
+from cluster.checks.node import NODE_CHECKS
+from cluster.facts import NodeFacts
+from cluster.inventory import Inventory, Node
+from cluster.preflight import evaluate_node, gather_for
+from cluster.reachability import run_reachability
+from cluster.remote import Session
+from cluster.results import CheckResult, Report
+
+
+@dataclass(frozen=True)
+class PreflightOptions:
+    nodes: tuple[Node, ...] = ()                 # (): every inventory node
+    checks: tuple[NodeCheck, ...] = NODE_CHECKS
+    measure_clock: bool = True
+    reachability: bool = True
+
+
+def run(inventory: Inventory, session: Session, options: PreflightOptions = PreflightOptions(),
+        on_node_done: Callable[..., None] | None = None,
+        facts: Mapping[str, NodeFacts] | None = None) -> Report:
+    return run_preflight(inventory, session, options.nodes or None, options.checks,
+                         options.measure_clock, on_node_done, options.reachability, facts)
+
+
+def run_preflight(inventory: Inventory, session: Session, nodes: Sequence[Node] | None = None,
+                  checks: Sequence[NodeCheck] = NODE_CHECKS, measure_clock: bool = True,
+                  on_node_done=None, reachability: bool = True,
+                  facts: Mapping[str, NodeFacts] | None = None) -> Report:
+    """Every check on every node, then the cross-node checks and the reachability matrix.
+
+    `facts`: the run's facts when the caller gathered them already (`cluster up` gathers once
+    for the preflight and its plan); otherwise they are gathered here."""
+    nodes = list(nodes or inventory.nodes)
+    if facts is None:
+        facts = gather_for(inventory, session, nodes, checks, on_node_done)
+    results: list[CheckResult] = []
+    report_facts: dict[str, dict] = {}
+    for node in nodes:
+        node_results, node_report = evaluate_node(node, inventory, checks, facts[node.name])
+        results += node_results
+        report_facts[node.name] = node_report
+    reachable = [n for n in nodes if report_facts[n.name].get("reachable")]
+    skew = measure_skew(session, reachable) if measure_clock and len(reachable) > 1 else None
+    cluster_facts = {n: f for n, f in report_facts.items() if f.get("reachable")}
+    results += cross_node_checks(cluster_facts, inventory, skew)
+    if reachability and len(reachable) > 1:
+        results += run_reachability(inventory, session, reachable)
+    return Report("preflight", tuple(results), {"nodes": report_facts})

@@ -1,0 +1,140 @@
+"""What the integration modules share: the `cluster` CLI in a subprocess, and an inventory
+derived from the simulated cluster's with small-node Ray settings (optionally with Ray up).
+
+    from integration_kit import PYTHON, ClusterCli, derive_inventory, ray_up
+
+    cli = ClusterCli(timeout=900)                 # defaults for this module's calls
+    p = cli(inv, "status")                        # subprocess.CompletedProcess
+    code, doc = cli.json(inv, "status")           # appends --json; AssertionError if not JSON
+
+    path = derive_inventory(sim, base, ray={"num_cpus": 9}, nodes={"node2": {"env": {...}}})
+    with ray_up(cli, path):                       # `up --skip-preflight --yes`; always `down`
+        ...
+
+tests/integration/conftest.py documents the fixtures (simcluster, simcluster_factory); this
+module holds plain helpers (import it by name: pytest puts tests/integration on sys.path).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+# The checkout's own virtualenv when it has one (the nodes run Ray from it), else this Python.
+PYTHON = str(REPO / ".venv" / "bin" / "python3") if (REPO / ".venv").is_dir() else sys.executable
+INHERIT = object()          # stdin: the test process's own
+
+# What a simulated node can carry (docs/ray.md): 2 CPUs, 2 GiB, a 256 MiB object store.
+SMALL_NODE_RAY: Mapping[str, Any] = {"num_cpus": 2, "memory": 2 * 1024 ** 3,
+                                     "object_store_memory": 256 * 1024 ** 2, "python": PYTHON}
+
+
+class ClusterCli:
+    """`python -m cluster -i INVENTORY ARGS...` run from the checkout, output captured.
+
+    timeout: seconds per call (a call may pass its own); env: variables added to this
+    process's environment; stdin: subprocess's stdin (INHERIT: the test's own); python: the
+    interpreter; record: called with every CompletedProcess (to grep outputs for secrets
+    later); no_traceback: json() asserts stderr holds no Python traceback.
+    """
+
+    def __init__(self, timeout: float = 600, env: Mapping[str, str] | None = None,
+                 stdin: Any = INHERIT, python: str = PYTHON,
+                 record: Callable[[subprocess.CompletedProcess], None] | None = None,
+                 no_traceback: bool = False):
+        self.timeout = timeout
+        self.env = dict(env or {})
+        self.stdin = stdin
+        self.python = python
+        self.record = record
+        self.no_traceback = no_traceback
+
+    def __call__(self, inventory: Path | str, *args: str, timeout: float | None = None,
+                 env: Mapping[str, str] | None = None, stdin: Any = INHERIT
+                 ) -> subprocess.CompletedProcess:
+        stdin = self.stdin if stdin is INHERIT else stdin
+        p = subprocess.run([self.python, "-m", "cluster", "-i", str(inventory), *args],
+                           capture_output=True, text=True, cwd=str(REPO),
+                           timeout=self.timeout if timeout is None else timeout,
+                           env={**os.environ, **self.env, **(env or {})},
+                           **({} if stdin is INHERIT else {"stdin": stdin}))
+        if self.record is not None:
+            self.record(p)
+        return p
+
+    def json(self, inventory: Path | str, *args: str, **kw: Any) -> tuple[int, dict]:
+        """(exit code, the JSON document) of `ARGS... --json`."""
+        p = self(inventory, *args, "--json", **kw)
+        if self.no_traceback:
+            assert "Traceback" not in p.stderr, p.stderr[-3000:]
+        try:
+            return p.returncode, json.loads(p.stdout)
+        except ValueError:
+            raise AssertionError(f"cluster {' '.join(args)}: exit {p.returncode}\n{p.stdout}\n"
+                                 f"{p.stderr}") from None
+
+
+def derive_inventory(sim, base: Path, ray: Mapping[str, Any] | None = None,
+                     nodes: Mapping[str, Mapping[str, Any]] | None = None,
+                     every_node: Mapping[str, Any] | None = None,
+                     ray_defaults: Mapping[str, Any] = SMALL_NODE_RAY) -> Path:
+    """base/cluster.yaml: the simulated cluster's inventory with `ray:` = ray_defaults | ray,
+    run_dir base/runs, the keys of `every_node` set on every node and those of nodes[name] on
+    that node (a value replaces the inventory's)."""
+    doc = yaml.safe_load(Path(sim.inventory_path).read_text())
+    doc["ray"] = {**ray_defaults, **(ray or {})}
+    doc["run_dir"] = str(base / "runs")
+    for node in doc["nodes"]:
+        node.update(every_node or {})
+        node.update((nodes or {}).get(node["name"], {}))
+    path = base / "cluster.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+@contextlib.contextmanager
+def ray_up(cli: ClusterCli, inventory: Path, timeout: float = 600,
+           down_first: bool = False) -> Iterator[Path]:
+    """Ray started on the inventory's nodes (`up --skip-preflight --yes`, asserted exit 0) for
+    the block; `down --yes` at the end whatever happened. down_first: stop a Ray left from
+    elsewhere first (it would lack this inventory's env)."""
+    try:
+        if down_first:
+            cli(inventory, "down", "--yes", timeout=300)
+        p = cli(inventory, "up", "--skip-preflight", "--yes", timeout=timeout)
+        assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+        yield inventory
+    finally:
+        cli(inventory, "down", "--yes", timeout=300)
+
+
+def head_driver(inventory: Path | str, script: str, timeout: float = 300) -> dict:
+    """Run a Python Ray driver on the head (over the toolkit's own SSH session, with the
+    cluster's auth mode) and return the JSON of its `RESULT {...}` line."""
+    import shlex
+
+    from cluster import inventory as inventory_mod
+    from cluster import ray_cluster
+    from cluster.facts import gather as gather_facts
+    from cluster.remote import Session
+
+    inv = inventory_mod.load(str(inventory))
+    with Session(inv) as session:
+        facts = gather_facts(session, inv, [inv.head])
+        mode = ray_cluster.cluster_auth_mode(inv, facts)
+        command = (f"cd /tmp && env RAY_AUTH_MODE={mode} RAY_USAGE_STATS_ENABLED=0 "
+                   + shlex.join([inv.ray.python, "-c", script]))
+        r = session.run(inv.head, command, timeout=timeout)
+    for line in r.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    raise AssertionError(f"driver failed ({r.status}, exit {r.exit_code}):\n{r.stdout[-3000:]}\n"
+                         f"{r.stderr[-3000:]}")

@@ -1,0 +1,212 @@
+"""The facts layer (cluster/facts.py) and its on-node program (cluster/node_programs/node_facts.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cluster import facts, inventory
+from cluster.checks.node import NODE_CHECKS
+from cluster.node_programs import node_facts as program
+from cluster.preflight import evaluate_node, node_probes
+from cluster.probes import NOT_FOUND, Probe, ProbeOutput, probe_script
+from cluster.remote import CommandResult
+
+INV = """\
+nodes:
+  - {name: n1, role: head, address: 10.0.0.1, node_ip: 10.0.0.1, env: {API_TOKEN: s3cret}}
+  - {name: n2, address: 10.0.0.2, node_ip: 10.0.0.2}
+  - {name: n3, address: 10.0.0.3, node_ip: 10.0.0.3}
+"""
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+@pytest.fixture
+def inv():
+    return inventory.loads(INV)
+
+
+def _out(name, stdout="", code=0, stderr=""):
+    return ProbeOutput(name, name, code, stdout, stderr)
+
+
+def _doc(**over):
+    doc = {"python": "/usr/bin/python3", "python_version": "3.11.7", "ray_version": "2.60.0",
+           "versions": {"python": "3.11.7", "ray": "2.60.0", "vllm": "0.32.0", "torch": None},
+           "hostname": "n2", "auth_token": True, "memlock_session": None,
+           "memlock_session_known": True, "processes": []}
+    doc.update(over)
+    return json.dumps(doc) + "\n"
+
+
+def test_one_probe_per_name_and_every_run_reads_the_ray_facts(inv):
+    node = inv.node("n2")
+    names = [p.name for p in node_probes(node, inv, NODE_CHECKS)]
+    assert len(names) == len(set(names))
+    assert {"versions", "gpu-query", "ibstat", "ports"} <= set(names)
+    assert [p.name for p in facts.probes_for(node, inv, facts.RAY_PROBES)] == \
+        ["gpu-query", "versions"]
+
+
+def test_the_gather_command_carries_no_secret(inv):
+    command = facts.gather_command(inv.node("n1"), inv)
+    assert "s3cret" not in command and "API_TOKEN" not in command
+
+
+def test_facts_from_outputs_read_the_gpus_versions_and_raylet(inv):
+    raylet = {"pid": 7, "kind": "raylet", "comm": "raylet", "memlock": None,
+              "args": ["--node_id=abc", "--node_ip_address=10.0.0.2",
+                       "--gcs-address=10.0.0.1:6379", "--static_resource_list=CPU,8,GPU,2"],
+              "env": {"NCCL_SOCKET_IFNAME": "eth0"}}
+    outputs = {"versions": _out("versions", _doc(processes=[raylet, {"pid": 9, "kind": "other",
+                                                                      "comm": "ray::IDLE"}])),
+               "gpu-query": _out("gpu-query", f"index, name, memory.total [MiB]\n0, {H100}, 81559\n"
+                                              f"1, {H100}, 81559\n")}
+    f = facts.facts_from_outputs(inv.node("n2"), outputs)
+    assert f.usable and f.gpu_count == 2 and f.gpu_model == H100
+    assert f.versions["vllm"] == "0.32.0" and f.versions["torch"] is None
+    assert f.raylet.node_id == "abc" and f.raylet.resources == {"CPU": 8.0, "GPU": 2.0}
+    assert f.raylet.memlock is None and f.ray_pids == (7, 9) and f.running
+    assert f.memlock_session is None and f.auth_token
+
+
+@pytest.mark.parametrize("versions_out, want", [
+    (_out("versions", "", NOT_FOUND, "bash: /opt/venv/bin/python3: No such file or directory"),
+     "python not found"),
+    (_out("versions", "", 124), "timed out"),
+    (_out("versions", "Traceback (most recent call last):\n", 1, "ImportError: x"), "exit 1"),
+    (_out("versions", "[1, 2]\n"), "unreadable facts"),
+    (_out("versions", "not json\n"), "unreadable facts"),
+])
+def test_unreadable_node_facts_are_an_error_never_a_guess(inv, versions_out, want):
+    f = facts.facts_from_outputs(inv.node("n2"), {"versions": versions_out})
+    assert f.reached and not f.usable and want in f.error
+
+
+def test_an_unreached_node_and_a_probe_script_that_died(inv):
+    down = CommandResult("n2", "x", None, "", "", 1.0, "unreachable", "connection refused")
+    f = facts.node_facts(inv.node("n2"), down, [])
+    assert not f.reached and f.error == "unreachable: connection refused"
+    died = CommandResult("n2", "x", 137, "", "Killed\n", 1.0, "failed")
+    f = facts.node_facts(inv.node("n2"), died, [Probe("versions", "x")])
+    assert f.reached and "fact gathering failed (exit 137): Killed" in f.error
+
+
+def test_the_real_probe_script_round_trip(inv):
+    """probe_script's real output (bash here) -> the same NodeFacts as the outputs themselves."""
+    doc = _doc()
+    probes = [Probe("versions", f"printf %s '{doc.strip()}'"),
+              Probe("gpu-query", "echo 'index, name'; echo '0, NVIDIA L4'")]
+    p = subprocess.run(["bash", "-c", probe_script(probes)], capture_output=True, text=True,
+                       timeout=60)
+    f = facts.node_facts(inv.node("n2"), CommandResult("n2", "x", 0, p.stdout, "", 0.1, "ok"),
+                         probes)
+    assert f.usable and [g.name for g in f.gpus] == ["NVIDIA L4"] and f.ray_version == "2.60.0"
+
+
+def test_version_skew_is_judged_against_the_head_else_the_majority():
+    versions = {"n1": {"ray": "2.60.0", "vllm": "0.32.0"}, "n2": {"ray": "2.60.0", "vllm": "0.31.0"},
+                "n3": {"ray": "2.59.0", "vllm": None}}
+    skew = facts.version_skew(versions, "n1", ("ray", "vllm"))
+    assert skew == (facts.Skew("n3", "ray", "2.59.0", "2.60.0"),
+                    facts.Skew("n2", "vllm", "0.31.0", "0.32.0"))
+    # no head value: the majority is the reference
+    assert facts.version_skew({"a": {"ray": "1"}, "b": {"ray": "2"}, "c": {"ray": "2"}}, "h",
+                              ("ray",)) == (facts.Skew("a", "ray", "1", "2"),)
+    assert facts.version_skew(versions, "n1", ("torch",)) == ()
+
+
+def test_the_ports_check_reads_ray_running_from_the_node_facts(inv):
+    """One 'is Ray running' reading: the raylet in node_facts.py's process list."""
+    raylet = {"pid": 7, "kind": "raylet", "comm": "raylet", "args": [], "env": {}}
+    listing = "LISTEN 0 4096 0.0.0.0:6379 0.0.0.0:*\n"
+    ports = [c for c in NODE_CHECKS if c.id == "ports"]
+    for processes, want in (([raylet], "Ray is running"), ([], "ports Ray needs are taken")):
+        f = facts.facts_from_outputs(inv.node("n1"), {
+            "versions": _out("versions", _doc(processes=processes)),
+            "ports": _out("ports", listing)})
+        results, _ = evaluate_node(inv.node("n1"), inv, ports, f)
+        assert want in results[0].summary
+
+
+def test_the_node_program_here_prints_one_document():
+    path = Path(program.__file__)
+    p = subprocess.run([sys.executable, str(path), "PATH"], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["python_version"] == ".".join(map(str, sys.version_info[:3]))
+    assert set(doc["versions"]) == {"python", "ray", "vllm", "torch", "nccl"}
+    assert all(p["pid"] != doc.get("pid") for p in doc["processes"])
+
+
+def test_the_node_program_reads_ray_processes_from_proc(tmp_path):
+    def proc(pid, comm, argv, environ=b"", limits=None):
+        d = tmp_path / str(pid)
+        d.mkdir()
+        (d / "comm").write_text(comm + "\n")
+        (d / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+        (d / "environ").write_bytes(environ)
+        if limits:
+            (d / "limits").write_text(limits)
+    proc(10, "raylet", ["/x/raylet", "--node_id=n", "--gcs-address=1.2.3.4:6379", "plain"],
+         b"NCCL_SOCKET_IFNAME=eth0\0API_TOKEN=s3cret\0",
+         "Limit Soft Hard Units\nMax locked memory 65536 65536 bytes\n")
+    proc(11, "python3", ["python3", "-u", "/x/ray/dashboard/agent.py"])
+    proc(12, "bash", ["bash", "-c", "python3 -c '# cluster-node-facts'"])   # the program itself
+    proc(13, "sshd", ["sshd: root"])
+    (tmp_path / "self").mkdir()
+    found = {p["pid"]: p for p in program.ray_processes({"NCCL_SOCKET_IFNAME"}, str(tmp_path))}
+    assert set(found) == {10, 11}
+    assert found[10]["args"] == ["--node_id=n", "--gcs-address=1.2.3.4:6379"]
+    assert found[10]["env"] == {"NCCL_SOCKET_IFNAME": "eth0"}       # only the asked keys
+    assert found[10]["memlock"] == 65536 and found[11]["kind"] == "other"
+
+
+def test_auth_token_presence_never_the_token(tmp_path):
+    token = tmp_path / "tok"
+    token.write_text("abc")
+    assert program.auth_token_present({"RAY_AUTH_TOKEN_PATH": str(token)})
+    assert not program.auth_token_present({"RAY_AUTH_TOKEN_PATH": str(tmp_path / "none"),
+                                           "HOME": str(tmp_path)})
+    assert program.auth_token_present({"RAY_AUTH_TOKEN": "x"})
+
+
+def test_parse_only_kinds_are_exactly_those_no_check_or_fact_reads():
+    """Every parser either feeds a check/fact or is documented as parse-only (PARSE_ONLY)."""
+    import re
+    from cluster import parsers
+    root = Path(parsers.__file__).resolve().parents[1]
+    readers = [root / "facts.py", root / "fixes.py", *sorted((root / "checks").glob("*.py")),
+               *sorted(root.glob("nccl*.py")), *sorted((root.parent / "playbooks").glob("*.py"))]
+    text = "\n".join(p.read_text() for p in readers)
+    used = {kind for kind, module in parsers.MODULES.items()
+            if re.search(rf"\b{module}\b", text)}
+    assert set(parsers.PARSE_ONLY) == set(parsers.MODULES) - used
+
+
+class _NoSession:
+    """A session that must not be used: any call is a test failure."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"the session was used ({name}) though the facts were handed in")
+
+
+def test_the_preflight_playbook_judges_handed_in_facts_without_another_round_trip(inv):
+    """`cluster up` gathers once and hands the facts to the preflight: no second gather."""
+    from playbooks import preflight
+    outputs = {"versions": _out("versions", _doc()),
+               "gpu-query": _out("gpu-query", f"index, name\n0, {H100}\n")}
+    gathered = {n.name: facts.facts_from_outputs(n, outputs) for n in inv.nodes}
+    checks = tuple(c for c in NODE_CHECKS if c.id in ("gpus", "versions"))
+    report = preflight.run(inv, _NoSession(), preflight.PreflightOptions(
+        checks=checks, measure_clock=False, reachability=False), facts=gathered)
+    by = {(r.check, r.node): r for r in report.results}
+    assert by[("gpus", "n2")].summary == f"1 x {H100}"
+    assert by[("versions", "n3")].status.value == "ok"
+    assert report.facts["nodes"]["n1"]["versions"]["ray"] == "2.60.0"
+    assert {r.check for r in report.results if r.node is None} >= {"ray-match", "vllm-match"}

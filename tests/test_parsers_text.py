@@ -1,0 +1,50 @@
+"""cluster.parsers._lines is the one text clean-up module: prompts, ANSI colours, CRLF and
+numbers, for the NVIDIA parsers as for the others (_nvidia_text keeps only the NVIDIA tools'
+own words: tool failures, N/A placeholders, command echoes)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from cluster.errors import ParseError
+from cluster.parsers import _lines, _nvidia_text
+
+
+def test_the_clean_up_lives_in_one_module():
+    for name in ("lines_of", "strip_prompt", "to_number", "_ANSI", "_PROMPT", "_NUMBER"):
+        assert not hasattr(_nvidia_text, name)
+
+
+@pytest.mark.parametrize("line, want", [
+    ("$ nvidia-smi", "nvidia-smi"), ("# nvidia-smi -q", "nvidia-smi -q"),
+    ("root@gpu1:~# nvidia-smi topo -m", "nvidia-smi topo -m"),
+    ("[user@h ~]$ nvcc --version", "nvcc --version"),
+    ("(base) [user@h ~]$ nvidia-smi", "nvidia-smi"), ("bash-5.2# nvidia-smi", "nvidia-smi"),
+    ("PS C:\\> nvidia-smi", "nvidia-smi"), ("C:\\Users\\x> nvidia-smi", "nvidia-smi"),
+    ("> nvidia-smi", "nvidia-smi"), ("user@h:~$", ""), ("#", ""),
+    ("GPU 0: NVIDIA H100 (UUID: GPU-1)", "GPU 0: NVIDIA H100 (UUID: GPU-1)"),
+    ("Attached GPUs : 8", "Attached GPUs : 8"),
+])
+def test_strip_prompt(line, want):
+    assert _lines.strip_prompt(line) == want
+
+
+@pytest.mark.parametrize("text, want", [
+    ("42", 42), ("-7", -7), ("83.92", 83.92), ("2.0", 2.0), ("1e-9", 1e-9), (".5", 0.5),
+    (" 12 ", 12), ("1e400", None), ("nan", None), ("inf", None), ("1_000", None), ("0x10", None),
+    ("", None), ("9" * 41, None), ("9" * 40, int("9" * 40)),
+])
+def test_to_number(text, want):
+    got = _lines.to_number(text)
+    assert got == want and type(got) is type(want)
+
+
+def test_lines_of_normalises_crlf_ansi_bom_and_no_break_spaces():
+    text = "\ufeff\x1b[1;32mGPU\x1b[0m\xa00 \r\nsecond\rthird\x07\n"
+    assert _lines.lines_of(text, "k") == ["GPU 0", "second", "third", ""]
+    for bad in (None, b"x", "", " \n\t"):
+        with pytest.raises(ParseError):
+            _lines.lines_of(bad, "k")  # type: ignore[arg-type]
+    assert math.isfinite(_lines.to_number("1e308"))

@@ -1,0 +1,405 @@
+"""The playbooks' plan / dry-run paths and their on_event sequences (drain, restart-node,
+undeploy, tune), with the shared stand-ins: test_ray_plan's inventory, facts and
+RecordingSession (no network), test_tune's FakeServe (an in-memory dashboard). Then the
+recorded-run context: the inventory's secrets never land in a command's run directory."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from cluster import inventory, ray_cluster
+from cluster.dashboard_api import DashboardReply
+from cluster.errors import UsageError
+from cluster.ray_cluster import CHANGED
+from cluster.ray_state import GcsNode, RayState
+from cluster.tune import TuneSettings
+from playbooks import drain, restart_node, tune, undeploy
+from test_ray_plan import INV, IDS, IPS, RecordingSession, facts
+from test_tune import ORIGINAL, FakeServe, fake_bench
+
+
+def never(question: str) -> bool:
+    raise AssertionError(f"asked although it must not: {question}")
+
+
+# ---------------------------------------------------------------- drain / restart-node
+
+
+def serve_with(replica_node: str, gpus: float = 1.0) -> dict:
+    """One app of one replica (on replica_node) that needs `gpus` GPUs."""
+    return {"applications": {"llama": {"status": "RUNNING", "deployments": {"LLMServer": {
+        "status": "HEALTHY", "target_num_replicas": 1,
+        "deployment_config": {"num_replicas": 1,
+                              "ray_actor_options": {"num_cpus": 1, "num_gpus": gpus}},
+        "replicas": [{"replica_id": "a", "state": "RUNNING",
+                      "node_id": IDS[replica_node]}]}}}}}
+
+
+def ray_view(serve: dict | None, gpus: float = 8.0) -> RayState:
+    nodes = tuple(GcsNode(IDS[n], IPS[n], True, n == "gpu01", {"GPU": gpus, "CPU": 2.0})
+                  for n in ("gpu01", "gpu02", "gpu03"))
+    return RayState("dashboard", "2.60.0", nodes, serve)
+
+
+@pytest.fixture
+def head(monkeypatch):
+    """The head's answers: a queue of RayStates for query_state (the last one repeats) and
+    facts for the facts layer's gather. Returns the queue."""
+    views: list[RayState] = []
+
+    def query_state(session, inventory, include_serve=True):
+        view = views.pop(0) if len(views) > 1 else views[0]
+        return view, None
+
+    def gather(session, inventory, nodes=None):
+        names = [n.name for n in (nodes or inventory.nodes)]
+        return {n: facts(n, running=True) for n in names}
+
+    monkeypatch.setattr("playbooks.drain.query_state", query_state)
+    monkeypatch.setattr("playbooks.drain.gather_facts", gather)
+    monkeypatch.setattr("playbooks.restart_node.gather_facts", gather)
+    return views
+
+
+def test_drain_dry_run_plans_the_drain_command_and_changes_nothing(head):
+    inv = inventory.loads(INV)
+    head.append(ray_view(serve_with("gpu02")))
+    session, events = RecordingSession(), []
+    out = drain.run(inv, session, drain.DrainOptions("gpu02", dry_run=True), never, events.append)
+    assert (out.stopped, out.exit_code, out.node_id) == ("dry run", 0, IDS["gpu02"])
+    assert out.capacity.ok and len(out.planned) == 1
+    assert out.planned[0].startswith("[gpu01] $ ") and "drain-node" in out.planned[0]
+    assert IDS["gpu02"] in out.planned[0]
+    assert session.calls == [] and events == [] and out.steps == []
+
+
+def test_drain_refused_when_the_others_cannot_carry_the_apps(head):
+    inv = inventory.loads(INV)
+    head.append(ray_view(serve_with("gpu02", gpus=9.0)))  # no other node has 9 GPUs
+    session = RecordingSession()
+    out = drain.run(inv, session, drain.DrainOptions("gpu02"), never)
+    assert out.exit_code == 2 and out.stopped.startswith("refused: gpu02 cannot be taken out")
+    assert session.calls == []
+
+
+def test_drain_runs_then_waits_for_the_replicas_to_move(head):
+    inv = inventory.loads(INV)
+    head += [ray_view(serve_with("gpu02")), ray_view(serve_with("gpu03"))]
+    session, events, asked = RecordingSession(), [], []
+    out = drain.run(inv, session, drain.DrainOptions("gpu02"),
+                    lambda q: asked.append(q) or True, events.append)
+    assert len(asked) == 1 and "Drain gpu02" in asked[0] and "1 Serve replica(s)" in asked[0]
+    assert [(node, "drain-node" in cmd) for _, node, cmd in session.calls] == [("gpu01", True)]
+    assert events == ["draining gpu02", "waiting for Serve to move 1 replica(s) off gpu02"]
+    assert [(s["step"], s["status"]) for s in out.steps] == [("drain", CHANGED),
+                                                             ("move-replicas", CHANGED)]
+    assert out.exit_code == 0 and out.stopped is None
+
+
+def test_drain_not_confirmed_runs_nothing(head):
+    inv = inventory.loads(INV)
+    head.append(ray_view(serve_with("gpu02")))
+    session = RecordingSession()
+    out = drain.run(inv, session, drain.DrainOptions("gpu02"), lambda q: False)
+    assert (out.stopped, out.exit_code) == ("not confirmed", 2) and session.calls == []
+
+
+def test_restart_node_dry_run_plans_drain_stop_and_start(head):
+    inv = inventory.loads(INV)
+    head.append(ray_view(serve_with("gpu02")))
+    session, events = RecordingSession(), []
+    out = restart_node.run(inv, session, restart_node.RestartOptions("gpu02", dry_run=True),
+                           never, events.append)
+    assert (out.command, out.stopped, out.exit_code) == ("restart-node", "dry run", 0)
+    assert [line.split(" $ ")[0] for line in out.planned] == ["[gpu01]", "[gpu02]", "[gpu02]"]
+    assert "drain-node" in out.planned[0] and " stop" in out.planned[1]
+    assert "start" in out.planned[2] and "--address" in out.planned[2]
+    assert session.calls == [] and events == []
+
+
+def test_drain_and_restart_refuse_the_head_before_asking_anything(head):
+    inv = inventory.loads(INV)
+    head.append(ray_view(None))
+    with pytest.raises(UsageError, match="is the head"):
+        drain.run(inv, RecordingSession(), drain.DrainOptions("gpu01", dry_run=True), never)
+    with pytest.raises(UsageError, match="is the head"):
+        restart_node.run(inv, RecordingSession(), restart_node.RestartOptions("gpu01"), never)
+
+
+# ---------------------------------------------------------------- undeploy
+
+
+class FakeServeRemoving(FakeServe):
+    """FakeServe plus remove_application (the app is gone at once)."""
+
+    removed: list[str]
+
+    def remove_application(self, name):
+        self.removed = getattr(self, "removed", []) + [name]
+        self.gone = True
+        return DashboardReply(200, merge={"previous": {"status": self.status}})
+
+    def _details(self):
+        return {"applications": {}} if getattr(self, "gone", False) else super()._details()
+
+
+def test_undeploy_dry_run_and_absent_change_nothing():
+    serve = FakeServeRemoving(ORIGINAL)
+    events: list[str] = []
+    out = undeploy.run(None, None, undeploy.UndeployOptions("tiny", dry_run=True), never,
+                       events.append, client=serve)
+    assert out.doc["status"] == "DRY_RUN" and out.exit_code == 0
+    assert out.doc["previous"]["status"] == "RUNNING" and out.doc["remaining"] == []
+    assert not getattr(serve, "removed", []) and events == []
+    out = undeploy.run(None, None, undeploy.UndeployOptions("other"), never, client=serve)
+    assert (out.doc["status"], out.exit_code, out.doc["previous"]) == ("ABSENT", 0, None)
+    assert out.doc["remaining"] == ["tiny"]
+
+
+def test_undeploy_asks_removes_and_waits_until_gone():
+    serve = FakeServeRemoving(ORIGINAL)
+    events: list[str] = []
+    start = undeploy.UndeployOutcome.start(undeploy.UndeployOptions("tiny"), "/runs/x")
+    out = undeploy.run(None, None, undeploy.UndeployOptions("tiny"), lambda q: "tiny" in q,
+                       events.append, out=start, client=serve)
+    assert out is start and serve.removed == ["tiny"]
+    assert out.doc["status"] == "REMOVED" and out.exit_code == 0
+    assert list(out.to_dict())[:4] == ["name", "status", "run_dir", "dry_run"]
+    assert events == ["removing tiny through the dashboard"]
+    cancelled = undeploy.run(None, None, undeploy.UndeployOptions("tiny"), lambda q: False,
+                             client=FakeServeRemoving(ORIGINAL))
+    assert (cancelled.doc["status"], cancelled.exit_code) == ("CANCELLED", 2)
+
+
+# ---------------------------------------------------------------- tune
+
+
+def _tune_options(tmp_path, dry_run=False, **kw) -> tune.TuneOptions:
+    settings = TuneSettings("tiny", "max_num_batched_tokens", (512, 1024), concurrency=4,
+                            requests=8, warmup_requests=0, output_len=32, **kw)
+    return tune.TuneOptions(settings, tmp_path, dry_run=dry_run)
+
+
+def test_tune_dry_run_reads_the_app_and_its_key_and_deploys_nothing(tmp_path):
+    serve = FakeServe(ORIGINAL)
+    secrets: list[str] = []
+    out = tune.run(inventory.loads(INV), None, _tune_options(tmp_path, dry_run=True), never,
+                   on_secret=secrets.append, environ={"CLUSTER_API_KEY": "sk-tune-secret"},
+                   client=serve)
+    assert out.doc["status"] == "DRY_RUN" and out.exit_code == 0
+    assert out.doc["endpoint"] == "http://10.0.0.1:8000/tiny/v1" and out.doc["api_key_env"] == "CLUSTER_API_KEY"
+    assert secrets == ["sk-tune-secret"] and serve.puts == []
+    assert "sk-tune-secret" not in json.dumps(out.to_dict())
+
+
+def test_tune_without_the_key_here_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError, match="export CLUSTER_API_KEY"):
+        tune.run(inventory.loads(INV), None, _tune_options(tmp_path, dry_run=True), never, environ={},
+                 client=FakeServe(ORIGINAL))
+
+
+def test_tune_sweeps_after_confirming_and_reports_each_step(tmp_path):
+    serve = FakeServe(ORIGINAL)
+    bench = fake_bench({512: 10, 1024: 30})
+    bench.serve = serve
+    events: list[str] = []
+    out = tune.run(inventory.loads(INV), None, _tune_options(tmp_path),
+                   lambda q: "2 time(s)" in q, events.append, environ={"CLUSTER_API_KEY": "sk-x-1234"}, client=serve,
+                   bench=bench)
+    assert out.doc["status"] == "DONE" and out.exit_code == 0
+    assert out.doc["recommendation"]["value"] == 1024
+    assert out.doc["json_path"] == str(tmp_path / "tune.json")
+    assert events[0] == "[1/2] max_num_batched_tokens=512: deploying"
+    assert "applying the original config (max_num_batched_tokens=None)" in events
+    assert events.index("max_num_batched_tokens=1024: deploying".join(("[2/2] ", ""))) < \
+        events.index("applying the original config (max_num_batched_tokens=None)")
+    assert serve.config == ORIGINAL
+    cancelled = tune.run(inventory.loads(INV), None, _tune_options(tmp_path), lambda q: False,
+                         environ={"CLUSTER_API_KEY": "sk-x-1234"}, client=FakeServe(ORIGINAL))
+    assert (cancelled.doc["status"], cancelled.exit_code) == ("CANCELLED", 2)
+
+
+# ---------------------------------------------------------------- deploy
+
+
+class FakeDashboard:
+    """Serve behind the DashboardClient methods deploy uses: nothing deployed until the PUT,
+    then the app RUNNING."""
+
+    def __init__(self):
+        self.puts: list[dict] = []
+
+    def serve_details(self):
+        apps = {}
+        if self.puts:
+            apps[self.puts[-1]["name"]] = {"status": "RUNNING", "last_deployed_time_s": 1.0,
+                                           "route_prefix": self.puts[-1]["route_prefix"],
+                                           "deployments": {}}
+        return {"http_options": {"port": 8000}, "applications": apps}
+
+    def apply_application(self, app, http_options=None):
+        self.puts.append(copy.deepcopy(dict(app)))
+        return DashboardReply(200, merge={"previous": None, "http_options": http_options})
+
+
+@pytest.fixture
+def deploy_cluster(monkeypatch):
+    """Two alive CPU nodes in Ray; every node has the model and the key (the checks' verdicts
+    are tested in test_deploy.py: here they are judged from fixed NodeChecks)."""
+    from cluster import deploy as lib
+
+    state = RayState("dashboard", "2.60.0", tuple(
+        GcsNode(f"id{i}", ip, True, i == 0, {"CPU": 4.0, "GPU": 0.0})
+        for i, ip in enumerate(("10.0.0.1", "10.0.0.2"))), None)
+    monkeypatch.setattr("cluster.ray_state.query_state",
+                        lambda session, inv, include_serve=False: (state, None))
+
+    def check_nodes(session, inv, spec, cluster):
+        checks = [lib.NodeCheck(n.name, True, True, True, "set") for n in inv.nodes]
+        return lib.judge_checks(checks, spec, cluster)
+
+    monkeypatch.setattr(lib, "check_nodes", check_nodes)
+
+
+def _deploy_options(**kw):
+    from cluster import deploy as lib
+    from playbooks import deploy
+
+    return deploy.DeployOptions(lib.spec_from_flags("/models/tiny"), timeout_s=5, **kw)
+
+
+def test_deploy_dry_run_writes_the_config_checks_and_deploys_nothing(deploy_cluster):
+    from playbooks import deploy
+    from test_deploy import inventory as deploy_inventory
+
+    dash, events, written = FakeDashboard(), [], {}
+    out = deploy.run(deploy_inventory(), None, _deploy_options(dry_run=True), never,
+                     events.append, write_config=lambda n, t: written.setdefault(n, t) and Path(n),
+                     client=dash)
+    assert out.doc["status"] == "DRY_RUN" and out.exit_code == 0 and dash.puts == []
+    assert out.doc["config_path"] == "serve_config.yaml" and "applications" in written[
+        "serve_config.yaml"]
+    assert out.doc["device"] == "cpu" and out.doc["checks"]["ok"]
+    assert out.doc["endpoint"] == "http://10.0.0.1:8000/tiny/v1"
+    assert events == ["checking /models/tiny and $CLUSTER_API_KEY on 2 node(s)"]
+
+
+def test_deploy_refuses_a_config_holding_a_secret(deploy_cluster):
+    from cluster.errors import DeployError
+    from playbooks import deploy
+    from test_deploy import inventory as deploy_inventory
+
+    with pytest.raises(DeployError, match="secret values"):
+        deploy.run(deploy_inventory(), None, _deploy_options(secrets=("/models/tiny",)), never,
+                   client=FakeDashboard())
+
+
+def test_deploy_puts_the_app_and_waits_for_running(deploy_cluster):
+    from playbooks import deploy
+    from test_deploy import inventory as deploy_inventory
+
+    dash, events = FakeDashboard(), []
+    out = deploy.run(deploy_inventory(), None, _deploy_options(), never, events.append,
+                     client=dash)
+    assert out.doc["status"] == "RUNNING" and out.exit_code == 0
+    assert [p["name"] for p in dash.puts] == ["tiny"] and out.doc["config_path"] is None
+    assert events[:3] == ["checking /models/tiny and $CLUSTER_API_KEY on 2 node(s)",
+                          "deploying tiny (serve_apps.vllm_app:build_app) through the dashboard",
+                          "waiting up to 5 s for tiny to be RUNNING"]
+
+
+# ---------------------------------------------------------------- nccl-check
+
+
+def test_nccl_check_submits_one_head_command_and_judges_a_silent_head():
+    from cluster.nccl_check import CheckOptions
+    from playbooks import nccl_check
+
+    inv = inventory.loads(INV)
+    session, events = RecordingSession(), []
+    options = nccl_check.NcclOptions(CheckOptions(backend="gloo", timeout_s=60),
+                                     submission_id="nccl-check-gloo-test")
+    out = nccl_check.run(inv, session, options, events.append)
+    assert [node for _, node, _ in session.calls] == ["gpu01"]   # one command, on the head
+    assert session.stdins[0][1]                                   # the program on stdin
+    assert len(events) == 1 and events[0].startswith("gloo all-reduce of ")
+    assert events[0].endswith("over 3 node(s) as a Ray job on gpu01 (timeout 60 s)")
+    assert out.exit_code == 2 and out.result.status.value == "fail"  # no document came back
+    assert out.to_dict()["exit_code"] == 2 and "total" in out.result.timings
+
+
+# ---------------------------------------------------------------- the recorded-run context
+
+
+def test_start_run_scrubs_the_longest_secret_first(tmp_path):
+    import argparse
+
+    from cluster.commands._common import recorded_run
+
+    inv = inventory.loads(f"""\
+nodes:
+  - name: n1
+    role: head
+    address: 127.0.0.1
+    env: {{HF_TOKEN: abcd, OTHER_TOKEN: abcdefgh}}
+run_dir: {tmp_path}/runs
+""")
+    run = recorded_run(argparse.Namespace(json=True), "test", inv)
+    assert run.scrub("x abcdefgh y abcd") == "x *** y ***"
+    run.add_secret("sk-later-key")
+    run.record.write_text("t.txt", "key sk-later-key")
+    assert (run.path / "t.txt").read_text() == "key ***"
+    run.add_secret("abcdefghijkl")  # added last, holds both: still masked whole
+    assert run.scrub("abcdefghijkl") == "***"
+
+
+SECRET = "hf_recordedrun_secret"
+
+
+@pytest.mark.parametrize("name,extra", [
+    ("preflight", ["--no-clock-skew", "--no-reachability"]),
+    ("exec", ["--", "echo", SECRET]),
+    ("nccl-check", ["--timeout", "30"]),
+    ("drain", ["node2", "--yes"]),
+    ("undeploy", ["app", "--yes"]),
+])
+def test_inventory_secrets_never_land_in_the_run_directory(name, extra, tmp_path):
+    """The inventory lives in a folder named like its secret: its path reaches run.json
+    (argv, inventory) and the reports; exec also runs the secret on the command line."""
+    from test_scripting_contract import _cli, _closed_port
+
+    port = _closed_port()
+    folder = tmp_path / SECRET
+    folder.mkdir()
+    (folder / "known_hosts").write_text("")
+    inv = folder / "cluster.yaml"
+    inv.write_text(f"""\
+ssh: {{known_hosts: {folder}/known_hosts, connect_timeout: 3}}
+nodes:
+  - {{name: node1, role: head, address: 127.0.0.1, port: {port}, local: false}}
+  - name: node2
+    address: 127.0.0.1
+    port: {port}
+    local: false
+    env: {{HF_TOKEN: {SECRET}}}
+run_dir: {tmp_path}/runs
+""")
+    env = dict(os.environ)
+    env.pop("CLUSTER_RUN_DIR", None)
+    env.pop("HF_TOKEN", None)
+    p = _cli("-i", str(inv), name, "--json", *extra, cwd=tmp_path, env=env, timeout=180)
+    assert "Traceback" not in p.stderr and p.returncode == 2, (p.returncode, p.stderr[-2000:])
+    runs = list((tmp_path / "runs").glob("*"))
+    assert len(runs) == 1
+    meta = json.loads((runs[0] / "run.json").read_text())
+    assert meta["inventory"] == str(inv).replace(SECRET, "***")
+    files = [f for f in runs[0].rglob("*") if f.is_file()]
+    assert len(files) >= 3  # run.json, a report, a node log
+    for f in files:
+        assert SECRET not in f.read_text(), f
+    assert SECRET not in p.stdout + p.stderr
