@@ -184,12 +184,18 @@ def test_secret_env_reaches_the_process_via_stdin(inv, canary):
     assert all(v not in start for v in secret.values())
 
 
-def test_state_query_through_bash_runs_nothing(inv, canary):
-    """The whole status query (head env prefix + snippet) run locally against a closed port:
-    it fails to reach a dashboard but never executes a value."""
-    call = ray_state.state_call(inv, include_serve=False)
-    command = call.command.replace(str(inv.ray.dashboard_port), "1", 1)
-    p = subprocess.run(["bash", "-c", command], input=call.stdin, capture_output=True, text=True,
+def test_state_query_through_bash_runs_nothing(tmp_path, canary):
+    """The whole status query (head env prefix + program) run locally against closed loopback
+    ports (the dashboard's and the GCS's: no traffic leaves this machine): it reaches no Ray
+    but never executes a value."""
+    doc = json.loads(Path(_inventory(tmp_path, canary).path).read_text())
+    doc["nodes"][0].update(address="127.0.0.1", node_ip="127.0.0.1")
+    doc["ray"].update(port=1, dashboard_port=2)
+    (tmp_path / "local.yaml").write_text(json.dumps(doc))
+    local = inventory.load(str(tmp_path / "local.yaml"))
+    call = ray_state.state_call(local, include_serve=False)
+    assert "10.0.0." not in call.command + call.stdin
+    p = subprocess.run(["bash", "-c", call.command], input=call.stdin, capture_output=True, text=True,
                        timeout=120)
     assert not canary.exists()
     assert json.loads(p.stdout)["nodes"] is None  # the program ran, and found no Ray
