@@ -15,7 +15,6 @@ preflight's cross-node checks and by `cluster up`'s plan.
 from __future__ import annotations
 
 import json
-import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -116,16 +115,16 @@ class NodeFacts:
 def node_program_probe(node: Node, inventory: Inventory) -> Probe:
     """node_facts.py run by the inventory's python with the env `ray start` would get, less
     secret-looking values (they change no fact and must not reach a command line)."""
-    from cluster.node_programs import source
-    from cluster.ray_cluster import MANAGED_ENV, start_env
-    from cluster.ray_state import env_prefix
     from cluster.inventory import public_env
+    from cluster.node_programs import inline_command
+    from cluster.ray_cluster import MANAGED_ENV, start_env
+    from cluster.shell import env_prefix
 
     env = public_env(start_env(node, serve_ingress=inventory.ray.serve_ingress, ray=inventory.ray),
                      node.secret_names)
     keys = ",".join(sorted(set(env) | set(MANAGED_ENV)))
-    return Probe(NODE_PROGRAM, env_prefix(env) + shlex.join(
-        [inventory.ray.python, "-c", source("node_facts"), keys]) + " </dev/null")
+    return Probe(NODE_PROGRAM, inline_command(inventory.ray.python, "node_facts", [keys],
+                                              env_prefix(env)))
 
 
 def _gpu_probe(node: Node, inventory: Inventory) -> Probe | None:

@@ -9,7 +9,9 @@ import, without importing it), vLLM, torch and NCCL's wheel, whether a Ray auth 
 new session gets, and the node's Ray processes (pid, kind; for the raylet and the GCS their
 `--flags`, the start env's KEYs from /proc/PID/environ and their memlock limit).
 
-Read-only: nothing is written or started. Stdlib only, Python 3.8+.
+Read-only: nothing is written or started. Stdlib only (Ray and its HAProxy are probed, not
+needed), Python 3.8+. Shipped inside the probe script as a here-document
+(cluster/node_programs/__init__.py `inline_command`), _common bundled in.
 """
 
 import json
@@ -18,6 +20,8 @@ import re
 import shutil
 import socket
 import sys
+
+from cluster.node_programs._common import process_env, token_file
 
 # Words of the command lines of Ray's processes (beside the raylet/GCS/plasma by name).
 RAY_WORDS = ("ray::", "default_worker.py", "setup_worker.py", "log_monitor.py", "monitor.py",
@@ -84,8 +88,7 @@ def haproxy_binary(env):
 
 def auth_token_present(env):
     """Whether Ray would find an auth token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token)."""
-    path = env.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
-    return bool(env.get("RAY_AUTH_TOKEN")) or os.path.isfile(path)
+    return bool(env.get("RAY_AUTH_TOKEN")) or os.path.isfile(token_file(env))
 
 
 def session_memlock():
@@ -100,16 +103,8 @@ def session_memlock():
 
 def read_environ(pid, keys, proc="/proc"):
     """The entries of /proc/PID/environ whose names are in keys; None when unreadable."""
-    env = {}
-    try:
-        with open("%s/%s/environ" % (proc, pid), "rb") as fh:
-            for item in fh.read().split(b"\0"):
-                key, _, value = item.decode("utf-8", "replace").partition("=")
-                if key in keys:
-                    env[key] = value
-    except OSError:
-        return None
-    return env
+    env = process_env(pid, proc)
+    return None if env is None else {k: v for k, v in env.items() if k in keys}
 
 
 def process_memlock(pid, proc="/proc"):
