@@ -598,3 +598,11 @@ def test_inline_command_runs_the_program_from_a_here_document(tmp_path):
                        stdin=subprocess.DEVNULL)
     assert p.returncode == 0 and p.stderr.split() == ["before", "after"], p.stderr
     assert one_document(p.stdout) == {"model": True, "model_dir": True, "key": None}
+
+
+def test_a_wrapped_common_import_is_refused(tmp_path, monkeypatch):
+    """source() replaces the one `_common` import line whole: a wrapped one would ship broken."""
+    (tmp_path / "wrapped.py").write_text(node_programs.COMMON_IMPORT + "(a,\n    b)\n")
+    monkeypatch.setattr(node_programs, "HERE", tmp_path)
+    with pytest.raises(ValueError, match="must be one line"):
+        source("wrapped")

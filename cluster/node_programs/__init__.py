@@ -40,6 +40,8 @@ def source(name: str) -> str:
     if not name.isidentifier() or name.startswith("_"):
         raise ValueError(f"not an on-node program name: {name!r}")
     lines = (HERE / f"{name}.py").read_text().splitlines(keepends=True)
+    if any(line.startswith(COMMON_IMPORT) and "(" in line for line in lines):
+        raise ValueError(f"{name}.py: the _common import must be one line (it is replaced whole)")
     return "".join(_common_text() if line.startswith(COMMON_IMPORT) else line for line in lines)
 
 

@@ -16,9 +16,16 @@ TOKEN_FILE = os.path.join(".ray", "auth_token")
 RAY_DAEMONS = ("gcs_server", "raylet")
 
 
+MAX_TOKEN_BYTES = 64 << 10
+
+
 def _read_stripped(path):
-    with open(path) as fh:
-        return fh.read().strip()
+    """A token file's stripped text (at most MAX_TOKEN_BYTES: ValueError beyond)."""
+    with open(path, "rb") as fh:
+        data = fh.read(MAX_TOKEN_BYTES + 1)
+    if len(data) > MAX_TOKEN_BYTES:
+        raise ValueError("%s is larger than %d bytes" % (path, MAX_TOKEN_BYTES))
+    return data.decode("utf-8", "replace").strip()
 
 
 def token_file(env):
@@ -27,16 +34,25 @@ def token_file(env):
     return env.get("RAY_AUTH_TOKEN_PATH") or os.path.join(home, TOKEN_FILE)
 
 
+def token_and_source(env, label="", path=None):
+    """(token, where it came from) for the environment `env` in Ray's own order: RAY_AUTH_TOKEN,
+    the file `path` or $RAY_AUTH_TOKEN_PATH (only that file), ~/.ray/auth_token; (None, None)."""
+    token = (env.get("RAY_AUTH_TOKEN") or "").strip()
+    if token:
+        return token, (label + " RAY_AUTH_TOKEN").strip()
+    named = path or env.get("RAY_AUTH_TOKEN_PATH")
+    file = os.path.expanduser(named) if named else token_file(env)
+    if os.path.isfile(file):
+        token = _read_stripped(file) or None
+        where = (label + " RAY_AUTH_TOKEN_PATH").strip() if named else "~/" + TOKEN_FILE
+        return (token, where) if token else (None, None)
+    return None, None
+
+
 def token_from(env):
     """The Ray auth token the environment `env` points at (the variable, else the token file),
     or None. Ray's own order: RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token."""
-    token = (env.get("RAY_AUTH_TOKEN") or "").strip()
-    if token:
-        return token
-    path = token_file(env)
-    if os.path.isfile(path):
-        return _read_stripped(path) or None
-    return None
+    return token_and_source(env)[0]
 
 
 def auth_token(env, scan_ray=False, proc="/proc"):
