@@ -16,13 +16,14 @@ Three layers, each usable alone:
 from __future__ import annotations
 
 import json
+import math
 import re
 import shlex
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from cluster.facts import GPU, NodeFacts, RayletInfo, version_skew as _skew
+from cluster.facts import GPU, NodeFacts, version_skew as _skew
 from cluster.inventory import (SERVE_INGRESS, Inventory, Node, RayOptions, is_secret_name,
                                public_env)
 from cluster.ray_state import (LABEL_GPU_MODEL, LABEL_NODE, RESOURCE_GPU_MODEL_PREFIX,
@@ -209,23 +210,19 @@ def start_command(node: Node, inventory: Inventory, gpus: Sequence[GPU],
 
 
 GCS_WAIT_S = 90
-# One line (the dry run prints commands one per line): poll the port every 0.5 s until it
-# accepts a connection or the time is up.
-_GCS_WAIT_SNIPPET = (
-    "import socket, sys, time; host, port, limit = sys.argv[1], int(sys.argv[2]), "
-    "float(sys.argv[3]); end = time.monotonic() + limit; "
-    "up = lambda: (lambda s: (s.settimeout(2), s.connect_ex((host, port)), s.close())[1] == 0)"
-    "(socket.socket(socket.getaddrinfo(host, port)[0][0])); "
-    "[None for _ in iter(lambda: up() or time.monotonic() > end or time.sleep(0.5), True)]; "
-    "sys.exit(0 if up() else 'the head GCS %s:%d did not accept connections within %g s' "
-    "% (host, port, limit))")
 
 
 def wait_for_gcs_command(inventory: Inventory, limit_s: float = GCS_WAIT_S) -> str:
-    """Wait (on a worker) until the head's GCS port accepts connections, at most limit_s."""
-    return shlex.join([inventory.ray.python, "-c", _GCS_WAIT_SNIPPET,
-                       inventory.head.ip.strip("[]"), str(inventory.ray.port),
-                       f"{limit_s:g}"]) + " </dev/null"
+    """Wait (on a worker) until the head's GCS port accepts connections, at most limit_s: one
+    line of bash (the dry run prints commands one per line) trying a TCP connect (bash's
+    /dev/tcp, at most 2 s each) every 0.5 s."""
+    host, port = inventory.head.ip.strip("[]"), inventory.ray.port
+    limit = max(1, math.ceil(limit_s))
+    attempt = "timeout 2 bash -c " + shlex.quote(f"exec 3<>/dev/tcp/{host}/{port}") + " 2>/dev/null"
+    why = f"the head GCS {host}:{port} did not accept connections within {limit_s:g} s"
+    script = (f"end=$((SECONDS+{limit})); until {attempt}; do if [ $SECONDS -ge $end ]; then "
+              f"echo {shlex.quote(why)} >&2; exit 1; fi; sleep 0.5; done")
+    return "bash -c " + shlex.quote(script) + " </dev/null"
 
 
 def stop_command(inventory: Inventory, grace_period: int = 10) -> str:

@@ -21,7 +21,8 @@ from cluster.checks.metrics import evaluate_prometheus, prometheus_probe
 from cluster.errors import InventoryError
 from cluster.prometheus_head import KEEP, REFUSE, RESTART, START, Probe, Running, plan
 from cluster.probes import ProbeOutput
-from cluster.ray_cluster import CHANGED, FAILED, OK, RayletInfo
+from cluster.facts import RayletInfo
+from cluster.ray_cluster import CHANGED, FAILED, OK
 from cluster.ray_state import GcsNode, RayState
 from cluster.remote import CommandResult
 from cluster.results import Status

@@ -8,11 +8,10 @@ import shlex
 import pytest
 
 from cluster import inventory, ray_cluster
-from cluster.ray_cluster import (GPU, KEEP, REFUSE, RESTART, SKIP, START, STOP, NodeFacts,
-                                 RayletInfo, check_expected, plan_down, plan_up, sanitize_label,
-                                 start_command)
+from cluster.ray_cluster import (KEEP, REFUSE, RESTART, SKIP, START, STOP, check_expected,
+                                 plan_down, plan_up, sanitize_label, start_command)
 from cluster import facts as node_facts_layer
-from cluster.facts import NODE_PROGRAM, read_gpus
+from cluster.facts import GPU, NODE_PROGRAM, NodeFacts, RayletInfo, read_gpus
 from cluster.probes import NOT_FOUND, Probe, ProbeOutput, probe_script
 from cluster.ray_state import (GcsNode, RayState, cluster_status, parse_state_output,
                                status_exit_code)
@@ -611,7 +610,8 @@ def test_execute_up_failed_head_skips_workers_still_waiting(inv, monkeypatch):
     # the worker commands only run `ray start` once the head's GCS accepts connections
     for _, node, cmd in session.calls:
         if node != "gpu01":
-            assert cmd.startswith("/opt/venv/bin/python3 -c ") and " && env " in cmd
+            assert cmd.startswith(ray_cluster.wait_for_gcs_command(inv) + " && ") \
+                and " && env " in cmd
 
 
 def test_worker_start_retried_once_after_a_startup_timeout(inv):
@@ -712,3 +712,26 @@ def test_a_raylet_started_before_memlock_was_raised_is_reported_as_drift(inv):
     del data["processes"][0]["memlock"]                       # /proc/PID/limits unreadable
     f = parse_facts(inv.node("gpu02"), _program(data))
     assert memlock_drift("gpu02", f) is None
+
+
+def test_the_workers_gcs_wait_is_a_bounded_shell_loop(tmp_path):
+    """The wait a worker's start runs first: bash only (no program in a string), it returns
+    once the port listens and fails with one line when the time is up."""
+    import socket
+    import subprocess
+    with socket.socket() as listening, socket.socket() as closed:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        closed.bind(("127.0.0.1", 0))                      # bound, never listening
+        for sock, code in ((listening, 0), (closed, 1)):
+            port = sock.getsockname()[1]
+            inv = inventory.loads("nodes:\n  - {name: h, role: head, address: 127.0.0.1}\n"
+                                  f"ray: {{port: {port}}}\n")
+            command = ray_cluster.wait_for_gcs_command(inv, limit_s=1)
+            assert "python" not in command and "\n" not in command
+            p = subprocess.run(["bash", "-c", command], capture_output=True, text=True,
+                               timeout=30)
+            assert p.returncode == code, p.stderr
+            if code:
+                assert p.stderr.strip() == (f"the head GCS 127.0.0.1:{port} did not accept "
+                                            "connections within 1 s")
