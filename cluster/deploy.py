@@ -10,6 +10,7 @@ Pure part (no Ray, no network; the tests call it directly):
 
 Side-effecting part (takes a Session and a DashboardClient):
     check_nodes     model files and the API-key variable on every node that may host a bundle
+                    (facts gathered by cluster/facts.py)
     deploy_app      PUT (merged with the other apps on the head), then wait_for_app
     undeploy_app    PUT of the remaining apps, then wait until the app is gone
     collect_log_tails  the replica's Serve log and its worker's stderr, read on its node
@@ -31,9 +32,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
-from cluster.errors import ProgramError, UsageError
+from cluster.errors import UsageError
 from cluster.inventory import Inventory, Node, is_secret_name
-from cluster.node_programs import Call, fan_out_program, program_call, read_document
 from cluster.plan_file import SECRET_ENGINE_ARG_RE, SERVED_NAME_RE, PlanFile
 
 DENSE_IMPORT_PATH = "serve_apps.vllm_app:build_app"
@@ -534,9 +534,6 @@ def endpoint_url(inventory: Inventory, route_prefix: str, port: int | None = Non
 
 # ---------------------------------------------------------------- checks on the nodes
 
-NODE_CHECK_PROGRAM = "deploy_check"   # cluster/node_programs/deploy_check.py
-
-
 @dataclass(frozen=True)
 class NodeCheck:
     node: str
@@ -568,35 +565,29 @@ class Checks:
                 "nodes": [n.to_dict() for n in self.nodes]}
 
 
-def node_check_call(inventory: Inventory, model: str, api_key_env: str | None) -> Call:
-    """The on-node check: whether the model's config.json is there and whether the node's raylet
-    (whose env Ray workers inherit) has the API-key variable set; never the value."""
-    return program_call(inventory.ray.python, NODE_CHECK_PROGRAM, [model, api_key_env or ""])
+def node_check_builders(spec_model: str, api_key_env: str | None) -> tuple:
+    """The facts deploy reads on a node (cluster/facts.py): the model directory and, in the
+    raylet's env (Ray workers inherit it), whether the API-key variable is set; never its value."""
+    from cluster.facts import directory_probe, node_program_asking
+    return (directory_probe(spec_model), node_program_asking((api_key_env,) if api_key_env else ()))
 
 
-def node_check_command(inventory: Inventory, model: str, api_key_env: str | None) -> str:
-    """The shell command of the check (the program itself goes on its stdin)."""
-    return node_check_call(inventory, model, api_key_env).command
-
-
-def node_check_from(node: str, answer: dict | ProgramError) -> NodeCheck:
-    """The check's document (or why there is none) -> NodeCheck."""
-    if isinstance(answer, ProgramError):
-        if not answer.reached:
-            return NodeCheck(node, False, error=answer.reason)
-        detail = (answer.detail or answer.reason)[:200]
-        return NodeCheck(node, True, error=f"check failed (exit {answer.result.exit_code}): "
-                                           f"{detail}")
-    return NodeCheck(node, True, bool(answer.get("model")), bool(answer.get("model_dir")),
-                     answer.get("key"))
-
-
-def parse_node_check(node: str, result) -> NodeCheck:
-    """The check's CommandResult on one node -> NodeCheck."""
-    try:
-        return node_check_from(node, read_document(result, NODE_CHECK_PROGRAM))
-    except ProgramError as exc:
-        return node_check_from(node, exc)
+def node_check_from(node: str, facts, api_key_env: str | None) -> NodeCheck:
+    """One node's facts -> NodeCheck."""
+    if not facts.reached:
+        return NodeCheck(node, False, error=facts.error)
+    if facts.error:
+        return NodeCheck(node, True, error=f"check failed: {facts.error[:200]}")
+    out = facts.outputs.get("model-dir")
+    where = out.stdout.strip() if out is not None and out.exit_code == 0 else None
+    if where not in ("model", "dir", "none"):
+        detail = (out.stderr or out.stdout).strip()[:200] if out is not None else "no output"
+        return NodeCheck(node, True, error=f"check failed: model directory probe: {detail}")
+    key = None
+    if api_key_env:
+        raylet = facts.raylet
+        key = "no-raylet" if raylet is None else raylet.key_states.get(api_key_env, "unset")
+    return NodeCheck(node, True, where == "model", where in ("model", "dir"), key)
 
 
 def judge_checks(checks: Sequence[NodeCheck], spec: DeploySpec,
@@ -632,12 +623,14 @@ def judge_checks(checks: Sequence[NodeCheck], spec: DeploySpec,
 
 def check_nodes(session, inventory: Inventory, spec: DeploySpec,
                 cluster: ClusterView) -> Checks:
-    """Model files and the API-key variable on every alive inventory node (one SSH round)."""
+    """Model files and the API-key variable on every alive inventory node: the facts layer's
+    one round trip per node (cluster/facts.py)."""
+    from cluster.facts import gather
     alive = {n.name for n in cluster.nodes if n.name is not None}
     nodes = [n for n in inventory.nodes if n.name in alive]  # inventory order
-    answers = fan_out_program(session, nodes, NODE_CHECK_PROGRAM,
-                              [spec.model, spec.api_key_env or ""], timeout=60) if nodes else ()
-    checks = [node_check_from(n.name, a) for n, a in zip(nodes, answers)]
+    facts = gather(session, inventory, nodes,
+                   node_check_builders(spec.model, spec.api_key_env)) if nodes else {}
+    checks = [node_check_from(n.name, facts[n.name], spec.api_key_env) for n in nodes]
     return judge_checks(checks, spec, cluster)
 
 

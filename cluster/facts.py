@@ -15,6 +15,7 @@ preflight's cross-node checks and by `cluster up`'s plan.
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -48,6 +49,7 @@ class RayletInfo:
     resources: Mapping[str, float] = field(default_factory=dict)
     env: Mapping[str, str] | None = None
     memlock: int | None | str = "unknown"   # bytes; None: unlimited; "unknown": not read
+    key_states: Mapping[str, str] = field(default_factory=dict)  # asked keys: set|empty|unset
 
 
 @dataclass(frozen=True)
@@ -112,9 +114,10 @@ class NodeFacts:
 # ---------------------------------------------------------------- probes
 
 
-def node_program_probe(node: Node, inventory: Inventory) -> Probe:
+def node_program_probe(node: Node, inventory: Inventory, presence: Sequence[str] = ()) -> Probe:
     """node_facts.py run by the inventory's python with the env `ray start` would get, less
-    secret-looking values (they change no fact and must not reach a command line)."""
+    secret-looking values (they change no fact and must not reach a command line); `presence`:
+    variables whose state (set/empty/unset, never the value) in the raylet's env it reports."""
     from cluster.inventory import public_env
     from cluster.node_programs import inline_command
     from cluster.ray_cluster import MANAGED_ENV, start_env
@@ -123,8 +126,24 @@ def node_program_probe(node: Node, inventory: Inventory) -> Probe:
     env = public_env(start_env(node, serve_ingress=inventory.ray.serve_ingress, ray=inventory.ray),
                      node.secret_names)
     keys = ",".join(sorted(set(env) | set(MANAGED_ENV)))
-    return Probe(NODE_PROGRAM, inline_command(inventory.ray.python, "node_facts", [keys],
+    args = [keys, ",".join(presence)] if presence else [keys]
+    return Probe(NODE_PROGRAM, inline_command(inventory.ray.python, "node_facts", args,
                                               env_prefix(env)))
+
+
+def node_program_asking(presence: Sequence[str]) -> ProbeBuilder:
+    """node_program_probe that also reports these variables' state in the raylet's env."""
+    keys = tuple(k for k in presence if k)
+    return lambda node, inventory: node_program_probe(node, inventory, keys)
+
+
+def directory_probe(path: str) -> ProbeBuilder:
+    """Is `path` a directory with a config.json (a Hugging Face model) on the node: prints
+    `model` (config.json there), `dir` (a directory without it) or `none`."""
+    quoted = shlex.quote(path.rstrip("/") or "/")
+    probe = Probe("model-dir", f"if [ -f {quoted}/config.json ]; then echo model; "
+                               f"elif [ -d {quoted} ]; then echo dir; else echo none; fi")
+    return lambda node, inventory: probe
 
 
 def _gpu_probe(node: Node, inventory: Inventory) -> Probe | None:
@@ -147,9 +166,10 @@ def probes_for(node: Node, inventory: Inventory, builders: Iterable[ProbeBuilder
 
 
 def gather_command(node: Node, inventory: Inventory,
-                   builders: Iterable[ProbeBuilder] = RAY_PROBES) -> str:
-    """The one read-only command that gathers a node's facts."""
-    return probe_script(probes_for(node, inventory, builders), PER_PROBE_TIMEOUT_S)
+                   builders: Sequence[ProbeBuilder] = ()) -> str:
+    """The one read-only command that gathers a node's facts (the Ray facts' probes and
+    `builders`', as `gather` sends it)."""
+    return probe_script(_with_ray_probes(node, inventory, builders), PER_PROBE_TIMEOUT_S)
 
 
 def gather_timeout(probe_count: int) -> float:
@@ -161,11 +181,20 @@ def gather(session, inventory: Inventory, nodes: Sequence[Node] | None = None,
            builders: Sequence[ProbeBuilder] = RAY_PROBES, on_node_done=None) -> dict[str, NodeFacts]:
     """Every node's facts, in parallel, one round trip per node. Keys: node names, in order."""
     nodes = list(nodes or inventory.nodes)
-    probes = {n.name: probes_for(n, inventory, tuple(RAY_PROBES) + tuple(builders)) for n in nodes}
+    probes = {n.name: _with_ray_probes(n, inventory, builders) for n in nodes}
     timeout = gather_timeout(max((len(p) for p in probes.values()), default=0))
     results = session.fan_out(nodes, lambda n: probe_script(probes[n.name], PER_PROBE_TIMEOUT_S),
                               timeout=timeout, on_result=on_node_done)
     return {n.name: node_facts(n, r, probes[n.name]) for n, r in zip(nodes, results)}
+
+
+def _with_ray_probes(node: Node, inventory: Inventory,
+                     builders: Sequence[ProbeBuilder]) -> list[Probe]:
+    """The Ray facts' probes first (a caller's probe of the same name replaces one, e.g. the
+    node program asking for more), then the caller's."""
+    own = {p.name: p for p in probes_for(node, inventory, builders)}
+    base = probes_for(node, inventory, RAY_PROBES)
+    return [own.pop(p.name, p) for p in base] + list(own.values())
 
 
 # ---------------------------------------------------------------- parsing (pure)
@@ -288,6 +317,13 @@ def _static_resources(text: str | None) -> dict[str, float]:
     return out
 
 
+def _key_states(value: Any) -> dict[str, str]:
+    """The raylet's asked variables -> set | empty | unset (anything else is dropped)."""
+    if not isinstance(value, Mapping):
+        return {}
+    return {str(k): v for k, v in value.items() if v in ("set", "empty", "unset")}
+
+
 def _read_processes(processes: Sequence[Mapping[str, Any]]):
     raylet, gcs_port = None, None
     pids, procs = [], []
@@ -303,7 +339,8 @@ def _read_processes(processes: Sequence[Mapping[str, Any]]):
                                 gcs_address=_flag(args, "gcs-address"),
                                 resources=_static_resources(_flag(args, "static_resource_list")),
                                 env=p.get("env"),
-                                memlock=p["memlock"] if "memlock" in p else "unknown")
+                                memlock=p["memlock"] if "memlock" in p else "unknown",
+                                key_states=_key_states(p.get("key_states")))
         elif p.get("kind") == "gcs_server":
             port = _flag(args, "gcs_server_port")
             gcs_port = int(port) if port and port.isdigit() else -1

@@ -8,6 +8,7 @@ import ast
 import importlib.util
 import inspect
 import json
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -526,11 +527,27 @@ def test_log_tail_command_targets_the_replica_files_safely():
     assert "serve/controller_*.log" in deploy.log_tail_command(inv, [], "tiny")
 
 
+def _node_facts(node: str, model: str = "model", key: str | None = "set",
+                reached: bool = True):
+    """A node's facts as the facts layer reads them: the model-dir probe printed `model`, the
+    node program found a raylet whose env has the API key `key` (None: no raylet)."""
+    from cluster.facts import NodeFacts, facts_from_outputs
+    from cluster.probes import ProbeOutput
+    if not reached:
+        return NodeFacts(node, reached=False, error="unreachable: connection refused")
+    raylet = [{"pid": 7, "kind": "raylet", "comm": "raylet", "args": [], "env": {},
+               "key_states": {"CLUSTER_API_KEY": key}}] if key is not None else []
+    doc = json.dumps({"python": "/usr/bin/python3", "versions": {}, "processes": raylet})
+    outputs = {"versions": ProbeOutput("versions", "x", 0, doc + "\n", ""),
+               "model-dir": ProbeOutput("model-dir", "x", 0, model + "\n", "")}
+    n = inventory().nodes[0]
+    return replace(facts_from_outputs(n, outputs), node=node)
+
+
 def test_node_checks_name_the_nodes_without_the_model_or_the_key():
     spec = deploy.spec_from_flags(MODEL, tp=2)
-    line = '{"model": %s, "model_dir": true, "key": "%s"}'
-    checks = [deploy.parse_node_check("gpu1", _result("gpu1", line % ("true", "set"))),
-              deploy.parse_node_check("gpu2", _result("gpu2", line % ("false", "unset")))]
+    checks = [deploy.node_check_from("gpu1", _node_facts("gpu1", "model", "set"), spec.api_key_env),
+              deploy.node_check_from("gpu2", _node_facts("gpu2", "dir", "unset"), spec.api_key_env)]
     out = deploy.judge_checks(checks, spec, CPU2)
     assert not out.ok
     model_problem, key_problem = out.problems
@@ -540,20 +557,39 @@ def test_node_checks_name_the_nodes_without_the_model_or_the_key():
     ok = deploy.judge_checks(checks[:1], spec, CPU2)
     assert ok.ok
     open_spec = deploy.spec_from_flags(MODEL, api_key_env=None)
-    assert deploy.judge_checks([deploy.parse_node_check(
-        "gpu1", _result("gpu1", line % ("true", "None")))], open_spec, CPU2).ok
+    assert deploy.judge_checks([deploy.node_check_from(
+        "gpu1", _node_facts("gpu1", "model", None), None)], open_spec, CPU2).ok
+    no_raylet = deploy.node_check_from("gpu1", _node_facts("gpu1", "model", None), "CLUSTER_API_KEY")
+    assert no_raylet.key == "no-raylet"
+    assert deploy.node_check_from("gpu1", _node_facts("gpu1", "none"), None).model_dir is False
 
 
 def test_node_checks_unreachable_and_no_ray():
     spec = deploy.spec_from_flags(MODEL)
-    out = deploy.judge_checks([deploy.parse_node_check("gpu2", _result("gpu2", status="unreachable",
-                                                                       code=None))],
+    out = deploy.judge_checks([deploy.node_check_from("gpu2", _node_facts("gpu2", reached=False),
+                                                      spec.api_key_env)],
                               spec, deploy.ClusterView(()))
     assert any("no alive Ray node" in p for p in out.problems)
     assert any("could not check gpu2" in p for p in out.problems)
 
 
-def test_node_check_command_quotes_and_never_carries_the_key_value(monkeypatch):
+def test_node_check_command_quotes_and_never_carries_the_key_value(monkeypatch, tmp_path):
+    import subprocess
+    from cluster.facts import directory_probe, gather_command
+    from cluster.probes import probe_script, split_probe_output
     monkeypatch.setenv("CLUSTER_API_KEY", KEY_VALUE)
-    cmd = deploy.node_check_command(inventory(), "/models/with space", "CLUSTER_API_KEY")
-    assert "'/models/with space'" in cmd and KEY_VALUE not in cmd
+    inv = inventory()
+    cmd = gather_command(inv.nodes[0], inv,
+                         deploy.node_check_builders("/models/with space", "CLUSTER_API_KEY"))
+    assert KEY_VALUE not in cmd and "CLUSTER_API_KEY" in cmd
+    # the model probe, run by bash here, on a path with a space and a quote
+    model = tmp_path / "with space's"
+    for make, want in ((lambda: None, "none"), (model.mkdir, "dir"),
+                       (lambda: (model / "config.json").write_text("{}"), "model")):
+        make()
+        probe = directory_probe(str(model))(inv.nodes[0], inv)
+        p = subprocess.run(["bash", "-c", probe_script([probe])], capture_output=True, text=True,
+                           timeout=30)
+        assert split_probe_output(p.stdout, [probe])["model-dir"].stdout.strip() == want
+
+

@@ -165,6 +165,11 @@ def test_the_node_program_reads_ray_processes_from_proc(tmp_path):
     assert found[10]["args"] == ["--node_id=n", "--gcs-address=1.2.3.4:6379"]
     assert found[10]["env"] == {"NCCL_SOCKET_IFNAME": "eth0"}       # only the asked keys
     assert found[10]["memlock"] == 65536 and found[11]["kind"] == "other"
+    # asked for presence only (deploy's API key): the state, never the value
+    asked = {p["pid"]: p for p in program.ray_processes(set(), str(tmp_path),
+                                                         presence=("API_TOKEN", "NOPE"))}
+    assert asked[10]["key_states"] == {"API_TOKEN": "set", "NOPE": "unset"}
+    assert "s3cret" not in json.dumps(asked)
 
 
 def test_auth_token_presence_never_the_token(tmp_path):

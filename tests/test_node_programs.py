@@ -28,7 +28,7 @@ from cluster.errors import ProgramError, RemoteError
 from cluster.inventory import loads as load_inventory
 from cluster.node_programs import (BOOT, HERE, fan_out_program, program_call, read_document,
                                    run_program, source)
-from cluster.node_programs import (_common, dashboard, deploy_check, head_state, nccl_job,
+from cluster.node_programs import (_common, dashboard, head_state, nccl_job,
                                    serve_sample)
 from cluster.remote import CommandResult
 
@@ -87,10 +87,10 @@ def test_every_shipped_program_is_self_contained_stdlib(name):
 
 
 def test_source_bundles_common_in_place_of_its_import():
-    text = source("deploy_check")
+    text = source("ray_auth_token")
     assert not any(line.startswith(node_programs.COMMON_IMPORT) for line in text.splitlines())
     assert "def process_env(" in text and text.count("def pids_named(") == 1
-    assert (HERE / "deploy_check.py").read_text().count(node_programs.COMMON_IMPORT) == 1
+    assert (HERE / "ray_auth_token.py").read_text().count(node_programs.COMMON_IMPORT) == 1
     with pytest.raises(ValueError):
         source("_common")
     with pytest.raises(ValueError):
@@ -98,10 +98,10 @@ def test_source_bundles_common_in_place_of_its_import():
 
 
 def test_program_call_keeps_the_program_off_argv():
-    plain = program_call("/opt/py/bin/python3", "deploy_check", ["/m o", "K"],
+    plain = program_call("/opt/py/bin/python3", "ray_auth_token", ["/m o", "K"],
                          env_prefix="env A=1 ")
     assert plain.command == "env A=1 /opt/py/bin/python3 - '/m o' K"
-    assert plain.stdin == source("deploy_check")
+    assert plain.stdin == source("ray_auth_token")
     fed = program_call("/opt/py/bin/python3", "model_copy", ["manifest"], stdin="secret\n")
     assert shlex.split(fed.command) == ["/opt/py/bin/python3", "-c", BOOT, "manifest"]
     first, _, rest = fed.stdin.partition("\n")
@@ -144,11 +144,11 @@ class FakeSession:
 def test_run_program_returns_the_document_and_ships_with_the_inventory_python():
     session = FakeSession(_result('  {"a": 1}\n'))
     node = session.inventory.node("w1")
-    assert run_program(session, node, "deploy_check", ["/m", "K"], timeout=5) == {"a": 1}
+    assert run_program(session, node, "ray_auth_token", ["/m", "K"], timeout=5) == {"a": 1}
     (name, command, stdin), = session.calls
     assert name == "w1" and command == "/opt/py/bin/python3 - /m K"
-    assert stdin == source("deploy_check")
-    run_program(session, node, "deploy_check", ["/m"], python="/other/python")
+    assert stdin == source("ray_auth_token")
+    run_program(session, node, "ray_auth_token", ["/m"], python="/other/python")
     assert session.calls[-1][1].startswith("/other/python - ")
 
 
@@ -170,10 +170,10 @@ def test_run_program_returns_the_document_and_ships_with_the_inventory_python():
 def test_run_program_raises_a_typed_error_for_anything_but_one_document(result, kind, words):
     session = FakeSession(result)
     with pytest.raises(ProgramError) as info:
-        run_program(session, session.inventory.node("w1"), "deploy_check", ["/m"])
+        run_program(session, session.inventory.node("w1"), "ray_auth_token", ["/m"])
     exc = info.value
     assert isinstance(exc, RemoteError) and exc.kind == kind and exc.node == "w1"
-    assert words in str(exc) and exc.program == "deploy_check" and exc.result is not None
+    assert words in str(exc) and exc.program == "ray_auth_token" and exc.result is not None
     assert exc.reached == (kind not in ("unreachable", "timeout"))
 
 
@@ -185,18 +185,18 @@ def test_a_document_printed_before_a_non_zero_exit_rides_on_the_error():
 
 def test_the_output_bound_is_the_callers():
     with pytest.raises(ProgramError, match="at most 10"):
-        read_document(_result('{"a": "0123456789"}'), "deploy_check", max_bytes=10)
+        read_document(_result('{"a": "0123456789"}'), "ray_auth_token", max_bytes=10)
 
 
 def test_fan_out_program_gives_a_document_or_an_error_per_node_in_order():
     session = FakeSession({"head": _result('{"n": "head"}'),
                            "w1": _result("", status="unreachable", code=None, error="down")})
     nodes = session.inventory.nodes
-    got = fan_out_program(session, nodes, "deploy_check", lambda n: [f"/m/{n.name}"])
+    got = fan_out_program(session, nodes, "ray_auth_token", lambda n: [f"/m/{n.name}"])
     assert got[0] == {"n": "head"} and isinstance(got[1], ProgramError) and not got[1].reached
     assert [c[1] for c in session.calls] == ["/opt/py/bin/python3 - /m/head",
                                              "/opt/py/bin/python3 - /m/w1"]
-    assert {c[2] for c in session.calls} == {source("deploy_check")}
+    assert {c[2] for c in session.calls} == {source("ray_auth_token")}
 
 
 # ---------------------------------------------------------------- _common: token and /proc
@@ -265,43 +265,6 @@ def test_stop_tagged_ends_only_a_process_carrying_the_tag():
         child.kill()
         child.wait()
     assert not _common.running(child.pid)
-
-
-# ---------------------------------------------------------------- deploy_check
-
-
-def test_deploy_check_reads_the_model_and_the_raylets_env(tmp_path):
-    model = tmp_path / "model"
-    model.mkdir()
-    proc = fake_proc(tmp_path / "proc", {7: ("raylet", {"KEY": "sk-value", "BLANK": ""})})
-    main = deploy_check.main
-    assert main([str(model), ""], str(proc)) == {"model": False, "model_dir": True, "key": None}
-    (model / "config.json").write_text("{}")
-    assert main([str(model), "KEY"], str(proc))["key"] == "set"
-    assert main([str(model), "BLANK"], str(proc))["key"] == "empty"
-    assert main([str(model), "OTHER"], str(proc))["key"] == "unset"
-    assert main([str(tmp_path / "none"), "KEY"], str(tmp_path))["key"] == "no-raylet"
-    assert "sk-value" not in json.dumps(main([str(model), "KEY"], str(proc)))
-
-
-def test_deploy_check_shipped_prints_one_document(tmp_path):
-    (tmp_path / "config.json").write_text("{}")
-    p = run_shipped("deploy_check", [str(tmp_path), "SOME_UNSET_KEY_FOR_THE_TEST"])
-    assert p.returncode == 0, p.stderr
-    doc = one_document(p.stdout)
-    assert doc["model"] is True and doc["model_dir"] is True
-    assert doc["key"] in ("unset", "no-raylet")
-    result = CommandResult("w1", "c", p.returncode, p.stdout, p.stderr, 0.1, "ok")
-    assert deploy.parse_node_check("w1", result).model is True
-
-
-def test_deploy_node_check_errors_keep_their_meaning():
-    failed = deploy.parse_node_check("w1", _result("", code=127, status="failed",
-                                                   stderr="python3: not found"))
-    assert failed.reached and failed.error == "check failed (exit 127): python3: not found"
-    lost = deploy.parse_node_check("w1", _result("", code=None, status="unreachable",
-                                                 error="w1: refused"))
-    assert not lost.reached and lost.error == "unreachable: w1: refused"
 
 
 # ---------------------------------------------------------------- nccl_job against a fake job API
@@ -578,7 +541,7 @@ def test_serve_sample_keeps_only_the_wanted_lines_and_stamps_the_rounds(routes):
 
 def test_document_of_and_failure_say_why_in_one_line():
     from cluster.node_programs import document_of, failure
-    assert document_of(_result('{"a": 1}'), "deploy_check") == {"a": 1}
+    assert document_of(_result('{"a": 1}'), "ray_auth_token") == {"a": 1}
     assert document_of(_result('{"e": 1}', code=1, status="failed"), "model_copy") == {"e": 1}
     crashed = document_of(_result("", code=1, status="failed", stderr="Traceback\nKeyError: 'x'"),
                           "head_state")
@@ -591,13 +554,16 @@ def test_document_of_and_failure_say_why_in_one_line():
 
 def test_inline_command_runs_the_program_from_a_here_document(tmp_path):
     from cluster.node_programs import inline_command
-    (tmp_path / "config.json").write_text("{}")
-    script = "echo before >&2\n" + inline_command(PYTHON, "deploy_check", [str(tmp_path), ""]) \
+    (tmp_path / "tok").write_text("t0ken\n")
+    script = "echo before >&2\n" + inline_command(PYTHON, "ray_auth_token",
+                                                   ["--path", str(tmp_path / "tok")]) \
         + "\necho after >&2\n"
     p = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60,
-                       stdin=subprocess.DEVNULL)
+                       stdin=subprocess.DEVNULL, env={"PATH": os.environ.get("PATH", "/usr/bin"),
+                                                      "HOME": str(tmp_path)})
     assert p.returncode == 0 and p.stderr.split() == ["before", "after"], p.stderr
-    assert one_document(p.stdout) == {"model": True, "model_dir": True, "key": None}
+    assert one_document(p.stdout) == {"token": "t0ken", "source": "login RAY_AUTH_TOKEN_PATH",
+                                      "error": None}
 
 
 def test_a_wrapped_common_import_is_refused(tmp_path, monkeypatch):

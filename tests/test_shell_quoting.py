@@ -98,7 +98,8 @@ def _generated_commands(inv) -> dict[str, str]:
         "gather": gather_command(worker, inv),
         "state query": ray_state.state_command(inv, include_serve=True),
         "drain": rollout.drain_command(inv, "ab" * 28, "cluster drain node2; $(reboot)"),
-        "deploy node check": deploy.node_check_command(inv, "/models/tiny-llama", "CLUSTER_API_KEY"),
+        "deploy node check": gather_command(worker, inv, deploy.node_check_builders(
+            "/models/tiny-llama", "CLUSTER_API_KEY")),
         "deploy log tail": deploy.log_tail_command(inv, [replica], "app"),
         "nccl-check (head)": nccl_check.head_command(inv, nccl_check.CheckOptions(backend="gloo"),
                                                      inv.nodes, "nccl-check-1"),

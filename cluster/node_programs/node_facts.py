@@ -1,13 +1,14 @@
 """On a node: the facts that only the node's own Python can tell, as one JSON document.
 
-    python3 node_facts.py [KEY,KEY,...]
+    python3 node_facts.py [KEY,KEY,...] [PRESENCE_KEY,...]
 
 Run with the inventory's python and the env `ray start` would get (less secret values). Prints
 the interpreter and its version, the versions of Ray (read from the package this python would
 import, without importing it), vLLM, torch and NCCL's wheel, whether a Ray auth token is at hand
 (never the token), the HAProxy binary Serve's HAProxy ingress would run, the locked-memory limit a
 new session gets, and the node's Ray processes (pid, kind; for the raylet and the GCS their
-`--flags`, the start env's KEYs from /proc/PID/environ and their memlock limit).
+`--flags`, the start env's KEYs from /proc/PID/environ, for each PRESENCE_KEY only whether it
+is set, empty or unset there (never its value: an API key), and their memlock limit).
 
 Read-only: nothing is written or started. Stdlib only (Ray and its HAProxy are probed, not
 needed), Python 3.8+. Shipped inside the probe script as a here-document
@@ -101,10 +102,9 @@ def session_memlock():
         return False, None
 
 
-def read_environ(pid, keys, proc="/proc"):
-    """The entries of /proc/PID/environ whose names are in keys; None when unreadable."""
-    env = process_env(pid, proc)
-    return None if env is None else {k: v for k, v in env.items() if k in keys}
+def key_state(env, key):
+    """set | empty | unset: whether `key` has a value in env (never the value)."""
+    return "set" if env.get(key) else ("empty" if key in env else "unset")
 
 
 def process_memlock(pid, proc="/proc"):
@@ -128,8 +128,9 @@ def process_kind(comm, line):
     return None
 
 
-def ray_processes(keys, proc="/proc", skip=()):
-    """Every Ray process under proc: {pid, kind, comm} (+ args, env, memlock for raylet/GCS)."""
+def ray_processes(keys, proc="/proc", skip=(), presence=()):
+    """Every Ray process under proc: {pid, kind, comm} (+ args, env (the asked keys only),
+    key_states (of `presence`), memlock for raylet/GCS)."""
     found = []
     for pid in os.listdir(proc):
         if not pid.isdigit() or int(pid) in skip:
@@ -148,7 +149,10 @@ def ray_processes(keys, proc="/proc", skip=()):
         entry = {"pid": int(pid), "kind": kind, "comm": comm}
         if kind in ("raylet", "gcs_server"):
             entry["args"] = [a for a in args if a.startswith("--")][:MAX_FLAGS]
-            entry["env"] = read_environ(pid, keys, proc)
+            env = process_env(pid, proc)
+            entry["env"] = None if env is None else {k: v for k, v in env.items() if k in keys}
+            if env is not None and presence:
+                entry["key_states"] = {k: key_state(env, k) for k in presence}
             memlock = process_memlock(pid, proc)
             if memlock != "unknown":
                 entry["memlock"] = memlock
@@ -159,6 +163,7 @@ def ray_processes(keys, proc="/proc", skip=()):
 def main(argv, env=None, proc="/proc"):
     env = os.environ if env is None else env
     keys = set(argv[1].split(",")) if len(argv) > 1 and argv[1] else set()
+    presence = [k for k in argv[2].split(",") if k] if len(argv) > 2 else []
     version, ray_file, ray_error = ray_version()
     haproxy, haproxy_error = haproxy_binary(env)
     known, memlock = session_memlock()
@@ -168,7 +173,8 @@ def main(argv, env=None, proc="/proc"):
            "versions": {"python": ".".join(map(str, sys.version_info[:3])), "ray": version},
            "auth_mode": env.get("RAY_AUTH_MODE"), "auth_token": auth_token_present(env),
            "haproxy": haproxy, "memlock_session": memlock, "memlock_session_known": known,
-           "processes": ray_processes(keys, proc, skip={os.getpid(), os.getppid()})}
+           "processes": ray_processes(keys, proc, skip={os.getpid(), os.getppid()},
+                                      presence=presence)}
     for name, dists in PACKAGES.items():
         out["versions"][name] = package_version(dists)
     if haproxy_error:
