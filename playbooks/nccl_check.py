@@ -1,7 +1,8 @@
 """`cluster nccl-check` as ordered steps.
 
-options (backend, size, iterations, timeout, the nodes) + the facts of the last preflight
-report (read by the caller: the expected bandwidth) -> plan (pure, cluster/nccl_check.py: the
+options (backend, size, iterations, timeout, the nodes) -> gather (the facts layer: the
+infiniband check's facts of every node, for the expected bandwidth; or those of a preflight
+report the caller hands in) -> plan (pure, cluster/nccl_check.py: the
 job's head command) -> execute (submit the all-reduce as a Ray job on the head, wait for it
 within the timeout) -> verify (judge: transport, GDR, bus bandwidth against the expected one,
 every node's ranks present). Read-only on the nodes: no dry run, nothing to confirm.
@@ -43,6 +44,18 @@ class NcclOutcome:
         return self.result.to_dict()
 
 
+def ib_facts(inventory: Inventory, session, nodes: Sequence[Node]) -> dict[str, Any]:
+    """{"nodes": {node: the infiniband check's facts (ib_ports)}}, judged on the facts layer's
+    gather (one round trip per node), in a preflight report's shape."""
+    from cluster.checks.node import NODE_CHECKS
+    from cluster.preflight import evaluate_node, gather_for
+
+    checks = [c for c in NODE_CHECKS if c.id == "infiniband"]
+    gathered = gather_for(inventory, session, nodes, checks)
+    return {"nodes": {n.name: evaluate_node(n, inventory, checks, gathered[n.name])[1]
+                      for n in nodes}}
+
+
 def announce(options: NcclOptions, inventory: Inventory) -> str:
     """The line saying what is about to run."""
     c = options.check
@@ -60,13 +73,17 @@ def run(inventory: Inventory, session, options: NcclOptions,
     nodes: Sequence[Node] = list(options.nodes or inventory.nodes)
     sid = options.submission_id or nccl_check.new_submission_id(check.backend)
     call = nccl_check.head_call(inventory, check, nodes, sid)
+    facts = options.preflight_facts
+    if facts is None:
+        on_event("gathering the nodes' InfiniBand facts")
+        facts = ib_facts(inventory, session, nodes)
     on_event(announce(options, inventory))
     started = time.monotonic()
     result = session.run(inventory.head, call.command,
                          timeout=check.timeout_s + nccl_check.SSH_MARGIN_S, stdin=call.stdin)
     job = nccl_check.outcome_of(result, inventory.head.name, sid)
     ranked = nccl_check.nodes_with_ranks(job, [n.name for n in nodes])
-    expected = nccl_check.expected_bandwidth(options.preflight_facts, ranked)
+    expected = nccl_check.expected_bandwidth(facts, ranked)
     judged = nccl_check.judge(check, job, expected, dashboard_url(inventory))
     timings = dict(judged.timings, total=round(time.monotonic() - started, 2))
     return NcclOutcome(replace(judged, timings=timings), job, result)

@@ -72,6 +72,16 @@ class RecordingSession:
         return CommandResult(node.name, command, 1 if failed else 0, "", "boom" if failed else "",
                              0.0, "failed" if failed else "ok")
 
+    def fan_out(self, nodes, command, timeout=None, on_result=None, stdin=None):
+        """Session.fan_out's contract, node by node: results in node order."""
+        results = []
+        for node in nodes:
+            res = self.run(node, command(node) if callable(command) else command, timeout, stdin)
+            if on_result is not None:
+                on_result(res)
+            results.append(res)
+        return tuple(results)
+
 
 class ScriptedSession:
     """Answers run()/run_small() per node from a list of CommandResults (the last repeats).

@@ -323,6 +323,7 @@ def test_nccl_check_submits_one_head_command_and_judges_a_silent_head():
     inv = inventory.loads(INV)
     session, events = RecordingSession(), []
     options = nccl_check.NcclOptions(CheckOptions(backend="gloo", timeout_s=60),
+                                     preflight_facts={"nodes": {}},   # a report handed in
                                      submission_id="nccl-check-gloo-test")
     out = nccl_check.run(inv, session, options, events.append)
     assert [node for _, node, _ in session.calls] == ["gpu01"]   # one command, on the head
@@ -331,6 +332,26 @@ def test_nccl_check_submits_one_head_command_and_judges_a_silent_head():
     assert events[0].endswith("over 3 node(s) as a Ray job on gpu01 (timeout 60 s)")
     assert out.exit_code == 2 and out.result.status.value == "fail"  # no document came back
     assert out.to_dict()["exit_code"] == 2 and "total" in out.result.timings
+
+
+def test_nccl_check_without_a_report_gathers_the_ib_facts_first():
+    """No preflight report: the facts layer reads every node (one round trip each), then the
+    job runs on the head; facts that say nothing about IB give no expectation, never a guess."""
+    from cluster.facts import NODE_PROGRAM
+    from cluster.nccl_check import CheckOptions
+    from playbooks import nccl_check
+
+    inv = inventory.loads(INV)
+    session, events = RecordingSession(), []
+    options = nccl_check.NcclOptions(CheckOptions(backend="gloo", timeout_s=60),
+                                     submission_id="nccl-check-gloo-test")
+    out = nccl_check.run(inv, session, options, events.append)
+    nodes = [node for _, node, _ in session.calls]
+    assert sorted(nodes[:3]) == ["gpu01", "gpu02", "gpu03"] and nodes[3:] == ["gpu01"]
+    assert all(f"@@cluster-probe@@ {name} begin" in command
+               for _, _, command in session.calls[:3] for name in ("ibstat", NODE_PROGRAM))
+    assert events[0] == "gathering the nodes' InfiniBand facts"
+    assert out.result.expected.gbps is None
 
 
 # ---------------------------------------------------------------- the recorded-run context

@@ -17,7 +17,6 @@ from cluster.commands._common import (add_json, add_nodes, float_range, int_rang
 from cluster.errors import UsageError
 from cluster.remote import CommandResult
 from cluster.render import status_text
-from cluster.rundir import latest_report
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -47,8 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the whole check ends within S seconds (default %(default)g)")
     add_nodes(p, "only these inventory nodes (comma-separated globs, 'head', 'workers')")
     p.add_argument("--report", metavar="PATH",
-                   help="preflight.json to read the IB ports from (default: the newest one "
-                        "under the run directory)")
+                   help="a preflight.json to read the IB ports from (default: read them "
+                        "from the nodes now, through the facts layer)")
     add_json(p)
     p.set_defaults(handler=run)
 
@@ -63,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     nodes = inv.select(args.nodes)
     if not nodes:
         raise UsageError(f"--nodes {args.nodes!r} matches no inventory node")
-    facts, facts_source = _preflight_facts(args.report, inv.run_dir)
+    facts, facts_source = _preflight_facts(args.report)
     run_ = recorded_run(args, "nccl-check", inv)
     record = run_.record
     options = playbook.NcclOptions(check, tuple(nodes), facts)
@@ -73,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
             outcome = playbook.run(inv, session, options, on_event=run_.event)
         result = dataclasses.replace(outcome.result, run_dir=str(record.path))
         _write_logs(record.path, outcome.job)
-        payload = dict(result.to_dict(), preflight_report=facts_source)
+        payload = dict(result.to_dict(), preflight_report=facts_source,
+                       ib_facts="report" if facts_source else "gathered")
         record.write_json("nccl-check.json", payload)
         code = result.exit_code
     finally:
@@ -85,22 +85,19 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
-def _preflight_facts(explicit: str | None, run_root: str) -> tuple[dict | None, str | None]:
-    path = Path(explicit) if explicit else latest_report(run_root, "preflight.json")
-    if path is None:
+def _preflight_facts(explicit: str | None) -> tuple[dict | None, str | None]:
+    """The facts of the preflight report --report names (None, None: the playbook gathers)."""
+    if not explicit:
         return None, None
+    path = Path(explicit)
     try:
         data = json.loads(path.read_text())
     except OSError as exc:
-        if explicit:
-            raise UsageError(f"{path}: cannot read the preflight report ({exc.strerror or exc})")
-        return None, None
+        raise UsageError(f"{path}: cannot read the preflight report ({exc.strerror or exc})")
     except ValueError as exc:
-        if explicit:
-            raise UsageError(f"{path}: the preflight report is not JSON ({exc})")
-        return None, None
+        raise UsageError(f"{path}: the preflight report is not JSON ({exc})")
     facts = data.get("facts") if isinstance(data, dict) else None
-    return (facts if isinstance(facts, dict) else None), str(path)
+    return (facts if isinstance(facts, dict) else {}), str(path)
 
 
 def _short(result: CommandResult) -> CommandResult:
