@@ -241,8 +241,8 @@ def expected_bandwidth(preflight_facts: Mapping[str, Any] | None,
         counts[name] = (len(active), {p["rate_gbps"] for p in active})
     missing = [n for n, v in per_node.items() if v is None]
     if missing:
-        return Expected(None, f"no InfiniBand facts for {', '.join(missing)} in the last "
-                              f"preflight report", per_node)
+        return Expected(None, f"no InfiniBand facts for {', '.join(missing)} (its ibstat could "
+                              f"not be read, or the report lacks it)", per_node)
     if not per_node:
         return Expected(None, "no node", per_node)
     slowest = min(per_node, key=lambda n: per_node[n] or 0.0)
