@@ -1,8 +1,9 @@
 """The facts layer: what a node is, gathered once per node and run, in one SSH round trip.
 
-A fact is a probe (a read-only command, declared once: cluster/checks/tool_probes.py for the
-tools, NODE_PROGRAM here for the on-node program cluster/node_programs/node_facts.py) and the
-parser of its output. `gather` runs the union of the probes that the callers need as one probe
+A fact is a read-only command and the parser of its output, declared side by side once, here
+(pyinfra's FactBase): the tools' facts (`ToolFact`: nvidia-smi's forms, ibstat, lsmod, chrony,
+df, ulimit, lspci, the kernel log, ...) and the on-node program
+cluster/node_programs/node_facts.py (NODE_PROGRAM). `gather` runs the union of the probes that the callers need as one probe
 script per node (cluster/probes.py) and returns one frozen NodeFacts per node: the raw outputs
 (which the preflight checks judge) and the readings every other step uses - the GPUs (one
 parser: cluster/parsers/nvidia_smi_query), the versions (one reader: the node program), the
@@ -111,6 +112,65 @@ class NodeFacts:
         return d
 
 
+# ---------------------------------------------------------------- the tools' facts
+
+
+@dataclass(frozen=True)
+class ToolFact:
+    """One tool's fact: its probe name, the command, and the parser module (under
+    cluster.parsers) that reads the command's output; None: its text is read as is. Called with
+    (node, inventory) it is the probe builder the checks list."""
+
+    name: str
+    command: str
+    parser: str | None = None
+
+    def __call__(self, node: Node, inventory: Inventory) -> Probe:
+        return Probe(self.name, self.command)
+
+    def parse(self, out: ProbeOutput) -> dict:
+        """The parser's reading of this fact's output, as plain data (ParseError on garbage)."""
+        if self.parser is None:
+            raise ValueError(f"the {self.name} fact has no parser")
+        import importlib
+        return importlib.import_module(f"cluster.parsers.{self.parser}").parse(out.stdout).to_dict()
+
+
+GPU_QUERY_FIELDS = ("index", "name", "memory.total", "pci.bus_id", "driver_version")
+GPU_QUERY = ToolFact("gpu-query", "nvidia-smi --query-gpu=" + ",".join(GPU_QUERY_FIELDS)
+                     + " --format=csv,nounits", "nvidia_smi_query")
+NVIDIA_SMI = ToolFact("nvidia-smi", "nvidia-smi", "nvidia_smi")
+NVIDIA_SMI_Q = ToolFact("nvidia-smi-q", "nvidia-smi -q", "nvidia_smi_q")
+GPU_TOPO = ToolFact("gpu-topo", "nvidia-smi topo -m", "nvidia_smi_topo")
+IBSTAT = ToolFact("ibstat", "ibstat", "ibstat")
+LSMOD = ToolFact("lsmod", "lsmod", "lsmod")
+# "<file>: <its content>" per readable peer-memory registration file
+PEERMEM_SYSFS = ToolFact("peermem-sysfs", (
+    "for f in /sys/kernel/mm/memory_peers/nv_mem*/version /sys/module/nvidia_peermem/version "
+    "/sys/module/nv_peer_mem/version; do [ -r \"$f\" ] && echo \"$f: $(cat \"$f\")\"; done; true"))
+CHRONY = ToolFact("chrony", "chronyc tracking", "chronyc_tracking")
+NTPQ = ToolFact("ntpq", "ntpq -pn", "ntpq")
+TIMEDATECTL = ToolFact("timedatectl", "timedatectl", "timedatectl")
+SHM = ToolFact("shm", "df -k /dev/shm", "df_shm")
+MEMLOCK = ToolFact("memlock", "ulimit -l", "ulimit")
+# Device lines and the ACS lines only: a whole `lspci -vvv` is ~1 MB on a GPU server.
+LSPCI = ToolFact("lspci", "command -v lspci >/dev/null || exit 127; lspci -vvv 2>/dev/null | "
+                          "grep -E '^[[:xdigit:]]|Access Control Services|ACSCap:|ACSCtl:'; true",
+                 "lspci")
+# The NVIDIA driver's lines of the kernel log since boot (dmesg, else the journal's copy).
+KERNEL_LOG = ToolFact("kernel-log", (
+    "command -v dmesg >/dev/null || exit 127; "
+    "log=$(dmesg 2>&1) || log=$(journalctl -k -b --no-pager -q 2>&1) || "
+    "{ printf '%s\\n' \"$log\" | tail -n 2 >&2; exit 3; }; "
+    "printf '%s\\n' \"$log\" | grep -E 'NVRM|fallen off the bus' | tail -n 400; true"), "dmesg")
+# systemctl's own exit code: 0 active, 3 not running, 4 no such unit.
+FABRICMANAGER = ToolFact("fabricmanager", (
+    "command -v systemctl >/dev/null || exit 127; "
+    "systemctl status nvidia-fabricmanager --no-pager --full 2>&1 | "
+    "head -n 200; exit ${PIPESTATUS[0]}"), "fabricmanager")
+IP_ADDR = ToolFact("ip-addr", "ip addr", "ip_addr")
+
+
 # ---------------------------------------------------------------- probes
 
 
@@ -146,13 +206,8 @@ def directory_probe(path: str) -> ProbeBuilder:
     return lambda node, inventory: probe
 
 
-def _gpu_probe(node: Node, inventory: Inventory) -> Probe | None:
-    from cluster.checks.tool_probes import GPU_QUERY
-    return GPU_QUERY(node, inventory)
-
-
 # What `cluster up`/`down`, restart-node and the preflight's versions check read.
-RAY_PROBES: tuple[ProbeBuilder, ...] = (_gpu_probe, node_program_probe)
+RAY_PROBES: tuple[ProbeBuilder, ...] = (GPU_QUERY, node_program_probe)
 
 
 def probes_for(node: Node, inventory: Inventory, builders: Iterable[ProbeBuilder]) -> list[Probe]:

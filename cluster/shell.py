@@ -16,7 +16,8 @@ where `ps` and the run logs would show them.
 
 from __future__ import annotations
 
-import secrets as _secrets
+import hashlib
+
 import shlex
 from typing import Mapping
 
@@ -48,9 +49,13 @@ def as_root_command(command: str) -> str:
 
 
 def heredoc(command: str, body: str, prefix: str = "CLUSTER_EOF_") -> str:
-    """`command <<'MARKER'` then body on the lines after it; MARKER is random and not in body.
-    Quoted, so the shell expands nothing in body."""
-    marker = prefix + _secrets.token_hex(8)
+    """`command <<'MARKER'` then body on the lines after it; MARKER is derived from body's hash
+    (the same text gives the same command: dry runs and records stay comparable) and is not in
+    body. Quoted, so the shell expands nothing in body."""
+    digest = hashlib.sha256(body.encode("utf-8", "surrogatepass")).hexdigest()
+    n = 0
+    marker = prefix + digest[:16]
     while marker in body:
-        marker = prefix + _secrets.token_hex(8)
+        n += 1
+        marker = f"{prefix}{digest[:16]}_{n}"
     return f"{command} <<'{marker}'\n{body}\n{marker}"

@@ -59,7 +59,7 @@ SHM_126G = ("df-shm", "001-k8s-host-devshm-126G-vs-container-64M.txt")
 SHM_14G = ("df-shm", "102-ubuntu-desktop-df-h-full-devshm-14G.txt")
 MEMLOCK_64 = ("ulimit", "001-bash-ulimit-a-memlock-64.txt")
 MEMLOCK_5G = ("ulimit", "101-ulimit-a-bash52-with-R-line-memlock-5128731.txt")
-# The peermem-sysfs probe's own lines (PEERMEM_SYSFS_COMMAND prints "<file>: <its content>").
+# The peermem-sysfs probe's own lines (facts.PEERMEM_SYSFS prints "<file>: <its content>").
 REGISTERED = "/sys/kernel/mm/memory_peers/nv_mem/version: 570.133.20\n"
 # chronyc's answer when chronyd is not running (its exit code 1, nothing on stdout).
 CHRONYD_DOWN = dict(exit_code=1, stderr="506 Cannot talk to daemon\n")

@@ -66,3 +66,12 @@ def test_as_root_and_bash_commands_keep_the_command_one_word(nasty):
     inner = "echo " + shlex.quote(env["SEMI"])
     assert shlex.split(shell.bash_command(inner)) == ["bash", "-c", inner]
     assert shlex.split(shell.as_root_command(inner)) == ["sudo", "-n", "bash", "-c", inner]
+
+
+def test_heredoc_is_the_same_command_for_the_same_body_and_steps_past_its_own_marker():
+    body = "line one\nline two"
+    assert shell.heredoc("cat", body) == shell.heredoc("cat", body)      # dry runs compare
+    first = shell.heredoc("cat", body).split("<<'", 1)[1].split("'", 1)[0]
+    hostile = body + "\n" + first                                     # holds that marker
+    marker = shell.heredoc("cat", hostile).split("<<'", 1)[1].split("'", 1)[0]
+    assert marker not in hostile

@@ -11,7 +11,7 @@ from cluster.probes import Probe, ProbeOutput
 from cluster.results import Status
 
 if TYPE_CHECKING:
-    from cluster.facts import NodeFacts
+    from cluster.facts import NodeFacts, ToolFact
 
 
 @dataclass(frozen=True)
@@ -66,11 +66,6 @@ class NodeCheck:
     evaluate: Callable[[NodeContext], Verdict]
 
 
-def static_probe(name: str, command: str) -> ProbeBuilder:
-    probe = Probe(name, command)
-    return lambda node, inventory: probe
-
-
 def ok(summary: str, **kw: Any) -> Verdict:
     return Verdict(Status.OK, summary, **kw)
 
@@ -98,11 +93,6 @@ def required(setting: Any, default_when_auto: bool) -> bool:
     return default_when_auto
 
 
-def parsed(module: Any, out: ProbeOutput) -> dict:
-    """The parser module's reading of a probe's stdout, as plain data (ParseError on garbage)."""
-    return module.parse(out.stdout).to_dict()
-
-
 def tool_problem(out: ProbeOutput, tool: str, needed: bool, what: str, fix: str) -> Verdict | None:
     """A verdict when the tool did not run properly (missing, hung, failed), else None.
 
@@ -122,12 +112,12 @@ def tool_problem(out: ProbeOutput, tool: str, needed: bool, what: str, fix: str)
     return None
 
 
-def read_tool(ctx: NodeContext, probe: str, module: Any, tool: str, needed: bool, what: str,
+def read_tool(ctx: NodeContext, fact: "ToolFact", tool: str, needed: bool, what: str,
               fix: str) -> tuple[dict | None, Verdict | None]:
-    """(the parser's reading of the probe, None), or (None, the verdict) when the tool did not
-    run properly (see tool_problem)."""
-    out = ctx.output(probe)
+    """(the fact's parsed output, None), or (None, the verdict) when the tool did not run
+    properly (see tool_problem)."""
+    out = ctx.output(fact.name)
     problem = tool_problem(out, tool, needed, what, fix)
     if problem:
         return None, problem
-    return parsed(module, out), None
+    return fact.parse(out), None

@@ -9,16 +9,15 @@ from __future__ import annotations
 import re
 import shlex
 
-from cluster.checks.base import (NodeCheck, NodeContext, Verdict, error, fail, ok, parsed, read_tool,
-                                 required, skip, static_probe, tool_problem, warn)
+from cluster.checks.base import (NodeCheck, NodeContext, Verdict, error, fail, ok, read_tool,
+                                 required, skip, tool_problem, warn)
 from cluster.errors import ParseError
-from cluster.facts import node_program_probe, program_document
+from cluster.facts import (CHRONY, GPU_QUERY, GPU_TOPO, IBSTAT, LSMOD, MEMLOCK, NTPQ,
+                           NVIDIA_SMI, PEERMEM_SYSFS, SHM, TIMEDATECTL, node_program_probe,
+                           program_document)
 from cluster.inventory import Inventory, Node
-from cluster.parsers import (chronyc_tracking, df_shm, ibstat, lsmod, ntpq, nvidia_smi,
-                             nvidia_smi_query, nvidia_smi_topo, timedatectl, ulimit)
 from cluster.checks.metrics import METRICS_CHECKS
 from cluster.checks.node_health import HEALTH_CHECKS
-from cluster.checks.tool_probes import GPU_QUERY, GPU_TOPO, IBSTAT, NVIDIA_SMI
 from cluster.probes import Probe
 
 
@@ -35,7 +34,7 @@ def evaluate_gpus(ctx: NodeContext) -> Verdict:
     want_count = ctx.expect.get("gpus_per_node")
     want_model = ctx.expect.get("gpu_model")
     needed = bool(want_count or want_model)
-    data, problem = read_tool(ctx, "gpu-query", nvidia_smi_query, "nvidia-smi", needed,
+    data, problem = read_tool(ctx, GPU_QUERY, "nvidia-smi", needed,
                               "NVIDIA GPUs",
                               "install the NVIDIA driver and check `nvidia-smi` on the node")
     if problem:
@@ -70,7 +69,7 @@ def evaluate_driver(ctx: NodeContext) -> Verdict:
     want_cuda = ctx.expect.get("cuda_version")
     needed = bool(want_driver or want_cuda or ctx.expect.get("gpus_per_node")
                   or ctx.expect.get("gpu_model"))
-    data, problem = read_tool(ctx, "nvidia-smi", nvidia_smi, "nvidia-smi", needed,
+    data, problem = read_tool(ctx, NVIDIA_SMI, "nvidia-smi", needed,
                               "NVIDIA driver", "install the NVIDIA driver")
     if problem:
         return problem
@@ -89,7 +88,7 @@ def evaluate_driver(ctx: NodeContext) -> Verdict:
 
 def evaluate_nvlink(ctx: NodeContext) -> Verdict:
     want = ctx.expect.get("nvlink")
-    data, problem = read_tool(ctx, "gpu-topo", nvidia_smi_topo, "nvidia-smi", want is True,
+    data, problem = read_tool(ctx, GPU_TOPO, "nvidia-smi", want is True,
                               "NVLink", "install the NVIDIA driver")
     if problem:
         return problem
@@ -130,7 +129,7 @@ def evaluate_infiniband(ctx: NodeContext) -> Verdict:
         return problem
     if not needed:
         return skip("no InfiniBand expected on this node (no ib_hcas in the inventory)")
-    data = parsed(ibstat, out)
+    data = IBSTAT.parse(out)
     ports = data["ports"]
     if expected_hcas:
         chosen = [p for p in ports if any(p["ca"] == n and (pt is None or p["port"] == pt)
@@ -177,10 +176,6 @@ def evaluate_infiniband(ctx: NodeContext) -> Verdict:
 _PEERMEM_FILES = ("/sys/kernel/mm/memory_peers/nv_mem/version",
                   "/sys/kernel/mm/memory_peers/nv_mem_nc/version",
                   "/sys/module/nvidia_peermem/version", "/sys/module/nv_peer_mem/version")
-PEERMEM_SYSFS_COMMAND = (
-    "for f in /sys/kernel/mm/memory_peers/nv_mem*/version /sys/module/nvidia_peermem/version "
-    "/sys/module/nv_peer_mem/version; do [ -r \"$f\" ] && echo \"$f: $(cat \"$f\")\"; done; true")
-
 
 def evaluate_gpudirect(ctx: NodeContext) -> Verdict:
     ib = ctx.expect.get("infiniband", {})
@@ -189,7 +184,7 @@ def evaluate_gpudirect(ctx: NodeContext) -> Verdict:
     needed = required(ctx.expect.get("gpudirect_rdma"), ib_needed)
     if not needed:
         return skip("GPUDirect RDMA not expected here (no InfiniBand/RoCE)")
-    data, problem = read_tool(ctx, "lsmod", lsmod, "lsmod", True, "kernel module listing",
+    data, problem = read_tool(ctx, LSMOD, "lsmod", True, "kernel module listing",
                               "install kmod")
     if problem:
         return problem
@@ -221,14 +216,14 @@ def evaluate_clock(ctx: NodeContext) -> Verdict:
     max_offset_s = float(ctx.expect["clock"]["max_offset_ms"]) / 1000.0
     fix = "enable and sync chrony (`systemctl enable --now chronyd; chronyc makestep`)"
     tried = []
-    for probe, module, tool in (("chrony", chronyc_tracking, "chronyc tracking"),
-                                ("ntpq", ntpq, "ntpq -p"),
-                                ("timedatectl", timedatectl, "timedatectl")):
+    for fact, tool in ((CHRONY, "chronyc tracking"), (NTPQ, "ntpq -p"),
+                       (TIMEDATECTL, "timedatectl")):
+        probe = fact.name
         out = ctx.output(probe)
         if out.missing_tool or out.exit_code != 0 or not out.stdout.strip():
             tried.append(tool)
             continue
-        data = parsed(module, out)
+        data = fact.parse(out)
         offset_s = data.get("offset_seconds")
         if offset_s is None and data.get("offset_ms") is not None:
             offset_s = data["offset_ms"] / 1000.0
@@ -248,7 +243,7 @@ def evaluate_clock(ctx: NodeContext) -> Verdict:
 
 
 def evaluate_shm(ctx: NodeContext) -> Verdict:
-    data, problem = read_tool(ctx, "shm", df_shm, "df", True, "/dev/shm", "mount /dev/shm")
+    data, problem = read_tool(ctx, SHM, "df", True, "/dev/shm", "mount /dev/shm")
     if problem:
         return problem
     size = data["size_bytes"]
@@ -264,7 +259,7 @@ def evaluate_shm(ctx: NodeContext) -> Verdict:
 
 def evaluate_memlock(ctx: NodeContext) -> Verdict:
     out = ctx.output("memlock")
-    data = parsed(ulimit, out)
+    data = MEMLOCK.parse(out)
     value = data["memlock_kib"]
     want = ctx.expect["memlock_min_kib"]
     facts = {"memlock_kib": value}
@@ -396,13 +391,11 @@ NODE_CHECKS: tuple[NodeCheck, ...] = (
     NodeCheck("infiniband", "InfiniBand/RoCE ports", (IBSTAT,),
               evaluate_infiniband),
     NodeCheck("gpudirect", "GPUDirect RDMA peer memory",
-              (static_probe("lsmod", "lsmod"),
-               static_probe("peermem-sysfs", PEERMEM_SYSFS_COMMAND)), evaluate_gpudirect),
+              (LSMOD, PEERMEM_SYSFS), evaluate_gpudirect),
     NodeCheck("clock", "clock synchronized",
-              (static_probe("chrony", "chronyc tracking"), static_probe("ntpq", "ntpq -pn"),
-               static_probe("timedatectl", "timedatectl")), evaluate_clock),
-    NodeCheck("shm", "/dev/shm size", (static_probe("shm", "df -k /dev/shm"),), evaluate_shm),
-    NodeCheck("memlock", "locked-memory limit", (static_probe("memlock", "ulimit -l"),),
+              (CHRONY, NTPQ, TIMEDATECTL), evaluate_clock),
+    NodeCheck("shm", "/dev/shm size", (SHM,), evaluate_shm),
+    NodeCheck("memlock", "locked-memory limit", (MEMLOCK,),
               evaluate_memlock),
     NodeCheck("versions", "Python, Ray, vLLM, torch, NCCL versions", (node_program_probe,),
               evaluate_versions),

@@ -21,27 +21,13 @@ import ipaddress
 from typing import Any, Mapping
 
 from cluster.checks import health
-from cluster.checks.base import (NodeCheck, NodeContext, Verdict, fail, parsed, read_tool, skip,
-                                 static_probe, tool_problem)
-from cluster.parsers import (dmesg, fabricmanager, ibstat, ip_addr, lspci, nvidia_smi,
-                             nvidia_smi_q, nvidia_smi_query, nvidia_smi_topo)
-from cluster.checks.tool_probes import GPU_QUERY, GPU_TOPO, IBSTAT, NVIDIA_SMI, NVIDIA_SMI_Q
+from cluster.checks.base import NodeCheck, NodeContext, Verdict, fail, read_tool, skip, tool_problem
+from cluster.facts import (FABRICMANAGER, GPU_QUERY, GPU_TOPO, IBSTAT, IP_ADDR, KERNEL_LOG, LSPCI,
+                           NVIDIA_SMI, NVIDIA_SMI_Q, ToolFact)
 from cluster.probes import ProbeOutput
 from cluster.results import worst
 
-# Device lines and the ACS lines only: a whole `lspci -vvv` is ~1 MB on a GPU server.
-LSPCI_COMMAND = ("command -v lspci >/dev/null || exit 127; lspci -vvv 2>/dev/null | "
-                 "grep -E '^[[:xdigit:]]|Access Control Services|ACSCap:|ACSCtl:'; true")
-# The NVIDIA driver's lines of the kernel log since boot (dmesg, else the journal's copy).
-KERNEL_LOG_COMMAND = (
-    "command -v dmesg >/dev/null || exit 127; "
-    "log=$(dmesg 2>&1) || log=$(journalctl -k -b --no-pager -q 2>&1) || "
-    "{ printf '%s\\n' \"$log\" | tail -n 2 >&2; exit 3; }; "
-    "printf '%s\\n' \"$log\" | grep -E 'NVRM|fallen off the bus' | tail -n 400; true")
-# systemctl's own exit code: 0 active, 3 not running, 4 no such unit.
-FABRICMANAGER_COMMAND = ("command -v systemctl >/dev/null || exit 127; "
-                         "systemctl status nvidia-fabricmanager --no-pager --full 2>&1 | "
-                         "head -n 200; exit ${PIPESTATUS[0]}")
+# fabricmanager's probe: systemctl's own exit code: 0 active, 3 not running, 4 no such unit.
 _SYSTEMCTL_ANSWERED = (0, 3, 4)
 KERNEL_LOG_UNREADABLE = 3
 
@@ -50,28 +36,28 @@ def _health(ctx: NodeContext) -> Mapping[str, Any]:
     return ctx.expect["health"]
 
 
-def _optional(ctx: NodeContext, probe: str, module: Any) -> dict | None:
-    """The parsed output of a probe whose tool may be absent: None when it did not run."""
-    out = ctx.output(probe)
+def _optional(ctx: NodeContext, fact: ToolFact) -> dict | None:
+    """The parsed output of a fact whose tool may be absent: None when it did not run."""
+    out = ctx.output(fact.name)
     if out.missing_tool or out.timed_out or (out.exit_code != 0 and not out.stdout.strip()):
         return None
-    return parsed(module, out)
+    return fact.parse(out)
 
 
 def _smi_q(ctx: NodeContext) -> tuple[dict | None, Verdict | None]:
     """nvidia-smi -q parsed, or the skip/error verdict when it did not run."""
-    return read_tool(ctx, "nvidia-smi-q", nvidia_smi_q, "nvidia-smi", False, "NVIDIA GPUs",
+    return read_tool(ctx, NVIDIA_SMI_Q, "nvidia-smi", False, "NVIDIA GPUs",
                      "install the NVIDIA driver")
 
 
 def _gpu_count(ctx: NodeContext) -> int | None:
-    query = _optional(ctx, "gpu-query", nvidia_smi_query)
+    query = _optional(ctx, GPU_QUERY)
     return len(query["gpus"]) if query is not None else None
 
 
 def _rdma_devices(ctx: NodeContext) -> list[str] | None:
     """The node's RDMA devices (ibstat's CA names); None when ibstat did not run."""
-    data = _optional(ctx, "ibstat", ibstat)
+    data = _optional(ctx, IBSTAT)
     if data is None:
         return None
     return sorted({p["ca"] for p in data["ports"] if p.get("ca")})
@@ -90,7 +76,7 @@ def evaluate_acs(ctx: NodeContext) -> Verdict:
     if not out.stdout.strip():
         return skip("lspci showed no PCI device (a container without the host's PCI tree?)")
     rdma = _rdma_devices(ctx) or []
-    return health.acs(parsed(lspci, out), _gpu_count(ctx), len(rdma), _health(ctx))
+    return health.acs(LSPCI.parse(out), _gpu_count(ctx), len(rdma), _health(ctx))
 
 
 # ---------------------------------------------------------------- fabric manager
@@ -100,7 +86,7 @@ def _fabricmanager_state(out: ProbeOutput) -> dict | None:
     """systemctl's view of nvidia-fabricmanager; None when systemctl could not say."""
     if out.missing_tool or out.timed_out or out.exit_code not in _SYSTEMCTL_ANSWERED:
         return None   # no systemd (a container) or systemctl failed: the GPUs' fabric state decides
-    return parsed(fabricmanager, out)
+    return FABRICMANAGER.parse(out)
 
 
 def evaluate_fabricmanager(ctx: NodeContext) -> Verdict:
@@ -120,7 +106,7 @@ def _kernel_log(out: ProbeOutput) -> dict | None:
         return None
     if not out.stdout.strip():
         return {"xids": [], "fell_off_bus": []}   # the log was read: no NVRM line in it
-    return parsed(dmesg, out)
+    return KERNEL_LOG.parse(out)
 
 
 def evaluate_gpu_health(ctx: NodeContext) -> Verdict:
@@ -150,7 +136,7 @@ def evaluate_persistence(ctx: NodeContext) -> Verdict:
     problem = tool_problem(out, "nvidia-smi", False, "NVIDIA GPUs", "install the NVIDIA driver")
     if problem:
         return problem
-    verdict = health.persistence(parsed(nvidia_smi, out)["gpus"], _health(ctx))
+    verdict = health.persistence(NVIDIA_SMI.parse(out)["gpus"], _health(ctx))
     off = verdict.status.value == "warn"
     return Verdict(verdict.status, verdict.summary, verdict.fix, verdict.data,
                    {"persistence_off": off} if verdict.status.value != "skip" else {})
@@ -164,7 +150,7 @@ def evaluate_nic_locality(ctx: NodeContext) -> Verdict:
     problem = tool_problem(out, "nvidia-smi", False, "GPU topology", "install the NVIDIA driver")
     if problem:
         return problem
-    return health.nic_locality(parsed(nvidia_smi_topo, out), _health(ctx),
+    return health.nic_locality(GPU_TOPO.parse(out), _health(ctx),
                                _rdma_devices(ctx))
 
 
@@ -199,7 +185,7 @@ def _carrying(interfaces: list[dict], ip: str | None) -> list[str]:
 
 
 def evaluate_iface(ctx: NodeContext) -> Verdict:
-    data, problem = read_tool(ctx, "ip-addr", ip_addr, "ip", False, "network interfaces",
+    data, problem = read_tool(ctx, IP_ADDR, "ip", False, "network interfaces",
                               "install iproute2")
     if problem:
         return problem
@@ -235,13 +221,13 @@ def evaluate_iface(ctx: NodeContext) -> Verdict:
 
 HEALTH_CHECKS: tuple[NodeCheck, ...] = (
     NodeCheck("acs", "PCIe ACS off on the GPU/NIC paths",
-              (static_probe("lspci", LSPCI_COMMAND), GPU_QUERY, IBSTAT), evaluate_acs),
+              (LSPCI, GPU_QUERY, IBSTAT), evaluate_acs),
     NodeCheck("fabricmanager", "NVSwitch fabric manager and fabric state",
               (NVIDIA_SMI_Q,
-               static_probe("fabricmanager", FABRICMANAGER_COMMAND)), evaluate_fabricmanager),
+               FABRICMANAGER), evaluate_fabricmanager),
     NodeCheck("gpu-health", "Xid, ECC, row remaps, retired pages, clock slowdowns",
               (NVIDIA_SMI_Q,
-               static_probe("kernel-log", KERNEL_LOG_COMMAND)), evaluate_gpu_health),
+               KERNEL_LOG), evaluate_gpu_health),
     NodeCheck("pcie-link", "GPU PCIe link width and generation",
               (NVIDIA_SMI_Q,), evaluate_pcie_link),
     NodeCheck("persistence", "GPU persistence mode",
@@ -250,5 +236,5 @@ HEALTH_CHECKS: tuple[NodeCheck, ...] = (
               (GPU_TOPO, IBSTAT),
               evaluate_nic_locality),
     NodeCheck("iface", "NCCL/Gloo interface up with node_ip",
-              (static_probe("ip-addr", "ip addr"),), evaluate_iface),
+              (IP_ADDR,), evaluate_iface),
 )
