@@ -566,8 +566,9 @@ class Checks:
 
 
 def node_check_builders(spec_model: str, api_key_env: str | None) -> tuple:
-    """The facts deploy reads on a node (cluster/facts.py): the model directory and, in the
-    raylet's env (Ray workers inherit it), whether the API-key variable is set; never its value."""
+    """The facts deploy reads on a node (cluster/facts.py): the model directory and, from the
+    node program, whether the raylet's env (Ray workers inherit it) has the API-key variable
+    set; never its value."""
     from cluster.facts import directory_probe, node_program_asking
     return (directory_probe(spec_model), node_program_asking((api_key_env,) if api_key_env else ()))
 

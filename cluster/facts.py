@@ -16,6 +16,7 @@ preflight's cross-node checks and by `cluster up`'s plan.
 from __future__ import annotations
 
 import json
+import math
 import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -221,10 +222,10 @@ def probes_for(node: Node, inventory: Inventory, builders: Iterable[ProbeBuilder
 
 
 def gather_command(node: Node, inventory: Inventory,
-                   builders: Sequence[ProbeBuilder] = ()) -> str:
+                   builders: Sequence[ProbeBuilder] = RAY_PROBES) -> str:
     """The one read-only command that gathers a node's facts (the Ray facts' probes and
     `builders`', as `gather` sends it)."""
-    return probe_script(_with_ray_probes(node, inventory, builders), PER_PROBE_TIMEOUT_S)
+    return probe_script(probes_for(node, inventory, builders), PER_PROBE_TIMEOUT_S)
 
 
 def gather_timeout(probe_count: int) -> float:
@@ -234,22 +235,14 @@ def gather_timeout(probe_count: int) -> float:
 
 def gather(session, inventory: Inventory, nodes: Sequence[Node] | None = None,
            builders: Sequence[ProbeBuilder] = RAY_PROBES, on_node_done=None) -> dict[str, NodeFacts]:
-    """Every node's facts, in parallel, one round trip per node. Keys: node names, in order."""
+    """Every node's facts, in parallel, one round trip per node: the probes of `builders` (by
+    default the Ray facts'). Keys: node names, in inventory order."""
     nodes = list(nodes or inventory.nodes)
-    probes = {n.name: _with_ray_probes(n, inventory, builders) for n in nodes}
+    probes = {n.name: probes_for(n, inventory, builders) for n in nodes}
     timeout = gather_timeout(max((len(p) for p in probes.values()), default=0))
     results = session.fan_out(nodes, lambda n: probe_script(probes[n.name], PER_PROBE_TIMEOUT_S),
                               timeout=timeout, on_result=on_node_done)
     return {n.name: node_facts(n, r, probes[n.name]) for n, r in zip(nodes, results)}
-
-
-def _with_ray_probes(node: Node, inventory: Inventory,
-                     builders: Sequence[ProbeBuilder]) -> list[Probe]:
-    """The Ray facts' probes first (a caller's probe of the same name replaces one, e.g. the
-    node program asking for more), then the caller's."""
-    own = {p.name: p for p in probes_for(node, inventory, builders)}
-    base = probes_for(node, inventory, RAY_PROBES)
-    return [own.pop(p.name, p) for p in base] + list(own.values())
 
 
 # ---------------------------------------------------------------- parsing (pure)
@@ -283,8 +276,8 @@ def facts_from_outputs(node: Node, outputs: Mapping[str, ProbeOutput],
                      hostname=data.get("hostname"), python_match_level=level,
                      auth_mode=data.get("auth_mode"), auth_token=bool(data.get("auth_token")),
                      haproxy=data.get("haproxy"),
-                     memlock_session=data.get("memlock_session")
-                     if data.get("memlock_session_known") else "unknown",
+                     memlock_session=_limit(data.get("memlock_session"))
+                     if data.get("memlock_session_known") is True else "unknown",
                      versions={str(k): (str(v) if v is not None else None)
                                for k, v in versions.items()}, **base)
 
@@ -366,10 +359,20 @@ def _static_resources(text: str | None) -> dict[str, float]:
     out = {}
     for name, value in zip(parts[0::2], parts[1::2]):
         try:
-            out[name] = float(value)
+            amount = float(value)
         except ValueError:
             continue
+        if math.isfinite(amount) and amount >= 0:
+            out[name] = amount
     return out
+
+
+def _limit(value: Any) -> int | None | str:
+    """A memlock limit from the node's document: bytes (an int >= 0), None (unlimited), or
+    "unknown" for anything else (never a number that could not be compared)."""
+    if value is None or (type(value) is int and value >= 0):
+        return value
+    return "unknown"
 
 
 def _key_states(value: Any) -> dict[str, str]:
@@ -383,7 +386,7 @@ def _read_processes(processes: Sequence[Mapping[str, Any]]):
     raylet, gcs_port = None, None
     pids, procs = [], []
     for p in processes:
-        if not isinstance(p, Mapping) or not isinstance(p.get("pid"), int):
+        if not isinstance(p, Mapping) or type(p.get("pid")) is not int or p["pid"] <= 0:
             continue
         pids.append(p["pid"])
         procs.append(f"{p['pid']} {p.get('comm', '?')}")
@@ -394,7 +397,7 @@ def _read_processes(processes: Sequence[Mapping[str, Any]]):
                                 gcs_address=_flag(args, "gcs-address"),
                                 resources=_static_resources(_flag(args, "static_resource_list")),
                                 env=p.get("env"),
-                                memlock=p["memlock"] if "memlock" in p else "unknown",
+                                memlock=_limit(p["memlock"]) if "memlock" in p else "unknown",
                                 key_states=_key_states(p.get("key_states")))
         elif p.get("kind") == "gcs_server":
             port = _flag(args, "gcs_server_port")
@@ -415,14 +418,19 @@ class Skew:
     reference: str
 
 
-def reference_value(values: Mapping[str, Any], head: str) -> Any:
-    """The head's value when it has one, else the most common (ties: the first seen)."""
-    if head in values:
-        return values[head]
+def majority_value(values: Mapping[str, Any], head: str) -> Any:
+    """The most common value; on a tie the head's (when it has one), else the first seen."""
     counts: dict[Any, int] = {}
     for v in values.values():
         counts[v] = counts.get(v, 0) + 1
-    return max(counts, key=counts.get)
+    top = max(counts.values())
+    leaders = [v for v, c in counts.items() if c == top]
+    return values[head] if len(leaders) > 1 and head in values else leaders[0]
+
+
+def reference_value(values: Mapping[str, Any], head: str) -> Any:
+    """What versions are judged against: the head's value when it has one, else the majority."""
+    return values[head] if head in values else majority_value(values, head)
 
 
 def version_skew(versions: Mapping[str, Mapping[str, str | None]], head: str,

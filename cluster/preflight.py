@@ -32,7 +32,8 @@ def check_probes(checks: Sequence[NodeCheck]) -> tuple:
 def gather_for(inventory: Inventory, session: Session, nodes: Sequence[Node] | None = None,
                checks: Sequence[NodeCheck] = NODE_CHECKS, on_node_done=None) -> dict[str, NodeFacts]:
     """The facts the checks (and every later step of the run) read: one round trip per node."""
-    return gather(session, inventory, nodes, check_probes(checks), on_node_done=on_node_done)
+    return gather(session, inventory, nodes, tuple(RAY_PROBES) + check_probes(checks),
+                  on_node_done=on_node_done)
 
 
 def evaluate_node(node: Node, inventory: Inventory, checks: Sequence[NodeCheck],

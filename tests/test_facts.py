@@ -215,3 +215,19 @@ def test_the_preflight_playbook_judges_handed_in_facts_without_another_round_tri
     assert by[("versions", "n3")].status.value == "ok"
     assert report.facts["nodes"]["n1"]["versions"]["ray"] == "2.60.0"
     assert {r.check for r in report.results if r.node is None} >= {"ray-match", "vllm-match"}
+
+
+@pytest.mark.parametrize("memlock, pid, resource", [
+    ("64 KiB", True, "CPU,nan,GPU,inf"), (1.5, -3, "CPU,-2"), ([1], "7", "CPU,1e999")])
+def test_hostile_node_documents_give_unknowns_never_a_crash(inv, memlock, pid, resource):
+    """Wrong types and non-finite numbers in a node's document are dropped or 'unknown'."""
+    from cluster.ray_cluster import memlock_drift
+    procs = [{"pid": pid, "kind": "raylet", "comm": "raylet"},
+             {"pid": 8, "kind": "raylet", "comm": "raylet", "memlock": memlock,
+              "args": [f"--static_resource_list={resource}"]}]
+    f = facts.facts_from_outputs(inv.node("n2"), {"versions": _out("versions", _doc(
+        processes=procs, memlock_session=memlock, memlock_session_known="yes"))})
+    assert f.usable and f.ray_pids == (8,) and f.raylet.pid == 8
+    assert f.raylet.memlock == "unknown" and f.memlock_session == "unknown"
+    assert all(v >= 0 and v != float("inf") for v in f.raylet.resources.values())
+    assert memlock_drift("n2", f) is None

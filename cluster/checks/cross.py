@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from cluster.facts import reference_value, version_skew
+from cluster.facts import majority_value, reference_value, version_skew
 from cluster.inventory import Inventory, Node
 from cluster.remote import Session, parallel
 from cluster.results import CheckResult, Evidence, Status
@@ -21,18 +20,11 @@ from cluster.results import CheckResult, Evidence, Status
 Facts = Mapping[str, Mapping[str, Any]]  # node name -> facts
 
 
-def _reference(values: Mapping[str, Any], head: str) -> Any:
-    counts = Counter(values.values())
-    top = max(counts.values())
-    leaders = [v for v, c in counts.items() if c == top]
-    return values[head] if len(leaders) > 1 and head in values else leaders[0]
-
-
 def _differences(check: str, what: str, values: Mapping[str, Any], head: str, status: Status,
                  fix: str) -> list[CheckResult]:
     if not values:
         return [CheckResult(check, None, Status.SKIP, f"no {what} known on any node")]
-    ref = _reference(values, head)
+    ref = majority_value(values, head)
     same = sorted(n for n, v in values.items() if v == ref)
     odd = {n: v for n, v in values.items() if v != ref}
     ev = Evidence(data={"values": dict(values), "reference": ref})
@@ -104,7 +96,7 @@ def model_consistency(facts: Facts, head: str) -> list[CheckResult]:
               for n, f in facts.items() if f.get("model_files")}
     if not prints:
         return []
-    ref = _reference(prints, head)
+    ref = majority_value(prints, head)
     odd = sorted(n for n, p in prints.items() if p != ref)
     ev = Evidence(data={n: dict((k, {"size": s, "sha256": h}) for k, s, h in p)
                         for n, p in prints.items()})
