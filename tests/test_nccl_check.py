@@ -416,3 +416,18 @@ def test_report_view_carries_the_status():
     report = res.to_report()
     assert report.exit_code == 0 and report.results[0].status is Status.OK
     assert report.facts["nccl_check"]["busbw_gbps"] == 1.2
+
+
+@pytest.mark.parametrize("content, words", [
+    (b'{"facts": NaN}', "NaN is not a number"), (b"\xd2\x00\xff", "not valid JSON"),
+    (b"[" * 100000, "nested too deeply")])
+def test_a_hostile_report_is_one_usage_error(tmp_path, content, words):
+    """--report goes through the planner's bounded JSON reader (cap, no NaN, bounded depth)."""
+    from cluster.commands.nccl_check import _preflight_facts
+    from cluster.errors import UsageError
+    path = tmp_path / "preflight.json"
+    path.write_bytes(content)
+    with pytest.raises(UsageError, match=words):
+        _preflight_facts(str(path))
+    path.write_text('{"facts": {"nodes": {}}}')
+    assert _preflight_facts(str(path)) == ({"nodes": {}}, str(path))

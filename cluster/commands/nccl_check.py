@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import re
 from pathlib import Path
 
@@ -12,9 +11,11 @@ from rich.table import Table
 from rich.text import Text
 
 from cluster import nccl_check
+from cluster.bounds import bound
 from cluster.commands._common import (add_json, add_nodes, float_range, int_range,
                                       load_inventory, recorded_run, stdout)
 from cluster.errors import UsageError
+from cluster.modelinfo import read_json_file
 from cluster.remote import CommandResult
 from cluster.render import status_text
 
@@ -90,12 +91,9 @@ def _preflight_facts(explicit: str | None) -> tuple[dict | None, str | None]:
     if not explicit:
         return None, None
     path = Path(explicit)
-    try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read the preflight report ({exc.strerror or exc})")
-    except ValueError as exc:
-        raise UsageError(f"{path}: the preflight report is not JSON ({exc})")
+    # the planner's bounded reader: size cap, NaN/Infinity and deep nesting refused
+    data = read_json_file(path, "preflight report", max_bytes=bound("files", "preflight_report"),
+                          error=UsageError)
     facts = data.get("facts") if isinstance(data, dict) else None
     return (facts if isinstance(facts, dict) else {}), str(path)
 
