@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from cluster.errors import ParseError
-from cluster.inventory import Inventory, Node, RayOptions, SSHOptions
+from cluster.inventory import Inventory, Node, RayOptions, SSHOptions, health_period_bounds
 from cluster.results import CheckResult, Status
 
 HEALTH_CHECKS = ("gpus", "clock", "infiniband", "gpudirect", "gpu-health")
@@ -228,7 +228,8 @@ class JobConfig:
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> "JobConfig":
         period = _finite(raw.get("period_s"))
-        if period is None or not 1.0 <= period <= 3600.0:
+        lo, hi = health_period_bounds()
+        if period is None or not lo <= period <= hi:
             raise ParseError("health job config", f"period_s {raw.get('period_s')!r} out of range")
         nodes = raw.get("nodes")
         if not isinstance(nodes, dict) or not isinstance(raw.get("expectations"), dict) \
@@ -395,17 +396,28 @@ def parse_read_output(stdout: str) -> tuple[float | None, str]:
     return (now if math.isfinite(now) else None), rest
 
 
-def read_health(session: Any, inventory: Inventory) -> tuple[dict | None, str | None]:
-    """(`health` of status --json, or None; why it is missing, or None)."""
+@dataclass(frozen=True)
+class HealthStatus:
+    """What `status` shows of the health job: `nodes` is status --json's `health` (None when it
+    could not be read, `error` says why), `period_s` the period the running job reports."""
+
+    nodes: dict | None
+    period_s: float | None = None
+    error: str | None = None
+
+
+def read_health(session: Any, inventory: Inventory) -> HealthStatus:
+    """The health job's latest readings on the head, as `status` shows them."""
     result = session.run(inventory.head, read_command(inventory), timeout=READ_TIMEOUT_S)
     if not result.reached:
-        return None, f"health: head {result.status}: {result.error}"
+        return HealthStatus(None, error=f"health: head {result.status}: {result.error}")
     now, text = parse_read_output(result.stdout)
     if now is None:
-        return None, "health: the head printed no time"
+        return HealthStatus(None, error="health: the head printed no time")
     if not text.strip():
-        return {}, None          # no reading yet (the job starts with `cluster up`) or disabled
+        return HealthStatus({})   # no reading yet (the job starts with `cluster up`) or disabled
     try:
-        return health_doc(parse_readings(text), now), None
+        snapshot = parse_readings(text)
     except ParseError as exc:
-        return None, f"health: {exc}"
+        return HealthStatus(None, error=f"health: {exc}")
+    return HealthStatus(health_doc(snapshot, now), snapshot.period_s)

@@ -22,6 +22,7 @@ from typing import Any, Mapping, Sequence
 import yaml
 
 from cluster import yamlfile
+from cluster.bounds import bound
 from cluster.errors import InventoryError
 from cluster.yamlfile import YamlDoc, dotted as _dotted, type_name as _type_name
 
@@ -703,7 +704,9 @@ def _ray_options(v: _Validator, raw: Any) -> RayOptions:
     return RayOptions(**values)
 
 
-HEALTH_PERIOD_S = (5.0, 3600.0)     # health.period_s bounds (seconds)
+def health_period_bounds() -> tuple[float, float]:
+    """health.period_s bounds (seconds), from cluster/data/limits.yaml (one bound for every reader)."""
+    return float(bound("health", "period_s_min")), float(bound("health", "period_s_max"))
 
 
 def _health_options(v: _Validator, raw: Any) -> HealthOptions:
@@ -711,7 +714,7 @@ def _health_options(v: _Validator, raw: Any) -> HealthOptions:
         return HealthOptions()
     at = ("health",)
     m = v.mapping(raw, at, {"enabled", "period_s"})
-    lo, hi = HEALTH_PERIOD_S
+    lo, hi = health_period_bounds()
     return HealthOptions(enabled=v.boolean(m.get("enabled"), at + ("enabled",), True),
                          period_s=v.number(m.get("period_s"), at + ("period_s",), 180.0, lo, hi,
                                            lo_open=False))

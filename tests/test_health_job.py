@@ -148,6 +148,30 @@ def test_read_output_gives_the_heads_time_then_the_file():
     assert h.parse_read_output(f"{h.NOW_MARKER}nan\n")[0] is None
 
 
+def test_status_reports_the_period_the_running_job_reports_not_the_inventorys():
+    from fakes import ScriptedSession, result
+    inv = _inventory()                      # the laptop's inventory says 180 s
+    session = ScriptedSession({"node1": [result("node1", f"{h.NOW_MARKER}1000.5\n" + _snapshot_text())]})
+    status = h.read_health(session, inv)
+    assert status.period_s == 5.0 and status.error is None     # the job was started with 5 s
+    assert status.nodes["node1"]["clock"]["status"] == "fail"
+    unreadable = h.read_health(ScriptedSession({"node1": [result("node1", "nothing\n")]}), inv)
+    assert unreadable.nodes is None and unreadable.period_s is None and "no time" in unreadable.error
+
+
+def test_one_period_bound_for_the_inventory_and_the_jobs_config():
+    lo, hi = inv_mod.health_period_bounds()
+    cfg = h.job_config(_inventory()).to_dict()
+    for period in (lo, hi):
+        assert h.JobConfig.from_dict({**cfg, "period_s": period}).period_s == period
+        assert _inventory(f"health: {{period_s: {period}}}\n").health.period_s == period
+    for period in (lo - 0.5, hi + 1):        # the job's config once took 1 s where the inventory refused it
+        with pytest.raises(ParseError):
+            h.JobConfig.from_dict({**cfg, "period_s": period})
+        with pytest.raises(InventoryError):
+            _inventory(f"health: {{period_s: {period}}}\n")
+
+
 def test_read_command_reads_the_current_sessions_file_bounded():
     inv = _inventory("ray: {temp_dir: /var/tmp/ray}\n")
     cmd = h.read_command(inv)

@@ -12,7 +12,7 @@ from cluster.commands._common import add_json, load_inventory, print_json, start
 from cluster.fold import Row, exact, fold
 from cluster.render import GRID_MAX_NODES, folded_table
 from cluster.commands._common import inventory_secrets
-from cluster.health_job import read_health
+from cluster.health_job import HealthStatus, read_health
 from cluster.prometheus_head import metrics_doc
 from cluster.ray_state import cluster_status, query_state, status_exit_code
 from cluster.remote import Session
@@ -41,10 +41,11 @@ def run(args: argparse.Namespace) -> int:
         with Session(inv, hooks=[record.record]) as session:
             state, result = query_state(session, inv, include_serve=True)
             serving = _sample_serving(args, session, inv, state)
-            health, health_error = read_health(session, inv) if state.answered else (None, None)
+            health = read_health(session, inv) if state.answered else HealthStatus(None)
         doc = cluster_status(inv, state, head_reached=result.reached)
-        doc["health"] = health
-        doc["errors"] += [health_error] if health_error else []
+        doc["health"] = health.nodes
+        doc["health_period_s"] = health.period_s   # what the running job reports, not this inventory
+        doc["errors"] += [health.error] if health.error else []
         doc.setdefault("dashboard", {})["metrics"] = metrics_doc(inv)
         code = _attach_serving(doc, serving, status_exit_code(doc))
         record.write_json("status.json", dict(doc, run_dir=str(record.path)))
@@ -94,13 +95,13 @@ def run(args: argparse.Namespace) -> int:
     elif doc["serve"] is not None:
         stdout.print("no Serve application")
     if doc["health"]:
-        stdout.print(_health_folded(doc["health"], inv.health.period_s))
+        stdout.print(_health_folded(doc["health"], doc["health_period_s"]))
     if doc["missing"]:
         stdout.print(f"[bold red]missing from Ray:[/bold red] {', '.join(doc['missing'])}")
     return code
 
 
-def _health_folded(health: dict, period_s: float):
+def _health_folded(health: dict, period_s: float | None):
     """The health job's latest readings: one line per check and distinct result, with the age
     of its oldest reading."""
     rows, ages = [], {}
@@ -111,7 +112,8 @@ def _health_folded(health: dict, period_s: float):
             ages[node, check] = r["age_s"]
     groups = [replace(g, summary=f"{g.summary} ({max(ages[n, g.key] for n in g.nodes):.0f} s ago)")
               for g in fold(rows)]
-    return folded_table(groups, len(health), title=f"Node health (health job, every {period_s:g} s)")
+    every = "period not reported" if period_s is None else f"every {period_s:g} s"
+    return folded_table(groups, len(health), title=f"Node health (health job, {every})")
 
 
 def _metrics_line(metrics: dict) -> str:
