@@ -168,10 +168,10 @@ LABEL_DISAGREEMENTS.update({
         'n_nodes': (None,
             'label 1: one process drives GPUs 0-3 but names no rank; one process per node may drive '
             'all its GPUs, so one node is not proven'),
-        'inter_node_transport': ("UNKNOWN",
-            "label NONE follows from the single-node reading above; 2.4.8's 'NET/Socket : Using' also"
-            ' names the bootstrap interface, so it does not show the data path'),
-        'gdr': (None, 'no data path shown'),
+        'inter_node_transport': ("SOCKET",
+            "label NONE follows from the single-node reading above; the net NCCL selected is Socket "
+            "(issue 26: 'Bootstrap : Using' names the bootstrap interface, and after 'Failed to open "
+            "libibverbs' the 'NET/Socket : Using' line is the socket transport's own)"),
     },
     '134-nccl-2.3-glued-interleaved-lines-ib-sideband.log': {
         'n_nodes': (None,
@@ -396,7 +396,7 @@ EXPECTED_STATUS.update({
     "107": "warn", "108": "warn", "109": "fail", "110": "fail", "111": "warn", "113": "ok",
     "114": "ok", "116": "warn", "117": "fail", "118": "warn", "119": "warn", "120": "warn",
     "121": "ok", "122": "warn", "123": "fail", "124": "fail", "125": "fail", "126": "fail",
-    "127": "fail", "128": "fail", "129": "fail", "130": "fail", "131": "ok", "132": "warn",
+    "127": "fail", "128": "fail", "129": "fail", "130": "fail", "131": "ok", "132": "fail",
     "134": "warn", "135": "warn", "138": "warn", "139": "ok", "142": "warn", "143": "ok",
     "144": "warn", "145": "fail", "147": "fail", "149": "warn", "150": "warn", "151": "ok",
     "153": "warn", "154": "ok", "155": "warn", "156": "fail", "157": "warn", "158": "warn",
@@ -1157,10 +1157,25 @@ def test_p2p_shm_hops_joining_every_rank():
     r = nccl.parse("\n".join(hops + [env("pod0", 0, "comm 0x1 rank 0 nranks 4 cudaDev 0 busId 1000 - Init START")]))
     assert (r.n_ranks, r.n_nodes, r.inter_node_transport) == (4, 1, "NONE")
     assert r.evidence["n_nodes"] == "P2P/SHM channel hops join every rank"
-    # a hop missing: ranks 0-1 and 2-3 could be on two nodes
-    r = nccl.parse("\n".join(hops[:1] + hops[2:3] + [env("pod0", 0, "comm 0x1 rank 0 nranks 4 cudaDev 0 "
-                                                                   "busId 1000 - Init START")]))
+    # hops missing: rank 2 is joined to no other rank (0-1 and 3-0 only), it may be on another node
+    r = nccl.parse("\n".join(hops[:1] + hops[3:] + [env("pod0", 0, "comm 0x1 rank 0 nranks 4 cudaDev 0 "
+                                                                  "busId 1000 - Init START")]))
     assert r.n_nodes is None
+
+
+def test_one_host_and_p2p_hops_together_join_every_rank():
+    """Issue 26: ranks that print from one host share a node, a P2P hop joins two ranks of a node;
+    rank 0 printing nothing of its own is reached by rank 3's P2P hop (Megatron-LM#516's shape)."""
+    hops = [env("09677202c889", i, f"Channel 00/0 : {i}[{i}] -> {(i + 1) % 4}[{(i + 1) % 4}] via P2P/IPC/read",
+                pid=100 + i) for i in (1, 3)]
+    ring = env("09677202c889", 0, "Channel 00/02 :    0   1   2   3", pid=99)
+    r = nccl.parse("\n".join(hops + [ring]))
+    assert (r.n_ranks, r.n_nodes, r.inter_node_transport) == (4, 1, "NONE"), r.verdict
+    assert r.evidence["n_nodes"] == "P2P/SHM channel hops and one host join every rank"
+    # the same lines from two hosts: ranks 1 and 3 may be on two nodes
+    hops[1] = hops[1].replace("09677202c889", "other-host")
+    r = nccl.parse("\n".join(hops + [ring]))
+    assert r.n_nodes is None and r.inter_node_transport == "UNKNOWN"
 
 
 def test_nnodes_2_is_never_overruled_by_a_single_node_proof():
