@@ -1122,7 +1122,9 @@ class NcclLogAccumulator:
             return                      # 0 success, 7 ncclInProgress (non-blocking init)
         path = m.group(1)
         self._source(path, n)
-        plugin = path.startswith("plugin/")
+        # the net plugin loader (2.19-2.22 src/net.cc, 2.23+ src/plugin/): a plugin that is
+        # disabled or absent returns an error there and NCCL goes on with the next net
+        plugin = path.startswith("plugin/") or path == "net.cc"
         key = (code, plugin, (host, pid))
         rec = self.trace_errors.get(key)
         if rec is None:
@@ -1908,6 +1910,9 @@ class _Summary:
         if a.truncated:
             self.notes.append(f"{a.truncated} line(s) longer than {LINE_MAX} characters: only their "
                               "first part was read")
+        if a.net_socket_ifaces and set(a.net_socket_ifaces) <= {"lo"}:
+            self.notes.append("NET/Socket uses only the loopback interface (lo): no rank can reach "
+                              "another host over it")
         if a.env.get("NCCL_P2P_DISABLE") == "1":
             self.notes.append("NCCL_P2P_DISABLE=1: intra-node traffic cannot use NVLink/PCIe P2P")
         if a.env.get("NCCL_IB_DISABLE") == "1":
