@@ -226,6 +226,8 @@ def detect(text: str) -> bool:
     head = text[:_DETECT_SCAN_CHARS]
     if "NVSMI LOG" in head or "<nvidia_smi_log" in head:
         return True
+    if "<" in head and _xml_fragment(head.split("\n", 2000)[:2000]):
+        return True                 # a piece of `nvidia-smi -q -x` without its root (issue 26)
     hits = 0
     title_indent: int | None = None
     for raw in head.split("\n"):
@@ -484,6 +486,30 @@ def _xml_fragment(lines: list[str]) -> bool:
     return keys > 0 and tags * 10 >= rows * 8
 
 
+def _balanced_lines(text: str) -> str:
+    """A fragment cut inside an element starts with that element's children and its closing
+    tag: drop closing-tag lines that close nothing opened in the fragment (nvidia-smi prints one
+    tag per line), so the XML parser reads on past them. One pass over the lines."""
+    out: list[str] = []
+    opened: list[str] = []
+    count: dict[str, int] = {}              # tag -> times open (membership in O(1))
+    for line in text.split("\n"):
+        m = _XML_TAG_LINE.match(line)
+        if m and not m.group(1) and "</" not in line and not line.rstrip().endswith("/>"):
+            opened.append(m.group(2))
+            count[m.group(2)] = count.get(m.group(2), 0) + 1
+        elif m and m.group(1):
+            if not count.get(m.group(2)):
+                continue                    # closes an element opened before the fragment
+            while opened:                   # every tag is pushed and popped once: linear
+                tag = opened.pop()
+                count[tag] -= 1
+                if tag == m.group(2):
+                    break
+        out.append(line)
+    return "\n".join(out)
+
+
 def _xml_tree(text: str) -> tuple[_Node, list[_Node], bool]:
     """The same tree as _tree, from `nvidia-smi -q -x`; a paste cut short keeps what came. A
     fragment without the root is read inside one (and, without a `<gpu>` element, inside a GPU
@@ -491,7 +517,7 @@ def _xml_tree(text: str) -> tuple[_Node, list[_Node], bool]:
     if re.search(r"<!ENTITY", text, re.I):
         raise ParseError(KIND, "XML with entity declarations is refused")
     if "<nvidia_smi_log" not in text:
-        body = re.sub(r"^\s{0,16}<\?xml[^>]{0,200}>", "", text.lstrip(), count=1)
+        body = _balanced_lines(re.sub(r"^\s{0,16}<\?xml[^>]{0,200}>", "", text.lstrip(), count=1))
         text = ("<nvidia_smi_log>" + (body if "<gpu" in body else "<gpu>" + body + "</gpu>")
                 + "</nvidia_smi_log>")
     start = text.find("<nvidia_smi_log")
@@ -600,10 +626,12 @@ def _gpu(index: int, s: _Node) -> Gpu:
         power_limit_w=_float(_first(s, ("GPU Power Readings", "Current Power Limit"),
                                     ("GPU Power Readings", "Power Limit"),
                                     ("Power Readings", "Power Limit"))),
-        pcie_gen_current=_int(_first(s, pcie + ("PCIe Generation", "Current"))),
-        pcie_gen_max=_int(_first(s, pcie + ("PCIe Generation", "Max"))),
-        pcie_width_current=_int(_first(s, pcie + ("Link Width", "Current"))),
-        pcie_width_max=_int(_first(s, pcie + ("Link Width", "Max"))),
+        # a piece of the report cut above `PCI` / `GPU Link Info` (issue 26) still shows these
+        # sections by their own titles, which -q prints nowhere else
+        pcie_gen_current=_int(_first(s, pcie + ("PCIe Generation", "Current"), ("PCIe Generation", "Current"))),
+        pcie_gen_max=_int(_first(s, pcie + ("PCIe Generation", "Max"), ("PCIe Generation", "Max"))),
+        pcie_width_current=_int(_first(s, pcie + ("Link Width", "Current"), ("Link Width", "Current"))),
+        pcie_width_max=_int(_first(s, pcie + ("Link Width", "Max"), ("Link Width", "Max"))),
         persistence_mode_enabled=_enabled(persistence),
         ecc_uncorrectable_volatile=ecc_errors["volatile"]["uncorrectable"],
         ecc_uncorrectable_aggregate=ecc_errors["aggregate"]["uncorrectable"],
