@@ -410,6 +410,7 @@ EXPECTED_STATUS.update({
     "201": "fail", "202": "fail", "203": "fail", "204": "fail", "205": "warn", "206": "fail",
     "207": "warn", "208": "ok", "209": "ok", "210": "warn", "211": "fail", "212": "fail",
     "213": "warn", "214": "warn", "215": "ok", "216": "warn", "217": "fail",
+    "218": "ok", "219": "warn",
 })
 
 
