@@ -1418,3 +1418,39 @@ def test_plugin_source_files_name_their_transport():
     assert [e.kind for e in r.errors] == ["ofi_failure"]
     r = nccl.parse(warn("node1", 0, "p2p_plugin.c:511", "NET/IB : Got async event : port error"))
     assert r.inter_node_transport == "IB" and r.errors[0].kind == "ib_async_error_event"
+
+
+def test_mixed_ib_and_roce_hcas_are_decided_by_the_channel_device_index():
+    """Issue 26 class 5: with `[0]mlx5_0:1/IB [1]mlx5_1:1/IB [2]mlx5_2:1/RoCE` listed (nccl#1066's
+    device line), `via NET/IB/2` is the RoCE port and `via NET/IB/0` an InfiniBand one; without a
+    channel line the verdict says the link layer is undecided."""
+    devs = "NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB [2]mlx5_2:1/RoCE [RO]; OOB eno1np0:172.18.62.6<0>"
+    shape = "comm 0x1 rank 0 nRanks 2 nNodes 2 localRanks 1 localRank 0 MNNVL 0"
+
+    def log(dev):
+        lines = [env("a", 0, devs), env("a", 0, shape)]
+        if dev is not None:
+            lines.append(env("a", 0, f"Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/{dev}/GDRDMA"))
+        return nccl.parse("\n".join(lines))
+
+    r = log(2)
+    assert r.inter_node_transport == "ROCE" and r.evidence["link_layer"] == "NET/IB device of the channel lines"
+    assert log(0).inter_node_transport == "IB"
+    r = log(None)
+    assert r.inter_node_transport == "IB" and "InfiniBand or RoCE" in r.verdict, r.verdict
+    # an index the list does not name decides nothing
+    r = log(5)
+    assert r.inter_node_transport == "IB" and "InfiniBand or RoCE" in r.verdict
+
+
+def test_benign_nccl_warns_are_warnings_and_their_failed_stack_an_error():
+    """Issue 26 class 2 (nccl#1066, nccl#1529, nccl#1297 wording): NVML and sysfs lookups that
+    fail are warnings; the stack of a call that then fails is the error."""
+    warn = env("h", 0, "NVML", level="WARN").replace("NCCL WARN NVML",
+                                                       "misc/nvmlwrap.cc:181 NCCL WARN nvmlDeviceGetHandleByPciBusId() failed: Not Found")
+    path = env("h", 0, "x", level="WARN").replace(
+        "NCCL WARN x", "transport/net_ib.cc:115 NCCL WARN Could not find real path of rxe0 (/sys/class/infiniband/rxe0/device)")
+    r = nccl.parse("\n".join([warn, path, env("h", 0, "NET/IB : Using [0]rxe0:1/RoCE [RO]; OOB eth0:10.0.0.1<0>")]))
+    assert not r.errors and {w.kind for w in r.warnings} == {"nvml_lookup_failed", "topology_lookup_failed"}
+    r = nccl.parse("\n".join([warn, env("h", 0, "graph/xml.cc:850 -> 2")]))
+    assert [e.kind for e in r.errors] == ["nccl_call_failed"]

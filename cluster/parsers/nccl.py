@@ -2019,13 +2019,14 @@ class _Summary:
             if ifaces:
                 s += f" (NET/Socket on {', '.join(ifaces[:4])})"
         elif transport in ("IB", "ROCE"):
-            name = "RoCE" if transport == "ROCE" else "InfiniBand"
+            mixed = transport == "IB" and self._mixed_layers()
+            name = "RoCE" if transport == "ROCE" else "InfiniBand or RoCE" if mixed else "InfiniBand"
             s = f"inter-node traffic uses {name}{shape}"
             if transport == "IB" and not self.a.ib_devs and not self.a.ib_link_evidence:
                 s += " verbs (NET/IB; the link layer is not shown, RoCE would print the same)"
-            elif transport == "IB" and self._mixed_layers():
-                s += (" or RoCE (NET/IB lists HCAs of both link layers; the log does not show "
-                      "which one carries the traffic)")
+            elif mixed:
+                s += (" (NET/IB lists HCAs of both link layers; the log does not show which one "
+                      "carries the traffic)")
             if network and network not in ("IB",):
                 s += f" via {network}"
             if hcas:
