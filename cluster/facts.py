@@ -158,12 +158,14 @@ MEMLOCK = ToolFact("memlock", "ulimit -l", "ulimit")
 LSPCI = ToolFact("lspci", "command -v lspci >/dev/null || exit 127; lspci -vvv 2>/dev/null | "
                           "grep -E '^[[:xdigit:]]|Access Control Services|ACSCap:|ACSCtl:'; true",
                  "lspci")
-# The NVIDIA driver's lines of the kernel log since boot (dmesg, else the journal's copy).
+# The NVIDIA driver's and the PCIe AER lines of the kernel log since boot (dmesg, else the
+# journal's copy).
 KERNEL_LOG = ToolFact("kernel-log", (
     "command -v dmesg >/dev/null || exit 127; "
     "log=$(dmesg 2>&1) || log=$(journalctl -k -b --no-pager -q 2>&1) || "
     "{ printf '%s\\n' \"$log\" | tail -n 2 >&2; exit 3; }; "
-    "printf '%s\\n' \"$log\" | grep -E 'NVRM|fallen off the bus' | tail -n 400; true"), "dmesg")
+    "printf '%s\\n' \"$log\" | grep -E 'NVRM|fallen off the bus|PCIe Bus Error' | tail -n 400; true"),
+    "dmesg")
 # systemctl's own exit code: 0 active, 3 not running, 4 no such unit.
 FABRICMANAGER = ToolFact("fabricmanager", (
     "command -v systemctl >/dev/null || exit 127; "

@@ -783,6 +783,7 @@ _EXPECT_SPEC: dict[str, tuple] = {
     "versions_must_match": ("names", False),
     "health.acs_fail_min_gpus": ("int", False, 1, 4096),
     "health.xid_fail": ("ints", False, 0, 100_000),
+    "health.aer_fail_levels": ("texts", False),
     "health.ecc_uncorrectable_volatile_max": ("int", False, 0, 1 << 40),
     "health.ecc_uncorrectable_aggregate_max": ("int", False, 0, 1 << 40),
     "health.clock_reasons_warn": ("texts", False),

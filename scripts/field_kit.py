@@ -54,7 +54,7 @@ KERNEL_LOG = (
     "command -v dmesg >/dev/null || exit 127; "
     "log=$(dmesg 2>&1) || log=$(journalctl -k -b --no-pager -q 2>&1) || "
     "{ printf '%s\\n' \"$log\" | tail -n 2 >&2; exit 3; }; "
-    "printf '%s\\n' \"$log\" | grep -E 'NVRM|fallen off the bus' | tail -n 400; true")
+    "printf '%s\\n' \"$log\" | grep -E 'NVRM|fallen off the bus|PCIe Bus Error' | tail -n 400; true")
 FABRICMANAGER = ("command -v systemctl >/dev/null || exit 127; "
                  "systemctl status nvidia-fabricmanager --no-pager --full 2>&1 | "
                  "head -n 200; exit ${PIPESTATUS[0]}")

@@ -339,3 +339,15 @@ def test_nic_locality_ok_names_the_relations():
     assert verdict.status is Status.OK
     assert verdict.summary == "every GPU has an RDMA NIC on its side of the socket (PIX)"
     assert verdict.fix is None
+
+
+def test_pcie_aer_fatal_fails_corrected_warns():
+    """Issue 26: AER errors without any Xid reach the GPU health verdict (real fixtures)."""
+    fatal = _data("dmesg", "201-returnn1500-reltime-aer-fatal-nvidia-no-xid.txt")
+    verdict = health.gpu_health(None, fatal, TH)
+    assert verdict.status == "fail" and "PCIe AER Uncorrected (Fatal) on 0000:00:03.0" in verdict.summary
+    corrected = _data("dmesg", "203-popos3363-journal-aer-correctable-no-xid.txt")
+    verdict = health.gpu_health(None, corrected, TH)
+    assert verdict.status == "warn" and "Correctable on 0000:00:03.1 (3x)" in verdict.summary
+    quiet = _data("dmesg", "202-bugzilla208891-dmesg-H-header-reltime-wrapped-no-xid.txt")
+    assert health.gpu_health(None, quiet, TH).status == "ok"

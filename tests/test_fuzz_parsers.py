@@ -150,3 +150,78 @@ def test_another_kinds_fixture_gives_a_result_or_parse_error(kind: str, data) ->
 def test_every_kind_is_covered() -> None:
     assert set(KINDS) == set(parsers.MODULES) and len(KINDS) >= 18
     assert all(FIXTURE_TEXTS[k] for k in KINDS), [k for k in KINDS if not FIXTURE_TEXTS[k]]
+
+
+# ---- issue 26: the new formats keep the facts ------------------------------------------------
+
+from cluster.parsers import dmesg as _dmesg, nccl as _nccl, nvidia_smi_q as _smi_q  # noqa: E402
+
+_NCCL_FACTS = ("inter_node_transport", "gdr", "n_ranks", "intra_node_transports")
+_NCCL_LOGS = sorted((FIXTURES / "nccl").glob("2*.log")) + sorted((FIXTURES / "nccl").glob("0[0-4]*.log"))
+
+
+def _facts(text: str) -> dict:
+    d = _nccl.parse(text).to_dict()
+    return {k: d[k] for k in _NCCL_FACTS} | {"errors": sorted(e["kind"] for e in d["errors"])}
+
+
+@SETTINGS
+@given(path=st.sampled_from(_NCCL_LOGS), host=st.from_regex(r"[a-z][a-z0-9-]{0,12}", fullmatch=True),
+       pid=st.integers(1, 10**6), ip=st.tuples(*[st.integers(0, 255)] * 4))
+def test_nccl_doubled_fleet_and_ray_prefixes_keep_the_facts(path: Path, host: str, pid: int, ip) -> None:
+    """pdsh on top of srun (`host: ` before every line) and a Ray actor prefix change nothing."""
+    lines = path.read_text().splitlines()
+    want = _facts("\n".join(lines))
+    assert _facts("\n".join(f"{host}: {line}" for line in lines)) == want
+    ray = f"(RayWorkerWrapper pid={pid}, ip={'.'.join(map(str, ip))}) "
+    assert _facts("\n".join(ray + line for line in lines)) == want
+
+
+@SETTINGS
+@given(path=st.sampled_from(_NCCL_LOGS), data=st.data())
+def test_nccl_lines_cut_mid_word_give_a_result_or_parse_error(path: Path, data) -> None:
+    """Ray cuts an actor's line anywhere: each line cut at a drawn place still parses or refuses."""
+    lines = path.read_text().splitlines()
+    cuts = data.draw(st.lists(st.integers(0, 400), min_size=len(lines), max_size=len(lines)))
+    text = "\n".join(line[:c] if c < len(line) else line for line, c in zip(lines, cuts))
+    try:
+        d = _nccl.parse(text).to_dict()
+    except ParseError:
+        return
+    assert d["inter_node_transport"] in _nccl.INTER_NODE_TRANSPORTS
+    json.dumps(d, allow_nan=False)
+
+
+_MONO = __import__("re").compile(r"^\[ {0,12}\d{1,10}\.\d{1,9}\]")
+_DMESG_MONO = [p for p in sorted((FIXTURES / "dmesg").glob("*.txt"))
+               if any(_MONO.match(line) for line in p.read_text().splitlines())]
+
+
+@SETTINGS
+@given(path=st.sampled_from(_DMESG_MONO), delta=st.floats(0, 99999, allow_nan=False), head=st.booleans())
+def test_dmesg_relative_stamps_keep_xids_and_aer(path: Path, delta: float, head: bool) -> None:
+    """`dmesg -d`/`-H`: every monotonic stamp replaced by a relative one (and a minute header on
+    top) gives the same Xids, fallen-off GPUs and AER errors."""
+    text = path.read_text()
+    rel = "\n".join(_MONO.sub(f"[  +{delta:.6f}]", line) for line in text.splitlines())
+    if head:
+        rel = "[Dec 1 10:00] usb 1-1: new device\n" + rel
+    assert _dmesg.parse(rel).to_dict() == _dmesg.parse(text).to_dict()
+
+
+_XML_Q = [p for p in sorted((FIXTURES / "nvidia-smi-q").glob("*.txt")) if "<nvidia_smi_log" in p.read_text()]
+
+
+@SETTINGS
+@given(path=st.sampled_from(_XML_Q), data=st.data())
+def test_smi_q_xml_fragments_give_a_result_or_parse_error(path: Path, data) -> None:
+    """Any contiguous run of lines of a real `nvidia-smi -q -x`, root or not, gives finite JSON
+    (with null where the piece does not show a fact) or ParseError."""
+    lines = path.read_text().splitlines()
+    a = data.draw(st.integers(0, len(lines) - 1))
+    b = data.draw(st.integers(a + 1, len(lines)))
+    try:
+        d = _smi_q.parse("\n".join(lines[a:b])).to_dict()
+    except ParseError:
+        return
+    json.dumps(d, allow_nan=False)

@@ -168,10 +168,10 @@ LABEL_DISAGREEMENTS.update({
         'n_nodes': (None,
             'label 1: one process drives GPUs 0-3 but names no rank; one process per node may drive '
             'all its GPUs, so one node is not proven'),
-        'inter_node_transport': ("UNKNOWN",
-            "label NONE follows from the single-node reading above; 2.4.8's 'NET/Socket : Using' also"
-            ' names the bootstrap interface, so it does not show the data path'),
-        'gdr': (None, 'no data path shown'),
+        'inter_node_transport': ("SOCKET",
+            "label NONE follows from the single-node reading above; the net NCCL selected is Socket "
+            "(issue 26: 'Bootstrap : Using' names the bootstrap interface, and after 'Failed to open "
+            "libibverbs' the 'NET/Socket : Using' line is the socket transport's own)"),
     },
     '134-nccl-2.3-glued-interleaved-lines-ib-sideband.log': {
         'n_nodes': (None,
@@ -396,11 +396,21 @@ EXPECTED_STATUS.update({
     "107": "warn", "108": "warn", "109": "fail", "110": "fail", "111": "warn", "113": "ok",
     "114": "ok", "116": "warn", "117": "fail", "118": "warn", "119": "warn", "120": "warn",
     "121": "ok", "122": "warn", "123": "fail", "124": "fail", "125": "fail", "126": "fail",
-    "127": "fail", "128": "fail", "129": "fail", "130": "fail", "131": "ok", "132": "warn",
+    "127": "fail", "128": "fail", "129": "fail", "130": "fail", "131": "ok", "132": "fail",
     "134": "warn", "135": "warn", "138": "warn", "139": "ok", "142": "warn", "143": "ok",
     "144": "warn", "145": "fail", "147": "fail", "149": "warn", "150": "warn", "151": "ok",
     "153": "warn", "154": "ok", "155": "warn", "156": "fail", "157": "warn", "158": "warn",
     "159": "warn", "160": "fail", "161": "warn",
+})
+
+
+# issue 26 fixtures 201-216: the status their labels' facts give (errors or SOCKET fail; warnings,
+# an unknown transport or GDR not shown warn)
+EXPECTED_STATUS.update({
+    "201": "fail", "202": "fail", "203": "fail", "204": "fail", "205": "warn", "206": "fail",
+    "207": "warn", "208": "ok", "209": "ok", "210": "warn", "211": "fail", "212": "fail",
+    "213": "warn", "214": "warn", "215": "ok", "216": "warn", "217": "fail",
+    "218": "ok", "219": "warn",
 })
 
 
@@ -1157,10 +1167,25 @@ def test_p2p_shm_hops_joining_every_rank():
     r = nccl.parse("\n".join(hops + [env("pod0", 0, "comm 0x1 rank 0 nranks 4 cudaDev 0 busId 1000 - Init START")]))
     assert (r.n_ranks, r.n_nodes, r.inter_node_transport) == (4, 1, "NONE")
     assert r.evidence["n_nodes"] == "P2P/SHM channel hops join every rank"
-    # a hop missing: ranks 0-1 and 2-3 could be on two nodes
-    r = nccl.parse("\n".join(hops[:1] + hops[2:3] + [env("pod0", 0, "comm 0x1 rank 0 nranks 4 cudaDev 0 "
-                                                                   "busId 1000 - Init START")]))
+    # hops missing: rank 2 is joined to no other rank (0-1 and 3-0 only), it may be on another node
+    r = nccl.parse("\n".join(hops[:1] + hops[3:] + [env("pod0", 0, "comm 0x1 rank 0 nranks 4 cudaDev 0 "
+                                                                  "busId 1000 - Init START")]))
     assert r.n_nodes is None
+
+
+def test_one_host_and_p2p_hops_together_join_every_rank():
+    """Issue 26: ranks that print from one host share a node, a P2P hop joins two ranks of a node;
+    rank 0 printing nothing of its own is reached by rank 3's P2P hop (Megatron-LM#516's shape)."""
+    hops = [env("09677202c889", i, f"Channel 00/0 : {i}[{i}] -> {(i + 1) % 4}[{(i + 1) % 4}] via P2P/IPC/read",
+                pid=100 + i) for i in (1, 3)]
+    ring = env("09677202c889", 0, "Channel 00/02 :    0   1   2   3", pid=99)
+    r = nccl.parse("\n".join(hops + [ring]))
+    assert (r.n_ranks, r.n_nodes, r.inter_node_transport) == (4, 1, "NONE"), r.verdict
+    assert r.evidence["n_nodes"] == "P2P/SHM channel hops and one host join every rank"
+    # the same lines from two hosts: ranks 1 and 3 may be on two nodes
+    hops[1] = hops[1].replace("09677202c889", "other-host")
+    r = nccl.parse("\n".join(hops + [ring]))
+    assert r.n_nodes is None and r.inter_node_transport == "UNKNOWN"
 
 
 def test_nnodes_2_is_never_overruled_by_a_single_node_proof():
@@ -1393,3 +1418,39 @@ def test_plugin_source_files_name_their_transport():
     assert [e.kind for e in r.errors] == ["ofi_failure"]
     r = nccl.parse(warn("node1", 0, "p2p_plugin.c:511", "NET/IB : Got async event : port error"))
     assert r.inter_node_transport == "IB" and r.errors[0].kind == "ib_async_error_event"
+
+
+def test_mixed_ib_and_roce_hcas_are_decided_by_the_channel_device_index():
+    """Issue 26 class 5: with `[0]mlx5_0:1/IB [1]mlx5_1:1/IB [2]mlx5_2:1/RoCE` listed (nccl#1066's
+    device line), `via NET/IB/2` is the RoCE port and `via NET/IB/0` an InfiniBand one; without a
+    channel line the verdict says the link layer is undecided."""
+    devs = "NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB [2]mlx5_2:1/RoCE [RO]; OOB eno1np0:172.18.62.6<0>"
+    shape = "comm 0x1 rank 0 nRanks 2 nNodes 2 localRanks 1 localRank 0 MNNVL 0"
+
+    def log(dev):
+        lines = [env("a", 0, devs), env("a", 0, shape)]
+        if dev is not None:
+            lines.append(env("a", 0, f"Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/{dev}/GDRDMA"))
+        return nccl.parse("\n".join(lines))
+
+    r = log(2)
+    assert r.inter_node_transport == "ROCE" and r.evidence["link_layer"] == "NET/IB device of the channel lines"
+    assert log(0).inter_node_transport == "IB"
+    r = log(None)
+    assert r.inter_node_transport == "IB" and "InfiniBand or RoCE" in r.verdict, r.verdict
+    # an index the list does not name decides nothing
+    r = log(5)
+    assert r.inter_node_transport == "IB" and "InfiniBand or RoCE" in r.verdict
+
+
+def test_benign_nccl_warns_are_warnings_and_their_failed_stack_an_error():
+    """Issue 26 class 2 (nccl#1066, nccl#1529, nccl#1297 wording): NVML and sysfs lookups that
+    fail are warnings; the stack of a call that then fails is the error."""
+    warn = env("h", 0, "NVML", level="WARN").replace("NCCL WARN NVML",
+                                                       "misc/nvmlwrap.cc:181 NCCL WARN nvmlDeviceGetHandleByPciBusId() failed: Not Found")
+    path = env("h", 0, "x", level="WARN").replace(
+        "NCCL WARN x", "transport/net_ib.cc:115 NCCL WARN Could not find real path of rxe0 (/sys/class/infiniband/rxe0/device)")
+    r = nccl.parse("\n".join([warn, path, env("h", 0, "NET/IB : Using [0]rxe0:1/RoCE [RO]; OOB eth0:10.0.0.1<0>")]))
+    assert not r.errors and {w.kind for w in r.warnings} == {"nvml_lookup_failed", "topology_lookup_failed"}
+    r = nccl.parse("\n".join([warn, env("h", 0, "graph/xml.cc:850 -> 2")]))
+    assert [e.kind for e in r.errors] == ["nccl_call_failed"]

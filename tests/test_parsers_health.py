@@ -198,7 +198,23 @@ def test_dmesg_xid79_and_fallen_off_the_bus_in_journal_form():
 
 def test_dmesg_without_nvidia_lines_is_an_empty_result():
     text = "[    0.000000] Linux version 6.8.0-45-generic (buildd@lcy02-amd64-115)\n"
-    assert dmesg.parse(text).to_dict() == {"xids": [], "fell_off_bus": []}
+    assert dmesg.parse(text).to_dict() == {"xids": [], "fell_off_bus": [], "aer": []}
+
+
+def test_dmesg_relative_stamps_headers_and_bare_aer_lines_are_kernel_lines():
+    """Issue 26: `dmesg -d`/`-H` stamps and AER lines printed with no stamp (a mail or a journal
+    grep) are read, not refused; each AER error is one entry with its level."""
+    for text in ("[  +0.000316] pcieport 0000:00:1d.0: AER: device recovery failed\n",
+                 "[Dec 1 10:00] usb 1-1: new high-speed USB device number 2 using xhci_hcd\n",
+                 "[+0.000001] nvidia 0000:3b:00.0: enabling device (0000 -> 0002)\n"):
+        assert dmesg.parse(text).to_dict() == {"xids": [], "fell_off_bus": [], "aer": []}, text
+        assert parsers.detect(text) == "dmesg", text
+    bare = ("pcieport 0000:00:02.0: AER: Uncorrected (Non-Fatal) error received: 0000:01:00.0\n"
+            "r8169 0000:01:00.0: AER: PCIe Bus Error: severity=Uncorrected (Non-Fatal), "
+            "type=Transaction Layer, (Requester ID)\n")
+    assert dmesg.parse(bare).to_dict()["aer"] == [
+        {"pci": "0000:01:00.0", "driver": "r8169", "severity": "Uncorrected (Non-Fatal)",
+         "level": "non_fatal", "type": "Transaction Layer"}]
 
 
 # ---------------------------------------------------------------- fabric manager variants

@@ -742,3 +742,43 @@ def test_q_table_topo_refuse_every_other_tools_fixture(path: Path):
         assert not module.detect(text), f"{module.KIND} detects {path.parent.name}/{path.name}"
         with pytest.raises(ParseError):
             module.parse(text)
+
+
+# ---- issue 26: pieces of a report, read for what they show ------------------------------------
+
+
+def _lines(kind: str, name: str) -> list[str]:
+    return (FIXTURES / kind / name).read_text().splitlines()
+
+
+def test_xml_gpu_element_without_its_root_is_read():
+    """A contiguous piece of a real `nvidia-smi -q -x` (x06): the `<gpu>` element alone."""
+    lines = _lines("nvidia-smi-q", "x06-xml-tesla-t4-515-link-x8-telegraf.txt")
+    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("<gpu id="))
+    end = next(i for i, line in enumerate(lines) if line.strip() == "</gpu>")
+    whole = nvidia_smi_q.parse("\n".join(lines)).to_dict()["gpus"][0]
+    piece = nvidia_smi_q.parse("\n".join(lines[start:end + 1])).to_dict()
+    assert piece["driver_version"] is None and piece["attached_gpus"] is None
+    assert piece["gpus"][0] == whole
+
+
+def test_xml_section_without_gpu_or_root_is_read_into_one_gpu():
+    """Only the `<ecc_errors>` section of x06: its counters, the bus id not shown."""
+    lines = _lines("nvidia-smi-q", "x06-xml-tesla-t4-515-link-x8-telegraf.txt")
+    start = next(i for i, line in enumerate(lines) if line.strip() == "<ecc_errors>")
+    end = next(i for i, line in enumerate(lines) if line.strip() == "</ecc_errors>")
+    whole = nvidia_smi_q.parse("\n".join(lines)).to_dict()["gpus"][0]
+    gpu = nvidia_smi_q.parse("\n".join(lines[start:end + 1])).to_dict()["gpus"][0]
+    assert gpu["bus_id"] is None and gpu["ecc_errors"] == whole["ecc_errors"]
+    assert gpu["ecc_unplaced"] is None
+
+
+def test_grepped_ecc_counters_without_their_section_keep_the_scope_null():
+    """`nvidia-smi -q | grep Uncorrectable` of a real report (001): the counters are read, which
+    of Volatile / Aggregate they count is not shown, so those stay null with the reason."""
+    lines = [line for line in _lines("nvidia-smi-q", "001-a100-sxm4-ecc-remapped-rows-pending.txt")
+             if "Uncorrectable" in line and "Error" not in line][:2]
+    assert lines and all(line.strip().startswith(("SRAM", "DRAM")) for line in lines)
+    gpu = nvidia_smi_q.parse("\n".join(lines)).to_dict()["gpus"][0]
+    assert gpu["ecc_uncorrectable_volatile"] is None and gpu["ecc_uncorrectable_aggregate"] is None
+    assert gpu["ecc_unplaced"]["uncorrectable"] == 0 and "not shown" in gpu["ecc_unplaced"]["reason"]

@@ -182,6 +182,22 @@ def _xid_problems(kernel_log: Mapping[str, Any] | None, fail_codes: set[int]
     return failing, warning
 
 
+def _aer_problems(kernel_log: Mapping[str, Any] | None, fail_levels: set[str]
+                  ) -> tuple[list[str], list[str]]:
+    """(failing, warning) descriptions of the PCIe AER errors in a parsed kernel log, one per
+    device and level with its count (corrected errors are retried by the link: warn)."""
+    counts: dict[tuple, int] = {}
+    for e in (kernel_log or {}).get("aer") or ():
+        key = (e.get("pci") or "?", e.get("level") or "?", e.get("severity") or "?")
+        counts[key] = counts.get(key, 0) + 1
+    failing: list[str] = []
+    warning: list[str] = []
+    for (pci, level, severity), n in counts.items():
+        text = f"PCIe AER {severity} on {pci}" + (f" ({n}x)" if n > 1 else "")
+        (failing if level in fail_levels else warning).append(text)
+    return failing, warning
+
+
 def _gpu_problems(gpu: Mapping[str, Any], th: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     failing: list[str] = []
     warning: list[str] = []
@@ -192,6 +208,10 @@ def _gpu_problems(gpu: Mapping[str, Any], th: Mapping[str, Any]) -> tuple[list[s
     aggregate = gpu.get("ecc_uncorrectable_aggregate")
     if isinstance(aggregate, int) and aggregate > _th_int(th, "ecc_uncorrectable_aggregate_max"):
         warning.append(f"{name}: {aggregate} uncorrectable ECC error(s) in its lifetime")
+    unplaced = gpu.get("ecc_unplaced") or {}
+    if isinstance(unplaced.get("uncorrectable"), int) and unplaced["uncorrectable"] > 0:
+        warning.append(f"{name}: {unplaced['uncorrectable']} uncorrectable ECC error(s), volatile or "
+                       "aggregate not shown (rerun `nvidia-smi -q -d ECC` in full)")
     if gpu.get("remapped_rows_pending"):
         failing.append(f"{name}: row remapping pending (needs a GPU reset)")
     if gpu.get("remapped_rows_failure"):
@@ -207,10 +227,14 @@ def _gpu_problems(gpu: Mapping[str, Any], th: Mapping[str, Any]) -> tuple[list[s
 
 def gpu_health(smi_q: Mapping[str, Any] | None, kernel_log: Mapping[str, Any] | None,
                th: Mapping[str, Any]) -> Verdict:
-    """Xids, uncorrectable ECC, row remaps and retired pages: fail; clock slowdowns: warn."""
+    """Xids, uncorrectable ECC, row remaps, retired pages and fatal PCIe AER errors: fail; clock
+    slowdowns, corrected / non-fatal AER errors and ECC counts of unknown scope: warn."""
     if smi_q is None and kernel_log is None:
         return skip("neither nvidia-smi -q nor the kernel log was read")
     failing, warning = _xid_problems(kernel_log, set(_th_list(th, "xid_fail", int)))
+    aer_fail, aer_warn = _aer_problems(kernel_log, set(_th_list(th, "aer_fail_levels", str)))
+    failing += aer_fail
+    warning += aer_warn
     for gpu in (smi_q or {}).get("gpus") or ():
         f, w = _gpu_problems(gpu, th)
         failing += f
@@ -228,7 +252,7 @@ def gpu_health(smi_q: Mapping[str, Any] | None, kernel_log: Mapping[str, Any] | 
                     "(`nvidia-smi -q -d PERFORMANCE`); application Xids (13, 31, 43, 45) point "
                     "at the workload, not the GPU",
                     data={"warn": warning})
-    return ok("no Xid, uncorrectable ECC error, pending remap or clock slowdown")
+    return ok("no Xid, PCIe AER error, uncorrectable ECC error, pending remap or clock slowdown")
 
 
 # ---------------------------------------------------------------- PCIe link

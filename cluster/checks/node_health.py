@@ -105,7 +105,7 @@ def _kernel_log(out: ProbeOutput) -> dict | None:
     if out.missing_tool or out.timed_out or out.exit_code == KERNEL_LOG_UNREADABLE:
         return None
     if not out.stdout.strip():
-        return {"xids": [], "fell_off_bus": []}   # the log was read: no NVRM line in it
+        return {"xids": [], "fell_off_bus": [], "aer": []}   # the log was read: no NVRM/AER line
     return KERNEL_LOG.parse(out)
 
 

@@ -131,6 +131,8 @@ _COMM_SHAPE_RE = re.compile(
 _INIT_RE = re.compile(          # the part before " - Init START|COMPLETE" (found by str.rfind)
     r"comm (0x[0-9a-fA-F]{1,16}) rank (\d{1,9}) nranks (\d{1,9}) cudaDev (\d{1,6})(?: nvmlDev \d{1,6})?"
     r"(?: busId ([0-9a-fA-F]{1,16}))?")
+# 2.21+: "Trees [0] ... comm 0x5609976f9470 nRanks 32 busId 17000" (the communicator's size)
+_TREES_NRANKS_RE = re.compile(r"comm 0x[0-9a-fA-F]{1,16} nRanks (\d{1,9})\b")
 _RINGS_RE = re.compile(r"Connected all rings, use ring PXN (\d{1,3}) GDR (\d{1,3})")
 _RANK_IN_INIT_TIMING_RE = re.compile(r"\brank (\d{1,9}) nranks (\d{1,9})")
 _ENV_RE = re.compile(r"(NCCL_\w{1,64}) set (?:by environment )?to ")
@@ -204,7 +206,21 @@ _APP_ERRORS: tuple[tuple[str, str], ...] = (
 )
 
 # WARN classification: first match wins. (substrings, any of which matches; kind; severity)
+# Issue 26: NCCL prints a WARN and goes on where an optional lookup fails (NVML cannot see a
+# GPU hidden by a container, cgroup or MIG; a sysfs path of a soft-RoCE or virtual device is
+# missing; a NIC's speed file is absent) or where a setting is deprecated: those are warnings.
+# When such a lookup really breaks init, the failed call's stack ("graph/xml.cc:850 -> 2") and
+# the application's abort that follow are the errors (_stack_severity).
+_BENIGN_WARNS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("nvmlDeviceGetHandleByPciBusId() failed", "nvmlDeviceGetHandleByIndex() failed",
+      "nvmlDeviceGetNvLinkCapability() failed", "nvmlDeviceGetP2PStatus() failed",
+      "nvmlDeviceGetNvLinkRemotePciInfo() failed"), "nvml_lookup_failed"),
+    (("Could not find real path of", "Could not get speed from", "Could not get port speed"),
+     "topology_lookup_failed"),
+    (("is deprecated", "deprecated, please use", "has been deprecated"), "deprecated_setting"),
+)
 _WARN_RULES: tuple[tuple[tuple[str, ...], str, str], ...] = (
+    *((needles, kind, "warning") for needles, kind in _BENIGN_WARNS),
     (("Got completion", "got completion with error"), "ib_completion_error", "error"),
     (("async fatal event",), "ib_async_fatal_event", "error"),
     # QP/CQ/device errors among the async events break the connection; port and SM events do not
@@ -528,7 +544,7 @@ class NcclLogAccumulator:
             "NVLS": self._m_nvls, "GPU ": self._m_gpu_gdr, "SHAR": self._m_sharp,
             "DMA-": self._m_dmabuf, "Plug": self._m_plugin_path, "P2P ": self._m_p2p_plugin,
             "Assi": self._m_assigned, "Succ": self._m_plugin_loaded, "cuda": self._m_cuda,
-            "Laun": self._m_launch, "rank": self._m_rank_line,
+            "Laun": self._m_launch, "rank": self._m_rank_line, "Tree": self._m_trees,
         }
         # facts
         self.versions: dict[str, set] = {}             # version string -> hosts (None = bare line)
@@ -582,6 +598,8 @@ class NcclLogAccumulator:
         self.warn_err_procs: set[tuple] = set()        # (host, pid) with an error WARN
         self.aborted = False                           # the application reported an NCCL failure
         self.ib_dev_index: dict[str, int] = {}         # hca -> its [index] in the device list
+        self.net_devs_used: set[int] = set()           # NET/IB/<dev> indices named by channel lines
+        self.ib_index_conflict = False                 # one HCA listed under two indices
         self.warn_hcas: dict[str, None] = {}           # HCAs named by NET/IB WARN lines
         self.boot_scope: set[str] = set()              # "loopback" / "network" bootstrap interfaces
         # nccl-tests
@@ -760,8 +778,10 @@ class NcclLogAccumulator:
             rec = self._chan[msg] = self._channel_record(msg)
         if not rec:
             return
-        label, intra, family, net, gdr, proxy, src, dst, direction, me, peer = rec
+        label, intra, family, net, gdr, proxy, src, dst, direction, me, peer, dev = rec
         self.chan_counts[label] = self.chan_counts.get(label, 0) + n
+        if dev is not None and len(self.net_devs_used) < 4096:
+            self.net_devs_used.add(dev)
         if intra is not None:
             self.intra.add(intra)
         if src is None:
@@ -805,13 +825,19 @@ class NcclLogAccumulator:
         if info is None:
             return False
         family, label, intra, net, gdr, proxy = info
+        dev = None
+        if family == "NET" and net in ("IB", "IBext"):   # "via NET/IB/3(8)/GDRDMA": device [3]
+            d = msg[v + 5:v + 64].split("/")
+            digits = d[2][:6] if len(d) > 2 else ""
+            k = len(digits) - len(digits.lstrip("0123456789"))
+            dev = int(digits[:k]) if k else None
         a = msg.find(" -> ", 0, v)
         m = None if a < 0 else _CHAN_RE.search(msg, max(0, a - _CHAN_BEFORE), min(v, a + 4 + _CHAN_AFTER))
         if m is None:
-            return (label, intra, family, net, gdr, proxy, None, None, None, None, None)
+            return (label, intra, family, net, gdr, proxy, None, None, None, None, None, dev)
         src, dst, direction = int(m.group(1)), int(m.group(3)), m.group(5)
         me, peer = (dst, src) if direction == "receive" else (src, dst)
-        return (label, intra, family, net, gdr, proxy, src, dst, direction, me, peer)
+        return (label, intra, family, net, gdr, proxy, src, dst, direction, me, peer, dev)
 
     def _ring_listing(self, msg: str) -> None:
         c = msg.find(" : ")
@@ -868,6 +894,8 @@ class NcclLogAccumulator:
                     if hca not in self.ib_devs and len(self.ib_devs) < 4096:
                         self.ib_devs[hca] = m.group(4)
                         self.ib_dev_index[hca] = int(m.group(1))
+                    elif self.ib_dev_index.get(hca) != int(m.group(1)):
+                        self.ib_index_conflict = True     # hosts list their HCAs differently
                 m = _OOB_RE.search(msg)
                 if m:
                     self.socket_ifaces.setdefault(m.group(1), None)
@@ -1051,6 +1079,12 @@ class NcclLogAccumulator:
                 self.emitters.setdefault(rank, set()).add(host)
             self._rank_proc(rank, host, pid)
 
+    def _m_trees(self, msg: str, host, pid, n: int, line: str) -> None:
+        k = msg.rfind(" comm 0x")
+        m = _TREES_NRANKS_RE.match(msg, k + 1) if k >= 0 and not self._cut else None
+        if m:
+            self.comm_nranks.add(int(m.group(1)))
+
     def _m_launch(self, msg: str, host, pid, n: int, line: str) -> None:
         if msg.startswith("Launch mode"):   # <= 2.7, printed at the end of init
             self._done(host, pid)
@@ -1088,7 +1122,9 @@ class NcclLogAccumulator:
             return                      # 0 success, 7 ncclInProgress (non-blocking init)
         path = m.group(1)
         self._source(path, n)
-        plugin = path.startswith("plugin/")
+        # the net plugin loader (2.19-2.22 src/net.cc, 2.23+ src/plugin/): a plugin that is
+        # disabled or absent returns an error there and NCCL goes on with the next net
+        plugin = path.startswith("plugin/") or path == "net.cc"
         key = (code, plugin, (host, pid))
         rec = self.trace_errors.get(key)
         if rec is None:
@@ -1453,6 +1489,14 @@ class _Summary:
             return f"{len(a.procs)} GPU processes on one host for {n_ranks} ranks"
         if a.intra_edges and self._connected_by(a.intra_edges, n_ranks):
             return "P2P/SHM channel hops join every rank"
+        if a.intra_edges and rank_hosts and len(set(rank_hosts.values())) == 1:
+            # issue 26: ranks that print from one host share its node, and a P2P/SHM hop joins
+            # two ranks of one node; together they may join all ranks (a rank that prints no
+            # line of its own is reached by a P2P hop from one that does)
+            anchor = next(iter(rank_hosts))
+            same = {(r, anchor) for r in rank_hosts}
+            if self._connected_by(a.intra_edges | same, n_ranks):
+                return "P2P/SHM channel hops and one host join every rank"
         return None
 
     def _one_host_proof(self, hosts: set) -> str | None:
@@ -1507,12 +1551,32 @@ class _Summary:
         if family != "IB":
             return family
         layers = set(self.a.ib_devs.values())
+        used = self._used_layers()
+        if used:
+            self.evidence["link_layer"] = "NET/IB device of the channel lines"
+            return "ROCE" if used == {"RoCE"} else "IB"
         if layers:
             return "ROCE" if layers == {"RoCE"} else "IB"
         if self._roce_evidence() and not self.a.ib_link_evidence:
             self.evidence["link_layer"] = "; ".join(self._roce_evidence())
             return "ROCE"
         return family
+
+    def _used_layers(self) -> set[str]:
+        """Link layers of the HCAs the channel lines use ("via NET/IB/2" is device [2] of the
+        `NET/IB : Using [0]mlx5_0:1/IB ... [2]mlx5_2:1/RoCE` list); empty when an index is not
+        in the list or the hosts' lists disagree (then an index names no one HCA)."""
+        a = self.a
+        if not a.net_devs_used or not a.ib_devs or a.ib_index_conflict:
+            return set()
+        by_index = {i: a.ib_devs[h] for h, i in a.ib_dev_index.items()}
+        if len(by_index) != len(a.ib_dev_index) or not a.net_devs_used <= set(by_index):
+            return set()
+        return {by_index[i] for i in a.net_devs_used}
+
+    def _mixed_layers(self) -> bool:
+        """HCAs of both link layers listed and the channel lines do not say which one is used."""
+        return set(self.a.ib_devs.values()) == {"IB", "RoCE"} and not self._used_layers()
 
     def _split_net(self, single_node: bool, rank_hosts: dict[int, str]):
         """NET channel aggregates -> (inter entries, intra entries)."""
@@ -1577,8 +1641,29 @@ class _Summary:
         if a.net_socket_ifaces and not self._bootstrap_era_socket():
             self.evidence["inter_node_transport"] = "NET/Socket device line"
             return "SOCKET", "Socket"
+        absent = self._ib_absent()
+        if a.net_socket_ifaces and absent:
+            # any version: NCCL initialises its socket transport for data only when no net
+            # plugin and no verbs device is usable ("No device found", libibverbs missing,
+            # NCCL_IB_DISABLE=1); before 2.7 the same line alone may name the bootstrap's
+            # interface, so it decides only with that proof
+            self.evidence["inter_node_transport"] = f"NET/Socket device line after {absent}"
+            return "SOCKET", "Socket"
         self.evidence["inter_node_transport"] = None
         return "UNKNOWN", None
+
+    def _ib_absent(self) -> str | None:
+        """Why no verbs device (and no working net plugin) can carry the data, or None."""
+        a = self.a
+        if a.ib_devs or a.networks or (a.ofi.get("provider") and not a.ofi.get("failures")):
+            return None
+        if a.env.get("NCCL_IB_DISABLE") == "1":
+            return "NCCL_IB_DISABLE=1"
+        if a.ib_no_device:
+            return "NET/IB : No device found"
+        if any(k[1] == "ibverbs_missing" for k in a.findings):
+            return "libibverbs missing"
+        return None
 
     def _bootstrap_era_socket(self) -> bool:
         """Before NCCL 2.7 'NET/Socket : Using' also named the bootstrap interface."""
@@ -1825,6 +1910,9 @@ class _Summary:
         if a.truncated:
             self.notes.append(f"{a.truncated} line(s) longer than {LINE_MAX} characters: only their "
                               "first part was read")
+        if a.net_socket_ifaces and set(a.net_socket_ifaces) <= {"lo"}:
+            self.notes.append("NET/Socket uses only the loopback interface (lo): no rank can reach "
+                              "another host over it")
         if a.env.get("NCCL_P2P_DISABLE") == "1":
             self.notes.append("NCCL_P2P_DISABLE=1: intra-node traffic cannot use NVLink/PCIe P2P")
         if a.env.get("NCCL_IB_DISABLE") == "1":
@@ -1931,10 +2019,14 @@ class _Summary:
             if ifaces:
                 s += f" (NET/Socket on {', '.join(ifaces[:4])})"
         elif transport in ("IB", "ROCE"):
-            name = "RoCE" if transport == "ROCE" else "InfiniBand"
+            mixed = transport == "IB" and self._mixed_layers()
+            name = "RoCE" if transport == "ROCE" else "InfiniBand or RoCE" if mixed else "InfiniBand"
             s = f"inter-node traffic uses {name}{shape}"
             if transport == "IB" and not self.a.ib_devs and not self.a.ib_link_evidence:
                 s += " verbs (NET/IB; the link layer is not shown, RoCE would print the same)"
+            elif mixed:
+                s += (" (NET/IB lists HCAs of both link layers; the log does not show which one "
+                      "carries the traffic)")
             if network and network not in ("IB",):
                 s += f" via {network}"
             if hcas:

@@ -95,7 +95,10 @@ _MARKER_KEYS = {"driver version", "kmd version", "cuda version", "cuda umd versi
                 "persistence mode", "performance state", "minor number", "gpu part number",
                 "bus id", "serial number", "gpu current temp", "board id", "module id",
                 "product architecture", "driver model", "mig mode", "ecc mode", "compute mode",
-                "gpu power readings", "power readings", "temperature", "nvsmi log"}
+                "gpu power readings", "power readings", "temperature", "nvsmi log",
+                # ECC counters of a grep'ed excerpt (issue 26): read, their scope left null
+                "sram correctable", "sram uncorrectable", "sram uncorrectable parity",
+                "sram uncorrectable sec-ded", "dram correctable", "dram uncorrectable"}
 # detect(): keys typical of -q, laid out as `Key    : value` (two or more spaces before the colon)
 _DETECT_KEYS = ("Attached GPUs", "Product Name", "GPU UUID", "FB Memory Usage", "Driver Version",
                 "CUDA Version", "KMD Version", "Persistence Mode", "Remapped Rows", "ECC Errors",
@@ -106,7 +109,7 @@ _DETECT_TITLES = {"Clocks Throttle Reasons", "Clocks Event Reasons", "Remapped R
 _REMAP_KEYS = {"correctable error", "uncorrectable error", "pending", "remapping failure occurred",
                "bank remap availability histogram"}
 _REMAP_ONLY_KEYS = {"uncorrectable error", "remapping failure occurred"}
-_ECC_COUNTER = re.compile(r"^(?:SRAM|DRAM) (?:Un)?[Cc]orrectable(?: [\w-]{1,16})?$")
+_ECC_COUNTER = re.compile(r"^(?:SRAM|DRAM) (?:Un)?correctable(?: [\w-]{1,16})?$", re.IGNORECASE)
 _DETECT_SCAN_CHARS = 1_000_000
 
 
@@ -177,6 +180,7 @@ class Gpu:
     fabric_state: str | None = None
     fabric_status: str | None = None
     fabric_health_summary: str | None = None
+    ecc_unplaced: dict | None = None
 
     def to_dict(self) -> dict:
         out = {name: getattr(self, name) for name in self.__dataclass_fields__}
@@ -222,6 +226,8 @@ def detect(text: str) -> bool:
     head = text[:_DETECT_SCAN_CHARS]
     if "NVSMI LOG" in head or "<nvidia_smi_log" in head:
         return True
+    if "<" in head and _xml_fragment(head.split("\n", 2000)[:2000]):
+        return True                 # a piece of `nvidia-smi -q -x` without its root (issue 26)
     hits = 0
     title_indent: int | None = None
     for raw in head.split("\n"):
@@ -263,7 +269,7 @@ def _is_detect_key_line(line: str) -> bool:
 def parse(text: str) -> NvidiaSmiQ:
     """Parse nvidia-smi -q output (text or XML); see the module docstring for the shape."""
     lines = [line[:MAX_LINE_CHARS] for line in lines_of(text, KIND)]
-    if any("<nvidia_smi_log" in line for line in lines):
+    if any("<nvidia_smi_log" in line for line in lines) or _xml_fragment(lines):
         top, sections, real_sections = _xml_tree("\n".join(lines))
     else:
         top, sections, real_sections = _tree(lines)
@@ -459,10 +465,61 @@ def _xml_events(text: str):
             return
 
 
+_XML_TAG_LINE = re.compile(r"^\s{0,64}<(/?)([a-z][a-z0-9_]{0,63})(?: id=\"[^\"]{0,64}\")?>")
+
+
+def _xml_fragment(lines: list[str]) -> bool:
+    """A piece of `nvidia-smi -q -x` without its root (issue 26): a `<gpu id=...>` element, or
+    a section (`<ecc_errors>`, `<remapped_rows>` ...) pasted alone: most non-blank lines are
+    lower-case XML tags and at least one names a key the report prints."""
+    tags = keys = rows = 0
+    for line in lines[:2000]:
+        if not line.strip():
+            continue
+        rows += 1
+        m = _XML_TAG_LINE.match(line)
+        if m:
+            tags += 1
+            if not m.group(1) and (m.group(2) == "gpu" or _xml_key(m.group(2)).lower() in _MARKER_KEYS
+                                   or m.group(2) in _XML_KEYS):
+                keys += 1
+    return keys > 0 and tags * 10 >= rows * 8
+
+
+def _balanced_lines(text: str) -> str:
+    """A fragment cut inside an element starts with that element's children and its closing
+    tag: drop closing-tag lines that close nothing opened in the fragment (nvidia-smi prints one
+    tag per line), so the XML parser reads on past them. One pass over the lines."""
+    out: list[str] = []
+    opened: list[str] = []
+    count: dict[str, int] = {}              # tag -> times open (membership in O(1))
+    for line in text.split("\n"):
+        m = _XML_TAG_LINE.match(line)
+        if m and not m.group(1) and "</" not in line and not line.rstrip().endswith("/>"):
+            opened.append(m.group(2))
+            count[m.group(2)] = count.get(m.group(2), 0) + 1
+        elif m and m.group(1):
+            if not count.get(m.group(2)):
+                continue                    # closes an element opened before the fragment
+            while opened:                   # every tag is pushed and popped once: linear
+                tag = opened.pop()
+                count[tag] -= 1
+                if tag == m.group(2):
+                    break
+        out.append(line)
+    return "\n".join(out)
+
+
 def _xml_tree(text: str) -> tuple[_Node, list[_Node], bool]:
-    """The same tree as _tree, from `nvidia-smi -q -x`; a paste cut short keeps what came."""
+    """The same tree as _tree, from `nvidia-smi -q -x`; a paste cut short keeps what came. A
+    fragment without the root is read inside one (and, without a `<gpu>` element, inside a GPU
+    whose bus id is not shown)."""
     if re.search(r"<!ENTITY", text, re.I):
         raise ParseError(KIND, "XML with entity declarations is refused")
+    if "<nvidia_smi_log" not in text:
+        body = _balanced_lines(re.sub(r"^\s{0,16}<\?xml[^>]{0,200}>", "", text.lstrip(), count=1))
+        text = ("<nvidia_smi_log>" + (body if "<gpu" in body else "<gpu>" + body + "</gpu>")
+                + "</nvidia_smi_log>")
     start = text.find("<nvidia_smi_log")
     decl = text.rfind("<?xml", 0, start)
     end = text.find("</nvidia_smi_log>", start)
@@ -569,10 +626,12 @@ def _gpu(index: int, s: _Node) -> Gpu:
         power_limit_w=_float(_first(s, ("GPU Power Readings", "Current Power Limit"),
                                     ("GPU Power Readings", "Power Limit"),
                                     ("Power Readings", "Power Limit"))),
-        pcie_gen_current=_int(_first(s, pcie + ("PCIe Generation", "Current"))),
-        pcie_gen_max=_int(_first(s, pcie + ("PCIe Generation", "Max"))),
-        pcie_width_current=_int(_first(s, pcie + ("Link Width", "Current"))),
-        pcie_width_max=_int(_first(s, pcie + ("Link Width", "Max"))),
+        # a piece of the report cut above `PCI` / `GPU Link Info` (issue 26) still shows these
+        # sections by their own titles, which -q prints nowhere else
+        pcie_gen_current=_int(_first(s, pcie + ("PCIe Generation", "Current"), ("PCIe Generation", "Current"))),
+        pcie_gen_max=_int(_first(s, pcie + ("PCIe Generation", "Max"), ("PCIe Generation", "Max"))),
+        pcie_width_current=_int(_first(s, pcie + ("Link Width", "Current"), ("Link Width", "Current"))),
+        pcie_width_max=_int(_first(s, pcie + ("Link Width", "Max"), ("Link Width", "Max"))),
         persistence_mode_enabled=_enabled(persistence),
         ecc_uncorrectable_volatile=ecc_errors["volatile"]["uncorrectable"],
         ecc_uncorrectable_aggregate=ecc_errors["aggregate"]["uncorrectable"],
@@ -582,7 +641,24 @@ def _gpu(index: int, s: _Node) -> Gpu:
         fabric_state=s.value_at("Fabric", "State"),
         fabric_status=s.value_at("Fabric", "Status"),
         fabric_health_summary=s.value_at("Fabric", "Health", "Summary"),
+        ecc_unplaced=_ecc_unplaced(s, ecc_volatile, ecc_aggregate),
     )
+
+
+def _ecc_unplaced(s: _Node, volatile: _Node | None, aggregate: _Node | None) -> dict | None:
+    """ECC counters shown without the `Volatile` / `Aggregate` line that says which they count
+    (`nvidia-smi -q | grep -i uncorr` keeps `SRAM Uncorrectable : 5` alone): their sums, and
+    why the volatile and aggregate counts stay null. None when every counter is placed."""
+    placed = {id(c) for side in (volatile, aggregate) if side is not None for c in side.children}
+    orphans = [c for c in s.children if c.value and _ECC_COUNTER.match(c.key) and id(c) not in placed]
+    ecc = s.find("ECC Errors")
+    if ecc is not None:
+        orphans += [c for c in ecc.children if c.value and _ECC_COUNTER.match(c.key)]
+    if not orphans:
+        return None
+    sums = _ecc_side(_Node("", None, 0, orphans))
+    return {**sums, "reason": "ECC counters shown without their Volatile/Aggregate section line: "
+                              "which of the two they count is not shown"}
 
 
 def _ecc_nodes(s: _Node) -> tuple[_Node | None, _Node | None]:
