@@ -135,3 +135,203 @@ def test_every_on_head_client_scans_for_the_running_rays_token():
         text = source(name)
         assert re.search(r"auth_token\([^)]*scan_ray=True", text.split("def find_token")[-1]), \
             name
+
+
+# ---------------------------------------------------------------- 4, 6, 7: the proxy's gate
+
+from cluster.dashboard_proxy import DashboardProxy, Gate, parse_head  # noqa: E402
+from cluster.head_tunnel import HeadTunnel  # noqa: E402
+from cluster.remote import Session  # noqa: E402
+from test_dashboard_proxy import FakeDashboard, TOKEN as RAY_TOKEN, _read_all  # noqa: E402
+
+
+@pytest.fixture
+def proxy():
+    """A proxy in token mode in front of a fake dashboard that records what reaches it."""
+    fake = FakeDashboard(RAY_TOKEN)
+    inv = inventory.loads("nodes: [{name: localhost}]\n")
+    with Session(inv) as session:
+        tunnel = HeadTunnel(session)
+        p = DashboardProxy(lambda: tunnel.open("127.0.0.1", fake.port),
+                           "Bearer " + RAY_TOKEN).start()
+        p.fake = fake
+        try:
+            yield p
+        finally:
+            p.stop()
+            fake.close()
+
+
+def _send(p: DashboardProxy, raw: bytes) -> tuple[int, dict[str, str], bytes]:
+    """One request over a raw socket: (status, headers lower-cased, body)."""
+    import socket
+    with socket.create_connection(("127.0.0.1", p.port), timeout=10) as s:
+        s.sendall(raw)
+        reply = _read_all(s)
+    head, _, body = reply.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines[1:]:
+        k, _, v = line.partition(":")
+        headers[k.strip().lower()] = v.strip()
+    return int(lines[0].split()[1]), headers, body
+
+
+def _req(p: DashboardProxy, *lines: str, method: str = "GET", target: str = "/api/jobs/",
+         host: str | None = "own", cookie: bool = True) -> bytes:
+    out = [f"{method} {target} HTTP/1.1"]
+    if host == "own":
+        out.append(f"Host: 127.0.0.1:{p.port}")
+    elif host is not None:
+        out.append(f"Host: {host}")
+    if cookie:
+        out.append(f"Cookie: {p.gate.cookie}={p.gate.credential}")
+    out += list(lines)
+    return ("\r\n".join(out) + "\r\n\r\n").encode()
+
+
+def _refused(p: DashboardProxy, raw: bytes, status: int = 403) -> None:
+    got, _, body = _send(p, raw)
+    assert got == status, body
+    assert p.fake.heads == [], "a refused request reached the dashboard"
+    assert RAY_TOKEN.encode() not in body and p.gate.credential.encode() not in body
+
+
+def test_the_logged_in_request_reaches_the_dashboard_with_the_token(proxy):
+    """The control: the refusals below are the gate's, not a broken proxy."""
+    status, _, body = _send(proxy, _req(proxy))
+    assert status == 200 and body == b"ok /api/jobs/"
+    assert len(proxy.fake.heads) == 1 and proxy.gate.credential.encode() not in proxy.fake.heads[0]
+
+
+@pytest.mark.parametrize("host", ["evil.example", "evil.example:{port}", "127.0.0.1",
+                                  "127.0.0.1:{other}", "localhost:{other}", "127.0.0.2:{port}",
+                                  "127.0.0.1:{port}.evil.example", "127.0.0.1:{port}@evil",
+                                  "localhost.:{port}", "0.0.0.0:{port}", "[::ffff:127.0.0.1]:{port}",
+                                  "127.1:{port}", "2130706433:{port}", "127.0.0.1:0{port}",
+                                  ""])
+def test_a_foreign_host_header_is_refused_dns_rebinding(proxy, host):
+    value = host.format(port=proxy.port, other=proxy.port + 1 if proxy.port < 65535 else 1)
+    _refused(proxy, _req(proxy, host=value))
+
+
+def test_no_host_and_two_host_headers_are_refused(proxy):
+    _refused(proxy, _req(proxy, host=None), 400)
+    _refused(proxy, _req(proxy, f"Host: evil.example:{proxy.port}"), 400)
+    _refused(proxy, _req(proxy, f"Host: 127.0.0.1:{proxy.port}"), 400)   # even twice our own
+    _refused(proxy, _req(proxy, host=None).replace(b"HTTP/1.1", b"HTTP/1.0"), 400)
+
+
+def test_an_absolute_form_target_cannot_name_another_host(proxy):
+    _refused(proxy, _req(proxy, target="http://evil.example/api/jobs/"), 400)
+    _refused(proxy, _req(proxy, method="CONNECT", target=f"127.0.0.1:{proxy.port}"), 400)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1:{port}", "localhost:{port}", "LocalHost:{port}",
+                                  "[::1]:{port}"])
+def test_the_proxys_own_host_names_are_accepted(proxy, host):
+    status, _, _ = _send(proxy, _req(proxy, host=host.format(port=proxy.port)))
+    assert status == 200
+
+
+@pytest.mark.parametrize("cookie", [None, "{name}=wrong", "{name}=", "{name}",
+                                    "other={cred}", "cluster-dashboard-1={cred}",
+                                    "{name}={cred}x", "{name}= {cred}x",
+                                    "ray-authentication-token={cred}"])
+def test_a_request_without_the_proxys_credential_is_refused(proxy, cookie):
+    """Any other local account (or a page without the cookie) reaches nothing (item 6)."""
+    lines = [] if cookie is None else \
+        ["Cookie: " + cookie.format(name=proxy.gate.cookie, cred=proxy.gate.credential)]
+    _refused(proxy, _req(proxy, *lines, cookie=False))
+
+
+def test_the_credential_is_taken_only_from_the_proxys_cookie(proxy):
+    cred = proxy.gate.credential
+    for line in (f"Authorization: Bearer {cred}", f"X-Ray-Authorization: Bearer {cred}",
+                 f"Authorization: token {cred}"):
+        _refused(proxy, _req(proxy, line, cookie=False))
+    _refused(proxy, _req(proxy, cookie=False, target=f"/api/jobs/?x={cred}"))
+
+
+def test_the_credential_in_a_second_cookie_header_counts_and_is_never_forwarded(proxy):
+    raw = _req(proxy, "Cookie: theme=dark", cookie=False) \
+        .replace(b"\r\n\r\n", f"\r\nCookie: a=1; {proxy.gate.cookie}={proxy.gate.credential}"
+                 .encode() + b"\r\n\r\n")
+    status, _, _ = _send(proxy, raw)
+    assert status == 200
+    head = proxy.fake.heads[-1]
+    assert proxy.gate.credential.encode() not in head and proxy.gate.cookie.encode() not in head
+    assert b"theme=dark" in head and b"a=1" in head
+
+
+def test_the_login_url_sets_an_httponly_strict_cookie_and_strips_itself(proxy):
+    assert proxy.login_url == f"{proxy.url}/?token={proxy.gate.credential}"
+    target = f"/api/x?a=1&token={proxy.gate.credential}&b=2"
+    status, headers, _ = _send(proxy, _req(proxy, cookie=False, target=target))
+    assert status == 302 and headers["location"] == "/api/x?a=1&b=2"
+    cookie = headers["set-cookie"]
+    assert cookie.startswith(f"{proxy.gate.cookie}={proxy.gate.credential};")
+    assert {"HttpOnly", "SameSite=Strict", "Path=/"} <= {a.strip() for a in cookie.split(";")}
+    assert proxy.fake.heads == []
+    status, headers, _ = _send(proxy, _req(proxy, cookie=False,
+                                           target=f"/?token={proxy.gate.credential}"))
+    assert status == 302 and headers["location"] == "/"
+
+
+@pytest.mark.parametrize("target,method", [
+    ("/?token=wrong", "GET"), ("/?token=", "GET"), ("/?token={cred}&token={cred}", "GET"),
+    ("/?token={cred}", "POST"), ("/?token={cred}x", "GET"), ("/?token={cred}", "DELETE")])
+def test_a_wrong_or_misplaced_url_credential_is_refused(proxy, target, method):
+    _refused(proxy, _req(proxy, "Origin: http://127.0.0.1:%d" % proxy.port, method=method,
+                         cookie=False, target=target.format(cred=proxy.gate.credential)))
+
+
+def test_the_login_redirect_never_leaves_the_proxy(proxy):
+    for path in ("//evil.example/", "/\\evil.example/"):
+        status, headers, _ = _send(proxy, _req(proxy, cookie=False,
+                                               target=f"{path}?token={proxy.gate.credential}"))
+        assert status == 302 and headers["location"] == "/"
+
+
+@pytest.mark.parametrize("extra", [
+    [], ["Origin: http://evil.example"], ["Origin: null"], ["Origin: http://127.0.0.1"],
+    ["Origin: http://127.0.0.1:{other}"], ["Origin: https://127.0.0.1:{port}"],
+    ["Origin: http://127.0.0.1:{port}.evil.example"],
+    ["Origin: http://127.0.0.1:{port}", "Origin: http://evil.example"],
+    ["Referer: http://evil.example/x"], ["Referer: http://127.0.0.1:{port}.evil.example/"],
+    ["Referer: http://127.0.0.1:{port}@evil.example/"], ["Referer: /relative"],
+    ["Origin: null", "Referer: http://127.0.0.1:{port}/"],
+    ["Origin: http://evil.example", "Referer: http://127.0.0.1:{port}/"]])
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH"])
+def test_a_state_changing_request_needs_the_proxys_own_origin(proxy, extra, method):
+    """The job API (POST /api/jobs/, text/plain from another site) is not reachable (item 7)."""
+    other = proxy.port + 1 if proxy.port < 65535 else 1
+    lines = [e.format(port=proxy.port, other=other) for e in extra]
+    _refused(proxy, _req(proxy, *lines, "Content-Type: text/plain", "Content-Length: 0",
+                         method=method))
+
+
+@pytest.mark.parametrize("extra", [["Origin: http://127.0.0.1:{port}"],
+                                   ["Origin: http://localhost:{port}"],
+                                   ["Referer: http://127.0.0.1:{port}/#/jobs"],
+                                   ["Referer: http://LOCALHOST:{port}"]])
+def test_a_state_changing_request_from_the_proxys_own_page_passes(proxy, extra):
+    lines = [e.format(port=proxy.port) for e in extra]
+    status, _, _ = _send(proxy, _req(proxy, *lines, "Content-Length: 0", method="POST"))
+    assert status == 200
+
+
+def test_a_foreign_origin_is_refused_on_reads_and_websockets_too(proxy):
+    _refused(proxy, _req(proxy, "Origin: http://evil.example"))
+    _refused(proxy, _req(proxy, "Origin: null", "Upgrade: websocket", "Connection: Upgrade",
+                         target="/logs/stream"))
+
+
+def test_the_gate_is_pure_and_never_shows_its_credential():
+    gate = Gate("::1", 8265, "c" * 43)
+    assert "c" * 43 not in repr(gate)
+    head = parse_head(b"GET / HTTP/1.1\r\nHost: [::1]:8265\r\nCookie: cluster-dashboard-8265="
+                      + b"c" * 43)
+    assert gate.check(head) is None
+    assert gate.check(parse_head(b"GET / HTTP/1.1\r\nHost: [::1]:8266\r\nCookie: "
+                                 b"cluster-dashboard-8265=" + b"c" * 43)).status == 403
