@@ -139,7 +139,7 @@ def test_every_on_head_client_scans_for_the_running_rays_token():
 
 # ---------------------------------------------------------------- 4, 6, 7: the proxy's gate
 
-from cluster.dashboard_proxy import DashboardProxy, Gate, parse_head  # noqa: E402
+from cluster.dashboard_proxy import DashboardProxy, parse_head  # noqa: E402
 from cluster.head_tunnel import HeadTunnel  # noqa: E402
 from cluster.remote import Session  # noqa: E402
 from test_dashboard_proxy import FakeDashboard, TOKEN as RAY_TOKEN, _read_all  # noqa: E402
@@ -184,7 +184,7 @@ def _req(p: DashboardProxy, *lines: str, method: str = "GET", target: str = "/ap
         out.append(f"Host: 127.0.0.1:{p.port}")
     elif host is not None:
         out.append(f"Host: {host}")
-    if cookie:
+    if cookie and getattr(p, "gate", None) is not None:   # (the code before the fix had none)
         out.append(f"Cookie: {p.gate.cookie}={p.gate.credential}")
     out += list(lines)
     return ("\r\n".join(out) + "\r\n\r\n").encode()
@@ -194,7 +194,11 @@ def _refused(p: DashboardProxy, raw: bytes, status: int = 403) -> None:
     got, _, body = _send(p, raw)
     assert got == status, body
     assert p.fake.heads == [], "a refused request reached the dashboard"
-    assert RAY_TOKEN.encode() not in body and p.gate.credential.encode() not in body
+    assert RAY_TOKEN.encode() not in body and _credential(p) not in body
+
+
+def _credential(p: DashboardProxy) -> bytes:
+    return p.gate.credential.encode() if getattr(p, "gate", None) is not None else b"\0"
 
 
 def test_the_logged_in_request_reaches_the_dashboard_with_the_token(proxy):
@@ -328,6 +332,7 @@ def test_a_foreign_origin_is_refused_on_reads_and_websockets_too(proxy):
 
 
 def test_the_gate_is_pure_and_never_shows_its_credential():
+    from cluster.dashboard_proxy import Gate
     gate = Gate("::1", 8265, "c" * 43)
     assert "c" * 43 not in repr(gate)
     head = parse_head(b"GET / HTTP/1.1\r\nHost: [::1]:8265\r\nCookie: cluster-dashboard-8265="
@@ -335,3 +340,99 @@ def test_the_gate_is_pure_and_never_shows_its_credential():
     assert gate.check(head) is None
     assert gate.check(parse_head(b"GET / HTTP/1.1\r\nHost: [::1]:8266\r\nCookie: "
                                  b"cluster-dashboard-8265=" + b"c" * 43)).status == 403
+
+
+# ---------------------------------------------------------------- 16: inventory numbers and ports
+
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+from cluster.errors import InventoryError  # noqa: E402
+
+ONE = "nodes: [{name: a}]\n"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _refusal(text: str) -> InventoryError:
+    with pytest.raises(InventoryError) as info:
+        inventory.loads(ONE + text, path="c.yaml")
+    assert "\n" not in str(info.value)
+    return info.value
+
+
+@pytest.mark.parametrize("text,key", [
+    ("ssh: {connect_timeout: 1:30}", "ssh.connect_timeout"),          # was 90
+    ("ssh: {command_timeout: 1:00:00}", "ssh.command_timeout"),        # was 3600
+    ("ssh: {command_timeout: 1:30.5}", "ssh.command_timeout"),         # a base-60 float
+    ("ssh: {port: 2_2}", "ssh.port"),                                  # was 22
+    ("ssh: {connect_timeout: 2_0.5}", "ssh.connect_timeout"),
+    ("ray: {object_store_memory: 10_737_418_240}", "ray.object_store_memory"),
+    ("health: {period_s: 0x1e}", "health.period_s"),                   # was 30
+    ("health: {period_s: 010}", "health.period_s"),                    # was 8
+    ("expectations: {clock: {max_offset_ms: 1:40}}", "expectations.clock.max_offset_ms"),
+])
+def test_yaml_base_60_underscores_hex_and_octal_numbers_are_refused(text, key):
+    err = _refusal(text)
+    assert err.key == key, str(err)
+    assert "decimal" in str(err) or "integer" in str(err), str(err)
+
+
+def test_plain_decimal_numbers_still_load():
+    inv = inventory.loads(ONE + "ssh: {connect_timeout: 2.5, command_timeout: 3600, port: 22}\n"
+                          "ray: {object_store_memory: 10737418240}\n"
+                          "health: {period_s: 1.5e+1}\n")
+    assert (inv.ssh.connect_timeout, inv.ssh.command_timeout, inv.ssh.port) == (2.5, 3600.0, 22)
+    assert inv.health.period_s == 15.0 and inv.ray.object_store_memory == 10737418240
+
+
+@pytest.mark.parametrize("text,keys", [
+    ("ray: {prometheus_port: 8265}", ("ray.dashboard_port", "ray.prometheus_port")),
+    ("ray: {port: 9090}", ("ray.port", "ray.prometheus_port")),
+    ("ray: {prometheus_port: 8100, dashboard_port: 8100}\n"
+     "expectations: {fix: {model_copy_port: 8100}}", ("ray.dashboard_port", "ray.prometheus_port")),
+    ("expectations: {fix: {model_copy_port: 6379}}",
+     ("ray.port", "expectations.fix.model_copy_port")),
+    ("expectations: {fix: {model_copy_port: 8000}}",
+     ("ray.serve_port", "expectations.fix.model_copy_port")),
+    ("ray: {serve_port: 8265}", ("ray.dashboard_port", "ray.serve_port")),
+    ("ray: {metrics_export_port: 8076}", ("ray.node_manager_port", "ray.metrics_export_port")),
+    ("ray: {dashboard_port: 10500}", ("ray.dashboard_port", "ray.min_worker_port")),
+    ("ray: {min_worker_port: 29000, max_worker_port: 30500}",
+     ("ray.min_worker_port", "expectations.reachability.serve_replica_ports")),
+    ("expectations: {fix: {model_copy_port: 30500}}",
+     ("expectations.fix.model_copy_port", "serve_replica_ports")),
+])
+def test_colliding_ports_are_refused_naming_both_keys(text, keys):
+    err = _refusal(text)
+    for key in keys:
+        assert key in str(err), str(err)
+    assert str(err).startswith("c.yaml:")
+
+
+def test_distinct_ports_still_load():
+    inv = inventory.loads(ONE + "ray: {port: 6380, dashboard_port: 8266, prometheus_port: 9091}\n"
+                          "expectations: {fix: {model_copy_port: 8091}}\n")
+    assert inv.ray.prometheus_port == 9091
+
+
+@pytest.mark.parametrize("url", ["http://[1.2.3.4]:3000", "http://[1.2.3.4]", "http://[10.0.0.1]:3000",
+                                 "https://[127.0.0.1]/grafana"])
+def test_an_ipv4_address_in_brackets_is_refused(url):
+    err = _refusal(f"ray: {{grafana_url: '{url}'}}")
+    assert err.key == "ray.grafana_url" and "IPv6" in str(err)
+
+
+def test_an_ipv6_grafana_url_still_loads():
+    inv = inventory.loads(ONE + "ray: {grafana_url: 'http://[::1]:3000'}\n")
+    assert inv.ray.grafana_url == "http://[::1]:3000"
+
+
+@pytest.mark.parametrize("value", ["\u0665", "\u0661\u0660", "\uff15", "1_0", "\u0665.5"])
+def test_status_window_refuses_non_ascii_digits_and_underscores(tmp_path, value):
+    """float("٥") is 5.0 in Python: the flag takes ASCII decimal digits only."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
+           "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "cluster", "status", "--window", value],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert len(proc.stderr.strip().splitlines()) == 1 and "--window" in proc.stderr
