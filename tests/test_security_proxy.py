@@ -436,3 +436,218 @@ def test_status_window_refuses_non_ascii_digits_and_underscores(tmp_path, value)
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""
     assert len(proc.stderr.strip().splitlines()) == 1 and "--window" in proc.stderr
+
+
+# ---------------------------------------------------------------- 13: bench, bounded
+
+import random  # noqa: E402
+import socket  # noqa: E402
+import threading  # noqa: E402
+import tracemalloc  # noqa: E402
+import zlib  # noqa: E402
+
+from cluster import bench  # noqa: E402
+from cluster.bench import BenchConfig, RequestOutcome, run_bench, summarize_level  # noqa: E402
+
+BOMB_BYTES = 128 << 20     # twice bench.reply_bytes of zeros: ~130 KB once gzipped
+
+
+def _compressed(chunks, wbits: int = 31) -> bytes:
+    z = zlib.compressobj(9, zlib.DEFLATED, wbits)
+    return b"".join(z.compress(c) for c in chunks) + z.flush()
+
+
+def _zeros(total: int = BOMB_BYTES):
+    step = 1 << 20
+    return (b"\0" * step for _ in range(total // step))
+
+
+class OneReply:
+    """A loopback HTTP server answering every request with the same status, headers and
+    body (Content-Length), then closing the connection."""
+
+    def __init__(self, status: str, headers: dict[str, str], body: bytes):
+        head = f"HTTP/1.1 {status}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        self.reply = (head + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")\
+            .encode() + body
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            buf = b""
+            try:
+                while b"\r\n\r\n" not in buf:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    buf += data
+                head, _, body = buf.partition(b"\r\n\r\n")
+                length = re.search(rb"(?i)content-length:\s*(\d+)", head)
+                want = int(length.group(1)) if length else 0
+                while len(body) < want:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    body += data
+                conn.sendall(self.reply)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _bench_once(server: OneReply):
+    """One request against `server`: (its outcome's error kind, its detail, peak traced bytes)."""
+    config = BenchConfig(url=server.url, model="m", concurrency=(1,), requests=1, prompt_len=4,
+                         output_len=4, timeout_s=60)
+    tracemalloc.start()
+    try:
+        result = run_bench(config)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    level = result.levels[0]
+    kind = next(iter(level.errors), None)
+    return kind, level.error_examples.get(kind, ""), peak, level
+
+
+SSE = ("".join("data: " + '{"choices": [{"index": 0, "text": "t%d "}]}' % i + "\n\n"
+               for i in range(5)) + 'data: {"choices": [], "usage": {"prompt_tokens": 4, '
+       '"completion_tokens": 5}}\n\ndata: [DONE]\n\n').encode()
+
+
+@pytest.mark.parametrize("encoding,body", [
+    ("gzip", _compressed([SSE])), ("x-gzip", _compressed([SSE])),
+    ("deflate", _compressed([SSE], 15)), ("deflate", _compressed([SSE], -15)),
+    ("identity", SSE), ("", SSE)])
+def test_a_compressed_stream_is_still_read(encoding, body):
+    """The control: an honest gzip/deflate stream is decoded and measured."""
+    server = OneReply("200 OK", {"Content-Type": "text/event-stream",
+                                 **({"Content-Encoding": encoding} if encoding else {})}, body)
+    try:
+        kind, detail, _, level = _bench_once(server)
+    finally:
+        server.close()
+    assert kind is None and level.ok == 1, detail
+    assert level.output_tokens == 5 and level.itl_ms.count == 4
+
+
+@pytest.mark.parametrize("status", ["200 OK", "500 Internal Server Error"])
+def test_a_gzip_bomb_is_refused_in_bounded_memory(status):
+    """1 GiB of zeros in ~1 MB of gzip took ~850 MiB for 8 replies: now each reply stops at
+    bench.reply_bytes, inflated 64 KiB at a time."""
+    server = OneReply(status, {"Content-Type": "text/event-stream", "Content-Encoding": "gzip"},
+                      _compressed(_zeros()))
+    try:
+        kind, detail, peak, _ = _bench_once(server)
+    finally:
+        server.close()
+    assert kind == ("protocol_error" if status == "200 OK" else "http_500"), detail
+    assert peak < 24 << 20, f"peak {peak:,} bytes"
+
+
+def test_an_encoding_the_bench_cannot_bound_is_refused():
+    server = OneReply("200 OK", {"Content-Type": "text/event-stream", "Content-Encoding": "br"},
+                      b"\x0b\x02\x80data")
+    try:
+        kind, detail, _, _ = _bench_once(server)
+    finally:
+        server.close()
+    assert kind == "protocol_error" and "Content-Encoding" in detail
+
+
+def test_the_metrics_page_is_inflated_in_bounded_memory():
+    server = OneReply("200 OK", {"Content-Type": "text/plain", "Content-Encoding": "gzip"},
+                      _compressed(_zeros()))
+    tracemalloc.start()
+    try:
+        with pytest.raises(bench.BenchError, match="larger than|inflates"):
+            bench.scrape_metric(server.url, "vllm:generation_tokens_total")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        server.close()
+    assert peak < 48 << 20, f"peak {peak:,} bytes"
+
+
+def test_the_decoder_never_hands_out_more_than_a_step_and_stops_at_its_cap():
+    decoder = bench.BoundedDecoder("gzip", 1 << 20)
+    seen = 0
+    with pytest.raises(bench.StreamFailure) as info:
+        for piece in decoder.pieces(_compressed(_zeros(8 << 20))):
+            assert len(piece) <= decoder.STEP
+            seen += len(piece)
+    assert info.value.kind == "protocol_error" and seen <= 1 << 20
+    with pytest.raises(bench.StreamFailure):
+        list(bench.BoundedDecoder("gzip", 1 << 20).pieces(b"not gzip at all"))
+    with pytest.raises(bench.StreamFailure):
+        bench.BoundedDecoder("gzip, gzip", 1 << 20)
+
+
+def _exact(values, q):
+    return bench.percentile(sorted(values), q)
+
+
+def test_small_data_gives_the_exact_percentiles():
+    rng = random.Random(25)
+    values = [rng.lognormvariate(-4, 1.5) for _ in range(999)] + [0.0] * 10
+    dist = Distribution.of(values)
+    assert dist.exact
+    for q in (50, 90, 95, 99, 0, 100):
+        assert dist.percentile(q) == _exact(values, q)
+    stats = bench.latency_stats(dist)
+    assert stats.p99 == pytest.approx(_exact(values, 99) * 1000) and stats.count == 1009
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_past_the_exact_size_percentiles_stay_within_the_documented_error(seed):
+    """RELATIVE_ERROR (1%) of the exact value, or ZERO_S absolute (chunks read together)."""
+    rng = random.Random(seed)
+    values = [rng.lognormvariate(-4, 2) for _ in range(5000)] + [0.0] * 300 \
+        + [rng.uniform(1e-7, 1e-3) for _ in range(700)]
+    rng.shuffle(values)
+    parts = [Distribution(exact_max=64) for _ in range(7)]
+    for i, v in enumerate(values):
+        parts[i % 7].add(v)
+    whole = Distribution(exact_max=64)
+    for part in parts:
+        whole.merge(part)
+    assert not whole.exact and whole.count == len(values)
+    assert whole.mean == pytest.approx(sum(values) / len(values))
+    for q in (50, 90, 95, 99, 99.9):
+        exact, got = _exact(values, q), whole.percentile(q)
+        assert abs(got - exact) <= max(RELATIVE_ERROR * exact, ZERO_S) + 1e-12, (q, got, exact)
+
+
+def test_inter_token_gaps_take_bounded_memory_however_long_the_stream():
+    """12 requests of 2M chunks kept every gap (2 GB): now a request's gaps and the level's
+    merge stay within a few thousand entries (300k gaps per request here)."""
+    rng = random.Random(7)
+    outcomes = []
+    for _ in range(12):
+        arrivals, now = bench._Arrivals(), 0.0
+        for _ in range(300_000 // 100):
+            now += rng.expovariate(200.0)
+            arrivals.add(now, 100)       # 100 chunks in one read: 99 gaps of 0, then one
+        assert arrivals.count == 300_000 and arrivals.gaps.count == 299_999
+        assert arrivals.gaps.size < 5_000
+        outcomes.append(RequestOutcome(True, ttft_s=0.1, e2e_s=now, itl=arrivals.gaps,
+                                       prompt_tokens=4, output_tokens=300_000,
+                                       content_chunks=300_000))
+    level = summarize_level(12, outcomes, 10.0, 300_000)
+    assert level.itl_ms.count == 12 * 299_999 and level.itl_ms.p50 == 0.0
+    assert set(level.to_dict()["itl_ms"]) == {"p50", "p95", "p99", "mean"}
+
+
+from cluster.distribution import RELATIVE_ERROR, ZERO_S, Distribution  # noqa: E402
