@@ -17,10 +17,11 @@ HEAD_TIMEOUT_S) and lets it through its Gate (pure; before the head is asked):
     accepted Host; `null` is not); a state-changing request (any method but GET, HEAD,
     OPTIONS) must carry the proxy's own Origin, or, without one, a Referer of the proxy's own
     origin: a cross-site page cannot post to the job API.
-The proxy's cookie is never forwarded. Then, in token mode, the request head is rewritten: the browser's Authorization,
-X-Ray-Authorization and Proxy-Authorization headers and its `ray-authentication-token` cookie
-are dropped, `Authorization: Bearer <token>` is added (what Ray 2.60's token middleware reads
-first, so the UI never gets a 401 and never shows "Authentication Token Required"), and
+The proxy's cookie is never forwarded. Then, in token mode, the request head is rewritten:
+the browser's Authorization, X-Ray-Authorization and Proxy-Authorization headers and its
+`ray-authentication-token` cookie are dropped, `Authorization: Bearer <token>` is added
+(what Ray 2.60's token middleware reads first, so the UI never gets a 401 and never shows
+"Authentication Token Required"), and
 `Connection: close` is set unless the request is an upgrade (a websocket), so the next request
 comes on a new connection and gets the header too. Then bytes are spliced both ways until the
 dashboard ends its reply: streaming, chunked replies and websocket upgrades pass unchanged.

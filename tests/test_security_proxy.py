@@ -211,7 +211,8 @@ def test_the_logged_in_request_reaches_the_dashboard_with_the_token(proxy):
 @pytest.mark.parametrize("host", ["evil.example", "evil.example:{port}", "127.0.0.1",
                                   "127.0.0.1:{other}", "localhost:{other}", "127.0.0.2:{port}",
                                   "127.0.0.1:{port}.evil.example", "127.0.0.1:{port}@evil",
-                                  "localhost.:{port}", "0.0.0.0:{port}", "[::ffff:127.0.0.1]:{port}",
+                                  "localhost.:{port}", "0.0.0.0:{port}",
+                                  "[::ffff:127.0.0.1]:{port}",
                                   "127.1:{port}", "2130706433:{port}", "127.0.0.1:0{port}",
                                   ""])
 def test_a_foreign_host_header_is_refused_dns_rebinding(proxy, host):
@@ -415,8 +416,8 @@ def test_distinct_ports_still_load():
     assert inv.ray.prometheus_port == 9091
 
 
-@pytest.mark.parametrize("url", ["http://[1.2.3.4]:3000", "http://[1.2.3.4]", "http://[10.0.0.1]:3000",
-                                 "https://[127.0.0.1]/grafana"])
+@pytest.mark.parametrize("url", ["http://[1.2.3.4]:3000", "http://[1.2.3.4]",
+                                 "http://[10.0.0.1]:3000", "https://[127.0.0.1]/grafana"])
 def test_an_ipv4_address_in_brackets_is_refused(url):
     err = _refusal(f"ray: {{grafana_url: '{url}'}}")
     assert err.key == "ray.grafana_url" and "IPv6" in str(err)

@@ -9,8 +9,8 @@ The dashboard's REST API first (`/api/version`, the state API `/api/v0/nodes`, t
 `/api/serve/applications/`); when it does not answer (it starts a few seconds after the GCS),
 the node table from the GCS client (`ray._raylet.GcsClient`, the one non-stdlib import, only
 then). A Ray auth token (token mode) is read here (the caller's env, else the one the running
-Ray was started with: cluster/node_programs/_common.py find_token), never passed in or printed. Read-only.
-Python 3.8+.
+Ray was started with: cluster/node_programs/_common.py find_token), never passed in or
+printed. Read-only. Python 3.8+.
 """
 
 import json
