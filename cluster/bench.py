@@ -29,10 +29,11 @@ import json
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 from cluster.bounds import bound, check_float, check_int
+from cluster.distribution import Distribution
 from cluster.errors import ClusterError, ParseError, UsageError
 from cluster.parsers import prometheus
 from cluster.textsafe import safe_line
@@ -47,6 +48,7 @@ MAX_REQUESTS_PER_LEVEL = int(bound("bench", "requests"))
 # A worker pauses this long after a connection-level failure before its next request.
 ERROR_BACKOFF_S = 0.05
 _ERROR_BODY_CHARS = 300
+ACCEPT_ENCODING = "gzip, deflate"   # what BoundedDecoder undoes (never br or zstd)
 _LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 # Common English words that most BPE vocabularies hold as one token each (with the leading
@@ -164,7 +166,7 @@ class RequestOutcome:
     detail: str = ""
     ttft_s: float | None = None
     e2e_s: float | None = None
-    itl_s: tuple[float, ...] = ()
+    itl: Distribution = field(default_factory=Distribution)   # gaps between content chunks (s)
     prompt_tokens: int = 0
     output_tokens: int = 0
     usage_reported: bool = False
@@ -321,8 +323,14 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
     return float(sorted_values[low] + (sorted_values[high] - sorted_values[low]) * frac)
 
 
-def latency_stats(values_s: Sequence[float]) -> LatencyStats:
-    """Seconds in, milliseconds out."""
+def latency_stats(values_s: Sequence[float] | Distribution) -> LatencyStats:
+    """Seconds in, milliseconds out. A Distribution that is no longer exact (more values than
+    it keeps: cluster/distribution.py) gives percentiles within its RELATIVE_ERROR (1%)."""
+    if isinstance(values_s, Distribution):
+        if not values_s.count:
+            return LatencyStats(None, None, None, None, 0)
+        return LatencyStats(*(values_s.percentile(q) * 1000.0 for q in (50, 95, 99)),
+                            values_s.mean * 1000.0, values_s.count)
     if not values_s:
         return LatencyStats(None, None, None, None, 0)
     ms = sorted(v * 1000.0 for v in values_s)
@@ -454,7 +462,9 @@ def scrape_metric(url: str, name: str, *, api_key: str | None = None,
     import httpx
 
     target = _client_url(metrics_url(url))
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = {"Accept-Encoding": ACCEPT_ENCODING}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
     timeout_s = check_float(timeout_s, "metrics timeout (s)", lo=0, lo_open=True,
                             hi=bound("bench", "timeout_s"))
     cap = int(bound("files", "metrics_page"))
@@ -463,8 +473,10 @@ def scrape_metric(url: str, name: str, *, api_key: str | None = None,
             with client.stream("GET", target, headers=headers) as response:
                 status = response.status_code
                 raw = bytearray()
-                for part in response.iter_bytes():
-                    raw += part
+                decoder = BoundedDecoder(response.headers.get("content-encoding"), cap)
+                for part in response.iter_raw():
+                    for piece in decoder.pieces(part):
+                        raw += piece
                     if len(raw) > cap:
                         raise BenchError(f"{redact_url(target)}: /metrics page larger than "
                                          f"{cap:,} bytes")
@@ -645,32 +657,115 @@ def _failure(kind: str, exc: BaseException) -> RequestOutcome:
                                                   limit=_ERROR_BODY_CHARS))
 
 
+class _Arrivals:
+    """When content chunks arrived: the first, the count, and the gaps between consecutive
+    ones (a Distribution: bounded however long the stream)."""
+
+    def __init__(self) -> None:
+        self.first: float | None = None
+        self.last: float | None = None
+        self.count = 0
+        self.gaps = Distribution()
+
+    def add(self, now: float, chunks: int) -> None:
+        """`chunks` content chunks completed at `now` (several in one read: gaps of 0)."""
+        if self.last is None:
+            self.first = now
+        else:
+            self.gaps.add(max(0.0, now - self.last))
+        for _ in range(chunks - 1):
+            self.gaps.add(0.0)
+        self.last = now
+        self.count += chunks
+
+
+class BoundedDecoder:
+    """A reply body's Content-Encoding undone in bounded steps: identity, gzip (x-gzip) or
+    deflate (zlib-wrapped or raw). pieces(raw) yields the decoded bytes at most STEP at a
+    time (the caller consumes each before the next is inflated: a gzip bomb never sits in
+    memory) and raises StreamFailure(protocol_error) once a compressed reply inflates past
+    `cap` bytes in all (limits.yaml bench.reply_bytes), on another encoding, or on corrupt
+    data. Pure: no I/O."""
+
+    STEP = 1 << 16
+
+    def __init__(self, content_encoding: str | None, cap: int):
+        names = [n.strip().lower() for n in (content_encoding or "").split(",") if n.strip()]
+        names = [n for n in names if n != "identity"]
+        if len(names) > 1 or (names and names[0] not in ("gzip", "x-gzip", "deflate")):
+            raise StreamFailure("protocol_error", "unsupported Content-Encoding "
+                                                  f"{(content_encoding or '')[:40]!r}")
+        self.encoding = names[0] if names else "identity"
+        self.cap = cap
+        self.total = 0
+        self._inflate = None
+
+    def pieces(self, raw: bytes) -> Iterator[bytes]:
+        import zlib
+
+        if self.encoding == "identity":
+            if raw:
+                yield raw
+            return
+        if self._inflate is None:
+            raw_deflate = self.encoding == "deflate" and bool(raw) and (raw[0] & 0x0F) != 8
+            self._inflate = zlib.decompressobj(-15 if raw_deflate else
+                                               31 if "gzip" in self.encoding else 15)
+        data = raw
+        while data:
+            try:
+                part = self._inflate.decompress(data, self.STEP)
+            except zlib.error as exc:
+                raise StreamFailure("protocol_error",
+                                    f"corrupt {self.encoding} body: {exc}") from None
+            self.total += len(part)
+            if self.total > self.cap:
+                raise StreamFailure("protocol_error", f"the {self.encoding} reply inflates to "
+                                                      f"more than {self.cap:,} bytes")
+            data = self._inflate.unconsumed_tail
+            if part:
+                yield part
+            elif data:      # no progress with input left: never loop on it
+                raise StreamFailure("protocol_error", f"corrupt {self.encoding} body")
+
+    def head(self, raw: bytes, limit: int) -> bytes:
+        """At most `limit` decoded bytes of `raw` (an error reply's start)."""
+        out = b""
+        for part in self.pieces(raw):
+            out += part[:limit - len(out)]
+            if len(out) >= limit:
+                break
+        return out
+
+
 async def _stream_one(client: Any, url: str, body: dict[str, Any], headers: dict[str, str],
                       endpoint: str, state: dict[str, Any]) -> RequestOutcome:
     import httpx
 
     t0 = time.perf_counter()
-    arrivals: list[float] = []
+    arrivals = _Arrivals()
     reader = SseReader(endpoint)
     try:
         async with client.stream("POST", url, json=body, headers=headers) as response:
             state["got_headers"] = True
+            decoder = BoundedDecoder(response.headers.get("content-encoding"),
+                                     int(bound("bench", "reply_bytes")))
             if response.status_code != 200:
                 raw = b""
-                async for part in response.aiter_bytes():
-                    raw += part
-                    if len(raw) > 4 * _ERROR_BODY_CHARS:
+                async for part in response.aiter_raw():
+                    raw += decoder.head(part, 4 * _ERROR_BODY_CHARS - len(raw))
+                    if len(raw) >= 4 * _ERROR_BODY_CHARS:
                         break
                 return RequestOutcome(False, f"http_{response.status_code}", _error_message(raw))
-            async for part in response.aiter_bytes():
-                found = reader.feed(part)
+            async for part in response.aiter_raw():
+                found = sum(reader.feed(piece) for piece in decoder.pieces(part)
+                            if not reader.done)
                 if found:
-                    now = time.perf_counter()
-                    arrivals.extend([now] * found)
+                    arrivals.add(time.perf_counter(), found)
                 if reader.done:
                     break
             if not reader.done and reader.finish():
-                arrivals.append(time.perf_counter())
+                arrivals.add(time.perf_counter(), 1)
             tokens = usage_tokens(reader.usage)
     except StreamFailure as failure:
         return RequestOutcome(False, failure.kind, failure.detail)
@@ -687,16 +782,15 @@ async def _stream_one(client: Any, url: str, body: dict[str, Any], headers: dict
     t_end = time.perf_counter()
     if not reader.done:
         return RequestOutcome(False, "incomplete_stream", "the stream ended without [DONE]")
-    if not arrivals:
+    if not arrivals.count:
         return RequestOutcome(False, "incomplete_stream", "the stream carried no content")
     prompt_words = len(body.get("prompt", "").split()) if "prompt" in body else \
         len(body["messages"][0]["content"].split())
     return RequestOutcome(
-        True, ttft_s=arrivals[0] - t0, e2e_s=t_end - t0,
-        itl_s=tuple(b - a for a, b in zip(arrivals, arrivals[1:])),
+        True, ttft_s=arrivals.first - t0, e2e_s=t_end - t0, itl=arrivals.gaps,
         prompt_tokens=tokens[0] if tokens else prompt_words,
-        output_tokens=tokens[1] if tokens else len(arrivals),
-        usage_reported=tokens is not None, content_chunks=len(arrivals))
+        output_tokens=tokens[1] if tokens else arrivals.count,
+        usage_reported=tokens is not None, content_chunks=arrivals.count)
 
 
 async def _one_request(client: Any, config: BenchConfig, url: str, headers: dict[str, str],
@@ -714,6 +808,13 @@ async def _one_request(client: Any, config: BenchConfig, url: str, headers: dict
 # ----------------------------------------------------------------------------- one level
 
 ProgressCallback = Callable[[int, RequestOutcome], None]
+
+
+def _merged(parts: Iterable[Distribution]) -> Distribution:
+    out = Distribution()
+    for part in parts:
+        out.merge(part)
+    return out
 
 
 def summarize_level(concurrency: int, outcomes: Sequence[RequestOutcome], duration_s: float,
@@ -736,7 +837,7 @@ def summarize_level(concurrency: int, outcomes: Sequence[RequestOutcome], durati
         input_tokens=sum(o.prompt_tokens for o in good),
         output_tokens=sum(o.output_tokens for o in good),
         ttft_ms=latency_stats([o.ttft_s for o in good if o.ttft_s is not None]),
-        itl_ms=latency_stats([gap for o in good for gap in o.itl_s]),
+        itl_ms=latency_stats(_merged(o.itl for o in good)),
         e2e_ms=latency_stats([o.e2e_s for o in good if o.e2e_s is not None]),
         tpot_ms=latency_stats(tpot),
         short_outputs=sum(1 for o in good if o.output_tokens < output_len),
@@ -751,7 +852,7 @@ async def run_level(config: BenchConfig, concurrency: int,
     import httpx
 
     url = endpoint_url(config.url, config.endpoint)
-    headers = {"Accept": "text/event-stream"}
+    headers = {"Accept": "text/event-stream", "Accept-Encoding": ACCEPT_ENCODING}
     if config.api_key:
         headers["Authorization"] = f"Bearer {config.api_key}"
     total = config.requests_for(concurrency)

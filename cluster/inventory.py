@@ -43,7 +43,7 @@ _IFACE_RE = re.compile(r"[\^=]?[A-Za-z0-9._:@-]{1,64}(?:,[\^=]?[A-Za-z0-9._:@-]{
 _HCA_RE = re.compile(r"[\^=]?[A-Za-z0-9._-]{1,64}(?::[0-9]{1,3})?\Z")
 _PATH_RE = re.compile(r"[A-Za-z0-9._/~+@%=,:-]{1,4096}\Z")
 _ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
-_DECIMAL_RE = re.compile(r"[-+]?(?:0|[1-9][0-9_]*)\Z")
+_DECIMAL_RE = re.compile(r"[-+]?(?:0|[1-9][0-9]*)\Z")
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 MAX_STRING = 4096
 # Secret-looking env names: any name containing one of these (the historical rule) ...
@@ -480,6 +480,7 @@ def loads(text: str, path: str = "<string>") -> Inventory:
     model_path = _model_path(v, top)
     secret_names = _secret_names(v, top.get("secrets"))
     health = _health_options(v, top.get("health"))
+    _refuse_port_collisions(v, ray, expectations)
     run_dir = v.path(top.get("run_dir"), ("run_dir",)) or "runs"
     base = Path(path).resolve().parent if Path(path).is_file() else None
     if os.environ.get(RUN_DIR_ENV):
@@ -675,6 +676,58 @@ _RAY_INT_KEYS = {"port": (1, 65535), "dashboard_port": (1, 65535),
                  "memory": (1 << 20, 1 << 50)}
 
 
+_RAY_PORTS = tuple(k for k in _RAY_INT_KEYS if k.endswith("port")
+                   and k not in ("min_worker_port", "max_worker_port"))
+_MODEL_COPY_PORT = ("expectations", "fix", "model_copy_port")
+_REPLICA_PORTS = ("expectations", "reachability", "serve_replica_ports")
+
+
+def declared_ports(ray: RayOptions, expectations: Mapping[str, Any]
+                   ) -> tuple[list[tuple[tuple, int]], list[tuple[tuple, int, int]]]:
+    """(the fixed ports the inventory declares, as (key path, port); its port ranges, as
+    (key path, first, last)), defaults included (pure)."""
+    singles = [(("ray", k), getattr(ray, k)) for k in _RAY_PORTS]
+    singles.append((_MODEL_COPY_PORT, expectations["fix"]["model_copy_port"]))
+    ranges = [(("ray", "min_worker_port"), ray.min_worker_port, ray.max_worker_port)]
+    replica = expectations["reachability"]["serve_replica_ports"]
+    if len(replica) == 2 and replica[0] <= replica[1]:
+        ranges.append((_REPLICA_PORTS, replica[0], replica[1]))
+    return singles, ranges
+
+
+def _port_name(at: tuple) -> str:
+    if at == ("ray", "min_worker_port"):
+        return "ray.min_worker_port..max_worker_port"
+    return _dotted(at)
+
+
+def _refuse_port_collisions(v: _Validator, ray: RayOptions,
+                            expectations: Mapping[str, Any]) -> None:
+    """Two services on one port: one fails to start, or answers for the other. Every fixed
+    port distinct, none inside a port range, the ranges apart; one line naming both keys (at
+    the line of the one written, defaults count)."""
+    singles, ranges = declared_ports(ray, expectations)
+
+    def fail(first: tuple, second: tuple, what: str) -> Exception:
+        at = second if v.doc.text(second) is not None or v.doc.text(first) is None else first
+        return v.doc.fail(at, f"{_port_name(first)} and {_port_name(second)} {what}: every "
+                              "port the inventory declares must be its own")
+
+    seen: dict[int, tuple] = {}
+    for at, port in singles:
+        if port in seen:
+            raise fail(seen[port], at, f"are both {port}")
+        seen[port] = at
+    for at, port in singles:
+        for rat, lo, hi in ranges:
+            if lo <= port <= hi:
+                raise fail(at, rat, f"collide ({port} is inside {lo}-{hi})")
+    for i, (a, alo, ahi) in enumerate(ranges):
+        for b, blo, bhi in ranges[i + 1:]:
+            if alo <= bhi and blo <= ahi:
+                raise fail(a, b, f"overlap ({alo}-{ahi} and {blo}-{bhi})")
+
+
 def _ray_options(v: _Validator, raw: Any) -> RayOptions:
     if raw is None:
         return RayOptions()
@@ -740,12 +793,21 @@ def _url(v: _Validator, value: Any, at: tuple) -> str | None:
     return text.rstrip("/")
 
 
+def _is_ipv6(text: str) -> bool:
+    try:
+        return ipaddress.ip_address(text).version == 6
+    except ValueError:
+        return False
+
+
 def _url_host_problem(hostport: str) -> str | None:
     """Why a URL's `host[:port]` (an IPv6 host in brackets) is not usable, else None."""
     if hostport.startswith("["):
         if "]" not in hostport:
             return "an IPv6 address without its closing ]"
         host, _, rest = hostport.partition("]")
+        if not _is_ipv6(host[1:]):
+            return "brackets hold only an IPv6 address (write an IPv4 address without them)"
         host, port = host + "]", rest[1:] if rest.startswith(":") else None
         if rest and port is None:
             return "junk after the IPv6 address"

@@ -96,15 +96,54 @@ def run_node_command(session, node: Node, command: str, timeout: float) -> Comma
     return session.run(node, command, timeout=timeout, stdin=stdin)
 
 
-def cluster_auth_mode(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> str:
-    """token | disabled: the head's explicit RAY_AUTH_MODE, else what `ray start --head` would
-    pick (token when the head has an auth token), else disabled."""
+TOKEN_ENV = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")   # where an inventory gives Ray a token
+
+
+@dataclass(frozen=True)
+class AuthChoice:
+    """The cluster's Ray auth mode (token | disabled) and what decided it (never the token)."""
+
+    mode: str
+    source: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"mode": self.mode, "source": self.source}
+
+
+def configured_token(node: Node) -> str | None:
+    """The variable of the node's inventory `env:` that gives its Ray a token (RAY_AUTH_TOKEN,
+    RAY_AUTH_TOKEN_PATH), or None. The facts probe never sees these (secret-looking names stay
+    off its command line), so they are read here."""
+    return next((key for key in TOKEN_ENV if (node.env.get(key) or "").strip()), None)
+
+
+def has_token(node: Node, f: NodeFacts | None) -> bool:
+    """Ray on the node would find a token: in its inventory env, its login env or token file."""
+    return configured_token(node) is not None or (f is not None and f.auth_token)
+
+
+def auth_choice(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> AuthChoice:
+    """The head's explicit RAY_AUTH_MODE, else token when the head's Ray would find a token
+    anywhere Ray reads one (the inventory's env first, then the head's own environment and
+    ~/.ray/auth_token: what `ray start --head` itself does), else disabled."""
     head = inventory.head
     explicit = head.env.get("RAY_AUTH_MODE")
     if explicit:
-        return explicit.lower()
+        return AuthChoice(explicit.lower(), f"RAY_AUTH_MODE in {head.name}'s inventory env")
+    key = configured_token(head)
+    if key:
+        return AuthChoice("token", f"{key} in {head.name}'s inventory env")
     f = facts.get(head.name)
-    return "token" if f is not None and f.auth_token else "disabled"
+    if f is not None and f.auth_token:
+        return AuthChoice("token", f"a token on {head.name} (its RAY_AUTH_TOKEN, "
+                                   "RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)")
+    return AuthChoice("disabled", f"no Ray token for {head.name} (none in its inventory env, "
+                                  "its environment or ~/.ray/auth_token)")
+
+
+def cluster_auth_mode(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> str:
+    """token | disabled (auth_choice's mode)."""
+    return auth_choice(inventory, facts).mode
 
 
 def env_conflicts(node: Node, serve_ingress: str = RayOptions.serve_ingress) -> list[str]:
@@ -291,6 +330,7 @@ class Plan:
     refused: tuple[str, ...] = ()               # non-empty: nothing may run
     warnings: tuple[str, ...] = ()
     expected: tuple[ExpectedNode, ...] = ()
+    auth: AuthChoice | None = None              # up: the Ray auth mode and its source
 
     @property
     def changes(self) -> bool:
@@ -309,7 +349,8 @@ class Plan:
                 "needs_confirmation": list(self.confirmations),
                 "actions": [a.to_dict() for a in self.actions],
                 "expected": [{"node": e.node, "ip": e.ip, "gpus": e.gpus, "cpus": e.cpus}
-                             for e in self.expected]}
+                             for e in self.expected],
+                "auth": self.auth.to_dict() if self.auth else None}
 
 
 def version_skew(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> list[str]:
@@ -447,7 +488,8 @@ def plan_up(inventory: Inventory, facts: Mapping[str, NodeFacts],
 
     actions: list[NodeAction] = []
     stop = stop_command(inventory)
-    auth = cluster_auth_mode(inventory, facts)
+    choice = auth_choice(inventory, facts)
+    auth = choice.mode
     if _head_healthy(inventory, hf, state):
         head_action = NodeAction(head.name, KEEP,
                                  f"Ray head running (node {_short(hf.raylet.node_id)})")
@@ -472,7 +514,7 @@ def plan_up(inventory: Inventory, facts: Mapping[str, NodeFacts],
                                       status_if_not_run=UNREACHABLE))
             continue
         problem = _node_problem(inventory, f)
-        if problem is None and auth == "token" and not f.auth_token:
+        if problem is None and auth == "token" and not has_token(node, f):
             problem = ("the cluster uses Ray token authentication but this node has no token: "
                        "copy the head's ~/.ray/auth_token to it (or set RAY_AUTH_TOKEN in its env)")
         if problem:
@@ -498,7 +540,7 @@ def plan_up(inventory: Inventory, facts: Mapping[str, NodeFacts],
     expected = tuple(ExpectedNode(a.node, inventory.node(a.node).ip, facts[a.node].gpu_count,
                                   inventory.ray.num_cpus)
                      for a in actions if a.kind in (KEEP, START, RESTART))
-    return Plan("up", tuple(actions), (), tuple(warnings), expected)
+    return Plan("up", tuple(actions), (), tuple(warnings), expected, choice)
 
 
 def _unhealthy_reason(inventory: Inventory, node: Node, f: NodeFacts,

@@ -20,6 +20,7 @@ from cluster.ray_cluster import (FAILED, KEEP, SKIPPED, UNREACHABLE, NodeAction,
                                  StepResult)
 from cluster.ray_state import GcsNode, RayState, gcs_address, head_client_env
 from cluster.remote import CommandResult
+from cluster.shell import SECRET_ENV_FROM_STDIN
 
 T = TypeVar("T")
 Event = Callable[[str], None]
@@ -276,8 +277,11 @@ def drain_command(inventory: Inventory, node_id: str, message: str,
     before stopping the ones on it. The env is the head's (token auth, like `cluster status`)."""
     if not all(c in "0123456789abcdefABCDEF" for c in node_id) or not node_id:
         raise UsageError(f"not a Ray node id: {node_id!r}")
-    # The client needs the cluster's token-auth mode (as `ray start` got it), no secrets.
-    return head_client_env(inventory, auth_mode) + shlex.join(
+    # The client needs the cluster's token-auth mode (as `ray start` got it) and, when the
+    # inventory's env gives the token, that env from stdin (run_node_command), never argv.
+    secrets = SECRET_ENV_FROM_STDIN + " && " if ray_cluster.secret_env_stdin(inventory.head) \
+        else ""
+    return secrets + head_client_env(inventory, auth_mode) + shlex.join(
         ray_cluster.ray_cli(inventory) + [
             "drain-node", "--address", gcs_address(inventory), "--node-id", node_id,
             "--reason", DRAIN_REASON, "--reason-message", message,

@@ -17,6 +17,7 @@ an invalid date) is reported at its key, not as a traceback.
 from __future__ import annotations
 
 import datetime as _dt
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -28,6 +29,8 @@ MAX_DEPTH = 64               # nesting levels (mappings and lists), aliases expa
 MAX_NODES = 250_000          # YAML nodes (values and keys) composed, and values once aliases expand
 
 ErrorFactory = Callable[..., Exception]   # (message, *, path, line, key) -> exception
+_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+_DECIMAL = re.compile(r"[-+]?(?:0|[1-9][0-9]*)")
 
 _TAG_NAMES = {"tag:yaml.org,2002:int": "integer", "tag:yaml.org,2002:float": "number",
               "tag:yaml.org,2002:bool": "boolean", "tag:yaml.org,2002:null": "null",
@@ -317,6 +320,10 @@ class _Indexer:
     def scalar(self, node: yaml.ScalarNode, at: tuple, record: bool = True) -> Any:
         if record:
             self.texts[at] = node.value
+        problem = number_text_problem(node.tag, node.value)
+        if problem:
+            kind = "a decimal integer" if node.tag == _INT else "a decimal number"
+            raise self.fail(at, f"must be {kind}, got {_short(node.value)} ({problem})", node)
         try:
             return self.loader.construct_object(node)
         except yaml.YAMLError as exc:
@@ -361,6 +368,22 @@ class _Indexer:
 _MERGE = "tag:yaml.org,2002:merge"
 _COLLECTION_TAGS = frozenset(f"tag:yaml.org,2002:{t}" for t in ("map", "seq", "omap", "pairs",
                                                                   "set"))
+
+
+def number_text_problem(tag: str, text: str) -> str | None:
+    """Why a scalar YAML resolved as a number is refused, or None (pure). YAML 1.1 reads
+    `1:30` as 90 (base 60), `2_2` as 22, `010` as 8 and `0x1e` as 30: a person who writes
+    them meant something else, so numbers are plain decimals only (exponents and `.inf`
+    pass here; finiteness is the reader's check)."""
+    if tag not in (_INT, _FLOAT):
+        return None
+    if ":" in text:
+        return "YAML's base 60 is refused: it reads 1:30 as 90"
+    if "_" in text:
+        return "underscores in numbers are refused: YAML reads 2_2 as 22"
+    if tag == _INT and not _DECIMAL.fullmatch(text):
+        return "YAML reads 0x1e as 30 and 010 as 8"
+    return None
 
 
 def _mark_line(exc: BaseException) -> int | None:

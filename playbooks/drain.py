@@ -117,7 +117,7 @@ def drain(session, inventory: Inventory, name: str, *, dry_run: bool, confirm: C
                    f"{len(replicas)} Serve replica(s) move to other nodes. Continue?"):
         return out.stop("not confirmed")
     on_event(f"draining {name}")
-    r = session.run(inventory.head, cmd, timeout=DRAIN_TIMEOUT_S)
+    r = ray_cluster.run_node_command(session, inventory.head, cmd, DRAIN_TIMEOUT_S)
     out.results.append(r)
     if not r.ok:
         detail = (r.stderr.strip() or r.stdout.strip() or r.error or "").splitlines()[-1:]

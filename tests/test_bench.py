@@ -30,6 +30,8 @@ from pathlib import Path
 
 import pytest
 
+from cluster.distribution import Distribution
+
 from cluster.bench import (BenchConfig, RequestOutcome, api_base, build_prompt, endpoint_url,
                            latency_stats, metrics_url, parse_metric_total, percentile,
                            redact_url, run_bench, scrape_metric, summarize_level)
@@ -254,9 +256,11 @@ def test_percentile_interpolates_like_numpy():
 
 
 def test_summarize_level_counts_tokens_of_successes_and_errors_by_kind():
-    good = RequestOutcome(True, ttft_s=0.1, e2e_s=0.5, itl_s=(0.1, 0.1, 0.2), prompt_tokens=10,
+    good = RequestOutcome(True, ttft_s=0.1, e2e_s=0.5, itl=Distribution.of((0.1, 0.1, 0.2)),
+                          prompt_tokens=10,
                           output_tokens=5, usage_reported=True, content_chunks=4)
-    short = RequestOutcome(True, ttft_s=0.2, e2e_s=0.4, itl_s=(0.2,), prompt_tokens=10,
+    short = RequestOutcome(True, ttft_s=0.2, e2e_s=0.4, itl=Distribution.of((0.2,)),
+                           prompt_tokens=10,
                            output_tokens=2, usage_reported=False, content_chunks=2)
     bad = [RequestOutcome(False, "http_500", "boom"), RequestOutcome(False, "http_500", "again"),
            RequestOutcome(False, "dropped", "peer closed")]

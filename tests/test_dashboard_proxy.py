@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -114,6 +115,21 @@ def _proxy(session, fake: FakeDashboard, header: str | None) -> DashboardProxy:
     return DashboardProxy(lambda: tunnel.open("127.0.0.1", fake.port), header).start()
 
 
+def _client(proxy: DashboardProxy, **kw) -> httpx.Client:
+    """An httpx client holding the proxy's cookie (what a browser has after the login URL)."""
+    return httpx.Client(base_url=proxy.url, timeout=10, trust_env=False,
+                        cookies={proxy.gate.cookie: proxy.gate.credential}, **kw)
+
+
+def _cookie(proxy: DashboardProxy) -> bytes:
+    """The Cookie header line a logged-in browser sends."""
+    return f"Cookie: {proxy.gate.cookie}={proxy.gate.credential}\r\n".encode()
+
+
+def _host(proxy: DashboardProxy) -> bytes:
+    return f"Host: 127.0.0.1:{proxy.port}\r\n".encode()
+
+
 def _header(head: bytes, name: str) -> list[str]:
     return [line.split(b":", 1)[1].strip().decode() for line in head.split(b"\r\n")[1:]
             if line.split(b":", 1)[0].strip().lower() == name.encode()]
@@ -126,7 +142,7 @@ def test_the_token_is_added_to_every_request_and_each_gets_its_own_connection(
         local_session, dashboard):
     proxy = _proxy(local_session, dashboard, "Bearer " + TOKEN)
     try:
-        with httpx.Client(base_url=proxy.url, timeout=10, trust_env=False) as http:
+        with _client(proxy) as http:
             replies = [http.get(f"/api/v0/nodes?n={i}") for i in range(3)]
         assert [r.status_code for r in replies] == [200, 200, 200]
         assert [r.text for r in replies] == [f"ok /api/v0/nodes?n={i}" for i in range(3)]
@@ -150,13 +166,15 @@ def test_a_browser_sent_authorization_and_token_cookie_are_replaced(local_sessio
     try:
         r = httpx.get(f"{proxy.url}/api/jobs/", timeout=10, trust_env=False, headers={
             "Authorization": "Bearer wrong", "X-Ray-Authorization": "Bearer wrong2",
-            "Cookie": "theme=dark; ray-authentication-token=stale; lang=en"})
+            "Cookie": f"theme=dark; ray-authentication-token=stale; lang=en; "
+                      f"{proxy.gate.cookie}={proxy.gate.credential}"})
         assert r.status_code == 200
         head = dashboard.heads[-1]
         assert _header(head, "authorization") == ["Bearer " + TOKEN]
         assert _header(head, "x-ray-authorization") == []
         assert _header(head, "cookie") == ["theme=dark; lang=en"]
         assert b"wrong" not in head and b"stale" not in head
+        assert proxy.gate.credential.encode() not in head   # the proxy's cookie stays here
     finally:
         proxy.stop()
 
@@ -169,16 +187,17 @@ def test_a_cookie_holding_only_the_token_is_dropped():
 
 
 def test_without_a_token_the_request_head_is_forwarded_byte_for_byte(local_session):
+    """... less the proxy's own cookie."""
     fake = FakeDashboard(None)
     proxy = _proxy(local_session, fake, None)
     try:
-        raw = (b"GET /api/version HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer mine\r\n"
-               b"Connection: keep-alive\r\nX-Odd:   spaced  \r\n\r\n")
+        raw = (b"GET /api/version HTTP/1.1\r\n" + _host(proxy) + b"Authorization: Bearer mine\r\n"
+               b"Connection: keep-alive\r\nX-Odd:   spaced  \r\n")
         with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
-            s.sendall(raw)
+            s.sendall(raw + _cookie(proxy) + b"\r\n")
             reply = _read_all(s)
         assert reply.startswith(b"HTTP/1.1 200") and reply.endswith(b"ok /api/version")
-        assert fake.heads == [raw[:-4]]
+        assert fake.heads == [raw[:-2]]
     finally:
         proxy.stop()
         fake.close()
@@ -194,11 +213,13 @@ def _read_all(s: socket.socket) -> bytes:
 def test_chunked_replies_and_a_websocket_upgrade_pass(local_session, dashboard):
     proxy = _proxy(local_session, dashboard, "Bearer " + TOKEN)
     try:
-        r = httpx.get(f"{proxy.url}/chunked", timeout=10, trust_env=False)
+        with _client(proxy) as http:
+            r = http.get("/chunked")
         assert r.status_code == 200 and r.text == "alphabetagamma"
         with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
-            s.sendall(b"GET /logs/stream HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
-                      b"Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\n\r\n")
+            s.sendall(b"GET /logs/stream HTTP/1.1\r\n" + _host(proxy) + _cookie(proxy)
+                      + b"Upgrade: websocket\r\nConnection: Upgrade\r\n"
+                      b"Sec-WebSocket-Version: 13\r\n\r\n")
             head = b""
             while b"\r\n\r\n" not in head:
                 head += s.recv(4096)
@@ -253,7 +274,8 @@ def test_an_unreachable_dashboard_is_a_502_not_a_hang(local_session):
     tunnel = HeadTunnel(local_session)
     proxy = DashboardProxy(lambda: tunnel.open("127.0.0.1", closed), "Bearer " + TOKEN).start()
     try:
-        r = httpx.get(f"{proxy.url}/", timeout=10, trust_env=False)
+        with _client(proxy) as http:
+            r = http.get("/")
         assert r.status_code == 502 and TOKEN not in r.text
     finally:
         proxy.stop()
@@ -400,9 +422,15 @@ def test_the_json_line_then_serving_with_the_token_never_printed(tmp_path, dashb
         assert set(doc) == {"url", "head", "auth", "local_port", "bind"}
         assert doc["head"] == "localhost" and doc["auth"] == "token" and doc["bind"] == "127.0.0.1"
         assert isinstance(doc["local_port"], int) and 0 < doc["local_port"] < 65536
-        assert doc["url"] == f"http://127.0.0.1:{doc['local_port']}"
-        r = httpx.get(doc["url"] + "/api/serve/applications/", timeout=10, trust_env=False)
+        base = f"http://127.0.0.1:{doc['local_port']}"
+        assert re.fullmatch(re.escape(base) + r"/\?token=[A-Za-z0-9_-]{43}", doc["url"])
+        assert TOKEN not in doc["url"]   # the proxy's own credential, not the Ray token
+        with httpx.Client(timeout=10, trust_env=False, follow_redirects=True) as http:
+            assert http.get(doc["url"]).status_code == 200      # the login sets the cookie
+            r = http.get(base + "/api/serve/applications/")
         assert r.status_code == 200     # the fake dashboard got the token
+        assert httpx.get(base + "/api/serve/applications/", timeout=10,
+                         trust_env=False).status_code == 403   # no credential
     finally:
         code, out, err = _end(proc)
     assert code == 0, err
@@ -416,8 +444,10 @@ def test_url_only_prints_just_the_url_and_a_signal_ends_it_with_0(tmp_path, dash
                   "--port", "0", "--url-only")
     try:
         url = proc.stdout.readline().strip()
-        assert url.startswith("http://127.0.0.1:")
-        assert httpx.get(url + "/api/jobs/", timeout=10, trust_env=False).status_code == 200
+        assert url.startswith("http://127.0.0.1:") and "?token=" in url
+        with httpx.Client(timeout=10, trust_env=False, follow_redirects=True) as http:
+            http.get(url)
+            assert http.get(url.split("?")[0] + "api/jobs/").status_code == 200
     finally:
         code, out, err = _end(proc, sig=sig)
     assert code == 0 and out == "" and err == ""

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from cluster.distribution import Distribution
+
 from cluster.bench import RequestOutcome, summarize_level
 from cluster.cli import main
 from cluster.dashboard_api import DashboardReply
@@ -125,7 +127,8 @@ def test_ties_go_to_the_lower_ttft_then_the_earlier_value():
 
 
 def _level(ok: int = 8, failed: int = 0, ttft: float = 0.05, tokens: int = 32):
-    outcomes = [RequestOutcome(ok=True, ttft_s=ttft + i * 0.001, e2e_s=0.5, itl_s=(0.01,) * 3,
+    outcomes = [RequestOutcome(ok=True, ttft_s=ttft + i * 0.001, e2e_s=0.5,
+                               itl=Distribution.of((0.01,) * 3),
                                prompt_tokens=30, output_tokens=tokens, usage_reported=True,
                                content_chunks=tokens) for i in range(ok)]
     outcomes += [RequestOutcome(ok=False, error_kind="http_503", detail="down")] * failed

@@ -257,9 +257,11 @@ def progress(total: int, label: str, enabled: bool) -> Iterator[Any]:
 
 def _number(text: str, kind: type, minimum: float, strict: bool,
             maximum: float = math.inf) -> Any:
-    """Parse a flag's number: ASCII digits only, finite, >= (or >) minimum and <= maximum."""
+    """Parse a flag's number: ASCII digits only (no `_`: Python reads 1_0 as 10), finite,
+    >= (or >) minimum and <= maximum."""
     name = "an integer" if kind is int else "a number"
-    if not isinstance(text, str) or not text.isascii() or not text.isprintable() or len(text) > 64:
+    if not isinstance(text, str) or not text.isascii() or not text.isprintable() \
+            or len(text) > 64 or "_" in text:
         raise argparse.ArgumentTypeError(f"not {name}: {text!r}")
     try:
         value = kind(text)

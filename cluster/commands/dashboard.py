@@ -5,7 +5,10 @@ loopback addresses) and sends every request over its own SSH channel (cluster/he
 the inventory's SSH route, bastion included, strict host-key checks) to the dashboard on the
 head's loopback. When the cluster uses Ray token authentication, the token is read on the head
 over SSH, held in this process's memory only and added to every request, so a browser never
-sees "Authentication Token Required". Runs until Ctrl-C / SIGTERM (exit 0).
+sees "Authentication Token Required". The proxy answers only its own Host and Origin and only
+requests that carry its per-run credential: the URL it prints has `?token=CREDENTIAL` (the
+proxy's own, made at start; not the Ray token), which the proxy turns into an HttpOnly,
+SameSite=Strict cookie. Runs until Ctrl-C / SIGTERM (exit 0).
 
 `tunnel_argv` is the plain `ssh -N -L` tunnel (no token) for those who want one.
 """
@@ -44,10 +47,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "127.0.0.1); anything else is refused")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--url-only", action="store_true",
-                     help="print only the URL once the proxy answers, then keep serving")
+                     help="print only the URL (with the proxy's own credential, ?token=) once "
+                          "the proxy answers, then keep serving")
     out.add_argument("--json", action="store_true",
                      help='print one JSON line {"url", "head", "auth", "local_port", "bind"} '
-                          "once the proxy answers, then keep serving")
+                          "once the proxy answers, then keep serving (url carries the "
+                          "proxy's credential)")
     p.set_defaults(handler=run)
 
 
@@ -141,11 +146,12 @@ def _stop_on_sigterm(stop: threading.Event) -> None:
 
 def _announce(args: argparse.Namespace, inv: Inventory, proxy, mode: str | None) -> None:
     if args.json:
-        sys.stdout.write(json.dumps({"url": proxy.url, "head": inv.head.name, "auth": mode,
-                                     "local_port": proxy.port, "bind": proxy.bind}) + "\n")
+        sys.stdout.write(json.dumps({"url": proxy.login_url, "head": inv.head.name,
+                                     "auth": mode, "local_port": proxy.port,
+                                     "bind": proxy.bind}) + "\n")
         sys.stdout.flush()
         return
-    sys.stdout.write(proxy.url + "\n")
+    sys.stdout.write(proxy.login_url + "\n")
     sys.stdout.flush()
     if args.url_only:
         return
@@ -155,8 +161,9 @@ def _announce(args: argparse.Namespace, inv: Inventory, proxy, mode: str | None)
     elif mode is None:
         stderr.print(f"the dashboard on {inv.head.name} does not answer yet (is Ray up? "
                      "`cluster status`): serving anyway", soft_wrap=True)
-    stderr.print(f"proxy to the Ray dashboard on {inv.head.name} open on {proxy.bind} only: "
-                 "keep it on this machine. Ctrl-C closes it.", soft_wrap=True)
+    stderr.print(f"proxy to the Ray dashboard on {inv.head.name} open on {proxy.bind} only; "
+                 "the URL above carries this run's own credential (not the Ray token): keep "
+                 "it to yourself. Ctrl-C closes it.", soft_wrap=True)
 
 
 def run(args: argparse.Namespace) -> int:

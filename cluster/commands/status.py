@@ -8,7 +8,8 @@ from dataclasses import replace
 from rich.table import Table
 from rich.text import Text
 
-from cluster.commands._common import add_json, load_inventory, print_json, start_run, stdout
+from cluster.commands._common import (add_json, float_range, load_inventory, print_json,
+                                      start_run, stdout)
 from cluster.fold import Row, exact, fold
 from cluster.render import GRID_MAX_NODES, folded_table
 from cluster.commands._common import inventory_secrets
@@ -135,18 +136,8 @@ def _nodes_folded(doc: dict, title: str):
 # ---------------------------------------------------------------- serving section (docs/tune-status.md)
 
 
-def _window(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 <= value <= 600:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 600 seconds: {text}")
-    return value
-
-
 def _add_serving_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--window", type=_window, metavar="S",
+    p.add_argument("--window", type=float_range(0, 600), metavar="S",
                    help="serving section: seconds between the two samples of each app's vLLM "
                         "/metrics (default 5; 0: one sample, gauges only). Exit 1 when an app "
                         "is out of capacity")

@@ -167,6 +167,9 @@ def _print(outcome: ray_up.UpOutcome, dry_run: bool, scrub: Callable[[str], str]
             print_plan(plan, "plan (dry run: nothing was changed)" if dry_run else "plan", scrub)
         for line in plan.refused:
             stdout.print(f"[bold red]refused:[/bold red] {line}")
+        if plan.auth is not None:
+            stdout.print(Text(f"Ray auth: {plan.auth.mode} (from {plan.auth.source})"),
+                         soft_wrap=True)
         for line in plan.warnings:
             stdout.print(f"[yellow]warning:[/yellow] {line}")
     if outcome.steps and not dry_run:

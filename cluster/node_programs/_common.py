@@ -34,13 +34,16 @@ def token_file(env):
     return env.get("RAY_AUTH_TOKEN_PATH") or os.path.join(home, TOKEN_FILE)
 
 
-def token_and_source(env, label="", path=None):
+def token_and_source(env, label="", path=None, default_file=True):
     """(token, where it came from) for the environment `env` in Ray's own order: RAY_AUTH_TOKEN,
-    the file `path` or $RAY_AUTH_TOKEN_PATH (only that file), ~/.ray/auth_token; (None, None)."""
+    the file `path` or $RAY_AUTH_TOKEN_PATH (only that file), ~/.ray/auth_token (unless not
+    `default_file`); (None, None)."""
     token = (env.get("RAY_AUTH_TOKEN") or "").strip()
     if token:
         return token, (label + " RAY_AUTH_TOKEN").strip()
     named = path or env.get("RAY_AUTH_TOKEN_PATH")
+    if not named and not default_file:
+        return None, None
     file = os.path.expanduser(named) if named else token_file(env)
     if os.path.isfile(file):
         token = _read_stripped(file) or None
@@ -55,24 +58,60 @@ def token_from(env):
     return token_and_source(env)[0]
 
 
-def auth_token(env, scan_ray=False, proc="/proc"):
-    """The Ray auth token for a client on this node, or None. With scan_ray, when `env` has
-    none, the environment the node's own gcs_server/raylet was started with (its token or its
-    token file). Never printed by a program."""
-    token = token_from(env)
-    if token or not scan_ray:
-        return token
+def pid_namespace(pid, proc="/proc"):
+    """The PID namespace of process `pid` ("self": this one) as /proc names it, or None."""
+    try:
+        return os.readlink(os.path.join(proc, str(pid), "ns", "pid"))
+    except OSError:
+        return None
+
+
+def running_ray_token(proc="/proc"):
+    """(token, source) from the environment the node's own gcs_server / raylet was started with
+    (its RAY_AUTH_TOKEN or the file its RAY_AUTH_TOKEN_PATH names), else (None, None). Only
+    daemons of this process's PID namespace: a container's (or a simulated node's) Ray is
+    another cluster's."""
+    own = pid_namespace("self", proc)
     for pid in pids_named(RAY_DAEMONS, proc):
+        if pid_namespace(pid, proc) != own:
+            continue
         found = process_env(pid, proc)
         if found is None:
             continue
         try:
-            token = token_from(dict(found, HOME="/nonexistent"))
+            token, source = token_and_source(found, "ray process %s" % pid, default_file=False)
         except OSError:
             continue
         if token:
-            return token
-    return None
+            return token, source
+    return None, None
+
+
+def find_token(env, path=None, scan_ray=False, label="", proc="/proc"):
+    """(token, source) for a client on this node: `env`'s RAY_AUTH_TOKEN or token path (`path`
+    first), then (scan_ray) the token the running Ray was started with (the inventory's env
+    reaches `ray start` on its stdin, never a client's command line), then ~/.ray/auth_token;
+    (None, None). The running Ray's own token wins over a default file it did not read."""
+    token, source = token_and_source(env, label, path, default_file=False)
+    if not token and scan_ray:
+        token, source = running_ray_token(proc)
+    if not token:
+        token, source = token_and_source(env, label, path)
+    return token, source
+
+
+def auth_token(env, scan_ray=False, proc="/proc"):
+    """The Ray auth token for a client on this node, or None (find_token). Never printed by a
+    program."""
+    return find_token(env, scan_ray=scan_ray, proc=proc)[0]
+
+
+def export_token(token):
+    """Put `token` where Ray's own clients in this process read it (RAY_AUTH_TOKEN, with
+    RAY_AUTH_MODE=token unless set): this process's environment only, never a command line."""
+    if token:
+        os.environ["RAY_AUTH_TOKEN"] = token
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
 
 
 def comm_of(pid, proc="/proc"):

@@ -8,8 +8,9 @@ version and the Serve applications, as the head itself sees them. Prints one JSO
 The dashboard's REST API first (`/api/version`, the state API `/api/v0/nodes`, then
 `/api/serve/applications/`); when it does not answer (it starts a few seconds after the GCS),
 the node table from the GCS client (`ray._raylet.GcsClient`, the one non-stdlib import, only
-then). A Ray auth token (token mode) is read here, never passed in or printed. Read-only.
-Python 3.8+.
+then). A Ray auth token (token mode) is read here (the caller's env, else the one the running
+Ray was started with: cluster/node_programs/_common.py find_token), never passed in or
+printed. Read-only. Python 3.8+.
 """
 
 import json
@@ -18,7 +19,7 @@ import socket
 import sys
 import urllib.request
 
-from cluster.node_programs._common import auth_token
+from cluster.node_programs._common import auth_token, export_token
 
 NODE_IMPORTS = ("ray",)           # the GCS fallback only, inside from_gcs
 
@@ -45,8 +46,7 @@ def from_dashboard(get, out):
 def from_gcs(gcs, token, out):
     host, _, port = gcs.rpartition(":")
     socket.create_connection((host.strip("[]"), int(port)), timeout=3).close()
-    if token and os.environ.get("RAY_AUTH_MODE") is None:
-        os.environ["RAY_AUTH_MODE"] = "token"     # what the GCS client reads
+    export_token(token)                           # what the GCS client reads
     import ray
     from ray._raylet import GcsClient
     from ray.core.generated import gcs_pb2
@@ -69,7 +69,7 @@ def main(argv, env=None):
     base, gcs, want_serve = argv[0], argv[1], argv[2] == "1"
     env = os.environ if env is None else env
     out = {"source": None, "ray_version": None, "nodes": None, "serve": None, "errors": []}
-    token = auth_token(env)
+    token = auth_token(env, scan_ray=True)
     get = fetcher(base, token)
     try:
         from_dashboard(get, out)

@@ -2,8 +2,9 @@
 first line, then one JSON request line): starts the health job, or keeps the one running.
 
 Uses the head's Ray (ray.job_submission.JobSubmissionClient against the dashboard on the head's
-loopback; the token of Ray's token authentication is read by Ray itself from the head's own
-sources, never passed here). The job is found by its metadata (`cluster-toolkit: health`), not a
+loopback; the token of Ray's token authentication is found on the head as every client here
+finds it, _common.find_token: this login's sources, else the running Ray's own, never passed
+here). The job is found by its metadata (`cluster-toolkit: health`), not a
 fixed submission id (Ray does not support re-using one). `ensure`: a running job whose metadata
 `digest` matches (same code, same config) is kept; any other running health job is stopped;
 if none is kept, the `cluster` package from the request is unpacked into a temporary
@@ -22,6 +23,8 @@ import sys
 import tarfile
 import tempfile
 import time
+
+from cluster.node_programs._common import auth_token, export_token
 
 # Imported from the head's own Ray install (the inventory's python runs Ray there), not stdlib.
 NODE_IMPORTS = ("ray",)
@@ -49,10 +52,7 @@ def _retrying(call):
 
 
 def _client(dashboard):
-    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
-    if os.environ.get("RAY_AUTH_MODE") is None and (os.environ.get("RAY_AUTH_TOKEN")
-                                                    or os.path.isfile(path)):
-        os.environ["RAY_AUTH_MODE"] = "token"
+    export_token(auth_token(os.environ, scan_ray=True))
     from ray.job_submission import JobSubmissionClient
     return _retrying(lambda: JobSubmissionClient(dashboard))
 

@@ -134,7 +134,7 @@ def main(argv, env=None, sleep=time.sleep):
     out = {"submission_id": cfg["submission_id"], "submitted": False, "status": None,
            "message": None, "result_z": None, "logs_tail": "", "errors": [],
            "timed_out": False, "waited_s": None, "entrypoint": None}
-    api = Dashboard(cfg["base"], auth_token(env))
+    api = Dashboard(cfg["base"], auth_token(env, scan_ray=True))
     work = tempfile.mkdtemp(prefix="cluster-nccl-check-")
     try:
         submit_and_wait(cfg, api, out, work, sleep)

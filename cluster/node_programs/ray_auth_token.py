@@ -3,9 +3,10 @@ one JSON document {"token": str or null, "source": where or null, "error": str o
 
     ray_auth_token.py [--path FILE]    FILE: the RAY_AUTH_TOKEN_PATH the head's Ray was given
 
-Order (Ray's AuthenticationTokenLoader): $RAY_AUTH_TOKEN, the file $RAY_AUTH_TOKEN_PATH
-(--path first), ~/.ray/auth_token; when none has one, the environment of the running
-gcs_server / raylet (the env that Ray was started with). Read-only; files are read up to 64 KiB.
+Order: $RAY_AUTH_TOKEN, the file $RAY_AUTH_TOKEN_PATH (--path first), then the environment of
+the running gcs_server / raylet (the env that Ray was started with: the inventory's token
+reaches `ray start` on its stdin), then ~/.ray/auth_token (a default file the running Ray did
+not read must not win over the token it was started with). Read-only; files are read up to 64 KiB.
 The token goes to stdout only (the caller reads it into memory); an error never quotes a file.
 """
 
@@ -13,23 +14,13 @@ import json
 import os
 import sys
 
-from cluster.node_programs._common import RAY_DAEMONS, pids_named, process_env, token_and_source
+from cluster.node_programs._common import find_token
 
 
 def find(path_arg, proc="/proc"):
-    """(token, source): the login environment's (with --path), else a running Ray daemon's."""
-    token, source = token_and_source(os.environ, "login", path_arg)
-    if token:
-        return token, source
-    for pid in pids_named(RAY_DAEMONS, proc):
-        env = process_env(pid, proc)
-        if env is None:
-            continue
-        # the daemon's own variables or token file, never this login's ~/.ray
-        token, source = token_and_source(dict(env, HOME="/nonexistent"), "ray process %s" % pid)
-        if token:
-            return token, source
-    return None, None
+    """(token, source): the login environment's RAY_AUTH_TOKEN or token path (--path first),
+    else a running Ray daemon's, else ~/.ray/auth_token (find_token)."""
+    return find_token(os.environ, path_arg, scan_ray=True, label="login", proc=proc)
 
 
 def main(argv):

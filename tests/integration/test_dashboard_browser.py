@@ -11,10 +11,15 @@ every file under the run directory, the browser's profile (no cookie carries it)
 every process this test started (sampled while they ran) and the command's stdout/stderr.
 Screenshots are kept in $CLUSTER_TEST_OUTPUT (default .test-output/).
 
-Token mode: the host's ~/.ray/auth_token when it exists (the simulated nodes share this home
-directory, so `cluster up` runs the cluster in token mode and the proxy reads the file on the
-head over SSH), else a test-only token in every node's inventory env (RAY_AUTH_TOKEN, secret:
-it reaches `ray start` on stdin).
+Token mode (issue 25 item 1): a test-only token in every node's inventory env (RAY_AUTH_TOKEN,
+secret: it reaches `ray start` on stdin) and no RAY_AUTH_MODE: `cluster up` must choose token
+mode from it and say so. The laptop side runs with HOME in a temporary folder, so whatever
+~/.ray this machine has plays no part; the simulated nodes share the host's /root, and a
+~/.ray/auth_token there must not win over the token Ray was started with either.
+
+The proxy's own credential (issue 25 item 6): the browser opens the URL the command printed
+(`?token=` the proxy's credential, not the Ray token), which the proxy turns into its cookie;
+the bare URL without it shows the proxy's refusal (a control).
 
 The fixtures (`scenario`, `dashboard`) are module-scoped so later checks (Prometheus through the
 tunnel) can join the same cluster. Run your own instance: SIMCLUSTER_PREFIX=dash
@@ -50,12 +55,24 @@ MODELS = Path("/var/tmp/cluster-tiny-models")  # not /tmp: each simulated node h
 PROFILES = {"node1": "small-4gpu", "node2": "small-4gpu"}
 APP = "dash-serve-app"
 PROMPT = "Authentication Token Required"
-HOST_TOKEN = Path("~/.ray/auth_token").expanduser()
+AUTH_LINE = "Ray auth: token (from RAY_AUTH_TOKEN in node1's inventory env)"
+REFUSED = "the proxy's credential is missing"
+LAPTOP_HOME: dict[str, str] = {}    # HOME for the CLI: set once by the scenario fixture
+
+
+def laptop_env() -> dict[str, str]:
+    return dict(os.environ, **LAPTOP_HOME)
 
 
 def cli(inventory: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     return subprocess.run([PYTHON, "-m", "cluster", "-i", str(inventory), *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=str(REPO))
+                          capture_output=True, text=True, timeout=timeout, cwd=str(REPO),
+                          env=laptop_env())
+
+
+def page(login_url: str, fragment: str) -> str:
+    """The login URL (the proxy's credential in its query) opening a page of the UI."""
+    return f"{login_url}#{fragment}"
 
 
 class ArgvWatch(ProcessListWatch):
@@ -130,15 +147,12 @@ def scenario(sim, model, tmp_path_factory):
     doc["ray"] = {"num_cpus": 4, "memory": 2 * 1024 ** 3,
                   "object_store_memory": 256 * 1024 ** 2, "python": PYTHON}
     doc["run_dir"] = str(base / "runs")
-    token = HOST_TOKEN.read_text().strip() if HOST_TOKEN.is_file() else None
+    home = tmp_path_factory.mktemp("laptop-home")
+    LAPTOP_HOME["HOME"] = str(home)
+    assert not (home / ".ray").exists()
+    token = secrets.token_hex(32)
     for node in doc["nodes"]:
-        node["env"] = {"RAY_prestart_worker_first_driver": "0"}
-        if token is None:
-            node["env"].update({"RAY_AUTH_MODE": "token"})
-    if token is None:
-        token = secrets.token_hex(32)
-        for node in doc["nodes"]:
-            node["env"]["RAY_AUTH_TOKEN"] = token
+        node["env"] = {"RAY_prestart_worker_first_driver": "0", "RAY_AUTH_TOKEN": token}
     path = base / "cluster.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     with ArgvWatch(token) as watch:
@@ -148,6 +162,11 @@ def scenario(sim, model, tmp_path_factory):
             p = cli(path, "up", "--skip-preflight", "--yes", timeout=900)
             run.outputs.append(p.stdout + p.stderr)
             assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+            assert AUTH_LINE in p.stdout, p.stdout[-4000:]
+            p = cli(path, "status", "--json", timeout=300)   # reads the cluster with the token
+            run.outputs.append(p.stdout + p.stderr)
+            assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+            assert json.loads(p.stdout)["head"]["source"] == "dashboard", p.stdout[-4000:]
             p = cli(path, "deploy", "--model", str(model), "--tp", "1", "--name", APP,
                     "--device", "gpu", "--placement-only", "--no-api-key", "--yes",
                     "--timeout", "600", "--json", timeout=900)
@@ -167,7 +186,7 @@ class DashboardProcess:
         self.proc = subprocess.Popen(
             [PYTHON, "-m", "cluster", "-i", str(inventory), "dashboard", "--port", "0",
              "--url-only"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, cwd=str(REPO))
+            stderr=subprocess.PIPE, text=True, cwd=str(REPO), env=laptop_env())
         self.url = self.proc.stdout.readline().strip()
         self.result: tuple[int, str, str] | None = None
 
@@ -188,6 +207,11 @@ def dashboard(scenario):
         yield run
     finally:
         run.stop()
+
+
+def token_free(scenario: Scenario) -> bool:
+    """No command output of the scenario carries the Ray token."""
+    return all(scenario.token not in text for text in scenario.outputs)
 
 
 def _free_port() -> int:
@@ -213,9 +237,10 @@ def _wait_listening(port: int, proc: subprocess.Popen, limit_s: float = 60) -> N
 
 
 def test_the_serve_page_lists_the_app_without_a_token_prompt(scenario, dashboard, tmp_path):
+    assert "?token=" in dashboard.url and scenario.token not in dashboard.url
     with Browser(tmp_path / "proxy") as browser:
-        dom = browser.dom(f"{dashboard.url}/#/serve")
-        browser.screenshot(f"{dashboard.url}/#/serve", "dashboard-serve-through-proxy")
+        dom = browser.dom(page(dashboard.url, "/serve"))
+        browser.screenshot(page(dashboard.url, "/serve"), "dashboard-serve-through-proxy")
     text = visible_text(dom)
     assert PROMPT not in dom, text[:3000]
     assert scenario.app in text, text[:3000]
@@ -223,6 +248,16 @@ def test_the_serve_page_lists_the_app_without_a_token_prompt(scenario, dashboard
     for path in browser.profile.rglob("*"):   # no cookie or cache entry holds the token
         if path.is_file():
             assert scenario.token.encode() not in path.read_bytes(), path
+
+
+def test_without_the_proxys_credential_the_browser_gets_the_refusal(scenario, dashboard,
+                                                                    tmp_path):
+    """The control of the credential: the bare proxy URL (no ?token=, a fresh profile)."""
+    bare = dashboard.url.split("?", 1)[0]
+    with Browser(tmp_path / "bare") as browser:
+        dom = browser.dom(f"{bare}#/serve")
+    text = visible_text(dom)
+    assert REFUSED in text and scenario.app not in text, text[:3000]
 
 
 def test_a_plain_tunnel_without_the_token_shows_the_prompt(scenario, tmp_path):
@@ -249,6 +284,7 @@ def test_the_token_is_in_no_file_argv_or_output(scenario, dashboard):
     code, out, err = dashboard.stop()
     assert code == 0, err
     assert out.strip() == dashboard.url           # --url-only: the URL and nothing else
+    assert AUTH_LINE in scenario.outputs[0] and token_free(scenario)
     token = scenario.token
     assert token not in out and token not in err
     for text in scenario.outputs:
