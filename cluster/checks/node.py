@@ -13,8 +13,7 @@ from cluster.checks.base import (NodeCheck, NodeContext, Verdict, error, fail, o
                                  required, skip, tool_problem, warn)
 from cluster.errors import ParseError
 from cluster.facts import (CHRONY, GPU_QUERY, GPU_TOPO, IBSTAT, LSMOD, MEMLOCK, NTPQ,
-                           NVIDIA_SMI, PEERMEM_SYSFS, SHM, TIMEDATECTL, node_program_probe,
-                           program_document)
+                           NVIDIA_SMI, PEERMEM_SYSFS, SHM, TIMEDATECTL, node_program_probe)
 from cluster.inventory import Inventory, Node
 from cluster.checks.metrics import METRICS_CHECKS
 from cluster.checks.node_health import HEALTH_CHECKS
@@ -129,7 +128,7 @@ def evaluate_infiniband(ctx: NodeContext) -> Verdict:
         return problem
     if not needed:
         return skip("no InfiniBand expected on this node (no ib_hcas in the inventory)")
-    data = IBSTAT.parse(out)
+    data = ctx.reading(IBSTAT)
     ports = data["ports"]
     if expected_hcas:
         chosen = [p for p in ports if any(p["ca"] == n and (pt is None or p["port"] == pt)
@@ -223,7 +222,7 @@ def evaluate_clock(ctx: NodeContext) -> Verdict:
         if out.missing_tool or out.exit_code != 0 or not out.stdout.strip():
             tried.append(tool)
             continue
-        data = fact.parse(out)
+        data = ctx.reading(fact)
         offset_s = data.get("offset_seconds")
         if offset_s is None and data.get("offset_ms") is not None:
             offset_s = data["offset_ms"] / 1000.0
@@ -259,7 +258,7 @@ def evaluate_shm(ctx: NodeContext) -> Verdict:
 
 def evaluate_memlock(ctx: NodeContext) -> Verdict:
     out = ctx.output("memlock")
-    data = MEMLOCK.parse(out)
+    data = ctx.reading(MEMLOCK)
     value = data["memlock_kib"]
     want = ctx.expect["memlock_min_kib"]
     facts = {"memlock_kib": value}
@@ -290,7 +289,7 @@ def evaluate_versions(ctx: NodeContext) -> Verdict:
         return fail(f"{python} not found on the node", "install Python 3.10+ or set ray.python")
     if out.exit_code != 0:
         return error(f"version probe failed: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
-    document = program_document(out)
+    document = ctx.facts.document()
     data = document.get("versions")
     if not isinstance(data, dict):
         raise ParseError("versions", f"no versions in the node facts: {out.stdout[:200]!r}")
