@@ -116,6 +116,9 @@ def _hca_name(entry: str) -> tuple[str, int | None]:
     return name, int(port) if port.isdigit() else None
 
 
+_PORT_EVIDENCE = ("ca", "port", "state", "physical_state", "rate_gbps", "link_layer")
+
+
 def evaluate_infiniband(ctx: NodeContext) -> Verdict:
     ib = ctx.expect.get("infiniband", {})
     expected_hcas = [_hca_name(h) for h in ctx.node.ib_hcas if not h.startswith("^")]
@@ -128,8 +131,9 @@ def evaluate_infiniband(ctx: NodeContext) -> Verdict:
         return problem
     if not needed:
         return skip("no InfiniBand expected on this node (no ib_hcas in the inventory)")
-    data = ctx.reading(IBSTAT)
-    ports = data["ports"]
+    ports = ctx.reading(IBSTAT)["ports"]
+    # the evidence: every port's state (the CAs' GUIDs and firmware stay in the output)
+    data = {"ports": [{k: p.get(k) for k in _PORT_EVIDENCE} for p in ports]}
     if expected_hcas:
         chosen = [p for p in ports if any(p["ca"] == n and (pt is None or p["port"] == pt)
                                           for n, pt in expected_hcas)]
@@ -176,6 +180,10 @@ _PEERMEM_FILES = ("/sys/kernel/mm/memory_peers/nv_mem/version",
                   "/sys/kernel/mm/memory_peers/nv_mem_nc/version",
                   "/sys/module/nvidia_peermem/version", "/sys/module/nv_peer_mem/version")
 
+# What the evidence shows of lsmod: the peer-memory modules and those they sit on.
+_PEERMEM_MODULES = ("nvidia_peermem", "nv_peer_mem", "gdrdrv", "ib_core", "nvidia", "complete")
+
+
 def evaluate_gpudirect(ctx: NodeContext) -> Verdict:
     ib = ctx.expect.get("infiniband", {})
     expected_hcas = [h for h in ctx.node.ib_hcas if not h.startswith("^")]
@@ -191,7 +199,7 @@ def evaluate_gpudirect(ctx: NodeContext) -> Verdict:
                   if line.startswith("/sys/")]
     facts = {"peermem_loaded": bool(data.get("nvidia_peermem") or data.get("nv_peer_mem")),
              "peermem_registered": registered}
-    evidence = {"lsmod": data, "registered": registered}
+    evidence = {"lsmod": {k: data.get(k) for k in _PEERMEM_MODULES}, "registered": registered}
     if not facts["peermem_loaded"]:
         return fail("peer-memory module not loaded (neither nvidia_peermem nor nv_peer_mem): "
                     "NCCL will stage inter-node traffic through host memory (no GDRDMA)",
