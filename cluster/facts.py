@@ -40,6 +40,12 @@ class GPU:
     name: str
 
 
+def gpu_model_of(gpus: Iterable[GPU]) -> str | None:
+    """The one GPU model of these GPUs, "mixed" for several, None for none."""
+    names = sorted({g.name for g in gpus})
+    return names[0] if len(names) == 1 else ("mixed" if names else None)
+
+
 @dataclass(frozen=True)
 class RayletInfo:
     """The node's running raylet, read from its command line and environment."""
@@ -112,8 +118,7 @@ class NodeFacts:
 
     @property
     def gpu_model(self) -> str | None:
-        names = sorted({g.name for g in self.gpus})
-        return names[0] if len(names) == 1 else ("mixed" if names else None)
+        return gpu_model_of(self.gpus)
 
     @property
     def running(self) -> bool:
