@@ -40,6 +40,12 @@ class GPU:
     name: str
 
 
+def gpu_model_of(gpus: Iterable[GPU]) -> str | None:
+    """The one GPU model of these GPUs, "mixed" for several, None for none."""
+    names = sorted({g.name for g in gpus})
+    return names[0] if len(names) == 1 else ("mixed" if names else None)
+
+
 @dataclass(frozen=True)
 class RayletInfo:
     """The node's running raylet, read from its command line and environment."""
@@ -81,6 +87,25 @@ class NodeFacts:
     versions: Mapping[str, str | None] = field(default_factory=dict)  # python, ray, vllm, torch, nccl
     outputs: Mapping[str, ProbeOutput] = field(default_factory=dict, repr=False, compare=False)
     probe_command: str | None = field(default=None, repr=False, compare=False)
+    # probe name -> its parser's reading (or the ParseError), filled on first read: each
+    # tool's output is parsed once per node and run, whichever checks, fixes or plans read it
+    memo: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def reading(self, fact: "ToolFact") -> dict:
+        """`fact`'s output on this node as its parser reads it, parsed once (ParseError on
+        garbage or when the node gave no output for it, every time it is asked)."""
+        out = self.outputs.get(fact.name)
+        if out is None:
+            raise ParseError("probe", f"no output for {fact.name!r}: the node stopped answering "
+                                      "mid-probe")
+        return parsed_once(self.memo, fact.name, fact.parse, out)
+
+    def document(self) -> dict:
+        """node_facts.py's JSON document, read once (ParseError when it is not one)."""
+        out = self.outputs.get(NODE_PROGRAM)
+        if out is None:
+            raise ParseError("node-facts", "no output of the node-facts program")
+        return parsed_once(self.memo, NODE_PROGRAM, program_document, out)
 
     @property
     def usable(self) -> bool:
@@ -93,8 +118,7 @@ class NodeFacts:
 
     @property
     def gpu_model(self) -> str | None:
-        names = sorted({g.name for g in self.gpus})
-        return names[0] if len(names) == 1 else ("mixed" if names else None)
+        return gpu_model_of(self.gpus)
 
     @property
     def running(self) -> bool:
@@ -250,6 +274,21 @@ def gather(session, inventory: Inventory, nodes: Sequence[Node] | None = None,
 # ---------------------------------------------------------------- parsing (pure)
 
 
+def parsed_once(memo: dict, name: str, parse: Callable[[ProbeOutput], dict],
+                out: ProbeOutput) -> dict:
+    """parse(out), kept in `memo` under `name`: a second read gets the same reading (or the
+    same ParseError) without parsing again."""
+    if name not in memo:
+        try:
+            memo[name] = parse(out)
+        except ParseError as exc:
+            memo[name] = exc
+    reading = memo[name]
+    if isinstance(reading, ParseError):
+        raise reading
+    return reading
+
+
 def node_facts(node: Node, result: CommandResult, probes: Sequence[Probe]) -> NodeFacts:
     """The gather command's result -> NodeFacts (never raises)."""
     if not result.reached:
@@ -262,11 +301,14 @@ def node_facts(node: Node, result: CommandResult, probes: Sequence[Probe]) -> No
 def facts_from_outputs(node: Node, outputs: Mapping[str, ProbeOutput],
                        result: CommandResult | None = None) -> NodeFacts:
     """A reached node's probe outputs -> NodeFacts (never raises)."""
-    base = {"outputs": outputs, "probe_command": result.command if result else None}
-    data, error = _program_data(outputs.get(NODE_PROGRAM), result)
+    memo: dict = {}
+    base = {"outputs": outputs, "probe_command": result.command if result else None,
+            "memo": memo}
+    data, error = _program_data(outputs.get(NODE_PROGRAM), result, memo)
     if error is not None:
         return NodeFacts(node.name, reached=True, error=error, **base)
-    nvidia, gpus, gpu_error = read_gpus(outputs.get(GPU_PROBE))
+    nvidia, gpus, gpu_error = read_gpus(
+        outputs.get(GPU_PROBE), lambda out: parsed_once(memo, GPU_PROBE, GPU_QUERY.parse, out))
     raylet, gcs_port, pids, procs = _read_processes(data.get("processes") or [])
     level = "minor" if node.env.get("RAY_DEFAULT_PYTHON_VERSION_MATCH_LEVEL") == "minor" else "patch"
     versions = data.get("versions") if isinstance(data.get("versions"), dict) else {}
@@ -299,8 +341,8 @@ def program_document(out: ProbeOutput) -> dict:
     return data
 
 
-def _program_data(out: ProbeOutput | None,
-                  result: CommandResult | None) -> tuple[dict, str | None]:
+def _program_data(out: ProbeOutput | None, result: CommandResult | None,
+                  memo: dict) -> tuple[dict, str | None]:
     """(node_facts.py's document, None) or ({}, why the facts could not be read)."""
     if out is None:
         if result is None:
@@ -313,15 +355,15 @@ def _program_data(out: ProbeOutput | None,
         detail = (out.stderr or out.stdout).strip().splitlines()[-1:] or ["no output"]
         return {}, f"fact gathering failed ({why}): {detail[0][:300]}"
     try:
-        return program_document(out), None
+        return parsed_once(memo, NODE_PROGRAM, program_document, out), None
     except ParseError as exc:
         return {}, f"unreadable facts: {exc}"
 
 
-def read_gpus(out: ProbeOutput | None) -> tuple[str, tuple[GPU, ...], str | None]:
-    """(nvidia-smi status, GPUs, error) from the gpu-query probe: ok | missing | failed."""
-    from cluster.parsers import nvidia_smi_query
-
+def read_gpus(out: ProbeOutput | None, parse: Callable[[ProbeOutput], dict] | None = None
+              ) -> tuple[str, tuple[GPU, ...], str | None]:
+    """(nvidia-smi status, GPUs, error) from the gpu-query probe: ok | missing | failed.
+    `parse`: the probe's reader (default GPU_QUERY.parse; the facts pass their memoised one)."""
     if out is None:
         return "failed", (), "nvidia-smi gave no output (the node stopped answering?)"
     if out.missing_tool:
@@ -335,7 +377,7 @@ def read_gpus(out: ProbeOutput | None) -> tuple[str, tuple[GPU, ...], str | None
     if not out.stdout.strip():
         return "ok", (), None
     try:
-        rows = nvidia_smi_query.parse(out.stdout).gpus
+        rows = (parse or GPU_QUERY.parse)(out)["gpus"]
     except ParseError as exc:
         return "failed", (), str(exc)
     gpus = []

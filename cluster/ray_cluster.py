@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from cluster.facts import GPU, NodeFacts, version_skew as _skew
+from cluster.facts import GPU, NodeFacts, gpu_model_of, version_skew as _skew
 from cluster.inventory import (SERVE_INGRESS, Inventory, Node, RayOptions, is_secret_name,
                                public_env)
 from cluster.ray_state import (LABEL_GPU_MODEL, LABEL_NODE, RESOURCE_GPU_MODEL_PREFIX,
@@ -194,9 +194,9 @@ def node_resources(node: Node, gpus: Sequence[GPU]) -> dict[str, int]:
 
 def node_labels(node: Node, gpus: Sequence[GPU]) -> dict[str, str]:
     labels = {LABEL_NODE: sanitize_label(node.name)}
-    names = sorted({g.name for g in gpus})
-    if names:
-        labels[LABEL_GPU_MODEL] = sanitize_label(names[0] if len(names) == 1 else "mixed")
+    model = gpu_model_of(gpus)
+    if model is not None:
+        labels[LABEL_GPU_MODEL] = sanitize_label(model)
     return labels
 
 

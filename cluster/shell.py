@@ -8,6 +8,8 @@ The one place that writes the shell around a remote command (pure functions on s
     export_lines({"K": "v"})       -> "export K=v\\n"          (that stdin; never on argv)
     as_root_command(cmd)           -> "sudo -n bash -c 'cmd'"  (never asks for a password)
     heredoc(command, body)         -> "command <<'EOF_x'\\nbody\\nEOF_x" (a marker not in body)
+    without_heredocs(command)      -> the command with each here-document's body left out (for
+                                      reports: a shipped program's text is not evidence)
 
 Values are quoted with shlex, so an inventory value holding `; $() '` spaces or globs is one
 literal word to the remote shell. Secret values go on stdin (export_lines), never into argv,
@@ -59,3 +61,31 @@ def heredoc(command: str, body: str, prefix: str = "CLUSTER_EOF_") -> str:
         n += 1
         marker = f"{prefix}{digest[:16]}_{n}"
     return f"{command} <<'{marker}'\n{body}\n{marker}"
+
+
+_HEREDOC_PREFIXES = ("CLUSTER_EOF_", "CLUSTER_PROGRAM_")
+
+
+def without_heredocs(command: str) -> str:
+    """`command` with the body of each here-document that heredoc() wrote replaced by a note of
+    its size (a report names the command, not the program text it carried; the run's
+    nodes/<node>.log keeps the whole command). Linear in the command's length."""
+    out, pos = [], 0
+    while True:
+        start = command.find("<<'", pos)
+        if start < 0:
+            break
+        close = command.find("'\n", start + 3)
+        marker = command[start + 3:close] if close > 0 else ""
+        end = command.find(f"\n{marker}", close + 2) if marker.startswith(_HEREDOC_PREFIXES) \
+            else -1
+        if end < 0:
+            out.append(command[pos:start + 3])
+            pos = start + 3
+            continue
+        body = command[close + 2:end]
+        out.append(f"{command[pos:close + 1]} [here-document of {body.count(chr(10)) + 1} lines, "
+                   f"{len(body)} characters, not shown]")
+        pos = end + 1 + len(marker)
+    out.append(command[pos:])
+    return "".join(out)

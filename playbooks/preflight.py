@@ -53,8 +53,10 @@ def run_preflight(inventory: Inventory, session: Session, nodes: Sequence[Node] 
         facts = gather_for(inventory, session, nodes, checks, on_node_done)
     results: list[CheckResult] = []
     report_facts: dict[str, dict] = {}
+    seen: dict = {}      # each distinct evidence once per report
     for node in nodes:
-        node_results, node_report = evaluate_node(node, inventory, checks, facts[node.name])
+        node_results, node_report = evaluate_node(node, inventory, checks, facts[node.name],
+                                                  seen)
         results += node_results
         report_facts[node.name] = node_report
     reachable = [n for n in nodes if report_facts[n.name].get("reachable")]

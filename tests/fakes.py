@@ -159,3 +159,106 @@ def judge(check: str, inventory: Inventory | str, node: str | None = None,
           **outputs: ProbeOutput) -> Verdict:
     """The verdict of the preflight check `check` (its id) on those probe outputs."""
     return node_checks()[check].evaluate(context(check, inventory, node, **outputs))
+
+
+# ---------------------------------------------------------------- a fake cluster of N nodes
+
+
+# A healthy-looking H100 node, from real captured outputs (tests/fixtures/), per probe name.
+NODE_FIXTURES = {
+    "gpu-query": ("nvidia-smi-query", "001-h100-name-busid-vbios-elided.txt"),
+    "nvidia-smi": ("nvidia-smi", "104-550-h100-sxm-8gpu-hgx-cut-after-gpu1-name.txt"),
+    "gpu-topo": ("nvidia-smi-topo", "001-h100-8gpu-nv18-9nic-tabs.txt"),
+    "ibstat": ("ibstat", "001-cx7-roce-200g-active-plus-cx6dx-down.txt"),
+    "lsmod": ("lsmod", "001-nvidia-peermem-loaded-gdrdrv.txt"),
+    "chrony": ("chronyc-tracking", "001-stratum3-synced-fast-0.26ms.txt"),
+    "shm": ("df-shm", "001-k8s-host-devshm-126G-vs-container-64M.txt"),
+    "memlock": ("ulimit", "001-bash-ulimit-a-memlock-64.txt"),
+    "lspci": ("lspci", "102-nccl629-grep-acsctl-mixed-some-redirect-enabled.txt"),
+    "nvidia-smi-q": ("nvidia-smi-q", "001-a100-sxm4-ecc-remapped-rows-pending.txt"),
+    "fabricmanager": ("fabricmanager", "h2-001-bottlerocket142-systemctl-status-active-running.txt"),
+    "kernel-log": ("dmesg", "203-popos3363-journal-aer-correctable-no-xid.txt"),
+    "ip-addr": ("ip-addr", "h2-001-vllm7429-ip-addr-bond-ib-host.txt"),
+}
+
+
+def node_facts_document(hostname: str) -> str:
+    """What cluster/node_programs/node_facts.py prints on a node with Ray and vLLM installed."""
+    import json
+    return json.dumps({
+        "python": "/usr/bin/python3", "python_version": "3.11.7", "ray_version": "2.60.0",
+        "versions": {"python": "3.11.7", "ray": "2.60.0", "vllm": "0.32.0", "torch": "2.9.0",
+                     "nccl": "2.27.3"},
+        "hostname": hostname, "auth_token": True, "memlock_session": None,
+        "memlock_session_known": True, "processes": []}) + "\n"
+
+
+class FakeClusterSession:
+    """Session.run/run_small/fan_out for N fake nodes, answering what a preflight sends: the
+    probe script (each probe's real captured output, NODE_FIXTURES; a probe without one is
+    "command not found"), `date` for the clock samples and cluster/node_programs/reach.py's
+    listen/probe/stop (every connect succeeds). No network; `calls` counts commands."""
+
+    max_parallel = 16
+
+    def __init__(self, inventory: Inventory,
+                 fixtures: Mapping[str, tuple[str, str]] = NODE_FIXTURES):
+        self.inventory = inventory
+        self.texts = {probe: fixture_text(*where) for probe, where in fixtures.items()}
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def run(self, node, command, timeout=None, stdin=None):
+        with self._lock:
+            self.calls += 1
+        if "@@cluster-probe@@" in command:
+            return result(node.name, self._probes(node, command), command=command)
+        if command.startswith("date "):
+            return result(node.name, f"{time.time():.9f}\n", command=command)
+        return result(node.name, self._reach(command), command=command)
+
+    run_small = run
+
+    def fan_out(self, nodes, command, timeout=None, on_result=None, stdin=None):
+        results = []
+        for node in nodes:
+            res = self.run(node, command(node) if callable(command) else command, timeout, stdin)
+            if on_result is not None:
+                on_result(res)
+            results.append(res)
+        return tuple(results)
+
+    def _probes(self, node, command: str) -> str:
+        import re
+        out = []
+        for name in re.findall(r"@@cluster-probe@@ (\S+) begin", command):
+            text = node_facts_document(node.name) if name == "versions" else self.texts.get(name)
+            body = text if text is not None else "@@cluster-stderr@@ bash: x: command not found\n"
+            out.append(f"@@cluster-probe@@ {name} begin\n{body}\n"
+                       f"@@cluster-probe@@ {name} end {0 if text is not None else 127}\n")
+        return "".join(out)
+
+    @staticmethod
+    def _reach(command: str) -> str:
+        import json
+        import shlex
+        words = shlex.split(command)
+        args = words[words.index("-") + 1:] if "-" in words else words
+        flag = lambda name: args[args.index(name) + 1] if name in args else ""  # noqa: E731
+        if "listen" in args:
+            ports = [int(p) for p in flag("--ports").split(",") if p]
+            return json.dumps({"listening": ports, "busy": [], "failed": [], "pid": 1}) + "\n"
+        if "probe" in args:
+            targets = {f"{hp.split(':')[0]}:{port}": "ok" for hp in flag("--targets").split(",")
+                       if hp for port in hp.split(":")[1].split("+")}
+            return json.dumps({"results": targets}) + "\n"
+        return json.dumps({"stopped": True}) + "\n"
+
+
+def fake_inventory(n: int, node_extra: str = "") -> Inventory:
+    """An inventory of n nodes (n1 the head) on the simulated clusters' addresses; `node_extra`:
+    more YAML flow-mapping entries for every node (`ib_hcas: [mlx5_0]`)."""
+    extra = f", {node_extra}" if node_extra else ""
+    lines = ["nodes:"] + [f"  - {{name: n{i}, address: 198.18.{i // 250}.{i % 250 + 1}"
+                          f"{', role: head' if i == 1 else ''}{extra}}}" for i in range(1, n + 1)]
+    return loads("\n".join(lines) + "\n")

@@ -231,3 +231,51 @@ def test_hostile_node_documents_give_unknowns_never_a_crash(inv, memlock, pid, r
     assert f.raylet.memlock == "unknown" and f.memlock_session == "unknown"
     assert all(v >= 0 and v != float("inf") for v in f.raylet.resources.values())
     assert memlock_drift("n2", f) is None
+
+
+# ---------------------------------------------------------------- each fact parsed once
+
+
+def _counting_parsers(monkeypatch) -> dict[str, int]:
+    """Wrap every tool fact's parser (and the node-facts document's reader) with a call counter."""
+    import importlib
+
+    from cluster.checks import node as node_checks
+
+    calls: dict[str, int] = {}
+
+    def counted(name, parse):
+        def wrapper(*args, **kwargs):
+            calls[name] = calls.get(name, 0) + 1
+            return parse(*args, **kwargs)
+        return wrapper
+
+    parsers = {f.parser for f in vars(facts).values() if isinstance(f, facts.ToolFact) and f.parser}
+    for parser in parsers:
+        module = importlib.import_module(f"cluster.parsers.{parser}")
+        monkeypatch.setattr(module, "parse", counted(parser, module.parse))
+    document = counted("node-facts", facts.program_document)
+    monkeypatch.setattr(facts, "program_document", document)
+    if hasattr(node_checks, "program_document"):   # the checks' own import of it, if any
+        monkeypatch.setattr(node_checks, "program_document", document)
+    return calls
+
+
+def test_a_preflight_parses_each_tool_fact_once_per_node(monkeypatch):
+    """A 3-node preflight over real captured outputs: every tool output that a check, the
+    facts or a cross-node check reads is parsed once per node, however many read it
+    (nvidia-smi -q: fabricmanager, gpu-health, pcie-link; the GPU query: the facts, gpus, acs;
+    ibstat: infiniband, acs, nic-locality; the topology: nvlink, nic-locality)."""
+    from fakes import FakeClusterSession, fake_inventory
+    from playbooks.preflight import run_preflight
+
+    calls = _counting_parsers(monkeypatch)
+    inv = fake_inventory(3, "ib_hcas: [mlx5_0]")
+    report = run_preflight(inv, FakeClusterSession(inv))
+    assert {r.node for r in report.results if r.node} == {"n1", "n2", "n3"}
+    assert not [r for r in report.results if r.status.value == "error"]
+    read = {"nvidia_smi_q", "nvidia_smi_query", "ibstat", "nvidia_smi_topo", "nvidia_smi",
+            "node-facts", "lspci", "dmesg", "fabricmanager", "ip_addr", "chronyc_tracking",
+            "df_shm", "ulimit", "lsmod"}
+    assert read <= set(calls)
+    assert calls == {name: 3 for name in calls}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from cluster.errors import ParseError
@@ -33,13 +34,17 @@ class NodeContext:
     outputs: Mapping[str, ProbeOutput]
     gathered: "NodeFacts | None" = None   # the run's facts of this node (cluster/facts.py)
 
-    @property
+    @cached_property
     def facts(self) -> "NodeFacts":
-        """The node's facts: those gathered for the run, else read from `outputs`."""
+        """The node's facts: those gathered for the run, else read from `outputs` (once)."""
         if self.gathered is not None:
             return self.gathered
         from cluster.facts import facts_from_outputs
         return facts_from_outputs(self.node, self.outputs)
+
+    def reading(self, fact: "ToolFact") -> dict:
+        """`fact`'s parsed output on this node, parsed once per node and run (NodeFacts.reading)."""
+        return self.facts.reading(fact)
 
     @property
     def expect(self) -> Mapping[str, Any]:
@@ -120,4 +125,4 @@ def read_tool(ctx: NodeContext, fact: "ToolFact", tool: str, needed: bool, what:
     problem = tool_problem(out, tool, needed, what, fix)
     if problem:
         return None, problem
-    return fact.parse(out), None
+    return ctx.reading(fact), None

@@ -13,8 +13,7 @@ from cluster.checks.base import (NodeCheck, NodeContext, Verdict, error, fail, o
                                  required, skip, tool_problem, warn)
 from cluster.errors import ParseError
 from cluster.facts import (CHRONY, GPU_QUERY, GPU_TOPO, IBSTAT, LSMOD, MEMLOCK, NTPQ,
-                           NVIDIA_SMI, PEERMEM_SYSFS, SHM, TIMEDATECTL, node_program_probe,
-                           program_document)
+                           NVIDIA_SMI, PEERMEM_SYSFS, SHM, TIMEDATECTL, node_program_probe)
 from cluster.inventory import Inventory, Node
 from cluster.checks.metrics import METRICS_CHECKS
 from cluster.checks.node_health import HEALTH_CHECKS
@@ -117,6 +116,9 @@ def _hca_name(entry: str) -> tuple[str, int | None]:
     return name, int(port) if port.isdigit() else None
 
 
+_PORT_EVIDENCE = ("ca", "port", "state", "physical_state", "rate_gbps", "link_layer")
+
+
 def evaluate_infiniband(ctx: NodeContext) -> Verdict:
     ib = ctx.expect.get("infiniband", {})
     expected_hcas = [_hca_name(h) for h in ctx.node.ib_hcas if not h.startswith("^")]
@@ -129,8 +131,9 @@ def evaluate_infiniband(ctx: NodeContext) -> Verdict:
         return problem
     if not needed:
         return skip("no InfiniBand expected on this node (no ib_hcas in the inventory)")
-    data = IBSTAT.parse(out)
-    ports = data["ports"]
+    ports = ctx.reading(IBSTAT)["ports"]
+    # the evidence: every port's state (the CAs' GUIDs and firmware stay in the output)
+    data = {"ports": [{k: p.get(k) for k in _PORT_EVIDENCE} for p in ports]}
     if expected_hcas:
         chosen = [p for p in ports if any(p["ca"] == n and (pt is None or p["port"] == pt)
                                           for n, pt in expected_hcas)]
@@ -177,6 +180,10 @@ _PEERMEM_FILES = ("/sys/kernel/mm/memory_peers/nv_mem/version",
                   "/sys/kernel/mm/memory_peers/nv_mem_nc/version",
                   "/sys/module/nvidia_peermem/version", "/sys/module/nv_peer_mem/version")
 
+# What the evidence shows of lsmod: the peer-memory modules and those they sit on.
+_PEERMEM_MODULES = ("nvidia_peermem", "nv_peer_mem", "gdrdrv", "ib_core", "nvidia", "complete")
+
+
 def evaluate_gpudirect(ctx: NodeContext) -> Verdict:
     ib = ctx.expect.get("infiniband", {})
     expected_hcas = [h for h in ctx.node.ib_hcas if not h.startswith("^")]
@@ -192,7 +199,7 @@ def evaluate_gpudirect(ctx: NodeContext) -> Verdict:
                   if line.startswith("/sys/")]
     facts = {"peermem_loaded": bool(data.get("nvidia_peermem") or data.get("nv_peer_mem")),
              "peermem_registered": registered}
-    evidence = {"lsmod": data, "registered": registered}
+    evidence = {"lsmod": {k: data.get(k) for k in _PEERMEM_MODULES}, "registered": registered}
     if not facts["peermem_loaded"]:
         return fail("peer-memory module not loaded (neither nvidia_peermem nor nv_peer_mem): "
                     "NCCL will stage inter-node traffic through host memory (no GDRDMA)",
@@ -223,7 +230,7 @@ def evaluate_clock(ctx: NodeContext) -> Verdict:
         if out.missing_tool or out.exit_code != 0 or not out.stdout.strip():
             tried.append(tool)
             continue
-        data = fact.parse(out)
+        data = ctx.reading(fact)
         offset_s = data.get("offset_seconds")
         if offset_s is None and data.get("offset_ms") is not None:
             offset_s = data["offset_ms"] / 1000.0
@@ -259,7 +266,7 @@ def evaluate_shm(ctx: NodeContext) -> Verdict:
 
 def evaluate_memlock(ctx: NodeContext) -> Verdict:
     out = ctx.output("memlock")
-    data = MEMLOCK.parse(out)
+    data = ctx.reading(MEMLOCK)
     value = data["memlock_kib"]
     want = ctx.expect["memlock_min_kib"]
     facts = {"memlock_kib": value}
@@ -290,7 +297,7 @@ def evaluate_versions(ctx: NodeContext) -> Verdict:
         return fail(f"{python} not found on the node", "install Python 3.10+ or set ray.python")
     if out.exit_code != 0:
         return error(f"version probe failed: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
-    document = program_document(out)
+    document = ctx.facts.document()
     data = document.get("versions")
     if not isinstance(data, dict):
         raise ParseError("versions", f"no versions in the node facts: {out.stdout[:200]!r}")

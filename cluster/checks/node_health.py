@@ -24,7 +24,6 @@ from cluster.checks import health
 from cluster.checks.base import NodeCheck, NodeContext, Verdict, fail, read_tool, skip, tool_problem
 from cluster.facts import (FABRICMANAGER, GPU_QUERY, GPU_TOPO, IBSTAT, IP_ADDR, KERNEL_LOG, LSPCI,
                            NVIDIA_SMI, NVIDIA_SMI_Q, ToolFact)
-from cluster.probes import ProbeOutput
 from cluster.results import worst
 
 # fabricmanager's probe: systemctl's own exit code: 0 active, 3 not running, 4 no such unit.
@@ -41,7 +40,7 @@ def _optional(ctx: NodeContext, fact: ToolFact) -> dict | None:
     out = ctx.output(fact.name)
     if out.missing_tool or out.timed_out or (out.exit_code != 0 and not out.stdout.strip()):
         return None
-    return fact.parse(out)
+    return ctx.reading(fact)
 
 
 def _smi_q(ctx: NodeContext) -> tuple[dict | None, Verdict | None]:
@@ -76,44 +75,46 @@ def evaluate_acs(ctx: NodeContext) -> Verdict:
     if not out.stdout.strip():
         return skip("lspci showed no PCI device (a container without the host's PCI tree?)")
     rdma = _rdma_devices(ctx) or []
-    return health.acs(LSPCI.parse(out), _gpu_count(ctx), len(rdma), _health(ctx))
+    return health.acs(ctx.reading(LSPCI), _gpu_count(ctx), len(rdma), _health(ctx))
 
 
 # ---------------------------------------------------------------- fabric manager
 
 
-def _fabricmanager_state(out: ProbeOutput) -> dict | None:
+def _fabricmanager_state(ctx: NodeContext) -> dict | None:
     """systemctl's view of nvidia-fabricmanager; None when systemctl could not say."""
+    out = ctx.output(FABRICMANAGER.name)
     if out.missing_tool or out.timed_out or out.exit_code not in _SYSTEMCTL_ANSWERED:
         return None   # no systemd (a container) or systemctl failed: the GPUs' fabric state decides
-    return FABRICMANAGER.parse(out)
+    return ctx.reading(FABRICMANAGER)
 
 
 def evaluate_fabricmanager(ctx: NodeContext) -> Verdict:
     smi_q, problem = _smi_q(ctx)
     if problem:
         return problem
-    return health.fabricmanager(_fabricmanager_state(ctx.output("fabricmanager")), smi_q,
+    return health.fabricmanager(_fabricmanager_state(ctx), smi_q,
                                 _health(ctx))
 
 
 # ---------------------------------------------------------------- GPU health
 
 
-def _kernel_log(out: ProbeOutput) -> dict | None:
+def _kernel_log(ctx: NodeContext) -> dict | None:
     """The driver's kernel-log lines parsed; None when the log could not be read."""
+    out = ctx.output(KERNEL_LOG.name)
     if out.missing_tool or out.timed_out or out.exit_code == KERNEL_LOG_UNREADABLE:
         return None
     if not out.stdout.strip():
         return {"xids": [], "fell_off_bus": [], "aer": []}   # the log was read: no NVRM/AER line
-    return KERNEL_LOG.parse(out)
+    return ctx.reading(KERNEL_LOG)
 
 
 def evaluate_gpu_health(ctx: NodeContext) -> Verdict:
     smi_q, problem = _smi_q(ctx)
     if problem:
         return problem
-    log = _kernel_log(ctx.output("kernel-log"))
+    log = _kernel_log(ctx)
     verdict = health.gpu_health(smi_q, log, _health(ctx))
     if log is None and verdict.status.value == "ok":
         return Verdict(verdict.status, verdict.summary + " (kernel log not readable: Xids not "
@@ -136,7 +137,7 @@ def evaluate_persistence(ctx: NodeContext) -> Verdict:
     problem = tool_problem(out, "nvidia-smi", False, "NVIDIA GPUs", "install the NVIDIA driver")
     if problem:
         return problem
-    verdict = health.persistence(NVIDIA_SMI.parse(out)["gpus"], _health(ctx))
+    verdict = health.persistence(ctx.reading(NVIDIA_SMI)["gpus"], _health(ctx))
     off = verdict.status.value == "warn"
     return Verdict(verdict.status, verdict.summary, verdict.fix, verdict.data,
                    {"persistence_off": off} if verdict.status.value != "skip" else {})
@@ -150,7 +151,7 @@ def evaluate_nic_locality(ctx: NodeContext) -> Verdict:
     problem = tool_problem(out, "nvidia-smi", False, "GPU topology", "install the NVIDIA driver")
     if problem:
         return problem
-    return health.nic_locality(GPU_TOPO.parse(out), _health(ctx),
+    return health.nic_locality(ctx.reading(GPU_TOPO), _health(ctx),
                                _rdma_devices(ctx))
 
 
