@@ -40,7 +40,7 @@ POLL_S = 1.0
 PROGRESS_EVERY_S = 5.0
 SILENT_FAIL_S = 40.0               # a node unheard of this long, the others finished: failed
 START_TIMEOUT_S = 120
-STOP_TIMEOUT_S = 30
+STOP_TIMEOUT_S = 15
 MIN_RATE_BPS = 5 << 20             # the relay's lifetime assumes at least 5 MiB/s per link
 BASE_S = 300
 MAX_S = 24 * 3600
@@ -180,7 +180,7 @@ def run_relay(inventory: Inventory, session, source: Node, reference: Manifest,
         done.append(True)
         stoppers = [Call(lambda m=m: relay.stop(m)) for m in members.values() if m.pid]
         for c in stoppers:
-            c.join(STOP_TIMEOUT_S + 10)
+            c.join(STOP_TIMEOUT_S + 5)
     progress = {n: members[n].progress for n in busy if members[n].progress is not None}
     errors = {}
     for n in busy:
@@ -302,7 +302,7 @@ def pull(inventory: Inventory, session, options: PullOptions, local_root: bool,
         src_dir = path
     targets = {n.name: n for n in chosen if n.name != src.name}
     outcome = PullOutcome(options.source, path, options.dry_run)
-    if src.name in {n.name for n in chosen} and src_dir != path:
+    if options.nodes and src.name in {n.name for n in chosen} and src_dir != path:
         outcome.notes.append(f"{src.name} is the source: its {src_dir} is not copied into "
                              f"{path} there")
     start = time.monotonic()
@@ -359,8 +359,8 @@ def pull(inventory: Inventory, session, options: PullOptions, local_root: bool,
                        {n: targets[n] for n in busy}, local_root, dir_of, on_event)
     outcome.shape = report.shape
     on_event(f"model: relay over in {report.seconds:.1f} s; verifying by a second manifest")
-    after = manifests(inventory, session, [targets[n] for n in busy], local_root,
-                      lambda node: path)
+    answering = [targets[n] for n in busy if n not in report.errors]
+    after = manifests(inventory, session, answering, local_root, lambda node: path)
     for name in busy:
         outcome.nodes[name] = _judge(name, plans[name], report, after.get(name), ref)
     outcome.bytes = sum(r.bytes for r in outcome.nodes.values())

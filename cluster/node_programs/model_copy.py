@@ -584,12 +584,18 @@ def fetch(args, stdin):
         os.close(rootfd)
 
 
-def lock(rootfd, root):
-    """One fetch at a time into a directory (a stale relay of an earlier run included)."""
-    try:
-        fcntl.flock(rootfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        raise Refused("another copy is writing into %s" % root)
+def lock(rootfd, root, wait_s=0.0):
+    """One fetch at a time into a directory: a relay waits up to wait_s for an earlier run's
+    fetch (one whose link was cut gives up within GIVE_UP_S of its last byte)."""
+    end = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(rootfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except OSError:
+            if time.monotonic() >= end:
+                raise Refused("another copy is writing into %s" % root)
+            time.sleep(1.0)
 
 
 def fetch_all(rootfd, upstreams, wanted, deadline, single=False, board=None):
@@ -870,7 +876,7 @@ def relay(args, stdin):
 
 def relay_fetch(board, rootfd, root, upstreams, want, deadline):
     try:
-        lock(rootfd, root)
+        lock(rootfd, root, GIVE_UP_S + STALL_S * 3)
         result = fetch_all(rootfd, upstreams, want, deadline, board=board)
         board.note(state="done" if not result["failed"] else "failed", done=result["ok"],
                    verified=not result["failed"])
