@@ -875,9 +875,14 @@ def relay(args, stdin):
 
 
 def relay_fetch(board, rootfd, root, upstreams, want, deadline):
+    """The relay's fetch thread: the directory locked while it writes, released after (the
+    server goes on serving what it has)."""
     try:
         lock(rootfd, root, GIVE_UP_S + STALL_S * 3)
-        result = fetch_all(rootfd, upstreams, want, deadline, board=board)
+        try:
+            result = fetch_all(rootfd, upstreams, want, deadline, board=board)
+        finally:
+            fcntl.flock(rootfd, fcntl.LOCK_UN)
         board.note(state="done" if not result["failed"] else "failed", done=result["ok"],
                    verified=not result["failed"])
     except (Refused, OSError) as exc:
