@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -32,7 +33,8 @@ from cluster.inventory import Inventory, Node
 from cluster.model_relay import (NodeResult, Progress, RelaySettings, RelayShape, parse_progress,
                                  rate_text, relay_shape)
 from cluster.model_sync import CopyPlan, Manifest, copy_plan, still_different
-from cluster.node_programs import with_input
+from cluster.fixes import as_root
+from cluster.node_programs import BOOT, with_input
 from cluster.threads import Call
 from playbooks.fix_model import DirOf, _command, _doc, _url_host, manifests
 
@@ -307,14 +309,12 @@ def pull(inventory: Inventory, session, options: PullOptions, local_root: bool,
                              f"{path} there")
     start = time.monotonic()
     if source.kind == "hf":
-        from playbooks.model_hf import download
-
         on_event(f"model: {source.repo} from the hub onto {src.name}:{path}")
         if options.dry_run:
             outcome.notes.append(f"the dry run does not download {source.repo}: the relay's "
                                  "shape assumes every target needs every file")
         else:
-            download(inventory, session, src, source.repo, options, path, local_root)
+            hub_download(inventory, session, src, source.repo, options, path, local_root)
 
     def dir_of(node: Node) -> str:
         return src_dir if node.name == src.name else path
@@ -366,6 +366,26 @@ def pull(inventory: Inventory, session, options: PullOptions, local_root: bool,
     outcome.bytes = sum(r.bytes for r in outcome.nodes.values())
     outcome.seconds = time.monotonic() - start
     return outcome
+
+
+HUB_TIMEOUT_S = 6 * 3600
+
+
+def hub_download(inventory: Inventory, session, node: Node, repo: str, options: PullOptions,
+                 path: str, local_root: bool) -> dict:
+    """snapshot_download of `repo` into `path` on `node` (node_programs/hf_pull.py, as root):
+    the node's HF_TOKEN (inventory env) on stdin only, its HF_ENDPOINT honoured."""
+    doc = {"repo": repo, "revision": options.revision, "dir": path,
+           "allow": list(options.allow_patterns), "ignore": list(options.ignore_patterns),
+           "endpoint": node.env.get("HF_ENDPOINT"), "token": node.env.get("HF_TOKEN")}
+    line = " ".join([shlex.quote(inventory.ray.python), "-c", shlex.quote(BOOT)])
+    res = session.run(node, as_root(line, node, inventory, local_root), timeout=HUB_TIMEOUT_S,
+                      stdin=with_input("hf_pull", json.dumps(doc)))
+    got = _doc(res)
+    if "error" in got or type(got.get("files")) is not int:
+        raise RemoteError(node.name, f"hub download of {repo}: "
+                                     f"{str(got.get('error', 'no answer'))[:400]}")
+    return got
 
 
 def _judge(name: str, plan: CopyPlan, report: RelayReport, now, ref: Manifest) -> NodeResult:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,9 +28,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from integration_kit import ClusterCli
+from integration_kit import REPO, ClusterCli
 
 pytestmark = pytest.mark.integration
+SIMCLUSTER = REPO / "scripts" / "simcluster"
 RUN_DIR = tempfile.mkdtemp(prefix="cluster-test-model-pull-runs-")
 SRC = "/tmp/model-pull/src"
 DEST = "/tmp/model-pull/dest"
@@ -134,3 +136,77 @@ def test_a_cut_link_fails_one_node_and_a_second_run_completes_it(cluster):
     assert {n: x["status"] for n, x in second["nodes"].items() if n != "node4"} == \
         {n: "ok" for n in set(c.names) - {"node1", "node4"}}
     assert shas(c, "node4", dest) == want
+
+
+HUB_PORT = 18089
+HUB_TOKEN = "hf_" + "Zq7" * 12
+
+
+def ps_args(c, node: str) -> str:
+    return c.exec(node, "ps", "-eo", "args=").stdout
+
+
+def test_a_hub_repo_lands_identical_files_and_the_token_stays_secret(cluster, tiny_model_builder,
+                                                                     tmp_path):
+    c, inv = cluster
+    tiny = tiny_model_builder.build_tiny_model(None, "dense")
+    repo_dir = Path(tempfile.mkdtemp(prefix="hub-tiny-", dir="/var/tmp"))  # every node's /var/tmp
+    shutil.copytree(tiny, repo_dir / "repo")
+    want = {p.relative_to(repo_dir / "repo").as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in (repo_dir / "repo").rglob("*") if p.is_file()}
+    doc = yaml.safe_load(inv.read_text())
+    head = next(n for n in doc["nodes"] if n.get("role") == "head")
+    head_ip = head.get("node_ip") or head["address"]
+    head["env"] = {**head.get("env", {}), "HF_TOKEN": HUB_TOKEN,
+                   "HF_ENDPOINT": f"http://{head_ip}:{HUB_PORT}"}
+    hub_inv = tmp_path / "cluster.yaml"
+    hub_inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    log = repo_dir / "hub.log"
+    hub = subprocess.Popen(
+        [sys.executable, str(SIMCLUSTER), "exec", head["name"], "--", "timeout", "600",
+         sys.executable, str(REPO / "tests" / "hub_server.py"), "--bind", head_ip, "--port",
+         str(HUB_PORT), "--repo", "some-org/tiny-model", "--dir", str(repo_dir / "repo"),
+         "--log", str(log)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    seen: list[str] = []
+    stop = threading.Event()
+
+    def watch_argv():
+        while not stop.is_set():
+            seen.append(ps_args(c, head["name"]))
+            seen.append(subprocess.run(["ps", "-eo", "args="], capture_output=True,
+                                       text=True).stdout)
+            stop.wait(0.5)
+
+    try:
+        hub.stdin.write(HUB_TOKEN + "\n")
+        hub.stdin.close()
+        started = hub.stdout.readline()
+        assert "hub on" in started, started
+        watcher = threading.Thread(target=watch_argv, daemon=True)
+        watcher.start()
+        dest = "/tmp/model-pull/hub"
+        code, done, p = pull(hub_inv, "some-org/tiny-model", "--path", dest)
+        stop.set()
+        watcher.join(10)
+        assert code == 0, done
+        for name in c.names:
+            got = shas(c, name, dest)
+            assert {k: v for k, v in got.items() if not k.startswith(".cache/")} == want, name
+        requests = [json.loads(line) for line in log.read_text().splitlines()]
+        assert requests and all(r["token"] for r in requests)          # the token reached it
+        assert any("/resolve/" in r["path"] for r in requests)
+        assert len(seen) >= 2 and not any(HUB_TOKEN in text for text in seen)
+        assert HUB_TOKEN not in p.stdout + p.stderr
+        records = [f for d in (RUN_DIR, doc["run_dir"]) for f in Path(d).rglob("*")
+                   if f.is_file()]
+        assert any(f.name == "model-pull.json" for f in records)
+        assert any(f.parent.name == "nodes" for f in records)           # the node logs
+        for record in records:
+            assert HUB_TOKEN not in record.read_text(errors="replace"), record
+    finally:
+        stop.set()
+        pid = started.split("pid ")[-1].strip() if "started" in locals() else ""
+        if pid.isdigit():
+            c.exec(head["name"], "kill", pid)
+        hub.wait(30)
+        shutil.rmtree(repo_dir, ignore_errors=True)
