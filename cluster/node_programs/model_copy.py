@@ -463,7 +463,7 @@ def listen(bind, ports, board, token):
     from http.server import ThreadingHTTPServer
 
     ThreadingHTTPServer.daemon_threads = True
-    ThreadingHTTPServer.allow_reuse_address = False
+    ThreadingHTTPServer.allow_reuse_address = True      # a listener still refuses the port
     last = None
     for port in ports:
         try:
@@ -605,15 +605,17 @@ def fetch_all(rootfd, upstreams, wanted, deadline, single=False, board=None):
         if down is not None:
             out.append({"path": entry["path"], "status": "failed",
                         "reason": "not tried: %s" % down})
-            continue
-        try:
-            got = fetch_one(rootfd, upstreams, entry, deadline, single, board)
-            out.append({"path": entry["path"], "status": "ok", "bytes": got})
-        except Unreachable as exc:
-            down = str(exc)[:200]
-            out.append({"path": entry["path"], "status": "failed", "reason": str(exc)[:300]})
-        except (Refused, OSError) as exc:
-            out.append({"path": entry["path"], "status": "failed", "reason": str(exc)[:300]})
+        else:
+            try:
+                got = fetch_one(rootfd, upstreams, entry, deadline, single, board)
+                out.append({"path": entry["path"], "status": "ok", "bytes": got})
+            except Unreachable as exc:
+                down = str(exc)[:200]
+                out.append({"path": entry["path"], "status": "failed",
+                            "reason": str(exc)[:300]})
+            except (Refused, OSError) as exc:
+                out.append({"path": entry["path"], "status": "failed",
+                            "reason": str(exc)[:300]})
         if board is not None and out[-1]["status"] != "ok":
             board.update(entry["path"], state="failed")
             with board.cond:
