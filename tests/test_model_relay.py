@@ -161,3 +161,46 @@ def test_a_node_that_cannot_take_the_files_is_bypassed_and_reported(tmp_path):
     assert report.progress["c"].state == "done" and report.progress["c"].verified
     assert after["c"].fingerprint == ref.fingerprint
     assert after["a"].fingerprint == ref.fingerprint
+
+
+# ---------------------------------------------------------------- the command
+
+
+def cli(inv, *args: str):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "cluster", "-i", str(inv), *args],
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("args, why", [
+    (["model", "pull", ""], "must not be empty"),
+    (["model", "pull", "/a/laptop/dir"], "not supported"),
+    (["model", "pull", "nowhere:/x"], "no node named"),
+    (["model", "pull", "src:/x", "--path", "relative"], "absolute"),
+    (["model", "pull", "org/m", "--revision", "a b"], "--revision"),
+    (["model", "pull", "src:/x", "--nodes", ""], "must not be empty")])
+def test_bad_pull_arguments_are_one_line_and_exit_2(tmp_path, args, why):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(f"nodes:\n  - {{name: src, address: 127.0.0.1, local: true, role: head}}\n"
+                    f"  - {{name: a, address: 127.0.0.1, local: true}}\n"
+                    f"model: {{path: {tmp_path}/m}}\nrun_dir: {tmp_path}/runs\n")
+    p = cli(path, *args, "--json")
+    assert p.returncode == 2 and why in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
+
+
+def test_the_dry_run_prints_the_chain_and_copies_nothing(tmp_path):
+    names = ["src", "a", "b"]
+    write_model(tmp_path / "source", FILES)
+    nodes = "\n".join(f"  - {{name: {n}, address: 127.0.0.1, local: true"
+                      f"{', role: head' if i == 0 else ''}}}" for i, n in enumerate(names))
+    path = tmp_path / "cluster.yaml"
+    path.write_text(f"nodes:\n{nodes}\nmodel: {{path: {tmp_path}/dest}}\n"
+                    f"run_dir: {tmp_path}/runs\n")
+    p = cli(path, "model", "pull", f"src:{tmp_path}/source", "--dry-run")
+    assert p.returncode == 0, p.stderr
+    assert "relay: chain (fan-out 1, depth 2) from src" in p.stdout
+    assert "src -> a -> b" in p.stdout and "planned" in p.stdout
+    assert not (tmp_path / "dest").exists()
