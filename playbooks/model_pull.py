@@ -126,49 +126,35 @@ def pull(inventory: Inventory, session, options: PullOptions, local_root: bool,
         outcome.notes.append(f"{src.name} is the source: its {src_dir} is not copied into "
                              f"{path} there")
     start = time.monotonic()
+    settings = RelaySettings.from_expectations(inventory.expectations)
+    if source.kind == "hf" and options.dry_run:
+        return _hub_dry_run(outcome, source, src, targets, settings)
     if source.kind == "hf":
         on_event(f"model: {source.repo} from the hub onto {src.name}:{path}")
-        if options.dry_run:
-            outcome.notes.append(f"the dry run does not download {source.repo}: the relay's "
-                                 "shape assumes every target needs every file")
-        else:
-            hub_download(inventory, session, src, source.repo, options, path, local_root)
+        hub_download(inventory, session, src, source.repo, options, path, local_root)
 
     def dir_of(node: Node) -> str:
         return src_dir if node.name == src.name else path
 
     on_event(f"model: manifests on {src.name} and {len(targets)} node(s)")
-    hf_dry = options.dry_run and source.kind == "hf"
-    found = manifests(inventory, session, list(targets.values()) + ([] if hf_dry else [src]),
-                      local_root, dir_of)
-    if hf_dry:
-        found[src.name] = Manifest(True, ())
+    found = manifests(inventory, session, [src, *targets.values()], local_root, dir_of)
     ref = found[src.name]
     if isinstance(ref, str):
         raise RemoteError(src.name, f"no manifest of {src_dir}: {ref}")
-    if not hf_dry and (not ref.exists or not ref.files):
+    if not ref.exists or not ref.files:
         raise UsageError(f"{src.name}:{src_dir} holds no files to copy")
     if ref.skipped:
         outcome.notes.append(f"{len(ref.skipped)} path(s) on {src.name} not copied (links "
                              f"leaving the directory, or not regular files): "
                              f"{', '.join(ref.skipped[:4])}")
-    plans: dict[str, CopyPlan] = {}
-    for name in targets:
-        mine = found.get(name)
-        if isinstance(mine, str):
-            outcome.nodes[name] = NodeResult(name, "failed", 0, 0.0, False, mine)
-        else:
-            plans[name] = copy_plan(name, ref, mine)
+    plans = _plans(outcome, ref, found, targets)
     busy = [n for n in plans if plans[n].files]
-    settings = RelaySettings.from_expectations(inventory.expectations)
     outcome.shape = relay_shape(src.name, busy, settings)
-    for name, plan in plans.items():
-        if not plan.files:
-            outcome.nodes[name] = NodeResult(name, "ok", 0, 0.0, True, "already identical")
-        elif options.dry_run:
+    for name in busy:
+        if options.dry_run:
             outcome.nodes[name] = NodeResult(
-                name, "planned", plan.bytes, 0.0, False,
-                f"{len(plan.files)} file(s), {plan.bytes / _MIB:.1f} MiB from "
+                name, "planned", plans[name].bytes, 0.0, False,
+                f"{len(plans[name].files)} file(s), {plans[name].bytes / _MIB:.1f} MiB from "
                 f"{outcome.shape.upstreams(name)[0]}")
     if options.dry_run or not busy:
         outcome.seconds = time.monotonic() - start
@@ -183,6 +169,33 @@ def pull(inventory: Inventory, session, options: PullOptions, local_root: bool,
         outcome.nodes[name] = _judge(name, plans[name], report, after.get(name), ref)
     outcome.bytes = sum(r.bytes for r in outcome.nodes.values())
     outcome.seconds = time.monotonic() - start
+    return outcome
+
+
+def _plans(outcome: PullOutcome, ref: Manifest, found: dict, targets: dict
+           ) -> dict[str, CopyPlan]:
+    """Each answering target's copy plan; a target without a manifest fails, one already
+    identical is ok (both recorded in the outcome)."""
+    plans: dict[str, CopyPlan] = {}
+    for name in targets:
+        mine = found.get(name)
+        if isinstance(mine, str):
+            outcome.nodes[name] = NodeResult(name, "failed", 0, 0.0, False, mine)
+            continue
+        plans[name] = copy_plan(name, ref, mine)
+        if not plans[name].files:
+            outcome.nodes[name] = NodeResult(name, "ok", 0, 0.0, True, "already identical")
+    return plans
+
+
+def _hub_dry_run(outcome: PullOutcome, source: Source, src: Node, targets: dict,
+                 settings: RelaySettings) -> PullOutcome:
+    """The hub's file list is only known once downloaded: the shape over every target."""
+    outcome.shape = relay_shape(src.name, list(targets), settings)
+    for name in targets:
+        outcome.nodes[name] = NodeResult(name, "planned", 0, 0.0, False,
+                                         f"{source.repo} (downloaded on {src.name}, its files "
+                                         f"listed then) from {outcome.shape.upstreams(name)[0]}")
     return outcome
 
 

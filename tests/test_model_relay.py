@@ -204,3 +204,16 @@ def test_the_dry_run_prints_the_chain_and_copies_nothing(tmp_path):
     assert "relay: chain (fan-out 1, depth 2) from src" in p.stdout
     assert "src -> a -> b" in p.stdout and "planned" in p.stdout
     assert not (tmp_path / "dest").exists()
+
+
+def test_a_hub_dry_run_downloads_nothing_and_plans_every_node(tmp_path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(f"nodes:\n  - {{name: h, address: 127.0.0.1, local: true, role: head}}\n"
+                    f"  - {{name: a, address: 127.0.0.1, local: true}}\n"
+                    f"model: {{path: {tmp_path}/dest}}\nrun_dir: {tmp_path}/runs\n")
+    p = cli(path, "model", "pull", "some-org/tiny-model", "--dry-run", "--json")
+    import json
+
+    doc = json.loads(p.stdout)
+    assert p.returncode == 0 and doc["shape"]["edges"] == [{"from": "h", "to": "a"}], doc
+    assert doc["nodes"]["a"]["status"] == "planned" and not (tmp_path / "dest").exists()
