@@ -312,6 +312,8 @@ class Board(object):
     def note(self, **changes):
         with self.cond:
             self.status.update(changes)
+            if changes.get("state") in ("done", "failed"):
+                self.last_request = time.monotonic()    # idle counts from the fetch's end
             self.cond.notify_all()
 
 
@@ -531,6 +533,8 @@ def run_server(server, seconds, board, idle_exit=False):
 
 
 def exit_when_idle(board):
+    """A relay whose fetch is over and that nobody asked for a file for IDLE_EXIT_S (since the
+    fetch ended, or the last request) exits: the laptop has read its status by then."""
     while True:
         time.sleep(1.0)
         with board.cond:
