@@ -116,13 +116,26 @@ def test_a_cut_link_fails_one_node_and_a_second_run_completes_it(cluster):
     root = "/tmp/model-pull/cut"
     dest = "/tmp/model-pull/cut-dest"
     want = make_files(c, root, 48)
-    timer = threading.Timer(6.0, lambda: c._factory.run("link", "node4", "down"))
-    timer.start()
+    cut = threading.Event()
+
+    def cut_when_receiving():          # mid-copy: once node4 holds 4 MiB of the 48
+        end = time.monotonic() + 120
+        while time.monotonic() < end and not cut.is_set():
+            held = c.exec("node4", "sh", "-c", f"du -sb {dest} 2>/dev/null | cut -f1").stdout
+            if held.strip().isdigit() and int(held) > 4 << 20:
+                c._factory.run("link", "node4", "down")
+                cut.set()
+                return
+            time.sleep(0.3)
+
+    cutter = threading.Thread(target=cut_when_receiving, daemon=True)
+    cutter.start()
     try:
         code, first, _ = pull(inv, f"node1:{root}", "--path", dest)
     finally:
-        timer.cancel()
+        cutter.join(130)
         c._factory.run("link", "node4", "up")
+    assert cut.is_set(), "node4 never started receiving"
     assert code == 2, first
     assert first["nodes"]["node4"]["status"] == "failed", first["nodes"]["node4"]
     for name in set(c.names) - {"node1", "node4"}:
