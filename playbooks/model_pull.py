@@ -32,7 +32,7 @@ from cluster.inventory import Inventory, Node
 from cluster.model_relay import NodeResult, RelaySettings, RelayShape, rate_text, relay_shape
 from cluster.model_sync import CopyPlan, Manifest, copy_plan, still_different
 from cluster.node_programs import BOOT, with_input
-from playbooks.relay import RelayReport, _doc, manifests, run_relay
+from playbooks.relay import RelayReport, answer_of, manifests, run_relay
 
 _MIB = 1 << 20
 _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}(/[A-Za-z0-9][A-Za-z0-9_.-]{0,95})?\Z")
@@ -212,7 +212,7 @@ def hub_download(inventory: Inventory, session, node: Node, repo: str, options: 
     line = " ".join([shlex.quote(inventory.ray.python), "-c", shlex.quote(BOOT)])
     res = session.run(node, as_root(line, node, inventory, local_root), timeout=HUB_TIMEOUT_S,
                       stdin=with_input("hf_pull", json.dumps(doc)))
-    got = _doc(res)
+    got = answer_of(res)
     if "error" in got or type(got.get("files")) is not int:
         raise RemoteError(node.name, f"hub download of {repo}: "
                                      f"{str(got.get('error', 'no answer'))[:400]}")

@@ -44,13 +44,15 @@ _MIB = 1 << 20
 DirOf = Callable[[Node], str]
 
 
-def _command(inventory: Inventory, node: Node, local_root: bool, verb: str, *args: str) -> str:
+def program_command(inventory: Inventory, node: Node, local_root: bool, verb: str,
+                    *args: str) -> str:
+    """`python -c BOOT VERB ARGS` of model_copy.py on the node, as root (sudo -n if needed)."""
     py = shlex.quote(inventory.ray.python)
     line = " ".join([py, "-c", shlex.quote(BOOT), verb, *map(shlex.quote, args)])
     return as_root(line, node, inventory, local_root)
 
 
-def _doc(res: CommandResult) -> dict:
+def answer_of(res: CommandResult) -> dict:
     """The program's JSON document, or a dict with the error (never raises)."""
     if not res.reached:
         return {"error": f"{res.status}: {res.error}"}
@@ -65,20 +67,17 @@ def _doc(res: CommandResult) -> dict:
     return doc
 
 
-DirOf = Callable[[Node], str]
-
-
 def manifests(inventory: Inventory, session: Session, nodes: Sequence[Node],
               local_root: bool, dir_of: DirOf) -> dict[str, Manifest | str]:
     """node -> its manifest, or why there is none."""
     results = session.fan_out(
-        nodes, lambda n: _command(inventory, n, local_root, "manifest", "--dir", dir_of(n),
+        nodes, lambda n: program_command(inventory, n, local_root, "manifest", "--dir", dir_of(n),
                                   "--for", str(MANIFEST_TIMEOUT_S - 60)),
         timeout=MANIFEST_TIMEOUT_S, stdin=with_input("model_copy", ""))
     out: dict[str, Manifest | str] = {}
     for res in results:
         try:
-            out[res.node] = parse_manifest(_doc(res))
+            out[res.node] = parse_manifest(answer_of(res))
         except ParseError as exc:
             out[res.node] = f"manifest: {exc}"
     return out
@@ -114,22 +113,21 @@ def relay_lifetime(total_bytes: int) -> int:
 
 
 class _Relay:
-    def __init__(self, inventory: Inventory, session, local_root: bool, dir_of: DirOf,
-                 on_event: Callable[[str], None]):
+    def __init__(self, inventory: Inventory, session, local_root: bool, dir_of: DirOf):
         self.inventory, self.session, self.local_root = inventory, session, local_root
-        self.dir_of, self.on_event = dir_of, on_event
+        self.dir_of = dir_of
         self.settings = RelaySettings.from_expectations(inventory.expectations)
         self.token = secrets.token_urlsafe(32)
         self.tag = secrets.token_hex(6)
 
     def start(self, m: _Member, files: list[dict], fetch: list[str], upstreams: list[str],
               lifetime: int) -> None:
-        cmd = _command(self.inventory, m.node, self.local_root, "relay", "--dir",
+        cmd = program_command(self.inventory, m.node, self.local_root, "relay", "--dir",
                        self.dir_of(m.node), "--bind", m.node.ip, "--ports",
                        self.settings.port_text, "--for", str(lifetime), "--tag", self.tag)
         data = self.token + "\n" + json.dumps({"files": files, "fetch": fetch,
                                                "upstreams": upstreams})
-        doc = _doc(self.session.run(m.node, cmd, timeout=START_TIMEOUT_S,
+        doc = answer_of(self.session.run(m.node, cmd, timeout=START_TIMEOUT_S,
                                     stdin=with_input("model_copy", data)))
         if type(doc.get("pid")) is int and type(doc.get("port")) is int:
             m.pid, m.port = doc["pid"], doc["port"]
@@ -162,7 +160,7 @@ class _Relay:
     def stop(self, m: _Member) -> None:
         if m.pid is None:
             return
-        cmd = _command(self.inventory, m.node, self.local_root, "stop", "--pid", str(m.pid),
+        cmd = program_command(self.inventory, m.node, self.local_root, "stop", "--pid", str(m.pid),
                        "--tag", self.tag)
         self.session.run(m.node, cmd, timeout=STOP_TIMEOUT_S, stdin=with_input("model_copy", ""))
 
@@ -184,7 +182,7 @@ def run_relay(inventory: Inventory, session, source: Node, reference: Manifest,
               dir_of: DirOf, on_event: Callable[[str], None] = lambda line: None
               ) -> RelayReport:
     """Relay the reference's files from `source` to every target with a non-empty plan."""
-    relay = _Relay(inventory, session, local_root, dir_of, on_event)
+    relay = _Relay(inventory, session, local_root, dir_of)
     busy = [n for n in targets if plans[n].files]
     shape = relay_shape(source.name, busy, relay.settings)
     files = [f.to_dict() for f in reference.files]
