@@ -13,6 +13,7 @@ import json
 import os
 import sys
 
+NODE_IMPORTS = ("huggingface_hub",)     # the node's own install, imported inside main only
 MAX_INPUT = 1 << 20
 MAX_FILES = 100000
 
