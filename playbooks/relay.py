@@ -20,7 +20,6 @@ from typing import Callable, Mapping, Sequence
 
 from cluster.errors import ClusterError, ParseError, RemoteError
 from cluster.fixes import as_root
-from cluster.head_tunnel import HeadTunnel
 from cluster.inventory import Inventory, Node
 from cluster.model_relay import Progress, RelaySettings, RelayShape, parse_progress, rate_text, \
     relay_shape
@@ -139,6 +138,8 @@ class _Relay:
 
     def status(self, m: _Member) -> dict:
         """GET /TOKEN/.status over the node's SSH connection (TunnelError, RemoteError...)."""
+        from cluster.head_tunnel import HeadTunnel      # httpx: not at the CLI's import
+
         stream = HeadTunnel(self.session, m.node, timeout=5).open(m.node.ip, m.port, timeout=5)
         try:
             stream.settimeout(5)

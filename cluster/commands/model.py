@@ -8,6 +8,7 @@ import os
 
 from cluster.commands._common import (add_json, add_nodes, emit_json, recorded_run_on_nodes,
                                       stdout)
+from cluster.errors import ClusterError
 from cluster.textsafe import terminal_safe_line
 
 PATTERN_MAX = 64
@@ -18,6 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "model", help="model weights on every node: pull once, relay node to node",
         description="Model directories on the nodes. `pull` lands SOURCE on one node and relays "
                     "it node to node to every other in a pipeline.")
+    add_json(p)
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True, parser_class=type(p))
     pull = verbs.add_parser(
         "pull", help="copy SOURCE to --path on every node (a pipelined relay)",
@@ -39,7 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_nodes(pull, help="only these nodes receive (names, globs, head, workers)")
     pull.add_argument("--dry-run", action="store_true",
                       help="print the relay's shape and each node's files; copy nothing")
-    add_json(pull)
+    pull.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                      help="machine-readable output on stdout (also `cluster model --json pull`)")
     pull.set_defaults(handler=run)
 
 
@@ -76,6 +79,12 @@ def run(args: argparse.Namespace) -> int:
         code = outcome.exit_code
         emit_json(run_.record, "model-pull.json",
                   dict(outcome.to_dict(), run_dir=str(run_.path)), to_stdout=args.json)
+    except ClusterError as exc:     # cluster/cli.py prints the one line (and --json's document)
+        emit_json(run_.record, "model-pull.json",
+                  {"source": options.source, "path": options.path, "dry_run": options.dry_run,
+                   "error": str(exc), "nodes": {}, "run_dir": str(run_.path)},
+                  to_stdout=False)
+        raise
     finally:
         run_.finish(code)
     if not args.json:
