@@ -39,6 +39,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("tune", "tune"),
     ("drain", "drain"),
     ("restart-node", "restart_node"),
+    ("model", "model"),
 )
 
 
@@ -76,6 +77,7 @@ HELP: dict[str, str] = {
     "tune": "sweep an engine arg of a deployed app (redeploy + bench per value) and recommend one",
     "drain": "drain a worker: no new Ray work there, Serve replicas moved off first",
     "restart-node": "drain a worker, restart its Ray, rejoin and verify (rolling restart)",
+    "model": "model weights on every node: pull once, relay node to node",
 }
 
 

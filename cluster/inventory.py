@@ -861,6 +861,9 @@ _EXPECT_SPEC: dict[str, tuple] = {
     "reachability.worker_port_samples": ("int", False, 0, 32),
     "reachability.serve_replica_ports": ("ints", False, 1, 65535),
     "fix.model_copy_port": ("int", False, 1, 65535),
+    "model_relay.ports": ("ints", False, 1, 65535),
+    "model_relay.chain_max_nodes": ("int", False, 1, 100_000),
+    "model_relay.tree_fanout": ("int", False, 2, 64),
 }
 _COMPONENT_RE = re.compile(r"[a-z][a-z0-9_.-]{0,31}\Z")
 

@@ -10,24 +10,31 @@ are never deleted: they are listed, and the admin decides.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from cluster.errors import ParseError
 
 MAX_FILES = 100_000                # the on-node program's bound
 MAX_SIZE = 1 << 50
+MODE_MASK = 0o755                  # the copy's permission bits: no setuid/setgid/sticky, no
+                                   # group/other write (the on-node program applies it too)
 _HEX = frozenset("0123456789abcdef")
 
 
 @dataclass(frozen=True)
 class FileEntry:
+    """One file of a manifest; `mode` (permission bits, setuid/setgid/sticky and group/other
+    write already cleared by the node) travels with the copy but is not part of a match."""
+
     path: str
     size: int
     sha256: str
+    mode: int = field(default=0o600, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "size": self.size, "sha256": self.sha256}
+        return {"path": self.path, "size": self.size, "sha256": self.sha256,
+                "mode": self.mode}
 
 
 @dataclass(frozen=True)
@@ -95,7 +102,10 @@ def _entry(e: Any) -> FileEntry:
         raise ParseError("model manifest", f"bad size for {path[:80]!r}")
     if not isinstance(sha, str) or len(sha) != 64 or set(sha) - _HEX:
         raise ParseError("model manifest", f"bad sha256 for {path[:80]!r}")
-    return FileEntry(path, size, sha)
+    mode = e.get("mode", 0o600)
+    if type(mode) is not int or not 0 <= mode <= 0o777:
+        raise ParseError("model manifest", f"bad mode for {path[:80]!r}")
+    return FileEntry(path, size, sha, mode & MODE_MASK)
 
 
 def reference_node(fingerprints: Mapping[str, Any], head: str,

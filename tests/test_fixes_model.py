@@ -111,13 +111,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_pair() -> int:
+    """A port p with p + 1 free too (the relay's range for a reference and one target)."""
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as a, socket.socket() as b:
+            try:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 1))
+                return port
+            except OSError:
+                continue
+    raise AssertionError("no two free ports")
+
+
 def local_pair(tmp_path):
+    port = free_pair()
     inv = loads(f"""
 nodes:
   - {{name: ref, address: 127.0.0.1, local: true, role: head}}
   - {{name: dst, address: 127.0.0.1, local: true}}
 model: {{path: {tmp_path}/unused}}
-expectations: {{fix: {{model_copy_port: {free_port()}}}}}
+expectations: {{model_relay: {{ports: [{port}, {port + 1}]}}}}
 """)
     dirs = {"ref": tmp_path / "ref", "dst": tmp_path / "dst"}
     return inv, dirs, lambda node: str(dirs[node.name])
@@ -164,10 +179,12 @@ def test_the_playbook_copies_node_to_node_records_paths_and_converges(tmp_path):
 def test_a_busy_port_fails_every_target_with_the_reason(tmp_path):
     inv, dirs, dir_of = local_pair(tmp_path)
     write_model(dirs["ref"], {"config.json": b"{}\n"})
-    port = inv.expectations["fix"]["model_copy_port"]
-    with socket.socket() as s, Session(inv) as session:
-        s.bind(("127.0.0.1", port))
+    low, high = inv.expectations["model_relay"]["ports"]
+    with socket.socket() as s, socket.socket() as t, Session(inv) as session:
+        s.bind(("127.0.0.1", low))
         s.listen(1)
+        t.bind(("127.0.0.1", high))
+        t.listen(1)
         (out,) = fix_model.copy_models(inv, session, [Step("dst", "model", "c", source="ref")],
                                        fix_playbook.UndoRecord(tmp_path / "u.json"), True,
                                        dir_of=dir_of)

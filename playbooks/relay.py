@@ -1,0 +1,255 @@
+"""The model relay run from the laptop (issue 27): start model_copy.py `relay` on the source and
+on every receiving node in the shape's order, watch each node's progress, stop them all.
+
+Used by `cluster model pull` (playbooks/model_pull.py) and `cluster fix --checks model`
+(playbooks/fix_model.py). Every node runs the on-node program as root (sudo -n when the SSH
+user is not root), detached, on its node IP and the first free port of
+expectations.model_relay.ports, with a fresh secret token on stdin; a node's upstreams are its
+ancestors in the shape, nearest first. Progress is each node's GET /TOKEN/.status over that
+node's own SSH connection (a direct-tcpip channel: no port is opened to the laptop).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shlex
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+from cluster.errors import ClusterError, ParseError, RemoteError
+from cluster.fixes import as_root
+from cluster.inventory import Inventory, Node
+from cluster.model_relay import Progress, RelaySettings, RelayShape, parse_progress, rate_text, \
+    relay_shape
+from cluster.model_sync import CopyPlan, Manifest, parse_manifest
+from cluster.node_programs import BOOT, with_input
+from cluster.remote import CommandResult, Session
+from cluster.threads import Call
+
+MANIFEST_TIMEOUT_S = 3600          # hashing a large model: about 1 GB/s per node
+POLL_S = 1.0
+PROGRESS_EVERY_S = 5.0
+SILENT_FAIL_S = 40.0               # a node unheard of this long, the others finished: failed
+START_TIMEOUT_S = 120
+STOP_TIMEOUT_S = 15
+MIN_RATE_BPS = 5 << 20             # the relay's lifetime assumes at least 5 MiB/s per link
+BASE_S = 300
+MAX_S = 24 * 3600
+STATUS_MAX_BYTES = 256 << 10
+_MIB = 1 << 20
+
+DirOf = Callable[[Node], str]
+
+
+def program_command(inventory: Inventory, node: Node, local_root: bool, verb: str,
+                    *args: str) -> str:
+    """`python -c BOOT VERB ARGS` of model_copy.py on the node, as root (sudo -n if needed)."""
+    py = shlex.quote(inventory.ray.python)
+    line = " ".join([py, "-c", shlex.quote(BOOT), verb, *map(shlex.quote, args)])
+    return as_root(line, node, inventory, local_root)
+
+
+def answer_of(res: CommandResult) -> dict:
+    """The program's JSON document, or a dict with the error (never raises)."""
+    if not res.reached:
+        return {"error": f"{res.status}: {res.error}"}
+    lines = res.stdout.strip().splitlines()
+    try:
+        doc = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        why = (res.stderr.strip().splitlines() or [f"exit {res.exit_code}"])[-1]
+        return {"error": f"no answer from the node's python: {why[:300]}"}
+    return doc
+
+
+def manifests(inventory: Inventory, session: Session, nodes: Sequence[Node],
+              local_root: bool, dir_of: DirOf) -> dict[str, Manifest | str]:
+    """node -> its manifest, or why there is none."""
+    results = session.fan_out(
+        nodes, lambda n: program_command(inventory, n, local_root, "manifest", "--dir", dir_of(n),
+                                  "--for", str(MANIFEST_TIMEOUT_S - 60)),
+        timeout=MANIFEST_TIMEOUT_S, stdin=with_input("model_copy", ""))
+    out: dict[str, Manifest | str] = {}
+    for res in results:
+        try:
+            out[res.node] = parse_manifest(answer_of(res))
+        except ParseError as exc:
+            out[res.node] = f"manifest: {exc}"
+    return out
+
+
+def _url_host(ip: str) -> str:
+    return f"[{ip}]" if ":" in ip else ip
+
+
+@dataclass
+class _Member:
+    node: Node
+    pid: int | None = None
+    port: int | None = None
+    error: str | None = None
+    progress: Progress | None = None
+    heard: float = 0.0
+    last_error: str | None = None
+
+
+@dataclass(frozen=True)
+class RelayReport:
+    """What each receiving node's relay reported (its last status) or why there is none."""
+
+    shape: RelayShape
+    progress: Mapping[str, Progress]
+    errors: Mapping[str, str]
+    seconds: float
+
+
+def relay_lifetime(total_bytes: int) -> int:
+    return int(min(MAX_S, BASE_S + total_bytes / MIN_RATE_BPS))
+
+
+class _Relay:
+    def __init__(self, inventory: Inventory, session, local_root: bool, dir_of: DirOf):
+        self.inventory, self.session, self.local_root = inventory, session, local_root
+        self.dir_of = dir_of
+        self.settings = RelaySettings.from_expectations(inventory.expectations)
+        self.token = secrets.token_urlsafe(32)
+        self.tag = secrets.token_hex(6)
+
+    def start(self, m: _Member, files: list[dict], fetch: list[str], upstreams: list[str],
+              lifetime: int) -> None:
+        cmd = program_command(self.inventory, m.node, self.local_root, "relay", "--dir",
+                       self.dir_of(m.node), "--bind", m.node.ip, "--ports",
+                       self.settings.port_text, "--for", str(lifetime), "--tag", self.tag)
+        data = self.token + "\n" + json.dumps({"files": files, "fetch": fetch,
+                                               "upstreams": upstreams})
+        doc = answer_of(self.session.run(m.node, cmd, timeout=START_TIMEOUT_S,
+                                    stdin=with_input("model_copy", data)))
+        if type(doc.get("pid")) is int and type(doc.get("port")) is int:
+            m.pid, m.port = doc["pid"], doc["port"]
+        else:
+            m.error = f"the relay did not start: {str(doc.get('error', 'no pid'))[:300]}"
+
+    def url(self, m: _Member) -> str:
+        return f"http://{_url_host(m.node.ip)}:{m.port}"
+
+    def status(self, m: _Member) -> dict:
+        """GET /TOKEN/.status over the node's SSH connection (TunnelError, RemoteError...)."""
+        from cluster.head_tunnel import HeadTunnel      # httpx: not at the CLI's import
+
+        stream = HeadTunnel(self.session, m.node, timeout=5).open(m.node.ip, m.port, timeout=5)
+        try:
+            stream.settimeout(5)
+            stream.sendall(f"GET /{self.token}/.status HTTP/1.0\r\nHost: {m.node.ip}\r\n\r\n"
+                           .encode())
+            data = b""
+            while len(data) <= STATUS_MAX_BYTES:
+                block = stream.recv(65536)
+                if not block:
+                    break
+                data += block
+        finally:
+            stream.close()
+        head, _, body = data.partition(b"\r\n\r\n")
+        if not head.startswith(b"HTTP/1.") or head.split(b" ")[1:2] != [b"200"]:
+            raise ParseError("relay status", "not a 200 reply")
+        return json.loads(body.decode("utf-8", "replace"))
+
+    def stop(self, m: _Member) -> None:
+        if m.pid is None:
+            return
+        cmd = program_command(self.inventory, m.node, self.local_root, "stop", "--pid", str(m.pid),
+                       "--tag", self.tag)
+        self.session.run(m.node, cmd, timeout=STOP_TIMEOUT_S, stdin=with_input("model_copy", ""))
+
+
+def _poll_forever(relay: _Relay, m: _Member, done: list) -> None:
+    while not done:
+        try:
+            m.progress = parse_progress(relay.status(m))
+            m.heard = time.monotonic()
+        except (ClusterError, OSError, ValueError, EOFError) as exc:
+            m.last_error = str(exc)[:200]
+        except Exception as exc:            # paramiko's own errors on a dying transport
+            m.last_error = f"{type(exc).__name__}: {str(exc)[:200]}"
+        time.sleep(POLL_S)
+
+
+def run_relay(inventory: Inventory, session, source: Node, reference: Manifest,
+              plans: Mapping[str, CopyPlan], targets: Mapping[str, Node], local_root: bool,
+              dir_of: DirOf, on_event: Callable[[str], None] = lambda line: None
+              ) -> RelayReport:
+    """Relay the reference's files from `source` to every target with a non-empty plan."""
+    relay = _Relay(inventory, session, local_root, dir_of)
+    busy = [n for n in targets if plans[n].files]
+    shape = relay_shape(source.name, busy, relay.settings)
+    files = [f.to_dict() for f in reference.files]
+    total = sum(plans[n].bytes for n in busy)
+    lifetime = relay_lifetime(max([plans[n].bytes for n in busy] + [0]) + total // 4)
+    members = {source.name: _Member(source)}
+    members.update({n: _Member(targets[n]) for n in busy})
+    start = time.monotonic()
+    done: list = []
+    try:
+        for name in shape.order:
+            m = members[name]
+            failed = [n for n in shape.order if members[n].error]
+            ups = [relay.url(members[u]) for u in shape.upstreams(name, skip=failed)]
+            if name != shape.source and not ups:
+                m.error = "no upstream started"
+                continue
+            relay.start(m, files, [f.path for f in plans[name].files] if name != shape.source
+                        else [], ups, lifetime)
+            if m.error and name == shape.source:
+                raise RemoteError(source.name, m.error)
+            m.heard = time.monotonic()
+            if not m.error:
+                Call(lambda m=m: _poll_forever(relay, m, done), name=f"relay-status-{name}")
+        on_event(f"model: relay {shape.kind} {' | '.join(shape.lines())[:300]}; "
+                 f"{total / _MIB:.1f} MiB to {len(busy)} node(s)")
+        _watch(members, busy, start, lifetime, on_event)
+    finally:
+        done.append(True)
+        stoppers = [Call(lambda m=m: relay.stop(m)) for m in members.values() if m.pid]
+        for c in stoppers:
+            c.join(STOP_TIMEOUT_S + 5)
+    progress = {n: members[n].progress for n in busy if members[n].progress is not None}
+    errors = {}
+    for n in busy:
+        m = members[n]
+        if m.error:
+            errors[n] = m.error
+        elif m.progress is None or not m.progress.finished:
+            errors[n] = (f"stopped answering (last heard {time.monotonic() - m.heard:.0f} s "
+                         f"before the end: {m.last_error or 'no status'})")
+    return RelayReport(shape, progress, errors, time.monotonic() - start)
+
+
+def _watch(members: Mapping[str, _Member], busy: Sequence[str], start: float, lifetime: int,
+           on_event: Callable[[str], None]) -> None:
+    """Until every receiving node is finished, silent too long, or the lifetime is over."""
+    last_line = time.monotonic()
+    while time.monotonic() - start < lifetime:
+        time.sleep(POLL_S)
+        now = time.monotonic()
+        live = [n for n in busy if not members[n].error
+                and not (members[n].progress and members[n].progress.finished)]
+        silent = [n for n in live if now - members[n].heard > SILENT_FAIL_S]
+        if not live or len(silent) == len(live):
+            return
+        if now - last_line >= PROGRESS_EVERY_S:
+            last_line = now
+            on_event("model: " + ", ".join(_progress_text(n, members[n]) for n in busy))
+
+
+def _progress_text(name: str, m: _Member) -> str:
+    p = m.progress
+    if m.error or p is None:
+        return f"{name} -"
+    return (f"{name} {p.bytes / _MIB:.0f}/{p.total / _MIB:.0f} MiB "
+            f"{rate_text(p.bytes, p.seconds)}{' ' + p.state if p.finished else ''}")
+
+
