@@ -1,0 +1,269 @@
+"""Issue 25 (security round 3), the root-acting commands and hostile input: `cluster fix --undo`
+restores only the files its fixes own, never through a link (items 5, 8, 15); empty and
+overlong flag values are usage errors (9, 15); exec's table masks the inventory's secrets (10);
+node output is bounded and a hung tool costs only its own checks (11, 12).
+
+Each test runs the real CLI (a subprocess) or the real probe script (bash here) against a
+`local: true` inventory in a temporary directory; the nodes' side over SSH is in
+tests/integration/test_security_root_cluster.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cluster.fixes import FSTAB, LIMITS_FILE, MODULES_LOAD_FILE
+
+SECRET = "hf_s3cr3tTokenValue42"
+REPO = Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, PYTHONPATH=str(REPO))       # this checkout's package, from any cwd
+
+
+def inventory(tmp_path: Path, env: dict | None = None) -> Path:
+    path = tmp_path / "cluster.yaml"
+    node = {"name": "here", "address": "127.0.0.1", "local": True, "role": "head"}
+    if env:
+        node["env"] = env
+    path.write_text(json.dumps({"nodes": [node], "run_dir": str(tmp_path / "runs")}))
+    return path
+
+
+def cli(tmp_path: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cluster", *args], cwd=tmp_path,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=timeout, env=ENV)
+
+
+def one_line_refusal(p: subprocess.CompletedProcess) -> str:
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    assert "internal error" not in p.stderr and "Traceback" not in p.stderr
+    return lines[0]
+
+
+def record(tmp_path: Path, entries, name: str = "fix-undo.json") -> Path:
+    path = tmp_path / name
+    path.write_text(entries if isinstance(entries, str) else json.dumps({"entries": entries}))
+    return path
+
+
+# ---------------------------------------------------------------- item 5: what undo may touch
+
+
+def test_the_allow_list_is_the_fixes_own_declared_paths():
+    """One source of truth: the paths the fixers' steps write (cluster/fixes.py) and nothing
+    else; a fixer whose step wrote an undeclared file is refused at planning."""
+    from cluster.fixes import OWNED_FILES, OWNED_MOUNTS
+    assert set().union(*OWNED_FILES.values()) == {
+        MODULES_LOAD_FILE, LIMITS_FILE, FSTAB,
+        "/etc/systemd/system.conf.d/90-cluster-memlock.conf"}
+    assert set().union(*OWNED_MOUNTS.values()) == {"/dev/shm"}
+    from cluster.fixes import FileWrite, Step, _owned
+    with pytest.raises(ValueError, match="does not declare"):
+        _owned(Step("n", "memlock", "x", writes=(FileWrite("/etc/sudoers", "x"),)))
+
+
+@pytest.mark.parametrize("check,path", [
+    ("memlock", "/etc/sudoers"),                              # any other file
+    ("memlock", "/root/.ssh/authorized_keys"),
+    ("shm", "/etc/../etc/fstab"),                             # `..`
+    ("shm", "etc/fstab"),                                     # relative
+    ("shm", "/etc//fstab"),                                   # not normalized
+    ("memlock", FSTAB),                                       # a file of another check's fix
+    ("clock", "/etc/chrony.conf"),                            # a fix that writes no file
+])
+def test_undo_refuses_a_record_naming_a_file_no_fix_owns_before_changing_anything(
+        tmp_path, check, path):
+    victim = tmp_path / "victim"
+    victim.write_text("original\n")
+    planted = tmp_path / "planted"
+    entries = [{"kind": "start", "nodes": ["here"]},
+               {"node": "here", "check": "memlock", "kind": "file", "path": str(planted),
+                "before": "created by the record\n"},
+               {"node": "here", "check": check, "kind": "file", "path": path,
+                "before": "pwned\n"},
+               {"node": "here", "check": "memlock", "kind": "file", "path": str(victim),
+                "before": "pwned\n"}]
+    line = one_line_refusal(cli(tmp_path, "-i", str(inventory(tmp_path)), "fix", "--undo",
+                                str(record(tmp_path, entries)), "--yes"))
+    assert "refused whole, nothing was changed" in line
+    assert victim.read_text() == "original\n" and not planted.exists()
+
+
+def fix_files(tmp_path: Path, verb: str, request: dict) -> dict:
+    """node_programs/fix_files.py run here as a node runs it (python3 -c BOOT VERB)."""
+    from cluster.node_programs import program_call
+    call = program_call(sys.executable, "fix_files", [verb], stdin=json.dumps(request))
+    p = subprocess.run(["bash", "-c", call.command], input=call.stdin, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def test_the_node_side_refuses_a_link_anywhere_on_the_path_and_never_writes_through_it(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("root's\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    real = tmp_path / "etc"
+    (real / "limits.d").mkdir(parents=True)
+    (real / "limits.d" / "link.conf").symlink_to(secret)          # the file is a link
+    (real / "linked.d").symlink_to(elsewhere)                      # a directory on the way
+    (tmp_path / "etc-link").symlink_to(real)                       # the first component
+    (real / "limits.d" / "plain.conf").write_text("old\n")
+    paths = [str(real / "limits.d" / "link.conf"), str(real / "linked.d" / "x.conf"),
+             str(tmp_path / "etc-link" / "limits.d" / "plain.conf"),
+             str(real / "limits.d" / "plain.conf"), str(real / "absent.d" / "new.conf")]
+    checked = fix_files(tmp_path, "check", {"files": paths, "dirs": []})["files"]
+    assert [c["status"] for c in checked] == ["refused", "refused", "refused", "ok", "ok"]
+    assert all("symbolic link" in c["why"] for c in checked[:3])
+    ops = [{"op": "write", "path": p, "text": "pwned\n"} for p in paths[:3]] + \
+        [{"op": "remove", "path": str(real / "limits.d" / "link.conf")},
+         {"op": "write", "path": paths[3], "text": "restored\n"},
+         {"op": "write", "path": paths[4], "text": "made\n"}]
+    done = fix_files(tmp_path, "apply", {"ops": ops})["ops"]
+    assert [d["status"] for d in done] == ["refused"] * 4 + ["ok", "ok"]
+    assert secret.read_text() == "root's\n" and not any(elsewhere.iterdir())
+    assert (real / "limits.d" / "link.conf").is_symlink()
+    assert (real / "limits.d" / "plain.conf").read_text() == "restored\n"
+    assert (real / "absent.d" / "new.conf").read_text() == "made\n"
+    assert not [p for p in real.rglob("*cluster-undo*")]            # no temporary file left
+
+
+# ---------------------------------------------------------------- item 8: --undo '' and --dry-run
+
+
+def test_an_empty_undo_is_a_usage_error_not_a_fix_run(tmp_path):
+    p = cli(tmp_path, "-i", str(inventory(tmp_path)), "fix", "--undo", "", "--yes")
+    assert "--undo" in one_line_refusal(p) and "empty" in p.stderr
+    assert not (tmp_path / "runs").exists()                  # no run was started
+
+
+def test_undo_dry_run_lists_every_file_and_mount_per_node_and_changes_nothing(tmp_path):
+    entries = [{"kind": "start", "nodes": ["here"]},
+               {"node": "here", "check": "memlock", "kind": "file", "path": LIMITS_FILE,
+                "before": None},
+               {"node": "here", "check": "shm", "kind": "mount", "target": "/dev/shm",
+                "options": "rw,nosuid,nodev,size=65536k"},
+               {"node": "here", "check": "shm", "kind": "file", "path": FSTAB,
+                "before": "tmpfs /dev/shm tmpfs defaults 0 0\n"},
+               {"node": "here", "check": "shm", "kind": "file", "path": FSTAB,
+                "before": "a later state, not the one restored\n"}]
+    rec = record(tmp_path, entries)
+    p = cli(tmp_path, "-i", str(inventory(tmp_path)), "fix", "--undo", str(rec), "--dry-run",
+            "--json")
+    assert p.returncode == 1, p.stderr                        # planned: nothing done
+    doc = json.loads(p.stdout)
+    assert doc["dry_run"] is True
+    planned = {(r["node"], tuple(r["commands"])) for r in doc["results"]
+               if r["status"] == "planned"}
+    assert planned == {("here", (f"write {FSTAB}",)), ("here", (f"remove {LIMITS_FILE}",)),
+                       ("here", ("mount -o remount,size=65536k /dev/shm",))}
+    text = cli(tmp_path, "-i", str(inventory(tmp_path)), "fix", "--undo", str(rec),
+               "--dry-run").stdout
+    assert f"[here] $ write {FSTAB}" in text and "[here] $ mount -o remount" in text
+    log = "".join(p.read_text() for p in (tmp_path / "runs").rglob("nodes/*.log"))
+    assert "fix_files" not in log or "apply" not in log      # only the read-only check ran
+
+
+# ---------------------------------------------------------------- item 15: malformed records
+
+
+MALFORMED = {
+    "not JSON": "{entries: [",
+    "wrong types": json.dumps({"entries": {"node": "here"}}),
+    "wrong field type": json.dumps({"entries": [{"node": "here", "check": "shm", "kind": "file",
+                                                 "path": 7, "before": None}]}),
+    "missing keys": json.dumps({"entries": [{"kind": "file", "path": FSTAB}]}),
+    "unknown key": json.dumps({"entries": [{"node": "here", "check": "shm", "kind": "file",
+                                            "path": FSTAB, "before": None, "mode": "4755"}]}),
+    "huge": json.dumps({"entries": [{"kind": "start", "nodes": ["x" * 200] * 90_000}]}),
+    "nested": "[" * 100_000 + "]" * 100_000,
+    "NaN": '{"entries": [{"node": "here", "check": "shm", "kind": "mount", "target": '
+           '"/dev/shm", "options": NaN}]}',
+    "binary": b"\xff\xfe\x00\x01garbage\x00",
+    "mount option smuggled": json.dumps({"entries": [{"node": "here", "check": "shm",
+                                                      "kind": "mount", "target": "/dev/shm",
+                                                      "options": "size=1,exec"}]}),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MALFORMED))
+def test_a_malformed_undo_record_is_one_line_exit_2_and_creates_nothing(tmp_path, kind):
+    created = tmp_path / "created-before-the-crash"
+    body = MALFORMED[kind]
+    rec = tmp_path / "fix-undo.json"
+    if kind in ("missing keys", "wrong field type", "mount option smuggled", "unknown key"):
+        doc = json.loads(body)          # a well-formed entry first: old code wrote it, then crashed
+        doc["entries"].insert(0, {"node": "here", "check": "memlock", "kind": "file",
+                                  "path": str(created), "before": "x"})
+        body = json.dumps(doc)
+    rec.write_bytes(body if isinstance(body, bytes) else body.encode())
+    line = one_line_refusal(cli(tmp_path, "-i", str(inventory(tmp_path)), "fix", "--undo",
+                                str(rec), "--yes"))
+    assert "undo record" in line
+    assert not created.exists()
+
+
+@pytest.mark.parametrize("argv", [
+    ("plan", "--model", "/" + "m" * 5000),
+    ("plan", "--model", "a/" * 2500),
+    ("plan", "--run-root", "/" + "r" * 5000, "--gpus-per-node", "8"),
+    ("fix", "--undo", "/" + "u" * 5000),
+    ("fix", "--undo", "u" * 300),
+])
+def test_a_5000_character_path_is_a_one_line_refusal(tmp_path, argv):
+    line = one_line_refusal(cli(tmp_path, "-i", str(inventory(tmp_path)), *argv))
+    assert "File name too long" not in line and "longer than" in line
+
+
+# ---------------------------------------------------------------- item 9: empty flag values
+
+
+@pytest.mark.parametrize("argv", [
+    ("exec", "--nodes", "", "--", "true"),
+    ("fix", "--nodes", "", "--dry-run"),
+    ("preflight", "--nodes", ""),
+    ("nccl-check", "--nodes", "", "--dry-run"),
+    ("exec", "--nodes", " ", "--", "true"),
+    ("deploy", "--model", "", "--dry-run"),
+])
+def test_an_empty_value_is_a_usage_error_not_every_node(tmp_path, argv):
+    line = one_line_refusal(cli(tmp_path, "-i", str(inventory(tmp_path)), *argv))
+    assert "empty" in line
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_empty_inventory_flag_is_a_usage_error_not_the_local_cluster_yaml(tmp_path):
+    inventory(tmp_path)                                  # ./cluster.yaml exists
+    line = one_line_refusal(cli(tmp_path, "-i", "", "inventory", "--json"))
+    assert "-i/--inventory" in line and "empty" in line
+
+
+def test_select_refuses_an_empty_pattern_in_the_library_too():
+    from cluster.errors import InventoryError
+    from cluster.inventory import loads
+    inv = loads("nodes:\n  - {name: a, address: 127.0.0.1, local: true}\n")
+    with pytest.raises(InventoryError, match="empty"):
+        inv.select("")
+    assert inv.select(None) == inv.nodes
+
+
+# ---------------------------------------------------------------- item 10: exec's table
+
+
+def test_exec_table_masks_the_inventory_secret_values(tmp_path):
+    inv = inventory(tmp_path, env={"HF_TOKEN": SECRET})
+    p = cli(tmp_path, "-i", str(inv), "exec", "--", f"echo {SECRET}; echo {SECRET} >&2")
+    assert p.returncode == 0, p.stderr
+    assert SECRET not in p.stdout and SECRET not in p.stderr
+    assert "***" in p.stdout
+    js = cli(tmp_path, "-i", str(inv), "exec", "--json", "--", f"echo {SECRET}")
+    assert SECRET not in js.stdout                          # as --json already did
