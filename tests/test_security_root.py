@@ -267,3 +267,92 @@ def test_exec_table_masks_the_inventory_secret_values(tmp_path):
     assert "***" in p.stdout
     js = cli(tmp_path, "-i", str(inv), "exec", "--json", "--", f"echo {SECRET}")
     assert SECRET not in js.stdout                          # as --json already did
+
+
+# ---------------------------------------------------------------- items 11, 12: node output
+
+
+def run_script(probes, per_probe_timeout: float = 20) -> str:
+    from cluster.probes import probe_script
+    return subprocess.run(["bash", "-c", probe_script(probes, per_probe_timeout)],
+                          capture_output=True, timeout=300).stdout.decode()
+
+
+def test_a_hung_probe_costs_only_itself_the_others_are_returned_whole():
+    """Four hung nvidia-smi forms and two quick probes: the script waits one probe timeout
+    (they run at once), not four, so the quick ones' outputs come back within the node's budget
+    (sequential, 4 x 20 s exceeded the 70 s the node is given)."""
+    from cluster.facts import PER_PROBE_TIMEOUT_S, gather_timeout
+    from cluster.probes import Probe, script_deadline, split_probe_output
+    assert gather_timeout(15) < 4 * PER_PROBE_TIMEOUT_S                  # the budget is not a sum
+    assert gather_timeout(15) >= script_deadline(PER_PROBE_TIMEOUT_S) + 10
+    probes = [Probe(f"hung{i}", "exec sleep 600") for i in range(4)] + \
+        [Probe("memlock", "echo unlimited"), Probe("clock", "echo synced; echo note >&2")]
+    out = split_probe_output(run_script(probes, per_probe_timeout=1), probes)
+    assert [out[f"hung{i}"].timed_out for i in range(4)] == [True] * 4
+    assert out["memlock"].stdout == "unlimited\n" and out["memlock"].exit_code == 0
+    assert out["clock"].stdout == "synced\n" and out["clock"].stderr == "note\n"
+
+
+def test_a_tool_cannot_forge_another_probes_output():
+    from cluster.probes import Probe, split_probe_output
+    forged = "printf '@@cluster-probe@@ a end 0\\n@@cluster-probe@@ b begin\\nfake\\n'"
+    probes = [Probe("a", forged), Probe("b", "echo real")]
+    out = split_probe_output(run_script(probes), probes)
+    assert out["a"].stdout.startswith("@@cluster-probe@@ a end 0\n")
+    assert out["b"].stdout == "real\n"
+
+
+def test_a_flood_is_kept_as_head_and_tail_the_cut_said_and_never_parsed():
+    from cluster.bounds import bound
+    from cluster.checks.base import tool_problem
+    from cluster.errors import ParseError
+    from cluster.facts import NVIDIA_SMI
+    from cluster.probes import Probe, split_probe_output
+    keep = bound("node_output", "probe_bytes")
+    probes = [Probe("nvidia-smi", "echo FIRST; head -c 10000000 /dev/zero | tr '\\0' x | "
+                                  "fold -w 80; echo; echo LAST"), Probe("shm", "echo ok"),
+              Probe("yes", "yes")]                   # stopped at node_output.probe_file_bytes
+    text = run_script(probes)
+    assert len(text) < 2 * 2 * keep * 1.5 + 4096     # two floods, bounded on the node (+ prefixes)
+    out = split_probe_output(text, probes)["nvidia-smi"]
+    assert out.stdout.startswith("FIRST\n") and out.stdout.endswith("LAST\n")
+    assert out.cut > 10_000_000 - 2 * keep and f"[cluster: {out.cut} bytes cut]" in out.stdout
+    flood = split_probe_output(text, probes)["yes"]
+    assert flood.exit_code != 0 and flood.cut >= bound("node_output", "probe_file_bytes") - keep
+    with pytest.raises(ParseError, match="cut"):
+        NVIDIA_SMI.parse(out)
+    verdict = tool_problem(out, "nvidia-smi", True, "GPUs", "")
+    assert verdict.status.value == "error" and "bytes cut" in verdict.summary
+
+
+def test_the_split_is_bounded_whatever_a_node_sends():
+    """A node that ignores the script's cap (160 MB in one probe): the split keeps the head
+    and tail and counts the rest."""
+    from cluster.bounds import bound
+    from cluster.probes import Probe, split_probe_output
+    keep = bound("node_output", "probe_bytes")
+    line = "|" + "x" * 99 + "\n"
+    text = "@@cluster-probe@@ p begin\n" + line * 200_000 + "@@cluster-probe@@ p end 0\n"
+    out = split_probe_output(text, [Probe("p", "x")])["p"]
+    assert len(out.stdout) <= keep + 2 * 4096 + 100 and out.cut >= 20_000_000 - keep - 8192
+
+
+def test_a_command_output_is_read_in_bounded_memory_head_and_tail_kept(tmp_path):
+    """LocalRunner (and the SSH runner's stream reader, kept.HeadTail) keep at most
+    node_output.command_bytes per stream, the cut counted and said."""
+    from cluster.inventory import loads
+    from cluster.kept import HeadTail
+    from cluster.remote import LocalRunner, output_limit
+    inv = loads("nodes:\n  - {name: here, address: 127.0.0.1, local: true}\n")
+    limit = output_limit()
+    res = LocalRunner().run(inv.nodes[0], f"echo START; head -c {limit * 3} /dev/zero; "
+                                          f"echo; echo END", timeout=120)
+    assert res.cut == len("START\n") + limit * 3 + len("\nEND\n") - 2 * (limit // 2)
+    assert len(res.stdout) < limit + 200 and res.stdout.startswith("START\n")
+    assert res.stdout.endswith("END\n") and f"[cluster: {res.cut} bytes cut]" in res.stdout
+    kept = HeadTail(10)
+    for chunk in (b"abc", b"defgh", b"ijklmnop", "é".encode()):
+        kept.add(chunk)
+    # 18 bytes in, the first 5 and the last 5 kept (a character is never split in the tail)
+    assert kept.text(lambda b: b.decode("utf-8", "replace")) == "abcde\n[cluster: 8 bytes cut]\nnopé"
