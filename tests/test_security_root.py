@@ -70,31 +70,44 @@ def test_the_allow_list_is_the_fixes_own_declared_paths():
         _owned(Step("n", "memlock", "x", writes=(FileWrite("/etc/sudoers", "x"),)))
 
 
+# Every path these records name lies in the test's own directory: run against the old code
+# (which wrote whatever a record named, as root), they must not reach this machine's /etc.
 @pytest.mark.parametrize("check,path", [
-    ("memlock", "/etc/sudoers"),                              # any other file
-    ("memlock", "/root/.ssh/authorized_keys"),
-    ("shm", "/etc/../etc/fstab"),                             # `..`
-    ("shm", "etc/fstab"),                                     # relative
-    ("shm", "/etc//fstab"),                                   # not normalized
-    ("memlock", FSTAB),                                       # a file of another check's fix
-    ("clock", "/etc/chrony.conf"),                            # a fix that writes no file
+    ("memlock", "{tmp}/sudoers"),                             # any other file
+    ("shm", "{tmp}/sub/../victim"),                           # `..`
+    ("shm", "victim"),                                        # relative (cwd: the test's dir)
+    ("shm", "{tmp}//victim"),                                 # not normalized
+    ("clock", "{tmp}/victim"),                                # a fix that writes no file
 ])
 def test_undo_refuses_a_record_naming_a_file_no_fix_owns_before_changing_anything(
         tmp_path, check, path):
-    victim = tmp_path / "victim"
-    victim.write_text("original\n")
-    planted = tmp_path / "planted"
+    victim, sudoers, planted = tmp_path / "victim", tmp_path / "sudoers", tmp_path / "planted"
+    for f in (victim, sudoers):
+        f.write_text("original\n")
+    (tmp_path / "sub").mkdir()
     entries = [{"kind": "start", "nodes": ["here"]},
                {"node": "here", "check": "memlock", "kind": "file", "path": str(planted),
                 "before": "created by the record\n"},
-               {"node": "here", "check": check, "kind": "file", "path": path,
-                "before": "pwned\n"},
-               {"node": "here", "check": "memlock", "kind": "file", "path": str(victim),
-                "before": "pwned\n"}]
+               {"node": "here", "check": check, "kind": "file",
+                "path": path.format(tmp=tmp_path), "before": "pwned\n"}]
     line = one_line_refusal(cli(tmp_path, "-i", str(inventory(tmp_path)), "fix", "--undo",
                                 str(record(tmp_path, entries)), "--yes"))
     assert "refused whole, nothing was changed" in line
-    assert victim.read_text() == "original\n" and not planted.exists()
+    assert victim.read_text() == sudoers.read_text() == "original\n" and not planted.exists()
+
+
+def test_a_file_is_restored_only_under_the_check_that_owns_it():
+    from cluster.fix_undo import _Refused, parse_record
+    entry = {"node": "n", "check": "memlock", "kind": "file", "path": FSTAB, "before": None}
+    with pytest.raises(_Refused, match="not a file the memlock fix writes"):
+        parse_record({"entries": [entry]})
+    assert parse_record({"entries": [dict(entry, check="shm")]}).files[0].path == FSTAB
+    mount = {"node": "n", "check": "shm", "kind": "mount", "target": "/dev/shm",
+             "options": "rw,size=1,exec"}
+    assert parse_record({"entries": [mount]}).mounts[0].size == "1"
+    for smuggled in ("size=1\\,exec", "size=1;id", "size=$(id)", "size=1,size=2", "rw"):
+        with pytest.raises(_Refused, match="size"):
+            parse_record({"entries": [dict(mount, options=smuggled)]})
 
 
 def fix_files(tmp_path: Path, verb: str, request: dict) -> dict:
@@ -140,8 +153,24 @@ def test_the_node_side_refuses_a_link_anywhere_on_the_path_and_never_writes_thro
 # ---------------------------------------------------------------- item 8: --undo '' and --dry-run
 
 
+def unreachable_inventory(tmp_path: Path) -> Path:
+    """One node on a closed loopback port: a command that should not have run reaches nothing."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = tmp_path / "unreachable.yaml"
+    (tmp_path / "known_hosts").write_text("")
+    path.write_text(json.dumps({"nodes": [{"name": "far", "address": "127.0.0.1", "port": port,
+                                           "role": "head", "local": False}],
+                                "ssh": {"connect_timeout": 1,
+                                        "known_hosts": str(tmp_path / "known_hosts")},
+                                "run_dir": str(tmp_path / "runs")}))
+    return path
+
+
 def test_an_empty_undo_is_a_usage_error_not_a_fix_run(tmp_path):
-    p = cli(tmp_path, "-i", str(inventory(tmp_path)), "fix", "--undo", "", "--yes")
+    p = cli(tmp_path, "-i", str(unreachable_inventory(tmp_path)), "fix", "--undo", "", "--yes")
     assert "--undo" in one_line_refusal(p) and "empty" in p.stderr
     assert not (tmp_path / "runs").exists()                  # no run was started
 
@@ -176,40 +205,41 @@ def test_undo_dry_run_lists_every_file_and_mount_per_node_and_changes_nothing(tm
 # ---------------------------------------------------------------- item 15: malformed records
 
 
-MALFORMED = {
+MALFORMED = {        # {tmp}: the test's directory (never this machine's /etc, whatever the code)
     "not JSON": "{entries: [",
     "wrong types": json.dumps({"entries": {"node": "here"}}),
     "wrong field type": json.dumps({"entries": [{"node": "here", "check": "shm", "kind": "file",
                                                  "path": 7, "before": None}]}),
-    "missing keys": json.dumps({"entries": [{"kind": "file", "path": FSTAB}]}),
+    "missing keys": json.dumps({"entries": [{"kind": "file", "path": "{tmp}/fstab"}]}),
     "unknown key": json.dumps({"entries": [{"node": "here", "check": "shm", "kind": "file",
-                                            "path": FSTAB, "before": None, "mode": "4755"}]}),
+                                            "path": "{tmp}/fstab", "before": None,
+                                            "mode": "4755"}]}),
     "huge": json.dumps({"entries": [{"kind": "start", "nodes": ["x" * 200] * 90_000}]}),
     "nested": "[" * 100_000 + "]" * 100_000,
     "NaN": '{"entries": [{"node": "here", "check": "shm", "kind": "mount", "target": '
-           '"/dev/shm", "options": NaN}]}',
+           '"{tmp}/shm", "options": NaN}]}',
     "binary": b"\xff\xfe\x00\x01garbage\x00",
-    "mount option smuggled": json.dumps({"entries": [{"node": "here", "check": "shm",
-                                                      "kind": "mount", "target": "/dev/shm",
-                                                      "options": "size=1,exec"}]}),
 }
 
 
 @pytest.mark.parametrize("kind", sorted(MALFORMED))
 def test_a_malformed_undo_record_is_one_line_exit_2_and_creates_nothing(tmp_path, kind):
     created = tmp_path / "created-before-the-crash"
+    (tmp_path / "fstab").write_text("kept\n")
     body = MALFORMED[kind]
+    if isinstance(body, str):
+        body = body.replace("{tmp}", str(tmp_path))
     rec = tmp_path / "fix-undo.json"
-    if kind in ("missing keys", "wrong field type", "mount option smuggled", "unknown key"):
+    if kind in ("missing keys", "wrong field type", "unknown key"):
         doc = json.loads(body)          # a well-formed entry first: old code wrote it, then crashed
-        doc["entries"].insert(0, {"node": "here", "check": "memlock", "kind": "file",
-                                  "path": str(created), "before": "x"})
+        doc["entries"].append({"node": "here", "check": "memlock", "kind": "file",
+                               "path": str(created), "before": "x"})
         body = json.dumps(doc)
     rec.write_bytes(body if isinstance(body, bytes) else body.encode())
     line = one_line_refusal(cli(tmp_path, "-i", str(inventory(tmp_path)), "fix", "--undo",
                                 str(rec), "--yes"))
     assert "undo record" in line
-    assert not created.exists()
+    assert not created.exists() and (tmp_path / "fstab").read_text() == "kept\n"
 
 
 @pytest.mark.parametrize("argv", [
