@@ -1,7 +1,7 @@
 """argparse value types of the text flags (-i, --nodes, --undo, --model, --run-root, names...):
 an empty value is a usage error (an unset variable in a script must not mean "all nodes" or
 "./cluster.yaml"), and a path is refused before any file call when the system could not take it
-(longer than PATH_MAX, a component longer than NAME_MAX, a NUL or control character)."""
+(longer than PATH_MAX, a component longer than NAME_MAX, a NUL byte)."""
 
 from __future__ import annotations
 
@@ -19,11 +19,10 @@ def _shown(text: str) -> str:
 
 
 def text_value(text: str) -> str:
-    """A non-empty flag value without control characters, at most flags.text_bytes long."""
+    """A non-empty flag value (not only blanks), at most flags.text_bytes long. Control
+    characters pass (they are escaped wherever a value is shown)."""
     if not isinstance(text, str) or not text.strip():
         raise argparse.ArgumentTypeError("an empty value is not allowed")
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in text):
-        raise argparse.ArgumentTypeError(f"control characters are not allowed: {_shown(text)}")
     limit = bound("flags", "text_bytes")
     if len(text.encode("utf-8", "surrogateescape")) > limit:
         raise argparse.ArgumentTypeError(f"longer than {limit} bytes: {_shown(text)}")
@@ -38,6 +37,8 @@ def path_value(text: str) -> str:
                                   or len(text.encode("utf-8", "surrogateescape")) > limit):
         raise argparse.ArgumentTypeError(f"a path longer than {limit} bytes: {_shown(text)}")
     text = text_value(text)
+    if "\x00" in text:
+        raise argparse.ArgumentTypeError(f"a path cannot hold a NUL byte: {_shown(text)}")
     long = next((c for c in text.split("/") if len(c.encode("utf-8", "surrogateescape")) > name),
                 None)
     if long is not None:

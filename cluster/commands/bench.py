@@ -46,7 +46,7 @@ def register(subparsers: Any) -> None:
                     "end-to-end latency p50/p95/p99, requests/s, tokens/s and errors by kind.",
         epilog="Exit codes: 0 all requests ok, 1 warnings only (e.g. outputs shorter than "
                "--output-len), 2 any request failed, or bad usage. JSON keys: docs/bench.md.")
-    p.add_argument("--url", required=True, type=text_value,
+    p.add_argument("--url", required=True,
                    help="server base URL, e.g. http://127.0.0.1:8000 (with or without /v1)")
     p.add_argument("--model", required=True, type=text_value, help="the served model name")
     p.add_argument("--endpoint", choices=("completions", "chat"), default="completions",
