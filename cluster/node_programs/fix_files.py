@@ -170,6 +170,8 @@ def _each(items, do):
 
 def main(argv):
     request = json.loads(sys.stdin.read(64 << 20))
+    if not isinstance(request, dict):
+        raise SystemExit("the request is not a JSON object")
     if argv[1:] == ["check"]:
         files = [p for p in request.get("files") or []]
         dirs = [p for p in request.get("dirs") or []]
@@ -177,6 +179,8 @@ def main(argv):
                "dirs": _each(dirs, lambda p: check_path(p, True))}
     elif argv[1:] == ["apply"]:
         def do(op):
+            if not isinstance(op, dict):
+                raise Refused("not an operation")
             if op.get("op") == "write" and isinstance(op.get("text"), str):
                 write_file(op.get("path"), op["text"])
             elif op.get("op") == "remove":
