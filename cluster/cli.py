@@ -15,6 +15,7 @@ from typing import Sequence
 
 from cluster import __version__, crash_log
 from cluster.errors import ClusterError
+from cluster.flags import path_value
 from cluster.textsafe import terminal_safe_line
 
 # Explicit registry: (subcommand, module under cluster.commands). Each module has
@@ -109,7 +110,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         epilog="Exit codes: 0 ok, 1 warnings only, 2 failures, errors or bad usage.",
     )
     parser.add_argument("--version", action="version", version=f"cluster {__version__}")
-    parser.add_argument("-i", "--inventory", metavar="PATH",
+    parser.add_argument("-i", "--inventory", metavar="PATH", type=path_value,
                         help="cluster.yaml (default: $CLUSTER_INVENTORY, ./cluster.yaml, "
                              "then the embedded single-node localhost default)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

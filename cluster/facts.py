@@ -23,7 +23,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from cluster.errors import ParseError
 from cluster.inventory import Inventory, Node
-from cluster.probes import Probe, ProbeOutput, probe_script, split_probe_output
+from cluster.probes import (Probe, ProbeOutput, probe_script, script_deadline, script_problem,
+                            split_probe_output)
 from cluster.remote import CommandResult
 
 PER_PROBE_TIMEOUT_S = 20
@@ -158,7 +159,22 @@ class ToolFact:
         if self.parser is None:
             raise ValueError(f"the {self.name} fact has no parser")
         import importlib
+        refuse_cut(out)
         return importlib.import_module(f"cluster.parsers.{self.parser}").parse(out.stdout).to_dict()
+
+
+def refuse_cut(out: ProbeOutput) -> None:
+    """ParseError when the output was cut (its middle dropped to bound it): a parser given a
+    part would judge the part, so it is never given one."""
+    if out.cut:
+        raise ParseError(out.name, f"the output was cut ({out.cut} bytes dropped from its "
+                                   f"middle, over the {_kept_bytes()} bytes kept per probe "
+                                   f"and stream): not judged")
+
+
+def _kept_bytes() -> int:
+    from cluster.bounds import bound
+    return int(bound("node_output", "probe_bytes"))
 
 
 GPU_QUERY_FIELDS = ("index", "name", "memory.total", "pci.bus_id", "driver_version")
@@ -255,8 +271,10 @@ def gather_command(node: Node, inventory: Inventory,
 
 
 def gather_timeout(probe_count: int) -> float:
-    """A node's budget for its probe script: its probes run one after another."""
-    return PER_PROBE_TIMEOUT_S * 2 + 30 if probe_count > 2 else PER_PROBE_TIMEOUT_S * 2 + 20
+    """A node's budget for its probe script: its probes run at once, so the script's own
+    deadline (the probe timeout, the kill grace, the collection) whatever their number, plus
+    time for the transfer and a slow connection."""
+    return script_deadline(PER_PROBE_TIMEOUT_S) + 20 + (10 if probe_count > 2 else 0)
 
 
 def gather(session, inventory: Inventory, nodes: Sequence[Node] | None = None,
@@ -295,6 +313,10 @@ def node_facts(node: Node, result: CommandResult, probes: Sequence[Probe]) -> No
         return NodeFacts(node.name, reached=False,
                          error=f"{result.status}: {result.error or result.status}",
                          probe_command=result.command)
+    problem = script_problem(result.stdout)
+    if problem:
+        return NodeFacts(node.name, reached=True, error=f"fact gathering failed: {problem}",
+                         probe_command=result.command)
     return facts_from_outputs(node, split_probe_output(result.stdout, probes), result)
 
 
@@ -327,7 +349,8 @@ def facts_from_outputs(node: Node, outputs: Mapping[str, ProbeOutput],
 
 
 def program_document(out: ProbeOutput) -> dict:
-    """node_facts.py's JSON document (ParseError when it is not one)."""
+    """node_facts.py's JSON document (ParseError when it is not one, or was cut)."""
+    refuse_cut(out)
     text = out.stdout.strip()
     if len(text) > MAX_PROGRAM_OUTPUT:
         raise ParseError("node-facts", f"output over {MAX_PROGRAM_OUTPUT} bytes")
@@ -377,6 +400,7 @@ def read_gpus(out: ProbeOutput | None, parse: Callable[[ProbeOutput], dict] | No
     if not out.stdout.strip():
         return "ok", (), None
     try:
+        refuse_cut(out)
         rows = (parse or GPU_QUERY.parse)(out)["gpus"]
     except ParseError as exc:
         return "failed", (), str(exc)

@@ -229,11 +229,41 @@ def fix_versions(ctx: FixContext, reference: Mapping[str, str]) -> Step | Manual
                 (f"{py} -m pip install --no-input " + " ".join(map(shlex.quote, wanted)),))
 
 
-FIXERS: dict[str, Callable[[FixContext], Any]] = {
-    "gpudirect": fix_gpudirect, "clock": fix_clock, "shm": fix_shm, "memlock": fix_memlock,
-    "persistence": fix_persistence, "fabricmanager": fix_fabricmanager,
-}
+@dataclass(frozen=True)
+class Fixer:
+    """A check's fixer and what its steps may change: the whole files it writes and the mount
+    points it remounts. The one declaration of those paths: plan_fixes refuses a step that
+    writes anything else, and `cluster fix --undo` restores nothing else."""
+
+    check: str
+    plan: Callable[[FixContext], Any]
+    files: tuple[str, ...] = ()
+    mounts: tuple[str, ...] = ()
+
+
+_FIXERS = (Fixer("gpudirect", fix_gpudirect, files=(MODULES_LOAD_FILE,)),
+           Fixer("clock", fix_clock),
+           Fixer("shm", fix_shm, files=(FSTAB,), mounts=("/dev/shm",)),
+           Fixer("memlock", fix_memlock, files=(LIMITS_FILE, SYSTEMD_LIMITS_FILE)),
+           Fixer("persistence", fix_persistence),
+           Fixer("fabricmanager", fix_fabricmanager))
+FIXERS: dict[str, Callable[[FixContext], Any]] = {f.check: f.plan for f in _FIXERS}
 FIXABLE = frozenset(FIXERS) | OPT_IN
+# check -> the files / mount points its fix owns (what undo may restore)
+OWNED_FILES: dict[str, frozenset[str]] = {f.check: frozenset(f.files) for f in _FIXERS}
+OWNED_MOUNTS: dict[str, frozenset[str]] = {f.check: frozenset(f.mounts) for f in _FIXERS}
+
+
+def _owned(step: Step) -> Step:
+    """The step, when it writes and remounts only what its check's fixer declares."""
+    files, mounts = OWNED_FILES.get(step.check, frozenset()), OWNED_MOUNTS.get(step.check,
+                                                                              frozenset())
+    stray = [w.path for w in step.writes if w.path not in files] + \
+        [m for m in step.remounts if m not in mounts]
+    if stray:
+        raise ValueError(f"the {step.check} fix would change {', '.join(stray)}, which its "
+                         f"Fixer does not declare")
+    return step
 
 
 def _needs_fix(result: CheckResult) -> bool:
@@ -298,6 +328,8 @@ def plan_fixes(results: Sequence[CheckResult], facts: Mapping[str, Mapping[str, 
             continue
         ctx = FixContext(nodes[r.node], inventory, r, facts.get(r.node) or {}, yes)
         outcome = fixer(ctx)
+        if isinstance(outcome, Step):
+            _owned(outcome)
         (steps if isinstance(outcome, Step) else
          manual if isinstance(outcome, Manual) else skipped).append(outcome)
     if version_fails:

@@ -186,8 +186,11 @@ class Inventory:
 
     def select(self, pattern: str | None) -> tuple[Node, ...]:
         """Nodes whose name matches a comma-separated list of glob patterns (or 'head'/'workers')."""
-        if not pattern:
+        if pattern is None:
             return self.nodes
+        if not pattern.strip():
+            raise InventoryError("an empty node pattern selects nothing (omit --nodes for "
+                                 "every node)", path=self.path, key="--nodes")
         chosen: list[Node] = []
         for part in (p.strip() for p in pattern.split(",") if p.strip()):
             for n in self.nodes:

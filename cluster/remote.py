@@ -24,6 +24,7 @@ from typing import Callable, Iterable, Protocol, Sequence, TypeVar
 
 from cluster.errors import CommandTimeout, ConnectError
 from cluster.inventory import Inventory, Node, SSHOptions
+from cluster.kept import HeadTail
 from cluster.textsafe import terminal_safe_line
 from cluster.threads import Call, parallel  # parallel: callers import it from here too
 
@@ -47,6 +48,7 @@ class CommandResult:
     duration_s: float
     status: str
     error: str | None = None
+    cut: int = 0                # bytes of stdout + stderr dropped from their middles (kept.py)
 
     @property
     def ok(self) -> bool:
@@ -60,7 +62,7 @@ class CommandResult:
     def to_dict(self) -> dict:
         return {"node": self.node, "command": self.command, "status": self.status,
                 "exit_code": self.exit_code, "stdout": self.stdout, "stderr": self.stderr,
-                "duration_s": round(self.duration_s, 3), "error": self.error}
+                "duration_s": round(self.duration_s, 3), "error": self.error, "cut": self.cut}
 
 
 CommandSpec = str | Callable[[Node], str]
@@ -79,8 +81,19 @@ class Runner(Protocol):
 # ---------------------------------------------------------------- local
 
 
+def output_limit() -> int:
+    """Bytes kept of one command's stdout, and of its stderr (node_output.command_bytes)."""
+    from cluster.bounds import bound
+    return int(bound("node_output", "command_bytes"))
+
+
+def _decode(data: bytes) -> str:
+    return data.decode("utf-8", "replace")
+
+
 class LocalRunner:
-    """Runs commands on this machine with bash, in their own process group (killed on timeout)."""
+    """Runs commands on this machine with bash, in their own process group (killed on timeout);
+    each output stream is read as it comes and kept bounded (kept.HeadTail)."""
 
     def run(self, node: Node, command: str, timeout: float,
             stdin: str | None = None) -> CommandResult:
@@ -88,18 +101,40 @@ class LocalRunner:
         proc = subprocess.Popen(["bash", "-c", command],
                                 stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True, text=True, errors="replace")
+                                start_new_session=True)
+        streams = (HeadTail(output_limit()), HeadTail(output_limit()))
+        readers = [Call(lambda pipe=pipe, kept=kept: _drain(pipe, kept))
+                   for pipe, kept in zip((proc.stdout, proc.stderr), streams)]
+        if stdin is not None:
+            Call(lambda: _feed(proc.stdin, stdin.encode("utf-8", "surrogateescape")))
         try:
-            out, err = proc.communicate(input=stdin, timeout=timeout)
+            proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             _kill_group(proc)
             raise CommandTimeout(node.name, timeout, command) from None
+        for reader in readers:  # a child that outlived bash may hold the pipes: bounded wait
+            reader.join(max(0.5, timeout - (time.monotonic() - start)))
+        out, err = (kept.text(_decode) for kept in streams)
         code = proc.returncode
         return CommandResult(node.name, command, code, out, err, time.monotonic() - start,
-                             OK if code == 0 else FAILED)
+                             OK if code == 0 else FAILED, cut=streams[0].cut + streams[1].cut)
 
     def close(self) -> None:
         pass
+
+
+def _drain(pipe, kept: HeadTail) -> None:
+    with pipe:
+        for data in iter(lambda: pipe.read1(65536), b""):
+            kept.add(data)
+
+
+def _feed(pipe, data: bytes) -> None:
+    try:
+        with pipe:
+            pipe.write(data)
+    except (BrokenPipeError, OSError):
+        pass                   # the command did not read all of its stdin
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -244,7 +279,8 @@ class SSHRunner:
             raise ConnectError(node.name, f"connection lost: {describe_connect_error(exc)}") from None
         code = result.exited
         return CommandResult(node.name, command, code, result.stdout, result.stderr,
-                             time.monotonic() - start, OK if code == 0 else FAILED)
+                             time.monotonic() - start, OK if code == 0 else FAILED,
+                             cut=getattr(result, "cut", 0))
 
     def run_small(self, node: Node, command: str, timeout: float) -> CommandResult:
         """One quick command on paramiko's channel of the node's Fabric connection."""
@@ -503,6 +539,7 @@ class _ChannelOpener:
 
 
 _REMOTE_RUNNER = None
+_CUT_LOCK = threading.Lock()
 
 
 def _event_driven_remote():
@@ -525,6 +562,27 @@ def _event_driven_remote():
             def wait(self) -> None:
                 while not (self.process_is_finished or self.has_dead_threads):
                     self.channel.status_event.wait(0.25)
+
+            def _handle_output(self, buffer_, hide, output, reader) -> None:
+                # invoke keeps every chunk and joins the whole buffer again after each one
+                # (its watchers' respond()): a 160 MB output cost ~700 MiB and quadratic time.
+                # Kept bounded here (head and tail, the cut counted), decoded once at the end.
+                kept = HeadTail(output_limit())
+                while True:
+                    data = reader(self.read_chunk_size)
+                    if not data:
+                        break
+                    kept.add(data)
+                    if not hide:
+                        self.write_our_output(stream=output, string=self.decode(data))
+                buffer_.append(kept.text(self.decode))
+                with _CUT_LOCK:
+                    self.cut_bytes = getattr(self, "cut_bytes", 0) + kept.cut
+
+            def generate_result(self, **kwargs):
+                result = super().generate_result(**kwargs)
+                result.cut = getattr(self, "cut_bytes", 0)
+                return result
 
             def read_our_stdin(self, input_):
                 # invoke reads a non-terminal stream one byte per 10 ms (7 KB took 70 s):

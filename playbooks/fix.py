@@ -362,64 +362,141 @@ def run(inventory: Inventory, session: Session, nodes: Sequence[Node],
 # ---------------------------------------------------------------- undo
 
 
-def undo(inventory: Inventory, session: Session, record: Path, local_root: bool
-         ) -> FixOutcome:
-    """Put back the files and mounts a fix run changed, newest first."""
-    try:
-        entries = json.loads(record.read_text())["entries"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise UsageError(f"{record}: not a fix undo record ({exc})") from None
+def undo(inventory: Inventory, session: Session, record: Path, local_root: bool,
+         dry_run: bool = False) -> FixOutcome:
+    """Put back the files and mounts a fix run changed, newest first.
+
+    The record is read strictly (cluster/fix_undo.py: only the files and mount points the
+    fixes own; anything else refuses it whole, UsageError) and every path is checked on its
+    node, no link followed (node_programs/fix_files.py), before anything changes on any node:
+    a link anywhere refuses the whole undo. With `dry_run` it stops there and lists, per node,
+    every file it would write or remove and every mount it would restore."""
+    from cluster.fix_undo import read_record
+
+    plan = read_record(record)
     by_name = {n.name: n for n in inventory.nodes}
-    outcome = FixOutcome(None)
-    items = [e for e in entries if isinstance(e, dict) and e.get("kind") in ("file", "mount")]
-    # The oldest record of a path holds its state before the run.
-    first: dict[tuple[str, str], dict] = {}
-    for e in items:
-        first.setdefault((e["node"], e.get("path") or e.get("target")), e)
-    for (node_name, what), e in reversed(list(first.items())):
-        node = by_name.get(node_name)
-        if node is None:
-            outcome.results.append(FixResult(node_name, e.get("check", "?"), "skipped",
-                                             f"{node_name} is not in the inventory"))
-            continue
-        runner = NodeExecutor(inventory, session, node, UndoRecord(Path("/dev/null")),
-                              local_root)
-        try:
-            summary = _undo_one(runner, e)
-            outcome.results.append(FixResult(node_name, e.get("check", "?"), "changed",
-                                             summary))
-        except StepFailed as exc:
-            outcome.results.append(FixResult(node_name, e.get("check", "?"), "failed",
-                                             exc.why))
-    outcome.results.append(FixResult(None, "undo", "ok", "modules loaded, services enabled and "
-                                                         "clock steps are not undone"))
-    for e in entries:
-        if isinstance(e, dict) and e.get("kind") == "model-files":
-            count = len(e.get("created") or ()) + len(e.get("replaced") or ())
-            outcome.results.append(FixResult(e.get("node"), "model", "skipped",
-                                             f"{count} model file(s) copied into {e.get('dir')} "
-                                             f"are not restored (undo does not restore model "
-                                             f"files; the record lists them)"))
+    outcome = FixOutcome(None, dry_run=dry_run)
+    nodes = [by_name[n] for n in plan.nodes if n in by_name]
+    for name in (n for n in plan.nodes if n not in by_name):
+        outcome.results.append(FixResult(name, "undo", "skipped",
+                                         f"{name} is not in the inventory"))
+    checked = _check_paths(inventory, session, plan, nodes)
+    refused = [(n, why) for n, why in checked.items() if why and not why.startswith("no answer")]
+    if refused:
+        node, why = refused[0]
+        raise UsageError(f"--undo {record}: refused: on {node}: {why} (undo never writes "
+                         f"through a link); nothing was changed on any node")
+    reachable = [n for n in nodes if checked.get(n.name) is None]
+    for n in nodes:
+        if checked.get(n.name) is not None:
+            outcome.results.append(FixResult(n.name, "undo", "unreachable", checked[n.name]))
+    if dry_run:
+        outcome.results += _undo_preview(plan, {n.name for n in reachable})
+    else:
+        work = parallel(reachable, lambda n: _undo_node(inventory, session, n, plan, local_root),
+                        STEP_TIMEOUT_S * (2 + len(plan.mounts)) + 30,
+                        lambda n: [FixResult(n.name, "undo", "failed",
+                                             "no answer within the deadline")],
+                        session.max_parallel)
+        for n in reachable:
+            outcome.results += work[n.name]
+        outcome.results.append(FixResult(None, "undo", "ok", "modules loaded, services enabled "
+                                                             "and clock steps are not undone"))
+    for m in plan.models:
+        outcome.results.append(FixResult(m.node, "model", "skipped",
+                                         f"{m.count} model file(s) copied into {m.dir} are not "
+                                         f"restored (undo does not restore model files; the "
+                                         f"record lists them)"))
     return outcome
 
 
-def _undo_one(runner: NodeExecutor, e: dict) -> str:
-    if e["kind"] == "file":
-        path = e["path"]
-        if e.get("before") is None:
-            res = runner.root(f"rm -f {quote(path)}")
-            if res.exit_code != 0:
-                raise StepFailed(f"cannot remove {path}: {_why(res)}")
-            return f"removed {path} (it did not exist before)"
-        res = runner.root(f"cat > {quote(path)}", stdin=e["before"])
-        if res.exit_code != 0:
-            raise StepFailed(f"cannot restore {path}: {_why(res)}")
-        return f"restored {path}"
-    size = next((o.split("=", 1)[1] for o in e.get("options", "").split(",")
-                 if o.startswith("size=")), None)
-    if size is None:
-        raise StepFailed(f"{e['target']}: no size in the recorded options {e.get('options')!r}")
-    res = runner.root(f"mount -o remount,size={quote(size)} {quote(e['target'])}")
-    if res.exit_code != 0:
-        raise StepFailed(f"cannot remount {e['target']}: {_why(res)}")
-    return f"remounted {e['target']} with size={size}"
+def _check_paths(inventory: Inventory, session: Session, plan, nodes: Sequence[Node]
+                 ) -> dict[str, str | None]:
+    """Per node: None (every path it names is a regular file, a directory for mounts, or
+    absent, with no link on the way), else why not (read-only, as the SSH user)."""
+    from cluster.errors import ProgramError
+    from cluster.node_programs import run_program
+
+    def check(node: Node) -> str | None:
+        files = [f.path for f in plan.files if f.node == node.name]
+        dirs = [m.target for m in plan.mounts if m.node == node.name]
+        try:
+            doc = run_program(session, node, "fix_files", ["check"], timeout=STEP_TIMEOUT_S,
+                              stdin=json.dumps({"files": files, "dirs": dirs}))
+        except ProgramError as exc:
+            return f"no answer from the path check: {exc}" if not exc.reached else \
+                f"the path check failed: {exc}"
+        answers = list(doc.get("files") or []) + list(doc.get("dirs") or [])
+        if len(answers) != len(files) + len(dirs):
+            return "the path check answered for other paths than asked"
+        for path, a in zip(files + dirs, answers):
+            if not isinstance(a, dict) or a.get("status") != "ok":
+                return str(a.get("why") if isinstance(a, dict) else a) or path
+        return None
+
+    return parallel(nodes, check, STEP_TIMEOUT_S + 30,
+                    lambda n: "no answer within the deadline", session.max_parallel)
+
+
+def _file_action(f) -> tuple[str, str]:
+    if f.before is None:
+        return f"remove {f.path}", f"remove {f.path} (it did not exist before the fix)"
+    return f"write {f.path}", f"write {f.path} back ({len(f.before.encode())} bytes)"
+
+
+def _undo_preview(plan, nodes: set[str]) -> list[FixResult]:
+    out = []
+    for f in plan.files:
+        if f.node in nodes:
+            command, summary = _file_action(f)
+            out.append(FixResult(f.node, f.check, "planned", summary, commands=(command,)))
+    for m in plan.mounts:
+        if m.node in nodes:
+            out.append(FixResult(m.node, m.check, "planned",
+                                 f"remount {m.target} with size={m.size}",
+                                 commands=(_remount(m),)))
+    return out
+
+
+def _remount(m) -> str:
+    return f"mount -o remount,size={quote(m.size)} {quote(m.target)}"
+
+
+def _undo_node(inventory: Inventory, session: Session, node: Node, plan, local_root: bool
+               ) -> list[FixResult]:
+    """One node's restores as root: its files through fix_files.py (no link followed), then
+    its mounts."""
+    from cluster.node_programs import document_of, program_call
+
+    files = [f for f in plan.files if f.node == node.name]
+    out: list[FixResult] = []
+    if files:
+        ops = [{"op": "remove", "path": f.path} if f.before is None else
+               {"op": "write", "path": f.path, "text": f.before} for f in files]
+        call = program_call(inventory.ray.python, "fix_files", ["apply"],
+                            stdin=json.dumps({"ops": ops}))
+        res = session.run(node, as_root(call.command, node, inventory, local_root),
+                          timeout=STEP_TIMEOUT_S, stdin=call.stdin)
+        doc = document_of(res, "fix_files")
+        answers = doc.get("ops") if isinstance(doc, dict) else None
+        for i, f in enumerate(files):
+            a = answers[i] if isinstance(answers, list) and i < len(answers) else None
+            if isinstance(a, dict) and a.get("status") == "ok":
+                out.append(FixResult(node.name, f.check, "changed",
+                                     f"removed {f.path} (it did not exist before)"
+                                     if f.before is None else f"restored {f.path}"))
+            else:
+                why = a.get("why") if isinstance(a, dict) else \
+                    (_why(res) if res.reached else f"{res.status}: {res.error}")
+                out.append(FixResult(node.name, f.check, "failed",
+                                     f"cannot restore {f.path}: {why}"))
+    runner = NodeExecutor(inventory, session, node, UndoRecord(Path("/dev/null")), local_root)
+    for m in (m for m in plan.mounts if m.node == node.name):
+        try:
+            res = runner.root(_remount(m))
+            status, summary = ("changed", f"remounted {m.target} with size={m.size}") \
+                if res.exit_code == 0 else ("failed", f"cannot remount {m.target}: {_why(res)}")
+        except StepFailed as exc:
+            status, summary = "failed", exc.why
+        out.append(FixResult(node.name, m.check, status, summary))
+    return out

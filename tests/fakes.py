@@ -130,6 +130,19 @@ def probe_output(name: str, stdout: str = "", exit_code: int = 0, stderr: str = 
     return ProbeOutput(name, command or name, exit_code, stdout, stderr)
 
 
+def probe_script_output(outputs: Mapping[str, tuple[int, str]]) -> str:
+    """What the gather command prints when each probe NAME printed TEXT and exited CODE: the
+    real cluster/probes.py script, run here by bash, its probes printing those texts."""
+    import shlex
+    import subprocess
+
+    from cluster.probes import Probe, probe_script
+    probes = [Probe(name, f"printf %s {shlex.quote(text)}; exit {code}")
+              for name, (code, text) in outputs.items()]
+    return subprocess.run(["bash", "-c", probe_script(probes)], capture_output=True,
+                          timeout=60).stdout.decode()
+
+
 def node_checks() -> dict[str, NodeCheck]:
     from cluster.checks.node import NODE_CHECKS
     return {c.id: c for c in NODE_CHECKS}

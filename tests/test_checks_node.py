@@ -28,7 +28,7 @@ from cluster.preflight import evaluate_node, node_probes
 from cluster.probes import probe_script
 from cluster.results import Status
 from fakes import (MISSING, TIMED_OUT, check_probes, context, fixture_text, judge, probe_output,
-                   result)
+                   probe_script_output, result)
 
 H100_QUERY = ("nvidia-smi-query", "001-h100-name-busid-vbios-elided.txt")       # 2 x H100
 MIXED_QUERY = ("nvidia-smi-query",
@@ -337,10 +337,8 @@ def test_an_output_the_parser_refuses_is_an_error_in_preflight(check, probe, cap
         judge(check, inv, **given)
     node = inv.head
     probes = node_probes(node, inv, [c for c in NODE_CHECKS if c.id == check])
-    marked = "".join(f"@@cluster-probe@@ {p.name} begin\n"
-                     + (fixture_text(*capture) if p.name == probe else "")
-                     + f"\n@@cluster-probe@@ {p.name} end {0 if p.name == probe else 127}\n"
-                     for p in probes)
+    marked = probe_script_output({p.name: (0, fixture_text(*capture)) if p.name == probe
+                                  else (127, "") for p in probes})
     results, _ = evaluate_result(node, inv, [c for c in NODE_CHECKS if c.id == check],
                                result("n1", marked), probes)
     assert [r.status for r in results] == [Status.ERROR]
@@ -360,12 +358,11 @@ def test_an_unreached_node_is_an_error_for_every_check():
 
 
 def test_the_probe_markers_the_tests_write_are_the_ones_probe_script_prints():
-    """test_an_output_the_parser_refuses... writes split_probe_output's input by hand: the
-    marker it uses must be the one probe_script makes the nodes print."""
-    inv = loads(inventory())
-    script = probe_script(node_probes(inv.head, inv, NODE_CHECKS[:1]))
-    assert "@@cluster-probe@@ gpu-query begin" in script
-    assert "@@cluster-probe@@ gpu-query end %s" in script
+    """test_a_node_that_stopped_mid_probe... writes split_probe_output's input by hand: the
+    markers and line prefixes it uses must be the ones probe_script makes the nodes print."""
+    text = probe_script_output({"gpu-query": (0, "x\n")})
+    assert text.startswith("@@cluster-probe@@ gpu-query begin\n|x\n")
+    assert "\n@@cluster-probe@@ gpu-query end 0\n" in text
 
 
 # ---------------------------------------------------------------- probes run here by bash
@@ -567,8 +564,9 @@ def test_a_node_that_stopped_mid_probe_is_an_error_for_the_checks_it_did_not_ans
     checks = [c for c in NODE_CHECKS if c.id in ("gpus", "shm")]
     probes = node_probes(inv.head, inv, checks)
     assert [p.name for p in probes] == ["gpu-query", "versions", "shm"]   # + the node facts
-    cut = ("@@cluster-probe@@ gpu-query begin\n" + fixture_text(*H100_QUERY)
-           + "\n@@cluster-probe@@ gpu-query end 0\n@@cluster-probe@@ shm begin\nFilesystem")
+    query = "".join(f"|{line}\n" for line in fixture_text(*H100_QUERY).splitlines())
+    cut = ("@@cluster-probe@@ gpu-query begin\n" + query
+           + "\n@@cluster-probe@@ gpu-query end 0\n@@cluster-probe@@ shm begin\n|Filesystem")
     results, facts = evaluate_result(inv.head, inv, checks, result("n1", cut), probes)
     assert [(r.check, r.status) for r in results] == [("gpus", Status.OK), ("shm", Status.ERROR)]
     assert "no output for 'shm': the node stopped answering mid-probe" in results[1].summary

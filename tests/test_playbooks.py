@@ -339,6 +339,7 @@ def test_nccl_check_without_a_report_gathers_the_ib_facts_first():
     job runs on the head; facts that say nothing about IB give no expectation, never a guess."""
     from cluster.facts import NODE_PROGRAM
     from cluster.nccl_check import CheckOptions
+    from cluster.probes import probe_names
     from playbooks import nccl_check
 
     inv = inventory.loads(INV)
@@ -348,7 +349,7 @@ def test_nccl_check_without_a_report_gathers_the_ib_facts_first():
     out = nccl_check.run(inv, session, options, events.append)
     nodes = [node for _, node, _ in session.calls]
     assert sorted(nodes[:3]) == ["gpu01", "gpu02", "gpu03"] and nodes[3:] == ["gpu01"]
-    assert all(f"@@cluster-probe@@ {name} begin" in command
+    assert all(name in probe_names(command)
                for _, _, command in session.calls[:3] for name in ("ibstat", NODE_PROGRAM))
     assert events[0] == "gathering the nodes' InfiniBand facts"
     assert out.result.expected.gbps is None

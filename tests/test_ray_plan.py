@@ -16,7 +16,7 @@ from cluster.probes import NOT_FOUND, Probe, ProbeOutput, probe_script
 from cluster.ray_state import (GcsNode, RayState, cluster_status, parse_state_output,
                                status_exit_code)
 from cluster.remote import CommandResult
-from fakes import RecordingSession, result
+from fakes import RecordingSession, probe_script_output, result
 
 INV = """\
 ssh: {user: root}
@@ -424,13 +424,8 @@ def _result(stdout, code=0, status="ok"):
 
 
 def _probe_text(outputs: dict[str, tuple[int, str]]) -> str:
-    """What the gather command prints when each probe NAME printed TEXT and exited CODE (the
-    markers cluster/probes.py's script writes, made by running that script's own echo lines)."""
-    import subprocess
-    probes = [Probe(name, f"printf %s {shlex.quote(text)}; exit {code}")
-              for name, (code, text) in outputs.items()]
-    return subprocess.run(["bash", "-c", probe_script(probes)], capture_output=True, text=True,
-                          timeout=60).stdout
+    """What the gather command prints when each probe NAME printed TEXT and exited CODE."""
+    return probe_script_output(outputs)
 
 
 def parse_facts(node, result):

@@ -110,6 +110,9 @@ def tool_problem(out: ProbeOutput, tool: str, needed: bool, what: str, fix: str)
         return skip(f"{tool} not found: no {what} here (none expected)", probe=out.name)
     if out.timed_out:
         return error(f"{tool} hung (no answer within the probe timeout)", probe=out.name)
+    if out.cut:
+        return error(f"{tool} printed more than is kept ({out.cut} bytes cut): not judged",
+                     probe=out.name)
     if out.exit_code != 0 and not out.stdout.strip():
         msg = (out.stderr.strip().splitlines() or [f"exit {out.exit_code}"])[-1]
         return fail(f"{tool} failed: {msg}", fix, probe=out.name) if needed \

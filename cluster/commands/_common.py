@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cluster.errors import UsageError
+from cluster.flags import path_value, text_value  # noqa: F401 - the commands import them here
 from cluster.render import to_json
 
 if TYPE_CHECKING:  # `cluster parse` and `plan` start without the inventory or run records
@@ -69,7 +70,7 @@ def add_changing(parser: argparse.ArgumentParser) -> None:
 def add_nodes(parser: argparse.ArgumentParser,
               help: str = "only these nodes (names, globs, head, workers)") -> None:  # noqa: A002
     """--nodes PATTERN: the inventory nodes a command runs on (default: all)."""
-    parser.add_argument("--nodes", metavar="PATTERN", help=help)
+    parser.add_argument("--nodes", metavar="PATTERN", type=text_value, help=help)
 
 
 def add_serial(parser: argparse.ArgumentParser) -> None:

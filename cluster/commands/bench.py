@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
+from cluster.flags import path_value, text_value
 from cluster.bounds import bound
 from cluster.commands._common import float_range, int_range
 from cluster.errors import UsageError
@@ -47,7 +48,7 @@ def register(subparsers: Any) -> None:
                "--output-len), 2 any request failed, or bad usage. JSON keys: docs/bench.md.")
     p.add_argument("--url", required=True,
                    help="server base URL, e.g. http://127.0.0.1:8000 (with or without /v1)")
-    p.add_argument("--model", required=True, help="the served model name")
+    p.add_argument("--model", required=True, type=text_value, help="the served model name")
     p.add_argument("--endpoint", choices=("completions", "chat"), default="completions",
                    help="/v1/completions (default) or /v1/chat/completions")
     p.add_argument("--concurrency", type=_concurrency_list, default=(1, 4, 16, 64),
@@ -70,11 +71,11 @@ def register(subparsers: Any) -> None:
                    default=120.0, metavar="S",
                    help=f"total time allowed per request (default 120, at most "
                         f"{bound('bench', 'timeout_s')})")
-    p.add_argument("--api-key-env", metavar="VAR",
+    p.add_argument("--api-key-env", metavar="VAR", type=text_value,
                    help="environment variable holding the API key (sent as Bearer; never printed)")
     p.add_argument("--no-vllm-extensions", action="store_true",
                    help="do not send ignore_eos/min_tokens (for servers that reject them)")
-    p.add_argument("--out", metavar="DIR", help="write bench.json, latency.png and throughput.png")
+    p.add_argument("--out", metavar="DIR", type=path_value, help="write bench.json, latency.png and throughput.png")
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     p.set_defaults(handler=run)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from cluster.flags import path_value, text_value
 from cluster.commands._common import (add_changing, add_json, load_inventory, positive_float,
                                       positive_int, print_json, recorded_run, stderr, stdout)
 from cluster.errors import UsageError
@@ -49,8 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog="Exit codes: 0 RUNNING (dry run: would deploy), 2 not RUNNING, refused or bad "
                "input. The API key itself never goes on the command line: name its variable.")
     what = p.add_argument_group("what to serve (a plan, or a model and its layout)")
-    what.add_argument("--plan", metavar="PLAN.yaml", help="a plan written by `cluster plan --out`")
-    what.add_argument("--model", metavar="PATH",
+    what.add_argument("--plan", metavar="PLAN.yaml", type=path_value, help="a plan written by `cluster plan --out`")
+    what.add_argument("--model", metavar="PATH", type=path_value,
                       help="model directory on the nodes (absolute); with --plan: overrides the "
                            "plan's path (default without --plan: the inventory's model_path)")
     what.add_argument("--tp", type=positive_int, metavar="N", help="tensor parallel size (default 1)")
@@ -62,13 +63,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     what.add_argument("--expert-parallel", action="store_true",
                       help="MoE: data-parallel attention + expert-parallel MoE layers")
     how = p.add_argument_group("serving options")
-    how.add_argument("--name", metavar="NAME",
+    how.add_argument("--name", metavar="NAME", type=text_value,
                      help="Serve application name (default: from the served model name)")
-    how.add_argument("--served-model-name", metavar="NAME",
+    how.add_argument("--served-model-name", metavar="NAME", type=text_value,
                      help="the model name clients send (default: the plan's, else the "
                           "model directory's name)")
-    how.add_argument("--route-prefix", metavar="/PATH", help="default: /NAME")
-    how.add_argument("--api-key-env", metavar="VAR", default=DEFAULT_API_KEY_ENV,
+    how.add_argument("--route-prefix", metavar="/PATH", type=text_value, help="default: /NAME")
+    how.add_argument("--api-key-env", metavar="VAR", type=text_value, default=DEFAULT_API_KEY_ENV,
                      help="environment variable holding the API key on every node, set at "
                           "`ray start` from the inventory's node env (default %(default)s)")
     how.add_argument("--no-api-key", action="store_true",

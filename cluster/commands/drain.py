@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Callable
 
+from cluster.flags import path_value, text_value
 from cluster import rollout
 from cluster.commands._common import (add_changing, add_json, float_range, int_range,
                                       load_inventory, recorded_run, run_outcome, stdout)
@@ -30,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def add_node_and_wait(p: argparse.ArgumentParser) -> None:
     """NODE and --wait, shared by drain and restart-node."""
-    p.add_argument("node", metavar="NODE", help="an inventory worker name")
+    p.add_argument("node", metavar="NODE", type=text_value, help="an inventory worker name")
     p.add_argument("--wait", type=float_range(0, 3600), default=rollout.DEFAULT_MOVE_WAIT_S, metavar="S",
                    help="how long to wait for the replicas to move (default %(default)s)")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 
 from cluster.commands._common import (add_json, add_nodes, emit_json, float_range,
@@ -47,10 +48,13 @@ def run(args: argparse.Namespace) -> int:
     emit_json(record, "exec.json", payload, to_stdout=args.json)
     record.finish(code)
     if not args.json:
+        # The table shows what --json and the run record show: the inventory's secrets masked.
+        results = tuple(_scrubbed(run_.scrub, r) for r in results)
+        title = run_.scrub(f"$ {command}")
         if len(results) <= GRID_MAX_NODES:
-            stdout.print(command_results_table(results, title=f"$ {command}"))
+            stdout.print(command_results_table(results, title=title))
         else:
-            for part in command_results_folded(results, title=f"$ {command}"):
+            for part in command_results_folded(results, title=title):
                 stdout.print(part)
         bad = [r for r in results if not r.ok]
         summary = f"{len(results) - len(bad)}/{len(results)} nodes ok"
@@ -62,3 +66,10 @@ def run(args: argparse.Namespace) -> int:
                                         for status, names in by_status.items())
         stdout.print(summary)
     return code
+
+
+def _scrubbed(scrub, result):
+    """The result with every text field through the run's scrub (secrets masked)."""
+    return dataclasses.replace(result, command=scrub(result.command), stdout=scrub(result.stdout),
+                               stderr=scrub(result.stderr),
+                               error=scrub(result.error) if result.error else result.error)

@@ -7,9 +7,10 @@ import argparse
 import os
 from pathlib import Path
 
-from cluster.commands._common import (add_changing, add_json, add_nodes, emit_json,
+from cluster.commands._common import (add_changing, add_json, add_nodes, emit_json, path_value,
                                       recorded_run_on_nodes, stdout)
 from cluster.errors import UsageError
+from cluster.fix_undo import read_record
 from cluster.fold import Row, fold
 from cluster.render import fix_lines, folded_table
 from playbooks import fix as fix_playbook
@@ -28,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="only these checks, comma-separated (e.g. gpudirect,shm); "
                         "`versions` and `model` (copies model files) run only when named")
     add_nodes(p)
-    p.add_argument("--undo", metavar="RUN",
+    p.add_argument("--undo", metavar="RUN", type=path_value,
                    help="restore the files and mounts a fix run changed (its run directory "
                         "or name)")
     add_changing(p)
@@ -49,10 +50,14 @@ def _local_root() -> bool:
 
 def _undo_file(inv, run: str) -> Path:
     path = Path(run)
-    if not path.is_absolute() and not path.exists():
-        path = Path(inv.run_dir) / run
-    record = path / fix_playbook.UNDO_FILE if path.is_dir() else path
-    if not record.is_file():
+    try:
+        if not path.is_absolute() and not path.exists():
+            path = Path(inv.run_dir) / run
+        record = path / fix_playbook.UNDO_FILE if path.is_dir() else path
+        found = record.is_file()
+    except OSError as exc:                          # a name the system cannot take
+        raise UsageError(f"--undo {run[:80]}: {exc.strerror or exc}") from None
+    if not found:
         raise UsageError(f"--undo {run}: no {fix_playbook.UNDO_FILE} there (the run directory "
                          f"of a `cluster fix` that changed something)")
     return record
@@ -64,12 +69,13 @@ def run(args: argparse.Namespace) -> int:
     code = 2
     try:
         with run_.session() as session:
-            if args.undo:
+            if args.undo is not None:
                 undo_file = _undo_file(inv, args.undo)
+                read_record(undo_file)              # a malformed record: refused before asking
                 if not args.dry_run:
                     run_.confirm(f"Restore what {undo_file.parent.name} changed?")
-                outcome = fix_playbook.undo(inv, session, undo_file, _local_root()) \
-                    if not args.dry_run else fix_playbook.FixOutcome(None, dry_run=True)
+                outcome = fix_playbook.undo(inv, session, undo_file, _local_root(),
+                                            dry_run=args.dry_run)
             else:
                 outcome = fix_playbook.run(inv, session, nodes, args.checks, args.dry_run,
                                            args.yes, run_.confirm,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from cluster.flags import path_value, text_value
 from cluster.commands._common import add_json, print_json, stderr
 from cluster.errors import UsageError
 from cluster.inventory import template_text
@@ -13,7 +14,7 @@ from cluster.inventory import template_text
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("init", help="write a commented cluster.yaml template",
                        description="Write a commented cluster.yaml template to PATH (default ./cluster.yaml).")
-    p.add_argument("path", nargs="?", default="cluster.yaml")
+    p.add_argument("path", nargs="?", default="cluster.yaml", type=path_value)
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
     add_json(p)
     p.set_defaults(handler=run)

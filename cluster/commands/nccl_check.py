@@ -10,6 +10,7 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
+from cluster.flags import path_value, text_value
 from cluster import nccl_check
 from cluster.bounds import bound
 from cluster.commands._common import (add_json, add_nodes, float_range, int_range,
@@ -46,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float_range(0, 3600, strict=True), default=nccl_check.DEFAULT_TIMEOUT_S, metavar="S",
                    help="the whole check ends within S seconds (default %(default)g)")
     add_nodes(p, "only these inventory nodes (comma-separated globs, 'head', 'workers')")
-    p.add_argument("--report", metavar="PATH",
+    p.add_argument("--report", metavar="PATH", type=path_value,
                    help="a preflight.json to read the IB ports from (default: read them "
                         "from the nodes now, through the facts layer)")
     add_json(p)

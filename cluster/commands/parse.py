@@ -30,6 +30,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from cluster.flags import path_value
 from cluster import parsers
 from cluster.commands._common import add_json, print_json, stderr, stdout
 from cluster.errors import ParseError
@@ -55,7 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     f"Kinds: {', '.join(parsers.KINDS)}.")
     p.add_argument("--kind", choices=parsers.KINDS, metavar="KIND",
                    help="the tool that printed the files (default: detect per file)")
-    p.add_argument("files", nargs="+", metavar="FILE", help="captured output; '-' reads stdin")
+    p.add_argument("files", nargs="+", metavar="FILE", type=path_value, help="captured output; '-' reads stdin")
     add_json(p)
     p.set_defaults(handler=run)
 

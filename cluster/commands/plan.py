@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from cluster.bounds import bound
-from cluster.commands._common import float_range, int_range
+from cluster.commands._common import float_range, int_range, path_value, text_value
 from cluster.errors import ClusterError, InventoryError, UsageError
 from cluster.textsafe import safe_line
 from cluster.modelinfo import load_model_info
@@ -33,14 +33,14 @@ def register(subparsers: Any) -> None:
         description="Turn a model's config.json and the cluster's GPU facts into tensor/pipeline/"
                     "data/expert parallel sizes and vLLM engine args, with a reason per choice.",
         epilog="Exit codes: 0 plan, 1 plan with warnings, 2 no plan (does not fit, bad input).")
-    p.add_argument("--model", metavar="PATH",
+    p.add_argument("--model", metavar="PATH", type=path_value,
                    help="model directory or config.json (default: the inventory's model_path)")
     facts = p.add_argument_group("cluster facts (default: the newest preflight report)")
     facts.add_argument("--nodes", type=int_range(1, bound("plan", "nodes")), metavar="N",
                        help=f"nodes, 1 to {bound('plan', 'nodes')} (default 1 with the flags below)")
     facts.add_argument("--gpus-per-node", type=int_range(1, bound("plan", "gpus_per_node")),
                        metavar="G", help=f"1 to {bound('plan', 'gpus_per_node')}")
-    facts.add_argument("--gpu-model", metavar="NAME",
+    facts.add_argument("--gpu-model", metavar="NAME", type=text_value,
                        help="GPU name as nvidia-smi prints it, or an alias (H100, A100, L40S...)")
     facts.add_argument("--gpu-memory-gib", type=float_range(0, bound("plan", "gpu_memory_gib"),
                                                             strict=True), metavar="M",
@@ -48,8 +48,8 @@ def register(subparsers: Any) -> None:
                             f"(default: from the GPU model)")
     facts.add_argument("--nvlink", choices=("yes", "no"),
                        help="NVLink between a node's GPUs (default: typical for the GPU model)")
-    facts.add_argument("--report", metavar="PATH", help="a preflight.json report to read facts from")
-    facts.add_argument("--run-root", metavar="DIR",
+    facts.add_argument("--report", metavar="PATH", type=path_value, help="a preflight.json report to read facts from")
+    facts.add_argument("--run-root", metavar="DIR", type=path_value,
                        help="where <run>/preflight.json reports are (default: the inventory's "
                             "run_dir, else ./runs)")
     opts = p.add_argument_group("serving options")
@@ -65,9 +65,9 @@ def register(subparsers: Any) -> None:
     opts.add_argument("--tokens-per-s-per-gpu", metavar="X",
                       type=float_range(0, bound("plan", "tokens_per_s_per_gpu"), strict=True),
                       help="measured sustained tokens/s per GPU: adds a capacity estimate")
-    opts.add_argument("--served-model-name", metavar="NAME", help="default: the model's directory name")
+    opts.add_argument("--served-model-name", metavar="NAME", type=text_value, help="default: the model's directory name")
     out = p.add_argument_group("output")
-    out.add_argument("--out", metavar="PLAN.yaml", help="write the plan (YAML) for `cluster deploy`")
+    out.add_argument("--out", metavar="PLAN.yaml", type=path_value, help="write the plan (YAML) for `cluster deploy`")
     out.add_argument("--json", action="store_true", help="print the plan as JSON")
     out.add_argument("--no-validate", action="store_true",
                      help="skip the check of the engine args by vLLM's own EngineArgs")

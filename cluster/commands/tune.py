@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from cluster.flags import path_value, text_value
 from cluster.bounds import bound
 from cluster.commands._common import (add_changing, add_json, float_range, int_range,
                                       print_json, recorded_run, stderr, stdout)
@@ -35,12 +36,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "best). Every value restarts the app's replicas.",
         epilog="Exit codes: 0 a recommendation, 1 no value meets the target, 2 errors or bad "
                "usage. docs/tune-status.md.")
-    p.add_argument("--name", required=True, metavar="APP",
+    p.add_argument("--name", required=True, metavar="APP", type=text_value,
                    help="the Serve application (`cluster status`), deployed by `cluster deploy`")
-    p.add_argument("--param", metavar="ENGINE_ARG",
+    p.add_argument("--param", metavar="ENGINE_ARG", type=text_value,
                    help="the vLLM engine arg to sweep (snake_case; default "
                         "max_num_batched_tokens)")
-    p.add_argument("--values", metavar="V1,V2,...",
+    p.add_argument("--values", metavar="V1,V2,...", type=text_value,
                    help="comma-separated values (default for max_num_batched_tokens: "
                         "512,1024,2048,4096; for max_num_seqs: 32,64,128,256)")
     p.add_argument("--concurrency", type=int_range(1, bound("bench", "concurrency")), metavar="C",
@@ -60,9 +61,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--apply", choices=("original", "best"), default="original",
                    help="what runs afterwards: the original config (default) or the "
                         "recommended value")
-    p.add_argument("--out", metavar="DIR",
+    p.add_argument("--out", metavar="DIR", type=path_value,
                    help="where tune.json and tune.png go (default: the run directory)")
-    p.add_argument("--api-key-env", metavar="VAR",
+    p.add_argument("--api-key-env", metavar="VAR", type=text_value,
                    help="environment variable (here) holding the API key (default: the app's "
                         "own api_key_env, e.g. CLUSTER_API_KEY)")
     p.add_argument("--timeout",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 
+from cluster.flags import path_value, text_value
 from cluster.commands._common import (add_changing, add_json, positive_float, recorded_run,
                                       stdout)
 
@@ -22,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "Serve config) through the dashboard's REST API, keeping the others, and "
                     "wait until Serve no longer lists it.",
         epilog="Exit codes: 0 removed or not deployed, 2 failed or still listed after --timeout.")
-    p.add_argument("name", metavar="NAME", help="the application name (`cluster status`)")
+    p.add_argument("name", metavar="NAME", type=text_value, help="the application name (`cluster status`)")
     p.add_argument("--timeout", type=positive_float, default=DEFAULT_TIMEOUT_S, metavar="S",
                    help="how long to wait until it is gone (default %(default)g)")
     add_changing(p)
