@@ -279,3 +279,16 @@ def test_a_preflight_parses_each_tool_fact_once_per_node(monkeypatch):
             "df_shm", "ulimit", "lsmod"}
     assert read <= set(calls)
     assert calls == {name: 3 for name in calls}
+
+
+def test_the_fake_sessions_probe_answer_reads_as_the_real_scripts_output():
+    """FakeClusterSession writes the probe script's output in Python (fast at 255 nodes): it
+    must split exactly as what the real script prints through bash."""
+    from fakes import probe_answer, probe_script_output
+    from cluster.probes import Probe, split_probe_output
+    outputs = {"a": (0, "line 1\nline 2\n"), "b": (127, ""), "c": (3, "no newline at the end")}
+    probes = [Probe(n, "true") for n in outputs]
+    real = split_probe_output(probe_script_output(outputs), probes)
+    fake = split_probe_output(probe_answer({n: (c, t, "") for n, (c, t) in outputs.items()}), probes)
+    assert {n: (o.exit_code, o.stdout) for n, o in fake.items()} == \
+        {n: (o.exit_code, o.stdout) for n, o in real.items()}
