@@ -180,7 +180,7 @@ def cli(inv, *args: str):
     (["model", "pull", "nowhere:/x"], "no node named"),
     (["model", "pull", "src:/x", "--path", "relative"], "absolute"),
     (["model", "pull", "org/m", "--revision", "a b"], "--revision"),
-    (["model", "pull", "src:/x", "--nodes", ""], "must not be empty")])
+    (["model", "pull", "src:/x", "--nodes", ""], "an empty value is not allowed")])
 def test_bad_pull_arguments_are_one_line_and_exit_2(tmp_path, args, why):
     path = tmp_path / "cluster.yaml"
     path.write_text(f"nodes:\n  - {{name: src, address: 127.0.0.1, local: true, role: head}}\n"
