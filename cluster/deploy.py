@@ -269,8 +269,8 @@ def spec_from_plan(plan: PlanFile, *, model: str | None = None, name: str | None
         placement_strategy=plan.placement_strategy, api_key_env=api_key_env,
         route_prefix=route_prefix, env=dict(env or {}), request_logging=request_logging,
         device=device, source=f"plan:{plan.path}", placement_only=placement_only,
-        nnodes=nnodes if nnodes is not None else getattr(plan, "nnodes", None),
-        executor=executor or getattr(plan, "executor", None) or "auto"))
+        nnodes=nnodes if nnodes is not None else plan.nnodes,
+        executor=executor or plan.executor or "auto"))
 
 
 def _max_len(value: int) -> int:
@@ -581,6 +581,14 @@ def capacity_problems(preview: Mapping[str, Any], cluster: ClusterView) -> list[
     bundles = preview.get("bundles_per_replica") or []
     replicas = preview.get("num_replicas") or 1
     problems = []
+    if preview.get("strategy") == "STRICT_SPREAD" and len(bundles) > len(cluster.nodes):
+        problems.append(f"one replica spans {len(bundles)} nodes (one bundle per node rank, "
+                        f"STRICT_SPREAD); Ray has {len(cluster.nodes)} alive node(s)")
+    for resource in ("GPU", "CPU"):
+        biggest = max((float(b.get(resource, 0)) for b in bundles), default=0.0)
+        if preview.get("strategy") == "STRICT_SPREAD" and biggest > cluster.max_per_node(resource):
+            problems.append(f"a node rank needs {biggest:g} {resource} on one node; the largest "
+                            f"node has {cluster.max_per_node(resource):g}")
     for resource in ("GPU", "CPU"):
         need = sum(float(b.get(resource, 0)) for b in bundles)
         if not need:

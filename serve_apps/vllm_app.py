@@ -317,8 +317,8 @@ class VLLMServer:
         engine_kwargs, _ = split_vllm_kwargs(self._kwargs)
         self._gang.start(engine_kwargs)
         await self._gang.wait_started(GANG_START_WAIT_S)
-        logger.info("gang of %r: master %s:%d, %d node ranks started", config.model_id, ip,
-                    port, len(specs))
+        logger.info("gang of %r: master %s:%d, %d node ranks started, layout %s",
+                    config.model_id, ip, port, len(specs), layout.to_dict())
 
     async def _warm_up(self) -> None:
         """One real generation (through every rank of a gang) before the replica is ready."""
@@ -361,8 +361,8 @@ class VLLMServer:
         nodes = [self._bundles[i]["node_id"] for i in self._worker_bundle_indices
                  if i < len(self._bundles)]
         config = self._config
-        if len(nodes) != config.workers_per_replica:
-            return
+        if len(nodes) != config.workers_per_replica or config.gang is not None:
+            return      # a gang's node split is cluster.gang's layout, logged at start
         split = tp_groups_split_across_nodes(nodes, config.tensor_parallel_size,
                                              config.pipeline_parallel_size)
         if split:

@@ -212,3 +212,13 @@ def test_status_names_a_dead_or_missing_rank_and_the_replica_it_takes_down():
     assert [(b["rank"], b["state"]) for b in app["broken_ranks"]] == [(1, "missing")]
     # a replica still starting has no broken ranks yet
     assert serve_applications(_details("STARTING"), [], {}, {})["gang"]["broken_ranks"] == []
+
+
+def test_capacity_check_counts_a_gang_per_node_rank():
+    spec = deploy.spec_from_flags(MODEL, tp=2, pp=2, nnodes=2)
+    _, _, preview = build(spec)
+    assert deploy.capacity_problems(preview, CPU2) == []
+    one_node = cluster_of(("10.0.0.1", 2, 0))
+    assert any("spans 2 nodes" in p for p in deploy.capacity_problems(preview, one_node))
+    small = cluster_of(("10.0.0.1", 1, 0), ("10.0.0.2", 1, 0))
+    assert any("needs 2 CPU on one node" in p for p in deploy.capacity_problems(preview, small))

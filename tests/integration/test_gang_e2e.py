@@ -139,28 +139,39 @@ def undeploy_leaves_nothing(sim, inv: Path, name: str) -> None:
         {n: engine_processes(sim, n) for n in PROFILES}
 
 
-def assert_crosses_nodes(sim, endpoint: str, title: str) -> None:
-    """Rank 1's worker on node2 holds connections to node1 and receives more per request."""
-    node1_ip = sim.node("node1").ip
-    pid = worker_pid(sim, "node2", title)
-    before_conns, before = received_from(sim, "node2", pid, node1_ip)
-    assert before_conns >= 1, sim.exec("node2", "ss", "-tnpi").stdout[-3000:]
+def rank_nodes(out: dict) -> tuple[str, str]:
+    """(node of rank 0 = the replica, node of rank 1 = its rank actor), from deploy --json."""
+    (replica,) = out["replicas"]
+    ranks = {r["rank"]: r for r in replica["ranks"]}
+    assert set(ranks) == {0, 1} and ranks[0]["node"] != ranks[1]["node"], replica
+    return ranks[0]["node"], ranks[1]["node"]
+
+
+def assert_crosses_nodes(sim, out: dict, title: str) -> None:
+    """Rank 1's worker holds connections to rank 0's node and receives more per request."""
+    node0, node1 = rank_nodes(out)
+    master_ip = sim.node(node0).ip
+    pid = worker_pid(sim, node1, title)
+    before_conns, before = received_from(sim, node1, pid, master_ip)
+    assert before_conns >= 1, sim.exec(node1, "ss", "-tnpi").stdout[-3000:]
     growth = []
     for _ in range(2):
-        stream(endpoint, tokens=48)
-        _, after = received_from(sim, "node2", pid, node1_ip)
+        stream(out["endpoint"], tokens=48)
+        _, after = received_from(sim, node1, pid, master_ip)
         growth.append(after - before)
         before = after
     assert all(g > 1000 for g in growth), growth
-    print(f"\n{title} on node2: {before_conns} TCP connections to node1, received "
-          f"{growth} bytes per 48-token request")
+    print(f"\n{title} on {node1}: {before_conns} TCP connections to {node0} (rank 0), "
+          f"received {growth} bytes per 48-token request")
 
 
-def assert_rank_logs(sim) -> None:
-    rank1 = ray_logs_grep(sim, "node2", "rank 1 in world size 2 is assigned")
-    rank0 = ray_logs_grep(sim, "node1", "rank 0 in world size 2 is assigned")
-    assert rank1 and rank0, (rank0, rank1)
-    assert not ray_logs_grep(sim, "node1", "rank 1 in world size 2 is assigned")
+def assert_rank_logs(sim, out: dict) -> None:
+    """The workers' own log lines: world size 2, rank 0 on the replica's node, rank 1 on
+    the rank actor's."""
+    node0, node1 = rank_nodes(out)
+    assert ray_logs_grep(sim, node1, "rank 1 in world size 2 is assigned")
+    assert ray_logs_grep(sim, node0, "rank 0 in world size 2 is assigned")
+    assert not ray_logs_grep(sim, node0, "rank 1 in world size 2 is assigned")
 
 
 # ---------------------------------------------------------------- TP 2, one rank per node
@@ -174,24 +185,26 @@ def tp2(inv) -> dict:
 def test_tp2_across_two_nodes_streams_and_reports_its_ranks(sim, inv, tp2):
     assert tp2["placement"]["strategy"] == "STRICT_SPREAD"
     assert stream(tp2["endpoint"])
-    assert worker_pid(sim, "node1", "Worker_TP0") and worker_pid(sim, "node2", "Worker_TP1")
-    assert_crosses_nodes(sim, tp2["endpoint"], "Worker_TP1")
-    assert_rank_logs(sim)
+    node0, node1 = rank_nodes(tp2)
+    assert worker_pid(sim, node0, "Worker_TP0") and worker_pid(sim, node1, "Worker_TP1")
+    assert_crosses_nodes(sim, tp2, "Worker_TP1")
+    assert_rank_logs(sim, tp2)
     (replica,) = tp2["replicas"]
     assert [(r["rank"], r["node"], r["state"]) for r in replica["ranks"]] == \
-        [(0, "node1", "running"), (1, "node2", "running")]
+        [(0, node0, "running"), (1, node1, "running")]
     code, status = cli.json(inv, "status")
     assert code == 0
-    ranks = status["serve"]["applications"]["gang-tp2"]["replicas"][0]["ranks"]
-    assert [(r["rank"], r["node"], r["state"]) for r in ranks] == \
-        [(0, "node1", "running"), (1, "node2", "running")]
+    app = status["serve"]["applications"]["gang-tp2"]
+    assert [(r["rank"], r["node"], r["state"]) for r in app["replicas"][0]["ranks"]] == \
+        [(0, node0, "running"), (1, node1, "running")] and app["broken_ranks"] == []
 
 
 def test_a_killed_remote_rank_fails_fast_and_a_new_gang_serves(sim, inv, tp2):
     endpoint = tp2["endpoint"]
+    _, node1 = rank_nodes(tp2)
     old = {n: set(engine_processes(sim, n)) for n in PROFILES}
-    victim = worker_pid(sim, "node2", "Worker_TP1")
-    sim.exec("node2", "kill", "-9", str(victim), check=True)
+    victim = worker_pid(sim, node1, "Worker_TP1")
+    sim.exec(node1, "kill", "-9", str(victim), check=True)
     killed_at = time.monotonic()
     import openai
     with pytest.raises(openai.APIError):
@@ -211,7 +224,6 @@ def test_a_killed_remote_rank_fails_fast_and_a_new_gang_serves(sim, inv, tp2):
     for node in PROFILES:
         left = old[node] & set(engine_processes(sim, node))
         assert not left, f"{node}: processes of the old gang left: {left}"
-    assert worker_pid(sim, "node2", "Worker_TP1") != victim
     print(f"\nrank 1 worker killed: request failed after {failed_s:.1f} s, new gang answered "
           f"after {recovered_s:.0f} s")
 
@@ -230,9 +242,10 @@ def pp2(inv) -> dict:
 
 def test_pp2_across_two_nodes_streams_and_crosses_nodes(sim, inv, pp2):
     assert stream(pp2["endpoint"])
-    assert worker_pid(sim, "node1", "Worker_PP0") and worker_pid(sim, "node2", "Worker_PP1")
-    assert_crosses_nodes(sim, pp2["endpoint"], "Worker_PP1")
-    assert_rank_logs(sim)
+    node0, node1 = rank_nodes(pp2)
+    assert worker_pid(sim, node0, "Worker_PP0") and worker_pid(sim, node1, "Worker_PP1")
+    assert_crosses_nodes(sim, pp2, "Worker_PP1")
+    assert_rank_logs(sim, pp2)
 
 
 def test_undeploy_pp2_leaves_no_vllm_process(sim, inv, pp2):
