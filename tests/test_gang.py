@@ -222,3 +222,55 @@ def test_capacity_check_counts_a_gang_per_node_rank():
     assert any("spans 2 nodes" in p for p in deploy.capacity_problems(preview, one_node))
     small = cluster_of(("10.0.0.1", 1, 0), ("10.0.0.2", 1, 0))
     assert any("needs 2 CPU on one node" in p for p in deploy.capacity_problems(preview, small))
+
+
+# ---------------------------------------------------------------- rollouts know gangs
+
+
+def _gang_details():
+    """App `gang` (replica r1 on node n1, its node rank 1 on n2, STRICT_SPREAD 2 x 2 CPU)
+    and app `single` (one replica on n2)."""
+    return {"applications": {
+        "gang": {"status": "RUNNING", "deployments": {"vllm-m": {
+            "target_num_replicas": 1,
+            "deployment_config": {"placement_group_bundles": [{"CPU": 2}, {"CPU": 2}],
+                                  "placement_group_strategy": "STRICT_SPREAD"},
+            "replicas": [{"replica_id": "r1", "state": "RUNNING", "node_id": "n1"}]}}},
+        "single": {"status": "RUNNING", "deployments": {"vllm-s": {
+            "target_num_replicas": 1,
+            "deployment_config": {"placement_group_bundles": [{"CPU": 1}]},
+            "replicas": [{"replica_id": "s1", "state": "RUNNING", "node_id": "n2"}]}}}}}
+
+
+RANKS = ({"name": rank_actor_name("gang", "r1", 1), "state": "ALIVE", "node_id": "n2",
+          "pid": 7, "ray_namespace": "cluster-gang"},
+         {"name": rank_actor_name("gang", "r0", 1), "state": "DEAD", "node_id": "n2",
+          "pid": 5, "ray_namespace": "cluster-gang"})
+
+
+def test_draining_a_node_with_a_remote_rank_names_the_app_losing_a_whole_replica():
+    from cluster.ray_state import RayState
+    from cluster.rollout import RolloutOutcome, gang_replicas_on, replicas_lost_with
+
+    assert gang_replicas_on(_gang_details(), RANKS, "n2") == [
+        {"app": "gang", "deployment": "vllm-m", "replica_id": "r1", "state": "RUNNING",
+         "rank": 1}]
+    assert gang_replicas_on(_gang_details(), RANKS, "n1") == []
+    state = RayState("dashboard", "2.60.0", (), _gang_details(), rank_actors=RANKS)
+    out = RolloutOutcome("drain", "node2")
+    out.moved_replicas = replicas_lost_with(state, "n2")
+    doc = out.to_dict()
+    assert doc["apps_losing_replicas"] == ["gang", "single"]
+    assert [r["replica_id"] for r in doc["gang_replicas"]] == ["r1"]
+
+
+def test_capacity_check_counts_every_bundle_of_a_gang_on_distinct_nodes():
+    from cluster.rollout import app_demands, capacity_without
+
+    demands = app_demands(_gang_details())
+    gang = [d for d in demands if d.app == "gang"]
+    assert gang[0].cpus == 4 and gang[0].strategy == "STRICT_SPREAD"
+    # 6 CPUs are left in all, but the gang's two bundles need two distinct nodes
+    verdict = capacity_without(gang, [("node1", {"CPU": 6})])
+    assert not verdict.ok and "fit on no remaining node" in verdict.problems[0]
+    assert capacity_without(gang, [("node1", {"CPU": 2}), ("node3", {"CPU": 2})]).ok
