@@ -165,13 +165,14 @@ def assert_crosses_nodes(sim, out: dict, title: str) -> None:
           f"received {growth} bytes per 48-token request")
 
 
-def assert_rank_logs(sim, out: dict) -> None:
-    """The workers' own log lines: world size 2, rank 0 on the replica's node, rank 1 on
-    the rank actor's."""
-    node0, node1 = rank_nodes(out)
-    assert ray_logs_grep(sim, node1, "rank 1 in world size 2 is assigned")
-    assert ray_logs_grep(sim, node0, "rank 0 in world size 2 is assigned")
-    assert not ray_logs_grep(sim, node0, "rank 1 in world size 2 is assigned")
+def assert_rank_logs(sim, out: dict, titles: tuple[str, str], role: str) -> None:
+    """The workers' own log lines (this gang's worker pids): world size 2, rank 0 on the
+    replica's node, rank 1 on the rank actor's, each in its `role` (e.g. "PP rank")."""
+    for rank, (node, title) in enumerate(zip(rank_nodes(out), titles)):
+        pid = worker_pid(sim, node, title)
+        line = ray_logs_grep(sim, node, rf"\(Worker[A-Z_0-9]* pid={pid}\) .*rank {rank} in "
+                                        rf"world size 2 is assigned as .*{role} {rank}")
+        assert line, f"no 'rank {rank} in world size 2' line of pid {pid} on {node}"
 
 
 # ---------------------------------------------------------------- TP 2, one rank per node
@@ -188,7 +189,7 @@ def test_tp2_across_two_nodes_streams_and_reports_its_ranks(sim, inv, tp2):
     node0, node1 = rank_nodes(tp2)
     assert worker_pid(sim, node0, "Worker_TP0") and worker_pid(sim, node1, "Worker_TP1")
     assert_crosses_nodes(sim, tp2, "Worker_TP1")
-    assert_rank_logs(sim, tp2)
+    assert_rank_logs(sim, tp2, ("Worker_TP0", "Worker_TP1"), "TP rank")
     (replica,) = tp2["replicas"]
     assert [(r["rank"], r["node"], r["state"]) for r in replica["ranks"]] == \
         [(0, node0, "running"), (1, node1, "running")]
@@ -245,7 +246,7 @@ def test_pp2_across_two_nodes_streams_and_crosses_nodes(sim, inv, pp2):
     node0, node1 = rank_nodes(pp2)
     assert worker_pid(sim, node0, "Worker_PP0") and worker_pid(sim, node1, "Worker_PP1")
     assert_crosses_nodes(sim, pp2, "Worker_PP1")
-    assert_rank_logs(sim, pp2)
+    assert_rank_logs(sim, pp2, ("Worker_PP0", "Worker_PP1"), "PP rank")
 
 
 def test_undeploy_pp2_leaves_no_vllm_process(sim, inv, pp2):
