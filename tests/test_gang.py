@@ -274,3 +274,15 @@ def test_capacity_check_counts_every_bundle_of_a_gang_on_distinct_nodes():
     verdict = capacity_without(gang, [("node1", {"CPU": 6})])
     assert not verdict.ok and "fit on no remaining node" in verdict.problems[0]
     assert capacity_without(gang, [("node1", {"CPU": 2}), ("node3", {"CPU": 2})]).ok
+
+
+def test_dense_dp2_of_pp2_gangs_is_two_replicas_each_its_own_strict_spread_group():
+    spec = deploy.spec_from_flags(MODEL, pp=2, dp=2, nnodes=2)
+    app, _, preview = build(spec, cluster_of(("10.0.0.1", 2, 0), ("10.0.0.2", 2, 0),
+                                             ("10.0.0.3", 2, 0), ("10.0.0.4", 2, 0)))
+    assert app["args"]["deployment_config"] == {"num_replicas": 2}
+    assert preview["num_replicas"] == 2 and preview["strategy"] == "STRICT_SPREAD"
+    # Serve reserves one placement group per replica: these bundles, each on its own node
+    assert preview["bundles_per_replica"] == [{"CPU": 1.0}, {"CPU": 1.0}]
+    assert "gang" not in preview      # not MoE gang scheduling: replicas are independent
+    assert deploy.capacity_problems(preview, CPU2) == []

@@ -10,7 +10,8 @@ on node2; `cluster status --json` lists both ranks. kill -9 of rank 1's vLLM wor
 app serves: the next request fails within 15 s, the app answers again within engine start +
 60 s with a new gang, and no process of the old gang is left on either node. Undeploy leaves
 no vLLM process. Then `--tp 1 --pp 2 --nnodes 2` (PP needs vLLM's compile mode, so no
-enforce_eager): it streams, crosses nodes the same way, and undeploys clean.
+enforce_eager): it streams and crosses nodes the same way; `cluster down` with it deployed
+leaves no vLLM process on either node.
 
 Heavy: ~3 vLLM starts (45-100 s each on 2 cores), ~5 GB of memory, 8-12 minutes.
 Run your own instance with SIMCLUSTER_PREFIX/SUBNET/DIR set (see test_deploy_e2e.py).
@@ -249,5 +250,11 @@ def test_pp2_across_two_nodes_streams_and_crosses_nodes(sim, inv, pp2):
     assert_rank_logs(sim, pp2, ("Worker_PP0", "Worker_PP1"), "PP rank")
 
 
-def test_undeploy_pp2_leaves_no_vllm_process(sim, inv, pp2):
-    undeploy_leaves_nothing(sim, inv, "gang-pp2")
+def test_cluster_down_with_a_gang_deployed_leaves_no_vllm_process(sim, inv, pp2):
+    p = cli(inv, "down", "--yes", timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    deadline = time.monotonic() + 60
+    while any(engine_processes(sim, n) for n in PROFILES) and time.monotonic() < deadline:
+        time.sleep(2)
+    assert not any(engine_processes(sim, n) for n in PROFILES), \
+        {n: engine_processes(sim, n) for n in PROFILES}
