@@ -24,6 +24,13 @@ from cluster.errors import UsageError
 
 MAX_NODES = 1024
 MAX_WORLD = 65536
+RANK_NAMESPACE = "cluster-gang"     # the Ray namespace of the rank actors (node ranks > 0)
+
+
+def rank_actor_name(app: str, replica_id: str, rank: int) -> str:
+    """The Ray name of a replica's node rank `rank` actor (serve_apps names it so; `cluster
+    status` and the rollouts find it by it)."""
+    return f"{app}/{replica_id}/rank{rank}"
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from cluster.gang import RANK_NAMESPACE, rank_actor_name
 from cluster.inventory import Inventory, public_env
 from cluster.node_programs import Call, document_of, failure, program_call
 from cluster.shell import env_prefix
@@ -186,12 +187,6 @@ def query_state(session, inventory: Inventory, include_serve: bool = True,
 
 
 MAX_RANK_ACTORS = 100000
-RANK_NAMESPACE = "cluster-gang"        # serve_apps.vllm_app.RANK_NAMESPACE
-
-
-def rank_actor_name(app: str, replica_id: str, rank: int) -> str:
-    """The Ray name of node rank `rank`'s actor (serve_apps/vllm_app.py names it so)."""
-    return f"{app}/{replica_id}/rank{rank}"
 
 
 def app_nnodes(app: Mapping[str, Any]) -> int:

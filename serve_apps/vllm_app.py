@@ -49,9 +49,10 @@ from ray.util.placement_group import (
 )
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from cluster.gang import pick_port
+from cluster.gang import RANK_NAMESPACE, pick_port
 from serve_apps.api_key import read_api_key
 from serve_apps.gang import Gang, RankSpec, kill_tree, port_is_free
+from serve_apps.priority import set_process_priority
 from serve_apps.engine_metrics import stat_loggers
 from serve_apps.config import (
     AppConfig,
@@ -67,7 +68,6 @@ from serve_apps.config import (
 
 logger = logging.getLogger("ray.serve")
 
-RANK_NAMESPACE = "cluster-gang"       # rank actors' Ray namespace (cluster status lists them)
 GANG_START_WAIT_S = 120.0
 HEALTH_ENGINE_TIMEOUT_S = 20.0
 # ~80 tokens: a real generation through every rank before the replica is ready; a long first
@@ -77,31 +77,6 @@ WARM_UP_TOKENS = 4
 
 DP_MASTER_KV_NAMESPACE = "cluster-serve"
 DP_MASTER_WAIT_S = 300.0
-
-
-# ----------------------------------------------------------------------------- process priority
-
-def set_process_priority(nice: int) -> str:
-    """Give every thread of this process the nice value `nice`; returns what happened.
-
-    Ray starts workers (Serve replicas included) at nice 15; on a busy node that starves the
-    API server and the engine core it spawns against anything at nice 0. Linux keeps nice
-    per thread and children inherit their creator thread's value, so set it on all threads
-    before the engine starts. Lowering nice needs root (CAP_SYS_NICE); without it: a warning.
-    """
-    try:
-        tids = [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:
-        tids = [0]
-    before = os.getpriority(os.PRIO_PROCESS, 0)
-    try:
-        for tid in tids:
-            os.setpriority(os.PRIO_PROCESS, tid, nice)
-    except PermissionError:
-        return f"kept nice {before} (lowering it to {nice} needs root or CAP_SYS_NICE)"
-    except ProcessLookupError:
-        pass
-    return f"nice {before} -> {nice} on {len(tids)} threads"
 
 
 # ----------------------------------------------------------------------------- placement
@@ -308,12 +283,13 @@ class VLLMServer:
                 raise AppConfigError(f"node rank {node.node_rank} landed on node rank 0's "
                                      "node: the gang's bundles must be STRICT_SPREAD")
             specs.append(RankSpec(node.node_rank, node.node_rank, bundle["resources"],
-                                  {**app_env, **node_env.get(bundle["node_ip"], {})}))
+                                  {**app_env, **node_env.get(bundle["node_ip"], {})},
+                                  nice=config.process_priority))
         tag = getattr(ctx, "replica_tag", None) or f"pid{os.getpid()}"
         self._gang = Gang(self._pg, specs,
                           period_s=float(config.multi_node.get("watch_period_s", 1.0)),
                           timeout_s=float(config.multi_node.get("watch_timeout_s", 5.0)),
-                          name_prefix=f"{ctx.app_name}/{tag}", namespace=RANK_NAMESPACE)
+                          app=ctx.app_name, replica_id=tag, namespace=RANK_NAMESPACE)
         engine_kwargs, _ = split_vllm_kwargs(self._kwargs)
         self._gang.start(engine_kwargs)
         await self._gang.wait_started(GANG_START_WAIT_S)
