@@ -247,6 +247,30 @@ class Gang:
                 return why
         return None
 
+    def guard_start(self, on_failure) -> threading.Event:
+        """While the replica's engine starts (a blocking call), poll the ranks from a thread;
+        a rank that dies then would leave rank 0 waiting at the process-group rendezvous, so
+        call on_failure(reason) (it kills the starting engine). Set the event to stop."""
+        done = threading.Event()
+
+        def poll():
+            while not done.wait(self._period_s * 2):
+                for spec, actor in self._actors:
+                    try:
+                        status = ray.get(actor.status.remote(), timeout=self._timeout_s * 2)
+                    except Exception as exc:  # noqa: BLE001 - gone or stuck: both fatal
+                        why = f"node rank {spec.node_rank} lost while starting: {exc}"[:500]
+                    else:
+                        why = None if status["state"] in (STARTING, RUNNING) else \
+                            f"node rank {spec.node_rank} failed while starting: {status['error']}"
+                    if why and not done.is_set():
+                        self.error, self.failed_rank = why, spec.node_rank
+                        logger.error("gang broken: %s", why)
+                        on_failure(why)
+                        return
+        threading.Thread(target=poll, daemon=True, name="gang-start-guard").start()
+        return done
+
     def watch(self, on_failure) -> None:
         """Check the ranks every period_s in the running loop; on the first problem call
         on_failure(reason) once and stop watching."""

@@ -51,7 +51,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from cluster.gang import RANK_NAMESPACE, pick_port
 from serve_apps.api_key import read_api_key
-from serve_apps.gang import Gang, RankSpec, kill_tree, port_is_free
+from serve_apps.gang import Gang, RankSpec, descendants, kill_tree, port_is_free
 from serve_apps.priority import set_process_priority
 from serve_apps.engine_metrics import stat_loggers
 from serve_apps.config import (
@@ -253,9 +253,20 @@ class VLLMServer:
         if config.dry_run:
             await self._start_probes()
         else:
+            guard = None
             if config.gang is not None:
                 await self._start_ranks(ctx)
-            self._start_engine()
+                # Children of this process (the engine core and its workers) die if a rank
+                # dies before the engine is up; from_vllm_config then raises.
+                guard = self._gang.guard_start(
+                    lambda why: [kill_tree(pid) for pid in descendants(os.getpid())])
+            try:
+                self._start_engine()
+            finally:
+                if guard is not None:
+                    guard.set()
+            if self._gang is not None and self._gang.error:
+                raise RuntimeError(f"multi-node engine broken at start: {self._gang.error}")
             await self._warm_up()
             if self._gang is not None:
                 self._gang.watch(self._on_gang_failure)
