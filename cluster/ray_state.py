@@ -222,8 +222,9 @@ def replica_ranks(app_name: str, replica: Mapping[str, Any], nnodes: int,
                           "state": "missing"})
             continue
         actor_ip = ip_of_node_id.get(str(actor.get("node_id") or ""))
+        pid = actor.get("pid")
         ranks.append({"rank": rank, "node": name_of_ip.get(actor_ip), "node_ip": actor_ip,
-                      "pid": actor.get("pid"),
+                      "pid": pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
                       "state": "running" if actor.get("state") == "ALIVE" else "dead"})
     return ranks
 

@@ -286,3 +286,12 @@ def test_dense_dp2_of_pp2_gangs_is_two_replicas_each_its_own_strict_spread_group
     assert preview["bundles_per_replica"] == [{"CPU": 1.0}, {"CPU": 1.0}]
     assert "gang" not in preview      # not MoE gang scheduling: replicas are independent
     assert deploy.capacity_problems(preview, CPU2) == []
+
+
+def test_rank_join_ignores_hostile_actor_fields():
+    actors = [{"name": rank_actor_name("gang", "r1", 1), "state": "ALIVE", "pid": "1; rm",
+               "node_id": ["x"], "ray_namespace": "cluster-gang"},
+              {"name": 7, "state": None, "pid": True, "node_id": None, "ray_namespace": "other"}]
+    (replica,) = serve_applications(_details(), actors, {}, {})["gang"]["replicas"]
+    assert replica["ranks"][1] == {"rank": 1, "node": None, "node_ip": None, "pid": None,
+                                   "state": "running"}
