@@ -33,12 +33,17 @@ from typing import Any, Callable, Mapping, Sequence
 import yaml
 
 from cluster.errors import UsageError
+from cluster.gang import gang_layout, nodes_needed
 from cluster.inventory import Inventory, Node, is_secret_name
 from cluster.plan_file import SECRET_ENGINE_ARG_RE, SERVED_NAME_RE, PlanFile
 
 DENSE_IMPORT_PATH = "serve_apps.vllm_app:build_app"
 MOE_IMPORT_PATH = "serve_apps.vllm_app:build_moe_app"
 DEVICES = ("auto", "gpu", "cpu")
+EXECUTORS = ("auto", "native", "ray")
+# A multi-node engine's step timeout (vLLM's default 300 s): the gang watch fails a broken
+# gang within seconds; this bounds what the watch cannot see (a rank that answers but hangs).
+GANG_EXECUTE_TIMEOUT_S = "60"
 STRATEGIES = ("PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD")
 DEFAULT_API_KEY_ENV = "CLUSTER_API_KEY"
 DEFAULT_TIMEOUT_S = 900.0
@@ -54,7 +59,8 @@ ENGINE_ARG_RE = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")
 RESERVED_ENGINE_ARGS = ("model", "served_model_name", "tensor_parallel_size",
                         "pipeline_parallel_size", "data_parallel_size", "enable_expert_parallel",
                         "api_key", "distributed_executor_backend", "data_parallel_rank",
-                        "data_parallel_address", "data_parallel_rpc_port")
+                        "data_parallel_address", "data_parallel_rpc_port", "nnodes",
+                        "node_rank", "master_addr", "master_port")
 # Per-node by nature: set at `ray start` from the inventory, never cluster-wide.
 PER_NODE_ENV = ("VLLM_HOST_IP",)
 # Engine args that mean nothing to vLLM's CPU backend (it sizes KV with VLLM_CPU_KVCACHE_SPACE).
@@ -85,6 +91,8 @@ class DeploySpec:
     device: str = "auto"
     source: str = "flags"
     placement_only: bool = False       # serve_apps dry_run: probe actors in the bundles, no engine
+    nnodes: int | None = None          # nodes one engine spans (None: the fewest that fit)
+    executor: str = "auto"             # serve_apps executor: auto | native | ray
 
     @property
     def workers_per_replica(self) -> int:
@@ -110,7 +118,8 @@ class DeploySpec:
                 "route_prefix": self.route, "env": dict(self.env),
                 "request_logging": self.request_logging, "device": self.device,
                 "source": self.source, "import_path": self.import_path,
-                "placement_only": self.placement_only}
+                "placement_only": self.placement_only, "nnodes": self.nnodes,
+                "executor": self.executor}
 
 
 def app_name_for(served_model_name: str) -> str:
@@ -205,7 +214,8 @@ def spec_from_flags(model: str, *, tp: int | None = None, pp: int | None = None,
                     api_key_env: str | None = DEFAULT_API_KEY_ENV,
                     route_prefix: str | None = None, env: Mapping[str, str] = (),
                     request_logging: bool = False, device: str = "auto",
-                    placement_only: bool = False) -> DeploySpec:
+                    placement_only: bool = False, nnodes: int | None = None,
+                    executor: str = "auto") -> DeploySpec:
     """--model PATH [--tp N] [--pp N] [--dp N]: dense replicas = DP, or MoE DP+EP ranks."""
     model = _check_model_path(model)
     tp, pp, dp = _positive(tp, "--tp"), _positive(pp, "--pp"), _positive(dp, "--dp")
@@ -220,7 +230,7 @@ def spec_from_flags(model: str, *, tp: int | None = None, pp: int | None = None,
         replicas=1 if expert_parallel else dp, expert_parallel=expert_parallel,
         engine_kwargs=kwargs, api_key_env=api_key_env, route_prefix=route_prefix,
         env=dict(env or {}), request_logging=request_logging, device=device, source="flags",
-        placement_only=placement_only))
+        placement_only=placement_only, nnodes=nnodes, executor=executor))
 
 
 def spec_from_plan(plan: PlanFile, *, model: str | None = None, name: str | None = None,
@@ -229,7 +239,8 @@ def spec_from_plan(plan: PlanFile, *, model: str | None = None, name: str | None
                    api_key_env: str | None = DEFAULT_API_KEY_ENV,
                    route_prefix: str | None = None, env: Mapping[str, str] = (),
                    request_logging: bool = False, device: str = "auto",
-                   placement_only: bool = False) -> DeploySpec:
+                   placement_only: bool = False, nnodes: int | None = None,
+                   executor: str | None = None) -> DeploySpec:
     """A validated plan file (cluster plan --out) -> DeploySpec; flags override its names."""
     kwargs = {k: v for k, v in plan.engine_args.items()
               if k not in ("model", "served_model_name", "tensor_parallel_size",
@@ -257,7 +268,9 @@ def spec_from_plan(plan: PlanFile, *, model: str | None = None, name: str | None
         replicas=plan.replicas, expert_parallel=ep, engine_kwargs=kwargs,
         placement_strategy=plan.placement_strategy, api_key_env=api_key_env,
         route_prefix=route_prefix, env=dict(env or {}), request_logging=request_logging,
-        device=device, source=f"plan:{plan.path}", placement_only=placement_only))
+        device=device, source=f"plan:{plan.path}", placement_only=placement_only,
+        nnodes=nnodes if nnodes is not None else plan.nnodes,
+        executor=executor or plan.executor or "auto"))
 
 
 def _max_len(value: int) -> int:
@@ -275,7 +288,34 @@ def _finish(spec: DeploySpec) -> DeploySpec:
     check_user_env(spec.env, spec.api_key_env)
     if spec.placement_strategy is not None and spec.placement_strategy not in STRATEGIES:
         raise UsageError(f"placement strategy {spec.placement_strategy!r} not in {STRATEGIES}")
+    if spec.executor not in EXECUTORS:
+        raise UsageError(f"--executor must be one of {', '.join(EXECUTORS)}, got {spec.executor!r}")
+    if spec.nnodes is not None:
+        if spec.executor == "ray" and spec.nnodes > 1:
+            raise UsageError("--nnodes > 1 is vLLM's native multi-node mode; --executor ray "
+                             "places the workers itself")
+        if spec.expert_parallel and spec.nnodes > 1:
+            raise UsageError("--nnodes with --expert-parallel: MoE DP ranks are replicas")
+        gang_layout(spec.tensor_parallel_size, spec.pipeline_parallel_size, spec.nnodes)
     return spec
+
+
+def engine_nodes(spec: DeploySpec, device: str, cluster: ClusterView) -> int:
+    """Nodes one engine spans: --nnodes (or the plan's), else with the native executor the
+    fewest nodes whose smallest can hold each node's share (TP inside nodes, PP across),
+    else 1 (vLLM's Ray executor spreads the workers itself)."""
+    if spec.nnodes is not None:
+        return spec.nnodes
+    if spec.expert_parallel or spec.executor == "ray" or (spec.executor == "auto"
+                                                         and device == "gpu"):
+        return 1
+    per_node = int(cluster.min_per_node("GPU" if device == "gpu" else "CPU"))
+    if per_node < 1 or spec.workers_per_replica <= per_node:
+        return 1
+    try:
+        return nodes_needed(spec.tensor_parallel_size, spec.pipeline_parallel_size, per_node)
+    except UsageError:
+        return 1        # a TP group larger than a node: the capacity check names it
 
 
 # ---------------------------------------------------------------- the cluster as Ray sees it
@@ -365,13 +405,14 @@ def runtime_env_vars(spec: DeploySpec, device: str, cluster: ClusterView,
     Cluster-wide values only: per-node ones (VLLM_HOST_IP, differing NCCL interfaces) are set
     at `ray start` from the inventory. Flags (--env) win over these defaults.
     """
+    nnodes = engine_nodes(spec, device, cluster)
     env = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
            # The model is a local directory, checked on every node: never reach for the Hub.
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     if device == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = DEFAULT_CPU_KVCACHE_GIB
-        workers = spec.workers_per_replica
-        if workers > 1:
+        workers = spec.workers_per_replica // nnodes     # the workers on each node
+        if workers > 1 or nnodes > 1:
             cpus = int(cluster.min_per_node("CPU"))
             env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_bind_list(cpus, workers)
             env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
@@ -385,8 +426,25 @@ def runtime_env_vars(spec: DeploySpec, device: str, cluster: ClusterView,
             env["GLOO_SOCKET_IFNAME"] = gloo
         if hcas:
             env["NCCL_IB_HCA"] = hcas
+    if nnodes > 1:
+        env["VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"] = GANG_EXECUTE_TIMEOUT_S
     env.update(check_user_env(spec.env, spec.api_key_env))
     return env
+
+
+def node_env(node: Node) -> dict[str, str]:
+    """The per-node fabric env of one rank (VLLM_HOST_IP, NCCL/GLOO interfaces, HCAs): the
+    same values `ray start` gives the node (cluster.ray_cluster.fabric_env)."""
+    from cluster.ray_cluster import fabric_env
+
+    return fabric_env(node)
+
+
+def multi_node_args(inventory: Inventory) -> dict[str, Any]:
+    """The app's multi_node args: the inventory's gang port range and every node's env."""
+    r = inventory.ray
+    return {"port_min": r.vllm_port_min, "port_max": r.vllm_port_max,
+            "node_env": {n.ip: node_env(n) for n in inventory.nodes}}
 
 
 def placement_strategy(spec: DeploySpec, device: str, cluster: ClusterView) -> str:
@@ -401,10 +459,13 @@ def placement_strategy(spec: DeploySpec, device: str, cluster: ClusterView) -> s
     return "STRICT_PACK"
 
 
-def engine_kwargs_for(spec: DeploySpec, device: str) -> tuple[dict[str, Any], list[str]]:
+def engine_kwargs_for(spec: DeploySpec, device: str,
+                      nnodes: int = 1) -> tuple[dict[str, Any], list[str]]:
     """(engine kwargs for the app args, notes on what was dropped or set)."""
     kwargs: dict[str, Any] = {"tensor_parallel_size": spec.tensor_parallel_size,
                               "pipeline_parallel_size": spec.pipeline_parallel_size}
+    if nnodes > 1:
+        kwargs["nnodes"] = nnodes
     if spec.expert_parallel:
         kwargs["data_parallel_size"] = spec.data_parallel_size
         kwargs["enable_expert_parallel"] = True
@@ -428,7 +489,8 @@ def build_application(spec: DeploySpec, device: str, cluster: ClusterView,
     """
     if device not in ("cpu", "gpu"):
         raise UsageError(f"device must be cpu or gpu here, got {device!r}")
-    kwargs, notes = engine_kwargs_for(spec, device)
+    nnodes = engine_nodes(spec, device, cluster)
+    kwargs, notes = engine_kwargs_for(spec, device, nnodes)
     per_worker = {"GPU": 1, "CPU": 1} if device == "gpu" else {"CPU": 1}
     args: dict[str, Any] = {
         "model_loading_config": {"model_id": spec.served_model_name,
@@ -441,7 +503,15 @@ def build_application(spec: DeploySpec, device: str, cluster: ClusterView,
         "api_key_env": spec.api_key_env,
         "enable_request_logging": spec.request_logging,
         "device": device,
+        "executor": spec.executor,
     }
+    if nnodes > 1:
+        args["multi_node"] = multi_node_args(inventory)
+        layout = gang_layout(spec.tensor_parallel_size, spec.pipeline_parallel_size, nnodes)
+        notes.append(f"multi-node engine: {nnodes} nodes x {layout.local} ranks (vLLM native, "
+                     f"master port from {inventory.ray.vllm_port_min}-"
+                     f"{inventory.ray.vllm_port_max})" +
+                     ("; a stage's TP group spans nodes" if layout.tp_split else ""))
     if spec.placement_only:
         args["dry_run"] = True
         notes.append("placement only: probe actors hold the bundles, no engine starts and "
@@ -511,6 +581,14 @@ def capacity_problems(preview: Mapping[str, Any], cluster: ClusterView) -> list[
     bundles = preview.get("bundles_per_replica") or []
     replicas = preview.get("num_replicas") or 1
     problems = []
+    if preview.get("strategy") == "STRICT_SPREAD" and len(bundles) > len(cluster.nodes):
+        problems.append(f"one replica spans {len(bundles)} nodes (one bundle per node rank, "
+                        f"STRICT_SPREAD); Ray has {len(cluster.nodes)} alive node(s)")
+    for resource in ("GPU", "CPU"):
+        biggest = max((float(b.get(resource, 0)) for b in bundles), default=0.0)
+        if preview.get("strategy") == "STRICT_SPREAD" and biggest > cluster.max_per_node(resource):
+            problems.append(f"a node rank needs {biggest:g} {resource} on one node; the largest "
+                            f"node has {cluster.max_per_node(resource):g}")
     for resource in ("GPU", "CPU"):
         need = sum(float(b.get(resource, 0)) for b in bundles)
         if not need:

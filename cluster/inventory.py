@@ -143,6 +143,8 @@ class RayOptions:
     serve_ingress: str = "haproxy"      # haproxy | proxy (see SERVE_INGRESS)
     metrics: str = "off"                # off | prometheus (see METRICS: Prometheus on the head)
     prometheus_port: int = 9090         # the head's Prometheus, bound to its loopback
+    vllm_port_min: int = 29500          # multi-node vLLM engines: master ports (torch
+    vllm_port_max: int = 29599          #   distributed) come from this range, one per replica
     grafana_url: str | None = None      # an existing Grafana (RAY_GRAFANA_HOST)
     grafana_iframe_url: str | None = None   # what the browser loads (default: grafana_url)
 
@@ -675,6 +677,7 @@ _RAY_INT_KEYS = {"port": (1, 65535), "dashboard_port": (1, 65535),
                  "dashboard_agent_grpc_port": (1024, 65535),
                  "runtime_env_agent_port": (1024, 65535), "metrics_export_port": (1024, 65535),
                  "prometheus_port": (1, 65535),
+                 "vllm_port_min": (1024, 65535), "vllm_port_max": (1024, 65535),
                  "object_store_memory": (78643200, 1 << 50), "num_cpus": (1, 4096),
                  "memory": (1 << 20, 1 << 50)}
 
@@ -757,6 +760,12 @@ def _ray_options(v: _Validator, raw: Any) -> RayOptions:
     values["grafana_iframe_url"] = values["grafana_iframe_url"] or values["grafana_url"]
     if values["min_worker_port"] > values["max_worker_port"]:
         raise v.doc.fail(at + ("min_worker_port",), "must not exceed max_worker_port")
+    if values["vllm_port_min"] > values["vllm_port_max"]:
+        raise v.doc.fail(at + ("vllm_port_min",), "must not exceed vllm_port_max")
+    if values["vllm_port_min"] <= values["max_worker_port"] and \
+            values["min_worker_port"] <= values["vllm_port_max"]:
+        raise v.doc.fail(at + ("vllm_port_min",), "the vLLM port range must not overlap Ray's "
+                         "worker port range (min_worker_port..max_worker_port)")
     return RayOptions(**values)
 
 

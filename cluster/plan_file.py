@@ -71,6 +71,8 @@ class PlanFile:
     engine_args: Mapping[str, Any] = field(default_factory=dict)
     placement_strategy: str | None = None
     max_model_len: int | None = None
+    nnodes: int | None = None          # placement.gang.nnodes: one engine over nodes (native)
+    executor: str | None = None        # placement.executor: auto | native | ray
 
     @property
     def workers_per_replica(self) -> int:
@@ -188,6 +190,26 @@ def _placement_strategy(doc: _Doc, raw: Any) -> str | None:
     return strategy
 
 
+EXECUTORS = ("auto", "native", "ray")
+
+
+def _gang(doc: _Doc, raw: Any) -> tuple[int | None, str | None]:
+    """(placement.gang.nnodes, placement.executor) of a plan (None, None when absent)."""
+    if not isinstance(raw, dict):
+        return None, None
+    executor = raw.get("executor")
+    if executor is not None and executor not in EXECUTORS:
+        raise doc.fail(("placement", "executor"), f"must be one of {', '.join(EXECUTORS)}, "
+                                                  f"got {executor!r}")
+    gang = raw.get("gang")
+    if gang is None:
+        return None, executor
+    if not isinstance(gang, dict):
+        raise doc.fail(("placement", "gang"), f"must be a mapping, got {_type_name(gang)}")
+    nnodes = _positive_int(doc, gang.get("nnodes"), ("placement", "gang", "nnodes"), 1)
+    return nnodes, executor
+
+
 def parse_plan(text: str, path: str = "<plan>") -> PlanFile:
     """Validate plan text. Raises PlanFileError naming path:line and key."""
     doc = yamlfile.parse(text, path=path, error=PlanFileError, max_bytes=MAX_BYTES,
@@ -238,6 +260,7 @@ def parse_plan(text: str, path: str = "<plan>") -> PlanFile:
         raise doc.fail(("engine_args", "data_parallel_size"),
                         "must be 1 for a dense model (replicas are separate engines)")
     strategy = _placement_strategy(doc, top.get("placement"))
+    nnodes, executor = _gang(doc, top.get("placement"))
     validation = top.get("validation")
     if validation is not None:
         if not isinstance(validation, dict):
@@ -249,7 +272,7 @@ def parse_plan(text: str, path: str = "<plan>") -> PlanFile:
     return PlanFile(path=path, model=model, served_model_name=served, tensor_parallel_size=tp,
                     pipeline_parallel_size=pp, data_parallel_size=dp, enable_expert_parallel=ep,
                     replicas=replicas, engine_args=engine_args, placement_strategy=strategy,
-                    max_model_len=max_len)
+                    max_model_len=max_len, nnodes=nnodes, executor=executor)
 
 
 def load_plan(path: str | Path) -> PlanFile:

@@ -35,6 +35,7 @@ import yaml
 
 from cluster.bounds import bound, check_float, check_int
 from cluster.errors import PlanError, UsageError
+from cluster.gang import gang_layout
 from cluster.modelinfo import DTYPE_BYTES, ModelInfo, read_json_file
 from cluster.textsafe import safe_line
 
@@ -229,6 +230,31 @@ class Placement:
     nodes_per_replica: int
     strategy: str
     replica_nodes: tuple[tuple[tuple[str, int], ...], ...]   # per replica: (node, GPUs)
+    tp: int = 1
+    pp: int = 1
+    expert_parallel: bool = False
+
+    def gang(self) -> dict[str, Any] | None:
+        """A replica larger than a node: vLLM's native multi-node layout (which ranks on
+        which node rank, cluster.gang), or None (one node, or a split vLLM cannot run)."""
+        if self.nodes_per_replica <= 1 or self.expert_parallel:
+            return None
+        try:
+            return gang_layout(self.tp, self.pp, self.nodes_per_replica).to_dict()
+        except UsageError:
+            return None
+
+    def executor(self) -> tuple[str, str]:
+        """(executor, why) for `cluster deploy --plan` (serve_apps' `executor`)."""
+        if self.gang() is not None:
+            return "native", (f"one engine over {self.nodes_per_replica} nodes: vLLM's native "
+                              "multi-node mode (node rank 0 in the replica, the others headless "
+                              "rank actors), what vLLM's own multi-node guide runs")
+        if self.nodes_per_replica > 1:
+            return "ray", (f"TP {self.tp} x PP {self.pp} does not split evenly into whole "
+                           f"TP groups over {self.nodes_per_replica} nodes; vLLM's Ray "
+                           "executor places the workers")
+        return "auto", "one node per replica"
 
     def bundles_per_node(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -238,10 +264,12 @@ class Placement:
         return out
 
     def to_dict(self) -> dict[str, Any]:
+        executor, why = self.executor()
         return {"replicas": self.replicas, "gpus_per_replica": self.gpus_per_replica,
                 "nodes_per_replica": self.nodes_per_replica, "bundle": {"GPU": 1},
                 "strategy": self.strategy, "bundles_per_node": self.bundles_per_node(),
-                "replica_nodes": [dict(r) for r in self.replica_nodes]}
+                "replica_nodes": [dict(r) for r in self.replica_nodes],
+                "executor": executor, "executor_reason": why, "gang": self.gang()}
 
 
 @dataclass(frozen=True)
@@ -599,7 +627,8 @@ def _placement(hw: _Hardware, layout: _Layout) -> Placement:
             chunk = names[i * nodes_per:(i + 1) * nodes_per]
             replicas.append(tuple((node, g) for node in chunk))
     strategy = "STRICT_PACK" if nodes_per == 1 else "PACK"
-    return Placement(len(replicas), size, nodes_per, strategy, tuple(replicas))
+    return Placement(len(replicas), size, nodes_per, strategy, tuple(replicas),
+                     tp=layout.tp, pp=layout.pp, expert_parallel=layout.ep)
 
 
 def _fmt_gib(b: float) -> str:

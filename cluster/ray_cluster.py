@@ -47,6 +47,20 @@ def ray_cli(inventory: Inventory) -> list[str]:
     return [inventory.ray.python, "-m", "ray.scripts.scripts"]
 
 
+def fabric_env(node: Node) -> dict[str, str]:
+    """The node's own network env for Ray workers and vLLM ranks: NCCL/GLOO interfaces,
+    HCAs, VLLM_HOST_IP = the node's IP."""
+    env = {}
+    if node.nccl_socket_ifname:
+        env["NCCL_SOCKET_IFNAME"] = node.nccl_socket_ifname
+    if node.gloo_socket_ifname:
+        env["GLOO_SOCKET_IFNAME"] = node.gloo_socket_ifname
+    if node.ib_hcas:
+        env["NCCL_IB_HCA"] = ",".join(node.ib_hcas)
+    env["VLLM_HOST_IP"] = node.ip
+    return env
+
+
 def start_env(node: Node, auth_mode: str | None = None,
               serve_ingress: str = RayOptions.serve_ingress,
               ray: RayOptions | None = None) -> dict[str, str]:
@@ -62,13 +76,7 @@ def start_env(node: Node, auth_mode: str | None = None,
     cluster/prometheus_head.py), read by Ray's dashboard at start.
     """
     env = dict(node.env)
-    if node.nccl_socket_ifname:
-        env["NCCL_SOCKET_IFNAME"] = node.nccl_socket_ifname
-    if node.gloo_socket_ifname:
-        env["GLOO_SOCKET_IFNAME"] = node.gloo_socket_ifname
-    if node.ib_hcas:
-        env["NCCL_IB_HCA"] = ",".join(node.ib_hcas)
-    env["VLLM_HOST_IP"] = node.ip
+    env.update(fabric_env(node))
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     if auth_mode:
         env["RAY_AUTH_MODE"] = auth_mode

@@ -17,6 +17,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from cluster.gang import RANK_NAMESPACE, rank_actor_name
 from cluster.inventory import Inventory, public_env
 from cluster.node_programs import Call, document_of, failure, program_call
 from cluster.shell import env_prefix
@@ -77,6 +78,7 @@ class RayState:
     nodes: tuple[GcsNode, ...] | None  # None when neither the dashboard nor the GCS answered
     serve: Mapping[str, Any] | None
     errors: tuple[str, ...] = ()
+    rank_actors: tuple[Mapping[str, Any], ...] = ()   # multi-node engines' rank actors
 
     @property
     def answered(self) -> bool:
@@ -85,7 +87,8 @@ class RayState:
     def to_dict(self) -> dict[str, Any]:
         return {"source": self.source, "ray_version": self.ray_version,
                 "nodes": None if self.nodes is None else [n.to_dict() for n in self.nodes],
-                "serve": self.serve, "errors": list(self.errors)}
+                "serve": self.serve, "rank_actors": [dict(a) for a in self.rank_actors],
+                "errors": list(self.errors)}
 
 
 # ---------------------------------------------------------------- the query (one SSH command)
@@ -144,8 +147,10 @@ def parse_state_output(data: Mapping[str, Any]) -> RayState:
     nodes = None
     if data.get("nodes") is not None:
         nodes = tuple(_gcs_node(raw) for raw in data["nodes"])
+    actors = data.get("rank_actors") or ()
     return RayState(source=data.get("source"), ray_version=data.get("ray_version"), nodes=nodes,
-                    serve=data.get("serve"), errors=tuple(data.get("errors") or ()))
+                    serve=data.get("serve"), errors=tuple(data.get("errors") or ()),
+                    rank_actors=tuple(a for a in actors if isinstance(a, dict))[:MAX_RANK_ACTORS])
 
 
 def state_of(result, head: str) -> RayState:
@@ -181,6 +186,49 @@ def query_state(session, inventory: Inventory, include_serve: bool = True,
 # ---------------------------------------------------------------- matching Ray to the inventory
 
 
+MAX_RANK_ACTORS = 100000
+
+
+def app_nnodes(app: Mapping[str, Any]) -> int:
+    """engine_kwargs.nnodes of a Serve application's deployed args (1 when absent/odd)."""
+    config = app.get("deployed_app_config") or {}
+    args = config.get("args") if isinstance(config, Mapping) else None
+    kwargs = (args or {}).get("engine_kwargs") if isinstance(args, Mapping) else None
+    value = (kwargs or {}).get("nnodes", 1) if isinstance(kwargs, Mapping) else 1
+    return value if isinstance(value, int) and not isinstance(value, bool) \
+        and 1 <= value <= 1024 else 1
+
+
+def replica_ranks(app_name: str, replica: Mapping[str, Any], nnodes: int,
+                  actors: Sequence[Mapping[str, Any]], ip_of_node_id: Mapping[str, str],
+                  name_of_ip: Mapping[str, str]) -> list[dict[str, Any]]:
+    """[{rank, node, node_ip, pid, state}] of one replica: node rank 0 is the replica itself,
+    node rank n its rank actor (state running / dead / missing) (pure)."""
+    ip = replica.get("node_ip")
+    state = str(replica.get("state") or "?")
+    ranks = [{"rank": 0, "node": name_of_ip.get(ip), "node_ip": ip, "pid": replica.get("pid"),
+              "state": "running" if state == "RUNNING" else state.lower()}]
+    by_name: dict[str, Mapping[str, Any]] = {}
+    for actor in actors:
+        if actor.get("ray_namespace") not in (None, RANK_NAMESPACE):
+            continue
+        name = str(actor.get("name") or "")
+        if name not in by_name or actor.get("state") == "ALIVE":
+            by_name[name] = actor
+    for rank in range(1, nnodes):
+        actor = by_name.get(rank_actor_name(app_name, str(replica.get("replica_id")), rank))
+        if actor is None:
+            ranks.append({"rank": rank, "node": None, "node_ip": None, "pid": None,
+                          "state": "missing"})
+            continue
+        actor_ip = ip_of_node_id.get(str(actor.get("node_id") or ""))
+        pid = actor.get("pid")
+        ranks.append({"rank": rank, "node": name_of_ip.get(actor_ip), "node_ip": actor_ip,
+                      "pid": pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
+                      "state": "running" if actor.get("state") == "ALIVE" else "dead"})
+    return ranks
+
+
 def node_for_ip(nodes: Sequence[GcsNode], ip: str) -> GcsNode | None:
     """The GCS entry for an IP: the alive one (newest if several), else the newest dead one."""
     matches = [n for n in nodes if n.ip == ip]
@@ -204,8 +252,9 @@ def cluster_status(inventory: Inventory, state: RayState, head_reached: bool = T
                  "reachable": head_reached, "answered": state.answered,
                  "source": state.source},
         "nodes": [],
-        "serve": {"applications": serve_applications(state.serve)} if state.serve is not None
-        else None,
+        "serve": {"applications": serve_applications(
+            state.serve, state.rank_actors, {n.node_id: n.ip for n in state.nodes or ()},
+            {n.ip: n.name for n in inventory.nodes})} if state.serve is not None else None,
         "missing": [],
         "errors": list(state.errors),
     }
@@ -235,18 +284,36 @@ def _node_doc(name: str | None, entry: GcsNode) -> dict[str, Any]:
             "labels": dict(entry.labels), "state_message": entry.state_message}
 
 
-def serve_applications(details: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Serve's instance details -> {app: {status, route_prefix, message, deployments}}."""
+def serve_applications(details: Mapping[str, Any] | None,
+                       rank_actors: Sequence[Mapping[str, Any]] = (),
+                       ip_of_node_id: Mapping[str, str] | None = None,
+                       name_of_ip: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Serve's instance details -> {app: {status, route_prefix, message, deployments,
+    replicas: [{replica_id, deployment, state, node, node_ip, pid, ranks}], broken_ranks}}.
+    broken_ranks: the ranks of a multi-node engine that are dead or missing while their
+    replica is RUNNING (each takes the whole replica, so the app, down with it)."""
     apps: dict[str, Any] = {}
+    ip_of_node_id, name_of_ip = ip_of_node_id or {}, name_of_ip or {}
     for name, app in ((details or {}).get("applications") or {}).items():
-        deployments = {}
+        deployments, replicas_doc, broken = {}, [], []
+        nnodes = app_nnodes(app)
         for dname, dep in (app.get("deployments") or {}).items():
             replicas = dep.get("replicas") or []
             running = sum(1 for r in replicas if r.get("state") == "RUNNING")
             deployments[dname] = {"status": dep.get("status"), "message": dep.get("message") or "",
                                   "replicas": len(replicas), "running_replicas": running}
+            for r in replicas:
+                ranks = replica_ranks(name, r, nnodes, rank_actors, ip_of_node_id, name_of_ip)
+                replicas_doc.append({"replica_id": r.get("replica_id"), "deployment": dname,
+                                     "state": r.get("state"), "node": ranks[0]["node"],
+                                     "node_ip": r.get("node_ip"), "pid": r.get("pid"),
+                                     "ranks": ranks})
+                if r.get("state") == "RUNNING":
+                    broken += [{"replica_id": r.get("replica_id"), **rank} for rank in ranks[1:]
+                               if rank["state"] != "running"]
         apps[name] = {"status": app.get("status"), "route_prefix": app.get("route_prefix"),
-                      "message": app.get("message") or "", "deployments": deployments}
+                      "message": app.get("message") or "", "deployments": deployments,
+                      "nnodes": nnodes, "replicas": replicas_doc, "broken_ranks": broken}
     return apps
 
 

@@ -48,8 +48,9 @@ def _samples(lo: int, hi: int, count: int) -> list[int]:
 
 def served_ports(node: Node, inventory: Inventory, th: Mapping[str, Any]) -> dict[int, str]:
     """The ports other nodes connect to on `node`: Ray's; samples of the worker range (Ray
-    workers); with Serve's HAProxy ingress, samples of the replicas' HTTP port range. The
-    dashboard only when not on loopback."""
+    workers); with Serve's HAProxy ingress, samples of the replicas' HTTP port range; samples
+    of the multi-node vLLM master port range (ray.vllm_port_min..max: a rank on another node
+    connects to its master there). The dashboard only when not on loopback."""
     ports = dict(ray_ports(node, inventory))
     r = inventory.ray
     if r.dashboard_host in _LOOPBACK_HOSTS:
@@ -64,6 +65,8 @@ def served_ports(node: Node, inventory: Inventory, th: Mapping[str, Any]) -> dic
     if r.serve_ingress == "haproxy":
         for port in _samples(replica[0], replica[1], count):
             ports.setdefault(port, "Serve replica port range")
+    for port in _samples(r.vllm_port_min, r.vllm_port_max, count):
+        ports.setdefault(port, "vLLM multi-node master port range")
     return ports
 
 

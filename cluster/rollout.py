@@ -300,6 +300,41 @@ def replicas_on(serve_details: Mapping[str, Any] | None, node_id: str) -> list[d
     return out
 
 
+def gang_replicas_on(serve_details: Mapping[str, Any] | None,
+                     rank_actors: Sequence[Mapping[str, Any]], node_id: str
+                     ) -> list[dict[str, Any]]:
+    """Replicas of multi-node engines whose node rank > 0 (a rank actor) is on the node, the
+    replica itself elsewhere: each loses its whole engine with the node.
+    [{app, deployment, replica_id, state, rank}] (pure)."""
+    replicas = {}
+    for app_name, app in ((serve_details or {}).get("applications") or {}).items():
+        for dname, dep in (app.get("deployments") or {}).items():
+            for r in dep.get("replicas") or []:
+                replicas[(app_name, str(r.get("replica_id")))] = (dname, r)
+    out = []
+    for actor in rank_actors:
+        if actor.get("node_id") != node_id or actor.get("state") != "ALIVE":
+            continue
+        app_name, _, rest = str(actor.get("name") or "").partition("/")
+        replica_id, _, rank = rest.rpartition("/rank")
+        found = replicas.get((app_name, replica_id))
+        if found is None or not rank.isdigit():
+            continue
+        dname, r = found
+        if r.get("node_id") == node_id or r.get("state") in ("STOPPING",):
+            continue    # the replica itself is on the node: replicas_on lists it
+        out.append({"app": app_name, "deployment": dname, "replica_id": replica_id,
+                    "state": r.get("state"), "rank": int(rank)})
+    return out
+
+
+def replicas_lost_with(state: RayState, node_id: str) -> list[dict[str, Any]]:
+    """Every replica that goes down with the node: its own, and the multi-node replicas
+    holding a rank there (those carry `rank`)."""
+    return replicas_on(state.serve, node_id) + gang_replicas_on(state.serve, state.rank_actors,
+                                                                node_id)
+
+
 def apps_not_running(serve_details: Mapping[str, Any] | None) -> list[str]:
     return [f"{name}: {app.get('status')}"
             for name, app in ((serve_details or {}).get("applications") or {}).items()
@@ -328,6 +363,8 @@ class RolloutOutcome:
                 "capacity": self.capacity.to_dict() if self.capacity else None,
                 "planned": self.planned, "steps": self.steps,
                 "moved_replicas": self.moved_replicas, "new_node_id": self.new_node_id,
+                "apps_losing_replicas": sorted({r["app"] for r in self.moved_replicas}),
+                "gang_replicas": [r for r in self.moved_replicas if "rank" in r],
                 "results": [r.to_dict() for r in self.results]}
 
     def step(self, name: str, status: str, message: str, **extra: Any) -> None:

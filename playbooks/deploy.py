@@ -57,6 +57,18 @@ def run(inventory: Inventory, session, options: DeployOptions, confirm: Callable
     return out
 
 
+def _replica_ranks(session, inv, name: str) -> list[dict[str, Any]]:
+    """The app's replicas with their ranks ([{rank, node, node_ip, pid, state}] each), read
+    once more from the head (Serve details + the rank actors in Ray's state API)."""
+    from cluster.ray_state import query_state, serve_applications
+
+    state, _ = query_state(session, inv, include_serve=True)
+    apps = serve_applications(state.serve, state.rank_actors,
+                              {n.node_id: n.ip for n in state.nodes or ()},
+                              {n.ip: n.name for n in inv.nodes})
+    return (apps.get(name) or {}).get("replicas") or []
+
+
 def _deploy(inv, session, options: DeployOptions, confirm, say, write_config,
             doc: dict[str, Any], client) -> int:
     """Prepare (config, checks), then apply and wait. Fills `doc`; returns the exit code."""
@@ -135,6 +147,7 @@ def _deploy(inv, session, options: DeployOptions, confirm, say, write_config,
                waited_s=round(outcome.waited_s, 1),
                app=outcome.state.to_dict() if outcome.state else None)
     if outcome.running:
+        doc["replicas"] = _replica_ranks(session, inv, spec.name)
         return 0
     doc["error"] = deploy.failure_reason(outcome, options.timeout_s)
     say(f"not RUNNING: {doc['error']}; reading the replica logs")

@@ -22,7 +22,7 @@ from cluster.ray_cluster import CHANGED, FAILED
 from cluster.ray_state import GcsNode, RayState, node_for_ip, query_state
 from cluster.rollout import (DEFAULT_DRAIN_DEADLINE_S, DEFAULT_MOVE_WAIT_S, DRAIN_TIMEOUT_S,
                              RolloutOutcome, app_demands, apps_not_running, capacity_without,
-                             drain_command, remaining_nodes, replicas_on, worker)
+                             drain_command, remaining_nodes, replicas_lost_with, worker)
 
 Event = Callable[[str], None]
 
@@ -77,7 +77,7 @@ def wait_moved(session, inventory: Inventory, node_id: str, wait_s: float,
     last = ""
     while True:
         state = ray_view(session, inventory)
-        left = replicas_on(state.serve, node_id) if state.answered else [{"state": "unknown"}]
+        left = replicas_lost_with(state, node_id) if state.answered else [{"state": "unknown"}]
         pending = apps_not_running(state.serve) if state.serve is not None else ["serve: no answer"]
         if not left and not pending:
             return True, left, state
@@ -110,11 +110,15 @@ def drain(session, inventory: Inventory, name: str, *, dry_run: bool, confirm: C
     if check_capacity and not out.capacity.ok:
         return out.stop(f"refused: {name} cannot be taken out: {out.capacity.summary()} ("
                         + "; ".join(out.capacity.problems) + ")")
+    replicas = replicas_lost_with(state, entry.node_id)
+    out.moved_replicas = replicas
+    gangs = sorted({r["app"] for r in replicas if "rank" in r})
     if dry_run:
         return out.stop("dry run", 0)
-    replicas = replicas_on(state.serve, entry.node_id)
+    lose = (f"; multi-node app(s) {', '.join(gangs)} lose a whole replica (a rank runs "
+            "there) until Serve starts a new gang" if gangs else "")
     if not confirm(f"Drain {name} (Ray node {entry.node_id[:12]}): it takes no new work and "
-                   f"{len(replicas)} Serve replica(s) move to other nodes. Continue?"):
+                   f"{len(replicas)} Serve replica(s) move to other nodes{lose}. Continue?"):
         return out.stop("not confirmed")
     on_event(f"draining {name}")
     r = ray_cluster.run_node_command(session, inventory.head, cmd, DRAIN_TIMEOUT_S)
@@ -125,7 +129,6 @@ def drain(session, inventory: Inventory, name: str, *, dry_run: bool, confirm: C
                  + " ".join(detail))
         return out.stop("drain not accepted")
     out.step("drain", CHANGED, f"drain accepted for node {entry.node_id[:12]}")
-    out.moved_replicas = replicas
     if not demands:
         out.step("move-replicas", "ok", "no Serve application: nothing to move")
         return out

@@ -18,6 +18,22 @@ knows that library:
     process_priority: 0                 # nice value for the replica and its engine; null: leave
     replica_num_cpus: null              # CPUs the replica actor itself claims (default 1 GPU / 0 CPU)
     dry_run: false                      # no engine: place probe actors in the bundles instead
+    executor: auto                      # auto | native | ray (see executor_backend)
+    multi_node:                         # native multi-node engines (engine_kwargs.nnodes > 1)
+      port_min: 29500                   # master ports come from this range (inventory's
+      port_max: 29599                   #   ray.vllm_port_min/max; firewalls can allow it)
+      node_env: {198.18.4.2: {VLLM_HOST_IP: 198.18.4.2, GLOO_SOCKET_IFNAME: eth0}}
+      watch_period_s: 1.0               # every rank is asked its state this often ...
+      watch_timeout_s: 5.0              # ... and is dead when it does not answer in time
+
+Executor (`executor`): "native" is vLLM's own multi-node mode: one engine process per node,
+node rank 0 in the replica, the others headless in rank actors (serve_apps/gang.py); the
+node split is engine_kwargs.nnodes (cluster/gang.py maps ranks to nodes). It is what vLLM's
+own multi-node guide runs (Ray is optional to vLLM since 2026), the only one that runs on the
+CPU build (CpuPlatform has no Ray device key) and its master port comes from a fixed range.
+"ray" is vLLM's Ray executor (one engine process, workers as actors in the bundles; GPU only).
+Default "auto": native on CPU and whenever nnodes > 1; on GPU with nnodes 1 the Ray executor,
+the path this project verified on GPU placement before the native one existed.
 """
 
 from __future__ import annotations
@@ -27,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from cluster.errors import UsageError
+from cluster.gang import GangLayout, gang_bundles, gang_layout
 
 DEVICES = ("auto", "gpu", "cpu")
 STRATEGIES = ("PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD")
@@ -35,12 +52,16 @@ COMPUTED_DEPLOYMENT_KEYS = ("placement_group_bundles", "placement_group_strategy
                             "gang_scheduling_config")
 # Engine kwargs the app sets from other fields.
 RESERVED_ENGINE_KEYS = ("model", "served_model_name", "data_parallel_rank",
-                        "data_parallel_address", "data_parallel_rpc_port")
+                        "data_parallel_address", "data_parallel_rpc_port", "node_rank",
+                        "master_addr", "master_port")
+EXECUTORS = ("auto", "native", "ray")
+MULTI_NODE_KEYS = ("port_min", "port_max", "node_env", "watch_period_s", "watch_timeout_s")
+DEFAULT_PORT_RANGE = (29500, 29599)
 DEFAULT_MAX_ONGOING_REQUESTS = 1024
 KNOWN_KEYS = ("model_loading_config", "engine_kwargs", "deployment_config",
               "placement_group_config", "runtime_env", "api_key_env",
               "enable_request_logging", "device", "process_priority", "replica_num_cpus",
-              "dry_run")
+              "dry_run", "executor", "multi_node")
 
 
 class AppConfigError(UsageError):
@@ -63,6 +84,25 @@ class AppConfig:
     process_priority: int | None = 0
     replica_num_cpus: float | None = None
     dry_run: bool = False
+    executor: str = "auto"
+    multi_node: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def nnodes(self) -> int:
+        """Nodes one engine spans in vLLM's native multi-node mode (1: one node)."""
+        return int(self.engine_kwargs.get("nnodes", 1))
+
+    @property
+    def gang(self) -> GangLayout | None:
+        """The multi-node layout of one engine (None: it runs on one node)."""
+        if self.nnodes <= 1:
+            return None
+        return gang_layout(self.tensor_parallel_size, self.pipeline_parallel_size, self.nnodes)
+
+    @property
+    def port_range(self) -> tuple[int, int]:
+        return (int(self.multi_node.get("port_min", DEFAULT_PORT_RANGE[0])),
+                int(self.multi_node.get("port_max", DEFAULT_PORT_RANGE[1])))
 
     @property
     def tensor_parallel_size(self) -> int:
@@ -94,6 +134,8 @@ class AppConfig:
             "process_priority": self.process_priority,
             "replica_num_cpus": self.replica_num_cpus,
             "dry_run": self.dry_run,
+            "executor": self.executor,
+            "multi_node": copy.deepcopy(dict(self.multi_node)),
         }
         if self.placement_group_config is not None:
             out["placement_group_config"] = copy.deepcopy(dict(self.placement_group_config))
@@ -162,7 +204,8 @@ def parse_app_args(args: Mapping[str, Any]) -> AppConfig:
     if "api_key" in engine_kwargs:
         raise AppConfigError("engine_kwargs.api_key: never put the key in args; name its "
                              "environment variable in api_key_env")
-    for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+    for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
+                "nnodes"):
         _positive_int(engine_kwargs, key)
     deployment_config = _mapping(args, "deployment_config")
     computed = sorted(set(deployment_config) & set(COMPUTED_DEPLOYMENT_KEYS))
@@ -184,7 +227,12 @@ def parse_app_args(args: Mapping[str, Any]) -> AppConfig:
     replica_cpus = args.get("replica_num_cpus")
     if replica_cpus is not None and (not isinstance(replica_cpus, (int, float)) or replica_cpus < 0):
         raise AppConfigError(f"replica_num_cpus: expected a number >= 0, got {replica_cpus!r}")
+    executor = args.get("executor") or "auto"
+    if executor not in EXECUTORS:
+        raise AppConfigError(f"executor: {executor!r} not in {EXECUTORS}")
+    multi_node = _multi_node(_mapping(args, "multi_node"))
     config = AppConfig(
+        executor=executor, multi_node=multi_node,
         model_id=model_id, model_source=model_source, engine_kwargs=engine_kwargs,
         deployment_config=deployment_config, placement_group_config=pgc,
         runtime_env=_mapping(args, "runtime_env"), api_key_env=api_key_env,
@@ -193,7 +241,54 @@ def parse_app_args(args: Mapping[str, Any]) -> AppConfig:
         dry_run=bool(args.get("dry_run", False)))
     if pgc is not None:
         _check_placement(pgc, config.workers_per_replica)
+    try:
+        config.gang  # noqa: B018 - validates nnodes against TP x PP
+    except UsageError as exc:
+        raise AppConfigError(f"engine_kwargs.nnodes: {exc}") from None
+    if config.nnodes > 1 and executor == "ray":
+        raise AppConfigError("executor: ray places the workers itself (one engine process); "
+                             "engine_kwargs.nnodes > 1 is vLLM's native multi-node mode: "
+                             "use executor native or auto")
+    if config.nnodes > 1 and config.data_parallel_size > 1:
+        raise AppConfigError("engine_kwargs.nnodes > 1 with data_parallel_size > 1: MoE DP "
+                             "ranks are gang-scheduled replicas (build_moe_app), not nodes")
     return config
+
+
+def _number(m: Mapping, key: str, lo: float, hi: float) -> None:
+    value = m.get(key)
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not lo <= value <= hi or value != value:
+        raise AppConfigError(f"multi_node.{key}: expected a number {lo:g}..{hi:g}, got {value!r}")
+
+
+def _multi_node(m: dict) -> dict:
+    """multi_node: the port range (1024..65535, first <= last), per-node env, watch bounds."""
+    unknown = set(m) - set(MULTI_NODE_KEYS)
+    if unknown:
+        raise AppConfigError(f"multi_node: unknown keys {sorted(unknown)}")
+    for key in ("port_min", "port_max"):
+        value = m.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or not 1024 <= value <= 65535):
+            raise AppConfigError(f"multi_node.{key}: expected a port 1024..65535, got {value!r}")
+    lo = m.get("port_min", DEFAULT_PORT_RANGE[0])
+    hi = m.get("port_max", DEFAULT_PORT_RANGE[1])
+    if lo > hi:
+        raise AppConfigError(f"multi_node: port_min {lo} > port_max {hi}")
+    _number(m, "watch_period_s", 0.1, 60.0)
+    _number(m, "watch_timeout_s", 0.5, 120.0)
+    node_env = m.get("node_env") or {}
+    if not isinstance(node_env, Mapping) or not all(
+            isinstance(ip, str) and isinstance(env, Mapping) and
+            all(isinstance(k, str) and k.isidentifier() and isinstance(v, (str, int))
+                for k, v in env.items())
+            for ip, env in node_env.items()):
+        raise AppConfigError("multi_node.node_env: expected {node_ip: {NAME: value}}")
+    m["node_env"] = {ip: {k: str(v) for k, v in env.items()} for ip, env in node_env.items()}
+    return m
 
 
 def resolve_device(config: AppConfig, cluster_resources: Mapping[str, float]) -> str:
@@ -237,8 +332,13 @@ def replica_bundles(config: AppConfig, device: str) -> list[dict[str, float]]:
     """Serve's placement_group_bundles: the replica's share merged into bundle 0.
 
     The replica actor is scheduled into bundle 0, so it sits on the node of the first
-    pipeline stage, next to the worker that vLLM gives global rank 0.
+    pipeline stage, next to the worker that vLLM gives global rank 0. A multi-node engine
+    has one bundle per node rank instead (cluster.gang.gang_bundles; STRICT_SPREAD).
     """
+    layout = config.gang
+    if layout is not None:
+        return gang_bundles(layout, worker_bundles(config, device)[0],
+                            replica_actor_resources(config, device))
     bundles = worker_bundles(config, device)
     own = replica_actor_resources(config, device)
     first = dict(bundles[0])
@@ -252,16 +352,30 @@ def placement_strategy(config: AppConfig) -> str:
     return (config.placement_group_config or {}).get("strategy", "PACK")
 
 
+def native_executor(config: AppConfig, device: str) -> bool:
+    """True when the replica runs vLLM's own mp executor (native; one node or many), False
+    for vLLM's Ray executor. auto: native across nodes (and on CPU), Ray on one GPU node."""
+    if config.executor == "native" or config.nnodes > 1:
+        return True
+    if config.executor == "ray":
+        if device == "cpu":
+            raise AppConfigError("executor: ray cannot run on CPU (vLLM's CPU platform has no "
+                                 "Ray device key); use native or auto")
+        return False
+    return device == "cpu"
+
+
 def executor_backend(config: AppConfig, device: str) -> str:
-    """vLLM's distributed executor: Ray on GPU clusters (workers are actors in the bundles),
-    the multiprocessing executor on CPU (vLLM's CPU platform cannot run the Ray executor)."""
+    """vLLM's distributed_executor_backend for this app: "mp" for the native executor, "ray"
+    for vLLM's Ray executor (see native_executor). Always explicit: inside a placement group
+    vLLM would pick the Ray executor by itself, which fails on CPU."""
     requested = config.engine_kwargs.get("distributed_executor_backend")
-    wanted = "ray" if device == "gpu" else "mp"
+    wanted = "mp" if native_executor(config, device) else "ray"
     if requested is not None and requested != wanted:
         raise AppConfigError(
-            f"engine_kwargs.distributed_executor_backend={requested!r} cannot run on {device}: "
-            f"the app uses {wanted!r} there (the replica holds no GPU itself on GPU nodes; "
-            "vLLM's CPU platform does not support the Ray executor)")
+            f"engine_kwargs.distributed_executor_backend={requested!r} cannot run on {device} "
+            f"with executor {config.executor!r} (the app uses {wanted!r}; vLLM's CPU platform "
+            "has no Ray executor): set the app's `executor` instead")
     return wanted
 
 
@@ -300,8 +414,14 @@ def serve_deployment_options(config: AppConfig, device: str) -> dict[str, Any]:
     options["logging_config"] = logging_config
     actor_options = dict(options.get("ray_actor_options") or {})
     own = replica_actor_resources(config, device)
-    actor_options["num_cpus"] = own["CPU"]
-    actor_options["num_gpus"] = own["GPU"]
+    if config.gang is not None:
+        # Node rank 0: the replica's engine core starts that node's workers itself, so it
+        # holds the whole bundle (on GPU nodes Ray then sets CUDA_VISIBLE_DEVICES for it);
+        # a stuck or dead rank must fail the health check quickly.
+        own = replica_bundles(config, device)[0]
+        options.setdefault("health_check_period_s", 5)
+    actor_options["num_cpus"] = own.get("CPU", 0)
+    actor_options["num_gpus"] = own.get("GPU", 0)
     runtime_env = copy.deepcopy(dict(actor_options.get("runtime_env") or {}))
     for key, value in config.runtime_env.items():
         if key == "env_vars":
@@ -323,6 +443,8 @@ def serve_deployment_options(config: AppConfig, device: str) -> dict[str, Any]:
             "gang_placement_strategy": "PACK",
             "runtime_failure_policy": "RESTART_GANG",
         }
+    elif config.gang is not None:
+        options["placement_group_strategy"] = "STRICT_SPREAD"
     else:
         options["placement_group_strategy"] = placement_strategy(config)
     return options

@@ -49,7 +49,10 @@ from ray.util.placement_group import (
 )
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from cluster.gang import RANK_NAMESPACE, pick_port
 from serve_apps.api_key import read_api_key
+from serve_apps.gang import Gang, RankSpec, descendants, kill_tree, port_is_free
+from serve_apps.priority import set_process_priority
 from serve_apps.engine_metrics import stat_loggers
 from serve_apps.config import (
     AppConfig,
@@ -65,33 +68,15 @@ from serve_apps.config import (
 
 logger = logging.getLogger("ray.serve")
 
+GANG_START_WAIT_S = 120.0
+HEALTH_ENGINE_TIMEOUT_S = 20.0
+# ~80 tokens: a real generation through every rank before the replica is ready; a long first
+# prompt also avoids the CPU build's SIGILL on AMX CPUs when the first forward is short.
+WARM_UP_PROMPT = "The quick brown fox jumps over the lazy dog near the river bank. " * 6
+WARM_UP_TOKENS = 4
+
 DP_MASTER_KV_NAMESPACE = "cluster-serve"
 DP_MASTER_WAIT_S = 300.0
-
-
-# ----------------------------------------------------------------------------- process priority
-
-def set_process_priority(nice: int) -> str:
-    """Give every thread of this process the nice value `nice`; returns what happened.
-
-    Ray starts workers (Serve replicas included) at nice 15; on a busy node that starves the
-    API server and the engine core it spawns against anything at nice 0. Linux keeps nice
-    per thread and children inherit their creator thread's value, so set it on all threads
-    before the engine starts. Lowering nice needs root (CAP_SYS_NICE); without it: a warning.
-    """
-    try:
-        tids = [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:
-        tids = [0]
-    before = os.getpriority(os.PRIO_PROCESS, 0)
-    try:
-        for tid in tids:
-            os.setpriority(os.PRIO_PROCESS, tid, nice)
-    except PermissionError:
-        return f"kept nice {before} (lowering it to {nice} needs root or CAP_SYS_NICE)"
-    except ProcessLookupError:
-        pass
-    return f"nice {before} -> {nice} on {len(tids)} threads"
 
 
 # ----------------------------------------------------------------------------- placement
@@ -229,6 +214,8 @@ class VLLMServer:
         self._device = config.device if config.device != "auto" else resolve_device(
             config, ray.cluster_resources())
         self._engine = None
+        self._gang: Gang | None = None
+        self._warm_up_s: float | None = None
         self._args: argparse.Namespace | None = None
         self._probes: list[Any] = []
         self._probe_report: list[dict[str, Any]] = []
@@ -266,16 +253,103 @@ class VLLMServer:
         if config.dry_run:
             await self._start_probes()
         else:
-            self._start_engine()
+            guard = None
+            if config.gang is not None:
+                await self._start_ranks(ctx)
+                # Children of this process (the engine core and its workers) die if a rank
+                # dies before the engine is up; from_vllm_config then raises.
+                guard = self._gang.guard_start(
+                    lambda why: [kill_tree(pid) for pid in descendants(os.getpid())])
+            try:
+                self._start_engine()
+            finally:
+                if guard is not None:
+                    guard.set()
+            if self._gang is not None and self._gang.error:
+                raise RuntimeError(f"multi-node engine broken at start: {self._gang.error}")
+            await self._warm_up()
+            if self._gang is not None:
+                self._gang.watch(self._on_gang_failure)
         logger.info("Replica of %r ready: device %s, dp_rank %s, %s", config.model_id,
                     self._device, self._dp_rank, self._priority_note)
+
+    async def _start_ranks(self, ctx) -> None:
+        """Node rank 0 is this replica; start the headless node ranks first (in bundles
+        1..n-1 of this replica's group, each with its node's env), then our engine."""
+        config, layout = self._config, self._config.gang
+        ip = ray.util.get_node_ip_address()
+        lo, hi = config.port_range
+        port = pick_port(lo, hi, is_free=lambda p: port_is_free(ip, p))
+        self._kwargs.update(node_rank=0, master_addr=ip, master_port=port)
+        node_env = config.multi_node.get("node_env") or {}
+        os.environ.update(node_env.get(ip, {}))
+        app_env = dict(config.runtime_env.get("env_vars") or {})
+        if len(self._bundles) != layout.nnodes:
+            raise AppConfigError(f"{len(self._bundles)} bundles for a gang of "
+                                 f"{layout.nnodes} nodes")
+        specs = []
+        for node in layout.nodes[1:]:
+            bundle = self._bundles[node.node_rank]
+            if bundle["node_id"] == self._bundles[0]["node_id"]:
+                raise AppConfigError(f"node rank {node.node_rank} landed on node rank 0's "
+                                     "node: the gang's bundles must be STRICT_SPREAD")
+            specs.append(RankSpec(node.node_rank, node.node_rank, bundle["resources"],
+                                  {**app_env, **node_env.get(bundle["node_ip"], {})},
+                                  nice=config.process_priority))
+        tag = getattr(ctx, "replica_tag", None) or f"pid{os.getpid()}"
+        self._gang = Gang(self._pg, specs,
+                          period_s=float(config.multi_node.get("watch_period_s", 1.0)),
+                          timeout_s=float(config.multi_node.get("watch_timeout_s", 5.0)),
+                          app=ctx.app_name, replica_id=tag, namespace=RANK_NAMESPACE)
+        engine_kwargs, _ = split_vllm_kwargs(self._kwargs)
+        self._gang.start(engine_kwargs)
+        await self._gang.wait_started(GANG_START_WAIT_S)
+        logger.info("gang of %r: master %s:%d, %d node ranks started, layout %s",
+                    config.model_id, ip, port, len(specs), layout.to_dict())
+
+    async def _warm_up(self) -> None:
+        """One real generation (through every rank of a gang) before the replica is ready."""
+        from vllm import SamplingParams
+
+        start = time.monotonic()
+        params = SamplingParams(max_tokens=WARM_UP_TOKENS, temperature=0.0)
+        async for _ in self._engine.generate(WARM_UP_PROMPT, params, f"warm-up-{os.getpid()}"):
+            pass
+        self._warm_up_s = round(time.monotonic() - start, 3)
+        logger.info("warm-up generation of %r took %.2f s", self._config.model_id,
+                    self._warm_up_s)
+
+    def _engine_core_pids(self) -> list[int]:
+        client = getattr(self._engine, "engine_core", None)
+        manager = getattr(getattr(client, "resources", None), "engine_manager", None)
+        return [p.pid for p in getattr(manager, "processes", []) or [] if p.pid]
+
+    def _on_gang_failure(self, why: str) -> None:
+        """A rank is gone: kill our engine core and its workers now, so every request in
+        flight and every new one fails with EngineDeadError instead of hanging on the dead
+        peer; check_health then fails and Serve replaces this replica (a new gang)."""
+        killed = [pid for core in self._engine_core_pids() for pid in kill_tree(core)]
+        logger.error("gang of %r broken (%s): killed engine core and workers %s",
+                     self._config.model_id, why, killed)
+        gang = self._gang
+        if gang is not None:
+            asyncio.get_running_loop().run_in_executor(None, gang.stop)
+
+    def ranks(self) -> list[dict[str, Any]]:
+        """[{rank, node_ip, pid, state}]: node rank 0 (this replica) and the rank actors."""
+        alive = self._engine is not None and not getattr(self._engine, "errored", False)
+        me = {"rank": 0, "node_ip": ray.util.get_node_ip_address(),
+              "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
+              "engine_core_pids": self._engine_core_pids(),
+              "state": "running" if alive and not (self._gang and self._gang.error) else "dead"}
+        return [me] + (self._gang.ranks() if self._gang is not None else [])
 
     def _check_stage_placement(self) -> None:
         nodes = [self._bundles[i]["node_id"] for i in self._worker_bundle_indices
                  if i < len(self._bundles)]
         config = self._config
-        if len(nodes) != config.workers_per_replica:
-            return
+        if len(nodes) != config.workers_per_replica or config.gang is not None:
+            return      # a gang's node split is cluster.gang's layout, logged at start
         split = tp_groups_split_across_nodes(nodes, config.tensor_parallel_size,
                                              config.pipeline_parallel_size)
         if split:
@@ -345,6 +419,8 @@ class VLLMServer:
             "bundles": self._bundles,
             "worker_bundle_indices": self._worker_bundle_indices,
             "probes": self._probe_report,
+            "ranks": self.ranks() if self._config.gang is not None else [],
+            "warm_up_s": self._warm_up_s,
             "engine_kwargs": json.loads(json.dumps(shown, default=str)),
         }
 
@@ -396,13 +472,25 @@ class VLLMServer:
         return app
 
     async def check_health(self) -> None:
+        """Healthy only while every rank answers (bounded: a stuck rank is dead) and the
+        engine answers its own health check in time."""
+        if self._gang is not None:
+            why = await self._gang.problem()
+            if why:
+                if self._gang.error is None:
+                    self._gang.error = why
+                    self._on_gang_failure(why)
+                raise RuntimeError(f"multi-node engine broken: {why}")
         if self._engine is not None:
-            await self._engine.check_health()
+            await asyncio.wait_for(self._engine.check_health(), HEALTH_ENGINE_TIMEOUT_S)
 
     async def __del__(self):
         engine, self._engine = getattr(self, "_engine", None), None
         if engine is not None:
             engine.shutdown()
+        gang, self._gang = getattr(self, "_gang", None), None
+        if gang is not None:
+            gang.stop()
         for _, probe in getattr(self, "_probes", []):
             ray.kill(probe)
         if getattr(self, "_dp_rank", None) == 0 and getattr(self, "_gang_id", None):

@@ -150,12 +150,20 @@ def test_dense_plan_replicas_and_strategy_come_from_the_plan():
     assert spec.source == "plan:plan.yaml"
 
 
-def test_multi_node_dense_plan_tp8_pp2_is_pack():
+def test_multi_node_dense_plan_tp8_pp2_is_one_native_engine_per_two_nodes():
+    """The plan chooses vLLM's native multi-node engine for a replica larger than a node:
+    one bundle of 8 GPUs per node rank, on distinct nodes; `--executor ray` keeps the old
+    PACK layout (16 one-GPU bundles, vLLM's Ray executor)."""
     from test_plan_file import real_plan
 
     doc = real_plan("llama-3.1-405b-instruct", nodes=2)
-    spec = deploy.spec_from_plan(parse_plan(yaml.safe_dump(doc), "plan.yaml"))
-    _, _, preview = build(spec, GPU2x8)
+    assert doc["placement"]["executor"] == "native" and doc["placement"]["gang"]["nnodes"] == 2
+    plan = parse_plan(yaml.safe_dump(doc), "plan.yaml")
+    app, _, preview = build(deploy.spec_from_plan(plan), GPU2x8)
+    assert app["args"]["engine_kwargs"]["nnodes"] == 2
+    assert preview["strategy"] == "STRICT_SPREAD"
+    assert [b["GPU"] for b in preview["bundles_per_replica"]] == [8, 8]
+    _, _, preview = build(deploy.spec_from_plan(plan, executor="ray", nnodes=1), GPU2x8)
     assert preview["strategy"] == "PACK" and len(preview["bundles_per_replica"]) == 16
 
 

@@ -444,12 +444,17 @@ def test_head_state_reads_the_dashboard_with_the_token(routes, tmp_path):
     table[("GET", "/api/version")] = (200, {"ray_version": "2.60.0"})
     table[("GET", "/api/v0/nodes?detail=1&limit=10000&timeout=10")] = (200, NODES_REPLY)
     table[("GET", "/api/serve/applications/")] = (200, {"applications": {}})
+    rank = {"name": "gang/r1/rank1", "state": "ALIVE", "pid": 9, "node_id": "ab",
+            "ray_namespace": "cluster-gang", "class_name": "RankActor", "job_id": "01"}
+    table[("GET", head_state.RANK_ACTORS)] = (200, {"result": True, "data": {"result": {
+        "result": [rank]}}})
     (tmp_path / ".ray").mkdir()
     (tmp_path / ".ray" / "auth_token").write_text("tok\n")
     out = head_state.main([base, f"127.0.0.1:{_closed_port()}", "1"], env={"HOME": str(tmp_path)})
     assert out == {"source": "dashboard", "ray_version": "2.60.0",
                    "nodes": NODES_REPLY["data"]["result"]["result"],
-                   "serve": {"applications": {}}, "errors": []}
+                   "serve": {"applications": {}}, "errors": [],
+                   "rank_actors": [{k: rank[k] for k in head_state.RANK_FIELDS}]}
     assert {auth for _, _, auth, _ in seen} == {"Bearer tok"}
     state = ray_state.parse_state_output(out)
     assert state.answered and state.nodes[0].is_head

@@ -60,6 +60,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     what.add_argument("--dp", type=positive_int, metavar="N",
                       help="data parallel: Serve replicas of a dense model (default 1); with "
                            "--expert-parallel the DP attention ranks of one MoE engine")
+    what.add_argument("--nnodes", type=positive_int, metavar="N",
+                      help="nodes one engine spans (vLLM's native multi-node mode: node rank "
+                           "0 in the replica, the others headless rank actors); default: the "
+                           "fewest nodes that hold it")
+    what.add_argument("--executor", choices=("auto", "native", "ray"), default=None,
+                      help="vLLM executor: native (its own multi-node mode; the only one on "
+                           "CPU) or ray (GPU); auto (default): native on CPU and across "
+                           "nodes, Ray on one GPU node")
     what.add_argument("--expert-parallel", action="store_true",
                       help="MoE: data-parallel attention + expert-parallel MoE layers")
     how = p.add_argument_group("serving options")
@@ -104,18 +112,20 @@ def _spec(args: argparse.Namespace, inv):
                   max_model_len=args.max_model_len, engine_args=dict(args.engine_arg),
                   api_key_env=api_key_env, route_prefix=args.route_prefix, env=dict(args.env),
                   request_logging=args.request_logging, device=args.device,
-                  placement_only=args.placement_only)
+                  placement_only=args.placement_only, nnodes=args.nnodes)
     if args.plan:
         if args.tp or args.pp or args.dp or args.expert_parallel:
             raise UsageError("--tp/--pp/--dp/--expert-parallel come from the plan: give either "
                              "--plan or the layout flags")
-        return deploy.spec_from_plan(load_plan(args.plan), model=args.model, **common)
+        return deploy.spec_from_plan(load_plan(args.plan), model=args.model,
+                                     executor=args.executor, **common)
     model = args.model or inv.model_path
     if not model:
         raise UsageError("give --plan PLAN.yaml or --model PATH (or set model_path in the "
                          "inventory)")
     return deploy.spec_from_flags(model, tp=args.tp, pp=args.pp, dp=args.dp,
-                                  expert_parallel=args.expert_parallel, **common)
+                                  expert_parallel=args.expert_parallel,
+                                  executor=args.executor or "auto", **common)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -61,6 +61,10 @@ def execute(args: argparse.Namespace, command: str, playbook: Callable[..., Any]
         return code
     if outcome.capacity is not None:
         stdout.print(f"capacity without {args.node}: {outcome.capacity.summary()}")
+    for r in outcome.to_dict()["gang_replicas"]:
+        stdout.print(f"app {r['app']} loses replica {r['replica_id']}: its node rank "
+                     f"{r['rank']} runs on {args.node} (a multi-node engine needs every rank)",
+                     markup=False)
     if args.dry_run:
         stdout.print("plan (dry run: nothing was changed):")
         for line in outcome.planned:

@@ -33,6 +33,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
+def _broken_ranks(doc: dict) -> list[tuple[str, dict]]:
+    """(app, rank) for every dead or missing rank of a RUNNING multi-node replica."""
+    apps = (doc.get("serve") or {}).get("applications") or {}
+    return [(name, rank) for name, app in apps.items() for rank in app.get("broken_ranks") or []]
+
+
 def run(args: argparse.Namespace) -> int:
     inv = load_inventory(args)
     record = start_run(args, inv, "status")  # run record: the query's log and status.json
@@ -49,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
         doc["errors"] += [health.error] if health.error else []
         doc.setdefault("dashboard", {})["metrics"] = metrics_doc(inv)
         code = _attach_serving(doc, serving, status_exit_code(doc))
+        if code == 0 and _broken_ranks(doc):
+            code = 1
         record.write_json("status.json", dict(doc, run_dir=str(record.path)))
     finally:
         record.finish(code)
@@ -92,6 +100,12 @@ def run(args: argparse.Namespace) -> int:
                              for d, v in app["deployments"].items())
             serve.add_row(name, str(app["status"]), str(app["route_prefix"]), deps)
         stdout.print(serve)
+        for name, rank in _broken_ranks(doc):
+            stdout.print(f"[bold red]rank {rank['rank']} {rank['state']}[/bold red] "
+                         f"(node {rank['node'] or '?'}, {rank['node_ip'] or 'no IP'}) of "
+                         f"replica {rank['replica_id']}: it takes down that replica of app "
+                         f"{name} (a multi-node engine serves only with every rank)",
+                         soft_wrap=True)
         _print_serving(apps)
     elif doc["serve"] is not None:
         stdout.print("no Serve application")

@@ -3,7 +3,8 @@ version and the Serve applications, as the head itself sees them. Prints one JSO
 
     head_state DASHBOARD_BASE GCS_ADDRESS INCLUDE_SERVE(1|0)
     {"source": "dashboard" | "gcs" | null, "ray_version", "nodes": [...] | null,
-     "serve": {...} | null, "errors": [...]}
+     "serve": {...} | null, "rank_actors": [{name, state, pid, node_id}] | null,
+     "errors": [...]}
 
 The dashboard's REST API first (`/api/version`, the state API `/api/v0/nodes`, then
 `/api/serve/applications/`); when it does not answer (it starts a few seconds after the GCS),
@@ -65,10 +66,24 @@ def from_gcs(gcs, token, out):
     out["ray_version"] = out["ray_version"] or ray.__version__
 
 
+RANK_ACTORS = ("/api/v0/actors?detail=1&limit=10000&timeout=10&filter_keys=class_name"
+               "&filter_predicates=%3D&filter_values=RankActor")
+RANK_FIELDS = ("name", "state", "pid", "node_id", "ray_namespace")
+
+
+def rank_actors(get):
+    """The multi-node engines' rank actors (serve_apps/gang.py), a few fields each."""
+    reply = get(RANK_ACTORS, 15)
+    if not reply.get("result"):
+        raise RuntimeError(reply.get("msg") or "state API error")
+    return [{k: a.get(k) for k in RANK_FIELDS} for a in reply["data"]["result"]["result"]]
+
+
 def main(argv, env=None):
     base, gcs, want_serve = argv[0], argv[1], argv[2] == "1"
     env = os.environ if env is None else env
-    out = {"source": None, "ray_version": None, "nodes": None, "serve": None, "errors": []}
+    out = {"source": None, "ray_version": None, "nodes": None, "serve": None,
+           "rank_actors": None, "errors": []}
     token = auth_token(env, scan_ray=True)
     get = fetcher(base, token)
     try:
@@ -85,6 +100,10 @@ def main(argv, env=None):
             out["serve"] = get("/api/serve/applications/", 30)
         except Exception as exc:
             out["errors"].append("serve: %s: %s" % (type(exc).__name__, exc))
+        try:
+            out["rank_actors"] = rank_actors(get)
+        except Exception as exc:
+            out["errors"].append("rank actors: %s: %s" % (type(exc).__name__, exc))
     return out
 
 

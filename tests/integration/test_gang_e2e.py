@@ -1,0 +1,260 @@
+"""Multi-node engines (issue 22) end to end: one 2-node simulated cluster, one Ray, real vLLM
+(CPU build) serving the tiny dense model as ONE engine across both nodes with vLLM's native
+multi-node mode: the Serve replica on node1 is node rank 0, a rank actor on node2 runs the
+headless node rank 1.
+
+Cases (in order, sharing the cluster): `cluster deploy --tp 2 --nnodes 2` (one TP rank per
+node): the OpenAI client streams; rank 1's worker on node2 holds TCP connections to node1 and
+receives more bytes with each request; both ranks' own log lines say world size 2 with rank 1
+on node2; `cluster status --json` lists both ranks. kill -9 of rank 1's vLLM worker while the
+app serves: the next request fails within 15 s, the app answers again within engine start +
+60 s with a new gang, and no process of the old gang is left on either node. Undeploy leaves
+no vLLM process. Then `--tp 1 --pp 2 --nnodes 2` (PP needs vLLM's compile mode, so no
+enforce_eager): it streams and crosses nodes the same way; `cluster down` with it deployed
+leaves no vLLM process on either node.
+
+Heavy: ~3 vLLM starts (45-100 s each on 2 cores), ~5 GB of memory, 8-12 minutes.
+Run your own instance with SIMCLUSTER_PREFIX/SUBNET/DIR set (see test_deploy_e2e.py).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from integration_kit import ClusterCli, derive_inventory, ray_up
+
+pytestmark = [pytest.mark.integration, pytest.mark.ray, pytest.mark.vllm]
+
+MODEL_DIR = Path("/var/tmp/cluster-tiny-models/dense")
+KEY = "sk-gang-7c1e0b93d2"         # a test-only key, set in the nodes' env at `ray start`
+SERVED = "tiny-gang"
+PROFILES = {"node1": "cpu", "node2": "cpu"}
+PROMPT = "Tell me a story about a fox and a river " * 3
+
+cli = ClusterCli(timeout=1200, no_traceback=True)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_builder) -> Path:
+    for needed in ("torch", "transformers", "tokenizers", "vllm", "openai"):
+        if importlib.util.find_spec(needed) is None:
+            pytest.skip(f"the multi-node engine test needs {needed}")
+    return tiny_model_builder.build_tiny_model(MODEL_DIR, "dense")
+
+
+@pytest.fixture(scope="module")
+def sim(simcluster_factory):
+    return simcluster_factory(2, PROFILES)
+
+
+@pytest.fixture(scope="module")
+def inv(sim, model, tmp_path_factory) -> Path:
+    path = derive_inventory(sim, tmp_path_factory.mktemp("gang-inv"),
+                            ray={"memory": 4 * 1024 ** 3},
+                            every_node={"env": {"CLUSTER_API_KEY": KEY}})
+    with ray_up(cli, path, timeout=600, down_first=True):
+        yield path
+
+
+def client(endpoint: str):
+    import openai
+
+    return openai.OpenAI(base_url=endpoint, api_key=KEY, timeout=60, max_retries=0)
+
+
+def stream(endpoint: str, tokens: int = 24) -> str:
+    chunks = list(client(endpoint).completions.create(model=SERVED, prompt=PROMPT,
+                                                      max_tokens=tokens, stream=True))
+    assert len(chunks) > 2, chunks
+    return "".join(c.choices[0].text for c in chunks if c.choices)
+
+
+def engine_processes(sim, node: str) -> dict[int, str]:
+    """pid -> command line of the vLLM engine processes (and rank actors) on the node."""
+    p = sim.exec(node, "ps", "-eo", "pid=,args=", check=True)
+    out = {}
+    for line in p.stdout.splitlines():
+        pid, _, args = line.strip().partition(" ")
+        if ("VLLM::" in args or "RankActor" in args) and "ps -eo" not in args:
+            out[int(pid)] = args
+    return out
+
+
+def worker_pid(sim, node: str, title: str) -> int:
+    found = [pid for pid, args in engine_processes(sim, node).items() if title in args]
+    assert len(found) == 1, (title, engine_processes(sim, node))
+    return found[0]
+
+
+SS_LINE = re.compile(r"^ESTAB\s+\d+\s+\d+\s+(\S+):(\d+)\s+(\S+):(\d+)\s")
+
+
+def received_from(sim, node: str, pid: int, peer_ip: str) -> tuple[int, int]:
+    """(TCP connections of pid to peer_ip, bytes received on them) read with `ss -tnpi`
+    inside the node's network namespace."""
+    p = sim.exec(node, "ss", "-tnpi", check=True)
+    lines = p.stdout.splitlines()
+    conns = received = 0
+    for i, line in enumerate(lines):
+        m = SS_LINE.match(line)
+        if not m or m.group(3) != peer_ip or f"pid={pid}," not in line:
+            continue
+        conns += 1
+        info = lines[i + 1] if i + 1 < len(lines) else ""
+        got = re.search(r"bytes_received:(\d+)", info)
+        received += int(got.group(1)) if got else 0
+    return conns, received
+
+
+def ray_logs_grep(sim, node: str, pattern: str) -> str:
+    p = sim.exec(node, "sh", "-c", f"grep -rhoE '{pattern}' /tmp/ray/session_latest/logs/ "
+                                   "| sort -u", timeout=60)
+    return p.stdout
+
+
+def deploy(inv: Path, name: str, *layout: str, eager: bool) -> dict:
+    extra = ["--engine-arg", "enforce_eager=true"] if eager else []
+    start = time.monotonic()
+    code, out = cli.json(inv, "deploy", "--model", str(MODEL_DIR), *layout, "--nnodes", "2",
+                         "--name", name, "--served-model-name", SERVED, "--max-model-len",
+                         "512", *extra, "--yes", "--timeout", "900")
+    out["measured_s"] = round(time.monotonic() - start, 1)
+    print(f"\ndeploy {name} {' '.join(layout)}: {out['measured_s']} s")
+    assert code == 0 and out["status"] == "RUNNING", json.dumps(out, indent=1)[-4000:]
+    return out
+
+
+def undeploy_leaves_nothing(sim, inv: Path, name: str) -> None:
+    code, out = cli.json(inv, "undeploy", name, "--yes", timeout=300)
+    assert code == 0 and out["status"] == "REMOVED", out
+    deadline = time.monotonic() + 60
+    while any(engine_processes(sim, n) for n in PROFILES) and time.monotonic() < deadline:
+        time.sleep(2)
+    assert not any(engine_processes(sim, n) for n in PROFILES), \
+        {n: engine_processes(sim, n) for n in PROFILES}
+
+
+def rank_nodes(out: dict) -> tuple[str, str]:
+    """(node of rank 0 = the replica, node of rank 1 = its rank actor), from deploy --json."""
+    (replica,) = out["replicas"]
+    ranks = {r["rank"]: r for r in replica["ranks"]}
+    assert set(ranks) == {0, 1} and ranks[0]["node"] != ranks[1]["node"], replica
+    return ranks[0]["node"], ranks[1]["node"]
+
+
+def assert_crosses_nodes(sim, out: dict, title: str) -> None:
+    """Rank 1's worker holds connections to rank 0's node and receives more per request."""
+    node0, node1 = rank_nodes(out)
+    master_ip = sim.node(node0).ip
+    pid = worker_pid(sim, node1, title)
+    before_conns, before = received_from(sim, node1, pid, master_ip)
+    assert before_conns >= 1, sim.exec(node1, "ss", "-tnpi").stdout[-3000:]
+    growth = []
+    for _ in range(2):
+        stream(out["endpoint"], tokens=48)
+        _, after = received_from(sim, node1, pid, master_ip)
+        growth.append(after - before)
+        before = after
+    assert all(g > 1000 for g in growth), growth
+    print(f"\n{title} on {node1}: {before_conns} TCP connections to {node0} (rank 0), "
+          f"received {growth} bytes per 48-token request")
+
+
+def assert_rank_logs(sim, out: dict, titles: tuple[str, str], role: str) -> None:
+    """The workers' own log lines (this gang's worker pids): world size 2, rank 0 on the
+    replica's node, rank 1 on the rank actor's, each in its `role` (e.g. "PP rank")."""
+    for rank, (node, title) in enumerate(zip(rank_nodes(out), titles)):
+        pid = worker_pid(sim, node, title)
+        line = ray_logs_grep(sim, node, rf"\(Worker[A-Z_0-9]* pid={pid}\) .*rank {rank} in "
+                                        rf"world size 2 is assigned as .*{role} {rank}")
+        assert line, f"no 'rank {rank} in world size 2' line of pid {pid} on {node}"
+
+
+# ---------------------------------------------------------------- TP 2, one rank per node
+
+
+@pytest.fixture(scope="module")
+def tp2(inv) -> dict:
+    return deploy(inv, "gang-tp2", "--tp", "2", eager=True)
+
+
+def test_tp2_across_two_nodes_streams_and_reports_its_ranks(sim, inv, tp2):
+    assert tp2["placement"]["strategy"] == "STRICT_SPREAD"
+    assert stream(tp2["endpoint"])
+    node0, node1 = rank_nodes(tp2)
+    assert worker_pid(sim, node0, "Worker_TP0") and worker_pid(sim, node1, "Worker_TP1")
+    assert_crosses_nodes(sim, tp2, "Worker_TP1")
+    assert_rank_logs(sim, tp2, ("Worker_TP0", "Worker_TP1"), "TP rank")
+    (replica,) = tp2["replicas"]
+    assert [(r["rank"], r["node"], r["state"]) for r in replica["ranks"]] == \
+        [(0, node0, "running"), (1, node1, "running")]
+    code, status = cli.json(inv, "status")
+    assert code == 0
+    app = status["serve"]["applications"]["gang-tp2"]
+    assert [(r["rank"], r["node"], r["state"]) for r in app["replicas"][0]["ranks"]] == \
+        [(0, node0, "running"), (1, node1, "running")] and app["broken_ranks"] == []
+
+
+def test_a_killed_remote_rank_fails_fast_and_a_new_gang_serves(sim, inv, tp2):
+    endpoint = tp2["endpoint"]
+    _, node1 = rank_nodes(tp2)
+    old = {n: set(engine_processes(sim, n)) for n in PROFILES}
+    victim = worker_pid(sim, node1, "Worker_TP1")
+    sim.exec(node1, "kill", "-9", str(victim), check=True)
+    killed_at = time.monotonic()
+    import openai
+    with pytest.raises(openai.APIError):
+        client(endpoint).completions.create(model=SERVED, prompt=PROMPT, max_tokens=16)
+    failed_s = time.monotonic() - killed_at
+    assert failed_s < 15, f"the first request after the kill took {failed_s:.1f} s to fail"
+    deadline = killed_at + tp2["measured_s"] + 60
+    answered = None
+    while time.monotonic() < deadline:
+        try:
+            answered = stream(endpoint, tokens=8)
+            break
+        except Exception:  # noqa: BLE001 - the new gang is starting
+            time.sleep(3)
+    recovered_s = time.monotonic() - killed_at
+    assert answered, f"no answer within engine start {tp2['measured_s']} s + 60 s"
+    for node in PROFILES:
+        left = old[node] & set(engine_processes(sim, node))
+        assert not left, f"{node}: processes of the old gang left: {left}"
+    print(f"\nrank 1 worker killed: request failed after {failed_s:.1f} s, new gang answered "
+          f"after {recovered_s:.0f} s")
+
+
+def test_undeploy_tp2_leaves_no_vllm_process(sim, inv, tp2):
+    undeploy_leaves_nothing(sim, inv, "gang-tp2")
+
+
+# ---------------------------------------------------------------- PP 2, one stage per node
+
+
+@pytest.fixture(scope="module")
+def pp2(inv) -> dict:
+    return deploy(inv, "gang-pp2", "--pp", "2", eager=False)
+
+
+def test_pp2_across_two_nodes_streams_and_crosses_nodes(sim, inv, pp2):
+    assert stream(pp2["endpoint"])
+    node0, node1 = rank_nodes(pp2)
+    assert worker_pid(sim, node0, "Worker_PP0") and worker_pid(sim, node1, "Worker_PP1")
+    assert_crosses_nodes(sim, pp2, "Worker_PP1")
+    assert_rank_logs(sim, pp2, ("Worker_PP0", "Worker_PP1"), "PP rank")
+
+
+def test_cluster_down_with_a_gang_deployed_leaves_no_vllm_process(sim, inv, pp2):
+    p = cli(inv, "down", "--yes", timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    deadline = time.monotonic() + 60
+    while any(engine_processes(sim, n) for n in PROFILES) and time.monotonic() < deadline:
+        time.sleep(2)
+    assert not any(engine_processes(sim, n) for n in PROFILES), \
+        {n: engine_processes(sim, n) for n in PROFILES}
