@@ -684,8 +684,8 @@ _RAY_INT_KEYS = {"port": (1, 65535), "dashboard_port": (1, 65535),
 
 _RAY_PORTS = tuple(k for k in _RAY_INT_KEYS if k.endswith("port")
                    and k not in ("min_worker_port", "max_worker_port"))
-_MODEL_COPY_PORT = ("expectations", "fix", "model_copy_port")
 _REPLICA_PORTS = ("expectations", "reachability", "serve_replica_ports")
+_RELAY_PORTS = ("expectations", "model_relay", "ports")
 
 
 def declared_ports(ray: RayOptions, expectations: Mapping[str, Any]
@@ -693,8 +693,11 @@ def declared_ports(ray: RayOptions, expectations: Mapping[str, Any]
     """(the fixed ports the inventory declares, as (key path, port); its port ranges, as
     (key path, first, last)), defaults included (pure)."""
     singles = [(("ray", k), getattr(ray, k)) for k in _RAY_PORTS]
-    singles.append((_MODEL_COPY_PORT, expectations["fix"]["model_copy_port"]))
-    ranges = [(("ray", "min_worker_port"), ray.min_worker_port, ray.max_worker_port)]
+    ranges = [(("ray", "min_worker_port"), ray.min_worker_port, ray.max_worker_port),
+              (("ray", "vllm_port_min"), ray.vllm_port_min, ray.vllm_port_max)]
+    relay = expectations.get("model_relay", {}).get("ports", ())
+    if len(relay) == 2 and relay[0] <= relay[1]:
+        ranges.append((_RELAY_PORTS, relay[0], relay[1]))
     replica = expectations["reachability"]["serve_replica_ports"]
     if len(replica) == 2 and replica[0] <= replica[1]:
         ranges.append((_REPLICA_PORTS, replica[0], replica[1]))
@@ -704,6 +707,8 @@ def declared_ports(ray: RayOptions, expectations: Mapping[str, Any]
 def _port_name(at: tuple) -> str:
     if at == ("ray", "min_worker_port"):
         return "ray.min_worker_port..max_worker_port"
+    if at == ("ray", "vllm_port_min"):
+        return "ray.vllm_port_min..vllm_port_max"
     return _dotted(at)
 
 
@@ -762,10 +767,6 @@ def _ray_options(v: _Validator, raw: Any) -> RayOptions:
         raise v.doc.fail(at + ("min_worker_port",), "must not exceed max_worker_port")
     if values["vllm_port_min"] > values["vllm_port_max"]:
         raise v.doc.fail(at + ("vllm_port_min",), "must not exceed vllm_port_max")
-    if values["vllm_port_min"] <= values["max_worker_port"] and \
-            values["min_worker_port"] <= values["vllm_port_max"]:
-        raise v.doc.fail(at + ("vllm_port_min",), "the vLLM port range must not overlap Ray's "
-                         "worker port range (min_worker_port..max_worker_port)")
     return RayOptions(**values)
 
 

@@ -172,8 +172,8 @@ def test_engine_args_cannot_set_the_gang_keys():
 
 def test_inventory_vllm_port_range_is_validated():
     base = "nodes: [{name: a, role: head, address: 10.0.0.1}]\n"
-    inv = load_inventory(base + "ray: {vllm_port_min: 30000, vllm_port_max: 30010}\n")
-    assert (inv.ray.vllm_port_min, inv.ray.vllm_port_max) == (30000, 30010)
+    inv = load_inventory(base + "ray: {vllm_port_min: 31500, vllm_port_max: 31510}\n")
+    assert (inv.ray.vllm_port_min, inv.ray.vllm_port_max) == (31500, 31510)
     for bad in ("{vllm_port_min: 30010, vllm_port_max: 30000}", "{vllm_port_min: 10500}",
                 "{vllm_port_max: 70000}"):
         with pytest.raises(Exception, match="vllm_port"):

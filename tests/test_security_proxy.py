@@ -391,17 +391,21 @@ def test_plain_decimal_numbers_still_load():
     ("ray: {port: 9090}", ("ray.port", "ray.prometheus_port")),
     ("ray: {prometheus_port: 8100, dashboard_port: 8100}\n"
      "expectations: {fix: {model_copy_port: 8100}}", ("ray.dashboard_port", "ray.prometheus_port")),
-    ("expectations: {fix: {model_copy_port: 6379}}",
-     ("ray.port", "expectations.fix.model_copy_port")),
-    ("expectations: {fix: {model_copy_port: 8000}}",
-     ("ray.serve_port", "expectations.fix.model_copy_port")),
+    ("expectations: {model_relay: {ports: [6370, 6380]}}",
+     ("ray.port", "expectations.model_relay.ports")),
+    ("expectations: {model_relay: {ports: [7990, 8010]}}",
+     ("ray.serve_port", "expectations.model_relay.ports")),
+    ("ray: {vllm_port_min: 10500, vllm_port_max: 10600}",
+     ("ray.min_worker_port", "ray.vllm_port_min")),
+    ("ray: {vllm_port_min: 8260, vllm_port_max: 8270}",
+     ("ray.dashboard_port", "ray.vllm_port_min")),
     ("ray: {serve_port: 8265}", ("ray.dashboard_port", "ray.serve_port")),
     ("ray: {metrics_export_port: 8076}", ("ray.node_manager_port", "ray.metrics_export_port")),
     ("ray: {dashboard_port: 10500}", ("ray.dashboard_port", "ray.min_worker_port")),
-    ("ray: {min_worker_port: 29000, max_worker_port: 30500}",
+    ("ray: {min_worker_port: 30100, max_worker_port: 30500}",
      ("ray.min_worker_port", "expectations.reachability.serve_replica_ports")),
-    ("expectations: {fix: {model_copy_port: 30500}}",
-     ("expectations.fix.model_copy_port", "serve_replica_ports")),
+    ("expectations: {model_relay: {ports: [30500, 30510]}}",
+     ("expectations.model_relay.ports", "serve_replica_ports")),
 ])
 def test_colliding_ports_are_refused_naming_both_keys(text, keys):
     err = _refusal(text)
