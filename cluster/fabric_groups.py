@@ -18,10 +18,11 @@ Groups (kinds are the `kind` keys of `fabric_proof`):
   ep  MoE: the expert-parallel group of one stage (DP x TP ranks)
 Groups of one rank carry no traffic and are left out.
 
-Placement follows the deployment's: ranks fill the nodes in order (the head first, as the
-inventory lists them), replica by replica, each node taking whole TP groups up to its rank
-slots (GPUs; on the CPU build one pipeline stage per node, as vLLM's CPU multi-node runs: see
-`slots_per_node`), so a TP group never straddles two nodes.
+Placement follows the multi-node engine's (vLLM native multi-node: node rank n runs the
+engine's ranks [n * local, (n + 1) * local), local = world / nnodes, nnodes the fewest nodes
+that hold the engine, see `engine_nodes`): each engine takes the first such nodes in order (the
+head first, as the inventory lists them) that still have room; a node's room is its GPUs, on the
+CPU build one pipeline stage (`slots_per_node`).
 """
 
 from __future__ import annotations
@@ -141,31 +142,47 @@ def slots_per_node(layout: Layout, device: str, resources: float) -> int:
     return layout.tp if resources >= layout.tp else 0
 
 
-def rank_slots(layout: Layout, nodes: Sequence[NodeSlots]) -> tuple[RankSlot, ...]:
-    """Every rank's node and device: ranks in order, whole TP groups per node, nodes in order.
+def engine_nodes(layout: Layout, per_node: int) -> int:
+    """The fewest nodes one engine spans when a node runs at most `per_node` ranks: vLLM's
+    native multi-node split gives each of `nnodes` nodes world / nnodes consecutive ranks, so
+    world must split evenly and a node holds whole TP groups (or a TP group spans whole
+    nodes). The same rule as the gang engine's (cluster/gang.py nodes_needed)."""
+    world = layout.ranks_per_engine
+    for nnodes in range(1, world + 1):
+        if world % nnodes:
+            continue
+        local = world // nnodes
+        if local <= per_node and (local % layout.tp == 0 or layout.tp % local == 0):
+            return nnodes
+    raise UsageError(f"{world} ranks (TP {layout.tp}) cannot be split over nodes of "
+                     f"{per_node} ranks")
 
-    Raises UsageError when a TP group does not fit one node or the nodes have too few slots.
+
+def rank_slots(layout: Layout, nodes: Sequence[NodeSlots]) -> tuple[RankSlot, ...]:
+    """Every rank's node and device. Each engine takes the first `engine_nodes` nodes (in
+    order) that still have room for world / nnodes ranks; node rank n runs the engine's ranks
+    [n * local, (n + 1) * local).
+
+    Raises UsageError when the nodes cannot hold the layout.
     """
     if not nodes:
         raise UsageError("no node to place the layout's ranks on")
-    usable = [(n, (n.slots // layout.tp) * layout.tp) for n in nodes]
-    if not any(cap for _, cap in usable):
-        biggest = max(n.slots for n in nodes)
-        raise UsageError(f"a TP group of {layout.tp} ranks must fit inside one node; the "
-                         f"largest node takes {biggest}")
-    capacity = sum(cap for _, cap in usable)
-    if capacity < layout.total_ranks:
-        raise UsageError(f"the layout needs {layout.total_ranks} ranks in whole TP groups of "
-                         f"{layout.tp}; the nodes take {capacity}")
+    if max(n.slots for n in nodes) < 1:
+        raise UsageError("no node has room for a rank of this layout")
+    nnodes = engine_nodes(layout, max(n.slots for n in nodes))
+    local = layout.ranks_per_engine // nnodes
+    used = {n.name: 0 for n in nodes}
     out: list[RankSlot] = []
-    node_i, used = 0, 0
     for replica in range(layout.replicas):
-        for rank in range(layout.ranks_per_engine):
-            while used >= usable[node_i][1]:
-                node_i, used = node_i + 1, 0
-            node = usable[node_i][0]
-            out.append(RankSlot(replica, rank, node.name, node.ip, used))
-            used += 1
+        chosen = [n for n in nodes if n.slots - used[n.name] >= local][:nnodes]
+        if len(chosen) < nnodes:
+            raise UsageError(f"replica {replica} needs {nnodes} node(s) with room for {local} "
+                             f"rank(s) each; {len(chosen)} are left")
+        for node_rank, node in enumerate(chosen):
+            for i in range(local):
+                out.append(RankSlot(replica, node_rank * local + i, node.name, node.ip,
+                                    used[node.name] + i))
+            used[node.name] += local
     return tuple(out)
 
 

@@ -4,8 +4,8 @@ import pytest
 
 from cluster import deploy
 from cluster.errors import UsageError
-from cluster.fabric_groups import (Layout, NodeSlots, cross_node_groups, layout_groups,
-                                   rank_slots, slots_per_node)
+from cluster.fabric_groups import (Layout, NodeSlots, cross_node_groups, engine_nodes,
+                                   layout_groups, rank_slots, slots_per_node)
 from cluster.plan_file import parse_plan
 
 
@@ -80,11 +80,20 @@ def test_tp_group_never_straddles_nodes():
     assert [s.node for s in slots] == ["node1", "node1", "node2", "node2"]
 
 
-def test_tp_larger_than_a_node_is_refused():
-    with pytest.raises(UsageError, match="inside one node"):
-        rank_slots(Layout(tp=8), _nodes(2, 4))
-    with pytest.raises(UsageError, match="needs 8 ranks"):
+def test_tp_larger_than_a_node_spans_whole_nodes_like_the_gang():
+    layout = Layout(tp=8)
+    groups = layout_groups(layout, rank_slots(layout, _nodes(2, 4)))
+    assert [(g.kind, g.ranks, g.nodes) for g in groups] == [
+        ("tp", tuple(range(8)), ("node1", "node2"))]
+
+
+def test_too_few_nodes_refused():
+    with pytest.raises(UsageError, match="needs 4 node"):
         rank_slots(Layout(tp=2, pp=4), _nodes(2, 2))
+    with pytest.raises(UsageError, match="needs 3 node"):
+        rank_slots(Layout(tp=3, pp=1), _nodes(2, 2))
+    with pytest.raises(UsageError, match="no node"):
+        rank_slots(Layout(), [])
 
 
 def test_layout_from_spec_and_plan_matches():
@@ -105,3 +114,17 @@ def test_bad_layout_numbers_refused():
         Layout(tp=True)
     with pytest.raises(UsageError):
         Layout(dp=2)
+
+
+def test_engine_nodes_matches_vllm_even_split():
+    assert engine_nodes(Layout(tp=1, pp=2), 1) == 2
+    assert engine_nodes(Layout(tp=4, pp=2), 8) == 1
+    assert engine_nodes(Layout(tp=4, pp=2), 4) == 2
+    assert engine_nodes(Layout(tp=2, pp=3), 4) == 3     # 6 ranks: 2 per node
+
+
+def test_replicas_take_their_own_nodes_when_full():
+    layout = Layout(tp=1, pp=2, replicas=2)
+    slots = rank_slots(layout, _nodes(4, 1))
+    assert [(s.replica, s.rank, s.node) for s in slots] == [
+        (0, 0, "node1"), (0, 1, "node2"), (1, 0, "node3"), (1, 1, "node4")]
