@@ -142,6 +142,10 @@ class RayOptions:
     serve_ingress: str = "haproxy"      # haproxy | proxy (see SERVE_INGRESS)
     metrics: str = "off"                # off | prometheus (see METRICS: Prometheus on the head)
     prometheus_port: int = 9090         # the head's Prometheus, bound to its loopback
+    # The fixed ports the ranks of a multi-node engine rendezvous on (vLLM's master_port, the
+    # fabric proof's group stores): open them between the nodes.
+    vllm_port_min: int = 29500
+    vllm_port_max: int = 29599
     grafana_url: str | None = None      # an existing Grafana (RAY_GRAFANA_HOST)
     grafana_iframe_url: str | None = None   # what the browser loads (default: grafana_url)
 
@@ -670,6 +674,7 @@ _RAY_INT_KEYS = {"port": (1, 65535), "dashboard_port": (1, 65535),
                  "dashboard_agent_grpc_port": (1024, 65535),
                  "runtime_env_agent_port": (1024, 65535), "metrics_export_port": (1024, 65535),
                  "prometheus_port": (1, 65535),
+                 "vllm_port_min": (1024, 65535), "vllm_port_max": (1024, 65535),
                  "object_store_memory": (78643200, 1 << 50), "num_cpus": (1, 4096),
                  "memory": (1 << 20, 1 << 50)}
 
@@ -700,6 +705,8 @@ def _ray_options(v: _Validator, raw: Any) -> RayOptions:
     values["grafana_iframe_url"] = values["grafana_iframe_url"] or values["grafana_url"]
     if values["min_worker_port"] > values["max_worker_port"]:
         raise v.doc.fail(at + ("min_worker_port",), "must not exceed max_worker_port")
+    if values["vllm_port_min"] > values["vllm_port_max"]:
+        raise v.doc.fail(at + ("vllm_port_min",), "must not exceed vllm_port_max")
     return RayOptions(**values)
 
 
@@ -795,6 +802,14 @@ _EXPECT_SPEC: dict[str, tuple] = {
     "reachability.worker_port_samples": ("int", False, 0, 32),
     "reachability.serve_replica_ports": ("ints", False, 1, 65535),
     "fix.model_copy_port": ("int", False, 1, 65535),
+    "fabric.interconnect": ("choice", False, ("auto", "infiniband", "roce", "any")),
+    "fabric.nvlink_min_busbw_gbps": ("number", True, 0.0, 1e5),
+    "fabric.network_min_busbw_gbps": ("number", True, 0.0, 1e5),
+    "fabric.socket_min_busbw_gbps": ("number", True, 0.0, 1e5),
+    "fabric.gloo_min_busbw_gbps": ("number", True, 0.0, 1e5),
+    "fabric.size_mb": ("number", True, 0.001, 16384.0),
+    "fabric.latency_kb": ("number", False, 0.004, 1024.0),
+    "fabric.join_timeout_s": ("number", False, 5.0, 3600.0),
 }
 _COMPONENT_RE = re.compile(r"[a-z][a-z0-9_.-]{0,31}\Z")
 
