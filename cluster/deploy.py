@@ -290,6 +290,7 @@ class RayNode:
     cpus: float
     gpus: float
     is_head: bool = False
+    gpu_model: str | None = None
 
 
 @dataclass(frozen=True)
@@ -306,7 +307,7 @@ class ClusterView:
         for entry in state.nodes or ():
             if entry.alive:
                 nodes.append(RayNode(entry.ip, by_ip.get(entry.ip), entry.cpus, entry.gpus,
-                                     entry.is_head))
+                                     entry.is_head, getattr(entry, "gpu_model", None)))
         return cls(tuple(nodes))
 
     @property
