@@ -1,11 +1,13 @@
 """`cluster deploy` as ordered steps.
 
 gather (read-only: Ray's alive nodes and resources from the head, what Serve runs now) -> plan
-(pure, cluster/deploy.py: device, the Serve application, its placement, the config file) ->
-checks on every node that may host a bundle (the model files, the API-key variable: read-only)
--> [dry run stops here] -> confirm (replacing a deployed app) -> execute (the dashboard's PUT,
-merged with the other apps on the head) -> verify (wait until the app is RUNNING; the replicas'
-log tails when it is not).
+(pure, cluster/deploy.py: device, the Serve application, its placement, the config file; the
+fabric proof's groups, cluster/fabric_proof.py) -> checks on every node that may host a bundle
+(the model files, the API-key variable: read-only) -> [dry run stops here, showing the groups
+it would prove] -> the fabric proof (an all-reduce per group of the layout, the engine's
+backend, on its nodes and ports; a failed proof refuses the deployment unless forced) ->
+confirm (replacing a deployed app) -> execute (the dashboard's PUT, merged with the other apps
+on the head) -> verify (wait until the app is RUNNING; the replicas' log tails when it is not).
 
 Nothing is printed: the caller gets a DeployOutcome (the deploy.json document) and an
 `on_event` callback for progress lines; the Serve config is handed to `write_config`.
@@ -30,6 +32,8 @@ class DeployOptions:
     timeout_s: float = deploy.DEFAULT_TIMEOUT_S
     dry_run: bool = False
     secrets: Sequence[str] = field(default=(), repr=False)  # a config holding one is refused
+    verify: bool = True                 # run the fabric proof before engines start
+    force: bool = False                 # deploy even when the proof fails (said in warnings)
 
 
 class DeployOutcome(DocOutcome):
@@ -109,9 +113,15 @@ def _deploy(inv, session, options: DeployOptions, confirm, say, write_config,
     if problems:
         doc.update(status="REFUSED", error="; ".join(problems))
         return 2
+    proof_plan = _proof_plan(spec, device, cluster, inv, options, doc)
     if options.dry_run:
+        if proof_plan is not None:
+            doc["fabric_proof"] = _planned(proof_plan)
         doc["status"] = "DRY_RUN"
         return 0
+    if proof_plan is not None and not _prove(inv, session, proof_plan, cluster, options, say,
+                                             doc):
+        return 2
     if before is not None and not confirm(
             f"Application {spec.name!r} is already deployed ({before.status}); replace it "
             f"(its replicas restart if the config changed)?"):
@@ -140,3 +150,53 @@ def _deploy(inv, session, options: DeployOptions, confirm, say, write_config,
     say(f"not RUNNING: {doc['error']}; reading the replica logs")
     doc["log_tails"] = deploy.collect_log_tails(session, inv, outcome.state)
     return 2
+
+
+def _proof_plan(spec, device, cluster, inv, options: DeployOptions, doc: dict):
+    """The fabric proof of this layout (None: --no-verify, or no group of two ranks)."""
+    from cluster import fabric_proof
+    from cluster.errors import UsageError
+
+    if not options.verify:
+        doc["notes"].append("fabric proof skipped (--no-verify)")
+        return None
+    try:
+        plan = fabric_proof.plan_proof(spec, device, cluster, inv)
+    except UsageError as exc:
+        doc["warnings"].append(f"fabric proof not planned: {exc}")
+        return None
+    if not plan.groups:
+        doc["notes"].append("fabric proof: one rank per engine, no group to prove")
+        return None
+    return plan
+
+
+def _planned(plan) -> dict[str, Any]:
+    """What a dry run shows: the groups it would prove (nothing measured)."""
+    groups = [{"kind": g.kind, "ranks": list(g.ranks), "nodes": list(g.nodes),
+               "backend": plan.backend, "transport": None, "gdr": None, "busbw_gbps": None,
+               "threshold_gbps": None,
+               "verdict": f"dry run: would all-reduce on port {port}"}
+              for g, port in zip(plan.groups, plan.ports)]
+    return {"groups": groups, "status": "planned", "plan": plan.to_dict()}
+
+
+def _prove(inv, session, plan, cluster, options: DeployOptions, say, doc: dict) -> bool:
+    """Run the proof; False (doc says why) when it failed and --force was not given."""
+    from playbooks.nccl_check import run_proof
+
+    models = {n.name: n.gpu_model for n in cluster.nodes if n.name}
+    outcome = run_proof(inv, session, plan, models, on_event=say)
+    proof = outcome.proof
+    doc["fabric_proof"] = proof.to_dict()
+    say(f"fabric proof: {proof.verdict}")
+    if proof.ok:
+        return True
+    if options.force:
+        doc["warnings"].append(f"the fabric proof failed and --force deploys anyway: "
+                               f"{proof.verdict}")
+        return True
+    doc.update(status="REFUSED", error=f"fabric proof failed: {proof.verdict} (nothing was "
+                                       f"deployed; --force deploys anyway, --no-verify skips "
+                                       f"the proof)")
+    return False

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -424,3 +425,100 @@ run_dir: {tmp_path}/runs
     for f in files:
         assert SECRET not in f.read_text(), f
     assert SECRET not in p.stdout + p.stderr
+
+
+# ---------------------------------------------------------------- deploy: the fabric proof
+
+
+def _head_document(result: dict) -> str:
+    """What the head program (cluster/node_programs/nccl_job.py) prints for a finished job."""
+    import base64
+    import json
+    import zlib
+
+    return json.dumps({"submission_id": "proof", "submitted": True, "status": "SUCCEEDED",
+                       "message": None, "errors": [], "logs_tail": "", "timed_out": False,
+                       "result_z": base64.b64encode(zlib.compress(
+                           json.dumps(result).encode())).decode()})
+
+
+class ProofSession(RecordingSession):
+    """The head answers the proof job with `result` (every other command succeeds quietly)."""
+
+    def __init__(self, result: dict):
+        super().__init__()
+        self.result = result
+
+    def run(self, node, command, timeout=None, stdin=None):
+        res = super().run(node, command, timeout, stdin)
+        if "submission_id" in command:
+            return replace(res, stdout=_head_document(self.result))
+        return res
+
+
+def _pp2_options(**kw):
+    from cluster import deploy as lib
+    from playbooks import deploy
+
+    return deploy.DeployOptions(lib.spec_from_flags("/models/tiny", pp=2), timeout_s=5, **kw)
+
+
+FAILED_GROUP = {"ok": False, "groups": [{"index": 0, "ok": False, "port": 29500, "problems": [
+    "rank 1 on gpu2: run: DistStoreError: Timed out after 61 seconds waiting for clients"]}]}
+GOOD_GROUP = {"ok": True, "groups": [{"index": 0, "ok": True, "busbw_gbps": 0.4,
+                                      "latency_us": 90.0, "members": []}]}
+
+
+def test_deploy_dry_run_shows_the_groups_it_would_prove(deploy_cluster):
+    from playbooks import deploy
+    from test_deploy import inventory as deploy_inventory
+
+    session = RecordingSession()
+    out = deploy.run(deploy_inventory(), session, _pp2_options(dry_run=True), never,
+                     client=FakeDashboard())
+    assert out.doc["status"] == "DRY_RUN" and session.calls == []
+    proof = out.doc["fabric_proof"]
+    assert proof["status"] == "planned"
+    assert proof["groups"] == [{"kind": "pp", "ranks": [0, 1], "nodes": ["gpu1", "gpu2"],
+                                "backend": "gloo", "transport": None, "gdr": None,
+                                "busbw_gbps": None, "threshold_gbps": None,
+                                "verdict": "dry run: would all-reduce on port 29500"}]
+
+
+def test_deploy_refuses_on_a_failed_proof_and_deploys_nothing(deploy_cluster):
+    from playbooks import deploy
+    from test_deploy import inventory as deploy_inventory
+
+    dash = FakeDashboard()
+    out = deploy.run(deploy_inventory(), ProofSession(FAILED_GROUP), _pp2_options(), never,
+                     client=dash)
+    assert out.exit_code == 2 and out.doc["status"] == "REFUSED" and dash.puts == []
+    assert "gpu1 -> gpu2" in out.doc["error"] and "port 29500" in out.doc["error"]
+    assert out.doc["fabric_proof"]["status"] == "fail"
+
+
+def test_deploy_force_deploys_despite_the_failed_proof_and_says_so(deploy_cluster):
+    from playbooks import deploy
+    from test_deploy import inventory as deploy_inventory
+
+    dash = FakeDashboard()
+    out = deploy.run(deploy_inventory(), ProofSession(FAILED_GROUP), _pp2_options(force=True),
+                     never, client=dash)
+    assert out.exit_code == 0 and [p["name"] for p in dash.puts] == ["tiny"]
+    assert any("--force deploys anyway" in w for w in out.doc["warnings"])
+
+
+def test_deploy_proves_then_deploys_and_no_verify_skips(deploy_cluster):
+    from playbooks import deploy
+    from test_deploy import inventory as deploy_inventory
+
+    dash, session = FakeDashboard(), ProofSession(GOOD_GROUP)
+    out = deploy.run(deploy_inventory(), session, _pp2_options(), never, client=dash)
+    assert out.exit_code == 0 and out.doc["fabric_proof"]["status"] == "ok"
+    assert out.doc["fabric_proof"]["groups"][0]["transport"] == "TCP"
+    assert [node for _, node, _ in session.calls] == ["gpu1"]     # one job on the head
+    dash, session = FakeDashboard(), ProofSession(FAILED_GROUP)
+    out = deploy.run(deploy_inventory(), session, _pp2_options(verify=False), never,
+                     client=dash)
+    assert out.exit_code == 0 and session.calls == [] and "fabric_proof" not in out.doc
+    assert "fabric proof skipped (--no-verify)" in out.doc["notes"]
