@@ -60,6 +60,13 @@ class Layout:
                    dp=spec.data_parallel_size if spec.expert_parallel else 1,
                    ep=bool(spec.expert_parallel), replicas=spec.replicas)
 
+    @classmethod
+    def from_plan(cls, plan: Any) -> "Layout":
+        """From cluster.plan_file.PlanFile (the plan `cluster deploy --plan` turns into a spec)."""
+        ep = bool(plan.enable_expert_parallel)
+        return cls(tp=plan.tensor_parallel_size, pp=plan.pipeline_parallel_size,
+                   dp=plan.data_parallel_size if ep else 1, ep=ep, replicas=plan.replicas)
+
     @property
     def ranks_per_engine(self) -> int:
         return self.tp * self.pp * self.dp

@@ -92,8 +92,8 @@ def node_slots(layout: Layout, device: str, cluster: Any, inventory: Any) -> lis
 
 
 def plan_proof(spec: Any, device: str, cluster: Any, inventory: Any) -> ProofPlan:
-    """The proof of this DeploySpec on these alive nodes (cluster.deploy.ClusterView)."""
-    layout = Layout.from_spec(spec)
+    """The proof of this DeploySpec (or Layout) on these alive nodes (deploy.ClusterView)."""
+    layout = spec if isinstance(spec, Layout) else Layout.from_spec(spec)
     slots = rank_slots(layout, node_slots(layout, device, cluster, inventory))
     groups = layout_groups(layout, slots)[:GROUP_MAX]
     lo, hi = inventory.ray.vllm_port_min, inventory.ray.vllm_port_max

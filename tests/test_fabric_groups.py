@@ -100,7 +100,7 @@ def test_layout_from_spec_and_plan_matches():
     plan = parse_plan("model: /models/m\ntensor_parallel_size: 2\npipeline_parallel_size: 2\n"
                       "replicas: 1\n", "p.yaml")
     spec = deploy.spec_from_plan(plan)
-    assert Layout.from_spec(spec) == Layout(tp=2, pp=2)
+    assert Layout.from_spec(spec) == Layout(tp=2, pp=2) == Layout.from_plan(plan)
     moe = deploy.spec_from_flags("/models/m", tp=2, dp=4, expert_parallel=True)
     assert Layout.from_spec(moe) == Layout(tp=2, dp=4, ep=True)
     dense = deploy.spec_from_flags("/models/m", tp=2, dp=3)
