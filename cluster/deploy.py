@@ -386,6 +386,10 @@ def runtime_env_vars(spec: DeploySpec, device: str, cluster: ClusterView,
             env["GLOO_SOCKET_IFNAME"] = gloo
         if hcas:
             env["NCCL_IB_HCA"] = hcas
+        # The ranks' own init lines (transport per channel) for the post-start reading
+        # (cluster/engine_transport.py): INIT and NET only, printed once per communicator.
+        env["NCCL_DEBUG"] = "INFO"
+        env["NCCL_DEBUG_SUBSYS"] = "INIT,NET"
     env.update(check_user_env(spec.env, spec.api_key_env))
     return env
 

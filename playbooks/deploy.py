@@ -15,6 +15,7 @@ Nothing is printed: the caller gets a DeployOutcome (the deploy.json document) a
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -129,6 +130,7 @@ def _deploy(inv, session, options: DeployOptions, confirm, say, write_config,
         return 2
 
     # 4. PUT (merged with the other apps on the head), then wait for RUNNING
+    started = time.time()
     say(f"deploying {spec.name} ({spec.import_path}) through the dashboard")
     applied = deploy.deploy_app(client, app, inv)
     doc["apply"] = applied.to_dict()
@@ -145,7 +147,7 @@ def _deploy(inv, session, options: DeployOptions, confirm, say, write_config,
                waited_s=round(outcome.waited_s, 1),
                app=outcome.state.to_dict() if outcome.state else None)
     if outcome.running:
-        return 0
+        return _confirm_transport(inv, session, proof_plan, options, say, doc, started)
     doc["error"] = deploy.failure_reason(outcome, options.timeout_s)
     say(f"not RUNNING: {doc['error']}; reading the replica logs")
     doc["log_tails"] = deploy.collect_log_tails(session, inv, outcome.state)
@@ -200,3 +202,40 @@ def _prove(inv, session, plan, cluster, options: DeployOptions, say, doc: dict) 
                                        f"deployed; --force deploys anyway, --no-verify skips "
                                        f"the proof)")
     return False
+
+
+def _confirm_transport(inv, session, plan, options: DeployOptions, say, doc: dict,
+                       since: float) -> int:
+    """After RUNNING: each group's transport from its ranks' own init lines (the logs Ray keeps
+    on the groups' nodes); a contradiction of the proof or the inventory fails (exit 2)."""
+    from cluster import engine_transport, fabric_thresholds
+    from cluster.deploy import logs_dir
+    from cluster.node_programs import fan_out_program
+
+    if plan is None:
+        return 0
+    names = list(dict.fromkeys(s.node for s in plan.slots))
+    nodes = [inv.node(n) for n in names]
+    say(f"reading the ranks' init lines on {', '.join(names)}")
+    got = fan_out_program(session, nodes, "engine_logs", [logs_dir(inv), f"{since - 5:.0f}"],
+                          timeout=60, python=inv.ray.python)
+    docs = {n.name: d for n, d in zip(nodes, got) if isinstance(d, dict)}
+    readings = engine_transport.read_engine(plan.groups, engine_transport.logs_of(docs),
+                                            plan.backend)
+    doc["engine_transport"] = [r.to_dict() for r in readings]
+    missing = engine_transport.unconfirmed(readings)
+    if missing:
+        doc["warnings"].append(f"transport not confirmed from the engine's own lines for "
+                               f"{', '.join(missing)} (no init line found in the Ray logs "
+                               f"of {', '.join(names)})")
+    proof = doc.get("fabric_proof") or {}
+    network = fabric_thresholds.expected_network(inv.expectations,
+                                                 any(n.ib_hcas for n in inv.nodes))
+    problems = engine_transport.mismatches(proof.get("groups") or [], readings, network,
+                                           proof.get("details") or [])
+    if not problems:
+        return 0
+    doc.update(status="TRANSPORT_MISMATCH",
+               error="; ".join(problems) + f" (the app stays deployed for inspection: "
+                                           f"`cluster undeploy {options.spec.name}`)")
+    return 2

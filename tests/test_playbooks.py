@@ -445,14 +445,21 @@ def _head_document(result: dict) -> str:
 class ProofSession(RecordingSession):
     """The head answers the proof job with `result` (every other command succeeds quietly)."""
 
-    def __init__(self, result: dict):
+    def __init__(self, result: dict, engine_lines: dict | None = None):
         super().__init__()
         self.result = result
+        self.engine_lines = engine_lines or {}
 
     def run(self, node, command, timeout=None, stdin=None):
         res = super().run(node, command, timeout, stdin)
         if "submission_id" in command:
             return replace(res, stdout=_head_document(self.result))
+        if "engine_logs LOGS_DIR" in str(stdin or ""):
+            lines = self.engine_lines.get(node.name, [])
+            return replace(res, stdout=json.dumps({"dir": "/tmp/ray/session_latest/logs",
+                                                   "files": [{"path": "worker-a-01-1.err",
+                                                              "lines": lines}],
+                                                   "truncated": False, "error": None}))
         return res
 
 
@@ -516,9 +523,40 @@ def test_deploy_proves_then_deploys_and_no_verify_skips(deploy_cluster):
     out = deploy.run(deploy_inventory(), session, _pp2_options(), never, client=dash)
     assert out.exit_code == 0 and out.doc["fabric_proof"]["status"] == "ok"
     assert out.doc["fabric_proof"]["groups"][0]["transport"] == "TCP"
-    assert [node for _, node, _ in session.calls] == ["gpu1"]     # one job on the head
+    # one job on the head, then the ranks' init lines read on the groups' nodes
+    assert [node for _, node, _ in session.calls] == ["gpu1", "gpu1", "gpu2"]
+    assert out.doc["engine_transport"][0]["transport"] is None      # no init line: a warning
+    assert any("not confirmed" in w for w in out.doc["warnings"])
     dash, session = FakeDashboard(), ProofSession(FAILED_GROUP)
     out = deploy.run(deploy_inventory(), session, _pp2_options(verify=False), never,
                      client=dash)
     assert out.exit_code == 0 and session.calls == [] and "fabric_proof" not in out.doc
     assert "fabric proof skipped (--no-verify)" in out.doc["notes"]
+
+
+GLOO_INIT = ("INFO parallel_state.py:1208] world_size=2 rank={r} local_rank=0 "
+             "distributed_init_method=tcp://10.0.0.1:29500 backend=gloo")
+
+
+def test_deploy_confirms_the_transport_from_the_ranks_init_lines(deploy_cluster):
+    from playbooks import deploy
+    from test_deploy import inventory as deploy_inventory
+
+    lines = {"gpu1": [GLOO_INIT.format(r=0)], "gpu2": [GLOO_INIT.format(r=1)]}
+    out = deploy.run(deploy_inventory(), ProofSession(GOOD_GROUP, lines), _pp2_options(), never,
+                     client=FakeDashboard())
+    assert out.exit_code == 0, out.doc.get("error")
+    got = out.doc["engine_transport"][0]
+    assert got["transport"] == "TCP" and got["engine_ranks"] == {"0": "gpu1", "1": "gpu2"}
+    assert "backend=gloo" in got["evidence"]
+
+
+def test_deploy_fails_when_the_engine_contradicts_the_proof(deploy_cluster):
+    from playbooks import deploy
+    from test_deploy import inventory as deploy_inventory
+
+    lines = {"gpu1": [GLOO_INIT.format(r=0), GLOO_INIT.format(r=1)]}
+    out = deploy.run(deploy_inventory(), ProofSession(GOOD_GROUP, lines), _pp2_options(), never,
+                     client=FakeDashboard())
+    assert out.exit_code == 2 and out.doc["status"] == "TRANSPORT_MISMATCH"
+    assert "rank 1 on gpu1 (proven on gpu2)" in out.doc["error"]
