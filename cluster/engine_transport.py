@@ -219,3 +219,43 @@ def logs_of(documents: Mapping[str, Any]) -> dict[str, list[str]]:
                 texts.append("\n".join(str(x)[:LINE_MAX] for x in lines[:10000]) + "\n")
         out[node] = texts
     return out
+
+
+RUNS_SCANNED = 200               # the newest run directories `confirmed_by_app` looks into
+DEPLOY_DOC_MAX = 8 << 20
+
+
+def confirmed_by_app(run_root: str, apps: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """app -> the transport its last deployment confirmed ({"groups": ["pp [0,1]: TCP", ...],
+    "deployed_from": run dir}), from the newest deploy.json of each app that read its ranks'
+    init lines (`cluster status` shows it). Apps without one are left out."""
+    from pathlib import Path
+
+    from cluster.errors import ClusterError
+    from cluster.modelinfo import read_json_file
+
+    wanted = set(apps)
+    out: dict[str, dict[str, Any]] = {}
+    runs = sorted((p for p in Path(run_root).glob("*/deploy.json") if not p.is_symlink()),
+                  key=lambda p: p.parent.name, reverse=True)[:RUNS_SCANNED]
+    for path in runs:
+        if wanted <= set(out):
+            break
+        try:
+            doc = read_json_file(path, "deploy record", max_bytes=DEPLOY_DOC_MAX)
+        except ClusterError:
+            continue
+        name = doc.get("name") if isinstance(doc, Mapping) else None
+        readings = doc.get("engine_transport") if isinstance(doc, Mapping) else None
+        if name not in wanted or name in out or not isinstance(readings, list):
+            continue
+        groups = []
+        for r in readings[:64]:
+            if isinstance(r, Mapping) and isinstance(r.get("ranks"), list):
+                over = r.get("transport") or "not confirmed"
+                gdr = "/GDR" if r.get("gdr") else ""
+                groups.append(f"{r.get('kind')} [{','.join(map(str, r['ranks'][:16]))}]: "
+                              f"{over}{gdr}")
+        out[name] = {"groups": groups, "status": doc.get("status"),
+                     "deployed_from": str(path.parent)}
+    return out

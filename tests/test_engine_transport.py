@@ -142,3 +142,25 @@ def test_collector_refuses_a_logs_dir_outside_rays_and_never_follows_file_links(
     (tmp_path / "n" / "session_evil").symlink_to(outside.parent)
     doc = _run_collector(tmp_path / "n" / "session_evil" / "logs")
     assert doc["error"] and doc["files"] == []
+
+
+def test_confirmed_by_app_reads_the_newest_deploy_record_of_each_app(tmp_path):
+    import json
+
+    from cluster.engine_transport import confirmed_by_app
+
+    def record(run, name, readings):
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "deploy.json").write_text(json.dumps(
+            {"name": name, "status": "RUNNING", "engine_transport": readings}))
+
+    tcp = [{"kind": "pp", "ranks": [0, 1], "transport": "TCP", "gdr": None}]
+    ib = [{"kind": "pp", "ranks": [0, 1], "transport": "IB", "gdr": True}]
+    record("20261201-220000", "tiny", tcp)
+    record("20261201-230000", "tiny", ib)
+    record("20261201-230500", "other", None)
+    (tmp_path / "20261201-231000").mkdir()
+    (tmp_path / "20261201-231000" / "deploy.json").write_text("{not json")
+    got = confirmed_by_app(str(tmp_path), ["tiny", "other", "absent"])
+    assert got == {"tiny": {"groups": ["pp [0,1]: IB/GDR"], "status": "RUNNING",
+                            "deployed_from": str(tmp_path / "20261201-230000")}}
