@@ -55,6 +55,7 @@ class Row:
 class Table:
     pass_fraction: float
     rows: tuple[Row, ...]
+    plan_reference_tokens_per_s: float = 1000.0
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,9 @@ def parse_table(text: str) -> Table:
     rows = tuple(_row(r, i) for i, r in enumerate(data["rows"]))
     if len({r.id for r in rows}) != len(rows):
         raise UsageError("fabric table: row ids must be unique")
-    return Table(_number(data.get("pass_fraction"), "pass_fraction", 0.01, 1), rows)
+    return Table(_number(data.get("pass_fraction"), "pass_fraction", 0.01, 1), rows,
+                 _number(data.get("plan_reference_tokens_per_s", 1000), "plan_reference_"
+                         "tokens_per_s", 1, 1e9))
 
 
 @lru_cache(maxsize=1)
