@@ -153,6 +153,7 @@ class GroupVerdict:
     threshold_source: str | None = None
     evidence: str | None = None
     problems: tuple[str, ...] = ()
+    devices: tuple[tuple[str, ...], ...] = ()     # per rank: the GPU ids Ray gave it
 
     def to_dict(self) -> dict[str, Any]:
         """The contract keys of fabric_proof.groups[] (issue 23)."""
@@ -165,7 +166,8 @@ class GroupVerdict:
         return {"kind": self.kind, "replica": self.replica, "ranks": list(self.ranks),
                 "status": self.status.value, "port": self.port, "latency_us": self.latency_us,
                 "threshold_basis": self.threshold_basis, "threshold_source": self.threshold_source,
-                "evidence": self.evidence, "problems": list(self.problems)}
+                "evidence": self.evidence, "problems": list(self.problems),
+                "devices": [list(d) for d in self.devices]}
 
 
 @dataclass(frozen=True)
@@ -228,7 +230,11 @@ def _pair(group: Group) -> str:
 def _could_not_form(group: Group, port: int, raw: Mapping[str, Any], backend: str) -> str:
     first = group.nodes[0]
     others = [n for n in group.nodes if n != first]
-    lead = next(iter(raw.get("problems") or ()), "the ranks did not all join")
+    problems = [str(p) for p in raw.get("problems") or ()]
+    # a joining rank's own error (it names the address it could not reach) says more than
+    # the store owner's wait timeout
+    joining = [p for p in problems if not p.startswith("rank 0 ")]
+    lead = (joining or problems or ["the ranks did not all join"])[0]
     if others:
         look = (f"TCP port {port} on {first} must be reachable from {', '.join(others)} "
                 f"(firewall, security groups: open ray.vllm_port_min..vllm_port_max between the "
@@ -290,6 +296,8 @@ def judge_group(plan: ProofPlan, index: int, raw: Mapping[str, Any] | None,
     base = dict(kind=group.kind, replica=group.replica, ranks=group.ranks, nodes=group.nodes,
                 backend=plan.backend, port=port)
     raw = raw or {"problems": ["the proof job ended before this group ran"]}
+    base["devices"] = tuple(tuple(str(x) for x in (m.get("gpu_ids") or ()))
+                            for m in raw.get("members") or () if isinstance(m, Mapping))
     if not raw.get("ok"):
         return GroupVerdict(**base, transport=None, gdr=None, busbw_gbps=None,
                             threshold_gbps=None, status=Status.FAIL,

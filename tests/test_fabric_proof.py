@@ -123,13 +123,16 @@ def test_gloo_group_above_and_below_the_floor():
 def test_group_that_cannot_form_names_its_nodes_and_port():
     inv, plan = _cpu_plan()
     raw = {"index": 0, "ok": False, "port": 29600, "problems": [
-        "rank 1 on node2: run: DistStoreError: Timed out after 16 seconds waiting for clients"]}
+        "rank 0 on node1: join: DistStoreError: wait timeout after 15000ms, keys: /0//cpu//0/1",
+        "rank 1 on node2: join: DistNetworkError: The client socket has timed out after "
+        "15000ms while trying to connect to (198.18.5.1, 29600)."]}
     proof = fabric_proof.judge_proof(plan, _outcome([raw], ok=False),
                                      fabric_proof.Context.of(inv))
     assert proof.status == Status.FAIL
     verdict = proof.to_dict()["groups"][0]["verdict"]
     assert "node1 -> node2" in verdict and "port 29600" in verdict
     assert "TCP port 29600 on node1 must be reachable from node2" in verdict
+    assert "cannot form on port 29600: rank 1 on node2: join: DistNetworkError" in verdict
 
 
 def test_job_without_groups_fails_every_group():
