@@ -84,27 +84,40 @@ def _lines(texts: Sequence[str]):
             yield line[:LINE_MAX]
 
 
-def engine_ranks(logs: Mapping[str, Sequence[str]]) -> dict[int, EngineRank]:
-    """rank -> where the engine's process-group init line for it was logged (the first one)."""
-    found: dict[int, EngineRank] = {}
-    assigned: dict[int, tuple[int, int]] = {}
+def engine_ranks(logs: Mapping[str, Sequence[str]], world_size: int | None = None
+                 ) -> dict[int, dict[str, EngineRank]]:
+    """rank -> {node: its process-group init line there} (the first per node). Only lines of
+    an engine of `world_size` ranks count when it is given: several engines (replicas, other
+    apps) log the same rank numbers."""
+    found: dict[int, dict[str, EngineRank]] = {}
+    assigned: dict[tuple[str, int], tuple[int, int]] = {}
     for node, texts in logs.items():
         for line in _lines(texts):
             m = _INIT_RE.search(line)
             if m:
-                rank = int(m.group(2))
-                found.setdefault(rank, EngineRank(rank, int(m.group(1)), node, m.group(5),
-                                                  m.group(4), line=line.strip()))
+                rank, world = int(m.group(2)), int(m.group(1))
+                if world_size is None or world == world_size:
+                    found.setdefault(rank, {}).setdefault(node, EngineRank(
+                        rank, world, node, m.group(5), m.group(4), line=line.strip()))
                 continue
             a = _ASSIGNED_RE.search(line)
-            if a:
-                assigned.setdefault(int(a.group(1)), (int(a.group(4)), int(a.group(5))))
-    out = {}
-    for rank, r in found.items():
-        pp, tp = assigned.get(rank, (None, None))
-        out[rank] = EngineRank(r.rank, r.world_size, r.node, r.backend, r.init_method, pp, tp,
-                               r.line)
+            if a and (world_size is None or int(a.group(2)) == world_size):
+                assigned.setdefault((node, int(a.group(1))), (int(a.group(4)), int(a.group(5))))
+    out: dict[int, dict[str, EngineRank]] = {}
+    for rank, per_node in found.items():
+        out[rank] = {}
+        for node, r in per_node.items():
+            pp, tp = assigned.get((node, rank), (None, None))
+            out[rank][node] = EngineRank(r.rank, r.world_size, node, r.backend, r.init_method,
+                                         pp, tp, r.line)
     return out
+
+
+def _where(per_node: Mapping[str, EngineRank], expected: str | None) -> EngineRank:
+    """The line of the node the proof placed the rank on, else the first other one."""
+    if expected in per_node:
+        return per_node[expected]
+    return next(iter(per_node.values()))
 
 
 def _nccl_reading(texts: Sequence[str], crosses: bool) -> tuple[str | None, bool | None,
@@ -140,16 +153,18 @@ def _first(texts: Sequence[str], pattern: re.Pattern) -> str | None:
 
 
 def read_engine(groups: Sequence[Any], logs: Mapping[str, Sequence[str]],
-                backend: str) -> tuple[EngineReading, ...]:
-    """Per group (cluster.fabric_groups.Group), what the engine's own lines show."""
-    ranks = engine_ranks(logs)
+                backend: str, world_size: int | None = None) -> tuple[EngineReading, ...]:
+    """Per group (cluster.fabric_groups.Group), what the engine's own lines show
+    (`world_size`: the engine's ranks, to tell its lines from other engines')."""
+    ranks = engine_ranks(logs, world_size)
     out = []
     for g in groups:
         texts = [t for node in g.nodes for t in logs.get(node, ())]
-        seen = {r: ranks[r].node for r in g.ranks if r in ranks}
         placed = {m.rank: m.node for m in g.members}
+        chosen = {r: _where(ranks[r], placed.get(r)) for r in g.ranks if r in ranks}
+        seen = {r: line.node for r, line in chosen.items()}
         if backend == "gloo":
-            lines = [ranks[r] for r in g.ranks if r in ranks]
+            lines = list(chosen.values())
             backends = {r.backend for r in lines}
             transport = "TCP" if lines and backends == {"gloo"} else (
                 ",".join(sorted(b or "?" for b in backends)) or None)
@@ -163,31 +178,42 @@ def read_engine(groups: Sequence[Any], logs: Mapping[str, Sequence[str]],
     return tuple(out)
 
 
-def mismatches(proof_groups: Sequence[Mapping[str, Any]], readings: Sequence[EngineReading],
-               expected_network: str | None, details: Sequence[Mapping[str, Any]] = ()
-               ) -> list[str]:
-    """Why the running engine contradicts the proof or the inventory (empty: it does not).
-
-    `proof_groups`: fabric_proof.groups (may be empty when no proof ran); readings in the same
-    group order. A group the engine says nothing about is not a mismatch (see `unconfirmed`).
-    """
-    problems = []
-    proofs = {(tuple(p["ranks"]), p["kind"]): (p, d) for p, d in
-              zip(proof_groups, list(details) + [{}] * (len(proof_groups) - len(details)))}
+def placement_warnings(readings: Sequence[EngineReading]) -> list[str]:
+    """Ranks the engine ran on another node than the proof tested (their transport there is
+    not proven): Ray's placement decides where the engine runs."""
+    out = []
     for r in readings:
-        label = f"{r.kind} [{','.join(map(str, r.ranks))}]"
         placed = r.expected_ranks or {}
         moved = {rank: node for rank, node in r.engine_ranks.items()
                  if placed.get(rank, node) != node}
         if moved:
             where = ", ".join(f"rank {k} on {v} (proven on {placed[k]})"
                               for k, v in sorted(moved.items()))
-            problems.append(f"{label}: the engine placed {where}")
-        if r.transport is None:
+            out.append(f"{_label(r)}: the engine placed {where}: not proven there")
+    return out
+
+
+def _label(r: EngineReading) -> str:
+    return f"{r.kind} [{','.join(map(str, r.ranks))}]"
+
+
+def mismatches(proof_groups: Sequence[Mapping[str, Any]], readings: Sequence[EngineReading],
+               expected_network: str | None, details: Sequence[Mapping[str, Any]] = ()
+               ) -> list[str]:
+    """Where the running engine's cross-node transport contradicts the proof or the inventory
+    (empty: it does not): sockets where InfiniBand/RoCE is expected, or another inter-node
+    transport or GDR state than the proof ran over (both lines given). Inside a node NCCL may
+    pick another P2P path for the engine's own communicators: reported, not judged. A group
+    the engine says nothing about is not a mismatch (see `unconfirmed`)."""
+    problems = []
+    proofs = {(tuple(p["ranks"]), p["kind"]): (p, d) for p, d in
+              zip(proof_groups, list(details) + [{}] * (len(proof_groups) - len(details)))}
+    for r in readings:
+        if r.transport is None or len(r.nodes) < 2:
             continue
-        if expected_network and len(r.nodes) > 1 and r.transport == "SOCKET":
+        if expected_network and r.transport == "SOCKET":
             want = "InfiniBand" if expected_network == "IB" else "RoCE"
-            problems.append(f"{label}: the engine's channels go over sockets where the "
+            problems.append(f"{_label(r)}: the engine's channels go over sockets where the "
                             f"inventory expects {want}: {r.evidence}")
             continue
         proof, detail = proofs.get((r.ranks, r.kind), (None, {}))
@@ -196,8 +222,9 @@ def mismatches(proof_groups: Sequence[Mapping[str, Any]], readings: Sequence[Eng
         if (proof["transport"], bool(proof.get("gdr"))) != (r.transport, bool(r.gdr)):
             said = f"{proof['transport']}{'/GDR' if proof.get('gdr') else ''}"
             got = f"{r.transport}{'/GDR' if r.gdr else ''}"
-            problems.append(f"{label}: the proof ran over {said} ({(detail or {}).get('evidence') or proof.get('verdict')}) "
-                            f"but the engine runs over {got}: {r.evidence}")
+            line = (detail or {}).get("evidence") or proof.get("verdict")
+            problems.append(f"{_label(r)}: the proof ran over {said} ({line}) but the engine "
+                            f"runs over {got}: {r.evidence}")
     return problems
 
 

@@ -24,6 +24,7 @@ not used, or when its bus bandwidth is below its threshold; each verdict says wh
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -289,6 +290,13 @@ class Context:
                    models, nvlink, ib_facts)
 
 
+def _figure(value: Any) -> float | None:
+    """A figure from the job's result: a finite, non-negative number, else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and 0 <= value < 1e12 else None
+
+
 def judge_group(plan: ProofPlan, index: int, raw: Mapping[str, Any] | None,
                 ctx: Context) -> GroupVerdict:
     """One group's verdict from its record in the job's result (None: the job never ran it)."""
@@ -303,10 +311,7 @@ def judge_group(plan: ProofPlan, index: int, raw: Mapping[str, Any] | None,
                             threshold_gbps=None, status=Status.FAIL,
                             verdict=_could_not_form(group, port, raw, plan.backend),
                             problems=tuple(str(p) for p in raw.get("problems") or ()))
-    busbw = raw.get("busbw_gbps")
-    busbw = float(busbw) if isinstance(busbw, (int, float)) and not isinstance(busbw, bool) \
-        else None
-    latency = raw.get("latency_us") if isinstance(raw.get("latency_us"), (int, float)) else None
+    busbw, latency = _figure(raw.get("busbw_gbps")), _figure(raw.get("latency_us"))
     crosses = group.crosses_nodes
     nodes = list(group.nodes)
     gpu_model = ctx.gpu_models.get(nodes[0])
@@ -346,6 +351,8 @@ def judge_group(plan: ProofPlan, index: int, raw: Mapping[str, Any] | None,
                                  ranks_per_node=group.ranks_per_node(),
                                  port_rates_gbps=_port_rates(ctx.ib_facts, nodes) if crosses
                                  else (), overrides=ctx.expectations.get("fabric"))
+    if busbw is None:
+        findings.append((Status.WARN, "no bus bandwidth figure came back from the job"))
     met = ft.meets(busbw, threshold)
     if met is False:
         if crosses:

@@ -221,8 +221,9 @@ def _confirm_transport(inv, session, plan, options: DeployOptions, say, doc: dic
                           timeout=60, python=inv.ray.python)
     docs = {n.name: d for n, d in zip(nodes, got) if isinstance(d, dict)}
     readings = engine_transport.read_engine(plan.groups, engine_transport.logs_of(docs),
-                                            plan.backend)
+                                            plan.backend, plan.layout.ranks_per_engine)
     doc["engine_transport"] = [r.to_dict() for r in readings]
+    doc["warnings"] += engine_transport.placement_warnings(readings)
     missing = engine_transport.unconfirmed(readings)
     if missing:
         doc["warnings"].append(f"transport not confirmed from the engine's own lines for "

@@ -3,7 +3,8 @@ runs over; real NCCL logs from the fixtures placed where a rank's log is read.""
 
 from __future__ import annotations
 
-from cluster.engine_transport import engine_ranks, mismatches, read_engine, unconfirmed
+from cluster.engine_transport import (engine_ranks, mismatches, placement_warnings, read_engine,
+                                      unconfirmed)
 from cluster.fabric_groups import Layout, NodeSlots, layout_groups, rank_slots
 from fakes import fixture_text
 
@@ -65,21 +66,25 @@ def test_socket_log_gives_socket_and_fails_where_ib_is_expected():
 def test_gloo_lines_give_tcp_and_the_ranks_the_engine_reports():
     groups = _pp2(("node1", "node2"))
     logs = {"node1": [GLOO_NODE1], "node2": [GLOO_NODE2]}
-    ranks = engine_ranks(logs)
-    assert {r: (v.node, v.backend, v.pp_rank) for r, v in ranks.items()} == {
-        0: ("node1", "gloo", 0), 1: ("node2", "gloo", 1)}
+    ranks = engine_ranks(logs, world_size=2)
+    assert {r: [(v.node, v.backend, v.pp_rank) for v in per.values()]
+            for r, per in ranks.items()} == {0: [("node1", "gloo", 0)], 1: [("node2", "gloo", 1)]}
+    assert engine_ranks(logs, world_size=4) == {}          # another engine's lines
     reading = read_engine(groups, logs, "gloo")[0]
     assert reading.transport == "TCP" and reading.engine_ranks == {0: "node1", 1: "node2"}
     assert "backend=gloo" in reading.evidence
     assert mismatches([], [reading], None) == []
 
 
-def test_engine_ranks_on_other_nodes_than_the_proof_tested_are_a_mismatch():
+def test_engine_ranks_on_other_nodes_than_the_proof_tested_are_named():
     groups = _pp2(("node1", "node2"))
     logs = {"node1": [GLOO_NODE1 + GLOO_NODE2.replace("RankActor", "Other")]}
-    reading = read_engine(groups, logs, "gloo")[0]
-    problems = mismatches([], [reading], None)
-    assert problems == ["pp [0,1]: the engine placed rank 1 on node1 (proven on node2)"]
+    reading = read_engine(groups, logs, "gloo", world_size=2)[0]
+    assert placement_warnings([reading]) == [
+        "pp [0,1]: the engine placed rank 1 on node1 (proven on node2): not proven there"]
+    # the same rank number logged by another engine elsewhere does not hide the right node
+    both = {"node1": [GLOO_NODE1 + GLOO_NODE2], "node2": [GLOO_NODE2]}
+    assert placement_warnings(read_engine(groups, both, "gloo", world_size=2)) == []
 
 
 def test_no_init_lines_leave_the_group_unconfirmed():

@@ -175,3 +175,14 @@ def test_socket_group_not_failed_when_the_inventory_expects_any():
     ctx = fabric_proof.Context.of(inv, {"gpu1": "H100"})
     proof = fabric_proof.judge_proof(plan, _outcome([_nccl_group(SOCKET_LOG, 45.0)]), ctx)
     assert proof.ok, proof.verdict
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0, True, "12"])
+def test_a_non_finite_or_odd_figure_from_the_job_is_no_figure(bad):
+    inv, plan = _cpu_plan()
+    proof = fabric_proof.judge_proof(plan, _outcome([{"index": 0, "ok": True,
+                                                       "busbw_gbps": bad, "members": []}]),
+                                     fabric_proof.Context.of(inv))
+    g = proof.to_dict()["groups"][0]
+    assert g["busbw_gbps"] is None and "no bus bandwidth figure" in g["verdict"]
+    assert proof.status == Status.WARN

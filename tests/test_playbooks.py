@@ -20,6 +20,7 @@ from cluster.ray_cluster import CHANGED
 from cluster.ray_state import GcsNode, RayState
 from cluster.tune import TuneSettings
 from playbooks import drain, restart_node, tune, undeploy
+from fakes import fixture_text
 from test_ray_plan import INV, IDS, IPS, RecordingSession, facts
 from test_tune import ORIGINAL, FakeServe, fake_bench
 
@@ -551,12 +552,34 @@ def test_deploy_confirms_the_transport_from_the_ranks_init_lines(deploy_cluster)
     assert "backend=gloo" in got["evidence"]
 
 
-def test_deploy_fails_when_the_engine_contradicts_the_proof(deploy_cluster):
+def test_deploy_names_ranks_the_engine_placed_elsewhere(deploy_cluster):
     from playbooks import deploy
     from test_deploy import inventory as deploy_inventory
 
     lines = {"gpu1": [GLOO_INIT.format(r=0), GLOO_INIT.format(r=1)]}
     out = deploy.run(deploy_inventory(), ProofSession(GOOD_GROUP, lines), _pp2_options(), never,
                      client=FakeDashboard())
+    assert out.exit_code == 0
+    assert any("rank 1 on gpu1 (proven on gpu2)" in w for w in out.doc["warnings"])
+
+
+SOCKET_LINE = ("gpu1:124172:124172 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via "
+               "NET/Socket/0")
+
+
+def test_deploy_fails_when_the_engine_runs_on_sockets_where_ib_is_expected(monkeypatch,
+                                                                           deploy_cluster):
+    from playbooks import deploy
+    from test_deploy import inventory as deploy_inventory
+
+    inv = deploy_inventory()                  # its nodes list ib_hcas: InfiniBand expected
+    lines = {"gpu1": [SOCKET_LINE]}
+    monkeypatch.setattr("cluster.fabric_proof.backend_for", lambda device: "nccl")
+    good = {"ok": True, "groups": [{"index": 0, "ok": True, "busbw_gbps": 45.0, "members": [
+        {"rank": 0, "nccl_log": fixture_text("nccl", "041-ray-vllm-deepseek-16rank-ib-"
+                                                      "gdrdma-truncated-lines.log")}]}]}
+    out = deploy.run(inv, ProofSession(good, lines), _pp2_options(force=True), never,
+                     client=FakeDashboard())
     assert out.exit_code == 2 and out.doc["status"] == "TRANSPORT_MISMATCH"
-    assert "rank 1 on gpu1 (proven on gpu2)" in out.doc["error"]
+    assert "sockets where the inventory expects InfiniBand" in out.doc["error"]
+    assert "via NET/Socket/0" in out.doc["error"]
