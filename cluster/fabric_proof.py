@@ -195,11 +195,12 @@ class FabricProof:
         failed = [g for g in self.groups if g.status == Status.FAIL]
         if self.problems and not failed:
             return "FAIL: " + self.problems[0]
-        if failed:
-            more = f" (+{len(failed) - 1} more group(s))" if len(failed) > 1 else ""
-            return failed[0].verdict + more
-        return (f"{self.status.value.upper()}: {len(self.groups)} group(s) proven with "
-                f"{self.backend}")
+        warned = [g for g in self.groups if g.status == Status.WARN]
+        for worse in (failed, warned):
+            if worse:
+                more = f" (+{len(worse) - 1} more group(s))" if len(worse) > 1 else ""
+                return worse[0].verdict + more
+        return f"OK: {len(self.groups)} group(s) proven with {self.backend}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"groups": [g.to_dict() for g in self.groups], "status": self.status.value,
@@ -388,6 +389,9 @@ def judge_proof(plan: ProofPlan, outcome: Any, ctx: Context) -> FabricProof:
     raw_groups = [g for g in result.get("groups") or [] if isinstance(g, Mapping)]
     by_index = {g.get("index"): g for g in raw_groups}
     problems: list[str] = []
+    busy = [str(n) for n in result.get("placement_busy") or []]
+    if not raw_groups and busy:
+        return _not_proven(plan, outcome, busy)
     if not raw_groups:
         why = [str(p) for p in result.get("problems") or []] or list(outcome.errors) or [
             f"the proof job ended {outcome.status or 'without a status'} without a result"]
@@ -400,3 +404,18 @@ def judge_proof(plan: ProofPlan, outcome: Any, ctx: Context) -> FabricProof:
         verdicts.append(judge_group(plan, i, raw, ctx))
     return FabricProof(tuple(verdicts), plan.backend, plan.port_range, tuple(problems),
                        outcome.submission_id)
+
+
+def _not_proven(plan: ProofPlan, outcome: Any, busy: Sequence[str]) -> FabricProof:
+    """Every group WARN: the layout's resources on `busy` (alive, answering) are in use (by the
+    app a redeploy replaces, or other work), so the proof could not run there now."""
+    why = (f"not proven: the layout's {'GPUs' if plan.backend == 'nccl' else 'CPUs'} on "
+           f"{', '.join(busy)} are in use (the app being replaced or other work: "
+           f"`cluster status`); `cluster nccl-check --layout` proves them when free")
+    verdicts = tuple(GroupVerdict(kind=g.kind, replica=g.replica, ranks=g.ranks, nodes=g.nodes,
+                                  backend=plan.backend, transport=None, gdr=None,
+                                  busbw_gbps=None, threshold_gbps=None,
+                                  verdict=f"WARN: {g.label} on {_pair(g)} {why}",
+                                  status=Status.WARN, port=port, problems=(why,))
+                     for g, port in zip(plan.groups, plan.ports))
+    return FabricProof(verdicts, plan.backend, plan.port_range, (), outcome.submission_id)

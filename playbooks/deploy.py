@@ -193,6 +193,8 @@ def _prove(inv, session, plan, cluster, options: DeployOptions, say, doc: dict) 
     doc["fabric_proof"] = proof.to_dict()
     say(f"fabric proof: {proof.verdict}")
     if proof.ok:
+        if proof.status.value == "warn":
+            doc["warnings"].append(f"fabric proof: {proof.verdict}")
         return True
     if options.force:
         doc["warnings"].append(f"the fabric proof failed and --force deploys anyway: "

@@ -27,6 +27,9 @@ Steps, every one bounded by the deadline (--deadline, a Unix time on the head's 
               `phase()` every 5 s (answered from the actor's second thread); a rank that
               fails, dies, loses its node or misses two heartbeats gives the others 10 s,
               then the check ends.
+  With --groups (the fabric proof) the ranks are the layout's rank slots and step 4 runs per
+  group (run_groups); a placement that is still pending once its nodes answered a probe gives
+  up at once (`placement_busy`: their resources are in use, e.g. by the app being replaced).
   A rank that fails, a dead actor, or a rank still running at the end is reported with its node;
   ranks still running are asked what they are doing (a silent one: its node is gone). The nodes
   to blame are the dead or silent ones first, then peers whose IP an error names (blame()).
@@ -537,7 +540,8 @@ def run_check(args: argparse.Namespace) -> dict:
     pg = placement_group(bundles, strategy=strategy, name=f"nccl-check-{os.getpid()}")
     actors: list[Any] = []
     try:
-        if not _wait_placed(pg, owners, expected, deadline, result, placement_group_table):
+        if not _wait_placed(pg, owners, expected, deadline, result, placement_group_table,
+                            busy_gives_up=bool(args.groups)):
             stage_done("place")
             return result
         stage_done("place")
@@ -841,7 +845,8 @@ def _fail_ranks(result: dict, ranks: Sequence[Mapping[str, Any]],
 
 
 def _wait_placed(pg: Any, owners: Sequence[str], expected: Sequence[Mapping[str, Any]],
-                 deadline: Deadline, result: dict, table_fn: Any) -> bool:
+                 deadline: Deadline, result: dict, table_fn: Any,
+                 busy_gives_up: bool = False) -> bool:
     """Wait for the placement group; give up early when a node it needs is dead or silent.
 
     A healthy group is ready within seconds. While it is pending, Ray's node table is read every
@@ -870,8 +875,8 @@ def _wait_placed(pg: Any, owners: Sequence[str], expected: Sequence[Mapping[str,
             probed = True
             silent = _probe_nodes([n for n in expected if n["name"] in
                                    _suspects(pg, owners, expected, table_fn)[0]], deadline)
-            if silent:
-                break
+            if silent or busy_gives_up:
+                break       # the fabric proof: answering nodes whose resources are in use
     suspects, state = _suspects(pg, owners, expected, table_fn)
     alive = _alive_nodes()
     dead = [name for name in suspects if _ip_of(name, expected) not in alive]
@@ -936,6 +941,7 @@ def _report_placement(result: dict, expected: Sequence[Mapping[str, Any]], suspe
             f"{name} ({_ip_of(name, expected)}) did not run a task within {PROBE_TIMEOUT_S:g} s: "
             f"unreachable from the head or hung (Ray still lists it as alive)")
     busy = [] if (dead or silent) else list(suspects)
+    result["placement_busy"] = busy
     for name in busy:
         result["problems"].append(
             f"{name}: its bundle ({need}) could not be reserved in time (placement group "

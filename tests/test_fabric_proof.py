@@ -186,3 +186,15 @@ def test_a_non_finite_or_odd_figure_from_the_job_is_no_figure(bad):
     g = proof.to_dict()["groups"][0]
     assert g["busbw_gbps"] is None and "no bus bandwidth figure" in g["verdict"]
     assert proof.status == Status.WARN
+
+
+def test_resources_in_use_leave_the_groups_not_proven_not_failed():
+    inv, plan = _cpu_plan()
+    out = JobOutcome("proof-1", True, "FAILED", None, {
+        "ok": False, "stage": "place", "groups": [], "placement_busy": ["node1"],
+        "failed_nodes": ["node1"], "problems": ["node1: its bundle (one CPU) could not be "
+                                                "reserved in time (placement group PENDING)"]})
+    proof = fabric_proof.judge_proof(plan, out, fabric_proof.Context.of(inv))
+    assert proof.status == Status.WARN and proof.ok
+    assert proof.verdict.startswith("WARN: pp r0 [0,1] on node1 -> node2 not proven")
+    assert "CPUs on node1 are in use" in proof.verdict
