@@ -162,6 +162,9 @@ def _proof_plan(spec, device, cluster, inv, options: DeployOptions, doc: dict):
     if not options.verify:
         doc["notes"].append("fabric proof skipped (--no-verify)")
         return None
+    if spec.placement_only:
+        doc["notes"].append("fabric proof skipped: placement only, no engine starts")
+        return None
     try:
         plan = fabric_proof.plan_proof(spec, device, cluster, inv)
     except UsageError as exc:

@@ -583,3 +583,16 @@ def test_deploy_fails_when_the_engine_runs_on_sockets_where_ib_is_expected(monke
     assert out.exit_code == 2 and out.doc["status"] == "TRANSPORT_MISMATCH"
     assert "sockets where the inventory expects InfiniBand" in out.doc["error"]
     assert "via NET/Socket/0" in out.doc["error"]
+
+
+def test_placement_only_deploys_have_no_proof(deploy_cluster):
+    from cluster import deploy as lib
+    from playbooks import deploy
+    from test_deploy import inventory as deploy_inventory
+
+    session = ProofSession(FAILED_GROUP)
+    options = deploy.DeployOptions(lib.spec_from_flags("/models/tiny", pp=2,
+                                                       placement_only=True), timeout_s=5)
+    out = deploy.run(deploy_inventory(), session, options, never, client=FakeDashboard())
+    assert out.exit_code == 0 and session.calls == [] and "fabric_proof" not in out.doc
+    assert "fabric proof skipped: placement only, no engine starts" in out.doc["notes"]
