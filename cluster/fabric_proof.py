@@ -122,7 +122,8 @@ def job_args(plan: ProofPlan) -> list[str]:
             "groups": [{"kind": g.kind, "replica": g.replica, "ranks": list(g.ranks),
                         "members": [index[(m.replica, m.rank)] for m in g.members],
                         "port": port} for g, port in zip(plan.groups, plan.ports)],
-            "small_bytes": plan.small_bytes, "join_timeout_s": plan.join_timeout_s}
+            "small_bytes": plan.small_bytes, "join_timeout_s": plan.join_timeout_s,
+            "port_range": list(plan.port_range)}
     compact = (",", ":")
     return ["--backend", plan.backend, "--size-mb", f"{plan.size_mb:g}", "--iters",
             str(plan.iters), "--warmup", str(WARMUP), "--nodes", json.dumps(nodes,
@@ -302,9 +303,12 @@ def judge_group(plan: ProofPlan, index: int, raw: Mapping[str, Any] | None,
                 ctx: Context) -> GroupVerdict:
     """One group's verdict from its record in the job's result (None: the job never ran it)."""
     group, port = plan.groups[index], plan.ports[index]
+    raw = raw or {"problems": ["the proof job ended before this group ran"]}
+    if isinstance(raw.get("port"), int) and not isinstance(raw.get("port"), bool) and \
+            plan.port_range[0] <= raw["port"] <= plan.port_range[1]:
+        port = raw["port"]             # the store moved to a free port of the range
     base = dict(kind=group.kind, replica=group.replica, ranks=group.ranks, nodes=group.nodes,
                 backend=plan.backend, port=port)
-    raw = raw or {"problems": ["the proof job ended before this group ran"]}
     base["devices"] = tuple(tuple(str(x) for x in (m.get("gpu_ids") or ()))
                             for m in raw.get("members") or () if isinstance(m, Mapping))
     if not raw.get("ok"):

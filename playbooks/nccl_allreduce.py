@@ -116,6 +116,10 @@ def parse_groups(text: str, error: Any) -> dict:
             error("--groups: every group has 2 or more distinct slot indices")
         if not isinstance(port, int) or not 1024 <= port <= 65535:
             error("--groups: every group has a port 1024..65535")
+    rng = spec.get("port_range")
+    if rng is not None and not (isinstance(rng, list) and len(rng) == 2 and all(
+            isinstance(x, int) and 1024 <= x <= 65535 for x in rng) and rng[0] <= rng[1]):
+        error("--groups: port_range must be [lo, hi] within 1024..65535")
     small = spec.get("small_bytes", 8192)
     join = spec.get("join_timeout_s", 60)
     if not isinstance(small, int) or not 4 <= small <= 1 << 30:
@@ -174,6 +178,21 @@ def bundles_for_slots(backend: str, slots: Sequence[Mapping[str, Any]]
     kind = "GPU" if backend == "nccl" else "CPU"
     bundles = [{kind: 1.0, f"node:{s['ip']}": 0.001} for s in slots]
     return bundles, [str(s["node"]) for s in slots], "PACK"
+
+
+STORE_PORT_TRIES = 8
+
+
+def store_ports(first: int, port_range: Sequence[int] | None) -> list[int]:
+    """The ports a group's store tries: its own, then the next ones of the range (wrapping),
+    at most STORE_PORT_TRIES."""
+    if not port_range or len(port_range) != 2:
+        return [first]
+    lo, hi = int(port_range[0]), int(port_range[1])
+    span = hi - lo + 1
+    if span < 1 or not lo <= first <= hi:
+        return [first]
+    return [lo + (first - lo + i) % span for i in range(min(STORE_PORT_TRIES, span))]
 
 
 def group_bandwidth(nbytes: int, iters: int, members: Sequence[Mapping[str, Any]]
@@ -682,13 +701,19 @@ def run_groups(args: argparse.Namespace, actors: Sequence[Any], infos: Sequence[
             continue
         master = infos[members[0]]
         rec["master"] = {"node": master["node"], "ip": master["ip"]}
-        try:
-            port = ray.get(actors[members[0]].open_store.remote(world, join, group["port"]),
-                           timeout=min(left, 60.0))
-        except Exception as exc:
+        port, tried = None, []
+        for candidate in store_ports(group["port"], spec.get("port_range")):
+            try:
+                port = ray.get(actors[members[0]].open_store.remote(world, join, candidate),
+                               timeout=min(left, 60.0))
+                break
+            except Exception as exc:       # in use (an engine of the app being replaced...)
+                tried.append(f"{candidate}: {_first_line(exc)}")
+        if port is None:
             rec["problems"].append(f"the store on {master['node']} ({master['ip']}) could not "
-                                   f"listen on port {group['port']}: {_first_line(exc)}")
+                                   f"listen on a port of the range: {'; '.join(tried[:3])}")
             continue
+        rec["port"] = port
         refs = [actors[m].run.remote(i, world, master["ip"], port, nbytes, args.warmup,
                                      args.iters, join, spec["small_bytes"], True)
                 for i, m in enumerate(members)]

@@ -94,6 +94,10 @@ def test_entrypoint_refuses_bad_groups():
            "groups": [{"members": [0, 1], "port": 80}]}
     with pytest.raises(SystemExit):
         job.parse_args(base + ["--groups", json.dumps(bad)])
+    bad = {"slots": [{"node": "a", "ip": "1"}, {"node": "b", "ip": "2"}],
+           "groups": [{"members": [0, 1], "port": 29500}], "port_range": [29600, 29500]}
+    with pytest.raises(SystemExit):
+        job.parse_args(base + ["--groups", json.dumps(bad)])
 
 
 def test_group_bandwidth_is_the_slowest_members_and_latency():
@@ -198,3 +202,11 @@ def test_resources_in_use_leave_the_groups_not_proven_not_failed():
     assert proof.status == Status.WARN and proof.ok
     assert proof.verdict.startswith("WARN: pp r0 [0,1] on node1 -> node2 not proven")
     assert "CPUs on node1 are in use" in proof.verdict
+
+
+def test_store_ports_try_the_next_ports_of_the_range():
+    assert job.store_ports(29500, [29500, 29599])[:3] == [29500, 29501, 29502]
+    assert len(job.store_ports(29500, [29500, 29599])) == job.STORE_PORT_TRIES
+    assert job.store_ports(29601, [29600, 29601]) == [29601, 29600]
+    assert job.store_ports(80, [29600, 29601]) == [80]
+    assert job.store_ports(29600, None) == [29600]
