@@ -44,6 +44,8 @@ class Layout:
     dp: int = 1                 # MoE: DP attention ranks of one engine (dense: 1)
     ep: bool = False
     replicas: int = 1           # dense: engines; MoE: engines of DP x TP x PP ranks each
+    nnodes: int | None = None   # nodes one engine spans, when the deployment fixes it
+                                # (the multi-node engine's engine_nodes); None: engine_nodes here
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "replicas"):
@@ -52,6 +54,11 @@ class Layout:
                 raise UsageError(f"layout {name} must be an integer 1..4096, got {value!r}")
         if not self.ep and self.dp != 1:
             raise UsageError("a dense layout's data parallelism is replicas (dp must be 1)")
+        n = self.nnodes
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or
+                              not 1 <= n <= 1024 or self.ranks_per_engine % n):
+            raise UsageError(f"layout nnodes must divide the engine's "
+                             f"{self.ranks_per_engine} ranks (1..1024), got {n!r}")
 
     @classmethod
     def from_spec(cls, spec: Any) -> "Layout":
@@ -77,7 +84,7 @@ class Layout:
 
     def to_dict(self) -> dict[str, Any]:
         return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep,
-                "replicas": self.replicas}
+                "replicas": self.replicas, "nnodes": self.nnodes}
 
 
 @dataclass(frozen=True)
@@ -176,7 +183,7 @@ def rank_slots(layout: Layout, nodes: Sequence[NodeSlots]) -> tuple[RankSlot, ..
         raise UsageError("no node to place the layout's ranks on")
     if max(n.slots for n in nodes) < 1:
         raise UsageError("no node has room for a rank of this layout")
-    nnodes = engine_nodes(layout, max(n.slots for n in nodes))
+    nnodes = layout.nnodes or engine_nodes(layout, max(n.slots for n in nodes))
     local = layout.ranks_per_engine // nnodes
     used = {n.name: 0 for n in nodes}
     out: list[RankSlot] = []

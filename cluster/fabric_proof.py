@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 from cluster import fabric_thresholds as ft
@@ -92,9 +92,13 @@ def node_slots(layout: Layout, device: str, cluster: Any, inventory: Any) -> lis
     return out
 
 
-def plan_proof(spec: Any, device: str, cluster: Any, inventory: Any) -> ProofPlan:
-    """The proof of this DeploySpec (or Layout) on these alive nodes (deploy.ClusterView)."""
+def plan_proof(spec: Any, device: str, cluster: Any, inventory: Any,
+               nnodes: int | None = None) -> ProofPlan:
+    """The proof of this DeploySpec (or Layout) on these alive nodes (deploy.ClusterView).
+    `nnodes`: the nodes one engine spans when the deployment fixes it."""
     layout = spec if isinstance(spec, Layout) else Layout.from_spec(spec)
+    if nnodes is not None:
+        layout = replace(layout, nnodes=nnodes)
     slots = rank_slots(layout, node_slots(layout, device, cluster, inventory))
     groups = layout_groups(layout, slots)[:GROUP_MAX]
     lo, hi = inventory.ray.vllm_port_min, inventory.ray.vllm_port_max

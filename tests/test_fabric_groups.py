@@ -128,3 +128,15 @@ def test_replicas_take_their_own_nodes_when_full():
     slots = rank_slots(layout, _nodes(4, 1))
     assert [(s.replica, s.rank, s.node) for s in slots] == [
         (0, 0, "node1"), (0, 1, "node2"), (1, 0, "node3"), (1, 1, "node4")]
+
+
+def test_a_fixed_nnodes_splits_the_engine_evenly_as_vllm_does():
+    # CPU nodes with room for 4: by the fewest-nodes rule PP 2 stays on one node...
+    layout = Layout(tp=1, pp=2)
+    assert {s.node for s in rank_slots(layout, _nodes(2, 4))} == {"node1"}
+    # ... the deployment's --nnodes 2 puts stage 1 on node2 (node rank 1)
+    spread = Layout(tp=1, pp=2, nnodes=2)
+    groups = layout_groups(spread, rank_slots(spread, _nodes(2, 4)))
+    assert [(g.kind, g.ranks, g.nodes) for g in groups] == [("pp", (0, 1), ("node1", "node2"))]
+    with pytest.raises(UsageError, match="nnodes"):
+        Layout(tp=1, pp=2, nnodes=3)
