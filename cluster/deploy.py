@@ -330,6 +330,7 @@ class RayNode:
     cpus: float
     gpus: float
     is_head: bool = False
+    gpu_model: str | None = None
 
 
 @dataclass(frozen=True)
@@ -346,7 +347,7 @@ class ClusterView:
         for entry in state.nodes or ():
             if entry.alive:
                 nodes.append(RayNode(entry.ip, by_ip.get(entry.ip), entry.cpus, entry.gpus,
-                                     entry.is_head))
+                                     entry.is_head, getattr(entry, "gpu_model", None)))
         return cls(tuple(nodes))
 
     @property
@@ -426,6 +427,10 @@ def runtime_env_vars(spec: DeploySpec, device: str, cluster: ClusterView,
             env["GLOO_SOCKET_IFNAME"] = gloo
         if hcas:
             env["NCCL_IB_HCA"] = hcas
+        # The ranks' own init lines (transport per channel) for the post-start reading
+        # (cluster/engine_transport.py): INIT and NET only, printed once per communicator.
+        env["NCCL_DEBUG"] = "INFO"
+        env["NCCL_DEBUG_SUBSYS"] = "INIT,NET"
     if nnodes > 1:
         env["VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"] = GANG_EXECUTE_TIMEOUT_S
     env.update(check_user_env(spec.env, spec.api_key_env))

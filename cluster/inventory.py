@@ -877,6 +877,14 @@ _EXPECT_SPEC: dict[str, tuple] = {
     "model_relay.ports": ("ints", False, 1, 65535),
     "model_relay.chain_max_nodes": ("int", False, 1, 100_000),
     "model_relay.tree_fanout": ("int", False, 2, 64),
+    "fabric.interconnect": ("choice", False, ("auto", "infiniband", "roce", "any")),
+    "fabric.nvlink_min_busbw_gbps": ("number", True, 0.0, 1e5),
+    "fabric.network_min_busbw_gbps": ("number", True, 0.0, 1e5),
+    "fabric.socket_min_busbw_gbps": ("number", True, 0.0, 1e5),
+    "fabric.gloo_min_busbw_gbps": ("number", True, 0.0, 1e5),
+    "fabric.size_mb": ("number", True, 0.001, 16384.0),
+    "fabric.latency_kb": ("number", False, 0.004, 1024.0),
+    "fabric.join_timeout_s": ("number", False, 5.0, 3600.0),
 }
 _COMPONENT_RE = re.compile(r"[a-z][a-z0-9_.-]{0,31}\Z")
 

@@ -119,13 +119,16 @@ def dashboard_base(inventory: Inventory) -> str:
 
 
 def head_call(inventory: Inventory, options: CheckOptions, nodes: Sequence[Node],
-              submission_id: str, script: str | None = None) -> Call:
-    """The one SSH command run on the head (submit, wait, read back) and its stdin."""
+              submission_id: str, script: str | None = None,
+              args: Sequence[str] | None = None) -> Call:
+    """The one SSH command run on the head (submit, wait, read back) and its stdin. `args`:
+    the entrypoint's arguments when not job_args(options, nodes) (the fabric proof's groups)."""
     text = script if script is not None else ENTRYPOINT.read_text()
     cfg = {"base": dashboard_base(inventory), "submission_id": submission_id,
            "python": inventory.ray.python,
            "script_b64": base64.b64encode(text.encode()).decode(),
-           "args": job_args(options, nodes), "timeout_s": options.timeout_s,
+           "args": list(args) if args is not None else job_args(options, nodes),
+           "timeout_s": options.timeout_s,
            "reserve_s": DRIVER_RESERVE_S,
            "metadata": {"cluster-toolkit": "nccl-check", "backend": options.backend}}
     return program_call(inventory.ray.python, HEAD_PROGRAM,

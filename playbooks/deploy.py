@@ -1,11 +1,13 @@
 """`cluster deploy` as ordered steps.
 
 gather (read-only: Ray's alive nodes and resources from the head, what Serve runs now) -> plan
-(pure, cluster/deploy.py: device, the Serve application, its placement, the config file) ->
-checks on every node that may host a bundle (the model files, the API-key variable: read-only)
--> [dry run stops here] -> confirm (replacing a deployed app) -> execute (the dashboard's PUT,
-merged with the other apps on the head) -> verify (wait until the app is RUNNING; the replicas'
-log tails when it is not).
+(pure, cluster/deploy.py: device, the Serve application, its placement, the config file; the
+fabric proof's groups, cluster/fabric_proof.py) -> checks on every node that may host a bundle
+(the model files, the API-key variable: read-only) -> [dry run stops here, showing the groups
+it would prove] -> the fabric proof (an all-reduce per group of the layout, the engine's
+backend, on its nodes and ports; a failed proof refuses the deployment unless forced) ->
+confirm (replacing a deployed app) -> execute (the dashboard's PUT, merged with the other apps
+on the head) -> verify (wait until the app is RUNNING; the replicas' log tails when it is not).
 
 Nothing is printed: the caller gets a DeployOutcome (the deploy.json document) and an
 `on_event` callback for progress lines; the Serve config is handed to `write_config`.
@@ -13,6 +15,7 @@ Nothing is printed: the caller gets a DeployOutcome (the deploy.json document) a
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -30,6 +33,8 @@ class DeployOptions:
     timeout_s: float = deploy.DEFAULT_TIMEOUT_S
     dry_run: bool = False
     secrets: Sequence[str] = field(default=(), repr=False)  # a config holding one is refused
+    verify: bool = True                 # run the fabric proof before engines start
+    force: bool = False                 # deploy even when the proof fails (said in warnings)
 
 
 class DeployOutcome(DocOutcome):
@@ -121,9 +126,15 @@ def _deploy(inv, session, options: DeployOptions, confirm, say, write_config,
     if problems:
         doc.update(status="REFUSED", error="; ".join(problems))
         return 2
+    proof_plan = _proof_plan(spec, device, cluster, inv, options, doc)
     if options.dry_run:
+        if proof_plan is not None:
+            doc["fabric_proof"] = _planned(proof_plan)
         doc["status"] = "DRY_RUN"
         return 0
+    if proof_plan is not None and not _prove(inv, session, proof_plan, cluster, options, say,
+                                             doc):
+        return 2
     if before is not None and not confirm(
             f"Application {spec.name!r} is already deployed ({before.status}); replace it "
             f"(its replicas restart if the config changed)?"):
@@ -131,6 +142,7 @@ def _deploy(inv, session, options: DeployOptions, confirm, say, write_config,
         return 2
 
     # 4. PUT (merged with the other apps on the head), then wait for RUNNING
+    started = time.time()
     say(f"deploying {spec.name} ({spec.import_path}) through the dashboard")
     applied = deploy.deploy_app(client, app, inv)
     doc["apply"] = applied.to_dict()
@@ -148,8 +160,101 @@ def _deploy(inv, session, options: DeployOptions, confirm, say, write_config,
                app=outcome.state.to_dict() if outcome.state else None)
     if outcome.running:
         doc["replicas"] = _replica_ranks(session, inv, spec.name)
-        return 0
+        return _confirm_transport(inv, session, proof_plan, options, say, doc, started)
     doc["error"] = deploy.failure_reason(outcome, options.timeout_s)
     say(f"not RUNNING: {doc['error']}; reading the replica logs")
     doc["log_tails"] = deploy.collect_log_tails(session, inv, outcome.state)
+    return 2
+
+
+def _proof_plan(spec, device, cluster, inv, options: DeployOptions, doc: dict):
+    """The fabric proof of this layout (None: --no-verify, or no group of two ranks)."""
+    from cluster import fabric_proof
+    from cluster.errors import UsageError
+
+    if not options.verify:
+        doc["notes"].append("fabric proof skipped (--no-verify)")
+        return None
+    if spec.placement_only:
+        doc["notes"].append("fabric proof skipped: placement only, no engine starts")
+        return None
+    try:
+        plan = fabric_proof.plan_proof(spec, device, cluster, inv)
+    except UsageError as exc:
+        doc["warnings"].append(f"fabric proof not planned: {exc}")
+        return None
+    if not plan.groups:
+        doc["notes"].append("fabric proof: one rank per engine, no group to prove")
+        return None
+    return plan
+
+
+def _planned(plan) -> dict[str, Any]:
+    """What a dry run shows: the groups it would prove (nothing measured)."""
+    groups = [{"kind": g.kind, "ranks": list(g.ranks), "nodes": list(g.nodes),
+               "backend": plan.backend, "transport": None, "gdr": None, "busbw_gbps": None,
+               "threshold_gbps": None,
+               "verdict": f"dry run: would all-reduce on port {port}"}
+              for g, port in zip(plan.groups, plan.ports)]
+    return {"groups": groups, "status": "planned", "plan": plan.to_dict()}
+
+
+def _prove(inv, session, plan, cluster, options: DeployOptions, say, doc: dict) -> bool:
+    """Run the proof; False (doc says why) when it failed and --force was not given."""
+    from playbooks.nccl_check import run_proof
+
+    models = {n.name: n.gpu_model for n in cluster.nodes if n.name}
+    outcome = run_proof(inv, session, plan, models, on_event=say)
+    proof = outcome.proof
+    doc["fabric_proof"] = proof.to_dict()
+    say(f"fabric proof: {proof.verdict}")
+    if proof.ok:
+        if proof.status.value == "warn":
+            doc["warnings"].append(f"fabric proof: {proof.verdict}")
+        return True
+    if options.force:
+        doc["warnings"].append(f"the fabric proof failed and --force deploys anyway: "
+                               f"{proof.verdict}")
+        return True
+    doc.update(status="REFUSED", error=f"fabric proof failed: {proof.verdict} (nothing was "
+                                       f"deployed; --force deploys anyway, --no-verify skips "
+                                       f"the proof)")
+    return False
+
+
+def _confirm_transport(inv, session, plan, options: DeployOptions, say, doc: dict,
+                       since: float) -> int:
+    """After RUNNING: each group's transport from its ranks' own init lines (the logs Ray keeps
+    on the groups' nodes); a contradiction of the proof or the inventory fails (exit 2)."""
+    from cluster import engine_transport, fabric_thresholds
+    from cluster.deploy import logs_dir
+    from cluster.node_programs import fan_out_program
+
+    if plan is None:
+        return 0
+    names = list(dict.fromkeys(s.node for s in plan.slots))
+    nodes = [inv.node(n) for n in names]
+    say(f"reading the ranks' init lines on {', '.join(names)}")
+    got = fan_out_program(session, nodes, "engine_logs", [logs_dir(inv), f"{since - 5:.0f}"],
+                          timeout=60, python=inv.ray.python)
+    docs = {n.name: d for n, d in zip(nodes, got) if isinstance(d, dict)}
+    readings = engine_transport.read_engine(plan.groups, engine_transport.logs_of(docs),
+                                            plan.backend, plan.layout.ranks_per_engine)
+    doc["engine_transport"] = [r.to_dict() for r in readings]
+    doc["warnings"] += engine_transport.placement_warnings(readings)
+    missing = engine_transport.unconfirmed(readings)
+    if missing:
+        doc["warnings"].append(f"transport not confirmed from the engine's own lines for "
+                               f"{', '.join(missing)} (no init line found in the Ray logs "
+                               f"of {', '.join(names)})")
+    proof = doc.get("fabric_proof") or {}
+    network = fabric_thresholds.expected_network(inv.expectations,
+                                                 any(n.ib_hcas for n in inv.nodes))
+    problems = engine_transport.mismatches(proof.get("groups") or [], readings, network,
+                                           proof.get("details") or [])
+    if not problems:
+        return 0
+    doc.update(status="TRANSPORT_MISMATCH",
+               error="; ".join(problems) + f" (the app stays deployed for inspection: "
+                                           f"`cluster undeploy {options.spec.name}`)")
     return 2

@@ -27,6 +27,9 @@ Steps, every one bounded by the deadline (--deadline, a Unix time on the head's 
               `phase()` every 5 s (answered from the actor's second thread); a rank that
               fails, dies, loses its node or misses two heartbeats gives the others 10 s,
               then the check ends.
+  With --groups (the fabric proof) the ranks are the layout's rank slots and step 4 runs per
+  group (run_groups); a placement that is still pending once its nodes answered a probe gives
+  up at once (`placement_busy`: their resources are in use, e.g. by the app being replaced).
   A rank that fails, a dead actor, or a rank still running at the end is reported with its node;
   ranks still running are asked what they are doing (a silent one: its node is gone). The nodes
   to blame are the dead or silent ones first, then peers whose IP an error names (blame()).
@@ -80,14 +83,51 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--nodes", required=True, help='JSON list of {"name", "ip"}, in rank order')
     p.add_argument("--log-dir", required=True, help="where each node's NCCL debug files go")
     p.add_argument("--result-file", required=True)
+    p.add_argument("--groups", default=None,
+                   help="JSON {slots, groups, small_bytes, join_timeout_s}: run the all-reduce "
+                        "per group of a deployment's layout (see run_groups)")
     args = p.parse_args(argv)
     args.nodes = json.loads(args.nodes)
+    if args.groups is not None:
+        args.groups = parse_groups(args.groups, p.error)
     if not isinstance(args.nodes, list) or not args.nodes or not all(
             isinstance(n, dict) and n.get("name") and n.get("ip") for n in args.nodes):
         p.error('--nodes must be a non-empty JSON list of {"name", "ip"}')
     if args.size_mb <= 0 or args.iters < 1 or args.warmup < 0:
         p.error("--size-mb must be > 0, --iters >= 1, --warmup >= 0")
     return args
+
+
+def parse_groups(text: str, error: Any) -> dict:
+    """--groups: {"slots": [{"node", "ip"}], "groups": [{"kind", "replica", "ranks",
+    "members": [slot index], "port"}], "small_bytes", "join_timeout_s"} (checked)."""
+    spec = json.loads(text)
+    slots, groups = spec.get("slots"), spec.get("groups")
+    if not isinstance(slots, list) or not slots or not all(
+            isinstance(s, dict) and s.get("node") and s.get("ip") for s in slots):
+        error('--groups: "slots" must be a non-empty list of {"node", "ip"}')
+    if not isinstance(groups, list) or not groups:
+        error('--groups: "groups" must be a non-empty list')
+    for g in groups:
+        members, port = g.get("members"), g.get("port")
+        if not isinstance(members, list) or len(members) < 2 or not all(
+                isinstance(m, int) and 0 <= m < len(slots) for m in members) or \
+                len(set(members)) != len(members):
+            error("--groups: every group has 2 or more distinct slot indices")
+        if not isinstance(port, int) or not 1024 <= port <= 65535:
+            error("--groups: every group has a port 1024..65535")
+    rng = spec.get("port_range")
+    if rng is not None and not (isinstance(rng, list) and len(rng) == 2 and all(
+            isinstance(x, int) and 1024 <= x <= 65535 for x in rng) and rng[0] <= rng[1]):
+        error("--groups: port_range must be [lo, hi] within 1024..65535")
+    small = spec.get("small_bytes", 8192)
+    join = spec.get("join_timeout_s", 60)
+    if not isinstance(small, int) or not 4 <= small <= 1 << 30:
+        error("--groups: small_bytes must be 4 .. 1 GiB")
+    if not isinstance(join, (int, float)) or not 1 <= join <= 3600:
+        error("--groups: join_timeout_s must be 1 .. 3600")
+    spec["small_bytes"], spec["join_timeout_s"] = small, float(join)
+    return spec
 
 
 def size_bytes(size_mb: float) -> int:
@@ -129,6 +169,44 @@ def bundles_for(backend: str, nodes: Sequence[Mapping[str, Any]]) -> tuple[list[
             bundles.append({"CPU": 1.0, **pin})
             owners.append(n["name"])
     return bundles, owners, ("PACK" if backend == "nccl" else "STRICT_SPREAD")
+
+
+def bundles_for_slots(backend: str, slots: Sequence[Mapping[str, Any]]
+                      ) -> tuple[list[dict], list[str], str]:
+    """One bundle per rank slot of a layout ({"node", "ip"}), pinned to its node: {"GPU": 1}
+    for NCCL, {"CPU": 1} for gloo (PACK: the pins place them)."""
+    kind = "GPU" if backend == "nccl" else "CPU"
+    bundles = [{kind: 1.0, f"node:{s['ip']}": 0.001} for s in slots]
+    return bundles, [str(s["node"]) for s in slots], "PACK"
+
+
+STORE_PORT_TRIES = 8
+
+
+def store_ports(first: int, port_range: Sequence[int] | None) -> list[int]:
+    """The ports a group's store tries: its own, then the next ones of the range (wrapping),
+    at most STORE_PORT_TRIES."""
+    if not port_range or len(port_range) != 2:
+        return [first]
+    lo, hi = int(port_range[0]), int(port_range[1])
+    span = hi - lo + 1
+    if span < 1 or not lo <= first <= hi:
+        return [first]
+    return [lo + (first - lo + i) % span for i in range(min(STORE_PORT_TRIES, span))]
+
+
+def group_bandwidth(nbytes: int, iters: int, members: Sequence[Mapping[str, Any]]
+                    ) -> dict[str, Any]:
+    """A finished group's figures: algbw / busbw of the slowest member (nccl-tests'
+    convention) and the small-message time per all-reduce (latency_us)."""
+    world = len(members)
+    slowest = max(float(m["time_s"]) for m in members)
+    alg, bus = bandwidths(nbytes, slowest / iters, world)
+    out = {"algbw_gbps": round(alg, 6), "busbw_gbps": round(bus, 6), "latency_us": None}
+    small = [m.get("small_time_s") for m in members]
+    if all(isinstance(t, (int, float)) for t in small):
+        out["latency_us"] = round(max(small) / iters * 1e6, 2)
+    return out
 
 
 def assign_ranks(infos: Sequence[Mapping[str, Any]], node_order: Sequence[str]) -> list[int]:
@@ -228,23 +306,28 @@ class RankWorker:
                 "node_id": ctx.get_node_id(), "gpu_ids": gpu_ids,
                 "env": {k: os.environ[k] for k in ENV_KEYS if k in os.environ}}
 
-    def open_store(self, world_size: int, timeout_s: float) -> int:
-        """Rank 0: the TCPStore every rank rendezvous at (a port the kernel picks)."""
+    def open_store(self, world_size: int, timeout_s: float, port: int = 0) -> int:
+        """Rank 0: the TCPStore every rank rendezvous at (`port`; 0: the kernel picks one)."""
         import datetime
 
         import torch.distributed as dist
 
         self._set("store")
         ip = os.environ.get("VLLM_HOST_IP") or _node_ip()
-        self._store = dist.TCPStore(ip, 0, world_size, True,
+        self._store = dist.TCPStore(ip, int(port), world_size, True,
                                     timeout=datetime.timedelta(seconds=max(5.0, timeout_s)),
                                     wait_for_workers=False)
         return int(self._store.port)
 
     def run(self, rank: int, world_size: int, master_ip: str, master_port: int,
-            nbytes: int, warmup: int, iters: int, timeout_s: float) -> dict:
+            nbytes: int, warmup: int, iters: int, timeout_s: float, small_nbytes: int = 0,
+            keep_log: bool = False) -> dict:
+        """One timed all-reduce run in a fresh process group. `small_nbytes`: also time `iters`
+        all-reduces of that size (the latency). `keep_log`: read this run's part of the NCCL
+        debug file and keep the file for the next run (a process has one NCCL debug file)."""
         out: dict[str, Any] = {"rank": rank, "error": None, "time_s": None, "nccl_log": None,
-                               "nccl_log_path": None, "torch": None, "nccl": None}
+                               "nccl_log_path": None, "torch": None, "nccl": None,
+                               "small_time_s": None}
         log_pattern = None
         if self.backend == "nccl":
             os.makedirs(self.log_dir, exist_ok=True)
@@ -253,7 +336,7 @@ class RankWorker:
                               NCCL_DEBUG_FILE=log_pattern)
         try:
             out.update(self._collective(rank, world_size, master_ip, master_port, nbytes,
-                                        warmup, iters, timeout_s))
+                                        warmup, iters, timeout_s, small_nbytes))
             self._set("done")
         except BaseException as exc:  # report every failure as data, with where it happened
             out["error"] = f"{self._phase}: {type(exc).__name__}: {exc}".strip()[:4000]
@@ -268,15 +351,31 @@ class RankWorker:
             path = found[0] if found else log_pattern.replace(
                 "%h", socket.gethostname().split(".")[0]).replace("%p", str(os.getpid()))
             out["nccl_log_path"] = path
-            out["nccl_log"] = _read_head(path, NCCL_LOG_MAX_BYTES)
-            try:
-                os.rmdir(self.log_dir)        # the last rank of the node removes the folder
-            except OSError:
-                pass
+            if keep_log:
+                out["nccl_log"], self._log_offset = _read_from(
+                    path, getattr(self, "_log_offset", 0), NCCL_LOG_MAX_BYTES)
+                self._log_path = path
+            else:
+                out["nccl_log"] = _read_head(path, NCCL_LOG_MAX_BYTES)
+                self.remove_log()
         return out
 
+    def remove_log(self) -> None:
+        """The NCCL debug file of a kept log, and the folder when it is the node's last."""
+        path = getattr(self, "_log_path", None)
+        if path:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        try:
+            os.rmdir(self.log_dir)        # the last rank of the node removes the folder
+        except OSError:
+            pass
+
     def _collective(self, rank: int, world_size: int, master_ip: str, master_port: int,
-                    nbytes: int, warmup: int, iters: int, timeout_s: float) -> dict:
+                    nbytes: int, warmup: int, iters: int, timeout_s: float,
+                    small_nbytes: int = 0) -> dict:
         import datetime
 
         import torch
@@ -323,13 +422,27 @@ class RankWorker:
                 dist.all_reduce(tensor)
             sync()
             elapsed = time.perf_counter() - start
+            small_elapsed = None
+            if small_nbytes:
+                small = torch.zeros(max(1, small_nbytes // 4), dtype=torch.float32,
+                                    device=device)
+                self._set("latency")
+                dist.all_reduce(small)
+                sync()
+                dist.barrier()
+                start = time.perf_counter()
+                for _ in range(iters):
+                    dist.all_reduce(small)
+                sync()
+                small_elapsed = time.perf_counter() - start
             self._set("teardown")
         finally:
             try:
                 dist.destroy_process_group()
             except Exception:
                 pass
-        return {"time_s": elapsed, "torch": versions["torch"], "nccl": versions["nccl"]}
+        return {"time_s": elapsed, "small_time_s": small_elapsed, "torch": versions["torch"],
+                "nccl": versions["nccl"]}
 
 
 def _node_ip() -> str:
@@ -349,6 +462,18 @@ def _read_head(path: str, limit: int) -> str | None:
     except OSError:
         pass
     return data.decode("utf-8", "replace")
+
+
+def _read_from(path: str, offset: int, limit: int) -> tuple[str | None, int]:
+    """(the text from `offset`, at most `limit` bytes, the offset after it)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read(limit)
+            end = fh.seek(0, os.SEEK_END)
+    except OSError:
+        return None, offset
+    return data.decode("utf-8", "replace"), end
 
 
 def _probe_node() -> dict:
@@ -386,6 +511,8 @@ def run_check(args: argparse.Namespace) -> dict:
         "iters": args.iters, "warmup": args.warmup, "stage": "alive", "problems": [],
         "failed_nodes": [], "nodes": {}, "notes": [], "ranks": [], "stage_s": {},
         "versions": {"ray": ray.__version__, "torch": None, "nccl": None}}
+    if args.groups:
+        result["groups"] = []
     problems, failed = result["problems"], result["failed_nodes"]
     clock = time.time()
 
@@ -424,12 +551,16 @@ def run_check(args: argparse.Namespace) -> dict:
 
     # 2. place ------------------------------------------------------------------------------
     result["stage"] = "place"
-    bundles, owners, strategy = bundles_for(args.backend, expected)
+    if args.groups:
+        bundles, owners, strategy = bundles_for_slots(args.backend, args.groups["slots"])
+    else:
+        bundles, owners, strategy = bundles_for(args.backend, expected)
     result["world_size"] = len(bundles)
     pg = placement_group(bundles, strategy=strategy, name=f"nccl-check-{os.getpid()}")
     actors: list[Any] = []
     try:
-        if not _wait_placed(pg, owners, expected, deadline, result, placement_group_table):
+        if not _wait_placed(pg, owners, expected, deadline, result, placement_group_table,
+                            busy_gives_up=bool(args.groups)):
             stage_done("place")
             return result
         stage_done("place")
@@ -470,6 +601,10 @@ def run_check(args: argparse.Namespace) -> dict:
 
         # 4. run ----------------------------------------------------------------------------
         result["stage"] = "run"
+        if args.groups:
+            run_groups(args, actors, infos, expected, deadline, result)
+            stage_done("run")
+            return result
         order = assign_ranks(infos, [n["name"] for n in expected])
         world = len(order)
         rank_of = {idx: r for r, idx in enumerate(order)}
@@ -538,6 +673,93 @@ def run_check(args: argparse.Namespace) -> dict:
             remove_placement_group(pg)
         except Exception:
             pass
+
+
+def run_groups(args: argparse.Namespace, actors: Sequence[Any], infos: Sequence[dict],
+               expected: Sequence[Mapping[str, Any]], deadline: Deadline, result: dict) -> None:
+    """The all-reduce of every group of the layout, one group after the other, each in its own
+    process group whose store listens on the group's port on its first member's node. A group
+    whose ranks do not all join within join_timeout_s cannot form: its members' errors say
+    where they stopped. Fills result["groups"]; ok when every group completed."""
+    import ray
+
+    spec = args.groups
+    nbytes = size_bytes(args.size_mb)
+    join = spec["join_timeout_s"]
+    out = result["groups"] = []
+    for index, group in enumerate(spec["groups"]):
+        members = list(group["members"])
+        world = len(members)
+        rec: dict[str, Any] = {"index": index, "kind": group.get("kind"),
+                               "replica": group.get("replica"), "ranks": group.get("ranks"),
+                               "port": group["port"], "ok": False, "problems": [],
+                               "members": []}
+        out.append(rec)
+        left = deadline.left()
+        if left <= join:
+            rec["problems"].append(f"not run: {left:.0f} s left before the deadline")
+            continue
+        master = infos[members[0]]
+        rec["master"] = {"node": master["node"], "ip": master["ip"]}
+        port, tried = None, []
+        for candidate in store_ports(group["port"], spec.get("port_range")):
+            try:
+                port = ray.get(actors[members[0]].open_store.remote(world, join, candidate),
+                               timeout=min(left, 60.0))
+                break
+            except Exception as exc:       # in use (an engine of the app being replaced...)
+                tried.append(f"{candidate}: {_first_line(exc)}")
+        if port is None:
+            rec["problems"].append(f"the store on {master['node']} ({master['ip']}) could not "
+                                   f"listen on a port of the range: {'; '.join(tried[:3])}")
+            continue
+        rec["port"] = port
+        refs = [actors[m].run.remote(i, world, master["ip"], port, nbytes, args.warmup,
+                                     args.iters, join, spec["small_bytes"], True)
+                for i, m in enumerate(members)]
+        budget = Deadline(min(deadline.at, time.time() + join + max(30.0, join) + CLEANUP_RESERVE_S))
+        outcomes = _wait_ranks(refs, [actors[m] for m in members],
+                               [infos[m]["ip"] for m in members], budget)
+        stuck = [i for i, ref in enumerate(refs) if ref not in outcomes]
+        phases = dict(zip(stuck, _ask_phases([actors[members[i]] for i in stuck]))) \
+            if stuck else {}
+        for i, ref in enumerate(refs):
+            info = infos[members[i]]
+            m = {"rank": i, "slot": members[i], "node": info["node"], "ip": info["ip"],
+                 "gpu_ids": info.get("gpu_ids") or [], "hostname": info.get("hostname")}
+            if ref in outcomes:
+                value = outcomes[ref]
+                if isinstance(value, BaseException):
+                    m.update(error=f"run: {type(value).__name__}: {_first_line(value)}",
+                             phase="actor-died")
+                else:
+                    m.update({k: v for k, v in value.items() if k != "traceback"})
+            else:
+                m.update(phases[i])
+            rec["members"].append(m)
+            if m.get("torch"):
+                result["versions"]["torch"] = m["torch"]
+            if m.get("nccl"):
+                result["versions"]["nccl"] = m["nccl"]
+        done = [m for m in rec["members"] if not m.get("error") and m.get("time_s") is not None]
+        if len(done) == world:
+            rec.update(group_bandwidth(nbytes, args.iters, done), ok=True)
+            continue
+        blamed = blame(rec["members"], [], expected)
+        rec["failed_nodes"] = blamed
+        for m in rec["members"]:
+            if m.get("error"):
+                rec["problems"].append(f"rank {m['rank']} on {m['node']}: {m['error']}")
+        if stuck and len(stuck) == world:
+            break          # every rank hung: the later groups would only wait as long
+    for a in actors:
+        try:
+            ray.get(a.remove_log.remote(), timeout=5)
+        except Exception:
+            pass
+    result["ok"] = bool(out) and all(g["ok"] for g in out) and len(out) == len(spec["groups"])
+    if result["ok"]:
+        result["stage"] = "done"
 
 
 def _ip_of(name: str, expected: Sequence[Mapping[str, Any]]) -> str | None:
@@ -648,7 +870,8 @@ def _fail_ranks(result: dict, ranks: Sequence[Mapping[str, Any]],
 
 
 def _wait_placed(pg: Any, owners: Sequence[str], expected: Sequence[Mapping[str, Any]],
-                 deadline: Deadline, result: dict, table_fn: Any) -> bool:
+                 deadline: Deadline, result: dict, table_fn: Any,
+                 busy_gives_up: bool = False) -> bool:
     """Wait for the placement group; give up early when a node it needs is dead or silent.
 
     A healthy group is ready within seconds. While it is pending, Ray's node table is read every
@@ -677,8 +900,8 @@ def _wait_placed(pg: Any, owners: Sequence[str], expected: Sequence[Mapping[str,
             probed = True
             silent = _probe_nodes([n for n in expected if n["name"] in
                                    _suspects(pg, owners, expected, table_fn)[0]], deadline)
-            if silent:
-                break
+            if silent or busy_gives_up:
+                break       # the fabric proof: answering nodes whose resources are in use
     suspects, state = _suspects(pg, owners, expected, table_fn)
     alive = _alive_nodes()
     dead = [name for name in suspects if _ip_of(name, expected) not in alive]
@@ -743,6 +966,7 @@ def _report_placement(result: dict, expected: Sequence[Mapping[str, Any]], suspe
             f"{name} ({_ip_of(name, expected)}) did not run a task within {PROBE_TIMEOUT_S:g} s: "
             f"unreachable from the head or hung (Ray still lists it as alive)")
     busy = [] if (dead or silent) else list(suspects)
+    result["placement_busy"] = busy
     for name in busy:
         result["problems"].append(
             f"{name}: its bundle ({need}) could not be reserved in time (placement group "
@@ -768,8 +992,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     with open(tmp, "w") as fh:
         json.dump(result, fh)
     os.replace(tmp, args.result_file)
-    brief = dict(result, ranks=[{k: v for k, v in r.items() if k not in ("nccl_log", "traceback")}
-                                for r in result.get("ranks", [])])
+    def lean(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
+        return [{k: v for k, v in r.items() if k not in ("nccl_log", "traceback")} for r in rows]
+
+    brief = dict(result, ranks=lean(result.get("ranks", [])))
+    if "groups" in result:
+        brief["groups"] = [dict(g, members=lean(g.get("members", [])))
+                           for g in result["groups"]]
     print(MARKER + json.dumps(brief), flush=True)
     for p in result.get("problems", []):
         print("PROBLEM " + p, flush=True)

@@ -7,6 +7,9 @@ job's head command) -> execute (submit the all-reduce as a Ray job on the head, 
 within the timeout) -> verify (judge: transport, GDR, bus bandwidth against the expected one,
 every node's ranks present). Read-only on the nodes: no dry run, nothing to confirm.
 
+`run_proof` is the same job over a deployment's layout (the fabric proof, cluster/fabric_proof.py):
+one all-reduce per group on the group's nodes and ports, judged per group.
+
 Nothing is printed: the caller gets an NcclOutcome (the judged result, the job's output) and
 an `on_event` callback for progress lines.
 """
@@ -87,3 +90,37 @@ def run(inventory: Inventory, session, options: NcclOptions,
     judged = nccl_check.judge(check, job, expected, dashboard_url(inventory))
     timings = dict(judged.timings, total=round(time.monotonic() - started, 2))
     return NcclOutcome(replace(judged, timings=timings), job, result)
+
+
+@dataclass(frozen=True)
+class ProofOutcome:
+    proof: Any                                # cluster.fabric_proof.FabricProof
+    job: JobOutcome
+    command_result: Any
+
+
+def run_proof(inventory: Inventory, session, plan, gpu_models: Mapping[str, Any] | None = None,
+              on_event: Callable[[str], None] = lambda _: None,
+              submission_id: str | None = None) -> ProofOutcome:
+    """Submit the layout's groups as one nccl-check job on the head, wait, judge each group."""
+    from cluster import fabric_proof
+
+    check = CheckOptions(backend=plan.backend, size_mb=plan.size_mb, iters=plan.iters,
+                         warmup=fabric_proof.WARMUP,
+                         timeout_s=max(nccl_check.MIN_TIMEOUT_S, plan.timeout_s))
+    names = list(dict.fromkeys(s.node for s in plan.slots))
+    nodes = [inventory.node(n) for n in names]
+    facts = None
+    if plan.backend == "nccl" and any(g.crosses_nodes for g in plan.groups):
+        on_event("gathering the nodes' InfiniBand facts")
+        facts = ib_facts(inventory, session, nodes)
+    sid = submission_id or nccl_check.new_submission_id(f"proof-{plan.backend}")
+    call = nccl_check.head_call(inventory, check, nodes, sid, args=fabric_proof.job_args(plan))
+    on_event(f"fabric proof: {plan.backend} all-reduce on {len(plan.groups)} group(s) of the "
+             f"layout over {len(nodes)} node(s), ports {plan.port_range[0]}-{plan.port_range[1]}"
+             f" (timeout {check.timeout_s:g} s)")
+    result = session.run(inventory.head, call.command,
+                         timeout=check.timeout_s + nccl_check.SSH_MARGIN_S, stdin=call.stdin)
+    job = nccl_check.outcome_of(result, inventory.head.name, sid)
+    ctx = fabric_proof.Context.of(inventory, gpu_models, facts)
+    return ProofOutcome(fabric_proof.judge_proof(plan, job, ctx), job, result)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from cluster.ray_cluster import CHANGED
 from cluster.ray_state import GcsNode, RayState
 from cluster.tune import TuneSettings
 from playbooks import drain, restart_node, tune, undeploy
+from fakes import fixture_text
 from test_ray_plan import INV, IDS, IPS, RecordingSession, facts
 from test_tune import ORIGINAL, FakeServe, fake_bench
 
@@ -425,3 +427,173 @@ run_dir: {tmp_path}/runs
     for f in files:
         assert SECRET not in f.read_text(), f
     assert SECRET not in p.stdout + p.stderr
+
+
+# ---------------------------------------------------------------- deploy: the fabric proof
+
+
+def _head_document(result: dict) -> str:
+    """What the head program (cluster/node_programs/nccl_job.py) prints for a finished job."""
+    import base64
+    import json
+    import zlib
+
+    return json.dumps({"submission_id": "proof", "submitted": True, "status": "SUCCEEDED",
+                       "message": None, "errors": [], "logs_tail": "", "timed_out": False,
+                       "result_z": base64.b64encode(zlib.compress(
+                           json.dumps(result).encode())).decode()})
+
+
+class ProofSession(RecordingSession):
+    """The head answers the proof job with `result` (every other command succeeds quietly)."""
+
+    def __init__(self, result: dict, engine_lines: dict | None = None):
+        super().__init__()
+        self.result = result
+        self.engine_lines = engine_lines or {}
+
+    def run(self, node, command, timeout=None, stdin=None):
+        res = super().run(node, command, timeout, stdin)
+        if "submission_id" in command:
+            return replace(res, stdout=_head_document(self.result))
+        if "engine_logs LOGS_DIR" in str(stdin or ""):
+            lines = self.engine_lines.get(node.name, [])
+            return replace(res, stdout=json.dumps({"dir": "/tmp/ray/session_latest/logs",
+                                                   "files": [{"path": "worker-a-01-1.err",
+                                                              "lines": lines}],
+                                                   "truncated": False, "error": None}))
+        return res
+
+
+def _pp2_options(**kw):
+    from cluster import deploy as lib
+    from playbooks import deploy
+
+    return deploy.DeployOptions(lib.spec_from_flags("/models/tiny", pp=2), timeout_s=5, **kw)
+
+
+FAILED_GROUP = {"ok": False, "groups": [{"index": 0, "ok": False, "port": 29500, "problems": [
+    "rank 1 on gpu2: run: DistStoreError: Timed out after 61 seconds waiting for clients"]}]}
+GOOD_GROUP = {"ok": True, "groups": [{"index": 0, "ok": True, "busbw_gbps": 0.4,
+                                      "latency_us": 90.0, "members": []}]}
+
+
+def test_deploy_dry_run_shows_the_groups_it_would_prove(deploy_cluster):
+    from playbooks import deploy
+    from test_deploy import inventory as deploy_inventory
+
+    session = RecordingSession()
+    out = deploy.run(deploy_inventory(), session, _pp2_options(dry_run=True), never,
+                     client=FakeDashboard())
+    assert out.doc["status"] == "DRY_RUN" and session.calls == []
+    proof = out.doc["fabric_proof"]
+    assert proof["status"] == "planned"
+    assert proof["groups"] == [{"kind": "pp", "ranks": [0, 1], "nodes": ["gpu1", "gpu2"],
+                                "backend": "gloo", "transport": None, "gdr": None,
+                                "busbw_gbps": None, "threshold_gbps": None,
+                                "verdict": "dry run: would all-reduce on port 29500"}]
+
+
+def test_deploy_refuses_on_a_failed_proof_and_deploys_nothing(deploy_cluster):
+    from playbooks import deploy
+    from test_deploy import inventory as deploy_inventory
+
+    dash = FakeDashboard()
+    out = deploy.run(deploy_inventory(), ProofSession(FAILED_GROUP), _pp2_options(), never,
+                     client=dash)
+    assert out.exit_code == 2 and out.doc["status"] == "REFUSED" and dash.puts == []
+    assert "gpu1 -> gpu2" in out.doc["error"] and "port 29500" in out.doc["error"]
+    assert out.doc["fabric_proof"]["status"] == "fail"
+
+
+def test_deploy_force_deploys_despite_the_failed_proof_and_says_so(deploy_cluster):
+    from playbooks import deploy
+    from test_deploy import inventory as deploy_inventory
+
+    dash = FakeDashboard()
+    out = deploy.run(deploy_inventory(), ProofSession(FAILED_GROUP), _pp2_options(force=True),
+                     never, client=dash)
+    assert out.exit_code == 0 and [p["name"] for p in dash.puts] == ["tiny"]
+    assert any("--force deploys anyway" in w for w in out.doc["warnings"])
+
+
+def test_deploy_proves_then_deploys_and_no_verify_skips(deploy_cluster):
+    from playbooks import deploy
+    from test_deploy import inventory as deploy_inventory
+
+    dash, session = FakeDashboard(), ProofSession(GOOD_GROUP)
+    out = deploy.run(deploy_inventory(), session, _pp2_options(), never, client=dash)
+    assert out.exit_code == 0 and out.doc["fabric_proof"]["status"] == "ok"
+    assert out.doc["fabric_proof"]["groups"][0]["transport"] == "TCP"
+    # one job on the head, then the ranks' init lines read on the groups' nodes
+    assert [node for _, node, _ in session.calls] == ["gpu1", "gpu1", "gpu2"]
+    assert out.doc["engine_transport"][0]["transport"] is None      # no init line: a warning
+    assert any("not confirmed" in w for w in out.doc["warnings"])
+    dash, session = FakeDashboard(), ProofSession(FAILED_GROUP)
+    out = deploy.run(deploy_inventory(), session, _pp2_options(verify=False), never,
+                     client=dash)
+    assert out.exit_code == 0 and session.calls == [] and "fabric_proof" not in out.doc
+    assert "fabric proof skipped (--no-verify)" in out.doc["notes"]
+
+
+GLOO_INIT = ("INFO parallel_state.py:1208] world_size=2 rank={r} local_rank=0 "
+             "distributed_init_method=tcp://10.0.0.1:29500 backend=gloo")
+
+
+def test_deploy_confirms_the_transport_from_the_ranks_init_lines(deploy_cluster):
+    from playbooks import deploy
+    from test_deploy import inventory as deploy_inventory
+
+    lines = {"gpu1": [GLOO_INIT.format(r=0)], "gpu2": [GLOO_INIT.format(r=1)]}
+    out = deploy.run(deploy_inventory(), ProofSession(GOOD_GROUP, lines), _pp2_options(), never,
+                     client=FakeDashboard())
+    assert out.exit_code == 0, out.doc.get("error")
+    got = out.doc["engine_transport"][0]
+    assert got["transport"] == "TCP" and got["engine_ranks"] == {"0": "gpu1", "1": "gpu2"}
+    assert "backend=gloo" in got["evidence"]
+
+
+def test_deploy_names_ranks_the_engine_placed_elsewhere(deploy_cluster):
+    from playbooks import deploy
+    from test_deploy import inventory as deploy_inventory
+
+    lines = {"gpu1": [GLOO_INIT.format(r=0), GLOO_INIT.format(r=1)]}
+    out = deploy.run(deploy_inventory(), ProofSession(GOOD_GROUP, lines), _pp2_options(), never,
+                     client=FakeDashboard())
+    assert out.exit_code == 0
+    assert any("rank 1 on gpu1 (proven on gpu2)" in w for w in out.doc["warnings"])
+
+
+SOCKET_LINE = ("gpu1:124172:124172 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via "
+               "NET/Socket/0")
+
+
+def test_deploy_fails_when_the_engine_runs_on_sockets_where_ib_is_expected(monkeypatch,
+                                                                           deploy_cluster):
+    from playbooks import deploy
+    from test_deploy import inventory as deploy_inventory
+
+    inv = deploy_inventory()                  # its nodes list ib_hcas: InfiniBand expected
+    lines = {"gpu1": [SOCKET_LINE]}
+    monkeypatch.setattr("cluster.fabric_proof.backend_for", lambda device: "nccl")
+    good = {"ok": True, "groups": [{"index": 0, "ok": True, "busbw_gbps": 45.0, "members": [
+        {"rank": 0, "nccl_log": fixture_text("nccl", "041-ray-vllm-deepseek-16rank-ib-"
+                                                      "gdrdma-truncated-lines.log")}]}]}
+    out = deploy.run(inv, ProofSession(good, lines), _pp2_options(force=True), never,
+                     client=FakeDashboard())
+    assert out.exit_code == 2 and out.doc["status"] == "TRANSPORT_MISMATCH"
+    assert "sockets where the inventory expects InfiniBand" in out.doc["error"]
+    assert "via NET/Socket/0" in out.doc["error"]
+
+
+def test_placement_only_deploys_have_no_proof(deploy_cluster):
+    from cluster import deploy as lib
+    from playbooks import deploy
+    from test_deploy import inventory as deploy_inventory
+
+    session = ProofSession(FAILED_GROUP)
+    options = deploy.DeployOptions(lib.spec_from_flags("/models/tiny", pp=2,
+                                                       placement_only=True), timeout_s=5)
+    out = deploy.run(deploy_inventory(), session, options, never, client=FakeDashboard())
+    assert out.exit_code == 0 and session.calls == [] and "fabric_proof" not in out.doc
+    assert "fabric proof skipped: placement only, no engine starts" in out.doc["notes"]

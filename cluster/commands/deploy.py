@@ -96,6 +96,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     how.add_argument("--placement-only", action="store_true",
                      help="reserve the bundles with probe actors instead of starting vLLM: "
                           "checks a layout's placement without loading the model")
+    proof = p.add_argument_group("fabric proof (before engines start)")
+    proof.add_argument("--no-verify", action="store_true",
+                       help="skip the fabric proof (an all-reduce on each group of the "
+                            "layout, the engine's backend, its nodes and ports)")
+    proof.add_argument("--force", action="store_true",
+                       help="deploy even when the fabric proof fails (said in the warnings)")
     p.add_argument("--timeout", type=positive_float, default=DEFAULT_TIMEOUT_S, metavar="S",
                    help="how long to wait for RUNNING (default %(default)g)")
     add_changing(p)
@@ -135,8 +141,12 @@ def run(args: argparse.Namespace) -> int:
     spec = _spec(args, inv)
     run_ = recorded_run(args, "deploy", inv)
     record = run_.record
+    if args.no_verify and args.force:
+        raise UsageError("--force deploys despite a failed fabric proof; with --no-verify no "
+                         "proof runs: give one of them")
     options = deploy.DeployOptions(spec, timeout_s=args.timeout, dry_run=args.dry_run,
-                                   secrets=record.secrets)
+                                   secrets=record.secrets, verify=not args.no_verify,
+                                   force=args.force)
     out = deploy.DeployOutcome.start(options, str(record.path))
     doc = out.doc
     try:
@@ -176,6 +186,9 @@ def _print(args: argparse.Namespace, doc: dict, record) -> None:
                      f"({placement.get('strategy') or 'gang'}), device {doc.get('device')}")
     if doc.get("config_path"):
         stdout.print(f"serve config: {doc['config_path']}", soft_wrap=True)
+    for group in (doc.get("fabric_proof") or {}).get("groups") or []:
+        stdout.print(f"fabric proof: {scrub(group['verdict'])}", soft_wrap=True, markup=False,
+                     highlight=False)
     if status == "RUNNING":
         stdout.print(f"[bold green]{doc['name']} RUNNING[/bold green] "
                      f"(waited {doc.get('waited_s', 0):g} s)")

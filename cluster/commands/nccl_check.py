@@ -1,4 +1,8 @@
-"""`cluster nccl-check [--backend nccl|gloo] [--size-mb N] [--iters N] [--timeout S] [--json]`."""
+"""`cluster nccl-check [--backend nccl|gloo] [--size-mb N] [--iters N] [--timeout S] [--json]`.
+
+`--layout PLAN.yaml`: the fabric proof of a plan's groups (what `cluster deploy` runs before it
+starts engines) without deploying: cluster/fabric_proof.py.
+"""
 
 from __future__ import annotations
 
@@ -34,8 +38,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "NICs per node, from the last preflight report). A node that is missing, "
                     "unreachable or dies fails the check by name, within --timeout. "
                     "Exit 0 ok, 1 warnings, 2 failures.")
-    p.add_argument("--backend", choices=nccl_check.BACKENDS, default="nccl",
-                   help="nccl (GPUs, default) or gloo (CPU, TCP between nodes)")
+    p.add_argument("--backend", choices=nccl_check.BACKENDS, default=None,
+                   help="nccl (GPUs, default) or gloo (CPU, TCP between nodes); with --layout "
+                        "the default is the engine's: nccl when Ray has GPUs, else gloo")
+    p.add_argument("--layout", metavar="PLAN.yaml",
+                   help="prove the groups of this plan's layout (each TP group, each pair of "
+                        "neighbouring PP stages, the DP/EP groups) on the nodes and ports the "
+                        "deployment would use, judged against cluster/data/fabric.yaml; "
+                        "nothing is deployed")
     p.add_argument("--size-mb", type=float_range(0, 16384, strict=True), default=None, metavar="N",
                    help=f"all-reduce size in MiB (default {nccl_check.DEFAULT_SIZE_MB['nccl']:g} "
                         f"for nccl, {nccl_check.DEFAULT_SIZE_MB['gloo']:g} for gloo)")
@@ -57,7 +67,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from playbooks import nccl_check as playbook
 
-    check = nccl_check.CheckOptions(backend=args.backend, size_mb=args.size_mb,
+    if args.layout:
+        return _run_layout(args)
+    check = nccl_check.CheckOptions(backend=args.backend or "nccl", size_mb=args.size_mb,
                                     iters=args.iters, warmup=args.warmup,
                                     timeout_s=args.timeout)
     inv = load_inventory(args)
@@ -163,3 +175,52 @@ def _print(result: nccl_check.NcclCheckResult, facts_source: str | None) -> None
 
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:g}"
+
+
+def _run_layout(args: argparse.Namespace) -> int:
+    """--layout PLAN: the plan's groups proven on the alive nodes (the deploy's proof step)."""
+    from cluster import deploy, fabric_proof
+    from cluster.errors import DeployError
+    from cluster.fabric_groups import Layout
+    from cluster.plan_file import load_plan
+    from cluster.ray_state import query_state
+    from playbooks import nccl_check as playbook
+
+    if args.nodes not in (None, "all", "*") or args.report:
+        raise UsageError("--layout places the groups on the nodes the deployment would use "
+                         "(--nodes and --report do not apply)")
+    layout = Layout.from_plan(load_plan(args.layout))
+    inv = load_inventory(args)
+    run_ = recorded_run(args, "nccl-check", inv)
+    record = run_.record
+    code, payload = 2, {}
+    try:
+        with run_.session(lambda r: record.record(_short(r))) as session:
+            state, _ = query_state(session, inv, include_serve=False)
+            if not state.answered:
+                raise DeployError("the head did not answer (is Ray up? `cluster status`)")
+            cluster = deploy.ClusterView.from_state(inv, state)
+            device = {"nccl": "gpu", "gloo": "cpu"}.get(args.backend or "",
+                                                        cluster.resolve_device("auto"))
+            plan = fabric_proof.plan_proof(layout, device, cluster, inv)
+            if not plan.groups:
+                raise UsageError(f"{args.layout}: one rank per engine, no group to prove")
+            models = {n.name: n.gpu_model for n in cluster.nodes if n.name}
+            outcome = playbook.run_proof(inv, session, plan, models, on_event=run_.event)
+        proof = outcome.proof
+        _write_logs(record.path, outcome.job)
+        payload = {"layout": layout.to_dict(), "plan": plan.to_dict(),
+                   "fabric_proof": proof.to_dict(), "run_dir": str(record.path)}
+        record.write_json("nccl-check.json", payload)
+        code = {"ok": 0, "warn": 1}.get(proof.status.value, 2)
+    finally:
+        run_.finish(code)
+    if args.json:
+        run_.print_json(payload)
+    else:
+        style = {"ok": "green", "warn": "yellow"}.get(proof.status.value, "bold red")
+        stdout.print(Text(proof.verdict, style=style))
+        for group in proof.groups:
+            stdout.print(Text(group.verdict), soft_wrap=True)
+        stdout.print(f"report: {Path(record.path) / 'nccl-check.json'}")
+    return code

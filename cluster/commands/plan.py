@@ -178,6 +178,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     check = None if args.no_validate else validate_engine_args(plan.engine_args)
     doc = plan.to_dict()
+    from cluster.fabric_needs import fabric_needs, render as render_fabric
+
+    doc["fabric"] = fabric_needs(info, plan, facts)
     doc["validation"] = check.to_dict() if check else {"status": "skipped", "detail": "--no-validate"}
     try:
         text = json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False)
@@ -196,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
         print(text)
     else:
         print(render_text(plan, doc["validation"]))
+        print("\n".join(render_fabric(doc["fabric"])))
         if args.out:
             print(f"plan written to {args.out}")
     if check is not None and not check.ok:

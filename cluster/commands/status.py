@@ -57,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
         code = _attach_serving(doc, serving, status_exit_code(doc))
         if code == 0 and _broken_ranks(doc):
             code = 1
+        _attach_transport(doc, inv)
         record.write_json("status.json", dict(doc, run_dir=str(record.path)))
     finally:
         record.finish(code)
@@ -93,12 +94,14 @@ def run(args: argparse.Namespace) -> int:
     apps = (doc["serve"] or {}).get("applications") or {}
     if apps:
         serve = Table(title="Serve applications")
-        for col in ("app", "status", "route", "deployments"):
+        for col in ("app", "status", "route", "deployments", "transport"):
             serve.add_column(col, overflow="fold")
         for name, app in apps.items():
             deps = ", ".join(f"{d}: {v['status']} ({v['running_replicas']}/{v['replicas']})"
                              for d, v in app["deployments"].items())
-            serve.add_row(name, str(app["status"]), str(app["route_prefix"]), deps)
+            confirmed = (app.get("engine_transport") or {}).get("groups") or ["-"]
+            serve.add_row(name, str(app["status"]), str(app["route_prefix"]), deps,
+                          "; ".join(confirmed))
         stdout.print(serve)
         for name, rank in _broken_ranks(doc):
             stdout.print(f"[bold red]rank {rank['rank']} {rank['state']}[/bold red] "
@@ -114,6 +117,18 @@ def run(args: argparse.Namespace) -> int:
     if doc["missing"]:
         stdout.print(f"[bold red]missing from Ray:[/bold red] {', '.join(doc['missing'])}")
     return code
+
+
+def _attach_transport(doc: dict, inv) -> None:
+    """serve.applications[app].engine_transport: what the app's last deployment confirmed from
+    its ranks' own init lines (cluster/engine_transport.py), when it read them."""
+    from cluster.engine_transport import confirmed_by_app
+
+    apps = (doc.get("serve") or {}).get("applications") or {}
+    if not apps:
+        return
+    for name, found in confirmed_by_app(inv.run_dir, list(apps)).items():
+        apps[name]["engine_transport"] = found
 
 
 def _health_folded(health: dict, period_s: float | None):
