@@ -21,20 +21,9 @@ from cluster.errors import UsageError
 from cluster.inventory import loads as load_inventory
 from cluster.plan_file import parse_plan
 from cluster.ray_state import GcsNode, RayState
-from fakes import FakeClock, result as _result
+from fakes import DEPLOY_API_KEY as KEY_VALUE, DEPLOY_INVENTORY as INVENTORY, FakeClock, result as _result
 
 MODEL = "/models/tiny"
-KEY_VALUE = "sk-live-9f8e7d6c5b4a"
-
-INVENTORY = f"""
-nodes:
-  - {{name: gpu1, role: head, address: 10.0.0.1, nccl_socket_ifname: eth0,
-      gloo_socket_ifname: eth0, ib_hcas: [mlx5_0, mlx5_1],
-      env: {{CLUSTER_API_KEY: {KEY_VALUE}, NCCL_DEBUG: WARN}}}}
-  - {{name: gpu2, address: 10.0.0.2, nccl_socket_ifname: eth0, gloo_socket_ifname: eth0,
-      ib_hcas: [mlx5_0, mlx5_1], env: {{CLUSTER_API_KEY: {KEY_VALUE}}}}}
-ray: {{serve_port: 8000, dashboard_port: 8265}}
-"""
 
 
 def inventory(text: str = INVENTORY):
@@ -131,7 +120,7 @@ def test_nccl_interfaces_that_differ_per_node_stay_out_of_runtime_env():
 
 
 def test_dense_plan_replicas_and_strategy_come_from_the_plan():
-    from test_plan_file import real_plan
+    from fakes import real_plan
 
     doc = real_plan("llama-3.1-70b-instruct")   # TP 4, 2 replicas, STRICT_PACK, 1 x 8 GPUs
     spec = deploy.spec_from_plan(parse_plan(yaml.safe_dump(doc), "plan.yaml"))
@@ -151,7 +140,7 @@ def test_dense_plan_replicas_and_strategy_come_from_the_plan():
 
 
 def test_multi_node_dense_plan_tp8_pp2_is_pack():
-    from test_plan_file import real_plan
+    from fakes import real_plan
 
     doc = real_plan("llama-3.1-405b-instruct", nodes=2)
     spec = deploy.spec_from_plan(parse_plan(yaml.safe_dump(doc), "plan.yaml"))
@@ -160,7 +149,7 @@ def test_multi_node_dense_plan_tp8_pp2_is_pack():
 
 
 def test_moe_plan_dp_ep_uses_the_moe_app_and_gang_scheduling():
-    from test_plan_file import real_plan
+    from fakes import real_plan
 
     doc = real_plan("mixtral-8x7b-instruct-v0.1")   # DP 8 + EP on one 8-GPU node
     spec = deploy.spec_from_plan(parse_plan(yaml.safe_dump(doc), "moe.yaml"))
@@ -263,7 +252,7 @@ def test_model_path_must_be_absolute_and_plain():
 
 
 def test_plan_from_a_bare_config_json_serves_the_directory_and_relative_needs_model():
-    from test_plan_file import real_plan
+    from fakes import real_plan
 
     doc = real_plan("llama-3.1-8b")
     doc["model"] = doc["engine_args"]["model"] = "/models/llama/config.json"

@@ -24,6 +24,7 @@ from cluster import inventory, yamlfile
 from cluster.errors import InventoryError, UsageError
 from cluster.plan_file import PlanFileError, load_plan, parse_plan
 from cluster.rundir import RunDir, list_runs
+from fakes import cluster_cli
 
 REPO = Path(__file__).resolve().parents[1]
 ONE = "nodes:\n  - name: a\n    address: 10.0.0.1\n"
@@ -31,8 +32,7 @@ ONE = "nodes:\n  - name: a\n    address: 10.0.0.1\n"
 
 def _cli(*args: str, cwd: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "cluster", *args], capture_output=True,
-                          text=True, timeout=timeout, env=env, cwd=str(cwd or REPO))
+    return cluster_cli(*args, timeout=timeout, env=env, cwd=cwd or REPO)
 
 
 def _one_line_exit_2(proc: subprocess.CompletedProcess, *needles: str) -> str:

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from cluster import inventory
 from cluster.errors import InventoryError
+from fakes import cluster_cli
 
 GOOD = """\
 ssh:
@@ -139,8 +137,7 @@ def test_malformed_inventory_names_file_line_and_key(tmp_path, text, line, key):
 def test_cli_gives_one_line_exit_2_no_traceback(tmp_path, text):
     f = tmp_path / "cluster.yaml"
     f.write_text(text)
-    proc = subprocess.run([sys.executable, "-m", "cluster", "-i", str(f), "inventory"],
-                          capture_output=True, text=True, timeout=60)
+    proc = cluster_cli("-i", str(f), "inventory", timeout=60)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
@@ -148,8 +145,7 @@ def test_cli_gives_one_line_exit_2_no_traceback(tmp_path, text):
 
 
 def test_missing_file_is_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "cluster", "-i", str(tmp_path / "nope.yaml"),
-                           "inventory", "--json"], capture_output=True, text=True, timeout=60)
+    proc = cluster_cli("-i", str(tmp_path / "nope.yaml"), "inventory", "--json", timeout=60)
     assert proc.returncode == 2 and "nope.yaml" in proc.stderr and "Traceback" not in proc.stderr
 
 

@@ -19,8 +19,9 @@ from cluster.ray_cluster import CHANGED
 from cluster.ray_state import GcsNode, RayState
 from cluster.tune import TuneSettings
 from playbooks import drain, restart_node, tune, undeploy
-from test_ray_plan import INV, IDS, IPS, RecordingSession, facts
-from test_tune import ORIGINAL, FakeServe, fake_bench
+from fakes import (DEPLOY_INVENTORY, IDS, IPS, RAY_INVENTORY as INV, TUNE_APP_CONFIG as ORIGINAL,
+                   FakeServe, RecordingSession, cluster_cli, closed_port, fake_bench,
+                   inventory_of, node_facts as facts)
 
 
 def never(question: str) -> bool:
@@ -275,10 +276,9 @@ def _deploy_options(**kw):
 
 def test_deploy_dry_run_writes_the_config_checks_and_deploys_nothing(deploy_cluster):
     from playbooks import deploy
-    from test_deploy import inventory as deploy_inventory
 
     dash, events, written = FakeDashboard(), [], {}
-    out = deploy.run(deploy_inventory(), None, _deploy_options(dry_run=True), never,
+    out = deploy.run(inventory_of(DEPLOY_INVENTORY), None, _deploy_options(dry_run=True), never,
                      events.append, write_config=lambda n, t: written.setdefault(n, t) and Path(n),
                      client=dash)
     assert out.doc["status"] == "DRY_RUN" and out.exit_code == 0 and dash.puts == []
@@ -292,19 +292,17 @@ def test_deploy_dry_run_writes_the_config_checks_and_deploys_nothing(deploy_clus
 def test_deploy_refuses_a_config_holding_a_secret(deploy_cluster):
     from cluster.errors import DeployError
     from playbooks import deploy
-    from test_deploy import inventory as deploy_inventory
 
     with pytest.raises(DeployError, match="secret values"):
-        deploy.run(deploy_inventory(), None, _deploy_options(secrets=("/models/tiny",)), never,
+        deploy.run(inventory_of(DEPLOY_INVENTORY), None, _deploy_options(secrets=("/models/tiny",)), never,
                    client=FakeDashboard())
 
 
 def test_deploy_puts_the_app_and_waits_for_running(deploy_cluster):
     from playbooks import deploy
-    from test_deploy import inventory as deploy_inventory
 
     dash, events = FakeDashboard(), []
-    out = deploy.run(deploy_inventory(), None, _deploy_options(), never, events.append,
+    out = deploy.run(inventory_of(DEPLOY_INVENTORY), None, _deploy_options(), never, events.append,
                      client=dash)
     assert out.doc["status"] == "RUNNING" and out.exit_code == 0
     assert [p["name"] for p in dash.puts] == ["tiny"] and out.doc["config_path"] is None
@@ -392,9 +390,7 @@ SECRET = "hf_recordedrun_secret"
 def test_inventory_secrets_never_land_in_the_run_directory(name, extra, tmp_path):
     """The inventory lives in a folder named like its secret: its path reaches run.json
     (argv, inventory) and the reports; exec also runs the secret on the command line."""
-    from test_scripting_contract import _cli, _closed_port
-
-    port = _closed_port()
+    port = closed_port()
     folder = tmp_path / SECRET
     folder.mkdir()
     (folder / "known_hosts").write_text("")
@@ -413,7 +409,7 @@ run_dir: {tmp_path}/runs
     env = dict(os.environ)
     env.pop("CLUSTER_RUN_DIR", None)
     env.pop("HF_TOKEN", None)
-    p = _cli("-i", str(inv), name, "--json", *extra, cwd=tmp_path, env=env, timeout=180)
+    p = cluster_cli("-i", str(inv), name, "--json", *extra, cwd=tmp_path, env=env, timeout=180)
     assert "Traceback" not in p.stderr and p.returncode == 2, (p.returncode, p.stderr[-2000:])
     runs = list((tmp_path / "runs").glob("*"))
     assert len(runs) == 1
