@@ -145,6 +145,15 @@ def cluster_cli(*args: str, cwd: Path | str = REPO, env: Mapping[str, str] | Non
                           text=True, timeout=timeout, **run)
 
 
+def cluster_process(*args: str, cwd: Path | str = REPO, env: Mapping[str, str] | None = None,
+                    stdin: Any = subprocess.DEVNULL, python: str = sys.executable
+                    ) -> subprocess.Popen:
+    """`python -m cluster ARGS...` started and left running (stdout, stderr: text pipes), for
+    commands that run until a signal (dashboard) or that a test watches while they run."""
+    return subprocess.Popen([python, "-m", "cluster", *args], cwd=str(cwd), env=env, stdin=stdin,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 def cluster_main(capsys, *argv: str) -> tuple[int, str, str]:
     """(exit code, stdout, stderr) of cluster.cli.main(argv) run in this process; a usage error
     argparse raises as SystemExit gives its code."""

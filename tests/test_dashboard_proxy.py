@@ -26,7 +26,7 @@ from cluster.errors import UsageError
 from cluster.head_tunnel import (AuthToken, HeadTransport, HeadTunnel, _parse_token_reply,
                                  read_auth_token, valid_token)
 from cluster.remote import Session
-from fakes import DASHBOARD_TOKEN as TOKEN, FakeDashboard, read_all as _read_all
+from fakes import DASHBOARD_TOKEN as TOKEN, FakeDashboard, cluster_process, read_all as _read_all
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -317,9 +317,7 @@ def _start(tmp_path, *args: str, token: str | None = TOKEN) -> subprocess.Popen:
            "PYTHONPATH": str(REPO), "CLUSTER_CRASH_DIR": str(tmp_path / "crash")}
     if token:
         env["RAY_AUTH_TOKEN"] = token
-    return subprocess.Popen([sys.executable, "-m", "cluster", *args], env=env, cwd=tmp_path,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return cluster_process(*args, env=env, cwd=tmp_path)
 
 
 def _end(proc: subprocess.Popen, stop: bool = True,

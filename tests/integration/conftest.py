@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -45,28 +44,9 @@ from pathlib import Path
 
 import pytest
 
+from integration_kit import SIMCLUSTER, simcluster_unavailable
+
 REPO = Path(__file__).resolve().parents[2]
-SIMCLUSTER = REPO / "scripts" / "simcluster"
-SSHD = Path("/usr/sbin/sshd")
-
-
-def simcluster_unavailable() -> str | None:
-    """Why the simulated cluster cannot run here, or None when it can."""
-    if not sys.platform.startswith("linux"):
-        return "simcluster needs Linux network namespaces"
-    if os.geteuid() != 0:
-        return "simcluster needs root (network namespaces, bridge, mounts); run the tests as root"
-    if not shutil.which("ip"):
-        return "simcluster needs iproute2 (`ip netns`)"
-    probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        return f"`ip netns list` fails here: {probe.stderr.strip()}"
-    for tool in ("unshare", "nsenter", "ssh", "ssh-keygen"):
-        if not shutil.which(tool):
-            return f"simcluster needs `{tool}` (util-linux / openssh-client)"
-    if not os.access(SSHD, os.X_OK):
-        return f"simcluster needs {SSHD} (apt-get install -y openssh-server)"
-    return None
 
 
 @dataclass(frozen=True)
