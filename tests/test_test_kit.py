@@ -67,7 +67,7 @@ def test_a_pending_module_still_imports_a_test_module(name):
 
 
 RUNNER_HOME = {"fakes.py"}      # cluster_cli / cluster_process: the CLI in a subprocess
-RUNNER_WORDS = tuple(q + "-m" + q + ", " + q + "cluster" + q for q in "\"'")   # "-m", "cluster"
+RUNNER_WORDS = tuple(q + "-m" + q + ", " + q + "cluster" + q for q in "\"'")   # the argv pair, quoted either way
 
 
 @pytest.mark.parametrize("name", sorted(str(p.relative_to(TESTS)) for p in suite_modules().values()
