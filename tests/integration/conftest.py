@@ -29,6 +29,9 @@ writing your own:
         yield path
     head_driver(path, SCRIPT)                       # a Ray driver on the head -> its RESULT json
     PYTHON, REPO, SMALL_NODE_RAY                    # the venv's python, the checkout, Ray sizes
+    node_tiny_model(tiny_model_builder, "dense", needs=("vllm",))   # under /var/tmp (nodes see it)
+    ProcessListWatch(SECRET), prom_query, wait_for_series, PROMETHEUS_PORT
+    cluster_process(...)                            # from fakes: a CLI process left running
 
 The tiny test models: the session fixture `tiny_model_builder` of tests/conftest.py
 (`tiny_model_builder.build_tiny_model(dir, "dense")`).

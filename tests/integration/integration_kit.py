@@ -11,8 +11,14 @@ derived from the simulated cluster's with small-node Ray settings (optionally wi
     with ray_up(cli, path):                       # `up --skip-preflight --yes`; always `down`
         ...
 
+    model = node_tiny_model(tiny_model_builder, "dense", needs=("vllm",))   # nodes see /var/tmp
+    with ProcessListWatch(SECRET) as watch: ...   # process lists sampled for a secret
+    wait_for_series(inv, "up", ok)                # the head's Prometheus (PROMETHEUS_PORT)
+    simcluster_unavailable()                      # why the simulated cluster cannot run, or None
+
 tests/integration/conftest.py documents the fixtures (simcluster, simcluster_factory); this
-module holds plain helpers (import it by name: pytest puts tests/integration on sys.path).
+module holds plain helpers (import it by name: pytest puts tests/integration on sys.path). The
+CLI itself runs through tests/fakes.py's cluster_cli, the suite's one subprocess runner.
 """
 
 from __future__ import annotations
