@@ -4,9 +4,16 @@ probe outputs / NodeContext a preflight check is judged on.
     result("gpu02", stdout="...")             a CommandResult as cluster/remote.py makes one
     RecordingSession()                        answers every run() with success and records it
     ScriptedSession({"node1": [r1, r2]})      answers run()/run_small() from per-node lists
+    CannedSession(r, inventory)               one canned answer (or one per node), with fan_out
+    UnusableSession()                         any use fails the test
     FakeClock()                               clock() and clock.sleep(s) without waiting
     probe_output("ibstat", fixture_text("ibstat", "108-...txt"))
     judge("infiniband", INVENTORY_YAML, node="n1", ibstat=...)   a check's Verdict
+
+The CLI: cluster_cli(*args) (a subprocess; the only one), cluster_process(*args) (left running),
+cluster_main(capsys, *argv) (in-process); inventories: write_inventory(dir, text), inventory_of.
+Shared stand-ins: FakeOpenAI, FakeDashboard (loopback servers), FakeServe and fake_bench (tune),
+node_facts (Ray bring-up), real_plan, label_values, closed_port.
 
 `judge` builds the context as cluster/preflight.py's evaluate_node does: the check's own probe
 builders decide which outputs it reads; every probe not given is "command not found" (127).
@@ -116,6 +123,39 @@ class ScriptedSession:
             return queue.pop(0) if len(queue) > 1 else queue[0]
 
     run_small = run
+
+
+class CannedSession:
+    """Answers every command with a canned CommandResult (one, or one per node name), re-labelled
+    with the asking node; records (node, command, stdin); `inventory` is the session's own."""
+
+    def __init__(self, result: CommandResult | dict, inventory: Inventory | None = None):
+        self.inventory = inventory
+        self.answers = result
+        self.calls: list[tuple[str, str, str | None]] = []
+
+    def _answer(self, node):
+        got = self.answers[node.name] if isinstance(self.answers, dict) else self.answers
+        return CommandResult(node.name, got.command, got.exit_code, got.stdout, got.stderr,
+                             got.duration_s, got.status, got.error)
+
+    def run(self, node, command, timeout=None, stdin=None):
+        self.calls.append((node.name, command, stdin))
+        return self._answer(node)
+
+    def fan_out(self, nodes, command, timeout=None, stdin=None):
+        out = []
+        for node in nodes:
+            self.calls.append((node.name, command(node) if callable(command) else command, stdin))
+            out.append(self._answer(node))
+        return tuple(out)
+
+
+class UnusableSession:
+    """A session that must not be used: any call is a test failure."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"the session was used ({name}) though the facts were handed in")
 
 
 class FakeClock:
