@@ -8,7 +8,7 @@ import pytest
 
 from cluster import inventory
 from cluster.errors import InventoryError
-from fakes import cluster_cli
+from fakes import cluster_cli, write_inventory
 
 GOOD = """\
 ssh:
@@ -37,8 +37,7 @@ model: {path: /models/llama}
 
 
 def test_good_inventory_resolves(tmp_path):
-    f = tmp_path / "cluster.yaml"
-    f.write_text(GOOD)
+    f = write_inventory(tmp_path, GOOD)
     inv = inventory.load(str(f))
     assert [n.name for n in inv.nodes] == ["gpu01", "gpu02"]
     assert inv.head.name == "gpu01" and inv.workers[0].name == "gpu02"
@@ -119,8 +118,7 @@ BAD = [
 
 @pytest.mark.parametrize("text,line,key", BAD, ids=[f"bad{i:02d}" for i in range(len(BAD))])
 def test_malformed_inventory_names_file_line_and_key(tmp_path, text, line, key):
-    f = tmp_path / "cluster.yaml"
-    f.write_text(text)
+    f = write_inventory(tmp_path, text)
     with pytest.raises(InventoryError) as err:
         inventory.load(str(f))
     e = err.value
@@ -135,8 +133,7 @@ def test_malformed_inventory_names_file_line_and_key(tmp_path, text, line, key):
 
 @pytest.mark.parametrize("text", [b[0] for b in BAD[:12]] + [b[0] for b in BAD[14:20]])
 def test_cli_gives_one_line_exit_2_no_traceback(tmp_path, text):
-    f = tmp_path / "cluster.yaml"
-    f.write_text(text)
+    f = write_inventory(tmp_path, text)
     proc = cluster_cli("-i", str(f), "inventory", timeout=60)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr

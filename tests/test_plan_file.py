@@ -13,7 +13,7 @@ import yaml
 
 from cluster.errors import UsageError
 from cluster.plan_file import KNOWN_KEYS, PlanFileError, load_plan, parse_plan
-from fakes import cluster_cli, real_plan
+from fakes import cluster_cli, real_plan, write_inventory
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "tests" / "model_configs"
@@ -206,9 +206,8 @@ def test_cli_exits_2_with_one_line_and_no_traceback(tmp_path, case):
     text = next(t for c, t, _ in MALFORMED if c == case)
     plan = tmp_path / "plan.yaml"
     plan.write_text(text)
-    inventory = tmp_path / "cluster.yaml"
-    inventory.write_text("nodes:\n  - {name: h, address: 127.0.0.1, local: true}\n"
-                         f"run_dir: {tmp_path / 'runs'}\n")
+    inventory = write_inventory(tmp_path, "nodes:\n  - {name: h, address: 127.0.0.1, local: true}\n"
+                                          f"run_dir: {tmp_path / 'runs'}\n")
     p = cluster_cli("-i", str(inventory), "deploy", "--plan", str(plan), "--yes")
     assert p.returncode == 2, p.stderr
     assert "Traceback" not in p.stderr

@@ -21,7 +21,7 @@ from cluster.tune import TuneSettings
 from playbooks import drain, restart_node, tune, undeploy
 from fakes import (DEPLOY_INVENTORY, IDS, IPS, RAY_INVENTORY as INV, TUNE_APP_CONFIG as ORIGINAL,
                    FakeServe, RecordingSession, cluster_cli, closed_port, fake_bench,
-                   inventory_of, node_facts as facts)
+                   inventory_of, node_facts as facts, write_inventory)
 
 
 def never(question: str) -> bool:
@@ -394,18 +394,17 @@ def test_inventory_secrets_never_land_in_the_run_directory(name, extra, tmp_path
     folder = tmp_path / SECRET
     folder.mkdir()
     (folder / "known_hosts").write_text("")
-    inv = folder / "cluster.yaml"
-    inv.write_text(f"""\
-ssh: {{known_hosts: {folder}/known_hosts, connect_timeout: 3}}
-nodes:
-  - {{name: node1, role: head, address: 127.0.0.1, port: {port}, local: false}}
-  - name: node2
-    address: 127.0.0.1
-    port: {port}
-    local: false
-    env: {{HF_TOKEN: {SECRET}}}
-run_dir: {tmp_path}/runs
-""")
+    inv = write_inventory(folder, f"""\
+               ssh: {{known_hosts: {folder}/known_hosts, connect_timeout: 3}}
+               nodes:
+                 - {{name: node1, role: head, address: 127.0.0.1, port: {port}, local: false}}
+                 - name: node2
+                   address: 127.0.0.1
+                   port: {port}
+                   local: false
+                   env: {{HF_TOKEN: {SECRET}}}
+               run_dir: {tmp_path}/runs
+               """)
     env = dict(os.environ)
     env.pop("CLUSTER_RUN_DIR", None)
     env.pop("HF_TOKEN", None)

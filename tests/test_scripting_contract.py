@@ -25,7 +25,7 @@ import pytest
 from cluster import cli
 from cluster.commands import _common
 from cluster.errors import UsageError
-from fakes import closed_port as _closed_port, cluster_cli
+from fakes import closed_port as _closed_port, cluster_cli, write_inventory
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -141,8 +141,7 @@ def test_bad_usage_exits_2_without_traceback(tmp_path, argv):
 
 
 def test_bad_inventory_exits_2_with_one_line(tmp_path):
-    bad = tmp_path / "cluster.yaml"
-    bad.write_text("nodes:\n  - name: 'a;reboot'\n")
+    bad = write_inventory(tmp_path, "nodes:\n  - name: 'a;reboot'\n")
     for command in ("status", "up", "drain", "restart-node"):
         args = [command] + (["node2"] if command in ("drain", "restart-node") else [])
         p = cluster_cli("-i", str(bad), *args, "--json", cwd=tmp_path)
@@ -160,25 +159,24 @@ def test_help_of_every_command_exits_0(tmp_path):
 def unreachable_inventory(tmp_path) -> Path:
     port = _closed_port()
     (tmp_path / "known_hosts").write_text("")
-    inv = tmp_path / "cluster.yaml"
-    inv.write_text(f"""\
-ssh:
-  known_hosts: {tmp_path}/known_hosts
-  connect_timeout: 3
-nodes:
-  - name: node1
-    role: head
-    address: 127.0.0.1
-    port: {port}
-    local: false
-  - name: node2
-    address: 127.0.0.1
-    port: {port}
-    local: false
-    env:
-      HF_TOKEN: hf_contract_token_value
-run_dir: {tmp_path}/runs
-""")
+    inv = write_inventory(tmp_path, f"""\
+                 ssh:
+                   known_hosts: {tmp_path}/known_hosts
+                   connect_timeout: 3
+                 nodes:
+                   - name: node1
+                     role: head
+                     address: 127.0.0.1
+                     port: {port}
+                     local: false
+                   - name: node2
+                     address: 127.0.0.1
+                     port: {port}
+                     local: false
+                     env:
+                       HF_TOKEN: hf_contract_token_value
+                 run_dir: {tmp_path}/runs
+                 """)
     return inv
 
 
