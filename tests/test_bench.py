@@ -24,7 +24,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -37,193 +36,14 @@ from cluster.bench import (BenchConfig, RequestOutcome, api_base, build_prompt, 
                            redact_url, run_bench, scrape_metric, summarize_level)
 from cluster.cli import main
 from cluster.errors import UsageError
+from fakes import FakeOpenAI, cluster_main
 
 KEY_ENV = "CLUSTER_TEST_BENCH_KEY"
 KEY = "bench-test-key-7d1e9a"  # test-only
 # A window-title change, clear-screen and colour codes: must never reach a terminal or report.
-ESCAPE_TEXT = "\x1b]0;pwned\x07\x1b[2J\x1b[31mengine exploded\x1b[0m\r\nforged line\x9b2J"
 
 
 # ----------------------------------------------------------------------------- the fake server
-
-class FakeOpenAI:
-    """A deterministic OpenAI-compatible streaming server on 127.0.0.1 in a background thread."""
-
-    def __init__(self) -> None:
-        self.requests: list[dict] = []
-        self.raw: dict[str, bytes] = {}  # model name -> SSE body sent verbatim (fuzz tests)
-        self.generated = 0  # tokens streamed, exposed as vllm:generation_tokens_total
-        self._count = 0
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._tasks: set[asyncio.Task] = set()
-        self._thread = threading.Thread(target=self._serve, name="fake-openai", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(10):
-            raise RuntimeError("fake server did not start")
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def _serve(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._server = self._loop.run_until_complete(
-            asyncio.start_server(self._handle, "127.0.0.1", 0))
-        self.port = self._server.sockets[0].getsockname()[1]
-        self._ready.set()
-        self._loop.run_forever()
-
-    def close(self) -> None:
-        async def shutdown() -> None:
-            self._server.close()
-            for task in list(self._tasks):
-                task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-            await self._server.wait_closed()
-
-        asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        self._tasks.add(task)
-        try:
-            while True:  # keep-alive: one request after another on the connection
-                head = await reader.readuntil(b"\r\n\r\n")
-                lines = head.decode("latin-1").split("\r\n")
-                method, path, _ = lines[0].split(" ", 2)
-                headers = {k.strip().lower(): v.strip()
-                           for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
-                body = await reader.readexactly(int(headers.get("content-length", "0")))
-                if not await self._respond(method, path, headers, body, writer):
-                    break
-        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
-            pass
-        finally:
-            writer.close()
-            self._tasks.discard(task)
-
-    @staticmethod
-    def _head(writer, status: str, content_type: str, extra: str = "") -> None:
-        writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n{extra}".encode())
-
-    def _plain(self, writer, status: str, content_type: str, text: str) -> None:
-        data = text.encode()
-        self._head(writer, status, content_type, f"Content-Length: {len(data)}\r\n\r\n")
-        writer.write(data)
-
-    @staticmethod
-    def _chunk(writer, text: str) -> None:
-        data = text.encode()
-        writer.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-
-    def _event(self, writer, payload) -> None:
-        self._chunk(writer, "data: " + (payload if isinstance(payload, str) else json.dumps(payload)) + "\n\n")
-
-    async def _respond(self, method, path, headers, body, writer) -> bool:
-        """Write one response; False to close the connection afterwards."""
-        if method == "GET" and path == "/metrics":
-            text = ("# HELP vllm:generation_tokens_total Number of generation tokens processed.\n"
-                    "# TYPE vllm:generation_tokens_total counter\n"
-                    f'vllm:generation_tokens_total{{engine="0",model_name="ok"}} {self.generated}.0\n'
-                    'vllm:generation_tokens_total{engine="1",model_name="a b}"} 5.0\n'
-                    'vllm:generation_tokens_created{engine="0",model_name="ok"} 1.7e9\n'
-                    "vllm:generation_tokens_total_other 99\n")
-            self._plain(writer, "200 OK", "text/plain; version=0.0.4", text)
-            await writer.drain()
-            return True
-        request = json.loads(body or b"{}")
-        request["_path"] = path
-        request["_auth"] = headers.get("authorization")
-        self.requests.append(request)
-        self._count += 1
-        mode = request.get("model", "ok")
-        chat = path.endswith("/chat/completions")
-        n = int(request.get("max_tokens", 16))
-        if mode == "flaky" and self._count % 3 == 0:
-            mode = "http500"
-        if mode == "http500":
-            self._plain(writer, "500 Internal Server Error", "application/json",
-                        json.dumps({"error": {"message": "engine exploded", "code": 500}}))
-            await writer.drain()
-            return True
-        if mode == "http401":
-            self._plain(writer, "401 Unauthorized", "application/json",
-                        json.dumps({"error": "Unauthorized"}))
-            await writer.drain()
-            return True
-        if mode == "escape":  # an error text that would drive the terminal if printed raw
-            self._plain(writer, "500 Internal Server Error", "application/json",
-                        json.dumps({"error": {"message": ESCAPE_TEXT, "code": 500}}))
-            await writer.drain()
-            return True
-        if mode == "close":
-            return False
-        self._head(writer, "200 OK", "text/event-stream", "Transfer-Encoding: chunked\r\n\r\n")
-        if mode in self.raw:
-            data = self.raw[mode]
-            if data:
-                writer.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-            self._chunk(writer, "")
-            await writer.drain()
-            return True
-        if mode == "stall":
-            await writer.drain()
-            await asyncio.sleep(3600)  # cancelled when the client goes away or at close()
-        if mode == "notsse":
-            self._chunk(writer, "this is not server-sent events\n")
-            self._chunk(writer, "")
-            await writer.drain()
-            return True
-        if mode in ("deepnest", "deepchoice"):  # a chunk nested 100k deep
-            deep = "[" * 100_000 + "]" * 100_000
-            if mode == "deepchoice":
-                deep = '{"choices": [{"index": 0, "text": "t", "x": ' + deep + '}]}'
-            self._chunk(writer, "data: " + deep + "\n\n")
-            self._event(writer, "[DONE]")
-            self._chunk(writer, "")
-            await writer.drain()
-            return True
-        if mode == "streamescape":
-            self._event(writer, {"error": {"message": ESCAPE_TEXT, "code": 500}})
-            self._event(writer, "[DONE]")
-            self._chunk(writer, "")
-            await writer.drain()
-            return True
-        if mode == "streamerror":
-            self._event(writer, {"error": {"message": "out of KV cache", "code": 500}})
-            self._event(writer, "[DONE]")
-            self._chunk(writer, "")
-            await writer.drain()
-            return True
-        prompt = request["messages"][0]["content"] if chat else request.get("prompt", "")
-        tokens = {"short": max(1, n // 2)}.get(mode, n)
-        base = {"id": "x", "object": "chat.completion.chunk" if chat else "text_completion",
-                "model": mode}
-        if chat:
-            self._event(writer, {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
-        for i in range(tokens):
-            choice = {"index": 0, "delta": {"content": f"t{i} "}} if chat else {"index": 0, "text": f"t{i} "}
-            self._event(writer, {**base, "choices": [choice]})
-            self.generated += 1
-            if mode == "garbage" and i == 1:
-                self._chunk(writer, 'data: {"choices": [{"text": \n\n')
-            if mode == "drop" and i == 1:
-                await writer.drain()
-                writer.transport.abort()  # connection lost mid-stream, no chunk terminator
-                return False
-            await writer.drain()
-        usage_wanted = (request.get("stream_options") or {}).get("include_usage")
-        if usage_wanted and mode != "nousage":
-            completion = {"negusage": -2_000_000, "boolusage": True,
-                          "floatusage": 1.5}.get(mode, tokens)
-            self._event(writer, {**base, "choices": [], "usage": {
-                "prompt_tokens": len(prompt.split()) + (3 if chat else 0),
-                "completion_tokens": completion, "total_tokens": len(prompt.split()) + tokens}})
-        if mode != "nodone":
-            self._event(writer, "[DONE]")
-        self._chunk(writer, "")  # end of the chunked body
-        await writer.drain()
-        return True
 
 
 @pytest.fixture(scope="module")
@@ -458,9 +278,7 @@ def test_duration_mode_is_bounded(fake):
 # ----------------------------------------------------------------------------- the CLI
 
 def _run_cli(capsys, *argv):
-    code = main(["bench", *argv])
-    out, err = capsys.readouterr()
-    return code, out, err
+    return cluster_main(capsys, "bench", *argv)
 
 
 @pytest.mark.timeout(120)

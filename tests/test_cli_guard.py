@@ -19,6 +19,7 @@ from cluster import cli, remote
 from cluster.commands import _common
 from cluster.inventory import SSHOptions
 from cluster.textsafe import terminal_safe, terminal_safe_line
+from fakes import cluster_cli
 
 
 def _boom(_args):
@@ -162,8 +163,7 @@ def test_json_output_refuses_nan():
                                    "--timeout", "inf"],
                                   ["exec", "--timeout", "x", "--", "true"]])
 def test_usage_errors_are_one_line_exit_2(argv):
-    proc = subprocess.run([sys.executable, "-m", "cluster", *argv], capture_output=True,
-                          text=True, timeout=60)
+    proc = cluster_cli(*argv, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1, proc.stderr
     assert "error:" in proc.stderr and "Traceback" not in proc.stderr

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from fakes import cluster_cli
+
 FIXTURES = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).parent.parent
 
@@ -21,8 +23,7 @@ def _fixture(kind: str, prefix: str) -> Path:
 
 def cluster_parse(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "cluster", "parse", *args], cwd=REPO, env=env,
-                          input=stdin, capture_output=True, text=True, timeout=120)
+    return cluster_cli("parse", *args, env=env, input=stdin)
 
 
 def test_autodetects_several_kinds_and_exits_0() -> None:

@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import httpx
@@ -27,73 +26,9 @@ from cluster.errors import UsageError
 from cluster.head_tunnel import (AuthToken, HeadTransport, HeadTunnel, _parse_token_reply,
                                  read_auth_token, valid_token)
 from cluster.remote import Session
+from fakes import DASHBOARD_TOKEN as TOKEN, FakeDashboard, cluster_process, read_all as _read_all
 
 REPO = Path(__file__).resolve().parents[1]
-TOKEN = "5f1e0c9a" * 8   # the shape `ray get-auth-token --generate` makes (64 hex digits)
-
-
-class FakeDashboard:
-    """A loopback HTTP server: records each request head; 401 unless the right Bearer token
-    (when `token`), else 200 with the body; /api/authentication_mode is public. `chunked`
-    replies in three chunks, one send each; an Upgrade request gets 101 and then echoes."""
-
-    def __init__(self, token: str | None = None):
-        self.token = token
-        self.heads: list[bytes] = []
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        threading.Thread(target=self._loop, daemon=True).start()
-
-    def _loop(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        with conn:
-            buf = b""
-            while b"\r\n\r\n" not in buf:
-                data = conn.recv(65536)
-                if not data:
-                    return
-                buf += data
-            head = buf.split(b"\r\n\r\n", 1)[0]
-            self.heads.append(head)
-            lines = head.split(b"\r\n")
-            path = lines[0].split(b" ")[1].decode()
-            headers = {k.strip().lower(): v.strip() for k, _, v in
-                       (line.decode().partition(":") for line in lines[1:])}
-            if path == "/api/authentication_mode":
-                body = json.dumps({"authentication_mode": "token" if self.token
-                                   else "disabled"}).encode()
-                return self._reply(conn, 200, body)
-            if self.token and headers.get("authorization") != "Bearer " + self.token:
-                return self._reply(conn, 401, b"Unauthorized: Missing authentication token")
-            if "upgrade" in headers:
-                conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
-                             b"Connection: Upgrade\r\n\r\n")
-                while data := conn.recv(65536):
-                    conn.sendall(b"echo:" + data)
-                return
-            if path == "/chunked":
-                conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n"
-                             b"Connection: close\r\n\r\n")
-                for part in (b"alpha", b"beta", b"gamma"):
-                    conn.sendall(b"%x\r\n%s\r\n" % (len(part), part))
-                conn.sendall(b"0\r\n\r\n")
-                return
-            self._reply(conn, 200, b"ok " + path.encode())
-
-    @staticmethod
-    def _reply(conn: socket.socket, status: int, body: bytes) -> None:
-        conn.sendall(b"HTTP/1.1 %d X\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
-                     % (status, len(body), body))
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 @pytest.fixture
@@ -201,13 +136,6 @@ def test_without_a_token_the_request_head_is_forwarded_byte_for_byte(local_sessi
     finally:
         proxy.stop()
         fake.close()
-
-
-def _read_all(s: socket.socket) -> bytes:
-    out = b""
-    while data := s.recv(65536):
-        out += data
-    return out
 
 
 def test_chunked_replies_and_a_websocket_upgrade_pass(local_session, dashboard):
@@ -389,9 +317,7 @@ def _start(tmp_path, *args: str, token: str | None = TOKEN) -> subprocess.Popen:
            "PYTHONPATH": str(REPO), "CLUSTER_CRASH_DIR": str(tmp_path / "crash")}
     if token:
         env["RAY_AUTH_TOKEN"] = token
-    return subprocess.Popen([sys.executable, "-m", "cluster", *args], env=env, cwd=tmp_path,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return cluster_process(*args, env=env, cwd=tmp_path)
 
 
 def _end(proc: subprocess.Popen, stop: bool = True,

@@ -20,45 +20,24 @@ from cluster import node_programs
 from cluster.errors import UsageError
 from cluster.inventory import loads as load_inventory
 from cluster.plan_file import parse_plan
-from cluster.ray_state import GcsNode, RayState
-from fakes import FakeClock, result as _result
+from fakes import DEPLOY_MODEL, build_app, deploy_cluster_of
+from fakes import DEPLOY_API_KEY as KEY_VALUE, DEPLOY_INVENTORY as INVENTORY, FakeClock, result as _result
 
-MODEL = "/models/tiny"
-KEY_VALUE = "sk-live-9f8e7d6c5b4a"
-
-INVENTORY = f"""
-nodes:
-  - {{name: gpu1, role: head, address: 10.0.0.1, nccl_socket_ifname: eth0,
-      gloo_socket_ifname: eth0, ib_hcas: [mlx5_0, mlx5_1],
-      env: {{CLUSTER_API_KEY: {KEY_VALUE}, NCCL_DEBUG: WARN}}}}
-  - {{name: gpu2, address: 10.0.0.2, nccl_socket_ifname: eth0, gloo_socket_ifname: eth0,
-      ib_hcas: [mlx5_0, mlx5_1], env: {{CLUSTER_API_KEY: {KEY_VALUE}}}}}
-ray: {{serve_port: 8000, dashboard_port: 8265}}
-"""
+MODEL = DEPLOY_MODEL
 
 
 def inventory(text: str = INVENTORY):
     return load_inventory(text)
 
 
-def cluster_of(*nodes: tuple[str, float, float]) -> deploy.ClusterView:
-    """(ip, cpus, gpus) per alive node."""
-    state = RayState("dashboard", "2.60.0", tuple(
-        GcsNode(f"id{i}", ip, True, i == 0, {"CPU": cpus, "GPU": gpus})
-        for i, (ip, cpus, gpus) in enumerate(nodes)), None)
-    return deploy.ClusterView.from_state(inventory(), state)
-
-
+cluster_of = deploy_cluster_of
 CPU2 = cluster_of(("10.0.0.1", 2, 0), ("10.0.0.2", 2, 0))
 GPU2x4 = cluster_of(("10.0.0.1", 16, 4), ("10.0.0.2", 16, 4))
 GPU2x8 = cluster_of(("10.0.0.1", 64, 8), ("10.0.0.2", 64, 8))
 
 
 def build(spec, cluster=CPU2, device=None):
-    inv = inventory()
-    app, notes = deploy.build_application(spec, device or cluster.resolve_device(spec.device),
-                                          cluster, inv)
-    return app, notes, deploy.placement_preview(app)
+    return build_app(spec, cluster, device)
 
 
 # ---------------------------------------------------------------- config generation
@@ -131,7 +110,7 @@ def test_nccl_interfaces_that_differ_per_node_stay_out_of_runtime_env():
 
 
 def test_dense_plan_replicas_and_strategy_come_from_the_plan():
-    from test_plan_file import real_plan
+    from fakes import real_plan
 
     doc = real_plan("llama-3.1-70b-instruct")   # TP 4, 2 replicas, STRICT_PACK, 1 x 8 GPUs
     spec = deploy.spec_from_plan(parse_plan(yaml.safe_dump(doc), "plan.yaml"))
@@ -154,7 +133,7 @@ def test_multi_node_dense_plan_tp8_pp2_is_one_native_engine_per_two_nodes():
     """The plan chooses vLLM's native multi-node engine for a replica larger than a node:
     one bundle of 8 GPUs per node rank, on distinct nodes; `--executor ray` keeps the old
     PACK layout (16 one-GPU bundles, vLLM's Ray executor)."""
-    from test_plan_file import real_plan
+    from fakes import real_plan
 
     doc = real_plan("llama-3.1-405b-instruct", nodes=2)
     assert doc["placement"]["executor"] == "native" and doc["placement"]["gang"]["nnodes"] == 2
@@ -168,7 +147,7 @@ def test_multi_node_dense_plan_tp8_pp2_is_one_native_engine_per_two_nodes():
 
 
 def test_moe_plan_dp_ep_uses_the_moe_app_and_gang_scheduling():
-    from test_plan_file import real_plan
+    from fakes import real_plan
 
     doc = real_plan("mixtral-8x7b-instruct-v0.1")   # DP 8 + EP on one 8-GPU node
     spec = deploy.spec_from_plan(parse_plan(yaml.safe_dump(doc), "moe.yaml"))
@@ -271,7 +250,7 @@ def test_model_path_must_be_absolute_and_plain():
 
 
 def test_plan_from_a_bare_config_json_serves_the_directory_and_relative_needs_model():
-    from test_plan_file import real_plan
+    from fakes import real_plan
 
     doc = real_plan("llama-3.1-8b")
     doc["model"] = doc["engine_args"]["model"] = "/models/llama/config.json"

@@ -8,7 +8,7 @@ import pytest
 from cluster.fabric_needs import fabric_needs, render
 from cluster.fabric_thresholds import load_table
 from cluster.plan_file import parse_plan
-from test_planner import cluster, model, plan_for
+from fakes import model_config as model, plan_cluster as cluster, plan_for
 
 
 def test_405b_on_two_h100_nodes_has_pp_pairs_across_nodes_tp_inside():

@@ -13,6 +13,7 @@ from cluster import facts, inventory
 from cluster.checks.node import NODE_CHECKS
 from cluster.node_programs import node_facts as program
 from cluster.preflight import evaluate_node, node_probes
+from fakes import UnusableSession
 from cluster.probes import NOT_FOUND, Probe, ProbeOutput, probe_script
 from cluster.remote import CommandResult
 
@@ -194,13 +195,6 @@ def test_parse_only_kinds_are_exactly_those_no_check_or_fact_reads():
     assert set(parsers.PARSE_ONLY) == set(parsers.MODULES) - used
 
 
-class _NoSession:
-    """A session that must not be used: any call is a test failure."""
-
-    def __getattr__(self, name):
-        raise AssertionError(f"the session was used ({name}) though the facts were handed in")
-
-
 def test_the_preflight_playbook_judges_handed_in_facts_without_another_round_trip(inv):
     """`cluster up` gathers once and hands the facts to the preflight: no second gather."""
     from playbooks import preflight
@@ -208,7 +202,7 @@ def test_the_preflight_playbook_judges_handed_in_facts_without_another_round_tri
                "gpu-query": _out("gpu-query", f"index, name\n0, {H100}\n")}
     gathered = {n.name: facts.facts_from_outputs(n, outputs) for n in inv.nodes}
     checks = tuple(c for c in NODE_CHECKS if c.id in ("gpus", "versions"))
-    report = preflight.run(inv, _NoSession(), preflight.PreflightOptions(
+    report = preflight.run(inv, UnusableSession(), preflight.PreflightOptions(
         checks=checks, measure_clock=False, reachability=False), facts=gathered)
     by = {(r.check, r.node): r for r in report.results}
     assert by[("gpus", "n2")].summary == f"1 x {H100}"

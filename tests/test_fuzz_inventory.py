@@ -15,6 +15,7 @@ import yaml
 
 from cluster import inventory
 from cluster.errors import InventoryError
+from fakes import write_inventory
 
 BASE = {
     "ssh": {"user": "root", "port": 22, "identity_file": "/keys/id", "known_hosts": "/keys/kh",
@@ -102,8 +103,7 @@ def test_enough_cases():
 
 @pytest.mark.parametrize("label,text", CASES, ids=[c[0][:60] for c in CASES])
 def test_malformed_inventory_is_one_clear_error(tmp_path, label, text):
-    f = tmp_path / "cluster.yaml"
-    f.write_text(text)
+    f = write_inventory(tmp_path, text)
     with pytest.raises(InventoryError) as err:
         inventory.load(str(f))
     message = str(err.value)

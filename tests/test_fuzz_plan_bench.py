@@ -29,7 +29,7 @@ from cluster.cli import main
 from cluster.errors import ClusterError, UsageError
 from cluster.modelinfo import model_info_from_config
 from cluster.planner import ClusterFacts, make_plan
-from test_bench import FakeOpenAI  # tests/ is on sys.path (pytest rootdir conftest)
+from fakes import FakeOpenAI
 
 CONFIGS = {p.stem: json.loads(p.read_text())
            for p in sorted((Path(__file__).parent / "model_configs").glob("*.json"))}

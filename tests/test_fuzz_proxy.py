@@ -18,7 +18,7 @@ from cluster.dashboard_proxy import (BadRequest, DashboardProxy, Gate, parse_hea
                                      without_own_cookie)
 from cluster.head_tunnel import HeadTunnel
 from cluster.remote import Session
-from test_dashboard_proxy import TOKEN as RAY_TOKEN, FakeDashboard, _read_all
+from fakes import DASHBOARD_TOKEN as RAY_TOKEN, FakeDashboard, read_all as _read_all
 
 SETTINGS = settings(max_examples=200, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow])

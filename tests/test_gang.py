@@ -13,7 +13,14 @@ from cluster.inventory import loads as load_inventory
 from cluster.ray_state import rank_actor_name, serve_applications
 from serve_apps.config import (AppConfigError, engine_kwargs_for, parse_app_args,
                                serve_deployment_options)
-from test_deploy import CPU2, GPU2x4, MODEL, build, cluster_of
+from fakes import DEPLOY_MODEL as MODEL, build_app, deploy_cluster_of as cluster_of
+
+CPU2 = cluster_of(("10.0.0.1", 2, 0), ("10.0.0.2", 2, 0))
+GPU2x4 = cluster_of(("10.0.0.1", 16, 4), ("10.0.0.2", 16, 4))
+
+
+def build(spec, cluster=CPU2, device=None):
+    return build_app(spec, cluster, device)
 
 # ---------------------------------------------------------------- cluster/gang.py
 

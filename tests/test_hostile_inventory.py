@@ -24,6 +24,7 @@ from cluster import inventory, yamlfile
 from cluster.errors import InventoryError, UsageError
 from cluster.plan_file import PlanFileError, load_plan, parse_plan
 from cluster.rundir import RunDir, list_runs
+from fakes import cluster_cli, write_inventory
 
 REPO = Path(__file__).resolve().parents[1]
 ONE = "nodes:\n  - name: a\n    address: 10.0.0.1\n"
@@ -31,8 +32,7 @@ ONE = "nodes:\n  - name: a\n    address: 10.0.0.1\n"
 
 def _cli(*args: str, cwd: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "cluster", *args], capture_output=True,
-                          text=True, timeout=timeout, env=env, cwd=str(cwd or REPO))
+    return cluster_cli(*args, timeout=timeout, env=env, cwd=cwd or REPO)
 
 
 def _one_line_exit_2(proc: subprocess.CompletedProcess, *needles: str) -> str:
@@ -297,8 +297,7 @@ def test_billion_laughs_under_ib_hcas_is_refused_not_expanded():
 
 
 def test_billion_laughs_through_the_cli_inventory_and_deploy_plan(tmp_path):
-    inv = tmp_path / "cluster.yaml"
-    inv.write_text(_laughs())
+    inv = write_inventory(tmp_path, _laughs())
     _one_line_exit_2(_cli("-i", str(inv), "inventory"), str(inv), "aliases")
     plan = tmp_path / "plan.yaml"
     levels = ["model: /models/m", "reasons: &l0 [x, x, x, x, x, x, x, x, x]"]
@@ -538,8 +537,7 @@ def test_dashboard_host_beyond_loopback_warns(host, warns):
 
 
 def test_cli_inventory_prints_the_warning_and_exits_1(tmp_path):
-    f = tmp_path / "cluster.yaml"
-    f.write_text(ONE + "ray: {dashboard_host: 0.0.0.0}\n")
+    f = write_inventory(tmp_path, ONE + "ray: {dashboard_host: 0.0.0.0}\n")
     proc = _cli("-i", str(f), "inventory", "--json")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "dashboard_host" in proc.stderr

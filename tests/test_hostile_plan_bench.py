@@ -21,14 +21,13 @@ import pytest
 from cluster.bench import (BenchConfig, SseReader, StreamFailure, redact_url,
                            run_bench, usage_tokens)
 from cluster.bounds import bound, check_float, check_int
-from cluster.cli import main
 from cluster.commands._common import float_range, int_range, positive_float, positive_int
 from cluster.errors import PlanError, UsageError
 from cluster.modelinfo import load_model_info, loads_json, model_info_from_config
 from cluster.planner import ClusterFacts, PlanOptions, load_cluster_facts_from_report, make_plan
 from cluster.textsafe import safe_line
 from cluster.tune import TuneSettings, parse_values
-from test_bench import ESCAPE_TEXT, FakeOpenAI  # tests/ is on sys.path (pytest rootdir conftest)
+from fakes import ESCAPE_TEXT, FakeOpenAI, cluster_main
 
 CONFIGS = Path(__file__).parent / "model_configs"
 LLAMA = json.loads((CONFIGS / "llama-3.1-8b.json").read_text())
@@ -45,13 +44,7 @@ def _strict_json(text: str):
     return json.loads(text, parse_constant=refuse)
 
 
-def _cli(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:  # argparse refuses a flag
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
+_cli = cluster_main
 
 
 def _refused(capsys, *argv: str, says: str = "") -> str:

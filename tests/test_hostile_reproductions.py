@@ -10,10 +10,11 @@ import json
 import os
 import resource
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from fakes import cluster_cli, write_inventory
 
 pytestmark = pytest.mark.acceptance
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,10 +29,9 @@ def _limit_memory() -> None:
 
 def cli(*args: str, stdin=subprocess.DEVNULL, cwd: Path | None = None,
         env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cluster", *args], cwd=cwd or ROOT,
-                          stdin=stdin, capture_output=True, text=True, timeout=GUARD_S,
-                          preexec_fn=_limit_memory,
-                          env={**os.environ, "CLUSTER_INVENTORY": "", **(env or {})})
+    return cluster_cli(*args, cwd=cwd or ROOT, stdin=stdin, timeout=GUARD_S,
+                       preexec_fn=_limit_memory,
+                       env={**os.environ, "CLUSTER_INVENTORY": "", **(env or {})})
 
 
 def one_line_exit_2(proc: subprocess.CompletedProcess, *needles: str) -> None:
@@ -43,10 +43,7 @@ def one_line_exit_2(proc: subprocess.CompletedProcess, *needles: str) -> None:
         assert needle.lower() in lines[0].lower(), (needle, lines[0])
 
 
-def inventory(tmp_path: Path, text: str | bytes, name: str = "cluster.yaml") -> Path:
-    path = tmp_path / name
-    path.write_bytes(text if isinstance(text, bytes) else text.encode())
-    return path
+inventory = write_inventory
 
 
 def model(tmp_path: Path, **changes) -> Path:
@@ -188,9 +185,7 @@ def test_bench_bad_url():
 
 
 def test_parse_stdin_closed():
-    proc = subprocess.run([sys.executable, "-m", "cluster", "parse", "-"], cwd=ROOT,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=GUARD_S)
+    proc = cluster_cli("parse", "-", cwd=ROOT, timeout=GUARD_S)
     one_line_exit_2(proc)
     assert "None parser" not in proc.stderr
 

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from cluster import inventory
 from cluster.errors import InventoryError
+from fakes import cluster_cli, write_inventory
 
 GOOD = """\
 ssh:
@@ -39,8 +37,7 @@ model: {path: /models/llama}
 
 
 def test_good_inventory_resolves(tmp_path):
-    f = tmp_path / "cluster.yaml"
-    f.write_text(GOOD)
+    f = write_inventory(tmp_path, GOOD)
     inv = inventory.load(str(f))
     assert [n.name for n in inv.nodes] == ["gpu01", "gpu02"]
     assert inv.head.name == "gpu01" and inv.workers[0].name == "gpu02"
@@ -121,8 +118,7 @@ BAD = [
 
 @pytest.mark.parametrize("text,line,key", BAD, ids=[f"bad{i:02d}" for i in range(len(BAD))])
 def test_malformed_inventory_names_file_line_and_key(tmp_path, text, line, key):
-    f = tmp_path / "cluster.yaml"
-    f.write_text(text)
+    f = write_inventory(tmp_path, text)
     with pytest.raises(InventoryError) as err:
         inventory.load(str(f))
     e = err.value
@@ -137,10 +133,8 @@ def test_malformed_inventory_names_file_line_and_key(tmp_path, text, line, key):
 
 @pytest.mark.parametrize("text", [b[0] for b in BAD[:12]] + [b[0] for b in BAD[14:20]])
 def test_cli_gives_one_line_exit_2_no_traceback(tmp_path, text):
-    f = tmp_path / "cluster.yaml"
-    f.write_text(text)
-    proc = subprocess.run([sys.executable, "-m", "cluster", "-i", str(f), "inventory"],
-                          capture_output=True, text=True, timeout=60)
+    f = write_inventory(tmp_path, text)
+    proc = cluster_cli("-i", str(f), "inventory", timeout=60)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
@@ -148,8 +142,7 @@ def test_cli_gives_one_line_exit_2_no_traceback(tmp_path, text):
 
 
 def test_missing_file_is_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "cluster", "-i", str(tmp_path / "nope.yaml"),
-                           "inventory", "--json"], capture_output=True, text=True, timeout=60)
+    proc = cluster_cli("-i", str(tmp_path / "nope.yaml"), "inventory", "--json", timeout=60)
     assert proc.returncode == 2 and "nope.yaml" in proc.stderr and "Traceback" not in proc.stderr
 
 

@@ -9,31 +9,14 @@ import json
 import os
 import secrets
 import socket
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 
 import pytest
 
-from cluster.node_programs import BOOT, with_input
+from fakes import closed_port as free_port, model_copy_fetch as fetch, model_copy_program as program
 
 TAG = "t" + secrets.token_hex(4)
-
-
-def program(*args: str, data: str = "") -> dict:
-    res = subprocess.run([sys.executable, "-c", BOOT, *args],
-                         input=with_input("model_copy", data), capture_output=True, text=True,
-                         timeout=60)
-    lines = res.stdout.strip().splitlines()
-    assert lines, res.stderr
-    return json.loads(lines[-1])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_model(root) -> dict[str, bytes]:
@@ -59,11 +42,6 @@ def served(tmp_path):
     yield src, files, token, f"http://127.0.0.1:{port}"
     stopped = program("stop", "--pid", str(started["pid"]), "--tag", TAG)
     assert stopped["stopped"] == started["pid"] and stopped["gone"]
-
-
-def fetch(dst, url, token, entries) -> dict:
-    return program("fetch", "--dir", str(dst), "--url", url, "--for", "60",
-                   data=token + "\n" + json.dumps({"files": entries}))
 
 
 def test_manifest_lists_every_file_with_size_and_sha256(tmp_path):

@@ -167,11 +167,8 @@ def test_a_node_that_cannot_take_the_files_is_bypassed_and_reported(tmp_path):
 
 
 def cli(inv, *args: str):
-    import subprocess
-    import sys
-
-    return subprocess.run([sys.executable, "-m", "cluster", "-i", str(inv), *args],
-                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    from fakes import cluster_cli
+    return cluster_cli("-i", str(inv), *args)
 
 
 @pytest.mark.parametrize("args, why", [

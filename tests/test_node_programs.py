@@ -31,6 +31,7 @@ from cluster.node_programs import (BOOT, HERE, fan_out_program, program_call, re
 from cluster.node_programs import (_common, dashboard, head_state, nccl_job,
                                    serve_sample)
 from cluster.remote import CommandResult
+from fakes import CannedSession
 
 PYTHON = sys.executable
 PROGRAMS = sorted(p.stem for p in HERE.glob("*.py") if not p.stem.startswith("_"))
@@ -117,33 +118,8 @@ def _result(stdout="", code=0, status="ok", stderr="", error=None):
     return CommandResult("w1", "cmd", code, stdout, stderr, 0.1, status, error)
 
 
-class FakeSession:
-    """Answers every command with a canned CommandResult; records (node, command, stdin)."""
-
-    def __init__(self, result: CommandResult | dict):
-        self.inventory = load_inventory(INVENTORY)
-        self.answers = result
-        self.calls: list[tuple[str, str, str | None]] = []
-
-    def _answer(self, node):
-        got = self.answers[node.name] if isinstance(self.answers, dict) else self.answers
-        return CommandResult(node.name, got.command, got.exit_code, got.stdout, got.stderr,
-                             got.duration_s, got.status, got.error)
-
-    def run(self, node, command, timeout=None, stdin=None):
-        self.calls.append((node.name, command, stdin))
-        return self._answer(node)
-
-    def fan_out(self, nodes, command, timeout=None, stdin=None):
-        out = []
-        for node in nodes:
-            self.calls.append((node.name, command(node) if callable(command) else command, stdin))
-            out.append(self._answer(node))
-        return tuple(out)
-
-
 def test_run_program_returns_the_document_and_ships_with_the_inventory_python():
-    session = FakeSession(_result('  {"a": 1}\n'))
+    session = CannedSession(_result('  {"a": 1}\n'), load_inventory(INVENTORY))
     node = session.inventory.node("w1")
     assert run_program(session, node, "ray_auth_token", ["/m", "K"], timeout=5) == {"a": 1}
     (name, command, stdin), = session.calls
@@ -169,7 +145,7 @@ def test_run_program_returns_the_document_and_ships_with_the_inventory_python():
     (_result('"x" ' + " " * (node_programs.MAX_OUTPUT_BYTES)), "oversized", "at most"),
 ])
 def test_run_program_raises_a_typed_error_for_anything_but_one_document(result, kind, words):
-    session = FakeSession(result)
+    session = CannedSession(result, load_inventory(INVENTORY))
     with pytest.raises(ProgramError) as info:
         run_program(session, session.inventory.node("w1"), "ray_auth_token", ["/m"])
     exc = info.value
@@ -190,8 +166,9 @@ def test_the_output_bound_is_the_callers():
 
 
 def test_fan_out_program_gives_a_document_or_an_error_per_node_in_order():
-    session = FakeSession({"head": _result('{"n": "head"}'),
-                           "w1": _result("", status="unreachable", code=None, error="down")})
+    session = CannedSession({"head": _result('{"n": "head"}'),
+                             "w1": _result("", status="unreachable", code=None, error="down")},
+                            load_inventory(INVENTORY))
     nodes = session.inventory.nodes
     got = fan_out_program(session, nodes, "ray_auth_token", lambda n: [f"/m/{n.name}"])
     assert got[0] == {"n": "head"} and isinstance(got[1], ProgramError) and not got[1].reached

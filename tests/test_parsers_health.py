@@ -37,7 +37,7 @@ OTHER_FIXTURES = [pytest.param(path, id=f"{path.parent.name}/{path.name}")
                   if path.parent.name not in MODULES and path.name not in HOLDS_LSPCI]
 
 
-from tests.test_parsers_nvidia import _resolve  # noqa: E402 - one label-path reader
+from fakes import label_values as _resolve  # noqa: E402 - one label-path reader
 
 
 def _check(data: dict, path: str, expected) -> None:

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from cluster.errors import ParseError
+from fakes import label_values as _resolve
 from cluster.parsers import (nvcc, nvidia_smi, nvidia_smi_nvlink, nvidia_smi_q, nvidia_smi_query,
                              nvidia_smi_topo, proc_driver_nvidia_version)
 
@@ -35,24 +36,6 @@ def _labels(kind: str) -> dict[str, dict]:
 
 CASES = [(kind, path) for kind in MODULES for path in sorted((FIXTURES / kind).glob("*.txt"))]
 BY_KIND_CASES = [pytest.param(kind, path, id=f"{kind}/{path.name}") for kind, path in CASES]
-
-
-def _resolve(value, parts: list[str]):
-    """Follow a dotted path; a dict key may itself contain dots (`pci.bus_id`): longest first."""
-    if not parts:
-        return [value]
-    if parts[0] == "*":
-        items = value.values() if isinstance(value, dict) else value
-        assert items, f"nothing to iterate at '*' in {value!r}"
-        return [v for item in items for v in _resolve(item, parts[1:])]
-    if isinstance(value, list):
-        return _resolve(value[int(parts[0])], parts[1:])
-    assert isinstance(value, dict), f"cannot index {value!r} with {parts}"
-    for n in range(len(parts), 0, -1):
-        key = ".".join(parts[:n])
-        if key in value:
-            return _resolve(value[key], parts[n:])
-    raise AssertionError(f"no key {'.'.join(parts)!r} in {sorted(value)}")
 
 
 def _check(data: dict, path: str, expected) -> None:

@@ -6,32 +6,17 @@ from __future__ import annotations
 
 import copy
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from cluster.errors import UsageError
-from cluster.modelinfo import load_model_info
 from cluster.plan_file import KNOWN_KEYS, PlanFileError, load_plan, parse_plan
-from cluster.planner import ClusterFacts, PlanOptions, make_plan
+from fakes import cluster_cli, real_plan, write_inventory
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "tests" / "model_configs"
-
-
-def real_plan(model: str, nodes: int = 1, gpus: int = 8, **options) -> dict:
-    info = load_model_info(CONFIGS / f"{model}.json")
-    plan = make_plan(info, ClusterFacts.from_flags(nodes=nodes, gpus_per_node=gpus,
-                                                   gpu_model="NVIDIA H100 80GB HBM3"),
-                     PlanOptions(**options))
-    doc = plan.to_dict()
-    doc["validation"] = {"status": "skipped", "detail": "--no-validate"}
-    doc["model"] = f"/models/{model}"
-    doc["engine_args"]["model"] = doc["model"]
-    return doc
 
 
 BASE = real_plan("llama-3.1-70b-instruct")
@@ -221,12 +206,9 @@ def test_cli_exits_2_with_one_line_and_no_traceback(tmp_path, case):
     text = next(t for c, t, _ in MALFORMED if c == case)
     plan = tmp_path / "plan.yaml"
     plan.write_text(text)
-    inventory = tmp_path / "cluster.yaml"
-    inventory.write_text("nodes:\n  - {name: h, address: 127.0.0.1, local: true}\n"
-                         f"run_dir: {tmp_path / 'runs'}\n")
-    p = subprocess.run([sys.executable, "-m", "cluster", "-i", str(inventory), "deploy",
-                        "--plan", str(plan), "--yes"], capture_output=True, text=True,
-                       cwd=str(REPO), timeout=120)
+    inventory = write_inventory(tmp_path, "nodes:\n  - {name: h, address: 127.0.0.1, local: true}\n"
+                                          f"run_dir: {tmp_path / 'runs'}\n")
+    p = cluster_cli("-i", str(inventory), "deploy", "--plan", str(plan), "--yes")
     assert p.returncode == 2, p.stderr
     assert "Traceback" not in p.stderr
     lines = [line for line in p.stderr.splitlines() if line.strip()]

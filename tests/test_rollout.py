@@ -12,14 +12,14 @@ from cluster import inventory, rollout
 from playbooks import drain
 from cluster.ray_cluster import (CHANGED, FAILED, KEEP, RESTART, START, STOP, NodeAction, Plan,
                                  StepResult)
+from fakes import write_inventory
 
 
 @pytest.fixture
 def inv(tmp_path):
     nodes = [{"name": "node1", "role": "head", "address": "10.0.0.1"}] + \
         [{"name": f"node{i}", "address": f"10.0.0.{i}"} for i in range(2, 7)]
-    path = tmp_path / "cluster.yaml"
-    path.write_text(json.dumps({"nodes": nodes}))
+    path = write_inventory(tmp_path, json.dumps({"nodes": nodes}))
     return inventory.load(str(path))
 
 

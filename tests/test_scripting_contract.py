@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +25,7 @@ import pytest
 from cluster import cli
 from cluster.commands import _common
 from cluster.errors import UsageError
+from fakes import closed_port as _closed_port, cluster_cli, write_inventory
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -96,12 +96,6 @@ def test_confirm_without_terminal_never_prompts(monkeypatch):
     assert _common.confirm("Stop Ray on node2?", yes=True) is True
 
 
-def _cli(*args: str, cwd: Path, env: dict | None = None, stdin=subprocess.DEVNULL,
-         timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cluster", *args], cwd=cwd, env=env,
-                          stdin=stdin, capture_output=True, text=True, timeout=timeout)
-
-
 def test_confirmation_through_the_cli_with_stdin_not_a_tty(tmp_path):
     """A real command that must ask (init over an existing file asks nothing: it needs --force;
     confirm() is the only prompt): run a subprocess whose stdin is /dev/null and check the
@@ -142,58 +136,48 @@ def test_confirmation_through_the_cli_with_stdin_not_a_tty(tmp_path):
     ["fix", "--checks", "nosuchcheck", "--dry-run"],
 ])
 def test_bad_usage_exits_2_without_traceback(tmp_path, argv):
-    p = _cli(*argv, cwd=tmp_path)
+    p = cluster_cli(*argv, cwd=tmp_path)
     assert p.returncode == 2, (p.stdout, p.stderr)
     assert "Traceback" not in p.stderr
 
 
 def test_bad_inventory_exits_2_with_one_line(tmp_path):
-    bad = tmp_path / "cluster.yaml"
-    bad.write_text("nodes:\n  - name: 'a;reboot'\n")
+    bad = write_inventory(tmp_path, "nodes:\n  - name: 'a;reboot'\n")
     for command in ("status", "up", "drain", "restart-node"):
         args = [command] + (["node2"] if command in ("drain", "restart-node") else [])
-        p = _cli("-i", str(bad), *args, "--json", cwd=tmp_path)
+        p = cluster_cli("-i", str(bad), *args, "--json", cwd=tmp_path)
         assert p.returncode == 2 and "Traceback" not in p.stderr
         assert f"{bad}:2" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
 
 
 def test_help_of_every_command_exits_0(tmp_path):
     for name, _ in cli.COMMANDS:
-        p = _cli(name, "--help", cwd=tmp_path)
+        p = cluster_cli(name, "--help", cwd=tmp_path)
         assert p.returncode == 0, (name, p.stderr)
-
-
-def _closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()  # nothing listens there now: connections are refused at once
-    return port
 
 
 @pytest.fixture
 def unreachable_inventory(tmp_path) -> Path:
     port = _closed_port()
     (tmp_path / "known_hosts").write_text("")
-    inv = tmp_path / "cluster.yaml"
-    inv.write_text(f"""\
-ssh:
-  known_hosts: {tmp_path}/known_hosts
-  connect_timeout: 3
-nodes:
-  - name: node1
-    role: head
-    address: 127.0.0.1
-    port: {port}
-    local: false
-  - name: node2
-    address: 127.0.0.1
-    port: {port}
-    local: false
-    env:
-      HF_TOKEN: hf_contract_token_value
-run_dir: {tmp_path}/runs
-""")
+    inv = write_inventory(tmp_path, f"""\
+                 ssh:
+                   known_hosts: {tmp_path}/known_hosts
+                   connect_timeout: 3
+                 nodes:
+                   - name: node1
+                     role: head
+                     address: 127.0.0.1
+                     port: {port}
+                     local: false
+                   - name: node2
+                     address: 127.0.0.1
+                     port: {port}
+                     local: false
+                     env:
+                       HF_TOKEN: hf_contract_token_value
+                 run_dir: {tmp_path}/runs
+                 """)
     return inv
 
 
@@ -204,7 +188,7 @@ def test_node_commands_write_a_run_directory_and_exit_2_when_unreachable(
         pytest.skip(f"`cluster {name}` is not registered")
     env = {**os.environ, "CLUSTER_API_KEY": "sk-contract-api-key"}
     env.pop("CLUSTER_RUN_DIR", None)
-    p = _cli("-i", str(unreachable_inventory), name, "--json", *NODE_COMMANDS[name],
+    p = cluster_cli("-i", str(unreachable_inventory), name, "--json", *NODE_COMMANDS[name],
              cwd=tmp_path, env=env, timeout=180)
     assert "Traceback" not in p.stderr, p.stderr
     assert p.returncode == 2, (p.returncode, p.stdout[-2000:], p.stderr[-2000:])
@@ -224,6 +208,6 @@ def test_node_commands_write_a_run_directory_and_exit_2_when_unreachable(
             text = f.read_text()
             assert "hf_contract_token_value" not in text and "sk-contract-api-key" not in text, f
     assert "hf_contract_token_value" not in p.stdout + p.stderr
-    listed = _cli("-i", str(unreachable_inventory), "runs", "--json", cwd=tmp_path, env=env)
+    listed = cluster_cli("-i", str(unreachable_inventory), "runs", "--json", cwd=tmp_path, env=env)
     assert listed.returncode == 0
     assert [r["path"] for r in json.loads(listed.stdout)["runs"]] == [str(run)]

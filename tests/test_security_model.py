@@ -17,7 +17,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from test_model_copy import TAG, fetch, free_port, program
+from fakes import closed_port as free_port, model_copy_fetch as fetch, model_copy_program as program
+
+TAG = "t" + secrets.token_hex(4)
 
 CONFIG = b'{"model_type": "llama"}\n'
 

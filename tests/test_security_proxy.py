@@ -27,7 +27,8 @@ from cluster.node_programs import _common
 from cluster.ray_cluster import REFUSE, START, plan_up
 from cluster.shell import SECRET_ENV_FROM_STDIN
 from fakes import RecordingSession
-from test_ray_plan import INV, facts
+from fakes import cluster_cli
+from fakes import RAY_INVENTORY as INV, node_facts as facts
 
 TOKEN = "5f1e0c9a" * 8
 
@@ -142,7 +143,7 @@ def test_every_on_head_client_scans_for_the_running_rays_token():
 from cluster.dashboard_proxy import DashboardProxy, parse_head  # noqa: E402
 from cluster.head_tunnel import HeadTunnel  # noqa: E402
 from cluster.remote import Session  # noqa: E402
-from test_dashboard_proxy import FakeDashboard, TOKEN as RAY_TOKEN, _read_all  # noqa: E402
+from fakes import DASHBOARD_TOKEN as RAY_TOKEN, FakeDashboard, read_all as _read_all  # noqa: E402
 
 
 @pytest.fixture
@@ -345,8 +346,6 @@ def test_the_gate_is_pure_and_never_shows_its_credential():
 
 # ---------------------------------------------------------------- 16: inventory numbers and ports
 
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 
 from cluster.errors import InventoryError  # noqa: E402
 
@@ -437,8 +436,7 @@ def test_status_window_refuses_non_ascii_digits_and_underscores(tmp_path, value)
     """float("٥") is 5.0 in Python: the flag takes ASCII decimal digits only."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
            "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "cluster", "status", "--window", value],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    proc = cluster_cli("status", "--window", value, cwd=tmp_path, env=env)
     assert proc.returncode == 2 and proc.stdout == ""
     assert len(proc.stderr.strip().splitlines()) == 1 and "--window" in proc.stderr
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from cluster.fixes import FSTAB, LIMITS_FILE, MODULES_LOAD_FILE
+from fakes import cluster_cli
 
 SECRET = "hf_s3cr3tTokenValue42"
 REPO = Path(__file__).resolve().parents[1]
@@ -35,9 +36,7 @@ def inventory(tmp_path: Path, env: dict | None = None) -> Path:
 
 
 def cli(tmp_path: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cluster", *args], cwd=tmp_path,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=timeout, env=ENV)
+    return cluster_cli(*args, cwd=tmp_path, timeout=timeout, env=ENV)
 
 
 def one_line_refusal(p: subprocess.CompletedProcess) -> str:

@@ -25,6 +25,7 @@ from cluster.errors import InventoryError
 from cluster.preflight import NODE_CHECKS, node_probes
 from cluster.probes import probe_script
 from cluster.ray_cluster import GPU
+from fakes import write_inventory
 
 NASTY = {
     "SEMI": "a; touch {canary}",
@@ -50,8 +51,7 @@ def _inventory(tmp_path: Path, canary: Path) -> inventory.Inventory:
         "ray": {"python": sys.executable, "temp_dir": "/tmp/ray-x", "num_cpus": 2},
         "model": {"path": "/models/tiny-llama"},
     }
-    path = tmp_path / "cluster.yaml"
-    path.write_text(json.dumps(doc))  # JSON is YAML
+    path = write_inventory(tmp_path, json.dumps(doc))  # JSON is YAML
     return inventory.load(str(path))
 
 
@@ -210,8 +210,7 @@ def test_state_query_through_bash_runs_nothing(tmp_path, canary):
 ])
 def test_unquotable_fields_are_rejected_at_load(tmp_path, field, value):
     node = {"name": "node1", "role": "head", "address": "10.0.0.1", field: value}
-    path = tmp_path / "cluster.yaml"
-    path.write_text(json.dumps({"nodes": [node]}))
+    path = write_inventory(tmp_path, json.dumps({"nodes": [node]}))
     with pytest.raises(InventoryError):
         inventory.load(str(path))
 
@@ -225,8 +224,7 @@ def test_env_values_with_newlines_are_rejected_at_load(tmp_path):
 
 @pytest.mark.parametrize("key", ["A;B", "$(id)", "A B", "1X", "A-B"])
 def test_env_names_must_be_identifiers(tmp_path, key):
-    path = tmp_path / "cluster.yaml"
-    path.write_text(json.dumps({"nodes": [{"name": "n", "env": {key: "v"}}]}))
+    path = write_inventory(tmp_path, json.dumps({"nodes": [{"name": "n", "env": {key: "v"}}]}))
     with pytest.raises(InventoryError):
         inventory.load(str(path))
 
@@ -235,7 +233,6 @@ def test_ray_python_and_model_path_with_metacharacters_are_rejected(tmp_path):
     for doc in ({"nodes": [{"name": "n"}], "ray": {"python": "python3; id"}},
                 {"nodes": [{"name": "n"}], "model": {"path": "/m/$(id)"}},
                 {"nodes": [{"name": "n"}], "ray": {"temp_dir": "/tmp/a b"}}):
-        path = tmp_path / "cluster.yaml"
-        path.write_text(json.dumps(doc))
+        path = write_inventory(tmp_path, json.dumps(doc))
         with pytest.raises(InventoryError):
             inventory.load(str(path))

@@ -16,8 +16,8 @@ from cluster.distribution import Distribution
 
 from cluster.bench import RequestOutcome, summarize_level
 from cluster.cli import main
-from cluster.dashboard_api import DashboardReply
 from cluster.errors import UsageError
+from fakes import TUNE_APP_CONFIG as ORIGINAL, FakeServe, fake_bench
 from cluster.tune import (BENCH_FAILED, DEPLOY_FAILED, OK, Applied, DeployedApp, Recommendation,
                           TuneError, TunePoint, TuneResult, TuneSettings, check_tunable,
                           config_with, parse_values, plot_tune, point_from_level, read_app,
@@ -43,13 +43,6 @@ def test_parse_values_reads_yaml_scalars():
     for bad in ("512", "512,512", "1,[2]", "1,,", "a: b,c"):
         with pytest.raises(UsageError):
             parse_values(bad)
-
-
-ORIGINAL = {"name": "tiny", "route_prefix": "/tiny", "import_path": "serve_apps.vllm_app:build_app",
-            "args": {"model_loading_config": {"model_id": "tiny", "model_source": "/m"},
-                     "engine_kwargs": {"tensor_parallel_size": 1, "max_model_len": 512},
-                     "runtime_env": {"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1"}},
-                     "api_key_env": "CLUSTER_API_KEY"}}
 
 
 def test_config_with_sets_one_engine_arg_on_a_copy():
@@ -182,60 +175,9 @@ def test_plot_is_a_png_that_opens(tmp_path):
 # ---------------------------------------------------------------- the sweep (stand-in dashboard)
 
 
-class FakeServe:
-    """In-memory Serve behind the DashboardClient methods tune uses: PUT replaces the app's
-    config and bumps its deploy time; values in `fail` end DEPLOY_FAILED."""
-
-    def __init__(self, config, fail=()):
-        self.config = copy.deepcopy(config)
-        self.t = 100.0
-        self.status = "RUNNING"
-        self.fail = set(fail)
-        self.puts: list[dict] = []
-
-    def _details(self):
-        return {"http_options": {"host": "0.0.0.0", "port": 8000}, "applications": {"tiny": {
-            "status": self.status, "source": "declarative", "route_prefix": "/tiny",
-            "last_deployed_time_s": self.t, "deployed_app_config": copy.deepcopy(self.config),
-            "deployments": {"vllm-tiny": {"status": "HEALTHY", "replicas": [
-                {"replica_id": "r", "state": "RUNNING"}]}}}}}
-
-    def request(self, method, path, body=None, redact=True):
-        assert (method, redact) == ("GET", False)
-        return DashboardReply(200, json=self._details())
-
-    def serve_details(self):
-        return self._details()
-
-    def apply_application(self, app, http_options=None):
-        previous = {"last_deployed_time_s": self.t, "status": self.status}
-        self.puts.append(copy.deepcopy(app))
-        self.config = copy.deepcopy(app)
-        self.t += 1
-        value = app["args"]["engine_kwargs"].get("max_num_batched_tokens")
-        self.status = "DEPLOY_FAILED" if value in self.fail else "RUNNING"
-        return DashboardReply(200, merge={"previous": previous})
-
-
 class Inv:
     class ray:
         serve_port = 8000
-
-
-def fake_bench(speeds: dict, calls: list | None = None):
-    """bench(settings, endpoint, model, requests, output_len) from a table value -> tok/s."""
-    def bench(settings, endpoint, model, requests, output_len, serve=None):
-        value = bench.serve.config["args"]["engine_kwargs"].get("max_num_batched_tokens")
-        if calls is not None:
-            calls.append((value, requests, output_len))
-        speed = speeds[value]
-        if isinstance(speed, BaseException):
-            raise speed
-        n = max(1, int(speed))
-        return summarize_level(4, [RequestOutcome(ok=True, ttft_s=0.01 * value / 512, e2e_s=1.0,
-                                                  prompt_tokens=8, output_tokens=32,
-                                                  usage_reported=True)] * n, 1.0, 32)
-    return bench
 
 
 def _sweep(serve, speeds, calls=None, **kw):

@@ -29,6 +29,9 @@ writing your own:
         yield path
     head_driver(path, SCRIPT)                       # a Ray driver on the head -> its RESULT json
     PYTHON, REPO, SMALL_NODE_RAY                    # the venv's python, the checkout, Ray sizes
+    node_tiny_model(tiny_model_builder, "dense", needs=("vllm",))   # under /var/tmp (nodes see it)
+    ProcessListWatch(SECRET), prom_query, wait_for_series, PROMETHEUS_PORT
+    cluster_process(...)                            # from fakes: a CLI process left running
 
 The tiny test models: the session fixture `tiny_model_builder` of tests/conftest.py
 (`tiny_model_builder.build_tiny_model(dir, "dense")`).
@@ -37,7 +40,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -45,28 +47,9 @@ from pathlib import Path
 
 import pytest
 
+from integration_kit import SIMCLUSTER, simcluster_unavailable
+
 REPO = Path(__file__).resolve().parents[2]
-SIMCLUSTER = REPO / "scripts" / "simcluster"
-SSHD = Path("/usr/sbin/sshd")
-
-
-def simcluster_unavailable() -> str | None:
-    """Why the simulated cluster cannot run here, or None when it can."""
-    if not sys.platform.startswith("linux"):
-        return "simcluster needs Linux network namespaces"
-    if os.geteuid() != 0:
-        return "simcluster needs root (network namespaces, bridge, mounts); run the tests as root"
-    if not shutil.which("ip"):
-        return "simcluster needs iproute2 (`ip netns`)"
-    probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        return f"`ip netns list` fails here: {probe.stderr.strip()}"
-    for tool in ("unshare", "nsenter", "ssh", "ssh-keygen"):
-        if not shutil.which(tool):
-            return f"simcluster needs `{tool}` (util-linux / openssh-client)"
-    if not os.access(SSHD, os.X_OK):
-        return f"simcluster needs {SSHD} (apt-get install -y openssh-server)"
-    return None
 
 
 @dataclass(frozen=True)

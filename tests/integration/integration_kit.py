@@ -11,21 +11,34 @@ derived from the simulated cluster's with small-node Ray settings (optionally wi
     with ray_up(cli, path):                       # `up --skip-preflight --yes`; always `down`
         ...
 
+    model = node_tiny_model(tiny_model_builder, "dense", needs=("vllm",))   # nodes see /var/tmp
+    with ProcessListWatch(SECRET) as watch: ...   # process lists sampled for a secret
+    wait_for_series(inv, "up", ok)                # the head's Prometheus (PROMETHEUS_PORT)
+    simcluster_unavailable()                      # why the simulated cluster cannot run, or None
+
 tests/integration/conftest.py documents the fixtures (simcluster, simcluster_factory); this
-module holds plain helpers (import it by name: pytest puts tests/integration on sys.path).
+module holds plain helpers (import it by name: pytest puts tests/integration on sys.path). The
+CLI itself runs through tests/fakes.py's cluster_cli, the suite's one subprocess runner.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
+import pytest
 import yaml
+
+from fakes import cluster_cli   # the one CLI runner (tests/fakes.py; tests/ is on sys.path)
 
 REPO = Path(__file__).resolve().parents[2]
 # The checkout's own virtualenv when it has one (the nodes run Ray from it), else this Python.
@@ -33,6 +46,9 @@ PYTHON = str(REPO / ".venv" / "bin" / "python3") if (REPO / ".venv").is_dir() el
 INHERIT = object()          # stdin: the test process's own
 
 # What a simulated node can carry (docs/ray.md): 2 CPUs, 2 GiB, a 256 MiB object store.
+# Where the tiny models live for the nodes: not /tmp, which is private to each simulated node.
+NODE_MODELS = Path("/var/tmp/cluster-tiny-models")
+
 SMALL_NODE_RAY: Mapping[str, Any] = {"num_cpus": 2, "memory": 2 * 1024 ** 3,
                                      "object_store_memory": 256 * 1024 ** 2, "python": PYTHON}
 
@@ -61,11 +77,10 @@ class ClusterCli:
                  env: Mapping[str, str] | None = None, stdin: Any = INHERIT
                  ) -> subprocess.CompletedProcess:
         stdin = self.stdin if stdin is INHERIT else stdin
-        p = subprocess.run([self.python, "-m", "cluster", "-i", str(inventory), *args],
-                           capture_output=True, text=True, cwd=str(REPO),
-                           timeout=self.timeout if timeout is None else timeout,
-                           env={**os.environ, **self.env, **(env or {})},
-                           **({} if stdin is INHERIT else {"stdin": stdin}))
+        p = cluster_cli("-i", str(inventory), *args, cwd=REPO, python=self.python,
+                        timeout=self.timeout if timeout is None else timeout,
+                        env={**os.environ, **self.env, **(env or {})},
+                        stdin=None if stdin is INHERIT else stdin)
         if self.record is not None:
             self.record(p)
         return p
@@ -138,3 +153,117 @@ def head_driver(inventory: Path | str, script: str, timeout: float = 300) -> dic
             return json.loads(line[len("RESULT "):])
     raise AssertionError(f"driver failed ({r.status}, exit {r.exit_code}):\n{r.stdout[-3000:]}\n"
                          f"{r.stderr[-3000:]}")
+
+
+SIMCLUSTER = REPO / "scripts" / "simcluster"
+
+
+SSHD = Path("/usr/sbin/sshd")
+
+
+def simcluster_unavailable() -> str | None:
+    """Why the simulated cluster cannot run here, or None when it can."""
+    if not sys.platform.startswith("linux"):
+        return "simcluster needs Linux network namespaces"
+    if os.geteuid() != 0:
+        return "simcluster needs root (network namespaces, bridge, mounts); run the tests as root"
+    if not shutil.which("ip"):
+        return "simcluster needs iproute2 (`ip netns`)"
+    probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"`ip netns list` fails here: {probe.stderr.strip()}"
+    for tool in ("unshare", "nsenter", "ssh", "ssh-keygen"):
+        if not shutil.which(tool):
+            return f"simcluster needs `{tool}` (util-linux / openssh-client)"
+    if not os.access(SSHD, os.X_OK):
+        return f"simcluster needs {SSHD} (apt-get install -y openssh-server)"
+    return None
+
+
+class ProcessListWatch:
+    """Samples every process's command line (the host's `ps` sees the simulated nodes' PID
+    namespaces too) until stopped; keeps the lines holding the key. As a positive control it
+    also counts processes whose *environment* holds it (Ray on the nodes must: it reads the key
+    from there), which proves the sampler sees the nodes' processes at all."""
+
+    PERIOD_S = 1.0
+    LIMIT_S = 3 * 3600.0
+
+    def __init__(self, secret: str):
+        self.secret = secret
+        self.hits: list[str] = []
+        self.samples = 0
+        self.env_holders = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "ProcessListWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        end = time.monotonic() + self.LIMIT_S
+        while not self._stop.is_set() and time.monotonic() < end:
+            self.sample()
+            self._stop.wait(self.PERIOD_S)
+
+    def sample(self) -> None:
+        ps = subprocess.run(["ps", "-eww", "-o", "pid=,args="], capture_output=True, text=True)
+        self.hits += [line for line in ps.stdout.splitlines() if self.secret in line]
+        holders = 0
+        for environ in Path("/proc").glob("[0-9]*/environ"):
+            try:
+                holders += self.secret.encode() in environ.read_bytes()
+            except OSError:
+                continue
+        self.env_holders = max(self.env_holders, holders)
+        self.samples += 1
+
+
+PROMETHEUS_PORT = 19090
+
+
+SCRAPE_WAIT_S = 240.0
+
+
+def prom_query(inv: Path, query: str) -> list[dict]:
+    """Prometheus's /api/v1/query on the head's loopback, over the library's SSH route."""
+    import httpx
+
+    from cluster import inventory as inventory_mod
+    from cluster.head_tunnel import HeadTransport, HeadTunnel
+    from cluster.remote import Session
+
+    inventory = inventory_mod.load(str(inv))
+    with Session(inventory) as session, \
+            httpx.Client(transport=HeadTransport(HeadTunnel(session)), timeout=30) as http:
+        reply = http.get(f"http://127.0.0.1:{PROMETHEUS_PORT}/api/v1/query", params={"query": query})
+    reply.raise_for_status()
+    body = reply.json()
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+def wait_for_series(inv: Path, query: str, ok, limit_s: float = SCRAPE_WAIT_S) -> list[dict]:
+    """Poll (bounded) until ok(series) holds; the last series either way."""
+    end = time.monotonic() + limit_s
+    series: list[dict] = []
+    while True:
+        series = prom_query(inv, query)
+        if ok(series) or time.monotonic() > end:
+            return series
+        time.sleep(5)
+
+
+def node_tiny_model(builder, kind: str = "dense", needs: tuple[str, ...] = ()) -> Path:
+    """The tiny model `kind` under NODE_MODELS (built once; the session fixture
+    tiny_model_builder), the test skipped when torch/transformers/tokenizers or one of `needs`
+    (modules the test itself uses: vllm, openai...) is not installed."""
+    for needed in ("torch", "transformers", "tokenizers", *needs):
+        if importlib.util.find_spec(needed) is None:
+            pytest.skip(f"this test needs {needed}, not installed")
+    return builder.build_tiny_model(NODE_MODELS / kind, kind)

@@ -22,8 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from integration_kit import ClusterCli
-from tests.integration.conftest import SIMCLUSTER, simcluster_unavailable
+from integration_kit import SIMCLUSTER, ClusterCli, simcluster_unavailable
 
 pytestmark = pytest.mark.integration
 

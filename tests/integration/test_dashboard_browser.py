@@ -29,14 +29,12 @@ minutes on a 2-core machine.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import secrets
 import signal
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,13 +43,11 @@ import pytest
 import yaml
 
 from browser import Browser, chromium_unavailable, visible_text
-from test_deploy_e2e import ProcessListWatch
+from fakes import cluster_process
+from integration_kit import PYTHON, ClusterCli, ProcessListWatch, node_tiny_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray]
 
-REPO = Path(__file__).resolve().parents[2]
-PYTHON = str(REPO / ".venv" / "bin" / "python3") if (REPO / ".venv").is_dir() else sys.executable
-MODELS = Path("/var/tmp/cluster-tiny-models")  # not /tmp: each simulated node has its own /tmp
 PROFILES = {"node1": "small-4gpu", "node2": "small-4gpu"}
 APP = "dash-serve-app"
 PROMPT = "Authentication Token Required"
@@ -64,10 +60,11 @@ def laptop_env() -> dict[str, str]:
     return dict(os.environ, **LAPTOP_HOME)
 
 
+CLI = ClusterCli(timeout=900)
+
+
 def cli(inventory: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-m", "cluster", "-i", str(inventory), *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=str(REPO),
-                          env=laptop_env())
+    return CLI(inventory, *args, timeout=timeout, env=LAPTOP_HOME)
 
 
 def page(login_url: str, fragment: str) -> str:
@@ -124,10 +121,7 @@ class Scenario:
 
 @pytest.fixture(scope="module")
 def model(tiny_model_builder) -> Path:
-    for needed in ("torch", "transformers", "tokenizers"):
-        if importlib.util.find_spec(needed) is None:
-            pytest.skip(f"building the tiny model needs {needed}")
-    return tiny_model_builder.build_tiny_model(MODELS / "dense", "dense")
+    return node_tiny_model(tiny_model_builder, "dense")
 
 
 @pytest.fixture(scope="module")
@@ -183,10 +177,8 @@ class DashboardProcess:
     """`cluster dashboard --port 0 --url-only` running; stop() ends it (SIGTERM) once."""
 
     def __init__(self, inventory: Path):
-        self.proc = subprocess.Popen(
-            [PYTHON, "-m", "cluster", "-i", str(inventory), "dashboard", "--port", "0",
-             "--url-only"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, cwd=str(REPO), env=laptop_env())
+        self.proc = cluster_process("-i", str(inventory), "dashboard", "--port", "0",
+                                    "--url-only", python=PYTHON, env=laptop_env())
         self.url = self.proc.stdout.readline().strip()
         self.result: tuple[int, str, str] | None = None
 

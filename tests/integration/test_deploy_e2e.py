@@ -19,9 +19,7 @@ SIMCLUSTER_DIR=/tmp/simcluster-dep.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -29,11 +27,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from integration_kit import ClusterCli, derive_inventory, ray_up
+from integration_kit import ClusterCli, NODE_MODELS, ProcessListWatch, derive_inventory, node_tiny_model, ray_up
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray, pytest.mark.vllm]
 
-MODEL_DIR = Path("/var/tmp/cluster-tiny-models/dense")
+MODEL_DIR = NODE_MODELS / "dense"
 KEY = "sk-e2e-3b9d1f7a0c"          # a test-only key, set in the nodes' env at `ray start`
 SERVED = "tiny-dense"
 APP = "tiny"
@@ -48,59 +46,12 @@ cli_json = cli.json
 
 @pytest.fixture(scope="module")
 def model(tiny_model_builder) -> Path:
-    for needed in ("torch", "transformers", "tokenizers", "vllm", "openai"):
-        if importlib.util.find_spec(needed) is None:
-            pytest.skip(f"the end-to-end deploy test needs {needed}")
-    return tiny_model_builder.build_tiny_model(MODEL_DIR, "dense")
+    return node_tiny_model(tiny_model_builder, "dense", needs=("vllm", "openai"))
 
 
 @pytest.fixture(scope="module")
 def sim(simcluster_factory):
     return simcluster_factory(2, PROFILES)
-
-
-class ProcessListWatch:
-    """Samples every process's command line (the host's `ps` sees the simulated nodes' PID
-    namespaces too) until stopped; keeps the lines holding the key. As a positive control it
-    also counts processes whose *environment* holds it (Ray on the nodes must: it reads the key
-    from there), which proves the sampler sees the nodes' processes at all."""
-
-    PERIOD_S = 1.0
-    LIMIT_S = 3 * 3600.0
-
-    def __init__(self, secret: str):
-        self.secret = secret
-        self.hits: list[str] = []
-        self.samples = 0
-        self.env_holders = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> "ProcessListWatch":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-
-    def _run(self) -> None:
-        end = time.monotonic() + self.LIMIT_S
-        while not self._stop.is_set() and time.monotonic() < end:
-            self.sample()
-            self._stop.wait(self.PERIOD_S)
-
-    def sample(self) -> None:
-        ps = subprocess.run(["ps", "-eww", "-o", "pid=,args="], capture_output=True, text=True)
-        self.hits += [line for line in ps.stdout.splitlines() if self.secret in line]
-        holders = 0
-        for environ in Path("/proc").glob("[0-9]*/environ"):
-            try:
-                holders += self.secret.encode() in environ.read_bytes()
-            except OSError:
-                continue
-        self.env_holders = max(self.env_holders, holders)
-        self.samples += 1
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from integration_kit import PYTHON, REPO, ClusterCli, derive_inventory
+from fakes import cluster_process
+from integration_kit import PYTHON, ClusterCli, derive_inventory
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray]
 
@@ -158,9 +159,7 @@ def test_link_cut_while_preflight_runs(sim, inv):
     before = set(runs.glob("*-preflight")) if runs.is_dir() else set()
     env = {**os.environ, "CLUSTER_API_KEY": API_KEY}
     t0 = time.monotonic()
-    proc = subprocess.Popen([PYTHON, "-m", "cluster", "-i", str(inv), "preflight", "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            cwd=str(REPO), stdin=subprocess.DEVNULL)
+    proc = cluster_process("-i", str(inv), "preflight", "--json", python=PYTHON, env=env)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not (set(runs.glob("*-preflight")) - before):

@@ -21,7 +21,7 @@ from cluster.health_job import HEALTH_CHECKS
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray]
 
-from integration_kit import PYTHON, ClusterCli  # noqa: E402 - the one CLI runner
+from integration_kit import PROMETHEUS_PORT, PYTHON, ClusterCli, wait_for_series  # noqa: E402
 
 cli = ClusterCli(timeout=1200)
 cli_json = cli.json
@@ -49,8 +49,7 @@ def inv(sim, tmp_path_factory) -> Path:
     doc["ray"] = {"num_cpus": 2, "memory": 2 * 1024 ** 3, "object_store_memory": 256 * 1024 ** 2,
                   "python": PYTHON}
     if PROMETHEUS:
-        from test_metrics import PORT
-        doc["ray"].update(metrics="prometheus", prometheus_port=PORT)
+        doc["ray"].update(metrics="prometheus", prometheus_port=PROMETHEUS_PORT)
     doc["health"] = {"period_s": PERIOD_S}
     doc["run_dir"] = str(base / "runs")
     path = base / "cluster.yaml"
@@ -129,8 +128,6 @@ def test_health_job_reads_every_node_and_follows_a_drifting_clock(sim, inv):
         time.sleep(3)
 
     if PROMETHEUS:   # the same series in the head's Prometheus (Ray's scrape of every agent)
-        from test_metrics import wait_for_series
-
         def tagged(series):
             return {(x["metric"].get("node"), x["metric"].get("check")): x["value"][1]
                     for x in series}

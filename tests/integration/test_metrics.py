@@ -26,24 +26,22 @@ import yaml
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray, pytest.mark.vllm]
 
-from integration_kit import PYTHON, REPO, ClusterCli  # noqa: E402 - the one CLI runner
-from test_deploy_e2e import model as tiny_dense_model  # noqa: E402,F401 - the tiny model
+from integration_kit import (PROMETHEUS_PORT as PORT, PYTHON, REPO, ClusterCli,  # noqa: E402
+                             node_tiny_model, wait_for_series)
 
 cli = ClusterCli(timeout=1200)
 cli_json = cli.json
 
 APP = "tinym"
 SERVED = "tiny-metrics"
-PORT = 19090
 PROFILES = {"node1": "cpu", "node2": "cpu"}
-SCRAPE_WAIT_S = 240.0
 
 
 @pytest.fixture(scope="module")
-def model(tiny_dense_model) -> Path:
+def model(tiny_model_builder) -> Path:
     if shutil.which("prometheus") is None:
         pytest.skip("no prometheus binary (scripts/bootstrap installs Debian's package)")
-    return tiny_dense_model
+    return node_tiny_model(tiny_model_builder, "dense", needs=("vllm", "openai"))
 
 
 @pytest.fixture(scope="module")
@@ -73,35 +71,6 @@ def first_up(inv) -> dict:
     code, out = cli_json(inv, "up", "--skip-preflight", "--yes", timeout=900)
     assert code == 0, json.dumps(out, indent=1)[-4000:]
     return out
-
-
-def prom_query(inv: Path, query: str) -> list[dict]:
-    """Prometheus's /api/v1/query on the head's loopback, over the library's SSH route."""
-    import httpx
-
-    from cluster import inventory as inventory_mod
-    from cluster.head_tunnel import HeadTransport, HeadTunnel
-    from cluster.remote import Session
-
-    inventory = inventory_mod.load(str(inv))
-    with Session(inventory) as session, \
-            httpx.Client(transport=HeadTransport(HeadTunnel(session)), timeout=30) as http:
-        reply = http.get(f"http://127.0.0.1:{PORT}/api/v1/query", params={"query": query})
-    reply.raise_for_status()
-    body = reply.json()
-    assert body["status"] == "success", body
-    return body["data"]["result"]
-
-
-def wait_for_series(inv: Path, query: str, ok, limit_s: float = SCRAPE_WAIT_S) -> list[dict]:
-    """Poll (bounded) until ok(series) holds; the last series either way."""
-    end = time.monotonic() + limit_s
-    series: list[dict] = []
-    while True:
-        series = prom_query(inv, query)
-        if ok(series) or time.monotonic() > end:
-            return series
-        time.sleep(5)
 
 
 def test_up_starts_prometheus_with_ray_pointed_at_it(first_up, inv):

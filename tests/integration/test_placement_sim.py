@@ -21,7 +21,6 @@ Heavy (a dozen Ray workers on two nodes): a few minutes on a 2-core machine.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import time
 from collections import Counter
@@ -30,11 +29,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from integration_kit import ClusterCli, derive_inventory, head_driver, ray_up
+from integration_kit import ClusterCli, derive_inventory, head_driver, node_tiny_model, ray_up
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray]
 
-MODELS = Path("/var/tmp/cluster-tiny-models")  # not /tmp: each simulated node has its own /tmp
 PROFILES = {"node1": "small-4gpu", "node2": "small-4gpu"}
 DENSE_APP, MOE_APP = "plc-dense", "plc-moe"
 
@@ -45,11 +43,7 @@ cli_json = cli.json
 
 @pytest.fixture(scope="module")
 def models(tiny_model_builder) -> dict[str, Path]:
-    for needed in ("torch", "transformers", "tokenizers"):
-        if importlib.util.find_spec(needed) is None:
-            pytest.skip(f"building the tiny models needs {needed}")
-    return {kind: tiny_model_builder.build_tiny_model(MODELS / kind, kind)
-            for kind in ("dense", "moe")}
+    return {kind: node_tiny_model(tiny_model_builder, kind) for kind in ("dense", "moe")}
 
 
 @pytest.fixture(scope="module")

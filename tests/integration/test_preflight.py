@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import tempfile
 import sys
 from pathlib import Path
 
 import pytest
 
+from fakes import cluster_cli
 from integration_kit import ClusterCli
 
 pytestmark = pytest.mark.integration
@@ -137,8 +137,7 @@ def test_unreachable_node_is_error_others_checked(simcluster_factory):
 def test_embedded_default_on_a_machine_without_gpus(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "CLUSTER_INVENTORY"}
     env["CLUSTER_RUN_DIR"] = str(tmp_path / "runs")
-    proc = subprocess.run([sys.executable, "-m", "cluster", "preflight", "--json"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300, env=env)
+    proc = cluster_cli("preflight", "--json", cwd=tmp_path, timeout=300, env=env, stdin=None)
     assert "Traceback" not in proc.stderr
     report = json.loads(proc.stdout)
     assert report["inventory"] == "<embedded default>"

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 
-from integration_kit import PYTHON, REPO, ClusterCli, derive_inventory, head_driver
+from fakes import cluster_process
+from integration_kit import PYTHON, ClusterCli, derive_inventory, head_driver
 from cluster.probes import probe_names
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray]
@@ -272,9 +272,8 @@ def test_dashboard_tunnel(sim, inv):
     code, up = cli_json(inv, "up", "--skip-preflight", "--yes")
     assert code == 0
     port = _free_port()
-    proc = subprocess.Popen([PYTHON, "-m", "cluster", "-i", str(inv), "dashboard", "--port",
-                             str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=str(REPO))
+    proc = cluster_process("-i", str(inv), "dashboard", "--port", str(port), python=PYTHON,
+                           stdin=None)
     try:
         url = proc.stdout.readline().strip()
         assert url == f"http://127.0.0.1:{port}", proc.stderr.read() if proc.poll() else url

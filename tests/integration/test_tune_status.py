@@ -17,7 +17,6 @@ instance: SIMCLUSTER_PREFIX=tun SIMCLUSTER_SUBNET=6 SIMCLUSTER_DIR=/tmp/simclust
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import threading
@@ -27,11 +26,11 @@ from pathlib import Path
 
 import pytest
 
-from integration_kit import ClusterCli, derive_inventory, ray_up
+from integration_kit import NODE_MODELS, ClusterCli, derive_inventory, node_tiny_model, ray_up
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray, pytest.mark.vllm]
 
-MODEL_DIR = Path("/var/tmp/cluster-tiny-models/dense")   # /tmp is private to each sim node
+MODEL_DIR = NODE_MODELS / "dense"   # /tmp is private to each sim node
 KEY = "sk-tune-status-5c2e8a41"                          # test-only, in the node's env at start
 APP = "tiny"
 VALUES = (512, 1024, 2048, 4096)
@@ -44,10 +43,7 @@ cli_json = cli.json
 
 @pytest.fixture(scope="module")
 def model(tiny_model_builder) -> Path:
-    for needed in ("torch", "transformers", "tokenizers", "vllm", "ray", "matplotlib"):
-        if importlib.util.find_spec(needed) is None:
-            pytest.skip(f"the tune/status test needs {needed}")
-    return tiny_model_builder.build_tiny_model(MODEL_DIR, "dense")
+    return node_tiny_model(tiny_model_builder, "dense", needs=("vllm", "ray", "matplotlib"))
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,68 @@
+"""The suite's own shape (issue 24, item 5): every test uses one kit and no test module imports
+another. A module under tests/ may import, of the suite's own files, only the kit: tests/fakes.py
+(unit fakes, the CLI runners, inventory builders), tests/integration/integration_kit.py
+(ClusterCli, derive_inventory, ray_up...) and tests/integration/browser.py (the headless
+browser driver); conftest fixtures come in as fixture arguments, never by import."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+KIT = {"fakes", "integration_kit", "browser"}
+
+
+def suite_modules() -> dict[str, Path]:
+    """{module name: file} of every Python file of the suite (fixtures are data, not code)."""
+    return {p.stem: p for p in TESTS.rglob("*.py")
+            if "fixtures" not in p.relative_to(TESTS).parts}
+
+
+def imported_names(path: Path) -> set[str]:
+    """The top names this file imports (`tests.integration.x` -> x, `a.b` -> a), at any depth."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            modules = [node.module]
+        else:
+            continue
+        for module in modules:
+            parts = module.split(".")
+            while parts and parts[0] in ("tests", "integration"):
+                parts = parts[1:]
+            names.add(parts[0] if parts else module)
+    return names
+
+
+def suite_imports_outside_the_kit(path: Path) -> set[str]:
+    return (imported_names(path) & set(suite_modules())) - KIT
+
+
+def test_the_scan_sees_a_test_module_import(tmp_path):
+    """Control: an import of another test module, plain or through the tests package, is seen."""
+    bad = tmp_path / "test_x.py"
+    bad.write_text("from test_ray_plan import INV\nimport tests.integration.conftest\n"
+                   "from integration_kit import ClusterCli\n")
+    assert suite_imports_outside_the_kit(bad) == {"test_ray_plan", "conftest"}
+
+
+@pytest.mark.parametrize("name", sorted(str(p.relative_to(TESTS)) for p in suite_modules().values()))
+def test_a_suite_module_imports_only_the_kit(name):
+    assert suite_imports_outside_the_kit(TESTS / name) == set()
+
+
+RUNNER_HOME = {"fakes.py"}      # cluster_cli / cluster_process: the CLI in a subprocess
+RUNNER_WORDS = tuple(q + "-m" + q + ", " + q + "cluster" + q for q in "\"'")   # the argv pair, quoted either way
+
+
+@pytest.mark.parametrize("name", sorted(str(p.relative_to(TESTS)) for p in suite_modules().values()
+                                        if p.name not in RUNNER_HOME))
+def test_only_the_kit_starts_the_cli_in_a_subprocess(name):
+    """`python -m cluster` is spelled once (tests/fakes.py); every other module calls it."""
+    text = (TESTS / name).read_text()
+    assert not [w for w in RUNNER_WORDS if w in text]
