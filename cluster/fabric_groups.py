@@ -22,7 +22,7 @@ Placement follows the multi-node engine's (vLLM native multi-node: node rank n r
 engine's ranks [n * local, (n + 1) * local), local = world / nnodes, nnodes the fewest nodes
 that hold the engine, see `engine_nodes`): each engine takes the first such nodes in order (the
 head first, as the inventory lists them) that still have room; a node's room is its GPUs, on the
-CPU build one pipeline stage (`slots_per_node`).
+CPU build its CPUs (`slots_per_node`).
 """
 
 from __future__ import annotations
@@ -149,11 +149,10 @@ class Group:
 
 
 def slots_per_node(layout: Layout, device: str, resources: float) -> int:
-    """Ranks one node takes: its GPUs on GPU nodes; on the CPU build one pipeline stage (TP
-    ranks) per node, so the stages of a CPU engine spread over the nodes."""
-    if device == "gpu":
-        return max(0, int(resources))
-    return layout.tp if resources >= layout.tp else 0
+    """Ranks one node takes: one per GPU on GPU nodes, one per CPU on the CPU build (a CPU
+    worker binds a core), as cluster/deploy.py's engine_nodes counts them: the engine's nodes
+    come from `layout.nnodes` (what the deployment will span) or the fewest that hold it."""
+    return max(0, int(resources))
 
 
 def engine_nodes(layout: Layout, per_node: int) -> int:

@@ -179,7 +179,10 @@ def _proof_plan(spec, device, cluster, inv, options: DeployOptions, doc: dict):
         doc["notes"].append("fabric proof skipped: placement only, no engine starts")
         return None
     try:
-        plan = fabric_proof.plan_proof(spec, device, cluster, inv)
+        # the nodes the engine will really span (the multi-node engine's own rule), so the
+        # groups proven are the ranks the engine later reports
+        plan = fabric_proof.plan_proof(spec, device, cluster, inv,
+                                       nnodes=deploy.engine_nodes(spec, device, cluster))
     except UsageError as exc:
         doc["warnings"].append(f"fabric proof not planned: {exc}")
         return None

@@ -39,11 +39,17 @@ def test_pp_three_stages_gives_neighbouring_pairs_only():
     assert [(g.kind, g.ranks) for g in groups] == [("pp", (0, 1)), ("pp", (1, 2))]
 
 
-def test_tp1_pp2_cpu_one_stage_per_node():
-    layout = Layout(tp=1, pp=2)
-    per_node = slots_per_node(layout, "cpu", 4.0)
-    assert per_node == 1
-    groups = layout_groups(layout, rank_slots(layout, _nodes(2, per_node)))
+def test_tp1_pp2_cpu_follows_the_nodes_the_engine_spans():
+    """A CPU node takes one rank per CPU (as deploy.engine_nodes counts them): PP 2 fits one
+    4-CPU node, so without nnodes both stages are on node1; with nnodes 2 (--nnodes 2, the
+    multi-node engine) one stage per node and the pair crosses nodes."""
+    per_node = slots_per_node(Layout(tp=1, pp=2), "cpu", 4.0)
+    assert per_node == 4
+    packed = layout_groups(Layout(tp=1, pp=2), rank_slots(Layout(tp=1, pp=2), _nodes(2, per_node)))
+    assert [(g.kind, g.ranks, g.nodes) for g in packed] == [("pp", (0, 1), ("node1",))]
+    assert cross_node_groups(packed) == ()
+    spread = Layout(tp=1, pp=2, nnodes=2)
+    groups = layout_groups(spread, rank_slots(spread, _nodes(2, per_node)))
     assert [(g.kind, g.ranks, g.nodes) for g in groups] == [("pp", (0, 1), ("node1", "node2"))]
     assert cross_node_groups(groups) == groups
 

@@ -44,8 +44,9 @@ def _cluster(inv, *nodes, model=None):
 def _cpu_plan(tp=1, pp=2):
     inv = load_inventory(CPU_INV)
     view = _cluster(inv, ("198.18.5.1", 4, 0), ("198.18.5.2", 4, 0))
-    spec = deploy.spec_from_flags("/models/tiny", tp=tp, pp=pp)
-    return inv, fabric_proof.plan_proof(spec, "cpu", view, inv)
+    spec = deploy.spec_from_flags("/models/tiny", tp=tp, pp=pp, nnodes=2)   # one engine, 2 nodes
+    return inv, fabric_proof.plan_proof(spec, "cpu", view, inv,
+                                        nnodes=deploy.engine_nodes(spec, "cpu", view))
 
 
 def _gpu_plan(tp=1, pp=2):

@@ -464,7 +464,7 @@ def _pp2_options(**kw):
     from cluster import deploy as lib
     from playbooks import deploy
 
-    return deploy.DeployOptions(lib.spec_from_flags("/models/tiny", pp=2), timeout_s=5, **kw)
+    return deploy.DeployOptions(lib.spec_from_flags("/models/tiny", pp=2, nnodes=2), timeout_s=5, **kw)
 
 
 FAILED_GROUP = {"ok": False, "groups": [{"index": 0, "ok": False, "port": 29500, "problems": [
@@ -486,6 +486,22 @@ def test_deploy_dry_run_shows_the_groups_it_would_prove(deploy_cluster):
                                 "backend": "gloo", "transport": None, "gdr": None,
                                 "busbw_gbps": None, "threshold_gbps": None,
                                 "verdict": "dry run: would all-reduce on port 29500"}]
+
+
+def test_the_proof_places_ranks_where_the_engine_will_run_them(deploy_cluster):
+    """Without --nnodes, PP 2 on nodes of 4 CPUs runs as one engine on one node (the
+    multi-node engine's own rule, deploy.engine_nodes): the proof tests that pair inside the
+    node, not a cross-node pair the engine will never use."""
+    from cluster import deploy as lib
+    from playbooks import deploy
+
+    options = deploy.DeployOptions(lib.spec_from_flags("/models/tiny", pp=2), timeout_s=5,
+                                   dry_run=True)
+    out = deploy.run(inventory_of(DEPLOY_INVENTORY), RecordingSession(), options, never,
+                     client=FakeDashboard())
+    (group,) = out.doc["fabric_proof"]["groups"]
+    assert (group["kind"], group["ranks"]) == ("pp", [0, 1])
+    assert len(set(group["nodes"])) == 1, group
 
 
 def test_deploy_refuses_on_a_failed_proof_and_deploys_nothing(deploy_cluster):

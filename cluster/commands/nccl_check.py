@@ -189,7 +189,8 @@ def _run_layout(args: argparse.Namespace) -> int:
     if args.nodes not in (None, "all", "*") or args.report:
         raise UsageError("--layout places the groups on the nodes the deployment would use "
                          "(--nodes and --report do not apply)")
-    layout = Layout.from_plan(load_plan(args.layout))
+    planned = load_plan(args.layout)
+    layout = Layout.from_plan(planned)
     inv = load_inventory(args)
     run_ = recorded_run(args, "nccl-check", inv)
     record = run_.record
@@ -202,7 +203,10 @@ def _run_layout(args: argparse.Namespace) -> int:
             cluster = deploy.ClusterView.from_state(inv, state)
             device = {"nccl": "gpu", "gloo": "cpu"}.get(args.backend or "",
                                                         cluster.resolve_device("auto"))
-            plan = fabric_proof.plan_proof(layout, device, cluster, inv)
+            # the nodes one engine spans as `cluster deploy --plan` would place it
+            spec = deploy.spec_from_plan(planned, model=planned.model)
+            plan = fabric_proof.plan_proof(layout, device, cluster, inv,
+                                           nnodes=deploy.engine_nodes(spec, device, cluster))
             if not plan.groups:
                 raise UsageError(f"{args.layout}: one rank per engine, no group to prove")
             models = {n.name: n.gpu_model for n in cluster.nodes if n.name}

@@ -63,7 +63,7 @@ def inv(sim, tmp_path_factory) -> Path:
 def plan(tmp_path_factory, model_dir) -> Path:
     path = tmp_path_factory.mktemp("fabric-proof-plan") / "plan.yaml"
     path.write_text(f"model: {model_dir}\ntensor_parallel_size: 1\npipeline_parallel_size: 2\n"
-                    "replicas: 1\n")
+                    "replicas: 1\nplacement: {gang: {nnodes: 2}}\n")
     return path
 
 
@@ -86,8 +86,8 @@ def test_layout_proof_runs_the_pp_pair_with_gloo_on_the_port_range(inv, plan):
 
 
 def test_deploy_dry_run_shows_the_groups_it_would_prove(inv, model_dir):
-    code, out = cli_json(inv, "deploy", "--model", str(model_dir), "--pp", "2", "--device",
-                         "cpu", "--no-api-key", "--dry-run", timeout=300)
+    code, out = cli_json(inv, "deploy", "--model", str(model_dir), "--pp", "2", "--nnodes", "2",
+                         "--device", "cpu", "--no-api-key", "--dry-run", timeout=300)
     assert code == 0, out.get("error")
     assert out["status"] == "DRY_RUN" and out["fabric_proof"]["status"] == "planned"
     group = out["fabric_proof"]["groups"][0]
@@ -100,7 +100,7 @@ def test_firewall_on_the_port_range_refuses_the_deployment_naming_nodes_and_port
     sim.firewall("node1", "drop", f"{PORTS[0]}-{PORTS[1]}", "--from", "node2")
     try:
         code, out = cli_json(inv, "deploy", "--model", str(model_dir), "--pp", "2",
-                             "--device", "cpu", "--no-api-key", "--yes", timeout=500)
+                             "--nnodes", "2", "--device", "cpu", "--no-api-key", "--yes", timeout=500)
     finally:
         sim.firewall("node1", "clear")
     assert code == 2, out

@@ -250,6 +250,21 @@ def test_pp2_across_two_nodes_streams_and_crosses_nodes(sim, inv, pp2):
     assert_rank_logs(sim, pp2, ("Worker_PP0", "Worker_PP1"), "PP rank")
 
 
+def test_pp2_was_proven_on_its_own_group_and_confirmed_from_its_ranks_lines(pp2):
+    """Issue 23 on the CPU build: before any engine started, the gloo proof ran on exactly the
+    layout's one group (the PP pair across both nodes); after RUNNING, the ranks' own init
+    lines confirm it: the proof's ranks are the ranks the engine reports, on the same nodes."""
+    node0, node1 = rank_nodes(pp2)
+    (group,) = pp2["fabric_proof"]["groups"]
+    assert (group["kind"], group["ranks"], group["backend"]) == ("pp", [0, 1], "gloo"), group
+    assert set(group["nodes"]) == {node0, node1} and group["verdict"].startswith("OK"), group
+    assert group["busbw_gbps"] > group["threshold_gbps"] > 0
+    (seen,) = pp2["engine_transport"]
+    assert (seen["kind"], seen["ranks"]) == ("pp", [0, 1]) and seen["transport"] == "TCP", seen
+    assert seen["engine_ranks"] == {"0": node0, "1": node1}, seen
+    assert seen["evidence"], seen
+
+
 def test_cluster_down_with_a_gang_deployed_leaves_no_vllm_process(sim, inv, pp2):
     p = cli(inv, "down", "--yes", timeout=300)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
