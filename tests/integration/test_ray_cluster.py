@@ -276,13 +276,13 @@ def test_dashboard_tunnel(sim, inv):
                            stdin=None)
     try:
         url = proc.stdout.readline().strip()
-        assert url == f"http://127.0.0.1:{port}", proc.stderr.read() if proc.poll() else url
-        mode = httpx.get(f"{url}/api/authentication_mode", timeout=30).json()
-        headers = {}
-        if mode.get("authentication_mode") == "token":
-            headers = {"Authorization": "Bearer " + Path("~/.ray/auth_token").expanduser()
-                       .read_text().strip()}
-        version = httpx.get(f"{url}/api/version", headers=headers, timeout=30).json()
+        base = f"http://127.0.0.1:{port}"
+        # the printed URL carries the proxy's own per-run credential (issue 25 item 6)
+        assert url.startswith(base + "/?token="), proc.stderr.read() if proc.poll() else url
+        assert httpx.get(f"{base}/api/version", timeout=30).status_code == 403   # without it
+        with httpx.Client(follow_redirects=True, timeout=30) as browser:
+            assert browser.get(url).status_code == 200          # the credential -> its cookie
+            version = browser.get(f"{base}/api/version").json()  # the proxy adds the Ray token
         assert version["ray_version"] == "2.60.0"
     finally:
         proc.terminate()
