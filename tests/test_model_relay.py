@@ -172,7 +172,7 @@ def cli(inv, *args: str):
 
 
 @pytest.mark.parametrize("args, why", [
-    (["model", "pull", ""], "must not be empty"),
+    (["model", "pull", ""], "an empty value is not allowed"),
     (["model", "pull", "/a/laptop/dir"], "not supported"),
     (["model", "pull", "nowhere:/x"], "no node named"),
     (["model", "pull", "src:/x", "--path", "relative"], "absolute"),

@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from cluster.commands._common import (add_json, add_nodes, emit_json, recorded_run_on_nodes,
-                                      stdout)
+from cluster.commands._common import (add_json, add_nodes, emit_json, path_value,
+                                      recorded_run_on_nodes, stdout, text_value)
 from cluster.errors import ClusterError
 from cluster.textsafe import terminal_safe_line
 
@@ -29,9 +29,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "(a chain, or a tree on large clusters), sha256 verified before each "
                     "rename, the manifests compared afterwards. Exit 0 every node verified, "
                     "1 with notes, 2 a node failed (a rerun resumes it).")
-    pull.add_argument("source", metavar="SOURCE")
-    pull.add_argument("--revision", metavar="R", help="the hub revision (branch, tag, commit)")
-    pull.add_argument("--path", metavar="DIR",
+    pull.add_argument("source", metavar="SOURCE", type=text_value)
+    pull.add_argument("--revision", metavar="R", type=text_value,
+                      help="the hub revision (branch, tag, commit)")
+    pull.add_argument("--path", metavar="DIR", type=path_value,
                       help="where the files land on every node (default: model.path)")
     pull.add_argument("--allow-patterns", metavar="GLOB", action="append", default=[],
                       help="hub source: only files matching (huggingface_hub's allow_patterns; "
@@ -50,10 +51,6 @@ def _options(args: argparse.Namespace):
     from cluster.errors import UsageError
     from playbooks.model_pull import PullOptions
 
-    for flag in ("source", "path", "revision", "nodes"):
-        value = getattr(args, flag)
-        if value is not None and (not value.strip() or len(value) > 4096 or "\0" in value):
-            raise UsageError(f"{'SOURCE' if flag == 'source' else '--' + flag} must not be empty")
     if args.revision is not None and (len(args.revision) > 256 or not all(
             c.isalnum() or c in "._-/" for c in args.revision)):
         raise UsageError("--revision: letters, digits and ._-/ only, at most 256")
