@@ -783,16 +783,14 @@ class FakeOpenAI:
 DASHBOARD_TOKEN = "5f1e0c9a" * 8   # the shape `ray get-auth-token --generate` makes (64 hex digits)
 
 
-class FakeDashboard:
-    """A loopback HTTP server: records each request head; 401 unless the right Bearer token
-    (when `token`), else 200 with the body; /api/authentication_mode is public. `chunked`
-    replies in three chunks, one send each; an Upgrade request gets 101 and then echoes."""
+class LoopbackServer:
+    """A TCP server on 127.0.0.1 (an ephemeral port) serving each connection in a daemon
+    thread with `_serve(conn)`, which subclasses write; `close()` stops accepting."""
 
-    def __init__(self, token: str | None = None):
-        self.token = token
-        self.heads: list[bytes] = []
+    def __init__(self) -> None:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
         threading.Thread(target=self._loop, daemon=True).start()
 
     def _loop(self) -> None:
@@ -802,6 +800,23 @@ class FakeDashboard:
             except OSError:
                 return
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class FakeDashboard(LoopbackServer):
+    """A loopback HTTP server: records each request head; 401 unless the right Bearer token
+    (when `token`), else 200 with the body; /api/authentication_mode is public. `chunked`
+    replies in three chunks, one send each; an Upgrade request gets 101 and then echoes."""
+
+    def __init__(self, token: str | None = None):
+        self.token = token
+        self.heads: list[bytes] = []
+        super().__init__()
 
     def _serve(self, conn: socket.socket) -> None:
         with conn:
@@ -843,8 +858,6 @@ class FakeDashboard:
         conn.sendall(b"HTTP/1.1 %d X\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
                      % (status, len(body), body))
 
-    def close(self) -> None:
-        self.sock.close()
 
 
 def read_all(s: socket.socket) -> bytes:

@@ -143,7 +143,7 @@ def test_every_on_head_client_scans_for_the_running_rays_token():
 from cluster.dashboard_proxy import DashboardProxy, parse_head  # noqa: E402
 from cluster.head_tunnel import HeadTunnel  # noqa: E402
 from cluster.remote import Session  # noqa: E402
-from fakes import DASHBOARD_TOKEN as RAY_TOKEN, FakeDashboard, read_all as _read_all  # noqa: E402
+from fakes import DASHBOARD_TOKEN as RAY_TOKEN, FakeDashboard, LoopbackServer, read_all as _read_all  # noqa: E402
 
 
 @pytest.fixture
@@ -445,7 +445,6 @@ def test_status_window_refuses_non_ascii_digits_and_underscores(tmp_path, value)
 
 import random  # noqa: E402
 import socket  # noqa: E402
-import threading  # noqa: E402
 import tracemalloc  # noqa: E402
 import zlib  # noqa: E402
 
@@ -465,7 +464,7 @@ def _zeros(total: int = BOMB_BYTES):
     return (b"\0" * step for _ in range(total // step))
 
 
-class OneReply:
+class OneReply(LoopbackServer):
     """A loopback HTTP server answering every request with the same status, headers and
     body (Content-Length), then closing the connection."""
 
@@ -473,17 +472,7 @@ class OneReply:
         head = f"HTTP/1.1 {status}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
         self.reply = (head + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")\
             .encode() + body
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        threading.Thread(target=self._loop, daemon=True).start()
-
-    def _loop(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+        super().__init__()
 
     def _serve(self, conn: socket.socket) -> None:
         with conn:
@@ -505,9 +494,6 @@ class OneReply:
                 conn.sendall(self.reply)
             except OSError:
                 return
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def _bench_once(server: OneReply):
