@@ -111,7 +111,8 @@ def test_wrong_token_and_traversal_are_refused(served, tmp_path):
     with urllib.request.urlopen(f"{url}/{token}/config.json", timeout=10) as reply:
         assert reply.read() == files["config.json"]
     entries = program("manifest", "--dir", str(src))["files"]
-    doc = fetch(tmp_path / "dst", url, "w" + token[1:], entries[:1])
+    wrong = ("x" if token[0] != "x" else "y") + token[1:]
+    doc = fetch(tmp_path / "dst", url, wrong, entries[:1])
     assert doc["failed"] == 1 and "HTTP 404" in doc["files"][0]["reason"]
 
 
