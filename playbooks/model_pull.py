@@ -50,14 +50,23 @@ class Source:
     repo: str | None = None
 
 
+def node_path(text: str, what: str) -> str:
+    """A directory on the nodes: absolute, no `..` component (where it lands is exactly what
+    was written, never a parent reached by walking up), at most 1024 characters."""
+    if not text.startswith("/") or len(text) > 1024:
+        raise UsageError(f"{what} must be an absolute path, at most 1024 characters")
+    if ".." in text.split("/"):
+        raise UsageError(f"{what} {text[:100]!r}: a '..' component is not allowed")
+    return text
+
+
 def parse_source(text: str, inventory: Inventory) -> Source:
     """NODE:PATH (an inventory node, an absolute path) or a Hugging Face repo id."""
     if not text or len(text) > 4096 or "\0" in text:
         raise UsageError("SOURCE must be NODE:PATH or a Hugging Face repo id")
     name, colon, path = text.partition(":")
     if colon and name in {n.name for n in inventory.nodes}:
-        if not path.startswith("/"):
-            raise UsageError(f"SOURCE {text!r}: the path on {name} must be absolute")
+        path = node_path(path, f"SOURCE {name}:PATH")
         return Source("node", text, node=name, path=path.rstrip("/") or "/")
     if colon:
         raise UsageError(f"SOURCE {text[:100]!r}: no node named {name[:60]!r} in the inventory")
@@ -109,8 +118,9 @@ def pull(inventory: Inventory, session, options: PullOptions, local_root: bool,
          on_event: Callable[[str], None] = lambda line: None) -> PullOutcome:
     """The whole pull; raises UsageError/RemoteError for what stops it before the relay."""
     path = options.path or inventory.model_path
-    if not path or not path.startswith("/"):
+    if not path:
         raise UsageError("--path DIR (absolute) or the inventory's model.path is needed")
+    path = node_path(path, "--path" if options.path else "model.path")
     source = parse_source(options.source, inventory)
     chosen = list(inventory.select(options.nodes))
     by_name = {n.name: n for n in inventory.nodes}

@@ -177,7 +177,10 @@ def cli(inv, *args: str):
     (["model", "pull", "nowhere:/x"], "no node named"),
     (["model", "pull", "src:/x", "--path", "relative"], "absolute"),
     (["model", "pull", "org/m", "--revision", "a b"], "--revision"),
-    (["model", "pull", "src:/x", "--nodes", ""], "an empty value is not allowed")])
+    (["model", "pull", "src:/x", "--nodes", ""], "an empty value is not allowed"),
+    (["model", "pull", "src:/x/../../etc", "--path", "/tmp/m"], "'..' component"),
+    (["model", "pull", "src:/x", "--path", "/tmp/m/../../etc"], "'..' component"),
+    (["model", "pull", "src:/x", "--path", "/tmp/m/.."], "'..' component")])
 def test_bad_pull_arguments_are_one_line_and_exit_2(tmp_path, args, why):
     path = tmp_path / "cluster.yaml"
     path.write_text(f"nodes:\n  - {{name: src, address: 127.0.0.1, local: true, role: head}}\n"
@@ -186,6 +189,7 @@ def test_bad_pull_arguments_are_one_line_and_exit_2(tmp_path, args, why):
     p = cli(path, *args, "--json")
     assert p.returncode == 2 and why in p.stderr, p.stderr
     assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
+    assert not list(tmp_path.glob("runs/*/nodes/*")), "a node was asked before the refusal"
 
 
 def test_the_dry_run_prints_the_chain_and_copies_nothing(tmp_path):

@@ -49,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _options(args: argparse.Namespace):
     from cluster.errors import UsageError
-    from playbooks.model_pull import PullOptions
+    from playbooks.model_pull import PullOptions, node_path
 
     if args.revision is not None and (len(args.revision) > 256 or not all(
             c.isalnum() or c in "._-/" for c in args.revision)):
@@ -57,8 +57,8 @@ def _options(args: argparse.Namespace):
     patterns = args.allow_patterns + args.ignore_patterns
     if len(patterns) > PATTERN_MAX or any(not p or len(p) > 512 for p in patterns):
         raise UsageError(f"--allow/--ignore-patterns: at most {PATTERN_MAX}, each 1-512 chars")
-    if args.path is not None and (not args.path.startswith("/") or len(args.path) > 1024):
-        raise UsageError("--path must be an absolute path, at most 1024 characters")
+    if args.path is not None:
+        node_path(args.path, "--path")
     return PullOptions(args.source, args.path, args.revision, args.nodes, args.dry_run,
                        tuple(args.allow_patterns), tuple(args.ignore_patterns))
 
