@@ -192,6 +192,21 @@ def test_bad_pull_arguments_are_one_line_and_exit_2(tmp_path, args, why):
     assert not list(tmp_path.glob("runs/*/nodes/*")), "a node was asked before the refusal"
 
 
+def test_a_failure_after_progress_is_one_line_on_stderr_and_the_progress_is_in_the_run(tmp_path):
+    """The pull reports progress (the manifests) and then fails (the source holds nothing):
+    stderr is the error line alone, without --json too (no terminal: progress goes to the
+    run's events.log only)."""
+    path = tmp_path / "cluster.yaml"
+    path.write_text(f"nodes:\n  - {{name: src, address: 127.0.0.1, local: true, role: head}}\n"
+                    f"  - {{name: a, address: 127.0.0.1, local: true}}\n"
+                    f"model: {{path: {tmp_path}/m}}\nrun_dir: {tmp_path}/runs\n")
+    p = cli(path, "model", "pull", f"src:{tmp_path}/empty")
+    assert p.returncode == 2 and "holds no files" in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr, p.stderr
+    events = list(tmp_path.glob("runs/*/events.log"))
+    assert len(events) == 1 and "model: manifests on src" in events[0].read_text()
+
+
 def test_the_dry_run_prints_the_chain_and_copies_nothing(tmp_path):
     names = ["src", "a", "b"]
     write_model(tmp_path / "source", FILES)
