@@ -1,5 +1,6 @@
 """`cluster model pull SOURCE [--revision R] [--path DIR] [--nodes PATTERN] [--dry-run] [--json]`:
-one copy of a model directory on every node, relayed node to node (playbooks/model_pull.py)."""
+one copy of a model directory (on the laptop, on a node, or on the hub) on every node, relayed
+node to node (playbooks/model_pull.py)."""
 
 from __future__ import annotations
 
@@ -23,9 +24,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True, parser_class=type(p))
     pull = verbs.add_parser(
         "pull", help="copy SOURCE to --path on every node (a pipelined relay)",
-        description="SOURCE: NODE:PATH (a directory on one node) or a Hugging Face repo id "
-                    "(downloaded on the head by huggingface_hub: HF_TOKEN and HF_ENDPOINT from "
-                    "the head's env in the inventory). The files then travel node to node "
+        description="SOURCE: a local PATH (a directory on this machine: one that exists "
+                    "here or starts with / ./ ../ ~, checked first; served to the first node "
+                    "through an SSH remote forward), NODE:PATH (a directory on one node) or a "
+                    "Hugging Face repo id (downloaded on the head by huggingface_hub: HF_TOKEN "
+                    "and HF_ENDPOINT from the head's env in the inventory). No '..' in --path "
+                    "or NODE:PATH. The files then travel node to node "
                     "(a chain, or a tree on large clusters), sha256 verified before each "
                     "rename, the manifests compared afterwards. Exit 0 every node verified, "
                     "1 with notes, 2 a node failed (a rerun resumes it).")
