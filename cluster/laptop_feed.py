@@ -70,6 +70,9 @@ class LaptopServer:
         if self._server is None:
             os.close(self._board.rootfd)
             raise UsageError(f"cannot serve {root} on this machine: {error['error']}")
+        # socketserver prints a request's exception with its traceback on stderr (a node's
+        # fetch that hangs up mid-file, Ctrl-C): the CLI's stderr is for its one error line
+        self._server.handle_error = lambda request, client_address: None
         self.port = self._server.server_address[1]
         self.files = len(files)
         self._thread = Call(lambda: self._server.serve_forever(poll_interval=0.5),

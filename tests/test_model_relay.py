@@ -340,3 +340,29 @@ def test_a_laptop_directory_lands_identical_and_the_link_out_nowhere(tmp_path):
     assert not (tmp_path / "dest" / "alias.json").is_symlink()
     assert not os.path.lexists(tmp_path / "dest" / "leak.txt")
     assert "not for the nodes" not in p.stdout
+
+
+def test_a_fetch_that_hangs_up_mid_file_prints_nothing_on_the_clis_stderr(tmp_path, capfd):
+    """A node's fetch cut off while the laptop streams (a reset, as on Ctrl-C): socketserver
+    would print the handler's traceback on stderr; the laptop server keeps quiet."""
+    import struct
+    import time
+
+    from cluster.laptop_feed import LaptopServer
+
+    root = tmp_path / "big"
+    write_model(root, {"w.bin": os.urandom(8 << 20)})
+    token = "k" * 40
+    with LaptopServer(str(root), token) as server:
+        for _ in range(3):
+            s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.sendall(f"GET /{token}/w.bin HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            assert s.recv(4096).startswith(b"HTTP/1.1 200")
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.close()                                  # RST while the server writes
+        time.sleep(2)
+        assert get(f"http://127.0.0.1:{server.port}/{token}/w.bin", {"Range": "bytes=0-9"})[0] \
+            == 206                                     # still serving
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Exception occurred" not in err, err
