@@ -560,9 +560,6 @@ def _ssh_options(v: _Validator, raw: Any) -> SSHOptions:
     )
 
 
-_LOCAL_ADDRESSES = ("localhost", "127.0.0.1", "::1")
-
-
 def _jump_host(v: _Validator, raw: Any, at: tuple) -> str | None:
     text = v.string(raw, at, None, "jump host")
     if text is None:
@@ -605,7 +602,7 @@ def _node(v: _Validator, raw: Any, at: tuple, ssh: SSHOptions) -> Node:
     role = m.get("role", "worker")
     if role not in ("head", "worker"):
         raise v.doc.fail(at + ("role",), f"must be head or worker, got {_shown(v.doc, role, at + ('role',))}")
-    local = v.boolean(m.get("local"), at + ("local",), False)  # default: localhost runs locally
+    local = v.boolean(m.get("local"), at + ("local",), False)  # only `local: true` runs here
     return Node(
         name=name,
         address=address,
@@ -621,7 +618,7 @@ def _node(v: _Validator, raw: Any, at: tuple, ssh: SSHOptions) -> Node:
                                     _IFACE_RE, "interface name"),
         ib_hcas=_hcas(v, m.get("ib_hcas"), at + ("ib_hcas",)),
         env=_env(v, m.get("env"), at + ("env",)),
-        local=local if m.get("local") is not None else address in _LOCAL_ADDRESSES,
+        local=local,
         profile=v.string(m.get("profile"), at + ("profile",), _NAME_RE, "profile name"),
     )
 

@@ -12,6 +12,10 @@ serves the bytes it has received while it receives the rest (cluster/node_progra
 
 A node's upstreams are its ancestors, nearest first: when its parent falls silent the node
 re-attaches to the grandparent (and so on), resuming each file with a Range request.
+
+A directory on the laptop is one more hop in front (`fed_shape`): laptop -> first node, then
+the chain or tree from that node; only the first node reaches the laptop (an SSH remote
+forward on its loopback, cluster/laptop_feed.py).
 """
 
 from __future__ import annotations
@@ -97,6 +101,16 @@ def relay_shape(source: str, targets: Sequence[str], settings: RelaySettings) ->
     k = max(2, settings.tree_fanout) if tree else 1
     parent = tuple((order[i], order[(i - 1) // k]) for i in range(1, len(order)))
     return RelayShape("tree" if tree else "chain", k, order, parent)
+
+
+def fed_shape(feed: str, first: str, others: Sequence[str], settings: RelaySettings
+              ) -> RelayShape:
+    """The relay fed from outside the cluster (the laptop): `feed` sends to `first` alone,
+    which is the source of relay_shape over the others (the feed is reachable from `first`
+    only: never an upstream of the others)."""
+    inner = relay_shape(first, others, settings)
+    return RelayShape(inner.kind, inner.fanout, (feed, *inner.order),
+                      ((first, feed), *inner.parent))
 
 
 @dataclass(frozen=True)

@@ -96,6 +96,13 @@ class RunDir:
             with open(self.path / "nodes" / f"{name}.log", "a") as fh:
                 fh.write(text)
 
+    def note(self, line: str) -> None:
+        """Append one progress line (time-stamped, secrets scrubbed) to events.log."""
+        text = self.scrub(f"{_now().isoformat(timespec='milliseconds')} {line}\n")
+        with self._lock:
+            with open(self.path / "events.log", "a") as fh:
+                fh.write(text)
+
     def write_json(self, name: str, data: Any) -> Path:
         return self.write_text(name, json.dumps(to_jsonable(data), indent=2, sort_keys=False)
                                + "\n")

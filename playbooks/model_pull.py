@@ -2,8 +2,12 @@
 pipelined relay node to node (issue 27), and the relay itself (`run_relay`, also used by
 `cluster fix --checks model`).
 
-    1. source: NODE:PATH (a directory on one node), or a Hugging Face repo id downloaded by
-       huggingface_hub on the head into --path (HF_TOKEN from the head's env on stdin)
+    1. source: a local PATH (a directory on the laptop: it exists here, or it starts with /,
+       ./, ../ or ~), NODE:PATH (a directory on one node), or a Hugging Face repo id
+       downloaded by huggingface_hub on the head into --path (HF_TOKEN from the head's env on
+       stdin). A laptop directory is served by the laptop (cluster/laptop_feed.py) to the
+       first node (the head, or the first of --nodes without it) through an SSH remote forward;
+       the relay goes on from that node
     2. manifests (model_copy.py manifest, sha256 of every file) on the source and the targets
     3. plan (pure): each target's missing or differing files (cluster/model_sync.py); the
        relay's shape over the targets that need something (cluster/model_relay.py); dry run
@@ -20,7 +24,9 @@ resume with Range) and reported failed; a second run fetches only what it still 
 from __future__ import annotations
 
 import json
+import os
 import re
+import secrets
 import shlex
 import time
 from dataclasses import dataclass, field
@@ -29,10 +35,11 @@ from typing import Any, Callable
 from cluster.errors import RemoteError, UsageError
 from cluster.fixes import as_root
 from cluster.inventory import Inventory, Node
-from cluster.model_relay import NodeResult, RelaySettings, RelayShape, rate_text, relay_shape
+from cluster.model_relay import NodeResult, RelaySettings, RelayShape, fed_shape, rate_text, \
+    relay_shape
 from cluster.model_sync import CopyPlan, Manifest, copy_plan, still_different
 from cluster.node_programs import BOOT, with_input
-from playbooks.relay import RelayReport, answer_of, manifests, run_relay
+from playbooks.relay import Feed, RelayReport, answer_of, manifests, run_relay
 
 _MIB = 1 << 20
 _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}(/[A-Za-z0-9][A-Za-z0-9_.-]{0,95})?\Z")
@@ -43,31 +50,58 @@ _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}(/[A-Za-z0-9][A-Za-z0-9_.
 
 @dataclass(frozen=True)
 class Source:
-    kind: str                   # node | hf
+    kind: str                   # local | node | hf
     text: str
     node: str | None = None
     path: str | None = None
     repo: str | None = None
 
 
+def node_path(text: str, what: str) -> str:
+    """A directory on the nodes: absolute, no `..` component (where it lands is exactly what
+    was written, never a parent reached by walking up), at most 1024 characters."""
+    if not text.startswith("/") or len(text) > 1024:
+        raise UsageError(f"{what} must be an absolute path, at most 1024 characters")
+    if ".." in text.split("/"):
+        raise UsageError(f"{what} {text[:100]!r}: a '..' component is not allowed")
+    return text
+
+
+LOCAL_PREFIXES = ("/", "./", "../", "~")
+
+
+def is_local_path(text: str) -> bool:
+    """scp's ambiguity settled: a path that exists on the laptop, or one that starts with /,
+    ./, ../ or ~ (or is . or ..), is a local directory, before NODE:PATH and a repo id."""
+    return text in (".", "..", "~") or text.startswith(LOCAL_PREFIXES) \
+        or os.path.lexists(text)
+
+
 def parse_source(text: str, inventory: Inventory) -> Source:
-    """NODE:PATH (an inventory node, an absolute path) or a Hugging Face repo id."""
+    """A local PATH (is_local_path), NODE:PATH (an inventory node, an absolute path) or a
+    Hugging Face repo id."""
     if not text or len(text) > 4096 or "\0" in text:
-        raise UsageError("SOURCE must be NODE:PATH or a Hugging Face repo id")
+        raise UsageError("SOURCE must be a local PATH, NODE:PATH or a Hugging Face repo id")
+    if is_local_path(text):
+        return Source("local", text, path=local_directory(text))
     name, colon, path = text.partition(":")
     if colon and name in {n.name for n in inventory.nodes}:
-        if not path.startswith("/"):
-            raise UsageError(f"SOURCE {text!r}: the path on {name} must be absolute")
+        path = node_path(path, f"SOURCE {name}:PATH")
         return Source("node", text, node=name, path=path.rstrip("/") or "/")
     if colon:
         raise UsageError(f"SOURCE {text[:100]!r}: no node named {name[:60]!r} in the inventory")
-    if text.startswith(("/", ".", "~")):
-        raise UsageError(f"SOURCE {text[:100]!r}: a directory on the laptop is not supported: "
-                         "copy it to one node and pull NODE:PATH")
     if not _REPO_ID.fullmatch(text) or ".." in text:
         raise UsageError(f"SOURCE {text[:100]!r} is neither NODE:PATH nor a Hugging Face repo "
                          "id (ORG/NAME)")
     return Source("hf", text, repo=text)
+
+
+def local_directory(text: str) -> str:
+    """The real path of a directory on the laptop (UsageError when it is not one)."""
+    path = os.path.realpath(os.path.expanduser(text))
+    if not os.path.isdir(path):
+        raise UsageError(f"SOURCE {text[:100]!r}: not a directory on this machine")
+    return path
 
 
 @dataclass(frozen=True)
@@ -109,10 +143,17 @@ def pull(inventory: Inventory, session, options: PullOptions, local_root: bool,
          on_event: Callable[[str], None] = lambda line: None) -> PullOutcome:
     """The whole pull; raises UsageError/RemoteError for what stops it before the relay."""
     path = options.path or inventory.model_path
-    if not path or not path.startswith("/"):
+    if not path:
         raise UsageError("--path DIR (absolute) or the inventory's model.path is needed")
+    path = node_path(path, "--path" if options.path else "model.path")
     source = parse_source(options.source, inventory)
     chosen = list(inventory.select(options.nodes))
+    outcome = PullOutcome(options.source, path, options.dry_run)
+    start = time.monotonic()
+    settings = RelaySettings.from_expectations(inventory.expectations)
+    if source.kind == "local":
+        return _pull_local(inventory, session, options, source, chosen, outcome, settings,
+                           local_root, on_event, start)
     by_name = {n.name: n for n in inventory.nodes}
     if source.kind == "node":
         src = by_name[source.node]
@@ -121,12 +162,9 @@ def pull(inventory: Inventory, session, options: PullOptions, local_root: bool,
         src = inventory.head
         src_dir = path
     targets = {n.name: n for n in chosen if n.name != src.name}
-    outcome = PullOutcome(options.source, path, options.dry_run)
     if options.nodes and src.name in {n.name for n in chosen} and src_dir != path:
         outcome.notes.append(f"{src.name} is the source: its {src_dir} is not copied into "
                              f"{path} there")
-    start = time.monotonic()
-    settings = RelaySettings.from_expectations(inventory.expectations)
     if source.kind == "hf" and options.dry_run:
         return _hub_dry_run(outcome, source, src, targets, settings)
     if source.kind == "hf":
@@ -141,25 +179,44 @@ def pull(inventory: Inventory, session, options: PullOptions, local_root: bool,
     ref = found[src.name]
     if isinstance(ref, str):
         raise RemoteError(src.name, f"no manifest of {src_dir}: {ref}")
-    if not ref.exists or not ref.files:
-        raise UsageError(f"{src.name}:{src_dir} holds no files to copy")
-    if ref.skipped:
-        outcome.notes.append(f"{len(ref.skipped)} path(s) on {src.name} not copied (links "
-                             f"leaving the directory, or not regular files): "
-                             f"{', '.join(ref.skipped[:4])}")
+    _check_reference(outcome, ref, src.name, src_dir)
     plans = _plans(outcome, ref, found, targets)
     busy = [n for n in plans if plans[n].files]
     outcome.shape = relay_shape(src.name, busy, settings)
-    for name in busy:
-        if options.dry_run:
+    if options.dry_run or not busy:
+        return _planned(outcome, plans, busy, start)
+    return _relay_and_verify(inventory, session, outcome, src, ref, plans, busy, targets,
+                             local_root, dir_of, on_event, start)
+
+
+def _check_reference(outcome: PullOutcome, ref: Manifest, where: str, src_dir: str) -> None:
+    """The source's manifest must list files; what it skipped becomes a note."""
+    if not ref.exists or not ref.files:
+        raise UsageError(f"{where}:{src_dir} holds no files to copy")
+    if ref.skipped:
+        outcome.notes.append(f"{len(ref.skipped)} path(s) on {where} not copied (links "
+                             f"leaving the directory, or not regular files): "
+                             f"{', '.join(ref.skipped[:4])}")
+
+
+def _planned(outcome: PullOutcome, plans: dict, busy: list, start: float) -> PullOutcome:
+    """A dry run's (or a pull with nothing to move) outcome: every busy node planned."""
+    if outcome.dry_run:
+        for name in busy:
             outcome.nodes[name] = NodeResult(
                 name, "planned", plans[name].bytes, 0.0, False,
                 f"{len(plans[name].files)} file(s), {plans[name].bytes / _MIB:.1f} MiB from "
                 f"{outcome.shape.upstreams(name)[0]}")
-    if options.dry_run or not busy:
-        outcome.seconds = time.monotonic() - start
-        return outcome
-    report = run_relay(inventory, session, src, ref, {n: plans[n] for n in busy},
+    outcome.seconds = time.monotonic() - start
+    return outcome
+
+
+def _relay_and_verify(inventory: Inventory, session, outcome: PullOutcome, source, ref: Manifest,
+                      plans: dict, busy: list, targets: dict, local_root: bool, dir_of,
+                      on_event: Callable[[str], None], start: float) -> PullOutcome:
+    """The relay to the busy targets, then a second manifest on each: its verdict."""
+    path = outcome.path
+    report = run_relay(inventory, session, source, ref, {n: plans[n] for n in busy},
                        {n: targets[n] for n in busy}, local_root, dir_of, on_event)
     outcome.shape = report.shape
     on_event(f"model: relay over in {report.seconds:.1f} s; verifying by a second manifest")
@@ -170,6 +227,43 @@ def pull(inventory: Inventory, session, options: PullOptions, local_root: bool,
     outcome.bytes = sum(r.bytes for r in outcome.nodes.values())
     outcome.seconds = time.monotonic() - start
     return outcome
+
+
+LAPTOP = "laptop"
+
+
+def _pull_local(inventory: Inventory, session, options: PullOptions, source: Source,
+                chosen: list, outcome: PullOutcome, settings: RelaySettings, local_root: bool,
+                on_event: Callable[[str], None], start: float) -> PullOutcome:
+    """A directory on the laptop: its manifest here, the laptop's server fed to the first
+    node (the head, or the first of --nodes) through an SSH remote forward, then the relay."""
+    from cluster.laptop_feed import LaptopServer, RemoteForward, laptop_manifest
+
+    names = {n.name for n in inventory.nodes}
+    feed_name = LAPTOP if LAPTOP not in names else f"({LAPTOP})"
+    path = outcome.path
+    on_event(f"model: manifest of {source.path} on this machine")
+    ref = laptop_manifest(source.path)
+    _check_reference(outcome, ref, feed_name, source.path)
+    targets = {n.name: n for n in chosen}
+    on_event(f"model: manifests on {len(targets)} node(s)")
+    found = manifests(inventory, session, chosen, local_root, lambda node: path)
+    plans = _plans(outcome, ref, found, targets)
+    busy = [n for n in plans if plans[n].files]
+    first = inventory.head.name if inventory.head.name in targets else chosen[0].name
+    fed = first if first in busy or not busy else busy[0]
+    outcome.shape = fed_shape(feed_name, fed, [n for n in busy if n != fed], settings)
+    if options.dry_run or not busy:
+        return _planned(outcome, plans, busy, start)
+    token = secrets.token_urlsafe(32)
+    with LaptopServer(source.path, token) as server, \
+            RemoteForward(session, targets[fed], server.port) as forward:
+        on_event(f"model: {server.files} file(s) of {source.path} served to {fed} "
+                 f"({'directly' if targets[fed].local else 'an SSH remote forward'})")
+        return _relay_and_verify(inventory, session, outcome, Feed(feed_name, fed, forward.url,
+                                                                   token),
+                                 ref, plans, busy, targets, local_root, lambda node: path,
+                                 on_event, start)
 
 
 def _plans(outcome: PullOutcome, ref: Manifest, found: dict, targets: dict

@@ -7,6 +7,10 @@ user is not root), detached, on its node IP and the first free port of
 expectations.model_relay.ports, with a fresh secret token on stdin; a node's upstreams are its
 ancestors in the shape, nearest first. Progress is each node's GET /TOKEN/.status over that
 node's own SSH connection (a direct-tcpip channel: no port is opened to the laptop).
+
+A `Feed` source is a directory on the laptop (cluster/laptop_feed.py): nothing is started
+for it; its first node's relay pulls from the feed's URL (that node's end of an SSH remote
+forward), and no other node is ever told that URL.
 """
 
 from __future__ import annotations
@@ -21,8 +25,8 @@ from typing import Callable, Mapping, Sequence
 from cluster.errors import ClusterError, ParseError, RemoteError
 from cluster.fixes import as_root
 from cluster.inventory import Inventory, Node
-from cluster.model_relay import Progress, RelaySettings, RelayShape, parse_progress, rate_text, \
-    relay_shape
+from cluster.model_relay import Progress, RelaySettings, RelayShape, fed_shape, parse_progress, \
+    rate_text, relay_shape
 from cluster.model_sync import CopyPlan, Manifest, parse_manifest
 from cluster.node_programs import BOOT, with_input
 from cluster.remote import CommandResult, Session
@@ -86,9 +90,21 @@ def _url_host(ip: str) -> str:
     return f"[{ip}]" if ":" in ip else ip
 
 
+@dataclass(frozen=True)
+class Feed:
+    """A source outside the inventory (the laptop's directory, cluster/laptop_feed.py): only
+    the node `first` reaches it, at `url`; it serves with the relay's `token`."""
+
+    name: str
+    first: str
+    url: str
+    token: str
+
+
 @dataclass
 class _Member:
-    node: Node
+    node: Node | None                  # None: the feed (nothing to start or stop)
+    url: str | None = None
     pid: int | None = None
     port: int | None = None
     error: str | None = None
@@ -112,11 +128,12 @@ def relay_lifetime(total_bytes: int) -> int:
 
 
 class _Relay:
-    def __init__(self, inventory: Inventory, session, local_root: bool, dir_of: DirOf):
+    def __init__(self, inventory: Inventory, session, local_root: bool, dir_of: DirOf,
+                 token: str | None = None):
         self.inventory, self.session, self.local_root = inventory, session, local_root
         self.dir_of = dir_of
         self.settings = RelaySettings.from_expectations(inventory.expectations)
-        self.token = secrets.token_urlsafe(32)
+        self.token = token or secrets.token_urlsafe(32)
         self.tag = secrets.token_hex(6)
 
     def start(self, m: _Member, files: list[dict], fetch: list[str], upstreams: list[str],
@@ -134,7 +151,7 @@ class _Relay:
             m.error = f"the relay did not start: {str(doc.get('error', 'no pid'))[:300]}"
 
     def url(self, m: _Member) -> str:
-        return f"http://{_url_host(m.node.ip)}:{m.port}"
+        return m.url or f"http://{_url_host(m.node.ip)}:{m.port}"
 
     def status(self, m: _Member) -> dict:
         """GET /TOKEN/.status over the node's SSH connection (TunnelError, RemoteError...)."""
@@ -178,33 +195,43 @@ def _poll_forever(relay: _Relay, m: _Member, done: list) -> None:
         time.sleep(POLL_S)
 
 
-def run_relay(inventory: Inventory, session, source: Node, reference: Manifest,
+def run_relay(inventory: Inventory, session, source: Node | Feed, reference: Manifest,
               plans: Mapping[str, CopyPlan], targets: Mapping[str, Node], local_root: bool,
               dir_of: DirOf, on_event: Callable[[str], None] = lambda line: None
               ) -> RelayReport:
-    """Relay the reference's files from `source` to every target with a non-empty plan."""
-    relay = _Relay(inventory, session, local_root, dir_of)
+    """Relay the reference's files from `source` (a node, or a Feed whose `first` is one of
+    the busy targets) to every target with a non-empty plan."""
+    feed = source if isinstance(source, Feed) else None
+    relay = _Relay(inventory, session, local_root, dir_of, feed.token if feed else None)
     busy = [n for n in targets if plans[n].files]
-    shape = relay_shape(source.name, busy, relay.settings)
+    if feed:
+        shape = fed_shape(feed.name, feed.first, [n for n in busy if n != feed.first],
+                          relay.settings)
+    else:
+        shape = relay_shape(source.name, busy, relay.settings)
     files = [f.to_dict() for f in reference.files]
     total = sum(plans[n].bytes for n in busy)
     lifetime = relay_lifetime(max([plans[n].bytes for n in busy] + [0]) + total // 4)
-    members = {source.name: _Member(source)}
+    members = {feed.name: _Member(None, url=feed.url)} if feed else {source.name: _Member(source)}
     members.update({n: _Member(targets[n]) for n in busy})
     start = time.monotonic()
     done: list = []
     try:
         for name in shape.order:
             m = members[name]
+            if m.node is None:
+                continue                # the feed serves already (cluster/laptop_feed.py)
             failed = [n for n in shape.order if members[n].error]
+            if feed and name != feed.first:
+                failed.append(feed.name)     # only the first node reaches the laptop
             ups = [relay.url(members[u]) for u in shape.upstreams(name, skip=failed)]
             if name != shape.source and not ups:
                 m.error = "no upstream started"
                 continue
             relay.start(m, files, [f.path for f in plans[name].files] if name != shape.source
                         else [], ups, lifetime)
-            if m.error and name == shape.source:
-                raise RemoteError(source.name, m.error)
+            if m.error and (name == shape.source or (feed and name == feed.first)):
+                raise RemoteError(name, m.error)
             m.heard = time.monotonic()
             if not m.error:
                 Call(lambda m=m: _poll_forever(relay, m, done), name=f"relay-status-{name}")

@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def local_session():
-    inv = inventory.loads("nodes: [{name: localhost}]\n")
+    inv = inventory.loads("nodes: [{name: localhost, local: true}]\n")
     with Session(inv) as session:
         yield session
 
@@ -253,7 +253,7 @@ def test_the_token_reply_is_parsed_strictly():
 
 def _read_locally(tmp_path, env: dict, inv_env: str = "{}"):
     """read_auth_token on a local head with a private HOME and environment."""
-    inv = inventory.loads(f"nodes: [{{name: localhost, env: {inv_env}}}]\n"
+    inv = inventory.loads(f"nodes: [{{name: localhost, local: true, env: {inv_env}}}]\n"
                           f"ray: {{python: {sys.executable}}}\n")
     old = dict(os.environ)
     os.environ.clear()
@@ -307,7 +307,7 @@ def test_httpx_over_the_head_tunnel(local_session, dashboard):
 
 def _inventory(tmp_path, port: int) -> Path:
     path = tmp_path / "cluster.yaml"
-    path.write_text(f"nodes: [{{name: localhost}}]\nray: {{dashboard_port: {port}, python: "
+    path.write_text(f"nodes: [{{name: localhost, local: true}}]\nray: {{dashboard_port: {port}, python: "
                     f"{sys.executable}}}\nrun_dir: {tmp_path / 'runs'}\n")
     return path
 

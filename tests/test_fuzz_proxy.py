@@ -158,7 +158,7 @@ def test_the_proxys_cookie_is_never_forwarded(before, after, spaces):
 @pytest.fixture(scope="module")
 def live():
     fake = FakeDashboard(RAY_TOKEN)
-    inv = inventory.loads("nodes: [{name: localhost}]\n")
+    inv = inventory.loads("nodes: [{name: localhost, local: true}]\n")
     with Session(inv) as session:
         tunnel = HeadTunnel(session)
         proxy = DashboardProxy(lambda: tunnel.open("127.0.0.1", fake.port),

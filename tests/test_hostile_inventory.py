@@ -442,7 +442,7 @@ def test_runs_with_a_broken_run_json(tmp_path, content, needle):
     assert [r["command"] for r in listed] == ["exec", None]
     assert needle in listed[1]["error"] and "error" not in listed[0]
     inv = tmp_path / "cluster.yaml"
-    inv.write_text(f"nodes:\n  - {{name: a, address: 127.0.0.1}}\nrun_dir: {runs}\n")
+    inv.write_text(f"nodes:\n  - {{name: a, address: 127.0.0.1, local: true}}\nrun_dir: {runs}\n")
     for extra in ((), ("--json",)):
         proc = _cli("-i", str(inv), "runs", *extra)
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
@@ -457,7 +457,7 @@ def test_runs_table_escapes_control_characters_and_markup(tmp_path):
         "command": "up\x1b]0;owned\x07[bold red]", "started": "s", "finished": None,
         "exit_code": None}))
     inv = tmp_path / "cluster.yaml"
-    inv.write_text(f"nodes:\n  - {{name: a, address: 127.0.0.1}}\nrun_dir: {runs}\n")
+    inv.write_text(f"nodes:\n  - {{name: a, address: 127.0.0.1, local: true}}\nrun_dir: {runs}\n")
     proc = _cli("-i", str(inv), "runs")
     assert proc.returncode == 0 and "\x1b" not in proc.stdout and "[bold red]" in proc.stdout
 

@@ -146,7 +146,23 @@ def test_missing_file_is_one_line(tmp_path):
     assert proc.returncode == 2 and "nope.yaml" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_localhost_address_runs_locally_unless_told_otherwise():
-    inv = inventory.loads("nodes:\n  - {name: a, address: localhost}\n"
-                          "  - {name: b, address: 127.0.0.1, local: false}\n")
-    assert inv.node("a").local and not inv.node("b").local
+@pytest.mark.parametrize("address", ["localhost", "127.0.0.1", "::1", "127.0.0.2"])
+def test_only_local_true_runs_on_this_machine_a_loopback_address_goes_over_ssh(address):
+    """A node at a loopback address without `local: true` is a node like any other: the
+    Session gives it the SSH runner (strict host keys), never the local one (an earlier test's
+    `fix --undo` against 127.0.0.1 rewrote this machine's /etc through it). Only the runner
+    chosen is checked: nothing runs."""
+    from cluster.remote import LocalRunner, Session, SSHRunner
+
+    inv = inventory.loads(f"nodes:\n  - {{name: a, address: '{address}'}}\n"
+                          f"  - {{name: b, address: '{address}', local: false}}\n"
+                          f"  - {{name: c, address: '{address}', local: true}}\n")
+    assert not inv.node("a").local and not inv.node("b").local and inv.node("c").local
+    session = Session(inv)
+    try:
+        assert isinstance(session.runner_for(inv.node("a")), SSHRunner)
+        assert isinstance(session.runner_for(inv.node("b")), SSHRunner)
+        assert isinstance(session.runner_for(inv.node("c")), LocalRunner)
+    finally:
+        session.close()
+

@@ -13,7 +13,7 @@ import pytest
 
 from cluster.errors import ParseError, UsageError
 from cluster.inventory import loads
-from cluster.model_relay import RelaySettings, parse_progress, relay_shape
+from cluster.model_relay import RelaySettings, fed_shape, parse_progress, relay_shape
 from cluster.model_sync import copy_plan
 from cluster.remote import Session
 from playbooks import fix_model
@@ -70,10 +70,34 @@ def test_the_source_forms(text, kind):
 
 
 @pytest.mark.parametrize("text", ["nobody:/x", "head:relative", "/local/dir", "./dir",
-                                  "org/../x", "a/b/c", ""])
+                                  "org/../x", "a/b/c", "", "head:/x/../y"])
 def test_bad_sources_are_refused(text):
     with pytest.raises(UsageError):
         parse_source(text, INV3)
+
+
+def test_a_local_path_is_one_that_exists_here_or_starts_with_a_slash_dot_or_tilde(
+        tmp_path, monkeypatch):
+    """scp's ambiguity settled: a path that exists on the laptop (even `head:x` or `org/m`),
+    or one starting with / ./ ../ ~, is local; then NODE:PATH; then a repo id."""
+    (tmp_path / "org" / "m").mkdir(parents=True)
+    (tmp_path / "head:x").mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for text in ("org/m", "head:x", "./org", "../" + tmp_path.name, "~/org", str(tmp_path)):
+        got = parse_source(text, INV3)
+        assert got.kind == "local" and os.path.isabs(got.path), (text, got)
+    assert parse_source("~/org", INV3).path == str((tmp_path / "org").resolve())
+    assert parse_source("head:/x", INV3).kind == "node"
+    assert parse_source("org/other", INV3).kind == "hf"
+
+
+def test_fed_shape_puts_the_laptop_in_front_of_the_first_node_only():
+    shape = fed_shape("laptop", "head", ["a", "b"], SETTINGS)
+    assert shape.lines() == ["laptop -> head -> a -> b"] and shape.source == "laptop"
+    assert shape.upstreams("head") == ("laptop",) and shape.depth == 3
+    tree = fed_shape("laptop", "head", [f"n{i}" for i in range(1, 10)], SETTINGS)
+    assert tree.kind == "tree" and tree.lines()[:2] == ["laptop -> head", "head -> n1, n2"]
 
 
 # ---------------------------------------------------------------- a real relay on loopback
@@ -173,11 +197,15 @@ def cli(inv, *args: str):
 
 @pytest.mark.parametrize("args, why", [
     (["model", "pull", ""], "an empty value is not allowed"),
-    (["model", "pull", "/a/laptop/dir"], "not supported"),
+    (["model", "pull", "/a/laptop/dir"], "not a directory on this machine"),
+    (["model", "pull", "./nowhere"], "not a directory on this machine"),
     (["model", "pull", "nowhere:/x"], "no node named"),
     (["model", "pull", "src:/x", "--path", "relative"], "absolute"),
     (["model", "pull", "org/m", "--revision", "a b"], "--revision"),
-    (["model", "pull", "src:/x", "--nodes", ""], "an empty value is not allowed")])
+    (["model", "pull", "src:/x", "--nodes", ""], "an empty value is not allowed"),
+    (["model", "pull", "src:/x/../../etc", "--path", "/tmp/m"], "'..' component"),
+    (["model", "pull", "src:/x", "--path", "/tmp/m/../../etc"], "'..' component"),
+    (["model", "pull", "src:/x", "--path", "/tmp/m/.."], "'..' component")])
 def test_bad_pull_arguments_are_one_line_and_exit_2(tmp_path, args, why):
     path = tmp_path / "cluster.yaml"
     path.write_text(f"nodes:\n  - {{name: src, address: 127.0.0.1, local: true, role: head}}\n"
@@ -186,6 +214,22 @@ def test_bad_pull_arguments_are_one_line_and_exit_2(tmp_path, args, why):
     p = cli(path, *args, "--json")
     assert p.returncode == 2 and why in p.stderr, p.stderr
     assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
+    assert not list(tmp_path.glob("runs/*/nodes/*")), "a node was asked before the refusal"
+
+
+def test_a_failure_after_progress_is_one_line_on_stderr_and_the_progress_is_in_the_run(tmp_path):
+    """The pull reports progress (the manifests) and then fails (the source holds nothing):
+    stderr is the error line alone, without --json too (no terminal: progress goes to the
+    run's events.log only)."""
+    path = tmp_path / "cluster.yaml"
+    path.write_text(f"nodes:\n  - {{name: src, address: 127.0.0.1, local: true, role: head}}\n"
+                    f"  - {{name: a, address: 127.0.0.1, local: true}}\n"
+                    f"model: {{path: {tmp_path}/m}}\nrun_dir: {tmp_path}/runs\n")
+    p = cli(path, "model", "pull", f"src:{tmp_path}/empty")
+    assert p.returncode == 2 and "holds no files" in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr, p.stderr
+    events = list(tmp_path.glob("runs/*/events.log"))
+    assert len(events) == 1 and "model: manifests on src" in events[0].read_text()
 
 
 def test_the_dry_run_prints_the_chain_and_copies_nothing(tmp_path):
@@ -214,3 +258,111 @@ def test_a_hub_dry_run_downloads_nothing_and_plans_every_node(tmp_path):
     doc = json.loads(p.stdout)
     assert p.returncode == 0 and doc["shape"]["edges"] == [{"from": "h", "to": "a"}], doc
     assert doc["nodes"]["a"]["status"] == "planned" and not (tmp_path / "dest").exists()
+
+
+# ---------------------------------------------------------------- a directory on the laptop
+
+
+def laptop_dir(tmp_path):
+    """FILES, a link to a secret outside the directory and a link to a file inside it."""
+    root = tmp_path / "laptop-model"
+    write_model(root, FILES)
+    secret = tmp_path / "outside-secret.txt"
+    secret.write_text("not for the nodes\n")
+    os.symlink(secret, root / "leak.txt")
+    os.symlink("config.json", root / "alias.json")
+    return root
+
+
+def get(url: str, headers: dict | None = None) -> tuple[int, bytes]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}),
+                                    timeout=10) as reply:
+            return reply.status, reply.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, b""
+
+
+def test_the_laptop_server_serves_the_walked_files_only_with_the_token_and_never_a_link_out(
+        tmp_path):
+    from cluster.laptop_feed import LaptopServer
+
+    root = laptop_dir(tmp_path)
+    token = "t" * 20 + "-secret_0123456789"
+    with LaptopServer(str(root), token) as server:
+        base = f"http://127.0.0.1:{server.port}"
+        assert get(f"{base}/{token}/config.json") == (200, FILES["config.json"])
+        assert get(f"{base}/{token}/tokenizer.json", {"Range": "bytes=10-"}) == \
+            (206, FILES["tokenizer.json"][10:])
+        assert get(f"{base}/{token}/leak.txt")[0] == 404                 # the link leaving
+        assert get(f"{base}/{token}/../outside-secret.txt")[0] == 404
+        assert get(f"{base}/{'x' * len(token)}/config.json")[0] == 404    # a wrong token
+        assert get(f"{base}/config.json")[0] == 404
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5):
+            pass
+        assert server.files == len(FILES) + 1                             # + alias.json
+    with pytest.raises(OSError):                                          # closed with the run
+        socket.create_connection(("127.0.0.1", server.port), timeout=5).close()
+
+
+def test_a_laptop_directory_lands_identical_and_the_link_out_nowhere(tmp_path):
+    """`cluster model pull PATH` from this machine: the dry run's shape over three nodes
+    (laptop -> head -> a -> b), then a real pull to one `local: true` node (its relay reaches
+    the laptop's loopback server directly; the SSH remote forward and the relay on to the
+    other nodes: tests/integration/test_model_pull.py)."""
+    import json
+
+    root = laptop_dir(tmp_path)
+    low, high = free_range(12)
+    names = ["head", "a", "b"]
+    nodes = "\n".join(f"  - {{name: {n}, address: 127.0.0.1, local: true"
+                      f"{', role: head' if i == 0 else ''}}}" for i, n in enumerate(names))
+    path = tmp_path / "cluster.yaml"
+    path.write_text(f"nodes:\n{nodes}\nrun_dir: {tmp_path}/runs\n"
+                    f"expectations: {{model_relay: {{ports: [{low}, {high}]}}}}\n")
+    p = cli(path, "model", "pull", str(root), "--path", f"{tmp_path}/dest", "--dry-run")
+    assert p.returncode == 1 and "laptop -> head -> a -> b" in p.stdout, p.stdout + p.stderr
+    assert "from laptop" in p.stdout and "leak.txt" in p.stdout       # the skipped link, noted
+    assert not (tmp_path / "dest").exists()
+    p = cli(path, "model", "pull", str(root), "--path", f"{tmp_path}/dest", "--nodes", "head",
+            "--json")
+    doc = json.loads(p.stdout)
+    assert p.returncode == 1 and doc["shape"]["edges"] == [{"from": "laptop", "to": "head"}], \
+        (p.stdout, p.stderr)
+    r = doc["nodes"]["head"]
+    assert r["status"] == "copied" and r["verified"] and r["bytes"] > 5 << 20, r
+    for path_, data in FILES.items():
+        assert (tmp_path / "dest" / path_).read_bytes() == data
+    assert (tmp_path / "dest" / "alias.json").read_bytes() == FILES["config.json"]
+    assert not (tmp_path / "dest" / "alias.json").is_symlink()
+    assert not os.path.lexists(tmp_path / "dest" / "leak.txt")
+    assert "not for the nodes" not in p.stdout
+
+
+def test_a_fetch_that_hangs_up_mid_file_prints_nothing_on_the_clis_stderr(tmp_path, capfd):
+    """A node's fetch cut off while the laptop streams (a reset, as on Ctrl-C): socketserver
+    would print the handler's traceback on stderr; the laptop server keeps quiet."""
+    import struct
+    import time
+
+    from cluster.laptop_feed import LaptopServer
+
+    root = tmp_path / "big"
+    write_model(root, {"w.bin": os.urandom(8 << 20)})
+    token = "k" * 40
+    with LaptopServer(str(root), token) as server:
+        for _ in range(3):
+            s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.sendall(f"GET /{token}/w.bin HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            assert s.recv(4096).startswith(b"HTTP/1.1 200")
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.close()                                  # RST while the server writes
+        time.sleep(2)
+        assert get(f"http://127.0.0.1:{server.port}/{token}/w.bin", {"Range": "bytes=0-9"})[0] \
+            == 206                                     # still serving
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Exception occurred" not in err, err

@@ -150,7 +150,7 @@ from fakes import DASHBOARD_TOKEN as RAY_TOKEN, FakeDashboard, LoopbackServer, r
 def proxy():
     """A proxy in token mode in front of a fake dashboard that records what reaches it."""
     fake = FakeDashboard(RAY_TOKEN)
-    inv = inventory.loads("nodes: [{name: localhost}]\n")
+    inv = inventory.loads("nodes: [{name: localhost, local: true}]\n")
     with Session(inv) as session:
         tunnel = HeadTunnel(session)
         p = DashboardProxy(lambda: tunnel.open("127.0.0.1", fake.port),

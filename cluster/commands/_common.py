@@ -179,8 +179,11 @@ class RecordedRun:
         return Session(self.inventory, hooks=[hook or self.record.record])
 
     def event(self, line: str) -> None:
-        """A progress line on stderr ("<command>: ..."), secrets scrubbed; none with --json."""
-        if not self.quiet:
+        """A progress line: always into the run's events.log; on stderr only for a person at
+        a terminal (not with --json): a script's stderr holds nothing but the one error line
+        of a failure (README "Exit codes")."""
+        self.record.note(line)
+        if not self.quiet and sys.stderr.isatty():
             stderr.print(f"[dim]{self.command}:[/dim] {self.scrub(line)}",
                          soft_wrap=self.soft_wrap)
 

@@ -1,5 +1,6 @@
 """`cluster model pull SOURCE [--revision R] [--path DIR] [--nodes PATTERN] [--dry-run] [--json]`:
-one copy of a model directory on every node, relayed node to node (playbooks/model_pull.py)."""
+one copy of a model directory (on the laptop, on a node, or on the hub) on every node, relayed
+node to node (playbooks/model_pull.py)."""
 
 from __future__ import annotations
 
@@ -23,9 +24,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True, parser_class=type(p))
     pull = verbs.add_parser(
         "pull", help="copy SOURCE to --path on every node (a pipelined relay)",
-        description="SOURCE: NODE:PATH (a directory on one node) or a Hugging Face repo id "
-                    "(downloaded on the head by huggingface_hub: HF_TOKEN and HF_ENDPOINT from "
-                    "the head's env in the inventory). The files then travel node to node "
+        description="SOURCE: a local PATH (a directory on this machine: one that exists "
+                    "here or starts with / ./ ../ ~, checked first; served to the first node "
+                    "through an SSH remote forward), NODE:PATH (a directory on one node) or a "
+                    "Hugging Face repo id (downloaded on the head by huggingface_hub: HF_TOKEN "
+                    "and HF_ENDPOINT from the head's env in the inventory). No '..' in --path "
+                    "or NODE:PATH. The files then travel node to node "
                     "(a chain, or a tree on large clusters), sha256 verified before each "
                     "rename, the manifests compared afterwards. Exit 0 every node verified, "
                     "1 with notes, 2 a node failed (a rerun resumes it).")
@@ -49,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _options(args: argparse.Namespace):
     from cluster.errors import UsageError
-    from playbooks.model_pull import PullOptions
+    from playbooks.model_pull import PullOptions, node_path
 
     if args.revision is not None and (len(args.revision) > 256 or not all(
             c.isalnum() or c in "._-/" for c in args.revision)):
@@ -57,8 +61,8 @@ def _options(args: argparse.Namespace):
     patterns = args.allow_patterns + args.ignore_patterns
     if len(patterns) > PATTERN_MAX or any(not p or len(p) > 512 for p in patterns):
         raise UsageError(f"--allow/--ignore-patterns: at most {PATTERN_MAX}, each 1-512 chars")
-    if args.path is not None and (not args.path.startswith("/") or len(args.path) > 1024):
-        raise UsageError("--path must be an absolute path, at most 1024 characters")
+    if args.path is not None:
+        node_path(args.path, "--path")
     return PullOptions(args.source, args.path, args.revision, args.nodes, args.dry_run,
                        tuple(args.allow_patterns), tuple(args.ignore_patterns))
 

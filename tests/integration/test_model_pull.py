@@ -6,7 +6,9 @@ real token bucket (`simcluster link NODE rate`), one cluster for the module (iss
 - a node whose link is cut mid-copy: the others complete and verify, it is reported failed,
   and a second run completes it from where it stopped (it moves less than the whole);
 - a Hugging Face repo id pulled through huggingface_hub from a minimal hub served on the
-  head's address lands identical files everywhere; the token is in no argv, log or output.
+  head's address lands identical files everywhere; the token is in no argv, log or output;
+- a directory on the laptop (this machine) reaches node1 through an SSH remote forward and
+  every node from there, a link out of it not served, the relay's secret in no argv or output.
 
 The acceptance size is 512 MiB (scripts/bench_model_pull.py runs it); this test moves
 PULL_MIB at RATE (a full relay through eight Python relays on a 2-core test machine shares
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -223,3 +226,94 @@ def test_a_hub_repo_lands_identical_files_and_the_token_stays_secret(cluster, ti
             c.exec(head["name"], "kill", pid)
         hub.wait(30)
         shutil.rmtree(repo_dir, ignore_errors=True)
+
+
+SNIFF = r"""
+import re, socket, sys, time
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.ntohs(3))
+s.bind(("lo", 0))
+s.settimeout(1.0)
+print("sniffing", flush=True)
+end = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < end:
+    try:
+        data = s.recv(65535)
+    except socket.timeout:
+        continue
+    m = re.search(rb"GET /([A-Za-z0-9_-]{43})/", data)
+    if m:
+        print(m.group(1).decode(), flush=True)
+        break
+"""
+
+
+def listeners(c, node: str) -> set[str]:
+    p = c.exec(node, "ss", "-ltnH", check=True)
+    return {line.split()[3] for line in p.stdout.splitlines() if line.strip()}
+
+
+def test_a_laptop_directory_reaches_every_node_through_a_remote_forward(cluster, tmp_path):
+    """`cluster model pull PATH` of a directory on this machine (the laptop): served on the
+    laptop's loopback, reached by node1 through an SSH remote forward on its loopback (the
+    inventory's route, strict host keys), relayed on to the seven others, every node verified
+    identical. The link to a file outside the directory is not served; the relay's secret,
+    caught on node1's loopback as it passes in the clear (a raw socket on its `lo`), is in no
+    process's argv, the output or the run records; the forward is gone afterwards."""
+    c, inv = cluster
+    root = tmp_path / "laptop-model"
+    (root / "weights").mkdir(parents=True)
+    (root / "config.json").write_text('{"model_type": "llama"}\n')
+    (root / "tokenizer.json").write_bytes(os.urandom(30000))
+    (root / "weights" / "model-00001-of-00002.safetensors").write_bytes(os.urandom(3 << 20))
+    (root / "weights" / "model-00002-of-00002.safetensors").write_bytes(os.urandom((2 << 20) + 5))
+    secret = tmp_path / "laptop-secret.txt"
+    secret.write_text("the laptop's own secret\n")
+    os.symlink(secret, root / "leak.txt")
+    want = {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in root.rglob("*") if p.is_file() and not p.is_symlink()}
+    dest = "/tmp/model-pull/laptop"
+    before = listeners(c, "node1")
+    code, dry, _ = pull(inv, str(root), "--path", dest, "--dry-run")
+    assert code == 1 and dry["shape"]["source"] == "laptop", dry
+    assert dry["shape"]["edges"][:2] == [{"from": "laptop", "to": "node1"},
+                                         {"from": "node1", "to": "node2"}], dry["shape"]
+    assert {r["status"] for r in dry["nodes"].values()} == {"planned"}
+    sniffer = subprocess.Popen([sys.executable, str(SIMCLUSTER), "exec", "node1", "--",
+                                "timeout", "400", sys.executable, "-c", SNIFF, "360"],
+                               stdout=subprocess.PIPE, text=True)
+    seen: list[str] = []
+    stop = threading.Event()
+
+    def watch_argv():                  # the host's ps sees the nodes' PID namespaces too
+        while not stop.is_set():
+            seen.append(subprocess.run(["ps", "-eww", "-o", "args="], capture_output=True,
+                                       text=True).stdout)
+            stop.wait(0.3)
+
+    watcher = threading.Thread(target=watch_argv, daemon=True)
+    try:
+        assert sniffer.stdout.readline().strip() == "sniffing"
+        watcher.start()
+        code, done, p = pull(inv, str(root), "--path", dest)
+        stop.set()
+        watcher.join(10)
+        token = sniffer.stdout.readline().strip()
+    finally:
+        stop.set()
+        sniffer.kill()
+        sniffer.wait(30)
+    assert code == 1 and any("leak.txt" in n for n in done["notes"]), done    # noted, not sent
+    assert set(done["nodes"]) == set(c.names), done
+    for name, r in done["nodes"].items():
+        assert r["status"] == "copied" and r["verified"] is True, (name, r)
+        assert shas(c, name, dest) == want, name
+        assert c.exec(name, "test", "-e", f"{dest}/leak.txt").returncode == 1, name
+    assert len(token) == 43, token                         # the secret really went past
+    assert any("model_copy" in s or " relay --dir " in s for s in seen), "ps saw no relay"
+    assert not any(token in s for s in seen)
+    assert token not in p.stdout + p.stderr and "laptop's own secret" not in p.stdout
+    records = [f for f in Path(done["run_dir"]).rglob("*") if f.is_file()]
+    assert any(f.parent.name == "nodes" for f in records)
+    for record in records:
+        assert token not in record.read_text(errors="replace"), record
+    assert listeners(c, "node1") == before               # the remote forward was cancelled
