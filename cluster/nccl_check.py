@@ -1,10 +1,10 @@
 """`cluster nccl-check`: build the all-reduce Ray job, run it through the head's job API, judge it.
 
-The job's entrypoint is playbooks/nccl_allreduce.py (see its docstring for what runs on the
+The job's entrypoint is cluster/ray_jobs/nccl_allreduce.py (see its docstring for what runs on the
 cluster). This module is the laptop side, in three layers:
 
   build    `job_args(options, nodes)` (the entrypoint's arguments) and `head_call(...)`: one
-           SSH command that runs the on-node program cluster/node_programs/nccl_job.py with
+           SSH command that runs the on-node program cluster/ray_jobs/nccl_job.py with
            the inventory's python on the head. It writes the entrypoint script to a temporary
            directory there, submits the job to the dashboard's REST API on the head's loopback
            (`POST /api/jobs/`, so it shows in the Ray dashboard), polls it until it ends or the
@@ -49,9 +49,9 @@ MIN_TIMEOUT_S = 30.0
 BANDWIDTH_WARN_FRACTION = 0.5
 DRIVER_RESERVE_S = 10.0       # the entrypoint finishes this long before the job is stopped
 SSH_MARGIN_S = 60.0           # the SSH command's timeout beyond --timeout (submit, stop, read back)
-HEAD_PROGRAM = "nccl_job"           # cluster/node_programs/nccl_job.py, run on the head
-JOB_MARKER = "CLUSTER_NCCL_CHECK "   # the entrypoint's own stdout line (playbooks/nccl_allreduce.py)
-ENTRYPOINT = Path(__file__).resolve().parents[1] / "playbooks" / "nccl_allreduce.py"
+HEAD_PROGRAM = "nccl_job"           # cluster/ray_jobs/nccl_job.py, run on the head
+JOB_MARKER = "CLUSTER_NCCL_CHECK "   # the entrypoint's own stdout line (cluster/ray_jobs/nccl_allreduce.py)
+ENTRYPOINT = Path(__file__).resolve().parent / "ray_jobs" / "nccl_allreduce.py"
 
 
 
@@ -153,7 +153,7 @@ class JobOutcome:
     submitted: bool
     status: str | None                  # Ray job status: SUCCEEDED / FAILED / STOPPED / ...
     message: str | None
-    result: Mapping[str, Any] | None    # the entrypoint's result file (playbooks/nccl_allreduce.py)
+    result: Mapping[str, Any] | None    # the entrypoint's result file (cluster/ray_jobs/nccl_allreduce.py)
     logs_tail: str = ""
     errors: tuple[str, ...] = ()
     timed_out: bool = False

