@@ -145,6 +145,8 @@ def test_run_program_returns_the_document_and_ships_with_the_inventory_python():
     (_result('{"a": 1} trailing'), "several", "more than one"),
     (_result("[1, 2]"), "not-an-object", "a JSON list"),
     (_result('"x" ' + " " * (node_programs.MAX_OUTPUT_BYTES)), "oversized", "at most"),
+    (_result('{"rate": NaN}'), "not-finite", "NaN is not a finite number"),
+    (_result('{"rate": -Infinity}'), "not-finite", "-Infinity is not a finite number"),
 ])
 def test_run_program_raises_a_typed_error_for_anything_but_one_document(result, kind, words):
     session = CannedSession(result, load_inventory(INVENTORY))
@@ -165,6 +167,61 @@ def test_a_document_printed_before_a_non_zero_exit_rides_on_the_error():
 def test_the_output_bound_is_the_callers():
     with pytest.raises(ProgramError, match="at most 10"):
         read_document(_result('{"a": "0123456789"}'), "ray_auth_token", max_bytes=10)
+
+
+def test_the_typed_parse_is_the_callers_and_refuses_garbage_as_bad_answer():
+    from cluster.errors import ParseError
+
+    def port(doc):
+        if type(doc.get("port")) is not int:
+            raise ParseError("reach", f"port {doc.get('port')!r} is not a number")
+        return doc["port"]
+
+    assert read_document(_result('{"port": 8080}'), "reach", parse=port) == 8080
+    for stdout in ('{"port": "8080"}', '{}'):
+        with pytest.raises(ProgramError) as info:
+            read_document(_result(stdout), "reach", parse=port)
+        assert info.value.kind == "bad-answer" and "is not a number" in str(info.value)
+    with pytest.raises(ProgramError) as info:                   # the reader's own errors first
+        read_document(_result("boom"), "reach", parse=port)
+    assert info.value.kind == "no-json"
+
+
+def test_wrap_and_record_false_shape_the_run():
+    class Runner:
+        def __init__(self):
+            self.calls = []
+
+        def run(self, node, command, timeout, stdin=None):
+            self.calls.append(command)
+            return _result('{"token": null}')
+
+    session = CannedSession(_result("{}"), load_inventory(INVENTORY))
+    runner = Runner()
+    session.runner_for = lambda node: runner
+    node = session.inventory.node("w1")
+    doc = run_program(session, node, "ray_auth_token", [], record=False,
+                      wrap=lambda c: "sudo -n bash -c " + shlex.quote(c))
+    assert doc == {"token": None} and session.calls == []      # past the session's hooks
+    assert runner.calls == ["sudo -n bash -c '/opt/py/bin/python3 -'"]
+
+
+def test_an_embedded_document_is_inflated_bounded():
+    import base64
+    import zlib
+
+    def packed(raw: bytes) -> str:
+        return base64.b64encode(zlib.compress(raw)).decode()
+
+    assert node_programs.embedded_document(packed(b'{"ok": true}'), "nccl_job") == {"ok": True}
+    for text, kind in (("%%%", "packed"), (base64.b64encode(b"plain").decode(), "packed"),
+                       (packed(b"[1]"), "not-an-object"), (packed(b'{"x": NaN}'), "not-finite")):
+        with pytest.raises(ProgramError) as info:
+            node_programs.embedded_document(text, "nccl_job")
+        assert info.value.kind == kind
+    with pytest.raises(ProgramError, match="over 1000 bytes"):
+        node_programs.embedded_document(packed(b" " * 10_000_000 + b"{}"), "nccl_job",
+                                        max_bytes=1000)
 
 
 def test_fan_out_program_gives_a_document_or_an_error_per_node_in_order():
