@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 from cluster.errors import RayError
 from cluster.inventory import Inventory
-from cluster.node_programs import Call, document_of, failure, program_call
+from cluster.node_programs import Call, document_of, failure, program_call, run_call
 from cluster.node_programs.dashboard import (SERVE_API, merge_applications,  # noqa: F401
                                              redact_runtime_envs)
 from cluster.ray_state import dashboard_target, head_client_env
@@ -98,8 +98,7 @@ class DashboardClient:
     def _run(self, op: str, payload: Mapping[str, Any]) -> DashboardReply:
         head = self.inventory.head
         call = self.call(op, payload)
-        result = self.session.run(head, call.command, timeout=self.timeout + 30,
-                                  stdin=call.stdin)
+        result = run_call(self.session, head, call, timeout=self.timeout + 30)
         return reply_of(result, head.name)
 
     def request(self, method: str, path: str, body: Any = None,

@@ -76,9 +76,12 @@ class DeployError(ClusterError):
 class ProgramError(RemoteError):
     """An on-node program (cluster/node_programs/) did not give its one JSON document: the node
     was not reached or did not answer in time, the program exited non-zero, printed no JSON,
-    more than one document, or more output than allowed.
+    more than one document, or more output than allowed, or its document was unusable. The one
+    error of the node-program protocol (cluster/node_programs/__init__.py).
 
-    `kind`: unreachable | timeout | exit | no-json | several | oversized | not-an-object.
+    `kind`: unreachable | timeout | exit | no-json | several | oversized | not-an-object |
+    not-finite (NaN/Infinity) | packed (an embedded document unreadable or too large) |
+    bad-answer (the program's typed parse refused its document).
     `result`: the CommandResult; `doc`: the document when one was read despite a non-zero exit.
     `reason`: the message without the node name; `detail`: the output's last line (<= 300)."""
 

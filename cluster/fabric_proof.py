@@ -1,7 +1,7 @@
 """The fabric proof of a deployment: its layout's own groups, all-reduced with the backend the
 engine will use on the nodes the layout takes, judged against cluster/data/fabric.yaml.
 
-Pure (the Ray job is nccl-check's: playbooks/nccl_allreduce.py with --groups, submitted by
+Pure (the Ray job is nccl-check's: cluster/ray_jobs/nccl_allreduce.py with --groups, submitted by
 playbooks/nccl_check.py run_proof):
 
     plan = plan_proof(spec, device, cluster, inventory)     # groups, ranks, nodes, ports

@@ -15,7 +15,6 @@ preflight's cross-node checks and by `cluster up`'s plan.
 
 from __future__ import annotations
 
-import json
 import math
 import shlex
 from dataclasses import dataclass, field
@@ -349,19 +348,16 @@ def facts_from_outputs(node: Node, outputs: Mapping[str, ProbeOutput],
 
 
 def program_document(out: ProbeOutput) -> dict:
-    """node_facts.py's JSON document (ParseError when it is not one, or was cut)."""
+    """node_facts.py's JSON document, read by the programs' one reader (ParseError when it is
+    not one, or was cut)."""
+    from cluster.errors import ProgramError
+    from cluster.node_programs import parse_answer
+
     refuse_cut(out)
-    text = out.stdout.strip()
-    if len(text) > MAX_PROGRAM_OUTPUT:
-        raise ParseError("node-facts", f"output over {MAX_PROGRAM_OUTPUT} bytes")
-    lines = text.splitlines()
     try:
-        data = json.loads(lines[-1]) if lines else None
-    except ValueError:
-        data = None
-    if not isinstance(data, dict):
-        raise ParseError("node-facts", f"not one JSON document: {text[:200]!r}")
-    return data
+        return parse_answer(out.stdout, "node_facts", max_bytes=MAX_PROGRAM_OUTPUT)
+    except ProgramError as exc:
+        raise ParseError("node-facts", exc.reason) from None
 
 
 def _program_data(out: ProbeOutput | None, result: CommandResult | None,

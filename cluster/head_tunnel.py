@@ -18,8 +18,6 @@ way Ray itself finds it; the token is returned in memory only (never in argv, lo
 
 from __future__ import annotations
 
-import json
-import shlex
 import socket
 from dataclasses import dataclass
 from typing import Iterator
@@ -30,6 +28,8 @@ import httpx
 from cluster.errors import ConnectError, RemoteError, TunnelError
 from cluster.inventory import Inventory, Node
 from cluster.remote import Session, describe_connect_error
+
+TOKEN_PROGRAM = "ray_auth_token"   # cluster/node_programs/ray_auth_token.py, run on the head
 
 MAX_TOKEN_CHARS = 4096
 TOKEN_ENV = "RAY_AUTH_TOKEN"
@@ -263,7 +263,7 @@ def read_auth_token(session: Session, inventory: Inventory) -> AuthToken | None:
     a command line. Raises ConnectError when the head cannot be reached, RemoteError when its
     answer is unreadable or the token found is unusable, CommandTimeout when it hangs.
     """
-    from cluster.node_programs import source
+    from cluster.node_programs import run_raw
 
     head = inventory.head
     env = dict(head.env)
@@ -272,25 +272,25 @@ def read_auth_token(session: Session, inventory: Inventory) -> AuthToken | None:
         if token is None:
             raise RemoteError(head.name, f"{TOKEN_ENV} in the inventory is not a usable token")
         return AuthToken(token, "inventory env")
-    argv = [inventory.ray.python, "-"]
-    if env.get(TOKEN_PATH_ENV):
-        argv += ["--path", env[TOKEN_PATH_ENV]]
-    # The runner, not session.run: the session's hooks record results (run directories), and
-    # this one's stdout is the token. Raises ConnectError / CommandTimeout.
-    result = session.runner_for(head).run(head, shlex.join(argv),
-                                          inventory.ssh.connect_timeout + 30,
-                                          stdin=source("ray_auth_token"))
-    return _parse_token_reply(head.name, result.stdout, result.exit_code)
+    args = ["--path", env[TOKEN_PATH_ENV]] if env.get(TOKEN_PATH_ENV) else []
+    # Past the session's hooks (record=False): they record results (run directories), and this
+    # one's stdout is the token. Raises ConnectError / CommandTimeout.
+    result = run_raw(session, head, TOKEN_PROGRAM, args, timeout=inventory.ssh.connect_timeout + 30,
+                     python=inventory.ray.python, record=False)
+    return token_from_reply(head.name, result)
 
 
-def _parse_token_reply(node: str, stdout: str, exit_code: int | None) -> AuthToken | None:
-    lines = stdout.strip().splitlines()
+def token_from_reply(node: str, result) -> AuthToken | None:
+    """ray_auth_token.py's document (the one reader) -> the token, None, or RemoteError. The
+    error never quotes the output (it may hold the token)."""
+    from cluster.errors import ProgramError
+    from cluster.node_programs import read_document
+
     try:
-        doc = json.loads(lines[-1]) if lines else None
-    except ValueError:
-        doc = None
-    if not isinstance(doc, dict):
-        raise RemoteError(node, f"reading the Ray token printed no answer (exit {exit_code})")
+        doc = read_document(result, TOKEN_PROGRAM)
+    except ProgramError as exc:
+        raise RemoteError(node, f"reading the Ray token gave no answer ({exc.kind}, exit "
+                                f"{result.exit_code})") from None
     if doc.get("error"):
         raise RemoteError(node, f"reading the Ray token: {str(doc['error'])[:300]}")
     if doc.get("token") is None:

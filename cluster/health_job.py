@@ -1,7 +1,7 @@
 """The periodic node-health job: its config, its readings and their file, the gauges, and the
 laptop side that starts it (`cluster up`) and reads it (`cluster status`).
 
-After `cluster up`, one Ray job (cluster/health_runner.py, shipped with this package
+After `cluster up`, one Ray job (cluster/ray_jobs/health_runner.py, shipped with this package
 as its runtime_env `py_modules`) re-reads the cheap facts of every Ray node every
 `health.period_s` seconds: one reader actor per node runs the preflight probes and verdicts of
 HEALTH_CHECKS there (cluster/checks/*, thresholds from the inventory's expectations). Each
@@ -12,7 +12,9 @@ readings are kept on the head in `<ray temp dir>/session_<current>/cluster-healt
 Pure: JobConfig, Reading (from a preflight CheckResult), gauge_points, the file format
 (`readings_document` / `parse_readings`) and `health_doc` (readings + the head's clock -> the
 `health` key of `cluster status --json`). Impure: `ensure_job` (start or keep the job, one SSH
-command on the head running node_programs/health_submit.py) and `read_health`.
+command on the head running ray_jobs/health_submit.py) and `read_health` (ray_jobs/
+health_readings.py on the head); both are node programs, run and read by the one runner
+(cluster/node_programs/__init__.py).
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import hashlib
 import io
 import json
 import math
-import shlex
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,8 +50,9 @@ MAX_FILE_BYTES = 8 << 20                     # readings of MAX_NODES nodes fit c
 PACKAGE_DIR = Path(__file__).resolve().parent
 SUBMIT_TIMEOUT_S = 240.0       # the program retries for up to 2 x 60 s, then waits 30 s
 READ_TIMEOUT_S = 30.0
-MARKER = "CLUSTER_HEALTH_JOB "
-NOW_MARKER = "CLUSTER_HEALTH_NOW "
+SUBMIT_PROGRAM = "health_submit"             # cluster/ray_jobs/health_submit.py, on the head
+READ_PROGRAM = "health_readings"             # cluster/ray_jobs/health_readings.py, on the head
+READ_MAX_BYTES = 2 * MAX_FILE_BYTES + 4096   # the file's text as one JSON string
 
 
 # ---------------------------------------------------------------- statuses and values
@@ -313,10 +315,9 @@ class JobStep:
                 "message": self.message, "stopped": list(self.stopped)}
 
 
-def submit_input(inventory: Inventory, action: str, archive: bytes | None = None) -> str:
-    """stdin of node_programs/health_submit.py: its source line, then one JSON request."""
+def submit_request(inventory: Inventory, action: str, archive: bytes | None = None) -> str:
+    """The input of ray_jobs/health_submit.py: one JSON request line (no secret)."""
     from cluster.nccl_check import dashboard_base
-    from cluster.node_programs import with_input
 
     config = job_config(inventory)
     request: dict[str, Any] = {"action": action, "dashboard": dashboard_base(inventory),
@@ -327,30 +328,21 @@ def submit_input(inventory: Inventory, action: str, archive: bytes | None = None
                        digest=code_digest(archive, config),
                        submission_prefix=SUBMISSION_PREFIX,
                        package_b64=base64.b64encode(archive).decode())
-    return with_input("health_submit", json.dumps(request, separators=(",", ":")) + "\n")
+    return json.dumps(request, separators=(",", ":")) + "\n"
 
 
-def submit_command(inventory: Inventory) -> str:
-    from cluster.node_programs import BOOT
+def submit_call(inventory: Inventory, action: str = "ensure", archive: bytes | None = None):
+    """The head's command (with the Ray client env) and stdin (the program, then the request)."""
+    from cluster.node_programs import program_call
     from cluster.ray_state import head_client_env
 
-    return head_client_env(inventory) + shlex.join([inventory.ray.python, "-c", BOOT])
+    return program_call(inventory.ray.python, SUBMIT_PROGRAM,
+                        stdin=submit_request(inventory, action, archive),
+                        env_prefix=head_client_env(inventory))
 
 
-def parse_submit_output(stdout: str) -> dict[str, Any] | None:
-    """The program's last MARKER line as a JSON object, or None."""
-    lines = [ln[len(MARKER):] for ln in stdout.splitlines() if ln.startswith(MARKER)]
-    try:
-        doc = json.loads(lines[-1]) if lines else None
-    except ValueError:
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
-def step_from_reply(reply: Mapping[str, Any] | None, detail: str) -> JobStep:
-    """The program's reply -> JobStep (no reply: failed with the command's last line)."""
-    if reply is None:
-        return JobStep("failed", None, f"the health job program printed no result: {detail}")
+def step_from_reply(reply: Mapping[str, Any]) -> JobStep:
+    """The program's reply -> JobStep."""
     stopped = tuple(str(s) for s in reply.get("stopped") or ())
     sid = reply.get("submission_id")
     sid = sid if isinstance(sid, str) else None
@@ -364,36 +356,38 @@ def step_from_reply(reply: Mapping[str, Any] | None, detail: str) -> JobStep:
 
 def ensure_job(session: Any, inventory: Inventory) -> JobStep:
     """Start the health job, or keep the one running with this code and config (idempotent)."""
+    from cluster.errors import ProgramError
+    from cluster.node_programs import failure, read_document, run_call
+
     if not inventory.health.enabled:
         return JobStep("ok", None, "health job disabled (health.enabled: false)")
-    result = session.run(inventory.head, submit_command(inventory), timeout=SUBMIT_TIMEOUT_S,
-                         stdin=submit_input(inventory, "ensure"))
-    if not result.reached:
-        return JobStep("failed", None, f"head {inventory.head.name} {result.status}: {result.error}")
-    detail = ((result.stderr or result.stdout).strip().splitlines() or [f"exit {result.exit_code}"])
-    return step_from_reply(parse_submit_output(result.stdout), detail[-1][:300])
+    head = inventory.head
+    result = run_call(session, head, submit_call(inventory), timeout=SUBMIT_TIMEOUT_S)
+    try:
+        return read_document(result, SUBMIT_PROGRAM, parse=step_from_reply)
+    except ProgramError as exc:
+        return JobStep("failed", None, "the health job program gave no result: "
+                                       + failure(exc, f"head {head.name}")[:300])
 
 
 # ---------------------------------------------------------------- read the readings (`status`)
 
 
-def read_command(inventory: Inventory) -> str:
-    """Prints the head's clock, then the readings file (bounded), if there is one."""
-    path = shlex.quote(readings_path(ray_temp_dir(inventory)))
-    return (f"printf '{NOW_MARKER}%s\\n' \"$(date +%s.%N)\"; "
-            f"if [ -r {path} ]; then head -c {MAX_FILE_BYTES + 1} {path}; fi")
+def read_args(inventory: Inventory) -> list[str]:
+    """ray_jobs/health_readings.py's arguments: the readings file, the most it reads."""
+    return [readings_path(ray_temp_dir(inventory)), str(MAX_FILE_BYTES)]
 
 
-def parse_read_output(stdout: str) -> tuple[float | None, str]:
-    """(the head's time, the file's text) from read_command's output."""
-    first, _, rest = stdout.partition("\n")
-    if not first.startswith(NOW_MARKER):
-        return None, rest
-    try:
-        now = float(first[len(NOW_MARKER):].strip())
-    except ValueError:
-        return None, rest
-    return (now if math.isfinite(now) else None), rest
+def parse_read_reply(doc: Mapping[str, Any]) -> tuple[float, str | None]:
+    """health_readings.py's document -> (the head's time, the file's text or None)."""
+    now, text, error = _finite(doc.get("now")), doc.get("text"), doc.get("error")
+    if now is None:
+        raise ParseError("health readings", "the head printed no time")
+    if error:
+        raise ParseError("health readings", f"cannot read the file: {str(error)[:300]}")
+    if text is not None and not isinstance(text, str):
+        raise ParseError("health readings", "the file's text is not text")
+    return now, text
 
 
 @dataclass(frozen=True)
@@ -408,13 +402,19 @@ class HealthStatus:
 
 def read_health(session: Any, inventory: Inventory) -> HealthStatus:
     """The health job's latest readings on the head, as `status` shows them."""
-    result = session.run(inventory.head, read_command(inventory), timeout=READ_TIMEOUT_S)
-    if not result.reached:
-        return HealthStatus(None, error=f"health: head {result.status}: {result.error}")
-    now, text = parse_read_output(result.stdout)
-    if now is None:
-        return HealthStatus(None, error="health: the head printed no time")
-    if not text.strip():
+    from cluster.errors import ProgramError
+    from cluster.node_programs import failure, run_program
+
+    head = inventory.head
+    try:
+        now, text = run_program(session, head, READ_PROGRAM, read_args(inventory),
+                                timeout=READ_TIMEOUT_S, python=inventory.ray.python,
+                                max_bytes=READ_MAX_BYTES,
+                                parse=parse_read_reply)
+    except ProgramError as exc:
+        return HealthStatus(None, error="health: " + (exc.reason if exc.kind == "bad-answer"
+                                                      else failure(exc, f"head {head.name}")))
+    if text is None or not text.strip():
         return HealthStatus({})   # no reading yet (the job starts with `cluster up`) or disabled
     try:
         snapshot = parse_readings(text)

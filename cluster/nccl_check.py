@@ -1,10 +1,10 @@
 """`cluster nccl-check`: build the all-reduce Ray job, run it through the head's job API, judge it.
 
-The job's entrypoint is playbooks/nccl_allreduce.py (see its docstring for what runs on the
+The job's entrypoint is cluster/ray_jobs/nccl_allreduce.py (see its docstring for what runs on the
 cluster). This module is the laptop side, in three layers:
 
   build    `job_args(options, nodes)` (the entrypoint's arguments) and `head_call(...)`: one
-           SSH command that runs the on-node program cluster/node_programs/nccl_job.py with
+           SSH command that runs the on-node program cluster/ray_jobs/nccl_job.py with
            the inventory's python on the head. It writes the entrypoint script to a temporary
            directory there, submits the job to the dashboard's REST API on the head's loopback
            (`POST /api/jobs/`, so it shows in the Ray dashboard), polls it until it ends or the
@@ -27,15 +27,14 @@ import base64
 import json
 import re
 import secrets
-import zlib
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from cluster.errors import ParseError, UsageError
+from cluster.errors import ParseError, ProgramError, UsageError
 from cluster.inventory import Inventory, Node
-from cluster.node_programs import Call, document_of, failure, program_call
+from cluster.node_programs import Call, document_of, embedded_document, failure, program_call
 from cluster.ray_state import head_client_env
 from cluster.results import (CheckResult, Evidence, Report, Status, exit_code_for, tail,
                              worst)
@@ -49,9 +48,9 @@ MIN_TIMEOUT_S = 30.0
 BANDWIDTH_WARN_FRACTION = 0.5
 DRIVER_RESERVE_S = 10.0       # the entrypoint finishes this long before the job is stopped
 SSH_MARGIN_S = 60.0           # the SSH command's timeout beyond --timeout (submit, stop, read back)
-HEAD_PROGRAM = "nccl_job"           # cluster/node_programs/nccl_job.py, run on the head
-JOB_MARKER = "CLUSTER_NCCL_CHECK "   # the entrypoint's own stdout line (playbooks/nccl_allreduce.py)
-ENTRYPOINT = Path(__file__).resolve().parents[1] / "playbooks" / "nccl_allreduce.py"
+HEAD_PROGRAM = "nccl_job"           # cluster/ray_jobs/nccl_job.py, run on the head
+RESULT_MAX_BYTES = 512 << 20        # the entrypoint's result file: 128 ranks' NCCL logs (4 MiB each)
+ENTRYPOINT = Path(__file__).resolve().parent / "ray_jobs" / "nccl_allreduce.py"
 
 
 
@@ -153,7 +152,7 @@ class JobOutcome:
     submitted: bool
     status: str | None                  # Ray job status: SUCCEEDED / FAILED / STOPPED / ...
     message: str | None
-    result: Mapping[str, Any] | None    # the entrypoint's result file (playbooks/nccl_allreduce.py)
+    result: Mapping[str, Any] | None    # the entrypoint's result file (cluster/ray_jobs/nccl_allreduce.py)
     logs_tail: str = ""
     errors: tuple[str, ...] = ()
     timed_out: bool = False
@@ -162,16 +161,16 @@ class JobOutcome:
 
 
 def parse_head_output(data: Mapping[str, Any]) -> JobOutcome:
-    """The head program's JSON document -> JobOutcome (pure)."""
+    """The head program's JSON document -> JobOutcome (pure). The result is the entrypoint's
+    result file, carried packed in the document (none when the driver wrote none)."""
     result = None
     errors = list(data.get("errors") or ())
     if data.get("result_z"):
         try:
-            result = json.loads(zlib.decompress(base64.b64decode(data["result_z"])))
-        except (ValueError, zlib.error) as exc:
-            errors.append(f"unreadable job result: {exc}")
-    if result is None:
-        result = _result_from_logs(data.get("logs_tail") or "")
+            result = embedded_document(str(data["result_z"]), HEAD_PROGRAM,
+                                       max_bytes=RESULT_MAX_BYTES)
+        except ProgramError as exc:
+            errors.append(f"unreadable job result: {exc.reason}")
     return JobOutcome(submission_id=data.get("submission_id"), submitted=bool(data.get("submitted")),
                       status=data.get("status"), message=data.get("message"), result=result,
                       logs_tail=data.get("logs_tail") or "", errors=tuple(errors),
@@ -188,19 +187,6 @@ def outcome_of(result, head: str, submission_id: str) -> JobOutcome:
     why = ("the head printed no nccl-check result",) if got.reached else ()
     return JobOutcome(submission_id, False, None, None, None,
                       errors=why + (failure(got, f"head {head}")[:320],))
-
-
-def _result_from_logs(logs: str) -> Mapping[str, Any] | None:
-    """The entrypoint's stdout marker (without NCCL logs), when no result file came back."""
-    found = None
-    for line in logs.splitlines():
-        at = line.find(JOB_MARKER)
-        if at >= 0:
-            try:
-                found = json.loads(line[at + len(JOB_MARKER):])
-            except ValueError:
-                continue
-    return found
 
 
 # ---------------------------------------------------------------- expected bandwidth

@@ -5,7 +5,8 @@ The head runs its own `prometheus` binary (Debian's package), detached, bound to
 (127.0.0.1:<ray.prometheus_port>), with the config Ray's dashboard generates for the latest
 session (<temp dir>/session_latest/metrics/prometheus/prometheus.yml, which reads the
 service-discovery file Ray keeps of every node's metrics agent), storage and log under
-<temp dir>/cluster-prometheus/. The on-node side is cluster/node_programs/prometheus.py.
+<temp dir>/cluster-prometheus/. The on-node side is cluster/node_programs/prometheus.py, run
+and read through the one runner (cluster/node_programs/__init__.py).
 
 Idempotent: Prometheus already running with this session's config, on this port, answering
 /-/ready, is kept. `down` stops it by its pid file, only when that pid is our prometheus.
@@ -13,13 +14,12 @@ Idempotent: Prometheus already running with this session's config, on this port,
 
 from __future__ import annotations
 
-import json
-import shlex
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from cluster.inventory import Inventory, RayOptions
-from cluster.node_programs import source
+from cluster.errors import ProgramError
+from cluster.node_programs import Call, program_call, read_document, run_call
 from cluster.ray_cluster import CHANGED, FAILED, OK, UNREACHABLE, StepResult
 from cluster.remote import CommandResult
 
@@ -30,6 +30,7 @@ READY_WAIT_S = 60.0
 PROBE_TIMEOUT_S = CONFIG_WAIT_S + 30
 START_TIMEOUT_S = READY_WAIT_S + 30
 STOP_TIMEOUT_S = 40.0
+PROGRAM = "prometheus"           # cluster/node_programs/prometheus.py, run on the head
 
 KEEP, START, RESTART, REFUSE = "keep", "start", "restart", "refuse"
 
@@ -69,28 +70,29 @@ def temp_root(inventory: Inventory) -> str:
     return (inventory.ray.temp_dir or "/tmp/ray").rstrip("/") or "/"
 
 
-def program_command(inventory: Inventory, verb: str, *args: str) -> str:
-    """`<ray.python> - VERB --root R ARGS`; the program itself goes on stdin."""
-    return shlex.join([inventory.ray.python, "-", verb, "--root", temp_root(inventory), *args])
+def program(inventory: Inventory, verb: str, *args: str) -> Call:
+    """`<ray.python> - VERB --root R ARGS` with the program on stdin."""
+    return program_call(inventory.ray.python, PROGRAM, [verb, "--root", temp_root(inventory),
+                                                        *args])
 
 
-def probe_command(inventory: Inventory, wait_s: float = CONFIG_WAIT_S) -> str:
-    return program_command(inventory, "probe", "--port", str(inventory.ray.prometheus_port),
-                           "--wait", f"{wait_s:g}")
+def probe_call(inventory: Inventory, wait_s: float = CONFIG_WAIT_S) -> Call:
+    return program(inventory, "probe", "--port", str(inventory.ray.prometheus_port),
+                   "--wait", f"{wait_s:g}")
 
 
-def start_command(inventory: Inventory, binary: str, config: str) -> str:
-    return program_command(inventory, "start", "--port", str(inventory.ray.prometheus_port),
-                           "--binary", binary, "--config", config, "--retention", RETENTION,
-                           "--wait", f"{READY_WAIT_S:g}")
+def start_call(inventory: Inventory, binary: str, config: str) -> Call:
+    return program(inventory, "start", "--port", str(inventory.ray.prometheus_port),
+                   "--binary", binary, "--config", config, "--retention", RETENTION,
+                   "--wait", f"{READY_WAIT_S:g}")
 
 
-def stop_command(inventory: Inventory) -> str:
-    return program_command(inventory, "stop")
+def stop_call(inventory: Inventory) -> Call:
+    return program(inventory, "stop")
 
 
-def dashboards_command(inventory: Inventory) -> str:
-    return program_command(inventory, "dashboards")
+def dashboards_call(inventory: Inventory) -> Call:
+    return program(inventory, "dashboards")
 
 
 # ---------------------------------------------------------------- probe result and plan (pure)
@@ -117,19 +119,19 @@ class Probe:
 class PromPlan:
     kind: str                        # keep | start | restart | refuse
     reason: str
-    commands: tuple[str, ...] = ()
+    calls: tuple[Call, ...] = ()
+
+    @property
+    def commands(self) -> tuple[str, ...]:
+        return tuple(c.command for c in self.calls)
 
 
 def parse_doc(result: CommandResult) -> dict | None:
-    """The program's JSON document (its last stdout line), None when it did not print one."""
-    if not result.reached or result.exit_code != 0:
-        return None
-    lines = result.stdout.strip().splitlines()
+    """The program's JSON document (the one reader), None when it gave none."""
     try:
-        doc = json.loads(lines[-1]) if lines else None
-    except ValueError:
+        return read_document(result, PROGRAM)
+    except ProgramError:
         return None
-    return doc if isinstance(doc, dict) else None
 
 
 def parse_probe(doc: Mapping[str, Any]) -> Probe:
@@ -155,7 +157,7 @@ def plan(inventory: Inventory, probe: Probe) -> PromPlan:
         return PromPlan(REFUSE, "Ray wrote no Prometheus config under "
                                 f"{temp_root(inventory)}/session_latest/metrics/prometheus/ "
                                 "(is the head's dashboard running?)")
-    start = start_command(inventory, probe.binary, probe.config)
+    start = start_call(inventory, probe.binary, probe.config)
     run = probe.running
     if run is None:
         return PromPlan(START, f"start Prometheus on {listen}", (start,))
@@ -165,7 +167,7 @@ def plan(inventory: Inventory, probe: Probe) -> PromPlan:
     why = ("not answering /-/ready" if run.config == probe.config and run.listen == listen
            else f"running with {run.config} on {run.listen}")
     return PromPlan(RESTART, f"Prometheus (pid {run.pid}) {why}: restart it on {listen}",
-                    (stop_command(inventory), start))
+                    (stop_call(inventory), start))
 
 
 # ---------------------------------------------------------------- execute
@@ -188,9 +190,8 @@ def _why(result: CommandResult) -> str:
 def up(session, inventory: Inventory, on_event: Event = lambda _: None) -> StepResult:
     """Probe the head, plan, run the plan, verify: one StepResult (ok/changed/failed)."""
     head = inventory.head
-    program = source("prometheus")
     on_event("checking Prometheus on the head")
-    probed = session.run(head, probe_command(inventory), timeout=PROBE_TIMEOUT_S, stdin=program)
+    probed = run_call(session, head, probe_call(inventory), timeout=PROBE_TIMEOUT_S)
     doc = parse_doc(probed)
     if doc is None:
         return _failed(head.name, [probed], "cannot probe Prometheus: " + _why(probed))
@@ -201,9 +202,9 @@ def up(session, inventory: Inventory, on_event: Event = lambda _: None) -> StepR
         return StepResult(head.name, ACTION, OK, action.reason, (probed,))
     on_event(action.reason)
     results = [probed]
-    for command in action.commands:
-        timeout = START_TIMEOUT_S if " start " in f" {command} " else STOP_TIMEOUT_S
-        r = session.run(head, command, timeout=timeout, stdin=program)
+    for call in action.calls:
+        timeout = START_TIMEOUT_S if " start " in f" {call.command} " else STOP_TIMEOUT_S
+        r = run_call(session, head, call, timeout=timeout)
         results.append(r)
         if parse_doc(r) is None:
             return _failed(head.name, results, _why(r))
@@ -222,8 +223,7 @@ def down(session, inventory: Inventory, on_event: Event = lambda _: None) -> Ste
     """Stop our Prometheus on the head (ok when none runs)."""
     head = inventory.head
     on_event("stopping Prometheus on the head")
-    r = session.run(head, stop_command(inventory), timeout=STOP_TIMEOUT_S,
-                    stdin=source("prometheus"))
+    r = run_call(session, head, stop_call(inventory), timeout=STOP_TIMEOUT_S)
     doc = parse_doc(r)
     if doc is None:
         return _failed(head.name, [r], "cannot stop Prometheus: " + _why(r))
@@ -236,8 +236,7 @@ def down(session, inventory: Inventory, on_event: Event = lambda _: None) -> Ste
 
 def dashboards(session, inventory: Inventory) -> tuple[dict[str, str], str | None]:
     """({file name: JSON text}, error): Ray's generated Grafana dashboards on the head."""
-    r = session.run(inventory.head, dashboards_command(inventory), timeout=60,
-                    stdin=source("prometheus"))
+    r = run_call(session, inventory.head, dashboards_call(inventory), timeout=60)
     doc = parse_doc(r)
     if doc is None:
         return {}, "cannot read Ray's Grafana dashboards: " + _why(r)

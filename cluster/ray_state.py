@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 
 from cluster.gang import RANK_NAMESPACE, rank_actor_name
 from cluster.inventory import Inventory, public_env
-from cluster.node_programs import Call, document_of, failure, program_call
+from cluster.node_programs import Call, document_of, failure, program_call, run_call
 from cluster.shell import env_prefix
 
 STATE_PROGRAM = "head_state"       # cluster/node_programs/head_state.py, run on the head
@@ -179,7 +179,7 @@ def query_state(session, inventory: Inventory, include_serve: bool = True,
                 timeout: float = 60.0) -> tuple[RayState, Any]:
     """Run the state query on the head. Returns (RayState, the CommandResult)."""
     call = state_call(inventory, include_serve)
-    result = session.run(inventory.head, call.command, timeout=timeout, stdin=call.stdin)
+    result = run_call(session, inventory.head, call, timeout=timeout)
     return state_of(result, inventory.head.name), result
 
 

@@ -36,7 +36,7 @@ from cluster.errors import ParseError
 from cluster.parsers import prometheus
 from cluster.parsers.prometheus import Sample
 from cluster.inventory import Inventory
-from cluster.node_programs import Call, document_of, failure, program_call
+from cluster.node_programs import Call, document_of, failure, program_call, run_call
 
 FAMILIES = ("vllm:", "ray_vllm:", "ray_vllm_")
 REPLICA_LABEL = "ReplicaId"
@@ -573,6 +573,6 @@ def sample_serving(session, inventory: Inventory, details: Mapping[str, Any] | N
     if not targets:
         return {}
     call = sample_call(inventory, proxy_base(details, inventory), targets, window_s, thresholds)
-    result = session.run(inventory.head, call.command, stdin=call.stdin,
-                         timeout=command_timeout(targets, window_s, thresholds))
+    result = run_call(session, inventory.head, call,
+                      timeout=command_timeout(targets, window_s, thresholds))
     return samples_of(result, targets, thresholds, inventory.head.name)

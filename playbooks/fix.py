@@ -466,7 +466,7 @@ def _undo_node(inventory: Inventory, session: Session, node: Node, plan, local_r
                ) -> list[FixResult]:
     """One node's restores as root: its files through fix_files.py (no link followed), then
     its mounts."""
-    from cluster.node_programs import document_of, program_call
+    from cluster.node_programs import document_of, program_call, run_call
 
     files = [f for f in plan.files if f.node == node.name]
     out: list[FixResult] = []
@@ -474,9 +474,9 @@ def _undo_node(inventory: Inventory, session: Session, node: Node, plan, local_r
         ops = [{"op": "remove", "path": f.path} if f.before is None else
                {"op": "write", "path": f.path, "text": f.before} for f in files]
         call = program_call(inventory.ray.python, "fix_files", ["apply"],
-                            stdin=json.dumps({"ops": ops}))
-        res = session.run(node, as_root(call.command, node, inventory, local_root),
-                          timeout=STEP_TIMEOUT_S, stdin=call.stdin)
+                            stdin=json.dumps({"ops": ops}),
+                            wrap=lambda command: as_root(command, node, inventory, local_root))
+        res = run_call(session, node, call, timeout=STEP_TIMEOUT_S)
         doc = document_of(res, "fix_files")
         answers = doc.get("ops") if isinstance(doc, dict) else None
         for i, f in enumerate(files):

@@ -27,19 +27,17 @@ import json
 import os
 import re
 import secrets
-import shlex
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from cluster.errors import RemoteError, UsageError
-from cluster.fixes import as_root
 from cluster.inventory import Inventory, Node
 from cluster.model_relay import NodeResult, RelaySettings, RelayShape, fed_shape, rate_text, \
     relay_shape
 from cluster.model_sync import CopyPlan, Manifest, copy_plan, still_different
-from cluster.node_programs import BOOT, with_input
-from playbooks.relay import Feed, RelayReport, answer_of, manifests, run_relay
+from cluster.node_programs import run_call
+from playbooks.relay import Feed, RelayReport, answer_of, manifests, program, run_relay
 
 _MIB = 1 << 20
 _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}(/[A-Za-z0-9][A-Za-z0-9_.-]{0,95})?\Z")
@@ -303,10 +301,8 @@ def hub_download(inventory: Inventory, session, node: Node, repo: str, options: 
     doc = {"repo": repo, "revision": options.revision, "dir": path,
            "allow": list(options.allow_patterns), "ignore": list(options.ignore_patterns),
            "endpoint": node.env.get("HF_ENDPOINT"), "token": node.env.get("HF_TOKEN")}
-    line = " ".join([shlex.quote(inventory.ray.python), "-c", shlex.quote(BOOT)])
-    res = session.run(node, as_root(line, node, inventory, local_root), timeout=HUB_TIMEOUT_S,
-                      stdin=with_input("hf_pull", json.dumps(doc)))
-    got = answer_of(res)
+    call = program(inventory, node, local_root, "hf_pull", [], json.dumps(doc))
+    got = answer_of(run_call(session, node, call, timeout=HUB_TIMEOUT_S), "hf_pull")
     if "error" in got or type(got.get("files")) is not int:
         raise RemoteError(node.name, f"hub download of {repo}: "
                                      f"{str(got.get('error', 'no answer'))[:400]}")

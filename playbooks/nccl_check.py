@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping, Sequence
 from cluster import nccl_check
 from cluster.inventory import Inventory, Node
 from cluster.nccl_check import CheckOptions, JobOutcome, NcclCheckResult
+from cluster.node_programs import run_call
 
 
 @dataclass(frozen=True)
@@ -82,8 +83,8 @@ def run(inventory: Inventory, session, options: NcclOptions,
         facts = ib_facts(inventory, session, nodes)
     on_event(announce(options, inventory))
     started = time.monotonic()
-    result = session.run(inventory.head, call.command,
-                         timeout=check.timeout_s + nccl_check.SSH_MARGIN_S, stdin=call.stdin)
+    result = run_call(session, inventory.head, call,
+                      timeout=check.timeout_s + nccl_check.SSH_MARGIN_S)
     job = nccl_check.outcome_of(result, inventory.head.name, sid)
     ranked = nccl_check.nodes_with_ranks(job, [n.name for n in nodes])
     expected = nccl_check.expected_bandwidth(facts, ranked)
@@ -119,8 +120,8 @@ def run_proof(inventory: Inventory, session, plan, gpu_models: Mapping[str, Any]
     on_event(f"fabric proof: {plan.backend} all-reduce on {len(plan.groups)} group(s) of the "
              f"layout over {len(nodes)} node(s), ports {plan.port_range[0]}-{plan.port_range[1]}"
              f" (timeout {check.timeout_s:g} s)")
-    result = session.run(inventory.head, call.command,
-                         timeout=check.timeout_s + nccl_check.SSH_MARGIN_S, stdin=call.stdin)
+    result = run_call(session, inventory.head, call,
+                      timeout=check.timeout_s + nccl_check.SSH_MARGIN_S)
     job = nccl_check.outcome_of(result, inventory.head.name, sid)
     ctx = fabric_proof.Context.of(inventory, gpu_models, facts)
     return ProofOutcome(fabric_proof.judge_proof(plan, job, ctx), job, result)

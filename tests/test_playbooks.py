@@ -428,7 +428,7 @@ def test_inventory_secrets_never_land_in_the_run_directory(name, extra, tmp_path
 
 
 def _head_document(result: dict) -> str:
-    """What the head program (cluster/node_programs/nccl_job.py) prints for a finished job."""
+    """What the head program (cluster/ray_jobs/nccl_job.py) prints for a finished job."""
     import base64
     import json
     import zlib

@@ -170,7 +170,7 @@ def test_the_start_command_binds_loopback_with_rays_config_and_a_short_retention
     assert "--port 19090" in command and f"--config {CFG}" in command
     assert "--binary /usr/bin/prometheus" in command
     assert f"--retention {prometheus_head.RETENTION}" in command
-    assert prometheus_head.probe_command(i).startswith("/opt/venv/bin/python3 - probe --root "
+    assert prometheus_head.probe_call(i).command.startswith("/opt/venv/bin/python3 - probe --root "
                                                        "/data/ray --port 19090")
 
 

@@ -1,5 +1,6 @@
 """On-node code the programs share, written once: the Ray auth-token reader, the /proc scan for a
-process's environment, and the stop/running/detach helpers of the detached servers.
+process's environment, the stop/running/detach helpers of the detached servers, and `answer`
+(a program's one document on a stdout nothing else can write to).
 
 Never run by itself. A program imports it with one line,
 `from cluster.node_programs._common import NAMES`, which works when the program is imported
@@ -185,3 +186,23 @@ def detach_grandchild():
     for fd in (0, 1, 2):
         os.dup2(null, fd)
     return True
+
+
+def answer(work, *args):
+    """Print work(*args)'s document as the program's one answer on stdout. While it runs, fd 1
+    points at stderr, so nothing else a library prints there (Ray's client, a C extension) can
+    mix into the document."""
+    import json
+    import sys
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        doc = work(*args)
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+    sys.stdout.write(json.dumps(doc) + "\n")
+    sys.stdout.flush()

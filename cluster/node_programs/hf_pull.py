@@ -13,6 +13,8 @@ import json
 import os
 import sys
 
+from cluster.node_programs._common import answer
+
 NODE_IMPORTS = ("huggingface_hub",)     # the node's own install, imported inside main only
 MAX_INPUT = 1 << 20
 MAX_FILES = 100000
@@ -49,4 +51,4 @@ def main(stdin):
 
 
 if __name__ == "__main__":
-    sys.stdout.write(json.dumps(main(sys.stdin)) + "\n")
+    answer(main, sys.stdin)      # the hub client's progress output goes to stderr

@@ -1,5 +1,6 @@
-"""Runs ON the head (shipped by cluster/health_job.py as `python3 -c BOOT`, this file on stdin's
-first line, then one JSON request line): starts the health job, or keeps the one running.
+"""Runs ON the head (a node program, shipped by cluster/health_job.py through the one runner as
+`python3 -c BOOT`, this file on stdin's first line, then one JSON request line): starts the
+health job (cluster/ray_jobs/health_runner.py), or keeps the one running.
 
 Uses the head's Ray (ray.job_submission.JobSubmissionClient against the dashboard on the head's
 loopback; the token of Ray's token authentication is found on the head as every client here
@@ -9,8 +10,8 @@ fixed submission id (Ray does not support re-using one). `ensure`: a running job
 `digest` matches (same code, same config) is kept; any other running health job is stopped;
 if none is kept, the `cluster` package from the request is unpacked into a temporary
 directory, submitted as the job's `py_modules` (Ray uploads it to the cluster), and the
-directory removed. Prints one line: MARKER + JSON {action, submission_id, job_status, stopped,
-error}.
+directory removed. Prints one JSON document {action, submission_id, job_status, stopped,
+error} (Ray's own chatter goes to stderr).
 """
 
 import base64
@@ -24,12 +25,11 @@ import tarfile
 import tempfile
 import time
 
-from cluster.node_programs._common import auth_token, export_token
+from cluster.node_programs._common import answer, auth_token, export_token
 
 # Imported from the head's own Ray install (the inventory's python runs Ray there), not stdlib.
 NODE_IMPORTS = ("ray",)
 
-MARKER = "CLUSTER_HEALTH_JOB "
 ACTIVE = ("PENDING", "RUNNING")
 START_WAIT_S = 30.0
 RETRY_S = 60.0        # the dashboard and its job agent start a little after the nodes register
@@ -82,7 +82,7 @@ def _submit(client, req):
     work = tempfile.mkdtemp(prefix="cluster-health-")
     try:
         package = _unpack(base64.b64decode(req["package_b64"]), work)
-        entrypoint = shlex.join([req["python"], "-m", "cluster.health_runner",
+        entrypoint = shlex.join([req["python"], "-m", "cluster.ray_jobs.health_runner",
                                  json.dumps(req["config"], separators=(",", ":"))])
         sid = "%s%s-%s" % (req["submission_prefix"], time.strftime("%Y%m%d-%H%M%S"),
                            os.urandom(3).hex())
@@ -138,13 +138,14 @@ def ensure(req):
     return out
 
 
-def main():
-    req = json.loads(sys.stdin.readline())
+def handle(req):
     if req.get("action") != "ensure":
-        out = {"error": "unknown action %r" % req.get("action")}
-    else:
-        out = ensure(req)
-    print(MARKER + json.dumps(out), flush=True)
+        return {"error": "unknown action %r" % req.get("action")}
+    return ensure(req)
+
+
+def main():
+    answer(handle, json.loads(sys.stdin.readline()))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ the head's loopback, wait for it, read its result back, and print one JSON docum
     nccl_job CONFIG_JSON
     CONFIG_JSON: {base, submission_id, python, script_b64, args, timeout_s, reserve_s, metadata}
 
-The entrypoint script (playbooks/nccl_allreduce.py, base64 in the config) is written to a
+The entrypoint script (cluster/ray_jobs/nccl_allreduce.py, base64 in the config) is written to a
 temporary directory, submitted (`POST /api/jobs/`, so it shows in the Ray dashboard), polled
 until it ends or the deadline (then stopped), and its result file (zlib + base64) and the tail of
 its logs are read back; its files are removed. The document:

@@ -1,4 +1,4 @@
-"""Runs ON the cluster as the health job's entrypoint (`python -m cluster.health_runner
+"""Runs ON the cluster as the health job's entrypoint (`python -m cluster.ray_jobs.health_runner
 CONFIG_JSON`), with this package shipped as the job's runtime_env `py_modules`: nothing of the
 toolkit needs to be installed on a node (see cluster/health_job.py for the laptop side).
 

@@ -34,9 +34,10 @@ Steps, every one bounded by the deadline (--deadline, a Unix time on the head's 
   ranks still running are asked what they are doing (a silent one: its node is gone). The nodes
   to blame are the dead or silent ones first, then peers whose IP an error names (blame()).
 
-Output: the full result as JSON in --result-file (read back by the caller on the head) and one
-line `CLUSTER_NCCL_CHECK <json>` on stdout (the same without the NCCL log texts) for the job's
-log. Exit 0 when every rank finished, 1 otherwise (the job shows FAILED in the dashboard).
+Output: the full result as JSON in --result-file, the one answer, read back on the head by
+cluster/ray_jobs/nccl_job.py; on stdout, for a person reading the job's log in the dashboard,
+one summary sentence and a `PROBLEM` line per problem (nothing reads them by machine). Exit 0
+when every rank finished, 1 otherwise (the job shows FAILED in the dashboard).
 
 Result keys: ok, backend, world_size, size_bytes, iters, warmup, stage (where it ended: alive,
 place, start, run, done), problems (sentences), failed_nodes (names), nodes ({name: {ip, alive,
@@ -57,7 +58,6 @@ import time
 import traceback
 from typing import Any, Iterable, Mapping, Sequence
 
-MARKER = "CLUSTER_NCCL_CHECK "
 NCCL_LOG_MAX_BYTES = 4 << 20       # per rank; the head of the log holds init and channels
 PROBE_TIMEOUT_S = 20.0             # a tiny task on a node that may be cut off
 PROBE_AFTER_S = 15.0               # a pending placement group gets its nodes probed after this
@@ -974,6 +974,17 @@ def _report_placement(result: dict, expected: Sequence[Mapping[str, Any]], suspe
     result["failed_nodes"][:] = list(dead) + [n for n in silent if n not in dead] + busy
 
 
+def summary(result: Mapping[str, Any]) -> str:
+    """One sentence for the job's log: how the check ended."""
+    if result.get("ok"):
+        bw = result.get("busbw_gbps")
+        return (f"all-reduce ({result.get('backend')}) ok over {result.get('world_size')} ranks"
+                + (f": bus bandwidth {bw:g} GB/s" if isinstance(bw, (int, float)) else ""))
+    failed = ", ".join(result.get("failed_nodes") or ()) or "no node named"
+    return (f"all-reduce ({result.get('backend')}) failed at stage {result.get('stage')} "
+            f"({failed}); {len(result.get('problems') or ())} problem(s)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -992,14 +1003,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with open(tmp, "w") as fh:
         json.dump(result, fh)
     os.replace(tmp, args.result_file)
-    def lean(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
-        return [{k: v for k, v in r.items() if k not in ("nccl_log", "traceback")} for r in rows]
-
-    brief = dict(result, ranks=lean(result.get("ranks", [])))
-    if "groups" in result:
-        brief["groups"] = [dict(g, members=lean(g.get("members", [])))
-                           for g in result["groups"]]
-    print(MARKER + json.dumps(brief), flush=True)
+    print(summary(result), flush=True)
     for p in result.get("problems", []):
         print("PROBLEM " + p, flush=True)
     return 0 if result.get("ok") else 1
