@@ -5,7 +5,10 @@ the Serve replica is node rank 0 (it holds AsyncLLM and the API); each node rank
 `RankActor` in the replica's own placement group (bundle i = node rank i, STRICT_SPREAD, so
 every rank is on its own node) doing what `vllm serve --headless` does: build the engine
 config with headless=True and run `MultiprocExecutor(cfg, monitor_workers=False)` whose
-workers join rank 0's torch.distributed group at master_addr:master_port.
+workers join rank 0's torch.distributed group at master_addr:master_port. A MoE DP node
+(data_parallel_size > 1) does what `vllm serve --headless --data-parallel-start-rank S` does
+instead: `CoreEngineProcManager` runs its data_parallel_size_local engine cores (DP ranks
+S..), which hand-shake with node 0's engine client at data_parallel_address:rpc_port.
 
 `Gang` (used by the replica) starts the rank actors before the replica's engine (rank 0 must
 find them connecting), then watches them: every `period_s` each actor answers `status()`
@@ -109,9 +112,13 @@ class RankActor:
 
             config = AsyncEngineArgs(**engine_kwargs).create_engine_config(
                 usage_context=UsageContext.OPENAI_API_SERVER, headless=True)
+            parallel = config.parallel_config
+            if parallel.data_parallel_size > 1:
+                self._run_dp_engines(config, engine_kwargs)
+                return
             logger.info("node rank %d: headless executor, master %s:%s, world %d",
-                        self._node_rank, config.parallel_config.master_addr,
-                        config.parallel_config.master_port, config.parallel_config.world_size)
+                        self._node_rank, parallel.master_addr, parallel.master_port,
+                        parallel.world_size)
             self._executor = MultiprocExecutor(config, monitor_workers=False)
             self._state = RUNNING
             self._executor.start_worker_monitor(inline=True)   # returns when a worker died
@@ -120,14 +127,38 @@ class RankActor:
         except BaseException as exc:  # noqa: BLE001 - reported through status()
             self._fail(f"{type(exc).__name__}: {exc}"[:2000])
 
+    def _run_dp_engines(self, config, engine_kwargs: dict[str, Any]) -> None:
+        """MoE DP: this node's engine cores, as vLLM's run_headless starts them."""
+        from vllm.utils.network_utils import get_tcp_uri
+        from vllm.v1.engine.utils import CoreEngineProcManager
+        from vllm.v1.executor import Executor
+
+        parallel = config.parallel_config
+        address = get_tcp_uri(parallel.data_parallel_master_ip, parallel.data_parallel_rpc_port)
+        logger.info("node rank %d: %d headless DP engine(s) from DP rank %d, handshake %s",
+                    self._node_rank, parallel.data_parallel_size_local,
+                    parallel.data_parallel_rank, address)
+        self._executor = CoreEngineProcManager(
+            local_engine_count=parallel.data_parallel_size_local,
+            start_index=parallel.data_parallel_rank, local_start_index=0, vllm_config=config,
+            local_client=False, handshake_address=address,
+            executor_class=Executor.get_class(config),
+            log_stats=not engine_kwargs.get("disable_log_stats", False))
+        self._state = RUNNING
+        self._executor.monitor_engine_liveness()            # returns when an engine died
+        if self._state == RUNNING:
+            self._fail("a vLLM DP engine of node rank %d exited" % self._node_rank)
+
     def _fail(self, why: str) -> None:
         if self._state != STOPPED:
             self._state, self._error = DEAD, why
             logger.error("node rank %d dead: %s", self._node_rank, why)
 
     def _worker_pids(self) -> list[tuple[int, bool, int | None]]:
-        workers = getattr(self._executor, "workers", None) or []
-        return [(w.proc.pid, w.proc.is_alive(), w.proc.exitcode) for w in workers]
+        """(pid, alive, exit code) of the executor's workers (MoE DP: the engine cores)."""
+        procs = [w.proc for w in getattr(self._executor, "workers", None) or []]
+        procs += list(getattr(self._executor, "processes", None) or [])
+        return [(p.pid, p.is_alive(), p.exitcode) for p in procs]
 
     def status(self) -> dict[str, Any]:
         workers = self._worker_pids()
@@ -171,12 +202,14 @@ def port_is_free(host: str, port: int) -> bool:
 
 @dataclass(frozen=True)
 class RankSpec:
-    """What one rank actor gets: its node rank, placement bundle and resources, env."""
+    """What one rank actor gets: its node rank, placement bundle and resources, env, and its
+    node's vLLM engine kwargs (cluster.gang.node_engine_kwargs)."""
 
     node_rank: int
     bundle_index: int
     resources: Mapping[str, float]
     env: Mapping[str, str]
+    engine_kwargs: Mapping[str, Any]
     nice: int | None = 0
 
 
@@ -198,7 +231,7 @@ class Gang:
         self.failed_rank: int | None = None
         self._watch_task: asyncio.Task | None = None
 
-    def start(self, engine_kwargs: Mapping[str, Any]) -> None:
+    def start(self) -> None:
         for spec in self._specs:
             strategy = PlacementGroupSchedulingStrategy(
                 placement_group=self._pg, placement_group_bundle_index=spec.bundle_index,
@@ -211,9 +244,8 @@ class Gang:
                                                                spec.node_rank)}
             if self._namespace:
                 options["namespace"] = self._namespace
-            kwargs = dict(engine_kwargs, node_rank=spec.node_rank)
-            actor = RankActor.options(**options).remote(spec.node_rank, kwargs, spec.env,
-                                                        spec.nice)
+            actor = RankActor.options(**options).remote(spec.node_rank, dict(spec.engine_kwargs),
+                                                        spec.env, spec.nice)
             self._actors.append((spec, actor))
 
     async def wait_started(self, timeout_s: float) -> None:
