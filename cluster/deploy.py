@@ -313,10 +313,14 @@ def engine_nodes(spec: DeploySpec, device: str, cluster: ClusterView) -> int:
     if per_node < 1 or spec.workers_per_replica <= per_node:
         return 1
     try:
-        return nodes_needed(spec.tensor_parallel_size, spec.pipeline_parallel_size, per_node,
-                            dp=spec.data_parallel_size)
+        nnodes = nodes_needed(spec.tensor_parallel_size, spec.pipeline_parallel_size, per_node,
+                              dp=spec.data_parallel_size)
     except UsageError:
         return 1        # no split fits the nodes: the capacity check names it
+    if gang_layout(spec.tensor_parallel_size, spec.pipeline_parallel_size, nnodes,
+                   spec.data_parallel_size).tp_split:
+        return 1        # TP across nodes only when asked (--nnodes): the capacity check says so
+    return nnodes
 
 
 # ---------------------------------------------------------------- the cluster as Ray sees it
