@@ -41,6 +41,7 @@ from serve_apps.priority import set_process_priority
 logger = logging.getLogger("ray.serve")
 
 STARTING, RUNNING, DEAD, STOPPED = "starting", "running", "dead", "stopped"
+PLACED = "placed"       # dry_run: the actor holds its bundle with its args, no vLLM started
 PR_SET_PDEATHSIG = 1
 
 
@@ -89,8 +90,10 @@ class RankActor:
     """One headless node rank of a multi-node vLLM engine."""
 
     def __init__(self, node_rank: int, engine_kwargs: dict[str, Any], env: Mapping[str, str],
-                 nice: int | None = None):
+                 nice: int | None = None, start_engine: bool = True):
         os.environ.update({k: str(v) for k, v in env.items()})
+        self._env_keys = sorted(env)
+        self._engine_kwargs = dict(engine_kwargs)
         os.register_at_fork(after_in_child=_die_with_parent)
         # Ray starts actors at nice 15; the replica (node rank 0) runs at process_priority:
         # a rank left at 15 starves against its peers (measured: PP 2 at ~1/30 the speed).
@@ -100,6 +103,9 @@ class RankActor:
         self._error: str | None = None
         self._executor = None
         self._started = time.time()
+        if not start_engine:
+            self._state = PLACED
+            return
         self._thread = threading.Thread(target=self._run, args=(dict(engine_kwargs),),
                                         daemon=True, name=f"vllm-node-rank-{node_rank}")
         self._thread.start()
@@ -172,6 +178,18 @@ class RankActor:
                 "nice": os.getpriority(os.PRIO_PROCESS, 0), "priority": self._priority,
                 "started_at": self._started}
 
+    def started_with(self) -> dict[str, Any]:
+        """What this rank was started with, as it sees it: its node, GPUs (the devices of its
+        bundle), the env it was given and the engine kwargs it hands to vLLM."""
+        return {"node_rank": self._node_rank, "state": self._state,
+                "node_ip": ray.util.get_node_ip_address(),
+                "node_id": ray.get_runtime_context().get_node_id(),
+                "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                "env": {k: os.environ.get(k) for k in self._env_keys},
+                "engine_kwargs": {k: v if isinstance(v, (str, int, float, bool, type(None)))
+                                  else str(v) for k, v in self._engine_kwargs.items()}}
+
     def stop(self) -> list[int]:
         """Stop the executor and its workers (SIGKILL what is left); returns their pids."""
         self._state = STOPPED
@@ -218,8 +236,10 @@ class Gang:
 
     def __init__(self, pg, ranks: list[RankSpec], period_s: float = 1.0,
                  timeout_s: float = 5.0, app: str = "gang", replica_id: str = "",
-                 namespace: str | None = None):
+                 namespace: str | None = None, start_engines: bool = True):
         self._pg = pg
+        self._start_engines = start_engines
+        self._healthy = RUNNING if start_engines else PLACED
         self._app, self._replica_id = app, replica_id
         self._namespace = namespace
         self._specs = ranks
@@ -245,7 +265,7 @@ class Gang:
             if self._namespace:
                 options["namespace"] = self._namespace
             actor = RankActor.options(**options).remote(spec.node_rank, dict(spec.engine_kwargs),
-                                                        spec.env, spec.nice)
+                                                        spec.env, spec.nice, self._start_engines)
             self._actors.append((spec, actor))
 
     async def wait_started(self, timeout_s: float) -> None:
@@ -271,7 +291,7 @@ class Gang:
                 why = f"node rank {spec.node_rank} actor is gone: {type(exc).__name__}"
             else:
                 self._last[spec.node_rank] = status
-                if status["state"] != RUNNING:
+                if status["state"] != self._healthy:
                     why = (f"node rank {spec.node_rank} on {status['node_ip']}: "
                            f"{status['state']} ({status['error']})")
             if why:
@@ -315,6 +335,11 @@ class Gang:
                     logger.error("gang broken: %s", why)
                     on_failure(why)
         self._watch_task = asyncio.get_running_loop().create_task(loop())
+
+    async def started_with(self, timeout_s: float) -> list[dict[str, Any]]:
+        """Each rank actor's own account of its node, devices, env and engine kwargs."""
+        return [await asyncio.wait_for(actor.started_with.remote(), timeout_s)
+                for _, actor in self._actors]
 
     def ranks(self) -> list[dict[str, Any]]:
         """[{rank, node_ip, pid, worker_pids, state}] of the node ranks > 0 (last seen)."""

@@ -186,6 +186,7 @@ class VLLMServer:
         self._probes: list[Any] = []
         self._probe_report: list[dict[str, Any]] = []
         self._gang_plan: list[dict[str, Any]] = []
+        self._rank_report: list[dict[str, Any]] = []
         self._priority_note = (set_process_priority(config.process_priority)
                                if config.process_priority is not None else "left as Ray set it")
         self._api_key = read_api_key(config.api_key_env) if config.api_key_env else None
@@ -202,8 +203,11 @@ class VLLMServer:
 
         if config.dry_run:
             if config.gang is not None:
-                self._plan_gang_dry()
-            await self._start_probes()
+                # the real rank actors in their bundles with their args, no vLLM in them
+                await self._start_ranks(ctx, start_engines=False)
+                self._rank_report = await self._gang.started_with(GANG_START_WAIT_S)
+            else:
+                await self._start_probes()
         else:
             guard = None
             if config.gang is not None:
@@ -225,14 +229,16 @@ class VLLMServer:
         logger.info("Replica of %r ready: device %s, %s", config.model_id,
                     self._device, self._priority_note)
 
-    async def _start_ranks(self, ctx) -> None:
+    async def _start_ranks(self, ctx, start_engines: bool = True) -> None:
         """Node rank 0 is this replica; start the headless node ranks first (in bundles
-        1..n-1 of this replica's group, each with its node's env), then our engine."""
+        1..n-1 of this replica's group, each with its node's env), then our engine.
+        start_engines False (dry_run): the rank actors hold their bundles, no vLLM."""
         config, layout = self._config, self._config.gang
         ip = ray.util.get_node_ip_address()
         lo, hi = config.port_range
         port = pick_port(lo, hi, is_free=lambda p: port_is_free(ip, p))
         nodes = gang_nodes(config, self._bundles, self._kwargs, ip, port)
+        self._gang_plan = [n.to_dict() for n in nodes]
         self._kwargs = dict(nodes[0].engine_kwargs)
         os.environ.update((config.multi_node.get("node_env") or {}).get(ip, {}))
         specs = [RankSpec(n.node_rank, n.bundle_index, n.resources, n.env,
@@ -242,22 +248,12 @@ class VLLMServer:
         self._gang = Gang(self._pg, specs,
                           period_s=float(config.multi_node.get("watch_period_s", 1.0)),
                           timeout_s=float(config.multi_node.get("watch_timeout_s", 5.0)),
-                          app=ctx.app_name, replica_id=tag, namespace=RANK_NAMESPACE)
+                          app=ctx.app_name, replica_id=tag, namespace=RANK_NAMESPACE,
+                          start_engines=start_engines)
         self._gang.start()
         await self._gang.wait_started(GANG_START_WAIT_S)
         logger.info("gang of %r: master %s:%d, %d node ranks started, layout %s",
                     config.model_id, ip, port, len(specs), layout.to_dict())
-
-    def _plan_gang_dry(self) -> None:
-        """dry_run of a gang: every node's engine kwargs and env as _start_ranks would start
-        them (the same port pick and gang_nodes over this replica's bundles), no vLLM."""
-        config = self._config
-        ip = ray.util.get_node_ip_address()
-        lo, hi = config.port_range
-        port = pick_port(lo, hi, is_free=lambda p: port_is_free(ip, p))
-        self._gang_plan = [n.to_dict() for n in gang_nodes(config, self._bundles, self._kwargs,
-                                                           ip, port)]
-        self._kwargs = dict(self._gang_plan[0]["engine_kwargs"])
 
     async def _warm_up(self) -> None:
         """One real generation (through every rank of a gang) before the replica is ready."""
@@ -293,7 +289,8 @@ class VLLMServer:
         me = {"rank": 0, "node_ip": ray.util.get_node_ip_address(),
               "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
               "engine_core_pids": self._engine_core_pids(),
-              "state": "running" if alive and not (self._gang and self._gang.error) else "dead"}
+              "state": "placed" if self._config.dry_run else
+              "running" if alive and not (self._gang and self._gang.error) else "dead"}
         return [me] + (self._gang.ranks() if self._gang is not None else [])
 
     def _check_stage_placement(self) -> None:
@@ -310,14 +307,8 @@ class VLLMServer:
                            split, config.model_id, nodes)
 
     async def _start_probes(self) -> None:
-        """One probe per worker bundle; a gang's node rank n > 0 gets one holding bundle n
-        (what its rank actor would hold; node rank 0's bundle is the replica's own)."""
         per_worker = worker_bundles(self._config, self._device)
-        indices = self._worker_bundle_indices
-        if self._config.gang is not None:
-            indices = indices[1:]
-            per_worker = [self._bundles[i]["resources"] for i in indices]
-        for slot, index in enumerate(indices):
+        for slot, index in enumerate(self._worker_bundle_indices):
             strategy = PlacementGroupSchedulingStrategy(
                 placement_group=self._pg, placement_group_bundle_index=index,
                 placement_group_capture_child_tasks=False)
@@ -376,9 +367,9 @@ class VLLMServer:
             "bundles": self._bundles,
             "worker_bundle_indices": self._worker_bundle_indices,
             "probes": self._probe_report,
-            "ranks": self.ranks() if self._config.gang is not None and not
-            self._config.dry_run else [],
+            "ranks": self.ranks() if self._config.gang is not None else [],
             "gang_nodes": self._gang_plan,
+            "rank_actors": self._rank_report,
             "warm_up_s": self._warm_up_s,
             "engine_kwargs": json.loads(json.dumps(shown, default=str)),
         }
