@@ -327,7 +327,10 @@ class VLLMServer:
 
         engine_kwargs, frontend_kwargs = split_vllm_kwargs(self._kwargs)
         engine_args = AsyncEngineArgs(**engine_kwargs)
-        if self._device == "gpu":
+        # A gang's replica (node rank 0, native mp executor) holds its node's whole bundle,
+        # GPUs included (Ray set CUDA_VISIBLE_DEVICES): it resolves the config itself. With
+        # vLLM's Ray executor the replica holds no GPU, so a task in bundle 0 resolves it.
+        if self._device == "gpu" and self._config.gang is None:
             strategy = PlacementGroupSchedulingStrategy(
                 placement_group=self._pg,
                 placement_group_bundle_index=self._worker_bundle_indices[0])
