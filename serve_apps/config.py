@@ -20,7 +20,7 @@ knows that library:
     dry_run: false                      # no engine: place probe actors in the bundles instead
     executor: auto                      # auto | native | ray (see executor_backend)
     multi_node:                         # native multi-node engines (engine_kwargs.nnodes > 1)
-      port_min: 29500                   # master ports come from this range (inventory's
+      port_min: 29500                   # master / MoE DP RPC ports come from this range (inventory's
       port_max: 29599                   #   ray.vllm_port_min/max; firewalls can allow it)
       node_env: {198.18.4.2: {VLLM_HOST_IP: 198.18.4.2, GLOO_SOCKET_IFNAME: eth0}}
       watch_period_s: 1.0               # every rank is asked its state this often ...
@@ -444,6 +444,16 @@ def serve_deployment_options(config: AppConfig, device: str) -> dict[str, Any]:
     return options
 
 
+# The env a placement report shows of a rank: the fabric variables from the inventory only (an
+# app env may hold anything a hand-written Serve config put there).
+REPORTED_ENV_PREFIXES = ("VLLM_HOST_IP", "NCCL_", "GLOO_", "CUDA_VISIBLE_DEVICES")
+
+
+def reported_env(env: Mapping[str, Any]) -> dict[str, Any]:
+    """The fabric part of a rank's env, for /v1/placement."""
+    return {k: v for k, v in env.items() if k.startswith(REPORTED_ENV_PREFIXES)}
+
+
 @dataclass(frozen=True)
 class GangNode:
     """One node of a replica's engine: where it runs (its bundle) and what it starts with."""
@@ -460,7 +470,7 @@ class GangNode:
     def to_dict(self) -> dict[str, Any]:
         return {"node_rank": self.node_rank, "bundle_index": self.bundle_index,
                 "node_id": self.node_id, "node_ip": self.node_ip,
-                "resources": dict(self.resources), "env": dict(self.env),
+                "resources": dict(self.resources), "env": reported_env(self.env),
                 "engine_kwargs": dict(self.engine_kwargs), "headless": self.headless}
 
 

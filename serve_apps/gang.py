@@ -36,6 +36,7 @@ import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from cluster.gang import rank_actor_name
+from serve_apps.config import reported_env
 from serve_apps.priority import set_process_priority
 
 logger = logging.getLogger("ray.serve")
@@ -186,7 +187,7 @@ class RankActor:
                 "node_id": ray.get_runtime_context().get_node_id(),
                 "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-                "env": {k: os.environ.get(k) for k in self._env_keys},
+                "env": reported_env({k: os.environ.get(k) for k in self._env_keys}),
                 "engine_kwargs": {k: v if isinstance(v, (str, int, float, bool, type(None)))
                                   else str(v) for k, v in self._engine_kwargs.items()}}
 

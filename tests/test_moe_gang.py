@@ -110,6 +110,10 @@ def test_deploy_dp16_ep_on_2x8_gpus_every_nodes_engine_args_env_and_bundle():
         assert n.resources["GPU"] == 8.0       # the devices of its bundle: the node's 8 GPUs
     assert "data_parallel_start_rank" not in nodes[0].engine_kwargs
     assert nodes[1].engine_kwargs["data_parallel_start_rank"] == 8
+    # /v1/placement shows a rank's fabric env only, never the rest of the app's env
+    assert nodes[1].to_dict()["env"] == {
+        "VLLM_HOST_IP": "10.0.0.2", "NCCL_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0",
+        "NCCL_IB_HCA": "mlx5_0,mlx5_1", "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
 
 
 def test_deploy_dp4_tp2_ep_on_2x4_gpus_two_dp_ranks_per_node():
