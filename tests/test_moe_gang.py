@@ -195,3 +195,31 @@ def test_a_planned_moe_deploys_with_its_all2all_backend_and_node_count():
     assert kwargs["all2all_backend"] == "deepep_low_latency"
     assert kwargs["data_parallel_size"] == plan.data_parallel_size
     assert kwargs.get("nnodes", 1) == plan.placement.nodes_per_replica
+
+
+def test_moe_nnodes_flags_that_split_a_dp_rank_are_refused_and_good_ones_carried():
+    with pytest.raises(UsageError, match="whole data-parallel ranks"):
+        deploy.spec_from_flags(MODEL, tp=4, dp=2, expert_parallel=True, nnodes=4)
+    spec = deploy.spec_from_flags(MODEL, dp=16, expert_parallel=True, nnodes=2)
+    app = build_app(spec, GPU2x8, "gpu")[0]
+    assert app["args"]["engine_kwargs"]["nnodes"] == 2 and "multi_node" in app["args"]
+
+
+def test_status_and_deploy_json_list_a_moe_replicas_ranks_per_node():
+    """The deployed MoE app's nnodes (engine_kwargs) gives its replicas' ranks, as for a dense
+    gang: node rank 0 the replica, node rank 1 its rank actor."""
+    from cluster.gang import rank_actor_name
+    from cluster.ray_state import serve_applications
+
+    app = build_app(deploy.spec_from_flags(MODEL, dp=16, expert_parallel=True), GPU2x8, "gpu")[0]
+    details = {"applications": {"moe": {
+        "status": "RUNNING", "deployed_app_config": {"args": app["args"]},
+        "deployments": {"vllm-m": {"status": "HEALTHY", "replicas": [
+            {"replica_id": "r1", "state": "RUNNING", "node_ip": "10.0.0.1", "pid": 11}]}}}}}
+    actors = [{"name": rank_actor_name("moe", "r1", 1), "state": "ALIVE", "pid": 22,
+               "node_id": "n2", "ray_namespace": "cluster-gang"}]
+    doc = serve_applications(details, actors, {"n2": "10.0.0.2"},
+                             {"10.0.0.1": "gpu1", "10.0.0.2": "gpu2"})["moe"]
+    assert doc["replicas"][0]["ranks"] == [
+        {"rank": 0, "node": "gpu1", "node_ip": "10.0.0.1", "pid": 11, "state": "running"},
+        {"rank": 1, "node": "gpu2", "node_ip": "10.0.0.2", "pid": 22, "state": "running"}]
