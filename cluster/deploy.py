@@ -96,8 +96,8 @@ class DeploySpec:
 
     @property
     def workers_per_replica(self) -> int:
-        """vLLM workers (one GPU each on GPU nodes) of one engine: TP x PP."""
-        return self.tensor_parallel_size * self.pipeline_parallel_size
+        """vLLM workers (one GPU each on GPU nodes) of one engine: TP x PP (MoE: x DP)."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size
 
     @property
     def import_path(self) -> str:
@@ -294,28 +294,33 @@ def _finish(spec: DeploySpec) -> DeploySpec:
         if spec.executor == "ray" and spec.nnodes > 1:
             raise UsageError("--nnodes > 1 is vLLM's native multi-node mode; --executor ray "
                              "places the workers itself")
-        if spec.expert_parallel and spec.nnodes > 1:
-            raise UsageError("--nnodes with --expert-parallel: MoE DP ranks are replicas")
-        gang_layout(spec.tensor_parallel_size, spec.pipeline_parallel_size, spec.nnodes)
+        gang_layout(spec.tensor_parallel_size, spec.pipeline_parallel_size, spec.nnodes,
+                    spec.data_parallel_size)
     return spec
 
 
 def engine_nodes(spec: DeploySpec, device: str, cluster: ClusterView) -> int:
-    """Nodes one engine spans: --nnodes (or the plan's), else with the native executor the
-    fewest nodes whose smallest can hold each node's share (TP inside nodes, PP across),
-    else 1 (vLLM's Ray executor spreads the workers itself)."""
+    """Nodes one engine spans: --nnodes (or the plan's), else with the native executor (MoE
+    DP + EP always: one engine launch per node) the fewest nodes whose smallest can hold each
+    node's share (cluster.gang.nodes_needed: TP inside nodes, PP across; MoE whole DP ranks
+    per node), else 1 (vLLM's Ray executor spreads the workers itself)."""
     if spec.nnodes is not None:
         return spec.nnodes
-    if spec.expert_parallel or spec.executor == "ray" or (spec.executor == "auto"
-                                                         and device == "gpu"):
+    if not spec.expert_parallel and (spec.executor == "ray" or (spec.executor == "auto"
+                                                                and device == "gpu")):
         return 1
     per_node = int(cluster.min_per_node("GPU" if device == "gpu" else "CPU"))
     if per_node < 1 or spec.workers_per_replica <= per_node:
         return 1
     try:
-        return nodes_needed(spec.tensor_parallel_size, spec.pipeline_parallel_size, per_node)
+        nnodes = nodes_needed(spec.tensor_parallel_size, spec.pipeline_parallel_size, per_node,
+                              dp=spec.data_parallel_size)
     except UsageError:
-        return 1        # a TP group larger than a node: the capacity check names it
+        return 1        # no split fits the nodes: the capacity check names it
+    if gang_layout(spec.tensor_parallel_size, spec.pipeline_parallel_size, nnodes,
+                   spec.data_parallel_size).tp_split:
+        return 1        # TP across nodes only when asked (--nnodes): the capacity check says so
+    return nnodes
 
 
 # ---------------------------------------------------------------- the cluster as Ray sees it
@@ -512,9 +517,12 @@ def build_application(spec: DeploySpec, device: str, cluster: ClusterView,
     }
     if nnodes > 1:
         args["multi_node"] = multi_node_args(inventory)
-        layout = gang_layout(spec.tensor_parallel_size, spec.pipeline_parallel_size, nnodes)
-        notes.append(f"multi-node engine: {nnodes} nodes x {layout.local} ranks (vLLM native, "
-                     f"master port from {inventory.ray.vllm_port_min}-"
+        layout = gang_layout(spec.tensor_parallel_size, spec.pipeline_parallel_size, nnodes,
+                             spec.data_parallel_size)
+        port = "DP RPC" if layout.moe_dp else "master"
+        notes.append(f"multi-node engine: {nnodes} nodes x {layout.local} ranks (vLLM native"
+                     + (f", {layout.dp_local} DP ranks per node" if layout.moe_dp else "")
+                     + f", {port} port from {inventory.ray.vllm_port_min}-"
                      f"{inventory.ray.vllm_port_max})" +
                      ("; a stage's TP group spans nodes" if layout.tp_split else ""))
     if spec.placement_only:

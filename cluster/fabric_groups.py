@@ -20,7 +20,8 @@ Groups of one rank carry no traffic and are left out.
 
 Placement follows the multi-node engine's (vLLM native multi-node: node rank n runs the
 engine's ranks [n * local, (n + 1) * local), local = world / nnodes, nnodes the fewest nodes
-that hold the engine, see `engine_nodes`): each engine takes the first such nodes in order (the
+that hold the engine: cluster/gang.py `nodes_needed`, the rule the serving app's gang uses too;
+MoE: whole DP ranks per node, as vLLM's data_parallel_size_local): each engine takes the first such nodes in order (the
 head first, as the inventory lists them) that still have room; a node's room is its GPUs, on the
 CPU build its CPUs (`slots_per_node`).
 """
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from cluster.errors import UsageError
+from cluster.gang import nodes_needed
 
 KINDS = ("tp", "pp", "dp", "ep")
 
@@ -45,7 +47,7 @@ class Layout:
     ep: bool = False
     replicas: int = 1           # dense: engines; MoE: engines of DP x TP x PP ranks each
     nnodes: int | None = None   # nodes one engine spans, when the deployment fixes it
-                                # (the multi-node engine's engine_nodes); None: engine_nodes here
+                                # (cluster/deploy.py engine_nodes); None: gang.nodes_needed
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "replicas"):
@@ -151,28 +153,13 @@ class Group:
 def slots_per_node(layout: Layout, device: str, resources: float) -> int:
     """Ranks one node takes: one per GPU on GPU nodes, one per CPU on the CPU build (a CPU
     worker binds a core), as cluster/deploy.py's engine_nodes counts them: the engine's nodes
-    come from `layout.nnodes` (what the deployment will span) or the fewest that hold it."""
+    come from `layout.nnodes` (what the deployment will span) or the fewest that hold it
+    (cluster/gang.py nodes_needed)."""
     return max(0, int(resources))
 
 
-def engine_nodes(layout: Layout, per_node: int) -> int:
-    """The fewest nodes one engine spans when a node runs at most `per_node` ranks: vLLM's
-    native multi-node split gives each of `nnodes` nodes world / nnodes consecutive ranks, so
-    world must split evenly and a node holds whole TP groups (or a TP group spans whole
-    nodes). The same rule as the gang engine's (cluster/gang.py nodes_needed)."""
-    world = layout.ranks_per_engine
-    for nnodes in range(1, world + 1):
-        if world % nnodes:
-            continue
-        local = world // nnodes
-        if local <= per_node and (local % layout.tp == 0 or layout.tp % local == 0):
-            return nnodes
-    raise UsageError(f"{world} ranks (TP {layout.tp}) cannot be split over nodes of "
-                     f"{per_node} ranks")
-
-
 def rank_slots(layout: Layout, nodes: Sequence[NodeSlots]) -> tuple[RankSlot, ...]:
-    """Every rank's node and device. Each engine takes the first `engine_nodes` nodes (in
+    """Every rank's node and device. Each engine takes the first `nodes_needed` nodes (in
     order) that still have room for world / nnodes ranks; node rank n runs the engine's ranks
     [n * local, (n + 1) * local).
 
@@ -182,7 +169,8 @@ def rank_slots(layout: Layout, nodes: Sequence[NodeSlots]) -> tuple[RankSlot, ..
         raise UsageError("no node to place the layout's ranks on")
     if max(n.slots for n in nodes) < 1:
         raise UsageError("no node has room for a rank of this layout")
-    nnodes = layout.nnodes or engine_nodes(layout, max(n.slots for n in nodes))
+    nnodes = layout.nnodes or nodes_needed(layout.tp, layout.pp, max(n.slots for n in nodes),
+                                           dp=layout.dp)
     local = layout.ranks_per_engine // nnodes
     used = {n.name: 0 for n in nodes}
     out: list[RankSlot] = []

@@ -6,13 +6,24 @@ master_port; node ranks > 0 headless) gives node rank n the global ranks
 r // tp, tensor rank r % tp. So with local a multiple of tp every stage's TP group sits inside
 one node; with local < tp (e.g. TP 2 with one rank per node) the TP group spans nodes.
 
+MoE (dp > 1: data-parallel attention + expert parallel) runs vLLM's multi-node DP layout
+instead: one engine launch per node holding `dp_local` = local / (tp * pp) whole DP ranks;
+node 0 (the replica) with data_parallel_size / data_parallel_size_local /
+data_parallel_address / data_parallel_rpc_port, node n headless with
+data_parallel_start_rank = n * dp_local (`node_engine_kwargs`). Global rank
+d * (pp * tp) + p * tp + t, so node n again holds [n * local, (n + 1) * local).
+
     layout = gang_layout(tp=1, pp=2, nnodes=2)
     layout.nodes[1].ranks        -> (1,)       node rank 1 holds global rank 1 (stage 1)
     layout.nodes[1].stages       -> (1,)
     layout.tp_split              -> False      each stage's TP group inside one node
     nodes_needed(tp=2, pp=2, workers_per_node=2) -> 2
+    moe = gang_layout(tp=1, pp=1, nnodes=2, dp=16)
+    moe.dp_local, moe.nodes[1].dp_ranks          -> 8, (8, ..., 15)
 
-The serving app (serve_apps/) and the fabric proof reuse this mapping; it never imports Ray.
+`nodes_needed` is the one rule for how many nodes a layout takes: the serving app
+(serve_apps/, through cluster/deploy.py) and the fabric proof (cluster/fabric_groups.py) both
+use it. This module never imports Ray.
 """
 
 from __future__ import annotations
@@ -41,35 +52,50 @@ class NodeRank:
     ranks: tuple[int, ...]
     stages: tuple[int, ...]          # pipeline stages with a rank here
     tp_ranks: tuple[int, ...]        # tensor-parallel ranks here (per rank, same order)
+    dp_ranks: tuple[int, ...] = (0,)  # MoE: the data-parallel ranks (engine cores) here
 
     def to_dict(self) -> dict[str, Any]:
         return {"node_rank": self.node_rank, "ranks": list(self.ranks),
-                "stages": list(self.stages), "tp_ranks": list(self.tp_ranks)}
+                "stages": list(self.stages), "tp_ranks": list(self.tp_ranks),
+                "dp_ranks": list(self.dp_ranks)}
 
 
 @dataclass(frozen=True)
 class GangLayout:
-    """TP x PP of one engine over `nnodes` nodes, `local` ranks on each."""
+    """DP x TP x PP of one engine over `nnodes` nodes, `local` ranks on each (dp > 1: MoE)."""
 
     tp: int
     pp: int
     nnodes: int
+    dp: int = 1
+
+    @property
+    def moe_dp(self) -> bool:
+        """True for vLLM's MoE data-parallel layout (DP engine cores, EP across them)."""
+        return self.dp > 1
 
     @property
     def world(self) -> int:
-        return self.tp * self.pp
+        return self.dp * self.tp * self.pp
 
     @property
     def local(self) -> int:
         return self.world // self.nnodes
 
     @property
+    def dp_local(self) -> int:
+        """DP ranks per node (vLLM's data_parallel_size_local); 1 for a dense engine."""
+        return self.local // (self.tp * self.pp) if self.moe_dp else 1
+
+    @property
     def nodes(self) -> tuple[NodeRank, ...]:
         out = []
+        per_dp = self.tp * self.pp
         for n in range(self.nnodes):
             ranks = tuple(range(n * self.local, (n + 1) * self.local))
-            out.append(NodeRank(n, ranks, tuple(sorted({r // self.tp for r in ranks})),
-                                tuple(r % self.tp for r in ranks)))
+            out.append(NodeRank(n, ranks, tuple(sorted({r % per_dp // self.tp for r in ranks})),
+                                tuple(r % self.tp for r in ranks),
+                                tuple(sorted({r // per_dp for r in ranks}))))
         return tuple(out)
 
     @property
@@ -78,9 +104,9 @@ class GangLayout:
         return self.local % self.tp != 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"tp": self.tp, "pp": self.pp, "nnodes": self.nnodes, "world": self.world,
-                "local": self.local, "tp_split": self.tp_split,
-                "nodes": [n.to_dict() for n in self.nodes]}
+        return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "nnodes": self.nnodes,
+                "world": self.world, "local": self.local, "dp_local": self.dp_local,
+                "tp_split": self.tp_split, "nodes": [n.to_dict() for n in self.nodes]}
 
 
 def _count(value: Any, what: str, hi: int) -> int:
@@ -89,38 +115,87 @@ def _count(value: Any, what: str, hi: int) -> int:
     return value
 
 
-def gang_layout(tp: int, pp: int, nnodes: int) -> GangLayout:
-    """The layout; raises UsageError when vLLM could not split TP x PP over nnodes evenly, or
-    when a node would hold parts of two stages without holding whole TP groups."""
+def gang_layout(tp: int, pp: int, nnodes: int, dp: int = 1) -> GangLayout:
+    """The layout; raises UsageError when vLLM could not split DP x TP x PP over nnodes
+    evenly, when a node would hold parts of two stages without holding whole TP groups, or
+    (MoE, dp > 1) when a node would not hold whole DP ranks."""
     tp, pp = _count(tp, "tensor_parallel_size", MAX_WORLD), _count(pp, "pipeline_parallel_size",
                                                                     MAX_WORLD)
+    dp = _count(dp, "data_parallel_size", MAX_WORLD)
     nnodes = _count(nnodes, "nnodes", MAX_NODES)
-    world = tp * pp
+    world = dp * tp * pp
+    name = f"DP {dp} x TP {tp} x PP {pp}" if dp > 1 else f"TP {tp} x PP {pp}"
     if world > MAX_WORLD:
-        raise UsageError(f"TP {tp} x PP {pp} = {world} ranks: at most {MAX_WORLD}")
+        raise UsageError(f"{name} = {world} ranks: at most {MAX_WORLD}")
     if world % nnodes:
-        raise UsageError(f"TP {tp} x PP {pp} = {world} ranks do not split evenly over "
+        raise UsageError(f"{name} = {world} ranks do not split evenly over "
                          f"{nnodes} nodes (vLLM gives every node world / nnodes ranks)")
     local = world // nnodes
+    if dp > 1 and local % (tp * pp):
+        raise UsageError(f"{name} over {nnodes} nodes: {local} ranks per node do not hold whole "
+                         f"data-parallel ranks of TP x PP = {tp * pp} (vLLM's multi-node DP "
+                         "runs whole DP ranks per node: data_parallel_size_local)")
     if local % tp and tp % local:
         raise UsageError(f"{local} ranks per node with TP {tp}: a node would hold parts of "
                          "two tensor-parallel groups; choose nnodes so that TP divides the "
                          "ranks per node (or the ranks per node divide TP)")
-    return GangLayout(tp, pp, nnodes)
+    return GangLayout(tp, pp, nnodes, dp)
 
 
-def nodes_needed(tp: int, pp: int, workers_per_node: int) -> int:
-    """The fewest nodes one engine needs when a node runs at most `workers_per_node` ranks,
-    keeping every stage's TP group inside one node (TP inside nodes, PP across them)."""
-    world = _count(tp, "tensor_parallel_size", MAX_WORLD) * _count(pp, "pipeline_parallel_size",
-                                                                   MAX_WORLD)
+def nodes_needed(tp: int, pp: int, workers_per_node: int, dp: int = 1) -> int:
+    """The fewest nodes one engine (DP x TP x PP ranks; dp > 1 is MoE) takes when a node runs
+    at most `workers_per_node` ranks: the first node count `gang_layout` accepts, preferring
+    every stage's TP group inside one node (TP inside nodes, PP across them) and, when a TP
+    group is larger than a node, whole nodes per TP group. The one rule of the serving app
+    (through cluster/deploy.py) and the fabric proof (cluster/fabric_groups.py)."""
     per_node = _count(workers_per_node, "workers per node", MAX_WORLD)
-    for nnodes in range(1, min(world, MAX_NODES) + 1):
-        local = world // nnodes
-        if world % nnodes == 0 and local <= per_node and local % tp == 0:
+    world = _count(tp, "tensor_parallel_size", MAX_WORLD) * _count(
+        pp, "pipeline_parallel_size", MAX_WORLD) * _count(dp, "data_parallel_size", MAX_WORLD)
+    counts = [n for n in range(1, min(world, MAX_NODES) + 1)
+              if world % n == 0 and world // n <= per_node]
+    for inside in (True, False):
+        for nnodes in counts:
+            local = world // nnodes
+            if (local % tp == 0) != inside:
+                continue
+            try:
+                gang_layout(tp, pp, nnodes, dp)
+            except UsageError:
+                continue
             return nnodes
-    raise UsageError(f"TP {tp} x PP {pp}: a tensor-parallel group of {tp} does not fit nodes "
-                     f"of {per_node} workers (give nnodes to split TP across nodes)")
+    what = f"DP {dp} x TP {tp} x PP {pp}" if dp > 1 else f"TP {tp} x PP {pp}"
+    raise UsageError(f"{what}: does not fit nodes of {per_node} workers (no node count "
+                     "splits it into whole tensor-parallel groups"
+                     + (" and whole data-parallel ranks" if dp > 1 else "") + " per node)")
+
+
+def node_engine_kwargs(layout: GangLayout, engine_kwargs: Mapping[str, Any], node_rank: int,
+                       address: str, port: int) -> dict[str, Any]:
+    """The vLLM engine kwargs of node rank `node_rank` (node rank > 0 runs headless):
+
+    dense: nnodes, node_rank, master_addr = address, master_port = port (torch.distributed).
+    MoE DP: data_parallel_size, data_parallel_size_local, data_parallel_address = address,
+    data_parallel_rpc_port = port, enable_expert_parallel; node rank > 0 also
+    data_parallel_start_rank = node_rank * dp_local. Node 0 gets no start rank: in vLLM a
+    start rank on a non-headless launch switches it to hybrid load balancing, where its API
+    serves only its own node's DP ranks (vllm/engine/arg_utils.py create_engine_config);
+    without it vLLM infers rank 0 and serves every DP rank, remote ones included. `nnodes`
+    is left out: it is the app's node count, not vLLM's (vLLM's DP layout runs with nnodes 1).
+    """
+    if not 0 <= node_rank < layout.nnodes:
+        raise UsageError(f"node rank {node_rank}: the layout has {layout.nnodes} nodes")
+    kwargs = dict(engine_kwargs)
+    if not layout.moe_dp:
+        kwargs.update(nnodes=layout.nnodes, node_rank=node_rank, master_addr=address,
+                      master_port=port)
+        return kwargs
+    kwargs.pop("nnodes", None)
+    kwargs.update(data_parallel_size=layout.dp, data_parallel_size_local=layout.dp_local,
+                  data_parallel_address=address, data_parallel_rpc_port=port,
+                  enable_expert_parallel=True)
+    if node_rank > 0:
+        kwargs["data_parallel_start_rank"] = node_rank * layout.dp_local
+    return kwargs
 
 
 def gang_bundles(layout: GangLayout, per_worker: Mapping[str, float],

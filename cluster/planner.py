@@ -233,19 +233,27 @@ class Placement:
     tp: int = 1
     pp: int = 1
     expert_parallel: bool = False
+    dp: int = 1                      # MoE: DP attention ranks of one engine
 
     def gang(self) -> dict[str, Any] | None:
         """A replica larger than a node: vLLM's native multi-node layout (which ranks on
-        which node rank, cluster.gang), or None (one node, or a split vLLM cannot run)."""
-        if self.nodes_per_replica <= 1 or self.expert_parallel:
+        which node rank, cluster.gang; MoE: which DP ranks), or None (one node, or a split
+        vLLM cannot run)."""
+        if self.nodes_per_replica <= 1:
             return None
         try:
-            return gang_layout(self.tp, self.pp, self.nodes_per_replica).to_dict()
+            return gang_layout(self.tp, self.pp, self.nodes_per_replica,
+                               self.dp if self.expert_parallel else 1).to_dict()
         except UsageError:
             return None
 
     def executor(self) -> tuple[str, str]:
         """(executor, why) for `cluster deploy --plan` (serve_apps' `executor`)."""
+        if self.expert_parallel:
+            return "native", ("MoE DP + EP: vLLM's multi-node data-parallel layout, one engine "
+                              f"launch per node ({self.nodes_per_replica} node(s)): node 0 in "
+                              "the replica serves every DP rank, the others headless rank "
+                              "actors (data_parallel_start_rank)")
         if self.gang() is not None:
             return "native", (f"one engine over {self.nodes_per_replica} nodes: vLLM's native "
                               "multi-node mode (node rank 0 in the replica, the others headless "
@@ -628,7 +636,28 @@ def _placement(hw: _Hardware, layout: _Layout) -> Placement:
             replicas.append(tuple((node, g) for node in chunk))
     strategy = "STRICT_PACK" if nodes_per == 1 else "PACK"
     return Placement(len(replicas), size, nodes_per, strategy, tuple(replicas),
-                     tp=layout.tp, pp=layout.pp, expert_parallel=layout.ep)
+                     tp=layout.tp, pp=layout.pp, expert_parallel=layout.ep, dp=layout.dp)
+
+
+def all2all_backend(hw: _Hardware, layout: _Layout, nodes_per_replica: int,
+                    workload: str) -> tuple[str, str]:
+    """(vLLM all2all_backend, reason) of a MoE DP + EP layout (R15 all2all): DeepEP where the
+    GPUs run it (planner.yaml all2all.architectures), low-latency kernels for a decode-heavy
+    workload, high-throughput ones for a prefill-heavy one; vLLM's default otherwise."""
+    a2a = planner_defaults()["all2all"]
+    default = str(a2a["default"])
+    where = f"{hw.gpu_name} ({hw.architecture or 'unknown architecture'})"
+    if hw.architecture not in a2a["architectures"]:
+        return default, (f"R15 all2all: {default} (vLLM's default): DeepEP kernels need "
+                         f"{'/'.join(a2a['architectures'])} GPUs, the cluster has {where}")
+    chosen = a2a["workloads"].get(workload)
+    if not chosen:
+        return default, (f"R15 all2all: {default} (vLLM's default): workload {workload} names "
+                         "no DeepEP mode")
+    span = (f"; across {nodes_per_replica} nodes DeepEP needs NVSHMEM over RDMA (GPUDirect: "
+            "`cluster preflight`, `cluster nccl-check`)" if nodes_per_replica > 1 else "")
+    return str(chosen["backend"]), (f"R15 all2all: {chosen['backend']} on {where}: "
+                                    f"{chosen['why']} (workload {workload}){span}")
 
 
 def _fmt_gib(b: float) -> str:
@@ -824,6 +853,10 @@ def make_plan(model: ModelInfo, cluster: ClusterFacts, options: PlanOptions = Pl
         idle = hw.total_gpus - placement.replicas * lay.gpus
         reasons.append(f"placement: {idle} GPU(s) left idle ({hw.total_gpus} GPUs, "
                        f"{lay.gpus} per replica)")
+    a2a = all2all_backend(hw, lay, placement.nodes_per_replica, workload) \
+        if lay.ep and lay.dp > 1 else None
+    if a2a is not None:
+        reasons.append(a2a[1])
     reasons.extend(f"note: {n}" for n in hw.notes)
 
     # R10 gpu-memory-utilization
@@ -895,6 +928,8 @@ def make_plan(model: ModelInfo, cluster: ClusterFacts, options: PlanOptions = Pl
         "max_num_batched_tokens": int(wl["max_num_batched_tokens"]),
         "dtype": serving_dtype,
     }
+    if a2a is not None:
+        engine_args["all2all_backend"] = a2a[0]
     rules = tuple(dict.fromkeys(r.split(" ")[0] for r in reasons + warnings
                                 if re.match(r"R\d+ ", r) and " rejected: " not in r))
     return Plan(

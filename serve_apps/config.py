@@ -20,7 +20,7 @@ knows that library:
     dry_run: false                      # no engine: place probe actors in the bundles instead
     executor: auto                      # auto | native | ray (see executor_backend)
     multi_node:                         # native multi-node engines (engine_kwargs.nnodes > 1)
-      port_min: 29500                   # master ports come from this range (inventory's
+      port_min: 29500                   # master / MoE DP RPC ports come from this range (inventory's
       port_max: 29599                   #   ray.vllm_port_min/max; firewalls can allow it)
       node_env: {198.18.4.2: {VLLM_HOST_IP: 198.18.4.2, GLOO_SOCKET_IFNAME: eth0}}
       watch_period_s: 1.0               # every rank is asked its state this often ...
@@ -34,6 +34,12 @@ CPU build (CpuPlatform has no Ray device key) and its master port comes from a f
 "ray" is vLLM's Ray executor (one engine process, workers as actors in the bundles; GPU only).
 Default "auto": native on CPU and whenever nnodes > 1; on GPU with nnodes 1 the Ray executor,
 the path this project verified on GPU placement before the native one existed.
+
+MoE (build_moe_app, engine_kwargs.data_parallel_size D > 1, expert parallel): always native,
+vLLM's recommended multi-node DP layout: one replica = one engine of D DP ranks over nnodes
+nodes, one engine launch per node (node 0 in the replica, serving every DP rank; node n a
+headless rank actor with data_parallel_start_rank n x D / nnodes); the DP RPC port comes from
+the same multi_node range (cluster/gang.py node_engine_kwargs).
 """
 
 from __future__ import annotations
@@ -43,16 +49,17 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from cluster.errors import UsageError
-from cluster.gang import GangLayout, gang_bundles, gang_layout
+from cluster.gang import GangLayout, gang_bundles, gang_layout, node_engine_kwargs
 
 DEVICES = ("auto", "gpu", "cpu")
 STRATEGIES = ("PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD")
 # Serve options this module computes; a user value would silently break placement.
 COMPUTED_DEPLOYMENT_KEYS = ("placement_group_bundles", "placement_group_strategy",
-                            "gang_scheduling_config")
+                            "gang_scheduling_config")  # the last: no longer set, still refused
 # Engine kwargs the app sets from other fields.
 RESERVED_ENGINE_KEYS = ("model", "served_model_name", "data_parallel_rank",
-                        "data_parallel_address", "data_parallel_rpc_port", "node_rank",
+                        "data_parallel_address", "data_parallel_rpc_port",
+                        "data_parallel_size_local", "data_parallel_start_rank", "node_rank",
                         "master_addr", "master_port")
 EXECUTORS = ("auto", "native", "ray")
 MULTI_NODE_KEYS = ("port_min", "port_max", "node_env", "watch_period_s", "watch_timeout_s")
@@ -94,10 +101,13 @@ class AppConfig:
 
     @property
     def gang(self) -> GangLayout | None:
-        """The multi-node layout of one engine (None: it runs on one node)."""
-        if self.nnodes <= 1:
+        """The node layout of one engine (None: a dense engine on one node). MoE DP + EP
+        (data_parallel_size > 1) always has one: vLLM's DP layout, one engine launch per
+        node (one node too)."""
+        if self.nnodes <= 1 and self.data_parallel_size <= 1:
             return None
-        return gang_layout(self.tensor_parallel_size, self.pipeline_parallel_size, self.nnodes)
+        return gang_layout(self.tensor_parallel_size, self.pipeline_parallel_size, self.nnodes,
+                           self.data_parallel_size)
 
     @property
     def port_range(self) -> tuple[int, int]:
@@ -118,8 +128,8 @@ class AppConfig:
 
     @property
     def workers_per_replica(self) -> int:
-        """vLLM workers (one per device) of one engine: TP x PP."""
-        return self.tensor_parallel_size * self.pipeline_parallel_size
+        """vLLM workers (one per device) of one engine: TP x PP (MoE: x DP)."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size
 
     def to_args(self) -> dict:
         """The args dict again (what a Serve config YAML holds)."""
@@ -245,13 +255,10 @@ def parse_app_args(args: Mapping[str, Any]) -> AppConfig:
         config.gang  # noqa: B018 - validates nnodes against TP x PP
     except UsageError as exc:
         raise AppConfigError(f"engine_kwargs.nnodes: {exc}") from None
-    if config.nnodes > 1 and executor == "ray":
+    if config.gang is not None and executor == "ray":
         raise AppConfigError("executor: ray places the workers itself (one engine process); "
-                             "engine_kwargs.nnodes > 1 is vLLM's native multi-node mode: "
-                             "use executor native or auto")
-    if config.nnodes > 1 and config.data_parallel_size > 1:
-        raise AppConfigError("engine_kwargs.nnodes > 1 with data_parallel_size > 1: MoE DP "
-                             "ranks are gang-scheduled replicas (build_moe_app), not nodes")
+                             "engine_kwargs.nnodes > 1 and MoE data_parallel_size > 1 run "
+                             "vLLM's native multi-node mode: use executor native or auto")
     return config
 
 
@@ -355,7 +362,7 @@ def placement_strategy(config: AppConfig) -> str:
 def native_executor(config: AppConfig, device: str) -> bool:
     """True when the replica runs vLLM's own mp executor (native; one node or many), False
     for vLLM's Ray executor. auto: native across nodes (and on CPU), Ray on one GPU node."""
-    if config.executor == "native" or config.nnodes > 1:
+    if config.executor == "native" or config.gang is not None:
         return True
     if config.executor == "ray":
         if device == "cpu":
@@ -392,15 +399,8 @@ def engine_kwargs_for(config: AppConfig, device: str) -> dict[str, Any]:
 
 
 def num_serve_replicas(config: AppConfig) -> int | str | None:
-    """Serve replicas: with data parallelism one replica per DP rank, times the DP groups."""
-    replicas = config.deployment_config.get("num_replicas")
-    dp = config.data_parallel_size
-    if dp == 1:
-        return replicas
-    if replicas == "auto" or "autoscaling_config" in config.deployment_config:
-        raise AppConfigError("deployment_config: autoscaling is not supported with "
-                             "data_parallel_size > 1; give num_replicas (DP groups)")
-    return (replicas or 1) * dp
+    """Serve replicas: one per engine; a MoE engine holds all DP ranks of its EP group."""
+    return config.deployment_config.get("num_replicas")
 
 
 def serve_deployment_options(config: AppConfig, device: str) -> dict[str, Any]:
@@ -437,35 +437,70 @@ def serve_deployment_options(config: AppConfig, device: str) -> dict[str, Any]:
     replicas = num_serve_replicas(config)
     if replicas is not None:
         options["num_replicas"] = replicas
-    if config.data_parallel_size > 1:
-        options["gang_scheduling_config"] = {
-            "gang_size": config.data_parallel_size,
-            "gang_placement_strategy": "PACK",
-            "runtime_failure_policy": "RESTART_GANG",
-        }
-    elif config.gang is not None:
+    if config.gang is not None:
         options["placement_group_strategy"] = "STRICT_SPREAD"
     else:
         options["placement_group_strategy"] = placement_strategy(config)
     return options
 
 
-def bundle_indices_for_rank(rank: int, per_rank: int, bundle_nodes: list[str],
-                            first_node: str | None = None) -> list[int]:
-    """Bundle indices of one DP rank inside a gang placement group.
+# The env a placement report shows of a rank: the fabric variables from the inventory only (an
+# app env may hold anything a hand-written Serve config put there).
+REPORTED_ENV_PREFIXES = ("VLLM_HOST_IP", "NCCL_", "GLOO_", "CUDA_VISIBLE_DEVICES")
 
-    The gang group concatenates every rank's bundles, but bundle order need not follow the
-    nodes. Sort bundle indices so that same-node bundles are adjacent (and `first_node`'s
-    come first, where global rank 0 lives), then rank r takes the r-th slice: a rank's TP
-    workers then share a node whenever the node has room for them.
-    """
-    order = sorted(range(len(bundle_nodes)),
-                   key=lambda i: (bundle_nodes[i] != first_node, bundle_nodes[i], i))
-    start = rank * per_rank
-    if start + per_rank > len(order):
-        raise AppConfigError(f"rank {rank} x {per_rank} bundles exceeds the "
-                             f"{len(order)} bundles of the placement group")
-    return order[start:start + per_rank]
+
+def reported_env(env: Mapping[str, Any]) -> dict[str, Any]:
+    """The fabric part of a rank's env, for /v1/placement."""
+    return {k: v for k, v in env.items() if k.startswith(REPORTED_ENV_PREFIXES)}
+
+
+@dataclass(frozen=True)
+class GangNode:
+    """One node of a replica's engine: where it runs (its bundle) and what it starts with."""
+
+    node_rank: int
+    bundle_index: int
+    node_id: str
+    node_ip: str
+    resources: Mapping[str, float]
+    env: Mapping[str, str]               # the app's env, then the node's own (inventory)
+    engine_kwargs: Mapping[str, Any]     # cluster.gang.node_engine_kwargs
+    headless: bool                       # node rank > 0: a rank actor, no API
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node_rank": self.node_rank, "bundle_index": self.bundle_index,
+                "node_id": self.node_id, "node_ip": self.node_ip,
+                "resources": dict(self.resources), "env": reported_env(self.env),
+                "engine_kwargs": dict(self.engine_kwargs), "headless": self.headless}
+
+
+def gang_nodes(config: AppConfig, bundles: list[Mapping[str, Any]],
+               engine_kwargs: Mapping[str, Any], address: str, port: int) -> list[GangNode]:
+    """Every node of one replica's engine from its placement group's bundles (as
+    serve_apps.vllm_app describe_placement_group lists them: index, node_id, node_ip,
+    resources): node rank n runs in bundle n with its node's env and engine kwargs; node rank
+    0 is the replica itself at `address` (its node's IP), the master / DP RPC `port`.
+    Raises AppConfigError when the bundles do not give every node rank its own node."""
+    layout = config.gang
+    if layout is None:
+        raise AppConfigError("not a multi-node engine (engine_kwargs.nnodes 1, no MoE DP)")
+    if len(bundles) != layout.nnodes:
+        raise AppConfigError(f"{len(bundles)} bundles for a gang of {layout.nnodes} nodes")
+    node_ids = [b["node_id"] for b in bundles]
+    if len(set(node_ids)) != len(node_ids):
+        raise AppConfigError(f"the gang's bundles share nodes ({node_ids}): they must be "
+                             "STRICT_SPREAD, one node rank per node")
+    if bundles[0]["node_ip"] != address:
+        raise AppConfigError(f"node rank 0 is the replica at {address}, but bundle 0 is on "
+                             f"{bundles[0]['node_ip']}")
+    node_env = config.multi_node.get("node_env") or {}
+    app_env = {k: str(v) for k, v in (config.runtime_env.get("env_vars") or {}).items()}
+    return [GangNode(node.node_rank, node.node_rank, str(bundle["node_id"]),
+                     str(bundle["node_ip"]), dict(bundle["resources"]),
+                     {**app_env, **node_env.get(bundle["node_ip"], {})},
+                     node_engine_kwargs(layout, engine_kwargs, node.node_rank, address, port),
+                     node.node_rank > 0)
+            for node, bundle in zip(layout.nodes, bundles)]
 
 
 def tp_groups_split_across_nodes(bundle_nodes: list[str], tp: int, pp: int) -> list[int]:

@@ -5,7 +5,10 @@ the Serve replica is node rank 0 (it holds AsyncLLM and the API); each node rank
 `RankActor` in the replica's own placement group (bundle i = node rank i, STRICT_SPREAD, so
 every rank is on its own node) doing what `vllm serve --headless` does: build the engine
 config with headless=True and run `MultiprocExecutor(cfg, monitor_workers=False)` whose
-workers join rank 0's torch.distributed group at master_addr:master_port.
+workers join rank 0's torch.distributed group at master_addr:master_port. A MoE DP node
+(data_parallel_size > 1) does what `vllm serve --headless --data-parallel-start-rank S` does
+instead: `CoreEngineProcManager` runs its data_parallel_size_local engine cores (DP ranks
+S..), which hand-shake with node 0's engine client at data_parallel_address:rpc_port.
 
 `Gang` (used by the replica) starts the rank actors before the replica's engine (rank 0 must
 find them connecting), then watches them: every `period_s` each actor answers `status()`
@@ -33,11 +36,13 @@ import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from cluster.gang import rank_actor_name
+from serve_apps.config import reported_env
 from serve_apps.priority import set_process_priority
 
 logger = logging.getLogger("ray.serve")
 
 STARTING, RUNNING, DEAD, STOPPED = "starting", "running", "dead", "stopped"
+PLACED = "placed"       # dry_run: the actor holds its bundle with its args, no vLLM started
 PR_SET_PDEATHSIG = 1
 
 
@@ -86,8 +91,10 @@ class RankActor:
     """One headless node rank of a multi-node vLLM engine."""
 
     def __init__(self, node_rank: int, engine_kwargs: dict[str, Any], env: Mapping[str, str],
-                 nice: int | None = None):
+                 nice: int | None = None, start_engine: bool = True):
         os.environ.update({k: str(v) for k, v in env.items()})
+        self._env_keys = sorted(env)
+        self._engine_kwargs = dict(engine_kwargs)
         os.register_at_fork(after_in_child=_die_with_parent)
         # Ray starts actors at nice 15; the replica (node rank 0) runs at process_priority:
         # a rank left at 15 starves against its peers (measured: PP 2 at ~1/30 the speed).
@@ -97,6 +104,9 @@ class RankActor:
         self._error: str | None = None
         self._executor = None
         self._started = time.time()
+        if not start_engine:
+            self._state = PLACED
+            return
         self._thread = threading.Thread(target=self._run, args=(dict(engine_kwargs),),
                                         daemon=True, name=f"vllm-node-rank-{node_rank}")
         self._thread.start()
@@ -109,9 +119,13 @@ class RankActor:
 
             config = AsyncEngineArgs(**engine_kwargs).create_engine_config(
                 usage_context=UsageContext.OPENAI_API_SERVER, headless=True)
+            parallel = config.parallel_config
+            if parallel.data_parallel_size > 1:
+                self._run_dp_engines(config, engine_kwargs)
+                return
             logger.info("node rank %d: headless executor, master %s:%s, world %d",
-                        self._node_rank, config.parallel_config.master_addr,
-                        config.parallel_config.master_port, config.parallel_config.world_size)
+                        self._node_rank, parallel.master_addr, parallel.master_port,
+                        parallel.world_size)
             self._executor = MultiprocExecutor(config, monitor_workers=False)
             self._state = RUNNING
             self._executor.start_worker_monitor(inline=True)   # returns when a worker died
@@ -120,14 +134,38 @@ class RankActor:
         except BaseException as exc:  # noqa: BLE001 - reported through status()
             self._fail(f"{type(exc).__name__}: {exc}"[:2000])
 
+    def _run_dp_engines(self, config, engine_kwargs: dict[str, Any]) -> None:
+        """MoE DP: this node's engine cores, as vLLM's run_headless starts them."""
+        from vllm.utils.network_utils import get_tcp_uri
+        from vllm.v1.engine.utils import CoreEngineProcManager
+        from vllm.v1.executor import Executor
+
+        parallel = config.parallel_config
+        address = get_tcp_uri(parallel.data_parallel_master_ip, parallel.data_parallel_rpc_port)
+        logger.info("node rank %d: %d headless DP engine(s) from DP rank %d, handshake %s",
+                    self._node_rank, parallel.data_parallel_size_local,
+                    parallel.data_parallel_rank, address)
+        self._executor = CoreEngineProcManager(
+            local_engine_count=parallel.data_parallel_size_local,
+            start_index=parallel.data_parallel_rank, local_start_index=0, vllm_config=config,
+            local_client=False, handshake_address=address,
+            executor_class=Executor.get_class(config),
+            log_stats=not engine_kwargs.get("disable_log_stats", False))
+        self._state = RUNNING
+        self._executor.monitor_engine_liveness()            # returns when an engine died
+        if self._state == RUNNING:
+            self._fail("a vLLM DP engine of node rank %d exited" % self._node_rank)
+
     def _fail(self, why: str) -> None:
         if self._state != STOPPED:
             self._state, self._error = DEAD, why
             logger.error("node rank %d dead: %s", self._node_rank, why)
 
     def _worker_pids(self) -> list[tuple[int, bool, int | None]]:
-        workers = getattr(self._executor, "workers", None) or []
-        return [(w.proc.pid, w.proc.is_alive(), w.proc.exitcode) for w in workers]
+        """(pid, alive, exit code) of the executor's workers (MoE DP: the engine cores)."""
+        procs = [w.proc for w in getattr(self._executor, "workers", None) or []]
+        procs += list(getattr(self._executor, "processes", None) or [])
+        return [(p.pid, p.is_alive(), p.exitcode) for p in procs]
 
     def status(self) -> dict[str, Any]:
         workers = self._worker_pids()
@@ -140,6 +178,18 @@ class RankActor:
                 "node_id": ray.get_runtime_context().get_node_id(),
                 "nice": os.getpriority(os.PRIO_PROCESS, 0), "priority": self._priority,
                 "started_at": self._started}
+
+    def started_with(self) -> dict[str, Any]:
+        """What this rank was started with, as it sees it: its node, GPUs (the devices of its
+        bundle), the env it was given and the engine kwargs it hands to vLLM."""
+        return {"node_rank": self._node_rank, "state": self._state,
+                "node_ip": ray.util.get_node_ip_address(),
+                "node_id": ray.get_runtime_context().get_node_id(),
+                "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                "env": reported_env({k: os.environ.get(k) for k in self._env_keys}),
+                "engine_kwargs": {k: v if isinstance(v, (str, int, float, bool, type(None)))
+                                  else str(v) for k, v in self._engine_kwargs.items()}}
 
     def stop(self) -> list[int]:
         """Stop the executor and its workers (SIGKILL what is left); returns their pids."""
@@ -171,12 +221,14 @@ def port_is_free(host: str, port: int) -> bool:
 
 @dataclass(frozen=True)
 class RankSpec:
-    """What one rank actor gets: its node rank, placement bundle and resources, env."""
+    """What one rank actor gets: its node rank, placement bundle and resources, env, and its
+    node's vLLM engine kwargs (cluster.gang.node_engine_kwargs)."""
 
     node_rank: int
     bundle_index: int
     resources: Mapping[str, float]
     env: Mapping[str, str]
+    engine_kwargs: Mapping[str, Any]
     nice: int | None = 0
 
 
@@ -185,8 +237,10 @@ class Gang:
 
     def __init__(self, pg, ranks: list[RankSpec], period_s: float = 1.0,
                  timeout_s: float = 5.0, app: str = "gang", replica_id: str = "",
-                 namespace: str | None = None):
+                 namespace: str | None = None, start_engines: bool = True):
         self._pg = pg
+        self._start_engines = start_engines
+        self._healthy = RUNNING if start_engines else PLACED
         self._app, self._replica_id = app, replica_id
         self._namespace = namespace
         self._specs = ranks
@@ -198,7 +252,7 @@ class Gang:
         self.failed_rank: int | None = None
         self._watch_task: asyncio.Task | None = None
 
-    def start(self, engine_kwargs: Mapping[str, Any]) -> None:
+    def start(self) -> None:
         for spec in self._specs:
             strategy = PlacementGroupSchedulingStrategy(
                 placement_group=self._pg, placement_group_bundle_index=spec.bundle_index,
@@ -211,9 +265,8 @@ class Gang:
                                                                spec.node_rank)}
             if self._namespace:
                 options["namespace"] = self._namespace
-            kwargs = dict(engine_kwargs, node_rank=spec.node_rank)
-            actor = RankActor.options(**options).remote(spec.node_rank, kwargs, spec.env,
-                                                        spec.nice)
+            actor = RankActor.options(**options).remote(spec.node_rank, dict(spec.engine_kwargs),
+                                                        spec.env, spec.nice, self._start_engines)
             self._actors.append((spec, actor))
 
     async def wait_started(self, timeout_s: float) -> None:
@@ -239,7 +292,7 @@ class Gang:
                 why = f"node rank {spec.node_rank} actor is gone: {type(exc).__name__}"
             else:
                 self._last[spec.node_rank] = status
-                if status["state"] != RUNNING:
+                if status["state"] != self._healthy:
                     why = (f"node rank {spec.node_rank} on {status['node_ip']}: "
                            f"{status['state']} ({status['error']})")
             if why:
@@ -283,6 +336,11 @@ class Gang:
                     logger.error("gang broken: %s", why)
                     on_failure(why)
         self._watch_task = asyncio.get_running_loop().create_task(loop())
+
+    async def started_with(self, timeout_s: float) -> list[dict[str, Any]]:
+        """Each rank actor's own account of its node, devices, env and engine kwargs."""
+        return [await asyncio.wait_for(actor.started_with.remote(), timeout_s)
+                for _, actor in self._actors]
 
     def ranks(self) -> list[dict[str, Any]]:
         """[{rank, node_ip, pid, worker_pids, state}] of the node ranks > 0 (last seen)."""

@@ -6,7 +6,10 @@ Import paths for a Serve config (`serve deploy`, the dashboard's REST API):
                                         bundles (PACK: a stage's TP group inside one node);
                                         replicas = data parallel.
     serve_apps.vllm_app:build_moe_app   MoE model: data-parallel attention + expert-parallel
-                                        MoE layers; one gang-scheduled replica per DP rank.
+                                        MoE layers; one replica = one engine of all DP ranks,
+                                        one engine launch per node (vLLM's multi-node DP
+                                        layout: node 0 in the replica, the others headless
+                                        rank actors, cluster/gang.py node_engine_kwargs).
 
 Each replica is the HTTP ingress itself: it holds vLLM's AsyncLLM and serves vLLM's own
 FastAPI app (the routes, request/response models, SSE streaming and /metrics of
@@ -32,7 +35,6 @@ import json
 import logging
 import os
 import re
-import socket
 import time
 import types
 import typing
@@ -44,7 +46,6 @@ from ray.serve.deployment import Application
 from ray.util.placement_group import (
     PlacementGroup,
     get_current_placement_group,
-    get_placement_group,
     placement_group_table,
 )
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -57,8 +58,8 @@ from serve_apps.engine_metrics import stat_loggers
 from serve_apps.config import (
     AppConfig,
     AppConfigError,
-    bundle_indices_for_rank,
     engine_kwargs_for,
+    gang_nodes,
     parse_app_args,
     resolve_device,
     serve_deployment_options,
@@ -75,8 +76,6 @@ HEALTH_ENGINE_TIMEOUT_S = 20.0
 WARM_UP_PROMPT = "The quick brown fox jumps over the lazy dog near the river bank. " * 6
 WARM_UP_TOKENS = 4
 
-DP_MASTER_KV_NAMESPACE = "cluster-serve"
-DP_MASTER_WAIT_S = 300.0
 
 
 # ----------------------------------------------------------------------------- placement
@@ -113,39 +112,6 @@ def _probe_options(bundle: dict[str, float]) -> dict[str, Any]:
     if extra:
         options["resources"] = extra
     return options
-
-
-# ----------------------------------------------------------------------------- data parallel
-
-def _dp_master_key(gang_id: str) -> str:
-    return f"dp_master/{gang_id}"
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
-async def _dp_master(rank: int, gang_id: str) -> dict[str, Any]:
-    """Rank 0 publishes its address and a free port in the GCS; the other ranks wait for it."""
-    from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_put
-
-    key = _dp_master_key(gang_id)
-    if rank == 0:
-        info = {"address": ray.util.get_node_ip_address(), "port": _free_port(),
-                "node_id": ray.get_runtime_context().get_node_id()}
-        _internal_kv_put(key, json.dumps(info), overwrite=True, namespace=DP_MASTER_KV_NAMESPACE)
-        return info
-    deadline = time.monotonic() + DP_MASTER_WAIT_S
-    while True:
-        data = _internal_kv_get(key, namespace=DP_MASTER_KV_NAMESPACE)
-        if data:
-            return json.loads(data)
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"DP rank {rank}: rank 0 of gang {gang_id} did not publish "
-                               f"its address within {DP_MASTER_WAIT_S:.0f} s")
-        await asyncio.sleep(0.5)
 
 
 # ----------------------------------------------------------------------------- vLLM glue
@@ -219,6 +185,8 @@ class VLLMServer:
         self._args: argparse.Namespace | None = None
         self._probes: list[Any] = []
         self._probe_report: list[dict[str, Any]] = []
+        self._gang_plan: list[dict[str, Any]] = []
+        self._rank_report: list[dict[str, Any]] = []
         self._priority_note = (set_process_priority(config.process_priority)
                                if config.process_priority is not None else "left as Ray set it")
         self._api_key = read_api_key(config.api_key_env) if config.api_key_env else None
@@ -227,31 +195,19 @@ class VLLMServer:
                            "reach the Serve port", config.model_id)
 
         ctx = serve.get_replica_context()
-        gang = getattr(ctx, "gang_context", None)
-        self._dp_rank = gang.rank if gang is not None else None
-        self._gang_id = gang.gang_id if gang is not None else None
-        self._pg = (get_placement_group(gang.pg_name) if gang is not None and gang.pg_name
-                    else get_current_placement_group())
+        self._pg = get_current_placement_group()
         self._bundles = describe_placement_group(self._pg)
         self._kwargs = engine_kwargs_for(config, self._device)
         self._worker_bundle_indices = list(range(len(self._bundles)))
-        if config.data_parallel_size > 1:
-            if gang is None:
-                raise AppConfigError("data_parallel_size > 1 needs gang scheduling "
-                                     "(deploy with serve_apps.vllm_app:build_moe_app)")
-            master = await _dp_master(gang.rank, gang.gang_id)
-            self._kwargs.update(data_parallel_rank=gang.rank,
-                                data_parallel_address=master["address"],
-                                data_parallel_rpc_port=master["port"])
-            self._worker_bundle_indices = bundle_indices_for_rank(
-                gang.rank, config.workers_per_replica,
-                [b["node_id"] for b in self._bundles], first_node=master["node_id"])
-            # vLLM's Ray executor places this rank's workers in these bundles only.
-            os.environ["VLLM_RAY_BUNDLE_INDICES"] = ",".join(map(str, self._worker_bundle_indices))
         self._check_stage_placement()
 
         if config.dry_run:
-            await self._start_probes()
+            if config.gang is not None:
+                # the real rank actors in their bundles with their args, no vLLM in them
+                await self._start_ranks(ctx, start_engines=False)
+                self._rank_report = await self._gang.started_with(GANG_START_WAIT_S)
+            else:
+                await self._start_probes()
         else:
             guard = None
             if config.gang is not None:
@@ -270,39 +226,31 @@ class VLLMServer:
             await self._warm_up()
             if self._gang is not None:
                 self._gang.watch(self._on_gang_failure)
-        logger.info("Replica of %r ready: device %s, dp_rank %s, %s", config.model_id,
-                    self._device, self._dp_rank, self._priority_note)
+        logger.info("Replica of %r ready: device %s, %s", config.model_id,
+                    self._device, self._priority_note)
 
-    async def _start_ranks(self, ctx) -> None:
+    async def _start_ranks(self, ctx, start_engines: bool = True) -> None:
         """Node rank 0 is this replica; start the headless node ranks first (in bundles
-        1..n-1 of this replica's group, each with its node's env), then our engine."""
+        1..n-1 of this replica's group, each with its node's env), then our engine.
+        start_engines False (dry_run): the rank actors hold their bundles, no vLLM."""
         config, layout = self._config, self._config.gang
         ip = ray.util.get_node_ip_address()
         lo, hi = config.port_range
         port = pick_port(lo, hi, is_free=lambda p: port_is_free(ip, p))
-        self._kwargs.update(node_rank=0, master_addr=ip, master_port=port)
-        node_env = config.multi_node.get("node_env") or {}
-        os.environ.update(node_env.get(ip, {}))
-        app_env = dict(config.runtime_env.get("env_vars") or {})
-        if len(self._bundles) != layout.nnodes:
-            raise AppConfigError(f"{len(self._bundles)} bundles for a gang of "
-                                 f"{layout.nnodes} nodes")
-        specs = []
-        for node in layout.nodes[1:]:
-            bundle = self._bundles[node.node_rank]
-            if bundle["node_id"] == self._bundles[0]["node_id"]:
-                raise AppConfigError(f"node rank {node.node_rank} landed on node rank 0's "
-                                     "node: the gang's bundles must be STRICT_SPREAD")
-            specs.append(RankSpec(node.node_rank, node.node_rank, bundle["resources"],
-                                  {**app_env, **node_env.get(bundle["node_ip"], {})},
-                                  nice=config.process_priority))
+        nodes = gang_nodes(config, self._bundles, self._kwargs, ip, port)
+        self._gang_plan = [n.to_dict() for n in nodes]
+        self._kwargs = dict(nodes[0].engine_kwargs)
+        os.environ.update((config.multi_node.get("node_env") or {}).get(ip, {}))
+        specs = [RankSpec(n.node_rank, n.bundle_index, n.resources, n.env,
+                          split_vllm_kwargs(dict(n.engine_kwargs))[0],
+                          nice=config.process_priority) for n in nodes[1:]]
         tag = getattr(ctx, "replica_tag", None) or f"pid{os.getpid()}"
         self._gang = Gang(self._pg, specs,
                           period_s=float(config.multi_node.get("watch_period_s", 1.0)),
                           timeout_s=float(config.multi_node.get("watch_timeout_s", 5.0)),
-                          app=ctx.app_name, replica_id=tag, namespace=RANK_NAMESPACE)
-        engine_kwargs, _ = split_vllm_kwargs(self._kwargs)
-        self._gang.start(engine_kwargs)
+                          app=ctx.app_name, replica_id=tag, namespace=RANK_NAMESPACE,
+                          start_engines=start_engines)
+        self._gang.start()
         await self._gang.wait_started(GANG_START_WAIT_S)
         logger.info("gang of %r: master %s:%d, %d node ranks started, layout %s",
                     config.model_id, ip, port, len(specs), layout.to_dict())
@@ -341,7 +289,8 @@ class VLLMServer:
         me = {"rank": 0, "node_ip": ray.util.get_node_ip_address(),
               "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
               "engine_core_pids": self._engine_core_pids(),
-              "state": "running" if alive and not (self._gang and self._gang.error) else "dead"}
+              "state": "placed" if self._config.dry_run else
+              "running" if alive and not (self._gang and self._gang.error) else "dead"}
         return [me] + (self._gang.ranks() if self._gang is not None else [])
 
     def _check_stage_placement(self) -> None:
@@ -378,7 +327,10 @@ class VLLMServer:
 
         engine_kwargs, frontend_kwargs = split_vllm_kwargs(self._kwargs)
         engine_args = AsyncEngineArgs(**engine_kwargs)
-        if self._device == "gpu":
+        # A gang's replica (node rank 0, native mp executor) holds its node's whole bundle,
+        # GPUs included (Ray set CUDA_VISIBLE_DEVICES): it resolves the config itself. With
+        # vLLM's Ray executor the replica holds no GPU, so a task in bundle 0 resolves it.
+        if self._device == "gpu" and self._config.gang is None:
             strategy = PlacementGroupSchedulingStrategy(
                 placement_group=self._pg,
                 placement_group_bundle_index=self._worker_bundle_indices[0])
@@ -412,7 +364,6 @@ class VLLMServer:
             "model_id": self._config.model_id,
             "device": self._device,
             "dry_run": self._config.dry_run,
-            "dp_rank": self._dp_rank,
             "replica": {"node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address(),
                         "pid": os.getpid(), "nice": os.getpriority(os.PRIO_PROCESS, 0),
                         "priority": self._priority_note},
@@ -420,6 +371,8 @@ class VLLMServer:
             "worker_bundle_indices": self._worker_bundle_indices,
             "probes": self._probe_report,
             "ranks": self.ranks() if self._config.gang is not None else [],
+            "gang_nodes": self._gang_plan,
+            "rank_actors": self._rank_report,
             "warm_up_s": self._warm_up_s,
             "engine_kwargs": json.loads(json.dumps(shown, default=str)),
         }
@@ -493,9 +446,6 @@ class VLLMServer:
             gang.stop()
         for _, probe in getattr(self, "_probes", []):
             ray.kill(probe)
-        if getattr(self, "_dp_rank", None) == 0 and getattr(self, "_gang_id", None):
-            from ray.experimental.internal_kv import _internal_kv_del
-            _internal_kv_del(_dp_master_key(self._gang_id), namespace=DP_MASTER_KV_NAMESPACE)
 
 
 VLLMDeployment = serve.deployment(serve.ingress()(VLLMServer), name="VLLMServer")
@@ -532,7 +482,8 @@ def build_app(args: dict[str, Any]) -> Application:
 
 
 def build_moe_app(args: dict[str, Any]) -> Application:
-    """MoE model: DP attention ranks (one gang-scheduled replica each) + expert parallel."""
+    """MoE model: DP attention ranks + expert parallel; one replica = one engine of all DP
+    ranks (one engine launch per node: node 0 in the replica, the others rank actors)."""
     config = parse_app_args(args)
     engine_kwargs = dict(config.engine_kwargs)
     engine_kwargs.setdefault("enable_expert_parallel", True)

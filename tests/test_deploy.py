@@ -146,7 +146,7 @@ def test_multi_node_dense_plan_tp8_pp2_is_one_native_engine_per_two_nodes():
     assert preview["strategy"] == "PACK" and len(preview["bundles_per_replica"]) == 16
 
 
-def test_moe_plan_dp_ep_uses_the_moe_app_and_gang_scheduling():
+def test_moe_plan_dp_ep_uses_the_moe_app_one_engine_per_node():
     from fakes import real_plan
 
     doc = real_plan("mixtral-8x7b-instruct-v0.1")   # DP 8 + EP on one 8-GPU node
@@ -155,10 +155,10 @@ def test_moe_plan_dp_ep_uses_the_moe_app_and_gang_scheduling():
     assert app["import_path"] == "serve_apps.vllm_app:build_moe_app"
     kw = app["args"]["engine_kwargs"]
     assert kw["data_parallel_size"] == 8 and kw["enable_expert_parallel"] is True
-    assert kw["tensor_parallel_size"] == 1
-    assert preview["num_replicas"] == 8  # one gang-scheduled replica per DP rank
-    assert preview["gang"]["gang_size"] == 8
-    assert preview["bundles_per_replica"] == [{"GPU": 1, "CPU": 2}]
+    assert kw["tensor_parallel_size"] == 1 and "nnodes" not in kw
+    assert preview["num_replicas"] == 1  # one replica = one engine of all 8 DP ranks
+    assert "gang" not in preview
+    assert preview["bundles_per_replica"] == [{"GPU": 8.0, "CPU": 9.0}]
 
 
 def test_flags_dp_is_replicas_for_dense_and_ranks_with_expert_parallel():
@@ -168,7 +168,7 @@ def test_flags_dp_is_replicas_for_dense_and_ranks_with_expert_parallel():
     assert (moe.replicas, moe.data_parallel_size, moe.expert_parallel) == (1, 4, True)
     app, _, preview = build(moe, GPU2x4)
     assert app["args"]["engine_kwargs"]["enable_expert_parallel"] is True
-    assert preview["num_replicas"] == 4
+    assert preview["num_replicas"] == 1 and preview["workers_per_replica"] == 4
 
 
 def test_served_model_name_is_always_explicit():

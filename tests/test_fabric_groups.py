@@ -4,8 +4,9 @@ import pytest
 
 from cluster import deploy
 from cluster.errors import UsageError
-from cluster.fabric_groups import (Layout, NodeSlots, cross_node_groups, engine_nodes,
-                                   layout_groups, rank_slots, slots_per_node)
+from cluster.fabric_groups import (Layout, NodeSlots, cross_node_groups, layout_groups,
+                                   rank_slots, slots_per_node)
+from cluster.gang import gang_layout, nodes_needed
 from cluster.plan_file import parse_plan
 
 
@@ -122,11 +123,38 @@ def test_bad_layout_numbers_refused():
         Layout(dp=2)
 
 
-def test_engine_nodes_matches_vllm_even_split():
-    assert engine_nodes(Layout(tp=1, pp=2), 1) == 2
-    assert engine_nodes(Layout(tp=4, pp=2), 8) == 1
-    assert engine_nodes(Layout(tp=4, pp=2), 4) == 2
-    assert engine_nodes(Layout(tp=2, pp=3), 4) == 3     # 6 ranks: 2 per node
+def test_nodes_needed_matches_vllm_even_split():
+    assert nodes_needed(1, 2, 1) == 2
+    assert nodes_needed(4, 2, 8) == 1
+    assert nodes_needed(4, 2, 4) == 2
+    assert nodes_needed(2, 3, 4) == 3     # 6 ranks: 2 per node
+
+
+@pytest.mark.parametrize("layout, per_node", [
+    (Layout(tp=1, dp=16, ep=True), 8), (Layout(tp=2, dp=4, ep=True), 4),
+    (Layout(tp=2, pp=2), 2), (Layout(tp=8), 4), (Layout(tp=4, pp=2, replicas=2), 4)])
+def test_proof_ranks_sit_where_the_gang_runs_them(layout, per_node):
+    """One rule (cluster/gang.py): the proof's rank -> node rank is the gang's layout."""
+    slots = rank_slots(layout, _nodes(4, per_node))
+    nnodes = nodes_needed(layout.tp, layout.pp, per_node, dp=layout.dp)
+    gang = gang_layout(layout.tp, layout.pp, nnodes, layout.dp)
+    names = {}
+    for s in slots:
+        names.setdefault(s.replica, []).append(s.node)
+    for s in slots:
+        node_rank = list(dict.fromkeys(names[s.replica])).index(s.node)
+        assert s.rank in gang.nodes[node_rank].ranks
+
+
+def test_moe_dp16_ep_on_two_8_gpu_nodes_dp_ep_groups_follow_the_dp_layout():
+    """DP 16 x TP 1 with EP on 2 x 8 GPUs: DP ranks 0-7 on node1, 8-15 on node2 (the gang's
+    data_parallel_start_rank 0 / 8), one EP group of all 16 ranks across both nodes."""
+    layout = Layout(tp=1, dp=16, ep=True)
+    slots = rank_slots(layout, _nodes(2, 8))
+    assert [s.node for s in slots] == ["node1"] * 8 + ["node2"] * 8
+    assert [s.device for s in slots] == list(range(8)) * 2
+    kinds = _by_kind(layout_groups(layout, slots))
+    assert kinds == {"ep": [(0, tuple(range(16)), ("node1", "node2"))]}
 
 
 def test_replicas_take_their_own_nodes_when_full():

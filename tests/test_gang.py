@@ -60,9 +60,16 @@ def test_nodes_needed_keeps_tp_inside_nodes(tp, pp, per_node, expected):
     assert nodes_needed(tp, pp, per_node) == expected
 
 
-def test_nodes_needed_refuses_a_tp_group_larger_than_a_node():
+def test_nodes_needed_spans_whole_nodes_with_a_tp_group_larger_than_a_node():
+    """TP 4 on 2-worker nodes: 2 whole nodes per TP group, as gang_layout runs it (and as
+    the fabric proof places it: one rule)."""
+    assert nodes_needed(4, 1, 2) == 2
+    assert gang_layout(4, 1, 2).tp_split
+
+
+def test_nodes_needed_refuses_what_no_node_count_splits():
     with pytest.raises(UsageError, match="does not fit"):
-        nodes_needed(4, 1, 2)
+        nodes_needed(3, 1, 2, dp=2)         # 2 ranks per node never hold a DP rank of TP 3
 
 
 def test_gang_bundles_one_per_node_rank_with_the_replica_share_in_bundle_0():

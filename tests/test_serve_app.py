@@ -19,7 +19,6 @@ import pytest
 
 from serve_apps.config import (
     AppConfigError,
-    bundle_indices_for_rank,
     engine_kwargs_for,
     parse_app_args,
     replica_bundles,
@@ -78,15 +77,18 @@ def test_request_logging_off_by_default_and_env_through_runtime_env():
     assert options["max_ongoing_requests"] >= 256
 
 
-def test_moe_dp_is_gang_scheduled_one_replica_per_rank():
+def test_moe_dp_is_one_replica_holding_every_dp_rank_of_its_node():
+    """vLLM's DP layout: one engine of DP 8 on one node, one bundle of its 8 GPUs held by
+    the replica (no Serve gang scheduling, no replica per DP rank)."""
     config = parse_app_args(_args(engine_kwargs={"data_parallel_size": 8,
                                                  "enable_expert_parallel": True},
                                   deployment_config={"num_replicas": 1}))
     options = serve_deployment_options(config, "gpu")
-    assert options["num_replicas"] == 8
-    assert options["gang_scheduling_config"]["gang_size"] == 8
-    assert "placement_group_strategy" not in options
-    assert options["placement_group_bundles"] == [{"GPU": 1, "CPU": 2}]
+    assert options["num_replicas"] == 1
+    assert "gang_scheduling_config" not in options
+    assert options["placement_group_strategy"] == "STRICT_SPREAD"
+    assert options["placement_group_bundles"] == [{"GPU": 8.0, "CPU": 9.0}]
+    assert options["ray_actor_options"]["num_gpus"] == 8.0
 
 
 @pytest.mark.parametrize("args, message", [
@@ -122,14 +124,6 @@ def test_stage_split_detection():
     assert tp_groups_split_across_nodes(["a"] * 4 + ["b"] * 4, 4, 2) == []
     assert tp_groups_split_across_nodes(["a", "b", "a", "b", "a", "b", "a", "b"], 4, 2) == []
     assert tp_groups_split_across_nodes(["a"] * 3 + ["b"] * 5, 4, 2) == [0]
-
-
-def test_dp_rank_bundles_follow_nodes_rank0_node_first():
-    nodes = ["b", "a", "b", "a"]
-    assert bundle_indices_for_rank(0, 2, nodes, first_node="b") == [0, 2]
-    assert bundle_indices_for_rank(1, 2, nodes, first_node="b") == [1, 3]
-    with pytest.raises(AppConfigError):
-        bundle_indices_for_rank(2, 2, nodes)
 
 
 def test_tiny_model_is_deterministic_and_idempotent(tiny_model, tiny_model_builder):
@@ -356,8 +350,10 @@ def test_dry_run_places_tp2_pp2_workers_on_gpu_bundles(serve_instance):
 @heavy
 @pytest.mark.ray
 @pytest.mark.timeout(300)
-def test_dry_run_moe_dp2_ep_gang(serve_instance):
-    """MoE DP 2 + EP: two gang-scheduled replicas, ranks 0 and 1, one GPU bundle each."""
+def test_dry_run_moe_dp2_ep_one_engine_on_its_node(serve_instance):
+    """MoE DP 2 + EP on one node: one replica holding the node's 2-GPU bundle, its engine
+    kwargs vLLM's DP layout (size 2, size_local 2, address = the replica's node, RPC port
+    from the multi_node range, no start rank), no engine started."""
     import httpx
     import ray
     from ray import serve
@@ -366,23 +362,21 @@ def test_dry_run_moe_dp2_ep_gang(serve_instance):
 
     args = _args("/nonexistent/moe", engine_kwargs={"data_parallel_size": 2},
                  device="gpu", dry_run=True, replica_num_cpus=0,
-                 placement_group_config={"bundle_per_worker": {"GPU": 1}})
+                 placement_group_config={"bundle_per_worker": {"GPU": 1}},
+                 multi_node={"port_min": 31500, "port_max": 31509})
     _deploy("drymoe", build_moe_app(args))
     try:
-        reports = {}
-        deadline = time.monotonic() + 60
-        while len(reports) < 2 and time.monotonic() < deadline:
-            report = httpx.get(f"{serve_instance}/drymoe/v1/placement", timeout=30).json()
-            reports[report["dp_rank"]] = report
-        assert sorted(reports) == [0, 1]
-        for rank, report in reports.items():
-            kwargs = report["engine_kwargs"]
-            assert kwargs["data_parallel_rank"] == rank and kwargs["data_parallel_size"] == 2
-            assert kwargs["enable_expert_parallel"] is True
-            assert kwargs["data_parallel_address"] == reports[0]["engine_kwargs"]["data_parallel_address"]
-            assert len(report["probes"]) == 1
-        # Each rank's probe holds its GPU bundle share, as vLLM's worker would.
-        assert len({r["probes"][0]["gpu_ids"][0] for r in reports.values()}) == 2
+        report = httpx.get(f"{serve_instance}/drymoe/v1/placement", timeout=30).json()
+        kwargs = report["engine_kwargs"]
+        assert (kwargs["data_parallel_size"], kwargs["data_parallel_size_local"]) == (2, 2)
+        assert kwargs["enable_expert_parallel"] is True
+        assert kwargs["data_parallel_address"] == report["replica"]["node_ip"]
+        assert 31500 <= kwargs["data_parallel_rpc_port"] <= 31509
+        assert "data_parallel_start_rank" not in kwargs
+        node, = report["gang_nodes"]
+        assert node["node_ip"] == report["replica"]["node_ip"] and not node["headless"]
+        assert [b["resources"] for b in report["bundles"]] == [{"GPU": 2.0}]
+        assert report["probes"] == []              # node rank 0's bundle is the replica's
         assert ray.available_resources().get("GPU", 0) == 2
     finally:
         serve.delete("drymoe")

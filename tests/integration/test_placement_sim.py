@@ -11,9 +11,13 @@ state-API actor table), plus the deployed Serve config and the app's GET /v1/pla
   stage's TP group inside one node (bundles 0-3 on one node, 4-7 on the other), 8 probe actors
   in that group (4 per node, 4 distinct GPU ids per node); engine args tensor_parallel_size 4,
   pipeline_parallel_size 2, distributed_executor_backend ray.
-- MoE DP 8 + EP: 8 gang-scheduled rank replicas (ServeReplica actors, 4 per node), their probe
-  actors 4 per node, all in the gang's placement group(s) of 8 GPU bundles in all; engine args
-  data_parallel_size 8, enable_expert_parallel true, ranks 0-7 sharing rank 0's DP address.
+- MoE DP 8 + EP (issue 22 item 4, vLLM's multi-node DP layout, one engine launch per node):
+  one replica, its placement group two STRICT_SPREAD bundles of {GPU: 4} (one per node); the
+  replica (node rank 0) holds bundle 0, one real RankActor (node rank 1, dry run: no vLLM in
+  it) holds bundle 1 on the other node with its 4 GPUs; node 0's engine args data_parallel_size
+  8, data_parallel_size_local 4, data_parallel_address = the replica's node IP, the DP RPC port
+  from the inventory's range, no start rank; the rank actor's the same with
+  data_parallel_start_rank 4 and VLLM_HOST_IP = its own node; deploy JSON ranks [0, 1].
 
 Run your own instance: SIMCLUSTER_PREFIX=plc SIMCLUSTER_SUBNET=8 SIMCLUSTER_DIR=/tmp/simcluster-plc.
 Heavy (a dozen Ray workers on two nodes): a few minutes on a 2-core machine.
@@ -99,17 +103,19 @@ def ray_tables(inventory: Path, timeout: float = 300) -> dict:
     return out
 
 
-def app_tables(inventory: Path, app: str, want_replicas: int, timeout: float = 180) -> dict:
-    """The tables once the app's replicas and their probes are all ALIVE and PGs CREATED."""
+def app_tables(inventory: Path, app: str, want_replicas: int, timeout: float = 180,
+               want_probes: int = 8) -> dict:
+    """The tables once the app's replicas and their probes (or rank actors) are all ALIVE
+    and PGs CREATED."""
     deadline = time.monotonic() + timeout
     while True:
         t = ray_tables(inventory)
         replicas = [a for a in t["actors"] if a["class_name"].startswith(f"ServeReplica:{app}:")]
         pg_ids = {a["pg_id"] for a in replicas}
-        probes = [a for a in t["actors"] if a["class_name"] == "BundleProbe"
+        probes = [a for a in t["actors"] if a["class_name"] in ("BundleProbe", "RankActor")
                   and a["pg_id"] in pg_ids]
         pgs = {i: pg for i, pg in t["placement_groups"].items() if i in pg_ids}
-        ready = (len(replicas) == want_replicas and len(probes) == 8
+        ready = (len(replicas) == want_replicas and len(probes) == want_probes
                  and pgs and all(pg["state"] == "CREATED" for pg in pgs.values()))
         if ready or time.monotonic() > deadline:
             return {"replicas": replicas, "probes": probes, "pgs": pgs, "all": t}
@@ -119,7 +125,7 @@ def app_tables(inventory: Path, app: str, want_replicas: int, timeout: float = 1
 def placement_reports(endpoint: str, node_ips: list[str], want_ranks: int,
                       timeout: float = 120) -> dict:
     """GET /placement through every node's Serve proxy (each prefers its node's replicas)
-    until every DP rank (or the one replica, rank None) has answered."""
+    until `want_ranks` replicas (by pid) have answered."""
     import httpx
 
     head_ip = endpoint.split("//", 1)[1].split(":", 1)[0]
@@ -132,7 +138,7 @@ def placement_reports(endpoint: str, node_ips: list[str], want_ranks: int,
                 r = httpx.get(url, timeout=30)
                 if r.status_code == 200:
                     report = r.json()
-                    reports[report["dp_rank"]] = report
+                    reports[report["replica"]["pid"]] = report
             except httpx.HTTPError:
                 time.sleep(1)
     return reports
@@ -148,6 +154,7 @@ def undeploy(inventory: Path, app: str) -> None:
 
 @pytest.mark.timeout(2400)
 def test_dense_tp4_pp2_and_moe_dp8_ep_placement_on_two_4gpu_nodes(sim, inv, models):
+    """(1) dense TP 4 x PP 2, (2) MoE DP 8 + EP, on the same two simulated 4-GPU nodes."""
     ips = {sim.node(n).ip for n in PROFILES}
     timings = {}
 
@@ -183,8 +190,8 @@ def test_dense_tp4_pp2_and_moe_dp8_ep_placement_on_two_4gpu_nodes(sim, inv, mode
     assert Counter(p["node_ip"] for p in t["probes"]) == {ip: 4 for ip in ips}
 
     reports = placement_reports(out["endpoint"], sorted(ips), want_ranks=1)
-    assert list(reports) == [None], reports
-    report = reports[None]
+    assert len(reports) == 1, reports
+    (report,) = reports.values()
     kwargs = report["engine_kwargs"]
     assert kwargs["tensor_parallel_size"] == 4 and kwargs["pipeline_parallel_size"] == 2
     assert kwargs["distributed_executor_backend"] == "ray"
@@ -202,7 +209,7 @@ def test_dense_tp4_pp2_and_moe_dp8_ep_placement_on_two_4gpu_nodes(sim, inv, mode
         time.sleep(3)
     assert pg_id not in ray_tables(inv)["placement_groups"], "the dense PG outlived undeploy"
 
-    # (2) MoE: DP 8 + EP -> 8 gang-scheduled rank replicas, 4 per node
+    # (2) MoE: DP 8 + EP -> one engine launch per node: the replica (node rank 0) + a rank actor
     start = time.monotonic()
     code, out = cli_json(inv, "deploy", "--model", str(models["moe"]), "--dp", "8",
                          "--expert-parallel", "--name", MOE_APP, "--device", "gpu",
@@ -210,36 +217,47 @@ def test_dense_tp4_pp2_and_moe_dp8_ep_placement_on_two_4gpu_nodes(sim, inv, mode
                          timeout=1200)
     timings["moe_deploy_s"] = round(time.monotonic() - start, 1)
     assert code == 0 and out["status"] == "RUNNING", json.dumps(out, indent=1)[-4000:]
-    assert out["placement"]["num_replicas"] == 8
-    assert out["placement"]["gang"]["gang_size"] == 8
+    assert out["placement"]["num_replicas"] == 1 and "gang" not in out["placement"]
+    assert out["placement"]["strategy"] == "STRICT_SPREAD"
+    assert [b["GPU"] for b in out["placement"]["bundles_per_replica"]] == [4.0, 4.0]
     app = yaml.safe_load(Path(out["config_path"]).read_text())["applications"][0]
     assert app["import_path"] == "serve_apps.vllm_app:build_moe_app"
-    assert app["args"]["engine_kwargs"]["data_parallel_size"] == 8
-    assert app["args"]["engine_kwargs"]["enable_expert_parallel"] is True
+    kw = app["args"]["engine_kwargs"]
+    assert (kw["data_parallel_size"], kw["nnodes"], kw["enable_expert_parallel"]) == (8, 2, True)
     assert app["args"]["dry_run"] is True
+    lo, hi = app["args"]["multi_node"]["port_min"], app["args"]["multi_node"]["port_max"]
 
-    t = app_tables(inv, MOE_APP, want_replicas=8, timeout=300)
-    assert len(t["replicas"]) == 8, json.dumps(t["all"], indent=1)[-4000:]
-    assert Counter(a["node_ip"] for a in t["replicas"]) == {ip: 4 for ip in ips}
-    assert Counter(p["node_ip"] for p in t["probes"]) == {ip: 4 for ip in ips}
-    bundles = [(pg_id, i, pg["bundle_ips"][i], pg["bundles"][i])
-               for pg_id, pg in t["pgs"].items() for i in sorted(pg["bundles"])]
-    assert len(bundles) == 8 and all(b[3].get("GPU") == 1.0 for b in bundles), bundles
-    assert Counter(b[2] for b in bundles) == {ip: 4 for ip in ips}
-    # gang-scheduled: every rank replica in the gang's placement group (one for the 8 ranks)
-    assert len(t["pgs"]) == 1 and all(a["pg_id"] in t["pgs"] for a in t["replicas"]), t["pgs"]
+    t = app_tables(inv, MOE_APP, want_replicas=1, timeout=300, want_probes=1)
+    assert len(t["replicas"]) == 1 and len(t["probes"]) == 1, json.dumps(t["all"], indent=1)[-4000:]
+    (pg_id, pg), = t["pgs"].items()
+    assert pg["strategy"] == "STRICT_SPREAD" and sorted(pg["bundles"]) == [0, 1]
+    assert all(pg["bundles"][i].get("GPU") == 4.0 for i in (0, 1)), pg["bundles"]
+    node0, node1 = pg["bundle_ips"][0], pg["bundle_ips"][1]
+    assert {node0, node1} == ips
+    replica, rank_actor = t["replicas"][0], t["probes"][0]
+    assert replica["node_ip"] == node0 and replica["pg_id"] == pg_id
+    assert rank_actor["class_name"] == "RankActor" and rank_actor["node_ip"] == node1
+    assert rank_actor["pg_id"] == pg_id and rank_actor["name"].startswith(f"{MOE_APP}/")
 
-    reports = placement_reports(out["endpoint"], sorted(ips), want_ranks=8, timeout=180)
-    assert sorted(reports) == list(range(8)), sorted(reports)
-    address = reports[0]["engine_kwargs"]["data_parallel_address"]
-    for rank, report in reports.items():
-        kwargs = report["engine_kwargs"]
-        assert kwargs["data_parallel_size"] == 8 and kwargs["data_parallel_rank"] == rank
-        assert kwargs["enable_expert_parallel"] is True
-        assert kwargs["distributed_executor_backend"] == "ray"
-        assert kwargs["data_parallel_address"] == address
-        assert len(report["probes"]) == 1 and report["probes"][0]["gpu_ids"]
-    assert Counter(r["replica"]["node_ip"] for r in reports.values()) == {ip: 4 for ip in ips}
+    reports = placement_reports(out["endpoint"], sorted(ips), want_ranks=1, timeout=180)
+    (report,) = reports.values()
+    k0 = report["engine_kwargs"]
+    assert (k0["data_parallel_size"], k0["data_parallel_size_local"]) == (8, 4)
+    assert k0["data_parallel_address"] == node0 == report["replica"]["node_ip"]
+    assert lo <= k0["data_parallel_rpc_port"] <= hi
+    assert "data_parallel_start_rank" not in k0 and "nnodes" not in k0
+    assert k0["distributed_executor_backend"] == "mp" and k0["enable_expert_parallel"] is True
+    (ranked,) = report["rank_actors"]       # the rank actor's own account, on its node
+    assert ranked["node_rank"] == 1 and ranked["node_ip"] == node1
+    assert ranked["state"] == "placed" and len(set(ranked["gpu_ids"])) == 4
+    k1 = ranked["engine_kwargs"]
+    assert k1["data_parallel_start_rank"] == 4 and k1["data_parallel_size_local"] == 4
+    assert k1["data_parallel_address"] == node0
+    assert k1["data_parallel_rpc_port"] == k0["data_parallel_rpc_port"]
+    assert ranked["env"]["VLLM_HOST_IP"] == node1
+    (rep,) = out["replicas"]                 # deploy JSON: the replica's ranks
+    assert [(r["rank"], r["node_ip"], r["state"]) for r in rep["ranks"]] == [
+        (0, node0, "running"), (1, node1, "running")]
 
     undeploy(inv, MOE_APP)
     code, down = cli_json(inv, "down", "--yes", timeout=300)
