@@ -11,7 +11,6 @@ restart-node (playbooks/restart_node.py) runs the same steps before restarting t
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -23,6 +22,7 @@ from cluster.ray_state import GcsNode, RayState, node_for_ip, query_state
 from cluster.rollout import (DEFAULT_DRAIN_DEADLINE_S, DEFAULT_MOVE_WAIT_S, DRAIN_TIMEOUT_S,
                              RolloutOutcome, app_demands, apps_not_running, capacity_without,
                              drain_command, remaining_nodes, replicas_lost_with, worker)
+from cluster.waits import poll
 
 Event = Callable[[str], None]
 
@@ -73,21 +73,25 @@ def locate(session, inventory: Inventory, name: str, out: RolloutOutcome
 def wait_moved(session, inventory: Inventory, node_id: str, wait_s: float,
                on_event: Event, poll_s: float = 3.0) -> tuple[bool, list[dict], RayState]:
     """Poll until no Serve replica is on the node and every app is RUNNING (at most wait_s)."""
-    end = time.monotonic() + wait_s
-    last = ""
-    while True:
+    last = [""]
+
+    def probe() -> tuple[RayState, list[dict], list]:
         state = ray_view(session, inventory)
         left = replicas_lost_with(state, node_id) if state.answered else [{"state": "unknown"}]
         pending = apps_not_running(state.serve) if state.serve is not None else ["serve: no answer"]
-        if not left and not pending:
-            return True, left, state
+        return state, left, pending
+
+    def report(value) -> None:
+        _, left, pending = value
         msg = f"{len(left)} replica(s) still on the node; apps not running: {pending or 'none'}"
-        if msg != last:
+        if (left or pending) and msg != last[0]:
             on_event(msg)
-            last = msg
-        if time.monotonic() + poll_s > end:
-            return False, left, state
-        time.sleep(poll_s)
+            last[0] = msg
+
+    got = poll(probe, lambda v: not v[1] and not v[2], timeout_s=wait_s, interval_s=poll_s,
+               on_value=report)
+    state, left, _ = got.value
+    return got.done, left, state
 
 
 def drain(session, inventory: Inventory, name: str, *, dry_run: bool, confirm: Callable[[str], bool],

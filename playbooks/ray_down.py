@@ -8,7 +8,6 @@ that node's Ray processes; with `ray.metrics: prometheus` the head's Prometheus 
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
@@ -16,6 +15,7 @@ from cluster import prometheus_head, ray_cluster
 from cluster.facts import gather as gather_facts
 from cluster.inventory import Inventory
 from cluster.ray_cluster import CHANGED, FAILED, UNREACHABLE, NodeFacts, Plan, StepResult
+from cluster.waits import poll
 
 
 VERIFY_ATTEMPTS = 4
@@ -82,13 +82,10 @@ def run(inventory: Inventory, session, dry_run: bool, confirm: Callable[[str], b
     # still exiting get a few seconds)
     on_event("verifying")
     stopped = [inventory.node(s.node) for s in out.steps if s.status == CHANGED]
-    after: dict[str, NodeFacts] = {}
-    for attempt in range(VERIFY_ATTEMPTS):
-        if attempt:
-            time.sleep(VERIFY_PAUSE_S)
-        after = gather_facts(session, inventory, stopped)
-        if not any(f.usable and f.running for f in after.values()):
-            break
+    after = poll(lambda: gather_facts(session, inventory, stopped),
+                 lambda got: not any(f.usable and f.running for f in got.values()),
+                 timeout_s=VERIFY_ATTEMPTS * VERIFY_PAUSE_S, interval_s=VERIFY_PAUSE_S,
+                 max_attempts=VERIFY_ATTEMPTS).value or {}
     steps = []
     for step in out.steps:
         f = after.get(step.node)
