@@ -24,7 +24,7 @@ from cluster import deploy
 from cluster.deploy import DeploySpec
 from cluster.errors import DeployError
 from cluster.inventory import Inventory
-from playbooks.outcome import DocOutcome
+from playbooks.outcome import Confirm, DocOutcome, OnEvent, ignore, lines_to, never_confirm
 
 
 @dataclass(frozen=True)
@@ -49,16 +49,15 @@ class DeployOutcome(DocOutcome):
                     "api_key_env": spec.api_key_env, "warnings": []})
 
 
-def run(inventory: Inventory, session, options: DeployOptions, confirm: Callable[[str], bool],
-        on_event: Callable[[str], None] = lambda _: None,
-        write_config: Callable[[str, str], Path] | None = None,
+def run(inventory: Inventory, session, options: DeployOptions, confirm: Confirm,
+        on_event: OnEvent = ignore, *, write_config: Callable[[str, str], Path] | None = None,
         out: DeployOutcome | None = None, client=None) -> DeployOutcome:
     """Fills `out` (given by a caller that records a partial outcome on an error) and returns
     it. `write_config(name, text)` stores the Serve config and returns its path (default: not
     stored); `client`: the dashboard (default DashboardClient)."""
     out = out if out is not None else DeployOutcome.start(options, "")
-    out.exit_code = _deploy(inventory, session, options, confirm, on_event, write_config, out.doc,
-                            client)
+    out.exit_code = _deploy(inventory, session, options, confirm, lines_to(on_event),
+                            write_config, out.doc, client)
     return out
 
 
@@ -204,10 +203,11 @@ def _planned(plan) -> dict[str, Any]:
 
 def _prove(inv, session, plan, cluster, options: DeployOptions, say, doc: dict) -> bool:
     """Run the proof; False (doc says why) when it failed and --force was not given."""
-    from playbooks.nccl_check import run_proof
+    from playbooks.nccl_check import ProofOptions, run_proof
 
     models = {n.name: n.gpu_model for n in cluster.nodes if n.name}
-    outcome = run_proof(inv, session, plan, models, on_event=say)
+    outcome = run_proof(inv, session, ProofOptions(plan, models), never_confirm,
+                        lambda event: say(str(event)))
     proof = outcome.proof
     doc["fabric_proof"] = proof.to_dict()
     say(f"fabric proof: {proof.verdict}")

@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping
 
 from cluster.errors import UsageError
 from cluster.inventory import Inventory
-from playbooks.outcome import DocOutcome
+from playbooks.outcome import Confirm, DocOutcome, OnEvent, ignore, lines_to
 from cluster.tune import DeployedApp, TuneSettings
 
 
@@ -61,9 +61,8 @@ def confirm_question(settings: TuneSettings) -> str:
             f"the endpoint is down while vLLM starts). Go on?")
 
 
-def run(inventory: Inventory, session, options: TuneOptions, confirm: Callable[[str], bool],
-        on_event: Callable[[str], None] = lambda _: None,
-        on_secret: Callable[[str], None] = lambda _: None,
+def run(inventory: Inventory, session, options: TuneOptions, confirm: Confirm,
+        on_event: OnEvent = ignore, *, on_secret: Callable[[str], None] = lambda _: None,
         environ: Mapping[str, str] | None = None, out: TuneOutcome | None = None,
         client=None, bench: Callable[..., Any] | None = None) -> TuneOutcome:
     """Fills `out` (given by a caller that records a partial outcome on an error) and returns
@@ -97,7 +96,7 @@ def run(inventory: Inventory, session, options: TuneOptions, confirm: Callable[[
         doc["status"] = "CANCELLED"
         return out
 
-    result = run_tune(settings, client, inventory, app, endpoint, on_event, bench)
+    result = run_tune(settings, client, inventory, app, endpoint, lines_to(on_event), bench)
     doc.update(result.to_dict())
     out.exit_code = result.exit_code
     doc["status"] = "DONE"

@@ -257,7 +257,8 @@ RANKS = ({"name": rank_actor_name("gang", "r1", 1), "state": "ALIVE", "node_id":
 
 def test_draining_a_node_with_a_remote_rank_names_the_app_losing_a_whole_replica():
     from cluster.ray_state import RayState
-    from cluster.rollout import RolloutOutcome, gang_replicas_on, replicas_lost_with
+    from cluster.rollout import gang_replicas_on, replicas_lost_with
+    from playbooks.drain import RolloutOutcome
 
     assert gang_replicas_on(_gang_details(), RANKS, "n2") == [
         {"app": "gang", "deployment": "vllm-m", "replica_id": "r1", "state": "RUNNING",

@@ -178,11 +178,25 @@ class RecordedRun:
 
         return Session(self.inventory, hooks=[hook or self.record.record])
 
-    def event(self, line: str) -> None:
-        """A progress line on stderr ("<command>: ..."), secrets scrubbed; none with --json."""
-        if not self.quiet:
-            stderr.print(f"[dim]{self.command}:[/dim] {self.scrub(line)}",
+    def event(self, event: Any) -> None:
+        """A playbook's typed progress event rendered: a Progress line on stderr
+        ("<command>: ..."), secrets scrubbed, none with --json; a NodeDone has no line."""
+        from playbooks.outcome import Progress
+
+        if isinstance(event, Progress) and not self.quiet:
+            stderr.print(f"[dim]{self.command}:[/dim] {self.scrub(event.text)}",
                          soft_wrap=self.soft_wrap)
+
+    def events(self, advance: Callable[[Any], None]) -> Callable[[Any], None]:
+        """`event`, with each NodeDone advancing the progress bar `advance` (run_.progress)."""
+        from playbooks.outcome import NodeDone
+
+        def on_event(event: Any) -> None:
+            if isinstance(event, NodeDone):
+                advance(event.result)
+            else:
+                self.event(event)
+        return on_event
 
     def confirm(self, question: str) -> bool:
         return confirm(question, bool(getattr(self.args, "yes", False)))

@@ -23,6 +23,7 @@ from cluster.errors import UsageError
 from cluster.modelinfo import read_json_file
 from cluster.remote import CommandResult
 from cluster.render import status_text
+from playbooks.outcome import never_confirm
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -83,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     code = 2
     try:
         with run_.session(lambda r: record.record(_short(r))) as session:
-            outcome = playbook.run(inv, session, options, on_event=run_.event)
+            outcome = playbook.run(inv, session, options, never_confirm, run_.event)
         result = dataclasses.replace(outcome.result, run_dir=str(record.path))
         _write_logs(record.path, outcome.job)
         payload = dict(result.to_dict(), preflight_report=facts_source,
@@ -210,13 +211,14 @@ def _run_layout(args: argparse.Namespace) -> int:
             if not plan.groups:
                 raise UsageError(f"{args.layout}: one rank per engine, no group to prove")
             models = {n.name: n.gpu_model for n in cluster.nodes if n.name}
-            outcome = playbook.run_proof(inv, session, plan, models, on_event=run_.event)
+            outcome = playbook.run_proof(inv, session, playbook.ProofOptions(plan, models),
+                                         never_confirm, run_.event)
         proof = outcome.proof
         _write_logs(record.path, outcome.job)
         payload = {"layout": layout.to_dict(), "plan": plan.to_dict(),
                    "fabric_proof": proof.to_dict(), "run_dir": str(record.path)}
         record.write_json("nccl-check.json", payload)
-        code = {"ok": 0, "warn": 1}.get(proof.status.value, 2)
+        code = outcome.exit_code
     finally:
         run_.finish(code)
     if args.json:
