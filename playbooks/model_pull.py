@@ -24,7 +24,7 @@ import re
 import shlex
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from cluster.errors import RemoteError, UsageError
 from cluster.fixes import as_root
@@ -33,6 +33,7 @@ from cluster.model_relay import NodeResult, RelaySettings, RelayShape, rate_text
 from cluster.model_sync import CopyPlan, Manifest, copy_plan, still_different
 from cluster.node_programs import BOOT, with_input
 from playbooks.relay import RelayReport, answer_of, manifests, run_relay
+from playbooks.outcome import Confirm, OnEvent, Outcome, ignore, lines_to, never_confirm
 
 _MIB = 1 << 20
 _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}(/[A-Za-z0-9][A-Za-z0-9_.-]{0,95})?\Z")
@@ -79,10 +80,11 @@ class PullOptions:
     dry_run: bool = False
     allow_patterns: tuple[str, ...] = ()
     ignore_patterns: tuple[str, ...] = ()
+    local_root: bool = False                  # this process is root (no sudo -n for local)
 
 
 @dataclass
-class PullOutcome:
+class PullOutcome(Outcome):
     source: str
     path: str
     dry_run: bool
@@ -91,6 +93,7 @@ class PullOutcome:
     seconds: float = 0.0
     bytes: int = 0
     notes: list[str] = field(default_factory=list)
+    stopped: str | None = None
 
     @property
     def exit_code(self) -> int:
@@ -105,9 +108,12 @@ class PullOutcome:
                 "seconds": round(self.seconds, 3), "bytes": self.bytes, "notes": self.notes}
 
 
-def pull(inventory: Inventory, session, options: PullOptions, local_root: bool,
-         on_event: Callable[[str], None] = lambda line: None) -> PullOutcome:
-    """The whole pull; raises UsageError/RemoteError for what stops it before the relay."""
+def run(inventory: Inventory, session, options: PullOptions, confirm: Confirm = never_confirm,
+        on_event: OnEvent = ignore) -> PullOutcome:
+    """The whole pull; raises UsageError/RemoteError for what stops it before the relay.
+    Nothing is asked (confirm is not called): the pull only adds or replaces the model's
+    files, as `--dry-run` shows first."""
+    local_root, say = options.local_root, lines_to(on_event)
     path = options.path or inventory.model_path
     if not path or not path.startswith("/"):
         raise UsageError("--path DIR (absolute) or the inventory's model.path is needed")
@@ -130,13 +136,13 @@ def pull(inventory: Inventory, session, options: PullOptions, local_root: bool,
     if source.kind == "hf" and options.dry_run:
         return _hub_dry_run(outcome, source, src, targets, settings)
     if source.kind == "hf":
-        on_event(f"model: {source.repo} from the hub onto {src.name}:{path}")
+        say(f"model: {source.repo} from the hub onto {src.name}:{path}")
         hub_download(inventory, session, src, source.repo, options, path, local_root)
 
     def dir_of(node: Node) -> str:
         return src_dir if node.name == src.name else path
 
-    on_event(f"model: manifests on {src.name} and {len(targets)} node(s)")
+    say(f"model: manifests on {src.name} and {len(targets)} node(s)")
     found = manifests(inventory, session, [src, *targets.values()], local_root, dir_of)
     ref = found[src.name]
     if isinstance(ref, str):
@@ -160,9 +166,9 @@ def pull(inventory: Inventory, session, options: PullOptions, local_root: bool,
         outcome.seconds = time.monotonic() - start
         return outcome
     report = run_relay(inventory, session, src, ref, {n: plans[n] for n in busy},
-                       {n: targets[n] for n in busy}, local_root, dir_of, on_event)
+                       {n: targets[n] for n in busy}, local_root, dir_of, say)
     outcome.shape = report.shape
-    on_event(f"model: relay over in {report.seconds:.1f} s; verifying by a second manifest")
+    say(f"model: relay over in {report.seconds:.1f} s; verifying by a second manifest")
     answering = [targets[n] for n in busy if n not in report.errors]
     after = manifests(inventory, session, answering, local_root, lambda node: path)
     for name in busy:
