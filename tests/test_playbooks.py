@@ -600,3 +600,42 @@ def test_placement_only_deploys_have_no_proof(deploy_cluster):
     out = deploy.run(inventory_of(DEPLOY_INVENTORY), session, options, never, client=FakeDashboard())
     assert out.exit_code == 0 and session.calls == [] and "fabric_proof" not in out.doc
     assert "fabric proof skipped: placement only, no engine starts" in out.doc["notes"]
+
+
+# ---------------------------------------------------------------- one playbook shape
+
+PLAYBOOKS = {"deploy": "run", "drain": "run", "fix": "run", "fix (undo)": "undo",
+             "model_pull": "run", "nccl_check": "run", "nccl_check (proof)": "run_proof",
+             "preflight": "run", "ray_down": "run", "ray_up": "run", "restart_node": "run",
+             "status": "run", "tune": "run", "undeploy": "run"}
+NOT_PLAYBOOKS = {"__init__", "outcome", "relay", "fix_model", "nccl_allreduce"}
+
+
+@pytest.mark.parametrize("name", sorted(PLAYBOOKS))
+def test_every_playbook_has_the_one_shape(name):
+    """run(inventory, session, options, confirm, on_event) -> an Outcome; options a frozen
+    dataclass; anything else keyword-only."""
+    import dataclasses
+    import importlib
+    import inspect
+    import typing
+
+    from cluster.inventory import Inventory
+    from playbooks.outcome import Outcome
+
+    module = importlib.import_module(f"playbooks.{name.split()[0]}")
+    run = getattr(module, PLAYBOOKS[name])
+    params = list(inspect.signature(run).parameters.values())
+    assert [p.name for p in params[:5]] == ["inventory", "session", "options", "confirm",
+                                            "on_event"]
+    assert all(p.kind is p.KEYWORD_ONLY for p in params[5:]), params[5:]
+    hints = typing.get_type_hints(run)
+    assert hints["inventory"] is Inventory
+    options = hints["options"]
+    assert dataclasses.is_dataclass(options) and options.__dataclass_params__.frozen
+    assert issubclass(hints["return"], Outcome)
+
+
+def test_the_shape_list_names_every_playbook_module():
+    names = {p.stem for p in (Path(__file__).parent.parent / "playbooks").glob("*.py")}
+    assert names - NOT_PLAYBOOKS == {n.split()[0] for n in PLAYBOOKS}
