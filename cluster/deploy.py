@@ -32,10 +32,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
+from cluster.endpoints import log_dir, url_host
 from cluster.errors import UsageError
 from cluster.gang import gang_layout, nodes_needed
-from cluster.inventory import Inventory, Node, is_secret_name
+from cluster.inventory import Inventory, is_secret_name
 from cluster.plan_file import SECRET_ENGINE_ARG_RE, SERVED_NAME_RE, PlanFile
+from cluster.ray_env import fabric_env, uniform_fabric_env
 
 DENSE_IMPORT_PATH = "serve_apps.vllm_app:build_app"
 MOE_IMPORT_PATH = "serve_apps.vllm_app:build_moe_app"
@@ -394,11 +396,6 @@ def cpu_bind_list(cpus: int, workers: int) -> str:
     return "|".join(ranges)
 
 
-def _uniform(inventory: Inventory, value: Callable[[Node], str | None]) -> str | None:
-    values = {value(n) for n in inventory.nodes}
-    return values.pop() if len(values) == 1 else None
-
-
 def runtime_env_vars(spec: DeploySpec, device: str, cluster: ClusterView,
                      inventory: Inventory) -> dict[str, str]:
     """Environment for the replicas and the engine processes they start (runtime_env).
@@ -418,15 +415,7 @@ def runtime_env_vars(spec: DeploySpec, device: str, cluster: ClusterView,
             env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_bind_list(cpus, workers)
             env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
     else:
-        nccl = _uniform(inventory, lambda n: n.nccl_socket_ifname)
-        gloo = _uniform(inventory, lambda n: n.gloo_socket_ifname)
-        hcas = _uniform(inventory, lambda n: ",".join(n.ib_hcas) or None)
-        if nccl:
-            env["NCCL_SOCKET_IFNAME"] = nccl
-        if gloo:
-            env["GLOO_SOCKET_IFNAME"] = gloo
-        if hcas:
-            env["NCCL_IB_HCA"] = hcas
+        env.update(uniform_fabric_env(inventory))
         # The ranks' own init lines (transport per channel) for the post-start reading
         # (cluster/engine_transport.py): INIT and NET only, printed once per communicator.
         env["NCCL_DEBUG"] = "INFO"
@@ -437,19 +426,11 @@ def runtime_env_vars(spec: DeploySpec, device: str, cluster: ClusterView,
     return env
 
 
-def node_env(node: Node) -> dict[str, str]:
-    """The per-node fabric env of one rank (VLLM_HOST_IP, NCCL/GLOO interfaces, HCAs): the
-    same values `ray start` gives the node (cluster.ray_cluster.fabric_env)."""
-    from cluster.ray_cluster import fabric_env
-
-    return fabric_env(node)
-
-
 def multi_node_args(inventory: Inventory) -> dict[str, Any]:
     """The app's multi_node args: the inventory's gang port range and every node's env."""
     r = inventory.ray
     return {"port_min": r.vllm_port_min, "port_max": r.vllm_port_max,
-            "node_env": {n.ip: node_env(n) for n in inventory.nodes}}
+            "node_env": {n.ip: fabric_env(n) for n in inventory.nodes}}
 
 
 def placement_strategy(spec: DeploySpec, device: str, cluster: ClusterView) -> str:
@@ -608,9 +589,8 @@ def capacity_problems(preview: Mapping[str, Any], cluster: ClusterView) -> list[
 
 
 def endpoint_url(inventory: Inventory, route_prefix: str, port: int | None = None) -> str:
-    host = inventory.head.ip
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"
+    """The OpenAI base URL of a deployment on the head's Serve HTTP port."""
+    host = url_host(inventory.head.ip)
     prefix = "" if route_prefix == "/" else route_prefix
     return f"http://{host}:{port or inventory.ray.serve_port}{prefix}/v1"
 
@@ -919,10 +899,6 @@ _LOG_PATH_RE = re.compile(r"^/?[A-Za-z0-9._/-]+$")
 _HEX_RE = re.compile(r"^[0-9a-fA-F]{8,64}$")
 
 
-def logs_dir(inventory: Inventory) -> str:
-    return f"{(inventory.ray.temp_dir or '/tmp/ray').rstrip('/')}/session_latest/logs"
-
-
 def log_tail_command(inventory: Inventory, replicas: Sequence[ReplicaInfo], app: str,
                      lines: int = 60) -> str:
     """Shell command printing the tails of these replicas' Serve logs and worker stderr/stdout
@@ -937,7 +913,7 @@ def log_tail_command(inventory: Inventory, replicas: Sequence[ReplicaInfo], app:
             files += [f"worker-*-{int(r.pid)}.err", f"worker-*-{int(r.pid)}.out"]
     if not files:
         files = ["serve/controller_*.log"]
-    directory = shlex.quote(logs_dir(inventory))
+    directory = shlex.quote(log_dir(inventory))
     return (f"cd {directory} 2>/dev/null || {{ echo 'no Ray logs in '{directory}; exit 0; }}; "
             f"for f in {' '.join(files)}; do [ -f \"$f\" ] || continue; "
             f"echo \"==> $f <==\"; tail -n {int(lines)} \"$f\"; done")

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from cluster.endpoints import head_dashboard_base, ray_temp_dir
 from cluster.errors import ParseError
 from cluster.inventory import Inventory, Node, RayOptions, SSHOptions, health_period_bounds
 from cluster.results import CheckResult, Status
@@ -261,10 +262,6 @@ def job_config(inventory: Inventory) -> JobConfig:
                      temp_dir=ray_temp_dir(inventory))
 
 
-def ray_temp_dir(inventory: Inventory) -> str:
-    return inventory.ray.temp_dir or "/tmp/ray"
-
-
 def readings_path(temp_dir: str) -> str:
     """The readings of the current Ray session on the head (a restarted Ray starts afresh)."""
     return f"{temp_dir.rstrip('/')}/session_latest/{READINGS_FILE}"
@@ -315,11 +312,10 @@ class JobStep:
 
 def submit_input(inventory: Inventory, action: str, archive: bytes | None = None) -> str:
     """stdin of node_programs/health_submit.py: its source line, then one JSON request."""
-    from cluster.nccl_check import dashboard_base
     from cluster.node_programs import with_input
 
     config = job_config(inventory)
-    request: dict[str, Any] = {"action": action, "dashboard": dashboard_base(inventory),
+    request: dict[str, Any] = {"action": action, "dashboard": head_dashboard_base(inventory),
                                "metadata_key": METADATA_KEY, "metadata_value": METADATA_VALUE}
     if action == "ensure":
         archive = archive if archive is not None else package_archive()

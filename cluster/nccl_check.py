@@ -33,6 +33,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from cluster.endpoints import head_dashboard_base
 from cluster.errors import ParseError, UsageError
 from cluster.inventory import Inventory, Node
 from cluster.node_programs import Call, document_of, failure, program_call
@@ -108,23 +109,13 @@ def job_args(options: CheckOptions, nodes: Sequence[Node]) -> list[str]:
                                   separators=(",", ":"))]
 
 
-def dashboard_base(inventory: Inventory) -> str:
-    """The dashboard as the head itself reaches it (it is bound to the head's loopback)."""
-    from cluster.ray_state import dashboard_target
-
-    host = dashboard_target(inventory)
-    if ":" in host:
-        host = f"[{host}]"
-    return f"http://{host}:{inventory.ray.dashboard_port}"
-
-
 def head_call(inventory: Inventory, options: CheckOptions, nodes: Sequence[Node],
               submission_id: str, script: str | None = None,
               args: Sequence[str] | None = None) -> Call:
     """The one SSH command run on the head (submit, wait, read back) and its stdin. `args`:
     the entrypoint's arguments when not job_args(options, nodes) (the fabric proof's groups)."""
     text = script if script is not None else ENTRYPOINT.read_text()
-    cfg = {"base": dashboard_base(inventory), "submission_id": submission_id,
+    cfg = {"base": head_dashboard_base(inventory), "submission_id": submission_id,
            "python": inventory.ray.python,
            "script_b64": base64.b64encode(text.encode()).decode(),
            "args": list(args) if args is not None else job_args(options, nodes),

@@ -25,6 +25,7 @@ from cluster.errors import InventoryError
 from cluster.preflight import NODE_CHECKS, node_probes
 from cluster.probes import probe_script
 from cluster.ray_cluster import GPU
+from cluster.ray_env import start_env
 from fakes import write_inventory
 
 NASTY = {
@@ -162,7 +163,7 @@ def test_bash_hands_the_exact_values_to_the_process_and_runs_nothing(inv, canary
     """The env prefix `ray start` gets, executed by a real bash in front of a Python that
     prints its environment: every value arrives byte for byte, the canary is never created."""
     node = inv.node("node2")
-    env = ray_cluster.start_env(node, "token")
+    env = start_env(node, "token")
     got = _environ_behind(lambda dump: ray_cluster.env_prefix(env) + dump)
     for key, value in env.items():
         assert got[key] == value, key
