@@ -32,6 +32,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
+from cluster.bounds import bound, check_int
 from cluster.endpoints import log_dir, url_host
 from cluster.errors import UsageError
 from cluster.gang import gang_layout, nodes_needed
@@ -202,11 +203,10 @@ def check_engine_args(extra: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _positive(value: int | None, flag: str) -> int:
+    """A parallel size (--tp/--pp/--dp), 1 when not given."""
     if value is None:
         return 1
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UsageError(f"{flag} must be a positive integer, got {value!r}")
-    return value
+    return check_int(value, flag, lo=1, hi=bound("plan", "parallel_size"))
 
 
 def spec_from_flags(model: str, *, tp: int | None = None, pp: int | None = None,
@@ -276,10 +276,8 @@ def spec_from_plan(plan: PlanFile, *, model: str | None = None, name: str | None
 
 
 def _max_len(value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 16 <= value <= 1 << 24:
-        raise UsageError(f"--max-model-len must be an integer between 16 and {1 << 24}, "
-                         f"got {value!r}")
-    return value
+    return check_int(value, "--max-model-len", lo=bound("plan", "max_model_len_min"),
+                     hi=bound("plan", "max_model_len"))
 
 
 def _finish(spec: DeploySpec) -> DeploySpec:

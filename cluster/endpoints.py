@@ -32,7 +32,7 @@ def head_dashboard_base(inventory: Inventory) -> str:
 
 
 def dashboard_url(inventory: Inventory) -> str:
-    """The dashboard URL on the head, as printed (reach it from a laptop with `cluster dashboard`)."""
+    """The dashboard URL on the head as printed (a laptop reaches it with `cluster dashboard`)."""
     host = inventory.ray.dashboard_host
     if host in ALL_INTERFACES:
         host = inventory.head.ip

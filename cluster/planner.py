@@ -708,7 +708,8 @@ def _no_fit_error(model: ModelInfo, hw: _Hardware, fits: Sequence[_Fit], min_con
 def _checked_options(options: PlanOptions) -> PlanOptions:
     """Options with every number checked: whole/finite and inside cluster/data/limits.yaml."""
     if options.max_model_len is not None:
-        check_int(options.max_model_len, "--max-model-len", lo=1, hi=bound("plan", "max_model_len"))
+        check_int(options.max_model_len, "--max-model-len", lo=bound("plan", "max_model_len_min"),
+                  hi=bound("plan", "max_model_len"))
     if options.min_concurrency is not None:
         check_int(options.min_concurrency, "--min-concurrency", lo=1,
                   hi=bound("plan", "min_concurrency"))

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from cluster import deploy
+from cluster.bounds import bound
 from cluster.dashboard_api import (DashboardClient, DashboardReply, merge_applications,
                                    parse_reply, redact_runtime_envs, reply_of)
 from cluster import node_programs
@@ -41,6 +42,20 @@ def build(spec, cluster=CPU2, device=None):
 
 
 # ---------------------------------------------------------------- config generation
+
+
+def test_deploy_flags_and_plan_files_read_the_planners_bounds():
+    """One bound per key (cluster/data/limits.yaml plan:): what `cluster plan` writes,
+    `cluster deploy` and a plan file accept, and nothing beyond."""
+    top, least = bound("plan", "max_model_len"), bound("plan", "max_model_len_min")
+    assert deploy.spec_from_flags(MODEL, max_model_len=top).engine_kwargs["max_model_len"] == top
+    for wrong in (top + 1, least - 1):
+        with pytest.raises(UsageError, match="--max-model-len"):
+            deploy.spec_from_flags(MODEL, max_model_len=wrong)
+    with pytest.raises(UsageError, match="--tp"):
+        deploy.spec_from_flags(MODEL, tp=bound("plan", "parallel_size") + 1)
+    plan = parse_plan(f"model: {MODEL}\nmax_model_len: {top}\n", "plan.yaml")
+    assert plan.max_model_len == top
 
 
 def test_flags_tp2_on_cpu_nodes_import_path_args_and_cpu_env():
