@@ -53,8 +53,9 @@ def parse_values(text: str) -> tuple[Any, ...]:
     if len(parts) > bound("tune", "values"):
         raise UsageError(f"--values: at most {bound('tune', 'values')} values (got {len(parts)})")
     for part in parts:
-        if len(part) > 200:
-            raise UsageError(f"--values: {part[:40]!r}... is longer than 200 characters")
+        if len(part) > bound("tune", "value_chars"):
+            raise UsageError(f"--values: {part[:40]!r}... is longer than "
+                             f"{bound('tune', 'value_chars')} characters")
         try:
             value = parse_value(part, "--values")
         except ValueTextError as exc:
