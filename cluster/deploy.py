@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
-from cluster.bounds import bound, check_int
+from cluster.bounds import bound, check_int, reply_number
 from cluster.endpoints import log_dir, url_host
 from cluster.errors import UsageError
 from cluster.gang import gang_layout, nodes_needed
@@ -750,10 +750,10 @@ class AppState:
 
 
 def _replica(deployment: str, raw: Mapping[str, Any], dead: bool) -> ReplicaInfo:
-    pid = raw.get("pid")
     return ReplicaInfo(deployment=deployment, replica_id=str(raw.get("replica_id") or ""),
                        state=str(raw.get("state") or "?"), node_ip=raw.get("node_ip"),
-                       pid=int(pid) if isinstance(pid, int) else None,
+                       pid=reply_number(raw.get("pid"), lo=1, hi=bound("replies", "pid_max"),
+                                        integer=True),
                        worker_id=raw.get("worker_id"), log_file_path=raw.get("log_file_path"),
                        dead=dead)
 
@@ -773,10 +773,10 @@ def app_state(details: Mapping[str, Any] | None, name: str) -> AppState | None:
                               "target_num_replicas": dep.get("target_num_replicas")}
         replicas += [_replica(dname, r, False) for r in live]
         replicas += [_replica(dname, r, True) for r in dep.get("recent_dead_replicas") or []]
-    t = app.get("last_deployed_time_s")
     return AppState(name=name, status=str(app.get("status") or "?"),
                     message=app.get("message") or "", route_prefix=app.get("route_prefix"),
-                    last_deployed_time_s=float(t) if isinstance(t, (int, float)) else None,
+                    last_deployed_time_s=reply_number(app.get("last_deployed_time_s"), lo=0,
+                                                      hi=bound("replies", "epoch_s_max")),
                     deployments=deployments, replicas=tuple(replicas))
 
 

@@ -450,6 +450,16 @@ def test_app_state_reads_status_replicas_and_dead_ones():
     assert deploy.app_state({}, "tiny") is None
 
 
+@pytest.mark.parametrize("pid, t", [(True, float("nan")), (-3, float("inf")), (1 << 40, -1.0),
+                                    (4.5, 1e300), ("42", "200")])
+def test_app_state_reads_a_bogus_pid_or_deploy_time_as_missing(pid, t):
+    """Serve's numbers are kept only when they are numbers in range (bounds.reply_number):
+    a replica's pid names its log files in a command on the node."""
+    replica = {"replica_id": "r1", "state": "RUNNING", "node_ip": "10.0.0.2", "pid": pid}
+    state = deploy.app_state(serve_details(t=t, replicas=[replica]), "tiny")
+    assert state.replicas[0].pid is None and state.last_deployed_time_s is None
+
+
 def test_failure_reason_is_the_exception_line_without_colour_codes():
     msg = ("The deployment failed to start 3 times in a row. Error:\n\x1b[36mray::X\x1b[39m\n"
            "Traceback (most recent call last):\n  File x\n"
