@@ -12,18 +12,16 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from importlib import resources
 from typing import Any
 
-import yaml
-
 from cluster.errors import ClusterError, UsageError
+from cluster.yamlfile import packaged
 
 
 @lru_cache(maxsize=1)
 def limits() -> dict[str, dict[str, Any]]:
     """cluster/data/limits.yaml."""
-    return yaml.safe_load(resources.files("cluster").joinpath("data/limits.yaml").read_text())
+    return packaged("limits.yaml")
 
 
 def bound(section: str, key: str) -> int | float:

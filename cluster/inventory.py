@@ -15,11 +15,8 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping, Sequence
-
-import yaml
 
 from cluster import yamlfile
 from cluster.bounds import bound
@@ -297,12 +294,11 @@ def embedded_default() -> Inventory:
 
 def template_text() -> str:
     """The commented template `cluster init` writes."""
-    return resources.files("cluster.data").joinpath("cluster.template.yaml").read_text()
+    return yamlfile.packaged_text("cluster.template.yaml")
 
 
 def default_expectations() -> dict[str, Any]:
-    text = resources.files("cluster.data").joinpath("expectations.yaml").read_text()
-    return yaml.safe_load(text)
+    return yamlfile.packaged("expectations.yaml")
 
 
 EMBEDDED_DEFAULT_YAML = """\
