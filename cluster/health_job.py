@@ -181,7 +181,8 @@ def parse_readings(text: str) -> Snapshot:
         if not isinstance(checks, dict):
             raise ParseError("health readings", f"node {str(name)[:60]!r}: not a mapping")
         readings[str(name)] = {str(c): _reading(str(name), str(c), raw) for c, raw in checks.items()}
-    period = reply_number(doc.get("period_s"))
+    lo, hi = health_period_bounds()
+    period = reply_number(doc.get("period_s"), lo=lo, hi=hi)    # out of range: not reported
     sid = doc.get("submission_id")
     return Snapshot(written, period, sid if isinstance(sid, str) else None, readings)
 
@@ -223,9 +224,9 @@ class JobConfig:
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> "JobConfig":
-        period = reply_number(raw.get("period_s"))
         lo, hi = health_period_bounds()
-        if period is None or not lo <= period <= hi:
+        period = reply_number(raw.get("period_s"), lo=lo, hi=hi)
+        if period is None:
             raise ParseError("health job config", f"period_s {raw.get('period_s')!r} out of range")
         nodes = raw.get("nodes")
         if not isinstance(nodes, dict) or not isinstance(raw.get("expectations"), dict) \
