@@ -62,7 +62,8 @@ class ProofPlan:
     @property
     def timeout_s(self) -> float:
         """The whole job's bound: every group may take its join time plus its transfer."""
-        return min(3600.0, 60.0 + len(self.groups) * (self.join_timeout_s + 60.0))
+        return min(float(bound("nccl_check", "timeout_s_max")),
+                   60.0 + len(self.groups) * (self.join_timeout_s + 60.0))
 
     def to_dict(self) -> dict[str, Any]:
         return {"backend": self.backend, "device": self.device, "layout": self.layout.to_dict(),

@@ -33,6 +33,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from cluster.bounds import bound, check_float, check_int
 from cluster.endpoints import head_dashboard_base
 from cluster.errors import ParseError, UsageError
 from cluster.inventory import Inventory, Node
@@ -46,7 +47,6 @@ DEFAULT_SIZE_MB = {"nccl": 256.0, "gloo": 32.0}
 DEFAULT_ITERS = {"nccl": 20, "gloo": 10}
 DEFAULT_WARMUP = 2
 DEFAULT_TIMEOUT_S = 300.0
-MIN_TIMEOUT_S = 30.0
 BANDWIDTH_WARN_FRACTION = 0.5
 DRIVER_RESERVE_S = 10.0       # the entrypoint finishes this long before the job is stopped
 SSH_MARGIN_S = 60.0           # the SSH command's timeout beyond --timeout (submit, stop, read back)
@@ -72,14 +72,14 @@ class CheckOptions:
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise UsageError(f"--backend must be one of {', '.join(BACKENDS)}")
-        if self.size_mb is not None and self.size_mb <= 0:
-            raise UsageError("--size-mb must be > 0")
-        if self.iters is not None and self.iters < 1:
-            raise UsageError("--iters must be >= 1")
-        if self.warmup < 0:
-            raise UsageError("--warmup must be >= 0")
-        if self.timeout_s < MIN_TIMEOUT_S:
-            raise UsageError(f"--timeout must be >= {MIN_TIMEOUT_S:g} s")
+        if self.size_mb is not None:
+            check_float(self.size_mb, "--size-mb", lo=0, lo_open=True,
+                        hi=bound("nccl_check", "size_mb_max"))
+        if self.iters is not None:
+            check_int(self.iters, "--iters", lo=1, hi=bound("nccl_check", "iters_max"))
+        check_int(self.warmup, "--warmup", lo=0, hi=bound("nccl_check", "warmup_max"))
+        check_float(self.timeout_s, "--timeout", lo=bound("nccl_check", "timeout_s_min"),
+                    hi=bound("nccl_check", "timeout_s_max"))
 
     @property
     def size(self) -> float:

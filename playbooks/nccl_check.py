@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from cluster import nccl_check
+from cluster.bounds import bound
 from cluster.inventory import Inventory, Node
 from cluster.nccl_check import CheckOptions, JobOutcome, NcclCheckResult
 
@@ -70,7 +71,7 @@ def announce(options: NcclOptions, inventory: Inventory) -> str:
 def run(inventory: Inventory, session, options: NcclOptions,
         on_event: Callable[[str], None] = lambda _: None) -> NcclOutcome:
     """Submit the job on the head, wait for it, judge it."""
-    from cluster.ray_state import dashboard_url
+    from cluster.endpoints import dashboard_url
 
     check = options.check
     nodes: Sequence[Node] = list(options.nodes or inventory.nodes)
@@ -107,7 +108,7 @@ def run_proof(inventory: Inventory, session, plan, gpu_models: Mapping[str, Any]
 
     check = CheckOptions(backend=plan.backend, size_mb=plan.size_mb, iters=plan.iters,
                          warmup=fabric_proof.WARMUP,
-                         timeout_s=max(nccl_check.MIN_TIMEOUT_S, plan.timeout_s))
+                         timeout_s=max(bound("nccl_check", "timeout_s_min"), plan.timeout_s))
     names = list(dict.fromkeys(s.node for s in plan.slots))
     nodes = [inventory.node(n) for n in names]
     facts = None

@@ -60,6 +60,24 @@ def test_bad_options_are_usage_errors(kwargs):
         CheckOptions(**kwargs)
 
 
+@pytest.mark.parametrize("flag, key, beyond", [
+    ("--size-mb", "size_mb_max", 1), ("--iters", "iters_max", 1), ("--warmup", "warmup_max", 1),
+    ("--timeout", "timeout_s_max", 1), ("--timeout", "timeout_s_min", -1)])
+def test_the_flags_and_the_job_options_share_one_bound(flag, key, beyond, capsys):
+    """limits.yaml nccl_check: what the flag takes the options take, and one past it neither."""
+    from cluster.bounds import bound
+    from fakes import cluster_main
+
+    edge = bound("nccl_check", key)
+    field = {"--size-mb": "size_mb", "--iters": "iters", "--warmup": "warmup",
+             "--timeout": "timeout_s"}[flag]
+    assert getattr(CheckOptions(**{field: edge}), field) == edge
+    with pytest.raises(UsageError, match=flag):
+        CheckOptions(**{field: edge + beyond})
+    code, _, err = cluster_main(capsys, "nccl-check", flag, str(edge + beyond))
+    assert code == 2 and flag in err
+
+
 def test_job_args_list_the_nodes_in_rank_order_with_their_ray_ips(inv):
     args = nccl_check.job_args(CheckOptions("gloo", size_mb=16, iters=4, warmup=1), inv.nodes)
     parsed = job.parse_args(args + ["--deadline", "1e10", "--log-dir", "/tmp/x",
