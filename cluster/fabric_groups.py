@@ -77,10 +77,6 @@ class Layout:
     def ranks_per_engine(self) -> int:
         return self.tp * self.pp * self.dp
 
-    @property
-    def total_ranks(self) -> int:
-        return self.ranks_per_engine * self.replicas
-
     def to_dict(self) -> dict[str, Any]:
         return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep,
                 "replicas": self.replicas, "nnodes": self.nnodes}
@@ -241,7 +237,3 @@ def layout_groups(layout: Layout, slots: Sequence[RankSlot]) -> tuple[Group, ...
                     from None
             groups.append(Group(kind, replica, ranks, members))
     return tuple(groups)
-
-
-def cross_node_groups(groups: Sequence[Group]) -> tuple[Group, ...]:
-    return tuple(g for g in groups if g.crosses_nodes)

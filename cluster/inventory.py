@@ -104,11 +104,6 @@ class Node:
         """The IP Ray and NCCL must use on this node."""
         return self.node_ip or self.address
 
-    def is_secret(self, name: str) -> bool:
-        """is_secret_name with the inventory's secrets.extra_names."""
-        return is_secret_name(name, self.secret_names)
-
-
 @dataclass(frozen=True)
 class RayOptions:
     """Ray ports and start options (fixed ports avoid the intermittent-startup class of failures).
@@ -217,10 +212,6 @@ class Inventory:
                 "secrets": {"extra_names": list(self.secret_names)},
                 "health": to_jsonable(self.health),
                 "warnings": list(self.warnings)}
-
-    def is_secret(self, name: str) -> bool:
-        """is_secret_name with this inventory's secrets.extra_names."""
-        return is_secret_name(name, self.secret_names)
 
     def secret_values(self) -> tuple[str, ...]:
         """The values of every node's secret-looking env entries (to scrub from run records)."""

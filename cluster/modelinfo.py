@@ -161,10 +161,6 @@ class ModelInfo:
         return DTYPE_BYTES[self.dtype]
 
     @property
-    def non_expert_weights_bytes(self) -> int:
-        return self.weights_bytes - self.expert_weights_bytes
-
-    @property
     def layer_weights_bytes(self) -> int:
         """Weights of the decoder layers (what pipeline stages split)."""
         return max(0, self.weights_bytes - self.embedding_bytes - self.lm_head_bytes)

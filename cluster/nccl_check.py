@@ -127,12 +127,6 @@ def head_call(inventory: Inventory, options: CheckOptions, nodes: Sequence[Node]
                         env_prefix=head_client_env(inventory))
 
 
-def head_command(inventory: Inventory, options: CheckOptions, nodes: Sequence[Node],
-                 submission_id: str, script: str | None = None) -> str:
-    """The shell command of head_call (the program itself goes on its stdin)."""
-    return head_call(inventory, options, nodes, submission_id, script).command
-
-
 # ---------------------------------------------------------------- collect
 
 

@@ -112,11 +112,6 @@ def state_call(inventory: Inventory, include_serve: bool = True) -> Call:
                         env_prefix=head_client_env(inventory))
 
 
-def state_command(inventory: Inventory, include_serve: bool = True) -> str:
-    """The shell command of state_call (the program itself goes on its stdin)."""
-    return state_call(inventory, include_serve).command
-
-
 def parse_state_output(data: Mapping[str, Any]) -> RayState:
     """The head program's JSON document -> RayState (pure)."""
     nodes = None
