@@ -39,8 +39,7 @@ from cluster.errors import ParseError, UsageError
 from cluster.inventory import Inventory, Node
 from cluster.node_programs import Call, document_of, failure, program_call
 from cluster.ray_state import head_client_env
-from cluster.results import (CheckResult, Evidence, Report, Status, exit_code_for, tail,
-                             worst)
+from cluster.results import Status, exit_code_for, worst
 
 BACKENDS = ("nccl", "gloo")
 DEFAULT_SIZE_MB = {"nccl": 256.0, "gloo": 32.0}
@@ -322,17 +321,6 @@ class NcclCheckResult:
             "dashboard_url": self.dashboard_url, "run_dir": self.run_dir,
             "exit_code": self.exit_code,
         }
-
-    def to_report(self) -> Report:
-        """The same as CheckResults (job, transport for NCCL, bandwidth), for report tables."""
-        results = [CheckResult("nccl-check", None, self.status, self.verdict,
-                               Evidence(command=None, exit_code=None,
-                                        output_tail=tail(self.logs_tail, 15, 1500),
-                                        data={"job_id": self.job_id,
-                                              "failed_nodes": list(self.failed_nodes),
-                                              "problems": list(self.problems)}))]
-        return Report("nccl-check", tuple(results), {"nccl_check": self.to_dict()})
-
 
 def judge(options: CheckOptions, outcome: JobOutcome, expected: Expected | None = None,
           dashboard_url: str | None = None) -> NcclCheckResult:

@@ -427,13 +427,6 @@ def test_nccl_on_one_node_reports_no_network_expectation():
     assert any("NVLink/PCIe" in n for n in res.notes)
 
 
-def test_report_view_carries_the_status():
-    res = judge(CheckOptions("gloo"), _outcome(_gloo_result()))
-    report = res.to_report()
-    assert report.exit_code == 0 and report.results[0].status is Status.OK
-    assert report.facts["nccl_check"]["busbw_gbps"] == 1.2
-
-
 @pytest.mark.parametrize("content, words", [
     (b'{"facts": NaN}', "NaN is not a number"), (b"\xd2\x00\xff", "not valid JSON"),
     (b"[" * 100000, "nested too deeply")])
