@@ -20,10 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from cluster.bounds import bound, check_int
 from cluster.errors import UsageError
 
-MAX_NODES = 1024
-MAX_WORLD = 65536
 RANK_NAMESPACE = "cluster-gang"     # the Ray namespace of the rank actors (node ranks > 0)
 
 
@@ -83,21 +82,26 @@ class GangLayout:
                 "nodes": [n.to_dict() for n in self.nodes]}
 
 
-def _count(value: Any, what: str, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= hi:
-        raise UsageError(f"{what}: expected an integer 1..{hi}, got {value!r}")
-    return value
+def _count(value: Any, what: str, key: str) -> int:
+    """A whole number from 1 to limits.yaml plan.<key>."""
+    return check_int(value, what, lo=1, hi=bound("plan", key))
+
+
+def _world(tp: Any, pp: Any) -> int:
+    """TP x PP, each a parallel size, at most plan.engine_ranks ranks in all."""
+    tp, pp = _count(tp, "tensor_parallel_size", "parallel_size"), \
+        _count(pp, "pipeline_parallel_size", "parallel_size")
+    world, most = tp * pp, bound("plan", "engine_ranks")
+    if world > most:
+        raise UsageError(f"TP {tp} x PP {pp} = {world} ranks: at most {most}")
+    return world
 
 
 def gang_layout(tp: int, pp: int, nnodes: int) -> GangLayout:
     """The layout; raises UsageError when vLLM could not split TP x PP over nnodes evenly, or
     when a node would hold parts of two stages without holding whole TP groups."""
-    tp, pp = _count(tp, "tensor_parallel_size", MAX_WORLD), _count(pp, "pipeline_parallel_size",
-                                                                    MAX_WORLD)
-    nnodes = _count(nnodes, "nnodes", MAX_NODES)
-    world = tp * pp
-    if world > MAX_WORLD:
-        raise UsageError(f"TP {tp} x PP {pp} = {world} ranks: at most {MAX_WORLD}")
+    world = _world(tp, pp)
+    nnodes = _count(nnodes, "nnodes", "nodes")
     if world % nnodes:
         raise UsageError(f"TP {tp} x PP {pp} = {world} ranks do not split evenly over "
                          f"{nnodes} nodes (vLLM gives every node world / nnodes ranks)")
@@ -112,10 +116,9 @@ def gang_layout(tp: int, pp: int, nnodes: int) -> GangLayout:
 def nodes_needed(tp: int, pp: int, workers_per_node: int) -> int:
     """The fewest nodes one engine needs when a node runs at most `workers_per_node` ranks,
     keeping every stage's TP group inside one node (TP inside nodes, PP across them)."""
-    world = _count(tp, "tensor_parallel_size", MAX_WORLD) * _count(pp, "pipeline_parallel_size",
-                                                                   MAX_WORLD)
-    per_node = _count(workers_per_node, "workers per node", MAX_WORLD)
-    for nnodes in range(1, min(world, MAX_NODES) + 1):
+    world = _world(tp, pp)
+    per_node = _count(workers_per_node, "workers per node", "engine_ranks")
+    for nnodes in range(1, min(world, bound("plan", "nodes")) + 1):
         local = world // nnodes
         if world % nnodes == 0 and local <= per_node and local % tp == 0:
             return nnodes

@@ -1,5 +1,6 @@
-"""Prometheus on the head (inventory `ray.metrics: prometheus`): the env the head's `ray start`
-gets, and the probe -> plan (pure) -> execute -> verify step `cluster up` / `cluster down` run.
+"""Prometheus on the head (inventory `ray.metrics: prometheus`): the probe -> plan (pure) ->
+execute -> verify step `cluster up` / `cluster down` run (the head's `ray start` env that points
+Ray's dashboard at it is in cluster/ray_env.py).
 
 The head runs its own `prometheus` binary (Debian's package), detached, bound to its loopback
 (127.0.0.1:<ray.prometheus_port>), with the config Ray's dashboard generates for the latest
@@ -18,7 +19,8 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from cluster.inventory import Inventory, RayOptions
+from cluster import endpoints
+from cluster.inventory import Inventory
 from cluster.node_programs import source
 from cluster.ray_cluster import CHANGED, FAILED, OK, UNREACHABLE, StepResult
 from cluster.remote import CommandResult
@@ -38,26 +40,9 @@ def enabled(inventory: Inventory) -> bool:
     return inventory.ray.metrics == "prometheus"
 
 
-def _url(ray: RayOptions) -> str | None:
-    return f"http://127.0.0.1:{ray.prometheus_port}" if ray.metrics == "prometheus" else None
-
-
 def prometheus_url(inventory: Inventory) -> str | None:
     """Prometheus's URL on the head (its loopback), or None when metrics are off."""
-    return _url(inventory.ray)
-
-
-def head_env(ray: RayOptions) -> dict[str, str]:
-    """RAY_PROMETHEUS_HOST (and RAY_GRAFANA_HOST / RAY_GRAFANA_IFRAME_HOST when the inventory
-    names a Grafana) for the head's `ray start`: Ray's dashboard reads them at start."""
-    env: dict[str, str] = {}
-    url = _url(ray)
-    if url:
-        env["RAY_PROMETHEUS_HOST"] = url
-    if ray.grafana_url:
-        env["RAY_GRAFANA_HOST"] = ray.grafana_url
-        env["RAY_GRAFANA_IFRAME_HOST"] = ray.grafana_iframe_url or ray.grafana_url
-    return env
+    return endpoints.prometheus_url(inventory.ray)
 
 
 def metrics_doc(inventory: Inventory) -> dict[str, Any]:
@@ -65,13 +50,9 @@ def metrics_doc(inventory: Inventory) -> dict[str, Any]:
     return {"prometheus_url": prometheus_url(inventory), "grafana_url": inventory.ray.grafana_url}
 
 
-def temp_root(inventory: Inventory) -> str:
-    return (inventory.ray.temp_dir or "/tmp/ray").rstrip("/") or "/"
-
-
 def program_command(inventory: Inventory, verb: str, *args: str) -> str:
     """`<ray.python> - VERB --root R ARGS`; the program itself goes on stdin."""
-    return shlex.join([inventory.ray.python, "-", verb, "--root", temp_root(inventory), *args])
+    return shlex.join([inventory.ray.python, "-", verb, "--root", endpoints.ray_temp_dir(inventory), *args])
 
 
 def probe_command(inventory: Inventory, wait_s: float = CONFIG_WAIT_S) -> str:
@@ -153,7 +134,7 @@ def plan(inventory: Inventory, probe: Probe) -> PromPlan:
                                 "apt-get install prometheus)")
     if probe.config is None:
         return PromPlan(REFUSE, "Ray wrote no Prometheus config under "
-                                f"{temp_root(inventory)}/session_latest/metrics/prometheus/ "
+                                f"{endpoints.session_dir(inventory)}/metrics/prometheus/ "
                                 "(is the head's dashboard running?)")
     start = start_command(inventory, probe.binary, probe.config)
     run = probe.running

@@ -22,11 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-import yaml
-
 from cluster.bounds import bound, check_float, check_int
 from cluster.errors import ClusterError, UsageError
 from cluster.textsafe import safe_line
+from cluster.yamlfile import ValueTextError, parse_value
 
 APPLY_CHOICES = ("original", "best")
 SERVE_APPS_PREFIX = "serve_apps.vllm_app:"
@@ -54,12 +53,13 @@ def parse_values(text: str) -> tuple[Any, ...]:
     if len(parts) > bound("tune", "values"):
         raise UsageError(f"--values: at most {bound('tune', 'values')} values (got {len(parts)})")
     for part in parts:
-        if len(part) > 200:
-            raise UsageError(f"--values: {part[:40]!r}... is longer than 200 characters")
+        if len(part) > bound("tune", "value_chars"):
+            raise UsageError(f"--values: {part[:40]!r}... is longer than "
+                             f"{bound('tune', 'value_chars')} characters")
         try:
-            value = yaml.safe_load(part)
-        except yaml.YAMLError:
-            raise UsageError(f"--values: cannot read {part!r}") from None
+            value = parse_value(part, "--values")
+        except ValueTextError as exc:
+            raise UsageError(f"--values: cannot read {part!r} ({exc})") from None
         if isinstance(value, (dict, list)) or value is None:
             raise UsageError(f"--values: {part!r} is not a scalar")
         if isinstance(value, float) and not math.isfinite(value):

@@ -230,7 +230,7 @@ def _confirm_transport(inv, session, plan, options: DeployOptions, say, doc: dic
     """After RUNNING: each group's transport from its ranks' own init lines (the logs Ray keeps
     on the groups' nodes); a contradiction of the proof or the inventory fails (exit 2)."""
     from cluster import engine_transport, fabric_thresholds
-    from cluster.deploy import logs_dir
+    from cluster.endpoints import log_dir
     from cluster.node_programs import fan_out_program
 
     if plan is None:
@@ -238,7 +238,7 @@ def _confirm_transport(inv, session, plan, options: DeployOptions, say, doc: dic
     names = list(dict.fromkeys(s.node for s in plan.slots))
     nodes = [inv.node(n) for n in names]
     say(f"reading the ranks' init lines on {', '.join(names)}")
-    got = fan_out_program(session, nodes, "engine_logs", [logs_dir(inv), f"{since - 5:.0f}"],
+    got = fan_out_program(session, nodes, "engine_logs", [log_dir(inv), f"{since - 5:.0f}"],
                           timeout=60, python=inv.ray.python)
     docs = {n.name: d for n, d in zip(nodes, got) if isinstance(d, dict)}
     readings = engine_transport.read_engine(plan.groups, engine_transport.logs_of(docs),

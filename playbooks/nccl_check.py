@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 from cluster import nccl_check
+from cluster.bounds import bound
 from cluster.inventory import Inventory, Node
 from cluster.nccl_check import CheckOptions, JobOutcome, NcclCheckResult
 from playbooks.outcome import Confirm, OnEvent, Outcome, ignore, lines_to, never_confirm
@@ -72,7 +73,7 @@ def announce(options: NcclOptions, inventory: Inventory) -> str:
 def run(inventory: Inventory, session, options: NcclOptions, confirm: Confirm = never_confirm,
         on_event: OnEvent = ignore) -> NcclOutcome:
     """Submit the job on the head, wait for it, judge it (read-only: confirm is never asked)."""
-    from cluster.ray_state import dashboard_url
+    from cluster.endpoints import dashboard_url
 
     say = lines_to(on_event)
 
@@ -128,7 +129,7 @@ def run_proof(inventory: Inventory, session, options: ProofOptions,
 
     check = CheckOptions(backend=plan.backend, size_mb=plan.size_mb, iters=plan.iters,
                          warmup=fabric_proof.WARMUP,
-                         timeout_s=max(nccl_check.MIN_TIMEOUT_S, plan.timeout_s))
+                         timeout_s=max(bound("nccl_check", "timeout_s_min"), plan.timeout_s))
     names = list(dict.fromkeys(s.node for s in plan.slots))
     nodes = [inventory.node(n) for n in names]
     facts = None

@@ -23,6 +23,7 @@ from cluster.prometheus_head import KEEP, REFUSE, RESTART, START, Probe, Running
 from cluster.probes import ProbeOutput
 from cluster.facts import RayletInfo
 from cluster.ray_cluster import CHANGED, FAILED, OK
+from cluster.ray_env import start_env
 from cluster.ray_state import GcsNode, RayState
 from cluster.remote import CommandResult
 from cluster.results import Status
@@ -133,7 +134,7 @@ def _healthy(i, head_env):
 
 def test_a_head_started_with_prometheus_host_is_not_drift_and_one_without_is():
     i = inv(ON)
-    with_env = ray_cluster.start_env(i.head, "disabled", i.ray.serve_ingress, i.ray)
+    with_env = start_env(i.head, "disabled", i.ray.serve_ingress, i.ray)
     state = RayState("dashboard", "2.60.0", (
         GcsNode("aa" * 28, i.head.ip, True, True, {"CPU": 2.0}),), None)
     assert ray_cluster._drift(i, i.head, _healthy(i, with_env), state, "disabled") == []

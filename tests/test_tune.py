@@ -45,6 +45,14 @@ def test_parse_values_reads_yaml_scalars():
             parse_values(bad)
 
 
+@pytest.mark.parametrize("written", ["0x1e", "010", "1:30", "2_2"])
+def test_parse_values_refuses_numbers_yaml_would_silently_rewrite(written):
+    """Read by the one bounded value reader (cluster/yamlfile.parse_value): YAML 1.1 would
+    compare 30, 8, 90 and 22 instead of what the person wrote."""
+    with pytest.raises(UsageError, match="--values"):
+        parse_values(f"1,{written}")
+
+
 def test_config_with_sets_one_engine_arg_on_a_copy():
     new = config_with(ORIGINAL, "max_num_batched_tokens", 1024)
     assert new["args"]["engine_kwargs"] == {"tensor_parallel_size": 1, "max_model_len": 512,

@@ -296,11 +296,6 @@ def positive_int(text: str) -> int:
     return _number(text, int, 1, strict=False)
 
 
-def non_negative_int(text: str) -> int:
-    """argparse type: an integer >= 0."""
-    return _number(text, int, 0, strict=False)
-
-
 def positive_float(text: str) -> float:
     """argparse type: a finite number > 0."""
     return _number(text, float, 0, strict=True)

@@ -47,15 +47,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "neighbouring PP stages, the DP/EP groups) on the nodes and ports the "
                         "deployment would use, judged against cluster/data/fabric.yaml; "
                         "nothing is deployed")
-    p.add_argument("--size-mb", type=float_range(0, 16384, strict=True), default=None, metavar="N",
+    limit = lambda key: bound("nccl_check", key)  # noqa: E731
+    p.add_argument("--size-mb", type=float_range(0, limit("size_mb_max"), strict=True),
+                   default=None, metavar="N",
                    help=f"all-reduce size in MiB (default {nccl_check.DEFAULT_SIZE_MB['nccl']:g} "
                         f"for nccl, {nccl_check.DEFAULT_SIZE_MB['gloo']:g} for gloo)")
-    p.add_argument("--iters", type=int_range(1, 10000), default=None, metavar="N",
+    p.add_argument("--iters", type=int_range(1, limit("iters_max")), default=None, metavar="N",
                    help=f"timed all-reduces (default {nccl_check.DEFAULT_ITERS['nccl']} for nccl, "
                         f"{nccl_check.DEFAULT_ITERS['gloo']} for gloo)")
-    p.add_argument("--warmup", type=int_range(0, 1000), default=nccl_check.DEFAULT_WARMUP, metavar="N",
+    p.add_argument("--warmup", type=int_range(0, limit("warmup_max")),
+                   default=nccl_check.DEFAULT_WARMUP, metavar="N",
                    help="untimed all-reduces first (default %(default)s)")
-    p.add_argument("--timeout", type=float_range(0, 3600, strict=True), default=nccl_check.DEFAULT_TIMEOUT_S, metavar="S",
+    p.add_argument("--timeout", type=float_range(limit("timeout_s_min"), limit("timeout_s_max")),
+                   default=nccl_check.DEFAULT_TIMEOUT_S, metavar="S",
                    help="the whole check ends within S seconds (default %(default)g)")
     add_nodes(p, "only these inventory nodes (comma-separated globs, 'head', 'workers')")
     p.add_argument("--report", metavar="PATH", type=path_value,
