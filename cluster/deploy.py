@@ -11,9 +11,11 @@ Pure part (no Ray, no network; the tests call it directly):
 Side-effecting part (takes a Session and a DashboardClient):
     check_nodes     model files and the API-key variable on every node that may host a bundle
                     (facts gathered by cluster/facts.py)
-    deploy_app      PUT (merged with the other apps on the head), then wait_for_app
-    undeploy_app    PUT of the remaining apps, then wait until the app is gone
+    deploy_app      PUT (merged with the other apps on the head)
+    undeploy_app    PUT of the remaining apps
     collect_log_tails  the replica's Serve log and its worker's stderr, read on its node
+
+The waits (until RUNNING, until gone) are playbooks/serve_wait.py's, on cluster/waits.py.
 
 The API key never passes through here: only the NAME of the environment variable goes into the
 app args; the value must be in the environment `ray start` gave each node (the inventory's
@@ -25,10 +27,9 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import yaml
 
@@ -782,11 +783,12 @@ def app_state(details: Mapping[str, Any] | None, name: str) -> AppState | None:
 
 # ---------------------------------------------------------------- deploy, wait, undeploy
 
-Event = Callable[[str], None]
-
 
 @dataclass(frozen=True)
 class WaitOutcome:
+    """How a wait for an app ended (playbooks/serve_wait.py): its last state, the seconds,
+    whether it timed out, the dashboard's last errors."""
+
     state: AppState | None
     waited_s: float
     timed_out: bool
@@ -795,60 +797,6 @@ class WaitOutcome:
     @property
     def running(self) -> bool:
         return self.state is not None and self.state.status == RUNNING
-
-
-def wait_for_app(client, name: str, timeout_s: float, previous_time: float | None = None,
-                 poll_s: float = 3.0, on_event: Event = lambda _: None,
-                 clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> WaitOutcome:
-    """Poll Serve until the app is RUNNING or DEPLOY_FAILED, at most timeout_s.
-
-    previous_time: the app's last_deployed_time_s before this deploy; an answer still showing
-    it describes the old version and is not taken as the result.
-    """
-    start = clock()
-    state, errors, last = None, [], ""
-    while True:
-        try:
-            details = client.serve_details()
-            current = app_state(details, name)
-            if current is not None and (previous_time is None
-                                        or current.last_deployed_time_s != previous_time):
-                state = current
-                line = state.summary()
-                if line != last:
-                    on_event(line)
-                    last = line
-                if state.status in (RUNNING, DEPLOY_FAILED):
-                    return WaitOutcome(state, clock() - start, False, tuple(errors))
-        except Exception as exc:  # a dashboard hiccup while Serve starts: keep polling
-            errors.append(str(exc))
-            errors = errors[-5:]
-        if clock() - start + poll_s > timeout_s:
-            return WaitOutcome(state, clock() - start, True, tuple(errors))
-        sleep(poll_s)
-
-
-def wait_until_gone(client, name: str, timeout_s: float, poll_s: float = 2.0,
-                    on_event: Event = lambda _: None,
-                    clock: Callable[[], float] = time.monotonic,
-                    sleep: Callable[[float], None] = time.sleep) -> WaitOutcome:
-    """Poll Serve until it no longer lists the app, at most timeout_s."""
-    start = clock()
-    state, errors, last = None, [], ""
-    while True:
-        try:
-            state = app_state(client.serve_details(), name)
-            if state is None:
-                return WaitOutcome(None, clock() - start, False, tuple(errors))
-            if state.status != last:
-                on_event(f"{name}: {state.status}")
-                last = state.status
-        except Exception as exc:
-            errors = (errors + [str(exc)])[-5:]
-        if clock() - start + poll_s > timeout_s:
-            return WaitOutcome(state, clock() - start, True, tuple(errors))
-        sleep(poll_s)
 
 
 @dataclass(frozen=True)

@@ -30,14 +30,14 @@ from cluster.ray_env import env_conflicts, start_env
 from cluster.ray_state import (LABEL_GPU_MODEL, LABEL_NODE, RESOURCE_GPU_MODEL_PREFIX,
                                RESOURCE_HOST_PREFIX, RayState, node_for_ip, query_state)
 from cluster.remote import CommandResult
+# the step vocabulary (Ansible's words for what happened on a node), one home: results.py
+from cluster.results import CHANGED, FAILED, OK, SKIPPED, UNREACHABLE  # noqa: F401
 from cluster.shell import SECRET_ENV_FROM_STDIN, env_prefix, export_lines
 from cluster.threads import Calls, run_all
+from cluster.waits import poll
 
 START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 90.0
-
-# Ansible vocabulary for what happened on a node.
-OK, CHANGED, FAILED, SKIPPED, UNREACHABLE = "ok", "changed", "failed", "skipped", "unreachable"
 
 
 def ray_cli(inventory: Inventory) -> list[str]:
@@ -766,24 +766,26 @@ def check_expected(expected: Sequence[ExpectedNode], state: RayState) -> dict[st
 def wait_for_nodes(session, inventory: Inventory, expected: Sequence[ExpectedNode],
                    timeout_s: float, poll_s: float = 2.0,
                    on_event: Event = lambda _: None) -> WaitResult:
-    """Poll the head until every expected node is alive as expected, at most timeout_s."""
-    start = time.monotonic()
-    state: RayState | None = None
-    problems: dict[str, str] = {e.node: "not checked" for e in expected}
-    last_report = ""
-    while True:
+    """Poll the head until every expected node is alive as expected, at most timeout_s
+    (cluster/waits.py's poll)."""
+    last = [""]
+
+    def probe() -> tuple[RayState, dict[str, str]]:
         state, _ = query_state(session, inventory, include_serve=False, timeout=60)
-        problems = check_expected(expected, state)
-        if not problems:
-            return WaitResult(True, time.monotonic() - start, {}, state)
-        summary = f"waiting for {', '.join(sorted(problems))}"
-        if summary != last_report:
+        return state, check_expected(expected, state)
+
+    def report(value) -> None:
+        summary = f"waiting for {', '.join(sorted(value[1]))}"
+        if value[1] and summary != last[0]:
             on_event(summary)
-            last_report = summary
-        if time.monotonic() - start + poll_s > timeout_s:
-            break
-        time.sleep(poll_s)
-    return WaitResult(False, time.monotonic() - start, problems, state,
+            last[0] = summary
+
+    got = poll(probe, lambda v: not v[1], timeout_s=timeout_s, interval_s=poll_s,
+               on_value=report)
+    state, problems = got.value
+    if got.done:
+        return WaitResult(True, got.elapsed_s, {}, state)
+    return WaitResult(False, got.elapsed_s, problems, state,
                       log_tails(session, inventory, list(problems)))
 
 

@@ -25,6 +25,7 @@ from cluster.deploy import DeploySpec
 from cluster.errors import DeployError
 from cluster.inventory import Inventory
 from playbooks.outcome import Confirm, DocOutcome, OnEvent, ignore, lines_to, never_confirm
+from playbooks.serve_wait import wait_for_app
 
 
 @dataclass(frozen=True)
@@ -152,8 +153,8 @@ def _deploy(inv, session, options: DeployOptions, confirm, say, write_config,
         doc["endpoint"] = deploy.endpoint_url(inv, spec.route, applied.http_options["port"])
     previous_time = (applied.previous or {}).get("last_deployed_time_s")
     say(f"waiting up to {options.timeout_s:g} s for {spec.name} to be RUNNING")
-    outcome = deploy.wait_for_app(client, spec.name, options.timeout_s,
-                                  previous_time=previous_time, on_event=say)
+    outcome = wait_for_app(client, spec.name, options.timeout_s,
+                           previous_time=previous_time, on_event=say)
     doc.update(status=outcome.state.status if outcome.state else "UNKNOWN",
                waited_s=round(outcome.waited_s, 1),
                app=outcome.state.to_dict() if outcome.state else None)

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
-from cluster import prometheus_head, ray_cluster
+from cluster import ray_cluster
+from cluster.prometheus_head import enabled as prometheus_enabled
 from cluster.facts import gather as gather_facts
 from cluster.inventory import Inventory
 from cluster.ray_cluster import CHANGED, FAILED
@@ -60,7 +61,9 @@ def run(inventory: Inventory, session, options: DownOptions, confirm: Confirm,
         out.steps = execute_down_serial(out.plan, session, inventory, options.serial, say)
     else:
         out.steps = ray_cluster.execute_down(out.plan, session, inventory, say)
-    if prometheus_head.enabled(inventory) and out.facts[inventory.head.name].reached:
+    if prometheus_enabled(inventory) and out.facts[inventory.head.name].reached:
+        from playbooks import prometheus_head
+
         out.prometheus = prometheus_head.down(session, inventory, say)
     if not out.plan.changes:
         out.exit_code = out.steps_exit_code()

@@ -5,7 +5,7 @@ probes unless it is skipped) -> preflight verdicts on those facts -> the head's 
 (read-only) -> plan (pure) -> [dry run stops here] -> confirm restarts ->
 execute (stops, then the head and the workers) -> wait until every node is alive with its
 GPUs/CPUs -> status -> with `ray.metrics: prometheus`, the head's Prometheus (probe, plan,
-start or keep, verify: cluster/prometheus_head.py) and Ray's Grafana dashboards.
+start or keep, verify: playbooks/prometheus_head.py) and Ray's Grafana dashboards.
 
 A step reports per node in Ansible's words: ok (nothing to do), changed (ran and succeeded),
 failed, skipped, unreachable. Nothing is printed here: the caller gets an UpOutcome and an
@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from cluster import prometheus_head, ray_cluster
+from cluster import ray_cluster
+from cluster.prometheus_head import enabled as prometheus_enabled
 from cluster.inventory import Inventory
 from cluster.ray_cluster import (CHANGED, FAILED, SKIPPED, UNREACHABLE, NodeFacts, Plan,
                                  StepResult, WaitResult)
@@ -191,7 +192,7 @@ def run(inventory: Inventory, session, options: UpOptions, confirm: Confirm,
         say("health job")
         out.health_job = ensure_job(session, inventory)
 
-    if prometheus_head.enabled(inventory) and head_step.status not in (FAILED, UNREACHABLE):
+    if prometheus_enabled(inventory) and head_step.status not in (FAILED, UNREACHABLE):
         _metrics(out, session, inventory, say)
 
     if out.steps_exit_code() or out.wait is None or not out.wait.ok:
@@ -206,5 +207,7 @@ def run(inventory: Inventory, session, options: UpOptions, confirm: Confirm,
 
 def _metrics(out: UpOutcome, session, inventory: Inventory, say: Callable[[str], None]) -> None:
     """The head's Prometheus (kept, started or restarted), then Ray's Grafana dashboards."""
+    from playbooks import prometheus_head
+
     out.prometheus = prometheus_head.up(session, inventory, say)
     out.grafana, out.grafana_error = prometheus_head.dashboards(session, inventory)

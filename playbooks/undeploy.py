@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from cluster import deploy
 from cluster.inventory import Inventory
 from playbooks.outcome import Confirm, DocOutcome, OnEvent, ignore, lines_to
+from playbooks.serve_wait import wait_until_gone
 
 DEFAULT_TIMEOUT_S = 180.0
 
@@ -69,7 +70,7 @@ def run(inventory: Inventory, session, options: UndeployOptions, confirm: Confir
     if not applied.ok:
         doc.update(status="FAILED", error=applied.error)
         return out
-    gone = deploy.wait_until_gone(client, name, options.timeout_s, on_event=say)
+    gone = wait_until_gone(client, name, options.timeout_s, on_event=say)
     doc["waited_s"] = round(gone.waited_s, 1)
     if gone.timed_out:
         doc.update(status=gone.state.status if gone.state else "UNKNOWN",

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from cluster import deploy
+from playbooks import serve_wait
 from cluster.bounds import bound
 from cluster.dashboard_api import (DashboardClient, DashboardReply, merge_applications,
                                    parse_reply, redact_runtime_envs, reply_of)
@@ -495,8 +496,8 @@ def test_wait_for_app_until_running_ignoring_the_old_version_and_hiccups():
                              serve_details("DEPLOYING", "UPDATING", replicas=[]),
                              serve_details("RUNNING", t=200.0)])
     events = []
-    out = deploy.wait_for_app(client, "tiny", 600, previous_time=100.0, poll_s=3,
-                              on_event=events.append, clock=clock, sleep=clock.sleep)
+    out = serve_wait.wait_for_app(client, "tiny", 600, previous_time=100.0, poll_s=3,
+                                  on_event=events.append, clock=clock, sleep=clock.sleep)
     assert out.running and not out.timed_out and out.waited_s == 9
     assert events == ["DEPLOYING: vllm-tiny UPDATING (no replicas)",
                       "RUNNING: vllm-tiny HEALTHY (1 RUNNING)"]
@@ -505,19 +506,21 @@ def test_wait_for_app_until_running_ignoring_the_old_version_and_hiccups():
 
 def test_wait_for_app_stops_on_deploy_failed_and_times_out():
     clock = FakeClock()
-    failed = deploy.wait_for_app(ScriptedClient([serve_details("DEPLOY_FAILED", "DEPLOY_FAILED")]),
-                                 "tiny", 600, clock=clock, sleep=clock.sleep)
+    failed = serve_wait.wait_for_app(
+        ScriptedClient([serve_details("DEPLOY_FAILED", "DEPLOY_FAILED")]), "tiny", 600,
+        clock=clock, sleep=clock.sleep)
     assert failed.state.status == "DEPLOY_FAILED" and not failed.timed_out
     clock = FakeClock()
-    slow = deploy.wait_for_app(ScriptedClient([serve_details("DEPLOYING", "UPDATING")]), "tiny",
-                               30, poll_s=5, clock=clock, sleep=clock.sleep)
+    slow = serve_wait.wait_for_app(ScriptedClient([serve_details("DEPLOYING", "UPDATING")]),
+                                   "tiny", 30, poll_s=5, clock=clock, sleep=clock.sleep)
     assert slow.timed_out and slow.state.status == "DEPLOYING" and slow.waited_s <= 30
 
 
 def test_wait_until_gone():
     clock = FakeClock()
-    out = deploy.wait_until_gone(ScriptedClient([serve_details("DELETING"), {"applications": {}}]),
-                                 "tiny", 60, clock=clock, sleep=clock.sleep)
+    out = serve_wait.wait_until_gone(
+        ScriptedClient([serve_details("DELETING"), {"applications": {}}]), "tiny", 60,
+        clock=clock, sleep=clock.sleep)
     assert not out.timed_out and out.state is None
 
 

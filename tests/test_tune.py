@@ -21,7 +21,8 @@ from fakes import TUNE_APP_CONFIG as ORIGINAL, FakeServe, fake_bench
 from cluster.tune import (BENCH_FAILED, DEPLOY_FAILED, OK, Applied, DeployedApp, Recommendation,
                           TuneError, TunePoint, TuneResult, TuneSettings, check_tunable,
                           config_with, parse_values, plot_tune, point_from_level, read_app,
-                          recommend, run_tune)
+                          recommend)
+from playbooks.tune import run_tune
 
 REPO = Path(__file__).resolve().parents[1]
 
