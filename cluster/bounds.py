@@ -3,25 +3,25 @@
 `bound("plan", "nodes")` reads a limit; `check_int` / `check_float` refuse what is not a
 number of the right kind (bools are not numbers), not finite, or out of range, naming the
 field and the value, with the error type the caller gives (UsageError for flags, PlanError for
-model configs...). Pure apart from the cached YAML read.
+model configs...); `reply_number` keeps a number of a server's answer only when it is one,
+finite and in range (else None: the reader treats it as missing). Pure apart from the cached
+YAML read.
 """
 
 from __future__ import annotations
 
 import math
 from functools import lru_cache
-from importlib import resources
 from typing import Any
 
-import yaml
-
 from cluster.errors import ClusterError, UsageError
+from cluster.yamlfile import packaged
 
 
 @lru_cache(maxsize=1)
 def limits() -> dict[str, dict[str, Any]]:
     """cluster/data/limits.yaml."""
-    return yaml.safe_load(resources.files("cluster").joinpath("data/limits.yaml").read_text())
+    return packaged("limits.yaml")
 
 
 def bound(section: str, key: str) -> int | float:
@@ -45,6 +45,20 @@ def check_int(value: Any, what: str, *, lo: int, hi: int | float,
     if not lo <= value <= hi:
         raise error(f"{what}: {_shown(value)} is out of range (expected {lo:,} to {hi:,})")
     return int(value)
+
+
+def reply_number(value: Any, *, lo: float = -math.inf, hi: float = math.inf,
+            integer: bool = False) -> int | float | None:
+    """A number read from a server's or a program's answer, as a float (an int when
+    `integer`, which then refuses floats): kept when it is a number (not a bool), finite and
+    in [lo, hi]; None otherwise (the reader treats it as missing)."""
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if not lo <= value <= hi:
+        return None
+    return value if integer else float(value)
 
 
 def check_float(value: Any, what: str, *, lo: float, hi: float, lo_open: bool = False,

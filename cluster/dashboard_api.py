@@ -25,7 +25,8 @@ from cluster.inventory import Inventory
 from cluster.node_programs import Call, document_of, failure, program_call, run_call
 from cluster.node_programs.dashboard import (SERVE_API, merge_applications,  # noqa: F401
                                              redact_runtime_envs)
-from cluster.ray_state import dashboard_target, head_client_env
+from cluster.endpoints import head_dashboard_base
+from cluster.ray_state import head_client_env
 
 PROGRAM = "dashboard"              # cluster/node_programs/dashboard.py, run on the head
 LOCK_FILE = "/tmp/cluster-serve-apply.lock"
@@ -82,10 +83,7 @@ class DashboardClient:
 
     @property
     def base_url(self) -> str:
-        target = dashboard_target(self.inventory)
-        if ":" in target:
-            target = f"[{target}]"
-        return f"http://{target}:{self.inventory.ray.dashboard_port}"
+        return head_dashboard_base(self.inventory)
 
     def call(self, op: str, payload: Mapping[str, Any]) -> Call:
         """The command run on the head (only non-secret env in argv) and its stdin (the

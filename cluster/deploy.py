@@ -11,9 +11,11 @@ Pure part (no Ray, no network; the tests call it directly):
 Side-effecting part (takes a Session and a DashboardClient):
     check_nodes     model files and the API-key variable on every node that may host a bundle
                     (facts gathered by cluster/facts.py)
-    deploy_app      PUT (merged with the other apps on the head), then wait_for_app
-    undeploy_app    PUT of the remaining apps, then wait until the app is gone
+    deploy_app      PUT (merged with the other apps on the head)
+    undeploy_app    PUT of the remaining apps
     collect_log_tails  the replica's Serve log and its worker's stderr, read on its node
+
+The waits (until RUNNING, until gone) are playbooks/serve_wait.py's, on cluster/waits.py.
 
 The API key never passes through here: only the NAME of the environment variable goes into the
 app args; the value must be in the environment `ray start` gave each node (the inventory's
@@ -25,17 +27,19 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import yaml
 
+from cluster.bounds import bound, check_int, reply_number
+from cluster.endpoints import log_dir, url_host
 from cluster.errors import UsageError
 from cluster.gang import gang_layout, nodes_needed
-from cluster.inventory import Inventory, Node, is_secret_name
+from cluster.inventory import Inventory, is_secret_name
 from cluster.plan_file import SECRET_ENGINE_ARG_RE, SERVED_NAME_RE, PlanFile
+from cluster.ray_env import fabric_env, uniform_fabric_env
 
 DENSE_IMPORT_PATH = "serve_apps.vllm_app:build_app"
 MOE_IMPORT_PATH = "serve_apps.vllm_app:build_moe_app"
@@ -200,11 +204,10 @@ def check_engine_args(extra: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _positive(value: int | None, flag: str) -> int:
+    """A parallel size (--tp/--pp/--dp), 1 when not given."""
     if value is None:
         return 1
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UsageError(f"{flag} must be a positive integer, got {value!r}")
-    return value
+    return check_int(value, flag, lo=1, hi=bound("plan", "parallel_size"))
 
 
 def spec_from_flags(model: str, *, tp: int | None = None, pp: int | None = None,
@@ -274,10 +277,8 @@ def spec_from_plan(plan: PlanFile, *, model: str | None = None, name: str | None
 
 
 def _max_len(value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 16 <= value <= 1 << 24:
-        raise UsageError(f"--max-model-len must be an integer between 16 and {1 << 24}, "
-                         f"got {value!r}")
-    return value
+    return check_int(value, "--max-model-len", lo=bound("plan", "max_model_len_min"),
+                     hi=bound("plan", "max_model_len"))
 
 
 def _finish(spec: DeploySpec) -> DeploySpec:
@@ -399,11 +400,6 @@ def cpu_bind_list(cpus: int, workers: int) -> str:
     return "|".join(ranges)
 
 
-def _uniform(inventory: Inventory, value: Callable[[Node], str | None]) -> str | None:
-    values = {value(n) for n in inventory.nodes}
-    return values.pop() if len(values) == 1 else None
-
-
 def runtime_env_vars(spec: DeploySpec, device: str, cluster: ClusterView,
                      inventory: Inventory) -> dict[str, str]:
     """Environment for the replicas and the engine processes they start (runtime_env).
@@ -423,15 +419,7 @@ def runtime_env_vars(spec: DeploySpec, device: str, cluster: ClusterView,
             env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_bind_list(cpus, workers)
             env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
     else:
-        nccl = _uniform(inventory, lambda n: n.nccl_socket_ifname)
-        gloo = _uniform(inventory, lambda n: n.gloo_socket_ifname)
-        hcas = _uniform(inventory, lambda n: ",".join(n.ib_hcas) or None)
-        if nccl:
-            env["NCCL_SOCKET_IFNAME"] = nccl
-        if gloo:
-            env["GLOO_SOCKET_IFNAME"] = gloo
-        if hcas:
-            env["NCCL_IB_HCA"] = hcas
+        env.update(uniform_fabric_env(inventory))
         # The ranks' own init lines (transport per channel) for the post-start reading
         # (cluster/engine_transport.py): INIT and NET only, printed once per communicator.
         env["NCCL_DEBUG"] = "INFO"
@@ -442,19 +430,11 @@ def runtime_env_vars(spec: DeploySpec, device: str, cluster: ClusterView,
     return env
 
 
-def node_env(node: Node) -> dict[str, str]:
-    """The per-node fabric env of one rank (VLLM_HOST_IP, NCCL/GLOO interfaces, HCAs): the
-    same values `ray start` gives the node (cluster.ray_cluster.fabric_env)."""
-    from cluster.ray_cluster import fabric_env
-
-    return fabric_env(node)
-
-
 def multi_node_args(inventory: Inventory) -> dict[str, Any]:
     """The app's multi_node args: the inventory's gang port range and every node's env."""
     r = inventory.ray
     return {"port_min": r.vllm_port_min, "port_max": r.vllm_port_max,
-            "node_env": {n.ip: node_env(n) for n in inventory.nodes}}
+            "node_env": {n.ip: fabric_env(n) for n in inventory.nodes}}
 
 
 def placement_strategy(spec: DeploySpec, device: str, cluster: ClusterView) -> str:
@@ -616,9 +596,8 @@ def capacity_problems(preview: Mapping[str, Any], cluster: ClusterView) -> list[
 
 
 def endpoint_url(inventory: Inventory, route_prefix: str, port: int | None = None) -> str:
-    host = inventory.head.ip
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"
+    """The OpenAI base URL of a deployment on the head's Serve HTTP port."""
+    host = url_host(inventory.head.ip)
     prefix = "" if route_prefix == "/" else route_prefix
     return f"http://{host}:{port or inventory.ray.serve_port}{prefix}/v1"
 
@@ -780,10 +759,10 @@ class AppState:
 
 
 def _replica(deployment: str, raw: Mapping[str, Any], dead: bool) -> ReplicaInfo:
-    pid = raw.get("pid")
     return ReplicaInfo(deployment=deployment, replica_id=str(raw.get("replica_id") or ""),
                        state=str(raw.get("state") or "?"), node_ip=raw.get("node_ip"),
-                       pid=int(pid) if isinstance(pid, int) else None,
+                       pid=reply_number(raw.get("pid"), lo=1, hi=bound("replies", "pid_max"),
+                                        integer=True),
                        worker_id=raw.get("worker_id"), log_file_path=raw.get("log_file_path"),
                        dead=dead)
 
@@ -803,20 +782,21 @@ def app_state(details: Mapping[str, Any] | None, name: str) -> AppState | None:
                               "target_num_replicas": dep.get("target_num_replicas")}
         replicas += [_replica(dname, r, False) for r in live]
         replicas += [_replica(dname, r, True) for r in dep.get("recent_dead_replicas") or []]
-    t = app.get("last_deployed_time_s")
     return AppState(name=name, status=str(app.get("status") or "?"),
                     message=app.get("message") or "", route_prefix=app.get("route_prefix"),
-                    last_deployed_time_s=float(t) if isinstance(t, (int, float)) else None,
+                    last_deployed_time_s=reply_number(app.get("last_deployed_time_s"), lo=0,
+                                                      hi=bound("replies", "epoch_s_max")),
                     deployments=deployments, replicas=tuple(replicas))
 
 
 # ---------------------------------------------------------------- deploy, wait, undeploy
 
-Event = Callable[[str], None]
-
 
 @dataclass(frozen=True)
 class WaitOutcome:
+    """How a wait for an app ended (playbooks/serve_wait.py): its last state, the seconds,
+    whether it timed out, the dashboard's last errors."""
+
     state: AppState | None
     waited_s: float
     timed_out: bool
@@ -825,60 +805,6 @@ class WaitOutcome:
     @property
     def running(self) -> bool:
         return self.state is not None and self.state.status == RUNNING
-
-
-def wait_for_app(client, name: str, timeout_s: float, previous_time: float | None = None,
-                 poll_s: float = 3.0, on_event: Event = lambda _: None,
-                 clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> WaitOutcome:
-    """Poll Serve until the app is RUNNING or DEPLOY_FAILED, at most timeout_s.
-
-    previous_time: the app's last_deployed_time_s before this deploy; an answer still showing
-    it describes the old version and is not taken as the result.
-    """
-    start = clock()
-    state, errors, last = None, [], ""
-    while True:
-        try:
-            details = client.serve_details()
-            current = app_state(details, name)
-            if current is not None and (previous_time is None
-                                        or current.last_deployed_time_s != previous_time):
-                state = current
-                line = state.summary()
-                if line != last:
-                    on_event(line)
-                    last = line
-                if state.status in (RUNNING, DEPLOY_FAILED):
-                    return WaitOutcome(state, clock() - start, False, tuple(errors))
-        except Exception as exc:  # a dashboard hiccup while Serve starts: keep polling
-            errors.append(str(exc))
-            errors = errors[-5:]
-        if clock() - start + poll_s > timeout_s:
-            return WaitOutcome(state, clock() - start, True, tuple(errors))
-        sleep(poll_s)
-
-
-def wait_until_gone(client, name: str, timeout_s: float, poll_s: float = 2.0,
-                    on_event: Event = lambda _: None,
-                    clock: Callable[[], float] = time.monotonic,
-                    sleep: Callable[[float], None] = time.sleep) -> WaitOutcome:
-    """Poll Serve until it no longer lists the app, at most timeout_s."""
-    start = clock()
-    state, errors, last = None, [], ""
-    while True:
-        try:
-            state = app_state(client.serve_details(), name)
-            if state is None:
-                return WaitOutcome(None, clock() - start, False, tuple(errors))
-            if state.status != last:
-                on_event(f"{name}: {state.status}")
-                last = state.status
-        except Exception as exc:
-            errors = (errors + [str(exc)])[-5:]
-        if clock() - start + poll_s > timeout_s:
-            return WaitOutcome(state, clock() - start, True, tuple(errors))
-        sleep(poll_s)
 
 
 @dataclass(frozen=True)
@@ -927,10 +853,6 @@ _LOG_PATH_RE = re.compile(r"^/?[A-Za-z0-9._/-]+$")
 _HEX_RE = re.compile(r"^[0-9a-fA-F]{8,64}$")
 
 
-def logs_dir(inventory: Inventory) -> str:
-    return f"{(inventory.ray.temp_dir or '/tmp/ray').rstrip('/')}/session_latest/logs"
-
-
 def log_tail_command(inventory: Inventory, replicas: Sequence[ReplicaInfo], app: str,
                      lines: int = 60) -> str:
     """Shell command printing the tails of these replicas' Serve logs and worker stderr/stdout
@@ -945,7 +867,7 @@ def log_tail_command(inventory: Inventory, replicas: Sequence[ReplicaInfo], app:
             files += [f"worker-*-{int(r.pid)}.err", f"worker-*-{int(r.pid)}.out"]
     if not files:
         files = ["serve/controller_*.log"]
-    directory = shlex.quote(logs_dir(inventory))
+    directory = shlex.quote(log_dir(inventory))
     return (f"cd {directory} 2>/dev/null || {{ echo 'no Ray logs in '{directory}; exit 0; }}; "
             f"for f in {' '.join(files)}; do [ -f \"$f\" ] || continue; "
             f"echo \"==> $f <==\"; tail -n {int(lines)} \"$f\"; done")

@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from cluster.bounds import bound, check_int
 from cluster.errors import UsageError
 from cluster.gang import nodes_needed
 
@@ -51,16 +52,14 @@ class Layout:
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "replicas"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 4096:
-                raise UsageError(f"layout {name} must be an integer 1..4096, got {value!r}")
+            check_int(getattr(self, name), f"layout {name}", lo=1, hi=bound("plan", "parallel_size"))
         if not self.ep and self.dp != 1:
             raise UsageError("a dense layout's data parallelism is replicas (dp must be 1)")
         n = self.nnodes
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or
-                              not 1 <= n <= 1024 or self.ranks_per_engine % n):
+        if n is not None and (check_int(n, "layout nnodes", lo=1, hi=bound("plan", "nodes"))
+                              and self.ranks_per_engine % n):
             raise UsageError(f"layout nnodes must divide the engine's "
-                             f"{self.ranks_per_engine} ranks (1..1024), got {n!r}")
+                             f"{self.ranks_per_engine} ranks, got {n!r}")
 
     @classmethod
     def from_spec(cls, spec: Any) -> "Layout":
@@ -79,10 +78,6 @@ class Layout:
     @property
     def ranks_per_engine(self) -> int:
         return self.tp * self.pp * self.dp
-
-    @property
-    def total_ranks(self) -> int:
-        return self.ranks_per_engine * self.replicas
 
     def to_dict(self) -> dict[str, Any]:
         return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep,
@@ -230,7 +225,3 @@ def layout_groups(layout: Layout, slots: Sequence[RankSlot]) -> tuple[Group, ...
                     from None
             groups.append(Group(kind, replica, ranks, members))
     return tuple(groups)
-
-
-def cross_node_groups(groups: Sequence[Group]) -> tuple[Group, ...]:
-    return tuple(g for g in groups if g.crosses_nodes)

@@ -24,11 +24,11 @@ not used, or when its bus bandwidth is below its threshold; each verdict says wh
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 from cluster import fabric_thresholds as ft
+from cluster.bounds import bound, reply_number
 from cluster.errors import ParseError, UsageError
 from cluster.fabric_groups import Group, Layout, NodeSlots, RankSlot, layout_groups, rank_slots, \
     slots_per_node
@@ -62,7 +62,8 @@ class ProofPlan:
     @property
     def timeout_s(self) -> float:
         """The whole job's bound: every group may take its join time plus its transfer."""
-        return min(3600.0, 60.0 + len(self.groups) * (self.join_timeout_s + 60.0))
+        return min(float(bound("nccl_check", "timeout_s_max")),
+                   60.0 + len(self.groups) * (self.join_timeout_s + 60.0))
 
     def to_dict(self) -> dict[str, Any]:
         return {"backend": self.backend, "device": self.device, "layout": self.layout.to_dict(),
@@ -298,9 +299,7 @@ class Context:
 
 def _figure(value: Any) -> float | None:
     """A figure from the job's result: a finite, non-negative number, else None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) and 0 <= value < 1e12 else None
+    return reply_number(value, lo=0, hi=bound("replies", "figure_max"))
 
 
 def judge_group(plan: ProofPlan, index: int, raw: Mapping[str, Any] | None,

@@ -21,12 +21,10 @@ import math
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
 from typing import Any, Mapping, Sequence
 
-import yaml
-
 from cluster.errors import UsageError
+from cluster.yamlfile import ValueTextError, packaged, parse_value
 
 SCOPES = ("intra_node", "inter_node", "any")
 BACKENDS = ("nccl", "gloo")
@@ -111,7 +109,15 @@ def _row(raw: Any, i: int) -> Row:
 
 def parse_table(text: str) -> Table:
     """Validate the table's text (cluster/data/fabric.yaml's shape)."""
-    data = yaml.safe_load(text)
+    try:
+        data = parse_value(text, "fabric table")
+    except ValueTextError as exc:
+        raise UsageError(str(exc)) from None
+    return table_of(data)
+
+
+def table_of(data: Any) -> Table:
+    """The table from its parsed YAML (cluster/data/fabric.yaml's shape)."""
     if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
         raise UsageError("fabric table: expected pass_fraction and rows")
     rows = tuple(_row(r, i) for i, r in enumerate(data["rows"]))
@@ -125,7 +131,7 @@ def parse_table(text: str) -> Table:
 @lru_cache(maxsize=1)
 def load_table() -> Table:
     """cluster/data/fabric.yaml."""
-    return parse_table(resources.files("cluster").joinpath("data/fabric.yaml").read_text())
+    return table_of(packaged("fabric.yaml"))
 
 
 def transport_key(backend: str, crosses: bool, inter_node: str | None, gdr: bool | None,

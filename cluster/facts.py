@@ -222,7 +222,7 @@ def node_program_probe(node: Node, inventory: Inventory, presence: Sequence[str]
     variables whose state (set/empty/unset, never the value) in the raylet's env it reports."""
     from cluster.inventory import public_env
     from cluster.node_programs import inline_command
-    from cluster.ray_cluster import MANAGED_ENV, start_env
+    from cluster.ray_env import MANAGED_ENV, start_env
     from cluster.shell import env_prefix
 
     env = public_env(start_env(node, serve_ingress=inventory.ray.serve_ingress, ray=inventory.ray),

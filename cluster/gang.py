@@ -31,10 +31,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from cluster.bounds import bound, check_int
 from cluster.errors import UsageError
 
-MAX_NODES = 1024
-MAX_WORLD = 65536
 RANK_NAMESPACE = "cluster-gang"     # the Ray namespace of the rank actors (node ranks > 0)
 
 
@@ -109,24 +108,33 @@ class GangLayout:
                 "tp_split": self.tp_split, "nodes": [n.to_dict() for n in self.nodes]}
 
 
-def _count(value: Any, what: str, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= hi:
-        raise UsageError(f"{what}: expected an integer 1..{hi}, got {value!r}")
-    return value
+def _count(value: Any, what: str, key: str) -> int:
+    """A whole number from 1 to limits.yaml plan.<key>."""
+    return check_int(value, what, lo=1, hi=bound("plan", key))
+
+
+def _layout_name(tp: int, pp: int, dp: int) -> str:
+    return f"DP {dp} x TP {tp} x PP {pp}" if dp > 1 else f"TP {tp} x PP {pp}"
+
+
+def _world(tp: Any, pp: Any, dp: Any = 1) -> int:
+    """DP x TP x PP, each a parallel size, at most plan.engine_ranks ranks in all."""
+    tp, pp = _count(tp, "tensor_parallel_size", "parallel_size"), \
+        _count(pp, "pipeline_parallel_size", "parallel_size")
+    dp = _count(dp, "data_parallel_size", "parallel_size")
+    world, most = dp * tp * pp, bound("plan", "engine_ranks")
+    if world > most:
+        raise UsageError(f"{_layout_name(tp, pp, dp)} = {world} ranks: at most {most}")
+    return world
 
 
 def gang_layout(tp: int, pp: int, nnodes: int, dp: int = 1) -> GangLayout:
     """The layout; raises UsageError when vLLM could not split DP x TP x PP over nnodes
     evenly, when a node would hold parts of two stages without holding whole TP groups, or
     (MoE, dp > 1) when a node would not hold whole DP ranks."""
-    tp, pp = _count(tp, "tensor_parallel_size", MAX_WORLD), _count(pp, "pipeline_parallel_size",
-                                                                    MAX_WORLD)
-    dp = _count(dp, "data_parallel_size", MAX_WORLD)
-    nnodes = _count(nnodes, "nnodes", MAX_NODES)
-    world = dp * tp * pp
-    name = f"DP {dp} x TP {tp} x PP {pp}" if dp > 1 else f"TP {tp} x PP {pp}"
-    if world > MAX_WORLD:
-        raise UsageError(f"{name} = {world} ranks: at most {MAX_WORLD}")
+    world = _world(tp, pp, dp)
+    nnodes = _count(nnodes, "nnodes", "nodes")
+    name = _layout_name(tp, pp, dp)
     if world % nnodes:
         raise UsageError(f"{name} = {world} ranks do not split evenly over "
                          f"{nnodes} nodes (vLLM gives every node world / nnodes ranks)")
@@ -148,10 +156,9 @@ def nodes_needed(tp: int, pp: int, workers_per_node: int, dp: int = 1) -> int:
     every stage's TP group inside one node (TP inside nodes, PP across them) and, when a TP
     group is larger than a node, whole nodes per TP group. The one rule of the serving app
     (through cluster/deploy.py) and the fabric proof (cluster/fabric_groups.py)."""
-    per_node = _count(workers_per_node, "workers per node", MAX_WORLD)
-    world = _count(tp, "tensor_parallel_size", MAX_WORLD) * _count(
-        pp, "pipeline_parallel_size", MAX_WORLD) * _count(dp, "data_parallel_size", MAX_WORLD)
-    counts = [n for n in range(1, min(world, MAX_NODES) + 1)
+    per_node = _count(workers_per_node, "workers per node", "engine_ranks")
+    world = _world(tp, pp, dp)
+    counts = [n for n in range(1, min(world, bound("plan", "nodes")) + 1)
               if world % n == 0 and world // n <= per_node]
     for inside in (True, False):
         for nnodes in counts:
@@ -163,8 +170,7 @@ def nodes_needed(tp: int, pp: int, workers_per_node: int, dp: int = 1) -> int:
             except UsageError:
                 continue
             return nnodes
-    what = f"DP {dp} x TP {tp} x PP {pp}" if dp > 1 else f"TP {tp} x PP {pp}"
-    raise UsageError(f"{what}: does not fit nodes of {per_node} workers (no node count "
+    raise UsageError(f"{_layout_name(tp, pp, dp)}: does not fit nodes of {per_node} workers (no node count "
                      "splits it into whole tensor-parallel groups"
                      + (" and whole data-parallel ranks" if dp > 1 else "") + " per node)")
 

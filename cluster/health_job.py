@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from cluster.bounds import reply_number
+from cluster.endpoints import head_dashboard_base, ray_temp_dir
 from cluster.errors import ParseError
 from cluster.inventory import Inventory, Node, RayOptions, SSHOptions, health_period_bounds
 from cluster.results import CheckResult, Status
@@ -64,22 +66,15 @@ def status_word(status: Status | str) -> str:
     return value if value in ("ok", "warn", "fail") else "unknown"
 
 
-def _finite(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
 def check_value(check: str, result: CheckResult, facts: Mapping[str, Any]) -> float | None:
     """The number a check's reading shows: GPUs, clock offset (s), IB ports Active, peer memory
     loaded (1/0), GPU-health problems; None when the check could not say."""
     if result.status in (Status.SKIP, Status.ERROR):
         return None
     if check == "gpus":
-        return _finite(facts.get("gpu_count"))
+        return reply_number(facts.get("gpu_count"))
     if check == "clock":
-        return _finite(facts.get("clock_offset_s"))
+        return reply_number(facts.get("clock_offset_s"))
     if check == "infiniband":
         ports = facts.get("ib_ports")
         if not isinstance(ports, list):
@@ -110,7 +105,8 @@ class Reading:
     def __post_init__(self) -> None:
         if self.status not in STATUS_CODES:
             raise ParseError("health readings", f"unknown status {self.status!r}")
-        if _finite(self.time) is None or (self.value is not None and _finite(self.value) is None):
+        if reply_number(self.time) is None or (self.value is not None
+                                               and reply_number(self.value) is None):
             raise ParseError("health readings", "a time or value is not a finite number")
 
     def to_dict(self) -> dict[str, Any]:
@@ -179,7 +175,7 @@ def parse_readings(text: str) -> Snapshot:
     if not isinstance(doc, dict) or doc.get("version") != FORMAT_VERSION:
         raise ParseError("health readings", "not a version-1 health readings document")
     nodes = doc.get("nodes")
-    written = _finite(doc.get("written"))
+    written = reply_number(doc.get("written"))
     if not isinstance(nodes, dict) or written is None or len(nodes) > MAX_NODES:
         raise ParseError("health readings", "no nodes or no time of writing")
     readings: dict[str, dict[str, Reading]] = {}
@@ -187,7 +183,8 @@ def parse_readings(text: str) -> Snapshot:
         if not isinstance(checks, dict):
             raise ParseError("health readings", f"node {str(name)[:60]!r}: not a mapping")
         readings[str(name)] = {str(c): _reading(str(name), str(c), raw) for c, raw in checks.items()}
-    period = _finite(doc.get("period_s"))
+    lo, hi = health_period_bounds()
+    period = reply_number(doc.get("period_s"), lo=lo, hi=hi)    # out of range: not reported
     sid = doc.get("submission_id")
     return Snapshot(written, period, sid if isinstance(sid, str) else None, readings)
 
@@ -196,10 +193,10 @@ def _reading(node: str, check: str, raw: Any) -> Reading:
     if not isinstance(raw, dict) or not isinstance(raw.get("summary", ""), str):
         raise ParseError("health readings", f"{node} {check}: not a reading")
     value = raw.get("value")
-    if value is not None and _finite(value) is None:
+    if value is not None and reply_number(value) is None:
         raise ParseError("health readings", f"{node} {check}: value {value!r} is not a number")
     return Reading(node, check, str(raw.get("status")), None if value is None else float(value),
-                   raw.get("summary", "")[:MAX_SUMMARY], _finite(raw.get("time")) or math.nan)
+                   raw.get("summary", "")[:MAX_SUMMARY], reply_number(raw.get("time")) or math.nan)
 
 
 def health_doc(snapshot: Snapshot, now: float) -> dict[str, dict[str, dict[str, Any]]]:
@@ -229,9 +226,9 @@ class JobConfig:
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> "JobConfig":
-        period = _finite(raw.get("period_s"))
         lo, hi = health_period_bounds()
-        if period is None or not lo <= period <= hi:
+        period = reply_number(raw.get("period_s"), lo=lo, hi=hi)
+        if period is None:
             raise ParseError("health job config", f"period_s {raw.get('period_s')!r} out of range")
         nodes = raw.get("nodes")
         if not isinstance(nodes, dict) or not isinstance(raw.get("expectations"), dict) \
@@ -261,10 +258,6 @@ def job_config(inventory: Inventory) -> JobConfig:
                      nodes={n.name: {"ip": n.ip, "role": n.role, "ib_hcas": list(n.ib_hcas)}
                             for n in inventory.nodes},
                      temp_dir=ray_temp_dir(inventory))
-
-
-def ray_temp_dir(inventory: Inventory) -> str:
-    return inventory.ray.temp_dir or "/tmp/ray"
 
 
 def readings_path(temp_dir: str) -> str:
@@ -317,10 +310,9 @@ class JobStep:
 
 def submit_request(inventory: Inventory, action: str, archive: bytes | None = None) -> str:
     """The input of ray_jobs/health_submit.py: one JSON request line (no secret)."""
-    from cluster.nccl_check import dashboard_base
 
     config = job_config(inventory)
-    request: dict[str, Any] = {"action": action, "dashboard": dashboard_base(inventory),
+    request: dict[str, Any] = {"action": action, "dashboard": head_dashboard_base(inventory),
                                "metadata_key": METADATA_KEY, "metadata_value": METADATA_VALUE}
     if action == "ensure":
         archive = archive if archive is not None else package_archive()
@@ -380,7 +372,7 @@ def read_args(inventory: Inventory) -> list[str]:
 
 def parse_read_reply(doc: Mapping[str, Any]) -> tuple[float, str | None]:
     """health_readings.py's document -> (the head's time, the file's text or None)."""
-    now, text, error = _finite(doc.get("now")), doc.get("text"), doc.get("error")
+    now, text, error = reply_number(doc.get("now")), doc.get("text"), doc.get("error")
     if now is None:
         raise ParseError("health readings", "the head printed no time")
     if error:

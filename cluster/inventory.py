@@ -15,11 +15,8 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping, Sequence
-
-import yaml
 
 from cluster import yamlfile
 from cluster.bounds import bound
@@ -106,11 +103,6 @@ class Node:
     def ip(self) -> str:
         """The IP Ray and NCCL must use on this node."""
         return self.node_ip or self.address
-
-    def is_secret(self, name: str) -> bool:
-        """is_secret_name with the inventory's secrets.extra_names."""
-        return is_secret_name(name, self.secret_names)
-
 
 @dataclass(frozen=True)
 class RayOptions:
@@ -221,10 +213,6 @@ class Inventory:
                 "health": to_jsonable(self.health),
                 "warnings": list(self.warnings)}
 
-    def is_secret(self, name: str) -> bool:
-        """is_secret_name with this inventory's secrets.extra_names."""
-        return is_secret_name(name, self.secret_names)
-
     def secret_values(self) -> tuple[str, ...]:
         """The values of every node's secret-looking env entries (to scrub from run records)."""
         return tuple(sorted({v for n in self.nodes for k, v in n.env.items()
@@ -297,12 +285,11 @@ def embedded_default() -> Inventory:
 
 def template_text() -> str:
     """The commented template `cluster init` writes."""
-    return resources.files("cluster.data").joinpath("cluster.template.yaml").read_text()
+    return yamlfile.packaged_text("cluster.template.yaml")
 
 
 def default_expectations() -> dict[str, Any]:
-    text = resources.files("cluster.data").joinpath("expectations.yaml").read_text()
-    return yaml.safe_load(text)
+    return yamlfile.packaged("expectations.yaml")
 
 
 EMBEDDED_DEFAULT_YAML = """\

@@ -20,14 +20,13 @@ forward on its loopback, cluster/laptop_feed.py).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from cluster.bounds import bound, reply_number
 from cluster.errors import ParseError, UsageError
 
 STATES = ("running", "done", "failed", "serving")
-MAX_BYTES = 1 << 60
 
 
 @dataclass(frozen=True)
@@ -140,13 +139,13 @@ def parse_progress(doc: Any) -> Progress:
         raise ParseError("relay status", f"bad state {str(state)[:40]!r}")
     ints = {}
     for key in ("bytes", "total", "files", "done"):
-        value = doc.get(key, 0)
-        if type(value) is not int or not 0 <= value < MAX_BYTES:
+        ints[key] = reply_number(doc.get(key, 0), lo=0,
+                                 hi=bound("replies", "relay_bytes_max"), integer=True)
+        if ints[key] is None:
             raise ParseError("relay status", f"bad {key}")
-        ints[key] = value
-    seconds = doc.get("seconds", 0.0)
-    if type(seconds) not in (int, float) or not math.isfinite(seconds) \
-            or not 0 <= seconds < 1e7:
+    seconds = reply_number(doc.get("seconds", 0.0), lo=0,
+                           hi=bound("replies", "relay_seconds_max"))
+    if seconds is None:
         raise ParseError("relay status", "bad seconds")
     failed = doc.get("failed") or []
     if not isinstance(failed, list) or not all(isinstance(f, dict) for f in failed):
@@ -154,7 +153,7 @@ def parse_progress(doc: Any) -> Progress:
     reasons = tuple(f"{str(f.get('path'))[:200]}: {str(f.get('reason'))[:300]}".lstrip(": ")
                     for f in failed[:50])
     return Progress(state, ints["bytes"], ints["total"], ints["files"], ints["done"], reasons,
-                    float(seconds), doc.get("verified") is True)
+                    seconds, doc.get("verified") is True)
 
 
 @dataclass(frozen=True)

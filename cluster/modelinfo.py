@@ -31,15 +31,13 @@ import math
 import struct
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
-
-import yaml
 
 from cluster.bounds import bound, check_float, check_int
 from cluster.errors import ClusterError, PlanError, UsageError
 from cluster.textsafe import safe_line
+from cluster.yamlfile import packaged
 
 DTYPE_BYTES: dict[str, float] = {
     "float32": 4, "float": 4, "fp32": 4,
@@ -161,10 +159,6 @@ class ModelInfo:
     @property
     def dtype_bytes(self) -> float:
         return DTYPE_BYTES[self.dtype]
-
-    @property
-    def non_expert_weights_bytes(self) -> int:
-        return self.weights_bytes - self.expert_weights_bytes
 
     @property
     def layer_weights_bytes(self) -> int:
@@ -346,7 +340,7 @@ def _normalize_dtype(value: Any) -> str:
 
 @lru_cache(maxsize=1)
 def _quant_bits_table() -> dict[str, float]:
-    data = yaml.safe_load(resources.files("cluster").joinpath("data/planner.yaml").read_text())
+    data = packaged("planner.yaml")
     return {str(k): float(v) for k, v in data["quantization_bits"].items()}
 
 

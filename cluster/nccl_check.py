@@ -32,19 +32,19 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from cluster.bounds import bound, check_float, check_int
+from cluster.endpoints import head_dashboard_base
 from cluster.errors import ParseError, ProgramError, UsageError
 from cluster.inventory import Inventory, Node
 from cluster.node_programs import Call, document_of, embedded_document, failure, program_call
 from cluster.ray_state import head_client_env
-from cluster.results import (CheckResult, Evidence, Report, Status, exit_code_for, tail,
-                             worst)
+from cluster.results import Status, exit_code_for, worst
 
 BACKENDS = ("nccl", "gloo")
 DEFAULT_SIZE_MB = {"nccl": 256.0, "gloo": 32.0}
 DEFAULT_ITERS = {"nccl": 20, "gloo": 10}
 DEFAULT_WARMUP = 2
 DEFAULT_TIMEOUT_S = 300.0
-MIN_TIMEOUT_S = 30.0
 BANDWIDTH_WARN_FRACTION = 0.5
 DRIVER_RESERVE_S = 10.0       # the entrypoint finishes this long before the job is stopped
 SSH_MARGIN_S = 60.0           # the SSH command's timeout beyond --timeout (submit, stop, read back)
@@ -70,14 +70,14 @@ class CheckOptions:
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise UsageError(f"--backend must be one of {', '.join(BACKENDS)}")
-        if self.size_mb is not None and self.size_mb <= 0:
-            raise UsageError("--size-mb must be > 0")
-        if self.iters is not None and self.iters < 1:
-            raise UsageError("--iters must be >= 1")
-        if self.warmup < 0:
-            raise UsageError("--warmup must be >= 0")
-        if self.timeout_s < MIN_TIMEOUT_S:
-            raise UsageError(f"--timeout must be >= {MIN_TIMEOUT_S:g} s")
+        if self.size_mb is not None:
+            check_float(self.size_mb, "--size-mb", lo=0, lo_open=True,
+                        hi=bound("nccl_check", "size_mb_max"))
+        if self.iters is not None:
+            check_int(self.iters, "--iters", lo=1, hi=bound("nccl_check", "iters_max"))
+        check_int(self.warmup, "--warmup", lo=0, hi=bound("nccl_check", "warmup_max"))
+        check_float(self.timeout_s, "--timeout", lo=bound("nccl_check", "timeout_s_min"),
+                    hi=bound("nccl_check", "timeout_s_max"))
 
     @property
     def size(self) -> float:
@@ -107,23 +107,13 @@ def job_args(options: CheckOptions, nodes: Sequence[Node]) -> list[str]:
                                   separators=(",", ":"))]
 
 
-def dashboard_base(inventory: Inventory) -> str:
-    """The dashboard as the head itself reaches it (it is bound to the head's loopback)."""
-    from cluster.ray_state import dashboard_target
-
-    host = dashboard_target(inventory)
-    if ":" in host:
-        host = f"[{host}]"
-    return f"http://{host}:{inventory.ray.dashboard_port}"
-
-
 def head_call(inventory: Inventory, options: CheckOptions, nodes: Sequence[Node],
               submission_id: str, script: str | None = None,
               args: Sequence[str] | None = None) -> Call:
     """The one SSH command run on the head (submit, wait, read back) and its stdin. `args`:
     the entrypoint's arguments when not job_args(options, nodes) (the fabric proof's groups)."""
     text = script if script is not None else ENTRYPOINT.read_text()
-    cfg = {"base": dashboard_base(inventory), "submission_id": submission_id,
+    cfg = {"base": head_dashboard_base(inventory), "submission_id": submission_id,
            "python": inventory.ray.python,
            "script_b64": base64.b64encode(text.encode()).decode(),
            "args": list(args) if args is not None else job_args(options, nodes),
@@ -133,12 +123,6 @@ def head_call(inventory: Inventory, options: CheckOptions, nodes: Sequence[Node]
     return program_call(inventory.ray.python, HEAD_PROGRAM,
                         [json.dumps(cfg, separators=(",", ":"))],
                         env_prefix=head_client_env(inventory))
-
-
-def head_command(inventory: Inventory, options: CheckOptions, nodes: Sequence[Node],
-                 submission_id: str, script: str | None = None) -> str:
-    """The shell command of head_call (the program itself goes on its stdin)."""
-    return head_call(inventory, options, nodes, submission_id, script).command
 
 
 # ---------------------------------------------------------------- collect
@@ -323,17 +307,6 @@ class NcclCheckResult:
             "dashboard_url": self.dashboard_url, "run_dir": self.run_dir,
             "exit_code": self.exit_code,
         }
-
-    def to_report(self) -> Report:
-        """The same as CheckResults (job, transport for NCCL, bandwidth), for report tables."""
-        results = [CheckResult("nccl-check", None, self.status, self.verdict,
-                               Evidence(command=None, exit_code=None,
-                                        output_tail=tail(self.logs_tail, 15, 1500),
-                                        data={"job_id": self.job_id,
-                                              "failed_nodes": list(self.failed_nodes),
-                                              "problems": list(self.problems)}))]
-        return Report("nccl-check", tuple(results), {"nccl_check": self.to_dict()})
-
 
 def judge(options: CheckOptions, outcome: JobOutcome, expected: Expected | None = None,
           dashboard_url: str | None = None) -> NcclCheckResult:

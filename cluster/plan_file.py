@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from cluster import yamlfile
+from cluster.bounds import bound
 from cluster.errors import UsageError
 from cluster.yamlfile import YamlDoc as _Doc, type_name as _type_name
 
@@ -33,7 +34,6 @@ INFO_KEYS = ("model_name", "expert_parallel_size", "gpus_per_replica", "gpus_use
              "capacity", "reasons", "warnings", "rules", "cluster_source", "fabric")
 KNOWN_KEYS = frozenset(USED_KEYS + INFO_KEYS)
 STRATEGIES = ("PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD")
-MAX_PARALLEL = 4096
 MAX_BYTES = 1 << 20    # a plan is a few KB
 
 SERVED_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}\Z")
@@ -83,9 +83,11 @@ class PlanFile:
 
 
 def _positive_int(doc: _Doc, value: Any, at: tuple, default: int | None = None,
-                  hi: int = MAX_PARALLEL) -> int:
+                  hi: int | None = None) -> int:
+    """A whole number from 1 to `hi` (default: limits.yaml plan.parallel_size)."""
     if value is None and default is not None:
         return default
+    hi = bound("plan", "parallel_size") if hi is None else hi
     if isinstance(value, bool) or not isinstance(value, int):
         raise doc.fail(at, f"must be a positive integer, got {_type_name(value)}"
                             + (f" {value!r}" if isinstance(value, (str, float)) else ""))
@@ -161,8 +163,9 @@ def _engine_args(doc: _Doc, raw: Any, top: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _max_len(doc: _Doc, value: Any, at: tuple) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 16 <= value <= 1 << 24:
-        raise doc.fail(at, f"must be an integer between 16 and {1 << 24}, got {value!r}")
+    lo, hi = bound("plan", "max_model_len_min"), bound("plan", "max_model_len")
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise doc.fail(at, f"must be an integer between {lo} and {hi}, got {value!r}")
     return value
 
 

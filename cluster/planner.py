@@ -27,17 +27,15 @@ import math
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping, Sequence
-
-import yaml
 
 from cluster.bounds import bound, check_float, check_int
 from cluster.errors import PlanError, UsageError
 from cluster.gang import gang_layout
 from cluster.modelinfo import DTYPE_BYTES, ModelInfo, read_json_file
 from cluster.textsafe import safe_line
+from cluster.yamlfile import packaged
 
 GiB = 1024 ** 3
 MiB = 1024 ** 2
@@ -51,12 +49,12 @@ WORKLOADS = ("chat", "long-docs")
 @lru_cache(maxsize=1)
 def planner_defaults() -> dict[str, Any]:
     """cluster/data/planner.yaml."""
-    return yaml.safe_load(resources.files("cluster").joinpath("data/planner.yaml").read_text())
+    return packaged("planner.yaml")
 
 
 @lru_cache(maxsize=1)
 def _gpu_table() -> dict[str, dict[str, Any]]:
-    return yaml.safe_load(resources.files("cluster").joinpath("data/gpus.yaml").read_text())["gpus"]
+    return packaged("gpus.yaml")["gpus"]
 
 
 def _gpu_key(name: str) -> str:
@@ -737,7 +735,8 @@ def _no_fit_error(model: ModelInfo, hw: _Hardware, fits: Sequence[_Fit], min_con
 def _checked_options(options: PlanOptions) -> PlanOptions:
     """Options with every number checked: whole/finite and inside cluster/data/limits.yaml."""
     if options.max_model_len is not None:
-        check_int(options.max_model_len, "--max-model-len", lo=1, hi=bound("plan", "max_model_len"))
+        check_int(options.max_model_len, "--max-model-len", lo=bound("plan", "max_model_len_min"),
+                  hi=bound("plan", "max_model_len"))
     if options.min_concurrency is not None:
         check_int(options.min_concurrency, "--min-concurrency", lo=1,
                   hi=bound("plan", "min_concurrency"))

@@ -1,5 +1,8 @@
-"""Prometheus on the head (inventory `ray.metrics: prometheus`): the env the head's `ray start`
-gets, and the probe -> plan (pure) -> execute -> verify step `cluster up` / `cluster down` run.
+"""Prometheus on the head (inventory `ray.metrics: prometheus`), the pure parts: the commands
+of the on-node program, the probe's answer read, and the plan (keep / start / restart /
+refuse). The probe -> plan -> execute -> verify step `cluster up` / `cluster down` run is
+playbooks/prometheus_head.py's (the head's `ray start` env that points Ray's dashboard at it
+is in cluster/ray_env.py).
 
 The head runs its own `prometheus` binary (Debian's package), detached, bound to its loopback
 (127.0.0.1:<ray.prometheus_port>), with the config Ray's dashboard generates for the latest
@@ -15,12 +18,12 @@ Idempotent: Prometheus already running with this session's config, on this port,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
-from cluster.inventory import Inventory, RayOptions
+from cluster import endpoints
+from cluster.inventory import Inventory
 from cluster.errors import ProgramError
-from cluster.node_programs import Call, program_call, read_document, run_call
-from cluster.ray_cluster import CHANGED, FAILED, OK, UNREACHABLE, StepResult
+from cluster.node_programs import Call, program_call, read_document
 from cluster.remote import CommandResult
 
 ACTION = "prometheus"
@@ -39,26 +42,9 @@ def enabled(inventory: Inventory) -> bool:
     return inventory.ray.metrics == "prometheus"
 
 
-def _url(ray: RayOptions) -> str | None:
-    return f"http://127.0.0.1:{ray.prometheus_port}" if ray.metrics == "prometheus" else None
-
-
 def prometheus_url(inventory: Inventory) -> str | None:
     """Prometheus's URL on the head (its loopback), or None when metrics are off."""
-    return _url(inventory.ray)
-
-
-def head_env(ray: RayOptions) -> dict[str, str]:
-    """RAY_PROMETHEUS_HOST (and RAY_GRAFANA_HOST / RAY_GRAFANA_IFRAME_HOST when the inventory
-    names a Grafana) for the head's `ray start`: Ray's dashboard reads them at start."""
-    env: dict[str, str] = {}
-    url = _url(ray)
-    if url:
-        env["RAY_PROMETHEUS_HOST"] = url
-    if ray.grafana_url:
-        env["RAY_GRAFANA_HOST"] = ray.grafana_url
-        env["RAY_GRAFANA_IFRAME_HOST"] = ray.grafana_iframe_url or ray.grafana_url
-    return env
+    return endpoints.prometheus_url(inventory.ray)
 
 
 def metrics_doc(inventory: Inventory) -> dict[str, Any]:
@@ -66,13 +52,9 @@ def metrics_doc(inventory: Inventory) -> dict[str, Any]:
     return {"prometheus_url": prometheus_url(inventory), "grafana_url": inventory.ray.grafana_url}
 
 
-def temp_root(inventory: Inventory) -> str:
-    return (inventory.ray.temp_dir or "/tmp/ray").rstrip("/") or "/"
-
-
 def program(inventory: Inventory, verb: str, *args: str) -> Call:
     """`<ray.python> - VERB --root R ARGS` with the program on stdin."""
-    return program_call(inventory.ray.python, PROGRAM, [verb, "--root", temp_root(inventory),
+    return program_call(inventory.ray.python, PROGRAM, [verb, "--root", endpoints.ray_temp_dir(inventory),
                                                         *args])
 
 
@@ -155,7 +137,7 @@ def plan(inventory: Inventory, probe: Probe) -> PromPlan:
                                 "apt-get install prometheus)")
     if probe.config is None:
         return PromPlan(REFUSE, "Ray wrote no Prometheus config under "
-                                f"{temp_root(inventory)}/session_latest/metrics/prometheus/ "
+                                f"{endpoints.session_dir(inventory)}/metrics/prometheus/ "
                                 "(is the head's dashboard running?)")
     start = start_call(inventory, probe.binary, probe.config)
     run = probe.running
@@ -168,85 +150,3 @@ def plan(inventory: Inventory, probe: Probe) -> PromPlan:
            else f"running with {run.config} on {run.listen}")
     return PromPlan(RESTART, f"Prometheus (pid {run.pid}) {why}: restart it on {listen}",
                     (stop_call(inventory), start))
-
-
-# ---------------------------------------------------------------- execute
-
-
-Event = Callable[[str], None]
-
-
-def _failed(head: str, results: list[CommandResult], why: str) -> StepResult:
-    last = results[-1] if results else None
-    status = UNREACHABLE if last is not None and last.status == "unreachable" else FAILED
-    return StepResult(head, ACTION, status, why, tuple(results))
-
-
-def _why(result: CommandResult) -> str:
-    out = (result.stderr.strip() or result.stdout.strip() or result.error or "").splitlines()
-    return f"{result.status} (exit {result.exit_code}): " + " | ".join(out[-3:])
-
-
-def up(session, inventory: Inventory, on_event: Event = lambda _: None) -> StepResult:
-    """Probe the head, plan, run the plan, verify: one StepResult (ok/changed/failed)."""
-    head = inventory.head
-    on_event("checking Prometheus on the head")
-    probed = run_call(session, head, probe_call(inventory), timeout=PROBE_TIMEOUT_S)
-    doc = parse_doc(probed)
-    if doc is None:
-        return _failed(head.name, [probed], "cannot probe Prometheus: " + _why(probed))
-    action = plan(inventory, parse_probe(doc))
-    if action.kind == REFUSE:
-        return StepResult(head.name, ACTION, FAILED, action.reason, (probed,))
-    if action.kind == KEEP:
-        return StepResult(head.name, ACTION, OK, action.reason, (probed,))
-    on_event(action.reason)
-    results = [probed]
-    for call in action.calls:
-        timeout = START_TIMEOUT_S if " start " in f" {call.command} " else STOP_TIMEOUT_S
-        r = run_call(session, head, call, timeout=timeout)
-        results.append(r)
-        if parse_doc(r) is None:
-            return _failed(head.name, results, _why(r))
-    started = parse_doc(results[-1]) or {}
-    if not started.get("ready"):
-        tail = str(started.get("log_tail") or "").strip().splitlines()[-3:]
-        return _failed(head.name, results,
-                       f"Prometheus (pid {started.get('pid')}) did not answer /-/ready within "
-                       f"{READY_WAIT_S:g} s (exit {started.get('exit_code')}): "
-                       + " | ".join(tail))
-    return StepResult(head.name, ACTION, CHANGED,
-                      f"{action.reason}: pid {started.get('pid')}, ready", tuple(results))
-
-
-def down(session, inventory: Inventory, on_event: Event = lambda _: None) -> StepResult:
-    """Stop our Prometheus on the head (ok when none runs)."""
-    head = inventory.head
-    on_event("stopping Prometheus on the head")
-    r = run_call(session, head, stop_call(inventory), timeout=STOP_TIMEOUT_S)
-    doc = parse_doc(r)
-    if doc is None:
-        return _failed(head.name, [r], "cannot stop Prometheus: " + _why(r))
-    if doc.get("stopped") is None:
-        return StepResult(head.name, ACTION, OK, "no Prometheus of ours running", (r,))
-    how = " (killed after SIGTERM)" if doc.get("killed") else ""
-    return StepResult(head.name, ACTION, CHANGED, f"Prometheus (pid {doc['stopped']}) "
-                                                  f"stopped{how}", (r,))
-
-
-def dashboards(session, inventory: Inventory) -> tuple[dict[str, str], str | None]:
-    """({file name: JSON text}, error): Ray's generated Grafana dashboards on the head."""
-    r = run_call(session, inventory.head, dashboards_call(inventory), timeout=60)
-    doc = parse_doc(r)
-    if doc is None:
-        return {}, "cannot read Ray's Grafana dashboards: " + _why(r)
-    found = doc.get("dashboards")
-    if not isinstance(found, dict) or not found:
-        return {}, f"Ray wrote no Grafana dashboard under {doc.get('dir')}"
-    return {name: text for name, text in found.items()
-            if isinstance(name, str) and _safe_name(name) and isinstance(text, str)}, None
-
-
-def _safe_name(name: str) -> bool:
-    return name.endswith(".json") and "/" not in name and not name.startswith(".") \
-        and len(name) <= 128

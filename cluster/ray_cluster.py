@@ -24,67 +24,25 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from cluster.facts import GPU, NodeFacts, gpu_model_of, version_skew as _skew
-from cluster.inventory import (SERVE_INGRESS, Inventory, Node, RayOptions, is_secret_name,
-                               public_env)
+from cluster.endpoints import gcs_address, log_dir
+from cluster.inventory import Inventory, Node, is_secret_name, public_env
+from cluster.ray_env import env_conflicts, start_env
 from cluster.ray_state import (LABEL_GPU_MODEL, LABEL_NODE, RESOURCE_GPU_MODEL_PREFIX,
-                               RESOURCE_HOST_PREFIX, RayState, gcs_address,
-                               node_for_ip, query_state)
+                               RESOURCE_HOST_PREFIX, RayState, node_for_ip, query_state)
 from cluster.remote import CommandResult
+# the step vocabulary (Ansible's words for what happened on a node), one home: results.py
+from cluster.results import CHANGED, FAILED, OK, SKIPPED, UNREACHABLE  # noqa: F401
 from cluster.shell import SECRET_ENV_FROM_STDIN, env_prefix, export_lines
 from cluster.threads import Calls, run_all
+from cluster.waits import poll
 
-# What a Ray start env must carry (the variables this toolkit sets, beside the inventory's env).
-MANAGED_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA", "VLLM_HOST_IP",
-               "RAY_USAGE_STATS_ENABLED", "RAY_AUTH_MODE", "RAY_SERVE_ENABLE_HA_PROXY")
 START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 90.0
 
-# Ansible vocabulary for what happened on a node.
-OK, CHANGED, FAILED, SKIPPED, UNREACHABLE = "ok", "changed", "failed", "skipped", "unreachable"
 
 def ray_cli(inventory: Inventory) -> list[str]:
     """Ray's CLI run by the inventory's python (the right environment, not a stray `ray`)."""
     return [inventory.ray.python, "-m", "ray.scripts.scripts"]
-
-
-def fabric_env(node: Node) -> dict[str, str]:
-    """The node's own network env for Ray workers and vLLM ranks: NCCL/GLOO interfaces,
-    HCAs, VLLM_HOST_IP = the node's IP."""
-    env = {}
-    if node.nccl_socket_ifname:
-        env["NCCL_SOCKET_IFNAME"] = node.nccl_socket_ifname
-    if node.gloo_socket_ifname:
-        env["GLOO_SOCKET_IFNAME"] = node.gloo_socket_ifname
-    if node.ib_hcas:
-        env["NCCL_IB_HCA"] = ",".join(node.ib_hcas)
-    env["VLLM_HOST_IP"] = node.ip
-    return env
-
-
-def start_env(node: Node, auth_mode: str | None = None,
-              serve_ingress: str = RayOptions.serve_ingress,
-              ray: RayOptions | None = None) -> dict[str, str]:
-    """The env `ray start` gets on a node: the inventory's env, then the managed variables.
-
-    Set at start time so every Ray worker process on the node inherits them (env exported later
-    never reaches Ray workers: vllm#6803). VLLM_HOST_IP is always the node's IP (vllm#7815).
-    RAY_AUTH_MODE (when given) is the cluster-wide token-auth mode: `ray start --head` turns
-    token auth on by itself when the head has ~/.ray/auth_token, `ray start --address` does not,
-    so every node gets it explicitly. RAY_SERVE_ENABLE_HA_PROXY follows the inventory's
-    ray.serve_ingress (Serve reads it in the controller and on every node at import time).
-    With `ray` given, the head also gets RAY_PROMETHEUS_HOST / RAY_GRAFANA_* (ray.metrics,
-    cluster/prometheus_head.py), read by Ray's dashboard at start.
-    """
-    env = dict(node.env)
-    env.update(fabric_env(node))
-    env["RAY_USAGE_STATS_ENABLED"] = "0"
-    if auth_mode:
-        env["RAY_AUTH_MODE"] = auth_mode
-    env["RAY_SERVE_ENABLE_HA_PROXY"] = SERVE_INGRESS[serve_ingress]
-    if ray is not None and node.is_head:
-        from cluster.prometheus_head import head_env  # imports this module: a cycle at import
-        env.update(head_env(ray))
-    return env
 
 
 # Secret-looking env values (KEY/TOKEN/SECRET/PASSWORD names) never go on a command line: the
@@ -152,25 +110,6 @@ def auth_choice(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> AuthCho
 def cluster_auth_mode(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> str:
     """token | disabled (auth_choice's mode)."""
     return auth_choice(inventory, facts).mode
-
-
-def env_conflicts(node: Node, serve_ingress: str = RayOptions.serve_ingress) -> list[str]:
-    """Inventory env entries the dedicated fields override (reported as plan warnings)."""
-    out = []
-    final = start_env(node, node.env.get("RAY_AUTH_MODE"), serve_ingress)
-    for key in MANAGED_ENV:
-        if key in node.env and node.env[key] != final[key]:
-            out.append(f"{node.name}: env {key}={node.env[key]!r} is overridden by "
-                       f"{final[key]!r} (from the node's {_field_for(key)})")
-    return out
-
-
-def _field_for(key: str) -> str:
-    return {"NCCL_SOCKET_IFNAME": "nccl_socket_ifname", "GLOO_SOCKET_IFNAME": "gloo_socket_ifname",
-            "NCCL_IB_HCA": "ib_hcas", "VLLM_HOST_IP": "node_ip",
-            "RAY_USAGE_STATS_ENABLED": "usage-stats policy",
-            "RAY_AUTH_MODE": "head's auth mode",
-            "RAY_SERVE_ENABLE_HA_PROXY": "ray.serve_ingress"}[key]
 
 
 # ---------------------------------------------------------------- labels and resources
@@ -276,10 +215,6 @@ def stop_command(inventory: Inventory, grace_period: int = 10) -> str:
     """`ray stop` on the node it runs on (each node stops only its own Ray processes)."""
     return env_prefix({"RAY_USAGE_STATS_ENABLED": "0"}) + shlex.join(
         ray_cli(inventory) + ["stop", "--grace-period", str(grace_period)]) + " </dev/null"
-
-
-def log_dir(inventory: Inventory) -> str:
-    return f"{(inventory.ray.temp_dir or '/tmp/ray').rstrip('/')}/session_latest/logs"
 
 
 def log_tail_command(inventory: Inventory, node: Node, lines: int = 30) -> str:
@@ -831,24 +766,26 @@ def check_expected(expected: Sequence[ExpectedNode], state: RayState) -> dict[st
 def wait_for_nodes(session, inventory: Inventory, expected: Sequence[ExpectedNode],
                    timeout_s: float, poll_s: float = 2.0,
                    on_event: Event = lambda _: None) -> WaitResult:
-    """Poll the head until every expected node is alive as expected, at most timeout_s."""
-    start = time.monotonic()
-    state: RayState | None = None
-    problems: dict[str, str] = {e.node: "not checked" for e in expected}
-    last_report = ""
-    while True:
+    """Poll the head until every expected node is alive as expected, at most timeout_s
+    (cluster/waits.py's poll)."""
+    last = [""]
+
+    def probe() -> tuple[RayState, dict[str, str]]:
         state, _ = query_state(session, inventory, include_serve=False, timeout=60)
-        problems = check_expected(expected, state)
-        if not problems:
-            return WaitResult(True, time.monotonic() - start, {}, state)
-        summary = f"waiting for {', '.join(sorted(problems))}"
-        if summary != last_report:
+        return state, check_expected(expected, state)
+
+    def report(value) -> None:
+        summary = f"waiting for {', '.join(sorted(value[1]))}"
+        if value[1] and summary != last[0]:
             on_event(summary)
-            last_report = summary
-        if time.monotonic() - start + poll_s > timeout_s:
-            break
-        time.sleep(poll_s)
-    return WaitResult(False, time.monotonic() - start, problems, state,
+            last[0] = summary
+
+    got = poll(probe, lambda v: not v[1], timeout_s=timeout_s, interval_s=poll_s,
+               on_value=report)
+    state, problems = got.value
+    if got.done:
+        return WaitResult(True, got.elapsed_s, {}, state)
+    return WaitResult(False, got.elapsed_s, problems, state,
                       log_tails(session, inventory, list(problems)))
 
 

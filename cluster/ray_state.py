@@ -17,6 +17,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from cluster.endpoints import dashboard_url, gcs_address, head_dashboard_base
 from cluster.gang import RANK_NAMESPACE, rank_actor_name
 from cluster.inventory import Inventory, public_env
 from cluster.node_programs import Call, document_of, failure, program_call, run_call
@@ -94,28 +95,6 @@ class RayState:
 # ---------------------------------------------------------------- the query (one SSH command)
 
 
-def dashboard_target(inventory: Inventory) -> str:
-    """The address the dashboard listens on, as seen from the head itself."""
-    host = inventory.ray.dashboard_host
-    if host in ("0.0.0.0", "::", "localhost", "127.0.0.1", "::1"):
-        return "127.0.0.1"
-    return host
-
-
-def dashboard_url(inventory: Inventory) -> str:
-    """The dashboard URL on the head (reach it from a laptop with `cluster dashboard`)."""
-    host = inventory.ray.dashboard_host
-    if host in ("0.0.0.0", "::"):
-        host = inventory.head.ip
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"
-    return f"http://{host}:{inventory.ray.dashboard_port}"
-
-
-def gcs_address(inventory: Inventory) -> str:
-    return f"{inventory.head.ip}:{inventory.ray.port}"
-
-
 def head_client_env(inventory: Inventory, auth_mode: str | None = None) -> str:
     """`env K=V ... ` for a Ray client command run on the head: the head's env less its
     secret-looking entries (a client needs none, and command lines show in ps and run logs),
@@ -128,18 +107,9 @@ def head_client_env(inventory: Inventory, auth_mode: str | None = None) -> str:
 
 def state_call(inventory: Inventory, include_serve: bool = True) -> Call:
     """The command (and its stdin) that prints the head's view of the cluster."""
-    target = dashboard_target(inventory)
-    if ":" in target:
-        target = f"[{target}]"
-    base = f"http://{target}:{inventory.ray.dashboard_port}"
     return program_call(inventory.ray.python, STATE_PROGRAM,
-                        [base, gcs_address(inventory), "1" if include_serve else "0"],
+                        [head_dashboard_base(inventory), gcs_address(inventory), "1" if include_serve else "0"],
                         env_prefix=head_client_env(inventory))
-
-
-def state_command(inventory: Inventory, include_serve: bool = True) -> str:
-    """The shell command of state_call (the program itself goes on its stdin)."""
-    return state_call(inventory, include_serve).command
 
 
 def parse_state_output(data: Mapping[str, Any]) -> RayState:

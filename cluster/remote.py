@@ -27,6 +27,7 @@ from cluster.inventory import Inventory, Node, SSHOptions
 from cluster.kept import HeadTail
 from cluster.textsafe import terminal_safe_line
 from cluster.threads import Call, parallel  # parallel: callers import it from here too
+from cluster.waits import GaveUp, retry
 
 # paramiko's transport thread logs a hung sshd's banner timeout with a traceback at ERROR level,
 # which Python's last-resort handler prints on stderr: the node's result already says why.
@@ -387,37 +388,13 @@ def _read_capped(chan, recv: Callable[[int], bytes], deadline: float) -> bytes:
 MAX_CONNECT_ATTEMPTS = 8
 
 
-class GaveUp(Exception):
-    """retrying() stopped: `error` is the last attempt's exception, after `attempts` tries."""
-
-    def __init__(self, error: BaseException, attempts: int):
-        super().__init__(str(error))
-        self.error = error
-        self.attempts = attempts
-
-    @property
-    def attempts_text(self) -> str:
-        return f" (after {self.attempts} attempts)" if self.attempts > 1 else ""
-
-
 def retrying(attempt: Callable[[], "T"], budget_s: float, attempt_s: float) -> "T":
-    """attempt() until it succeeds, retrying transient failures with jittered backoff.
+    """attempt() until it succeeds, retrying transient connect failures (waits.retry: jittered
+    backoff, within budget_s and MAX_CONNECT_ATTEMPTS). Raises GaveUp with the last error."""
+    return retry(attempt, retryable=is_transient, budget_s=budget_s, attempt_s=attempt_s,
+                 max_attempts=MAX_CONNECT_ATTEMPTS)
 
-    A retry starts only while its pause plus one more attempt (attempt_s) fit in budget_s from
-    the first try, so the whole call ends within budget_s + the last attempt's own timeouts.
-    Raises GaveUp with the last error (a non-transient one at once).
-    """
-    give_up_at = time.monotonic() + budget_s
-    for n in range(1, MAX_CONNECT_ATTEMPTS + 1):
-        try:
-            return attempt()
-        except Exception as exc:
-            pause = retry_pause(n)
-            if not is_transient(exc) or n == MAX_CONNECT_ATTEMPTS \
-                    or time.monotonic() + pause + attempt_s > give_up_at:
-                raise GaveUp(exc, n) from exc
-            time.sleep(pause)
-    raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
 _TRANSIENT_TEXT = ("Error reading SSH protocol banner", "Connection reset by peer",
                    "Socket is closed", "EOF during negotiation", "Timeout opening channel")
 
@@ -439,13 +416,6 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, paramiko.SSHException):
         return any(text in str(exc) for text in _TRANSIENT_TEXT)
     return False
-
-
-def retry_pause(attempt: int, base: float = 0.1, cap: float = 2.0) -> float:
-    """Jittered exponential backoff ("full jitter"): uniform in [0.5, 1.5) x base x 2^(n-1)."""
-    import random
-
-    return min(cap, base * 2 ** (attempt - 1)) * random.uniform(0.5, 1.5)
 
 
 class JumpHost:

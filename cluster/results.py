@@ -25,6 +25,10 @@ _SEVERITY = {Status.OK: 0, Status.SKIP: 0, Status.WARN: 1, Status.FAIL: 2, Statu
 
 EXIT_OK, EXIT_WARN, EXIT_FAIL = 0, 1, 2
 
+# What a changing step did on one node (up, down, fix, every playbook): Ansible's vocabulary.
+OK, CHANGED, FAILED, SKIPPED, UNREACHABLE = "ok", "changed", "failed", "skipped", "unreachable"
+STEP_STATUSES = (OK, CHANGED, FAILED, SKIPPED, UNREACHABLE)
+
 
 def exit_code_for(statuses: Iterable[Status]) -> int:
     """0 all ok (or skipped), 1 warnings only, 2 any failure or error."""

@@ -2,15 +2,15 @@
 moved off first, and restart of one worker's Ray only when the rest can carry the deployed apps.
 
 Pure parts only (batching, the apps' resource demand from Serve's details, the capacity verdict,
-the drain command, the outcome record) plus the serial executors of up/down; the drain and
-restart-node orchestrations are playbooks/drain.py and playbooks/restart_node.py.
+the drain command) plus the serial executors of up/down; the drain and
+restart-node orchestrations (and their RolloutOutcome) are playbooks/drain.py and
+playbooks/restart_node.py.
 """
 
 from __future__ import annotations
 
-import json
 import shlex
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
 from cluster import ray_cluster
@@ -19,7 +19,6 @@ from cluster.inventory import Inventory, Node
 from cluster.ray_cluster import (FAILED, KEEP, SKIPPED, UNREACHABLE, NodeAction, Plan,
                                  StepResult)
 from cluster.ray_state import GcsNode, RayState, gcs_address, head_client_env
-from cluster.remote import CommandResult
 from cluster.shell import SECRET_ENV_FROM_STDIN
 
 T = TypeVar("T")
@@ -341,40 +340,6 @@ def apps_not_running(serve_details: Mapping[str, Any] | None) -> list[str]:
             if app.get("status") != "RUNNING"]
 
 
-@dataclass
-class RolloutOutcome:
-    """What drain / restart-node found and did; `exit_code` follows the CLI contract."""
-
-    command: str
-    node: str
-    exit_code: int = 0
-    stopped: str | None = None
-    node_id: str | None = None
-    capacity: Capacity | None = None
-    planned: list[str] = field(default_factory=list)    # the commands, in order (dry run)
-    steps: list[dict[str, Any]] = field(default_factory=list)
-    moved_replicas: list[dict[str, Any]] = field(default_factory=list)
-    new_node_id: str | None = None
-    results: list[CommandResult] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"command": self.command, "node": self.node, "exit_code": self.exit_code,
-                "stopped": self.stopped, "node_id": self.node_id,
-                "capacity": self.capacity.to_dict() if self.capacity else None,
-                "planned": self.planned, "steps": self.steps,
-                "moved_replicas": self.moved_replicas, "new_node_id": self.new_node_id,
-                "apps_losing_replicas": sorted({r["app"] for r in self.moved_replicas}),
-                "gang_replicas": [r for r in self.moved_replicas if "rank" in r],
-                "results": [r.to_dict() for r in self.results]}
-
-    def step(self, name: str, status: str, message: str, **extra: Any) -> None:
-        self.steps.append({"step": name, "status": status, "message": message, **extra})
-
-    def stop(self, why: str, code: int = 2) -> "RolloutOutcome":
-        self.stopped, self.exit_code = why, code
-        return self
-
-
 def worker(inventory: Inventory, name: str) -> Node:
     """The inventory worker `name`; UsageError for the head (draining it stops the cluster)."""
     node = inventory.node(name)
@@ -390,7 +355,3 @@ def remaining_nodes(state: RayState, inventory: Inventory, node: GcsNode
     names = {n.ip: n.name for n in inventory.nodes}
     return [(names.get(n.ip, n.ip), n.resources) for n in state.nodes or ()
             if n.alive and n.node_id != node.node_id]
-
-
-def dumps(outcome: RolloutOutcome) -> str:
-    return json.dumps(outcome.to_dict(), indent=2)

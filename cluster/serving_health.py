@@ -27,16 +27,14 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any, Mapping, Sequence
-
-import yaml
 
 from cluster.errors import ParseError
 from cluster.parsers import prometheus
 from cluster.parsers.prometheus import Sample
 from cluster.inventory import Inventory
 from cluster.node_programs import Call, document_of, failure, program_call, run_call
+from cluster.yamlfile import packaged
 
 FAMILIES = ("vllm:", "ray_vllm:", "ray_vllm_")
 REPLICA_LABEL = "ReplicaId"
@@ -73,7 +71,7 @@ class ServingThresholds:
 
 def serving_data() -> dict[str, Any]:
     """cluster/data/serving.yaml as a dict."""
-    return yaml.safe_load(resources.files("cluster").joinpath("data/serving.yaml").read_text())
+    return packaged("serving.yaml")
 
 
 def load_thresholds(overrides: Mapping[str, Any] | None = None) -> ServingThresholds:

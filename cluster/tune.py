@@ -9,24 +9,22 @@ is restored, or the chosen one applied, as the admin says; an error or an interr
 restores the original.
 
 Pure part (tests/test_tune.py): parse_values, config_with, TunePoint, recommend, TuneResult.
-Side-effecting part: read_app (the dashboard's GET), run_tune (deploy, wait, bench, restore).
-Never prints: progress goes to the `on_event` callback.
+Side-effecting part: read_app (the dashboard's GET). The sweep itself (deploy, wait, bench,
+restore) is playbooks/tune.py's `run_tune`. Never prints.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
-
-import yaml
+from typing import Any, Mapping, Sequence
 
 from cluster.bounds import bound, check_float, check_int
 from cluster.errors import ClusterError, UsageError
 from cluster.textsafe import safe_line
+from cluster.yamlfile import ValueTextError, parse_value
 
 APPLY_CHOICES = ("original", "best")
 SERVE_APPS_PREFIX = "serve_apps.vllm_app:"
@@ -54,12 +52,13 @@ def parse_values(text: str) -> tuple[Any, ...]:
     if len(parts) > bound("tune", "values"):
         raise UsageError(f"--values: at most {bound('tune', 'values')} values (got {len(parts)})")
     for part in parts:
-        if len(part) > 200:
-            raise UsageError(f"--values: {part[:40]!r}... is longer than 200 characters")
+        if len(part) > bound("tune", "value_chars"):
+            raise UsageError(f"--values: {part[:40]!r}... is longer than "
+                             f"{bound('tune', 'value_chars')} characters")
         try:
-            value = yaml.safe_load(part)
-        except yaml.YAMLError:
-            raise UsageError(f"--values: cannot read {part!r}") from None
+            value = parse_value(part, "--values")
+        except ValueTextError as exc:
+            raise UsageError(f"--values: cannot read {part!r} ({exc})") from None
         if isinstance(value, (dict, list)) or value is None:
             raise UsageError(f"--values: {part!r} is not a scalar")
         if isinstance(value, float) and not math.isfinite(value):
@@ -189,7 +188,7 @@ class Recommendation:
                 "best_unconstrained": self.best_unconstrained}
 
 
-def _fmt(value: Any) -> str:
+def fmt_value(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
@@ -200,7 +199,7 @@ def recommend(points: Sequence[TunePoint], target_ttft_p99_ms: float | None,
     the earlier value. Pure."""
     measured = [p for p in points if p.measured]
     if not measured:
-        failed = [f"{_fmt(p.value)}: {p.error or p.status}" for p in points if not p.measured]
+        failed = [f"{fmt_value(p.value)}: {p.error or p.status}" for p in points if not p.measured]
         return Recommendation(None, "no value was benched cleanly (" + "; ".join(failed) + ")")
     order = {id(p): i for i, p in enumerate(points)}
     key = lambda p: (-p.output_tokens_per_s, p.ttft_p99_ms, order[id(p)])  # noqa: E731
@@ -210,7 +209,7 @@ def recommend(points: Sequence[TunePoint], target_ttft_p99_ms: float | None,
         fastest = min(measured, key=lambda p: (p.ttft_p99_ms, order[id(p)]))
         return Recommendation(
             None, f"no value meets TTFT p99 <= {target_ttft_p99_ms:g} ms (the lowest is "
-                  f"{fastest.ttft_p99_ms:.0f} ms at {_fmt(fastest.value)}): lower the load "
+                  f"{fastest.ttft_p99_ms:.0f} ms at {fmt_value(fastest.value)}): lower the load "
                   f"(--concurrency), relax the target or add replicas",
             best_unconstrained=best_any.value)
     best = min(meeting, key=key)
@@ -220,7 +219,7 @@ def recommend(points: Sequence[TunePoint], target_ttft_p99_ms: float | None,
               if target_ttft_p99_ms is not None else f" (TTFT p99 {best.ttft_p99_ms:.0f} ms)")
     reason = f"best output tokens/s: {best.output_tokens_per_s:.1f}{target}"
     if close:
-        reason += (f"; within {close_pct:g} % of it: {', '.join(map(_fmt, close))} "
+        reason += (f"; within {close_pct:g} % of it: {', '.join(map(fmt_value, close))} "
                    "(differences that small can be noise: rerun to confirm)")
     return Recommendation(best.value, reason, tuple(p.value for p in meeting), close,
                           best_any.value)
@@ -358,7 +357,7 @@ def plot_tune(result: TuneResult, path: str | Path) -> Path:
     log_x = numeric and min(xs) > 0 and max(xs) / min(xs) >= 4
     chosen = result.recommendation.value
     title = (f"{s.name}: {s.param} at concurrency {s.concurrency} - "
-             + (f"recommended {_fmt(chosen)}" if chosen is not None else "no value meets the target"))
+             + (f"recommended {fmt_value(chosen)}" if chosen is not None else "no value meets the target"))
     return plot_panels(xs, [
         ("throughput", "tokens/s", {"output tokens/s": [ok(p, p.output_tokens_per_s) for p in pts],
                                     "total tokens/s": [ok(p, p.total_tokens_per_s) for p in pts]}),
@@ -366,10 +365,7 @@ def plot_tune(result: TuneResult, path: str | Path) -> Path:
     ], s.param if numeric else f"{s.param} (index)", path, title, log_x=log_x)
 
 
-# ---------------------------------------------------------------- side effects
-
-
-Event = Callable[[str], None]
+# ---------------------------------------------------------------- the deployed app (read)
 
 
 @dataclass(frozen=True)
@@ -438,102 +434,3 @@ def _serve_port(http_options: Any) -> int | None:
     if port is None:
         return None
     return check_int(port, "the dashboard's http_options.port", lo=1, hi=65535, error=TuneError)
-
-
-def _deploy_and_wait(client, inventory, config: Mapping[str, Any], timeout_s: float,
-                     say: Event) -> tuple[bool, float, str | None, str | None]:
-    """(RUNNING?, seconds, final status, error)."""
-    from cluster import deploy
-
-    start = time.monotonic()
-    applied = deploy.deploy_app(client, config, inventory)
-    if not applied.ok:
-        return False, time.monotonic() - start, None, applied.error
-    previous = (applied.previous or {}).get("last_deployed_time_s")
-    outcome = deploy.wait_for_app(client, config["name"], timeout_s, previous_time=previous,
-                                  on_event=say)
-    status = outcome.state.status if outcome.state else None
-    if outcome.running:
-        return True, time.monotonic() - start, status, None
-    return False, time.monotonic() - start, status, deploy.failure_reason(outcome, timeout_s)
-
-
-def _bench(settings: TuneSettings, endpoint: str, model: str, requests: int, output_len: int):
-    from cluster.bench import BenchConfig, run_bench
-
-    config = BenchConfig(url=endpoint, model=model, concurrency=(settings.concurrency,),
-                         prompt_len=settings.prompt_len, output_len=output_len,
-                         requests=requests, timeout_s=settings.request_timeout_s,
-                         api_key=settings.api_key)
-    return run_bench(config).levels[0]
-
-
-def run_tune(settings: TuneSettings, client, inventory, app: DeployedApp, endpoint: str,
-             say: Event = lambda _: None, bench: Callable[..., Any] | None = None) -> TuneResult:
-    """Sweep, recommend, then restore or apply. Deploys through `client` (DashboardClient);
-    benches `endpoint` from here with `bench(settings, endpoint, model, requests, output_len)
-    -> LevelResult` (default: cluster.bench at the fixed concurrency). An exception or
-    interrupt mid-sweep restores the original config (best effort) and is re-raised."""
-    bench = bench or _bench
-    original = dict(app.config)
-    original_value = engine_kwargs_of(original).get(settings.param)
-    current = original
-    points: list[TunePoint] = []
-    warnings: list[str] = []
-    finished = False
-    try:
-        for i, value in enumerate(settings.values, start=1):
-            target = config_with(original, settings.param, value)
-            say(f"[{i}/{len(settings.values)}] {settings.param}={_fmt(value)}: deploying")
-            deploy_s = 0.0
-            if target != current:
-                running, deploy_s, status, error = _deploy_and_wait(
-                    client, inventory, target, settings.deploy_timeout_s, say)
-                current = target
-                if not running:
-                    say(f"{settings.param}={_fmt(value)}: not RUNNING ({error})")
-                    points.append(TunePoint(value, DEPLOY_FAILED, deploy_s=round(deploy_s, 1),
-                                            error=error or f"status {status}"))
-                    continue
-            if settings.warmups:
-                say(f"{settings.param}={_fmt(value)}: warm-up ({settings.warmups} requests)")
-                bench(settings, endpoint, app.model, settings.warmups,
-                      min(settings.output_len, 16))
-            say(f"{settings.param}={_fmt(value)}: bench at concurrency {settings.concurrency} "
-                f"({settings.bench_requests} requests)")
-            level = bench(settings, endpoint, app.model, settings.bench_requests,
-                          settings.output_len)
-            point = point_from_level(value, level, round(deploy_s, 1))
-            points.append(point)
-            say(f"{settings.param}={_fmt(value)}: {point.output_tokens_per_s or 0:.1f} output "
-                f"tokens/s, TTFT p99 {point.ttft_p99_ms or 0:.0f} ms"
-                + (f" ({point.error})" if point.error else ""))
-        finished = True
-    finally:
-        if not finished:  # error or interrupt: put the original back before raising
-            if current != original:
-                say("sweep stopped: restoring the original config")
-                _deploy_and_wait(client, inventory, original, settings.deploy_timeout_s, say)
-    rec = recommend(points, settings.target_ttft_p99_ms, settings.close_pct)
-    what = settings.apply
-    if what == "best" and not rec.found:
-        warnings.append("--apply best: no recommendation, the original config is restored")
-        what = "original"
-    final = original if what == "original" else config_with(original, settings.param, rec.value)
-    final_value = engine_kwargs_of(final).get(settings.param)
-    if final == current:
-        applied = Applied(what, final_value, ok=True, redeployed=False, status="RUNNING")
-    else:
-        say(f"applying the {what} config ({settings.param}={_fmt(final_value)})")
-        running, _, status, error = _deploy_and_wait(client, inventory, final,
-                                                     settings.deploy_timeout_s, say)
-        applied = Applied(what, final_value, ok=running, redeployed=True, status=status,
-                          error=error)
-        if not running:
-            warnings.append(f"the {what} config is not RUNNING: {error}")
-    for p in points:
-        if p.status == OK and p.bench and p.bench.get("short_outputs"):
-            warnings.append(f"{settings.param}={_fmt(p.value)}: {p.bench['short_outputs']} "
-                            "short output(s): the server ignored ignore_eos/min_tokens")
-    return TuneResult(settings, endpoint, app.model, original_value, tuple(points), rec,
-                      applied, tuple(warnings))

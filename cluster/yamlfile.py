@@ -12,13 +12,22 @@ an invalid date) is reported at its key, not as a traceback.
     doc = load("cluster.yaml", error=InventoryError)   # -> YamlDoc
     doc.data["nodes"][0]["port"]; doc.line(("nodes", 0, "port")); doc.text(("nodes", 0, "port"))
     raise doc.fail(("nodes", 0, "port"), "must be between 1 and 65535")
+
+The package's own data files (cluster/data/*.yaml: limits, expectations, planner, gpus,
+fabric, serving) are read by `packaged(name)`, the one loader for them: parsed once per process
+by the same bounded parser, each caller getting its own copy.
+
+    packaged("limits.yaml")["bench"]["timeout_s"]
 """
 
 from __future__ import annotations
 
+import copy
 import datetime as _dt
 import re
 from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -247,6 +256,26 @@ def parse_value(text: str, what: str = "<value>", max_bytes: int = 1 << 16,
     Raises ValueTextError (a ValueError) instead of a YAML error, a bad date or an alias bomb."""
     return parse(text, path=what, error=ValueTextError, empty="empty", max_bytes=max_bytes,
                  max_nodes=max_nodes).data
+
+
+class PackagedDataError(ValueTextError):
+    """A file of cluster/data/ is not valid YAML: a defect of the package, not of the input."""
+
+
+def packaged_text(name: str) -> str:
+    """The text of a data file shipped in cluster/data/ (e.g. cluster.template.yaml)."""
+    return resources.files("cluster.data").joinpath(name).read_text(encoding="utf-8")
+
+
+@lru_cache(maxsize=None)
+def _packaged(name: str) -> Any:
+    return parse(packaged_text(name), path=f"cluster/data/{name}", error=PackagedDataError).data
+
+
+def packaged(name: str) -> Any:
+    """A YAML data file of cluster/data/ as data: parsed once per process, a fresh copy for
+    every caller (who may change it)."""
+    return copy.deepcopy(_packaged(name))
 
 
 def _compose(loader: _Loader, path: str, error: ErrorFactory, text: str) -> yaml.Node | None:

@@ -24,7 +24,8 @@ from cluster import deploy
 from cluster.deploy import DeploySpec
 from cluster.errors import DeployError
 from cluster.inventory import Inventory
-from playbooks.outcome import DocOutcome
+from playbooks.outcome import Confirm, DocOutcome, OnEvent, ignore, lines_to, never_confirm
+from playbooks.serve_wait import wait_for_app
 
 
 @dataclass(frozen=True)
@@ -49,16 +50,15 @@ class DeployOutcome(DocOutcome):
                     "api_key_env": spec.api_key_env, "warnings": []})
 
 
-def run(inventory: Inventory, session, options: DeployOptions, confirm: Callable[[str], bool],
-        on_event: Callable[[str], None] = lambda _: None,
-        write_config: Callable[[str, str], Path] | None = None,
+def run(inventory: Inventory, session, options: DeployOptions, confirm: Confirm,
+        on_event: OnEvent = ignore, *, write_config: Callable[[str, str], Path] | None = None,
         out: DeployOutcome | None = None, client=None) -> DeployOutcome:
     """Fills `out` (given by a caller that records a partial outcome on an error) and returns
     it. `write_config(name, text)` stores the Serve config and returns its path (default: not
     stored); `client`: the dashboard (default DashboardClient)."""
     out = out if out is not None else DeployOutcome.start(options, "")
-    out.exit_code = _deploy(inventory, session, options, confirm, on_event, write_config, out.doc,
-                            client)
+    out.exit_code = _deploy(inventory, session, options, confirm, lines_to(on_event),
+                            write_config, out.doc, client)
     return out
 
 
@@ -153,8 +153,8 @@ def _deploy(inv, session, options: DeployOptions, confirm, say, write_config,
         doc["endpoint"] = deploy.endpoint_url(inv, spec.route, applied.http_options["port"])
     previous_time = (applied.previous or {}).get("last_deployed_time_s")
     say(f"waiting up to {options.timeout_s:g} s for {spec.name} to be RUNNING")
-    outcome = deploy.wait_for_app(client, spec.name, options.timeout_s,
-                                  previous_time=previous_time, on_event=say)
+    outcome = wait_for_app(client, spec.name, options.timeout_s,
+                           previous_time=previous_time, on_event=say)
     doc.update(status=outcome.state.status if outcome.state else "UNKNOWN",
                waited_s=round(outcome.waited_s, 1),
                app=outcome.state.to_dict() if outcome.state else None)
@@ -204,10 +204,11 @@ def _planned(plan) -> dict[str, Any]:
 
 def _prove(inv, session, plan, cluster, options: DeployOptions, say, doc: dict) -> bool:
     """Run the proof; False (doc says why) when it failed and --force was not given."""
-    from playbooks.nccl_check import run_proof
+    from playbooks.nccl_check import ProofOptions, run_proof
 
     models = {n.name: n.gpu_model for n in cluster.nodes if n.name}
-    outcome = run_proof(inv, session, plan, models, on_event=say)
+    outcome = run_proof(inv, session, ProofOptions(plan, models), never_confirm,
+                        lambda event: say(str(event)))
     proof = outcome.proof
     doc["fabric_proof"] = proof.to_dict()
     say(f"fabric proof: {proof.verdict}")
@@ -230,7 +231,7 @@ def _confirm_transport(inv, session, plan, options: DeployOptions, say, doc: dic
     """After RUNNING: each group's transport from its ranks' own init lines (the logs Ray keeps
     on the groups' nodes); a contradiction of the proof or the inventory fails (exit 2)."""
     from cluster import engine_transport, fabric_thresholds
-    from cluster.deploy import logs_dir
+    from cluster.endpoints import log_dir
     from cluster.node_programs import fan_out_program
 
     if plan is None:
@@ -238,7 +239,7 @@ def _confirm_transport(inv, session, plan, options: DeployOptions, say, doc: dic
     names = list(dict.fromkeys(s.node for s in plan.slots))
     nodes = [inv.node(n) for n in names]
     say(f"reading the ranks' init lines on {', '.join(names)}")
-    got = fan_out_program(session, nodes, "engine_logs", [logs_dir(inv), f"{since - 5:.0f}"],
+    got = fan_out_program(session, nodes, "engine_logs", [log_dir(inv), f"{since - 5:.0f}"],
                           timeout=60, python=inv.ray.python)
     docs = {n.name: d for n, d in zip(nodes, got) if isinstance(d, dict)}
     readings = engine_transport.read_engine(plan.groups, engine_transport.logs_of(docs),

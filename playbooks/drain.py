@@ -11,20 +11,52 @@ restart-node (playbooks/restart_node.py) runs the same steps before restarting t
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from cluster import ray_cluster
 from cluster.facts import gather as gather_facts
 from cluster.inventory import Inventory
 from cluster.ray_cluster import CHANGED, FAILED
 from cluster.ray_state import GcsNode, RayState, node_for_ip, query_state
+from cluster.remote import CommandResult
 from cluster.rollout import (DEFAULT_DRAIN_DEADLINE_S, DEFAULT_MOVE_WAIT_S, DRAIN_TIMEOUT_S,
-                             RolloutOutcome, app_demands, apps_not_running, capacity_without,
+                             Capacity, app_demands, apps_not_running, capacity_without,
                              drain_command, remaining_nodes, replicas_lost_with, worker)
+from cluster.waits import poll
+from playbooks.outcome import Confirm, OnEvent, Outcome, ignore, lines_to
 
-Event = Callable[[str], None]
+Event = Callable[[str], None]   # the progress lines of the steps below (run() types them)
+
+
+@dataclass
+class RolloutOutcome(Outcome):
+    """What drain / restart-node found and did; `exit_code` follows the CLI contract."""
+
+    command: str
+    node: str
+    exit_code: int = 0
+    stopped: str | None = None
+    node_id: str | None = None
+    capacity: Capacity | None = None
+    planned: list[str] = field(default_factory=list)    # the commands, in order (dry run)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    moved_replicas: list[dict[str, Any]] = field(default_factory=list)
+    new_node_id: str | None = None
+    results: list[CommandResult] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"command": self.command, "node": self.node, "exit_code": self.exit_code,
+                "stopped": self.stopped, "node_id": self.node_id,
+                "capacity": self.capacity.to_dict() if self.capacity else None,
+                "planned": self.planned, "steps": self.steps,
+                "moved_replicas": self.moved_replicas, "new_node_id": self.new_node_id,
+                "apps_losing_replicas": sorted({r["app"] for r in self.moved_replicas}),
+                "gang_replicas": [r for r in self.moved_replicas if "rank" in r],
+                "results": [r.to_dict() for r in self.results]}
+
+    def step(self, name: str, status: str, message: str, **extra: Any) -> None:
+        self.steps.append({"step": name, "status": status, "message": message, **extra})
 
 
 @dataclass(frozen=True)
@@ -41,10 +73,11 @@ class DrainOptions(WorkerOptions):
     deadline_s: int = DEFAULT_DRAIN_DEADLINE_S
 
 
-def run(inventory: Inventory, session, options: DrainOptions, confirm: Callable[[str], bool],
-        on_event: Event = lambda _: None) -> RolloutOutcome:
+def run(inventory: Inventory, session, options: DrainOptions, confirm: Confirm,
+        on_event: OnEvent = ignore) -> RolloutOutcome:
     return drain(session, inventory, options.node, dry_run=options.dry_run, confirm=confirm,
-                 wait_s=options.wait_s, deadline_s=options.deadline_s, on_event=on_event)
+                 wait_s=options.wait_s, deadline_s=options.deadline_s,
+                 on_event=lines_to(on_event))
 
 
 def ray_view(session, inventory: Inventory) -> RayState:
@@ -73,21 +106,25 @@ def locate(session, inventory: Inventory, name: str, out: RolloutOutcome
 def wait_moved(session, inventory: Inventory, node_id: str, wait_s: float,
                on_event: Event, poll_s: float = 3.0) -> tuple[bool, list[dict], RayState]:
     """Poll until no Serve replica is on the node and every app is RUNNING (at most wait_s)."""
-    end = time.monotonic() + wait_s
-    last = ""
-    while True:
+    last = [""]
+
+    def probe() -> tuple[RayState, list[dict], list]:
         state = ray_view(session, inventory)
         left = replicas_lost_with(state, node_id) if state.answered else [{"state": "unknown"}]
         pending = apps_not_running(state.serve) if state.serve is not None else ["serve: no answer"]
-        if not left and not pending:
-            return True, left, state
+        return state, left, pending
+
+    def report(value) -> None:
+        _, left, pending = value
         msg = f"{len(left)} replica(s) still on the node; apps not running: {pending or 'none'}"
-        if msg != last:
+        if (left or pending) and msg != last[0]:
             on_event(msg)
-            last = msg
-        if time.monotonic() + poll_s > end:
-            return False, left, state
-        time.sleep(poll_s)
+            last[0] = msg
+
+    got = poll(probe, lambda v: not v[1] and not v[2], timeout_s=wait_s, interval_s=poll_s,
+               on_value=report)
+    state, left, _ = got.value
+    return got.done, left, state
 
 
 def drain(session, inventory: Inventory, name: str, *, dry_run: bool, confirm: Callable[[str], bool],

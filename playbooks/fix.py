@@ -16,7 +16,7 @@ import threading
 from shlex import quote
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from cluster.checks.node import NODE_CHECKS
 from cluster.errors import UsageError
@@ -26,6 +26,7 @@ from playbooks.preflight import run_preflight
 from cluster.remote import Session, parallel
 from cluster.results import Status
 from playbooks.fix_model import copy_models
+from playbooks.outcome import Confirm, OnEvent, Outcome, ignore, lines_to
 
 UNDO_FILE = "fix-undo.json"
 STEP_TIMEOUT_S = 120
@@ -46,13 +47,31 @@ class FixResult:
     next_step: str | None = None
 
 
+@dataclass(frozen=True)
+class FixOptions:
+    nodes: tuple[Node, ...]
+    checks: frozenset[str] | None = None      # --checks; None: every check with a fix
+    dry_run: bool = False
+    yes: bool = False                         # --yes: the fixes that need it may run
+    run_dir: Path = Path(".")                 # where the undo record goes
+    local_root: bool = False                  # this process is root (no sudo -n for local)
+
+
+@dataclass(frozen=True)
+class UndoOptions:
+    record: Path                              # the fix-undo.json to put back
+    local_root: bool = False
+    dry_run: bool = False
+
+
 @dataclass
-class FixOutcome:
+class FixOutcome(Outcome):
     plan: FixPlan | None
     results: list[FixResult] = field(default_factory=list)
     restart_ray: list[str] = field(default_factory=list)
     dry_run: bool = False
     undo_file: str | None = None
+    stopped: str | None = None
 
     @property
     def exit_code(self) -> int:
@@ -320,18 +339,18 @@ def _model_results(inventory: Inventory, session: Session, plan: FixPlan, report
 # ---------------------------------------------------------------- the playbook
 
 
-def run(inventory: Inventory, session: Session, nodes: Sequence[Node],
-        chosen: frozenset[str] | None, dry_run: bool, yes: bool,
-        confirm: Callable[[str], bool], run_dir: Path, local_root: bool,
-        on_event: Callable[[str], None] = lambda line: None) -> FixOutcome:
+def run(inventory: Inventory, session: Session, options: FixOptions, confirm: Confirm,
+        on_event: OnEvent = ignore) -> FixOutcome:
+    nodes, chosen, dry_run = options.nodes, options.checks, options.dry_run
+    local_root, say = options.local_root, lines_to(on_event)
     if chosen is not None:
         known = {c.id for c in NODE_CHECKS}
         unknown = sorted(set(chosen) - known)
         if unknown:
             raise UsageError(f"--checks: unknown check(s) {', '.join(unknown)} (known: "
                              f"{', '.join(sorted(known))})")
-    on_event(f"gathering facts on {len(nodes)} node(s)")
-    report, plan = gather_and_plan(inventory, session, nodes, chosen, yes)
+    say(f"gathering facts on {len(nodes)} node(s)")
+    report, plan = gather_and_plan(inventory, session, nodes, chosen, options.yes)
     outcome = FixOutcome(plan, dry_run=dry_run)
     planned = plan_results(plan, report)
     if dry_run or not plan.steps:
@@ -343,14 +362,14 @@ def run(inventory: Inventory, session: Session, nodes: Sequence[Node],
                            FixResult(r.node, r.check, "skipped", "not confirmed", r.before)
                            for r in planned]
         return outcome
-    undo = UndoRecord(run_dir / UNDO_FILE)
+    undo = UndoRecord(options.run_dir / UNDO_FILE)
     undo.add({"kind": "start", "nodes": plan.nodes})
     outcome.undo_file = str(undo.path)
-    on_event(f"applying {len(plan.steps)} fix(es) on {nodes_n} node(s)")
+    say(f"applying {len(plan.steps)} fix(es) on {nodes_n} node(s)")
     rest = dataclasses.replace(plan, steps=tuple(s for s in plan.steps if s.check != "model"))
     done = execute(inventory, session, rest, undo, local_root) if rest.steps else {}
-    copied = _model_results(inventory, session, plan, report, undo, local_root, on_event)
-    on_event("verifying")
+    copied = _model_results(inventory, session, plan, report, undo, local_root, say)
+    say("verifying")
     verified = verify(inventory, session, rest, done, report) + copied
     outcome.results = [r for r in planned if r.status != "planned"] + verified
     outcome.restart_ray = sorted({r.node for r in verified
@@ -362,17 +381,19 @@ def run(inventory: Inventory, session: Session, nodes: Sequence[Node],
 # ---------------------------------------------------------------- undo
 
 
-def undo(inventory: Inventory, session: Session, record: Path, local_root: bool,
-         dry_run: bool = False) -> FixOutcome:
+def undo(inventory: Inventory, session: Session, options: UndoOptions, confirm: Confirm,
+         on_event: OnEvent = ignore) -> FixOutcome:
     """Put back the files and mounts a fix run changed, newest first.
 
     The record is read strictly (cluster/fix_undo.py: only the files and mount points the
     fixes own; anything else refuses it whole, UsageError) and every path is checked on its
     node, no link followed (node_programs/fix_files.py), before anything changes on any node:
     a link anywhere refuses the whole undo. With `dry_run` it stops there and lists, per node,
-    every file it would write or remove and every mount it would restore."""
+    every file it would write or remove and every mount it would restore; otherwise it asks
+    (confirm) and changes nothing unless the answer is yes."""
     from cluster.fix_undo import read_record
 
+    record, local_root, dry_run = options.record, options.local_root, options.dry_run
     plan = read_record(record)
     by_name = {n.name: n for n in inventory.nodes}
     outcome = FixOutcome(None, dry_run=dry_run)
@@ -392,7 +413,12 @@ def undo(inventory: Inventory, session: Session, record: Path, local_root: bool,
             outcome.results.append(FixResult(n.name, "undo", "unreachable", checked[n.name]))
     if dry_run:
         outcome.results += _undo_preview(plan, {n.name for n in reachable})
+    elif not confirm(f"Restore what {record.parent.name} changed?"):
+        outcome.stopped = "not confirmed"
+        outcome.results += [FixResult(r.node, r.check, "skipped", "not confirmed")
+                            for r in _undo_preview(plan, {n.name for n in reachable})]
     else:
+        lines_to(on_event)(f"restoring on {len(reachable)} node(s)")
         work = parallel(reachable, lambda n: _undo_node(inventory, session, n, plan, local_root),
                         STEP_TIMEOUT_S * (2 + len(plan.mounts)) + 30,
                         lambda n: [FixResult(n.name, "undo", "failed",

@@ -37,6 +37,7 @@ from cluster.model_relay import NodeResult, RelaySettings, RelayShape, fed_shape
     relay_shape
 from cluster.model_sync import CopyPlan, Manifest, copy_plan, still_different
 from cluster.node_programs import run_call
+from playbooks.outcome import Confirm, OnEvent, Outcome, ignore, lines_to, never_confirm
 from playbooks.relay import Feed, RelayReport, answer_of, manifests, program, run_relay
 
 _MIB = 1 << 20
@@ -111,10 +112,11 @@ class PullOptions:
     dry_run: bool = False
     allow_patterns: tuple[str, ...] = ()
     ignore_patterns: tuple[str, ...] = ()
+    local_root: bool = False                  # this process is root (no sudo -n for local)
 
 
 @dataclass
-class PullOutcome:
+class PullOutcome(Outcome):
     source: str
     path: str
     dry_run: bool
@@ -123,6 +125,7 @@ class PullOutcome:
     seconds: float = 0.0
     bytes: int = 0
     notes: list[str] = field(default_factory=list)
+    stopped: str | None = None
 
     @property
     def exit_code(self) -> int:
@@ -137,9 +140,12 @@ class PullOutcome:
                 "seconds": round(self.seconds, 3), "bytes": self.bytes, "notes": self.notes}
 
 
-def pull(inventory: Inventory, session, options: PullOptions, local_root: bool,
-         on_event: Callable[[str], None] = lambda line: None) -> PullOutcome:
-    """The whole pull; raises UsageError/RemoteError for what stops it before the relay."""
+def run(inventory: Inventory, session, options: PullOptions, confirm: Confirm = never_confirm,
+        on_event: OnEvent = ignore) -> PullOutcome:
+    """The whole pull; raises UsageError/RemoteError for what stops it before the relay.
+    Nothing is asked (confirm is not called): the pull only adds or replaces the model's
+    files, as `--dry-run` shows first."""
+    local_root, say = options.local_root, lines_to(on_event)
     path = options.path or inventory.model_path
     if not path:
         raise UsageError("--path DIR (absolute) or the inventory's model.path is needed")
@@ -151,7 +157,7 @@ def pull(inventory: Inventory, session, options: PullOptions, local_root: bool,
     settings = RelaySettings.from_expectations(inventory.expectations)
     if source.kind == "local":
         return _pull_local(inventory, session, options, source, chosen, outcome, settings,
-                           local_root, on_event, start)
+                           local_root, say, start)
     by_name = {n.name: n for n in inventory.nodes}
     if source.kind == "node":
         src = by_name[source.node]
@@ -166,13 +172,13 @@ def pull(inventory: Inventory, session, options: PullOptions, local_root: bool,
     if source.kind == "hf" and options.dry_run:
         return _hub_dry_run(outcome, source, src, targets, settings)
     if source.kind == "hf":
-        on_event(f"model: {source.repo} from the hub onto {src.name}:{path}")
+        say(f"model: {source.repo} from the hub onto {src.name}:{path}")
         hub_download(inventory, session, src, source.repo, options, path, local_root)
 
     def dir_of(node: Node) -> str:
         return src_dir if node.name == src.name else path
 
-    on_event(f"model: manifests on {src.name} and {len(targets)} node(s)")
+    say(f"model: manifests on {src.name} and {len(targets)} node(s)")
     found = manifests(inventory, session, [src, *targets.values()], local_root, dir_of)
     ref = found[src.name]
     if isinstance(ref, str):
@@ -184,7 +190,7 @@ def pull(inventory: Inventory, session, options: PullOptions, local_root: bool,
     if options.dry_run or not busy:
         return _planned(outcome, plans, busy, start)
     return _relay_and_verify(inventory, session, outcome, src, ref, plans, busy, targets,
-                             local_root, dir_of, on_event, start)
+                             local_root, dir_of, say, start)
 
 
 def _check_reference(outcome: PullOutcome, ref: Manifest, where: str, src_dir: str) -> None:
@@ -211,13 +217,13 @@ def _planned(outcome: PullOutcome, plans: dict, busy: list, start: float) -> Pul
 
 def _relay_and_verify(inventory: Inventory, session, outcome: PullOutcome, source, ref: Manifest,
                       plans: dict, busy: list, targets: dict, local_root: bool, dir_of,
-                      on_event: Callable[[str], None], start: float) -> PullOutcome:
+                      say: Callable[[str], None], start: float) -> PullOutcome:
     """The relay to the busy targets, then a second manifest on each: its verdict."""
     path = outcome.path
     report = run_relay(inventory, session, source, ref, {n: plans[n] for n in busy},
-                       {n: targets[n] for n in busy}, local_root, dir_of, on_event)
+                       {n: targets[n] for n in busy}, local_root, dir_of, say)
     outcome.shape = report.shape
-    on_event(f"model: relay over in {report.seconds:.1f} s; verifying by a second manifest")
+    say(f"model: relay over in {report.seconds:.1f} s; verifying by a second manifest")
     answering = [targets[n] for n in busy if n not in report.errors]
     after = manifests(inventory, session, answering, local_root, lambda node: path)
     for name in busy:
@@ -232,7 +238,7 @@ LAPTOP = "laptop"
 
 def _pull_local(inventory: Inventory, session, options: PullOptions, source: Source,
                 chosen: list, outcome: PullOutcome, settings: RelaySettings, local_root: bool,
-                on_event: Callable[[str], None], start: float) -> PullOutcome:
+                say: Callable[[str], None], start: float) -> PullOutcome:
     """A directory on the laptop: its manifest here, the laptop's server fed to the first
     node (the head, or the first of --nodes) through an SSH remote forward, then the relay."""
     from cluster.laptop_feed import LaptopServer, RemoteForward, laptop_manifest
@@ -240,11 +246,11 @@ def _pull_local(inventory: Inventory, session, options: PullOptions, source: Sou
     names = {n.name for n in inventory.nodes}
     feed_name = LAPTOP if LAPTOP not in names else f"({LAPTOP})"
     path = outcome.path
-    on_event(f"model: manifest of {source.path} on this machine")
+    say(f"model: manifest of {source.path} on this machine")
     ref = laptop_manifest(source.path)
     _check_reference(outcome, ref, feed_name, source.path)
     targets = {n.name: n for n in chosen}
-    on_event(f"model: manifests on {len(targets)} node(s)")
+    say(f"model: manifests on {len(targets)} node(s)")
     found = manifests(inventory, session, chosen, local_root, lambda node: path)
     plans = _plans(outcome, ref, found, targets)
     busy = [n for n in plans if plans[n].files]
@@ -256,12 +262,12 @@ def _pull_local(inventory: Inventory, session, options: PullOptions, source: Sou
     token = secrets.token_urlsafe(32)
     with LaptopServer(source.path, token) as server, \
             RemoteForward(session, targets[fed], server.port) as forward:
-        on_event(f"model: {server.files} file(s) of {source.path} served to {fed} "
+        say(f"model: {server.files} file(s) of {source.path} served to {fed} "
                  f"({'directly' if targets[fed].local else 'an SSH remote forward'})")
         return _relay_and_verify(inventory, session, outcome, Feed(feed_name, fed, forward.url,
                                                                    token),
                                  ref, plans, busy, targets, local_root, lambda node: path,
-                                 on_event, start)
+                                 say, start)
 
 
 def _plans(outcome: PullOutcome, ref: Manifest, found: dict, targets: dict

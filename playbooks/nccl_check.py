@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from cluster import nccl_check
+from cluster.bounds import bound
 from cluster.inventory import Inventory, Node
 from cluster.nccl_check import CheckOptions, JobOutcome, NcclCheckResult
 from cluster.node_programs import run_call
+from playbooks.outcome import Confirm, OnEvent, Outcome, ignore, lines_to, never_confirm
 
 
 @dataclass(frozen=True)
@@ -35,10 +37,11 @@ class NcclOptions:
 
 
 @dataclass(frozen=True)
-class NcclOutcome:
+class NcclOutcome(Outcome):
     result: NcclCheckResult
     job: JobOutcome
     command_result: Any                      # the head command's CommandResult
+    stopped = None
 
     @property
     def exit_code(self) -> int:
@@ -68,10 +71,12 @@ def announce(options: NcclOptions, inventory: Inventory) -> str:
             f"node(s) as a Ray job on {inventory.head.name} (timeout {c.timeout_s:g} s)")
 
 
-def run(inventory: Inventory, session, options: NcclOptions,
-        on_event: Callable[[str], None] = lambda _: None) -> NcclOutcome:
-    """Submit the job on the head, wait for it, judge it."""
-    from cluster.ray_state import dashboard_url
+def run(inventory: Inventory, session, options: NcclOptions, confirm: Confirm = never_confirm,
+        on_event: OnEvent = ignore) -> NcclOutcome:
+    """Submit the job on the head, wait for it, judge it (read-only: confirm is never asked)."""
+    from cluster.endpoints import dashboard_url
+
+    say = lines_to(on_event)
 
     check = options.check
     nodes: Sequence[Node] = list(options.nodes or inventory.nodes)
@@ -79,9 +84,9 @@ def run(inventory: Inventory, session, options: NcclOptions,
     call = nccl_check.head_call(inventory, check, nodes, sid)
     facts = options.preflight_facts
     if facts is None:
-        on_event("gathering the nodes' InfiniBand facts")
+        say("gathering the nodes' InfiniBand facts")
         facts = ib_facts(inventory, session, nodes)
-    on_event(announce(options, inventory))
+    say(announce(options, inventory))
     started = time.monotonic()
     result = run_call(session, inventory.head, call,
                       timeout=check.timeout_s + nccl_check.SSH_MARGIN_S)
@@ -94,30 +99,47 @@ def run(inventory: Inventory, session, options: NcclOptions,
 
 
 @dataclass(frozen=True)
-class ProofOutcome:
+class ProofOptions:
+    plan: Any                                 # cluster.fabric_proof.ProofPlan
+    gpu_models: Mapping[str, Any] | None = None
+    submission_id: str | None = None
+
+
+@dataclass(frozen=True)
+class ProofOutcome(Outcome):
     proof: Any                                # cluster.fabric_proof.FabricProof
     job: JobOutcome
     command_result: Any
+    stopped = None
+
+    @property
+    def exit_code(self) -> int:
+        return {"ok": 0, "warn": 1}.get(self.proof.status.value, 2)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"fabric_proof": self.proof.to_dict()}
 
 
-def run_proof(inventory: Inventory, session, plan, gpu_models: Mapping[str, Any] | None = None,
-              on_event: Callable[[str], None] = lambda _: None,
-              submission_id: str | None = None) -> ProofOutcome:
-    """Submit the layout's groups as one nccl-check job on the head, wait, judge each group."""
+def run_proof(inventory: Inventory, session, options: ProofOptions,
+              confirm: Confirm = never_confirm, on_event: OnEvent = ignore) -> ProofOutcome:
+    """Submit the layout's groups as one nccl-check job on the head, wait, judge each group
+    (read-only: confirm is never asked)."""
     from cluster import fabric_proof
+
+    plan, gpu_models, say = options.plan, options.gpu_models, lines_to(on_event)
 
     check = CheckOptions(backend=plan.backend, size_mb=plan.size_mb, iters=plan.iters,
                          warmup=fabric_proof.WARMUP,
-                         timeout_s=max(nccl_check.MIN_TIMEOUT_S, plan.timeout_s))
+                         timeout_s=max(bound("nccl_check", "timeout_s_min"), plan.timeout_s))
     names = list(dict.fromkeys(s.node for s in plan.slots))
     nodes = [inventory.node(n) for n in names]
     facts = None
     if plan.backend == "nccl" and any(g.crosses_nodes for g in plan.groups):
-        on_event("gathering the nodes' InfiniBand facts")
+        say("gathering the nodes' InfiniBand facts")
         facts = ib_facts(inventory, session, nodes)
-    sid = submission_id or nccl_check.new_submission_id(f"proof-{plan.backend}")
+    sid = options.submission_id or nccl_check.new_submission_id(f"proof-{plan.backend}")
     call = nccl_check.head_call(inventory, check, nodes, sid, args=fabric_proof.job_args(plan))
-    on_event(f"fabric proof: {plan.backend} all-reduce on {len(plan.groups)} group(s) of the "
+    say(f"fabric proof: {plan.backend} all-reduce on {len(plan.groups)} group(s) of the "
              f"layout over {len(nodes)} node(s), ports {plan.port_range[0]}-{plan.port_range[1]}"
              f" (timeout {check.timeout_s:g} s)")
     result = run_call(session, inventory.head, call,

@@ -4,15 +4,15 @@ gather (the facts layer: every node's probes in one SSH round trip per node, in 
 run's facts handed in, as `cluster up` does) -> judge (pure, cluster/preflight.evaluate_node) ->
 cross-node checks (clocks sampled from here, versions, drivers, MTU, model) -> TCP reachability
 between the reachable nodes (cluster/reachability.py). Read-only: no plan, no dry run, nothing
-to confirm. Nothing is printed: the caller gets the Report (`to_dict()`, `exit_code`) and an
-`on_node_done` callback per node gathered. Never raises for a node: an unreachable node or
-unreadable output is a result with status error.
+to confirm. Nothing is printed: the caller gets a PreflightOutcome (the Report: `to_dict()`,
+`exit_code`) and a NodeDone event per node gathered. Never raises for a node: an unreachable
+node or unreadable output is a result with status error.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from cluster.checks.base import NodeCheck
 from cluster.checks.cross import cross_node_checks, measure_skew
@@ -23,6 +23,7 @@ from cluster.preflight import evaluate_node, gather_for
 from cluster.reachability import run_reachability
 from cluster.remote import Session
 from cluster.results import CheckResult, Report
+from playbooks.outcome import Confirm, NodeDone, OnEvent, Outcome, ignore, never_confirm
 
 
 @dataclass(frozen=True)
@@ -31,13 +32,28 @@ class PreflightOptions:
     checks: tuple[NodeCheck, ...] = NODE_CHECKS
     measure_clock: bool = True
     reachability: bool = True
+    facts: Mapping[str, NodeFacts] | None = None  # the run's facts when gathered already (up)
+
+
+@dataclass(frozen=True)
+class PreflightOutcome(Outcome):
+    report: Report
+    stopped = None
+
+    @property
+    def exit_code(self) -> int:
+        return self.report.exit_code
+
+    def to_dict(self) -> dict:
+        return self.report.to_dict()
 
 
 def run(inventory: Inventory, session: Session, options: PreflightOptions = PreflightOptions(),
-        on_node_done: Callable[..., None] | None = None,
-        facts: Mapping[str, NodeFacts] | None = None) -> Report:
-    return run_preflight(inventory, session, options.nodes or None, options.checks,
-                         options.measure_clock, on_node_done, options.reachability, facts)
+        confirm: Confirm = never_confirm, on_event: OnEvent = ignore) -> PreflightOutcome:
+    """Read-only: confirm is never asked; on_event gets a NodeDone per node gathered."""
+    return PreflightOutcome(run_preflight(
+        inventory, session, options.nodes or None, options.checks, options.measure_clock,
+        lambda result: on_event(NodeDone(result)), options.reachability, options.facts))
 
 
 def run_preflight(inventory: Inventory, session: Session, nodes: Sequence[Node] | None = None,

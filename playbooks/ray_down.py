@@ -8,37 +8,32 @@ that node's Ray processes; with `ray.metrics: prometheus` the head's Prometheus 
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
-from cluster import prometheus_head, ray_cluster
+from cluster import ray_cluster
+from cluster.prometheus_head import enabled as prometheus_enabled
 from cluster.facts import gather as gather_facts
 from cluster.inventory import Inventory
-from cluster.ray_cluster import CHANGED, FAILED, UNREACHABLE, NodeFacts, Plan, StepResult
+from cluster.ray_cluster import CHANGED, FAILED
+from playbooks.outcome import Confirm, OnEvent, ignore, lines_to
+from playbooks.ray_up import RayOutcome, gated
+from cluster.waits import poll
 
 
 VERIFY_ATTEMPTS = 4
 VERIFY_PAUSE_S = 3.0
 
 
+@dataclass(frozen=True)
+class DownOptions:
+    dry_run: bool = False
+    serial: int = 0            # --serial N: workers N at a time (cluster/rollout.py)
+
+
 @dataclass
-class DownOutcome:
-    exit_code: int = 0
-    stopped: str | None = None
-    facts: Mapping[str, NodeFacts] = field(default_factory=dict)
-    plan: Plan | None = None
-    steps: tuple[StepResult, ...] = ()
+class DownOutcome(RayOutcome):
     leftovers: Mapping[str, list[str]] = field(default_factory=dict)
-    prometheus: StepResult | None = None       # ray.metrics: prometheus only
-
-    @property
-    def changed(self) -> bool:
-        return any(s.status == CHANGED for s in self.steps + self.extra_steps)
-
-    @property
-    def extra_steps(self) -> tuple[StepResult, ...]:
-        return (self.prometheus,) if self.prometheus is not None else ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"command": "down", "exit_code": self.exit_code, "stopped": self.stopped,
@@ -50,45 +45,38 @@ class DownOutcome:
                 "prometheus": self.prometheus.to_dict() if self.prometheus else None}
 
 
-def run(inventory: Inventory, session, dry_run: bool, confirm: Callable[[str], bool],
-        on_event: Callable[[str], None] = lambda _: None, serial: int = 0) -> DownOutcome:
-    out = DownOutcome()
-    on_event("gathering facts")
+def run(inventory: Inventory, session, options: DownOptions, confirm: Confirm,
+        on_event: OnEvent = ignore) -> DownOutcome:
+    out, say = DownOutcome(), lines_to(on_event)
+    say("gathering facts")
     out.facts = gather_facts(session, inventory)
     out.plan = ray_cluster.plan_down(inventory, out.facts)
-    if dry_run:
-        out.stopped = "dry run"
+    question = ("Stop Ray on " + ", ".join(a.node for a in out.plan.actions if a.changes)
+                + "? Running Ray work (Serve apps, jobs) will be killed."
+                ) if out.plan.confirmations else None
+    if not gated(out, options.dry_run, question, confirm):
         return out
-    if out.plan.confirmations:
-        question = ("Stop Ray on " + ", ".join(a.node for a in out.plan.actions if a.changes)
-                    + "? Running Ray work (Serve apps, jobs) will be killed.")
-        if not confirm(question):
-            out.stopped = "not confirmed"
-            out.exit_code = 2
-            return out
-    if serial > 0:  # --serial N: workers N at a time (cluster/rollout.py)
+    if options.serial > 0:  # --serial N: workers N at a time (cluster/rollout.py)
         from cluster.rollout import execute_down_serial
-        out.steps = execute_down_serial(out.plan, session, inventory, serial, on_event)
+        out.steps = execute_down_serial(out.plan, session, inventory, options.serial, say)
     else:
-        out.steps = ray_cluster.execute_down(out.plan, session, inventory, on_event)
-    if prometheus_head.enabled(inventory) and out.facts[inventory.head.name].reached:
-        out.prometheus = prometheus_head.down(session, inventory, on_event)
+        out.steps = ray_cluster.execute_down(out.plan, session, inventory, say)
+    if prometheus_enabled(inventory) and out.facts[inventory.head.name].reached:
+        from playbooks import prometheus_head
+
+        out.prometheus = prometheus_head.down(session, inventory, say)
     if not out.plan.changes:
-        out.exit_code = 2 if any(s.status in (FAILED, UNREACHABLE)
-                                 for s in out.steps + out.extra_steps) else 0
+        out.exit_code = out.steps_exit_code()
         return out
 
     # verify: nothing of Ray may be left on the nodes that were reached (processes that are
     # still exiting get a few seconds)
-    on_event("verifying")
+    say("verifying")
     stopped = [inventory.node(s.node) for s in out.steps if s.status == CHANGED]
-    after: dict[str, NodeFacts] = {}
-    for attempt in range(VERIFY_ATTEMPTS):
-        if attempt:
-            time.sleep(VERIFY_PAUSE_S)
-        after = gather_facts(session, inventory, stopped)
-        if not any(f.usable and f.running for f in after.values()):
-            break
+    after = poll(lambda: gather_facts(session, inventory, stopped),
+                 lambda got: not any(f.usable and f.running for f in got.values()),
+                 timeout_s=VERIFY_ATTEMPTS * VERIFY_PAUSE_S, interval_s=VERIFY_PAUSE_S,
+                 max_attempts=VERIFY_ATTEMPTS).value or {}
     steps = []
     for step in out.steps:
         f = after.get(step.node)
@@ -99,7 +87,6 @@ def run(inventory: Inventory, session, dry_run: bool, confirm: Callable[[str], b
                                    + ", ".join(f.ray_processes[:8]))
         steps.append(step)
     out.steps = tuple(steps)
-    out.exit_code = 2 if any(s.status in (FAILED, UNREACHABLE)
-                             for s in out.steps + out.extra_steps) else 0
+    out.exit_code = out.steps_exit_code()
     return out
 

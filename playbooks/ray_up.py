@@ -5,11 +5,11 @@ probes unless it is skipped) -> preflight verdicts on those facts -> the head's 
 (read-only) -> plan (pure) -> [dry run stops here] -> confirm restarts ->
 execute (stops, then the head and the workers) -> wait until every node is alive with its
 GPUs/CPUs -> status -> with `ray.metrics: prometheus`, the head's Prometheus (probe, plan,
-start or keep, verify: cluster/prometheus_head.py) and Ray's Grafana dashboards.
+start or keep, verify: playbooks/prometheus_head.py) and Ray's Grafana dashboards.
 
 A step reports per node in Ansible's words: ok (nothing to do), changed (ran and succeeded),
 failed, skipped, unreachable. Nothing is printed here: the caller gets an UpOutcome and an
-`on_event` callback for progress lines.
+`on_event` callback for typed progress events.
 """
 
 from __future__ import annotations
@@ -17,14 +17,53 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from cluster import prometheus_head, ray_cluster
+from cluster import ray_cluster
+from cluster.prometheus_head import enabled as prometheus_enabled
 from cluster.inventory import Inventory
 from cluster.ray_cluster import (CHANGED, FAILED, SKIPPED, UNREACHABLE, NodeFacts, Plan,
                                  StepResult, WaitResult)
 from cluster.ray_state import RayState, cluster_status, query_state
 from cluster.results import Report
+from playbooks.outcome import Confirm, OnEvent, Outcome, ignore, lines_to, step_exit_code
 
 DEFAULT_WAIT_S = 240.0
+
+
+@dataclass
+class RayOutcome(Outcome):
+    """What `up` and `down` share: the run's facts, the plan, each node's step (ok / changed /
+    failed / skipped / unreachable) and the head's Prometheus step."""
+
+    exit_code: int = 0
+    stopped: str | None = None                 # why it stopped before/while executing
+    facts: Mapping[str, NodeFacts] = field(default_factory=dict)
+    plan: Plan | None = None
+    steps: tuple[StepResult, ...] = ()
+    prometheus: StepResult | None = None       # ray.metrics: prometheus only
+
+    @property
+    def changed(self) -> bool:
+        return any(s.status == CHANGED for s in self.steps + self.extra_steps)
+
+    @property
+    def extra_steps(self) -> tuple[StepResult, ...]:
+        """Steps after the nodes' (the head's Prometheus)."""
+        return (self.prometheus,) if self.prometheus is not None else ()
+
+    def steps_exit_code(self) -> int:
+        return step_exit_code(s.status for s in self.steps + self.extra_steps)
+
+
+def gated(out: RayOutcome, dry_run: bool, question: str | None, confirm: Confirm) -> bool:
+    """Whether to execute the plan: not on a dry run (exit 0), not when the question that
+    guards running work is not confirmed (exit 2)."""
+    if dry_run:
+        out.stop("dry run", 0)
+        return False
+    if question is not None and not confirm(question):
+        out.stop("not confirmed")
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -38,33 +77,18 @@ class UpOptions:
 
 
 @dataclass
-class UpOutcome:
+class UpOutcome(RayOutcome):
     """Everything `cluster up` learned and did; `exit_code` follows the CLI contract."""
 
-    exit_code: int = 0
-    stopped: str | None = None                 # why it stopped before/while executing
     preflight: Report | None = None
     preflight_error: str | None = None
-    facts: Mapping[str, NodeFacts] = field(default_factory=dict)
     state_before: RayState | None = None
-    plan: Plan | None = None
-    steps: tuple[StepResult, ...] = ()
     wait: WaitResult | None = None
     status: dict | None = None
     failed_logs: Mapping[str, str] = field(default_factory=dict)  # node -> end of its Ray logs
     health_job: Any = None                     # cluster.health_job.JobStep, once Ray is up
-    prometheus: StepResult | None = None       # ray.metrics: prometheus only
     grafana: Mapping[str, str] = field(default_factory=dict)      # file name -> dashboard JSON
     grafana_error: str | None = None
-
-    @property
-    def changed(self) -> bool:
-        return any(s.status == CHANGED for s in self.steps + self.extra_steps)
-
-    @property
-    def extra_steps(self) -> tuple[StepResult, ...]:
-        """Steps after the nodes' (the head's Prometheus)."""
-        return (self.prometheus,) if self.prometheus is not None else ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -94,9 +118,9 @@ def gather_facts(session, inventory: Inventory, with_preflight: bool) -> dict[st
 
 def run_preflight(inventory: Inventory, session, facts: Mapping[str, NodeFacts]) -> Report:
     """The preflight's verdicts on the run's facts (plus its cross-node and reachability steps)."""
-    from playbooks.preflight import run_preflight as preflight
+    from playbooks import preflight
 
-    return preflight(inventory, session, facts=facts)
+    return preflight.run(inventory, session, preflight.PreflightOptions(facts=facts)).report
 
 
 def head_view(session, inventory: Inventory, facts: Mapping[str, NodeFacts]) -> RayState | None:
@@ -108,16 +132,15 @@ def head_view(session, inventory: Inventory, facts: Mapping[str, NodeFacts]) -> 
     return state
 
 
-def run(inventory: Inventory, session, options: UpOptions,
-        confirm: Callable[[str], bool],
-        on_event: Callable[[str], None] = lambda _: None) -> UpOutcome:
-    out = UpOutcome()
+def run(inventory: Inventory, session, options: UpOptions, confirm: Confirm,
+        on_event: OnEvent = ignore) -> UpOutcome:
+    out, say = UpOutcome(), lines_to(on_event)
 
     # 1. facts (read-only), once: one round trip per node serves the preflight and the plan
-    on_event("gathering facts")
+    say("gathering facts")
     out.facts = gather_facts(session, inventory, with_preflight=not options.skip_preflight)
     if not options.skip_preflight:
-        on_event("preflight")
+        say("preflight")
         out.preflight = run_preflight(inventory, session, out.facts)
         if out.preflight.exit_code >= 2 and not options.force and not options.dry_run:
             out.stopped = "preflight failed (fix the failures or pass --force)"
@@ -130,32 +153,24 @@ def run(inventory: Inventory, session, options: UpOptions,
     # 3. plan (pure)
     out.plan = ray_cluster.plan_up(inventory, out.facts, out.state_before)
     if out.plan.refused:
-        out.stopped = "plan refused"
         out.steps = ray_cluster.execute_up(out.plan, session, inventory)
-        out.exit_code = 2
-        return out
-    if options.dry_run:
-        out.stopped = "dry run"
-        out.exit_code = 0
-        return out
+        return out.stop("plan refused")
 
-    # 4. confirm what kills running work
-    if out.plan.confirmations:
-        question = ("Restart Ray on " + "; ".join(out.plan.confirmations)
-                    + ". Running Ray work there will be killed. Continue?")
-        if not confirm(question):
-            out.stopped = "not confirmed"
-            out.exit_code = 2
-            return out
+    # 4. [dry run stops here]; confirm what kills running work
+    question = ("Restart Ray on " + "; ".join(out.plan.confirmations)
+                + ". Running Ray work there will be killed. Continue?"
+                ) if out.plan.confirmations else None
+    if not gated(out, options.dry_run, question, confirm):
+        return out
 
     # 5. execute
     if options.serial > 0:
         from cluster.rollout import execute_up_serial
         out.steps = execute_up_serial(out.plan, session, inventory, options.serial,
-                                      options.stagger_s, on_event)
+                                      options.stagger_s, say)
     else:
         out.steps = ray_cluster.execute_up(out.plan, session, inventory, options.stagger_s,
-                                           on_event)
+                                           say)
 
     # 6. wait / verify (also on a plan that changed nothing: proves the cluster is healthy);
     # nodes whose start failed cannot register: their logs are read at once
@@ -163,9 +178,9 @@ def run(inventory: Inventory, session, options: UpOptions,
     head_step = next(s for s in out.steps if s.node == inventory.head.name)
     expected = tuple(e for e in out.plan.expected if e.node not in failed)
     if head_step.status not in (FAILED, UNREACHABLE) and expected:
-        on_event("waiting for the nodes to register")
+        say("waiting for the nodes to register")
         out.wait = ray_cluster.wait_for_nodes(session, inventory, expected, options.wait_s,
-                                              on_event=on_event)
+                                              on_event=say)
         if out.wait.state is not None:
             out.status = cluster_status(inventory, out.wait.state)
     started_and_failed = [s.node for s in out.steps if s.status == FAILED and s.results]
@@ -174,14 +189,13 @@ def run(inventory: Inventory, session, options: UpOptions,
 
     if out.wait is not None and out.wait.ok:   # the periodic health job: started or kept
         from cluster.health_job import ensure_job
-        on_event("health job")
+        say("health job")
         out.health_job = ensure_job(session, inventory)
 
-    if prometheus_head.enabled(inventory) and head_step.status not in (FAILED, UNREACHABLE):
-        _metrics(out, session, inventory, on_event)
+    if prometheus_enabled(inventory) and head_step.status not in (FAILED, UNREACHABLE):
+        _metrics(out, session, inventory, say)
 
-    bad = [s for s in out.steps + out.extra_steps if s.status in (FAILED, UNREACHABLE)]
-    if bad or (out.wait is not None and not out.wait.ok) or out.wait is None:
+    if out.steps_exit_code() or out.wait is None or not out.wait.ok:
         out.exit_code = 2
     elif out.plan.warnings or out.grafana_error or (out.health_job is not None
                                                     and out.health_job.status == FAILED):
@@ -191,7 +205,9 @@ def run(inventory: Inventory, session, options: UpOptions,
     return out
 
 
-def _metrics(out: UpOutcome, session, inventory: Inventory, on_event: Callable[[str], None]) -> None:
+def _metrics(out: UpOutcome, session, inventory: Inventory, say: Callable[[str], None]) -> None:
     """The head's Prometheus (kept, started or restarted), then Ray's Grafana dashboards."""
-    out.prometheus = prometheus_head.up(session, inventory, on_event)
+    from playbooks import prometheus_head
+
+    out.prometheus = prometheus_head.up(session, inventory, say)
     out.grafana, out.grafana_error = prometheus_head.dashboards(session, inventory)

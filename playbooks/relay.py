@@ -32,6 +32,7 @@ from cluster.node_programs import (Call as ProgramCall, document_of, failure, fa
                                    parse_answer, program_call, run_call)
 from cluster.remote import CommandResult, Session
 from cluster.threads import Call
+from cluster.waits import poll
 
 MANIFEST_TIMEOUT_S = 3600          # hashing a large model: about 1 GB/s per node
 POLL_S = 1.0
@@ -191,8 +192,10 @@ class _Relay:
         run_call(self.session, m.node, call, timeout=STOP_TIMEOUT_S)
 
 
-def _poll_forever(relay: _Relay, m: _Member, done: list) -> None:
-    while not done:
+def _poll_status(relay: _Relay, m: _Member, done: list, lifetime: int) -> None:
+    """The member's /TOKEN/.status every POLL_S until the relay is over (`done`), at most
+    its lifetime."""
+    def probe() -> None:
         try:
             m.progress = parse_progress(relay.status(m))
             m.heard = time.monotonic()
@@ -200,7 +203,8 @@ def _poll_forever(relay: _Relay, m: _Member, done: list) -> None:
             m.last_error = str(exc)[:200]
         except Exception as exc:            # paramiko's own errors on a dying transport
             m.last_error = f"{type(exc).__name__}: {str(exc)[:200]}"
-        time.sleep(POLL_S)
+
+    poll(probe, lambda _: bool(done), timeout_s=lifetime + SILENT_FAIL_S, interval_s=POLL_S)
 
 
 def run_relay(inventory: Inventory, session, source: Node | Feed, reference: Manifest,
@@ -242,7 +246,8 @@ def run_relay(inventory: Inventory, session, source: Node | Feed, reference: Man
                 raise RemoteError(name, m.error)
             m.heard = time.monotonic()
             if not m.error:
-                Call(lambda m=m: _poll_forever(relay, m, done), name=f"relay-status-{name}")
+                Call(lambda m=m: _poll_status(relay, m, done, lifetime),
+                     name=f"relay-status-{name}")
         on_event(f"model: relay {shape.kind} {' | '.join(shape.lines())[:300]}; "
                  f"{total / _MIB:.1f} MiB to {len(busy)} node(s)")
         _watch(members, busy, start, lifetime, on_event)
@@ -266,18 +271,23 @@ def run_relay(inventory: Inventory, session, source: Node | Feed, reference: Man
 def _watch(members: Mapping[str, _Member], busy: Sequence[str], start: float, lifetime: int,
            on_event: Callable[[str], None]) -> None:
     """Until every receiving node is finished, silent too long, or the lifetime is over."""
-    last_line = time.monotonic()
-    while time.monotonic() - start < lifetime:
-        time.sleep(POLL_S)
+    last_line = [time.monotonic()]
+
+    def live_and_silent() -> tuple[list[str], list[str]]:
         now = time.monotonic()
         live = [n for n in busy if not members[n].error
                 and not (members[n].progress and members[n].progress.finished)]
-        silent = [n for n in live if now - members[n].heard > SILENT_FAIL_S]
-        if not live or len(silent) == len(live):
-            return
-        if now - last_line >= PROGRESS_EVERY_S:
-            last_line = now
+        return live, [n for n in live if now - members[n].heard > SILENT_FAIL_S]
+
+    def report(_value) -> None:
+        now = time.monotonic()
+        if now - last_line[0] >= PROGRESS_EVERY_S:
+            last_line[0] = now
             on_event("model: " + ", ".join(_progress_text(n, members[n]) for n in busy))
+
+    poll(live_and_silent, lambda v: not v[0] or len(v[1]) == len(v[0]),
+         timeout_s=max(0.0, lifetime - (time.monotonic() - start)), interval_s=POLL_S,
+         on_value=report)
 
 
 def _progress_text(name: str, m: _Member) -> str:

@@ -18,8 +18,9 @@ from cluster.facts import gather as gather_facts
 from cluster.inventory import Inventory
 from cluster.ray_cluster import CHANGED, FAILED, KEEP, NodeAction, Plan
 from cluster.ray_state import node_for_ip
-from cluster.rollout import DEFAULT_MOVE_WAIT_S, RolloutOutcome, apps_not_running, worker
-from playbooks.drain import WorkerOptions, drain, ray_view
+from cluster.rollout import DEFAULT_MOVE_WAIT_S, apps_not_running, worker
+from playbooks.drain import RolloutOutcome, WorkerOptions, drain, ray_view
+from playbooks.outcome import Confirm, OnEvent, ignore, lines_to
 
 Event = Callable[[str], None]
 DEFAULT_JOIN_TIMEOUT_S = 240.0
@@ -30,11 +31,11 @@ class RestartOptions(WorkerOptions):
     join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S
 
 
-def run(inventory: Inventory, session, options: RestartOptions, confirm: Callable[[str], bool],
-        on_event: Event = lambda _: None) -> RolloutOutcome:
+def run(inventory: Inventory, session, options: RestartOptions, confirm: Confirm,
+        on_event: OnEvent = ignore) -> RolloutOutcome:
     return restart_node(session, inventory, options.node, dry_run=options.dry_run,
                         confirm=confirm, wait_s=options.wait_s,
-                        join_timeout_s=options.join_timeout_s, on_event=on_event)
+                        join_timeout_s=options.join_timeout_s, on_event=lines_to(on_event))
 
 
 def restart_node(session, inventory: Inventory, name: str, *, dry_run: bool,

@@ -2,9 +2,9 @@
 
 gather (read-only: the app's deployed config from the dashboard, the API key it wants, its
 endpoint) -> plan (pure: the values to sweep, from TuneSettings) -> [dry run stops here] ->
-confirm (every value restarts the app's replicas) -> execute (cluster.tune.run_tune: redeploy,
-warm up and bench per value, recommend, restore or apply) -> verify (the final config RUNNING,
-inside run_tune) -> the plot.
+confirm (every value restarts the app's replicas) -> execute (run_tune below: redeploy, wait
+RUNNING (playbooks/serve_wait.py), warm up and bench per value, recommend (cluster/tune.py, pure),
+restore or apply) -> verify (the final config RUNNING, inside run_tune) -> the plot.
 
 Nothing is printed: the caller gets a TuneOutcome (the tune.json document) and an `on_event`
 callback for progress lines; `on_secret` is told the API key before anything uses it.
@@ -12,14 +12,17 @@ callback for progress lines; `on_secret` is told the API key before anything use
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from cluster.errors import UsageError
 from cluster.inventory import Inventory
-from playbooks.outcome import DocOutcome
-from cluster.tune import DeployedApp, TuneSettings
+from playbooks.outcome import Confirm, DocOutcome, OnEvent, ignore, lines_to
+from cluster.tune import (DEPLOY_FAILED, OK, Applied, DeployedApp, TunePoint, TuneResult,
+                          TuneSettings, fmt_value, config_with, engine_kwargs_of, point_from_level,
+                          recommend)
 
 
 @dataclass(frozen=True)
@@ -61,18 +64,17 @@ def confirm_question(settings: TuneSettings) -> str:
             f"the endpoint is down while vLLM starts). Go on?")
 
 
-def run(inventory: Inventory, session, options: TuneOptions, confirm: Callable[[str], bool],
-        on_event: Callable[[str], None] = lambda _: None,
-        on_secret: Callable[[str], None] = lambda _: None,
+def run(inventory: Inventory, session, options: TuneOptions, confirm: Confirm,
+        on_event: OnEvent = ignore, *, on_secret: Callable[[str], None] = lambda _: None,
         environ: Mapping[str, str] | None = None, out: TuneOutcome | None = None,
         client=None, bench: Callable[..., Any] | None = None) -> TuneOutcome:
     """Fills `out` (given by a caller that records a partial outcome on an error) and returns
-    it. `client`: the dashboard (default DashboardClient); `bench`: see cluster.tune.run_tune;
+    it. `client`: the dashboard (default DashboardClient); `bench`: see run_tune;
     `environ`: where the API key is read (default os.environ)."""
     import os
 
     from cluster import deploy
-    from cluster.tune import plot_tune, read_app, run_tune
+    from cluster.tune import plot_tune, read_app
 
     out = out if out is not None else TuneOutcome.start(options, "")
     if client is None:
@@ -97,7 +99,7 @@ def run(inventory: Inventory, session, options: TuneOptions, confirm: Callable[[
         doc["status"] = "CANCELLED"
         return out
 
-    result = run_tune(settings, client, inventory, app, endpoint, on_event, bench)
+    result = run_tune(settings, client, inventory, app, endpoint, lines_to(on_event), bench)
     doc.update(result.to_dict())
     out.exit_code = result.exit_code
     doc["status"] = "DONE"
@@ -109,3 +111,107 @@ def run(inventory: Inventory, session, options: TuneOptions, confirm: Callable[[
         doc["warnings"] = doc.get("warnings", []) + [
             f"plot not drawn (matplotlib missing: {exc})"]
     return out
+
+
+# ---------------------------------------------------------------- the sweep
+
+
+def _deploy_and_wait(client, inventory, config: Mapping[str, Any], timeout_s: float,
+                     say: Callable[[str], None]) -> tuple[bool, float, str | None, str | None]:
+    """(RUNNING?, seconds, final status, error)."""
+    from cluster import deploy
+    from playbooks.serve_wait import wait_for_app
+
+    start = time.monotonic()
+    applied = deploy.deploy_app(client, config, inventory)
+    if not applied.ok:
+        return False, time.monotonic() - start, None, applied.error
+    previous = (applied.previous or {}).get("last_deployed_time_s")
+    outcome = wait_for_app(client, config["name"], timeout_s, previous_time=previous,
+                           on_event=say)
+    status = outcome.state.status if outcome.state else None
+    if outcome.running:
+        return True, time.monotonic() - start, status, None
+    return False, time.monotonic() - start, status, deploy.failure_reason(outcome, timeout_s)
+
+
+def _bench(settings: TuneSettings, endpoint: str, model: str, requests: int, output_len: int):
+    from cluster.bench import BenchConfig, run_bench
+
+    config = BenchConfig(url=endpoint, model=model, concurrency=(settings.concurrency,),
+                         prompt_len=settings.prompt_len, output_len=output_len,
+                         requests=requests, timeout_s=settings.request_timeout_s,
+                         api_key=settings.api_key)
+    return run_bench(config).levels[0]
+
+
+def run_tune(settings: TuneSettings, client, inventory, app: DeployedApp, endpoint: str,
+             say: Callable[[str], None] = lambda _: None,
+             bench: Callable[..., Any] | None = None) -> TuneResult:
+    """Sweep, recommend, then restore or apply. Deploys through `client` (DashboardClient);
+    benches `endpoint` from here with `bench(settings, endpoint, model, requests, output_len)
+    -> LevelResult` (default: cluster.bench at the fixed concurrency). An exception or
+    interrupt mid-sweep restores the original config (best effort) and is re-raised."""
+    bench = bench or _bench
+    original = dict(app.config)
+    original_value = engine_kwargs_of(original).get(settings.param)
+    current = original
+    points: list[TunePoint] = []
+    warnings: list[str] = []
+    finished = False
+    try:
+        for i, value in enumerate(settings.values, start=1):
+            target = config_with(original, settings.param, value)
+            say(f"[{i}/{len(settings.values)}] {settings.param}={fmt_value(value)}: deploying")
+            deploy_s = 0.0
+            if target != current:
+                running, deploy_s, status, error = _deploy_and_wait(
+                    client, inventory, target, settings.deploy_timeout_s, say)
+                current = target
+                if not running:
+                    say(f"{settings.param}={fmt_value(value)}: not RUNNING ({error})")
+                    points.append(TunePoint(value, DEPLOY_FAILED, deploy_s=round(deploy_s, 1),
+                                            error=error or f"status {status}"))
+                    continue
+            if settings.warmups:
+                say(f"{settings.param}={fmt_value(value)}: warm-up ({settings.warmups} requests)")
+                bench(settings, endpoint, app.model, settings.warmups,
+                      min(settings.output_len, 16))
+            say(f"{settings.param}={fmt_value(value)}: bench at concurrency {settings.concurrency} "
+                f"({settings.bench_requests} requests)")
+            level = bench(settings, endpoint, app.model, settings.bench_requests,
+                          settings.output_len)
+            point = point_from_level(value, level, round(deploy_s, 1))
+            points.append(point)
+            say(f"{settings.param}={fmt_value(value)}: {point.output_tokens_per_s or 0:.1f} output "
+                f"tokens/s, TTFT p99 {point.ttft_p99_ms or 0:.0f} ms"
+                + (f" ({point.error})" if point.error else ""))
+        finished = True
+    finally:
+        if not finished:  # error or interrupt: put the original back before raising
+            if current != original:
+                say("sweep stopped: restoring the original config")
+                _deploy_and_wait(client, inventory, original, settings.deploy_timeout_s, say)
+    rec = recommend(points, settings.target_ttft_p99_ms, settings.close_pct)
+    what = settings.apply
+    if what == "best" and not rec.found:
+        warnings.append("--apply best: no recommendation, the original config is restored")
+        what = "original"
+    final = original if what == "original" else config_with(original, settings.param, rec.value)
+    final_value = engine_kwargs_of(final).get(settings.param)
+    if final == current:
+        applied = Applied(what, final_value, ok=True, redeployed=False, status="RUNNING")
+    else:
+        say(f"applying the {what} config ({settings.param}={fmt_value(final_value)})")
+        running, _, status, error = _deploy_and_wait(client, inventory, final,
+                                                     settings.deploy_timeout_s, say)
+        applied = Applied(what, final_value, ok=running, redeployed=True, status=status,
+                          error=error)
+        if not running:
+            warnings.append(f"the {what} config is not RUNNING: {error}")
+    for p in points:
+        if p.status == OK and p.bench and p.bench.get("short_outputs"):
+            warnings.append(f"{settings.param}={fmt_value(p.value)}: {p.bench['short_outputs']} "
+                            "short output(s): the server ignored ignore_eos/min_tokens")
+    return TuneResult(settings, endpoint, app.model, original_value, tuple(points), rec,
+                      applied, tuple(warnings))

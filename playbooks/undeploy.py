@@ -12,11 +12,10 @@ Nothing is printed: the caller gets an UndeployOutcome (the undeploy.json docume
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
-
 from cluster import deploy
 from cluster.inventory import Inventory
-from playbooks.outcome import DocOutcome
+from playbooks.outcome import Confirm, DocOutcome, OnEvent, ignore, lines_to
+from playbooks.serve_wait import wait_until_gone
 
 DEFAULT_TIMEOUT_S = 180.0
 
@@ -37,8 +36,8 @@ class UndeployOutcome(DocOutcome):
                     "dry_run": options.dry_run})
 
 
-def run(inventory: Inventory, session, options: UndeployOptions, confirm: Callable[[str], bool],
-        on_event: Callable[[str], None] = lambda _: None, out: UndeployOutcome | None = None,
+def run(inventory: Inventory, session, options: UndeployOptions, confirm: Confirm,
+        on_event: OnEvent = ignore, *, out: UndeployOutcome | None = None,
         client=None) -> UndeployOutcome:
     """Fills `out` (given by a caller that records a partial outcome on an error) and returns
     it. `client`: the dashboard (default cluster.dashboard_api.DashboardClient)."""
@@ -46,7 +45,7 @@ def run(inventory: Inventory, session, options: UndeployOptions, confirm: Callab
     if client is None:
         from cluster.dashboard_api import DashboardClient
         client = DashboardClient(session, inventory)
-    doc, name = out.doc, options.name
+    doc, name, say = out.doc, options.name, lines_to(on_event)
 
     details = client.serve_details()
     before = deploy.app_state(details, name)
@@ -65,13 +64,13 @@ def run(inventory: Inventory, session, options: UndeployOptions, confirm: Callab
         doc["status"] = "CANCELLED"
         return out
 
-    on_event(f"removing {name} through the dashboard")
+    say(f"removing {name} through the dashboard")
     applied = deploy.undeploy_app(client, name)
     doc["apply"] = applied.to_dict()
     if not applied.ok:
         doc.update(status="FAILED", error=applied.error)
         return out
-    gone = deploy.wait_until_gone(client, name, options.timeout_s, on_event=on_event)
+    gone = wait_until_gone(client, name, options.timeout_s, on_event=say)
     doc["waited_s"] = round(gone.waited_s, 1)
     if gone.timed_out:
         doc.update(status=gone.state.status if gone.state else "UNKNOWN",

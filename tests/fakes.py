@@ -7,6 +7,7 @@ probe outputs / NodeContext a preflight check is judged on.
     CannedSession(r, inventory)               one canned answer (or one per node), with fan_out
     UnusableSession()                         any use fails the test
     FakeClock()                               clock() and clock.sleep(s) without waiting
+    ProgressLines()                           a playbook's on_event: the typed events' lines
     probe_output("ibstat", fixture_text("ibstat", "108-...txt"))
     judge("infiniband", INVENTORY_YAML, node="n1", ibstat=...)   a check's Verdict
 
@@ -156,6 +157,22 @@ class UnusableSession:
 
     def __getattr__(self, name):
         raise AssertionError(f"the session was used ({name}) though the facts were handed in")
+
+
+class ProgressLines(list):
+    """A playbook's on_event: keeps the text of each typed Progress event, counts NodeDone
+    events; anything else (a bare string) fails the test, so an untyped event cannot pass."""
+
+    nodes_done = 0
+
+    def __call__(self, event: Any) -> None:
+        from playbooks.outcome import NodeDone, Progress
+
+        if isinstance(event, NodeDone):
+            self.nodes_done += 1
+            return
+        assert isinstance(event, Progress), f"untyped progress event: {event!r}"
+        self.append(event.text)
 
 
 class FakeClock:

@@ -14,6 +14,8 @@ import pytest
 import yaml
 
 from cluster import deploy
+from playbooks import serve_wait
+from cluster.bounds import bound
 from cluster.dashboard_api import (DashboardClient, DashboardReply, merge_applications,
                                    parse_reply, redact_runtime_envs, reply_of)
 from cluster import node_programs
@@ -41,6 +43,20 @@ def build(spec, cluster=CPU2, device=None):
 
 
 # ---------------------------------------------------------------- config generation
+
+
+def test_deploy_flags_and_plan_files_read_the_planners_bounds():
+    """One bound per key (cluster/data/limits.yaml plan:): what `cluster plan` writes,
+    `cluster deploy` and a plan file accept, and nothing beyond."""
+    top, least = bound("plan", "max_model_len"), bound("plan", "max_model_len_min")
+    assert deploy.spec_from_flags(MODEL, max_model_len=top).engine_kwargs["max_model_len"] == top
+    for wrong in (top + 1, least - 1):
+        with pytest.raises(UsageError, match="--max-model-len"):
+            deploy.spec_from_flags(MODEL, max_model_len=wrong)
+    with pytest.raises(UsageError, match="--tp"):
+        deploy.spec_from_flags(MODEL, tp=bound("plan", "parallel_size") + 1)
+    plan = parse_plan(f"model: {MODEL}\nmax_model_len: {top}\n", "plan.yaml")
+    assert plan.max_model_len == top
 
 
 def test_flags_tp2_on_cpu_nodes_import_path_args_and_cpu_env():
@@ -435,6 +451,16 @@ def test_app_state_reads_status_replicas_and_dead_ones():
     assert deploy.app_state({}, "tiny") is None
 
 
+@pytest.mark.parametrize("pid, t", [(True, float("nan")), (-3, float("inf")), (1 << 40, -1.0),
+                                    (4.5, 1e300), ("42", "200")])
+def test_app_state_reads_a_bogus_pid_or_deploy_time_as_missing(pid, t):
+    """Serve's numbers are kept only when they are numbers in range (bounds.reply_number):
+    a replica's pid names its log files in a command on the node."""
+    replica = {"replica_id": "r1", "state": "RUNNING", "node_ip": "10.0.0.2", "pid": pid}
+    state = deploy.app_state(serve_details(t=t, replicas=[replica]), "tiny")
+    assert state.replicas[0].pid is None and state.last_deployed_time_s is None
+
+
 def test_failure_reason_is_the_exception_line_without_colour_codes():
     msg = ("The deployment failed to start 3 times in a row. Error:\n\x1b[36mray::X\x1b[39m\n"
            "Traceback (most recent call last):\n  File x\n"
@@ -470,8 +496,8 @@ def test_wait_for_app_until_running_ignoring_the_old_version_and_hiccups():
                              serve_details("DEPLOYING", "UPDATING", replicas=[]),
                              serve_details("RUNNING", t=200.0)])
     events = []
-    out = deploy.wait_for_app(client, "tiny", 600, previous_time=100.0, poll_s=3,
-                              on_event=events.append, clock=clock, sleep=clock.sleep)
+    out = serve_wait.wait_for_app(client, "tiny", 600, previous_time=100.0, poll_s=3,
+                                  on_event=events.append, clock=clock, sleep=clock.sleep)
     assert out.running and not out.timed_out and out.waited_s == 9
     assert events == ["DEPLOYING: vllm-tiny UPDATING (no replicas)",
                       "RUNNING: vllm-tiny HEALTHY (1 RUNNING)"]
@@ -480,19 +506,21 @@ def test_wait_for_app_until_running_ignoring_the_old_version_and_hiccups():
 
 def test_wait_for_app_stops_on_deploy_failed_and_times_out():
     clock = FakeClock()
-    failed = deploy.wait_for_app(ScriptedClient([serve_details("DEPLOY_FAILED", "DEPLOY_FAILED")]),
-                                 "tiny", 600, clock=clock, sleep=clock.sleep)
+    failed = serve_wait.wait_for_app(
+        ScriptedClient([serve_details("DEPLOY_FAILED", "DEPLOY_FAILED")]), "tiny", 600,
+        clock=clock, sleep=clock.sleep)
     assert failed.state.status == "DEPLOY_FAILED" and not failed.timed_out
     clock = FakeClock()
-    slow = deploy.wait_for_app(ScriptedClient([serve_details("DEPLOYING", "UPDATING")]), "tiny",
-                               30, poll_s=5, clock=clock, sleep=clock.sleep)
+    slow = serve_wait.wait_for_app(ScriptedClient([serve_details("DEPLOYING", "UPDATING")]),
+                                   "tiny", 30, poll_s=5, clock=clock, sleep=clock.sleep)
     assert slow.timed_out and slow.state.status == "DEPLOYING" and slow.waited_s <= 30
 
 
 def test_wait_until_gone():
     clock = FakeClock()
-    out = deploy.wait_until_gone(ScriptedClient([serve_details("DELETING"), {"applications": {}}]),
-                                 "tiny", 60, clock=clock, sleep=clock.sleep)
+    out = serve_wait.wait_until_gone(
+        ScriptedClient([serve_details("DELETING"), {"applications": {}}]), "tiny", 60,
+        clock=clock, sleep=clock.sleep)
     assert not out.timed_out and out.state is None
 
 

@@ -4,8 +4,7 @@ import pytest
 
 from cluster import deploy
 from cluster.errors import UsageError
-from cluster.fabric_groups import (Layout, NodeSlots, cross_node_groups, layout_groups,
-                                   rank_slots, slots_per_node)
+from cluster.fabric_groups import Layout, NodeSlots, layout_groups, rank_slots, slots_per_node
 from cluster.gang import gang_layout, nodes_needed
 from cluster.plan_file import parse_plan
 
@@ -48,11 +47,11 @@ def test_tp1_pp2_cpu_follows_the_nodes_the_engine_spans():
     assert per_node == 4
     packed = layout_groups(Layout(tp=1, pp=2), rank_slots(Layout(tp=1, pp=2), _nodes(2, per_node)))
     assert [(g.kind, g.ranks, g.nodes) for g in packed] == [("pp", (0, 1), ("node1",))]
-    assert cross_node_groups(packed) == ()
+    assert not any(g.crosses_nodes for g in packed)
     spread = Layout(tp=1, pp=2, nnodes=2)
     groups = layout_groups(spread, rank_slots(spread, _nodes(2, per_node)))
     assert [(g.kind, g.ranks, g.nodes) for g in groups] == [("pp", (0, 1), ("node1", "node2"))]
-    assert cross_node_groups(groups) == groups
+    assert all(g.crosses_nodes for g in groups)
 
 
 def test_dense_dp_x_tp_replicas_are_separate_engines():
@@ -61,7 +60,7 @@ def test_dense_dp_x_tp_replicas_are_separate_engines():
     groups = layout_groups(layout, slots)
     assert [(g.kind, g.replica, g.ranks, g.nodes) for g in groups] == [
         ("tp", 0, (0, 1), ("node1",)), ("tp", 1, (0, 1), ("node2",))]
-    assert not cross_node_groups(groups)
+    assert not any(g.crosses_nodes for g in groups)
 
 
 def test_dp_plus_ep_groups():

@@ -203,7 +203,7 @@ def test_the_preflight_playbook_judges_handed_in_facts_without_another_round_tri
     gathered = {n.name: facts.facts_from_outputs(n, outputs) for n in inv.nodes}
     checks = tuple(c for c in NODE_CHECKS if c.id in ("gpus", "versions"))
     report = preflight.run(inv, UnusableSession(), preflight.PreflightOptions(
-        checks=checks, measure_clock=False, reachability=False), facts=gathered)
+        checks=checks, measure_clock=False, reachability=False, facts=gathered)).report
     by = {(r.check, r.node): r for r in report.results}
     assert by[("gpus", "n2")].summary == f"1 x {H100}"
     assert by[("versions", "n3")].status.value == "ok"

@@ -14,6 +14,7 @@ from cluster.inventory import loads
 from cluster.remote import Session
 from cluster.results import CheckResult, Status
 from playbooks import fix as fix_playbook
+from fakes import cluster_main, result as command_result, write_inventory
 
 INV = loads("""
 nodes:
@@ -139,7 +140,8 @@ def test_the_executor_records_what_it_replaces_and_undo_puts_it_back(tmp_path):
         # not, so the record is refused whole and nothing is put back (the restore itself is
         # tests/integration/test_fix.py's, on a simulated node's /etc).
         with pytest.raises(UsageError, match="is not a file the memlock fix writes"):
-            fix_playbook.undo(inv, session, undo.path, local_root=True)
+            fix_playbook.undo(inv, session, fix_playbook.UndoOptions(undo.path, local_root=True),
+                              lambda q: True)
     assert existing.read_text() == "new\n" and created.read_text() == "made\n"
 
 
@@ -154,3 +156,50 @@ def test_a_failing_command_fails_the_step_with_its_message(tmp_path):
             runner.apply(Step("here", "shm", "t", ("exit 42",),
                               manual_exit=(42, "a container", "use --shm-size")))
         assert exc.value.manual == ("a container", "use --shm-size")
+
+
+class _PathsOkSession:
+    """Session stand-in for `cluster fix --undo` (no network): the read-only path check says
+    every path is a plain file; any other command (a restore) is recorded and answered ok."""
+
+    max_parallel = 4
+
+    def __init__(self, inventory, hooks=None):
+        self.inventory = inventory
+        self.calls: list[str] = []
+        _PathsOkSession.last = self
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def run(self, node, command, timeout=None, stdin=None):
+        self.calls.append(command)
+        doc = {"files": [{"status": "ok"}], "dirs": []} if "check" in command else {"ops": []}
+        return command_result(node.name, json.dumps(doc) + "\n", command=command)
+
+
+def test_undo_answered_no_at_the_terminal_restores_nothing(tmp_path, monkeypatch, capsys):
+    """The old CLI asked "Restore what ... changed?" and went on whatever the answer was."""
+    from cluster.fixes import LIMITS_FILE
+
+    inv = write_inventory(tmp_path, f"run_dir: {tmp_path}/runs\n"
+                                    "nodes:\n  - {name: n1, address: 198.18.70.9}\n")
+    run = tmp_path / "runs" / "fix-1"
+    run.mkdir(parents=True)
+    (run / "fix-undo.json").write_text(json.dumps({"entries": [
+        {"kind": "start", "nodes": ["n1"]},
+        {"node": "n1", "check": "memlock", "kind": "file", "path": LIMITS_FILE,
+         "before": "x\n"}]}))
+    monkeypatch.setattr("cluster.remote.Session", _PathsOkSession)
+    monkeypatch.setattr("cluster.commands._common.interactive", lambda: True)
+    monkeypatch.setattr("builtins.input", lambda prompt: "n")
+    code, out, err = cluster_main(capsys, "-i", str(inv), "fix", "--undo", str(run), "--json")
+    calls = _PathsOkSession.last.calls
+    assert len(calls) == 1 and "check" in calls[0], calls      # the path check, no restore
+    doc = json.loads(out)
+    assert [(r["node"], r["status"], r["summary"]) for r in doc["results"]] == [
+        ("n1", "skipped", "not confirmed")]
+    assert code == 1

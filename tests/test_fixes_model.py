@@ -171,7 +171,9 @@ def test_the_playbook_copies_node_to_node_records_paths_and_converges(tmp_path):
         assert sorted(entry_["created"]) == ["tokenizer.json", "weights/model-00001.safetensors"]
         (again,) = fix_model.copy_models(inv, session, [step], undo, True, dir_of=dir_of)
         assert again.status == "ok" and again.summary.startswith("nothing to copy")
-        outcome = fix_playbook.undo(inv, session, undo.path, local_root=True)
+        outcome = fix_playbook.undo(inv, session,
+                                    fix_playbook.UndoOptions(undo.path, local_root=True),
+                                    lambda q: True)
     assert outcome.results[-1].status == "skipped" and "not restored" in outcome.results[-1].summary
     assert (dirs["dst"] / "tokenizer.json").exists()
 
@@ -205,8 +207,8 @@ def test_fix_run_with_one_node_and_no_copy_anywhere_is_manual(tmp_path):
     inv = loads(f"nodes:\n  - {{name: here, address: 127.0.0.1, local: true}}\n"
                 f"model: {{path: {tmp_path}/absent}}\n")
     with Session(inv) as session:
-        outcome = fix_playbook.run(inv, session, inv.nodes, frozenset({"model"}), False, True,
-                                   lambda q: True, tmp_path, True)
+        outcome = fix_playbook.run(inv, session, fix_playbook.FixOptions(
+            tuple(inv.nodes), frozenset({"model"}), False, True, tmp_path, True), lambda q: True)
     (r,) = [r for r in outcome.results if r.check == "model"]
     assert r.status == "manual" and "no node among those checked" in r.summary
     assert outcome.exit_code == 1

@@ -54,6 +54,20 @@ def test_layouts_vllm_cannot_run_are_refused(tp, pp, nnodes, why):
         gang_layout(tp, pp, nnodes)
 
 
+def test_a_gang_takes_the_parallel_sizes_deploy_and_plan_files_take():
+    """One bound per key (limits.yaml plan.parallel_size, plan.nodes)."""
+    from cluster.bounds import bound
+
+    most = bound("plan", "parallel_size")
+    assert gang_layout(most, 1, 1).world == most
+    with pytest.raises(UsageError, match="tensor_parallel_size"):
+        gang_layout(most + 1, 1, 1)
+    with pytest.raises(UsageError, match="pipeline_parallel_size"):
+        nodes_needed(1, most + 1, 8)
+    with pytest.raises(UsageError, match="nnodes"):
+        gang_layout(1, 1, bound("plan", "nodes") + 1)
+
+
 @pytest.mark.parametrize("tp, pp, per_node, expected", [
     (1, 2, 2, 1), (1, 2, 1, 2), (4, 2, 4, 2), (8, 4, 8, 4), (2, 4, 4, 2)])
 def test_nodes_needed_keeps_tp_inside_nodes(tp, pp, per_node, expected):
@@ -264,7 +278,8 @@ RANKS = ({"name": rank_actor_name("gang", "r1", 1), "state": "ALIVE", "node_id":
 
 def test_draining_a_node_with_a_remote_rank_names_the_app_losing_a_whole_replica():
     from cluster.ray_state import RayState
-    from cluster.rollout import RolloutOutcome, gang_replicas_on, replicas_lost_with
+    from cluster.rollout import gang_replicas_on, replicas_lost_with
+    from playbooks.drain import RolloutOutcome
 
     assert gang_replicas_on(_gang_details(), RANKS, "n2") == [
         {"app": "gang", "deployment": "vllm-m", "replica_id": "r1", "state": "RUNNING",

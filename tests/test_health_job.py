@@ -111,6 +111,14 @@ def _snapshot_text(now: float = 1000.0) -> str:
     return json.dumps(doc)
 
 
+@pytest.mark.parametrize("period", [0.001, -5.0, 1e300, float("nan"), True])
+def test_a_readings_file_with_a_period_no_job_could_run_reports_none(period):
+    """The period `status` prints is the job's, read through the same bounds as the inventory's."""
+    doc = json.loads(_snapshot_text())
+    doc["period_s"] = period
+    assert h.parse_readings(json.dumps(doc)).period_s is None
+
+
 def test_file_round_trip_and_ages_from_the_heads_clock():
     snap = h.parse_readings(_snapshot_text())
     assert (snap.period_s, snap.submission_id, snap.written) == (5.0, "cluster-health-x", 1000.0)

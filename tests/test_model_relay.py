@@ -56,6 +56,19 @@ def test_a_bad_status_document_is_a_parse_error(doc):
         parse_progress(doc)
 
 
+def test_a_status_document_reads_its_numbers_through_the_reply_bounds():
+    """limits.yaml replies: relay_bytes_max / relay_seconds_max, the edges kept, one past refused."""
+    from cluster.bounds import bound
+
+    most, longest = bound("replies", "relay_bytes_max"), bound("replies", "relay_seconds_max")
+    got = parse_progress({"state": "done", "bytes": most, "total": most, "seconds": longest})
+    assert (got.bytes, got.seconds) == (most, float(longest))
+    for doc in ({"state": "done", "bytes": most + 1}, {"state": "done", "seconds": longest + 1},
+                {"state": "done", "files": 2.0}):
+        with pytest.raises(ParseError):
+            parse_progress(doc)
+
+
 INV3 = loads("""
 nodes:
   - {name: head, address: 10.0.0.1, role: head}

@@ -21,7 +21,7 @@ from cluster.ray_state import GcsNode, RayState
 from cluster.tune import TuneSettings
 from playbooks import drain, restart_node, tune, undeploy
 from fakes import (DEPLOY_INVENTORY, IDS, IPS, RAY_INVENTORY as INV, TUNE_APP_CONFIG as ORIGINAL,
-                   FakeServe, RecordingSession, cluster_cli, closed_port, fake_bench,
+                   FakeServe, ProgressLines, RecordingSession, cluster_cli, closed_port, fake_bench,
                    inventory_of, node_facts as facts, write_inventory)
 from fakes import fixture_text
 
@@ -72,8 +72,8 @@ def head(monkeypatch):
 def test_drain_dry_run_plans_the_drain_command_and_changes_nothing(head):
     inv = inventory.loads(INV)
     head.append(ray_view(serve_with("gpu02")))
-    session, events = RecordingSession(), []
-    out = drain.run(inv, session, drain.DrainOptions("gpu02", dry_run=True), never, events.append)
+    session, events = RecordingSession(), ProgressLines()
+    out = drain.run(inv, session, drain.DrainOptions("gpu02", dry_run=True), never, events)
     assert (out.stopped, out.exit_code, out.node_id) == ("dry run", 0, IDS["gpu02"])
     assert out.capacity.ok and len(out.planned) == 1
     assert out.planned[0].startswith("[gpu01] $ ") and "drain-node" in out.planned[0]
@@ -93,9 +93,9 @@ def test_drain_refused_when_the_others_cannot_carry_the_apps(head):
 def test_drain_runs_then_waits_for_the_replicas_to_move(head):
     inv = inventory.loads(INV)
     head += [ray_view(serve_with("gpu02")), ray_view(serve_with("gpu03"))]
-    session, events, asked = RecordingSession(), [], []
+    session, events, asked = RecordingSession(), ProgressLines(), []
     out = drain.run(inv, session, drain.DrainOptions("gpu02"),
-                    lambda q: asked.append(q) or True, events.append)
+                    lambda q: asked.append(q) or True, events)
     assert len(asked) == 1 and "Drain gpu02" in asked[0] and "1 Serve replica(s)" in asked[0]
     assert [(node, "drain-node" in cmd) for _, node, cmd in session.calls] == [("gpu01", True)]
     assert events == ["draining gpu02", "waiting for Serve to move 1 replica(s) off gpu02"]
@@ -115,9 +115,9 @@ def test_drain_not_confirmed_runs_nothing(head):
 def test_restart_node_dry_run_plans_drain_stop_and_start(head):
     inv = inventory.loads(INV)
     head.append(ray_view(serve_with("gpu02")))
-    session, events = RecordingSession(), []
+    session, events = RecordingSession(), ProgressLines()
     out = restart_node.run(inv, session, restart_node.RestartOptions("gpu02", dry_run=True),
-                           never, events.append)
+                           never, events)
     assert (out.command, out.stopped, out.exit_code) == ("restart-node", "dry run", 0)
     assert [line.split(" $ ")[0] for line in out.planned] == ["[gpu01]", "[gpu02]", "[gpu02]"]
     assert "drain-node" in out.planned[0] and " stop" in out.planned[1]
@@ -153,9 +153,9 @@ class FakeServeRemoving(FakeServe):
 
 def test_undeploy_dry_run_and_absent_change_nothing():
     serve = FakeServeRemoving(ORIGINAL)
-    events: list[str] = []
+    events = ProgressLines()
     out = undeploy.run(None, None, undeploy.UndeployOptions("tiny", dry_run=True), never,
-                       events.append, client=serve)
+                       events, client=serve)
     assert out.doc["status"] == "DRY_RUN" and out.exit_code == 0
     assert out.doc["previous"]["status"] == "RUNNING" and out.doc["remaining"] == []
     assert not getattr(serve, "removed", []) and events == []
@@ -166,10 +166,10 @@ def test_undeploy_dry_run_and_absent_change_nothing():
 
 def test_undeploy_asks_removes_and_waits_until_gone():
     serve = FakeServeRemoving(ORIGINAL)
-    events: list[str] = []
+    events = ProgressLines()
     start = undeploy.UndeployOutcome.start(undeploy.UndeployOptions("tiny"), "/runs/x")
     out = undeploy.run(None, None, undeploy.UndeployOptions("tiny"), lambda q: "tiny" in q,
-                       events.append, out=start, client=serve)
+                       events, out=start, client=serve)
     assert out is start and serve.removed == ["tiny"]
     assert out.doc["status"] == "REMOVED" and out.exit_code == 0
     assert list(out.to_dict())[:4] == ["name", "status", "run_dir", "dry_run"]
@@ -210,9 +210,9 @@ def test_tune_sweeps_after_confirming_and_reports_each_step(tmp_path):
     serve = FakeServe(ORIGINAL)
     bench = fake_bench({512: 10, 1024: 30})
     bench.serve = serve
-    events: list[str] = []
+    events = ProgressLines()
     out = tune.run(inventory.loads(INV), None, _tune_options(tmp_path),
-                   lambda q: "2 time(s)" in q, events.append, environ={"CLUSTER_API_KEY": "sk-x-1234"}, client=serve,
+                   lambda q: "2 time(s)" in q, events, environ={"CLUSTER_API_KEY": "sk-x-1234"}, client=serve,
                    bench=bench)
     assert out.doc["status"] == "DONE" and out.exit_code == 0
     assert out.doc["recommendation"]["value"] == 1024
@@ -279,9 +279,9 @@ def _deploy_options(**kw):
 def test_deploy_dry_run_writes_the_config_checks_and_deploys_nothing(deploy_cluster):
     from playbooks import deploy
 
-    dash, events, written = FakeDashboard(), [], {}
+    dash, events, written = FakeDashboard(), ProgressLines(), {}
     out = deploy.run(inventory_of(DEPLOY_INVENTORY), None, _deploy_options(dry_run=True), never,
-                     events.append, write_config=lambda n, t: written.setdefault(n, t) and Path(n),
+                     events, write_config=lambda n, t: written.setdefault(n, t) and Path(n),
                      client=dash)
     assert out.doc["status"] == "DRY_RUN" and out.exit_code == 0 and dash.puts == []
     assert out.doc["config_path"] == "serve_config.yaml" and "applications" in written[
@@ -303,8 +303,8 @@ def test_deploy_refuses_a_config_holding_a_secret(deploy_cluster):
 def test_deploy_puts_the_app_and_waits_for_running(deploy_cluster):
     from playbooks import deploy
 
-    dash, events = FakeDashboard(), []
-    out = deploy.run(inventory_of(DEPLOY_INVENTORY), None, _deploy_options(), never, events.append,
+    dash, events = FakeDashboard(), ProgressLines()
+    out = deploy.run(inventory_of(DEPLOY_INVENTORY), None, _deploy_options(), never, events,
                      client=dash)
     assert out.doc["status"] == "RUNNING" and out.exit_code == 0
     assert [p["name"] for p in dash.puts] == ["tiny"] and out.doc["config_path"] is None
@@ -321,11 +321,11 @@ def test_nccl_check_submits_one_head_command_and_judges_a_silent_head():
     from playbooks import nccl_check
 
     inv = inventory.loads(INV)
-    session, events = RecordingSession(), []
+    session, events = RecordingSession(), ProgressLines()
     options = nccl_check.NcclOptions(CheckOptions(backend="gloo", timeout_s=60),
                                      preflight_facts={"nodes": {}},   # a report handed in
                                      submission_id="nccl-check-gloo-test")
-    out = nccl_check.run(inv, session, options, events.append)
+    out = nccl_check.run(inv, session, options, never, events)
     assert [node for _, node, _ in session.calls] == ["gpu01"]   # one command, on the head
     assert session.stdins[0][1]                                   # the program on stdin
     assert len(events) == 1 and events[0].startswith("gloo all-reduce of ")
@@ -343,10 +343,10 @@ def test_nccl_check_without_a_report_gathers_the_ib_facts_first():
     from playbooks import nccl_check
 
     inv = inventory.loads(INV)
-    session, events = RecordingSession(), []
+    session, events = RecordingSession(), ProgressLines()
     options = nccl_check.NcclOptions(CheckOptions(backend="gloo", timeout_s=60),
                                      submission_id="nccl-check-gloo-test")
-    out = nccl_check.run(inv, session, options, events.append)
+    out = nccl_check.run(inv, session, options, never, events)
     nodes = [node for _, node, _ in session.calls]
     assert sorted(nodes[:3]) == ["gpu01", "gpu02", "gpu03"] and nodes[3:] == ["gpu01"]
     assert all(name in probe_names(command)
@@ -600,3 +600,43 @@ def test_placement_only_deploys_have_no_proof(deploy_cluster):
     out = deploy.run(inventory_of(DEPLOY_INVENTORY), session, options, never, client=FakeDashboard())
     assert out.exit_code == 0 and session.calls == [] and "fabric_proof" not in out.doc
     assert "fabric proof skipped: placement only, no engine starts" in out.doc["notes"]
+
+
+# ---------------------------------------------------------------- one playbook shape
+
+PLAYBOOKS = {"deploy": "run", "drain": "run", "fix": "run", "fix (undo)": "undo",
+             "model_pull": "run", "nccl_check": "run", "nccl_check (proof)": "run_proof",
+             "preflight": "run", "ray_down": "run", "ray_up": "run", "restart_node": "run",
+             "status": "run", "tune": "run", "undeploy": "run"}
+NOT_PLAYBOOKS = {"__init__", "outcome", "relay", "fix_model", "nccl_allreduce", "serve_wait",
+                 "prometheus_head"}
+
+
+@pytest.mark.parametrize("name", sorted(PLAYBOOKS))
+def test_every_playbook_has_the_one_shape(name):
+    """run(inventory, session, options, confirm, on_event) -> an Outcome; options a frozen
+    dataclass; anything else keyword-only."""
+    import dataclasses
+    import importlib
+    import inspect
+    import typing
+
+    from cluster.inventory import Inventory
+    from playbooks.outcome import Outcome
+
+    module = importlib.import_module(f"playbooks.{name.split()[0]}")
+    run = getattr(module, PLAYBOOKS[name])
+    params = list(inspect.signature(run).parameters.values())
+    assert [p.name for p in params[:5]] == ["inventory", "session", "options", "confirm",
+                                            "on_event"]
+    assert all(p.kind is p.KEYWORD_ONLY for p in params[5:]), params[5:]
+    hints = typing.get_type_hints(run)
+    assert hints["inventory"] is Inventory
+    options = hints["options"]
+    assert dataclasses.is_dataclass(options) and options.__dataclass_params__.frozen
+    assert issubclass(hints["return"], Outcome)
+
+
+def test_the_shape_list_names_every_playbook_module():
+    names = {p.stem for p in (Path(__file__).parent.parent / "playbooks").glob("*.py")}
+    assert names - NOT_PLAYBOOKS == {n.split()[0] for n in PLAYBOOKS}

@@ -23,10 +23,12 @@ from cluster.prometheus_head import KEEP, REFUSE, RESTART, START, Probe, Running
 from cluster.probes import ProbeOutput
 from cluster.facts import RayletInfo
 from cluster.ray_cluster import CHANGED, FAILED, OK
+from cluster.ray_env import start_env
 from cluster.ray_state import GcsNode, RayState
 from cluster.remote import CommandResult
 from cluster.results import Status
 from fakes import cluster_cli, write_inventory
+from playbooks import prometheus_head as bringup
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = """\
@@ -133,7 +135,7 @@ def _healthy(i, head_env):
 
 def test_a_head_started_with_prometheus_host_is_not_drift_and_one_without_is():
     i = inv(ON)
-    with_env = ray_cluster.start_env(i.head, "disabled", i.ray.serve_ingress, i.ray)
+    with_env = start_env(i.head, "disabled", i.ray.serve_ingress, i.ray)
     state = RayState("dashboard", "2.60.0", (
         GcsNode("aa" * 28, i.head.ip, True, True, {"CPU": 2.0}),), None)
     assert ray_cluster._drift(i, i.head, _healthy(i, with_env), state, "disabled") == []
@@ -198,28 +200,28 @@ def test_up_starts_then_keeps_and_reports_a_failed_start():
     i = inv(ON)
     probe_none = {"binary": "/usr/bin/prometheus", "config": CFG, "running": None}
     s = Recording({"probe": probe_none, "start": {"pid": 7, "ready": True}})
-    step = prometheus_head.up(s, i)
+    step = bringup.up(s, i)
     assert (step.status, s.commands) == (CHANGED, ["probe", "start"])
     assert "pid 7" in step.message
     running = {"pid": 7, "config": CFG, "listen": "127.0.0.1:9090", "ready": True}
     s = Recording({"probe": dict(probe_none, running=running)})
-    step = prometheus_head.up(s, i)
+    step = bringup.up(s, i)
     assert (step.status, s.commands) == (OK, ["probe"])
     s = Recording({"probe": probe_none, "start": {"pid": 7, "ready": False, "exit_code": 1,
                                                   "log_tail": "err: bind: address in use\n"}})
-    step = prometheus_head.up(s, i)
+    step = bringup.up(s, i)
     assert step.status == FAILED and "address in use" in step.message
     s = Recording({"probe": dict(probe_none, binary=None)})
-    assert prometheus_head.up(s, i).status == FAILED
+    assert bringup.up(s, i).status == FAILED
     broken = CommandResult("head", "x", 1, "", "Traceback...\nOSError: boom\n", 0.1, "failed")
-    step = prometheus_head.up(Recording({"probe": broken}), i)
+    step = bringup.up(Recording({"probe": broken}), i)
     assert step.status == FAILED and "OSError: boom" in step.message
 
 
 def test_down_reports_stopped_or_nothing():
     i = inv(ON)
-    assert prometheus_head.down(Recording({"stop": {"stopped": 7}}), i).status == CHANGED
-    assert prometheus_head.down(Recording({"stop": {"stopped": None}}), i).status == OK
+    assert bringup.down(Recording({"stop": {"stopped": 7}}), i).status == CHANGED
+    assert bringup.down(Recording({"stop": {"stopped": None}}), i).status == OK
 
 
 def test_dashboards_keep_only_plain_json_names():
@@ -227,9 +229,9 @@ def test_dashboards_keep_only_plain_json_names():
     s = Recording({"dashboards": {"dir": "/x", "dashboards": {
         "serve_grafana_dashboard.json": "{}", "../evil.json": "{}", ".hidden.json": "{}",
         "notes.txt": "x"}}})
-    found, error = prometheus_head.dashboards(s, i)
+    found, error = bringup.dashboards(s, i)
     assert error is None and list(found) == ["serve_grafana_dashboard.json"]
-    found, error = prometheus_head.dashboards(
+    found, error = bringup.dashboards(
         Recording({"dashboards": {"dir": "/x", "dashboards": {}}}), i)
     assert found == {} and "no Grafana dashboard under /x" in error
 
@@ -305,23 +307,23 @@ def test_real_prometheus_start_keep_restart_on_a_new_session_and_stop(tmp_path):
         path="local.yaml")
     with Session(i) as session:
         try:
-            first = prometheus_head.up(session, i)
+            first = bringup.up(session, i)
             assert first.status == CHANGED, first.message
             pid = int((root / "cluster-prometheus" / "prometheus.pid").read_text())
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             assert f"--web.listen-address=127.0.0.1:{port}".encode() in cmdline
             assert f"--config.file={cfg}".encode() in cmdline
-            again = prometheus_head.up(session, i)
+            again = bringup.up(session, i)
             assert again.status == OK and f"pid {pid}" in again.message
             _session_config(root, "session_2")
-            moved = prometheus_head.up(session, i)
+            moved = bringup.up(session, i)
             assert moved.status == CHANGED and "session_1" in moved.message
             new_pid = int((root / "cluster-prometheus" / "prometheus.pid").read_text())
             assert new_pid != pid and not _alive(pid)
         finally:
-            stopped = prometheus_head.down(session, i)
+            stopped = bringup.down(session, i)
         assert stopped.status == CHANGED and not _alive(new_pid)
-        assert prometheus_head.down(session, i).status == OK
+        assert bringup.down(session, i).status == OK
 
 
 # ---------------------------------------------------------------- preflight and status

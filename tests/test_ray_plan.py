@@ -13,6 +13,7 @@ from cluster.ray_cluster import (KEEP, REFUSE, RESTART, SKIP, START, STOP, check
 from cluster import facts as node_facts_layer
 from cluster.facts import GPU, NODE_PROGRAM, NodeFacts, RayletInfo, read_gpus
 from cluster.probes import NOT_FOUND, Probe, ProbeOutput
+from cluster.ray_env import start_env
 from cluster.ray_state import (GcsNode, RayState, cluster_status, parse_state_output,
                                status_exit_code)
 from cluster.remote import CommandResult
@@ -331,7 +332,7 @@ def test_serve_ingress_must_be_a_known_mode():
 def test_an_ingress_change_on_a_running_cluster_is_drift_not_a_restart(inv):
     """A cluster started with the Python proxy keeps running; `up` says how to apply it."""
     f = healthy_facts()
-    started = ray_cluster.start_env(inv.node("gpu02"), serve_ingress="proxy")
+    started = start_env(inv.node("gpu02"), serve_ingress="proxy")
     f["gpu02"] = facts("gpu02", running=True,
                        raylet=RayletInfo(pid=100, node_id=IDS["gpu02"], node_ip=IPS["gpu02"],
                                          gcs_address=GCS, env=started))

@@ -10,7 +10,7 @@ import time
 import paramiko
 import pytest
 
-from cluster import remote
+from cluster import remote, waits
 from cluster.inventory import Node
 
 
@@ -68,11 +68,6 @@ def test_retries_stop_when_the_budget_cannot_hold_another_attempt(monkeypatch):
     with pytest.raises(remote.GaveUp) as gave_up:
         remote.retrying(attempt, budget_s=4, attempt_s=1)
     assert clock[0] <= 4 + 1 and gave_up.value.attempts >= 2
-
-
-def test_retry_pause_is_jittered_exponential_and_capped():
-    pauses = [remote.retry_pause(n) for n in range(1, 10)]
-    assert 0.05 <= pauses[0] <= 0.15 and all(p <= 3.0 for p in pauses)
 
 
 class _FakeConn:

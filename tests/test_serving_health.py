@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.commands.status import _attach_serving
+from playbooks.status import attach_serving as _attach_serving
 from cluster.errors import ParseError
 from cluster.serving_health import (CAPACITY_WARNING, Histogram, SAMPLE_PROGRAM, ServingHealth,
                                     ServingTarget, ServingThresholds, health_from_texts,

@@ -25,6 +25,7 @@ from cluster.errors import InventoryError
 from cluster.preflight import NODE_CHECKS, node_probes
 from cluster.probes import probe_script
 from cluster.ray_cluster import GPU
+from cluster.ray_env import start_env
 from fakes import write_inventory
 
 NASTY = {
@@ -96,13 +97,13 @@ def _generated_commands(inv) -> dict[str, str]:
         "gcs wait": ray_cluster.wait_for_gcs_command(inv),
         "log tail (head)": ray_cluster.log_tail_command(inv, head),
         "gather": gather_command(worker, inv),
-        "state query": ray_state.state_command(inv, include_serve=True),
+        "state query": ray_state.state_call(inv, include_serve=True).command,
         "drain": rollout.drain_command(inv, "ab" * 28, "cluster drain node2; $(reboot)"),
         "deploy node check": gather_command(worker, inv, deploy.node_check_builders(
             "/models/tiny-llama", "CLUSTER_API_KEY")),
         "deploy log tail": deploy.log_tail_command(inv, [replica], "app"),
-        "nccl-check (head)": nccl_check.head_command(inv, nccl_check.CheckOptions(backend="gloo"),
-                                                     inv.nodes, "nccl-check-1"),
+        "nccl-check (head)": nccl_check.head_call(inv, nccl_check.CheckOptions(backend="gloo"),
+                                                  inv.nodes, "nccl-check-1").command,
     }
     for node in inv.nodes:
         out[f"preflight probes ({node.name})"] = probe_script(node_probes(node, inv, NODE_CHECKS))
@@ -136,7 +137,7 @@ def test_env_values_are_one_literal_word_in_ray_start(inv):
 
 
 def test_env_values_are_one_literal_word_in_the_head_queries(inv):
-    _assert_env_words(ray_state.state_command(inv), inv.head.env)
+    _assert_env_words(ray_state.state_call(inv).command, inv.head.env)
     drain = rollout.drain_command(inv, "ab" * 28, "msg; $(reboot) `x` 'q'")
     _assert_env_words(drain, inv.head.env)
     words = _words(drain)
@@ -162,7 +163,7 @@ def test_bash_hands_the_exact_values_to_the_process_and_runs_nothing(inv, canary
     """The env prefix `ray start` gets, executed by a real bash in front of a Python that
     prints its environment: every value arrives byte for byte, the canary is never created."""
     node = inv.node("node2")
-    env = ray_cluster.start_env(node, "token")
+    env = start_env(node, "token")
     got = _environ_behind(lambda dump: ray_cluster.env_prefix(env) + dump)
     for key, value in env.items():
         assert got[key] == value, key

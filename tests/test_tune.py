@@ -21,7 +21,8 @@ from fakes import TUNE_APP_CONFIG as ORIGINAL, FakeServe, fake_bench
 from cluster.tune import (BENCH_FAILED, DEPLOY_FAILED, OK, Applied, DeployedApp, Recommendation,
                           TuneError, TunePoint, TuneResult, TuneSettings, check_tunable,
                           config_with, parse_values, plot_tune, point_from_level, read_app,
-                          recommend, run_tune)
+                          recommend)
+from playbooks.tune import run_tune
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -43,6 +44,14 @@ def test_parse_values_reads_yaml_scalars():
     for bad in ("512", "512,512", "1,[2]", "1,,", "a: b,c"):
         with pytest.raises(UsageError):
             parse_values(bad)
+
+
+@pytest.mark.parametrize("written", ["0x1e", "010", "1:30", "2_2"])
+def test_parse_values_refuses_numbers_yaml_would_silently_rewrite(written):
+    """Read by the one bounded value reader (cluster/yamlfile.parse_value): YAML 1.1 would
+    compare 30, 8, 90 and 22 instead of what the person wrote."""
+    with pytest.raises(UsageError, match="--values"):
+        parse_values(f"1,{written}")
 
 
 def test_config_with_sets_one_engine_arg_on_a_copy():

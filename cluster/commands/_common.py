@@ -178,14 +178,30 @@ class RecordedRun:
 
         return Session(self.inventory, hooks=[hook or self.record.record])
 
-    def event(self, line: str) -> None:
-        """A progress line: always into the run's events.log; on stderr only for a person at
-        a terminal (not with --json): a script's stderr holds nothing but the one error line
-        of a failure (README "Exit codes")."""
-        self.record.note(line)
+    def event(self, event: Any) -> None:
+        """A playbook's typed progress event rendered: a Progress line always into the run's
+        events.log, and on stderr ("<command>: ...", secrets scrubbed) only for a person at a
+        terminal (not with --json): a script's stderr holds nothing but the one error line of
+        a failure (README "Exit codes"). A NodeDone has no line."""
+        from playbooks.outcome import Progress
+
+        if not isinstance(event, Progress):
+            return
+        self.record.note(event.text)
         if not self.quiet and sys.stderr.isatty():
-            stderr.print(f"[dim]{self.command}:[/dim] {self.scrub(line)}",
+            stderr.print(f"[dim]{self.command}:[/dim] {self.scrub(event.text)}",
                          soft_wrap=self.soft_wrap)
+
+    def events(self, advance: Callable[[Any], None]) -> Callable[[Any], None]:
+        """`event`, with each NodeDone advancing the progress bar `advance` (run_.progress)."""
+        from playbooks.outcome import NodeDone
+
+        def on_event(event: Any) -> None:
+            if isinstance(event, NodeDone):
+                advance(event.result)
+            else:
+                self.event(event)
+        return on_event
 
     def confirm(self, question: str) -> bool:
         return confirm(question, bool(getattr(self.args, "yes", False)))
@@ -283,11 +299,6 @@ def _number(text: str, kind: type, minimum: float, strict: bool,
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
     return _number(text, int, 1, strict=False)
-
-
-def non_negative_int(text: str) -> int:
-    """argparse type: an integer >= 0."""
-    return _number(text, int, 0, strict=False)
 
 
 def positive_float(text: str) -> float:

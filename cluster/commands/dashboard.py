@@ -26,7 +26,7 @@ import threading
 from cluster.commands._common import int_range, load_inventory, stderr
 from cluster.errors import UsageError
 from cluster.inventory import Inventory, SSHOptions
-from cluster.ray_state import dashboard_target
+from cluster.endpoints import dashboard_target, head_dashboard_base
 
 AUTH_TOKEN, AUTH_DISABLED = "token", "disabled"
 
@@ -101,12 +101,6 @@ def _auth_mode(http, base: str) -> str | None:
     return mode if mode in (AUTH_TOKEN, AUTH_DISABLED) else None
 
 
-def _head_base(inv: Inventory) -> str:
-    target = dashboard_target(inv)
-    return f"http://[{target}]:{inv.ray.dashboard_port}" if ":" in target \
-        else f"http://{target}:{inv.ray.dashboard_port}"
-
-
 def _answers(url: str) -> bool:
     """The proxy answers an HTTP request (any status: the dashboard may still be starting)."""
     import httpx
@@ -179,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     with Session(inv) as session:
         tunnel = HeadTunnel(session)
-        base = _head_base(inv)
+        base = head_dashboard_base(inv)
         with httpx.Client(transport=HeadTransport(tunnel), timeout=30) as http:
             if not inv.head.local:  # an unreachable head is an error, not an unknown mode
                 session.runner_for(inv.head).transport(inv.head)

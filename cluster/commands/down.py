@@ -27,9 +27,9 @@ def run(args: argparse.Namespace) -> int:
     if args.serial < 0:
         raise UsageError("--serial must be >= 0")
     run_ = recorded_run(args, "down")
+    options = ray_down.DownOptions(dry_run=args.dry_run, serial=args.serial)
     outcome, payload = run_outcome(run_, lambda session: ray_down.run(
-        run_.inventory, session, args.dry_run, confirm=run_.confirm, on_event=run_.event,
-        serial=args.serial), dry_run=args.dry_run)
+        run_.inventory, session, options, run_.confirm, run_.event), dry_run=args.dry_run)
     code = outcome.exit_code
     if args.json:
         run_.print_json(payload)

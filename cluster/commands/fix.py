@@ -71,15 +71,13 @@ def run(args: argparse.Namespace) -> int:
         with run_.session() as session:
             if args.undo is not None:
                 undo_file = _undo_file(inv, args.undo)
-                read_record(undo_file)              # a malformed record: refused before asking
-                if not args.dry_run:
-                    run_.confirm(f"Restore what {undo_file.parent.name} changed?")
-                outcome = fix_playbook.undo(inv, session, undo_file, _local_root(),
-                                            dry_run=args.dry_run)
+                read_record(undo_file)              # a malformed record: refused at once
+                options = fix_playbook.UndoOptions(undo_file, _local_root(), args.dry_run)
+                outcome = fix_playbook.undo(inv, session, options, run_.confirm, run_.event)
             else:
-                outcome = fix_playbook.run(inv, session, nodes, args.checks, args.dry_run,
-                                           args.yes, run_.confirm,
-                                           record.path, _local_root(), on_event=run_.event)
+                options = fix_playbook.FixOptions(tuple(nodes), args.checks, args.dry_run,
+                                                  args.yes, record.path, _local_root())
+                outcome = fix_playbook.run(inv, session, options, run_.confirm, run_.event)
         code = outcome.exit_code
         payload = dict(outcome.to_dict(), run_dir=str(record.path), inventory=inv.path)
         emit_json(record, "fix.json", payload, to_stdout=args.json)

@@ -64,19 +64,21 @@ def _options(args: argparse.Namespace):
     if args.path is not None:
         node_path(args.path, "--path")
     return PullOptions(args.source, args.path, args.revision, args.nodes, args.dry_run,
-                       tuple(args.allow_patterns), tuple(args.ignore_patterns))
+                       tuple(args.allow_patterns), tuple(args.ignore_patterns),
+                       local_root=hasattr(os, "geteuid") and os.geteuid() == 0)
 
 
 def run(args: argparse.Namespace) -> int:
-    from playbooks.model_pull import pull
+    from playbooks import model_pull
+    from playbooks.outcome import never_confirm
 
     options = _options(args)
     run_, _nodes = recorded_run_on_nodes(args, "model-pull")
     code = 2
     try:
         with run_.session() as session:
-            outcome = pull(run_.inventory, session, options,
-                           hasattr(os, "geteuid") and os.geteuid() == 0, on_event=run_.event)
+            outcome = model_pull.run(run_.inventory, session, options, never_confirm,
+                                     run_.event)
         code = outcome.exit_code
         emit_json(run_.record, "model-pull.json",
                   dict(outcome.to_dict(), run_dir=str(run_.path)), to_stdout=args.json)

@@ -23,6 +23,7 @@ from cluster.errors import UsageError
 from cluster.modelinfo import read_json_file
 from cluster.remote import CommandResult
 from cluster.render import status_text
+from playbooks.outcome import never_confirm
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -46,15 +47,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "neighbouring PP stages, the DP/EP groups) on the nodes and ports the "
                         "deployment would use, judged against cluster/data/fabric.yaml; "
                         "nothing is deployed")
-    p.add_argument("--size-mb", type=float_range(0, 16384, strict=True), default=None, metavar="N",
+    limit = lambda key: bound("nccl_check", key)  # noqa: E731
+    p.add_argument("--size-mb", type=float_range(0, limit("size_mb_max"), strict=True),
+                   default=None, metavar="N",
                    help=f"all-reduce size in MiB (default {nccl_check.DEFAULT_SIZE_MB['nccl']:g} "
                         f"for nccl, {nccl_check.DEFAULT_SIZE_MB['gloo']:g} for gloo)")
-    p.add_argument("--iters", type=int_range(1, 10000), default=None, metavar="N",
+    p.add_argument("--iters", type=int_range(1, limit("iters_max")), default=None, metavar="N",
                    help=f"timed all-reduces (default {nccl_check.DEFAULT_ITERS['nccl']} for nccl, "
                         f"{nccl_check.DEFAULT_ITERS['gloo']} for gloo)")
-    p.add_argument("--warmup", type=int_range(0, 1000), default=nccl_check.DEFAULT_WARMUP, metavar="N",
+    p.add_argument("--warmup", type=int_range(0, limit("warmup_max")),
+                   default=nccl_check.DEFAULT_WARMUP, metavar="N",
                    help="untimed all-reduces first (default %(default)s)")
-    p.add_argument("--timeout", type=float_range(0, 3600, strict=True), default=nccl_check.DEFAULT_TIMEOUT_S, metavar="S",
+    p.add_argument("--timeout", type=float_range(limit("timeout_s_min"), limit("timeout_s_max")),
+                   default=nccl_check.DEFAULT_TIMEOUT_S, metavar="S",
                    help="the whole check ends within S seconds (default %(default)g)")
     add_nodes(p, "only these inventory nodes (comma-separated globs, 'head', 'workers')")
     p.add_argument("--report", metavar="PATH", type=path_value,
@@ -83,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     code = 2
     try:
         with run_.session(lambda r: record.record(_short(r))) as session:
-            outcome = playbook.run(inv, session, options, on_event=run_.event)
+            outcome = playbook.run(inv, session, options, never_confirm, run_.event)
         result = dataclasses.replace(outcome.result, run_dir=str(record.path))
         _write_logs(record.path, outcome.job)
         payload = dict(result.to_dict(), preflight_report=facts_source,
@@ -210,13 +215,14 @@ def _run_layout(args: argparse.Namespace) -> int:
             if not plan.groups:
                 raise UsageError(f"{args.layout}: one rank per engine, no group to prove")
             models = {n.name: n.gpu_model for n in cluster.nodes if n.name}
-            outcome = playbook.run_proof(inv, session, plan, models, on_event=run_.event)
+            outcome = playbook.run_proof(inv, session, playbook.ProofOptions(plan, models),
+                                         never_confirm, run_.event)
         proof = outcome.proof
         _write_logs(record.path, outcome.job)
         payload = {"layout": layout.to_dict(), "plan": plan.to_dict(),
                    "fabric_proof": proof.to_dict(), "run_dir": str(record.path)}
         record.write_json("nccl-check.json", payload)
-        code = {"ok": 0, "warn": 1}.get(proof.status.value, 2)
+        code = outcome.exit_code
     finally:
         run_.finish(code)
     if args.json:

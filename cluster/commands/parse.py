@@ -264,11 +264,6 @@ def parse_path(path: str, kind: str | None) -> list[dict[str, Any]]:
                                     f" parser: {type(exc).__name__}: {exc}"}]
 
 
-def parse_one(path: str, kind: str | None) -> dict[str, Any]:
-    """The first result of parse_path (a plain capture has only one)."""
-    return parse_path(path, kind)[0]
-
-
 def _cell(value: Any) -> str:
     if value is None:
         return "-"

@@ -53,8 +53,10 @@ def register(subparsers: Any) -> None:
                        help="where <run>/preflight.json reports are (default: the inventory's "
                             "run_dir, else ./runs)")
     opts = p.add_argument_group("serving options")
-    opts.add_argument("--max-model-len", type=int_range(1, bound("plan", "max_model_len")),
-                      metavar="L", help="default: min(8192, the model's maximum)")
+    opts.add_argument("--max-model-len", metavar="L",
+                      type=int_range(bound("plan", "max_model_len_min"),
+                                     bound("plan", "max_model_len")),
+                      help="default: min(8192, the model's maximum)")
     opts.add_argument("--min-concurrency", type=int_range(1, bound("plan", "min_concurrency")),
                       metavar="C",
                       help="full-length sequences a replica's KV cache must hold (default 8)")

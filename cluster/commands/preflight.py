@@ -10,9 +10,10 @@ from rich.text import Text
 from cluster.commands._common import (add_json, add_nodes, emit_json, recorded_run_on_nodes,
                                       stdout)
 from cluster.fold import Row, fold, grid_fits
-from playbooks.preflight import run_preflight
+from playbooks import preflight
 from cluster.render import STATUS_STYLE, fix_lines, folded_table
 from cluster.results import Report, Status
+from playbooks.outcome import never_confirm
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,9 +34,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     run_, nodes = recorded_run_on_nodes(args, "preflight")
     inv, record = run_.inventory, run_.record
+    options = preflight.PreflightOptions(tuple(nodes), measure_clock=not args.no_clock_skew,
+                                         reachability=not args.no_reachability)
     with run_.session() as session, run_.progress(len(nodes)) as advance:
-        report = run_preflight(inv, session, nodes, measure_clock=not args.no_clock_skew,
-                               on_node_done=advance, reachability=not args.no_reachability)
+        report = preflight.run(inv, session, options, never_confirm,
+                               run_.events(advance)).report
     payload = report.to_dict() | {"run_dir": str(record.path), "inventory": inv.path}
     emit_json(record, "preflight.json", payload, to_stdout=args.json)
     record.finish(report.exit_code)

@@ -13,9 +13,6 @@ from cluster.commands._common import (add_json, float_range, load_inventory, pri
 from cluster.fold import Row, exact, fold
 from cluster.render import GRID_MAX_NODES, folded_table
 from cluster.commands._common import inventory_secrets
-from cluster.health_job import HealthStatus, read_health
-from cluster.prometheus_head import metrics_doc
-from cluster.ray_state import cluster_status, query_state, status_exit_code
 from cluster.remote import Session
 
 
@@ -33,31 +30,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
-def _broken_ranks(doc: dict) -> list[tuple[str, dict]]:
-    """(app, rank) for every dead or missing rank of a RUNNING multi-node replica."""
-    apps = (doc.get("serve") or {}).get("applications") or {}
-    return [(name, rank) for name, app in apps.items() for rank in app.get("broken_ranks") or []]
-
-
 def run(args: argparse.Namespace) -> int:
+    from playbooks import status
+
     inv = load_inventory(args)
     record = start_run(args, inv, "status")  # run record: the query's log and status.json
     record.secrets = record.secrets + inventory_secrets(inv)
     code = 2
     try:
         with Session(inv, hooks=[record.record]) as session:
-            state, result = query_state(session, inv, include_serve=True)
-            serving = _sample_serving(args, session, inv, state)
-            health = read_health(session, inv) if state.answered else HealthStatus(None)
-        doc = cluster_status(inv, state, head_reached=result.reached)
-        doc["health"] = health.nodes
-        doc["health_period_s"] = health.period_s   # what the running job reports, not this inventory
-        doc["errors"] += [health.error] if health.error else []
-        doc.setdefault("dashboard", {})["metrics"] = metrics_doc(inv)
-        code = _attach_serving(doc, serving, status_exit_code(doc))
-        if code == 0 and _broken_ranks(doc):
-            code = 1
-        _attach_transport(doc, inv)
+            outcome = status.run(inv, session, status.StatusOptions(args.window))
+        doc, code = outcome.to_dict(), outcome.exit_code
         record.write_json("status.json", dict(doc, run_dir=str(record.path)))
     finally:
         record.finish(code)
@@ -103,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
             serve.add_row(name, str(app["status"]), str(app["route_prefix"]), deps,
                           "; ".join(confirmed))
         stdout.print(serve)
-        for name, rank in _broken_ranks(doc):
+        for name, rank in status.broken_ranks(doc):
             stdout.print(f"[bold red]rank {rank['rank']} {rank['state']}[/bold red] "
                          f"(node {rank['node'] or '?'}, {rank['node_ip'] or 'no IP'}) of "
                          f"replica {rank['replica_id']}: it takes down that replica of app "
@@ -117,18 +100,6 @@ def run(args: argparse.Namespace) -> int:
     if doc["missing"]:
         stdout.print(f"[bold red]missing from Ray:[/bold red] {', '.join(doc['missing'])}")
     return code
-
-
-def _attach_transport(doc: dict, inv) -> None:
-    """serve.applications[app].engine_transport: what the app's last deployment confirmed from
-    its ranks' own init lines (cluster/engine_transport.py), when it read them."""
-    from cluster.engine_transport import confirmed_by_app
-
-    apps = (doc.get("serve") or {}).get("applications") or {}
-    if not apps:
-        return
-    for name, found in confirmed_by_app(inv.run_dir, list(apps)).items():
-        apps[name]["engine_transport"] = found
 
 
 def _health_folded(health: dict, period_s: float | None):
@@ -170,27 +141,6 @@ def _add_serving_args(p: argparse.ArgumentParser) -> None:
                    help="serving section: seconds between the two samples of each app's vLLM "
                         "/metrics (default 5; 0: one sample, gauges only). Exit 1 when an app "
                         "is out of capacity")
-
-
-def _sample_serving(args: argparse.Namespace, session, inv, state) -> dict:
-    """{app: ServingHealth} for the apps with a running replica ({} when none)."""
-    from cluster.serving_health import load_thresholds, sample_serving
-
-    if not state.answered or state.serve is None:
-        return {}
-    thresholds = load_thresholds()
-    window = args.window if getattr(args, "window", None) is not None else thresholds.window_s
-    return sample_serving(session, inv, state.serve, window, thresholds)
-
-
-def _attach_serving(doc: dict, serving: dict, code: int) -> int:
-    """serve.applications[app].serving = the health JSON; exit 1 (from 0) on a warning."""
-    apps = (doc.get("serve") or {}).get("applications") or {}
-    for name, app in apps.items():
-        health = serving.get(name)
-        app["serving"] = health.to_dict() if health is not None else None
-    warned = any(h.status == "warn" for h in serving.values())
-    return 1 if code == 0 and warned else code
 
 
 def _print_serving(apps: dict) -> None:

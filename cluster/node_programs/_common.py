@@ -53,12 +53,6 @@ def token_and_source(env, label="", path=None, default_file=True):
     return None, None
 
 
-def token_from(env):
-    """The Ray auth token the environment `env` points at (the variable, else the token file),
-    or None. Ray's own order: RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token."""
-    return token_and_source(env)[0]
-
-
 def pid_namespace(pid, proc="/proc"):
     """The PID namespace of process `pid` ("self": this one) as /proc names it, or None."""
     try:

@@ -257,9 +257,3 @@ def _first_host_text(text: str) -> str | None:
         return outputs[0].text
     plain = outputs[0].text
     return plain if plain != head and plain != head.rstrip("\n") else None
-
-
-def parse_auto(text: str) -> tuple[str, Any]:
-    """(kind, parsed) for a text whose kind is detected."""
-    kind = detect(text)
-    return kind, parse(kind, text)

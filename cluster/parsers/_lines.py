@@ -315,25 +315,6 @@ def _prefixed(lines: list[str]) -> list[HostOutput] | None:
     return [HostOutput(h[:-1], tuple(preamble + bodies[h])) for h in hosts]
 
 
-def strip_host_prefix(lines: list[str]) -> list[str]:
-    """Drop a `node01: ` / `0: ` prefix that pdsh, clush or `srun --label` put on every line.
-
-    Only when one and the same prefix starts at least 90% of the non-blank lines (and 3 or
-    more of them), so a tool's own `Key: value` lines, which differ, are never touched.
-    """
-    rows = [line for line in lines if line.strip()]
-    if len(rows) < 3:
-        return lines
-    counts = _prefix_counts(rows)
-    if not counts:
-        return lines
-    prefix, n = max(counts.items(), key=lambda kv: kv[1])
-    if n < 0.9 * len(rows):
-        return lines
-    cut = len(prefix) + 1  # the prefix and the one space after it; the rest is the tool's
-    return [line[cut:] if line.startswith(prefix) else line for line in lines]
-
-
 def strip_line_numbers(lines: list[str]) -> list[str]:
     """Drop `   160: ` line numbers a paste tool or `grep -n` put before every data line.
 

@@ -360,10 +360,6 @@ class NcclLog:
     status: str
     verdict: str
 
-    @property
-    def has_error(self) -> bool:
-        return bool(self.errors)
-
     def to_dict(self) -> dict[str, Any]:
         return {
             "nccl_version": self.nccl_version,
