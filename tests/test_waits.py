@@ -104,18 +104,17 @@ def test_backoff_pause_is_jittered_exponential_and_capped():
 
 def test_no_hand_written_poll_loop_is_left():
     """Every wait of the laptop's code goes through waits.poll / waits.retry: nothing else
-    sleeps, but a threaded call's start delay (threads.py), bench's back-off inside its load
-    loop and the health job's period on the cluster. On-node programs (stdlib only, shipped
-    to the nodes) and the all-reduce job are not the laptop's code."""
+    sleeps, but a threaded call's start delay (threads.py) and bench's back-off inside its
+    load loop. On-node programs and the Ray jobs (cluster/node_programs/, cluster/ray_jobs/:
+    stdlib only or run on the cluster) are not the laptop's code."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    allowed = {"cluster/waits.py", "cluster/threads.py", "cluster/bench.py",
-               "cluster/health_runner.py"}
+    allowed = {"cluster/waits.py", "cluster/threads.py", "cluster/bench.py"}
     sleeping = set()
     for path in [*root.glob("cluster/**/*.py"), *root.glob("playbooks/*.py")]:
         name = path.relative_to(root).as_posix()
-        if name.startswith("cluster/node_programs/") or name == "playbooks/nccl_allreduce.py":
+        if name.startswith(("cluster/node_programs/", "cluster/ray_jobs/")):
             continue
         if "sleep(" in path.read_text():
             sleeping.add(name)
