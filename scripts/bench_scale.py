@@ -8,10 +8,12 @@ directly and through a bastion, against a baseline tree in the same run.
 For each size the simulated cluster (scripts/simcluster, stock OpenSSH limits on every sshd) is
 brought up once per mode (`--bastion`: the nodes accept logins only from the bastion). Each CLI
 run is a subprocess: wall time, the CLI's own CPU (user + system, from wait4's rusage: the
-laptop's cost, not the nodes') and its peak RSS, plus how many results were unreachable/error.
-With --baseline REV the same runs are made, interleaved, with the CLI of git revision REV (a
-temporary worktree), and the table prints current/baseline ratios: the machine is shared and
-noisy, so only same-run ratios mean anything. Root and Linux only (network namespaces).
+laptop's cost, not the nodes'), its peak RSS and its JSON size per node, plus how many results
+were unreachable/error. With --baseline REV the same runs are made, interleaved, with the CLI of
+git revision REV (a temporary worktree), and the table prints the medians over the rounds and
+current/baseline ratios: the machine is shared and noisy, so only same-run ratios mean anything.
+The simulated cluster is the caller's SIMCLUSTER_PREFIX / _SUBNET / _DIR when set. Root and
+Linux only (network namespaces).
 """
 
 from __future__ import annotations
@@ -48,6 +50,11 @@ class Run:
     rss_mib: float
     bad: int       # results unreachable / error / timeout
     exit_code: int
+    json_bytes: int = 0
+
+    @property
+    def json_kb_per_node(self) -> float:
+        return self.json_bytes / 1024 / self.nodes
 
     @property
     def cpu_ms_per_node(self) -> float:
@@ -84,7 +91,7 @@ def run_cli(tree: Path, label: str, command: str, nodes: int, mode: str) -> Run:
     except ValueError:
         pass
     return Run(label, command, nodes, mode, wall, usage.ru_utime + usage.ru_stime,
-               usage.ru_maxrss / 1024, bad, code)
+               usage.ru_maxrss / 1024, bad, code, len(text.encode()))
 
 
 def baseline_tree(rev: str) -> Path:
@@ -123,8 +130,9 @@ def main(argv: list[str] | None = None) -> int:
                             runs.append(run)
                             print(f"{label:8} {command:9} {n:4} nodes {mode:7}: "
                                   f"{run.wall_s:7.2f} s wall, {run.cpu_ms_per_node:7.1f} ms CPU "
-                                  f"per node, {run.rss_mib:6.0f} MiB, {run.bad} bad, "
-                                  f"exit {run.exit_code}", flush=True)
+                                  f"per node, {run.rss_mib:6.0f} MiB, {run.json_kb_per_node:5.1f} "
+                                  f"KB JSON per node, {run.bad} bad, exit {run.exit_code}",
+                                  flush=True)
     finally:
         simcluster("down")
         for label, tree in trees:
