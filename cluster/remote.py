@@ -193,11 +193,9 @@ class SSHRunner:
 
     def _known_host_keys(self):
         """(known keys, system keys) as paramiko HostKeys, read once per runner."""
-        import paramiko
-
         with self._lock:
             if self._host_keys is None:
-                known, system = paramiko.HostKeys(), paramiko.HostKeys()
+                known, system = _indexed_host_keys(), _indexed_host_keys()
                 if self.ssh.known_hosts:
                     path = os.path.expanduser(self.ssh.known_hosts)
                     if Path(path).is_file():
@@ -337,6 +335,7 @@ class SSHRunner:
             try:
                 with opening:  # two threads opening one connection break paramiko's session
                     conn.open()
+                    _quiet_when_idle(conn)
             except Exception:
                 self._forget(node)
                 raise
@@ -453,6 +452,7 @@ class JumpHost:
                 self.connects += 1
                 try:
                     conn.open()
+                    _quiet_when_idle(conn)
                 except Exception:
                     _close_quietly(conn)
                     raise
@@ -508,6 +508,112 @@ class _ChannelOpener:
                                  f"{dest_addr[0]}:{dest_addr[1]}: {exc.text or exc}") from exc
 
 
+_INDEXED_HOST_KEYS = None
+
+
+def _indexed_host_keys():
+    """A paramiko HostKeys whose lookup by name goes through an index.
+
+    paramiko's lookup() compares the name with every known_hosts entry, and every connection
+    looks up its host a few times: at rack scale O(nodes) per connect, O(nodes^2) in all (and
+    load() checks each new line the same way). Here lookup() reads the entries that name the
+    host exactly (from an index kept up to date with the entries) plus the hashed (|1|) entries,
+    each checked as paramiko checks it, and answers what paramiko's lookup would: the matching
+    entries in file order, as a read-only mapping of key type -> key (the first entry of a type
+    wins, as in paramiko's). Changes go through add(), load() or the entries list, never through
+    a lookup's answer. Thread-safe: every node's connection reads the one shared instance.
+    """
+    global _INDEXED_HOST_KEYS
+    if _INDEXED_HOST_KEYS is None:
+        from collections.abc import Mapping
+
+        import paramiko
+
+        class FoundKeys(Mapping):
+            """A lookup's answer, read-only, read as paramiko's: [key] the first matching
+            entry's key of that type; keys() a list, one type per matching entry in file
+            order (SSHClient reads `keys()[0]`)."""
+
+            def __init__(self, found: list):
+                self._types = [key.get_name() for key in found]
+                self._keys: dict = {}
+                for key in found:
+                    self._keys.setdefault(key.get_name(), key)
+
+            def __getitem__(self, keytype):
+                return self._keys[keytype]
+
+            def __iter__(self):
+                return iter(self.keys())
+
+            def __len__(self):
+                return len(self._types)
+
+            def keys(self):
+                return list(self._types)
+
+        class IndexedHostKeys(paramiko.HostKeys):
+            def __init__(self, filename=None):
+                self._index_lock = threading.RLock()
+                self._indexed: list = []      # the entries list the index was built from
+                self._count = 0               # how many of its entries are indexed
+                self._by_name: dict[str, list[int]] = {}
+                self._hashed: list[int] = []  # positions of entries with a hashed name
+                super().__init__(filename)
+
+            def _index(self) -> None:
+                entries = self._entries
+                if entries is not self._indexed or len(entries) < self._count:
+                    self._indexed, self._count = entries, 0
+                    self._by_name, self._hashed = {}, []
+                for pos in range(self._count, len(entries)):
+                    names = entries[pos].hostnames
+                    for name in set(names):
+                        self._by_name.setdefault(name, []).append(pos)
+                    if any(name.startswith("|1|") for name in names):
+                        self._hashed.append(pos)
+                self._count = len(entries)
+
+            def lookup(self, hostname):
+                with self._index_lock:
+                    self._index()
+                    entries = self._entries
+                    found = set(self._by_name.get(hostname, ()))
+                    if not hostname.startswith("|1|"):
+                        found.update(pos for pos in self._hashed
+                                     if self._hostname_matches(hostname, entries[pos]))
+                    keys = [entries[pos].key for pos in sorted(found)]
+                if not found:
+                    return None
+                return FoundKeys([key for key in keys if key is not None])
+
+            def add(self, hostname, keytype, key):
+                with self._index_lock:
+                    self._index()
+                    for pos in self._by_name.get(hostname, ()):
+                        entry = self._entries[pos]
+                        if entry.key is not None and entry.key.get_name() == keytype:
+                            entry.key = key
+                            return
+                    self._entries.append(paramiko.hostkeys.HostKeyEntry([hostname], key))
+
+            def load(self, filename):
+                with self._index_lock:
+                    super().load(filename)
+
+            def clear(self):
+                with self._index_lock:
+                    super().clear()
+
+            def __delitem__(self, key):
+                with self._index_lock:
+                    super().__delitem__(key)
+                    self._indexed = []        # positions moved: index again
+
+        _INDEXED_HOST_KEYS = IndexedHostKeys
+    return _INDEXED_HOST_KEYS()
+
+
 _REMOTE_RUNNER = None
 _CUT_LOCK = threading.Lock()
 
@@ -554,12 +660,18 @@ def _event_driven_remote():
                 result.cut = getattr(self, "cut_bytes", 0)
                 return result
 
-            def read_our_stdin(self, input_):
-                # invoke reads a non-terminal stream one byte per 10 ms (7 KB took 70 s):
-                # our stdin is always an in-memory text, sent in chunks.
-                if isinstance(input_, io.StringIO):
-                    return input_.read(self.read_chunk_size)
-                return super().read_our_stdin(input_)
+            def handle_stdin(self, input_, output, echo=False) -> None:
+                # invoke's stdin thread reads a non-terminal stream one byte per 10 ms (7 KB
+                # took 70 s), then keeps waking every 10 ms until the command exits: 100
+                # wake-ups a second per running command, ~2.7 ms of the laptop's CPU per
+                # second of a node's gather (measured through a bastion). Our stdin is always
+                # an in-memory text: sent in chunks (sendall waits for the channel's window),
+                # then closed, and the thread ends.
+                if not isinstance(input_, io.StringIO):
+                    return super().handle_stdin(input_, output, echo)
+                for data in iter(lambda: input_.read(self.read_chunk_size), ""):
+                    self.write_proc_stdin(data)
+                self.close_proc_stdin()
 
         _REMOTE_RUNNER = EventDrivenRemote
     return _REMOTE_RUNNER
@@ -608,6 +720,22 @@ def _quiet_transport_class():
 
         _QUIET_TRANSPORT = QuietTransport
     return _QUIET_TRANSPORT
+
+
+IDLE_CHECK_S = 5.0
+
+
+def _quiet_when_idle(conn) -> None:
+    """An open connection's reader thread wakes every IDLE_CHECK_S when nothing arrives.
+
+    paramiko's reader wakes on its socket's timeout only to notice a close or a pending rekey
+    (data wakes it at once; closing a jump host's channel wakes it too). At connect time the
+    timeout stays short (the banner and handshake timeouts are counted in its steps); once
+    connected, every idle connection woke once a second for the whole run (QuietTransport),
+    ~60 us of the laptop's CPU a node-second: at rack scale nodes x run time, O(nodes^2)."""
+    transport = conn.transport
+    if transport is not None and transport.is_active():
+        transport.sock.settimeout(IDLE_CHECK_S)
 
 
 def _nodelay_transport(sock, **kwargs):

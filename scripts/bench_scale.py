@@ -8,10 +8,12 @@ directly and through a bastion, against a baseline tree in the same run.
 For each size the simulated cluster (scripts/simcluster, stock OpenSSH limits on every sshd) is
 brought up once per mode (`--bastion`: the nodes accept logins only from the bastion). Each CLI
 run is a subprocess: wall time, the CLI's own CPU (user + system, from wait4's rusage: the
-laptop's cost, not the nodes') and its peak RSS, plus how many results were unreachable/error.
-With --baseline REV the same runs are made, interleaved, with the CLI of git revision REV (a
-temporary worktree), and the table prints current/baseline ratios: the machine is shared and
-noisy, so only same-run ratios mean anything. Root and Linux only (network namespaces).
+laptop's cost, not the nodes'), its peak RSS and its JSON size per node, plus how many results
+were unreachable/error. With --baseline REV the same runs are made, interleaved, with the CLI of
+git revision REV (a temporary worktree), and the table prints the medians over the rounds and
+current/baseline ratios: the machine is shared and noisy, so only same-run ratios mean anything.
+The simulated cluster is the caller's SIMCLUSTER_PREFIX / _SUBNET / _DIR when set. Root and
+Linux only (network namespaces).
 """
 
 from __future__ import annotations
@@ -27,9 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PREFIX, SUBNET = "bsc", 30
-ENV = {**os.environ, "SIMCLUSTER_PREFIX": PREFIX, "SIMCLUSTER_SUBNET": str(SUBNET),
-       "SIMCLUSTER_DIR": f"/tmp/simcluster-{PREFIX}"}
+# The simulated cluster's instance: the caller's SIMCLUSTER_* when set (a shared machine: each
+# engineer has their own prefix and subnet), else the benchmark's own.
+PREFIX = os.environ.get("SIMCLUSTER_PREFIX", "bsc")
+ENV = {**os.environ, "SIMCLUSTER_PREFIX": PREFIX,
+       "SIMCLUSTER_SUBNET": os.environ.get("SIMCLUSTER_SUBNET", "30"),
+       "SIMCLUSTER_DIR": os.environ.get("SIMCLUSTER_DIR", f"/tmp/simcluster-{PREFIX}")}
 INVENTORY = Path(ENV["SIMCLUSTER_DIR"]) / "cluster.yaml"
 COMMANDS = {"preflight": ["preflight", "--json"], "exec": ["exec", "--json", "--", "hostname"]}
 
@@ -45,6 +50,11 @@ class Run:
     rss_mib: float
     bad: int       # results unreachable / error / timeout
     exit_code: int
+    json_bytes: int = 0
+
+    @property
+    def json_kb_per_node(self) -> float:
+        return self.json_bytes / 1024 / self.nodes
 
     @property
     def cpu_ms_per_node(self) -> float:
@@ -81,7 +91,7 @@ def run_cli(tree: Path, label: str, command: str, nodes: int, mode: str) -> Run:
     except ValueError:
         pass
     return Run(label, command, nodes, mode, wall, usage.ru_utime + usage.ru_stime,
-               usage.ru_maxrss / 1024, bad, code)
+               usage.ru_maxrss / 1024, bad, code, len(text.encode()))
 
 
 def baseline_tree(rev: str) -> Path:
@@ -120,8 +130,9 @@ def main(argv: list[str] | None = None) -> int:
                             runs.append(run)
                             print(f"{label:8} {command:9} {n:4} nodes {mode:7}: "
                                   f"{run.wall_s:7.2f} s wall, {run.cpu_ms_per_node:7.1f} ms CPU "
-                                  f"per node, {run.rss_mib:6.0f} MiB, {run.bad} bad, "
-                                  f"exit {run.exit_code}", flush=True)
+                                  f"per node, {run.rss_mib:6.0f} MiB, {run.json_kb_per_node:5.1f} "
+                                  f"KB JSON per node, {run.bad} bad, exit {run.exit_code}",
+                                  flush=True)
     finally:
         simcluster("down")
         for label, tree in trees:
@@ -147,18 +158,19 @@ def print_table(runs: list[Run], with_baseline: bool) -> None:
                 (command, n, mode, "current")]
         base = [r for r in runs if (r.command, r.nodes, r.mode, r.tree) ==
                 (command, n, mode, "baseline")]
-        cur = min(mine, key=lambda r: r.cpu_s)
+        cur = median_run(mine)
         cur_marg = marginal(runs, cur)
         line = f"{command:9} {n:5} {mode:7} {cur.wall_s:7.2f} {cur.cpu_ms_per_node:11.1f} " \
                f"{_ms(cur_marg):>8} {cur.rss_mib:7.0f} {max(r.bad for r in mine):4}"
         if base:
-            b = min(base, key=lambda r: r.cpu_s)
+            b = median_run(base)
             b_marg = marginal(runs, b)
             ratio = f"{cur_marg / b_marg:10.2f}" if cur_marg and b_marg else f"{'-':>10}"
             line += f" | {b.cpu_ms_per_node:12.1f} {_ms(b_marg):>9} {max(r.bad for r in base):8} " \
                     f"{cur.cpu_s / b.cpu_s:9.2f} {ratio} {cur.wall_s / b.wall_s:10.2f}"
         print(line)
-    print("\nCPU ms/node: the CLI's CPU / nodes; marginal: (CPU - CPU at 1 node) / (nodes - 1), "
+    print("\nMedians over the rounds. CPU ms/node: the CLI's CPU / nodes; "
+          "marginal: (CPU - CPU at 1 node) / (nodes - 1), "
           "the per-node cost without the start-up (imports, inventory)")
 
 
@@ -168,8 +180,15 @@ def marginal(runs: list[Run], run: Run) -> float | None:
             (run.tree, run.command, run.mode, 1)]
     if run.nodes <= 1 or not ones:
         return None
-    one = min(ones, key=lambda r: r.cpu_s)
+    one = median_run(ones)
     return (run.cpu_s - one.cpu_s) * 1000 / (run.nodes - 1)
+
+
+def median_run(runs: list[Run]) -> Run:
+    """The run of median CPU (the lower middle one of an even count): rounds interleave the
+    trees on a shared machine, so the median, not the best, is what a tree costs."""
+    ranked = sorted(runs, key=lambda r: r.cpu_s)
+    return ranked[(len(ranked) - 1) // 2]
 
 
 def _ms(value: float | None) -> str:

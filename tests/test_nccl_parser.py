@@ -1454,3 +1454,23 @@ def test_benign_nccl_warns_are_warnings_and_their_failed_stack_an_error():
     assert not r.errors and {w.kind for w in r.warnings} == {"nvml_lookup_failed", "topology_lookup_failed"}
     r = nccl.parse("\n".join([warn, env("h", 0, "graph/xml.cc:850 -> 2")]))
     assert [e.kind for e in r.errors] == ["nccl_call_failed"]
+
+
+def test_where_a_read_window_falls_never_changes_the_result(tmp_path, monkeypatch):
+    """Every fixture log, then all of them again in reverse order, read in one window and in many
+    small ones: the same result.
+
+    The value fields (env, OFI provider/version, the loaded plugin, CUDA driver, launcher hints,
+    nccl-tests rows...) were last-wins: with a window handled in first-appearance order, the
+    value kept depended on where the 64 MB windows fell (a 200 MB log of these fixtures gave
+    NCCL_IB_HCA mlx5_0 in windows, rxe0 in one). The first value of the log is kept."""
+    log = tmp_path / "all.log"
+    logs = [p.read_bytes().rstrip(b"\n") + b"\n" for p in LOGS]
+    log.write_bytes(b"".join(logs + logs[::-1]))
+    monkeypatch.setattr(nccl, "_WINDOW_BYTES", 1 << 40)
+    whole = nccl.parse_file(log).to_dict()
+    monkeypatch.setattr(nccl, "BLOCK_BYTES", 4096)
+    monkeypatch.setattr(nccl, "_WINDOW_BYTES", 16384)
+    windows = nccl.parse_file(log).to_dict()
+    assert windows == whole
+    assert whole["env"] and whole["net_plugin"]

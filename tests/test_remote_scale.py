@@ -177,12 +177,124 @@ def test_making_a_connection_never_rewrites_the_shared_config(monkeypatch):
     assert all(c.config is config and c.inline_ssh_env is True for c in conns)
 
 
-def test_an_in_memory_stdin_is_sent_in_chunks_not_byte_by_byte():
-    """invoke reads a non-terminal stdin one byte per 10 ms: a 7 KB on-node program took 70 s."""
+class _RecordingChannel:
+    def __init__(self):
+        self.sent: list[bytes] = []
+        self.write_shut = False
+
+    def sendall(self, data: bytes) -> None:
+        self.sent.append(data)
+
+    def shutdown_write(self) -> None:
+        self.write_shut = True
+
+
+def test_an_in_memory_stdin_is_sent_in_chunks_then_closed_without_polling(monkeypatch):
+    """invoke reads a non-terminal stdin one byte per 10 ms (a 7 KB on-node program took 70 s),
+    and its stdin thread then woke every 10 ms until the command ended: 100 wake-ups a second
+    per running command (~2.7 ms of the laptop's CPU per second of a node's gather). The
+    program is sent in chunks, its stdin closed, and the thread ends: it never sleeps."""
     import io
 
+    import invoke.runners
+
+    def no_polling(seconds):
+        raise AssertionError(f"the stdin thread polled (sleep {seconds})")
+
+    monkeypatch.setattr(invoke.runners.time, "sleep", no_polling)
     cls = remote._event_driven_remote()
     runner = object.__new__(cls)
-    text = io.StringIO("x" * 100_000)
-    chunks = [runner.read_our_stdin(text) for _ in range(5)]
-    assert [len(c) for c in chunks] == [32768, 32768, 32768, 1696, 0]
+    runner.channel, runner.encoding = _RecordingChannel(), "utf-8"
+    runner.program_finished = threading.Event()      # the command is still running
+    runner.handle_stdin(io.StringIO("x" * 100_000), None, echo=False)
+    assert [len(c) for c in runner.channel.sent] == [32768, 32768, 32768, 1696]
+    assert b"".join(runner.channel.sent) == b"x" * 100_000 and runner.channel.write_shut
+
+
+def _known_hosts(tmp_path, lines: list[str]) -> str:
+    path = tmp_path / "known_hosts"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def _host_key_lines(count: int) -> list[str]:
+    """known_hosts lines: plain names, several names on a line, a [host]:port, a hashed name,
+    a host with two key types, a repeated line."""
+    ecdsa = [paramiko.ECDSAKey.generate() for _ in range(4)]
+    rsa = paramiko.RSAKey.generate(1024)
+    hashed = paramiko.HostKeys.hash_host("hidden.example")
+    lines = [f"node{i},198.18.0.{i % 250} {ecdsa[i % 4].get_name()} {ecdsa[i % 4].get_base64()}"
+             for i in range(count)]
+    lines += [f"[jump.example]:2222 {ecdsa[1].get_name()} {ecdsa[1].get_base64()}",
+              f"{hashed} {ecdsa[2].get_name()} {ecdsa[2].get_base64()}",
+              f"node3 {rsa.get_name()} {rsa.get_base64()}",
+              f"node3 {ecdsa[0].get_name()} {ecdsa[0].get_base64()}",
+              lines[5]]
+    return lines
+
+
+def _answer(found) -> dict | None:
+    return None if found is None else {t: found[t].asbytes() for t in found.keys()}
+
+
+def test_indexed_host_keys_answer_what_paramikos_lookup_answers(tmp_path):
+    """The shared known_hosts' lookup by index gives paramiko's own answers (strict host-key
+    checking rests on it): names on any line, ports, hashed names, two key types, repeats."""
+    lines = _host_key_lines(40)
+    path = _known_hosts(tmp_path, lines)
+    ours, theirs = remote._indexed_host_keys(), paramiko.HostKeys()
+    ours.load(path)
+    theirs.load(path)
+    names = ["node0", "node3", "node39", "198.18.0.7", "[jump.example]:2222", "jump.example",
+             "hidden.example", "node40", "unknown", "", lines[-4].split()[0]]
+    for name in names:
+        assert _answer(ours.lookup(name)) == _answer(theirs.lookup(name)), name
+        found = ours.lookup(name)
+        if found is not None:
+            assert found.keys() == list(theirs.lookup(name).keys()), name
+            key = theirs.lookup(name)[found.keys()[0]]
+            assert ours.check(name, key) and theirs.check(name, key)
+    other = paramiko.ECDSAKey.generate()
+    assert not ours.check("node0", other) and not theirs.check("node0", other)
+    for table in (ours, theirs):          # an accepted key (accept_unknown_host_keys), a new one
+        table.add("new.example", other.get_name(), other)
+        table.add("node0", other.get_name(), other)
+    for name in ("new.example", "node0", "node1"):
+        assert _answer(ours.lookup(name)) == _answer(theirs.lookup(name)), name
+
+
+def test_a_host_key_lookup_does_not_scan_every_known_host(tmp_path, monkeypatch):
+    """paramiko compared the name with every known_hosts line on every lookup (a few per
+    connection): O(nodes) per connect, O(nodes^2) for a rack. Only hashed lines are compared."""
+    lines = _host_key_lines(1000)
+    ours = remote._indexed_host_keys()
+    ours.load(_known_hosts(tmp_path, lines))
+    compared = []
+    real = paramiko.HostKeys._hostname_matches
+    monkeypatch.setattr(paramiko.HostKeys, "_hostname_matches",
+                        lambda self, name, entry: compared.append(1) or real(self, name, entry))
+    assert ours.lookup("node999") is not None and ours.lookup("node1000") is None
+    assert len(compared) == 2            # the one hashed line, once per lookup
+
+
+def test_an_open_connection_wakes_rarely_when_idle():
+    """Once connected, the reader thread's socket timeout is IDLE_CHECK_S, not QuietTransport's
+    connect-time second: every idle connection woke once a second for the whole run."""
+    timeouts = []
+
+    class Sock:
+        def settimeout(self, seconds):
+            timeouts.append(seconds)
+
+    class Transport:
+        sock = Sock()
+
+        def is_active(self):
+            return True
+
+    class Conn:
+        transport = Transport()
+
+    remote._quiet_when_idle(Conn())
+    assert timeouts == [remote.IDLE_CHECK_S] and remote.IDLE_CHECK_S >= 5
+    assert remote._quiet_transport_class()._active_check_timeout == 1.0

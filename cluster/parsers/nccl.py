@@ -22,7 +22,8 @@ Streaming: `NcclLogAccumulator.feed(line)` / `feed_lines(it)` / `feed_block(text
 stays flat whatever the file size or line length (a line is read up to LINE_MAX characters;
 `lines_truncated` counts the longer ones). Lines are first counted (in C, by a Counter over a bounded
 window of distinct lines) and each distinct line is then handled once with its multiplicity:
-every fact kept is a count, a set or a maximum, so the order of lines never matters, and a log
+every fact kept is a count, a set, a maximum or the first value the log gives (a window is
+handled in the order its lines first appear), so where a window falls never matters, and a log
 that repeats itself (every rank and every communicator prints the same lines) costs little more
 than reading it. A distinct line is dispatched on the first 4 characters of its message; regexes
 run only on the few line kinds that carry facts, and envelope heads and channel messages are
@@ -614,8 +615,10 @@ class NcclLogAccumulator:
     #
     # Lines are not handled as they arrive: they are counted into `_pending` (a Counter, so the
     # counting runs in C) and handled once per distinct line, with its multiplicity, when the
-    # window fills up or at result(). Every fact kept is a count, a set or a maximum, so this
-    # gives exactly what line-by-line handling would, for a fraction of the Python work on
+    # window fills up or at result(). Every fact kept is a count, a set, a maximum or the first
+    # value seen (a value field is set once: a window is handled in the order its lines first
+    # appear, so the first value handled is the log's first, wherever the windows fall), so
+    # this gives exactly what line-by-line handling would, for a fraction of the Python work on
     # logs that repeat themselves (every rank and every communicator prints the same lines).
 
     def feed(self, line: str | bytes) -> None:
@@ -655,6 +658,10 @@ class NcclLogAccumulator:
             end = size if end < 0 else end
             self.feed_block(text[start:end])
             start = end + 1
+
+    def _held_bytes(self) -> int:
+        """The size of the distinct lines the window holds (summed in C)."""
+        return sum(map(len, self._pending))
 
     def _flush(self) -> None:
         pending, self._pending = self._pending, Counter()
@@ -879,7 +886,7 @@ class NcclLogAccumulator:
             if "GPU Direct RDMA" in msg:
                 m = _GDR_HCA_RE.search(msg)
                 if m:
-                    self.gdr_hca[m.group(3)] = m.group(1)
+                    self.gdr_hca.setdefault(m.group(3), m.group(1))
             elif "Using interface " in msg:    # 2.3: "NET/IB : Using interface X for sideband ..."
                 name = msg.split("Using interface ", 1)[1].split(" ", 1)[0].split(":", 1)[0]
                 if name:
@@ -911,16 +918,16 @@ class NcclLogAccumulator:
         elif msg.startswith("NET/OFI"):
             m = _OFI_PROVIDER_RE.search(msg)
             if m:
-                self.ofi["provider"] = m.group(1)
+                self.ofi.setdefault("provider", m.group(1))
                 if m.group(2):
-                    self.ofi["nics"] = int(m.group(2))
+                    self.ofi.setdefault("nics", int(m.group(2)))
                 return
             m = _OFI_VERSION_RE.search(msg)
             if m:
-                self.ofi["version"] = m.group(1)
+                self.ofi.setdefault("version", m.group(1))
                 return
             if "Using Libfabric version" in msg:
-                self.ofi["libfabric"] = msg.rsplit(" ", 1)[-1]
+                self.ofi.setdefault("libfabric", msg.rsplit(" ", 1)[-1])
             elif "Invalid" in msg or "failed" in msg.lower() or "Unable" in msg:
                 self.ofi.setdefault("failures", msg[8:].strip()[:200])
             self.ofi.setdefault("seen", True)
@@ -929,9 +936,9 @@ class NcclLogAccumulator:
             k = msg.find("Loaded net plugin ")
             name = _PLUGIN_VERSION_SUFFIX_RE.sub("", msg[k + 18:].strip()) if k >= 0 else ""
             if name:
-                self.plugin["loaded"] = name
+                self.plugin.setdefault("loaded", name)
             elif "set by env to" in msg:
-                self.plugin["requested"] = msg.rsplit(" ", 1)[-1].strip()
+                self.plugin.setdefault("requested", msg.rsplit(" ", 1)[-1].strip())
             elif "using internal" in msg or "Using internal" in msg or "No plugin found" in msg:
                 self.plugin.setdefault("internal", True)
 
@@ -1008,7 +1015,7 @@ class NcclLogAccumulator:
         elif msg.startswith("NCCL_"):
             text = _strip_junk(msg)
             m = _ENV_RE.match(text)
-            if m and (m.group(1) in self.env or len(self.env) < 128):
+            if m and m.group(1) not in self.env and len(self.env) < 128:
                 value = text[m.end():].strip()
                 if value.endswith(".") and value[:-1].lstrip("-").isdigit():
                     value = value[:-1]
@@ -1029,7 +1036,8 @@ class NcclLogAccumulator:
     def _m_sharp(self, msg: str, host, pid, n: int, line: str) -> None:
         m = _SHARP_RE.search(msg)
         if m:
-            self.sharp_size = int(m.group(2))
+            if self.sharp_size is None:
+                self.sharp_size = int(m.group(2))
             dev = m.group(3)
             if ":" in dev and dev not in self.ib_devs:
                 self.ib_devs[dev] = "IB"
@@ -1040,11 +1048,11 @@ class NcclLogAccumulator:
 
     def _m_plugin_path(self, msg: str, host, pid, n: int, line: str) -> None:
         if msg.startswith("Plugin Path"):
-            self.plugin["path"] = _strip_junk(msg.split(":", 1)[-1])
+            self.plugin.setdefault("path", _strip_junk(msg.split(":", 1)[-1]))
 
     def _m_p2p_plugin(self, msg: str, host, pid, n: int, line: str) -> None:
         if msg.startswith("P2P plugin "):
-            self.plugin["loaded"] = _strip_junk(msg[11:])
+            self.plugin.setdefault("loaded", _strip_junk(msg[11:]))
 
     def _m_plugin_loaded(self, msg: str, host, pid, n: int, line: str) -> None:
         if msg.startswith("Successfully loaded external plugin"):
@@ -1053,7 +1061,7 @@ class NcclLogAccumulator:
     def _m_cuda(self, msg: str, host, pid, n: int, line: str) -> None:
         if msg.startswith("cudaDriverVersion "):
             v = msg[18:].split()
-            if v and v[0].isascii() and v[0].isdigit():
+            if v and v[0].isascii() and v[0].isdigit() and self.cuda_driver is None:
                 self.cuda_driver = int(v[0])
 
     def _m_channel_counts(self, msg: str, host, pid) -> None:
@@ -1212,7 +1220,7 @@ class NcclLogAccumulator:
             self._launcher(line)
         if "_perf" in line:
             m = _NT_COLL_RE.search(line)
-            if m:
+            if m and self.nt_collective is None:
                 self.nt_collective = m.group(1)
 
     def _fragment(self, line: str, n: int) -> None:
@@ -1281,7 +1289,7 @@ class NcclLogAccumulator:
             if m and (int(m.group(1)) in self.nt_ranks or len(self.nt_ranks) < _MAX_KEYS):
                 self.nt_seen = True
                 self.recognised += n
-                self.nt_ranks[int(m.group(1))] = m.group(3)
+                self.nt_ranks.setdefault(int(m.group(1)), m.group(3))
         elif "nThread" in line and "nGpus" in line:
             self.nt_seen = True
             self.recognised += n
@@ -1309,7 +1317,7 @@ class NcclLogAccumulator:
         bad = sum(int(w) for w in wrong)
         size = int(toks[i])
         key = (size, toks[i + 2], redop)
-        if key in self.nt_rows or len(self.nt_rows) < 4096:
+        if key not in self.nt_rows and len(self.nt_rows) < 4096:
             self.nt_rows[key] = (int(toks[i + 1]), root, oop, ip, bad)
         self.nt_seen = True
         self.recognised += n
@@ -1325,7 +1333,7 @@ class NcclLogAccumulator:
                 self._finding("error", kind, line.strip()[:300], line, None, n)
                 return
         m = _VLLM_VERSION_RE.search(line)
-        if m:
+        if m and self.version_hint is None:
             self.version_hint = f"{m.group(1)}.{m.group(2)}.{m.group(3)}"
 
     def _libfabric(self, line: str, n: int) -> None:
@@ -1351,16 +1359,16 @@ class NcclLogAccumulator:
 
     def _launcher(self, line: str) -> None:
         m = _NNODES_RE.search(line)
-        if m:
+        if m and self.hint_nnodes is None:
             self.hint_nnodes = int(m.group(2) or m.group(1))
         m = _NPROC_RE.search(line)
-        if m:
+        if m and self.hint_nproc is None:
             self.hint_nproc = int(m.group(1))
         m = _WORLD_RE.search(line)
-        if m:
+        if m and self.hint_world is None:
             self.hint_world = int(m.group(1) or m.group(2) or m.group(3))
         m = _VLLM_NODES_RE.search(line)
-        if m:
+        if m and self.hint_nnodes is None:
             self.hint_nnodes = int(m.group(1))
 
     # -- result ------------------------------------------------------------------------------
@@ -2133,7 +2141,7 @@ def parse_file(path: str | os.PathLike) -> NcclLog:
     window, `_FILE_BATCH` lines at a time, so no Python code runs per raw line.
     """
     acc = NcclLogAccumulator()
-    with open(path, "rb", buffering=BLOCK_BYTES) as f:
+    with open(path, "rb", buffering=0) as f:      # BLOCK_BYTES reads: no second buffer copy
         _feed_stream(acc, f)
     return acc.result()
 
@@ -2171,8 +2179,13 @@ def _feed_stream(acc: NcclLogAccumulator, f: Any) -> None:
             carry, cut = carry[:_CUT_KEEP], True
         since_flush += len(block)
         if since_flush > _WINDOW_BYTES:
-            acc._flush()
-            since_flush = 0
+            # what the window holds is its distinct lines: a log that repeats itself is handled
+            # once per distinct line, not again every _WINDOW_BYTES (memory stays bounded by
+            # about a window and a block, whatever the file)
+            since_flush = acc._held_bytes()
+            if since_flush > _WINDOW_BYTES // 2:
+                acc._flush()
+                since_flush = 0
     if carry:
         acc._count((carry,))
 
