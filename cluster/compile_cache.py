@@ -39,10 +39,15 @@ _AFTER = re.compile(r"(torch_aot_compile/[0-9a-f]{64}|[0-9a-f]{10})/rank_(\d{1,6
                     r"(?![0-9])")
 _PATH_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._/+@-")
 _LOADED = ("Directly load AOT compilation from path", "Directly load the compiled graph(s)")
-_COMPILED = ("saved AOT compiled function to", "Compiling a graph for compile range")
+_COMPILED = ("saved AOT compiled function to", "Compiling a graph for compile range",
+             "Compiling model again due to a load failure")
+_LOAD_FAILED = "due to a load failure from "
 _SUB = re.compile(r"(torch_aot_compile/[0-9a-f]{64}|[0-9a-f]{10})\Z")
 _ROOT = re.compile(r"/[A-Za-z0-9._/+@-]{0,3000}\Z")
 _SKIPPED_SUFFIXES = (".tmp", ".lock")       # vLLM's in-flight saves; inductor's lock files
+# vLLM's default root (~/.cache/vllm) of root or a /home user: the only root taken from a log
+# line or a record without VLLM_CACHE_ROOT configured (the relay writes there as root)
+_DEFAULT_ROOT = re.compile(r"/(root|home/[A-Za-z0-9._-]{1,64})/\.cache/vllm\Z")
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,16 @@ def cache_dir(root: Any, sub: Any) -> CacheDir | None:
     return CacheDir(root.rstrip("/") or "/", sub)
 
 
+def node_root(configured: str | None, seen: str) -> str | None:
+    """The cache root to stage into on a node: the configured VLLM_CACHE_ROOT (checked), else
+    the root a rank's line or a record shows when it is vLLM's default for root or a /home
+    user; None otherwise (the relay, as root, never writes where only a log line points)."""
+    if configured:
+        d = cache_dir(configured, "0000000000")
+        return d.root if d else None
+    return seen if _DEFAULT_ROOT.match(seen) else None
+
+
 @dataclass(frozen=True)
 class RankCache:
     """What one engine rank's lines say about its compile cache."""
@@ -83,10 +98,12 @@ class RankCache:
     dir: CacheDir
     state: str               # loaded | compiled | unknown
     worker: str              # the worker's log prefix, e.g. "Worker_PP1 pid=4242"
+    note: str = ""           # vLLM's reason when a load from the cache failed
 
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node, "rank": self.rank, "dp_rank": self.dp,
-                "state": self.state, "worker": self.worker, **self.dir.to_dict()}
+                "state": self.state, "worker": self.worker, "note": self.note,
+                **self.dir.to_dict()}
 
 
 def read_ranks(logs: Mapping[str, Sequence[str]]) -> tuple[RankCache, ...]:
@@ -105,6 +122,7 @@ def _file_readings(node: str, text: str) -> list[RankCache]:
     """One file's readings: its lines grouped by the worker prefix."""
     paths: dict[str, tuple[CacheDir, int, int]] = {}
     states: dict[str, set[str]] = {}
+    notes: dict[str, str] = {}
     for line in text.splitlines()[:MAX_LINES]:
         m = _PREFIX.search(line)
         worker = f"{m.group(1)} pid={m.group(2)}" if m else ""
@@ -115,11 +133,13 @@ def _file_readings(node: str, text: str) -> list[RankCache]:
             states.setdefault(worker, set()).add("loaded")
         if any(s in line for s in _COMPILED):
             states.setdefault(worker, set()).add("compiled")
+        if _LOAD_FAILED in line and worker not in notes:
+            notes[worker] = "load failed: " + line.partition("reason: ")[2][:300]
     out = []
     for worker, (d, rank, dp) in paths.items():
         seen = states.get(worker, set())
         state = "compiled" if "compiled" in seen else "loaded" if "loaded" in seen else "unknown"
-        out.append(RankCache(node, rank, dp, d, state, worker))
+        out.append(RankCache(node, rank, dp, d, state, worker, notes.get(worker, "")))
     return out
 
 
@@ -152,8 +172,9 @@ def replica_verdict(ranks: Sequence[Mapping[str, Any]], readings: Sequence[RankC
     if not mine:
         why = "no compile-cache line from its ranks (compile mode off, e.g. enforce_eager?)"
     elif not loaded:
-        why = "compiled: " + ", ".join(f"rank {r.rank} on {r.node}" for r in mine
-                                       if r.state != "loaded")
+        why = "compiled: " + ", ".join(f"rank {r.rank} on {r.node}"
+                                       + (f" ({r.note})" if r.note else "")
+                                       for r in mine if r.state != "loaded")
     elif not from_stage:
         why = "loaded its nodes' own caches (nothing staged onto them before this start)"
     else:

@@ -14,8 +14,9 @@ never through a symbolic link, writes only inside the cache directory).
                        nodes starts warm
 
 Where the cache lives on a node: VLLM_CACHE_ROOT of the deployment's --env, else of the node's
-inventory env, else the root the ranks' lines show (vLLM's default, ~/.cache/vllm of the user
-Ray runs as, is the same path on every node set up alike).
+inventory env, else the root the ranks' lines show when it is vLLM's default (~/.cache/vllm of
+root or a /home user; the same path on every node set up alike). Any other root from a line is
+refused: the relay writes as root.
 """
 
 from __future__ import annotations
@@ -35,13 +36,10 @@ LOG_TIMEOUT_S = 60
 
 
 def root_of(node: Node, spec_env: Mapping[str, str], seen_root: str) -> str | None:
-    """The node's VLLM_CACHE_ROOT: the deployment's env, the node's env, else the one seen."""
-    for env in (spec_env, node.env):
-        value = env.get(compile_cache.CACHE_ROOT_ENV)
-        if value:
-            d = compile_cache.cache_dir(value, "0000000000")
-            return d.root if d else None
-    return seen_root
+    """The node's VLLM_CACHE_ROOT: the deployment's env, the node's env, else the one seen
+    (when it is vLLM's default: compile_cache.node_root)."""
+    key = compile_cache.CACHE_ROOT_ENV
+    return compile_cache.node_root(spec_env.get(key) or node.env.get(key), seen_root)
 
 
 def stage(inv: Inventory, session, dirs: Sequence[CacheDir], nodes: Sequence[Node],
@@ -65,7 +63,9 @@ def stage(inv: Inventory, session, dirs: Sequence[CacheDir], nodes: Sequence[Nod
         for n in nodes:
             if not where[n.name]:
                 results[n.name].append(NodeResult(n.name, "failed", 0, 0.0, False,
-                                                  "VLLM_CACHE_ROOT is not an absolute path"))
+                                                  "no cache root to write: set VLLM_CACHE_ROOT "
+                                                  "(absolute, no '..') in the node's env or "
+                                                  "--env"))
     return {"dirs": [d.to_dict() for d in dirs],
             "nodes": {n: _fold(rs) for n, rs in results.items()},
             "landed": landed, "conflicts": conflicts[:50],

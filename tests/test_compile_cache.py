@@ -120,3 +120,12 @@ def test_a_plans_stage_caches_reaches_the_spec(tmp_path, value):
     path.write_text("model: /models/tiny\nstage_caches: yes please\n")
     with pytest.raises(PlanFileError, match="stage_caches"):
         load_plan(path)
+
+
+def test_a_root_seen_in_a_line_is_used_only_when_it_is_vllms_default():
+    assert cc.node_root(None, "/root/.cache/vllm") == "/root/.cache/vllm"
+    assert cc.node_root(None, "/home/ray/.cache/vllm") == "/home/ray/.cache/vllm"
+    assert cc.node_root(None, "/etc") is None and cc.node_root(None, "/tmp/x") is None
+    assert cc.node_root("/tmp/vllm-cache", "/etc") == "/tmp/vllm-cache"
+    assert cc.node_root("relative/dir", "/root/.cache/vllm") is None
+    assert cc.node_root("/a/../etc", "/root/.cache/vllm") is None

@@ -112,8 +112,6 @@ def test_cold_start_then_a_replaced_node_starts_from_the_staged_cache(sim, inv, 
     assert before["dirs"] == cache["dirs"], before
     assert (before["nodes"][replaced]["status"], before["nodes"][replaced]["verified"]) == \
         ("copied", True), before
-    assert set(trees["node1"]) <= set(tree(sim, replaced)), \
-        "the staged files differ from the cold start's union"
     (replica,) = warm["replicas"]
     assert replica["staged_cache"] is True, replica
     assert {r["state"] for r in replica["cache_ranks"]} == {"loaded"}, replica
