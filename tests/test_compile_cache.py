@@ -19,8 +19,15 @@ def _manifest(*files: tuple[str, str]) -> Manifest:
 
 
 def _cold_and_warm() -> tuple[str, str]:
-    return (fixture_text("vllm-compile-cache", "pp2_rank1_compiled.txt"),
-            fixture_text("vllm-compile-cache", "pp2_rank1_loaded.txt"))
+    """The real cold-start lines of rank 1, and the same worker's warm-start line as vLLM
+    formats it (vllm/compilation/decorators.py: "%sDirectly load AOT compilation from path
+    %s") on the path the cold start saved to."""
+    cold = fixture_text("vllm-compile-cache", "pp2_rank1_compiled.txt")
+    saved = next(line for line in cold.splitlines() if "saved AOT compiled function" in line)
+    prefix, _, path = saved.partition("saved AOT compiled function to ")
+    warm = prefix.replace("[decorators.py:743]", "[decorators.py:319]") + \
+        "Directly load AOT compilation from path " + path + "\n"
+    return cold, warm
 
 
 def test_a_ranks_own_lines_say_compiled_cold_and_loaded_warm():
@@ -37,6 +44,19 @@ def test_the_newest_file_wins_for_one_rank_and_directory():
     cold, warm = _cold_and_warm()
     (r,) = cc.read_ranks({"node2": [warm, cold]})          # engine_logs: newest first
     assert r.state == "loaded"
+
+
+def test_a_failed_load_is_compiled_with_vllms_reason():
+    cold, _ = _cold_and_warm()
+    saved = next(line for line in cold.splitlines() if "saved AOT compiled function" in line)
+    path = saved.partition("saved AOT compiled function to ")[2]
+    failed = (saved.split(" INFO ")[0] + " WARNING 12-02 01:02:03 [decorators.py:333] "
+              "[backbone] Compiling model again due to a load failure from " + path +
+              ", reason: Source code has changed since the last compilation.\n")
+    (r,) = cc.read_ranks({"node2": [failed + cold]})
+    assert r.state == "compiled" and r.note.startswith("load failed: Source code has changed")
+    verdict = cc.replica_verdict(_ranks("node1", "node2"), (r,), set())
+    assert verdict["staged_cache"] is False and "load failed" in verdict["cache_detail"]
 
 
 def test_lines_without_a_cache_path_or_with_a_forged_one_give_no_reading():
