@@ -149,3 +149,10 @@ def test_a_root_seen_in_a_line_is_used_only_when_it_is_vllms_default():
     assert cc.node_root("/tmp/vllm-cache", "/etc") == "/tmp/vllm-cache"
     assert cc.node_root("relative/dir", "/root/.cache/vllm") is None
     assert cc.node_root("/a/../etc", "/root/.cache/vllm") is None
+
+
+def test_the_real_failed_load_of_a_warm_start_reads_compiled_with_its_reason():
+    text = fixture_text("vllm-compile-cache", "pp2_rank1_load_failed.txt")
+    (r,) = cc.read_ranks({"node2": [text]})
+    assert (r.rank, r.state) == (1, "compiled")
+    assert "finalize_loading" in r.note
