@@ -97,6 +97,7 @@ class DeploySpec:
     placement_only: bool = False       # serve_apps dry_run: probe actors in the bundles, no engine
     nnodes: int | None = None          # nodes one engine spans (None: the fewest that fit)
     executor: str = "auto"             # serve_apps executor: auto | native | ray
+    stage_caches: bool = False         # compile caches staged to every node (cache_stage.py)
 
     @property
     def workers_per_replica(self) -> int:
@@ -123,7 +124,7 @@ class DeploySpec:
                 "request_logging": self.request_logging, "device": self.device,
                 "source": self.source, "import_path": self.import_path,
                 "placement_only": self.placement_only, "nnodes": self.nnodes,
-                "executor": self.executor}
+                "executor": self.executor, "stage_caches": self.stage_caches}
 
 
 def app_name_for(served_model_name: str) -> str:
@@ -218,7 +219,7 @@ def spec_from_flags(model: str, *, tp: int | None = None, pp: int | None = None,
                     route_prefix: str | None = None, env: Mapping[str, str] = (),
                     request_logging: bool = False, device: str = "auto",
                     placement_only: bool = False, nnodes: int | None = None,
-                    executor: str = "auto") -> DeploySpec:
+                    executor: str = "auto", stage_caches: bool = False) -> DeploySpec:
     """--model PATH [--tp N] [--pp N] [--dp N]: dense replicas = DP, or MoE DP+EP ranks."""
     model = _check_model_path(model)
     tp, pp, dp = _positive(tp, "--tp"), _positive(pp, "--pp"), _positive(dp, "--dp")
@@ -233,7 +234,8 @@ def spec_from_flags(model: str, *, tp: int | None = None, pp: int | None = None,
         replicas=1 if expert_parallel else dp, expert_parallel=expert_parallel,
         engine_kwargs=kwargs, api_key_env=api_key_env, route_prefix=route_prefix,
         env=dict(env or {}), request_logging=request_logging, device=device, source="flags",
-        placement_only=placement_only, nnodes=nnodes, executor=executor))
+        placement_only=placement_only, nnodes=nnodes, executor=executor,
+        stage_caches=stage_caches))
 
 
 def spec_from_plan(plan: PlanFile, *, model: str | None = None, name: str | None = None,
@@ -243,7 +245,7 @@ def spec_from_plan(plan: PlanFile, *, model: str | None = None, name: str | None
                    route_prefix: str | None = None, env: Mapping[str, str] = (),
                    request_logging: bool = False, device: str = "auto",
                    placement_only: bool = False, nnodes: int | None = None,
-                   executor: str | None = None) -> DeploySpec:
+                   executor: str | None = None, stage_caches: bool = False) -> DeploySpec:
     """A validated plan file (cluster plan --out) -> DeploySpec; flags override its names."""
     kwargs = {k: v for k, v in plan.engine_args.items()
               if k not in ("model", "served_model_name", "tensor_parallel_size",
@@ -273,7 +275,8 @@ def spec_from_plan(plan: PlanFile, *, model: str | None = None, name: str | None
         route_prefix=route_prefix, env=dict(env or {}), request_logging=request_logging,
         device=device, source=f"plan:{plan.path}", placement_only=placement_only,
         nnodes=nnodes if nnodes is not None else plan.nnodes,
-        executor=executor or plan.executor or "auto"))
+        executor=executor or plan.executor or "auto",
+        stage_caches=stage_caches or plan.stage_caches))
 
 
 def _max_len(value: int) -> int:

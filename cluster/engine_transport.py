@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from cluster.errors import ParseError
 
@@ -252,26 +252,32 @@ RUNS_SCANNED = 200               # the newest run directories `confirmed_by_app`
 DEPLOY_DOC_MAX = 8 << 20
 
 
-def confirmed_by_app(run_root: str, apps: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """app -> the transport its last deployment confirmed ({"groups": ["pp [0,1]: TCP", ...],
-    "deployed_from": run dir}), from the newest deploy.json of each app that read its ranks'
-    init lines (`cluster status` shows it). Apps without one are left out."""
+def deploy_records(run_root: str) -> Iterator[tuple[Any, Any]]:
+    """(path, document) of the newest run directories' deploy.json files, newest first (an
+    unreadable or oversized one skipped; the document is unchecked JSON)."""
     from pathlib import Path
 
     from cluster.errors import ClusterError
     from cluster.modelinfo import read_json_file
 
-    wanted = set(apps)
-    out: dict[str, dict[str, Any]] = {}
     runs = sorted((p for p in Path(run_root).glob("*/deploy.json") if not p.is_symlink()),
                   key=lambda p: p.parent.name, reverse=True)[:RUNS_SCANNED]
     for path in runs:
-        if wanted <= set(out):
-            break
         try:
-            doc = read_json_file(path, "deploy record", max_bytes=DEPLOY_DOC_MAX)
+            yield path, read_json_file(path, "deploy record", max_bytes=DEPLOY_DOC_MAX)
         except ClusterError:
             continue
+
+
+def confirmed_by_app(run_root: str, apps: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """app -> the transport its last deployment confirmed ({"groups": ["pp [0,1]: TCP", ...],
+    "deployed_from": run dir}), from the newest deploy.json of each app that read its ranks'
+    init lines (`cluster status` shows it). Apps without one are left out."""
+    wanted = set(apps)
+    out: dict[str, dict[str, Any]] = {}
+    for path, doc in deploy_records(run_root):
+        if wanted <= set(out):
+            break
         name = doc.get("name") if isinstance(doc, Mapping) else None
         readings = doc.get("engine_transport") if isinstance(doc, Mapping) else None
         if name not in wanted or name in out or not isinstance(readings, list):

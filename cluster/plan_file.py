@@ -26,7 +26,7 @@ from cluster.yamlfile import YamlDoc as _Doc, type_name as _type_name
 # What Plan.to_dict() writes (docs/planner.md), plus `validation` from `cluster plan --out`.
 USED_KEYS = ("model", "served_model_name", "tensor_parallel_size", "pipeline_parallel_size",
              "data_parallel_size", "enable_expert_parallel", "replicas", "placement",
-             "engine_args", "max_model_len", "validation")
+             "engine_args", "max_model_len", "validation", "stage_caches")
 INFO_KEYS = ("model_name", "expert_parallel_size", "gpus_per_replica", "gpus_used", "gpus_total",
              "kv_cache_dtype", "kv_bytes_per_token", "kv_bytes_per_token_per_gpu",
              "kv_cache_tokens", "total_kv_cache_tokens", "max_concurrency",
@@ -73,6 +73,7 @@ class PlanFile:
     max_model_len: int | None = None
     nnodes: int | None = None          # placement.gang.nnodes: one engine over nodes (native)
     executor: str | None = None        # placement.executor: auto | native | ray
+    stage_caches: bool = False         # deploy stages vLLM's compile caches (--stage-caches)
 
     @property
     def workers_per_replica(self) -> int:
@@ -272,10 +273,14 @@ def parse_plan(text: str, path: str = "<plan>") -> PlanFile:
             raise doc.fail(("validation", "status"),
                             f"vLLM rejected these engine args when planning: "
                             f"{str(validation.get('detail') or '')[:200]}")
+    stage = top.get("stage_caches", False)
+    if not isinstance(stage, bool):
+        raise doc.fail(("stage_caches",), f"must be true or false, got {stage!r}")
     return PlanFile(path=path, model=model, served_model_name=served, tensor_parallel_size=tp,
                     pipeline_parallel_size=pp, data_parallel_size=dp, enable_expert_parallel=ep,
                     replicas=replicas, engine_args=engine_args, placement_strategy=strategy,
-                    max_model_len=max_len, nnodes=nnodes, executor=executor)
+                    max_model_len=max_len, nnodes=nnodes, executor=executor,
+                    stage_caches=stage)
 
 
 def load_plan(path: str | Path) -> PlanFile:

@@ -6,8 +6,11 @@ fabric proof's groups, cluster/fabric_proof.py) -> checks on every node that may
 (the model files, the API-key variable: read-only) -> [dry run stops here, showing the groups
 it would prove] -> the fabric proof (an all-reduce per group of the layout, the engine's
 backend, on its nodes and ports; a failed proof refuses the deployment unless forced) ->
-confirm (replacing a deployed app) -> execute (the dashboard's PUT, merged with the other apps
-on the head) -> verify (wait until the app is RUNNING; the replicas' log tails when it is not).
+confirm (replacing a deployed app) -> [--stage-caches: this app's known compile-cache
+directories staged to every node, playbooks/cache_stage.py] -> execute (the dashboard's PUT,
+merged with the other apps on the head) -> verify (wait until the app is RUNNING; the replicas'
+log tails when it is not) -> [--stage-caches: each replica's staged_cache read from its ranks'
+lines, the directories they used staged to every node].
 
 Nothing is printed: the caller gets a DeployOutcome (the deploy.json document) and an
 `on_event` callback for progress lines; the Serve config is handed to `write_config`.
@@ -36,6 +39,7 @@ class DeployOptions:
     secrets: Sequence[str] = field(default=(), repr=False)  # a config holding one is refused
     verify: bool = True                 # run the fabric proof before engines start
     force: bool = False                 # deploy even when the proof fails (said in warnings)
+    local_root: bool = False            # this process is root (the relay needs no sudo -n)
 
 
 class DeployOutcome(DocOutcome):
@@ -142,6 +146,11 @@ def _deploy(inv, session, options: DeployOptions, confirm, say, write_config,
         return 2
 
     # 4. PUT (merged with the other apps on the head), then wait for RUNNING
+    staging = _cache_nodes(inv, spec, cluster)
+    if staging:
+        from playbooks import cache_stage
+        doc["compile_cache"] = cache_stage.before_start(inv, session, spec, staging,
+                                                        options.local_root, say)
     started = time.time()
     say(f"deploying {spec.name} ({spec.import_path}) through the dashboard")
     applied = deploy.deploy_app(client, app, inv)
@@ -160,11 +169,24 @@ def _deploy(inv, session, options: DeployOptions, confirm, say, write_config,
                app=outcome.state.to_dict() if outcome.state else None)
     if outcome.running:
         doc["replicas"] = _replica_ranks(session, inv, spec.name)
+        if staging:
+            warnings += cache_stage.after_start(inv, session, spec, staging, doc["replicas"],
+                                                doc["compile_cache"], started,
+                                                options.local_root, say)
         return _confirm_transport(inv, session, proof_plan, options, say, doc, started)
     doc["error"] = deploy.failure_reason(outcome, options.timeout_s)
     say(f"not RUNNING: {doc['error']}; reading the replica logs")
     doc["log_tails"] = deploy.collect_log_tails(session, inv, outcome.state)
     return 2
+
+
+def _cache_nodes(inv, spec, cluster) -> list:
+    """The nodes a compile cache is staged to (every alive Ray node of the inventory: any may
+    run a rank), or none without --stage-caches / with --placement-only."""
+    if not spec.stage_caches or spec.placement_only:
+        return []
+    names = {n.name for n in cluster.nodes if n.name}
+    return [n for n in inv.nodes if n.name in names]
 
 
 def _proof_plan(spec, device, cluster, inv, options: DeployOptions, doc: dict):

@@ -169,3 +169,21 @@ def test_confirmed_by_app_reads_the_newest_deploy_record_of_each_app(tmp_path):
     got = confirmed_by_app(str(tmp_path), ["tiny", "other", "absent"])
     assert got == {"tiny": {"groups": ["pp [0,1]: IB/GDR"], "status": "RUNNING",
                             "deployed_from": str(tmp_path / "20261201-230000")}}
+
+
+def test_the_collector_keeps_a_ranks_compile_cache_lines_for_compile_cache(tmp_path):
+    """Issue 27: the real worker log of a PP 2 rank through the node-side collector, then
+    cluster/compile_cache.py: the rank, its cache directory and that it compiled."""
+    from cluster.compile_cache import read_ranks
+    from cluster.engine_transport import logs_of
+
+    latest, real = _ray_dirs(tmp_path, "node2")
+    text = fixture_text("vllm-compile-cache", "pp2_rank1_compiled.txt")
+    (real / "worker-0a1b2c-03000000-531.out").write_text(text)
+    doc = _run_collector(latest)
+    (kept,) = doc["files"]
+    assert any("saved AOT compiled function to" in line for line in kept["lines"])
+    assert not any("Loading weights took" in line for line in kept["lines"])
+    (rank,) = read_ranks(logs_of({"node2": doc}))
+    assert (rank.node, rank.rank, rank.state) == ("node2", 1, "compiled")
+    assert rank.dir.root == "/tmp/vllm-cache"

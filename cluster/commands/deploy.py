@@ -10,6 +10,7 @@ playbooks/deploy.py.
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from cluster.flags import path_value, text_value
@@ -102,6 +103,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                             "layout, the engine's backend, its nodes and ports)")
     proof.add_argument("--force", action="store_true",
                        help="deploy even when the fabric proof fails (said in the warnings)")
+    how.add_argument("--stage-caches", action="store_true",
+                     help="stage vLLM's compile cache to every node through the model relay: "
+                          "this app's known cache before the start, the one its ranks used "
+                          "after RUNNING (deploy --json: staged_cache per replica); a plan's "
+                          "`stage_caches: true` does the same")
     p.add_argument("--timeout", type=positive_float, default=DEFAULT_TIMEOUT_S, metavar="S",
                    help="how long to wait for RUNNING (default %(default)g)")
     add_changing(p)
@@ -118,7 +124,8 @@ def _spec(args: argparse.Namespace, inv):
                   max_model_len=args.max_model_len, engine_args=dict(args.engine_arg),
                   api_key_env=api_key_env, route_prefix=args.route_prefix, env=dict(args.env),
                   request_logging=args.request_logging, device=args.device,
-                  placement_only=args.placement_only, nnodes=args.nnodes)
+                  placement_only=args.placement_only, nnodes=args.nnodes,
+                  stage_caches=args.stage_caches)
     if args.plan:
         if args.tp or args.pp or args.dp or args.expert_parallel:
             raise UsageError("--tp/--pp/--dp/--expert-parallel come from the plan: give either "
@@ -146,7 +153,8 @@ def run(args: argparse.Namespace) -> int:
                          "proof runs: give one of them")
     options = deploy.DeployOptions(spec, timeout_s=args.timeout, dry_run=args.dry_run,
                                    secrets=record.secrets, verify=not args.no_verify,
-                                   force=args.force)
+                                   force=args.force,
+                                   local_root=hasattr(os, "geteuid") and os.geteuid() == 0)
     out = deploy.DeployOutcome.start(options, str(record.path))
     doc = out.doc
     try:
@@ -197,6 +205,11 @@ def _print(args: argparse.Namespace, doc: dict, record) -> None:
         if doc.get("api_key_env"):
             stdout.print(f"API key:  the value of ${doc['api_key_env']} on the nodes "
                          "(Authorization: Bearer ...)")
+        for rep in doc.get("replicas") or []:
+            if "staged_cache" in rep:
+                stdout.print(f"compile cache: {rep.get('replica_id')}: staged_cache "
+                             f"{str(rep['staged_cache']).lower()} ({scrub(rep['cache_detail'])})",
+                             soft_wrap=True, markup=False, highlight=False)
         return
     if status == "DRY_RUN":
         stdout.print(f"dry run: would deploy {doc['name']} to {doc['endpoint']} "

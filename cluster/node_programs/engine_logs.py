@@ -9,7 +9,8 @@ Reads the worker logs (worker-*.out / worker-*.err, the replica's and the rank a
 stderr) and Serve's replica logs (serve/replica_*.log) modified since SINCE, and keeps the lines
 that say how the ranks communicate: NCCL INFO lines about channels, the network and
 communicator init (NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,NET), and vLLM's process-group
-lines (`world_size=... backend=gloo`, `rank R in world size W is assigned as ...`).
+lines (`world_size=... backend=gloo`, `rank R in world size W is assigned as ...`), and its
+compile-cache lines (the cache directory used, loaded or compiled: cluster/compile_cache.py).
 
 Bounded: at most MAX_FILES files, the first MAX_READ bytes of each, MAX_LINES lines kept in all,
 each cut at LINE_MAX characters. The logs directory may be Ray's `session_latest` link, which
@@ -32,7 +33,9 @@ NAME_RE = re.compile(r"^(worker-[0-9a-f]{1,64}-[0-9a-f]{1,64}-\d{1,10}\.(out|err
                      r"replica_[A-Za-z0-9_.-]{1,200}\.log)$")
 KEEP_RE = re.compile(r"NCCL INFO (Channel \d|.*via (NET|P2P|SHM)|Using network|NET/|"
                      r"comm 0x|Init COMPLETE|ncclCommInitRank)|"
-                     r"distributed_init_method=\S+ backend=|is assigned as DP rank")
+                     r"distributed_init_method=\S+ backend=|is assigned as DP rank|"
+                     r"/torch_compile_cache/|Compiling a graph for compile range|"
+                     r"Directly load the compiled graph")
 
 
 def candidates(logs_dir, since):
