@@ -186,9 +186,13 @@ def test_parse_only_kinds_are_exactly_those_no_check_or_fact_reads():
     """Every parser either feeds a check/fact or is documented as parse-only (PARSE_ONLY)."""
     import re
     from cluster import parsers
-    root = Path(parsers.__file__).resolve().parents[1]
-    readers = [root / "facts.py", root / "fixes.py", *sorted((root / "checks").glob("*.py")),
-               *sorted(root.glob("nccl*.py")), *sorted((root.parent / "playbooks").glob("*.py"))]
+    import importlib
+
+    def source(module: str) -> Path:      # by module name, wherever the layout puts its file
+        return Path(importlib.import_module(module).__file__).resolve()
+    readers = [source("cluster.facts"), source("cluster.fixes"), source("cluster.nccl_check"),
+               *sorted(source("cluster.checks").parent.glob("*.py")),
+               *sorted(source("playbooks").parent.glob("*.py"))]
     text = "\n".join(p.read_text() for p in readers)
     used = {kind for kind, module in parsers.MODULES.items()
             if re.search(rf"\b{module}\b", text)}

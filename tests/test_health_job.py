@@ -241,7 +241,7 @@ def test_package_archive_is_the_package_and_reproducible(monkeypatch):
 
 def test_submit_program_unpacks_only_plain_files_under_cluster(tmp_path):
     target = health_submit._unpack(h.package_archive(), str(tmp_path))
-    assert (Path(target) / "health_job.py").is_file()
+    assert (Path(target) / Path(*h.__name__.split(".")[1:])).with_suffix(".py").is_file()
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         info = tarfile.TarInfo("cluster/../../etc/evil")
