@@ -13,10 +13,11 @@ import os
 import sys
 from typing import Sequence
 
-from cluster import __version__, crash_log
-from cluster.errors import ClusterError
-from cluster.flags import path_value
-from cluster.textsafe import terminal_safe_line
+from cluster import __version__
+from cluster.report import crash_log
+from cluster.base.errors import ClusterError
+from cluster.base.flags import path_value
+from cluster.base.textsafe import terminal_safe_line
 
 # Explicit registry: (subcommand, module under cluster.commands). Each module has
 # register(subparsers) -> None, which sets `handler` (args -> int) on its parser.

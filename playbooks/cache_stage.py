@@ -5,7 +5,7 @@ never through a symbolic link, writes only inside the cache directory).
 
     before the start   the directories this app's last deploy record names (compile_cache.dirs)
                        are staged as a union: each file from the first node holding it to every
-                       node without it (cluster/compile_cache.py union_plan); then manifests
+                       node without it (cluster/serving/compile_cache.py union_plan); then manifests
                        again: a node is verified when it holds every staged file with its sha256
     after RUNNING      the ranks' own log lines (node_programs/engine_logs.py) say which
                        directory each rank used and whether it loaded or compiled; each
@@ -24,11 +24,11 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from cluster import compile_cache
-from cluster.compile_cache import CacheDir, RankCache
-from cluster.inventory import Inventory, Node
-from cluster.model_relay import NodeResult
-from cluster.model_sync import Manifest, still_different
+from cluster.serving import compile_cache
+from cluster.serving.compile_cache import CacheDir, RankCache
+from cluster.nodes.inventory import Inventory, Node
+from cluster.remedy.model_relay import NodeResult
+from cluster.remedy.model_sync import Manifest, still_different
 from playbooks.relay import manifests, run_relay
 
 _MIB = 1 << 20
@@ -146,8 +146,8 @@ def landed_pairs(stage_doc: Mapping[str, Any] | None) -> set[tuple[str, CacheDir
 def read_ranks(inv: Inventory, session, nodes: Sequence[Node], since: float
                ) -> tuple[RankCache, ...]:
     """The ranks' compile-cache readings from the Ray logs on these nodes since `since`."""
-    from cluster.deploy import logs_dir
-    from cluster.engine_transport import logs_of
+    from cluster.serving.deploy import logs_dir
+    from cluster.serving.engine_transport import logs_of
     from cluster.node_programs import fan_out_program
 
     got = fan_out_program(session, nodes, "engine_logs", [logs_dir(inv), f"{since - 5:.0f}"],
@@ -158,7 +158,7 @@ def read_ranks(inv: Inventory, session, nodes: Sequence[Node], since: float
 
 def previous_dirs(run_root: str, app: str) -> tuple[CacheDir, ...]:
     """The cache directories the newest deploy record of `app` that named any holds."""
-    from cluster.engine_transport import deploy_records
+    from cluster.serving.engine_transport import deploy_records
 
     for _, doc in deploy_records(run_root):
         if isinstance(doc, dict) and doc.get("name") == app:

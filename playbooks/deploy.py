@@ -1,8 +1,8 @@
 """`cluster deploy` as ordered steps.
 
 gather (read-only: Ray's alive nodes and resources from the head, what Serve runs now) -> plan
-(pure, cluster/deploy.py: device, the Serve application, its placement, the config file; the
-fabric proof's groups, cluster/fabric_proof.py) -> checks on every node that may host a bundle
+(pure, cluster/serving/deploy.py: device, the Serve application, its placement, the config file; the
+fabric proof's groups, cluster/planning/fabric_proof.py) -> checks on every node that may host a bundle
 (the model files, the API-key variable: read-only) -> [dry run stops here, showing the groups
 it would prove] -> the fabric proof (an all-reduce per group of the layout, the engine's
 backend, on its nodes and ports; a failed proof refuses the deployment unless forced) ->
@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from cluster import deploy
-from cluster.deploy import DeploySpec
-from cluster.errors import DeployError
-from cluster.inventory import Inventory
+from cluster.serving import deploy
+from cluster.serving.deploy import DeploySpec
+from cluster.base.errors import DeployError
+from cluster.nodes.inventory import Inventory
 from playbooks.outcome import Confirm, DocOutcome, OnEvent, ignore, lines_to, never_confirm
 from playbooks.serve_wait import wait_for_app
 
@@ -69,7 +69,7 @@ def run(inventory: Inventory, session, options: DeployOptions, confirm: Confirm,
 def _replica_ranks(session, inv, name: str) -> list[dict[str, Any]]:
     """The app's replicas with their ranks ([{rank, node, node_ip, pid, state}] each), read
     once more from the head (Serve details + the rank actors in Ray's state API)."""
-    from cluster.ray_state import query_state, serve_applications
+    from cluster.ray.ray_state import query_state, serve_applications
 
     state, _ = query_state(session, inv, include_serve=True)
     apps = serve_applications(state.serve, state.rank_actors,
@@ -81,7 +81,7 @@ def _replica_ranks(session, inv, name: str) -> list[dict[str, Any]]:
 def _deploy(inv, session, options: DeployOptions, confirm, say, write_config,
             doc: dict[str, Any], client) -> int:
     """Prepare (config, checks), then apply and wait. Fills `doc`; returns the exit code."""
-    from cluster.ray_state import query_state
+    from cluster.ray.ray_state import query_state
 
     spec = options.spec
     # 1. what Ray has: alive nodes and their resources -> device, config, placement
@@ -109,7 +109,7 @@ def _deploy(inv, session, options: DeployOptions, confirm, say, write_config,
 
     # 2. what Serve runs now (the port it serves on, a previous version of this app)
     if client is None:
-        from cluster.dashboard_api import DashboardClient
+        from cluster.ray.dashboard_api import DashboardClient
         client = DashboardClient(session, inv)
     details = client.serve_details()
     before = deploy.app_state(details, spec.name)
@@ -191,8 +191,8 @@ def _cache_nodes(inv, spec, cluster) -> list:
 
 def _proof_plan(spec, device, cluster, inv, options: DeployOptions, doc: dict):
     """The fabric proof of this layout (None: --no-verify, or no group of two ranks)."""
-    from cluster import fabric_proof
-    from cluster.errors import UsageError
+    from cluster.planning import fabric_proof
+    from cluster.base.errors import UsageError
 
     if not options.verify:
         doc["notes"].append("fabric proof skipped (--no-verify)")
@@ -252,8 +252,9 @@ def _confirm_transport(inv, session, plan, options: DeployOptions, say, doc: dic
                        since: float) -> int:
     """After RUNNING: each group's transport from its ranks' own init lines (the logs Ray keeps
     on the groups' nodes); a contradiction of the proof or the inventory fails (exit 2)."""
-    from cluster import engine_transport, fabric_thresholds
-    from cluster.endpoints import log_dir
+    from cluster.serving import engine_transport
+    from cluster.planning import fabric_thresholds
+    from cluster.nodes.endpoints import log_dir
     from cluster.node_programs import fan_out_program
 
     if plan is None:

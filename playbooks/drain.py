@@ -14,16 +14,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from cluster import ray_cluster
-from cluster.facts import gather as gather_facts
-from cluster.inventory import Inventory
-from cluster.ray_cluster import CHANGED, FAILED
-from cluster.ray_state import GcsNode, RayState, node_for_ip, query_state
-from cluster.remote import CommandResult
-from cluster.rollout import (DEFAULT_DRAIN_DEADLINE_S, DEFAULT_MOVE_WAIT_S, DRAIN_TIMEOUT_S,
+from cluster.ray import ray_cluster
+from cluster.inspection.facts import gather as gather_facts
+from cluster.nodes.inventory import Inventory
+from cluster.ray.ray_cluster import CHANGED, FAILED
+from cluster.ray.ray_state import GcsNode, RayState, node_for_ip, query_state
+from cluster.nodes.remote import CommandResult
+from cluster.ray.rollout import (DEFAULT_DRAIN_DEADLINE_S, DEFAULT_MOVE_WAIT_S, DRAIN_TIMEOUT_S,
                              Capacity, app_demands, apps_not_running, capacity_without,
                              drain_command, remaining_nodes, replicas_lost_with, worker)
-from cluster.waits import poll
+from cluster.base.waits import poll
 from playbooks.outcome import Confirm, OnEvent, Outcome, ignore, lines_to
 
 Event = Callable[[str], None]   # the progress lines of the steps below (run() types them)

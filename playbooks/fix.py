@@ -1,4 +1,4 @@
-"""`cluster fix` steps: gather (preflight, read-only) -> plan (cluster/fixes.py, pure) -> dry run
+"""`cluster fix` steps: gather (preflight, read-only) -> plan (cluster/remedy/fixes.py, pure) -> dry run
 -> confirm -> execute (per node in parallel, an undo record first) -> verify (preflight again on
 the nodes touched), each check reported before -> after.
 
@@ -18,13 +18,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from cluster.checks.node import NODE_CHECKS
-from cluster.errors import UsageError
-from cluster.fixes import FIXABLE, FileWrite, FixPlan, Step, as_root, plan_fixes
-from cluster.inventory import Inventory, Node
+from cluster.inspection.checks.node import NODE_CHECKS
+from cluster.base.errors import UsageError
+from cluster.remedy.fixes import FIXABLE, FileWrite, FixPlan, Step, as_root, plan_fixes
+from cluster.nodes.inventory import Inventory, Node
 from playbooks.preflight import run_preflight
-from cluster.remote import Session, parallel
-from cluster.results import Status
+from cluster.nodes.remote import Session, parallel
+from cluster.base.results import Status
 from playbooks.fix_model import copy_models
 from playbooks.outcome import Confirm, OnEvent, Outcome, ignore, lines_to
 
@@ -385,13 +385,13 @@ def undo(inventory: Inventory, session: Session, options: UndoOptions, confirm: 
          on_event: OnEvent = ignore) -> FixOutcome:
     """Put back the files and mounts a fix run changed, newest first.
 
-    The record is read strictly (cluster/fix_undo.py: only the files and mount points the
+    The record is read strictly (cluster/remedy/fix_undo.py: only the files and mount points the
     fixes own; anything else refuses it whole, UsageError) and every path is checked on its
     node, no link followed (node_programs/fix_files.py), before anything changes on any node:
     a link anywhere refuses the whole undo. With `dry_run` it stops there and lists, per node,
     every file it would write or remove and every mount it would restore; otherwise it asks
     (confirm) and changes nothing unless the answer is yes."""
-    from cluster.fix_undo import read_record
+    from cluster.remedy.fix_undo import read_record
 
     record, local_root, dry_run = options.record, options.local_root, options.dry_run
     plan = read_record(record)
@@ -440,7 +440,7 @@ def _check_paths(inventory: Inventory, session: Session, plan, nodes: Sequence[N
                  ) -> dict[str, str | None]:
     """Per node: None (every path it names is a regular file, a directory for mounts, or
     absent, with no link on the way), else why not (read-only, as the SSH user)."""
-    from cluster.errors import ProgramError
+    from cluster.base.errors import ProgramError
     from cluster.node_programs import run_program
 
     def check(node: Node) -> str | None:

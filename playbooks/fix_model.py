@@ -5,7 +5,7 @@ The same pipelined relay as `cluster model pull` (playbooks/relay.py, on-node
 cluster/node_programs/model_copy.py, as root: sudo -n when the SSH user is not root):
 
     1. manifest on the reference and the targets (path, size, sha256 of every file)
-    2. plan per target (cluster/model_sync.py, pure): the files missing or differing
+    2. plan per target (cluster/remedy/model_sync.py, pure): the files missing or differing
     3. relay: the reference serves, the targets that need files form the relay's shape (a
        chain, a tree on large clusters), each forwarding what it receives while it receives
        the rest; each file into <path>.part, resumed with a Range request (a rerun after an
@@ -21,12 +21,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from cluster.checks.node import MODEL_FILES
-from cluster.errors import ClusterError
-from cluster.fixes import Step
-from cluster.inventory import Inventory, Node
-from cluster.model_sync import CopyPlan, Manifest, copy_plan, still_different
-from cluster.remote import Session
+from cluster.inspection.checks.node import MODEL_FILES
+from cluster.base.errors import ClusterError
+from cluster.remedy.fixes import Step
+from cluster.nodes.inventory import Inventory, Node
+from cluster.remedy.model_sync import CopyPlan, Manifest, copy_plan, still_different
+from cluster.nodes.remote import Session
 from playbooks.relay import DirOf, RelayReport, manifests, run_relay
 
 _MIB = 1 << 20

@@ -5,12 +5,12 @@ pipelined relay node to node (issue 27), and the relay itself (`run_relay`, also
     1. source: a local PATH (a directory on the laptop: it exists here, or it starts with /,
        ./, ../ or ~), NODE:PATH (a directory on one node), or a Hugging Face repo id
        downloaded by huggingface_hub on the head into --path (HF_TOKEN from the head's env on
-       stdin). A laptop directory is served by the laptop (cluster/laptop_feed.py) to the
+       stdin). A laptop directory is served by the laptop (cluster/remedy/laptop_feed.py) to the
        first node (the head, or the first of --nodes without it) through an SSH remote forward;
        the relay goes on from that node
     2. manifests (model_copy.py manifest, sha256 of every file) on the source and the targets
-    3. plan (pure): each target's missing or differing files (cluster/model_sync.py); the
-       relay's shape over the targets that need something (cluster/model_relay.py); dry run
+    3. plan (pure): each target's missing or differing files (cluster/remedy/model_sync.py); the
+       relay's shape over the targets that need something (cluster/remedy/model_relay.py); dry run
     4. relay: every node of the shape starts model_copy.py `relay` (detached, on its node IP,
        the first free port of expectations.model_relay.ports, a fresh secret on stdin) in start
        order, told its ancestors' URLs (nearest first); progress read from each node's
@@ -31,11 +31,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from cluster.errors import RemoteError, UsageError
-from cluster.inventory import Inventory, Node
-from cluster.model_relay import NodeResult, RelaySettings, RelayShape, fed_shape, rate_text, \
+from cluster.base.errors import RemoteError, UsageError
+from cluster.nodes.inventory import Inventory, Node
+from cluster.remedy.model_relay import NodeResult, RelaySettings, RelayShape, fed_shape, rate_text, \
     relay_shape
-from cluster.model_sync import CopyPlan, Manifest, copy_plan, still_different
+from cluster.remedy.model_sync import CopyPlan, Manifest, copy_plan, still_different
 from cluster.node_programs import run_call
 from playbooks.outcome import Confirm, OnEvent, Outcome, ignore, lines_to, never_confirm
 from playbooks.relay import Feed, RelayReport, answer_of, manifests, program, run_relay
@@ -241,7 +241,7 @@ def _pull_local(inventory: Inventory, session, options: PullOptions, source: Sou
                 say: Callable[[str], None], start: float) -> PullOutcome:
     """A directory on the laptop: its manifest here, the laptop's server fed to the first
     node (the head, or the first of --nodes) through an SSH remote forward, then the relay."""
-    from cluster.laptop_feed import LaptopServer, RemoteForward, laptop_manifest
+    from cluster.remedy.laptop_feed import LaptopServer, RemoteForward, laptop_manifest
 
     names = {n.name for n in inventory.nodes}
     feed_name = LAPTOP if LAPTOP not in names else f"({LAPTOP})"

@@ -2,12 +2,12 @@
 
 options (backend, size, iterations, timeout, the nodes) -> gather (the facts layer: the
 infiniband check's facts of every node, for the expected bandwidth; or those of a preflight
-report the caller hands in) -> plan (pure, cluster/nccl_check.py: the
+report the caller hands in) -> plan (pure, cluster/ray/nccl_check.py: the
 job's head command) -> execute (submit the all-reduce as a Ray job on the head, wait for it
 within the timeout) -> verify (judge: transport, GDR, bus bandwidth against the expected one,
 every node's ranks present). Read-only on the nodes: no dry run, nothing to confirm.
 
-`run_proof` is the same job over a deployment's layout (the fabric proof, cluster/fabric_proof.py):
+`run_proof` is the same job over a deployment's layout (the fabric proof, cluster/planning/fabric_proof.py):
 one all-reduce per group on the group's nodes and ports, judged per group.
 
 Nothing is printed: the caller gets an NcclOutcome (the judged result, the job's output) and
@@ -20,10 +20,10 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
-from cluster import nccl_check
-from cluster.bounds import bound
-from cluster.inventory import Inventory, Node
-from cluster.nccl_check import CheckOptions, JobOutcome, NcclCheckResult
+from cluster.ray import nccl_check
+from cluster.base.bounds import bound
+from cluster.nodes.inventory import Inventory, Node
+from cluster.ray.nccl_check import CheckOptions, JobOutcome, NcclCheckResult
 from cluster.node_programs import run_call
 from playbooks.outcome import Confirm, OnEvent, Outcome, ignore, lines_to, never_confirm
 
@@ -54,8 +54,8 @@ class NcclOutcome(Outcome):
 def ib_facts(inventory: Inventory, session, nodes: Sequence[Node]) -> dict[str, Any]:
     """{"nodes": {node: the infiniband check's facts (ib_ports)}}, judged on the facts layer's
     gather (one round trip per node), in a preflight report's shape."""
-    from cluster.checks.node import NODE_CHECKS
-    from cluster.preflight import evaluate_node, gather_for
+    from cluster.inspection.checks.node import NODE_CHECKS
+    from cluster.inspection.preflight import evaluate_node, gather_for
 
     checks = [c for c in NODE_CHECKS if c.id == "infiniband"]
     gathered = gather_for(inventory, session, nodes, checks)
@@ -74,7 +74,7 @@ def announce(options: NcclOptions, inventory: Inventory) -> str:
 def run(inventory: Inventory, session, options: NcclOptions, confirm: Confirm = never_confirm,
         on_event: OnEvent = ignore) -> NcclOutcome:
     """Submit the job on the head, wait for it, judge it (read-only: confirm is never asked)."""
-    from cluster.endpoints import dashboard_url
+    from cluster.nodes.endpoints import dashboard_url
 
     say = lines_to(on_event)
 
@@ -100,14 +100,14 @@ def run(inventory: Inventory, session, options: NcclOptions, confirm: Confirm = 
 
 @dataclass(frozen=True)
 class ProofOptions:
-    plan: Any                                 # cluster.fabric_proof.ProofPlan
+    plan: Any                                 # cluster.planning.fabric_proof.ProofPlan
     gpu_models: Mapping[str, Any] | None = None
     submission_id: str | None = None
 
 
 @dataclass(frozen=True)
 class ProofOutcome(Outcome):
-    proof: Any                                # cluster.fabric_proof.FabricProof
+    proof: Any                                # cluster.planning.fabric_proof.FabricProof
     job: JobOutcome
     command_result: Any
     stopped = None
@@ -124,7 +124,7 @@ def run_proof(inventory: Inventory, session, options: ProofOptions,
               confirm: Confirm = never_confirm, on_event: OnEvent = ignore) -> ProofOutcome:
     """Submit the layout's groups as one nccl-check job on the head, wait, judge each group
     (read-only: confirm is never asked)."""
-    from cluster import fabric_proof
+    from cluster.planning import fabric_proof
 
     plan, gpu_models, say = options.plan, options.gpu_models, lines_to(on_event)
 

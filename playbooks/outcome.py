@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Union
 
-from cluster.results import (CHANGED, EXIT_FAIL, EXIT_OK, EXIT_WARN, FAILED, OK, SKIPPED,
+from cluster.base.results import (CHANGED, EXIT_FAIL, EXIT_OK, EXIT_WARN, FAILED, OK, SKIPPED,
                              STEP_STATUSES, UNREACHABLE)
 
 __all__ = ["CHANGED", "EXIT_FAIL", "EXIT_OK", "EXIT_WARN", "FAILED", "OK", "SKIPPED",

@@ -1,9 +1,9 @@
 """`cluster preflight` as ordered, read-only steps.
 
 gather (the facts layer: every node's probes in one SSH round trip per node, in parallel; or the
-run's facts handed in, as `cluster up` does) -> judge (pure, cluster/preflight.evaluate_node) ->
+run's facts handed in, as `cluster up` does) -> judge (pure, cluster/inspection/preflight.evaluate_node) ->
 cross-node checks (clocks sampled from here, versions, drivers, MTU, model) -> TCP reachability
-between the reachable nodes (cluster/reachability.py). Read-only: no plan, no dry run, nothing
+between the reachable nodes (cluster/inspection/reachability.py). Read-only: no plan, no dry run, nothing
 to confirm. Nothing is printed: the caller gets a PreflightOutcome (the Report: `to_dict()`,
 `exit_code`) and a NodeDone event per node gathered. Never raises for a node: an unreachable
 node or unreadable output is a result with status error.
@@ -14,15 +14,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from cluster.checks.base import NodeCheck
-from cluster.checks.cross import cross_node_checks, measure_skew
-from cluster.checks.node import NODE_CHECKS
-from cluster.facts import NodeFacts
-from cluster.inventory import Inventory, Node
-from cluster.preflight import evaluate_node, gather_for
-from cluster.reachability import run_reachability
-from cluster.remote import Session
-from cluster.results import CheckResult, Report
+from cluster.inspection.checks.base import NodeCheck
+from cluster.inspection.checks.cross import cross_node_checks, measure_skew
+from cluster.inspection.checks.node import NODE_CHECKS
+from cluster.inspection.facts import NodeFacts
+from cluster.nodes.inventory import Inventory, Node
+from cluster.inspection.preflight import evaluate_node, gather_for
+from cluster.inspection.reachability import run_reachability
+from cluster.nodes.remote import Session
+from cluster.base.results import CheckResult, Report
 from playbooks.outcome import Confirm, NodeDone, OnEvent, Outcome, ignore, never_confirm
 
 

@@ -1,5 +1,5 @@
 """The head's Prometheus bring-up for `cluster up` / `cluster down` (inventory `ray.metrics:
-prometheus`): probe the head, plan (pure, cluster/prometheus_head.py: keep / start / restart /
+prometheus`): probe the head, plan (pure, cluster/ray/prometheus_head.py: keep / start / restart /
 refuse), run the plan, verify it answers /-/ready; stop only our own; Ray's Grafana dashboards.
 A step of playbooks/ray_up.py and ray_down.py, reported as one StepResult in the step
 vocabulary (ok / changed / failed / unreachable).
@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import Callable
 
-from cluster.inventory import Inventory
+from cluster.nodes.inventory import Inventory
 from cluster.node_programs import run_call
-from cluster.prometheus_head import (ACTION, KEEP, PROBE_TIMEOUT_S, READY_WAIT_S, REFUSE,
+from cluster.ray.prometheus_head import (ACTION, KEEP, PROBE_TIMEOUT_S, READY_WAIT_S, REFUSE,
                                      START_TIMEOUT_S, STOP_TIMEOUT_S, dashboards_call, parse_doc,
                                      parse_probe, plan, probe_call, stop_call)
-from cluster.ray_cluster import CHANGED, FAILED, OK, UNREACHABLE, StepResult
-from cluster.remote import CommandResult
+from cluster.ray.ray_cluster import CHANGED, FAILED, OK, UNREACHABLE, StepResult
+from cluster.nodes.remote import CommandResult
 
 
 Event = Callable[[str], None]

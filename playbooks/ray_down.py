@@ -11,14 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
-from cluster import ray_cluster
-from cluster.prometheus_head import enabled as prometheus_enabled
-from cluster.facts import gather as gather_facts
-from cluster.inventory import Inventory
-from cluster.ray_cluster import CHANGED, FAILED
+from cluster.ray import ray_cluster
+from cluster.ray.prometheus_head import enabled as prometheus_enabled
+from cluster.inspection.facts import gather as gather_facts
+from cluster.nodes.inventory import Inventory
+from cluster.ray.ray_cluster import CHANGED, FAILED
 from playbooks.outcome import Confirm, OnEvent, ignore, lines_to
 from playbooks.ray_up import RayOutcome, gated
-from cluster.waits import poll
+from cluster.base.waits import poll
 
 
 VERIFY_ATTEMPTS = 4
@@ -28,7 +28,7 @@ VERIFY_PAUSE_S = 3.0
 @dataclass(frozen=True)
 class DownOptions:
     dry_run: bool = False
-    serial: int = 0            # --serial N: workers N at a time (cluster/rollout.py)
+    serial: int = 0            # --serial N: workers N at a time (cluster/ray/rollout.py)
 
 
 @dataclass
@@ -56,8 +56,8 @@ def run(inventory: Inventory, session, options: DownOptions, confirm: Confirm,
                 ) if out.plan.confirmations else None
     if not gated(out, options.dry_run, question, confirm):
         return out
-    if options.serial > 0:  # --serial N: workers N at a time (cluster/rollout.py)
-        from cluster.rollout import execute_down_serial
+    if options.serial > 0:  # --serial N: workers N at a time (cluster/ray/rollout.py)
+        from cluster.ray.rollout import execute_down_serial
         out.steps = execute_down_serial(out.plan, session, inventory, options.serial, say)
     else:
         out.steps = ray_cluster.execute_down(out.plan, session, inventory, say)

@@ -1,6 +1,6 @@
 """`cluster up` as ordered, idempotent steps.
 
-gather facts once (read-only, cluster/facts.py: one round trip per node, with the preflight's
+gather facts once (read-only, cluster/inspection/facts.py: one round trip per node, with the preflight's
 probes unless it is skipped) -> preflight verdicts on those facts -> the head's view of Ray
 (read-only) -> plan (pure) -> [dry run stops here] -> confirm restarts ->
 execute (stops, then the head and the workers) -> wait until every node is alive with its
@@ -17,13 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from cluster import ray_cluster
-from cluster.prometheus_head import enabled as prometheus_enabled
-from cluster.inventory import Inventory
-from cluster.ray_cluster import (CHANGED, FAILED, SKIPPED, UNREACHABLE, NodeFacts, Plan,
+from cluster.ray import ray_cluster
+from cluster.ray.prometheus_head import enabled as prometheus_enabled
+from cluster.nodes.inventory import Inventory
+from cluster.ray.ray_cluster import (CHANGED, FAILED, SKIPPED, UNREACHABLE, NodeFacts, Plan,
                                  StepResult, WaitResult)
-from cluster.ray_state import RayState, cluster_status, query_state
-from cluster.results import Report
+from cluster.ray.ray_state import RayState, cluster_status, query_state
+from cluster.base.results import Report
 from playbooks.outcome import Confirm, OnEvent, Outcome, ignore, lines_to, step_exit_code
 
 DEFAULT_WAIT_S = 240.0
@@ -73,7 +73,7 @@ class UpOptions:
     stagger_s: float = 0.0
     dry_run: bool = False
     wait_s: float = DEFAULT_WAIT_S
-    serial: int = 0            # --serial N: workers N at a time (cluster/rollout.py)
+    serial: int = 0            # --serial N: workers N at a time (cluster/ray/rollout.py)
 
 
 @dataclass
@@ -86,7 +86,7 @@ class UpOutcome(RayOutcome):
     wait: WaitResult | None = None
     status: dict | None = None
     failed_logs: Mapping[str, str] = field(default_factory=dict)  # node -> end of its Ray logs
-    health_job: Any = None                     # cluster.health_job.JobStep, once Ray is up
+    health_job: Any = None                     # cluster.ray.health_job.JobStep, once Ray is up
     grafana: Mapping[str, str] = field(default_factory=dict)      # file name -> dashboard JSON
     grafana_error: str | None = None
 
@@ -110,8 +110,8 @@ class UpOutcome(RayOutcome):
 
 def gather_facts(session, inventory: Inventory, with_preflight: bool) -> dict[str, NodeFacts]:
     """The run's facts, once: with the preflight's probes too unless it is skipped."""
-    from cluster.checks.node import NODE_CHECKS
-    from cluster.preflight import gather_for
+    from cluster.inspection.checks.node import NODE_CHECKS
+    from cluster.inspection.preflight import gather_for
 
     return gather_for(inventory, session, checks=NODE_CHECKS if with_preflight else ())
 
@@ -165,7 +165,7 @@ def run(inventory: Inventory, session, options: UpOptions, confirm: Confirm,
 
     # 5. execute
     if options.serial > 0:
-        from cluster.rollout import execute_up_serial
+        from cluster.ray.rollout import execute_up_serial
         out.steps = execute_up_serial(out.plan, session, inventory, options.serial,
                                       options.stagger_s, say)
     else:
@@ -188,7 +188,7 @@ def run(inventory: Inventory, session, options: UpOptions, confirm: Confirm,
         out.failed_logs = ray_cluster.log_tails(session, inventory, started_and_failed)
 
     if out.wait is not None and out.wait.ok:   # the periodic health job: started or kept
-        from cluster.health_job import ensure_job
+        from cluster.ray.health_job import ensure_job
         say("health job")
         out.health_job = ensure_job(session, inventory)
 

@@ -8,7 +8,7 @@ expectations.model_relay.ports, with a fresh secret token on stdin; a node's ups
 ancestors in the shape, nearest first. Progress is each node's GET /TOKEN/.status over that
 node's own SSH connection (a direct-tcpip channel: no port is opened to the laptop).
 
-A `Feed` source is a directory on the laptop (cluster/laptop_feed.py): nothing is started
+A `Feed` source is a directory on the laptop (cluster/remedy/laptop_feed.py): nothing is started
 for it; its first node's relay pulls from the feed's URL (that node's end of an SSH remote
 forward), and no other node is ever told that URL.
 """
@@ -22,17 +22,17 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from cluster.errors import ClusterError, ParseError, ProgramError, RemoteError
-from cluster.fixes import as_root
-from cluster.inventory import Inventory, Node
-from cluster.model_relay import Progress, RelaySettings, RelayShape, fed_shape, parse_progress, \
+from cluster.base.errors import ClusterError, ParseError, ProgramError, RemoteError
+from cluster.remedy.fixes import as_root
+from cluster.nodes.inventory import Inventory, Node
+from cluster.remedy.model_relay import Progress, RelaySettings, RelayShape, fed_shape, parse_progress, \
     rate_text, relay_shape
-from cluster.model_sync import CopyPlan, Manifest, parse_manifest
+from cluster.remedy.model_sync import CopyPlan, Manifest, parse_manifest
 from cluster.node_programs import (Call as ProgramCall, document_of, failure, fan_out_program,
                                    parse_answer, program_call, run_call)
-from cluster.remote import CommandResult, Session
-from cluster.threads import Call
-from cluster.waits import poll
+from cluster.nodes.remote import CommandResult, Session
+from cluster.base.threads import Call
+from cluster.base.waits import poll
 
 MANIFEST_TIMEOUT_S = 3600          # hashing a large model: about 1 GB/s per node
 POLL_S = 1.0
@@ -100,7 +100,7 @@ def _url_host(ip: str) -> str:
 
 @dataclass(frozen=True)
 class Feed:
-    """A source outside the inventory (the laptop's directory, cluster/laptop_feed.py): only
+    """A source outside the inventory (the laptop's directory, cluster/remedy/laptop_feed.py): only
     the node `first` reaches it, at `url`; it serves with the relay's `token`."""
 
     name: str
@@ -163,7 +163,7 @@ class _Relay:
 
     def status(self, m: _Member) -> dict:
         """GET /TOKEN/.status over the node's SSH connection (TunnelError, RemoteError...)."""
-        from cluster.head_tunnel import HeadTunnel      # httpx: not at the CLI's import
+        from cluster.ray.head_tunnel import HeadTunnel      # httpx: not at the CLI's import
 
         stream = HeadTunnel(self.session, m.node, timeout=5).open(m.node.ip, m.port, timeout=5)
         try:
@@ -232,7 +232,7 @@ def run_relay(inventory: Inventory, session, source: Node | Feed, reference: Man
         for name in shape.order:
             m = members[name]
             if m.node is None:
-                continue                # the feed serves already (cluster/laptop_feed.py)
+                continue                # the feed serves already (cluster/remedy/laptop_feed.py)
             failed = [n for n in shape.order if members[n].error]
             if feed and name != feed.first:
                 failed.append(feed.name)     # only the first node reaches the laptop

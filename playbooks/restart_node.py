@@ -13,12 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from cluster import ray_cluster
-from cluster.facts import gather as gather_facts
-from cluster.inventory import Inventory
-from cluster.ray_cluster import CHANGED, FAILED, KEEP, NodeAction, Plan
-from cluster.ray_state import node_for_ip
-from cluster.rollout import DEFAULT_MOVE_WAIT_S, apps_not_running, worker
+from cluster.ray import ray_cluster
+from cluster.inspection.facts import gather as gather_facts
+from cluster.nodes.inventory import Inventory
+from cluster.ray.ray_cluster import CHANGED, FAILED, KEEP, NodeAction, Plan
+from cluster.ray.ray_state import node_for_ip
+from cluster.ray.rollout import DEFAULT_MOVE_WAIT_S, apps_not_running, worker
 from playbooks.drain import RolloutOutcome, WorkerOptions, drain, ray_view
 from playbooks.outcome import Confirm, OnEvent, ignore, lines_to
 

@@ -1,9 +1,9 @@
 """Deploy's waits: poll Serve (through the dashboard client) until an app is RUNNING or
 DEPLOY_FAILED, or until it is gone; used by deploy, undeploy and tune's redeploys.
 
-Both go through the one bounded poll (cluster/waits.py): a deadline, a fixed interval, a
+Both go through the one bounded poll (cluster/base/waits.py): a deadline, a fixed interval, a
 bounded number of tries; a dashboard hiccup while Serve starts is kept (the last 5) and the
-poll goes on. The pure parts (app_state, WaitOutcome, failure_reason) are cluster/deploy.py's.
+poll goes on. The pure parts (app_state, WaitOutcome, failure_reason) are cluster/serving/deploy.py's.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from cluster.deploy import DEPLOY_FAILED, RUNNING, AppState, WaitOutcome, app_state
-from cluster.waits import poll
+from cluster.serving.deploy import DEPLOY_FAILED, RUNNING, AppState, WaitOutcome, app_state
+from cluster.base.waits import poll
 
 Event = Callable[[str], None]
 KEPT_ERRORS = 5

@@ -1,8 +1,8 @@
 """`cluster status` as a read-only playbook.
 
 gather (the head's view: Ray's nodes, version and Serve apps via node_programs/head_state.py;
-two /metrics samples of each app with a running replica, cluster/serving_health.py; the health
-job's latest readings, cluster/health_job.py) -> judge (pure: cluster/ray_state.cluster_status
+two /metrics samples of each app with a running replica, cluster/serving/serving_health.py; the health
+job's latest readings, cluster/ray/health_job.py) -> judge (pure: cluster/ray/ray_state.cluster_status
 matches Ray's nodes to the inventory; an app out of capacity or a broken rank of a multi-node
 replica is a warning) -> StatusOutcome (the status.json document and its exit code).
 
@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from cluster.health_job import HealthStatus, read_health
-from cluster.inventory import Inventory
-from cluster.prometheus_head import metrics_doc
-from cluster.ray_state import cluster_status, query_state, status_exit_code
+from cluster.ray.health_job import HealthStatus, read_health
+from cluster.nodes.inventory import Inventory
+from cluster.ray.prometheus_head import metrics_doc
+from cluster.ray.ray_state import cluster_status, query_state, status_exit_code
 from playbooks.outcome import (EXIT_FAIL, EXIT_OK, EXIT_WARN, Confirm, OnEvent, Outcome,
                                ignore, never_confirm)
 
@@ -67,8 +67,8 @@ def broken_ranks(doc: dict) -> list[tuple[str, dict]]:
 
 def attach_transport(doc: dict, inv: Inventory) -> None:
     """serve.applications[app].engine_transport: what the app's last deployment confirmed from
-    its ranks' own init lines (cluster/engine_transport.py), when it read them."""
-    from cluster.engine_transport import confirmed_by_app
+    its ranks' own init lines (cluster/serving/engine_transport.py), when it read them."""
+    from cluster.serving.engine_transport import confirmed_by_app
 
     apps = (doc.get("serve") or {}).get("applications") or {}
     if not apps:
@@ -79,7 +79,7 @@ def attach_transport(doc: dict, inv: Inventory) -> None:
 
 def sample_serving(session, inv: Inventory, state, window_s: float | None) -> dict:
     """{app: ServingHealth} for the apps with a running replica ({} when none)."""
-    from cluster.serving_health import load_thresholds, sample_serving as sample
+    from cluster.serving.serving_health import load_thresholds, sample_serving as sample
 
     if not state.answered or state.serve is None:
         return {}

@@ -3,7 +3,7 @@
 gather (read-only: the app's deployed config from the dashboard, the API key it wants, its
 endpoint) -> plan (pure: the values to sweep, from TuneSettings) -> [dry run stops here] ->
 confirm (every value restarts the app's replicas) -> execute (run_tune below: redeploy, wait
-RUNNING (playbooks/serve_wait.py), warm up and bench per value, recommend (cluster/tune.py, pure),
+RUNNING (playbooks/serve_wait.py), warm up and bench per value, recommend (cluster/serving/tune.py, pure),
 restore or apply) -> verify (the final config RUNNING, inside run_tune) -> the plot.
 
 Nothing is printed: the caller gets a TuneOutcome (the tune.json document) and an `on_event`
@@ -17,10 +17,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from cluster.errors import UsageError
-from cluster.inventory import Inventory
+from cluster.base.errors import UsageError
+from cluster.nodes.inventory import Inventory
 from playbooks.outcome import Confirm, DocOutcome, OnEvent, ignore, lines_to
-from cluster.tune import (DEPLOY_FAILED, OK, Applied, DeployedApp, TunePoint, TuneResult,
+from cluster.serving.tune import (DEPLOY_FAILED, OK, Applied, DeployedApp, TunePoint, TuneResult,
                           TuneSettings, fmt_value, config_with, engine_kwargs_of, point_from_level,
                           recommend)
 
@@ -73,12 +73,12 @@ def run(inventory: Inventory, session, options: TuneOptions, confirm: Confirm,
     `environ`: where the API key is read (default os.environ)."""
     import os
 
-    from cluster import deploy
-    from cluster.tune import plot_tune, read_app
+    from cluster.serving import deploy
+    from cluster.serving.tune import plot_tune, read_app
 
     out = out if out is not None else TuneOutcome.start(options, "")
     if client is None:
-        from cluster.dashboard_api import DashboardClient
+        from cluster.ray.dashboard_api import DashboardClient
         client = DashboardClient(session, inventory)
     doc = out.doc
 
@@ -119,7 +119,7 @@ def run(inventory: Inventory, session, options: TuneOptions, confirm: Confirm,
 def _deploy_and_wait(client, inventory, config: Mapping[str, Any], timeout_s: float,
                      say: Callable[[str], None]) -> tuple[bool, float, str | None, str | None]:
     """(RUNNING?, seconds, final status, error)."""
-    from cluster import deploy
+    from cluster.serving import deploy
     from playbooks.serve_wait import wait_for_app
 
     start = time.monotonic()
@@ -136,7 +136,7 @@ def _deploy_and_wait(client, inventory, config: Mapping[str, Any], timeout_s: fl
 
 
 def _bench(settings: TuneSettings, endpoint: str, model: str, requests: int, output_len: int):
-    from cluster.bench import BenchConfig, run_bench
+    from cluster.serving.bench import BenchConfig, run_bench
 
     config = BenchConfig(url=endpoint, model=model, concurrency=(settings.concurrency,),
                          prompt_len=settings.prompt_len, output_len=output_len,
@@ -150,7 +150,7 @@ def run_tune(settings: TuneSettings, client, inventory, app: DeployedApp, endpoi
              bench: Callable[..., Any] | None = None) -> TuneResult:
     """Sweep, recommend, then restore or apply. Deploys through `client` (DashboardClient);
     benches `endpoint` from here with `bench(settings, endpoint, model, requests, output_len)
-    -> LevelResult` (default: cluster.bench at the fixed concurrency). An exception or
+    -> LevelResult` (default: cluster.serving.bench at the fixed concurrency). An exception or
     interrupt mid-sweep restores the original config (best effort) and is re-raised."""
     bench = bench or _bench
     original = dict(app.config)

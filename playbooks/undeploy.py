@@ -12,8 +12,8 @@ Nothing is printed: the caller gets an UndeployOutcome (the undeploy.json docume
 from __future__ import annotations
 
 from dataclasses import dataclass
-from cluster import deploy
-from cluster.inventory import Inventory
+from cluster.serving import deploy
+from cluster.nodes.inventory import Inventory
 from playbooks.outcome import Confirm, DocOutcome, OnEvent, ignore, lines_to
 from playbooks.serve_wait import wait_until_gone
 
@@ -40,10 +40,10 @@ def run(inventory: Inventory, session, options: UndeployOptions, confirm: Confir
         on_event: OnEvent = ignore, *, out: UndeployOutcome | None = None,
         client=None) -> UndeployOutcome:
     """Fills `out` (given by a caller that records a partial outcome on an error) and returns
-    it. `client`: the dashboard (default cluster.dashboard_api.DashboardClient)."""
+    it. `client`: the dashboard (default cluster.ray.dashboard_api.DashboardClient)."""
     out = out if out is not None else UndeployOutcome.start(options, "")
     if client is None:
-        from cluster.dashboard_api import DashboardClient
+        from cluster.ray.dashboard_api import DashboardClient
         client = DashboardClient(session, inventory)
     doc, name, say = out.doc, options.name, lines_to(on_event)
 

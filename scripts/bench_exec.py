@@ -17,7 +17,7 @@ import time
 
 from simbench import simulated_cluster
 
-from cluster.remote import Session
+from cluster.nodes.remote import Session
 
 
 def timed_fan_out(inv, nodes, reuse: Session | None) -> float:

@@ -3,7 +3,7 @@
 
 Builds a log of >= 200 MB under a temporary directory by repeating the real fixture logs
 (tests/fixtures/nccl/*.log), then times `grep -c 'NCCL INFO' FILE`,
-`cluster.parsers.nccl.parse_file(FILE)` and `cluster parse --kind nccl --json FILE` end to end
+`cluster.inspection.parsers.nccl.parse_file(FILE)` and `cluster parse --kind nccl --json FILE` end to end
 (a fresh interpreter) alternately for several rounds and prints the median throughputs (MB/s,
 by wall time and by CPU time) and their ratios (goal: parse >= 1/3 of grep's speed).
 
@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cluster.parsers import nccl  # noqa: E402
+from cluster.inspection.parsers import nccl  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "nccl"
 MB = 1_000_000
@@ -108,7 +108,7 @@ def time_cli(path: Path) -> tuple[float, float]:
 _CHILD = """
 import gc, json, os, resource, sys, time
 sys.path.insert(0, {root!r})
-from cluster.parsers import nccl
+from cluster.inspection.parsers import nccl
 gc.collect()
 def rss_kib():
     try:

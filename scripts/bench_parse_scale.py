@@ -35,8 +35,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cluster import parsers  # noqa: E402
-from cluster.errors import ParseError  # noqa: E402
+from cluster.inspection import parsers  # noqa: E402
+from cluster.base.errors import ParseError  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures"
 KB, MB = 1024, 1024 * 1024

@@ -23,8 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cluster.errors import ParseError  # noqa: E402
-from cluster.parsers import nvidia_smi, nvidia_smi_q, nvidia_smi_topo  # noqa: E402
+from cluster.base.errors import ParseError  # noqa: E402
+from cluster.inspection.parsers import nvidia_smi, nvidia_smi_q, nvidia_smi_topo  # noqa: E402
 
 MB = 1_000_000
 FIXTURE = ROOT / "tests" / "fixtures" / "nvidia-smi-q" / "001-a100-sxm4-ecc-remapped-rows-pending.txt"

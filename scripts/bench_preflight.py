@@ -21,7 +21,7 @@ import time
 from simbench import node_cpu_seconds, simulated_cluster
 
 from playbooks.preflight import run_preflight
-from cluster.remote import Session
+from cluster.nodes.remote import Session
 
 
 PREFIX = "bpf"

@@ -33,7 +33,7 @@ CHILD = r'''
 import contextlib, io, json, sys, tempfile, time
 sys.path.insert(0, sys.argv[1])
 from fakes import FakeClusterSession, fake_inventory
-import cluster.remote as remote
+import cluster.nodes.remote as remote
 n, profile = int(sys.argv[2]), sys.argv[3] == "1"
 fake = FakeClusterSession(fake_inventory(n))
 

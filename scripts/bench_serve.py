@@ -41,7 +41,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from cluster.inventory import SERVE_INGRESS, RayOptions  # noqa: E402
+from cluster.nodes.inventory import SERVE_INGRESS, RayOptions  # noqa: E402
 
 MODEL_ID = "tiny"
 KEY_ENV = "BENCH_SERVE_API_KEY"

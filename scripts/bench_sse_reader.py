@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from cluster.bench import SseReader
+from cluster.serving.bench import SseReader
 
 
 def _per_byte(line_bytes: int, piece: int) -> float:

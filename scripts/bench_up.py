@@ -42,11 +42,11 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cluster import inventory as inventory_mod  # noqa: E402
-from cluster import ray_cluster  # noqa: E402
-from cluster.facts import gather as gather_facts  # noqa: E402
-from cluster.ray_state import query_state  # noqa: E402
-from cluster.remote import Session  # noqa: E402
+from cluster.nodes import inventory as inventory_mod  # noqa: E402
+from cluster.ray import ray_cluster  # noqa: E402
+from cluster.inspection.facts import gather as gather_facts  # noqa: E402
+from cluster.ray.ray_state import query_state  # noqa: E402
+from cluster.nodes.remote import Session  # noqa: E402
 
 ENV = {"SIMCLUSTER_PREFIX": os.environ.get("SIMCLUSTER_PREFIX", "bup"),
        "SIMCLUSTER_SUBNET": os.environ.get("SIMCLUSTER_SUBNET", "3"),

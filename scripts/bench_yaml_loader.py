@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import time
 
-from cluster import inventory
-from cluster.errors import InventoryError
+from cluster.nodes import inventory
+from cluster.base.errors import InventoryError
 
 
 def realistic(nodes: int) -> str:

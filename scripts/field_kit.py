@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))  # the checkout's cluster.parsers (standard library only)
+sys.path.insert(0, str(HERE.parent))  # the checkout's cluster.inspection.parsers (standard library only)
 
 COMMAND_TIMEOUT_S = 20.0
 ALLREDUCE_TIMEOUT_S = 180.0
@@ -70,7 +70,7 @@ class Capture:
 
 
 # The command lines preflight's probes run come first, verbatim (tests/test_field_kit.py checks
-# that every static probe of cluster/checks/node.py is here), then the wider variants.
+# that every static probe of cluster/inspection/checks/node.py is here), then the wider variants.
 CAPTURES: tuple[Capture, ...] = (
     Capture("gpu-query", GPU_QUERY, "nvidia-smi-query"),
     Capture("nvidia-smi", "nvidia-smi", "nvidia-smi"),
@@ -215,9 +215,9 @@ def allreduce(bundle: Path, backend: str, nproc: int, timeout_s: float) -> dict[
 
 def read_capture(kind: str, text: str) -> dict[str, Any]:
     """One capture through `cluster parse`'s parser: {"data": ...} or {"error": ...}."""
-    from cluster import parsers
-    from cluster.errors import ParseError
-    from cluster.results import to_jsonable
+    from cluster.inspection import parsers
+    from cluster.base.errors import ParseError
+    from cluster.base.results import to_jsonable
 
     try:
         return {"data": to_jsonable(parsers.parse(kind, text))}

@@ -34,7 +34,7 @@ def node_cpu_seconds(prefix: str) -> float:
 def simulated_cluster(nodes: int, prefix: str, subnet: int, keep: bool = False) -> Iterator:
     """Bring up `nodes` simulated nodes on their own prefix/subnet; yield the loaded inventory;
     tear them down afterwards unless keep."""
-    from cluster import inventory
+    from cluster.nodes import inventory
 
     env = {**os.environ, "SIMCLUSTER_PREFIX": prefix, "SIMCLUSTER_SUBNET": str(subnet),
            "SIMCLUSTER_DIR": instance_dir(prefix)}

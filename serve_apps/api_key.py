@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from cluster.errors import UsageError
+from cluster.base.errors import UsageError
 
 KV_NAMESPACE = "cluster-serve"
 

@@ -28,7 +28,7 @@ knows that library:
 
 Executor (`executor`): "native" is vLLM's own multi-node mode: one engine process per node,
 node rank 0 in the replica, the others headless in rank actors (serve_apps/gang.py); the
-node split is engine_kwargs.nnodes (cluster/gang.py maps ranks to nodes). It is what vLLM's
+node split is engine_kwargs.nnodes (cluster/planning/gang.py maps ranks to nodes). It is what vLLM's
 own multi-node guide runs (Ray is optional to vLLM since 2026), the only one that runs on the
 CPU build (CpuPlatform has no Ray device key) and its master port comes from a fixed range.
 "ray" is vLLM's Ray executor (one engine process, workers as actors in the bundles; GPU only).
@@ -39,7 +39,7 @@ MoE (build_moe_app, engine_kwargs.data_parallel_size D > 1, expert parallel): al
 vLLM's recommended multi-node DP layout: one replica = one engine of D DP ranks over nnodes
 nodes, one engine launch per node (node 0 in the replica, serving every DP rank; node n a
 headless rank actor with data_parallel_start_rank n x D / nnodes); the DP RPC port comes from
-the same multi_node range (cluster/gang.py node_engine_kwargs).
+the same multi_node range (cluster/planning/gang.py node_engine_kwargs).
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from cluster.errors import UsageError
-from cluster.gang import GangLayout, gang_bundles, gang_layout, node_engine_kwargs
+from cluster.base.errors import UsageError
+from cluster.planning.gang import GangLayout, gang_bundles, gang_layout, node_engine_kwargs
 
 DEVICES = ("auto", "gpu", "cpu")
 STRATEGIES = ("PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD")
@@ -340,7 +340,7 @@ def replica_bundles(config: AppConfig, device: str) -> list[dict[str, float]]:
 
     The replica actor is scheduled into bundle 0, so it sits on the node of the first
     pipeline stage, next to the worker that vLLM gives global rank 0. A multi-node engine
-    has one bundle per node rank instead (cluster.gang.gang_bundles; STRICT_SPREAD).
+    has one bundle per node rank instead (cluster.planning.gang.gang_bundles; STRICT_SPREAD).
     """
     layout = config.gang
     if layout is not None:
@@ -464,7 +464,7 @@ class GangNode:
     node_ip: str
     resources: Mapping[str, float]
     env: Mapping[str, str]               # the app's env, then the node's own (inventory)
-    engine_kwargs: Mapping[str, Any]     # cluster.gang.node_engine_kwargs
+    engine_kwargs: Mapping[str, Any]     # cluster.planning.gang.node_engine_kwargs
     headless: bool                       # node rank > 0: a rank actor, no API
 
     def to_dict(self) -> dict[str, Any]:

@@ -6,7 +6,7 @@ RayPrometheusStatLogger (vllm.v1.metrics.ray_wrappers) with every metric also ta
 Ray's metrics agent on every node exports each replica's running/waiting requests, KV-cache
 use, latencies and token counts (as `ray_vllm_*`) to the Prometheus of the cluster and to
 Ray's LLM dashboards; then vLLM's own PrometheusStatLogger, so the replica's /metrics route
-keeps serving `vllm:*` (cluster status reads it: cluster/serving_health.py).
+keeps serving `vllm:*` (cluster status reads it: cluster/serving/serving_health.py).
 
 The order matters: every PrometheusStatLogger unregisters the `vllm:*` collectors of
 prometheus_client when it is built, so vLLM's own logger must come last.

@@ -35,7 +35,7 @@ from typing import Any, Mapping
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from cluster.gang import rank_actor_name
+from cluster.planning.gang import rank_actor_name
 from serve_apps.config import reported_env
 from serve_apps.priority import set_process_priority
 
@@ -222,7 +222,7 @@ def port_is_free(host: str, port: int) -> bool:
 @dataclass(frozen=True)
 class RankSpec:
     """What one rank actor gets: its node rank, placement bundle and resources, env, and its
-    node's vLLM engine kwargs (cluster.gang.node_engine_kwargs)."""
+    node's vLLM engine kwargs (cluster.planning.gang.node_engine_kwargs)."""
 
     node_rank: int
     bundle_index: int

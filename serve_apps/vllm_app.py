@@ -9,7 +9,7 @@ Import paths for a Serve config (`serve deploy`, the dashboard's REST API):
                                         MoE layers; one replica = one engine of all DP ranks,
                                         one engine launch per node (vLLM's multi-node DP
                                         layout: node 0 in the replica, the others headless
-                                        rank actors, cluster/gang.py node_engine_kwargs).
+                                        rank actors, cluster/planning/gang.py node_engine_kwargs).
 
 Each replica is the HTTP ingress itself: it holds vLLM's AsyncLLM and serves vLLM's own
 FastAPI app (the routes, request/response models, SSE streaming and /metrics of
@@ -50,7 +50,7 @@ from ray.util.placement_group import (
 )
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from cluster.gang import RANK_NAMESPACE, pick_port
+from cluster.planning.gang import RANK_NAMESPACE, pick_port
 from serve_apps.api_key import read_api_key
 from serve_apps.gang import Gang, RankSpec, descendants, kill_tree, port_is_free
 from serve_apps.priority import set_process_priority
@@ -298,7 +298,7 @@ class VLLMServer:
                  if i < len(self._bundles)]
         config = self._config
         if len(nodes) != config.workers_per_replica or config.gang is not None:
-            return      # a gang's node split is cluster.gang's layout, logged at start
+            return      # a gang's node split is cluster.planning.gang's layout, logged at start
         split = tp_groups_split_across_nodes(nodes, config.tensor_parallel_size,
                                              config.pipeline_parallel_size)
         if split:

@@ -1,7 +1,7 @@
 """Shared stand-ins for the unit tests: command results, a recording session, a clock, and the
 probe outputs / NodeContext a preflight check is judged on.
 
-    result("gpu02", stdout="...")             a CommandResult as cluster/remote.py makes one
+    result("gpu02", stdout="...")             a CommandResult as cluster/nodes/remote.py makes one
     RecordingSession()                        answers every run() with success and records it
     ScriptedSession({"node1": [r1, r2]})      answers run()/run_small() from per-node lists
     CannedSession(r, inventory)               one canned answer (or one per node), with fan_out
@@ -16,7 +16,7 @@ cluster_main(capsys, *argv) (in-process); inventories: write_inventory(dir, text
 Shared stand-ins: FakeOpenAI, FakeDashboard (loopback servers), FakeServe and fake_bench (tune),
 node_facts (Ray bring-up), real_plan, label_values, closed_port.
 
-`judge` builds the context as cluster/preflight.py's evaluate_node does: the check's own probe
+`judge` builds the context as cluster/inspection/preflight.py's evaluate_node does: the check's own probe
 builders decide which outputs it reads; every probe not given is "command not found" (127).
 Nothing here talks to a network or runs a command on a node.
 """
@@ -34,15 +34,15 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from cluster.bench import RequestOutcome, summarize_level
-from cluster.checks.base import NodeCheck, NodeContext, Verdict
-from cluster.dashboard_api import DashboardReply
-from cluster.facts import GPU, NodeFacts, RayletInfo
-from cluster.inventory import Inventory, loads
-from cluster.modelinfo import load_model_info
-from cluster.planner import ClusterFacts, PlanOptions, make_plan
-from cluster.probes import ProbeOutput
-from cluster.remote import CommandResult
+from cluster.serving.bench import RequestOutcome, summarize_level
+from cluster.inspection.checks.base import NodeCheck, NodeContext, Verdict
+from cluster.ray.dashboard_api import DashboardReply
+from cluster.inspection.facts import GPU, NodeFacts, RayletInfo
+from cluster.nodes.inventory import Inventory, loads
+from cluster.planning.modelinfo import load_model_info
+from cluster.planning.planner import ClusterFacts, PlanOptions, make_plan
+from cluster.inspection.probes import ProbeOutput
+from cluster.nodes.remote import CommandResult
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -235,7 +235,7 @@ def write_inventory(folder: Path, text: str | bytes, name: str = "cluster.yaml")
 
 
 def inventory_of(text: str) -> Inventory:
-    """The Inventory of YAML `text` (cluster.inventory.loads)."""
+    """The Inventory of YAML `text` (cluster.nodes.inventory.loads)."""
     return loads(text)
 
 
@@ -253,11 +253,11 @@ def probe_output(name: str, stdout: str = "", exit_code: int = 0, stderr: str = 
 
 def probe_script_output(outputs: Mapping[str, tuple[int, str]]) -> str:
     """What the gather command prints when each probe NAME printed TEXT and exited CODE: the
-    real cluster/probes.py script, run here by bash, its probes printing those texts."""
+    real cluster/inspection/probes.py script, run here by bash, its probes printing those texts."""
     import shlex
     import subprocess
 
-    from cluster.probes import Probe, probe_script
+    from cluster.inspection.probes import Probe, probe_script
     probes = [Probe(name, f"printf %s {shlex.quote(text)}; exit {code}")
               for name, (code, text) in outputs.items()]
     return subprocess.run(["bash", "-c", probe_script(probes)], capture_output=True,
@@ -265,10 +265,10 @@ def probe_script_output(outputs: Mapping[str, tuple[int, str]]) -> str:
 
 
 def probe_answer(outputs: Mapping[str, tuple[int, str, str]]) -> str:
-    """What cluster/probes.py's script prints when each probe NAME exited CODE having printed
+    """What cluster/inspection/probes.py's script prints when each probe NAME exited CODE having printed
     STDOUT and STDERR (no stream over the cap), written here without running bash: the fast
     stand-in for probe_script_output where hundreds of nodes answer."""
-    from cluster.probes import _ERR, _MARK, _OUT
+    from cluster.inspection.probes import _ERR, _MARK, _OUT
 
     def stream(text: str, prefix: str) -> str:
         lines = text.split("\n")
@@ -281,7 +281,7 @@ def probe_answer(outputs: Mapping[str, tuple[int, str, str]]) -> str:
 
 
 def node_checks() -> dict[str, NodeCheck]:
-    from cluster.checks.node import NODE_CHECKS
+    from cluster.inspection.checks.node import NODE_CHECKS
     return {c.id: c for c in NODE_CHECKS}
 
 
@@ -371,7 +371,7 @@ class FakeClusterSession:
     fan_out = RecordingSession.fan_out          # Session.fan_out's contract, node by node
 
     def _probes(self, node, command: str) -> str:
-        from cluster.probes import probe_names
+        from cluster.inspection.probes import probe_names
         answers = {}
         for name in probe_names(command):
             text = node_facts_document(node.name) if name == "versions" else self.texts.get(name)
@@ -893,8 +893,8 @@ DEPLOY_MODEL = "/models/tiny"
 def deploy_cluster_of(*nodes: tuple[str, float, float]):
     """deploy.ClusterView of alive nodes given as (ip, cpus, gpus), the first the head, on
     DEPLOY_INVENTORY."""
-    from cluster import deploy
-    from cluster.ray_state import GcsNode, RayState
+    from cluster.serving import deploy
+    from cluster.ray.ray_state import GcsNode, RayState
     state = RayState("dashboard", "2.60.0", tuple(
         GcsNode(f"id{i}", ip, True, i == 0, {"CPU": cpus, "GPU": gpus})
         for i, (ip, cpus, gpus) in enumerate(nodes)), None)
@@ -902,8 +902,8 @@ def deploy_cluster_of(*nodes: tuple[str, float, float]):
 
 
 def build_app(spec, cluster, device=None):
-    """(Serve application, notes, placement preview) cluster/deploy.py builds for `spec`."""
-    from cluster import deploy
+    """(Serve application, notes, placement preview) cluster/serving/deploy.py builds for `spec`."""
+    from cluster.serving import deploy
     app, notes = deploy.build_application(spec, device or cluster.resolve_device(spec.device),
                                           cluster, loads(DEPLOY_INVENTORY))
     return app, notes, deploy.placement_preview(app)

@@ -29,13 +29,13 @@ from pathlib import Path
 
 import pytest
 
-from cluster.distribution import Distribution
+from cluster.serving.distribution import Distribution
 
-from cluster.bench import (BenchConfig, RequestOutcome, api_base, build_prompt, endpoint_url,
+from cluster.serving.bench import (BenchConfig, RequestOutcome, api_base, build_prompt, endpoint_url,
                            latency_stats, metrics_url, parse_metric_total, percentile,
                            redact_url, run_bench, scrape_metric, summarize_level)
 from cluster.cli import main
-from cluster.errors import UsageError
+from cluster.base.errors import UsageError
 from fakes import FakeOpenAI, cluster_main
 
 KEY_ENV = "CLUSTER_TEST_BENCH_KEY"
@@ -176,7 +176,7 @@ def test_chat_endpoint_and_counted_tokens_match_the_metric_increase(fake):
 
 @pytest.mark.timeout(30)
 def test_scrape_metric_errors():
-    from cluster.bench import BenchError
+    from cluster.serving.bench import BenchError
 
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
@@ -337,7 +337,7 @@ def test_cli_usage_errors_exit_2(fake, capsys, monkeypatch):
 
 def test_cli_import_stays_light():
     code = ("import sys, cluster.cli; cluster.cli.build_parser(); "
-            "print(sorted(m for m in ('matplotlib', 'cluster.bench', 'cluster.plots', 'vllm', "
+            "print(sorted(m for m in ('matplotlib', 'cluster.serving.bench', 'cluster.serving.plots', 'vllm', "
             "'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[1]).stdout
@@ -346,7 +346,7 @@ def test_cli_import_stays_light():
 
 def test_plot_sweep_writes_a_png(tmp_path):
     pytest.importorskip("matplotlib")
-    from cluster.plots import plot_sweep
+    from cluster.serving.plots import plot_sweep
 
     path = plot_sweep([512, 1024, 2048, 4096], {"tokens/s": [100, 180, None, 260],
                                                 "TTFT p99 ms": [40, 55, 90, 150]},

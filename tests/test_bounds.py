@@ -1,4 +1,4 @@
-"""cluster/bounds.py: the one home of number bounds (limits.yaml) and their checks."""
+"""cluster/base/bounds.py: the one home of number bounds (limits.yaml) and their checks."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from cluster.bounds import bound, limits, reply_number
+from cluster.base.bounds import bound, limits, reply_number
 
 
 @pytest.mark.parametrize("value", [True, False, None, "7", math.nan, math.inf, -math.inf, [1]])

@@ -1,4 +1,4 @@
-"""Cross-node checks (cluster/checks/cross.py): what must match on every node, and clock skew.
+"""Cross-node checks (cluster/inspection/checks/cross.py): what must match on every node, and clock skew.
 
 The per-node facts they compare are the facts the node checks give on real captures (tests/
 fixtures through the real parsers, judged as preflight does: tests/fakes.py), so a fact's
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.checks import cross
-from cluster.checks.cross import ClockSample
-from cluster.inventory import default_expectations, loads
-from cluster.results import Status
+from cluster.inspection.checks import cross
+from cluster.inspection.checks.cross import ClockSample
+from cluster.nodes.inventory import default_expectations, loads
+from cluster.base.results import Status
 from fakes import ScriptedSession, fixture_text, judge, probe_output, result
 
 ONE_NODE = "nodes:\n  - {name: x, address: 10.0.0.9, role: head}\n"

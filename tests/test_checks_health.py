@@ -1,4 +1,4 @@
-"""Node-health verdicts (cluster/checks/health.py) on parsed real fixtures and the default thresholds.
+"""Node-health verdicts (cluster/inspection/checks/health.py) on parsed real fixtures and the default thresholds.
 
 Each verdict function is fed what the parsers make of the fixtures under tests/fixtures/
 (real public outputs, labelled in tests/fixtures/labels/) and the `health` section of
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from cluster.checks import health
-from cluster.errors import InventoryError
-from cluster.inventory import default_expectations
-from cluster.parsers import parse
-from cluster.results import Status
+from cluster.inspection.checks import health
+from cluster.base.errors import InventoryError
+from cluster.nodes.inventory import default_expectations
+from cluster.inspection.parsers import parse
+from cluster.base.results import Status
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TH = default_expectations()["health"]

@@ -1,4 +1,4 @@
-"""The per-node preflight checks of cluster/checks/node.py, judged on real probe outputs.
+"""The per-node preflight checks of cluster/inspection/checks/node.py, judged on real probe outputs.
 
 Each case feeds a check (by its id in NODE_CHECKS) the outputs its own probes would return:
 real captures under tests/fixtures/ (labelled in tests/fixtures/labels/) through the real
@@ -20,13 +20,13 @@ from importlib import metadata
 
 import pytest
 
-from cluster.checks import node as node_checks
-from cluster.checks.node import NODE_CHECKS
-from cluster.errors import ParseError
-from cluster.inventory import loads
-from cluster.preflight import evaluate_node, node_probes
-from cluster.probes import probe_script
-from cluster.results import Status
+from cluster.inspection.checks import node as node_checks
+from cluster.inspection.checks.node import NODE_CHECKS
+from cluster.base.errors import ParseError
+from cluster.nodes.inventory import loads
+from cluster.inspection.preflight import evaluate_node, node_probes
+from cluster.inspection.probes import probe_script
+from cluster.base.results import Status
 from fakes import (MISSING, TIMED_OUT, check_probes, context, fixture_text, judge, probe_output,
                    probe_script_output, result)
 
@@ -67,7 +67,7 @@ CHRONYD_DOWN = dict(exit_code=1, stderr="506 Cannot talk to daemon\n")
 
 def evaluate_result(node, inv, checks, res, probes):
     """preflight's judgement of one node's gather result (the facts layer reads it first)."""
-    from cluster.facts import node_facts
+    from cluster.inspection.facts import node_facts
     return evaluate_node(node, inv, checks, node_facts(node, res, probes))
 
 
@@ -275,10 +275,10 @@ def test_node_check_verdict(check, inv, outputs, status, summary, fix):
 
 def test_every_node_check_has_a_passing_and_a_failing_case():
     """Each per-node check of node.py (the health ones: test_checks_node_health.py) is covered."""
-    from cluster.checks.node_health import HEALTH_CHECKS
+    from cluster.inspection.checks.node_health import HEALTH_CHECKS
     health = {c.id for c in HEALTH_CHECKS}
     own = [c.id for c in NODE_CHECKS
-           if c.id not in health and c.evaluate.__module__ == "cluster.checks.node"]
+           if c.id not in health and c.evaluate.__module__ == "cluster.inspection.checks.node"]
     seen: dict[str, set] = {}
     for case in CASES:
         seen.setdefault(case[1], set()).add(case[4])

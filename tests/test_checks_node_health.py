@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from cluster.checks import cross, node_health
-from cluster.checks.node import NODE_CHECKS
-from cluster.inventory import loads
-from cluster.results import Status
+from cluster.inspection.checks import cross, node_health
+from cluster.inspection.checks.node import NODE_CHECKS
+from cluster.nodes.inventory import loads
+from cluster.base.results import Status
 import fakes
 from fakes import MISSING, TIMED_OUT
 

@@ -15,10 +15,11 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from cluster import cli, remote
+from cluster import cli
+from cluster.nodes import remote
 from cluster.commands import _common
-from cluster.inventory import SSHOptions
-from cluster.textsafe import terminal_safe, terminal_safe_line
+from cluster.nodes.inventory import SSHOptions
+from cluster.base.textsafe import terminal_safe, terminal_safe_line
 from fakes import cluster_cli
 
 
@@ -152,7 +153,7 @@ def test_user_ssh_config_does_not_decide_route_or_policy(tmp_path, monkeypatch):
 
 
 def test_json_output_refuses_nan():
-    from cluster.render import to_json
+    from cluster.report.render import to_json
 
     with pytest.raises(ValueError):
         to_json({"x": float("nan")})
@@ -182,8 +183,8 @@ def test_help_lines_match_each_command_module():
 
 
 @pytest.mark.parametrize("argv,absent", [
-    (["--help"], ("rich", "paramiko", "fabric", "yaml", "cluster.remote")),
-    (["parse", "--help"], ("paramiko", "fabric", "cluster.remote")),
+    (["--help"], ("rich", "paramiko", "fabric", "yaml", "cluster.nodes.remote")),
+    (["parse", "--help"], ("paramiko", "fabric", "cluster.nodes.remote")),
 ])
 def test_start_up_imports_only_what_the_command_needs(argv, absent):
     code = ("import sys, cluster.cli as c\n"

@@ -1,12 +1,12 @@
-"""cluster/compile_cache.py: the ranks' compile-cache lines, the replica verdict, the union
+"""cluster/serving/compile_cache.py: the ranks' compile-cache lines, the replica verdict, the union
 of a cache directory over nodes as relay plans, and the deploy record's directories."""
 
 from __future__ import annotations
 
 import pytest
 
-from cluster import compile_cache as cc
-from cluster.model_sync import FileEntry, Manifest
+from cluster.serving import compile_cache as cc
+from cluster.remedy.model_sync import FileEntry, Manifest
 from fakes import fixture_text
 
 HASH = "2ffb78c02e72367f2969d3072f66cfa80df36f23a944836c28b1f871cf48d4b2"
@@ -130,8 +130,8 @@ def test_recorded_dirs_keep_only_what_vllm_writes():
 
 @pytest.mark.parametrize("value", [True, False])
 def test_a_plans_stage_caches_reaches_the_spec(tmp_path, value):
-    from cluster import deploy
-    from cluster.plan_file import PlanFileError, load_plan
+    from cluster.serving import deploy
+    from cluster.planning.plan_file import PlanFileError, load_plan
 
     path = tmp_path / "plan.yaml"
     path.write_text(f"model: /models/tiny\npipeline_parallel_size: 2\nstage_caches: {value}\n")

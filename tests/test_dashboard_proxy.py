@@ -19,13 +19,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cluster import inventory
-from cluster.dashboard_proxy import (MAX_HEAD_BYTES, BadRequest, DashboardProxy, loopback_bind,
+from cluster.nodes import inventory
+from cluster.ray.dashboard_proxy import (MAX_HEAD_BYTES, BadRequest, DashboardProxy, loopback_bind,
                                      parse_head, rewrite_head)
-from cluster.errors import UsageError
-from cluster.head_tunnel import (AuthToken, HeadTransport, HeadTunnel, token_from_reply,
+from cluster.base.errors import UsageError
+from cluster.ray.head_tunnel import (AuthToken, HeadTransport, HeadTunnel, token_from_reply,
                                  read_auth_token, valid_token)
-from cluster.remote import Session
+from cluster.nodes.remote import Session
 from fakes import DASHBOARD_TOKEN as TOKEN, FakeDashboard, cluster_process, read_all as _read_all
 
 REPO = Path(__file__).resolve().parents[1]
@@ -241,8 +241,8 @@ def test_only_header_safe_tokens_are_used(text, ok):
 
 
 def test_the_token_reply_is_parsed_strictly():
-    from cluster.errors import RemoteError
-    from cluster.remote import CommandResult
+    from cluster.base.errors import RemoteError
+    from cluster.nodes.remote import CommandResult
 
     def reply(stdout, code=0):
         return CommandResult("h", "cmd", code, stdout, "", 0.1, "ok" if code == 0 else "failed")

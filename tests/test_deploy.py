@@ -13,15 +13,15 @@ from dataclasses import replace
 import pytest
 import yaml
 
-from cluster import deploy
+from cluster.serving import deploy
 from playbooks import serve_wait
-from cluster.bounds import bound
-from cluster.dashboard_api import (DashboardClient, DashboardReply, merge_applications,
+from cluster.base.bounds import bound
+from cluster.ray.dashboard_api import (DashboardClient, DashboardReply, merge_applications,
                                    parse_reply, redact_runtime_envs, reply_of)
 from cluster import node_programs
-from cluster.errors import UsageError
-from cluster.inventory import loads as load_inventory
-from cluster.plan_file import parse_plan
+from cluster.base.errors import UsageError
+from cluster.nodes.inventory import loads as load_inventory
+from cluster.planning.plan_file import parse_plan
 from fakes import DEPLOY_MODEL, build_app, deploy_cluster_of
 from fakes import DEPLOY_API_KEY as KEY_VALUE, DEPLOY_INVENTORY as INVENTORY, FakeClock, result as _result
 
@@ -546,8 +546,8 @@ def _node_facts(node: str, model: str = "model", key: str | None = "set",
                 reached: bool = True):
     """A node's facts as the facts layer reads them: the model-dir probe printed `model`, the
     node program found a raylet whose env has the API key `key` (None: no raylet)."""
-    from cluster.facts import NodeFacts, facts_from_outputs
-    from cluster.probes import ProbeOutput
+    from cluster.inspection.facts import NodeFacts, facts_from_outputs
+    from cluster.inspection.probes import ProbeOutput
     if not reached:
         return NodeFacts(node, reached=False, error="unreachable: connection refused")
     raylet = [{"pid": 7, "kind": "raylet", "comm": "raylet", "args": [], "env": {},
@@ -590,8 +590,8 @@ def test_node_checks_unreachable_and_no_ray():
 
 def test_node_check_command_quotes_and_never_carries_the_key_value(monkeypatch, tmp_path):
     import subprocess
-    from cluster.facts import directory_probe, gather_command
-    from cluster.probes import probe_script, split_probe_output
+    from cluster.inspection.facts import directory_probe, gather_command
+    from cluster.inspection.probes import probe_script, split_probe_output
     monkeypatch.setenv("CLUSTER_API_KEY", KEY_VALUE)
     inv = inventory()
     cmd = gather_command(inv.nodes[0], inv,

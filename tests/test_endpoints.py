@@ -1,10 +1,10 @@
-"""The head's endpoints and Ray's paths, each built in one place (cluster/endpoints.py)."""
+"""The head's endpoints and Ray's paths, each built in one place (cluster/nodes/endpoints.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from cluster import endpoints
+from cluster.nodes import endpoints
 from fakes import inventory_of
 
 

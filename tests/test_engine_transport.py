@@ -1,11 +1,11 @@
-"""Post-start reading (cluster/engine_transport.py): the engine's own init lines -> what each group
+"""Post-start reading (cluster/serving/engine_transport.py): the engine's own init lines -> what each group
 runs over; real NCCL logs from the fixtures placed where a rank's log is read."""
 
 from __future__ import annotations
 
-from cluster.engine_transport import (engine_ranks, mismatches, placement_warnings, read_engine,
+from cluster.serving.engine_transport import (engine_ranks, mismatches, placement_warnings, read_engine,
                                       unconfirmed)
-from cluster.fabric_groups import Layout, NodeSlots, layout_groups, rank_slots
+from cluster.planning.fabric_groups import Layout, NodeSlots, layout_groups, rank_slots
 from fakes import fixture_text
 
 IB_GDR_LOG = "041-ray-vllm-deepseek-16rank-ib-gdrdma-truncated-lines.log"
@@ -117,7 +117,7 @@ def _ray_dirs(root, name):
 def test_fixture_logs_placed_where_a_ranks_log_is_read(tmp_path):
     """The node-side collector over Ray's logs dir on each node, then the pure reader: the IB
     fixture gives IB/GDR, the socket one SOCKET, which fails where IB is expected."""
-    from cluster.engine_transport import logs_of
+    from cluster.serving.engine_transport import logs_of
 
     docs = {}
     for node, log in (("gpu1", IB_GDR_LOG), ("gpu2", SOCKET_LOG)):
@@ -152,7 +152,7 @@ def test_collector_refuses_a_logs_dir_outside_rays_and_never_follows_file_links(
 def test_confirmed_by_app_reads_the_newest_deploy_record_of_each_app(tmp_path):
     import json
 
-    from cluster.engine_transport import confirmed_by_app
+    from cluster.serving.engine_transport import confirmed_by_app
 
     def record(run, name, readings):
         (tmp_path / run).mkdir()
@@ -173,9 +173,9 @@ def test_confirmed_by_app_reads_the_newest_deploy_record_of_each_app(tmp_path):
 
 def test_the_collector_keeps_a_ranks_compile_cache_lines_for_compile_cache(tmp_path):
     """Issue 27: the real worker log of a PP 2 rank through the node-side collector, then
-    cluster/compile_cache.py: the rank, its cache directory and that it compiled."""
-    from cluster.compile_cache import read_ranks
-    from cluster.engine_transport import logs_of
+    cluster/serving/compile_cache.py: the rank, its cache directory and that it compiled."""
+    from cluster.serving.compile_cache import read_ranks
+    from cluster.serving.engine_transport import logs_of
 
     latest, real = _ray_dirs(tmp_path, "node2")
     text = fixture_text("vllm-compile-cache", "pp2_rank1_compiled.txt")

@@ -1,12 +1,12 @@
-"""Layout -> groups (cluster/fabric_groups.py): TP x PP, DP x TP and DP + EP layouts."""
+"""Layout -> groups (cluster/planning/fabric_groups.py): TP x PP, DP x TP and DP + EP layouts."""
 
 import pytest
 
-from cluster import deploy
-from cluster.errors import UsageError
-from cluster.fabric_groups import Layout, NodeSlots, layout_groups, rank_slots, slots_per_node
-from cluster.gang import gang_layout, nodes_needed
-from cluster.plan_file import parse_plan
+from cluster.serving import deploy
+from cluster.base.errors import UsageError
+from cluster.planning.fabric_groups import Layout, NodeSlots, layout_groups, rank_slots, slots_per_node
+from cluster.planning.gang import gang_layout, nodes_needed
+from cluster.planning.plan_file import parse_plan
 
 
 def _nodes(n, slots):
@@ -133,7 +133,7 @@ def test_nodes_needed_matches_vllm_even_split():
     (Layout(tp=1, dp=16, ep=True), 8), (Layout(tp=2, dp=4, ep=True), 4),
     (Layout(tp=2, pp=2), 2), (Layout(tp=8), 4), (Layout(tp=4, pp=2, replicas=2), 4)])
 def test_proof_ranks_sit_where_the_gang_runs_them(layout, per_node):
-    """One rule (cluster/gang.py): the proof's rank -> node rank is the gang's layout."""
+    """One rule (cluster/planning/gang.py): the proof's rank -> node rank is the gang's layout."""
     slots = rank_slots(layout, _nodes(4, per_node))
     nnodes = nodes_needed(layout.tp, layout.pp, per_node, dp=layout.dp)
     gang = gang_layout(layout.tp, layout.pp, nnodes, layout.dp)

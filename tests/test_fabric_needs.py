@@ -1,13 +1,13 @@
-"""`cluster plan`'s fabric needs (cluster/fabric_needs.py): which groups cross nodes and the bus
+"""`cluster plan`'s fabric needs (cluster/planning/fabric_needs.py): which groups cross nodes and the bus
 bandwidth they need, from the model's size and the layout."""
 
 from dataclasses import replace
 
 import pytest
 
-from cluster.fabric_needs import fabric_needs, render
-from cluster.fabric_thresholds import load_table
-from cluster.plan_file import parse_plan
+from cluster.planning.fabric_needs import fabric_needs, render
+from cluster.planning.fabric_thresholds import load_table
+from cluster.planning.plan_file import parse_plan
 from fakes import model_config as model, plan_cluster as cluster, plan_for
 
 

@@ -1,4 +1,4 @@
-"""The fabric proof (cluster/fabric_proof.py): the layout's groups -> the job's arguments, and the
+"""The fabric proof (cluster/planning/fabric_proof.py): the layout's groups -> the job's arguments, and the
 job's per-group results -> verdicts (cannot form, sockets where IB is expected, no GDR, below
 the threshold), with real NCCL logs from the fixtures as the ranks' debug output."""
 
@@ -8,11 +8,12 @@ import json
 
 import pytest
 
-from cluster import deploy, fabric_proof
-from cluster.inventory import loads as load_inventory
-from cluster.nccl_check import JobOutcome
-from cluster.ray_state import GcsNode, RayState
-from cluster.results import Status
+from cluster.serving import deploy
+from cluster.planning import fabric_proof
+from cluster.nodes.inventory import loads as load_inventory
+from cluster.ray.nccl_check import JobOutcome
+from cluster.ray.ray_state import GcsNode, RayState
+from cluster.base.results import Status
 from fakes import fixture_text
 from cluster.ray_jobs import nccl_allreduce as job
 

@@ -2,9 +2,9 @@
 
 import pytest
 
-from cluster import fabric_thresholds as ft
-from cluster.errors import UsageError
-from cluster.inventory import default_expectations
+from cluster.planning import fabric_thresholds as ft
+from cluster.base.errors import UsageError
+from cluster.nodes.inventory import default_expectations
 
 TABLE = ft.load_table()
 

@@ -1,4 +1,4 @@
-"""The facts layer (cluster/facts.py) and its on-node program (cluster/node_programs/node_facts.py)."""
+"""The facts layer (cluster/inspection/facts.py) and its on-node program (cluster/node_programs/node_facts.py)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from cluster import facts, inventory
-from cluster.checks.node import NODE_CHECKS
+from cluster.inspection import facts
+from cluster.nodes import inventory
+from cluster.inspection.checks.node import NODE_CHECKS
 from cluster.node_programs import node_facts as program
-from cluster.preflight import evaluate_node, node_probes
+from cluster.inspection.preflight import evaluate_node, node_probes
 from fakes import UnusableSession
-from cluster.probes import NOT_FOUND, Probe, ProbeOutput, probe_script
-from cluster.remote import CommandResult
+from cluster.inspection.probes import NOT_FOUND, Probe, ProbeOutput, probe_script
+from cluster.nodes.remote import CommandResult
 
 INV = """\
 nodes:
@@ -185,13 +186,13 @@ def test_auth_token_presence_never_the_token(tmp_path):
 def test_parse_only_kinds_are_exactly_those_no_check_or_fact_reads():
     """Every parser either feeds a check/fact or is documented as parse-only (PARSE_ONLY)."""
     import re
-    from cluster import parsers
+    from cluster.inspection import parsers
     import importlib
 
     def source(module: str) -> Path:      # by module name, wherever the layout puts its file
         return Path(importlib.import_module(module).__file__).resolve()
-    readers = [source("cluster.facts"), source("cluster.fixes"), source("cluster.nccl_check"),
-               *sorted(source("cluster.checks").parent.glob("*.py")),
+    readers = [source("cluster.inspection.facts"), source("cluster.remedy.fixes"), source("cluster.ray.nccl_check"),
+               *sorted(source("cluster.inspection.checks").parent.glob("*.py")),
                *sorted(source("playbooks").parent.glob("*.py"))]
     text = "\n".join(p.read_text() for p in readers)
     used = {kind for kind, module in parsers.MODULES.items()
@@ -219,7 +220,7 @@ def test_the_preflight_playbook_judges_handed_in_facts_without_another_round_tri
     ("64 KiB", True, "CPU,nan,GPU,inf"), (1.5, -3, "CPU,-2"), ([1], "7", "CPU,1e999")])
 def test_hostile_node_documents_give_unknowns_never_a_crash(inv, memlock, pid, resource):
     """Wrong types and non-finite numbers in a node's document are dropped or 'unknown'."""
-    from cluster.ray_cluster import memlock_drift
+    from cluster.ray.ray_cluster import memlock_drift
     procs = [{"pid": pid, "kind": "raylet", "comm": "raylet"},
              {"pid": 8, "kind": "raylet", "comm": "raylet", "memlock": memlock,
               "args": [f"--static_resource_list={resource}"]}]
@@ -238,7 +239,7 @@ def _counting_parsers(monkeypatch) -> dict[str, int]:
     """Wrap every tool fact's parser (and the node-facts document's reader) with a call counter."""
     import importlib
 
-    from cluster.checks import node as node_checks
+    from cluster.inspection.checks import node as node_checks
 
     calls: dict[str, int] = {}
 
@@ -250,7 +251,7 @@ def _counting_parsers(monkeypatch) -> dict[str, int]:
 
     parsers = {f.parser for f in vars(facts).values() if isinstance(f, facts.ToolFact) and f.parser}
     for parser in parsers:
-        module = importlib.import_module(f"cluster.parsers.{parser}")
+        module = importlib.import_module(f"cluster.inspection.parsers.{parser}")
         monkeypatch.setattr(module, "parse", counted(parser, module.parse))
     document = counted("node-facts", facts.program_document)
     monkeypatch.setattr(facts, "program_document", document)
@@ -283,7 +284,7 @@ def test_the_fake_sessions_probe_answer_reads_as_the_real_scripts_output():
     """FakeClusterSession writes the probe script's output in Python (fast at 255 nodes): it
     must split exactly as what the real script prints through bash."""
     from fakes import probe_answer, probe_script_output
-    from cluster.probes import Probe, split_probe_output
+    from cluster.inspection.probes import Probe, split_probe_output
     outputs = {"a": (0, "line 1\nline 2\n"), "b": (127, ""), "c": (3, "no newline at the end")}
     probes = [Probe(n, "true") for n in outputs]
     real = split_probe_output(probe_script_output(outputs), probes)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster.checks.node import NODE_CHECKS
-from cluster.inventory import load
+from cluster.inspection.checks.node import NODE_CHECKS
+from cluster.nodes.inventory import load
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -55,7 +55,7 @@ def test_every_static_preflight_probe_is_captured_verbatim():
 
 
 def test_capture_names_are_unique_and_kinds_are_parser_kinds():
-    from cluster import parsers
+    from cluster.inspection import parsers
 
     names = [c.name for c in field_kit.CAPTURES]
     assert len(names) == len(set(names))

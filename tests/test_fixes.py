@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from cluster import fixes
-from cluster.errors import UsageError
-from cluster.fixes import FileWrite, Step, as_root, fstab_with_shm, plan_fixes
-from cluster.inventory import loads
-from cluster.remote import Session
-from cluster.results import CheckResult, Status
+from cluster.remedy import fixes
+from cluster.base.errors import UsageError
+from cluster.remedy.fixes import FileWrite, Step, as_root, fstab_with_shm, plan_fixes
+from cluster.nodes.inventory import loads
+from cluster.nodes.remote import Session
+from cluster.base.results import CheckResult, Status
 from playbooks import fix as fix_playbook
 from fakes import cluster_main, result as command_result, write_inventory
 
@@ -136,7 +136,7 @@ def test_the_executor_records_what_it_replaces_and_undo_puts_it_back(tmp_path):
         entries = json.loads(undo.path.read_text())["entries"]
         assert [(e["path"], e["before"]) for e in entries] == [(str(existing), "old\n"),
                                                                (str(created), None)]
-        # Undo restores only the files the fixes own (cluster/fixes.py): these test files are
+        # Undo restores only the files the fixes own (cluster/remedy/fixes.py): these test files are
         # not, so the record is refused whole and nothing is put back (the restore itself is
         # tests/integration/test_fix.py's, on a simulated node's /etc).
         with pytest.raises(UsageError, match="is not a file the memlock fix writes"):
@@ -183,7 +183,7 @@ class _PathsOkSession:
 
 def test_undo_answered_no_at_the_terminal_restores_nothing(tmp_path, monkeypatch, capsys):
     """The old CLI asked "Restore what ... changed?" and went on whatever the answer was."""
-    from cluster.fixes import LIMITS_FILE
+    from cluster.remedy.fixes import LIMITS_FILE
 
     inv = write_inventory(tmp_path, f"run_dir: {tmp_path}/runs\n"
                                     "nodes:\n  - {name: n1, address: 198.18.70.9}\n")
@@ -193,7 +193,7 @@ def test_undo_answered_no_at_the_terminal_restores_nothing(tmp_path, monkeypatch
         {"kind": "start", "nodes": ["n1"]},
         {"node": "n1", "check": "memlock", "kind": "file", "path": LIMITS_FILE,
          "before": "x\n"}]}))
-    monkeypatch.setattr("cluster.remote.Session", _PathsOkSession)
+    monkeypatch.setattr("cluster.nodes.remote.Session", _PathsOkSession)
     monkeypatch.setattr("cluster.commands._common.interactive", lambda: True)
     monkeypatch.setattr("builtins.input", lambda prompt: "n")
     code, out, err = cluster_main(capsys, "-i", str(inv), "fix", "--undo", str(run), "--json")

@@ -11,13 +11,13 @@ import socket
 
 import pytest
 
-from cluster.errors import ParseError
-from cluster.fixes import Step, plan_fixes
-from cluster.inventory import loads
-from cluster.model_sync import (FileEntry, Manifest, copy_plan, parse_manifest, reference_node,
+from cluster.base.errors import ParseError
+from cluster.remedy.fixes import Step, plan_fixes
+from cluster.nodes.inventory import loads
+from cluster.remedy.model_sync import (FileEntry, Manifest, copy_plan, parse_manifest, reference_node,
                                 still_different)
-from cluster.remote import Session
-from cluster.results import CheckResult, Status
+from cluster.nodes.remote import Session
+from cluster.base.results import CheckResult, Status
 from playbooks import fix as fix_playbook
 from playbooks import fix_model
 

@@ -1,4 +1,4 @@
-"""Folding per-node results for people (cluster.fold) and the folded tables built on it."""
+"""Folding per-node results for people (cluster.report.fold) and the folded tables built on it."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import io
 
 from rich.console import Console
 
-from cluster.fold import Row, compress, distinct_fixes, exact, fold, grid_fits, nodes_text, shape
-from cluster.remote import CommandResult
-from cluster.render import command_results_folded, fix_lines, folded_table
+from cluster.report.fold import Row, compress, distinct_fixes, exact, fold, grid_fits, nodes_text, shape
+from cluster.nodes.remote import CommandResult
+from cluster.report.render import command_results_folded, fix_lines, folded_table
 
 
 def _rows(n: int, bad: dict[int, str]):

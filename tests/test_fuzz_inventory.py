@@ -13,8 +13,8 @@ import sys
 import pytest
 import yaml
 
-from cluster import inventory
-from cluster.errors import InventoryError
+from cluster.nodes import inventory
+from cluster.base.errors import InventoryError
 from fakes import write_inventory
 
 BASE = {

@@ -16,8 +16,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cluster.errors import ParseError
-from cluster.model_sync import MODE_MASK, parse_manifest
+from cluster.base.errors import ParseError
+from cluster.remedy.model_sync import MODE_MASK, parse_manifest
 from cluster.node_programs import model_copy
 
 FUZZ = settings(max_examples=300, deadline=None, derandomize=True,

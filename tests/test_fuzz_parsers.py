@@ -18,10 +18,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cluster import parsers
+from cluster.inspection import parsers
 from cluster.commands.parse import _as_data
-from cluster.errors import ParseError
-from cluster.render import to_jsonable
+from cluster.base.errors import ParseError
+from cluster.report.render import to_jsonable
 
 FIXTURES = Path(__file__).parent / "fixtures"
 KINDS = parsers.KINDS
@@ -154,7 +154,7 @@ def test_every_kind_is_covered() -> None:
 
 # ---- issue 26: the new formats keep the facts ------------------------------------------------
 
-from cluster.parsers import dmesg as _dmesg, nccl as _nccl, nvidia_smi_q as _smi_q  # noqa: E402
+from cluster.inspection.parsers import dmesg as _dmesg, nccl as _nccl, nvidia_smi_q as _smi_q  # noqa: E402
 
 _NCCL_FACTS = ("inter_node_transport", "gdr", "n_ranks", "intra_node_transports")
 _NCCL_LOGS = sorted((FIXTURES / "nccl").glob("2*.log")) + sorted((FIXTURES / "nccl").glob("0[0-4]*.log"))

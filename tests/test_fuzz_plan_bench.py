@@ -22,13 +22,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cluster.bench import (ERROR_KINDS, BenchConfig, SseReader, StreamFailure, endpoint_url,
+from cluster.serving.bench import (ERROR_KINDS, BenchConfig, SseReader, StreamFailure, endpoint_url,
                            metrics_url, redact_url, run_bench, usage_tokens)
-from cluster.bounds import bound
+from cluster.base.bounds import bound
 from cluster.cli import main
-from cluster.errors import ClusterError, UsageError
-from cluster.modelinfo import model_info_from_config
-from cluster.planner import ClusterFacts, make_plan
+from cluster.base.errors import ClusterError, UsageError
+from cluster.planning.modelinfo import model_info_from_config
+from cluster.planning.planner import ClusterFacts, make_plan
 from fakes import FakeOpenAI
 
 CONFIGS = {p.stem: json.loads(p.read_text())

@@ -13,11 +13,11 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from cluster import inventory
-from cluster.dashboard_proxy import (BadRequest, DashboardProxy, Gate, parse_head, rewrite_head,
+from cluster.nodes import inventory
+from cluster.ray.dashboard_proxy import (BadRequest, DashboardProxy, Gate, parse_head, rewrite_head,
                                      without_own_cookie)
-from cluster.head_tunnel import HeadTunnel
-from cluster.remote import Session
+from cluster.ray.head_tunnel import HeadTunnel
+from cluster.nodes.remote import Session
 from fakes import DASHBOARD_TOKEN as RAY_TOKEN, FakeDashboard, read_all as _read_all
 
 SETTINGS = settings(max_examples=200, deadline=None, derandomize=True,

@@ -1,5 +1,5 @@
-"""Hostile-input suite (Hypothesis) for `cluster fix --undo`'s record (cluster/fix_undo.py) and
-the probe output split (cluster/probes.py): any bytes, any JSON, any mutation of a real record
+"""Hostile-input suite (Hypothesis) for `cluster fix --undo`'s record (cluster/remedy/fix_undo.py) and
+the probe output split (cluster/inspection/probes.py): any bytes, any JSON, any mutation of a real record
 either reads as a plan that names only the files and mount points the fixes own, or is refused
 with one UsageError line; never another exception, never a path outside the allow-list. The
 split never raises, keeps at most its bound per stream, and never returns a probe not asked."""
@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cluster.errors import UsageError
-from cluster.fix_undo import read_record
-from cluster.fixes import FSTAB, LIMITS_FILE, MODULES_LOAD_FILE, OWNED_FILES, OWNED_MOUNTS
-from cluster.probes import Probe, split_probe_output
+from cluster.base.errors import UsageError
+from cluster.remedy.fix_undo import read_record
+from cluster.remedy.fixes import FSTAB, LIMITS_FILE, MODULES_LOAD_FILE, OWNED_FILES, OWNED_MOUNTS
+from cluster.inspection.probes import Probe, split_probe_output
 
 SETTINGS = settings(max_examples=60, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.function_scoped_fixture,

@@ -1,16 +1,16 @@
-"""Multi-node engines (issue 22), the pure parts: layout -> node ranks (cluster/gang.py), the
+"""Multi-node engines (issue 22), the pure parts: layout -> node ranks (cluster/planning/gang.py), the
 app's gang placement and executor choice (serve_apps/config.py), `cluster deploy`'s args for a
-gang (cluster/deploy.py), and the replica/rank join behind `cluster status` (ray_state)."""
+gang (cluster/serving/deploy.py), and the replica/rank join behind `cluster status` (ray_state)."""
 
 from __future__ import annotations
 
 import pytest
 
-from cluster import deploy
-from cluster.errors import UsageError
-from cluster.gang import gang_bundles, gang_layout, nodes_needed, pick_port
-from cluster.inventory import loads as load_inventory
-from cluster.ray_state import rank_actor_name, serve_applications
+from cluster.serving import deploy
+from cluster.base.errors import UsageError
+from cluster.planning.gang import gang_bundles, gang_layout, nodes_needed, pick_port
+from cluster.nodes.inventory import loads as load_inventory
+from cluster.ray.ray_state import rank_actor_name, serve_applications
 from serve_apps.config import (AppConfigError, engine_kwargs_for, parse_app_args,
                                serve_deployment_options)
 from fakes import DEPLOY_MODEL as MODEL, build_app, deploy_cluster_of as cluster_of
@@ -22,7 +22,7 @@ GPU2x4 = cluster_of(("10.0.0.1", 16, 4), ("10.0.0.2", 16, 4))
 def build(spec, cluster=CPU2, device=None):
     return build_app(spec, cluster, device)
 
-# ---------------------------------------------------------------- cluster/gang.py
+# ---------------------------------------------------------------- cluster/planning/gang.py
 
 
 def test_pp2_over_two_nodes_puts_one_stage_on_each():
@@ -56,7 +56,7 @@ def test_layouts_vllm_cannot_run_are_refused(tp, pp, nnodes, why):
 
 def test_a_gang_takes_the_parallel_sizes_deploy_and_plan_files_take():
     """One bound per key (limits.yaml plan.parallel_size, plan.nodes)."""
-    from cluster.bounds import bound
+    from cluster.base.bounds import bound
 
     most = bound("plan", "parallel_size")
     assert gang_layout(most, 1, 1).world == most
@@ -277,8 +277,8 @@ RANKS = ({"name": rank_actor_name("gang", "r1", 1), "state": "ALIVE", "node_id":
 
 
 def test_draining_a_node_with_a_remote_rank_names_the_app_losing_a_whole_replica():
-    from cluster.ray_state import RayState
-    from cluster.rollout import gang_replicas_on, replicas_lost_with
+    from cluster.ray.ray_state import RayState
+    from cluster.ray.rollout import gang_replicas_on, replicas_lost_with
     from playbooks.drain import RolloutOutcome
 
     assert gang_replicas_on(_gang_details(), RANKS, "n2") == [
@@ -294,7 +294,7 @@ def test_draining_a_node_with_a_remote_rank_names_the_app_losing_a_whole_replica
 
 
 def test_capacity_check_counts_every_bundle_of_a_gang_on_distinct_nodes():
-    from cluster.rollout import app_demands, capacity_without
+    from cluster.ray.rollout import app_demands, capacity_without
 
     demands = app_demands(_gang_details())
     gang = [d for d in demands if d.app == "gang"]

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from cluster import health_job as h
-from cluster import inventory as inv_mod
+from cluster.ray import health_job as h
+from cluster.nodes import inventory as inv_mod
 from cluster import node_programs
-from cluster.errors import InventoryError, ParseError
+from cluster.base.errors import InventoryError, ParseError
 from cluster.ray_jobs import health_submit
-from cluster.results import CheckResult, Evidence, Status
+from cluster.base.results import CheckResult, Evidence, Status
 
 ROOT = Path(__file__).resolve().parents[1]
 SIMCLUSTER = ROOT / "scripts" / "simcluster"

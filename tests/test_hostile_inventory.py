@@ -20,10 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from cluster import inventory, yamlfile
-from cluster.errors import InventoryError, UsageError
-from cluster.plan_file import PlanFileError, load_plan, parse_plan
-from cluster.rundir import RunDir, list_runs
+from cluster.nodes import inventory
+from cluster.base import yamlfile
+from cluster.base.errors import InventoryError, UsageError
+from cluster.planning.plan_file import PlanFileError, load_plan, parse_plan
+from cluster.report.rundir import RunDir, list_runs
 from fakes import cluster_cli, write_inventory
 
 REPO = Path(__file__).resolve().parents[1]
@@ -500,8 +501,8 @@ def test_configurable_secret_names_redact_everywhere():
 
 
 def test_extra_secret_names_stay_off_the_ray_start_command_line():
-    from cluster.facts import gather_command
-    from cluster.ray_cluster import secret_env_stdin, start_command
+    from cluster.inspection.facts import gather_command
+    from cluster.ray.ray_cluster import secret_env_stdin, start_command
     inv = inventory.loads(ONE + "    env: {MY_PIN: s3cr3t-pin, DB_PASS: hunter22}\n"
                           "secrets:\n  extra_names: [PIN]\n")
     node = inv.nodes[0]

@@ -18,15 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from cluster.bench import (BenchConfig, SseReader, StreamFailure, redact_url,
+from cluster.serving.bench import (BenchConfig, SseReader, StreamFailure, redact_url,
                            run_bench, usage_tokens)
-from cluster.bounds import bound, check_float, check_int
+from cluster.base.bounds import bound, check_float, check_int
 from cluster.commands._common import float_range, int_range, positive_float, positive_int
-from cluster.errors import PlanError, UsageError
-from cluster.modelinfo import load_model_info, loads_json, model_info_from_config
-from cluster.planner import ClusterFacts, PlanOptions, load_cluster_facts_from_report, make_plan
-from cluster.textsafe import safe_line
-from cluster.tune import TuneSettings, parse_values
+from cluster.base.errors import PlanError, UsageError
+from cluster.planning.modelinfo import load_model_info, loads_json, model_info_from_config
+from cluster.planning.planner import ClusterFacts, PlanOptions, load_cluster_facts_from_report, make_plan
+from cluster.base.textsafe import safe_line
+from cluster.serving.tune import TuneSettings, parse_values
 from fakes import ESCAPE_TEXT, FakeOpenAI, cluster_main
 
 CONFIGS = Path(__file__).parent / "model_configs"
@@ -508,7 +508,7 @@ class _Dashboard:
         self.details = details
 
     def request(self, method, path, body=None, redact=True):
-        from cluster.dashboard_api import DashboardReply
+        from cluster.ray.dashboard_api import DashboardReply
 
         return DashboardReply(200, json=self.details)
 
@@ -527,14 +527,14 @@ _TUNABLE = {"import_path": "serve_apps.vllm_app:build", "args": {"engine_kwargs"
     {"applications": {"app": {"deployed_app_config": _TUNABLE}}, "http_options": {"port": True}},
 ])
 def test_tune_refuses_a_dashboard_reply_it_cannot_use(details):
-    from cluster.tune import TuneError, read_app
+    from cluster.serving.tune import TuneError, read_app
 
     with pytest.raises(TuneError):
         read_app(_Dashboard(details), "app")
 
 
 def test_tune_reads_a_sane_dashboard_reply():
-    from cluster.tune import read_app
+    from cluster.serving.tune import read_app
 
     app = read_app(_Dashboard({"applications": {"app": {
         "deployed_app_config": _TUNABLE, "status": "RUNNING\x1b[2J", "route_prefix": "/app"}},

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from cluster import inventory
-from cluster.errors import InventoryError
+from cluster.nodes import inventory
+from cluster.base.errors import InventoryError
 from fakes import cluster_cli, write_inventory
 
 GOOD = """\
@@ -152,7 +152,7 @@ def test_only_local_true_runs_on_this_machine_a_loopback_address_goes_over_ssh(a
     Session gives it the SSH runner (strict host keys), never the local one (an earlier test's
     `fix --undo` against 127.0.0.1 rewrote this machine's /etc through it). Only the runner
     chosen is checked: nothing runs."""
-    from cluster.remote import LocalRunner, Session, SSHRunner
+    from cluster.nodes.remote import LocalRunner, Session, SSHRunner
 
     inv = inventory.loads(f"nodes:\n  - {{name: a, address: '{address}'}}\n"
                           f"  - {{name: b, address: '{address}', local: false}}\n"

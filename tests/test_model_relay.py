@@ -11,11 +11,11 @@ import socket
 
 import pytest
 
-from cluster.errors import ParseError, UsageError
-from cluster.inventory import loads
-from cluster.model_relay import RelaySettings, fed_shape, parse_progress, relay_shape
-from cluster.model_sync import copy_plan
-from cluster.remote import Session
+from cluster.base.errors import ParseError, UsageError
+from cluster.nodes.inventory import loads
+from cluster.remedy.model_relay import RelaySettings, fed_shape, parse_progress, relay_shape
+from cluster.remedy.model_sync import copy_plan
+from cluster.nodes.remote import Session
 from playbooks import fix_model
 from playbooks.model_pull import parse_source, run_relay
 
@@ -58,7 +58,7 @@ def test_a_bad_status_document_is_a_parse_error(doc):
 
 def test_a_status_document_reads_its_numbers_through_the_reply_bounds():
     """limits.yaml replies: relay_bytes_max / relay_seconds_max, the edges kept, one past refused."""
-    from cluster.bounds import bound
+    from cluster.base.bounds import bound
 
     most, longest = bound("replies", "relay_bytes_max"), bound("replies", "relay_seconds_max")
     got = parse_progress({"state": "done", "bytes": most, "total": most, "seconds": longest})
@@ -301,7 +301,7 @@ def get(url: str, headers: dict | None = None) -> tuple[int, bytes]:
 
 def test_the_laptop_server_serves_the_walked_files_only_with_the_token_and_never_a_link_out(
         tmp_path):
-    from cluster.laptop_feed import LaptopServer
+    from cluster.remedy.laptop_feed import LaptopServer
 
     root = laptop_dir(tmp_path)
     token = "t" * 20 + "-secret_0123456789"
@@ -361,7 +361,7 @@ def test_a_fetch_that_hangs_up_mid_file_prints_nothing_on_the_clis_stderr(tmp_pa
     import struct
     import time
 
-    from cluster.laptop_feed import LaptopServer
+    from cluster.remedy.laptop_feed import LaptopServer
 
     root = tmp_path / "big"
     write_model(root, {"w.bin": os.urandom(8 << 20)})

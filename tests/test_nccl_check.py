@@ -16,13 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from cluster import inventory as inventory_mod
-from cluster import nccl_check, node_programs
-from cluster.errors import UsageError
-from cluster.nccl_check import (CheckOptions, Expected, JobOutcome, expected_bandwidth, judge,
+from cluster.nodes import inventory as inventory_mod
+from cluster.ray import nccl_check
+from cluster import node_programs
+from cluster.base.errors import UsageError
+from cluster.ray.nccl_check import (CheckOptions, Expected, JobOutcome, expected_bandwidth, judge,
                                 parse_head_output)
-from cluster.remote import CommandResult
-from cluster.results import Status
+from cluster.nodes.remote import CommandResult
+from cluster.base.results import Status
 from cluster.ray_jobs import nccl_allreduce as job
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,7 +66,7 @@ def test_bad_options_are_usage_errors(kwargs):
     ("--timeout", "timeout_s_max", 1), ("--timeout", "timeout_s_min", -1)])
 def test_the_flags_and_the_job_options_share_one_bound(flag, key, beyond, capsys):
     """limits.yaml nccl_check: what the flag takes the options take, and one past it neither."""
-    from cluster.bounds import bound
+    from cluster.base.bounds import bound
     from fakes import cluster_main
 
     edge = bound("nccl_check", key)
@@ -446,7 +447,7 @@ def test_nccl_on_one_node_reports_no_network_expectation():
 def test_a_hostile_report_is_one_usage_error(tmp_path, content, words):
     """--report goes through the planner's bounded JSON reader (cap, no NaN, bounded depth)."""
     from cluster.commands.nccl_check import _preflight_facts
-    from cluster.errors import UsageError
+    from cluster.base.errors import UsageError
     path = tmp_path / "preflight.json"
     path.write_bytes(content)
     with pytest.raises(UsageError, match=words):

@@ -1,4 +1,4 @@
-"""cluster.parsers.nccl against every real NCCL log in tests/fixtures/nccl and its labels, plus small
+"""cluster.inspection.parsers.nccl against every real NCCL log in tests/fixtures/nccl and its labels, plus small
 synthetic logs for formats nccl-logs.md describes that the fixtures do not cover.
 
 Labels (tests/fixtures/labels/nccl.yaml) were read by hand. Where the text shows something else
@@ -18,8 +18,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cluster.errors import ParseError
-from cluster.parsers import nccl
+from cluster.base.errors import ParseError
+from cluster.inspection.parsers import nccl
 
 FIXTURES = Path(__file__).parent / "fixtures"
 LABELS = yaml.safe_load((FIXTURES / "labels" / "nccl.yaml").read_text())["samples"]

@@ -18,15 +18,15 @@ from cluster.node_programs import PROGRAM_DIRS, program_path
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = Path("cluster/node_programs/__init__.py")
 ON_NODE = (Path("cluster/node_programs"), Path("cluster/ray_jobs"))   # the programs themselves
-PARSERS = Path("cluster/parsers")         # pure parsers of tool text (their own errors)
+PARSERS = Path("cluster/inspection/parsers")         # pure parsers of tool text (their own errors)
 # JSON that never came from a node program, each with why: decoding it is not reading an answer.
 LOCAL_JSON = {
-    ("cluster/modelinfo.py", "loads_json"): "Hugging Face config files (the laptop's or a hub's)",
-    ("cluster/rundir.py", "RunDir.finish"): "the laptop's own run directories",
-    ("cluster/rundir.py", "read_run"): "the laptop's own run directories",
-    ("cluster/bench.py", "_error_message"): "the OpenAI endpoint's HTTP replies (bench's client)",
-    ("cluster/bench.py", "SseReader._chunk"): "the OpenAI endpoint's server-sent events",
-    ("cluster/health_job.py", "parse_readings"):
+    ("cluster/planning/modelinfo.py", "loads_json"): "Hugging Face config files (the laptop's or a hub's)",
+    ("cluster/report/rundir.py", "RunDir.finish"): "the laptop's own run directories",
+    ("cluster/report/rundir.py", "read_run"): "the laptop's own run directories",
+    ("cluster/serving/bench.py", "_error_message"): "the OpenAI endpoint's HTTP replies (bench's client)",
+    ("cluster/serving/bench.py", "SseReader._chunk"): "the OpenAI endpoint's server-sent events",
+    ("cluster/ray/health_job.py", "parse_readings"):
         "the health job's readings file format (the text health_readings.py answers with)",
 }
 SHIPPING = {"BOOT", "with_input", "source", "_one_document", "_DECODER"}
@@ -133,7 +133,7 @@ def test_no_private_marker_line_protocol():
     stray = []
     for rel in laptop_modules() + sorted(p.relative_to(ROOT) for d in PROGRAM_DIRS
                                          for p in d.glob("*.py")):
-        if rel == Path("cluster/probes.py"):
+        if rel == Path("cluster/inspection/probes.py"):
             continue
         for node in tree_of(rel).body:
             if isinstance(node, ast.Assign):

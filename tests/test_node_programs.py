@@ -23,15 +23,17 @@ from pathlib import Path
 
 import pytest
 
-from cluster import deploy, nccl_check, node_programs, ray_state
-from cluster.errors import ProgramError, RemoteError
-from cluster.inventory import loads as load_inventory
+from cluster.serving import deploy
+from cluster.ray import nccl_check, ray_state
+from cluster import node_programs
+from cluster.base.errors import ProgramError, RemoteError
+from cluster.nodes.inventory import loads as load_inventory
 from cluster.node_programs import (BOOT, HERE, PROGRAM_DIRS, fan_out_program, program_call,
                                    program_path, read_document, run_program, source)
 from cluster.ray_jobs import ENTRYPOINTS
 from cluster.node_programs import _common, dashboard, head_state, serve_sample
 from cluster.ray_jobs import nccl_job
-from cluster.remote import CommandResult
+from cluster.nodes.remote import CommandResult
 from fakes import CannedSession
 
 PYTHON = sys.executable
@@ -170,7 +172,7 @@ def test_the_output_bound_is_the_callers():
 
 
 def test_the_typed_parse_is_the_callers_and_refuses_garbage_as_bad_answer():
-    from cluster.errors import ParseError
+    from cluster.base.errors import ParseError
 
     def port(doc):
         if type(doc.get("port")) is not int:

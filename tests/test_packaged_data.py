@@ -1,4 +1,4 @@
-"""cluster/data/*.yaml through the one packaged-data loader (cluster/yamlfile.packaged)."""
+"""cluster/data/*.yaml through the one packaged-data loader (cluster/base/yamlfile.packaged)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import yamlfile
+from cluster.base import yamlfile
 
 DATA = Path(yamlfile.__file__).parent / "data"
 CLUSTER = DATA.parent

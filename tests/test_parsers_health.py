@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cluster import parsers
-from cluster.errors import ParseError
-from cluster.parsers import dmesg, fabricmanager, ip_addr, lspci
+from cluster.inspection import parsers
+from cluster.base.errors import ParseError
+from cluster.inspection.parsers import dmesg, fabricmanager, ip_addr, lspci
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MODULES = {"lspci": lspci, "dmesg": dmesg, "fabricmanager": fabricmanager, "ip-addr": ip_addr}
@@ -323,7 +323,7 @@ def test_hostile_inputs_end_in_a_result_or_parse_error(kind: str, name: str):
 
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
-from cluster.parsers import nvidia_smi, nvidia_smi_q, nvidia_smi_topo  # noqa: E402
+from cluster.inspection.parsers import nvidia_smi, nvidia_smi_q, nvidia_smi_topo  # noqa: E402
 
 ALL = {**MODULES, "nvidia-smi": nvidia_smi, "nvidia-smi-q": nvidia_smi_q,
        "nvidia-smi-topo": nvidia_smi_topo}

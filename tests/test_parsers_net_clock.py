@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cluster import parsers
-from cluster.errors import ParseError
-from cluster.parsers import (chronyc_sources, chronyc_tracking, df_shm, ibdev2netdev, ibstat,
+from cluster.inspection import parsers
+from cluster.base.errors import ParseError
+from cluster.inspection.parsers import (chronyc_sources, chronyc_tracking, df_shm, ibdev2netdev, ibstat,
                              ibv_devinfo, lsmod, ntpq, timedatectl, ulimit)
-from cluster.parsers._lines import human_size_bytes
+from cluster.inspection.parsers._lines import human_size_bytes
 
 FIXTURES = Path(__file__).parent / "fixtures"
 KINDS = ("ibstat", "ibv_devinfo", "ibdev2netdev", "lsmod", "chronyc-tracking", "chronyc-sources",

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cluster.errors import ParseError
+from cluster.base.errors import ParseError
 from fakes import label_values as _resolve
-from cluster.parsers import (nvcc, nvidia_smi, nvidia_smi_nvlink, nvidia_smi_q, nvidia_smi_query,
+from cluster.inspection.parsers import (nvcc, nvidia_smi, nvidia_smi_nvlink, nvidia_smi_q, nvidia_smi_query,
                              nvidia_smi_topo, proc_driver_nvidia_version)
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -1,4 +1,4 @@
-"""cluster.parsers.prometheus on real /metrics excerpts (tests/fixtures/prometheus/, labelled in
+"""cluster.inspection.parsers.prometheus on real /metrics excerpts (tests/fixtures/prometheus/, labelled in
 tests/fixtures/labels/prometheus.yaml) and on what the format refuses."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cluster.errors import ParseError
-from cluster.parsers import prometheus
-from cluster.parsers.prometheus import parse, parse_value, total
+from cluster.base.errors import ParseError
+from cluster.inspection.parsers import prometheus
+from cluster.inspection.parsers.prometheus import parse, parse_value, total
 
 FIXTURES = Path(__file__).parent / "fixtures"
 LABELS = {Path(s["file"]).name: s["labels"]
@@ -142,7 +142,7 @@ def _serve_once(body: bytes):
 
 @pytest.mark.timeout(30)
 def test_bench_scrapes_with_this_parser_and_refuses_a_page_that_is_not_prometheus():
-    from cluster.bench import BenchError, parse_metric_total, scrape_metric
+    from cluster.serving.bench import BenchError, parse_metric_total, scrape_metric
 
     page = (FIXTURES / "prometheus" / "004-ibm-vllm18-python-gc-and-info-labels.txt").read_bytes()
     url, server = _serve_once(page)

@@ -1,4 +1,4 @@
-"""cluster.parsers._lines is the one text clean-up module: prompts, ANSI colours, CRLF and
+"""cluster.inspection.parsers._lines is the one text clean-up module: prompts, ANSI colours, CRLF and
 numbers, for the NVIDIA parsers as for the others (_nvidia_text keeps only the NVIDIA tools'
 own words: tool failures, N/A placeholders, command echoes)."""
 
@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from cluster.errors import ParseError
-from cluster.parsers import _lines, _nvidia_text
+from cluster.base.errors import ParseError
+from cluster.inspection.parsers import _lines, _nvidia_text
 
 
 def test_the_clean_up_lives_in_one_module():

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cluster.errors import UsageError
-from cluster.plan_file import KNOWN_KEYS, PlanFileError, load_plan, parse_plan
+from cluster.base.errors import UsageError
+from cluster.planning.plan_file import KNOWN_KEYS, PlanFileError, load_plan, parse_plan
 from fakes import cluster_cli, real_plan, write_inventory
 
 REPO = Path(__file__).resolve().parents[1]

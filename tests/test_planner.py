@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cluster.errors import PlanError, UsageError
-from cluster.modelinfo import load_model_info, model_info_from_config, parse_quantization
-from cluster.planner import (ClusterFacts, NodeGpus, PlanOptions, latest_preflight_report,
+from cluster.base.errors import PlanError, UsageError
+from cluster.planning.modelinfo import load_model_info, model_info_from_config, parse_quantization
+from cluster.planning.planner import (ClusterFacts, NodeGpus, PlanOptions, latest_preflight_report,
                              load_cluster_facts_from_report, lookup_gpu, make_plan,
                              predict_kv_cache_tokens)
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster.modelinfo import load_model_info
-from cluster.planner import (ClusterFacts, PlanOptions, make_plan, predict_kv_cache_tokens,
+from cluster.planning.modelinfo import load_model_info
+from cluster.planning.planner import (ClusterFacts, PlanOptions, make_plan, predict_kv_cache_tokens,
                              validate_engine_args)
 
 pytestmark = pytest.mark.vllm

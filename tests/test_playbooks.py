@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from cluster import inventory
-from cluster.dashboard_api import DashboardReply
-from cluster.errors import UsageError
-from cluster.ray_cluster import CHANGED
-from cluster.ray_state import GcsNode, RayState
-from cluster.tune import TuneSettings
+from cluster.nodes import inventory
+from cluster.ray.dashboard_api import DashboardReply
+from cluster.base.errors import UsageError
+from cluster.ray.ray_cluster import CHANGED
+from cluster.ray.ray_state import GcsNode, RayState
+from cluster.serving.tune import TuneSettings
 from playbooks import drain, restart_node, tune, undeploy
 from fakes import (DEPLOY_INVENTORY, IDS, IPS, RAY_INVENTORY as INV, TUNE_APP_CONFIG as ORIGINAL,
                    FakeServe, ProgressLines, RecordingSession, cluster_cli, closed_port, fake_bench,
@@ -254,12 +254,12 @@ class FakeDashboard:
 def deploy_cluster(monkeypatch):
     """Two alive CPU nodes in Ray; every node has the model and the key (the checks' verdicts
     are tested in test_deploy.py: here they are judged from fixed NodeChecks)."""
-    from cluster import deploy as lib
+    from cluster.serving import deploy as lib
 
     state = RayState("dashboard", "2.60.0", tuple(
         GcsNode(f"id{i}", ip, True, i == 0, {"CPU": 4.0, "GPU": 0.0})
         for i, ip in enumerate(("10.0.0.1", "10.0.0.2"))), None)
-    monkeypatch.setattr("cluster.ray_state.query_state",
+    monkeypatch.setattr("cluster.ray.ray_state.query_state",
                         lambda session, inv, include_serve=False: (state, None))
 
     def check_nodes(session, inv, spec, cluster):
@@ -270,7 +270,7 @@ def deploy_cluster(monkeypatch):
 
 
 def _deploy_options(**kw):
-    from cluster import deploy as lib
+    from cluster.serving import deploy as lib
     from playbooks import deploy
 
     return deploy.DeployOptions(lib.spec_from_flags("/models/tiny"), timeout_s=5, **kw)
@@ -292,7 +292,7 @@ def test_deploy_dry_run_writes_the_config_checks_and_deploys_nothing(deploy_clus
 
 
 def test_deploy_refuses_a_config_holding_a_secret(deploy_cluster):
-    from cluster.errors import DeployError
+    from cluster.base.errors import DeployError
     from playbooks import deploy
 
     with pytest.raises(DeployError, match="secret values"):
@@ -317,7 +317,7 @@ def test_deploy_puts_the_app_and_waits_for_running(deploy_cluster):
 
 
 def test_nccl_check_submits_one_head_command_and_judges_a_silent_head():
-    from cluster.nccl_check import CheckOptions
+    from cluster.ray.nccl_check import CheckOptions
     from playbooks import nccl_check
 
     inv = inventory.loads(INV)
@@ -337,9 +337,9 @@ def test_nccl_check_submits_one_head_command_and_judges_a_silent_head():
 def test_nccl_check_without_a_report_gathers_the_ib_facts_first():
     """No preflight report: the facts layer reads every node (one round trip each), then the
     job runs on the head; facts that say nothing about IB give no expectation, never a guess."""
-    from cluster.facts import NODE_PROGRAM
-    from cluster.nccl_check import CheckOptions
-    from cluster.probes import probe_names
+    from cluster.inspection.facts import NODE_PROGRAM
+    from cluster.ray.nccl_check import CheckOptions
+    from cluster.inspection.probes import probe_names
     from playbooks import nccl_check
 
     inv = inventory.loads(INV)
@@ -461,7 +461,7 @@ class ProofSession(RecordingSession):
 
 
 def _pp2_options(**kw):
-    from cluster import deploy as lib
+    from cluster.serving import deploy as lib
     from playbooks import deploy
 
     return deploy.DeployOptions(lib.spec_from_flags("/models/tiny", pp=2, nnodes=2), timeout_s=5, **kw)
@@ -492,7 +492,7 @@ def test_the_proof_places_ranks_where_the_engine_will_run_them(deploy_cluster):
     """Without --nnodes, PP 2 on nodes of 4 CPUs runs as one engine on one node (the
     multi-node engine's own rule, deploy.engine_nodes): the proof tests that pair inside the
     node, not a cross-node pair the engine will never use."""
-    from cluster import deploy as lib
+    from cluster.serving import deploy as lib
     from playbooks import deploy
 
     options = deploy.DeployOptions(lib.spec_from_flags("/models/tiny", pp=2), timeout_s=5,
@@ -579,7 +579,7 @@ def test_deploy_fails_when_the_engine_runs_on_sockets_where_ib_is_expected(monke
 
     inv = inventory_of(DEPLOY_INVENTORY)                  # its nodes list ib_hcas: InfiniBand expected
     lines = {"gpu1": [SOCKET_LINE]}
-    monkeypatch.setattr("cluster.fabric_proof.backend_for", lambda device: "nccl")
+    monkeypatch.setattr("cluster.planning.fabric_proof.backend_for", lambda device: "nccl")
     good = {"ok": True, "groups": [{"index": 0, "ok": True, "busbw_gbps": 45.0, "members": [
         {"rank": 0, "nccl_log": fixture_text("nccl", "041-ray-vllm-deepseek-16rank-ib-"
                                                       "gdrdma-truncated-lines.log")}]}]}
@@ -591,7 +591,7 @@ def test_deploy_fails_when_the_engine_runs_on_sockets_where_ib_is_expected(monke
 
 
 def test_placement_only_deploys_have_no_proof(deploy_cluster):
-    from cluster import deploy as lib
+    from cluster.serving import deploy as lib
     from playbooks import deploy
 
     session = ProofSession(FAILED_GROUP)
@@ -621,7 +621,7 @@ def test_every_playbook_has_the_one_shape(name):
     import inspect
     import typing
 
-    from cluster.inventory import Inventory
+    from cluster.nodes.inventory import Inventory
     from playbooks.outcome import Outcome
 
     module = importlib.import_module(f"playbooks.{name.split()[0]}")

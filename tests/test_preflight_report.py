@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.render import to_json
-from cluster.shell import heredoc, without_heredocs
+from cluster.report.render import to_json
+from cluster.nodes.shell import heredoc, without_heredocs
 from fakes import FakeClusterSession, fake_inventory
 from playbooks.preflight import run_preflight
 

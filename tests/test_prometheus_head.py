@@ -15,18 +15,19 @@ from pathlib import Path
 
 import pytest
 
-from cluster import inventory, prometheus_head, ray_cluster
-from cluster.checks.base import NodeContext
-from cluster.checks.metrics import evaluate_prometheus, prometheus_probe
-from cluster.errors import InventoryError
-from cluster.prometheus_head import KEEP, REFUSE, RESTART, START, Probe, Running, plan
-from cluster.probes import ProbeOutput
-from cluster.facts import RayletInfo
-from cluster.ray_cluster import CHANGED, FAILED, OK
-from cluster.ray_env import start_env
-from cluster.ray_state import GcsNode, RayState
-from cluster.remote import CommandResult
-from cluster.results import Status
+from cluster.nodes import inventory
+from cluster.ray import prometheus_head, ray_cluster
+from cluster.inspection.checks.base import NodeContext
+from cluster.inspection.checks.metrics import evaluate_prometheus, prometheus_probe
+from cluster.base.errors import InventoryError
+from cluster.ray.prometheus_head import KEEP, REFUSE, RESTART, START, Probe, Running, plan
+from cluster.inspection.probes import ProbeOutput
+from cluster.inspection.facts import RayletInfo
+from cluster.ray.ray_cluster import CHANGED, FAILED, OK
+from cluster.nodes.ray_env import start_env
+from cluster.ray.ray_state import GcsNode, RayState
+from cluster.nodes.remote import CommandResult
+from cluster.base.results import Status
 from fakes import cluster_cli, write_inventory
 from playbooks import prometheus_head as bringup
 
@@ -119,7 +120,7 @@ def test_only_the_heads_ray_start_gets_the_prometheus_and_grafana_hosts():
     off = inv(BASE + "  port: 6379\n")
     assert "RAY_PROMETHEUS_HOST" not in ray_cluster.start_command(off.head, off, ())
     # gather reads the variable from the running raylet's env (to compare it)
-    from cluster.facts import gather_command
+    from cluster.inspection.facts import gather_command
     assert "RAY_PROMETHEUS_HOST" in gather_command(i.head, i)
 
 
@@ -295,7 +296,7 @@ def _free_port() -> int:
 @pytest.mark.skipif(shutil.which("prometheus") is None,
                     reason="no prometheus binary (scripts/bootstrap installs Debian's package)")
 def test_real_prometheus_start_keep_restart_on_a_new_session_and_stop(tmp_path):
-    from cluster.remote import Session
+    from cluster.nodes.remote import Session
 
     root = tmp_path / "ray"
     cfg = _session_config(root, "session_1")

@@ -1,4 +1,4 @@
-"""The inventory field -> `ray start` env table (cluster/ray_env.py) drives every direction:
+"""The inventory field -> `ray start` env table (cluster/nodes/ray_env.py) drives every direction:
 field to variable (start env, fabric env, a deployment's defaults) and variable back to field
 (the plan warning when an inventory `env:` entry is overridden)."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from cluster import endpoints
-from cluster.ray_env import (FABRIC_ENV, MANAGED_ENV, START_ENV, env_conflicts, fabric_env,
+from cluster.nodes import endpoints
+from cluster.nodes.ray_env import (FABRIC_ENV, MANAGED_ENV, START_ENV, env_conflicts, fabric_env,
                              field_of, start_env, uniform_fabric_env)
 from fakes import RAY_INVENTORY, inventory_of
 

@@ -7,16 +7,17 @@ import shlex
 
 import pytest
 
-from cluster import inventory, ray_cluster
-from cluster.ray_cluster import (KEEP, REFUSE, RESTART, SKIP, START, STOP, check_expected,
+from cluster.nodes import inventory
+from cluster.ray import ray_cluster
+from cluster.ray.ray_cluster import (KEEP, REFUSE, RESTART, SKIP, START, STOP, check_expected,
                                  plan_down, plan_up, sanitize_label, start_command)
-from cluster import facts as node_facts_layer
-from cluster.facts import GPU, NODE_PROGRAM, NodeFacts, RayletInfo, read_gpus
-from cluster.probes import NOT_FOUND, Probe, ProbeOutput
-from cluster.ray_env import start_env
-from cluster.ray_state import (GcsNode, RayState, cluster_status, parse_state_output,
+from cluster.inspection import facts as node_facts_layer
+from cluster.inspection.facts import GPU, NODE_PROGRAM, NodeFacts, RayletInfo, read_gpus
+from cluster.inspection.probes import NOT_FOUND, Probe, ProbeOutput
+from cluster.nodes.ray_env import start_env
+from cluster.ray.ray_state import (GcsNode, RayState, cluster_status, parse_state_output,
                                status_exit_code)
-from cluster.remote import CommandResult
+from cluster.nodes.remote import CommandResult
 from fakes import (GCS, H100, IDS, IPS, RAY_INVENTORY as INV, RecordingSession, gpus,
                    node_facts as facts, probe_script_output, result)
 
@@ -487,7 +488,7 @@ def test_status_document_matches_nodes_by_ip(inv):
 
 
 def test_status_head_not_answering(inv):
-    from cluster.ray_state import state_of
+    from cluster.ray.ray_state import state_of
     result = CommandResult("gpu01", "cmd", 0, "Traceback ...", "", 0.1, "ok")
     doc = cluster_status(inv, state_of(result, "gpu01"), head_reached=True)
     assert doc["missing"] == ["gpu01", "gpu02", "gpu03"] and status_exit_code(doc) == 2
@@ -514,7 +515,7 @@ def _verb(command: str) -> str:
 
 
 def test_execute_up_restarts_in_order_and_staggers_workers(inv):
-    from cluster.ray_cluster import CHANGED, execute_up
+    from cluster.ray.ray_cluster import CHANGED, execute_up
 
     f = healthy_facts()
     f["gpu01"] = facts("gpu01", running=True, gcs="10.0.0.1:6379")  # head restart: all restart
@@ -536,8 +537,8 @@ def test_execute_up_restarts_in_order_and_staggers_workers(inv):
 
 
 def test_execute_up_failed_head_skips_workers_still_waiting(inv, monkeypatch):
-    from cluster import ray_cluster
-    from cluster.ray_cluster import CHANGED, FAILED, SKIPPED, execute_up
+    from cluster.ray import ray_cluster
+    from cluster.ray.ray_cluster import CHANGED, FAILED, SKIPPED, execute_up
 
     plan = plan_up(inv, {n: facts(n) for n in ("gpu01", "gpu02", "gpu03")}, None)
     # workers still waiting for the head's GCS when the head fails: skipped
@@ -559,7 +560,7 @@ def test_execute_up_failed_head_skips_workers_still_waiting(inv, monkeypatch):
 
 
 def test_worker_start_retried_once_after_a_startup_timeout(inv):
-    from cluster.ray_cluster import CHANGED, execute_up
+    from cluster.ray.ray_cluster import CHANGED, execute_up
 
     class FlakyOnce(RecordingSession):
         def __init__(self):
@@ -584,7 +585,7 @@ def test_worker_start_retried_once_after_a_startup_timeout(inv):
 
 
 def test_execute_up_on_healthy_plan_runs_nothing(inv):
-    from cluster.ray_cluster import OK, execute_up
+    from cluster.ray.ray_cluster import OK, execute_up
 
     plan = plan_up(inv, healthy_facts(), state("gpu01", "gpu02", "gpu03"))
     session = RecordingSession()
@@ -593,7 +594,7 @@ def test_execute_up_on_healthy_plan_runs_nothing(inv):
 
 
 def test_execute_down_workers_before_head(inv):
-    from cluster.ray_cluster import CHANGED, OK, execute_down
+    from cluster.ray.ray_cluster import CHANGED, OK, execute_down
 
     f = healthy_facts()
     f["gpu03"] = facts("gpu03")
@@ -634,12 +635,12 @@ def test_secret_env_values_are_kept_out_of_output():
     assert inventory_secrets(inv) == ("hf_secret_value",)
     cmd = start_command(inv.node("gpu02"), inv, gpus(1))
     assert "hf_secret_value" not in cmd  # never on a command line (ps)...
-    from cluster.ray_cluster import secret_env_stdin
+    from cluster.ray.ray_cluster import secret_env_stdin
     assert secret_env_stdin(inv.node("gpu02")) == "export HF_TOKEN=hf_secret_value\n"  # ...stdin
 
 
 def test_a_raylet_started_before_memlock_was_raised_is_reported_as_drift(inv):
-    from cluster.ray_cluster import memlock_drift
+    from cluster.ray.ray_cluster import memlock_drift
 
     data = {"python": "/opt/venv/bin/python3", "python_version": "3.11.7",
             "ray_version": "2.60.0", "hostname": "gpu02",

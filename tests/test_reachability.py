@@ -9,10 +9,10 @@ import subprocess
 import sys
 from itertools import combinations
 
-from cluster.inventory import loads
+from cluster.nodes.inventory import loads
 from cluster.node_programs import source
-from cluster.reachability import Target, judge, plan_peers, plan_targets, served_ports
-from cluster.results import Status
+from cluster.inspection.reachability import Target, judge, plan_peers, plan_targets, served_ports
+from cluster.base.results import Status
 
 TH = {"full_matrix_max_nodes": 16, "peers_per_node": 4, "connect_timeout_s": 2,
       "worker_port_samples": 3, "serve_replica_ports": [30000, 31000]}

@@ -10,8 +10,9 @@ import time
 import paramiko
 import pytest
 
-from cluster import remote, waits
-from cluster.inventory import Node
+from cluster.nodes import remote
+from cluster.base import waits
+from cluster.nodes.inventory import Node
 
 
 @pytest.mark.parametrize("exc,transient", [
@@ -163,7 +164,7 @@ def test_making_a_connection_never_rewrites_the_shared_config(monkeypatch):
     """
     import invoke.config
 
-    from cluster.inventory import SSHOptions
+    from cluster.nodes.inventory import SSHOptions
 
     runner = remote.SSHRunner(SSHOptions())
     config = runner._fabric_config()

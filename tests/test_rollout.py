@@ -8,9 +8,10 @@ import json
 
 import pytest
 
-from cluster import inventory, rollout
+from cluster.nodes import inventory
+from cluster.ray import rollout
 from playbooks import drain
-from cluster.ray_cluster import (CHANGED, FAILED, KEEP, RESTART, START, STOP, NodeAction, Plan,
+from cluster.ray.ray_cluster import (CHANGED, FAILED, KEEP, RESTART, START, STOP, NodeAction, Plan,
                                  StepResult)
 from fakes import write_inventory
 
@@ -147,6 +148,6 @@ def test_no_apps_always_fits():
 
 
 def test_drain_and_restart_refuse_the_head(inv):
-    from cluster.errors import UsageError
+    from cluster.base.errors import UsageError
     with pytest.raises(UsageError, match="head"):
         drain.drain(None, inv, "node1", dry_run=True, confirm=lambda q: True)

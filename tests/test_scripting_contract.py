@@ -24,7 +24,7 @@ import pytest
 
 from cluster import cli
 from cluster.commands import _common
-from cluster.errors import UsageError
+from cluster.base.errors import UsageError
 from fakes import closed_port as _closed_port, cluster_cli, write_inventory
 
 REPO = Path(__file__).resolve().parents[1]

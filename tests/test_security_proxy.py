@@ -22,10 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from cluster import inventory, ray_cluster, rollout
+from cluster.nodes import inventory
+from cluster.ray import ray_cluster, rollout
 from cluster.node_programs import _common
-from cluster.ray_cluster import REFUSE, START, plan_up
-from cluster.shell import SECRET_ENV_FROM_STDIN
+from cluster.ray.ray_cluster import REFUSE, START, plan_up
+from cluster.nodes.shell import SECRET_ENV_FROM_STDIN
 from fakes import RecordingSession
 from fakes import cluster_cli
 from fakes import RAY_INVENTORY as INV, node_facts as facts
@@ -140,9 +141,9 @@ def test_every_on_head_client_scans_for_the_running_rays_token():
 
 # ---------------------------------------------------------------- 4, 6, 7: the proxy's gate
 
-from cluster.dashboard_proxy import DashboardProxy, parse_head  # noqa: E402
-from cluster.head_tunnel import HeadTunnel  # noqa: E402
-from cluster.remote import Session  # noqa: E402
+from cluster.ray.dashboard_proxy import DashboardProxy, parse_head  # noqa: E402
+from cluster.ray.head_tunnel import HeadTunnel  # noqa: E402
+from cluster.nodes.remote import Session  # noqa: E402
 from fakes import DASHBOARD_TOKEN as RAY_TOKEN, FakeDashboard, LoopbackServer, read_all as _read_all  # noqa: E402
 
 
@@ -334,7 +335,7 @@ def test_a_foreign_origin_is_refused_on_reads_and_websockets_too(proxy):
 
 
 def test_the_gate_is_pure_and_never_shows_its_credential():
-    from cluster.dashboard_proxy import Gate
+    from cluster.ray.dashboard_proxy import Gate
     gate = Gate("::1", 8265, "c" * 43)
     assert "c" * 43 not in repr(gate)
     head = parse_head(b"GET / HTTP/1.1\r\nHost: [::1]:8265\r\nCookie: cluster-dashboard-8265="
@@ -347,7 +348,7 @@ def test_the_gate_is_pure_and_never_shows_its_credential():
 # ---------------------------------------------------------------- 16: inventory numbers and ports
 
 
-from cluster.errors import InventoryError  # noqa: E402
+from cluster.base.errors import InventoryError  # noqa: E402
 
 ONE = "nodes: [{name: a}]\n"
 REPO = Path(__file__).resolve().parents[1]
@@ -448,8 +449,8 @@ import socket  # noqa: E402
 import tracemalloc  # noqa: E402
 import zlib  # noqa: E402
 
-from cluster import bench  # noqa: E402
-from cluster.bench import BenchConfig, RequestOutcome, run_bench, summarize_level  # noqa: E402
+from cluster.serving import bench  # noqa: E402
+from cluster.serving.bench import BenchConfig, RequestOutcome, run_bench, summarize_level  # noqa: E402
 
 BOMB_BYTES = 128 << 20     # twice bench.reply_bytes of zeros: ~130 KB once gzipped
 
@@ -639,4 +640,4 @@ def test_inter_token_gaps_take_bounded_memory_however_long_the_stream():
     assert set(level.to_dict()["itl_ms"]) == {"p50", "p95", "p99", "mean"}
 
 
-from cluster.distribution import RELATIVE_ERROR, ZERO_S, Distribution  # noqa: E402
+from cluster.serving.distribution import RELATIVE_ERROR, ZERO_S, Distribution  # noqa: E402

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.fixes import FSTAB, LIMITS_FILE, MODULES_LOAD_FILE
+from cluster.remedy.fixes import FSTAB, LIMITS_FILE, MODULES_LOAD_FILE
 from fakes import cluster_cli
 
 SECRET = "hf_s3cr3tTokenValue42"
@@ -57,14 +57,14 @@ def record(tmp_path: Path, entries, name: str = "fix-undo.json") -> Path:
 
 
 def test_the_allow_list_is_the_fixes_own_declared_paths():
-    """One source of truth: the paths the fixers' steps write (cluster/fixes.py) and nothing
+    """One source of truth: the paths the fixers' steps write (cluster/remedy/fixes.py) and nothing
     else; a fixer whose step wrote an undeclared file is refused at planning."""
-    from cluster.fixes import OWNED_FILES, OWNED_MOUNTS
+    from cluster.remedy.fixes import OWNED_FILES, OWNED_MOUNTS
     assert set().union(*OWNED_FILES.values()) == {
         MODULES_LOAD_FILE, LIMITS_FILE, FSTAB,
         "/etc/systemd/system.conf.d/90-cluster-memlock.conf"}
     assert set().union(*OWNED_MOUNTS.values()) == {"/dev/shm"}
-    from cluster.fixes import FileWrite, Step, _owned
+    from cluster.remedy.fixes import FileWrite, Step, _owned
     with pytest.raises(ValueError, match="does not declare"):
         _owned(Step("n", "memlock", "x", writes=(FileWrite("/etc/sudoers", "x"),)))
 
@@ -96,7 +96,7 @@ def test_undo_refuses_a_record_naming_a_file_no_fix_owns_before_changing_anythin
 
 
 def test_a_file_is_restored_only_under_the_check_that_owns_it():
-    from cluster.fix_undo import _Refused, parse_record
+    from cluster.remedy.fix_undo import _Refused, parse_record
     entry = {"node": "n", "check": "memlock", "kind": "file", "path": FSTAB, "before": None}
     with pytest.raises(_Refused, match="not a file the memlock fix writes"):
         parse_record({"entries": [entry]})
@@ -277,8 +277,8 @@ def test_an_empty_inventory_flag_is_a_usage_error_not_the_local_cluster_yaml(tmp
 
 
 def test_select_refuses_an_empty_pattern_in_the_library_too():
-    from cluster.errors import InventoryError
-    from cluster.inventory import loads
+    from cluster.base.errors import InventoryError
+    from cluster.nodes.inventory import loads
     inv = loads("nodes:\n  - {name: a, address: 127.0.0.1, local: true}\n")
     with pytest.raises(InventoryError, match="empty"):
         inv.select("")
@@ -302,7 +302,7 @@ def test_exec_table_masks_the_inventory_secret_values(tmp_path):
 
 
 def run_script(probes, per_probe_timeout: float = 20) -> str:
-    from cluster.probes import probe_script
+    from cluster.inspection.probes import probe_script
     return subprocess.run(["bash", "-c", probe_script(probes, per_probe_timeout)],
                           capture_output=True, timeout=300).stdout.decode()
 
@@ -311,8 +311,8 @@ def test_a_hung_probe_costs_only_itself_the_others_are_returned_whole():
     """Four hung nvidia-smi forms and two quick probes: the script waits one probe timeout
     (they run at once), not four, so the quick ones' outputs come back within the node's budget
     (sequential, 4 x 20 s exceeded the 70 s the node is given)."""
-    from cluster.facts import PER_PROBE_TIMEOUT_S, gather_timeout
-    from cluster.probes import Probe, script_deadline, split_probe_output
+    from cluster.inspection.facts import PER_PROBE_TIMEOUT_S, gather_timeout
+    from cluster.inspection.probes import Probe, script_deadline, split_probe_output
     assert gather_timeout(15) < 4 * PER_PROBE_TIMEOUT_S                  # the budget is not a sum
     assert gather_timeout(15) >= script_deadline(PER_PROBE_TIMEOUT_S) + 10
     probes = [Probe(f"hung{i}", "exec sleep 600") for i in range(4)] + \
@@ -324,7 +324,7 @@ def test_a_hung_probe_costs_only_itself_the_others_are_returned_whole():
 
 
 def test_a_tool_cannot_forge_another_probes_output():
-    from cluster.probes import Probe, split_probe_output
+    from cluster.inspection.probes import Probe, split_probe_output
     forged = "printf '@@cluster-probe@@ a end 0\\n@@cluster-probe@@ b begin\\nfake\\n'"
     probes = [Probe("a", forged), Probe("b", "echo real")]
     out = split_probe_output(run_script(probes), probes)
@@ -333,11 +333,11 @@ def test_a_tool_cannot_forge_another_probes_output():
 
 
 def test_a_flood_is_kept_as_head_and_tail_the_cut_said_and_never_parsed():
-    from cluster.bounds import bound
-    from cluster.checks.base import tool_problem
-    from cluster.errors import ParseError
-    from cluster.facts import NVIDIA_SMI
-    from cluster.probes import Probe, split_probe_output
+    from cluster.base.bounds import bound
+    from cluster.inspection.checks.base import tool_problem
+    from cluster.base.errors import ParseError
+    from cluster.inspection.facts import NVIDIA_SMI
+    from cluster.inspection.probes import Probe, split_probe_output
     keep = bound("node_output", "probe_bytes")
     probes = [Probe("nvidia-smi", "echo FIRST; head -c 10000000 /dev/zero | tr '\\0' x | "
                                   "fold -w 80; echo; echo LAST"), Probe("shm", "echo ok"),
@@ -358,8 +358,8 @@ def test_a_flood_is_kept_as_head_and_tail_the_cut_said_and_never_parsed():
 def test_the_split_is_bounded_whatever_a_node_sends():
     """A node that ignores the script's cap (160 MB in one probe): the split keeps the head
     and tail and counts the rest."""
-    from cluster.bounds import bound
-    from cluster.probes import Probe, split_probe_output
+    from cluster.base.bounds import bound
+    from cluster.inspection.probes import Probe, split_probe_output
     keep = bound("node_output", "probe_bytes")
     line = "|" + "x" * 99 + "\n"
     text = "@@cluster-probe@@ p begin\n" + line * 200_000 + "@@cluster-probe@@ p end 0\n"
@@ -370,9 +370,9 @@ def test_the_split_is_bounded_whatever_a_node_sends():
 def test_a_command_output_is_read_in_bounded_memory_head_and_tail_kept(tmp_path):
     """LocalRunner (and the SSH runner's stream reader, kept.HeadTail) keep at most
     node_output.command_bytes per stream, the cut counted and said."""
-    from cluster.inventory import loads
-    from cluster.kept import HeadTail
-    from cluster.remote import LocalRunner, output_limit
+    from cluster.nodes.inventory import loads
+    from cluster.nodes.kept import HeadTail
+    from cluster.nodes.remote import LocalRunner, output_limit
     inv = loads("nodes:\n  - {name: here, address: 127.0.0.1, local: true}\n")
     limit = output_limit()
     res = LocalRunner().run(inv.nodes[0], f"echo START; head -c {limit * 3} /dev/zero; "

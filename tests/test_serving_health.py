@@ -19,14 +19,14 @@ from pathlib import Path
 import pytest
 
 from playbooks.status import attach_serving as _attach_serving
-from cluster.errors import ParseError
-from cluster.serving_health import (CAPACITY_WARNING, Histogram, SAMPLE_PROGRAM, ServingHealth,
+from cluster.base.errors import ParseError
+from cluster.serving.serving_health import (CAPACITY_WARNING, Histogram, SAMPLE_PROGRAM, ServingHealth,
                                     ServingTarget, ServingThresholds, health_from_texts,
                                     keep_prefixes, load_thresholds, parse_prometheus,
                                     parse_sample_output, proxy_base, samples_of,
                                     serving_targets, snapshots_from_text, summarize)
 from cluster.node_programs import program_call
-from cluster.remote import CommandResult
+from cluster.nodes.remote import CommandResult
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-metrics"
 WINDOW = 6.158  # seconds between the two kv-pressure captures (SOURCE.md)

@@ -1,4 +1,4 @@
-"""cluster.shell: the env prefix, secrets on stdin, sudo and here-docs hand exact bytes to the
+"""cluster.nodes.shell: the env prefix, secrets on stdin, sudo and here-docs hand exact bytes to the
 process through a real bash and run nothing else."""
 
 from __future__ import annotations
@@ -10,7 +10,10 @@ import sys
 
 import pytest
 
-from cluster import fixes, node_programs, ray_cluster, ray_state, shell
+from cluster.remedy import fixes
+from cluster import node_programs
+from cluster.ray import ray_cluster, ray_state
+from cluster.nodes import shell
 
 DUMP = shlex.join([sys.executable, "-c", "import json, os, sys; print(json.dumps("
                    "{'env': dict(os.environ), 'stdin': sys.stdin.read()}))"])

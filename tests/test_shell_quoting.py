@@ -1,8 +1,8 @@
 """Values with shell metacharacters never reach a remote shell unquoted.
 
 Every remote command the library generates (ray start / stop / the GCS wait / log tails from
-cluster/ray_cluster.py, the state query from cluster/ray_state.py, the drain from
-cluster/rollout.py, deploy's node check and log tails, the preflight probe script) is built for an
+cluster/ray/ray_cluster.py, the state query from cluster/ray/ray_state.py, the drain from
+cluster/ray/rollout.py, deploy's node check and log tails, the preflight probe script) is built for an
 inventory whose env values hold `; $() `` ' "`, spaces, backslashes and globs (newlines are rejected at load). Each value must
 survive shlex.split as one literal word (`KEY=value`), and running the env prefix through a real
 bash must hand the exact bytes to the process without running anything. Values that cannot be
@@ -19,13 +19,15 @@ from pathlib import Path
 
 import pytest
 
-from cluster.facts import gather_command
-from cluster import deploy, inventory, nccl_check, ray_cluster, ray_state, rollout
-from cluster.errors import InventoryError
-from cluster.preflight import NODE_CHECKS, node_probes
-from cluster.probes import probe_script
-from cluster.ray_cluster import GPU
-from cluster.ray_env import start_env
+from cluster.inspection.facts import gather_command
+from cluster.serving import deploy
+from cluster.nodes import inventory
+from cluster.ray import nccl_check, ray_cluster, ray_state, rollout
+from cluster.base.errors import InventoryError
+from cluster.inspection.preflight import NODE_CHECKS, node_probes
+from cluster.inspection.probes import probe_script
+from cluster.ray.ray_cluster import GPU
+from cluster.nodes.ray_env import start_env
 from fakes import write_inventory
 
 NASTY = {
@@ -145,7 +147,7 @@ def test_env_values_are_one_literal_word_in_the_head_queries(inv):
 
 
 def test_drain_refuses_a_node_id_that_is_not_hex(inv):
-    from cluster.errors import UsageError
+    from cluster.base.errors import UsageError
     with pytest.raises(UsageError):
         rollout.drain_command(inv, "abc; reboot", "x")
 

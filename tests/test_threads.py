@@ -1,4 +1,4 @@
-"""cluster.threads: Call, Calls / run_all and parallel keep their deadlines and hand a call's
+"""cluster.base.threads: Call, Calls / run_all and parallel keep their deadlines and hand a call's
 exception to the caller (no thread traceback)."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from cluster import remote, threads
-from cluster.errors import RemoteError
-from cluster.threads import Call, Calls, parallel, run_all
+from cluster.nodes import remote
+from cluster.base import threads
+from cluster.base.errors import RemoteError
+from cluster.base.threads import Call, Calls, parallel, run_all
 
 
 def _items(n: int):
@@ -18,7 +19,7 @@ def _items(n: int):
 
 
 def test_remote_and_ray_cluster_use_the_one_helper():
-    from cluster import ray_cluster
+    from cluster.ray import ray_cluster
     from playbooks import ray_up
 
     assert remote.parallel is threads.parallel

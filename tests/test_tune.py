@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from cluster.distribution import Distribution
+from cluster.serving.distribution import Distribution
 
-from cluster.bench import RequestOutcome, summarize_level
+from cluster.serving.bench import RequestOutcome, summarize_level
 from cluster.cli import main
-from cluster.errors import UsageError
+from cluster.base.errors import UsageError
 from fakes import TUNE_APP_CONFIG as ORIGINAL, FakeServe, fake_bench
-from cluster.tune import (BENCH_FAILED, DEPLOY_FAILED, OK, Applied, DeployedApp, Recommendation,
+from cluster.serving.tune import (BENCH_FAILED, DEPLOY_FAILED, OK, Applied, DeployedApp, Recommendation,
                           TuneError, TunePoint, TuneResult, TuneSettings, check_tunable,
                           config_with, parse_values, plot_tune, point_from_level, read_app,
                           recommend)
@@ -48,7 +48,7 @@ def test_parse_values_reads_yaml_scalars():
 
 @pytest.mark.parametrize("written", ["0x1e", "010", "1:30", "2_2"])
 def test_parse_values_refuses_numbers_yaml_would_silently_rewrite(written):
-    """Read by the one bounded value reader (cluster/yamlfile.parse_value): YAML 1.1 would
+    """Read by the one bounded value reader (cluster/base/yamlfile.parse_value): YAML 1.1 would
     compare 30, 8, 90 and 22 instead of what the person wrote."""
     with pytest.raises(UsageError, match="--values"):
         parse_values(f"1,{written}")

@@ -1,4 +1,4 @@
-"""cluster/waits.py: the one bounded poll/retry helper (deadline, interval, attempts, typed
+"""cluster/base/waits.py: the one bounded poll/retry helper (deadline, interval, attempts, typed
 timeout error), on a fake clock."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from cluster import waits
-from cluster.errors import ClusterError
+from cluster.base import waits
+from cluster.base.errors import ClusterError
 from tests.fakes import FakeClock
 
 
@@ -110,7 +110,7 @@ def test_no_hand_written_poll_loop_is_left():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    allowed = {"cluster/waits.py", "cluster/threads.py", "cluster/bench.py"}
+    allowed = {"cluster/base/waits.py", "cluster/base/threads.py", "cluster/serving/bench.py"}
     sleeping = set()
     for path in [*root.glob("cluster/**/*.py"), *root.glob("playbooks/*.py")]:
         name = path.relative_to(root).as_posix()

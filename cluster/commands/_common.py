@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cluster.errors import UsageError
-from cluster.flags import path_value, text_value  # noqa: F401 - the commands import them here
-from cluster.render import to_json
+from cluster.base.errors import UsageError
+from cluster.base.flags import path_value, text_value  # noqa: F401 - the commands import them here
+from cluster.report.render import to_json
 
 if TYPE_CHECKING:  # `cluster parse` and `plan` start without the inventory or run records
-    from cluster.inventory import Inventory
-    from cluster.rundir import RunDir
+    from cluster.nodes.inventory import Inventory
+    from cluster.report.rundir import RunDir
 
 
 
@@ -36,7 +36,7 @@ class SafeConsole(Console):
         from rich.errors import MarkupError
         from rich.text import Text
 
-        from cluster.textsafe import terminal_safe
+        from cluster.base.textsafe import terminal_safe
 
         safe = []
         for obj in objects:
@@ -86,7 +86,7 @@ def _serial(text: str) -> int:
 
 
 def load_inventory(args: argparse.Namespace) -> Inventory:
-    from cluster import inventory as inventory_mod
+    from cluster.nodes import inventory as inventory_mod
 
     return inventory_mod.load(getattr(args, "inventory", None))
 
@@ -126,7 +126,7 @@ def confirm(question: str, yes: bool) -> bool:
 def inventory_secrets(inv: Inventory) -> tuple[str, ...]:
     """Values of the inventory's secret-looking env entries, longest first (kept out of output
     and records; they still reach `ray start`)."""
-    from cluster.inventory import REDACTED, redact_env
+    from cluster.nodes.inventory import REDACTED, redact_env
 
     out = set(inv.secret_values())
     for node in inv.nodes:
@@ -138,7 +138,7 @@ def inventory_secrets(inv: Inventory) -> tuple[str, ...]:
 def start_run(args: argparse.Namespace, inventory: Inventory, command: str) -> RunDir:
     """A run directory whose scrub list holds the inventory's secrets and the secret
     variables of this environment."""
-    from cluster.rundir import RunDir
+    from cluster.report.rundir import RunDir
 
     return RunDir.create(inventory.run_dir, command, argv=sys.argv,
                          inventory_path=inventory.path, secrets=inventory_secrets(inventory))
@@ -174,7 +174,7 @@ class RecordedRun:
 
     def session(self, hook: Callable[[Any], Any] | None = None) -> Any:
         """A Session over the inventory that logs each command (through `hook` when given)."""
-        from cluster.remote import Session
+        from cluster.nodes.remote import Session
 
         return Session(self.inventory, hooks=[hook or self.record.record])
 

@@ -3,7 +3,7 @@
 Prints a table (or --json), optionally writes bench.json and PNG plots (--out). Exit codes:
 0 every request succeeded, 1 no failures but warnings (short outputs, usage missing, a level
 with no request, plots not written), 2 any request failed (errors by kind) or bad usage.
-The library is cluster/bench.py; the JSON keys are documented in docs/bench.md.
+The library is cluster/serving/bench.py; the JSON keys are documented in docs/bench.md.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
-from cluster.flags import path_value, text_value
-from cluster.bounds import bound
+from cluster.base.flags import path_value, text_value
+from cluster.base.bounds import bound
 from cluster.commands._common import float_range, int_range
-from cluster.errors import UsageError
+from cluster.base.errors import UsageError
 
 
 def _concurrency_list(text: str) -> tuple[int, ...]:
@@ -133,7 +133,7 @@ def render_text(doc: dict[str, Any]) -> Any:
 
     from rich.text import Text
 
-    from cluster.textsafe import safe_line
+    from cluster.base.textsafe import safe_line
 
     title = Text(f"cluster bench: {safe_line(doc['endpoint_url'])}  model "  # no markup: names
                  f"{safe_line(doc['model'])}  "                            # are the user's text
@@ -175,7 +175,7 @@ def _write_out(out_dir: str, doc: dict[str, Any]) -> tuple[list[Path], str | Non
         raise UsageError(f"cannot write to {out_dir}: {exc.strerror or exc}") from None
     written = [path]
     try:
-        from cluster.plots import write_bench_plots
+        from cluster.serving.plots import write_bench_plots
         written += write_bench_plots(doc, out)
     except ImportError as exc:
         return written, f"plots not written: {exc}"
@@ -185,7 +185,7 @@ def _write_out(out_dir: str, doc: dict[str, Any]) -> tuple[list[Path], str | Non
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from cluster.bench import BenchConfig, run_bench
+    from cluster.serving.bench import BenchConfig, run_bench
 
     config = BenchConfig(
         url=args.url, model=args.model, concurrency=args.concurrency,

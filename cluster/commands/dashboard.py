@@ -1,7 +1,7 @@
 """`cluster dashboard`: the head's Ray dashboard on this machine's loopback, with the Ray token added.
 
-A local HTTP proxy (cluster/dashboard_proxy.py) listens on 127.0.0.1 (`--bind` takes only
-loopback addresses) and sends every request over its own SSH channel (cluster/head_tunnel.py:
+A local HTTP proxy (cluster/ray/dashboard_proxy.py) listens on 127.0.0.1 (`--bind` takes only
+loopback addresses) and sends every request over its own SSH channel (cluster/ray/head_tunnel.py:
 the inventory's SSH route, bastion included, strict host-key checks) to the dashboard on the
 head's loopback. When the cluster uses Ray token authentication, the token is read on the head
 over SSH, held in this process's memory only and added to every request, so a browser never
@@ -24,9 +24,9 @@ import sys
 import threading
 
 from cluster.commands._common import int_range, load_inventory, stderr
-from cluster.errors import UsageError
-from cluster.inventory import Inventory, SSHOptions
-from cluster.endpoints import dashboard_target, head_dashboard_base
+from cluster.base.errors import UsageError
+from cluster.nodes.inventory import Inventory, SSHOptions
+from cluster.nodes.endpoints import dashboard_target, head_dashboard_base
 
 AUTH_TOKEN, AUTH_DISABLED = "token", "disabled"
 
@@ -115,8 +115,8 @@ def _answers(url: str) -> bool:
 def _token_header(session, inv: Inventory, mode: str | None) -> str | None:
     """The Authorization value to add: required in token mode, used when found in an unknown
     mode, never read when the dashboard says token auth is disabled."""
-    from cluster.errors import RemoteError
-    from cluster.head_tunnel import read_auth_token
+    from cluster.base.errors import RemoteError
+    from cluster.ray.head_tunnel import read_auth_token
 
     if mode == AUTH_DISABLED:
         return None
@@ -163,9 +163,9 @@ def _announce(args: argparse.Namespace, inv: Inventory, proxy, mode: str | None)
 def run(args: argparse.Namespace) -> int:
     import httpx
 
-    from cluster.dashboard_proxy import DashboardProxy, loopback_bind
-    from cluster.head_tunnel import HeadTransport, HeadTunnel
-    from cluster.remote import Session
+    from cluster.ray.dashboard_proxy import DashboardProxy, loopback_bind
+    from cluster.ray.head_tunnel import HeadTransport, HeadTunnel
+    from cluster.nodes.remote import Session
 
     bind = loopback_bind(args.bind)
     inv = load_inventory(args)

@@ -13,10 +13,10 @@ import argparse
 import os
 from typing import Any
 
-from cluster.flags import path_value, text_value
+from cluster.base.flags import path_value, text_value
 from cluster.commands._common import (add_changing, add_json, load_inventory, positive_float,
                                       positive_int, print_json, recorded_run, stderr, stdout)
-from cluster.errors import UsageError
+from cluster.base.errors import UsageError
 
 
 def _pair(text: str) -> tuple[str, str]:
@@ -27,7 +27,7 @@ def _pair(text: str) -> tuple[str, str]:
 
 
 def _engine_pair(text: str) -> tuple[str, Any]:
-    from cluster import yamlfile
+    from cluster.base import yamlfile
 
     key, value = _pair(text)
     try:
@@ -40,7 +40,7 @@ def _engine_pair(text: str) -> tuple[str, Any]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from cluster.deploy import DEFAULT_API_KEY_ENV, DEFAULT_TIMEOUT_S, DEVICES
+    from cluster.serving.deploy import DEFAULT_API_KEY_ENV, DEFAULT_TIMEOUT_S, DEVICES
 
     p = sub.add_parser(
         "deploy", help="serve a model on the Ray cluster (Ray Serve + vLLM, OpenAI API)",
@@ -116,8 +116,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _spec(args: argparse.Namespace, inv):
-    from cluster import deploy
-    from cluster.plan_file import load_plan
+    from cluster.serving import deploy
+    from cluster.planning.plan_file import load_plan
 
     api_key_env = None if args.no_api_key else args.api_key_env
     common = dict(name=args.name, served_model_name=args.served_model_name,
@@ -176,7 +176,7 @@ def _print(args: argparse.Namespace, doc: dict, record) -> None:
 
     from rich.text import Text
 
-    from cluster.render import to_json
+    from cluster.report.render import to_json
 
     if args.json:
         print_json(json.loads(record.scrub(to_json(doc))))

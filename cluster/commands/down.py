@@ -7,7 +7,7 @@ import argparse
 from cluster.commands._common import (add_changing, add_json, add_serial, recorded_run,
                                       run_outcome, stdout)
 from cluster.commands.up import print_plan, steps_table
-from cluster.errors import UsageError
+from cluster.base.errors import UsageError
 from playbooks import ray_down
 
 

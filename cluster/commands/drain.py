@@ -6,11 +6,11 @@ from __future__ import annotations
 import argparse
 from typing import Any, Callable
 
-from cluster.flags import path_value, text_value
-from cluster import rollout
+from cluster.base.flags import path_value, text_value
+from cluster.ray import rollout
 from cluster.commands._common import (add_changing, add_json, float_range, int_range,
                                       load_inventory, recorded_run, run_outcome, stdout)
-from cluster.errors import UsageError
+from cluster.base.errors import UsageError
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -8,9 +8,9 @@ import shlex
 
 from cluster.commands._common import (add_json, add_nodes, emit_json, float_range,
                                       recorded_run_on_nodes, stdout)
-from cluster.errors import UsageError
-from cluster.fold import compress
-from cluster.render import GRID_MAX_NODES, command_results_folded, command_results_table
+from cluster.base.errors import UsageError
+from cluster.report.fold import compress
+from cluster.report.render import GRID_MAX_NODES, command_results_folded, command_results_table
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from cluster.commands._common import (add_changing, add_json, add_nodes, emit_json, path_value,
                                       recorded_run_on_nodes, stdout)
-from cluster.errors import UsageError
-from cluster.fix_undo import read_record
-from cluster.fold import Row, fold
-from cluster.render import fix_lines, folded_table
+from cluster.base.errors import UsageError
+from cluster.remedy.fix_undo import read_record
+from cluster.report.fold import Row, fold
+from cluster.report.render import fix_lines, folded_table
 from playbooks import fix as fix_playbook
 
 NAME_RE_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789-")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cluster.flags import path_value, text_value
+from cluster.base.flags import path_value, text_value
 from cluster.commands._common import add_json, print_json, stderr
-from cluster.errors import UsageError
-from cluster.inventory import template_text
+from cluster.base.errors import UsageError
+from cluster.nodes.inventory import template_text
 
 
 def register(sub: argparse._SubParsersAction) -> None:

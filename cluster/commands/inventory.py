@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.markup import escape
 
 from cluster.commands._common import add_json, load_inventory, print_json, stderr, stdout
-from cluster.inventory import redact_env
+from cluster.nodes.inventory import redact_env
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -9,8 +9,8 @@ import os
 
 from cluster.commands._common import (add_json, add_nodes, emit_json, path_value,
                                       recorded_run_on_nodes, stdout, text_value)
-from cluster.errors import ClusterError
-from cluster.textsafe import terminal_safe_line
+from cluster.base.errors import ClusterError
+from cluster.base.textsafe import terminal_safe_line
 
 PATTERN_MAX = 64
 
@@ -52,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _options(args: argparse.Namespace):
-    from cluster.errors import UsageError
+    from cluster.base.errors import UsageError
     from playbooks.model_pull import PullOptions, node_path
 
     if args.revision is not None and (len(args.revision) > 256 or not all(

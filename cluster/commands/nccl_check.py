@@ -1,7 +1,7 @@
 """`cluster nccl-check [--backend nccl|gloo] [--size-mb N] [--iters N] [--timeout S] [--json]`.
 
 `--layout PLAN.yaml`: the fabric proof of a plan's groups (what `cluster deploy` runs before it
-starts engines) without deploying: cluster/fabric_proof.py.
+starts engines) without deploying: cluster/planning/fabric_proof.py.
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
-from cluster.flags import path_value, text_value
-from cluster import nccl_check
-from cluster.bounds import bound
+from cluster.base.flags import path_value, text_value
+from cluster.ray import nccl_check
+from cluster.base.bounds import bound
 from cluster.commands._common import (add_json, add_nodes, float_range, int_range,
                                       load_inventory, recorded_run, stdout)
-from cluster.errors import UsageError
-from cluster.modelinfo import read_json_file
-from cluster.remote import CommandResult
-from cluster.render import status_text
+from cluster.base.errors import UsageError
+from cluster.planning.modelinfo import read_json_file
+from cluster.nodes.remote import CommandResult
+from cluster.report.render import status_text
 from playbooks.outcome import never_confirm
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -184,11 +184,12 @@ def _fmt(value: float | None) -> str:
 
 def _run_layout(args: argparse.Namespace) -> int:
     """--layout PLAN: the plan's groups proven on the alive nodes (the deploy's proof step)."""
-    from cluster import deploy, fabric_proof
-    from cluster.errors import DeployError
-    from cluster.fabric_groups import Layout
-    from cluster.plan_file import load_plan
-    from cluster.ray_state import query_state
+    from cluster.serving import deploy
+    from cluster.planning import fabric_proof
+    from cluster.base.errors import DeployError
+    from cluster.planning.fabric_groups import Layout
+    from cluster.planning.plan_file import load_plan
+    from cluster.ray.ray_state import query_state
     from playbooks import nccl_check as playbook
 
     if args.nodes not in (None, "all", "*") or args.report:

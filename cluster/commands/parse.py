@@ -30,11 +30,11 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from cluster.flags import path_value
-from cluster import parsers
+from cluster.base.flags import path_value
+from cluster.inspection import parsers
 from cluster.commands._common import add_json, print_json, stderr, stdout
-from cluster.errors import ParseError
-from cluster.parsers._lines import MAX_LINE_CHARS, long_lines
+from cluster.base.errors import ParseError
+from cluster.inspection.parsers._lines import MAX_LINE_CHARS, long_lines
 
 MAX_LOG_BYTES = 2 * 1024 ** 3       # an NCCL log, streamed line by line
 MAX_TEXT_BYTES = 256 * 1024 ** 2    # any other kind's text, held in memory

@@ -17,12 +17,12 @@ from typing import Any
 
 import yaml
 
-from cluster.bounds import bound
+from cluster.base.bounds import bound
 from cluster.commands._common import float_range, int_range, path_value, text_value
-from cluster.errors import ClusterError, InventoryError, UsageError
-from cluster.textsafe import safe_line
-from cluster.modelinfo import load_model_info
-from cluster.planner import (KV_DTYPE_CHOICES, WORKLOADS, ClusterFacts, Plan, PlanOptions,
+from cluster.base.errors import ClusterError, InventoryError, UsageError
+from cluster.base.textsafe import safe_line
+from cluster.planning.modelinfo import load_model_info
+from cluster.planning.planner import (KV_DTYPE_CHOICES, WORKLOADS, ClusterFacts, Plan, PlanOptions,
                              latest_preflight_report, load_cluster_facts_from_report, make_plan,
                              validate_engine_args)
 
@@ -78,7 +78,7 @@ def register(subparsers: Any) -> None:
 
 def _inventory(args: argparse.Namespace):
     """The inventory when one is given or found; None when there is none to read."""
-    from cluster import inventory
+    from cluster.nodes import inventory
     explicit = getattr(args, "inventory", None)
     try:
         return inventory.load(explicit)
@@ -180,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     check = None if args.no_validate else validate_engine_args(plan.engine_args)
     doc = plan.to_dict()
-    from cluster.fabric_needs import fabric_needs, render as render_fabric
+    from cluster.planning.fabric_needs import fabric_needs, render as render_fabric
 
     doc["fabric"] = fabric_needs(info, plan, facts)
     doc["validation"] = check.to_dict() if check else {"status": "skipped", "detail": "--no-validate"}

@@ -9,10 +9,10 @@ from rich.text import Text
 
 from cluster.commands._common import (add_json, add_nodes, emit_json, recorded_run_on_nodes,
                                       stdout)
-from cluster.fold import Row, fold, grid_fits
+from cluster.report.fold import Row, fold, grid_fits
 from playbooks import preflight
-from cluster.render import STATUS_STYLE, fix_lines, folded_table
-from cluster.results import Report, Status
+from cluster.report.render import STATUS_STYLE, fix_lines, folded_table
+from cluster.base.results import Report, Status
 from playbooks.outcome import never_confirm
 
 

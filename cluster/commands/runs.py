@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from cluster.commands._common import int_range, add_json, load_inventory, print_json, stdout
-from cluster.rundir import list_runs
+from cluster.report.rundir import list_runs
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -10,10 +10,10 @@ from rich.text import Text
 
 from cluster.commands._common import (add_json, float_range, load_inventory, print_json,
                                       start_run, stdout)
-from cluster.fold import Row, exact, fold
-from cluster.render import GRID_MAX_NODES, folded_table
+from cluster.report.fold import Row, exact, fold
+from cluster.report.render import GRID_MAX_NODES, folded_table
 from cluster.commands._common import inventory_secrets
-from cluster.remote import Session
+from cluster.nodes.remote import Session
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -4,7 +4,7 @@ Redeploys the app once per value (engine_kwargs[param] = value), benches it at o
 concurrency, recommends the value with the best output tokens/s that meets the TTFT p99 target,
 writes tune.json and tune.png (--out, default the run directory), then restores the original
 config or applies the chosen one (--apply). Exit codes: 0 a recommendation, 1 no value meets
-the target, 2 errors or bad usage. The steps are playbooks/tune.py, the library cluster/tune.py;
+the target, 2 errors or bad usage. The steps are playbooks/tune.py, the library cluster/serving/tune.py;
 docs/tune-status.md.
 """
 
@@ -16,12 +16,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from cluster.flags import path_value, text_value
-from cluster.bounds import bound
+from cluster.base.flags import path_value, text_value
+from cluster.base.bounds import bound
 from cluster.commands._common import (add_changing, add_json, float_range, int_range,
                                       print_json, recorded_run, stderr, stdout)
-from cluster.errors import UsageError
-from cluster.textsafe import safe_line
+from cluster.base.errors import UsageError
+from cluster.base.textsafe import safe_line
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -78,7 +78,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _settings(args: argparse.Namespace):
-    from cluster.tune import TuneSettings, parse_values, tune_defaults
+    from cluster.serving.tune import TuneSettings, parse_values, tune_defaults
 
     defaults = tune_defaults()
     param = args.param or defaults.get("default_param", "max_num_batched_tokens")

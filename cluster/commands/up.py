@@ -11,10 +11,10 @@ from rich.text import Text
 
 from cluster.commands._common import (add_changing, add_json, add_serial, float_range,
                                       print_json, recorded_run, stdout)
-from cluster.errors import UsageError
-from cluster.fold import Row, compress, fold, shape
-from cluster.ray_cluster import Plan, StepResult
-from cluster.render import GRID_MAX_NODES, folded_table, report_table, status_text, to_json
+from cluster.base.errors import UsageError
+from cluster.report.fold import Row, compress, fold, shape
+from cluster.ray.ray_cluster import Plan, StepResult
+from cluster.report.render import GRID_MAX_NODES, folded_table, report_table, status_text, to_json
 from playbooks import ray_up
 
 

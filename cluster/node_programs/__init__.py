@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from cluster.errors import ClusterError, ProgramError
+from cluster.base.errors import ClusterError, ProgramError
 from cluster.ray_jobs import ENTRYPOINTS
-from cluster.shell import heredoc
+from cluster.nodes.shell import heredoc
 
 HERE = Path(__file__).resolve().parent
 RAY_JOBS = HERE.parent / "ray_jobs"

@@ -1,5 +1,5 @@
 """On the head: one request to the Ray dashboard's REST API on the head's loopback, for
-cluster/dashboard_api.py. Prints one JSON document:
+cluster/ray/dashboard_api.py. Prints one JSON document:
 
     dashboard request BASE TIMEOUT LOCK_FILE   stdin: {"method", "path", "body", "redact"}
     dashboard apply   BASE TIMEOUT LOCK_FILE   stdin: {"upsert": app} | {"remove": name},

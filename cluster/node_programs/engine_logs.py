@@ -1,5 +1,5 @@
 """On a node, after `cluster deploy`: the distributed-init lines of the engine's ranks from the
-logs Ray keeps here, for cluster/engine_transport.py. Prints one JSON document:
+logs Ray keeps here, for cluster/serving/engine_transport.py. Prints one JSON document:
 
     engine_logs LOGS_DIR SINCE_UNIX_S
     {"dir": LOGS_DIR, "files": [{"path": name, "lines": [...]}], "truncated": bool,
@@ -10,7 +10,7 @@ stderr) and Serve's replica logs (serve/replica_*.log) modified since SINCE, and
 that say how the ranks communicate: NCCL INFO lines about channels, the network and
 communicator init (NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,NET), and vLLM's process-group
 lines (`world_size=... backend=gloo`, `rank R in world size W is assigned as ...`), and its
-compile-cache lines (the cache directory used, loaded or compiled: cluster/compile_cache.py).
+compile-cache lines (the cache directory used, loaded or compiled: cluster/serving/compile_cache.py).
 
 Bounded: at most MAX_FILES files, the first MAX_READ bytes of each, MAX_LINES lines kept in all,
 each cut at LINE_MAX characters. The logs directory may be Ray's `session_latest` link, which

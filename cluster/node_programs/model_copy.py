@@ -17,7 +17,7 @@
                                     the .part's size (a Range request), stops at the listed size,
                                     checks sha256, then renames it into place.
     relay --dir D --bind IP --ports LOW-HIGH --for S --tag T
-                                    one node of a pipelined relay (cluster/model_relay.py): a
+                                    one node of a pipelined relay (cluster/remedy/model_relay.py): a
                                     detached server on the first free port of the range, serving
                                     the run's files it holds AND the bytes of the files it is
                                     receiving as they land, while a fetch thread pulls the rest

@@ -1,4 +1,4 @@
-"""Runs ON the head (shipped by cluster/health_job.py `read_health`, `python3 - PATH MAX_BYTES`):
+"""Runs ON the head (shipped by cluster/ray/health_job.py `read_health`, `python3 - PATH MAX_BYTES`):
 the health job's readings file of the current Ray session, for `cluster status`.
 
 Prints one JSON document: {"now": the head's clock (s since the epoch), "text": the file's text

@@ -1,14 +1,14 @@
 """Runs ON the cluster as the health job's entrypoint (`python -m cluster.ray_jobs.health_runner
 CONFIG_JSON`), with this package shipped as the job's runtime_env `py_modules`: nothing of the
-toolkit needs to be installed on a node (see cluster/health_job.py for the laptop side).
+toolkit needs to be installed on a node (see cluster/ray/health_job.py for the laptop side).
 
 Every period the driver (on the head) lists the alive Ray nodes, keeps one reader actor on each
 (NodeAffinitySchedulingStrategy, no CPU), asks each for a reading and then:
   - sets the gauges `cluster_health_status` / `cluster_health_value` (ray.util.metrics, tags
     node and check) for every reading;
   - replaces `<temp dir>/session_<current>/cluster-health.json` atomically (the latest readings).
-A reader runs the preflight probes of HEALTH_CHECKS on its node (cluster.probes, LocalRunner)
-and judges them with the preflight verdicts (cluster.preflight.evaluate_node). A node that
+A reader runs the preflight probes of HEALTH_CHECKS on its node (cluster.inspection.probes, LocalRunner)
+and judges them with the preflight verdicts (cluster.inspection.preflight.evaluate_node). A node that
 leaves Ray turns unknown and its reader is dropped; one that joins (or rejoins under a new node
 id) gets a new reader; a reader that dies or does not answer within READ_TIMEOUT_S is replaced.
 One node's error never ends the job; it ends when the cluster is gone (Ray's job supervisor
@@ -24,11 +24,11 @@ import sys
 import time
 from typing import Any, Mapping
 
-from cluster.health_job import (GAUGE_STATUS, GAUGE_TAGS, GAUGE_VALUE, HEALTH_CHECKS, JobConfig,
+from cluster.ray.health_job import (GAUGE_STATUS, GAUGE_TAGS, GAUGE_VALUE, HEALTH_CHECKS, JobConfig,
                                 Reading, gauge_points, readings_document, readings_from_results,
                                 unknown_readings, READINGS_FILE)
 
-log = logging.getLogger("cluster.health_job")
+log = logging.getLogger("cluster.ray.health_job")
 READ_TIMEOUT_S = 90.0          # a reader's probes are bounded by 20 s each (preflight)
 PROBE_TIMEOUT_S = 20.0
 GCS_FAILURES_TO_EXIT = 10      # consecutive failed node listings: the cluster is gone
@@ -37,12 +37,12 @@ HOST_RESOURCE = "host:"
 
 def read_node(config: JobConfig, name: str) -> list[Reading]:
     """One reading per health check on this machine (runs in the reader actor)."""
-    from cluster.checks.node import NODE_CHECKS
-    from cluster.errors import CommandTimeout
-    from cluster.facts import node_facts, probes_for
-    from cluster.preflight import check_probes, evaluate_node
-    from cluster.probes import probe_script
-    from cluster.remote import LocalRunner
+    from cluster.inspection.checks.node import NODE_CHECKS
+    from cluster.base.errors import CommandTimeout
+    from cluster.inspection.facts import node_facts, probes_for
+    from cluster.inspection.preflight import check_probes, evaluate_node
+    from cluster.inspection.probes import probe_script
+    from cluster.nodes.remote import LocalRunner
 
     inventory, node = config.inventory(), config.node(name)
     checks = [c for c in NODE_CHECKS if c.id in HEALTH_CHECKS]

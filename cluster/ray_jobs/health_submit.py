@@ -1,4 +1,4 @@
-"""Runs ON the head (a node program, shipped by cluster/health_job.py through the one runner as
+"""Runs ON the head (a node program, shipped by cluster/ray/health_job.py through the one runner as
 `python3 -c BOOT`, this file on stdin's first line, then one JSON request line): starts the
 health job (cluster/ray_jobs/health_runner.py), or keeps the one running.
 

@@ -3,7 +3,7 @@
 Runs ON the cluster as the entrypoint of a Ray job (so it shows in the Ray dashboard), started by
 `cluster nccl-check` as `python nccl_allreduce.py ARGS` on the head. It needs only the standard
 library, Ray and torch on the nodes; `cluster` is not imported, so the file is shipped as is to a
-cluster where the toolkit is not installed (cluster/nccl_check.py writes it to a temporary
+cluster where the toolkit is not installed (cluster/ray/nccl_check.py writes it to a temporary
 directory on the head; the actor class travels by value, as classes of `__main__` do).
 
 Steps, every one bounded by the deadline (--deadline, a Unix time on the head's clock):

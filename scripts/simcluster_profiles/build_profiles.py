@@ -851,7 +851,7 @@ def h100_facts(**over) -> dict:
         "nvidia_peermem": True, "memory_peers": ["nv_mem"],
         "clock_source": "chrony", "clock_synchronized": True, "clock_offset_seconds": 0.000260112,
         "dev_shm": SHM_DEFAULT, "memlock": "unlimited",
-        # node health (cluster/checks/health.py): what lspci, dmesg, systemctl and nvidia-smi show
+        # node health (cluster/inspection/checks/health.py): what lspci, dmesg, systemctl and nvidia-smi show
         "acs_enabled": False, "fabric_manager": "running", "fabric_state": "Completed", "xids": [],
         "persistence_mode": True, "pcie_narrow_gpus": [], "remap_pending_gpus": [],
         "nearest_nic_relation": "PIX",

@@ -136,10 +136,10 @@ def head_driver(inventory: Path | str, script: str, timeout: float = 300) -> dic
     cluster's auth mode) and return the JSON of its `RESULT {...}` line."""
     import shlex
 
-    from cluster import inventory as inventory_mod
-    from cluster import ray_cluster
-    from cluster.facts import gather as gather_facts
-    from cluster.remote import Session
+    from cluster.nodes import inventory as inventory_mod
+    from cluster.ray import ray_cluster
+    from cluster.inspection.facts import gather as gather_facts
+    from cluster.nodes.remote import Session
 
     inv = inventory_mod.load(str(inventory))
     with Session(inv) as session:
@@ -234,9 +234,9 @@ def prom_query(inv: Path, query: str) -> list[dict]:
     """Prometheus's /api/v1/query on the head's loopback, over the library's SSH route."""
     import httpx
 
-    from cluster import inventory as inventory_mod
-    from cluster.head_tunnel import HeadTransport, HeadTunnel
-    from cluster.remote import Session
+    from cluster.nodes import inventory as inventory_mod
+    from cluster.ray.head_tunnel import HeadTransport, HeadTunnel
+    from cluster.nodes.remote import Session
 
     inventory = inventory_mod.load(str(inv))
     with Session(inventory) as session, \

@@ -254,7 +254,7 @@ def test_without_the_proxys_credential_the_browser_gets_the_refusal(scenario, da
 
 def test_a_plain_tunnel_without_the_token_shows_the_prompt(scenario, tmp_path):
     """The control: the check above can fail (same page, same browser, no token added)."""
-    from cluster import inventory as inventory_mod
+    from cluster.nodes import inventory as inventory_mod
     from cluster.commands.dashboard import tunnel_argv
 
     port = _free_port()

@@ -73,10 +73,10 @@ def inv(sim, model, tmp_path_factory, process_watch) -> Path:
 
 def serve_app(inv: Path, name: str):
     """(AppState or None) read through the toolkit's own dashboard client."""
-    from cluster import deploy
-    from cluster import inventory as inventory_mod
-    from cluster.dashboard_api import DashboardClient
-    from cluster.remote import Session
+    from cluster.serving import deploy
+    from cluster.nodes import inventory as inventory_mod
+    from cluster.ray.dashboard_api import DashboardClient
+    from cluster.nodes.remote import Session
 
     inventory = inventory_mod.load(str(inv))
     with Session(inventory) as session:
@@ -244,7 +244,7 @@ def test_a_failing_app_is_reported_with_its_exception_and_logs(inv, deployed):
 def test_a_killed_replica_is_restarted_and_serves_again(sim, inv, deployed):
     """Also fault (e) of the scripting issue: the replica is killed while `cluster bench` runs;
     the failed requests are counted by kind (none lost, none hanging) and the app recovers."""
-    from cluster.bench import BenchConfig, run_bench
+    from cluster.serving.bench import BenchConfig, run_bench
 
     (old,) = live_replicas(inv, APP)
     node = next(n.name for n in sim.nodes if n.ip == old.node_ip)

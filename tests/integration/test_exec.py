@@ -12,8 +12,8 @@ import pytest
 
 from integration_kit import ClusterCli
 
-from cluster import inventory as inventory_mod
-from cluster.remote import Session
+from cluster.nodes import inventory as inventory_mod
+from cluster.nodes.remote import Session
 
 pytestmark = pytest.mark.integration
 RUN_DIR = tempfile.mkdtemp(prefix="cluster-test-runs-")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cluster.health_job import HEALTH_CHECKS
+from cluster.ray.health_job import HEALTH_CHECKS
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray]
 

@@ -48,8 +48,8 @@ def inv(sim, tmp_path_factory) -> Path:
 
 def job_on_dashboard(inventory: Path, job_id: str) -> dict:
     """The job as the head's dashboard lists it (GET /api/jobs/<id>, with the Ray token)."""
-    from cluster import inventory as inventory_mod
-    from cluster.remote import Session
+    from cluster.nodes import inventory as inventory_mod
+    from cluster.nodes.remote import Session
 
     inv = inventory_mod.load(str(inventory))
     script = ("import json, os, urllib.request\n"

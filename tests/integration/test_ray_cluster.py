@@ -19,7 +19,7 @@ import yaml
 
 from fakes import cluster_process
 from integration_kit import PYTHON, ClusterCli, derive_inventory, head_driver
-from cluster.probes import probe_names
+from cluster.inspection.probes import probe_names
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray]
 
@@ -170,9 +170,9 @@ def test_up_status_idempotent_rejoin(sim, inv):
     assert code == 0 and node_ids(status) == after
 
     # what `up` shows when a node does not register in time: the end of its Ray logs
-    from cluster import inventory as inventory_mod
-    from cluster.ray_cluster import log_tail_command
-    from cluster.remote import Session
+    from cluster.nodes import inventory as inventory_mod
+    from cluster.ray.ray_cluster import log_tail_command
+    from cluster.nodes.remote import Session
 
     loaded = inventory_mod.load(str(inv))
     with Session(loaded) as session:
@@ -211,7 +211,7 @@ def _accepted(sim, node: str) -> int:
 
 
 def _logged_commands(log: Path) -> list[str]:
-    """The commands of a run directory's node log (cluster/rundir.py: `=== ...`, `$ CMD` (may
+    """The commands of a run directory's node log (cluster/report/rundir.py: `=== ...`, `$ CMD` (may
     span lines), then `! error` / `--- stdout` / `--- stderr` sections)."""
     commands = []
     for entry in log.read_text().split("\n=== "):

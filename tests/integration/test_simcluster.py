@@ -130,7 +130,7 @@ def test_profile_facts_match_what_its_tools_print(name):
 
 def check_health_facts(name, prof, tool, tools):
     """The node-health facts against what the toolkit's own parsers read from the profile's tools."""
-    from cluster.parsers import dmesg, fabricmanager, lspci, nvidia_smi, nvidia_smi_q, nvidia_smi_topo
+    from cluster.inspection.parsers import dmesg, fabricmanager, lspci, nvidia_smi, nvidia_smi_q, nvidia_smi_topo
     facts = prof.facts
     if not facts["gpu_count"]:
         assert all(facts[k] is None for k in HEALTH_FACTS), "a node without GPUs has no GPU health facts"

@@ -84,7 +84,7 @@ def placement(endpoint: str) -> dict:
 
 
 def gauges(endpoint: str) -> tuple[float, float]:
-    from cluster.bench import scrape_metric
+    from cluster.serving.bench import scrape_metric
 
     return (scrape_metric(endpoint, "vllm:num_requests_running"),
             scrape_metric(endpoint, "vllm:num_requests_waiting"))
@@ -92,7 +92,7 @@ def gauges(endpoint: str) -> tuple[float, float]:
 
 def test_kv_pressure_shows_the_capacity_warning_and_bench_counts_what_the_engine_made(
         inv, endpoint):
-    from cluster.bench import BenchConfig, run_bench, scrape_metric
+    from cluster.serving.bench import BenchConfig, run_bench, scrape_metric
 
     metric = "vllm:generation_tokens_total"
     before = scrape_metric(endpoint, metric)     # through the serving app's own route

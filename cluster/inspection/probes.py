@@ -1,0 +1,226 @@
+"""Probes: many read-only commands in one SSH round trip per node, split back into per-command outputs.
+
+A probe is (name, shell command). `probe_script` wraps them into one bash script that runs
+every probe at the same time, each under `timeout` and with its stdout and stderr in files of
+a private temporary directory (mktemp -d), so one hung tool (a wedged nvidia-smi) costs only
+the checks that read it: the script waits at most the probe timeout (plus the kill grace) for
+all of them, then prints every probe's output, the unfinished ones as timed out (exit 124)
+with what they printed so far. What it prints is bounded on the node: per probe and stream
+at most `node_output.probe_bytes` (its head and tail, the cut said in a marker line: "N bytes
+cut"), and a stream may grow to `node_output.probe_file_bytes` in the temporary directory
+(`ulimit -f`: a tool writing more is stopped there).
+
+Every line of a probe's output is printed with a prefix (`|` stdout, `!` stderr) and the
+markers start with `@@cluster-probe@@`, so no output can forge another probe's (a tool that
+prints a marker line prints `|@@cluster-probe@@ ...`). `split_probe_output` is the pure,
+bounded inverse: it keeps at most the same head and tail per stream, whatever a node sends.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections import deque
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Mapping
+
+from cluster.base.errors import ParseError
+from cluster.nodes.kept import cut_note
+
+_MARK = "@@cluster-probe@@"
+_OUT, _ERR = "|", "!"
+_END_RE = re.compile(rf"{re.escape(_MARK)} (\S+) end (-?\d+)")
+_BEGIN_RE = re.compile(rf"{re.escape(_MARK)} (\S+) begin")
+_CUT_RE = re.compile(rf"{re.escape(_MARK)} (\S+) cut ([|!]) (\d+) bytes cut")
+_NO_TMP_RE = re.compile(rf"{re.escape(_MARK)} - no-tmp (.*)")
+NOT_FOUND = 127
+TIMED_OUT = 124
+KILL_GRACE_S = 2           # `timeout -k`: SIGKILL this long after SIGTERM
+COLLECT_SLACK_S = 2        # the script's wait beyond the probe timeout and the kill grace
+POLL_S = 0.05
+
+
+def _limit(key: str) -> int:
+    from cluster.base.bounds import bound
+    return int(bound("node_output", key))
+
+
+@dataclass(frozen=True)
+class Probe:
+    name: str
+    command: str
+
+
+@dataclass(frozen=True)
+class ProbeOutput:
+    """What one probe printed. exit_code 127: command not found; 124: timed out.
+    `cut`: bytes of its stdout and stderr dropped from the middle (0: it is whole)."""
+
+    name: str
+    command: str
+    exit_code: int
+    stdout: str
+    stderr: str
+    cut: int = 0
+
+    @property
+    def missing_tool(self) -> bool:
+        return self.exit_code == NOT_FOUND or "command not found" in self.stderr \
+            or "No such file or directory" in self.stderr and not self.stdout.strip()
+
+    @property
+    def timed_out(self) -> bool:
+        return self.exit_code == TIMED_OUT
+
+
+def script_deadline(per_probe_timeout: float) -> float:
+    """Seconds the probe script runs at most, however many probes: they run at once."""
+    return per_probe_timeout + KILL_GRACE_S + COLLECT_SLACK_S
+
+
+def probe_script(probes: Iterable[Probe], per_probe_timeout: float = 20) -> str:
+    """One bash command line running every probe at once, read-only, with markers."""
+    probes = list(probes)
+    for p in probes:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", p.name):
+            raise ValueError(f"bad probe name {p.name!r}")
+    keep, blocks = _limit("probe_bytes"), max(1, _limit("probe_file_bytes") // 1024)
+    ticks = int(script_deadline(per_probe_timeout) / POLL_S)
+    parts = [
+        "export LC_ALL=C",
+        f"M='{_MARK}'",
+        # a private directory (0700) for the outputs: mktemp's, else one in /dev/shm
+        "d=$(mktemp -d 2>/dev/null || mktemp -d /dev/shm/cluster-probe.XXXXXXXX 2>/dev/null) "
+        "|| { printf '%s - no-tmp mktemp -d failed (no writable temporary directory)\\n' \"$M\"; "
+        "exit 0; }",
+        "trap 'rm -rf \"$d\"' EXIT",
+        # one stream of a probe, its lines prefixed; over the cap: head, a cut line, tail
+        f"o() {{ s=$(( $(wc -c < \"$2\" 2>/dev/null || echo 0) )); h={keep // 2}; "
+        f"if [ \"$s\" -le {keep} ]; then sed \"s/^/$3/\" \"$2\"; else head -c $h \"$2\" | "
+        f"sed \"s/^/$3/\"; printf '\\n%s %s cut %s %s bytes cut\\n' \"$M\" \"$1\" \"$3\" "
+        f"$((s - 2 * h)); "
+        f"tail -c $h \"$2\" | sed \"s/^/$3/\"; fi; printf '\\n'; }}",
+        "e() { r=$(cat \"$d/$2.r\" 2>/dev/null); [ -n \"$r\" ] || r=124; "
+        "printf '%s %s begin\\n' \"$M\" \"$1\"; o \"$1\" \"$d/$2.o\" '|'; o \"$1\" \"$d/$2.e\" '!'; "
+        "printf '%s %s end %s\\n' \"$M\" \"$1\" \"$r\"; }",
+    ]
+    for i, p in enumerate(probes):
+        parts.append(
+            f"( ulimit -f {blocks} 2>/dev/null; timeout -k {KILL_GRACE_S} {per_probe_timeout:g} "
+            f"bash -c {shlex.quote(p.command)} >\"$d/{i}.o\" 2>\"$d/{i}.e\" </dev/null; "
+            f"echo $? >\"$d/{i}.t\"; mv \"$d/{i}.t\" \"$d/{i}.r\" ) >/dev/null 2>&1 </dev/null &")
+    done = " && ".join(f"[ -e \"$d/{i}.r\" ]" for i in range(len(probes))) or "true"
+    parts.append(f"w=0; until {{ {done}; }} || [ $w -ge {ticks} ]; do sleep {POLL_S:g}; "
+                 f"w=$((w + 1)); done")
+    # All output is gathered in one file and written at once: streamed, every line of every
+    # probe was its own SSH packet (through a bastion, twice), which cost the laptop more CPU
+    # than everything else in a preflight.
+    parts.append("{ " + " ".join(f"e {p.name} {i};" for i, p in enumerate(probes))
+                 + " } > \"$d/all\" 2>/dev/null; cat \"$d/all\"")
+    return "bash -c " + shlex.quote("\n".join(parts))
+
+
+_EMIT_RE = re.compile(r"\be ([A-Za-z0-9_.-]+) \d+;")
+
+
+def probe_names(script: str) -> list[str]:
+    """The names of the probes a probe_script command runs, in order (for logs and tests)."""
+    return _EMIT_RE.findall(script) if _MARK in script else []
+
+
+class _Kept:
+    """One stream's lines as the split keeps them: the first and last `half` characters
+    (whole lines), the count of those dropped between."""
+
+    def __init__(self, half: int):
+        self.half, self.head, self.tail = half, [], deque()
+        self.head_size = self.tail_size = 0
+        self.cut = 0
+        self.cut_at = -1           # where in `head` the node's own cut marker was
+
+    def add(self, line: str) -> None:
+        if self.head_size + len(line) <= self.half and not self.tail:
+            self.head.append(line)
+            self.head_size += len(line) + 1
+            return
+        self.tail.append(line)
+        self.tail_size += len(line) + 1
+        while self.tail_size > self.half and self.tail:
+            dropped = self.tail.popleft()
+            self.tail_size -= len(dropped) + 1
+            self.cut += len(dropped) + 1
+
+    def node_cut(self, count: int) -> None:
+        self.cut += count
+        self.head.extend(self.tail)
+        self.head_size += self.tail_size
+        self.tail, self.tail_size = deque(), 0
+        self.cut_at = len(self.head)
+
+    def text(self) -> str:
+        lines = list(self.head)
+        if self.cut:
+            lines.insert(self.cut_at if self.cut_at >= 0 else len(lines), cut_note(self.cut))
+        lines += self.tail
+        return "\n".join(lines) + ("\n" if lines else "")
+
+
+def _lines(text: str) -> Iterator[str]:
+    """text split on "\\n" only (a tool's \\r or form feed stays in its line), lazily."""
+    start = 0
+    while True:
+        end = text.find("\n", start)
+        if end < 0:
+            if start < len(text):
+                yield text[start:]
+            return
+        yield text[start:end]
+        start = end + 1
+
+
+def split_probe_output(text: str, probes: Iterable[Probe]) -> dict[str, ProbeOutput]:
+    """Inverse of probe_script: {probe name: ProbeOutput}. Probes that never ended are absent;
+    so are names that were not asked. Each stream keeps at most node_output.probe_bytes."""
+    commands = {p.name: p.command for p in probes}
+    half = _limit("probe_bytes") // 2 + 4096
+    out: dict[str, ProbeOutput] = {}
+    current: str | None = None
+    streams: dict[str, _Kept] = {}
+    for line in _lines(text):
+        if line.startswith(_OUT) or line.startswith(_ERR):
+            if current is not None:
+                streams[line[0]].add(line[1:])
+            continue
+        if not line.startswith(_MARK):
+            continue                          # the newline after a stream
+        begin, end, cut = _BEGIN_RE.fullmatch(line), _END_RE.fullmatch(line), \
+            _CUT_RE.fullmatch(line)
+        if begin:
+            current = begin.group(1) if begin.group(1) in commands else None
+            streams = {_OUT: _Kept(half), _ERR: _Kept(half)}
+        elif cut and current == cut.group(1):
+            streams[cut.group(2)].node_cut(int(cut.group(3)))
+        elif end and current == end.group(1):
+            o, e = streams[_OUT], streams[_ERR]
+            out[current] = ProbeOutput(current, commands[current], int(end.group(2)),
+                                       o.text(), e.text(), o.cut + e.cut)
+            current = None
+    return out
+
+
+def script_problem(text: str) -> str | None:
+    """Why the probe script ran none of its probes (no temporary directory), or None."""
+    head = text[:4096]
+    for line in _lines(head):
+        m = _NO_TMP_RE.fullmatch(line)
+        if m:
+            return m.group(1)
+    return None
+
+
+def require(outputs: Mapping[str, ProbeOutput], name: str) -> ProbeOutput:
+    try:
+        return outputs[name]
+    except KeyError:
+        raise ParseError("probe", f"no output for probe {name!r} (the node stopped answering?)") \
+            from None

@@ -1,0 +1,251 @@
+"""Cross-node reachability: real TCP connects between the nodes on Ray's and Serve's ports.
+
+Three fan-outs of the on-node program cluster/node_programs/reach.py: every node starts a
+short-lived listener on the ports it will serve (those already taken, e.g. by a running Ray,
+are answered by their owner), every node connects to the ports of its peers, then the
+listeners are stopped (they also exit by themselves). A dropped SYN (a firewall's DROP) is a
+timeout, a REJECT is refused: both fail with the pair and the port named.
+
+Peers (pure, `plan_targets`): up to `full_matrix_max_nodes` every node probes every other. Above
+it the cost stays linear: each node probes the head and `peers_per_node` others at distances
+1, 2, 4, ... along the inventory order; the head probes every node; and every pair of /24
+subnets (the racks, as far as addresses tell) has at least one probe each way.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import secrets
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from cluster.inspection.checks.node import ray_ports
+from cluster.base.errors import InventoryError, ProgramError
+from cluster.nodes.inventory import Inventory, Node
+from cluster.node_programs import fan_out_program
+from cluster.nodes.remote import Session
+from cluster.base.results import CheckResult, Evidence, Status
+
+CHECK = "reachability"
+PROGRAM = "reach"                # cluster/node_programs/reach.py
+PROBES_AT_ONCE = 512            # reach.py's MAX_AT_ONCE: connects in flight per node
+_LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+@dataclass(frozen=True)
+class Target:
+    node: str
+    ip: str
+    port: int
+    what: str      # the port's name (node_manager_port, ...)
+
+
+def _samples(lo: int, hi: int, count: int) -> list[int]:
+    """`count` ports from lo to hi: the first, the last and evenly between."""
+    return sorted({lo + (hi - lo) * i // max(1, count - 1) for i in range(count)})
+
+
+def served_ports(node: Node, inventory: Inventory, th: Mapping[str, Any]) -> dict[int, str]:
+    """The ports other nodes connect to on `node`: Ray's; samples of the worker range (Ray
+    workers); with Serve's HAProxy ingress, samples of the replicas' HTTP port range; samples
+    of the multi-node vLLM master port range (ray.vllm_port_min..max: a rank on another node
+    connects to its master there). The dashboard only when not on loopback."""
+    ports = dict(ray_ports(node, inventory))
+    r = inventory.ray
+    if r.dashboard_host in _LOOPBACK_HOSTS:
+        ports.pop(r.dashboard_port, None)
+    count = th["worker_port_samples"]
+    for port in _samples(r.min_worker_port, r.max_worker_port, count):
+        ports.setdefault(port, "worker port range")
+    replica = th["serve_replica_ports"]
+    if len(replica) != 2 or replica[0] > replica[1]:
+        raise InventoryError(f"must be [first, last] port, got {replica!r}",
+                             key="expectations.reachability.serve_replica_ports")
+    if r.serve_ingress == "haproxy":
+        for port in _samples(replica[0], replica[1], count):
+            ports.setdefault(port, "Serve replica port range")
+    for port in _samples(r.vllm_port_min, r.vllm_port_max, count):
+        ports.setdefault(port, "vLLM multi-node master port range")
+    return ports
+
+
+def _subnet(node: Node) -> str:
+    try:
+        return str(ipaddress.ip_network(f"{node.ip}/24", strict=False))
+    except ValueError:
+        return node.ip      # a host name: its own group
+
+
+def plan_peers(nodes: Sequence[Node], head: str, full_max: int, per_node: int
+               ) -> dict[str, list[str]]:
+    """source node -> the nodes it probes (pure)."""
+    names = [n.name for n in nodes]
+    count = len(names)
+    if count <= full_max:
+        return {a: [b for b in names if b != a] for a in names}
+    peers: dict[str, set[str]] = {a: set() for a in names}
+    for i, a in enumerate(names):
+        if a != head and head in peers:
+            peers[a].add(head)
+        step = 1
+        for _ in range(per_node):
+            peers[a].add(names[(i + step) % count])
+            step *= 2
+        peers[a].discard(a)
+    if head in peers:
+        peers[head] |= set(names) - {head}
+    groups: dict[str, list[str]] = defaultdict(list)
+    for n in nodes:
+        groups[_subnet(n)].append(n.name)
+    keys = sorted(groups)
+    for i, ga in enumerate(keys):
+        for j, gb in enumerate(keys):
+            if ga != gb and not any(b in peers[a] for a in groups[ga] for b in groups[gb]):
+                src = groups[ga][(i + j) % len(groups[ga])]
+                peers[src].add(groups[gb][(i + j) % len(groups[gb])])
+    return {a: sorted(p, key=names.index) for a, p in peers.items()}
+
+
+def plan_targets(nodes: Sequence[Node], inventory: Inventory, th: Mapping[str, Any]
+                 ) -> dict[str, list[Target]]:
+    """source node -> every (peer, port) it connects to (pure)."""
+    by_name = {n.name: n for n in nodes}
+    head = inventory.head.name
+    peers = plan_peers(nodes, head, th["full_matrix_max_nodes"], th["peers_per_node"])
+    served = {n.name: served_ports(n, inventory, th) for n in nodes}
+    return {src: [Target(dst, by_name[dst].ip, port, what)
+                  for dst in dsts for port, what in sorted(served[dst].items())]
+            for src, dsts in peers.items()}
+
+
+def _targets_arg(targets: Sequence[Target]) -> str:
+    """host:p1+p2,host2:p3 (compact: one argument stays far below the kernel's 128 KiB)."""
+    by_ip: dict[str, list[int]] = defaultdict(list)
+    for t in targets:
+        by_ip[t.ip].append(t.port)
+    return ",".join(f"{ip}:{'+'.join(map(str, ports))}" for ip, ports in by_ip.items())
+
+
+def _docs(answers: Sequence[dict | ProgramError], nodes: Sequence[Node]) -> dict[str, dict | None]:
+    """node -> the program's document, None when it gave none (unreached, failed, garbled)."""
+    return {n.name: a if isinstance(a, dict) else None for n, a in zip(nodes, answers)}
+
+
+def run_reachability(inventory: Inventory, session: Session, nodes: Sequence[Node]
+                     ) -> list[CheckResult]:
+    """Listen, probe, stop on `nodes` (all reachable over SSH); the results, never raising."""
+    th = inventory.expectations["reachability"]
+    if len(nodes) < 2:
+        return [CheckResult(CHECK, None, Status.SKIP, "fewer than two reachable nodes")]
+    plan = plan_targets(nodes, inventory, th)
+    served = {n.name: served_ports(n, inventory, th) for n in nodes}
+    tag = secrets.token_hex(6)
+    timeout = float(th["connect_timeout_s"])
+    batches = -(-len(nodes) // max(1, session.max_parallel))
+    lifetime = min(900.0, 60.0 + batches * (timeout * 3 + inventory.ssh.connect_timeout + 5))
+    listened = fan_out_program(
+        session, nodes, PROGRAM, lambda n: ["listen", "--ports",
+                                            ",".join(map(str, served[n.name])),
+                                            "--for", f"{lifetime:g}", "--tag", tag], timeout=30)
+    rounds = max(-(-len(plan[n.name]) // PROBES_AT_ONCE) for n in nodes)
+    try:
+        probed = fan_out_program(
+            session, nodes, PROGRAM, lambda n: ["probe", "--targets", _targets_arg(plan[n.name]),
+                                                "--timeout", f"{timeout:g}"],
+            timeout=30 + rounds * timeout)
+    finally:
+        fan_out_program(session, nodes, PROGRAM, ["stop", "--tag", tag], timeout=30)
+    listen_docs = _docs(listened, nodes)
+    probe_docs = _docs(probed, nodes)
+    return judge(plan, listen_docs, probe_docs, [n.name for n in nodes],
+                 sampled=len(nodes) > th["full_matrix_max_nodes"])
+
+
+_OUTCOME = {"timeout": "timed out (SYN dropped: a firewall?)",
+            "refused": "refused (a REJECT rule, or nothing listened)"}
+_LISTED = 4
+
+
+def _describe(t: Target, outcome: str) -> str:
+    return f"{t.node}:{t.port} ({t.what}) {_OUTCOME.get(outcome, outcome)}"
+
+
+def _node_result(src: str, targets: Sequence[Target], listeners: Mapping[str, dict | None],
+                 outcomes: Mapping[str, Any]) -> tuple[CheckResult, int, list[tuple[str, Target, str]]]:
+    """One source node's result, how many connects counted, and its failures."""
+    bad: list[tuple[str, Target, str]] = []
+    counted = 0
+    peers: set[str] = set()
+    for t in targets:
+        listener = listeners.get(t.node)
+        ours = set(listener.get("listening") or ()) if listener else set()
+        theirs = set(listener.get("busy") or ()) if listener else set()
+        if t.port not in ours | theirs:
+            continue            # nothing was to answer there: not a verdict on the path
+        got = outcomes.get(f"{t.ip}:{t.port}")
+        if got == "refused" and t.port in theirs:
+            # Another process held the port (Ray, a Serve replica): it may listen on loopback
+            # only or have closed it since. A refusal says nothing about the path; a dropped
+            # SYN (timeout) still does.
+            continue
+        counted += 1
+        peers.add(t.node)
+        if got != "ok":
+            bad.append((src, t, str(got or "no answer")))
+    if bad:
+        shown = "; ".join(_describe(t, o) for _, t, o in bad[:_LISTED])
+        more = f" and {len(bad) - _LISTED} more" if len(bad) > _LISTED else ""
+        dsts = sorted({t.node for _, t, _ in bad})
+        ports = sorted({t.port for _, t, _ in bad})
+        return (CheckResult(CHECK, src, Status.FAIL, f"cannot connect to {shown}{more}",
+                            Evidence(data={"failed": [{"to": t.node, "port": t.port,
+                                                       "what": t.what, "outcome": o}
+                                                      for _, t, o in bad]}),
+                            f"open TCP {','.join(map(str, ports))} from {src} to "
+                            f"{', '.join(dsts[:_LISTED])} (on the receiver: `nft list ruleset`, "
+                            f"`iptables -S`; cloud security groups; switch ACLs)"),
+                counted, bad)
+    # One wording for every healthy node (counts in the evidence) so a report folds them.
+    return (CheckResult(CHECK, src, Status.OK, "every connection to its peers ok",
+                        Evidence(data={"peers": len(peers), "connections": counted})),
+            counted, bad)
+
+
+def judge(plan: Mapping[str, Sequence[Target]], listen_docs: Mapping[str, dict | None],
+          probe_docs: Mapping[str, dict | None], names: Sequence[str],
+          sampled: bool = False) -> list[CheckResult]:
+    """Pure: the listeners' and probes' JSON documents -> per-node results and a summary."""
+    results: list[CheckResult] = []
+    failures: list[tuple[str, Target, str]] = []
+    total = 0
+    for src in names:
+        doc = probe_docs.get(src)
+        if doc is None or not isinstance(doc.get("results"), dict):
+            results.append(CheckResult(CHECK, src, Status.ERROR,
+                                       "the connect probe did not run (no answer from the node's "
+                                       "python)"))
+            continue
+        result, counted, bad = _node_result(src, plan.get(src, ()), listen_docs, doc["results"])
+        results.append(result)
+        total += counted
+        failures += bad
+    silent = [n for n in names if listen_docs.get(n) is None]
+    how = "sampled peers (the head, 2^k neighbours, every subnet pair)" if sampled else \
+        "every pair"
+    if failures:
+        pairs = sorted({(s, t.node) for s, t, _ in failures})
+        shown = "; ".join(f"{s} -> {_describe(t, o)}" for s, t, o in failures[:_LISTED])
+        results.append(CheckResult(
+            CHECK, None, Status.FAIL,
+            f"{len(failures)} of {total} connections failed between {len(pairs)} pair(s): "
+            f"{shown}", Evidence(data={"pairs": [list(p) for p in pairs]}),
+            "open Ray's ports and the worker port range between the nodes named"))
+    elif silent:
+        results.append(CheckResult(CHECK, None, Status.ERROR,
+                                   f"no listener started on {', '.join(silent[:_LISTED])}: their "
+                                   f"ports were not tested"))
+    else:
+        results.append(CheckResult(CHECK, None, Status.OK,
+                                   f"{total} connections between {len(names)} nodes ok ({how})"))
+    return results

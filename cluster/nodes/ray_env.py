@@ -1,0 +1,141 @@
+"""The env `ray start` gives a node: one table from inventory fields to variables.
+
+`START_ENV` is the one home of the mapping: each managed variable, the inventory field (or
+policy) it comes from, and how its value is derived. Every direction reads it: the start env
+itself (`start_env`), the node's fabric env handed to vLLM ranks (`fabric_env`), the
+cluster-wide defaults of a deployment's runtime_env (`uniform_fabric_env`), the facts probe's
+list of variables to report (`MANAGED_ENV`) and, in reverse, the field named when an inventory
+`env:` entry is overridden (`field_of`, `env_conflicts`). Pure; imports only the inventory and
+the head's endpoints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+from cluster.nodes.endpoints import prometheus_url
+from cluster.nodes.inventory import SERVE_INGRESS, Inventory, Node, RayOptions
+
+
+@dataclass(frozen=True)
+class StartSettings:
+    """The cluster-wide inputs of a node's start env beside the node itself."""
+
+    auth_mode: str | None = None                    # token | disabled; None: not set
+    serve_ingress: str = RayOptions.serve_ingress
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One managed variable: its name, the inventory field (or policy) it follows, its value
+    for a node (None: not set), and whether it belongs to the node's fabric (the network env
+    vLLM ranks get too) and differs by node by nature (VLLM_HOST_IP is always the node's IP)."""
+
+    name: str
+    field: str
+    value: Callable[[Node, StartSettings], str | None]
+    fabric: bool = False
+    per_node: bool = False
+
+
+START_ENV: tuple[EnvVar, ...] = (
+    EnvVar("NCCL_SOCKET_IFNAME", "nccl_socket_ifname",
+           lambda node, _: node.nccl_socket_ifname or None, fabric=True),
+    EnvVar("GLOO_SOCKET_IFNAME", "gloo_socket_ifname",
+           lambda node, _: node.gloo_socket_ifname or None, fabric=True),
+    EnvVar("NCCL_IB_HCA", "ib_hcas", lambda node, _: ",".join(node.ib_hcas) or None, fabric=True),
+    EnvVar("VLLM_HOST_IP", "node_ip", lambda node, _: node.ip, fabric=True, per_node=True),
+    EnvVar("RAY_USAGE_STATS_ENABLED", "usage-stats policy", lambda node, _: "0"),
+    EnvVar("RAY_AUTH_MODE", "head's auth mode", lambda node, s: s.auth_mode or None),
+    EnvVar("RAY_SERVE_ENABLE_HA_PROXY", "ray.serve_ingress",
+           lambda node, s: SERVE_INGRESS[s.serve_ingress]),
+)
+
+# What a Ray start env must carry (the variables this toolkit sets, beside the inventory's env).
+MANAGED_ENV: tuple[str, ...] = tuple(v.name for v in START_ENV)
+_BY_NAME: Mapping[str, EnvVar] = {v.name: v for v in START_ENV}
+
+
+def field_of(name: str) -> str:
+    """The inventory field (or policy) a managed variable follows."""
+    return _BY_NAME[name].field
+
+
+def managed_env(node: Node, settings: StartSettings,
+                variables: Sequence[EnvVar] = START_ENV) -> dict[str, str]:
+    """The managed variables that have a value on this node."""
+    env = {}
+    for var in variables:
+        value = var.value(node, settings)
+        if value is not None:
+            env[var.name] = value
+    return env
+
+
+FABRIC_ENV: tuple[EnvVar, ...] = tuple(v for v in START_ENV if v.fabric)
+
+
+def fabric_env(node: Node) -> dict[str, str]:
+    """The node's own network env for Ray workers and vLLM ranks: NCCL/GLOO interfaces,
+    HCAs, VLLM_HOST_IP = the node's IP."""
+    return managed_env(node, StartSettings(), FABRIC_ENV)
+
+
+def uniform_fabric_env(inventory: Inventory) -> dict[str, str]:
+    """The fabric variables every node of the inventory sets to the same value (a deployment's
+    cluster-wide defaults; the per-node ones come from `ray start`)."""
+    env = {}
+    for var in FABRIC_ENV:
+        if var.per_node:
+            continue
+        values = {var.value(node, StartSettings()) for node in inventory.nodes}
+        value = values.pop() if len(values) == 1 else None
+        if value:
+            env[var.name] = value
+    return env
+
+
+def head_env(ray: RayOptions) -> dict[str, str]:
+    """RAY_PROMETHEUS_HOST (and RAY_GRAFANA_HOST / RAY_GRAFANA_IFRAME_HOST when the inventory
+    names a Grafana) for the head's `ray start`: Ray's dashboard reads them at start."""
+    env: dict[str, str] = {}
+    url = prometheus_url(ray)
+    if url:
+        env["RAY_PROMETHEUS_HOST"] = url
+    if ray.grafana_url:
+        env["RAY_GRAFANA_HOST"] = ray.grafana_url
+        env["RAY_GRAFANA_IFRAME_HOST"] = ray.grafana_iframe_url or ray.grafana_url
+    return env
+
+
+def start_env(node: Node, auth_mode: str | None = None,
+              serve_ingress: str = RayOptions.serve_ingress,
+              ray: RayOptions | None = None) -> dict[str, str]:
+    """The env `ray start` gets on a node: the inventory's env, then the managed variables.
+
+    Set at start time so every Ray worker process on the node inherits them (env exported later
+    never reaches Ray workers: vllm#6803). VLLM_HOST_IP is always the node's IP (vllm#7815).
+    RAY_AUTH_MODE (when given) is the cluster-wide token-auth mode: `ray start --head` turns
+    token auth on by itself when the head has ~/.ray/auth_token, `ray start --address` does not,
+    so every node gets it explicitly. RAY_SERVE_ENABLE_HA_PROXY follows the inventory's
+    ray.serve_ingress (Serve reads it in the controller and on every node at import time).
+    With `ray` given, the head also gets RAY_PROMETHEUS_HOST / RAY_GRAFANA_* (ray.metrics,
+    cluster/ray/prometheus_head.py), read by Ray's dashboard at start.
+    """
+    env = dict(node.env)
+    env.update(managed_env(node, StartSettings(auth_mode, serve_ingress)))
+    if ray is not None and node.is_head:
+        env.update(head_env(ray))
+    return env
+
+
+def env_conflicts(node: Node, serve_ingress: str = RayOptions.serve_ingress) -> list[str]:
+    """Inventory env entries the dedicated fields override (reported as plan warnings)."""
+    out = []
+    final = start_env(node, node.env.get("RAY_AUTH_MODE"), serve_ingress)
+    for key in MANAGED_ENV:
+        if key in node.env and node.env[key] != final[key]:
+            out.append(f"{node.name}: env {key}={node.env[key]!r} is overridden by "
+                       f"{final[key]!r} (from the node's {field_of(key)})")
+    return out

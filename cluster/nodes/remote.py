@@ -1,0 +1,950 @@
+"""Remote execution: run a command on many nodes in parallel over SSH (Fabric/paramiko) or locally.
+
+A finished command is data (`CommandResult`, whatever its exit code). Only a node that cannot be
+reached (connect timeout, refused, auth failure, host-key mismatch, lost connection) or that does
+not answer in time is an error: `run` raises ConnectError / CommandTimeout, and `fan_out` turns
+them into results with status "unreachable" / "timeout". Every node has its own deadline, so a
+hung command or a frozen sshd on one node never blocks the others (Fabric's ThreadingGroup joins
+its threads without a timeout, so it is not used here).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Protocol, Sequence, TypeVar
+
+from cluster.base.errors import CommandTimeout, ConnectError
+from cluster.nodes.inventory import Inventory, Node, SSHOptions
+from cluster.nodes.kept import HeadTail
+from cluster.base.textsafe import terminal_safe_line
+from cluster.base.threads import Call, parallel  # parallel: callers import it from here too
+from cluster.base.waits import GaveUp, retry
+
+# paramiko's transport thread logs a hung sshd's banner timeout with a traceback at ERROR level,
+# which Python's last-resort handler prints on stderr: the node's result already says why.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+
+OK, FAILED, UNREACHABLE, TIMEOUT = "ok", "failed", "unreachable", "timeout"
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What one command did on one node. status: ok | failed | unreachable | timeout."""
+
+    node: str
+    command: str
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    duration_s: float
+    status: str
+    error: str | None = None
+    cut: int = 0                # bytes of stdout + stderr dropped from their middles (kept.py)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
+
+    @property
+    def reached(self) -> bool:
+        """The command ran to completion (whatever its exit code)."""
+        return self.status in (OK, FAILED)
+
+    def to_dict(self) -> dict:
+        return {"node": self.node, "command": self.command, "status": self.status,
+                "exit_code": self.exit_code, "stdout": self.stdout, "stderr": self.stderr,
+                "duration_s": round(self.duration_s, 3), "error": self.error, "cut": self.cut}
+
+
+CommandSpec = str | Callable[[Node], str]
+ResultHook = Callable[[CommandResult], None]
+
+
+class Runner(Protocol):
+    """Runs one command on one node. Raises ConnectError / CommandTimeout; never for exit codes."""
+
+    def run(self, node: Node, command: str, timeout: float,
+            stdin: str | None = None) -> CommandResult: ...
+
+    def close(self) -> None: ...
+
+
+# ---------------------------------------------------------------- local
+
+
+def output_limit() -> int:
+    """Bytes kept of one command's stdout, and of its stderr (node_output.command_bytes)."""
+    from cluster.base.bounds import bound
+    return int(bound("node_output", "command_bytes"))
+
+
+def _decode(data: bytes) -> str:
+    return data.decode("utf-8", "replace")
+
+
+class LocalRunner:
+    """Runs commands on this machine with bash, in their own process group (killed on timeout);
+    each output stream is read as it comes and kept bounded (kept.HeadTail)."""
+
+    def run(self, node: Node, command: str, timeout: float,
+            stdin: str | None = None) -> CommandResult:
+        start = time.monotonic()
+        proc = subprocess.Popen(["bash", "-c", command],
+                                stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True)
+        streams = (HeadTail(output_limit()), HeadTail(output_limit()))
+        readers = [Call(lambda pipe=pipe, kept=kept: _drain(pipe, kept))
+                   for pipe, kept in zip((proc.stdout, proc.stderr), streams)]
+        if stdin is not None:
+            Call(lambda: _feed(proc.stdin, stdin.encode("utf-8", "surrogateescape")))
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            raise CommandTimeout(node.name, timeout, command) from None
+        for reader in readers:  # a child that outlived bash may hold the pipes: bounded wait
+            reader.join(max(0.5, timeout - (time.monotonic() - start)))
+        out, err = (kept.text(_decode) for kept in streams)
+        code = proc.returncode
+        return CommandResult(node.name, command, code, out, err, time.monotonic() - start,
+                             OK if code == 0 else FAILED, cut=streams[0].cut + streams[1].cut)
+
+    def close(self) -> None:
+        pass
+
+
+def _drain(pipe, kept: HeadTail) -> None:
+    with pipe:
+        for data in iter(lambda: pipe.read1(65536), b""):
+            kept.add(data)
+
+
+def _feed(pipe, data: bytes) -> None:
+    try:
+        with pipe:
+            pipe.write(data)
+    except (BrokenPipeError, OSError):
+        pass                   # the command did not read all of its stdin
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=2)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+# ---------------------------------------------------------------- ssh
+
+
+class SSHRunner:
+    """Runs commands over SSH with Fabric, one reused connection per node for the run's lifetime.
+
+    Host keys are checked against the inventory's known_hosts (or ~/.ssh/known_hosts); an
+    unknown host is refused unless `accept_unknown_host_keys` is set; a changed key is always
+    refused (paramiko's BadHostKeyException). The same policy holds on every hop.
+
+    The inventory alone decides the route: ~/.ssh/config, /etc/ssh/ssh_config and Fabric's own
+    config files are not read (a ProxyJump there would make Fabric build a hop of its own, with
+    a policy that accepts any unknown key). A bastion is the inventory's `jump_host`.
+    """
+
+    def __init__(self, ssh: SSHOptions):
+        self.ssh = ssh
+        self._connections: dict[str, object] = {}
+        self._jump_hosts: dict[tuple[str, str, int], JumpHost] = {}
+        self._host_keys = None
+        self._config = None
+        self._lock = threading.RLock()  # connection() holds it while _gateway() takes it again
+        self._opening: dict[str, threading.Lock] = {}  # one connect at a time per node
+
+    def _fabric_config(self):
+        """One Fabric Config for every connection of the run (it is read, never changed).
+
+        An explicit empty SSHConfig and lazy=True: no ssh_config or Fabric/invoke config file is
+        loaded; gateway=False (not None) in each Connection stops Fabric looking for one there.
+        """
+        from fabric import Config
+        from paramiko import SSHConfig
+
+        with self._lock:
+            if self._config is None:
+                self._config = Config(overrides={"run": {"in_stream": False},
+                                                 "runners": {"remote": _event_driven_remote()}},
+                                      ssh_config=SSHConfig(), lazy=True)
+            return self._config
+
+    def _known_host_keys(self):
+        """(known keys, system keys) as paramiko HostKeys, read once per runner."""
+        with self._lock:
+            if self._host_keys is None:
+                known, system = _indexed_host_keys(), _indexed_host_keys()
+                if self.ssh.known_hosts:
+                    path = os.path.expanduser(self.ssh.known_hosts)
+                    if Path(path).is_file():
+                        known.load(path)
+                else:
+                    default = os.path.expanduser("~/.ssh/known_hosts")
+                    if Path(default).is_file():
+                        system.load(default)
+                self._host_keys = (known, system)
+            return self._host_keys
+
+    @property
+    def _connect_budget(self) -> float:
+        """Seconds one node may spend connecting, retries included (fan_out's deadline has it)."""
+        return 2 * self.ssh.connect_timeout
+
+    def _connect_kwargs(self, node: Node | None) -> dict:
+        identity = (node.identity_file if node else None) or self.ssh.identity_file
+        kwargs: dict = {"banner_timeout": self.ssh.connect_timeout,
+                        "auth_timeout": self.ssh.connect_timeout,
+                        "channel_timeout": self.ssh.connect_timeout,
+                        "transport_factory": _nodelay_transport}
+        if identity:
+            kwargs.update(key_filename=[os.path.expanduser(identity)], allow_agent=False,
+                          look_for_keys=False)
+        return kwargs
+
+    def _make(self, host: str, user: str | None, port: int, node: Node | None,
+              gateway: object | None):
+        conn = _shared_config_connection()(host, user=user, port=port, config=self._fabric_config(),
+                          gateway=gateway if gateway is not None else False,
+                          connect_timeout=max(1, int(round(self.ssh.connect_timeout))),
+                          connect_kwargs=self._connect_kwargs(node))
+        client = conn.client
+        # One parsed known_hosts for the whole run, shared by every connection: loading it per
+        # connection cost O(nodes) each, O(nodes^2) in all (11 ms a node at 128 nodes).
+        client._host_keys, client._system_host_keys = self._known_host_keys()
+        client.set_missing_host_key_policy(
+            _AcceptForThisRun() if self.ssh.accept_unknown_host_keys else _RejectUnknown())
+        return conn
+
+    def _gateway(self, node: Node) -> "JumpHost | None":
+        """The one shared connection to the node's jump host (made on first use)."""
+        if not node.jump_host:
+            return None
+        user, _, hostport = node.jump_host.rpartition("@")
+        host, _, port = hostport.partition(":")
+        key = (user or node.user or "", host, int(port or 22))
+        with self._lock:
+            jump = self._jump_hosts.get(key)
+            if jump is None:
+                jump = JumpHost(lambda: self._make(host, key[0] or None, key[2], None, None),
+                                f"jump host {node.jump_host}", self.ssh.connect_timeout,
+                                self._connect_budget)
+                self._jump_hosts[key] = jump
+            return jump
+
+    def connection(self, node: Node):
+        with self._lock:
+            conn = self._connections.get(node.name)
+            if conn is None:
+                conn = self._make(node.address, node.user, node.port, node, self._gateway(node))
+                self._connections[node.name] = conn
+            return conn
+
+    def run(self, node: Node, command: str, timeout: float,
+            stdin: str | None = None) -> CommandResult:
+        from invoke.exceptions import CommandTimedOut
+
+        start = time.monotonic()
+        conn = self._open(node)
+        try:
+            result = conn.run(command, hide=True, warn=True, timeout=timeout,
+                              in_stream=False if stdin is None else io.StringIO(stdin))
+        except CommandTimedOut:
+            self._forget(node)
+            raise CommandTimeout(node.name, timeout, command) from None
+        except Exception as exc:  # the session broke while the command ran
+            self._forget(node)
+            raise ConnectError(node.name, f"connection lost: {describe_connect_error(exc)}") from None
+        code = result.exited
+        return CommandResult(node.name, command, code, result.stdout, result.stderr,
+                             time.monotonic() - start, OK if code == 0 else FAILED,
+                             cut=getattr(result, "cut", 0))
+
+    def run_small(self, node: Node, command: str, timeout: float) -> CommandResult:
+        """One quick command on paramiko's channel of the node's Fabric connection."""
+        start = time.monotonic()
+        conn = self._open(node)
+        try:
+            chan = conn.transport.open_session(timeout=timeout)
+        except Exception as exc:  # the session broke
+            self._forget(node)
+            raise ConnectError(node.name, f"connection lost: {describe_connect_error(exc)}") \
+                from None
+        deadline = start + timeout
+        try:
+            chan.settimeout(timeout)
+            chan.exec_command(command)
+            chan.shutdown_write()
+            out = _read_capped(chan, chan.recv, deadline)
+            err = _read_capped(chan, chan.recv_stderr, deadline)
+            if not chan.status_event.wait(max(0.0, deadline - time.monotonic())):
+                raise socket.timeout()
+            code = chan.recv_exit_status()
+            if code == -1 and not conn.transport.is_active():  # the connection died
+                raise EOFError("the SSH transport closed")
+        except socket.timeout:
+            raise CommandTimeout(node.name, timeout, command) from None
+        except Exception as exc:
+            self._forget(node)
+            raise ConnectError(node.name, f"connection lost: {describe_connect_error(exc)}") \
+                from None
+        finally:
+            chan.close()
+        return CommandResult(node.name, command, code, out.decode("utf-8", "replace"),
+                             err.decode("utf-8", "replace"), time.monotonic() - start,
+                             OK if code == 0 else FAILED)
+
+    def transport(self, node: Node):
+        """The paramiko Transport of the node's open connection (cluster/ray/head_tunnel.py opens
+        its direct-tcpip channels on it). Raises ConnectError like run()."""
+        return self._open(node).transport
+
+    def _open(self, node: Node):
+        """The node's open connection; transient failures are retried within the connect budget.
+
+        A reset before the banner, a banner timeout or an EOF (a MaxStartups drop by the node's
+        or the bastion's sshd) is retried with jittered exponential backoff; an authentication
+        failure, a host-key problem or a refused/unroutable connection is not.
+        """
+        with self._lock:
+            opening = self._opening.setdefault(node.name, threading.Lock())
+
+        def attempt():
+            conn = self.connection(node)
+            try:
+                with opening:  # two threads opening one connection break paramiko's session
+                    conn.open()
+                    _quiet_when_idle(conn)
+            except Exception:
+                self._forget(node)
+                raise
+            return conn
+
+        try:
+            return retrying(attempt, self._connect_budget, self.ssh.connect_timeout)
+        except GaveUp as failed:  # paramiko/socket errors: all mean "unreachable"
+            raise ConnectError(node.name, describe_connect_error(failed.error)
+                               + failed.attempts_text) from None
+
+    def _forget(self, node: Node) -> None:
+        with self._lock:
+            conn = self._connections.pop(node.name, None)
+        if conn is not None:
+            _close_quietly(conn)
+
+    def close(self) -> None:
+        with self._lock:
+            conns = list(self._connections.values())
+            self._connections.clear()
+            jumps = list(self._jump_hosts.values())
+            self._jump_hosts.clear()
+        for conn in conns:
+            _close_quietly(conn)
+        for jump in jumps:
+            jump.close()
+
+
+SMALL_OUTPUT_MAX_BYTES = 64 << 10
+
+
+def _read_capped(chan, recv: Callable[[int], bytes], deadline: float) -> bytes:
+    """Read a channel stream to its end by `deadline`, keeping at most SMALL_OUTPUT_MAX_BYTES."""
+    chunks, size = [], 0
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout()
+        chan.settimeout(left)
+        data = recv(32768)
+        if not data:
+            return b"".join(chunks)
+        if size < SMALL_OUTPUT_MAX_BYTES:
+            chunks.append(data[:SMALL_OUTPUT_MAX_BYTES - size])
+        size += len(data)
+
+
+MAX_CONNECT_ATTEMPTS = 8
+
+
+def retrying(attempt: Callable[[], "T"], budget_s: float, attempt_s: float) -> "T":
+    """attempt() until it succeeds, retrying transient connect failures (waits.retry: jittered
+    backoff, within budget_s and MAX_CONNECT_ATTEMPTS). Raises GaveUp with the last error."""
+    return retry(attempt, retryable=is_transient, budget_s=budget_s, attempt_s=attempt_s,
+                 max_attempts=MAX_CONNECT_ATTEMPTS)
+
+
+_TRANSIENT_TEXT = ("Error reading SSH protocol banner", "Connection reset by peer",
+                   "Socket is closed", "EOF during negotiation", "Timeout opening channel")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A connection failure worth another try: the far side dropped us before or in the banner.
+
+    Never an authentication failure, a host-key mismatch or an unknown host key (retrying those
+    would only hammer the node or hide a real problem), nor a refused or timed-out TCP connect.
+    """
+    import paramiko
+
+    if isinstance(exc, (paramiko.AuthenticationException, paramiko.BadHostKeyException)):
+        return False
+    if isinstance(exc, paramiko.SSHException) and "known_hosts" in str(exc):
+        return False
+    if isinstance(exc, (ConnectionResetError, ConnectionAbortedError, BrokenPipeError, EOFError)):
+        return True
+    if isinstance(exc, paramiko.SSHException):
+        return any(text in str(exc) for text in _TRANSIENT_TEXT)
+    return False
+
+
+class JumpHost:
+    """One SSH connection to a bastion, shared by every node behind it (as ProxyJump + a control
+    master): each node's connection is a direct-tcpip channel over this one transport.
+
+    Fabric's Connection takes it as its `gateway` (it calls open() and transport.open_channel());
+    open() connects once, under a lock, retrying transient failures like a node's connect, and
+    reconnects if the transport died. The bastion's host key is checked like any node's.
+    """
+
+    def __init__(self, make: Callable[[], object], label: str, channel_timeout: float,
+                 budget: float):
+        self._make = make
+        self.label = label
+        self._channel_timeout = channel_timeout
+        self._budget = budget
+        self._conn = None
+        self._refused: _JumpHostError | None = None  # a failure retrying cannot cure
+        self._closed = False
+        self._lock = threading.Lock()
+        self.connects = 0  # how many SSH connections were made to the bastion (tests read it)
+
+    def open(self) -> None:
+        """Connect once for every node; a permanent failure (authentication, host key) is
+        remembered and given to every later node at once: the bastion is asked only once."""
+        with self._lock:
+            if self._refused is not None:
+                raise self._refused
+            if self._conn is not None and self._conn.is_connected:
+                return
+
+            def attempt():
+                conn = self._make()
+                self.connects += 1
+                try:
+                    conn.open()
+                    _quiet_when_idle(conn)
+                except Exception:
+                    _close_quietly(conn)
+                    raise
+                return conn
+
+            try:
+                conn = retrying(attempt, self._budget, self._channel_timeout)
+            except GaveUp as failed:
+                error = _JumpHostError(f"{self.label}: {describe_connect_error(failed.error)}"
+                                       + failed.attempts_text)
+                if not is_transient(failed.error):
+                    self._refused = error
+                raise error from None
+            if self._closed:  # the session ended while we connected
+                _close_quietly(conn)
+                raise _JumpHostError(f"{self.label}: the run is over")
+            self._conn = conn
+
+    @property
+    def transport(self) -> "_ChannelOpener":
+        conn = self._conn
+        if conn is None or conn.transport is None:
+            raise _JumpHostError(f"{self.label}: not connected")
+        return _ChannelOpener(conn.transport, self._channel_timeout, self.label)
+
+    def close(self) -> None:
+        """Close without waiting for a connect in progress (it sees _closed and gives up)."""
+        self._closed = True
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            _close_quietly(conn)
+
+
+class _JumpHostError(Exception):
+    """The bastion itself could not be reached (the message names it and why)."""
+
+
+class _ChannelOpener:
+    """What Fabric calls `gateway.transport`: opens a node's channel with a timeout."""
+
+    def __init__(self, transport, timeout: float, label: str):
+        self._transport = transport
+        self._timeout = timeout
+        self._label = label
+
+    def open_channel(self, kind: str, dest_addr=None, src_addr=None):
+        import paramiko
+
+        try:
+            return self._transport.open_channel(kind, dest_addr, src_addr, timeout=self._timeout)
+        except paramiko.ChannelException as exc:
+            raise _JumpHostError(f"{self._label} could not open a channel to "
+                                 f"{dest_addr[0]}:{dest_addr[1]}: {exc.text or exc}") from exc
+
+
+_INDEXED_HOST_KEYS = None
+
+
+def _indexed_host_keys():
+    """A paramiko HostKeys whose lookup by name goes through an index.
+
+    paramiko's lookup() compares the name with every known_hosts entry, and every connection
+    looks up its host a few times: at rack scale O(nodes) per connect, O(nodes^2) in all (and
+    load() checks each new line the same way). Here lookup() reads the entries that name the
+    host exactly (from an index kept up to date with the entries) plus the hashed (|1|) entries,
+    each checked as paramiko checks it, and answers what paramiko's lookup would: the matching
+    entries in file order, as a read-only mapping of key type -> key (the first entry of a type
+    wins, as in paramiko's). Changes go through add(), load() or the entries list, never through
+    a lookup's answer. Thread-safe: every node's connection reads the one shared instance.
+    """
+    global _INDEXED_HOST_KEYS
+    if _INDEXED_HOST_KEYS is None:
+        from collections.abc import Mapping
+
+        import paramiko
+
+        class FoundKeys(Mapping):
+            """A lookup's answer, read-only, read as paramiko's: [key] the first matching
+            entry's key of that type; keys() a list, one type per matching entry in file
+            order (SSHClient reads `keys()[0]`)."""
+
+            def __init__(self, found: list):
+                self._types = [key.get_name() for key in found]
+                self._keys: dict = {}
+                for key in found:
+                    self._keys.setdefault(key.get_name(), key)
+
+            def __getitem__(self, keytype):
+                return self._keys[keytype]
+
+            def __iter__(self):
+                return iter(self.keys())
+
+            def __len__(self):
+                return len(self._types)
+
+            def keys(self):
+                return list(self._types)
+
+        class IndexedHostKeys(paramiko.HostKeys):
+            def __init__(self, filename=None):
+                self._index_lock = threading.RLock()
+                self._indexed: list = []      # the entries list the index was built from
+                self._count = 0               # how many of its entries are indexed
+                self._by_name: dict[str, list[int]] = {}
+                self._hashed: list[int] = []  # positions of entries with a hashed name
+                super().__init__(filename)
+
+            def _index(self) -> None:
+                entries = self._entries
+                if entries is not self._indexed or len(entries) < self._count:
+                    self._indexed, self._count = entries, 0
+                    self._by_name, self._hashed = {}, []
+                for pos in range(self._count, len(entries)):
+                    names = entries[pos].hostnames
+                    for name in set(names):
+                        self._by_name.setdefault(name, []).append(pos)
+                    if any(name.startswith("|1|") for name in names):
+                        self._hashed.append(pos)
+                self._count = len(entries)
+
+            def lookup(self, hostname):
+                with self._index_lock:
+                    self._index()
+                    entries = self._entries
+                    found = set(self._by_name.get(hostname, ()))
+                    if not hostname.startswith("|1|"):
+                        found.update(pos for pos in self._hashed
+                                     if self._hostname_matches(hostname, entries[pos]))
+                    keys = [entries[pos].key for pos in sorted(found)]
+                if not found:
+                    return None
+                return FoundKeys([key for key in keys if key is not None])
+
+            def add(self, hostname, keytype, key):
+                with self._index_lock:
+                    self._index()
+                    for pos in self._by_name.get(hostname, ()):
+                        entry = self._entries[pos]
+                        if entry.key is not None and entry.key.get_name() == keytype:
+                            entry.key = key
+                            return
+                    self._entries.append(paramiko.hostkeys.HostKeyEntry([hostname], key))
+
+            def load(self, filename):
+                with self._index_lock:
+                    super().load(filename)
+
+            def clear(self):
+                with self._index_lock:
+                    super().clear()
+
+            def __delitem__(self, key):
+                with self._index_lock:
+                    super().__delitem__(key)
+                    self._indexed = []        # positions moved: index again
+
+        _INDEXED_HOST_KEYS = IndexedHostKeys
+    return _INDEXED_HOST_KEYS()
+
+
+_REMOTE_RUNNER = None
+_CUT_LOCK = threading.Lock()
+
+
+def _event_driven_remote():
+    """Fabric's Remote runner, waiting on the channel's exit event instead of polling.
+
+    invoke's Runner.wait() sleeps 10 ms in a loop until the command exits: 100 wake-ups a second
+    per running command, which at rack scale (32 commands in flight for the whole of a slow
+    preflight) cost the laptop more CPU than the SSH traffic itself. paramiko sets
+    Channel.status_event when the exit status arrives or the channel closes (a timeout's kill
+    closes it), so this wait wakes at once then; the reader threads are still checked 4 times
+    a second. Output is read in 32 KB chunks instead of invoke's 1,000 bytes.
+    """
+    global _REMOTE_RUNNER
+    if _REMOTE_RUNNER is None:
+        from fabric.runners import Remote
+
+        class EventDrivenRemote(Remote):
+            read_chunk_size = 32768  # invoke reads 1000 bytes a call: 17 calls for 17 KB
+
+            def wait(self) -> None:
+                while not (self.process_is_finished or self.has_dead_threads):
+                    self.channel.status_event.wait(0.25)
+
+            def _handle_output(self, buffer_, hide, output, reader) -> None:
+                # invoke keeps every chunk and joins the whole buffer again after each one
+                # (its watchers' respond()): a 160 MB output cost ~700 MiB and quadratic time.
+                # Kept bounded here (head and tail, the cut counted), decoded once at the end.
+                kept = HeadTail(output_limit())
+                while True:
+                    data = reader(self.read_chunk_size)
+                    if not data:
+                        break
+                    kept.add(data)
+                    if not hide:
+                        self.write_our_output(stream=output, string=self.decode(data))
+                buffer_.append(kept.text(self.decode))
+                with _CUT_LOCK:
+                    self.cut_bytes = getattr(self, "cut_bytes", 0) + kept.cut
+
+            def generate_result(self, **kwargs):
+                result = super().generate_result(**kwargs)
+                result.cut = getattr(self, "cut_bytes", 0)
+                return result
+
+            def handle_stdin(self, input_, output, echo=False) -> None:
+                # invoke's stdin thread reads a non-terminal stream one byte per 10 ms (7 KB
+                # took 70 s), then keeps waking every 10 ms until the command exits: 100
+                # wake-ups a second per running command, ~2.7 ms of the laptop's CPU per
+                # second of a node's gather (measured through a bastion). Our stdin is always
+                # an in-memory text: sent in chunks (sendall waits for the channel's window),
+                # then closed, and the thread ends.
+                if not isinstance(input_, io.StringIO):
+                    return super().handle_stdin(input_, output, echo)
+                for data in iter(lambda: input_.read(self.read_chunk_size), ""):
+                    self.write_proc_stdin(data)
+                self.close_proc_stdin()
+
+        _REMOTE_RUNNER = EventDrivenRemote
+    return _REMOTE_RUNNER
+
+
+_SHARED_CONFIG_CONNECTION = None
+
+
+def _shared_config_connection():
+    """Fabric's Connection that never writes into the Config it is given.
+
+    invoke treats an attribute it does not see on the class as a config key: Fabric 3's
+    Connection.__init__ sets `self.inline_ssh_env`, which is not declared on the class, so every
+    new connection wrote into the run's one shared Config, and that write re-merges the whole
+    config (its dict emptied, then refilled) while other nodes' threads read `config.run`:
+    now and then a node failed with "No attribute or config key found for 'run'" (seen at 128
+    nodes). Declared here, it is the connection's own attribute, as Fabric does for the rest.
+    """
+    global _SHARED_CONFIG_CONNECTION
+    if _SHARED_CONFIG_CONNECTION is None:
+        from fabric import Connection
+
+        class SharedConfigConnection(Connection):
+            inline_ssh_env = None
+
+        _SHARED_CONFIG_CONNECTION = SharedConfigConnection
+    return _SHARED_CONFIG_CONNECTION
+
+
+_QUIET_TRANSPORT = None
+
+
+def _quiet_transport_class():
+    """paramiko's Transport, its reader thread waking once a second instead of ten times.
+
+    The thread's socket timeout only exists to notice a closed transport (close() stops it at
+    once anyway); at rack scale 10 wake-ups a second on every open connection, through a
+    bastion twice over, were a large share of the laptop's CPU for a slow run.
+    """
+    global _QUIET_TRANSPORT
+    if _QUIET_TRANSPORT is None:
+        import paramiko
+
+        class QuietTransport(paramiko.Transport):
+            _active_check_timeout = 1.0
+
+        _QUIET_TRANSPORT = QuietTransport
+    return _QUIET_TRANSPORT
+
+
+IDLE_CHECK_S = 5.0
+
+
+def _quiet_when_idle(conn) -> None:
+    """An open connection's reader thread wakes every IDLE_CHECK_S when nothing arrives.
+
+    paramiko's reader wakes on its socket's timeout only to notice a close or a pending rekey
+    (data wakes it at once; closing a jump host's channel wakes it too). At connect time the
+    timeout stays short (the banner and handshake timeouts are counted in its steps); once
+    connected, every idle connection woke once a second for the whole run (QuietTransport),
+    ~60 us of the laptop's CPU a node-second: at rack scale nodes x run time, O(nodes^2)."""
+    transport = conn.transport
+    if transport is not None and transport.is_active():
+        transport.sock.settimeout(IDLE_CHECK_S)
+
+
+def _nodelay_transport(sock, **kwargs):
+    """paramiko's Transport over a socket with Nagle's algorithm off.
+
+    An SSH command is a few small request/reply packets; with Nagle on, each small write that
+    follows an unacknowledged one waits for the peer's delayed ACK (40 ms on Linux), which made
+    every command (and the key exchange, several times) cost ~40 ms more. OpenSSH's own client
+    sets TCP_NODELAY too. A jump host's channel (not a socket) is left as it is.
+    """
+    import paramiko
+
+    if isinstance(sock, socket.socket) and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    transport = _quiet_transport_class()(sock, **kwargs)
+    options = transport.get_security_options()
+    # AES-GCM first: its tag is checked inside `cryptography`, where the CTR ciphers' HMAC is
+    # compared byte by byte in Python (paramiko's constant_time_bytes_eq), a large share of the
+    # laptop's CPU at rack scale. The others stay, after it, for servers without GCM.
+    gcm = tuple(c for c in options.ciphers if c.endswith("-gcm@openssh.com"))
+    options.ciphers = gcm + tuple(c for c in options.ciphers if c not in gcm)
+    return transport
+
+
+class _RejectUnknown:
+    """Refuse a host whose key is not in known_hosts, naming the key's fingerprint to check."""
+
+    def missing_host_key(self, client, hostname, key) -> None:
+        import paramiko
+
+        raise paramiko.SSHException(
+            f"Server {hostname!r} not found in known_hosts (it offered {key.get_name()} "
+            f"{key_fingerprint(key)})")
+
+
+class _AcceptForThisRun:
+    """Accept an unknown host key for this run only (kept in memory, never written to a file).
+
+    Used only with ssh.accept_unknown_host_keys: true. A key that differs from a known one is
+    still refused by paramiko (BadHostKeyException) before any policy is asked.
+    """
+
+    def missing_host_key(self, client, hostname, key) -> None:
+        client.get_host_keys().add(hostname, key.get_name(), key)
+
+
+def _close_quietly(conn) -> None:
+    # Closing a connection to a frozen sshd can block: do it in a daemon thread.
+    Call(lambda: _close(conn))
+
+
+def _close(conn) -> None:
+    """Fabric's close, then paramiko's: after a failed connect Fabric never set its transport and
+    skips client.close(), which left the socket and the transport thread alive."""
+    for close in (getattr(conn, "close", None), getattr(getattr(conn, "client", None), "close",
+                                                        None)):
+        try:
+            if close is not None:
+                close()
+        except Exception:
+            pass
+
+
+def key_fingerprint(key) -> str:
+    """OpenSSH's fingerprint of a host key: SHA256:<unpadded base64 of the key blob's digest>."""
+    import base64
+    import hashlib
+
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode("ascii").rstrip("=")
+
+
+def describe_connect_error(exc: BaseException) -> str:
+    """One line naming why a node could not be reached (control characters escaped)."""
+    return terminal_safe_line(_describe_connect_error(exc))
+
+
+def _describe_connect_error(exc: BaseException) -> str:
+    import paramiko
+
+    if isinstance(exc, _JumpHostError):
+        return str(exc)
+    if isinstance(exc, paramiko.BadHostKeyException):
+        return (f"host key mismatch for {exc.hostname} (expected {exc.expected_key.get_name()} "
+                f"{key_fingerprint(exc.expected_key)}, got {exc.key.get_name()} "
+                f"{key_fingerprint(exc.key)}): refused; if the host was reinstalled, check the "
+                "new key's fingerprint out of band and update known_hosts")
+    if isinstance(exc, paramiko.SSHException) and "not found in known_hosts" in str(exc):
+        return (f"unknown host key ({exc}); add it to known_hosts "
+                "(or set ssh.accept_unknown_host_keys: true)")
+    if isinstance(exc, paramiko.AuthenticationException):
+        return f"authentication failed: {exc}"
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        return f"connection refused ({exc})"
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return "connect timed out"
+    if isinstance(exc, paramiko.SSHException):
+        return f"SSH error: {exc or type(exc).__name__}"
+    if isinstance(exc, OSError):
+        return f"{exc.strerror or exc}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+# ---------------------------------------------------------------- session and fan-out
+
+
+class Session:
+    """The runners of one CLI run: local nodes run locally, the others over reused SSH connections.
+
+    Use as a context manager; `hook` is called with every CommandResult (run records, progress).
+    """
+
+    def __init__(self, inventory: Inventory, hooks: Sequence[ResultHook] = ()):
+        self.inventory = inventory
+        self.hooks = list(hooks)
+        self._local = LocalRunner()
+        self._ssh = SSHRunner(inventory.ssh)
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._ssh.close()
+
+    def runner_for(self, node: Node) -> Runner:
+        return self._local if node.local else self._ssh
+
+    @property
+    def command_timeout(self) -> float:
+        return self.inventory.ssh.command_timeout
+
+    def run(self, node: Node, command: str, timeout: float | None = None,
+            stdin: str | None = None) -> CommandResult:
+        """Run one command; unreachable/timeout become results (never raises for a node).
+
+        `stdin` is sent to the command's standard input and never recorded: the way to hand a
+        node a secret without putting it on a command line (visible in `ps`) or in run logs.
+        """
+        return self._call(node, command, timeout,
+                          lambda runner, t: runner.run(node, command, t, stdin=stdin))
+
+    def run_small(self, node: Node, command: str, timeout: float | None = None) -> CommandResult:
+        """Like run, for a quick command with a small output (a clock sample): over SSH it
+        uses the connection's channel directly, without invoke's runner threads (half the
+        laptop's CPU per command; output beyond SMALL_OUTPUT_MAX_BYTES is cut)."""
+        return self._call(node, command, timeout,
+                          lambda runner, t: getattr(runner, "run_small", runner.run)(
+                              node, command, t))
+
+    def _call(self, node: Node, command: str, timeout: float | None,
+              call: Callable[[Runner, float], CommandResult]) -> CommandResult:
+        timeout = timeout or self.command_timeout
+        start = time.monotonic()
+        try:
+            result = call(self.runner_for(node), timeout)
+        except CommandTimeout as exc:
+            result = CommandResult(node.name, command, None, "", "", time.monotonic() - start,
+                                   TIMEOUT, str(exc))
+        except ConnectError as exc:
+            result = CommandResult(node.name, command, None, "", "", time.monotonic() - start,
+                                   UNREACHABLE, str(exc))
+        for hook in self.hooks:
+            hook(result)
+        return result
+
+    def fan_out(self, nodes: Iterable[Node], command: CommandSpec, timeout: float | None = None,
+                on_result: ResultHook | None = None,
+                stdin: str | None = None) -> tuple[CommandResult, ...]:
+        """Run a command (or a per-node command builder) on all nodes in parallel.
+
+        `stdin`, when given, is sent to every node's command (never recorded), e.g. the text of
+        an on-node program run as `python3 - ARGS`.
+
+        Returns results in node order. At most ssh.max_parallel nodes are worked on at once; each
+        has its own deadline from its start (connect + command timeout + a grace period); a node
+        that has not answered by then is reported as "timeout" while its thread is abandoned, so
+        the fan-out always returns in bounded time.
+        """
+        nodes = list(nodes)
+        timeout = timeout or self.command_timeout
+        commands = {n.name: command(n) if callable(command) else command for n in nodes}
+
+        def work(node: Node) -> CommandResult:
+            res = self.run(node, commands[node.name], timeout, stdin=stdin)
+            if on_result is not None:
+                on_result(res)
+            return res
+
+        def late(node: Node) -> CommandResult:
+            res = CommandResult(
+                node.name, commands[node.name], None, "", "", timeout, TIMEOUT,
+                f"{node.name}: no answer within the deadline ({timeout:g} s command timeout "
+                "+ connect time): the node or its sshd may be hung")
+            if on_result is not None:
+                on_result(res)
+            return res
+
+        # connect budget (2 x connect_timeout) + the last attempt's TCP, banner and auth
+        # timeouts (3 x connect_timeout) + the command's timeout + a grace period
+        deadline = timeout + self.inventory.ssh.connect_timeout * 5 + 5
+        results = parallel(nodes, work, deadline, late, self.max_parallel)
+        return tuple(results[n.name] for n in nodes)
+
+    @property
+    def max_parallel(self) -> int:
+        """How many nodes are worked on at once (ssh.max_parallel)."""
+        return self.inventory.ssh.max_parallel
+
+

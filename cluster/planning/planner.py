@@ -1,0 +1,1031 @@
+"""Plan parallelism (TP/PP/DP/EP) and vLLM engine args from a model and the cluster's facts.
+
+The planning itself is pure: `make_plan(model, cluster, options) -> Plan` (a frozen dataclass,
+`Plan.to_dict()` is the JSON contract of `cluster plan --json`, docs/planner.md). Every decision
+carries a reason line that names its rule ("R2 tp-in-node: ..."); a model that cannot be served
+on the cluster raises PlanError with the numbers that show why.
+
+Around it, three small adapters:
+- `load_cluster_facts_from_report(path)` / `latest_preflight_report(run_root)` read the facts
+  from a preflight report (`<run_root>/*/preflight.json`, newest first). Input shape:
+      {"facts": {"nodes": {"<node>": {"gpu_count": 8, "gpu_model": "NVIDIA H100 80GB HBM3",
+                                      "gpu_memory_mib": 81559, "nvlink": true}}}}
+  (`nvlink` may be null: unknown; a node whose facts are missing or null is skipped).
+- `predict_kv_cache_tokens(model, kv_cache_bytes, ...)`: KV tokens a given KV byte budget holds,
+  the figure vLLM logs at start-up ("KV cache size: N tokens").
+- `validate_engine_args(engine_args)`: the engine args through vLLM's own EngineArgs and CLI
+  parser, when vLLM is importable.
+Flags, options and report facts are checked against cluster/data/limits.yaml `plan:` (finite,
+whole where a count is meant, in range) before any loop or allocation depends on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from cluster.base.bounds import bound, check_float, check_int
+from cluster.base.errors import PlanError, UsageError
+from cluster.planning.gang import gang_layout
+from cluster.planning.modelinfo import DTYPE_BYTES, ModelInfo, read_json_file
+from cluster.base.textsafe import safe_line
+from cluster.base.yamlfile import packaged
+
+GiB = 1024 ** 3
+MiB = 1024 ** 2
+KV_DTYPE_CHOICES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+WORKLOADS = ("chat", "long-docs")
+
+
+# ---------------------------------------------------------------- data (cluster/data/*.yaml)
+
+
+@lru_cache(maxsize=1)
+def planner_defaults() -> dict[str, Any]:
+    """cluster/data/planner.yaml."""
+    return packaged("planner.yaml")
+
+
+@lru_cache(maxsize=1)
+def _gpu_table() -> dict[str, dict[str, Any]]:
+    return packaged("gpus.yaml")["gpus"]
+
+
+def _gpu_key(name: str) -> str:
+    key = name.casefold().strip()
+    key = re.sub(r"^(nvidia|amd)\s+", "", key)
+    return re.sub(r"[\s_\-]+", "", key)
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """Facts about a GPU model from cluster/data/gpus.yaml."""
+
+    name: str
+    memory_mib: int
+    architecture: str
+    fp8: bool
+    nvlink: bool
+
+
+def lookup_gpu(name: str | None) -> GpuSpec | None:
+    """A GPU by the name nvidia-smi prints or an alias (case, spaces, dashes ignored)."""
+    if not name:
+        return None
+    wanted = _gpu_key(name)
+    for canonical, entry in _gpu_table().items():
+        keys = [canonical, *(entry.get("aliases") or [])]
+        if any(_gpu_key(k) == wanted for k in keys):
+            return GpuSpec(canonical, int(entry["memory_mib"]), str(entry["architecture"]),
+                           bool(entry["fp8"]), bool(entry["nvlink"]))
+    return None
+
+
+# ---------------------------------------------------------------- cluster facts
+
+
+@dataclass(frozen=True)
+class NodeGpus:
+    """One node's GPU facts."""
+
+    node: str
+    gpu_count: int
+    gpu_model: str
+    gpu_memory_mib: int
+    nvlink: bool | None = None
+
+
+@dataclass(frozen=True)
+class ClusterFacts:
+    """The GPU facts of the cluster: from a preflight report or from flags."""
+
+    nodes: tuple[NodeGpus, ...]
+    source: str = "flags"
+    skipped: tuple[str, ...] = ()          # nodes without usable GPU facts (unreachable...)
+    notes: tuple[str, ...] = ()            # facts worth a warning (mixed GPUs inside a node...)
+
+    @classmethod
+    def from_flags(cls, *, nodes: int = 1, gpus_per_node: int, gpu_model: str | None = None,
+                   gpu_memory_gib: float | None = None, nvlink: bool | None = None) -> "ClusterFacts":
+        nodes = check_int(nodes, "--nodes", lo=1, hi=bound("plan", "nodes"))
+        gpus_per_node = check_int(gpus_per_node, "--gpus-per-node", lo=1,
+                                  hi=bound("plan", "gpus_per_node"))
+        spec = lookup_gpu(gpu_model)
+        if gpu_memory_gib is not None:
+            gpu_memory_gib = check_float(gpu_memory_gib, "--gpu-memory-gib", lo=0, lo_open=True,
+                                         hi=bound("plan", "gpu_memory_gib"))
+            memory_mib = max(1, int(round(gpu_memory_gib * 1024)))
+        elif spec is not None:
+            memory_mib = spec.memory_mib
+        else:
+            raise UsageError(f"unknown GPU model {gpu_model!r} (not in cluster/data/gpus.yaml): "
+                             f"pass --gpu-memory-gib" if gpu_model else
+                             "pass --gpu-model NAME or --gpu-memory-gib M with --gpus-per-node")
+        name = spec.name if spec else (gpu_model or "unknown GPU")
+        return cls(tuple(NodeGpus(f"node{i + 1}", gpus_per_node, name, memory_mib, nvlink)
+                         for i in range(nodes)), source="flags")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "skipped": list(self.skipped),
+                "nodes": {n.node: {"gpu_count": n.gpu_count, "gpu_model": n.gpu_model,
+                                   "gpu_memory_mib": n.gpu_memory_mib, "nvlink": n.nvlink}
+                          for n in self.nodes}}
+
+
+def latest_preflight_report(run_root: str | Path = "runs") -> Path | None:
+    """The newest `<run_root>/*/preflight.json` (run directories are named by start time)."""
+    from cluster.report.rundir import latest_report
+
+    return latest_report(run_root, "preflight.json")
+
+
+def load_cluster_facts_from_report(path: str | Path) -> ClusterFacts:
+    """Cluster facts from a preflight JSON report (shape in the module docstring)."""
+    p = Path(path)
+    data = read_json_file(p, "preflight report", max_bytes=bound("files", "preflight_report"))
+    facts = data.get("facts") if isinstance(data, Mapping) else None
+    raw_nodes = facts.get("nodes") if isinstance(facts, Mapping) else None
+    if not isinstance(raw_nodes, Mapping):
+        raise PlanError(f"{p}: no facts.nodes in the preflight report (expected "
+                        '{"facts": {"nodes": {"<node>": {"gpu_count": ..., ...}}}})')
+    if len(raw_nodes) > bound("plan", "nodes"):
+        raise PlanError(f"{p}: {len(raw_nodes):,} nodes in the preflight report, more than the "
+                        f"{bound('plan', 'nodes'):,} a plan handles")
+    max_mib = bound("plan", "gpu_memory_gib") * 1024
+    nodes, skipped, notes = [], [], []
+    for raw_name, f in raw_nodes.items():
+        name = safe_line(raw_name, limit=200)
+        if not isinstance(f, Mapping):
+            skipped.append(f"{name}: no facts")
+            continue
+        count, model, mem = f.get("gpu_count"), f.get("gpu_model"), f.get("gpu_memory_mib")
+        if (not isinstance(count, int) or isinstance(count, bool) or count < 0
+                or count > bound("plan", "gpus_per_node")):
+            skipped.append(f"{name}: gpu_count {safe_line(repr(count), limit=40)}")
+            continue
+        mem_ok = (isinstance(mem, (int, float)) and not isinstance(mem, bool)
+                  and math.isfinite(mem) and 1 <= mem <= max_mib)
+        if count > 0 and (not isinstance(model, str) or not mem_ok):
+            skipped.append(f"{name}: gpu_model/gpu_memory_mib missing or out of range")
+            continue
+        names = f.get("gpu_names")
+        if isinstance(names, list) and len(set(map(str, names))) > 1:
+            mixed = sorted({safe_line(n, limit=80) for n in names})[:16]
+            notes.append(f"R7 mixed-gpus: node {name} mixes {', '.join(mixed)}; "
+                         f"planned at its smallest GPU memory ({int(mem)} MiB)")
+        nvlink = f.get("nvlink")
+        nodes.append(NodeGpus(name, count, safe_line(model or "", limit=200),
+                              int(mem) if mem_ok else 0,
+                              nvlink if isinstance(nvlink, bool) else None))
+    if not nodes:
+        raise PlanError(f"{p}: no node with GPU facts ({'; '.join(skipped) or 'facts.nodes is empty'})")
+    return ClusterFacts(tuple(nodes), source=str(p), skipped=tuple(skipped), notes=tuple(notes))
+
+
+# ---------------------------------------------------------------- options and plan
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """What the admin asks for; None means the default from cluster/data/planner.yaml."""
+
+    max_model_len: int | None = None
+    min_concurrency: int | None = None
+    kv_cache_dtype: str = "auto"
+    gpu_memory_utilization: float | None = None
+    workload: str | None = None
+    tokens_per_s_per_gpu: float | None = None
+    served_model_name: str | None = None
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """One GPU of the chosen layout (the worst pipeline stage), GiB."""
+
+    total_gib: float
+    utilization: float
+    usable_gib: float
+    weights_gib: float
+    overhead_gib: float
+    kv_gib: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {k: round(v, 3) for k, v in self.__dict__.items()}
+
+
+@dataclass(frozen=True)
+class Placement:
+    """How replicas land on nodes: one GPU per Ray bundle."""
+
+    replicas: int
+    gpus_per_replica: int
+    nodes_per_replica: int
+    strategy: str
+    replica_nodes: tuple[tuple[tuple[str, int], ...], ...]   # per replica: (node, GPUs)
+    tp: int = 1
+    pp: int = 1
+    expert_parallel: bool = False
+    dp: int = 1                      # MoE: DP attention ranks of one engine
+
+    def gang(self) -> dict[str, Any] | None:
+        """A replica larger than a node: vLLM's native multi-node layout (which ranks on
+        which node rank, cluster.planning.gang; MoE: which DP ranks), or None (one node, or a split
+        vLLM cannot run)."""
+        if self.nodes_per_replica <= 1:
+            return None
+        try:
+            return gang_layout(self.tp, self.pp, self.nodes_per_replica,
+                               self.dp if self.expert_parallel else 1).to_dict()
+        except UsageError:
+            return None
+
+    def executor(self) -> tuple[str, str]:
+        """(executor, why) for `cluster deploy --plan` (serve_apps' `executor`)."""
+        if self.expert_parallel:
+            return "native", ("MoE DP + EP: vLLM's multi-node data-parallel layout, one engine "
+                              f"launch per node ({self.nodes_per_replica} node(s)): node 0 in "
+                              "the replica serves every DP rank, the others headless rank "
+                              "actors (data_parallel_start_rank)")
+        if self.gang() is not None:
+            return "native", (f"one engine over {self.nodes_per_replica} nodes: vLLM's native "
+                              "multi-node mode (node rank 0 in the replica, the others headless "
+                              "rank actors), what vLLM's own multi-node guide runs")
+        if self.nodes_per_replica > 1:
+            return "ray", (f"TP {self.tp} x PP {self.pp} does not split evenly into whole "
+                           f"TP groups over {self.nodes_per_replica} nodes; vLLM's Ray "
+                           "executor places the workers")
+        return "auto", "one node per replica"
+
+    def bundles_per_node(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for replica in self.replica_nodes:
+            for node, n in replica:
+                out[node] = out.get(node, 0) + n
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        executor, why = self.executor()
+        return {"replicas": self.replicas, "gpus_per_replica": self.gpus_per_replica,
+                "nodes_per_replica": self.nodes_per_replica, "bundle": {"GPU": 1},
+                "strategy": self.strategy, "bundles_per_node": self.bundles_per_node(),
+                "replica_nodes": [dict(r) for r in self.replica_nodes],
+                "executor": executor, "executor_reason": why, "gang": self.gang()}
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Capacity ≈ GPUs × C × utilization (tokens/s, input + output)."""
+
+    gpus: int
+    tokens_per_s_per_gpu: float
+    utilization: float
+    tokens_per_s: float
+    tokens_per_s_range: tuple[float, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gpus": self.gpus, "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
+                "utilization": self.utilization, "tokens_per_s": round(self.tokens_per_s, 1),
+                "tokens_per_s_range": [round(x, 1) for x in self.tokens_per_s_range]}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The serving plan. `to_dict()` is the documented JSON/YAML contract."""
+
+    model_name: str
+    model_path: str | None
+    served_model_name: str
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    data_parallel_size: int
+    enable_expert_parallel: bool
+    expert_parallel_size: int
+    replicas: int
+    gpus_per_replica: int
+    gpus_used: int
+    gpus_total: int
+    kv_cache_dtype: str
+    kv_bytes_per_token: int
+    kv_bytes_per_token_per_gpu: int
+    kv_cache_tokens: int
+    max_concurrency: float
+    max_model_len: int
+    gpu_memory_utilization: float
+    weights_bytes: int
+    weights_source: str
+    memory: MemoryBudget
+    gpu: Mapping[str, Any]
+    engine_args: Mapping[str, Any]
+    placement: Placement
+    capacity: Capacity | None
+    reasons: tuple[str, ...]
+    warnings: tuple[str, ...]
+    rules: tuple[str, ...]
+    cluster_source: str = "flags"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model_path,
+            "model_name": self.model_name,
+            "served_model_name": self.served_model_name,
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "pipeline_parallel_size": self.pipeline_parallel_size,
+            "data_parallel_size": self.data_parallel_size,
+            "enable_expert_parallel": self.enable_expert_parallel,
+            "expert_parallel_size": self.expert_parallel_size,
+            "replicas": self.replicas,
+            "gpus_per_replica": self.gpus_per_replica,
+            "gpus_used": self.gpus_used,
+            "gpus_total": self.gpus_total,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "kv_bytes_per_token_per_gpu": self.kv_bytes_per_token_per_gpu,
+            "kv_cache_tokens": self.kv_cache_tokens,
+            "total_kv_cache_tokens": self.kv_cache_tokens * self._instances(),
+            "max_concurrency": self.max_concurrency,
+            "max_model_len": self.max_model_len,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "weights_bytes": self.weights_bytes,
+            "weights_source": self.weights_source,
+            "memory_per_gpu": self.memory.to_dict(),
+            "gpu": dict(self.gpu),
+            "engine_args": dict(self.engine_args),
+            "placement": self.placement.to_dict(),
+            "capacity": self.capacity.to_dict() if self.capacity else None,
+            "reasons": list(self.reasons),
+            "warnings": list(self.warnings),
+            "rules": list(self.rules),
+            "cluster_source": self.cluster_source,
+        }
+
+    def _instances(self) -> int:
+        """Engine instances that each hold kv_cache_tokens (DP ranks × replicas for DP+EP)."""
+        if self.enable_expert_parallel:
+            return self.data_parallel_size * self.replicas
+        return self.replicas
+
+
+# ---------------------------------------------------------------- pure helpers
+
+
+def kv_dtype_bytes(name: str, model_dtype: str) -> float:
+    """Bytes per KV element: fp8 variants 1, auto = the serving dtype."""
+    if name.startswith("fp8"):
+        return 1
+    return DTYPE_BYTES[model_dtype]
+
+
+def predict_kv_cache_tokens(model: ModelInfo, kv_cache_bytes: int, *, kv_cache_dtype: str = "auto",
+                            dtype: str | None = None, tensor_parallel_size: int = 1,
+                            pipeline_parallel_size: int = 1, block_size: int | None = None,
+                            max_model_len: int | None = None) -> int:
+    """KV tokens one engine holds when each GPU (or CPU worker) has `kv_cache_bytes` for KV.
+
+    Tokens come in whole blocks: blocks = bytes // (block_size × per-GPU bytes per token). With
+    max_model_len, the figure is vLLM's own start-up number: max concurrency (blocks per
+    request = ceil(max_model_len / block_size)) × max_model_len.
+    """
+    block = block_size or int(planner_defaults()["defaults"]["block_size"])
+    kv_b = kv_dtype_bytes(kv_cache_dtype, dtype or model.dtype)
+    layers = math.ceil(model.num_kv_layers / pipeline_parallel_size)
+    per_token = model.kv_bytes_per_token(kv_b, tp=tensor_parallel_size, layers=layers)
+    if per_token <= 0 or kv_cache_bytes <= 0:
+        return 0
+    blocks = int(kv_cache_bytes // (per_token * block))
+    if max_model_len:
+        per_request = math.ceil(max_model_len / block)
+        return int(blocks / per_request * max_model_len)
+    return blocks * block
+
+
+@dataclass(frozen=True)
+class _Hardware:
+    gpus_per_node: int
+    node_names: tuple[str, ...]
+    memory_mib: int
+    gpu_name: str
+    architecture: str | None
+    fp8_ok: bool
+    bf16_ok: bool
+    nvlink: bool
+    notes: tuple[str, ...]
+    warnings: tuple[str, ...]
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.node_names)
+
+    @property
+    def total_gpus(self) -> int:
+        return self.gpus_per_node * self.num_nodes
+
+    @property
+    def memory_gib(self) -> float:
+        return self.memory_mib / 1024
+
+
+def summarize_cluster(cluster: ClusterFacts) -> _Hardware:
+    """One homogeneous view: the smallest GPU, the smallest count per node (R7 mixed-gpus)."""
+    gpu_nodes = [n for n in cluster.nodes if n.gpu_count > 0]
+    if not gpu_nodes:
+        raise PlanError(f"no GPUs in the cluster facts ({cluster.source})")
+    notes, warnings = [], []
+    for s in cluster.skipped:
+        warnings.append(f"node skipped, no GPU facts: {s}")
+    warnings.extend(cluster.notes)
+    smallest = min(gpu_nodes, key=lambda n: n.gpu_memory_mib)
+    models = sorted({n.gpu_model for n in gpu_nodes})
+    if len(models) > 1:
+        by_model = ", ".join(f"{m} ({sum(1 for n in gpu_nodes if n.gpu_model == m)} node(s))" for m in models)
+        warnings.append(f"R7 mixed-gpus: {by_model}; planning every group at the smallest GPU, "
+                        f"{smallest.gpu_model} ({smallest.gpu_memory_mib / 1024:.1f} GiB)")
+    counts = sorted({n.gpu_count for n in gpu_nodes})
+    if len(counts) > 1:
+        warnings.append(f"GPU counts per node differ ({', '.join(map(str, counts))}): "
+                        f"planning with {counts[0]} per node")
+    specs = {m: lookup_gpu(m) for m in models}
+    spec = specs[smallest.gpu_model]
+    fp8_ok = all(s is not None and s.fp8 for s in specs.values())
+    archs = sorted({s.architecture for s in specs.values() if s is not None})
+    bf16_archs = set(planner_defaults()["bf16_architectures"])
+    bf16_ok = all(s is None or s.architecture in bf16_archs for s in specs.values())
+    measured = [n.nvlink for n in gpu_nodes]
+    if all(v is True for v in measured):
+        nvlink = True
+    elif any(v is False for v in measured):
+        nvlink = False
+    else:
+        typical = [s.nvlink if s else None for s in specs.values()]
+        if all(t is True for t in typical):
+            nvlink = True
+            notes.append(f"NVLink not measured; assumed from the GPU model ({', '.join(models)}: NVLink)")
+        else:
+            nvlink = False
+            if any(t is None for t in typical):
+                warnings.append("NVLink unknown (not measured, GPU model not in gpus.yaml): "
+                                "assuming none (PCIe) -- pass --nvlink yes|no")
+            else:
+                notes.append(f"NVLink not measured; assumed from the GPU model ({', '.join(models)}: PCIe)")
+    return _Hardware(
+        gpus_per_node=counts[0],
+        node_names=tuple(n.node for n in gpu_nodes),
+        memory_mib=smallest.gpu_memory_mib,
+        gpu_name=smallest.gpu_model,
+        architecture=spec.architecture if spec else (archs[0] if archs else None),
+        fp8_ok=fp8_ok, bf16_ok=bf16_ok, nvlink=nvlink,
+        notes=tuple(notes), warnings=tuple(warnings),
+    )
+
+
+@dataclass(frozen=True)
+class _Layout:
+    tp: int
+    pp: int
+    dp: int                  # DP ranks inside one expert-parallel group (1 without EP)
+    ep: bool
+    rule: str
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    def describe(self) -> str:
+        if self.ep:
+            return f"TP {self.tp} × DP {self.dp} with EP {self.tp * self.dp}"
+        if self.pp > 1:
+            return f"TP {self.tp} × PP {self.pp}"
+        return f"TP {self.tp}"
+
+
+@dataclass(frozen=True)
+class _Fit:
+    layout: _Layout
+    utilization: float
+    usable: float            # bytes
+    weights: float           # bytes per GPU (worst stage)
+    overhead: float
+    kv_budget: float
+    kv_per_token_gpu: int
+    kv_tokens: int
+    needed_tokens: int
+
+    @property
+    def fits_weights(self) -> bool:
+        return self.kv_budget > 0
+
+    @property
+    def fits(self) -> bool:
+        return self.kv_budget > 0 and self.kv_tokens >= self.needed_tokens
+
+    def why_not(self) -> str:
+        g = lambda b: f"{b / GiB:.1f} GiB"  # noqa: E731
+        if not self.fits_weights:
+            return (f"{g(self.weights)} weights + {g(self.overhead)} overhead per GPU > "
+                    f"{g(self.usable)} usable ({self.utilization:.2f} × GPU)")
+        return (f"leaves {g(self.kv_budget)} KV per GPU = {self.kv_tokens:,} tokens < "
+                f"{self.needed_tokens:,} needed")
+
+
+def _heads_ok(model: ModelInfo, tp: int) -> bool:
+    if model.num_attention_heads % tp:
+        return False
+    kv = model.num_kv_heads
+    return kv % tp == 0 or tp % kv == 0
+
+
+def _overhead_bytes(gpus_per_instance: int) -> float:
+    o = planner_defaults()["runtime_overhead_gib"]
+    gib = float(o["activations"]) + float(o["cuda_graphs"]) + float(o["non_torch"])
+    if gpus_per_instance > 1:
+        gib += float(o["comm_buffers_multi_gpu"])
+    return gib * GiB
+
+
+def _weights_per_gpu(model: ModelInfo, layout: _Layout) -> float:
+    """Worst pipeline stage: its share of the layers + the embedding or lm_head, over TP;
+    with EP the routed experts are spread over TP × DP GPUs."""
+    total_layers = model.num_layers
+    stage_layers = math.ceil(total_layers / layout.pp)
+    experts = model.expert_weights_bytes if layout.ep else 0
+    layer_bytes = model.layer_weights_bytes - experts
+    if layout.pp == 1:
+        edge = model.embedding_bytes + model.lm_head_bytes
+    else:
+        edge = max(model.embedding_bytes, model.lm_head_bytes)
+    per_gpu = (layer_bytes * stage_layers / total_layers + edge) / layout.tp
+    if layout.ep:
+        per_gpu += experts * stage_layers / total_layers / (layout.tp * layout.dp)
+    return per_gpu
+
+
+def _evaluate(model: ModelInfo, hw: _Hardware, layout: _Layout, *, util: float | None,
+              kv_b: float, block: int, needed_tokens: int) -> _Fit:
+    gpus_per_instance = layout.gpus
+    d = planner_defaults()["defaults"]
+    if util is None:
+        util = float(d["gpu_memory_utilization"] if gpus_per_instance == 1
+                     else d["gpu_memory_utilization_multi_gpu"])
+    usable = util * hw.memory_mib * MiB
+    weights = _weights_per_gpu(model, layout)
+    overhead = _overhead_bytes(gpus_per_instance)
+    kv_budget = usable - weights - overhead
+    per_token = model.kv_bytes_per_token(kv_b, tp=layout.tp,
+                                         layers=math.ceil(model.num_kv_layers / layout.pp))
+    tokens = int(kv_budget // (per_token * block)) * block if kv_budget > 0 and per_token > 0 else 0
+    return _Fit(layout, util, usable, weights, overhead, kv_budget, per_token, tokens, needed_tokens)
+
+
+def _candidates(model: ModelInfo, hw: _Hardware) -> list[_Layout]:
+    """Layouts in preference order; the first that fits wins."""
+    g, n_nodes = hw.gpus_per_node, hw.num_nodes
+    tp_set = [int(t) for t in planner_defaults()["defaults"]["tensor_parallel_candidates"]]
+    out = [_Layout(1, 1, 1, False, "R1 fits-one-gpu")]
+    if model.is_moe:
+        sizes = []
+        if g > 1:
+            if g <= model.num_experts:
+                sizes.append(g)
+            else:
+                fitting = [s for s in (8, 4, 2) if s <= model.num_experts and g % s == 0]
+                sizes += fitting[:1]
+        sizes += [g * k for k in range(2, n_nodes + 1) if g * k <= model.num_experts]
+        for size in sizes:
+            for tp in [1, *tp_set]:
+                if tp <= min(size, g) and size % tp == 0 and _heads_ok(model, tp):
+                    out.append(_Layout(tp, 1, size // tp, True, "R6 moe-dp-ep"))
+    valid_tp = [tp for tp in tp_set if tp <= g and _heads_ok(model, tp)] if hw.nvlink else []
+    out += [_Layout(tp, 1, 1, False, "R2 tp-in-node") for tp in valid_tp]
+    # Pipeline over the node's GPUs: always without NVLink (R3); with NVLink only where no valid
+    # TP can use that many GPUs (R5: the GPU count does not divide the model). PP sizes divide
+    # the node so that no GPU is left out of a replica.
+    pp_rule = "R5 uneven-pp" if hw.nvlink else "R3 no-nvlink-pp"
+    largest_tp = max(valid_tp, default=1)
+    out += [_Layout(1, pp, 1, False, pp_rule) for pp in range(2, g + 1)
+            if g % pp == 0 and pp > largest_tp and pp <= model.num_layers]
+    for k in range(2, n_nodes + 1):
+        if hw.nvlink and g in tp_set and _heads_ok(model, g):
+            if k <= model.num_layers:
+                out.append(_Layout(g, k, 1, False, "R4 multi-node-tp-pp"))
+        elif g * k <= model.num_layers:
+            out.append(_Layout(1, g * k, 1, False, pp_rule))
+    return out
+
+
+def _placement(hw: _Hardware, layout: _Layout) -> Placement:
+    g = hw.gpus_per_node
+    size = layout.gpus
+    replicas: list[tuple[tuple[str, int], ...]] = []
+    if size <= g:
+        per_node = g // size
+        for node in hw.node_names:
+            replicas += [((node, size),)] * per_node
+        nodes_per = 1
+    else:
+        nodes_per = math.ceil(size / g)
+        names = list(hw.node_names)
+        for i in range(len(names) // nodes_per):
+            chunk = names[i * nodes_per:(i + 1) * nodes_per]
+            replicas.append(tuple((node, g) for node in chunk))
+    strategy = "STRICT_PACK" if nodes_per == 1 else "PACK"
+    return Placement(len(replicas), size, nodes_per, strategy, tuple(replicas),
+                     tp=layout.tp, pp=layout.pp, expert_parallel=layout.ep, dp=layout.dp)
+
+
+def all2all_backend(hw: _Hardware, layout: _Layout, nodes_per_replica: int,
+                    workload: str) -> tuple[str, str]:
+    """(vLLM all2all_backend, reason) of a MoE DP + EP layout (R15 all2all): DeepEP where the
+    GPUs run it (planner.yaml all2all.architectures), low-latency kernels for a decode-heavy
+    workload, high-throughput ones for a prefill-heavy one; vLLM's default otherwise."""
+    a2a = planner_defaults()["all2all"]
+    default = str(a2a["default"])
+    where = f"{hw.gpu_name} ({hw.architecture or 'unknown architecture'})"
+    if hw.architecture not in a2a["architectures"]:
+        return default, (f"R15 all2all: {default} (vLLM's default): DeepEP kernels need "
+                         f"{'/'.join(a2a['architectures'])} GPUs, the cluster has {where}")
+    chosen = a2a["workloads"].get(workload)
+    if not chosen:
+        return default, (f"R15 all2all: {default} (vLLM's default): workload {workload} names "
+                         "no DeepEP mode")
+    span = (f"; across {nodes_per_replica} nodes DeepEP needs NVSHMEM over RDMA (GPUDirect: "
+            "`cluster preflight`, `cluster nccl-check`)" if nodes_per_replica > 1 else "")
+    return str(chosen["backend"]), (f"R15 all2all: {chosen['backend']} on {where}: "
+                                    f"{chosen['why']} (workload {workload}){span}")
+
+
+def _fmt_gib(b: float) -> str:
+    return f"{b / GiB:.1f} GiB"
+
+
+def _resolve_serving_dtype(model: ModelInfo, hw: _Hardware, reasons: list, warnings: list) -> str:
+    if model.dtype == "float32":
+        dtype = "bfloat16" if hw.bf16_ok else "float16"
+        reasons.append(f"R12 dtype: checkpoint is float32; serving in {dtype} (never fp32 for serving; "
+                       f"{'bf16 on Ampere and newer' if hw.bf16_ok else 'fp16 before Ampere'})")
+    elif model.dtype == "bfloat16" and not hw.bf16_ok:
+        dtype = "float16"
+        warnings.append(f"R12 dtype: {hw.gpu_name} ({hw.architecture}) has no bf16: serving the bf16 "
+                        f"checkpoint in float16 (watch for overflow)")
+        reasons.append("R12 dtype: float16 (bf16 not supported before Ampere)")
+    else:
+        dtype = model.dtype
+        reasons.append(f"R12 dtype: {dtype} (the checkpoint's dtype)")
+    q = model.quantization
+    if q is not None:
+        if q.bits is None:
+            estimate = (": weights counted at the model dtype, an upper bound"
+                        if model.weights_source == "parameter-count" else ": weights as measured on disk")
+            warnings.append(f"R12 quantization: unknown method {q.method!r}{estimate}")
+        else:
+            reasons.append(f"R12 quantization: pre-quantized weights, {q.method} ({q.detail}, "
+                           f"{q.bits:g} bits per {'expert ' if q.scope == 'experts' else ''}weight); "
+                           f"vLLM reads quantization_config itself")
+        fp8_weights = q.method in ("fp8", "fbgemm_fp8", "ptpc_fp8") or (q.bits == 8 and "FP8" in q.detail.upper())
+        if fp8_weights and not hw.fp8_ok:
+            warnings.append(f"R12 quantization: FP8 weights need Hopper/Ada/MI300; {hw.gpu_name} "
+                            f"({hw.architecture}) runs them only through slower weight-only kernels")
+    return dtype
+
+
+def _resolve_kv_dtype(asked: str, serving_dtype: str, hw: _Hardware, reasons: list,
+                      warnings: list) -> str:
+    if asked not in KV_DTYPE_CHOICES:
+        raise UsageError(f"--kv-cache-dtype {asked!r}: choose from {', '.join(KV_DTYPE_CHOICES)}")
+    if asked == "auto":
+        reasons.append(f"R8 kv-cache-dtype: auto = {serving_dtype} "
+                       f"({int(DTYPE_BYTES[serving_dtype])} bytes per element)")
+        return "auto"
+    if hw.fp8_ok:
+        reasons.append(f"R8 kv-cache-dtype: {asked} on {hw.gpu_name} ({hw.architecture}): 1 byte per "
+                       f"element, half the KV memory of {serving_dtype}; some attention backends lack "
+                       f"fp8 and get slower: A/B test")
+        return asked
+    why = f"{hw.gpu_name} ({hw.architecture or 'unknown architecture'})"
+    reasons.append(f"R8 kv-cache-dtype: {asked} refused: {why} has no FP8 (only Hopper, Ada, "
+                   f"Blackwell, MI300); kv_cache_dtype stays auto ({serving_dtype})")
+    warnings.append(f"R8 kv-cache-dtype: {asked} refused on {why}; planned with auto ({serving_dtype})")
+    return "auto"
+
+
+def _no_fit_error(model: ModelInfo, hw: _Hardware, fits: Sequence[_Fit], min_conc: int,
+                  max_len: int) -> PlanError:
+    where = (f"{hw.num_nodes} node(s) × {hw.gpus_per_node} × {hw.gpu_name} "
+             f"({hw.memory_gib:.1f} GiB{', NVLink' if hw.nvlink else ', no NVLink'})")
+    best = max(fits, key=lambda f: (f.kv_budget > 0, f.kv_tokens, f.kv_budget))
+    lines = [f"{model.name} does not fit {where}: weights {_fmt_gib(model.weights_bytes)} "
+             f"({model.weights_source})."]
+    lines.append(f"Best layout tried, {best.layout.describe()} on {best.layout.gpus} GPU(s): "
+                 f"{best.why_not()}.")
+    if best.fits_weights:
+        lines.append(f"Needed: {min_conc} sequences × {max_len:,} tokens; lower --max-model-len or "
+                     f"--min-concurrency, or use --kv-cache-dtype fp8 where supported.")
+    else:
+        per_gpu = best.usable - best.overhead
+        need = math.ceil(model.weights_bytes / per_gpu) if per_gpu > 0 else 0
+        lines.append(f"Weights alone need at least {need} GPUs of {hw.memory_gib:.1f} GiB "
+                     f"(cluster has {hw.total_gpus}).")
+    return PlanError(" ".join(lines))
+
+
+def _checked_options(options: PlanOptions) -> PlanOptions:
+    """Options with every number checked: whole/finite and inside cluster/data/limits.yaml."""
+    if options.max_model_len is not None:
+        check_int(options.max_model_len, "--max-model-len", lo=bound("plan", "max_model_len_min"),
+                  hi=bound("plan", "max_model_len"))
+    if options.min_concurrency is not None:
+        check_int(options.min_concurrency, "--min-concurrency", lo=1,
+                  hi=bound("plan", "min_concurrency"))
+    if options.gpu_memory_utilization is not None:
+        check_float(options.gpu_memory_utilization, "--gpu-memory-utilization", lo=0, hi=1,
+                    lo_open=True)
+    if options.tokens_per_s_per_gpu is not None:
+        check_float(options.tokens_per_s_per_gpu, "--tokens-per-s-per-gpu", lo=0, lo_open=True,
+                    hi=bound("plan", "tokens_per_s_per_gpu"))
+    if options.served_model_name is not None:
+        name = options.served_model_name
+        if not isinstance(name, str) or not name or safe_line(name) != name or len(name) > 200:
+            raise UsageError(f"--served-model-name {name!r}: expected a name without control "
+                             f"characters, at most 200 characters")
+    return options
+
+
+def make_plan(model: ModelInfo, cluster: ClusterFacts, options: PlanOptions = PlanOptions()) -> Plan:
+    """Pure: model facts + cluster facts + options -> Plan (or PlanError with the numbers)."""
+    data = planner_defaults()
+    d = data["defaults"]
+    hw = summarize_cluster(cluster)
+    reasons: list[str] = []
+    warnings: list[str] = list(hw.warnings)
+
+    options = _checked_options(options)
+    # R11 max-model-len
+    model_max = model.max_position_embeddings
+    cap = int(d["max_model_len_cap"])
+    if options.max_model_len is not None:
+        if options.max_model_len < 1:
+            raise UsageError("--max-model-len must be at least 1")
+        if model_max is not None and options.max_model_len > model_max:
+            raise PlanError(f"--max-model-len {options.max_model_len:,} exceeds {model.name}'s maximum "
+                            f"of {model_max:,} tokens (max_position_embeddings)")
+        max_len = options.max_model_len
+        reasons.append(f"R11 max-model-len: {max_len:,} (asked; model maximum "
+                       f"{model_max:,} tokens)" if model_max else f"R11 max-model-len: {max_len:,} (asked)")
+    else:
+        max_len = min(cap, model_max) if model_max else cap
+        reasons.append(f"R11 max-model-len: {max_len:,} = min({cap:,}, model maximum "
+                       f"{model_max:,}): clamp to what the workload needs, it multiplies each "
+                       f"sequence's KV reservation" if model_max else
+                       f"R11 max-model-len: {max_len:,} (model maximum unknown)")
+    min_conc = options.min_concurrency if options.min_concurrency is not None else int(d["min_concurrency"])
+    if min_conc < 1:
+        raise UsageError("--min-concurrency must be at least 1")
+    util_asked = options.gpu_memory_utilization
+    if util_asked is not None and not 0 < util_asked <= 1:
+        raise UsageError("--gpu-memory-utilization must be in (0, 1]")
+    workload = options.workload or str(d["workload"])
+    if workload not in data["workloads"]:
+        raise UsageError(f"--workload {workload!r}: choose from {', '.join(data['workloads'])}")
+
+    serving_dtype = _resolve_serving_dtype(model, hw, reasons, warnings)
+    kv_name = _resolve_kv_dtype(options.kv_cache_dtype, serving_dtype, hw, reasons, warnings)
+    kv_b = kv_dtype_bytes(kv_name, serving_dtype)
+    block = int(d["block_size"])
+    needed = min_conc * max_len
+
+    # parallelism: first layout that fits
+    tried: list[_Fit] = []
+    chosen: _Fit | None = None
+    for layout in _candidates(model, hw):
+        fit = _evaluate(model, hw, layout, util=util_asked, kv_b=kv_b, block=block, needed_tokens=needed)
+        tried.append(fit)
+        if fit.fits:
+            chosen = fit
+            break
+    if chosen is None:
+        raise _no_fit_error(model, hw, tried, min_conc, max_len)
+    lay = chosen.layout
+    for f in tried[:-1]:
+        reasons.append(f"{f.layout.rule}: {f.layout.describe()} rejected: {f.why_not()}")
+    placement = _placement(hw, lay)
+    where = f"{hw.gpu_name} ({hw.memory_gib:.1f} GiB)"
+    if lay.rule.startswith("R1"):
+        extra = " (MoE, fits one GPU: no expert parallelism needed)" if model.is_moe else ""
+        reasons.append(f"R1 fits-one-gpu: {_fmt_gib(chosen.weights)} weights fit one {where}{extra}: "
+                       f"TP 1, PP 1; the other GPUs serve replicas: DP {placement.replicas} "
+                       f"({placement.replicas} Serve replicas)")
+    elif lay.rule.startswith("R2"):
+        reasons.append(f"R2 tp-in-node: does not fit one GPU; TP {lay.tp} is the smallest of "
+                       f"{'/'.join(map(str, d['tensor_parallel_candidates']))} that fits one node and "
+                       f"divides {model.num_attention_heads} attention / {model.num_kv_heads} KV heads"
+                       + (f" (KV heads replicated: {lay.tp} > {model.num_kv_heads})"
+                          if lay.tp > model.num_kv_heads and not model.is_mla else "")
+                       + f"; DP {placement.replicas}: {placement.replicas} replica(s) of {lay.gpus} GPUs")
+    elif lay.rule.startswith("R3"):
+        reasons.append(f"R3 no-nvlink-pp: no NVLink between the GPUs ({hw.gpu_name}): pipeline "
+                       f"parallel instead of tensor parallel: TP 1, PP {lay.pp} "
+                       f"({math.ceil(model.num_layers / lay.pp)} layers per stage); DP {placement.replicas}")
+    elif lay.rule.startswith("R4"):
+        reasons.append(f"R4 multi-node-tp-pp: does not fit one node; TP {lay.tp} = GPUs per node "
+                       f"(all-reduce stays on NVLink), PP {lay.pp} = nodes (only activations cross "
+                       f"the network); DP {placement.replicas}")
+    elif lay.rule.startswith("R5"):
+        reasons.append(f"R5 uneven-pp: no TP in {'/'.join(map(str, d['tensor_parallel_candidates']))} "
+                       f"that fits within {hw.gpus_per_node} GPUs per node divides "
+                       f"{model.num_attention_heads} attention / {model.num_kv_heads} KV heads: TP 1, "
+                       f"PP {lay.pp} over the GPUs; DP {placement.replicas}")
+    elif lay.rule.startswith("R6"):
+        reasons.append(f"R6 moe-dp-ep: MoE ({model.num_experts} experts, {model.experts_per_token} per "
+                       f"token) needs more than one GPU: data-parallel attention (DP {lay.dp}, TP "
+                       f"{lay.tp}) + expert parallel MoE layers (enable_expert_parallel, EP = TP × DP = "
+                       f"{lay.tp * lay.dp}: {model.num_experts / (lay.tp * lay.dp):g} experts per GPU); "
+                       f"{placement.replicas} such group(s)"
+                       + ("; set GLOO_SOCKET_IFNAME to the Ethernet control interface on IB clusters"
+                          if placement.nodes_per_replica > 1 else ""))
+        if not hw.nvlink:
+            warnings.append("R6 moe-dp-ep: no NVLink: the expert all-to-all crosses PCIe")
+    if placement.replicas * lay.gpus < hw.total_gpus:
+        idle = hw.total_gpus - placement.replicas * lay.gpus
+        reasons.append(f"placement: {idle} GPU(s) left idle ({hw.total_gpus} GPUs, "
+                       f"{lay.gpus} per replica)")
+    a2a = all2all_backend(hw, lay, placement.nodes_per_replica, workload) \
+        if lay.ep and lay.dp > 1 else None
+    if a2a is not None:
+        reasons.append(a2a[1])
+    reasons.extend(f"note: {n}" for n in hw.notes)
+
+    # R10 gpu-memory-utilization
+    mem = MemoryBudget(hw.memory_gib, chosen.utilization, chosen.usable / GiB, chosen.weights / GiB,
+                       chosen.overhead / GiB, chosen.kv_budget / GiB)
+    util_why = ("asked" if util_asked is not None else
+                "one GPU per replica (vLLM default)" if lay.gpus == 1 else
+                f"{lay.gpus} GPUs serve one replica: CUDA graphs and communication buffers need headroom")
+    reasons.append(f"R10 gpu-memory-utilization {chosen.utilization:.2f} ({util_why}): usable "
+                   f"{mem.usable_gib:.1f} of {mem.total_gib:.1f} GiB per GPU = weights "
+                   f"{mem.weights_gib:.1f} + runtime overhead {mem.overhead_gib:.1f} + KV "
+                   f"{mem.kv_gib:.1f} GiB")
+
+    # R13 kv arithmetic
+    kv_whole = model.kv_bytes_per_token(kv_b)
+    if model.is_mla:
+        formula = (f"{model.num_kv_layers} layers × ({model.kv_lora_rank} kv_lora_rank + "
+                   f"{model.qk_rope_head_dim} qk_rope_head_dim) × {kv_b:g} B")
+    else:
+        formula = (f"2 × {model.num_kv_layers} layers × {model.num_kv_heads} KV heads × "
+                   f"{model.head_dim} head_dim × {kv_b:g} B")
+    share = []
+    if lay.tp > 1 and not model.is_mla:
+        share.append(f"{max(1, model.num_kv_heads // lay.tp)} KV head(s) per GPU at TP {lay.tp}")
+    if lay.pp > 1:
+        share.append(f"{math.ceil(model.num_kv_layers / lay.pp)} layers per stage at PP {lay.pp}")
+    concurrency = round(chosen.kv_tokens / max_len, 2)
+    reasons.append(f"R13 kv-cache: {formula} = {kv_whole:,} B/token; per GPU "
+                   f"{chosen.kv_per_token_gpu:,} B/token"
+                   + (f" ({', '.join(share)})" if share else "")
+                   + f"; {mem.kv_gib:.1f} GiB KV per GPU holds {chosen.kv_tokens:,} tokens per "
+                   f"{'DP rank' if lay.ep else 'replica'} = {concurrency:g} sequences of "
+                   f"{max_len:,} tokens (min {min_conc})")
+    reasons.extend(f"R13 kv-cache: {n}" for n in model.attention_notes())
+
+    # R9 workload
+    wl = data["workloads"][workload]
+    reasons.append(f"R9 workload {workload}: max_num_seqs {wl['max_num_seqs']}, max_num_batched_tokens "
+                   f"{wl['max_num_batched_tokens']} ({wl['why']}); find the knee with a stepwise load test")
+
+    # R14 capacity
+    capacity = None
+    gpus_used = placement.replicas * lay.gpus
+    if options.tokens_per_s_per_gpu is not None:
+        if options.tokens_per_s_per_gpu <= 0:
+            raise UsageError("--tokens-per-s-per-gpu must be > 0")
+        c = data["capacity"]
+        u, (lo, hi) = float(c["utilization"]), c["utilization_range"]
+        cap_tps = gpus_used * options.tokens_per_s_per_gpu * u
+        capacity = Capacity(gpus_used, options.tokens_per_s_per_gpu, u, cap_tps,
+                            (gpus_used * options.tokens_per_s_per_gpu * float(lo),
+                             gpus_used * options.tokens_per_s_per_gpu * float(hi)))
+        reasons.append(f"R14 capacity: {gpus_used} GPUs × {options.tokens_per_s_per_gpu:g} tokens/s × "
+                       f"{u:.2f} = {cap_tps:,.0f} tokens/s (input + output; run at {lo:.0%}-{hi:.0%}, "
+                       f"scale out beyond)")
+
+    served = options.served_model_name or model.name
+    engine_args = {
+        "model": model.path,
+        "served_model_name": served,
+        "tensor_parallel_size": lay.tp,
+        "pipeline_parallel_size": lay.pp,
+        "data_parallel_size": lay.dp if lay.ep else 1,
+        "enable_expert_parallel": lay.ep,
+        "max_model_len": max_len,
+        "gpu_memory_utilization": round(chosen.utilization, 4),
+        "kv_cache_dtype": kv_name,
+        "max_num_seqs": int(wl["max_num_seqs"]),
+        "max_num_batched_tokens": int(wl["max_num_batched_tokens"]),
+        "dtype": serving_dtype,
+    }
+    if a2a is not None:
+        engine_args["all2all_backend"] = a2a[0]
+    rules = tuple(dict.fromkeys(r.split(" ")[0] for r in reasons + warnings
+                                if re.match(r"R\d+ ", r) and " rejected: " not in r))
+    return Plan(
+        model_name=model.name, model_path=model.path, served_model_name=served,
+        tensor_parallel_size=lay.tp, pipeline_parallel_size=lay.pp,
+        data_parallel_size=lay.dp if lay.ep else placement.replicas,
+        enable_expert_parallel=lay.ep, expert_parallel_size=lay.tp * lay.dp if lay.ep else 1,
+        replicas=placement.replicas, gpus_per_replica=lay.gpus, gpus_used=gpus_used,
+        gpus_total=hw.total_gpus,
+        kv_cache_dtype=kv_name, kv_bytes_per_token=kv_whole,
+        kv_bytes_per_token_per_gpu=chosen.kv_per_token_gpu,
+        kv_cache_tokens=chosen.kv_tokens, max_concurrency=concurrency, max_model_len=max_len,
+        gpu_memory_utilization=round(chosen.utilization, 4),
+        weights_bytes=model.weights_bytes, weights_source=model.weights_source, memory=mem,
+        gpu={"model": hw.gpu_name, "memory_gib": round(hw.memory_gib, 2),
+             "architecture": hw.architecture, "nvlink": hw.nvlink, "fp8": hw.fp8_ok,
+             "nodes": hw.num_nodes, "gpus_per_node": hw.gpus_per_node},
+        engine_args=engine_args, placement=placement, capacity=capacity,
+        reasons=tuple(reasons), warnings=tuple(warnings), rules=rules,
+        cluster_source=cluster.source,
+    )
+
+
+# ---------------------------------------------------------------- vLLM's own validation
+
+
+@dataclass(frozen=True)
+class EngineArgsCheck:
+    """Result of validating engine args with vLLM: ok, invalid, or skipped (no vLLM)."""
+
+    status: str
+    detail: str
+    vllm_version: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status != "invalid"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"status": self.status, "detail": self.detail, "vllm_version": self.vllm_version}
+
+
+def _cli_argv(kwargs: Mapping[str, Any]) -> list[str]:
+    argv: list[str] = []
+    for key, value in kwargs.items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            argv.append(flag if value else "--no-" + key.replace("_", "-"))
+        elif value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def validate_engine_args(engine_args: Mapping[str, Any], *, create_config: bool = False) -> EngineArgsCheck:
+    """Validate with vLLM's EngineArgs (names) and its CLI parser (values: types, choices).
+
+    `model` (and the display-only served_model_name) stay out of the name/value checks, so no
+    model is needed on disk. With create_config=True and the model path on disk, vLLM also
+    builds its full engine config (reads config.json; slower).
+    """
+    try:
+        import vllm
+        from vllm.engine.arg_utils import EngineArgs
+    except Exception as exc:  # noqa: BLE001 - any import failure means "cannot check"
+        return EngineArgsCheck("skipped", f"vLLM not importable ({type(exc).__name__}: {exc})")
+    version = getattr(vllm, "__version__", None)
+    kwargs = {k: v for k, v in engine_args.items() if k not in ("model",)}
+    try:
+        EngineArgs(**kwargs)
+    except TypeError as exc:
+        return EngineArgsCheck("invalid", f"vLLM EngineArgs rejects a name: {exc}", version)
+    except Exception as exc:  # noqa: BLE001
+        return EngineArgsCheck("invalid", f"vLLM EngineArgs: {type(exc).__name__}: {exc}", version)
+    try:
+        try:
+            from vllm.utils.argparse_utils import FlexibleArgumentParser
+        except ImportError:
+            from vllm.utils import FlexibleArgumentParser  # older vLLM
+
+        class _Raising(FlexibleArgumentParser):
+            def error(self, message):  # noqa: D401 - argparse hook
+                raise ValueError(message)
+
+        parser = EngineArgs.add_cli_args(_Raising(prog="vllm", exit_on_error=False))
+        cli = {k: v for k, v in kwargs.items() if k != "served_model_name"}
+        parser.parse_args(_cli_argv(cli))
+    except (ValueError, argparse.ArgumentError) as exc:
+        return EngineArgsCheck("invalid", f"vLLM argument parser: {exc}", version)
+    if create_config:
+        model = engine_args.get("model")
+        if model and Path(str(model)).exists():
+            try:
+                EngineArgs(model=str(model), **kwargs).create_engine_config()
+            except Exception as exc:  # noqa: BLE001
+                return EngineArgsCheck("invalid", f"vLLM engine config: {type(exc).__name__}: {exc}",
+                                       version)
+            return EngineArgsCheck("ok", f"vLLM {version}: EngineArgs, argument parser and engine "
+                                         f"config accept the args", version)
+    return EngineArgsCheck("ok", f"vLLM {version}: EngineArgs and its argument parser accept the args",
+                           version)

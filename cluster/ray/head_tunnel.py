@@ -1,0 +1,301 @@
+"""Speak TCP and HTTP to services on the head's loopback over the library's own SSH route.
+
+`HeadTunnel.open(host, port)` is a paramiko direct-tcpip channel from the head to (host, port)
+as the head sees it (its loopback: the dashboard, Prometheus, Serve's /metrics), opened on the
+session's SSH connection to the head: the same route, bastion and strict host-key checks as
+every command (cluster/nodes/remote.py). A local head gets a plain TCP socket.
+
+`HeadTransport` is an httpx transport over such channels (one channel per pooled HTTP
+connection), so library code reads those services with httpx:
+
+    with Session(inv) as session, httpx.Client(transport=HeadTransport(HeadTunnel(session)),
+                                               timeout=30) as http:
+        http.get(f"http://127.0.0.1:{inv.ray.dashboard_port}/api/version")
+
+`read_auth_token` reads the head's Ray token (token authentication, Ray 2.60) on the head, the
+way Ray itself finds it; the token is returned in memory only (never in argv, logs or files).
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from typing import Iterator
+
+import httpcore
+import httpx
+
+from cluster.base.errors import ConnectError, RemoteError, TunnelError
+from cluster.nodes.inventory import Inventory, Node
+from cluster.nodes.remote import Session, describe_connect_error
+
+TOKEN_PROGRAM = "ray_auth_token"   # cluster/node_programs/ray_auth_token.py, run on the head
+
+MAX_TOKEN_CHARS = 4096
+TOKEN_ENV = "RAY_AUTH_TOKEN"
+TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
+
+
+class HeadTunnel:
+    """Opens connected byte streams to TCP services of one node (the head by default)."""
+
+    def __init__(self, session: Session, node: Node | None = None, timeout: float | None = None):
+        self.session = session
+        self.node = node or session.inventory.head
+        self.timeout = timeout or session.inventory.ssh.connect_timeout
+
+    def open(self, host: str, port: int, timeout: float | None = None):
+        """A connected stream to host:port as the node sees it: a paramiko Channel (a local
+        node: a socket), with settimeout / recv / sendall / shutdown_write / close.
+
+        Raises ConnectError (the node's SSH unreachable) or TunnelError (the node refused the
+        channel: nothing listens there, or its sshd forbids forwarding)."""
+        if not (isinstance(port, int) and 0 < port < 65536):
+            raise TunnelError(self.node.name, f"port {port!r} is not 1-65535")
+        timeout = timeout or self.timeout
+        if self.node.local:
+            return _local_stream(self.node.name, host, port, timeout)
+        import paramiko
+
+        transport = self.session.runner_for(self.node).transport(self.node)
+        try:
+            chan = transport.open_channel("direct-tcpip", (host, port), ("127.0.0.1", 0),
+                                          timeout=timeout)
+        except paramiko.ChannelException as exc:
+            raise TunnelError(self.node.name, f"{_where(host, port)} refused the channel: "
+                                              f"{exc.text or exc}") from None
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise ConnectError(self.node.name, f"opening a channel to {_where(host, port)}: "
+                                               f"{describe_connect_error(exc)}") from None
+        return _Stream(chan)
+
+
+def _where(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _local_stream(name: str, host: str, port: int, timeout: float):
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError as exc:
+        raise TunnelError(name, f"{_where(host, port)}: {exc.strerror or exc}") from None
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return _Stream(sock)
+
+
+class _Stream:
+    """A channel or socket behind one interface (shutdown_write is SHUT_WR on a socket)."""
+
+    def __init__(self, conn):
+        self.conn = conn
+
+    def settimeout(self, timeout: float | None) -> None:
+        self.conn.settimeout(timeout)
+
+    def recv(self, size: int) -> bytes:
+        return self.conn.recv(size)
+
+    def sendall(self, data: bytes) -> None:
+        self.conn.sendall(data)
+
+    def fileno(self) -> int:
+        """A descriptor that select() sees readable when data or the end arrives."""
+        return self.conn.fileno()
+
+    def shutdown_write(self) -> None:
+        try:
+            if isinstance(self.conn, socket.socket):
+                self.conn.shutdown(socket.SHUT_WR)
+            else:
+                self.conn.shutdown_write()
+        except (OSError, EOFError):
+            pass
+
+    def close(self) -> None:
+        try:
+            self.conn.close()
+        except (OSError, EOFError):
+            pass
+
+
+# ---------------------------------------------------------------- httpx over channels
+
+
+class _NetworkStream(httpcore.NetworkStream):
+    def __init__(self, stream: _Stream):
+        self._stream = stream
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        self._stream.settimeout(timeout)
+        try:
+            return self._stream.recv(max_bytes)
+        except socket.timeout:
+            raise httpcore.ReadTimeout("no answer from the head in time") from None
+        except (OSError, EOFError) as exc:
+            raise httpcore.ReadError(str(exc) or type(exc).__name__) from None
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._stream.settimeout(timeout)
+        try:
+            self._stream.sendall(buffer)
+        except socket.timeout:
+            raise httpcore.WriteTimeout("the head took no data in time") from None
+        except (OSError, EOFError) as exc:
+            raise httpcore.WriteError(str(exc) or type(exc).__name__) from None
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def start_tls(self, ssl_context, server_hostname=None, timeout=None):
+        raise httpcore.UnsupportedProtocol("https to a service on the head is not supported")
+
+
+class _ChannelBackend(httpcore.NetworkBackend):
+    def __init__(self, tunnel: HeadTunnel):
+        self._tunnel = tunnel
+
+    def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
+        try:
+            return _NetworkStream(self._tunnel.open(host, port, timeout))
+        except RemoteError as exc:
+            raise httpcore.ConnectError(str(exc)) from None
+
+    def connect_unix_socket(self, path, timeout=None, socket_options=None):
+        raise httpcore.UnsupportedProtocol("unix sockets are not forwarded")
+
+
+class HeadTransport(httpx.BaseTransport):
+    """An httpx transport whose TCP connections are channels of a HeadTunnel (pooled,
+    keep-alive; retries none). Errors are httpx's own (httpx.ConnectError, ReadTimeout...)."""
+
+    def __init__(self, tunnel: HeadTunnel, max_connections: int = 8):
+        self._pool = httpcore.ConnectionPool(network_backend=_ChannelBackend(tunnel),
+                                             max_connections=max_connections, retries=0)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        req = httpcore.Request(
+            method=request.method,
+            url=httpcore.URL(scheme=request.url.raw_scheme, host=request.url.raw_host,
+                             port=request.url.port, target=request.url.raw_path),
+            headers=request.headers.raw, content=request.stream,
+            extensions=request.extensions)
+        with _httpx_errors():
+            resp = self._pool.handle_request(req)
+        return httpx.Response(status_code=resp.status, headers=resp.headers,
+                              stream=_ResponseStream(resp.stream), extensions=resp.extensions)
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+class _ResponseStream(httpx.SyncByteStream):
+    def __init__(self, stream):
+        self._stream = stream
+
+    def __iter__(self) -> Iterator[bytes]:
+        with _httpx_errors():
+            yield from self._stream
+
+    def close(self) -> None:
+        if hasattr(self._stream, "close"):
+            self._stream.close()
+
+
+class _httpx_errors:
+    """httpcore's exceptions as httpx's classes of the same name (httpx.TransportError else)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if exc is None or not isinstance(exc, Exception) or isinstance(exc, httpx.HTTPError):
+            return False
+        if type(exc).__module__.startswith("httpcore"):
+            mapped = getattr(httpx, type(exc).__name__, httpx.TransportError)
+            if not (isinstance(mapped, type) and issubclass(mapped, httpx.TransportError)):
+                mapped = httpx.TransportError
+            raise mapped(str(exc)) from exc
+        return False
+
+
+# ---------------------------------------------------------------- the head's Ray token
+
+
+@dataclass(frozen=True)
+class AuthToken:
+    """The head's Ray token (repr never shows it) and where it was found."""
+
+    value: str
+    source: str
+
+    def __repr__(self) -> str:
+        return f"AuthToken(value=***, source={self.source!r})"
+
+    __str__ = __repr__
+
+    @property
+    def header(self) -> str:
+        """The Authorization header value the dashboard accepts."""
+        return "Bearer " + self.value
+
+
+def valid_token(text: object) -> str | None:
+    """The token stripped, or None when it is unusable in a header (empty, too long, or with
+    characters outside printable ASCII: a CR/LF would split the HTTP request)."""
+    if not isinstance(text, str):
+        return None
+    token = text.strip()
+    if not token or len(token) > MAX_TOKEN_CHARS:
+        return None
+    if any(not 0x21 <= ord(c) <= 0x7e for c in token):
+        return None
+    return token
+
+
+def read_auth_token(session: Session, inventory: Inventory) -> AuthToken | None:
+    """The head's Ray token, found as Ray finds it, or None when the head has none.
+
+    Order: RAY_AUTH_TOKEN in the head's inventory `env:` (what `ray start` got), then on the
+    head (cluster/node_programs/ray_auth_token.py): $RAY_AUTH_TOKEN, the file named by
+    RAY_AUTH_TOKEN_PATH (the inventory's, else the login environment's), ~/.ray/auth_token,
+    then the environment of the running gcs_server / raylet. The program gets the path as an
+    argument and prints the token on its stdout, read here into memory: the token is never on
+    a command line. Raises ConnectError when the head cannot be reached, RemoteError when its
+    answer is unreadable or the token found is unusable, CommandTimeout when it hangs.
+    """
+    from cluster.node_programs import run_raw
+
+    head = inventory.head
+    env = dict(head.env)
+    if env.get(TOKEN_ENV):
+        token = valid_token(env[TOKEN_ENV])
+        if token is None:
+            raise RemoteError(head.name, f"{TOKEN_ENV} in the inventory is not a usable token")
+        return AuthToken(token, "inventory env")
+    args = ["--path", env[TOKEN_PATH_ENV]] if env.get(TOKEN_PATH_ENV) else []
+    # Past the session's hooks (record=False): they record results (run directories), and this
+    # one's stdout is the token. Raises ConnectError / CommandTimeout.
+    result = run_raw(session, head, TOKEN_PROGRAM, args, timeout=inventory.ssh.connect_timeout + 30,
+                     python=inventory.ray.python, record=False)
+    return token_from_reply(head.name, result)
+
+
+def token_from_reply(node: str, result) -> AuthToken | None:
+    """ray_auth_token.py's document (the one reader) -> the token, None, or RemoteError. The
+    error never quotes the output (it may hold the token)."""
+    from cluster.base.errors import ProgramError
+    from cluster.node_programs import read_document
+
+    try:
+        doc = read_document(result, TOKEN_PROGRAM)
+    except ProgramError as exc:
+        raise RemoteError(node, f"reading the Ray token gave no answer ({exc.kind}, exit "
+                                f"{result.exit_code})") from None
+    if doc.get("error"):
+        raise RemoteError(node, f"reading the Ray token: {str(doc['error'])[:300]}")
+    if doc.get("token") is None:
+        return None
+    token = valid_token(doc["token"])
+    if token is None:
+        raise RemoteError(node, f"the Ray token in {doc.get('source')} is not a usable token")
+    return AuthToken(token, str(doc.get("source")))

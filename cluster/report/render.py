@@ -1,0 +1,133 @@
+"""Render reports and results for people (rich tables) and scripts (JSON)."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+from rich.table import Table
+from rich.text import Text
+
+from cluster.base.results import Report, Status, to_jsonable
+from cluster.base.textsafe import terminal_safe
+
+if TYPE_CHECKING:  # annotations only: rendering needs no SSH code
+    from cluster.nodes.remote import CommandResult
+
+STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "error": "bold magenta",
+                "skip": "dim", "failed": "bold red", "unreachable": "bold magenta",
+                "timeout": "bold magenta", "changed": "cyan"}
+
+
+INDENT_MAX_BYTES = 256 << 10
+
+
+def to_json(data: Any) -> str:
+    """JSON, indented for reading up to INDENT_MAX_BYTES, compact beyond (the indenting encoder
+    is pure Python, ~6x slower: a 1,000-node report would cost the laptop seconds). NaN or
+    Infinity anywhere is a bug (invalid JSON) and raises ValueError."""
+    plain = to_jsonable(data)
+    compact = json.dumps(plain, allow_nan=False)
+    if len(compact) > INDENT_MAX_BYTES:
+        return compact
+    return json.dumps(plain, indent=2, allow_nan=False)
+
+
+def status_text(status: str | Status) -> Text:
+    value = status.value if isinstance(status, Status) else str(status)
+    return Text(value, style=STATUS_STYLE.get(value, ""))
+
+
+def command_results_table(results: Iterable[CommandResult], title: str | None = None,
+                          max_lines: int = 20) -> Table:
+    table = Table(title=title, show_lines=True)
+    for col in ("node", "status", "exit", "time", "output"):
+        table.add_column(col, overflow="fold")
+    for r in results:
+        out = _output_of(r, max_lines)
+        table.add_row(r.node, status_text(r.status), "" if r.exit_code is None else str(r.exit_code),
+                      f"{r.duration_s:.2f}s", Text(terminal_safe(out)))
+    return table
+
+
+GRID_MAX_NODES = 8
+FOLDED_MAX_GROUPS = 40
+
+
+def command_results_folded(results: Sequence[CommandResult], title: str | None = None,
+                           max_lines: int = 20) -> list[Any]:
+    """Identical outputs folded (dshbak -c): one block per distinct (status, exit, output), its
+    nodes compressed; at most FOLDED_MAX_GROUPS blocks, the rest counted."""
+    from cluster.report.fold import Row, exact, fold, nodes_text
+
+    rows = []
+    for r in results:
+        out = _output_of(r, max_lines)
+        exit_text = "" if r.exit_code is None else f" (exit {r.exit_code})"
+        rows.append(Row(r.node, "output", r.status + exit_text, out))
+    groups = fold(rows, label=exact)
+    table = Table(title=title, show_lines=True)
+    for col in ("nodes", "status", "output"):
+        table.add_column(col, overflow="fold")
+    for g in groups[:FOLDED_MAX_GROUPS]:
+        status, _, rest = g.status.partition(" ")
+        cell = status_text(status)
+        cell.append(f" {rest}" if rest else "")
+        table.add_row(nodes_text(g, len(results)), cell, Text(terminal_safe(g.summary)))
+    out: list[Any] = [table]
+    if len(groups) > FOLDED_MAX_GROUPS:
+        hidden = groups[FOLDED_MAX_GROUPS:]
+        out.append(Text(f"... {len(hidden)} more distinct outputs on "
+                        f"{sum(g.count for g in hidden)} nodes (all of them: --json or the run "
+                        "directory's node logs)"))
+    return out
+
+
+def _output_of(r: CommandResult, max_lines: int) -> str:
+    out = (r.stdout.rstrip("\n") + ("\n" + r.stderr.rstrip("\n") if r.stderr.strip() else ""))
+    out = "\n".join(out.strip("\n").splitlines()[-max_lines:])
+    if r.error:
+        out = r.error if not out else f"{out}\n{r.error}"
+    return out
+
+
+def report_table(report: Report, title: str | None = None) -> Table:
+    """Checks as rows, one row per (node, check), with status, summary and the fix for failures."""
+    table = Table(title=title, show_lines=False)
+    for col in ("node", "check", "status", "summary"):
+        table.add_column(col, overflow="fold")
+    for r in report.results:
+        summary = r.summary if not r.fix or r.status in (Status.OK, Status.SKIP) \
+            else f"{r.summary}\n  fix: {r.fix}"
+        table.add_row(r.node or "(cluster)", r.check, status_text(r.status),
+                      Text(terminal_safe(summary)))
+    return table
+
+
+def folded_table(groups, total: int, title: str | None = None, key_header: str = "check") -> Table:
+    """Folded results (cluster.report.fold.Group): one row per distinct result, nodes compressed."""
+    from cluster.report.fold import nodes_text
+
+    table = Table(title=title, show_lines=False, box=None, pad_edge=False)
+    for col in (key_header, "status", "where", "summary"):
+        table.add_column(col, overflow="fold")
+    last = None
+    for g in groups:
+        summary = g.summary + (" (values differ; see --json)" if g.varies else "")
+        table.add_row("" if g.key == last else g.key, status_text(g.status),
+                      nodes_text(g, total), Text(terminal_safe(summary)))
+        last = g.key
+    return table
+
+
+def fix_lines(groups, total: int) -> list[Text]:
+    """Each distinct fix once, with the checks and nodes it is for."""
+    from cluster.report.fold import compress, distinct_fixes
+
+    out = []
+    for key, fix, nodes in distinct_fixes(groups):
+        where = "all nodes" if len(nodes) == total and total > 1 else compress(nodes)
+        line = Text(f"fix {key} on {where}: ", style="cyan")
+        line.append(terminal_safe(fix))
+        out.append(line)
+    return out
