@@ -1,1 +1,2 @@
-"""CLI subcommands: each module registers one subcommand; with cluster/cli.py the only code that prints."""
+"""Layer 10, cli: one module per subcommand (registered in cluster/cli.py's COMMANDS); with
+cluster/cli.py the only code that prints and exits. May import: every layer, playbooks/ included."""
