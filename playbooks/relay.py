@@ -163,7 +163,7 @@ class _Relay:
 
     def status(self, m: _Member) -> dict:
         """GET /TOKEN/.status over the node's SSH connection (TunnelError, RemoteError...)."""
-        from cluster.ray.head_tunnel import HeadTunnel      # httpx: not at the CLI's import
+        from cluster.nodes.head_tunnel import HeadTunnel      # httpx: not at the CLI's import
 
         stream = HeadTunnel(self.session, m.node, timeout=5).open(m.node.ip, m.port, timeout=5)
         try:

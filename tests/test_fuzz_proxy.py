@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from cluster.nodes import inventory
 from cluster.ray.dashboard_proxy import (BadRequest, DashboardProxy, Gate, parse_head, rewrite_head,
                                      without_own_cookie)
-from cluster.ray.head_tunnel import HeadTunnel
+from cluster.nodes.head_tunnel import HeadTunnel
 from cluster.nodes.remote import Session
 from fakes import DASHBOARD_TOKEN as RAY_TOKEN, FakeDashboard, read_all as _read_all
 

@@ -24,8 +24,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("inspection", ("cluster/inspection",)),
     ("planning", ("cluster/planning",)),
     ("remedy", ("cluster/remedy",)),
-    # cluster/health_runner.py moves into cluster/ray_jobs/ on the wt-protocol branch.
-    ("ray", ("cluster/ray", "cluster/ray_jobs", "cluster/health_runner.py")),
+    ("ray", ("cluster/ray", "cluster/ray_jobs")),
     ("serving", ("cluster/serving",)),
     ("playbooks", ("playbooks",)),
     ("cli", ("cluster/cli.py", "cluster/__main__.py", "cluster/commands")),

@@ -142,7 +142,7 @@ def test_every_on_head_client_scans_for_the_running_rays_token():
 # ---------------------------------------------------------------- 4, 6, 7: the proxy's gate
 
 from cluster.ray.dashboard_proxy import DashboardProxy, parse_head  # noqa: E402
-from cluster.ray.head_tunnel import HeadTunnel  # noqa: E402
+from cluster.nodes.head_tunnel import HeadTunnel  # noqa: E402
 from cluster.nodes.remote import Session  # noqa: E402
 from fakes import DASHBOARD_TOKEN as RAY_TOKEN, FakeDashboard, LoopbackServer, read_all as _read_all  # noqa: E402
 

@@ -1,7 +1,7 @@
 """`cluster dashboard`: the head's Ray dashboard on this machine's loopback, with the Ray token added.
 
 A local HTTP proxy (cluster/ray/dashboard_proxy.py) listens on 127.0.0.1 (`--bind` takes only
-loopback addresses) and sends every request over its own SSH channel (cluster/ray/head_tunnel.py:
+loopback addresses) and sends every request over its own SSH channel (cluster/nodes/head_tunnel.py:
 the inventory's SSH route, bastion included, strict host-key checks) to the dashboard on the
 head's loopback. When the cluster uses Ray token authentication, the token is read on the head
 over SSH, held in this process's memory only and added to every request, so a browser never
@@ -116,7 +116,7 @@ def _token_header(session, inv: Inventory, mode: str | None) -> str | None:
     """The Authorization value to add: required in token mode, used when found in an unknown
     mode, never read when the dashboard says token auth is disabled."""
     from cluster.base.errors import RemoteError
-    from cluster.ray.head_tunnel import read_auth_token
+    from cluster.nodes.head_tunnel import read_auth_token
 
     if mode == AUTH_DISABLED:
         return None
@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     import httpx
 
     from cluster.ray.dashboard_proxy import DashboardProxy, loopback_bind
-    from cluster.ray.head_tunnel import HeadTransport, HeadTunnel
+    from cluster.nodes.head_tunnel import HeadTransport, HeadTunnel
     from cluster.nodes.remote import Session
 
     bind = loopback_bind(args.bind)

@@ -316,7 +316,7 @@ class SSHRunner:
                              OK if code == 0 else FAILED)
 
     def transport(self, node: Node):
-        """The paramiko Transport of the node's open connection (cluster/ray/head_tunnel.py opens
+        """The paramiko Transport of the node's open connection (cluster/nodes/head_tunnel.py opens
         its direct-tcpip channels on it). Raises ConnectError like run()."""
         return self._open(node).transport
 

@@ -1,7 +1,7 @@
 """A loopback-only HTTP proxy to the head's Ray dashboard that adds the head's Ray token.
 
 `cluster dashboard` serves this on 127.0.0.1 (or another loopback address): every client
-connection gets its own channel to the dashboard on the head (cluster/ray/head_tunnel.py). Per
+connection gets its own channel to the dashboard on the head (cluster/nodes/head_tunnel.py). Per
 connection the proxy reads the request head (bounded: MAX_HEAD_BYTES, MAX_HEADER_LINES,
 HEAD_TIMEOUT_S) and lets it through its Gate (pure; before the head is asked):
   - Host: exactly one, naming the proxy itself (its bound address, 127.0.0.1, localhost or
@@ -37,13 +37,13 @@ import hmac
 import ipaddress
 import re
 import secrets
-import selectors
 import socket
 import threading
 from dataclasses import dataclass
 from typing import Callable
 
 from cluster.base.errors import ClusterError, UsageError
+from cluster.nodes.head_tunnel import splice
 
 MAX_HEAD_BYTES = 64 << 10
 MAX_HEADER_LINES = 256
@@ -319,35 +319,6 @@ def _answer(conn: socket.socket, status: int, reason: str, text: str,
                      + body)
     except OSError:
         pass
-
-
-def splice(client: socket.socket, upstream) -> None:
-    """Copy bytes both ways until the upstream ends (its reply is complete) or either side
-    fails. A client that half-closes gets the rest of the reply."""
-    client.settimeout(None)
-    upstream.settimeout(None)
-    sel = selectors.DefaultSelector()
-    try:
-        sel.register(client, selectors.EVENT_READ, "client")
-        sel.register(upstream.fileno(), selectors.EVENT_READ, "upstream")
-        while True:
-            for key, _ in sel.select():
-                if key.data == "upstream":
-                    data = upstream.recv(CHUNK)
-                    if not data:
-                        return
-                    client.sendall(data)
-                else:
-                    data = client.recv(CHUNK)
-                    if data:
-                        upstream.sendall(data)
-                    else:
-                        upstream.shutdown_write()
-                        sel.unregister(client)
-    except (OSError, EOFError):
-        return
-    finally:
-        sel.close()
 
 
 class DashboardProxy:

@@ -15,5 +15,4 @@ Nothing here is imported by the laptop's CLI at start; the entrypoints import on
 library, Ray, torch and (health_runner) the toolkit's pure modules.
 """
 
-# Ray job entrypoints: run by Ray, not shipped over SSH as node programs (no JSON answer).
-ENTRYPOINTS = ("nccl_allreduce", "health_runner")
+from cluster.node_programs import ENTRYPOINTS  # noqa: F401  (run by Ray, not shipped as programs)

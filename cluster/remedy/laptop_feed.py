@@ -150,8 +150,7 @@ class RemoteForward:
         Call(lambda: self._bridge(channel), name=f"forward-{self.node.name}-channel")
 
     def _bridge(self, channel) -> None:
-        from cluster.ray.dashboard_proxy import splice
-        from cluster.ray.head_tunnel import _local_stream
+        from cluster.nodes.head_tunnel import _local_stream, splice
 
         try:
             upstream = _local_stream(self.node.name, LOOPBACK, self._target, self._timeout)

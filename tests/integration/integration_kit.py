@@ -235,7 +235,7 @@ def prom_query(inv: Path, query: str) -> list[dict]:
     import httpx
 
     from cluster.nodes import inventory as inventory_mod
-    from cluster.ray.head_tunnel import HeadTransport, HeadTunnel
+    from cluster.nodes.head_tunnel import HeadTransport, HeadTunnel
     from cluster.nodes.remote import Session
 
     inventory = inventory_mod.load(str(inv))

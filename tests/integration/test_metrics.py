@@ -1,6 +1,6 @@
 """`ray.metrics: prometheus` end to end: real Ray 2.60 on two simulated CPU nodes, the head's
 own Prometheus (Debian's package), the tiny vLLM app, Prometheus's HTTP API read from the test
-through the library's SSH route to the head's loopback (cluster/ray/head_tunnel.py).
+through the library's SSH route to the head's loopback (cluster/nodes/head_tunnel.py).
 
 Covers: `up` starts Prometheus (changed) with RAY_PROMETHEUS_HOST in the head's Ray env, a
 second `up` changes nothing (Prometheus kept, same pid, no drift warning); Ray's Grafana

@@ -18,6 +18,7 @@ way Ray itself finds it; the token is returned in memory only (never in argv, lo
 
 from __future__ import annotations
 
+import selectors
 import socket
 from dataclasses import dataclass
 from typing import Iterator
@@ -299,3 +300,35 @@ def token_from_reply(node: str, result) -> AuthToken | None:
     if token is None:
         raise RemoteError(node, f"the Ray token in {doc.get('source')} is not a usable token")
     return AuthToken(token, str(doc.get("source")))
+
+
+SPLICE_CHUNK = 64 << 10
+
+
+def splice(client: socket.socket, upstream) -> None:
+    """Copy bytes both ways until the upstream ends (its reply is complete) or either side
+    fails. A client that half-closes gets the rest of the reply."""
+    client.settimeout(None)
+    upstream.settimeout(None)
+    sel = selectors.DefaultSelector()
+    try:
+        sel.register(client, selectors.EVENT_READ, "client")
+        sel.register(upstream.fileno(), selectors.EVENT_READ, "upstream")
+        while True:
+            for key, _ in sel.select():
+                if key.data == "upstream":
+                    data = upstream.recv(SPLICE_CHUNK)
+                    if not data:
+                        return
+                    client.sendall(data)
+                else:
+                    data = client.recv(SPLICE_CHUNK)
+                    if data:
+                        upstream.sendall(data)
+                    else:
+                        upstream.shutdown_write()
+                        sel.unregister(client)
+    except (OSError, EOFError):
+        return
+    finally:
+        sel.close()
