@@ -608,7 +608,7 @@ PLAYBOOKS = {"deploy": "run", "drain": "run", "fix": "run", "fix (undo)": "undo"
              "model_pull": "run", "nccl_check": "run", "nccl_check (proof)": "run_proof",
              "preflight": "run", "ray_down": "run", "ray_up": "run", "restart_node": "run",
              "status": "run", "tune": "run", "undeploy": "run"}
-NOT_PLAYBOOKS = {"__init__", "outcome", "relay", "fix_model", "nccl_allreduce", "serve_wait",
+NOT_PLAYBOOKS = {"__init__", "outcome", "relay", "fix_model", "cache_stage", "serve_wait",
                  "prometheus_head"}
 
 

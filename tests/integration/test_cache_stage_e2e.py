@@ -86,10 +86,6 @@ def ranks_of(out: dict) -> dict[int, str]:
     return {r["rank"]: r["node"] for r in replica["ranks"]}
 
 
-@pytest.mark.xfail(raises=AssertionError, strict=False,
-                   reason="vLLM 0.32's CPU build fails to load its own AOT artifact on the second "
-                          "start ('function' object has no attribute 'finalize_loading'), so "
-                          "staged_cache is false (tests/fixtures/vllm-compile-cache)")
 def test_cold_start_then_a_replaced_node_starts_from_the_staged_cache(sim, inv, model):
     cold = deploy(inv, model)
     (replica,) = cold["replicas"]
@@ -117,11 +113,22 @@ def test_cold_start_then_a_replaced_node_starts_from_the_staged_cache(sim, inv, 
     assert (before["nodes"][replaced]["status"], before["nodes"][replaced]["verified"]) == \
         ("copied", True), before
     (replica,) = warm["replicas"]
-    assert replica["staged_cache"] is True, replica
-    assert {r["state"] for r in replica["cache_ranks"]} == {"loaded"}, replica
-    ratio = warm["waited_s"] / cold["waited_s"]
-    print(f"\nPP 2 ready after the PUT: cold {cold['waited_s']} s, staged cache "
-          f"{warm['waited_s']} s (ratio {ratio:.2f}); staging before the start took "
-          f"{before['seconds']} s; whole deploy {cold['measured_s']} s vs "
-          f"{warm['measured_s']} s")
+    seen = {(r["rank"], r["node"]): r for r in replica["cache_ranks"]}
+    assert sorted(seen) == sorted(ranks_of(warm).items()), replica
+    states = {r["state"] for r in seen.values()}
+    if states == {"loaded"}:
+        assert replica["staged_cache"] is True, replica
+        ratio = warm["waited_s"] / cold["waited_s"]
+        print(f"\nPP 2 ready after the PUT: cold {cold['waited_s']} s, staged cache "
+              f"{warm['waited_s']} s (ratio {ratio:.2f}); staging before the start took "
+              f"{before['seconds']} s; whole deploy {cold['measured_s']} s vs "
+              f"{warm['measured_s']} s")
+    else:
+        # vLLM 0.32's CPU build fails to load its own AOT artifact on a second start ('function'
+        # object has no attribute 'finalize_loading'; tests/fixtures/vllm-compile-cache), staged
+        # or not: each rank recompiles, says why, and the replica must not claim a staged start.
+        assert replica["staged_cache"] is False, replica
+        assert all(r["state"] == "compiled" and r["note"].startswith("load failed")
+                   for r in seen.values()), replica
+        assert "compiled: " in replica["cache_detail"], replica
     undeploy(inv)
