@@ -24,12 +24,14 @@ removed on every node at the end (`cluster exec`).
 from __future__ import annotations
 
 import argparse
-import json
 import secrets
 import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from simbench import cli_json  # noqa: E402  (scripts/simbench.py: the benchmarks' shared part)
 
 REPO = Path(__file__).resolve().parents[1]
 APP = "bench-cache-pp2"
@@ -37,12 +39,7 @@ SERVED = "tiny-cache-bench"
 
 
 def cli(inventory: str, *args: str, timeout: float = 1500) -> tuple[int, dict]:
-    p = subprocess.run([sys.executable, "-m", "cluster", "-i", inventory, *args, "--json"],
-                       capture_output=True, text=True, cwd=str(REPO), timeout=timeout)
-    try:
-        return p.returncode, json.loads(p.stdout)
-    except ValueError:
-        raise SystemExit(f"cluster {args[0]}: exit {p.returncode}: {p.stderr.strip()[-500:]}")
+    return cli_json(inventory, *args, timeout=timeout)
 
 
 def deploy(inventory: str, model: str, root: str) -> dict:

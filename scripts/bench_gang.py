@@ -17,12 +17,13 @@ the inventory's head (the Serve endpoint `cluster deploy` reports).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from simbench import cli_json  # noqa: E402  (scripts/simbench.py: the benchmarks' shared part)
 
 REPO = Path(__file__).resolve().parents[1]
 APPS = {"bench-pp2": ["--pp", "2", "--nnodes", "2"], "bench-tp1": ["--tp", "1"]}
@@ -30,12 +31,7 @@ SERVED = "tiny-bench"
 
 
 def cli(inventory: str, *args: str, timeout: float = 1200) -> tuple[int, dict]:
-    p = subprocess.run([sys.executable, "-m", "cluster", "-i", inventory, *args, "--json"],
-                       capture_output=True, text=True, cwd=str(REPO), timeout=timeout)
-    try:
-        return p.returncode, json.loads(p.stdout)
-    except ValueError:
-        raise SystemExit(f"cluster {args[0]}: exit {p.returncode}: {p.stderr.strip()[-500:]}")
+    return cli_json(inventory, *args, timeout=timeout)
 
 
 def deploy(inventory: str, name: str, model: str) -> dict:

@@ -49,3 +49,14 @@ def simulated_cluster(nodes: int, prefix: str, subnet: int, keep: bool = False) 
     finally:
         if not keep:
             simcluster("down")
+
+
+def cli_json(inventory: str, *args: str, timeout: float) -> tuple[int, dict]:
+    """`cluster -i INVENTORY ARGS --json` from the checkout: (exit code, its document); no
+    document is one line and exit (the benchmark cannot go on)."""
+    p = subprocess.run([sys.executable, "-m", "cluster", "-i", inventory, *args, "--json"],
+                       capture_output=True, text=True, cwd=str(ROOT), timeout=timeout)
+    try:
+        return p.returncode, json.loads(p.stdout)
+    except ValueError:
+        raise SystemExit(f"cluster {args[0]}: exit {p.returncode}: {p.stderr.strip()[-500:]}")
