@@ -146,11 +146,11 @@ def landed_pairs(stage_doc: Mapping[str, Any] | None) -> set[tuple[str, CacheDir
 def read_ranks(inv: Inventory, session, nodes: Sequence[Node], since: float
                ) -> tuple[RankCache, ...]:
     """The ranks' compile-cache readings from the Ray logs on these nodes since `since`."""
-    from cluster.serving.deploy import logs_dir
+    from cluster.nodes.endpoints import log_dir
     from cluster.serving.engine_transport import logs_of
     from cluster.node_programs import fan_out_program
 
-    got = fan_out_program(session, nodes, "engine_logs", [logs_dir(inv), f"{since - 5:.0f}"],
+    got = fan_out_program(session, nodes, "engine_logs", [log_dir(inv), f"{since - 5:.0f}"],
                           timeout=LOG_TIMEOUT_S, python=inv.ray.python)
     docs = {n.name: d for n, d in zip(nodes, got) if isinstance(d, dict)}
     return compile_cache.read_ranks(logs_of(docs))

@@ -123,7 +123,8 @@ def test_an_unknown_bastion_key_is_refused_not_retried(bastion_cluster, tmp_path
 def test_a_node_that_drops_the_first_connections_is_retried(bastion_cluster):
     """node3's sshd keeps OpenSSH's stock MaxStartups 10:30:100: with 100 unauthenticated
     connections held open it drops every new one; they are released after 1.5 s, while the
-    client retries with backoff inside its connect budget."""
+    client retries with backoff inside its connect budget. They are released only once sshd has
+    dropped one of the client's connects (the CLI's start-up time does not decide the test)."""
     holders = []
     for _ in range(100):
         s = socket.create_connection(("198.18.14.3", 22), timeout=5)
@@ -131,6 +132,11 @@ def test_a_node_that_drops_the_first_connections_is_retried(bastion_cluster):
     dropped_before = count("node3", "past MaxStartups")
 
     def release():
+        # hold until sshd really dropped one of the client's connects (bounded: 60 s), then
+        # 1.5 s more; the client must retry past the drops to succeed
+        deadline = time.monotonic() + 60
+        while count("node3", "past MaxStartups") == dropped_before and time.monotonic() < deadline:
+            time.sleep(0.1)
         time.sleep(1.5)
         for s in holders:
             s.close()
