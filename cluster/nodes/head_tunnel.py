@@ -302,7 +302,7 @@ def token_from_reply(node: str, result) -> AuthToken | None:
     return AuthToken(token, str(doc.get("source")))
 
 
-SPLICE_CHUNK = 64 << 10
+CHUNK = 64 << 10        # one socket read of the splice and the dashboard proxy
 
 
 def splice(client: socket.socket, upstream) -> None:
@@ -317,12 +317,12 @@ def splice(client: socket.socket, upstream) -> None:
         while True:
             for key, _ in sel.select():
                 if key.data == "upstream":
-                    data = upstream.recv(SPLICE_CHUNK)
+                    data = upstream.recv(CHUNK)
                     if not data:
                         return
                     client.sendall(data)
                 else:
-                    data = client.recv(SPLICE_CHUNK)
+                    data = client.recv(CHUNK)
                     if data:
                         upstream.sendall(data)
                     else:

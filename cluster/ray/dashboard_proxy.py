@@ -43,13 +43,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 from cluster.base.errors import ClusterError, UsageError
-from cluster.nodes.head_tunnel import splice
+from cluster.nodes.head_tunnel import CHUNK, splice
 
 MAX_HEAD_BYTES = 64 << 10
 MAX_HEADER_LINES = 256
 HEAD_TIMEOUT_S = 30.0
 MAX_CLIENTS = 128
-CHUNK = 64 << 10
 TOKEN_COOKIE = "ray-authentication-token"
 CREDENTIAL_PARAM = "token"                 # ?token=... in the URL the proxy prints
 COOKIE_PREFIX = "cluster-dashboard-"       # + the port: two proxies keep their own cookies
