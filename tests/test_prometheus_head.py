@@ -263,6 +263,32 @@ def test_stop_never_kills_a_pid_that_is_not_our_prometheus(tmp_path):
         sleeper.wait()
 
 
+def test_dashboards_read_regular_files_only_and_wait_out_ray_rewriting_them(tmp_path):
+    """Ray's dashboard removes and rewrites its Grafana folder when it starts (the CI failure:
+    a file listed, then gone): the read waits for the folder; a link is never followed."""
+    import threading
+
+    d = tmp_path / "session_1" / "metrics" / "grafana" / "dashboards"
+    (tmp_path / "session_latest").symlink_to(tmp_path / "session_1")
+    secret = tmp_path / "secret.json"
+    secret.write_text("root only")
+
+    def rewrite():
+        d.mkdir(parents=True)
+        (d / "default_grafana_dashboard.json").write_text('{"title": "Default"}')
+        (d / "planted.json").symlink_to(secret)
+
+    later = threading.Timer(1.0, rewrite)
+    later.start()
+    try:
+        doc = _program("dashboards", "--root", str(tmp_path), "--wait", "30")
+    finally:
+        later.join()
+    assert doc["dashboards"] == {"default_grafana_dashboard.json": '{"title": "Default"}'}
+    assert _program("dashboards", "--root", str(tmp_path / "none"),
+                    "--wait", "0")["dashboards"] == {}
+
+
 def _session_config(root: Path, session: str) -> Path:
     """A Ray-like session dir with Ray's Prometheus config (Ray's own template)."""
     from ray.dashboard.modules.metrics.templates import PROMETHEUS_YML_TEMPLATE

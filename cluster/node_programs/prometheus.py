@@ -12,8 +12,9 @@ JSON document (stdlib only, Python 3.8+).
                                         the pid file, waits up to S s for /-/ready
     stop --root R                       ends our Prometheus (SIGTERM, then SIGKILL after 10 s)
                                         and removes the pid file; nothing else is touched
-    dashboards --root R                 the Grafana dashboards Ray generated for the latest
-                                        session: {file name: JSON text}
+    dashboards --root R --wait S        the Grafana dashboards Ray generated for the latest
+                                        session: {file name: JSON text}; retried for up to
+                                        S s while Ray (re)writes them
 
 R is Ray's temp dir (/tmp/ray by default). Our files live in R/cluster-prometheus/:
 prometheus.pid, prometheus.log and data/ (the TSDB).
@@ -24,6 +25,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -34,6 +36,7 @@ CONFIG = ("session_latest", "metrics", "prometheus", "prometheus.yml")
 DASHBOARDS = ("session_latest", "metrics", "grafana", "dashboards")
 MAX_DASHBOARD_BYTES = 4 << 20
 MAX_DASHBOARDS = 32
+DASHBOARD_RETRY_S = 0.5
 STOP_WAIT_S = 10.0
 LOG_TAIL_BYTES = 2000
 
@@ -169,19 +172,50 @@ def stop(a):
     return {"stopped": pid, "killed": killed}
 
 
-def dashboards(a):
-    d = os.path.join(a.root, *DASHBOARDS)
+def read_dashboards(d):
+    """{name: text} of the directory's regular *.json files, no link followed, each bounded.
+    FileNotFoundError when Ray removed the directory or a file while it was read."""
+    names = sorted(n for n in os.listdir(d) if n.endswith(".json"))[:MAX_DASHBOARDS]
     out = {}
-    try:
-        names = sorted(n for n in os.listdir(d) if n.endswith(".json"))[:MAX_DASHBOARDS]
-    except OSError:
-        names = []
     for name in names:
-        path = os.path.join(d, name)
-        if os.path.isfile(path) and os.path.getsize(path) <= MAX_DASHBOARD_BYTES:
-            with open(path, encoding="utf-8", errors="replace") as fh:
-                out[name] = fh.read()
-    return {"dir": d, "dashboards": out}
+        try:
+            fd = os.open(os.path.join(d, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError as e:
+            if isinstance(e, FileNotFoundError):
+                raise
+            continue                                  # a link or unreadable: not Ray's file
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if stat.S_ISREG(st.st_mode) and st.st_size <= MAX_DASHBOARD_BYTES:
+                out[name] = fh.read(MAX_DASHBOARD_BYTES + 1).decode("utf-8", "replace")
+    return out
+
+
+def complete(found):
+    """Ray has finished writing: some dashboards, each a whole JSON document."""
+    try:
+        return bool(found) and all(isinstance(json.loads(t), dict) for t in found.values())
+    except ValueError:
+        return False
+
+
+def dashboards(a):
+    """Ray's dashboard rewrites this directory (rmtree, then the files) when it starts, so a
+    read that meets a vanished file, no file or a half-written one is retried until --wait
+    ends; then the last read is returned as it is."""
+    d = os.path.join(a.root, *DASHBOARDS)
+    end = time.monotonic() + a.wait
+    found = {}
+    while True:
+        try:
+            found = read_dashboards(d)
+        except FileNotFoundError:
+            found = {}
+        except OSError:
+            return {"dir": d, "dashboards": {}}
+        if complete(found) or time.monotonic() >= end:
+            return {"dir": d, "dashboards": found}
+        time.sleep(DASHBOARD_RETRY_S)
 
 
 def main(argv):

@@ -30,6 +30,7 @@ ACTION = "prometheus"
 RETENTION = "2d"                 # a short retention: the head's disk is not a metrics store
 CONFIG_WAIT_S = 60.0             # Ray's dashboard writes the config shortly after `ray start`
 READY_WAIT_S = 60.0
+DASHBOARDS_WAIT_S = 10.0         # the dashboard rewrites its Grafana files when it (re)starts
 PROBE_TIMEOUT_S = CONFIG_WAIT_S + 30
 START_TIMEOUT_S = READY_WAIT_S + 30
 STOP_TIMEOUT_S = 40.0
@@ -74,7 +75,7 @@ def stop_call(inventory: Inventory) -> Call:
 
 
 def dashboards_call(inventory: Inventory) -> Call:
-    return program(inventory, "dashboards")
+    return program(inventory, "dashboards", "--wait", f"{DASHBOARDS_WAIT_S:g}")
 
 
 # ---------------------------------------------------------------- probe result and plan (pure)
