@@ -25,14 +25,13 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 from cluster.serving import compile_cache
-from cluster.serving.compile_cache import CacheDir, RankCache
+from cluster.serving.compile_cache import CacheDir
 from cluster.nodes.inventory import Inventory, Node
 from cluster.remedy.model_relay import NodeResult
 from cluster.remedy.model_sync import Manifest, still_different
 from playbooks.relay import manifests, run_relay
 
 _MIB = 1 << 20
-LOG_TIMEOUT_S = 60
 
 
 def root_of(node: Node, spec_env: Mapping[str, str], seen_root: str) -> str | None:
@@ -143,17 +142,10 @@ def landed_pairs(stage_doc: Mapping[str, Any] | None) -> set[tuple[str, CacheDir
     return out
 
 
-def read_ranks(inv: Inventory, session, nodes: Sequence[Node], since: float
-               ) -> tuple[RankCache, ...]:
-    """The ranks' compile-cache readings from the Ray logs on these nodes since `since`."""
-    from cluster.nodes.endpoints import log_dir
-    from cluster.serving.engine_transport import logs_of
-    from cluster.node_programs import fan_out_program
-
-    got = fan_out_program(session, nodes, "engine_logs", [log_dir(inv), f"{since - 5:.0f}"],
-                          timeout=LOG_TIMEOUT_S, python=inv.ray.python)
-    docs = {n.name: d for n, d in zip(nodes, got) if isinstance(d, dict)}
-    return compile_cache.read_ranks(logs_of(docs))
+def rank_nodes(nodes: Sequence[Node], replicas: Sequence[dict]) -> list[Node]:
+    """The staging nodes that run one of the replicas' ranks (their logs say what they used)."""
+    names = {r.get("node") for rep in replicas for r in rep.get("ranks") or ()}
+    return [n for n in nodes if n.name in names]
 
 
 def previous_dirs(run_root: str, app: str) -> tuple[CacheDir, ...]:
@@ -185,13 +177,14 @@ def before_start(inv: Inventory, session, spec, nodes: Sequence[Node], local_roo
 
 
 def after_start(inv: Inventory, session, spec, nodes: Sequence[Node],
-                replicas: Sequence[dict], doc: dict[str, Any], since: float, local_root: bool,
+                replicas: Sequence[dict], doc: dict[str, Any],
+                logs: Mapping[str, Sequence[str]], local_root: bool,
                 say: Callable[[str], None]) -> list[str]:
-    """Each replica's staged_cache (from its ranks' lines), then the stage of the directories
-    they used; returns warnings (a node the cache did not reach)."""
-    names = {r.get("node") for rep in replicas for r in rep.get("ranks") or ()}
-    rank_nodes = [n for n in nodes if n.name in names]
-    readings = read_ranks(inv, session, rank_nodes, since) if rank_nodes else ()
+    """Each replica's staged_cache (from its ranks' lines in `logs`: node -> texts since the
+    start), then the stage of the directories they used; returns warnings (a node the cache
+    did not reach)."""
+    readings = compile_cache.read_ranks({n.name: logs.get(n.name, ())
+                                         for n in rank_nodes(nodes, replicas)})
     landed = landed_pairs(doc.get("before_start"))
     for rep in replicas:
         rep.update(compile_cache.replica_verdict(rep.get("ranks") or [], readings, landed))

@@ -27,8 +27,11 @@ from cluster.serving import deploy
 from cluster.serving.deploy import DeploySpec
 from cluster.base.errors import DeployError
 from cluster.nodes.inventory import Inventory
+from playbooks import cache_stage
 from playbooks.outcome import Confirm, DocOutcome, OnEvent, ignore, lines_to, never_confirm
 from playbooks.serve_wait import wait_for_app
+
+LOG_TIMEOUT_S = 60               # the ranks' log lines, read once after RUNNING
 
 
 @dataclass(frozen=True)
@@ -148,7 +151,6 @@ def _deploy(inv, session, options: DeployOptions, confirm, say, write_config,
     # 4. PUT (merged with the other apps on the head), then wait for RUNNING
     staging = _cache_nodes(inv, spec, cluster)
     if staging:
-        from playbooks import cache_stage
         doc["compile_cache"] = cache_stage.before_start(inv, session, spec, staging,
                                                         options.local_root, say)
     started = time.time()
@@ -169,11 +171,13 @@ def _deploy(inv, session, options: DeployOptions, confirm, say, write_config,
                app=outcome.state.to_dict() if outcome.state else None)
     if outcome.running:
         doc["replicas"] = _replica_ranks(session, inv, spec.name)
+        rank_nodes = cache_stage.rank_nodes(staging, doc["replicas"]) if staging else []
+        logs = _engine_logs(inv, session, rank_nodes, proof_plan, started, say)
         if staging:
             warnings += cache_stage.after_start(inv, session, spec, staging, doc["replicas"],
-                                                doc["compile_cache"], started,
+                                                doc["compile_cache"], logs,
                                                 options.local_root, say)
-        return _confirm_transport(inv, session, proof_plan, options, say, doc, started)
+        return _confirm_transport(inv, proof_plan, options, doc, logs)
     doc["error"] = deploy.failure_reason(outcome, options.timeout_s)
     say(f"not RUNNING: {doc['error']}; reading the replica logs")
     doc["log_tails"] = deploy.collect_log_tails(session, inv, outcome.state)
@@ -248,24 +252,36 @@ def _prove(inv, session, plan, cluster, options: DeployOptions, say, doc: dict) 
     return False
 
 
-def _confirm_transport(inv, session, plan, options: DeployOptions, say, doc: dict,
-                       since: float) -> int:
+def _engine_logs(inv, session, rank_nodes, plan, since: float, say) -> dict[str, list[str]]:
+    """node -> the ranks' log texts since the start, read once for both readers (the compile
+    cache's ranks, the proof's groups) from the union of their nodes."""
+    from cluster.serving import engine_transport
+    from cluster.nodes.endpoints import log_dir
+    from cluster.node_programs import fan_out_program
+
+    names = list(dict.fromkeys([n.name for n in rank_nodes]
+                               + ([s.node for s in plan.slots] if plan is not None else [])))
+    if not names:
+        return {}
+    nodes = [inv.node(n) for n in names]
+    say(f"reading the ranks' log lines on {', '.join(names)}")
+    got = fan_out_program(session, nodes, "engine_logs", [log_dir(inv), f"{since - 5:.0f}"],
+                          timeout=LOG_TIMEOUT_S, python=inv.ray.python)
+    return engine_transport.logs_of({n.name: d for n, d in zip(nodes, got)
+                                     if isinstance(d, dict)})
+
+
+def _confirm_transport(inv, plan, options: DeployOptions, doc: dict,
+                       logs: dict[str, list[str]]) -> int:
     """After RUNNING: each group's transport from its ranks' own init lines (the logs Ray keeps
     on the groups' nodes); a contradiction of the proof or the inventory fails (exit 2)."""
     from cluster.serving import engine_transport
     from cluster.planning import fabric_thresholds
-    from cluster.nodes.endpoints import log_dir
-    from cluster.node_programs import fan_out_program
 
     if plan is None:
         return 0
     names = list(dict.fromkeys(s.node for s in plan.slots))
-    nodes = [inv.node(n) for n in names]
-    say(f"reading the ranks' init lines on {', '.join(names)}")
-    got = fan_out_program(session, nodes, "engine_logs", [log_dir(inv), f"{since - 5:.0f}"],
-                          timeout=60, python=inv.ray.python)
-    docs = {n.name: d for n, d in zip(nodes, got) if isinstance(d, dict)}
-    readings = engine_transport.read_engine(plan.groups, engine_transport.logs_of(docs),
+    readings = engine_transport.read_engine(plan.groups, {n: logs.get(n, []) for n in names},
                                             plan.backend, plan.layout.ranks_per_engine)
     doc["engine_transport"] = [r.to_dict() for r in readings]
     doc["warnings"] += engine_transport.placement_warnings(readings)

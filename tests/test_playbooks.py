@@ -640,3 +640,30 @@ def test_every_playbook_has_the_one_shape(name):
 def test_the_shape_list_names_every_playbook_module():
     names = {p.stem for p in (Path(__file__).parent.parent / "playbooks").glob("*.py")}
     assert names - NOT_PLAYBOOKS == {n.split()[0] for n in PLAYBOOKS}
+
+
+def test_after_running_the_ranks_logs_are_read_once_for_the_cache_and_the_proof():
+    """One engine_logs fan-out over the union of the cache's rank nodes and the proof's group
+    nodes, each node once; both readers get the texts from it."""
+    from types import SimpleNamespace
+
+    from fakes import CannedSession, fake_inventory, result
+    from playbooks import cache_stage, deploy as deploy_playbook
+
+    inv = fake_inventory(3)
+    line = "(Worker_TP0 pid=7) INFO Using cache directory: /root/.cache/vllm/torch_compile_cache/"
+    docs = {n.name: result(n.name, json.dumps({"files": [{"lines": [line + f"0123456789/rank_"
+                                                                      f"{i}_0/backbone"]}]}))
+            for i, n in enumerate(inv.nodes)}
+    session = CannedSession(docs)
+    replicas = [{"ranks": [{"rank": 0, "node": "n1"}, {"rank": 1, "node": "n2"}]}]
+    ranks = cache_stage.rank_nodes(list(inv.nodes), replicas)
+    plan = SimpleNamespace(slots=[SimpleNamespace(node="n2"), SimpleNamespace(node="n3")])
+    said: list[str] = []
+    logs = deploy_playbook._engine_logs(inv, session, ranks, plan, 1000.0, said.append)
+    assert [node for node, _, _ in session.calls] == ["n1", "n2", "n3"]
+    assert all("engine_logs" in stdin for _, _, stdin in session.calls)
+    assert sorted(logs) == ["n1", "n2", "n3"] and "rank_1_0" in logs["n2"][0]
+    assert said == ["reading the ranks' log lines on n1, n2, n3"]
+    assert deploy_playbook._engine_logs(inv, session, [], None, 1000.0, said.append) == {}
+    assert len(session.calls) == 3

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Callable
 
-from cluster.base.flags import path_value, text_value
+from cluster.base.flags import text_value
 from cluster.ray import rollout
 from cluster.commands._common import (add_changing, add_json, float_range, int_range,
                                       load_inventory, recorded_run, run_outcome, stdout)

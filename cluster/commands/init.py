@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cluster.base.flags import path_value, text_value
+from cluster.base.flags import path_value
 from cluster.commands._common import add_json, print_json, stderr
 from cluster.base.errors import UsageError
 from cluster.nodes.inventory import template_text

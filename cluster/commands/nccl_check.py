@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
-from cluster.base.flags import path_value, text_value
+from cluster.base.flags import path_value
 from cluster.ray import nccl_check
 from cluster.base.bounds import bound
 from cluster.commands._common import (add_json, add_nodes, float_range, int_range,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from cluster.base.flags import path_value, text_value
+from cluster.base.flags import text_value
 from cluster.commands._common import (add_changing, add_json, positive_float, recorded_run,
                                       stdout)
 

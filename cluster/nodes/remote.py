@@ -746,8 +746,6 @@ def _nodelay_transport(sock, **kwargs):
     every command (and the key exchange, several times) cost ~40 ms more. OpenSSH's own client
     sets TCP_NODELAY too. A jump host's channel (not a socket) is left as it is.
     """
-    import paramiko
-
     if isinstance(sock, socket.socket) and sock.family in (socket.AF_INET, socket.AF_INET6):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     transport = _quiet_transport_class()(sock, **kwargs)

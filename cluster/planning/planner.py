@@ -22,7 +22,6 @@ whole where a count is meant, in range) before any loop or allocation depends on
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
 from dataclasses import dataclass

@@ -13,7 +13,6 @@ Pure parts: `parse_state_output` (the program's document -> RayState) and `clust
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
