@@ -185,6 +185,10 @@ def test_help_lines_match_each_command_module():
 @pytest.mark.parametrize("argv,absent", [
     (["--help"], ("rich", "paramiko", "fabric", "yaml", "cluster.nodes.remote")),
     (["parse", "--help"], ("paramiko", "fabric", "cluster.nodes.remote")),
+    # a script's parse: JSON out, no rich (~40 ms of start-up), no SSH stack
+    (["parse", "--kind", "nccl", "--json", str(next(iter(sorted(
+        (Path(__file__).parent / "fixtures" / "nccl").glob("*.log")))))],
+     ("rich", "paramiko", "fabric", "cluster.nodes.remote")),
 ])
 def test_start_up_imports_only_what_the_command_needs(argv, absent):
     code = ("import sys, cluster.cli as c\n"

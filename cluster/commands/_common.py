@@ -11,9 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
 from cluster.base.errors import UsageError
 from cluster.base.flags import path_value, text_value  # noqa: F401 - the commands import them here
 from cluster.report.render import to_json
@@ -24,35 +21,71 @@ if TYPE_CHECKING:  # `cluster parse` and `plan` start without the inventory or r
 
 
 
-class SafeConsole(Console):
+def _safe_console_class() -> type:
     """rich's Console that never lets a node's or server's text drive the terminal.
 
     Strings and Text objects are shown with their control characters escaped (textsafe); a
     string whose brackets are not valid rich markup (a node's output can hold "[/x]") is shown
-    as plain text instead of raising MarkupError.
+    as plain text instead of raising MarkupError. Built on first use: rich costs ~40 ms of
+    start-up that `--json` runs (`cluster parse --json`, scripts) never need.
     """
+    global _SAFE_CONSOLE
+    if _SAFE_CONSOLE is None:
+        from rich.console import Console
 
-    def print(self, *objects: Any, **kwargs: Any) -> None:  # noqa: A003 - rich's name
-        from rich.errors import MarkupError
-        from rich.text import Text
+        class SafeConsole(Console):
+            __doc__ = _safe_console_class.__doc__
 
-        from cluster.base.textsafe import terminal_safe
+            def print(self, *objects: Any, **kwargs: Any) -> None:  # noqa: A003 - rich's name
+                from rich.errors import MarkupError
+                from rich.text import Text
 
-        safe = []
-        for obj in objects:
-            if isinstance(obj, str):
-                obj = terminal_safe(obj)
-            elif isinstance(obj, Text) and terminal_safe(obj.plain) != obj.plain:
-                obj = Text(terminal_safe(obj.plain), style=obj.style)
-            safe.append(obj)
-        try:
-            super().print(*safe, **kwargs)
-        except MarkupError:
-            super().print(*safe, **dict(kwargs, markup=False))
+                from cluster.base.textsafe import terminal_safe
+
+                safe = []
+                for obj in objects:
+                    if isinstance(obj, str):
+                        obj = terminal_safe(obj)
+                    elif isinstance(obj, Text) and terminal_safe(obj.plain) != obj.plain:
+                        obj = Text(terminal_safe(obj.plain), style=obj.style)
+                    safe.append(obj)
+                try:
+                    super().print(*safe, **kwargs)
+                except MarkupError:
+                    super().print(*safe, **dict(kwargs, markup=False))
+
+        _SAFE_CONSOLE = SafeConsole
+    return _SAFE_CONSOLE
 
 
-stdout = SafeConsole(soft_wrap=False)
-stderr = SafeConsole(stderr=True)
+_SAFE_CONSOLE: type | None = None
+
+
+def __getattr__(name: str) -> Any:
+    """`_common.SafeConsole`: the class, built on first use."""
+    if name == "SafeConsole":
+        return _safe_console_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class _LazyConsole:
+    """stdout / stderr: a SafeConsole made on first use (attribute access goes to it)."""
+
+    def __init__(self, **options: Any):
+        self._options = options
+        self._console = None
+
+    def real(self) -> Any:
+        if self._console is None:
+            self._console = _safe_console_class()(**self._options)
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real(), name)
+
+
+stdout = _LazyConsole(soft_wrap=False)
+stderr = _LazyConsole(stderr=True)
 
 
 def add_json(parser: argparse.ArgumentParser) -> None:
@@ -258,9 +291,12 @@ def progress(total: int, label: str, enabled: bool) -> Iterator[Any]:
     if not enabled or not sys.stderr.isatty():
         yield lambda *_: None
         return
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn)
+
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("{task.fields[failed]}"), TimeElapsedColumn(), console=stderr,
-                   transient=True)
+                   TextColumn("{task.fields[failed]}"), TimeElapsedColumn(),
+                   console=stderr.real(), transient=True)
     failed = 0
 
     def advance(result: Any = None, *_: Any) -> None:

@@ -23,13 +23,6 @@ import stat
 import sys
 from typing import IO, Any, Iterator
 
-from rich import box
-from rich.console import Group
-from rich.markup import escape
-from rich.panel import Panel
-from rich.table import Table
-from rich.text import Text
-
 from cluster.base.flags import path_value
 from cluster.inspection import parsers
 from cluster.commands._common import add_json, print_json, stderr, stdout
@@ -297,7 +290,15 @@ _SUMMARY: dict[tuple[str, str], tuple[str, ...] | None] = {
 }
 
 
-def _render(result: dict[str, Any]) -> Panel:
+def _render(result: dict[str, Any]) -> Any:
+    """One result as a rich Panel (rich is imported here: `--json` runs never load it)."""
+    from rich import box
+    from rich.console import Group
+    from rich.markup import escape
+    from rich.panel import Panel
+    from rich.table import Table
+    from rich.text import Text
+
     host = f" ({escape(str(result['host']))})" if "host" in result else ""
     title = f"[bold]{result['kind'] or 'unknown kind'}[/bold]: {escape(result['file'])}{host}"
     if "error" in result:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-from rich.table import Table
-from rich.text import Text
-
 from cluster.base.results import Report, Status, to_jsonable
 from cluster.base.textsafe import terminal_safe
 
-if TYPE_CHECKING:  # annotations only: rendering needs no SSH code
+if TYPE_CHECKING:  # annotations only: rendering needs no SSH code, JSON needs no rich
+    from rich.table import Table
+    from rich.text import Text
+
     from cluster.nodes.remote import CommandResult
 
 STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "error": "bold magenta",
@@ -34,12 +34,17 @@ def to_json(data: Any) -> str:
 
 
 def status_text(status: str | Status) -> Text:
+    from rich.text import Text
+
     value = status.value if isinstance(status, Status) else str(status)
     return Text(value, style=STATUS_STYLE.get(value, ""))
 
 
 def command_results_table(results: Iterable[CommandResult], title: str | None = None,
                           max_lines: int = 20) -> Table:
+    from rich.table import Table
+    from rich.text import Text
+
     table = Table(title=title, show_lines=True)
     for col in ("node", "status", "exit", "time", "output"):
         table.add_column(col, overflow="fold")
@@ -58,6 +63,9 @@ def command_results_folded(results: Sequence[CommandResult], title: str | None =
                            max_lines: int = 20) -> list[Any]:
     """Identical outputs folded (dshbak -c): one block per distinct (status, exit, output), its
     nodes compressed; at most FOLDED_MAX_GROUPS blocks, the rest counted."""
+    from rich.table import Table
+    from rich.text import Text
+
     from cluster.report.fold import Row, exact, fold, nodes_text
 
     rows = []
@@ -93,6 +101,9 @@ def _output_of(r: CommandResult, max_lines: int) -> str:
 
 def report_table(report: Report, title: str | None = None) -> Table:
     """Checks as rows, one row per (node, check), with status, summary and the fix for failures."""
+    from rich.table import Table
+    from rich.text import Text
+
     table = Table(title=title, show_lines=False)
     for col in ("node", "check", "status", "summary"):
         table.add_column(col, overflow="fold")
@@ -106,6 +117,9 @@ def report_table(report: Report, title: str | None = None) -> Table:
 
 def folded_table(groups, total: int, title: str | None = None, key_header: str = "check") -> Table:
     """Folded results (cluster.report.fold.Group): one row per distinct result, nodes compressed."""
+    from rich.table import Table
+    from rich.text import Text
+
     from cluster.report.fold import nodes_text
 
     table = Table(title=title, show_lines=False, box=None, pad_edge=False)
@@ -122,6 +136,8 @@ def folded_table(groups, total: int, title: str | None = None, key_header: str =
 
 def fix_lines(groups, total: int) -> list[Text]:
     """Each distinct fix once, with the checks and nodes it is for."""
+    from rich.text import Text
+
     from cluster.report.fold import compress, distinct_fixes
 
     out = []
