@@ -879,6 +879,7 @@ def test_users_fixer_has_passwordless_sudo_and_askers_sudo_asks(simcluster_facto
     assert not (Path(c.dir) / "cluster-fixer.yaml").exists()
 
 
+@pytest.mark.integration
 def test_up_fresh_restarts_only_a_node_that_commands_changed(simcluster_factory):
     c = simcluster_factory(2, {"node1": "h100-no-peermem", "node2": "h100-no-peermem"})
     c.exec("node1", "modprobe", "nvidia_peermem", check=True)
