@@ -19,6 +19,7 @@ Run your own instance with SIMCLUSTER_PREFIX/SUBNET/DIR set (see test_deploy_e2e
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -86,7 +87,7 @@ def ranks_of(out: dict) -> dict[int, str]:
     return {r["rank"]: r["node"] for r in replica["ranks"]}
 
 
-def test_cold_start_then_a_replaced_node_starts_from_the_staged_cache(sim, inv, model):
+def test_cold_start_then_a_replaced_node_starts_from_the_staged_cache(sim, inv, model, capsys):
     cold = deploy(inv, model)
     (replica,) = cold["replicas"]
     cache = cold["compile_cache"]
@@ -116,13 +117,14 @@ def test_cold_start_then_a_replaced_node_starts_from_the_staged_cache(sim, inv, 
     seen = {(r["rank"], r["node"]): r for r in replica["cache_ranks"]}
     assert sorted(seen) == sorted(ranks_of(warm).items()), replica
     states = {r["state"] for r in seen.values()}
+    with capsys.disabled():     # the measurement of issue 27 item 2, in the suite's own log
+        print(f"\n[cache stage] PP 2 ready after the PUT: cold {cold['waited_s']} s, with the "
+              f"staged cache {warm['waited_s']} s (ratio "
+              f"{warm['waited_s'] / cold['waited_s']:.2f}); the ranks {sorted(states)}; "
+              f"staging before the start {before['seconds']} s; whole deploy "
+              f"{cold['measured_s']} s vs {warm['measured_s']} s; load {os.getloadavg()[0]:.0f}")
     if states == {"loaded"}:
         assert replica["staged_cache"] is True, replica
-        ratio = warm["waited_s"] / cold["waited_s"]
-        print(f"\nPP 2 ready after the PUT: cold {cold['waited_s']} s, staged cache "
-              f"{warm['waited_s']} s (ratio {ratio:.2f}); staging before the start took "
-              f"{before['seconds']} s; whole deploy {cold['measured_s']} s vs "
-              f"{warm['measured_s']} s")
     else:
         # vLLM 0.32's CPU build fails to load its own AOT artifact on a second start ('function'
         # object has no attribute 'finalize_loading'; tests/fixtures/vllm-compile-cache), staged
