@@ -2168,12 +2168,13 @@ def _feed_stream(acc: NcclLogAccumulator, f: Any) -> None:
                 if len(carry) > LINE_MAX:
                     carry, cut = carry[:_CUT_KEEP], True
             continue
-        first = carry if cut else block[:k + 1] if carry is None else carry + block[:k + 1]
-        acc._count((first,))
         j = block.rfind(nl)
-        if j > k:
-            middle = block[k + 1:j + 1]
-            acc._count(io.StringIO(middle, newline="\n") if text else io.BytesIO(middle))
+        start = 0                               # where the block's own whole lines begin
+        if carry is not None:
+            acc._count((carry if cut else carry + block[:k + 1],))
+            start = k + 1
+        if j >= start:
+            acc._count(_whole_lines(block, start, j, text))
         carry, cut = block[j + 1:] or None, False
         if carry is not None and len(carry) > LINE_MAX:
             carry, cut = carry[:_CUT_KEEP], True
@@ -2188,6 +2189,17 @@ def _feed_stream(acc: NcclLogAccumulator, f: Any) -> None:
                 since_flush = 0
     if carry:
         acc._count((carry,))
+
+
+def _whole_lines(block: str | bytes, start: int, end: int, text: bool) -> Iterable[str | bytes]:
+    """The lines of block[start:end + 1] (block[end] is a newline), iterated in C: for bytes a
+    stream over the block itself (BytesIO shares a bytes object's buffer: no copy), stopped after
+    the lines' count, so the unfinished tail after `end` is never counted."""
+    if text:
+        return io.StringIO(block[start:end + 1], newline="\n")
+    stream = io.BytesIO(block)
+    stream.seek(start)
+    return itertools.islice(stream, block.count(b"\n", start, end + 1))
 
 
 _DETECT_RE = re.compile(r"(?m)^\W{0,8}(?:\S+\s+)?NCCL version \d+\.\d+\.\d+|"
