@@ -38,9 +38,9 @@ ENV = {**os.environ, "SIMCLUSTER_PREFIX": PREFIX,
 INVENTORY = Path(ENV["SIMCLUSTER_DIR"]) / "cluster.yaml"
 COMMANDS = {"preflight": ["preflight", "--json"], "exec": ["exec", "--json", "--", "hostname"]}
 
-# `--profile DIR`: the current tree's CLI once more per size and mode, in-process under cProfile
-# on every thread (each thread's own CPU clock: time spent waiting is not counted), the stats
-# of all threads merged into DIR/<command>-<nodes>-<mode>.pstats; the top by own time printed.
+# `--profile DIR`: each tree's CLI once more per size and mode, in-process under cProfile on
+# every thread (each thread's own CPU clock: time spent waiting is not counted), the stats of
+# all threads merged into DIR/<tree>-<command>-<nodes>-<mode>.pstats; the top by own time printed.
 # argv: pstats path, CLI args...
 PROFILE_CHILD = r'''
 import contextlib, cProfile, io, pstats, sys, threading, time
@@ -125,27 +125,28 @@ def run_cli(tree: Path, label: str, command: str, nodes: int, mode: str) -> Run:
                usage.ru_maxrss / 1024, bad, code, len(text.encode()))
 
 
-def profile_cli(command: str, nodes: int, mode: str, folder: Path, top: int = 25) -> None:
-    """PROFILE_CHILD for the current tree; its top `top` functions by own CPU printed."""
+def profile_cli(tree: Path, label: str, command: str, nodes: int, mode: str, folder: Path,
+                top: int = 25) -> None:
+    """PROFILE_CHILD for one tree; its top `top` functions by own CPU printed."""
     import pstats
 
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{command}-{nodes}-{mode}.pstats"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "CLUSTER_RUN_DIR": tempfile.mkdtemp(
+    path = folder / f"{label}-{command}-{nodes}-{mode}.pstats"
+    env = {**os.environ, "PYTHONPATH": str(tree), "CLUSTER_RUN_DIR": tempfile.mkdtemp(
         prefix="bench-scale-runs-")}
     argv = [sys.executable, "-c", PROFILE_CHILD, str(path), "-i", str(INVENTORY),
             *COMMANDS[command]]
-    subprocess.run(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    subprocess.run(argv, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                    timeout=1800, check=False)
     if not path.exists():
-        print(f"  profile {command} {nodes} {mode}: no stats written", flush=True)
+        print(f"  profile {label} {command} {nodes} {mode}: no stats written", flush=True)
         return
     stats = pstats.Stats(str(path))
     rows = sorted(((tt, nc, func) for func, (_, nc, tt, _, _) in stats.stats.items()
                    if not any(word in func[2] for word in BLOCKING)), reverse=True)
     total = sum(tt for tt, _, _ in rows)
-    print(f"profile {command} {nodes} nodes {mode}: {total * 1000 / nodes:.1f} ms CPU per node "
-          f"under the profiler (blocking calls left out); top by own time -> {path}")
+    print(f"profile {label} {command} {nodes} nodes {mode}: {total * 1000 / nodes:.1f} ms CPU "
+          f"per node under the profiler (blocking calls left out); top by own time -> {path}")
     for tt, nc, (file, line, name) in rows[:top]:
         where = f"{Path(file).parent.name}/{Path(file).name}:{line}" if line else file
         print(f"  {tt * 1000 / nodes:7.3f} ms/node {nc / nodes:8.1f} calls/node  {name}  {where}")
@@ -166,8 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline", metavar="REV", help="git revision to compare against")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--profile", metavar="DIR", type=Path,
-                    help="also profile the current tree once per size and mode (all threads' "
-                         "CPU, cProfile) into DIR")
+                    help="also profile each tree once per size and mode (all threads' CPU, "
+                         "cProfile) into DIR")
     args = ap.parse_args(argv)
     sizes = [int(x) for x in args.sizes.split(",")]
     modes = args.modes.split(",")
@@ -195,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
                                   flush=True)
                 if args.profile:
                     for command in commands:
-                        profile_cli(command, n, mode, args.profile)
+                        for label, tree in trees:
+                            profile_cli(tree, label, command, n, mode, args.profile)
     finally:
         simcluster("down")
         for label, tree in trees:
