@@ -3,7 +3,7 @@
 directly and through a bastion, against a baseline tree in the same run.
 
     .venv/bin/python scripts/bench_scale.py [--sizes 1,8,32,128,256] [--modes direct,bastion]
-                                            [--baseline REV] [--rounds 1]
+                                            [--baseline REV] [--rounds 1] [--profile DIR]
 
 For each size the simulated cluster (scripts/simcluster, stock OpenSSH limits on every sshd) is
 brought up once per mode (`--bastion`: the nodes accept logins only from the bastion). Each CLI
@@ -37,6 +37,37 @@ ENV = {**os.environ, "SIMCLUSTER_PREFIX": PREFIX,
        "SIMCLUSTER_DIR": os.environ.get("SIMCLUSTER_DIR", f"/tmp/simcluster-{PREFIX}")}
 INVENTORY = Path(ENV["SIMCLUSTER_DIR"]) / "cluster.yaml"
 COMMANDS = {"preflight": ["preflight", "--json"], "exec": ["exec", "--json", "--", "hostname"]}
+
+# `--profile DIR`: each tree's CLI once more per size and mode, in-process under cProfile on
+# every thread (each thread's own CPU clock: time spent waiting is not counted), the stats of
+# all threads merged into DIR/<tree>-<command>-<nodes>-<mode>.pstats; the top by own time printed.
+# argv: pstats path, CLI args...
+PROFILE_CHILD = r'''
+import contextlib, cProfile, io, pstats, sys, threading, time
+path, argv = sys.argv[1], sys.argv[2:]
+profiles = []
+
+def start(*_):
+    profile = cProfile.Profile(time.thread_time)
+    profiles.append(profile)
+    profile.enable()
+
+threading.setprofile(start)
+from cluster import cli
+main = cProfile.Profile(time.thread_time)
+main.enable()
+with contextlib.redirect_stdout(io.StringIO()):
+    code = cli.main(argv)
+main.disable()
+threading.setprofile(None)
+stats = pstats.Stats(main)
+for profile in profiles:
+    stats.add(profile)
+stats.dump_stats(path)
+'''
+# Calls that block with the GIL released: a thread's CPU clock mis-attributes their time when
+# they end in a timeout exception (paramiko's reader threads), so the printed top leaves them out.
+BLOCKING = ("recv", "wait", "acquire", "select", "poll", "sleep")
 
 
 @dataclass(frozen=True)
@@ -94,6 +125,33 @@ def run_cli(tree: Path, label: str, command: str, nodes: int, mode: str) -> Run:
                usage.ru_maxrss / 1024, bad, code, len(text.encode()))
 
 
+def profile_cli(tree: Path, label: str, command: str, nodes: int, mode: str, folder: Path,
+                top: int = 25) -> None:
+    """PROFILE_CHILD for one tree; its top `top` functions by own CPU printed."""
+    import pstats
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{label}-{command}-{nodes}-{mode}.pstats"
+    env = {**os.environ, "PYTHONPATH": str(tree), "CLUSTER_RUN_DIR": tempfile.mkdtemp(
+        prefix="bench-scale-runs-")}
+    argv = [sys.executable, "-c", PROFILE_CHILD, str(path), "-i", str(INVENTORY),
+            *COMMANDS[command]]
+    subprocess.run(argv, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   timeout=1800, check=False)
+    if not path.exists():
+        print(f"  profile {label} {command} {nodes} {mode}: no stats written", flush=True)
+        return
+    stats = pstats.Stats(str(path))
+    rows = sorted(((tt, nc, func) for func, (_, nc, tt, _, _) in stats.stats.items()
+                   if not any(word in func[2] for word in BLOCKING)), reverse=True)
+    total = sum(tt for tt, _, _ in rows)
+    print(f"profile {label} {command} {nodes} nodes {mode}: {total * 1000 / nodes:.1f} ms CPU "
+          f"per node under the profiler (blocking calls left out); top by own time -> {path}")
+    for tt, nc, (file, line, name) in rows[:top]:
+        where = f"{Path(file).parent.name}/{Path(file).name}:{line}" if line else file
+        print(f"  {tt * 1000 / nodes:7.3f} ms/node {nc / nodes:8.1f} calls/node  {name}  {where}")
+
+
 def baseline_tree(rev: str) -> Path:
     target = Path(tempfile.mkdtemp(prefix="bench-scale-baseline-"))
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(target), rev],
@@ -108,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--commands", default="preflight,exec")
     ap.add_argument("--baseline", metavar="REV", help="git revision to compare against")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--profile", metavar="DIR", type=Path,
+                    help="also profile each tree once per size and mode (all threads' CPU, "
+                         "cProfile) into DIR")
     args = ap.parse_args(argv)
     sizes = [int(x) for x in args.sizes.split(",")]
     modes = args.modes.split(",")
@@ -133,6 +194,10 @@ def main(argv: list[str] | None = None) -> int:
                                   f"per node, {run.rss_mib:6.0f} MiB, {run.json_kb_per_node:5.1f} "
                                   f"KB JSON per node, {run.bad} bad, exit {run.exit_code}",
                                   flush=True)
+                if args.profile:
+                    for command in commands:
+                        for label, tree in trees:
+                            profile_cli(tree, label, command, n, mode, args.profile)
     finally:
         simcluster("down")
         for label, tree in trees:

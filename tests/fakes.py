@@ -928,3 +928,62 @@ def model_copy_fetch(dst, url, token, entries) -> dict:
     """model_copy.py fetch of `entries` from `url` into `dst` with the run's `token`."""
     return model_copy_program("fetch", "--dir", str(dst), "--url", url, "--for", "60",
                               data=token + "\n" + json.dumps({"files": entries}))
+
+
+# ---------------------------------------------------------------- an SSH server in this process
+
+
+class InProcessSSH:
+    """A paramiko SSH server and its client over a socketpair (no network): `client` is the
+    client's Transport, authenticated. Each exec request runs `handler(command, channel)` in a
+    thread of its own (once the client sent stdin or EOF); the handler writes, reads stdin, sends the exit status (or not) and
+    closes the channel as a real sshd's session would. `close()` ends both sides."""
+
+    def __init__(self, handler):
+        import paramiko
+
+        self.handler = handler
+        self.commands: list[str] = []
+        server_sock, client_sock = socket.socketpair()
+        self.server = paramiko.Transport(server_sock)
+        self.server.add_server_key(paramiko.ECDSAKey.generate())
+        negotiated = threading.Event()      # start_server waits for the client otherwise
+        self.server.start_server(event=negotiated, server=self._interface(paramiko))
+        self.client = paramiko.Transport(client_sock)
+        self.client.start_client(timeout=10)
+        self.client.auth_none("root")
+
+    def _interface(self, paramiko):
+        owner = self
+
+        class Server(paramiko.ServerInterface):
+            def get_allowed_auths(self, username):
+                return "none"
+
+            def check_auth_none(self, username):
+                return paramiko.AUTH_SUCCESSFUL
+
+            def check_channel_request(self, kind, chanid):
+                return paramiko.OPEN_SUCCEEDED
+
+            def check_channel_exec_request(self, channel, command):
+                text = command.decode()
+                owner.commands.append(text)
+                threading.Thread(target=owner._serve, args=(text, channel), daemon=True).start()
+                return True
+
+        return Server()
+
+    def _serve(self, command: str, chan) -> None:
+        # The handler starts once the client sent stdin or its EOF, i.e. once it has the reply
+        # to its exec request (a real sshd answers before the command's output; paramiko's
+        # server replies only after check_channel_exec_request returns).
+        for _ in range(1000):
+            if chan.eof_received or chan.recv_ready() or chan.closed:
+                break
+            time.sleep(0.01)
+        self.handler(command, chan)
+
+    def close(self) -> None:
+        self.client.close()
+        self.server.close()

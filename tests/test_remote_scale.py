@@ -178,40 +178,6 @@ def test_making_a_connection_never_rewrites_the_shared_config(monkeypatch):
     assert all(c.config is config and c.inline_ssh_env is True for c in conns)
 
 
-class _RecordingChannel:
-    def __init__(self):
-        self.sent: list[bytes] = []
-        self.write_shut = False
-
-    def sendall(self, data: bytes) -> None:
-        self.sent.append(data)
-
-    def shutdown_write(self) -> None:
-        self.write_shut = True
-
-
-def test_an_in_memory_stdin_is_sent_in_chunks_then_closed_without_polling(monkeypatch):
-    """invoke reads a non-terminal stdin one byte per 10 ms (a 7 KB on-node program took 70 s),
-    and its stdin thread then woke every 10 ms until the command ended: 100 wake-ups a second
-    per running command (~2.7 ms of the laptop's CPU per second of a node's gather). The
-    program is sent in chunks, its stdin closed, and the thread ends: it never sleeps."""
-    import io
-
-    import invoke.runners
-
-    def no_polling(seconds):
-        raise AssertionError(f"the stdin thread polled (sleep {seconds})")
-
-    monkeypatch.setattr(invoke.runners.time, "sleep", no_polling)
-    cls = remote._event_driven_remote()
-    runner = object.__new__(cls)
-    runner.channel, runner.encoding = _RecordingChannel(), "utf-8"
-    runner.program_finished = threading.Event()      # the command is still running
-    runner.handle_stdin(io.StringIO("x" * 100_000), None, echo=False)
-    assert [len(c) for c in runner.channel.sent] == [32768, 32768, 32768, 1696]
-    assert b"".join(runner.channel.sent) == b"x" * 100_000 and runner.channel.write_shut
-
-
 def _known_hosts(tmp_path, lines: list[str]) -> str:
     path = tmp_path / "known_hosts"
     path.write_text("\n".join(lines) + "\n")

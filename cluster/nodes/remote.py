@@ -10,7 +10,6 @@ its threads without a timeout, so it is not used here).
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import signal
@@ -24,6 +23,7 @@ from typing import Callable, Iterable, Protocol, Sequence, TypeVar
 
 from cluster.base.errors import CommandTimeout, ConnectError
 from cluster.nodes.inventory import Inventory, Node, SSHOptions
+from cluster.nodes.channel_run import run_on_channel
 from cluster.nodes.kept import HeadTail
 from cluster.base.textsafe import terminal_safe_line
 from cluster.base.threads import Call, parallel  # parallel: callers import it from here too
@@ -186,9 +186,7 @@ class SSHRunner:
 
         with self._lock:
             if self._config is None:
-                self._config = Config(overrides={"run": {"in_stream": False},
-                                                 "runners": {"remote": _event_driven_remote()}},
-                                      ssh_config=SSHConfig(), lazy=True)
+                self._config = Config(ssh_config=SSHConfig(), lazy=True)
             return self._config
 
     def _known_host_keys(self):
@@ -263,26 +261,20 @@ class SSHRunner:
 
     def run(self, node: Node, command: str, timeout: float,
             stdin: str | None = None) -> CommandResult:
-        from invoke.exceptions import CommandTimedOut
-
-        start = time.monotonic()
-        conn = self._open(node)
-        try:
-            result = conn.run(command, hide=True, warn=True, timeout=timeout,
-                              in_stream=False if stdin is None else io.StringIO(stdin))
-        except CommandTimedOut:
-            self._forget(node)
-            raise CommandTimeout(node.name, timeout, command) from None
-        except Exception as exc:  # the session broke while the command ran
-            self._forget(node)
-            raise ConnectError(node.name, f"connection lost: {describe_connect_error(exc)}") from None
-        code = result.exited
-        return CommandResult(node.name, command, code, result.stdout, result.stderr,
-                             time.monotonic() - start, OK if code == 0 else FAILED,
-                             cut=getattr(result, "cut", 0))
+        """One command on a session channel of the node's Fabric connection, read by this
+        thread alone (channel_run.py: no invoke Runner threads); each stream kept bounded
+        (node_output.command_bytes, head and tail, the cut counted)."""
+        return self._run_channel(node, command, timeout, stdin, output_limit())
 
     def run_small(self, node: Node, command: str, timeout: float) -> CommandResult:
-        """One quick command on paramiko's channel of the node's Fabric connection."""
+        """run() for a quick command with a small output (a clock sample): each stream kept to
+        SMALL_OUTPUT_MAX_BYTES."""
+        return self._run_channel(node, command, timeout, None, SMALL_OUTPUT_MAX_BYTES)
+
+    def _run_channel(self, node: Node, command: str, timeout: float, stdin: str | None,
+                     limit: int) -> CommandResult:
+        """A command timing out -> CommandTimeout (the connection is dropped: its session may
+        be stuck); the session or connection breaking -> ConnectError."""
         start = time.monotonic()
         conn = self._open(node)
         try:
@@ -291,19 +283,13 @@ class SSHRunner:
             self._forget(node)
             raise ConnectError(node.name, f"connection lost: {describe_connect_error(exc)}") \
                 from None
-        deadline = start + timeout
+        data = None if stdin is None else stdin.encode("utf-8", "surrogateescape")
         try:
-            chan.settimeout(timeout)
-            chan.exec_command(command)
-            chan.shutdown_write()
-            out = _read_capped(chan, chan.recv, deadline)
-            err = _read_capped(chan, chan.recv_stderr, deadline)
-            if not chan.status_event.wait(max(0.0, deadline - time.monotonic())):
-                raise socket.timeout()
-            code = chan.recv_exit_status()
-            if code == -1 and not conn.transport.is_active():  # the connection died
+            done = run_on_channel(chan, command, data, limit, start + timeout)
+            if done.exit_code == -1 and not conn.transport.is_active():  # the connection died
                 raise EOFError("the SSH transport closed")
-        except socket.timeout:
+        except TimeoutError:  # socket.timeout too: a stdin or a channel request that hung
+            self._forget(node)
             raise CommandTimeout(node.name, timeout, command) from None
         except Exception as exc:
             self._forget(node)
@@ -311,9 +297,9 @@ class SSHRunner:
                 from None
         finally:
             chan.close()
-        return CommandResult(node.name, command, code, out.decode("utf-8", "replace"),
-                             err.decode("utf-8", "replace"), time.monotonic() - start,
-                             OK if code == 0 else FAILED)
+        code = done.exit_code
+        return CommandResult(node.name, command, code, done.stdout, done.stderr,
+                             time.monotonic() - start, OK if code == 0 else FAILED, cut=done.cut)
 
     def transport(self, node: Node):
         """The paramiko Transport of the node's open connection (cluster/nodes/head_tunnel.py opens
@@ -366,22 +352,6 @@ class SSHRunner:
 
 
 SMALL_OUTPUT_MAX_BYTES = 64 << 10
-
-
-def _read_capped(chan, recv: Callable[[int], bytes], deadline: float) -> bytes:
-    """Read a channel stream to its end by `deadline`, keeping at most SMALL_OUTPUT_MAX_BYTES."""
-    chunks, size = [], 0
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise socket.timeout()
-        chan.settimeout(left)
-        data = recv(32768)
-        if not data:
-            return b"".join(chunks)
-        if size < SMALL_OUTPUT_MAX_BYTES:
-            chunks.append(data[:SMALL_OUTPUT_MAX_BYTES - size])
-        size += len(data)
 
 
 MAX_CONNECT_ATTEMPTS = 8
@@ -614,69 +584,6 @@ def _indexed_host_keys():
     return _INDEXED_HOST_KEYS()
 
 
-_REMOTE_RUNNER = None
-_CUT_LOCK = threading.Lock()
-
-
-def _event_driven_remote():
-    """Fabric's Remote runner, waiting on the channel's exit event instead of polling.
-
-    invoke's Runner.wait() sleeps 10 ms in a loop until the command exits: 100 wake-ups a second
-    per running command, which at rack scale (32 commands in flight for the whole of a slow
-    preflight) cost the laptop more CPU than the SSH traffic itself. paramiko sets
-    Channel.status_event when the exit status arrives or the channel closes (a timeout's kill
-    closes it), so this wait wakes at once then; the reader threads are still checked 4 times
-    a second. Output is read in 32 KB chunks instead of invoke's 1,000 bytes.
-    """
-    global _REMOTE_RUNNER
-    if _REMOTE_RUNNER is None:
-        from fabric.runners import Remote
-
-        class EventDrivenRemote(Remote):
-            read_chunk_size = 32768  # invoke reads 1000 bytes a call: 17 calls for 17 KB
-
-            def wait(self) -> None:
-                while not (self.process_is_finished or self.has_dead_threads):
-                    self.channel.status_event.wait(0.25)
-
-            def _handle_output(self, buffer_, hide, output, reader) -> None:
-                # invoke keeps every chunk and joins the whole buffer again after each one
-                # (its watchers' respond()): a 160 MB output cost ~700 MiB and quadratic time.
-                # Kept bounded here (head and tail, the cut counted), decoded once at the end.
-                kept = HeadTail(output_limit())
-                while True:
-                    data = reader(self.read_chunk_size)
-                    if not data:
-                        break
-                    kept.add(data)
-                    if not hide:
-                        self.write_our_output(stream=output, string=self.decode(data))
-                buffer_.append(kept.text(self.decode))
-                with _CUT_LOCK:
-                    self.cut_bytes = getattr(self, "cut_bytes", 0) + kept.cut
-
-            def generate_result(self, **kwargs):
-                result = super().generate_result(**kwargs)
-                result.cut = getattr(self, "cut_bytes", 0)
-                return result
-
-            def handle_stdin(self, input_, output, echo=False) -> None:
-                # invoke's stdin thread reads a non-terminal stream one byte per 10 ms (7 KB
-                # took 70 s), then keeps waking every 10 ms until the command exits: 100
-                # wake-ups a second per running command, ~2.7 ms of the laptop's CPU per
-                # second of a node's gather (measured through a bastion). Our stdin is always
-                # an in-memory text: sent in chunks (sendall waits for the channel's window),
-                # then closed, and the thread ends.
-                if not isinstance(input_, io.StringIO):
-                    return super().handle_stdin(input_, output, echo)
-                for data in iter(lambda: input_.read(self.read_chunk_size), ""):
-                    self.write_proc_stdin(data)
-                self.close_proc_stdin()
-
-        _REMOTE_RUNNER = EventDrivenRemote
-    return _REMOTE_RUNNER
-
-
 _SHARED_CONFIG_CONNECTION = None
 
 
@@ -879,9 +786,8 @@ class Session:
                           lambda runner, t: runner.run(node, command, t, stdin=stdin))
 
     def run_small(self, node: Node, command: str, timeout: float | None = None) -> CommandResult:
-        """Like run, for a quick command with a small output (a clock sample): over SSH it
-        uses the connection's channel directly, without invoke's runner threads (half the
-        laptop's CPU per command; output beyond SMALL_OUTPUT_MAX_BYTES is cut)."""
+        """Like run, for a quick command with a small output (a clock sample): over SSH each
+        stream is kept to SMALL_OUTPUT_MAX_BYTES (head and tail)."""
         return self._call(node, command, timeout,
                           lambda runner, t: getattr(runner, "run_small", runner.run)(
                               node, command, t))

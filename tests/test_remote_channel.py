@@ -1,0 +1,181 @@
+"""A command on a bare SSH session channel (cluster/nodes/channel_run.py and SSHRunner.run),
+against a paramiko SSH server in this process (tests/fakes.InProcessSSH, a socketpair): stdin
+and its EOF, both streams read at once and kept bounded, exit codes, deadlines, a session or a
+connection that breaks, and no reader threads or polling."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from cluster.base.errors import CommandTimeout, ConnectError
+from cluster.nodes import channel_run, remote
+from cluster.nodes.inventory import Node, SSHOptions
+from fakes import InProcessSSH
+
+MB = 1 << 20
+
+
+def _read_stdin(chan) -> bytes:
+    chunks = []
+    for data in iter(lambda: chan.recv(32768), b""):
+        chunks.append(data)
+    return b"".join(chunks)
+
+
+def _finish(chan, code: int | None) -> None:
+    if code is not None:
+        chan.send_exit_status(code)
+    chan.close()
+
+
+def handler(command: str, chan) -> None:
+    """What the fake sshd does for each command."""
+    if command == "hello":
+        chan.sendall(b"out\n")
+        chan.sendall_stderr(b"err\n")
+        _finish(chan, 3)
+    elif command == "cat":                       # stdin back on stdout, its size on stderr
+        data = _read_stdin(chan)
+        chan.sendall(data)
+        chan.sendall_stderr(str(len(data)).encode())
+        _finish(chan, 0)
+    elif command == "wait-for-eof":              # exits only once its stdin is at its end
+        _finish(chan, 0 if _read_stdin(chan) == b"" else 1)
+    elif command.startswith("flood "):           # N MiB on each stream, interleaved
+        for i in range(int(command.split()[1]) * 16):
+            chan.sendall(bytes([65 + i % 26]) * (MB // 16))
+            chan.sendall_stderr(bytes([97 + i % 26]) * (MB // 16))
+        chan.sendall(b"END")
+        _finish(chan, 0)
+    elif command == "hang":
+        time.sleep(30)
+    elif command == "no-status":                 # killed by a signal: no exit-status message
+        chan.sendall(b"partial")
+        _finish(chan, None)
+    elif command == "drop-connection":           # the node's sshd or the link goes away
+        chan.sendall(b"partial")
+        chan.get_transport().close()
+
+
+@pytest.fixture
+def ssh():
+    server = InProcessSSH(handler)
+    yield server
+    server.close()
+
+
+def _run(ssh, command, stdin=None, limit=MB, timeout_s=20.0):
+    chan = ssh.client.open_session(timeout=10)
+    try:
+        return channel_run.run_on_channel(chan, command, stdin, limit,
+                                          time.monotonic() + timeout_s)
+    finally:
+        chan.close()
+
+
+def test_output_streams_and_exit_code(ssh):
+    assert _run(ssh, "hello") == channel_run.Finished(3, "out\n", "err\n", 0)
+
+
+def test_no_stdin_means_eof_at_once(ssh):
+    """A command that reads its stdin ends (invoke's runner never closed it: it hung)."""
+    assert _run(ssh, "wait-for-eof", timeout_s=5).exit_code == 0
+
+
+@pytest.mark.parametrize("size", [7_000, 5 * MB])
+def test_stdin_is_sent_whole_then_eof(ssh, size):
+    """A program on stdin, small (sent inline) or larger than the server's 2 MiB window (sent
+    from a thread while the caller reads the echo that opens the window again)."""
+    data = bytes(range(256)) * (size // 256)
+    done = _run(ssh, "cat", data, limit=8 * MB)
+    assert done.exit_code == 0 and done.stderr == str(len(data)) and done.cut == 0
+    assert done.stdout.encode("utf-8", "surrogateescape") == data.decode(
+        "utf-8", "replace").encode("utf-8", "surrogateescape")
+
+
+def test_both_streams_are_read_at_once_and_kept_bounded(ssh):
+    """6 MiB on each stream, interleaved (three times paramiko's window: reading one stream
+    to its end first would stall the other); each kept as its head and tail."""
+    done = _run(ssh, "flood 6", limit=64 << 10)
+    assert done.exit_code == 0
+    assert done.cut == 2 * 6 * MB + 3 - 2 * (64 << 10)
+    assert done.stdout.startswith("A" * 1000) and done.stdout.endswith("END")
+    assert done.stderr.startswith("a" * 1000) and "bytes cut]" in done.stderr
+
+
+def test_a_command_past_its_deadline_times_out(ssh):
+    start = time.monotonic()
+    with pytest.raises(TimeoutError):
+        _run(ssh, "hang", timeout_s=0.5)
+    assert time.monotonic() - start < 10
+
+
+def test_a_channel_closed_without_exit_status_is_minus_one(ssh):
+    done = _run(ssh, "no-status")
+    assert (done.exit_code, done.stdout) == (-1, "partial")
+
+
+def test_one_command_starts_no_thread_and_never_polls(ssh, monkeypatch):
+    """invoke's runner started 3 threads per command (stdout, stderr, stdin readers) and
+    polled them; the caller's thread reads both streams, woken by the channel."""
+    me, real_sleep, slept = threading.current_thread(), time.sleep, []
+
+    def sleep(seconds):  # the fake sshd's threads may sleep; the caller's thread must not
+        if threading.current_thread() is me:
+            slept.append(seconds)
+        real_sleep(seconds)
+
+    monkeypatch.setattr(channel_run, "Call", lambda *a, **k: pytest.fail("a thread started"))
+    monkeypatch.setattr(time, "sleep", sleep)
+    before = threading.active_count()
+    assert _run(ssh, "cat", b"x" * 100_000, limit=MB).stderr == "100000"
+    assert _run(ssh, "hello").exit_code == 3
+    # the fake sshd's handler threads may still be ending; the client made none
+    assert threading.active_count() <= before + 2 and slept == []
+
+
+class _Conn:
+    def __init__(self, transport):
+        self.transport = transport
+
+
+def _runner(ssh, monkeypatch):
+    runner = remote.SSHRunner(SSHOptions())
+    forgotten = []
+    monkeypatch.setattr(runner, "_open", lambda node: _Conn(ssh.client))
+    monkeypatch.setattr(runner, "_forget", lambda node: forgotten.append(node.name))
+    return runner, forgotten
+
+
+NODE = Node(name="n1", address="198.18.0.1")
+
+
+def test_ssh_runner_result_and_cut(ssh, monkeypatch):
+    runner, forgotten = _runner(ssh, monkeypatch)
+    monkeypatch.setattr(remote, "output_limit", lambda: 64 << 10)
+    res = runner.run(NODE, "flood 1", timeout=20, stdin=None)
+    assert (res.status, res.exit_code, res.cut) == ("ok", 0, 2 * MB + 3 - 2 * (64 << 10))
+    res = runner.run(NODE, "cat", timeout=20, stdin="secret\n")
+    assert (res.stdout, res.stderr) == ("secret\n", "7")
+    res = runner.run_small(NODE, "hello", timeout=20)
+    assert (res.status, res.exit_code, res.stdout) == ("failed", 3, "out\n")
+    assert forgotten == []
+
+
+def test_ssh_runner_timeout_drops_the_connection(ssh, monkeypatch):
+    runner, forgotten = _runner(ssh, monkeypatch)
+    with pytest.raises(CommandTimeout):
+        runner.run(NODE, "hang", timeout=0.5)
+    assert forgotten == ["n1"]
+
+
+def test_ssh_runner_lost_connection_is_a_connect_error(ssh, monkeypatch):
+    runner, forgotten = _runner(ssh, monkeypatch)
+    with pytest.raises(ConnectError, match="connection lost"):
+        runner.run(NODE, "drop-connection", timeout=10)
+    assert forgotten == ["n1"]
+    with pytest.raises(ConnectError, match="connection lost"):  # the session cannot open
+        runner.run(NODE, "hello", timeout=5)
