@@ -406,3 +406,14 @@ def test_engine_metrics_carry_the_app_tags_and_vllms_own_logger_comes_last():
     labelled.set(3)  # every tag key has a value (Ray refuses a missing one)
     with pytest.raises(ValueError):
         gauge.labels("tiny")
+
+
+@pytest.mark.parametrize("wait", ["nan", "inf"])
+def test_a_wait_that_is_not_a_finite_number_is_refused_in_one_line(wait, tmp_path):
+    from cluster.node_programs import source
+
+    p = subprocess.run([sys.executable, "-", "dashboards", "--root", str(tmp_path),
+                        f"--wait={wait}"], input=source("prometheus"), capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.splitlines()[-1] == "prometheus: error: --wait: expected a finite number of seconds"

@@ -22,6 +22,7 @@ prometheus.pid, prometheus.log and data/ (the TSDB).
 
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
@@ -228,6 +229,8 @@ def main(argv):
     ap.add_argument("--config")
     ap.add_argument("--retention", default="2d")
     a = ap.parse_args(argv)
+    if not math.isfinite(a.wait):         # NaN passes min/max and would make a wait endless
+        ap.error("--wait: expected a finite number of seconds")
     a.wait = min(max(a.wait, 0.0), 300.0)
     doc = {"probe": probe, "start": start, "stop": stop, "dashboards": dashboards}[a.verb](a)
     print(json.dumps(doc))
