@@ -1474,3 +1474,26 @@ def test_where_a_read_window_falls_never_changes_the_result(tmp_path, monkeypatc
     windows = nccl.parse_file(log).to_dict()
     assert windows == whole
     assert whole["env"] and whole["net_plugin"]
+
+
+@pytest.mark.parametrize("block", [7, 61, 200, 4096])
+@pytest.mark.parametrize("pending_max", [1, 50_000])
+def test_parse_file_takes_back_each_blocks_unfinished_tail(tmp_path, monkeypatch, block, pending_max):
+    """parse_file counts a block's lines over a stream that also yields the block's unfinished
+    tail, then takes that count back. With blocks that cut the same line at the same places
+    again and again (so one tail text is counted and taken back many times), a file that ends
+    without a newline on a line equal to such a tail, and a window handled after every count:
+    the same lines, counts and findings as reading the lines one by one."""
+    line = "node1:12:12 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC\n"
+    warn = "node1:12:12 [0] misc/socket.cc:1 NCCL WARN Net : Connection closed by remote peer\n"
+    text = (line * 40 + warn) * 5 + line[:block % len(line) or 3]
+    log = tmp_path / "cut.log"
+    log.write_text(text)
+    monkeypatch.setattr(nccl, "BLOCK_BYTES", block)
+    monkeypatch.setattr(nccl, "_PENDING_MAX", pending_max)
+    from_file = nccl.parse_file(log)
+    monkeypatch.setattr(nccl, "BLOCK_BYTES", 1 << 20)
+    monkeypatch.setattr(nccl, "_PENDING_MAX", 50_000)
+    one_by_one = nccl.parse_lines(text.splitlines(keepends=True))
+    assert from_file.lines == one_by_one.lines == 206
+    assert from_file.to_dict() == one_by_one.to_dict()

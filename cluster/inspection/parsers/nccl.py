@@ -642,6 +642,25 @@ class NcclLogAccumulator:
         if len(self._pending) > _PENDING_MAX:
             self._flush()
 
+    def _count_block_lines(self, block: bytes, start: int, end: int) -> None:
+        """Count the lines of block[start:end + 1] (block[end] is a newline) in C, over a stream on
+        the block itself (BytesIO shares a bytes object's buffer: no copy). The stream also yields
+        the unfinished tail after `end` as one more line; that count is taken back before the
+        window can be handled (cheaper than counting the block's newlines to stop before it)."""
+        stream = io.BytesIO(block)
+        stream.seek(start)
+        pending = self._pending
+        pending.update(stream)
+        if end + 1 < len(block):
+            tail = block[end + 1:]
+            left = pending[tail] - 1
+            if left:
+                pending[tail] = left
+            else:
+                del pending[tail]
+        if len(pending) > _PENDING_MAX:
+            self._flush()
+
     def feed_block(self, block: bytes | str) -> None:
         """Whole lines, newline-separated (parse_file hands over ~1 MiB of bytes at a time)."""
         sep = b"\n" if isinstance(block, bytes) else "\n"
@@ -2174,7 +2193,10 @@ def _feed_stream(acc: NcclLogAccumulator, f: Any) -> None:
             acc._count((carry if cut else carry + block[:k + 1],))
             start = k + 1
         if j >= start:
-            acc._count(_whole_lines(block, start, j, text))
+            if text:
+                acc._count(io.StringIO(block[start:j + 1], newline="\n"))
+            else:
+                acc._count_block_lines(block, start, j)
         carry, cut = block[j + 1:] or None, False
         if carry is not None and len(carry) > LINE_MAX:
             carry, cut = carry[:_CUT_KEEP], True
@@ -2189,17 +2211,6 @@ def _feed_stream(acc: NcclLogAccumulator, f: Any) -> None:
                 since_flush = 0
     if carry:
         acc._count((carry,))
-
-
-def _whole_lines(block: str | bytes, start: int, end: int, text: bool) -> Iterable[str | bytes]:
-    """The lines of block[start:end + 1] (block[end] is a newline), iterated in C: for bytes a
-    stream over the block itself (BytesIO shares a bytes object's buffer: no copy), stopped after
-    the lines' count, so the unfinished tail after `end` is never counted."""
-    if text:
-        return io.StringIO(block[start:end + 1], newline="\n")
-    stream = io.BytesIO(block)
-    stream.seek(start)
-    return itertools.islice(stream, block.count(b"\n", start, end + 1))
 
 
 _DETECT_RE = re.compile(r"(?m)^\W{0,8}(?:\S+\s+)?NCCL version \d+\.\d+\.\d+|"
