@@ -1480,10 +1480,11 @@ def test_where_a_read_window_falls_never_changes_the_result(tmp_path, monkeypatc
 @pytest.mark.parametrize("pending_max", [1, 50_000])
 def test_parse_file_takes_back_each_blocks_unfinished_tail(tmp_path, monkeypatch, block, pending_max):
     """parse_file counts a block's lines over a stream that also yields the block's unfinished
-    tail, then takes that count back. With blocks that cut the same line at the same places
-    again and again (so one tail text is counted and taken back many times), a file that ends
-    without a newline on a line equal to such a tail, and a window handled after every count:
-    the same lines, counts and findings as reading the lines one by one."""
+    tail, then takes that count back. Blocks of 200 and 4096 bytes hold whole lines and a tail
+    (at 200 the same tail text recurs, so it is counted and taken back more than once; at both
+    the file's last, unterminated line equals an earlier tail); blocks of 7 and 61 bytes are
+    shorter than a line, so only the line joined across blocks is counted. With a window handled
+    after every count too: the same lines, counts and findings as reading the lines one by one."""
     line = "node1:12:12 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC\n"
     warn = "node1:12:12 [0] misc/socket.cc:1 NCCL WARN Net : Connection closed by remote peer\n"
     text = (line * 40 + warn) * 5 + line[:block % len(line) or 3]

@@ -642,17 +642,17 @@ class NcclLogAccumulator:
         if len(self._pending) > _PENDING_MAX:
             self._flush()
 
-    def _count_block_lines(self, block: bytes, start: int, end: int) -> None:
-        """Count the lines of block[start:end + 1] (block[end] is a newline) in C, over a stream on
-        the block itself (BytesIO shares a bytes object's buffer: no copy). The stream also yields
-        the unfinished tail after `end` as one more line; that count is taken back before the
-        window can be handled (cheaper than counting the block's newlines to stop before it)."""
+    def _count_block_lines(self, block: bytes, start: int, tail: bytes | None) -> None:
+        """Count the whole lines of block[start:] in C, over a stream on the block itself (BytesIO
+        shares a bytes object's buffer: no copy). The stream also yields `tail`, the block's
+        unfinished last line (None when the block ends with a newline), as one more line; that
+        count is taken back before the window can be handled (cheaper than counting the block's
+        newlines to stop before it)."""
         stream = io.BytesIO(block)
         stream.seek(start)
         pending = self._pending
         pending.update(stream)
-        if end + 1 < len(block):
-            tail = block[end + 1:]
+        if tail is not None:
             left = pending[tail] - 1
             if left:
                 pending[tail] = left
@@ -2192,12 +2192,13 @@ def _feed_stream(acc: NcclLogAccumulator, f: Any) -> None:
         if carry is not None:
             acc._count((carry if cut else carry + block[:k + 1],))
             start = k + 1
+        tail = block[j + 1:] or None
         if j >= start:
             if text:
                 acc._count(io.StringIO(block[start:j + 1], newline="\n"))
             else:
-                acc._count_block_lines(block, start, j)
-        carry, cut = block[j + 1:] or None, False
+                acc._count_block_lines(block, start, tail)
+        carry, cut = tail, False
         if carry is not None and len(carry) > LINE_MAX:
             carry, cut = carry[:_CUT_KEEP], True
         since_flush += len(block)
