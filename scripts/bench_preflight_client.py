@@ -4,7 +4,8 @@ JSON per node, against a baseline git revision in the same run (issue 24: the la
 a rack-scale preflight, without a rack).
 
 The CLI runs for real (inventory, run record, Session and its threads, hooks, report, JSON);
-only the SSH runner is replaced: every node answers from tests/fakes.FakeClusterSession (real
+only the SSH runner is replaced: every node answers from the measured tree's own
+tests/fakes.FakeClusterSession (so each tree is asked in its own protocol; real
 captured tool outputs, the node-facts document, reach.py's answers), so what is measured is the
 client's own Python work (parsing, checks, cross-node checks, reachability planning, the run
 record, JSON) - not paramiko's crypto or the network. Each (tree, size) runs in a fresh
@@ -42,7 +43,8 @@ class FakeRunner:
         pass
     def run(self, node, command, timeout, stdin=None):
         return fake.run(node, command)
-    run_small = run
+    def exchange(self, node, command, asks, enough, timeout):
+        return fake.exchange(node, command, asks, enough, timeout)
     def close(self):
         pass
 
@@ -70,7 +72,7 @@ print(json.dumps({"cpu_s": cpu, "bytes": len(out.getvalue()), "exit": code}))
 
 def run_child(tree: Path, nodes: int, profile: bool = False) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(ROOT / "tests"), str(nodes),
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(tree / "tests"), str(nodes),
                            "1" if profile else "0"], cwd=tree, env=env, capture_output=True,
                           text=True, timeout=1800)
     if profile:

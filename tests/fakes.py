@@ -3,7 +3,9 @@ probe outputs / NodeContext a preflight check is judged on.
 
     result("gpu02", stdout="...")             a CommandResult as cluster/nodes/remote.py makes one
     RecordingSession()                        answers every run() with success and records it
-    ScriptedSession({"node1": [r1, r2]})      answers run()/run_small() from per-node lists
+    ScriptedSession({"node1": [r1, r2]})      answers run() from per-node lists
+                                              (and exchange() from Exchanges: exchange_of)
+    exchange_of("n1", (t0, "line", t1), ...)  the replies a conversation with a command gave
     CannedSession(r, inventory)               one canned answer (or one per node), with fan_out
     UnusableSession()                         any use fails the test
     FakeClock()                               clock() and clock.sleep(s) without waiting
@@ -42,7 +44,8 @@ from cluster.nodes.inventory import Inventory, loads
 from cluster.planning.modelinfo import load_model_info
 from cluster.planning.planner import ClusterFacts, PlanOptions, make_plan
 from cluster.inspection.probes import ProbeOutput
-from cluster.nodes.remote import CommandResult
+from cluster.nodes.channel_run import Reply
+from cluster.nodes.remote import CommandResult, Exchange
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -67,6 +70,25 @@ def result(node: str, stdout: str = "", status: str = "ok", code: int | None = 0
     if error is _BOOM:
         error = None if status == "ok" else "boom"
     return CommandResult(node, command, code, stdout, stderr, duration_s, status, error)
+
+
+def exchange_of(node: str, *replies: tuple[float, str, float],
+                result_: CommandResult | None = None) -> Exchange:
+    """What Session.exchange returns: the replies (sent_s, line, received_s) and the command's
+    result (by default ok, its stdout the replies' lines)."""
+    got = tuple(Reply(*r) for r in replies)
+    return Exchange(got, result_ or result(node, "".join(r.line + "\n" for r in got)))
+
+
+def answered(got: Exchange, asks: int, enough) -> Exchange:
+    """The replies a real runner would have taken from `got`: at most `asks`, and none past the
+    first one that is `enough` (Session.exchange's contract)."""
+    kept: list[Reply] = []
+    for reply in got.replies[:max(1, asks)]:
+        kept.append(reply)
+        if enough(reply):
+            break
+    return Exchange(tuple(kept), got.result)
 
 
 class RecordingSession:
@@ -105,7 +127,7 @@ class RecordingSession:
 
 
 class ScriptedSession:
-    """Answers run()/run_small() per node from a list of CommandResults (the last repeats).
+    """Answers run() per node from a list of CommandResults (the last repeats).
 
     Records (node name, command) in `calls`. `max_parallel` is what Session has.
     """
@@ -123,7 +145,11 @@ class ScriptedSession:
             queue = self.answers[node.name]
             return queue.pop(0) if len(queue) > 1 else queue[0]
 
-    run_small = run
+    def exchange(self, node, command, asks, enough, timeout=None):
+        """The node's next answer: an Exchange (exchange_of), cut as Session.exchange would; a
+        CommandResult stands for a command that gave no reply."""
+        got = self.run(node, command, timeout)
+        return answered(got if isinstance(got, Exchange) else Exchange((), got), asks, enough)
 
 
 class CannedSession:
@@ -344,7 +370,7 @@ def node_facts_document(hostname: str) -> str:
 
 
 class FakeClusterSession:
-    """Session.run/run_small/fan_out for N fake nodes, answering what a preflight sends: the
+    """Session.run/exchange/fan_out for N fake nodes, answering what a preflight sends: the
     probe script (each probe's real captured output, NODE_FIXTURES; a probe without one is
     "command not found"), `date` for the clock samples and cluster/node_programs/reach.py's
     listen/probe/stop (every connect succeeds). No network; `calls` counts commands."""
@@ -363,11 +389,18 @@ class FakeClusterSession:
             self.calls += 1
         if "@@cluster-probe@@" in command:
             return result(node.name, self._probes(node, command), command=command)
-        if command.startswith("date "):
-            return result(node.name, f"{time.time():.9f}\n", command=command)
         return result(node.name, self._reach(command), command=command)
 
-    run_small = run
+    def exchange(self, node, command, asks, enough, timeout=None):
+        """The clock samples: each ask answered with this machine's clock (`date +%s.%N`)."""
+        with self._lock:
+            self.calls += 1
+        assert "date +%s.%N" in command, command
+        replies = []
+        for _ in range(max(1, asks)):
+            sent = time.time()
+            replies.append((sent, f"{time.time():.9f}", time.time()))
+        return answered(exchange_of(node.name, *replies), asks, enough)
     fan_out = RecordingSession.fan_out          # Session.fan_out's contract, node by node
 
     def _probes(self, node, command: str) -> str:

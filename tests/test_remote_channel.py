@@ -58,6 +58,31 @@ def handler(command: str, chan) -> None:
     elif command == "drop-connection":           # the node's sshd or the link goes away
         chan.sendall(b"partial")
         chan.get_transport().close()
+    elif command == "clock":                     # a line per newline read, until EOF
+        buffered = b""
+        count = 0
+        for data in iter(lambda: chan.recv(1024), b""):
+            buffered += data
+            while b"\n" in buffered:
+                _, _, buffered = buffered.partition(b"\n")
+                count += 1
+                chan.sendall(b"%d.5\n" % (1000 + count))
+                chan.sendall_stderr(b"e")
+        chan.sendall(b"bye")
+        _finish(chan, 0)
+    elif command == "answer-once":               # one answer, then it ends (date failed)
+        chan.recv(1024)
+        chan.sendall(b"1.0\n")
+        chan.sendall_stderr(b"date: broken\n")
+        _finish(chan, 1)
+    elif command == "silent":                    # reads its input, never answers
+        _read_stdin(chan)
+        time.sleep(30)
+    elif command == "no-newline":                # answers with a line that never ends
+        chan.recv(1024)
+        chan.sendall(b"x" * (200 << 10))
+        _read_stdin(chan)
+        _finish(chan, 0)
 
 
 @pytest.fixture
@@ -72,6 +97,15 @@ def _run(ssh, command, stdin=None, limit=MB, timeout_s=20.0):
     try:
         return channel_run.run_on_channel(chan, command, stdin, limit,
                                           time.monotonic() + timeout_s)
+    finally:
+        chan.close()
+
+
+def _exchange(ssh, command, asks=3, enough=lambda reply: False, limit=64 << 10, timeout_s=20.0):
+    chan = ssh.client.open_session(timeout=10)
+    try:
+        return channel_run.exchange_on_channel(chan, command, asks, enough, limit,
+                                               time.monotonic() + timeout_s)
     finally:
         chan.close()
 
@@ -106,16 +140,59 @@ def test_both_streams_are_read_at_once_and_kept_bounded(ssh):
     assert done.stderr.startswith("a" * 1000) and "bytes cut]" in done.stderr
 
 
-def test_a_command_past_its_deadline_times_out(ssh):
+@pytest.mark.parametrize("command", ["hang", "silent"])
+def test_a_command_past_its_deadline_times_out(ssh, command):
+    """A command that never ends (run), or one that never answers an ask (exchange)."""
     start = time.monotonic()
     with pytest.raises(TimeoutError):
-        _run(ssh, "hang", timeout_s=0.5)
+        if command == "hang":
+            _run(ssh, command, timeout_s=0.5)
+        else:
+            _exchange(ssh, command, timeout_s=0.5)
     assert time.monotonic() - start < 10
 
 
 def test_a_channel_closed_without_exit_status_is_minus_one(ssh):
     done = _run(ssh, "no-status")
     assert (done.exit_code, done.stdout) == (-1, "partial")
+
+
+def test_an_exchange_is_one_line_per_ask_on_one_channel_then_eof(ssh):
+    before = time.time()
+    replies, done = _exchange(ssh, "clock", asks=3)
+    assert [r.line for r in replies] == ["1001.5", "1002.5", "1003.5"]
+    assert all(before <= r.sent_s <= r.received_s <= time.time() for r in replies)
+    assert [r.sent_s for r in replies] == sorted(r.sent_s for r in replies)
+    # EOF after the third ask ended the command: what it printed after, its stderr, its status
+    assert done == channel_run.Finished(0, "bye", "eee", 0)
+
+
+def test_an_exchange_stops_asking_once_a_reply_is_enough(ssh):
+    replies, done = _exchange(ssh, "clock", asks=5, enough=lambda r: r.line == "1002.5")
+    assert [r.line for r in replies] == ["1001.5", "1002.5"] and done.exit_code == 0
+
+
+def test_an_exchange_with_a_command_that_ends_early_keeps_what_it_said(ssh):
+    replies, done = _exchange(ssh, "answer-once", asks=3)
+    assert [r.line for r in replies] == ["1.0"]
+    assert (done.exit_code, done.stderr) == (1, "date: broken\n")
+
+
+def test_an_answer_without_a_newline_is_bounded_and_ends_the_asking(ssh):
+    replies, done = _exchange(ssh, "no-newline", limit=64 << 10)
+    assert replies == () and done.exit_code == 0
+    assert done.cut > 0 and len(done.stdout) < 200 << 10
+
+
+def test_ssh_runner_exchange_result_holds_the_replies(ssh, monkeypatch):
+    runner, forgotten = _runner(ssh, monkeypatch)
+    got = runner.exchange(NODE, "clock", 2, lambda r: False, timeout=20)
+    assert [r.line for r in got.replies] == ["1001.5", "1002.5"]
+    assert (got.result.status, got.result.stdout, got.result.stderr) == \
+        ("ok", "1001.5\n1002.5\nbye", "ee")
+    with pytest.raises(CommandTimeout):
+        runner.exchange(NODE, "silent", 2, lambda r: False, timeout=0.5)
+    assert forgotten == ["n1"]
 
 
 def test_one_command_starts_no_thread_and_never_polls(ssh, monkeypatch):
@@ -160,7 +237,7 @@ def test_ssh_runner_result_and_cut(ssh, monkeypatch):
     assert (res.status, res.exit_code, res.cut) == ("ok", 0, 2 * MB + 3 - 2 * (64 << 10))
     res = runner.run(NODE, "cat", timeout=20, stdin="secret\n")
     assert (res.stdout, res.stderr) == ("secret\n", "7")
-    res = runner.run_small(NODE, "hello", timeout=20)
+    res = runner.run(NODE, "hello", timeout=20)
     assert (res.status, res.exit_code, res.stdout) == ("failed", 3, "out\n")
     assert forgotten == []
 

@@ -12,6 +12,13 @@ with every connection's transport thread) were a large share of the laptop's CPU
 one event wakes the caller when either stream has data or the channel closed: no thread, no
 polling. Only a stdin larger than the server's open window (a few MB) is sent from a thread of
 its own, so that its wait for the window never stops the reads that open it.
+
+`exchange_on_channel(chan, command, asks, enough, limit, deadline)` holds a conversation with one
+command instead: it sends a newline, waits for the line the command prints back, and so on up to
+`asks` times (or until `enough(reply)`), each Reply stamped with this machine's clock when the ask
+left and when its answer came; then EOF, and the command's end as above. A clock sample is one
+such ask: three samples are three round trips on one channel, not three commands (each a channel
+open, an exec request, an exit status and a close: most of a node's packets at rack scale).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from cluster.base.threads import Call
 from cluster.nodes.kept import HeadTail
@@ -65,18 +73,98 @@ class _Wakeup:
         return self._event.wait(timeout_s)
 
 
+@dataclass(frozen=True)
+class Reply:
+    """One answer of a conversation (exchange_on_channel): the line the command printed (its
+    newline removed), and this machine's clock (time.time()) just before the ask left and when
+    the answer had arrived."""
+
+    sent_s: float
+    line: str
+    received_s: float
+
+    @property
+    def round_trip_s(self) -> float:
+        return self.received_s - self.sent_s
+
+
 def run_on_channel(chan, command: str, stdin: bytes | None, limit: int,
                    deadline: float) -> Finished:
     """Run `command` on the open session channel `chan`; its output bounded to `limit` bytes a
     stream. Raises TimeoutError past `deadline`; paramiko's / socket errors pass through (the
     session broke). The caller closes the channel."""
+    wake = _start(chan, command, deadline)
+    _send_stdin(chan, stdin)
+    return _finish(chan, wake, HeadTail(limit), HeadTail(limit), deadline)
+
+
+def exchange_on_channel(chan, command: str, asks: int, enough: Callable[[Reply], bool],
+                        limit: int, deadline: float) -> tuple[tuple[Reply, ...], Finished]:
+    """Start `command`, then up to `asks` times: send a newline and wait for the line it prints
+    back (stopping early once `enough(reply)`); then EOF, and wait for its end. The replies, and
+    what it left (its stdout past the replies, its stderr, its exit status). A command that
+    ends, or prints `limit` bytes without a newline, ends the asking. Raises TimeoutError past
+    `deadline`, like run_on_channel; the caller closes the channel."""
+    wake = _start(chan, command, deadline)
+    out, err = HeadTail(limit), HeadTail(limit)
+    replies: list[Reply] = []
+    pending = b""
+    while len(replies) < asks and not (chan.eof_received or chan.closed):
+        sent = time.time()
+        try:
+            chan.sendall(b"\n")
+        except OSError:   # the command ended and its channel closed meanwhile
+            break
+        line, pending = _read_line(chan, wake, pending, err, limit, deadline)
+        if line is None:
+            break
+        reply = Reply(sent, line.decode("utf-8", "replace"), time.time())
+        replies.append(reply)
+        if enough(reply):
+            break
+    chan.shutdown_write()
+    out.add(pending)
+    return tuple(replies), _finish(chan, wake, out, err, deadline)
+
+
+def _read_line(chan, wake: _Wakeup, pending: bytes, err: HeadTail, limit: int,
+               deadline: float) -> tuple[bytes | None, bytes]:
+    """(one line of stdout without its newline, what came after it), or (None, what came) when
+    the command ended first or `limit` bytes came without a newline. stderr is kept as it comes
+    (a command that writes there never stalls on the window)."""
+    while b"\n" not in pending:
+        if len(pending) >= limit:
+            return None, pending
+        wake.rearm()
+        ended = chan.eof_received or chan.closed
+        for _ in range(DRAIN_READS):
+            if not chan.recv_stderr_ready():
+                break
+            err.add(chan.recv_stderr(READ_BYTES))
+        if chan.recv_ready():
+            pending += chan.recv(READ_BYTES)
+            continue
+        if ended:
+            return None, pending
+        left = deadline - time.monotonic()
+        if left <= 0 or not wake.wait(left):
+            raise TimeoutError("no answer by the deadline")
+    line, _, rest = pending.partition(b"\n")
+    return line, rest
+
+
+def _start(chan, command: str, deadline: float) -> _Wakeup:
+    """The channel's wake-up event set, its timeout at the deadline, the command started."""
     wake = _Wakeup()
     chan.in_buffer.set_event(wake)
     chan.in_stderr_buffer.set_event(wake)
     chan.settimeout(max(0.001, deadline - time.monotonic()))
     chan.exec_command(command)
-    _send_stdin(chan, stdin)
-    out, err = HeadTail(limit), HeadTail(limit)
+    return wake
+
+
+def _finish(chan, wake: _Wakeup, out: HeadTail, err: HeadTail, deadline: float) -> Finished:
+    """Both streams read to their end (bounded), then the exit status, by the deadline."""
     while True:
         wake.rearm()
         ended = chan.eof_received or chan.closed  # nothing arrives after it: drained below

@@ -23,7 +23,7 @@ from typing import Callable, Iterable, Protocol, Sequence, TypeVar
 
 from cluster.base.errors import CommandTimeout, ConnectError
 from cluster.nodes.inventory import Inventory, Node, SSHOptions
-from cluster.nodes.channel_run import run_on_channel
+from cluster.nodes.channel_run import Finished, Reply, exchange_on_channel, run_on_channel
 from cluster.nodes.kept import HeadTail
 from cluster.base.textsafe import terminal_safe_line
 from cluster.base.threads import Call, parallel  # parallel: callers import it from here too
@@ -66,8 +66,18 @@ class CommandResult:
                 "duration_s": round(self.duration_s, 3), "error": self.error, "cut": self.cut}
 
 
+@dataclass(frozen=True)
+class Exchange:
+    """A conversation with one command (Session.exchange): the replies it gave, each stamped with
+    this machine's clock, and its CommandResult (stdout: the replies' lines, then what followed)."""
+
+    replies: tuple[Reply, ...]
+    result: CommandResult
+
+
 CommandSpec = str | Callable[[Node], str]
 ResultHook = Callable[[CommandResult], None]
+EnoughReplies = Callable[[Reply], bool]
 
 
 class Runner(Protocol):
@@ -75,6 +85,9 @@ class Runner(Protocol):
 
     def run(self, node: Node, command: str, timeout: float,
             stdin: str | None = None) -> CommandResult: ...
+
+    def exchange(self, node: Node, command: str, asks: int, enough: EnoughReplies,
+                 timeout: float) -> Exchange: ...
 
     def close(self) -> None: ...
 
@@ -119,6 +132,27 @@ class LocalRunner:
         code = proc.returncode
         return CommandResult(node.name, command, code, out, err, time.monotonic() - start,
                              OK if code == 0 else FAILED, cut=streams[0].cut + streams[1].cut)
+
+    def exchange(self, node: Node, command: str, asks: int, enough: EnoughReplies,
+                 timeout: float) -> Exchange:
+        """Session.exchange on this machine: one run of `command` per ask, its stdin the ask's
+        newline, its first line the reply (a process start here costs what an ask does)."""
+        start = time.monotonic()
+        replies: list[Reply] = []
+        res = None
+        for _ in range(max(1, asks)):
+            sent = time.time()
+            res = self.run(node, command, timeout, stdin="\n")
+            received = time.time()
+            if not res.ok or not res.stdout.strip():
+                break
+            replies.append(Reply(sent, res.stdout.splitlines()[0], received))
+            if enough(replies[-1]):
+                break
+        stdout = "".join(r.line + "\n" for r in replies)
+        return Exchange(tuple(replies), CommandResult(
+            node.name, command, res.exit_code, stdout if res.ok else res.stdout, res.stderr,
+            time.monotonic() - start, res.status, res.error, res.cut))
 
     def close(self) -> None:
         pass
@@ -266,15 +300,28 @@ class SSHRunner:
         (node_output.command_bytes, head and tail, the cut counted)."""
         return self._run_channel(node, command, timeout, stdin, output_limit())
 
-    def run_small(self, node: Node, command: str, timeout: float) -> CommandResult:
-        """run() for a quick command with a small output (a clock sample): each stream kept to
-        SMALL_OUTPUT_MAX_BYTES."""
-        return self._run_channel(node, command, timeout, None, SMALL_OUTPUT_MAX_BYTES)
+    def exchange(self, node: Node, command: str, asks: int, enough: EnoughReplies,
+                 timeout: float) -> Exchange:
+        """A conversation with one command on one session channel (channel_run's
+        exchange_on_channel): up to `asks` newlines sent, a line read back for each; each stream
+        kept to SMALL_OUTPUT_MAX_BYTES. Raises like run()."""
+        replies, result = self._on_channel(node, command, timeout, lambda chan, deadline:
+                                           exchange_on_channel(chan, command, asks, enough,
+                                                               SMALL_OUTPUT_MAX_BYTES, deadline))
+        return Exchange(replies, result)
 
     def _run_channel(self, node: Node, command: str, timeout: float, stdin: str | None,
                      limit: int) -> CommandResult:
-        """A command timing out -> CommandTimeout (the connection is dropped: its session may
-        be stuck); the session or connection breaking -> ConnectError."""
+        data = None if stdin is None else stdin.encode("utf-8", "surrogateescape")
+        return self._on_channel(node, command, timeout, lambda chan, deadline: (
+            (), run_on_channel(chan, command, data, limit, deadline)))[1]
+
+    def _on_channel(self, node: Node, command: str, timeout: float,
+                    work: Callable[[object, float], tuple[tuple[Reply, ...], Finished]]
+                    ) -> tuple[tuple[Reply, ...], CommandResult]:
+        """`work(channel, deadline)` -> (replies, Finished) on a new session channel of the
+        node's connection. A command timing out -> CommandTimeout (the connection is dropped: its
+        session may be stuck); the session or connection breaking -> ConnectError."""
         start = time.monotonic()
         conn = self._open(node)
         try:
@@ -283,9 +330,8 @@ class SSHRunner:
             self._forget(node)
             raise ConnectError(node.name, f"connection lost: {describe_connect_error(exc)}") \
                 from None
-        data = None if stdin is None else stdin.encode("utf-8", "surrogateescape")
         try:
-            done = run_on_channel(chan, command, data, limit, start + timeout)
+            replies, done = work(chan, start + timeout)
             if done.exit_code == -1 and not conn.transport.is_active():  # the connection died
                 raise EOFError("the SSH transport closed")
         except TimeoutError:  # socket.timeout too: a stdin or a channel request that hung
@@ -298,8 +344,10 @@ class SSHRunner:
         finally:
             chan.close()
         code = done.exit_code
-        return CommandResult(node.name, command, code, done.stdout, done.stderr,
-                             time.monotonic() - start, OK if code == 0 else FAILED, cut=done.cut)
+        stdout = "".join(r.line + "\n" for r in replies) + done.stdout
+        return replies, CommandResult(node.name, command, code, stdout, done.stderr,
+                                      time.monotonic() - start, OK if code == 0 else FAILED,
+                                      cut=done.cut)
 
     def transport(self, node: Node):
         """The paramiko Transport of the node's open connection (cluster/nodes/head_tunnel.py opens
@@ -351,7 +399,7 @@ class SSHRunner:
             jump.close()
 
 
-SMALL_OUTPUT_MAX_BYTES = 64 << 10
+SMALL_OUTPUT_MAX_BYTES = 64 << 10     # each stream of an exchange (clock samples)
 
 
 MAX_CONNECT_ATTEMPTS = 8
@@ -785,12 +833,22 @@ class Session:
         return self._call(node, command, timeout,
                           lambda runner, t: runner.run(node, command, t, stdin=stdin))
 
-    def run_small(self, node: Node, command: str, timeout: float | None = None) -> CommandResult:
-        """Like run, for a quick command with a small output (a clock sample): over SSH each
-        stream is kept to SMALL_OUTPUT_MAX_BYTES (head and tail)."""
-        return self._call(node, command, timeout,
-                          lambda runner, t: getattr(runner, "run_small", runner.run)(
-                              node, command, t))
+    def exchange(self, node: Node, command: str, asks: int, enough: EnoughReplies,
+                 timeout: float | None = None) -> Exchange:
+        """A conversation with one command: up to `asks` times a newline to its stdin and the
+        line it prints back (stopping once `enough(reply)`), each reply stamped with this
+        machine's clock when the ask left and when the answer came; then EOF. Over SSH that is
+        one session channel for all the asks (a clock sample costs a round trip, not a
+        command). Like run, it never raises for a node: no reply and a result saying why."""
+        replies: list[tuple[Reply, ...]] = []
+
+        def call(runner: Runner, t: float) -> CommandResult:
+            got = runner.exchange(node, command, asks, enough, t)
+            replies.append(got.replies)
+            return got.result
+
+        result = self._call(node, command, timeout, call)
+        return Exchange(replies[0] if replies else (), result)
 
     def _call(self, node: Node, command: str, timeout: float | None,
               call: Callable[[Runner, float], CommandResult]) -> CommandResult:

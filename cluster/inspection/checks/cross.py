@@ -7,8 +7,8 @@ which machine to fix.
 
 from __future__ import annotations
 
+import math
 import statistics
-import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -125,36 +125,37 @@ class ClockSample:
     error: str | None = None
 
 
-CLOCK_COMMAND = "date +%s.%N"
-
+# One command for all of a node's samples: each newline it reads is answered with the node's
+# clock (a sample is one round trip on an open channel, not a command of its own).
+CLOCK_COMMAND = "sh -c 'while read -r _; do date +%s.%N || exit; done'"
+CLOCK_SAMPLES = 3
 
 GOOD_RTT_S = 0.02  # a sample this quick bounds the offset to +-10 ms: no need for more
 
 
-def sample_clock(session: Session, node: Node, samples: int = 3) -> ClockSample:
+def sample_clock(session: Session, node: Node, samples: int = CLOCK_SAMPLES) -> ClockSample:
     """Offset of a node's clock from this machine's, from the sample with the smallest RTT.
 
-    Stops early once a sample's round trip is under GOOD_RTT_S (each sample is one more command
-    on the node: at rack scale most of the skew step's cost on the laptop)."""
+    Up to `samples` round trips on one command (Session.exchange), stopping early once one is
+    under GOOD_RTT_S. The node's `date` runs between the ask leaving and the answer arriving,
+    so the offset is taken against the midpoint of that round trip."""
+    got = session.exchange(node, CLOCK_COMMAND, samples,
+                           lambda reply: reply.round_trip_s < GOOD_RTT_S, timeout=10)
+    if not got.replies:
+        res = got.result
+        why = res.error or (f"exit {res.exit_code}" if not res.ok else "no date output")
+        return ClockSample(node.name, None, None, why)
     best: tuple[float, float] | None = None
-    for _ in range(samples):
-        if best is not None and best[1] < GOOD_RTT_S:
-            break
-        t0 = time.time()
-        res = session.run_small(node, CLOCK_COMMAND, timeout=10)
-        t1 = time.time()
-        if not res.ok:
-            return ClockSample(node.name, None, None, res.error or f"exit {res.exit_code}")
+    for reply in got.replies:
         try:
-            remote = float(res.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            return ClockSample(node.name, None, None, f"unreadable date output {res.stdout!r}")
-        # The remote `date` ran after the command start; the command's own duration is on the
-        # remote side, so use the midpoint of the round trip.
-        rtt = t1 - t0
-        offset = remote - (t0 + t1) / 2
-        if best is None or rtt < best[1]:
-            best = (offset, rtt)
+            remote = float(reply.line.strip())
+        except ValueError:
+            return ClockSample(node.name, None, None, f"unreadable date output {reply.line!r}")
+        if not math.isfinite(remote):
+            return ClockSample(node.name, None, None, f"unreadable date output {reply.line!r}")
+        offset = remote - (reply.sent_s + reply.received_s) / 2
+        if best is None or reply.round_trip_s < best[1]:
+            best = (offset, reply.round_trip_s)
     assert best is not None
     return ClockSample(node.name, best[0], best[1])
 
