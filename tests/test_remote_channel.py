@@ -163,8 +163,9 @@ def test_an_exchange_is_one_line_per_ask_on_one_channel_then_eof(ssh):
     assert [r.line for r in replies] == ["1001.5", "1002.5", "1003.5"]
     assert all(before <= r.sent_s <= r.received_s <= time.time() for r in replies)
     assert [r.sent_s for r in replies] == sorted(r.sent_s for r in replies)
-    # EOF after the third ask ended the command: what it printed after, its stderr, its status
-    assert done == channel_run.Finished(0, "bye", "eee", 0)
+    # EOF after the third ask ended the command: all it printed (the replies' lines, then what
+    # came after them), its stderr, its status
+    assert done == channel_run.Finished(0, "1001.5\n1002.5\n1003.5\nbye", "eee", 0)
 
 
 def test_an_exchange_stops_asking_once_a_reply_is_enough(ssh):

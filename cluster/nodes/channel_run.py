@@ -102,7 +102,8 @@ def exchange_on_channel(chan, command: str, asks: int, enough: Callable[[Reply],
                         limit: int, deadline: float) -> tuple[tuple[Reply, ...], Finished]:
     """Start `command`, then up to `asks` times: send a newline and wait for the line it prints
     back (stopping early once `enough(reply)`); then EOF, and wait for its end. The replies, and
-    what it left (its stdout past the replies, its stderr, its exit status). A command that
+    what it left (its stdout, the replies' lines included, bounded like run_on_channel's; its
+    stderr; its exit status). A command that
     ends, or prints `limit` bytes without a newline, ends the asking. Raises TimeoutError past
     `deadline`, like run_on_channel; the caller closes the channel."""
     wake = _start(chan, command, deadline)
@@ -119,6 +120,7 @@ def exchange_on_channel(chan, command: str, asks: int, enough: Callable[[Reply],
         if line is None:
             break
         reply = Reply(sent, line.decode("utf-8", "replace"), time.time())
+        out.add(line + b"\n")
         replies.append(reply)
         if enough(reply):
             break
@@ -137,10 +139,7 @@ def _read_line(chan, wake: _Wakeup, pending: bytes, err: HeadTail, limit: int,
             return None, pending
         wake.rearm()
         ended = chan.eof_received or chan.closed
-        for _ in range(DRAIN_READS):
-            if not chan.recv_stderr_ready():
-                break
-            err.add(chan.recv_stderr(READ_BYTES))
+        _drain_stream(chan.recv_stderr_ready, chan.recv_stderr, err)
         if chan.recv_ready():
             pending += chan.recv(READ_BYTES)
             continue
@@ -202,12 +201,15 @@ def _send_all_then_eof(chan, data: bytes) -> None:
 def _drain(chan, out: HeadTail, err: HeadTail) -> None:
     """What both streams hold now, at most DRAIN_READS reads each (a stream that never stops
     neither starves the other nor keeps the caller from its deadline)."""
-    for ready, recv, kept in ((chan.recv_ready, chan.recv, out),
-                              (chan.recv_stderr_ready, chan.recv_stderr, err)):
-        for _ in range(DRAIN_READS):
-            if not ready():
-                break
-            kept.add(recv(READ_BYTES))
+    _drain_stream(chan.recv_ready, chan.recv, out)
+    _drain_stream(chan.recv_stderr_ready, chan.recv_stderr, err)
+
+
+def _drain_stream(ready, recv, kept: HeadTail) -> None:
+    for _ in range(DRAIN_READS):
+        if not ready():
+            break
+        kept.add(recv(READ_BYTES))
 
 
 def _text(kept: HeadTail) -> str:

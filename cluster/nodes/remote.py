@@ -344,8 +344,7 @@ class SSHRunner:
         finally:
             chan.close()
         code = done.exit_code
-        stdout = "".join(r.line + "\n" for r in replies) + done.stdout
-        return replies, CommandResult(node.name, command, code, stdout, done.stderr,
+        return replies, CommandResult(node.name, command, code, done.stdout, done.stderr,
                                       time.monotonic() - start, OK if code == 0 else FAILED,
                                       cut=done.cut)
 

@@ -150,7 +150,7 @@ def sample_clock(session: Session, node: Node, samples: int = CLOCK_SAMPLES) -> 
         try:
             remote = float(reply.line.strip())
         except ValueError:
-            return ClockSample(node.name, None, None, f"unreadable date output {reply.line!r}")
+            remote = math.nan
         if not math.isfinite(remote):
             return ClockSample(node.name, None, None, f"unreadable date output {reply.line!r}")
         offset = remote - (reply.sent_s + reply.received_s) / 2
