@@ -1498,3 +1498,88 @@ def test_parse_file_takes_back_each_blocks_unfinished_tail(tmp_path, monkeypatch
     one_by_one = nccl.parse_lines(text.splitlines(keepends=True))
     assert from_file.lines == one_by_one.lines == 206
     assert from_file.to_dict() == one_by_one.to_dict()
+
+
+@pytest.mark.parametrize("block", [61, 4096, 1 << 20])
+@pytest.mark.parametrize("chunk_min", [1, 512, 4096])
+@pytest.mark.parametrize("pending_max", [7, 50_000])
+def test_a_repeated_log_is_counted_in_chunks_with_the_result_of_line_by_line(
+        tmp_path, monkeypatch, block, chunk_min, pending_max):
+    """parse_file counts whole-line chunks that begin at a process's first line (`NCCL INFO NCCL
+    version`) and splits each distinct chunk into lines once, times its count. Three copies of
+    every fixture log, read in blocks from 61 bytes to 1 MiB and with chunks of any least size:
+    the same lines, counts, findings and first values as handling the lines one by one, and
+    chunks really repeated (a chunk split once for several copies). With a window of 7 distinct
+    lines too, so that the window is handled in the middle of splitting the chunks (the lines
+    after that go into the new window: none is lost)."""
+    logs = b"".join(p.read_bytes().rstrip(b"\n") + b"\n" for p in LOGS)
+    log = tmp_path / "repeated.log"
+    log.write_bytes(logs * 3)
+    one_by_one = nccl.parse_lines(log.read_bytes().splitlines(keepends=True))
+    spilled = []
+    real_spill = nccl.NcclLogAccumulator._spill_chunks
+
+    def spill(acc):
+        spilled.extend(acc._chunks.counts)
+        real_spill(acc)
+
+    monkeypatch.setattr(nccl.NcclLogAccumulator, "_spill_chunks", spill)
+    monkeypatch.setattr(nccl, "BLOCK_BYTES", block)
+    monkeypatch.setattr(nccl, "_CHUNK_MIN", chunk_min)
+    monkeypatch.setattr(nccl, "_PENDING_MAX", pending_max)
+    from_file = nccl.parse_file(log)
+    assert from_file.lines == one_by_one.lines == 3 * logs.count(b"\n")
+    assert from_file.to_dict() == one_by_one.to_dict()
+    if block > len(logs) // 8:       # blocks hold chunks (smaller ones are counted line by line)
+        assert max(spilled) >= 2, spilled[:20]
+
+
+@pytest.mark.parametrize("shape", ["every line", "one long line", "no newline at the end"])
+def test_dense_anchors_give_the_result_of_line_by_line(tmp_path, monkeypatch, shape):
+    """The anchor on every line, many anchors in one line longer than LINE_MAX, and a last line
+    without its newline: chunking changes nothing in the result."""
+    anchor = "node1:1:1 [0] NCCL INFO NCCL version 2.21.5+cuda12.4"
+    lines = [f"{anchor}\n", "node1:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC\n"]
+    if shape == "every line":
+        text = "".join(f"{anchor} {i % 7}\n" for i in range(3000)) + "".join(lines) * 50
+    elif shape == "one long line":
+        text = "".join(lines) * 20 + (anchor + " ") * (nccl.LINE_MAX // 20) + "\n" + "".join(lines) * 20
+    else:
+        text = "".join(lines) * 400 + anchor
+    log = tmp_path / "dense.log"
+    log.write_text(text)
+    monkeypatch.setattr(nccl, "BLOCK_BYTES", 4096)
+    monkeypatch.setattr(nccl, "_CHUNK_MIN", 256)
+    from_file = nccl.parse_file(log)
+    one_by_one = nccl.parse_lines(text.splitlines(keepends=True))
+    assert from_file.lines == one_by_one.lines
+    assert from_file.lines_truncated == one_by_one.lines_truncated == (shape == "one long line")
+    assert from_file.to_dict() == one_by_one.to_dict()
+
+
+def test_chunks_that_share_a_print_are_told_apart_by_their_text(tmp_path, monkeypatch):
+    """_ChunkCounts finds a chunk by its length and first and last characters, then compares it
+    in place: two chunks alike there but different in the middle are two chunks, each counted
+    (the later one through the table keyed by its whole text), and parse_file gives the result
+    of handling the lines one by one."""
+    anchor = "node1:1:1 [0] NCCL INFO NCCL version 2.21.5+cuda12.4\n"
+    pad = "node1:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC\n" * 3
+
+    def chunk(middle: str) -> str:
+        return anchor + pad + f"node1:1:1 [0] NCCL INFO {middle}\n" + pad
+
+    a, b = chunk("NCCL_IB_HCA set to mlx5_0"), chunk("NCCL_IB_HCA set to mlx5_9")
+    assert len(a) == len(b) and a != b
+    counts = nccl._ChunkCounts()
+    for text in (a, b, a, b, b):
+        data = "x\n" + text
+        counts.add(data, 2, len(data))
+    assert counts.chunks == [a, b] and counts.counts == [2, 3] and counts.held == len(a) + len(b)
+
+    log = tmp_path / "alike.log"
+    log.write_text((a + b) * 4 + b)
+    monkeypatch.setattr(nccl, "_CHUNK_MIN", 16)
+    from_file = nccl.parse_file(log)
+    one_by_one = nccl.parse_lines(log.read_text().splitlines(keepends=True))
+    assert from_file.to_dict() == one_by_one.to_dict()
+    assert from_file.env == one_by_one.env == {"NCCL_IB_HCA": "mlx5_0"}

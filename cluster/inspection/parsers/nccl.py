@@ -25,7 +25,10 @@ window of distinct lines) and each distinct line is then handled once with its m
 every fact kept is a count, a set, a maximum or the first value the log gives (a window is
 handled in the order its lines first appear), so where a window falls never matters, and a log
 that repeats itself (every rank and every communicator prints the same lines) costs little more
-than reading it. A distinct line is dispatched on the first 4 characters of its message; regexes
+than reading it. parse_file counts a step earlier still: whole-line chunks that begin at a
+process's first line (`NCCL INFO NCCL version`), each found by its length and ends and confirmed
+by a comparison in place, each distinct chunk then split into lines once, so a log that repeats
+whole process outputs (a job relaunched, logs concatenated) costs about a memcmp of its bytes. A distinct line is dispatched on the first 4 characters of its message; regexes
 run only on the few line kinds that carry facts, and envelope heads and channel messages are
 parsed once each (bounded caches). docs/nccl-parser.md explains the keys and the verdict logic.
 
@@ -87,6 +90,9 @@ _MAX_KEYS = 1 << 17            # bound on per-rank / per-host maps (memory stays
 LINE_MAX = 1 << 16             # chars of a line that are read; the rest is dropped (lines_truncated)
 _CUT_KEEP = LINE_MAX + 3       # what the stream reader keeps of an over-long line (flagged as cut)
 _WINDOW_BYTES = 64 << 20       # raw bytes counted into the window before it is handled
+_CHUNK_ANCHOR = b"NCCL INFO NCCL version"   # a process's first log line: where a repeated log repeats from
+_CHUNK_MIN = 1 << 16           # characters a chunk holds at least (not searched: bounds the search)
+_PRINT_CHARS = 64              # a chunk's first and last characters in its print (_ChunkCounts)
 _HEAD_WINDOW = 2048            # the envelope head is looked for in the last chars before "NCCL "
 _NORM_INPUT = 512              # chars of a message normalised into a finding's key
 _GLUED_MAX = 32                # log lines glued into one line that are split apart (the rest stays)
@@ -516,6 +522,50 @@ _ERA_MARKS: tuple[tuple[str, tuple[int, int] | None, tuple[int, int] | None], ..
 # The accumulator
 
 
+class _ChunkCounts:
+    """Distinct chunks of a log and their counts, in first-appearance order, without hashing
+    every chunk: a chunk is looked up by its print (its length and its first and last
+    _PRINT_CHARS characters) and confirmed by comparing it in place (a memcmp, no copy). Only a
+    new chunk is sliced out; a print that two different chunks share sends the later ones to a
+    table keyed by their whole text (hashed). So one comparison and at most one hash per chunk."""
+
+    __slots__ = ("chunks", "counts", "held", "_by_print", "_by_text")
+
+    def __init__(self) -> None:
+        self.chunks: list = []
+        self.counts: list[int] = []
+        self.held = 0                                   # characters of the distinct chunks
+        self._by_print: dict[tuple, int] = {}
+        self._by_text: dict = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.chunks)
+
+    def add(self, data: bytes | str, start: int, end: int) -> None:
+        """Count data[start:end] once."""
+        mark = (end - start, data[start:start + _PRINT_CHARS],
+                data[max(start, end - _PRINT_CHARS):end])
+        i = self._by_print.get(mark)
+        if i is not None and data.startswith(self.chunks[i], start, end):
+            self.counts[i] += 1
+            return
+        chunk = data[start:end]
+        if i is None:
+            self._by_print[mark] = len(self.chunks)
+        else:                                            # another chunk had this print first
+            j = self._by_text.get(chunk)
+            if j is not None:
+                self.counts[j] += 1
+                return
+            self._by_text[chunk] = len(self.chunks)
+        self.chunks.append(chunk)
+        self.counts.append(1)
+        self.held += len(chunk)
+
+    def items(self) -> Iterable[tuple[bytes | str, int]]:
+        return zip(self.chunks, self.counts)
+
+
 class NcclLogAccumulator:
     """Consume an NCCL log line by line (or block by block); `result()` gives the NcclLog.
 
@@ -531,6 +581,7 @@ class NcclLogAccumulator:
         self._raw: str | None = None                   # the line as written, when it was cleaned
         self.recognised = 0
         self._pending: Counter = Counter()
+        self._chunks = _ChunkCounts()                   # whole-line chunks not yet split into lines
         self._heads: dict[str, tuple | None] = {}
         self._chan: dict[str, tuple | bool] = {}       # channel message -> parsed record
         self._dispatch = {
@@ -623,6 +674,8 @@ class NcclLogAccumulator:
 
     def feed(self, line: str | bytes) -> None:
         """One line (a trailing newline is fine)."""
+        if self._chunks:
+            self._spill_chunks()
         self._pending[line] += 1
         if len(self._pending) > _PENDING_MAX:
             self._flush()
@@ -638,17 +691,21 @@ class NcclLogAccumulator:
 
     def _count(self, lines: Iterable[str | bytes]) -> None:
         """Count lines into the window (in C); handle the window when it is full."""
+        if self._chunks:
+            self._spill_chunks()
         self._pending.update(lines)
         if len(self._pending) > _PENDING_MAX:
             self._flush()
 
-    def _count_block_lines(self, block: bytes, start: int, tail: bytes | None) -> None:
+    def _count_block_lines(self, block: bytes | str, start: int, tail: bytes | str | None) -> None:
         """Count the whole lines of block[start:] in C, over a stream on the block itself (BytesIO
         shares a bytes object's buffer: no copy). The stream also yields `tail`, the block's
         unfinished last line (None when the block ends with a newline), as one more line; that
         count is taken back before the window can be handled (cheaper than counting the block's
         newlines to stop before it)."""
-        stream = io.BytesIO(block)
+        if self._chunks:
+            self._spill_chunks()
+        stream = io.StringIO(block, newline="\n") if isinstance(block, str) else io.BytesIO(block)
         stream.seek(start)
         pending = self._pending
         pending.update(stream)
@@ -660,6 +717,41 @@ class NcclLogAccumulator:
                 del pending[tail]
         if len(pending) > _PENDING_MAX:
             self._flush()
+
+    def _count_chunks(self, data: bytes | str, end: int) -> int:
+        """Count the whole lines data[:end] as chunks, each from the start of a line holding
+        _CHUNK_ANCHOR (a process's first log line) to the next such line at least _CHUNK_MIN
+        characters on; return where the last chunk starts (it is not counted: its end may be in
+        the next block). Where a log repeats itself it repeats whole chunks: a chunk is counted
+        by a comparison in place (_ChunkCounts), and its lines are counted once per distinct
+        chunk (_spill_chunks). The search looks at each character about twice and turns at most twice
+        per _CHUNK_MIN characters, however dense the anchors."""
+        anchor, nl = (_CHUNK_ANCHOR.decode(), "\n") if isinstance(data, str) else (_CHUNK_ANCHOR, b"\n")
+        find, rfind = data.find, data.rfind
+        add = self._chunks.add
+        start = pos = 0
+        while (i := find(anchor, pos, end)) >= 0:
+            line_start = rfind(nl, pos, i) + 1       # 0: the anchor's line began before pos
+            if line_start and line_start - start >= _CHUNK_MIN:
+                add(data, start, line_start)
+                start = line_start
+            pos = max(find(nl, i, end), start + _CHUNK_MIN - 1)
+        return start
+
+    def _spill_chunks(self) -> None:
+        """Count the held chunks' lines into the window: each distinct chunk's lines once, times
+        the chunk's count, chunks in the order they first appeared (so lines keep theirs)."""
+        chunks, self._chunks = self._chunks, _ChunkCounts()
+        for chunk, n in chunks.items():
+            lines = io.StringIO(chunk, newline="\n") if isinstance(chunk, str) else io.BytesIO(chunk)
+            pending = self._pending                  # a new window after each one handled
+            if n == 1:
+                pending.update(lines)
+            else:
+                for line, k in Counter(lines).items():
+                    pending[line] += k * n
+            if len(pending) > _PENDING_MAX:
+                self._handle_pending()
 
     def feed_block(self, block: bytes | str) -> None:
         """Whole lines, newline-separated (parse_file hands over ~1 MiB of bytes at a time)."""
@@ -679,10 +771,17 @@ class NcclLogAccumulator:
             start = end + 1
 
     def _held_bytes(self) -> int:
-        """The size of the distinct lines the window holds (summed in C)."""
-        return sum(map(len, self._pending))
+        """The size of the distinct lines and chunks the window holds (summed in C)."""
+        return sum(map(len, self._pending)) + self._chunks.held
 
     def _flush(self) -> None:
+        """Handle everything counted so far."""
+        if self._chunks:
+            self._spill_chunks()
+        self._handle_pending()
+
+    def _handle_pending(self) -> None:
+        """Handle the window's distinct lines, each once with its count, in first-appearance order."""
         pending, self._pending = self._pending, Counter()
         handle = self._line
         self.lines += sum(pending.values())
@@ -2166,52 +2265,47 @@ def parse_file(path: str | os.PathLike) -> NcclLog:
 
 
 def _feed_stream(acc: NcclLogAccumulator, f: Any) -> None:
-    """Count the lines of a stream (file, BytesIO, StringIO) block by block: the whole lines of a
-    block are iterated in C (an in-memory stream over the block); only the line that runs across
-    two blocks is joined in Python. A line longer than LINE_MAX is kept up to _CUT_KEEP characters
-    (the window cuts it to LINE_MAX and counts it as truncated) and the rest of it is skipped
-    unread, so memory stays bounded by the block size and the window however long a line is."""
-    carry = None                # the unfinished last line of the previous blocks
-    cut = False                 # carry holds the start of an over-long line; skip to its end
+    """Count the lines of a stream (file, BytesIO, StringIO) block by block, in C: the whole lines
+    are counted as chunks that start at a process's first line (_count_chunks), so a log that
+    repeats itself costs one hash per chunk; a stretch of more than a block with no such line is
+    counted line by line. What is not counted yet (the last chunk, begun but maybe not ended, and
+    the unfinished last line) is carried into the next block. A line longer than LINE_MAX is kept
+    up to _CUT_KEEP characters (the window cuts it to LINE_MAX and counts it as truncated) and
+    the rest of it is skipped unread, so memory stays bounded by the block size and the window
+    however long a line is."""
+    rest = None                 # read but not counted: the last chunk begun, then the unfinished line
+    cut = False                 # rest ends with the start of an over-long line; skip to its end
     since_flush = 0
     while True:
         block = f.read(BLOCK_BYTES)
         if not block:
             break
-        text = isinstance(block, str)
-        nl = "\n" if text else b"\n"
-        k = block.find(nl)
-        if k < 0:
-            if not cut:
-                carry = block if carry is None else carry + block
-                if len(carry) > LINE_MAX:
-                    carry, cut = carry[:_CUT_KEEP], True
-            continue
-        j = block.rfind(nl)
-        start = 0                               # where the block's own whole lines begin
-        if carry is not None:
-            acc._count((carry if cut else carry + block[:k + 1],))
-            start = k + 1
-        tail = block[j + 1:] or None
-        if j >= start:
-            if text:
-                acc._count(io.StringIO(block[start:j + 1], newline="\n"))
-            else:
-                acc._count_block_lines(block, start, tail)
-        carry, cut = tail, False
-        if carry is not None and len(carry) > LINE_MAX:
-            carry, cut = carry[:_CUT_KEEP], True
+        nl = "\n" if isinstance(block, str) else b"\n"
         since_flush += len(block)
+        if cut:
+            k = block.find(nl)
+            if k < 0:
+                continue
+            block, cut = block[k:], False           # its newline ends the line that was cut
+        data = block if rest is None else rest + block
+        end = data.rfind(nl) + 1                    # the whole lines end here
+        start = acc._count_chunks(data, end) if end else 0
+        if end - start > BLOCK_BYTES:               # no process began in over a block
+            acc._count_block_lines(data, start, data[end:] or None)
+            start = end
+        if len(data) - end > LINE_MAX:              # the unfinished line is too long: keep its start
+            data, cut = data[:end + _CUT_KEEP], True
+        rest = data[start:] or None
         if since_flush > _WINDOW_BYTES:
-            # what the window holds is its distinct lines: a log that repeats itself is handled
-            # once per distinct line, not again every _WINDOW_BYTES (memory stays bounded by
-            # about a window and a block, whatever the file)
+            # what the window holds is its distinct lines and chunks: a log that repeats itself is
+            # handled once per distinct line, not again every _WINDOW_BYTES (memory stays bounded
+            # by about a window and a block, whatever the file)
             since_flush = acc._held_bytes()
             if since_flush > _WINDOW_BYTES // 2:
                 acc._flush()
                 since_flush = 0
-    if carry:
-        acc._count((carry,))
+    if rest:
+        acc._chunks.add(rest, 0, len(rest))
 
 
 _DETECT_RE = re.compile(r"(?m)^\W{0,8}(?:\S+\s+)?NCCL version \d+\.\d+\.\d+|"
