@@ -168,14 +168,18 @@ def rack_128():
 
 
 def test_128_nodes_behind_a_stock_bastion(rack_128):
-    for attempt in range(3):
-        proc = cli(rack_128, "preflight", "--json", timeout=600)
-        doc = json.loads(proc.stdout)
-        errors = [(r["node"], r["check"], r["summary"]) for r in doc["results"]
-                  if r["status"] == "error"]
-        assert not errors, (attempt, errors[:5])
-        failing = {(r["node"], r["check"]) for r in doc["results"] if r["status"] == "fail"}
-        assert failing == {("node37", "gpudirect")}, (attempt, sorted(failing)[:5])
+    """One JSON preflight of 128 nodes through the bastion: every node answered, none in error,
+    only node37's gpudirect failing. (This ran 3 times as a repeatability check; the next test
+    runs a second whole preflight of the same rack, and each extra one cost 1-2 min of the
+    suite.)"""
+    proc = cli(rack_128, "preflight", "--json", timeout=600)
+    doc = json.loads(proc.stdout)
+    errors = [(r["node"], r["check"], r["summary"]) for r in doc["results"]
+              if r["status"] == "error"]
+    assert not errors, errors[:5]
+    failing = {(r["node"], r["check"]) for r in doc["results"] if r["status"] == "fail"}
+    assert failing == {("node37", "gpudirect")}, sorted(failing)[:5]
+    assert {f"node{i}" for i in range(1, 129)} <= {r["node"] for r in doc["results"]}
     proc = cli(rack_128, "exec", "--json", "--", "hostname", timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = json.loads(proc.stdout)["results"]

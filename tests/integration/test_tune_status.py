@@ -96,12 +96,16 @@ def test_kv_pressure_shows_the_capacity_warning_and_bench_counts_what_the_engine
 
     metric = "vllm:generation_tokens_total"
     before = scrape_metric(endpoint, metric)     # through the serving app's own route
+    # 192 requests a load: about 2 min of pressure on 2 cores, several status windows; each
+    # load runs to its end (its tokens are counted), so a longer one only lengthened the test
+    # (512 a load took ~6 min on a busy day)
     config = BenchConfig(url=endpoint, model=APP, concurrency=(32,), prompt_len=64,
-                         output_len=200, requests=512, timeout_s=300, api_key=KEY)
+                         output_len=200, requests=192, timeout_s=300, api_key=KEY)
     loads: list[tuple[threading.Thread, dict]] = []
 
     def start_load() -> threading.Thread:
-        """One bench of 512 requests in the background, its engine queue filled (>= 8)."""
+        """One bench of config.requests requests in the background, its engine queue filled
+        (>= 8)."""
         outcome: dict = {}
 
         def bench() -> None:
