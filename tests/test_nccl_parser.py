@@ -1583,3 +1583,49 @@ def test_chunks_that_share_a_print_are_told_apart_by_their_text(tmp_path, monkey
     one_by_one = nccl.parse_lines(log.read_text().splitlines(keepends=True))
     assert from_file.to_dict() == one_by_one.to_dict()
     assert from_file.env == one_by_one.env == {"NCCL_IB_HCA": "mlx5_0"}
+
+
+@pytest.mark.parametrize("over", [1, 2, 3, 4])
+@pytest.mark.parametrize("last_newline", [True, False])
+def test_a_line_cut_at_a_block_boundary_is_counted_as_truncated(tmp_path, monkeypatch, over,
+                                                                last_newline):
+    """A block that ends LINE_MAX + 1 .. + 4 characters into a longer line: the line is read up
+    to LINE_MAX and counted in lines_truncated, as when the lines are handled one by one (found
+    by review: at + 1 and + 2 the kept start was too short to be seen as cut)."""
+    monkeypatch.setattr(nccl, "LINE_MAX", 100)
+    monkeypatch.setattr(nccl, "_CUT_KEEP", 103)
+    monkeypatch.setattr(nccl, "BLOCK_BYTES", 4096)
+    head = "node1:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC\n"
+    start = 4096 - (100 + over)                      # where the long line begins
+    text = head * (start // len(head) - 1)
+    text += "z" * (start - len(text) - 1) + "\n"
+    assert len(text) == start
+    text += "node1:1:1 [0] NCCL INFO " + "y" * 200    # 224 characters, across the block's end
+    text += "\n" + head if last_newline else ""
+    log = tmp_path / "cut.log"
+    log.write_text(text)
+    from_file = nccl.parse_file(log)
+    one_by_one = nccl.parse_lines(text.splitlines(keepends=True))
+    assert from_file.lines_truncated == one_by_one.lines_truncated == 1
+    assert from_file.to_dict() == one_by_one.to_dict()
+
+
+def test_short_reads_are_joined_into_whole_blocks(monkeypatch):
+    """A stream that answers a few bytes per read (a pipe, a FIFO) is read into whole blocks: the
+    carried chunk is searched once per block, not after every read, and the result is that of
+    the lines handled one by one."""
+    text = b"".join(p.read_bytes().rstrip(b"\n") + b"\n" for p in LOGS[:20])
+
+    class Trickle(io.BytesIO):
+        def read(self, n=-1):
+            return super().read(min(n, 7) if n and n > 0 else 7)
+
+    monkeypatch.setattr(nccl, "BLOCK_BYTES", 4096)
+    searched = []
+    real = nccl.NcclLogAccumulator._count_chunks
+    monkeypatch.setattr(nccl.NcclLogAccumulator, "_count_chunks",
+                        lambda acc, data, end: searched.append(end) or real(acc, data, end))
+    acc = nccl.NcclLogAccumulator()
+    nccl._feed_stream(acc, Trickle(text))
+    assert len(searched) <= len(text) // 4096 + 2
+    assert acc.result().to_dict() == nccl.parse_lines(text.splitlines(keepends=True)).to_dict()

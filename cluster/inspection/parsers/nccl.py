@@ -2264,6 +2264,22 @@ def parse_file(path: str | os.PathLike) -> NcclLog:
     return acc.result()
 
 
+def _read_block(f: Any) -> bytes | str:
+    """BLOCK_BYTES of the stream, or what is left of it: short reads (a pipe, a FIFO) are joined
+    into one block, so the carried chunk is not searched again after every few bytes."""
+    block = f.read(BLOCK_BYTES)
+    if not block or len(block) >= BLOCK_BYTES:
+        return block
+    parts, size = [block], len(block)
+    while size < BLOCK_BYTES:
+        more = f.read(BLOCK_BYTES - size)
+        if not more:
+            break
+        parts.append(more)
+        size += len(more)
+    return block[:0].join(parts)
+
+
 def _feed_stream(acc: NcclLogAccumulator, f: Any) -> None:
     """Count the lines of a stream (file, BytesIO, StringIO) block by block, in C: the whole lines
     are counted as chunks that start at a process's first line (_count_chunks), so a log that
@@ -2277,7 +2293,7 @@ def _feed_stream(acc: NcclLogAccumulator, f: Any) -> None:
     cut = False                 # rest ends with the start of an over-long line; skip to its end
     since_flush = 0
     while True:
-        block = f.read(BLOCK_BYTES)
+        block = _read_block(f)
         if not block:
             break
         nl = "\n" if isinstance(block, str) else b"\n"
@@ -2293,7 +2309,7 @@ def _feed_stream(acc: NcclLogAccumulator, f: Any) -> None:
         if end - start > BLOCK_BYTES:               # no process began in over a block
             acc._count_block_lines(data, start, data[end:] or None)
             start = end
-        if len(data) - end > LINE_MAX:              # the unfinished line is too long: keep its start
+        if len(data) - end >= _CUT_KEEP:            # the unfinished line is too long: keep its start
             data, cut = data[:end + _CUT_KEEP], True
         rest = data[start:] or None
         if since_flush > _WINDOW_BYTES:
