@@ -28,7 +28,8 @@ that repeats itself (every rank and every communicator prints the same lines) co
 than reading it. parse_file counts a step earlier still: whole-line chunks that begin at a
 process's first line (`NCCL INFO NCCL version`), each found by its length and ends and confirmed
 by a comparison in place, each distinct chunk then split into lines once, so a log that repeats
-whole process outputs (a job relaunched, logs concatenated) costs about a memcmp of its bytes. A distinct line is dispatched on the first 4 characters of its message; regexes
+whole process outputs (a job relaunched, logs concatenated) costs about a memcmp of its bytes.
+A distinct line is dispatched on the first 4 characters of its message; regexes
 run only on the few line kinds that carry facts, and envelope heads and channel messages are
 parsed once each (bounded caches). docs/nccl-parser.md explains the keys and the verdict logic.
 
@@ -674,9 +675,7 @@ class NcclLogAccumulator:
 
     def feed(self, line: str | bytes) -> None:
         """One line (a trailing newline is fine)."""
-        if self._chunks:
-            self._spill_chunks()
-        self._pending[line] += 1
+        self._window()[line] += 1
         if len(self._pending) > _PENDING_MAX:
             self._flush()
 
@@ -691,9 +690,7 @@ class NcclLogAccumulator:
 
     def _count(self, lines: Iterable[str | bytes]) -> None:
         """Count lines into the window (in C); handle the window when it is full."""
-        if self._chunks:
-            self._spill_chunks()
-        self._pending.update(lines)
+        self._window().update(lines)
         if len(self._pending) > _PENDING_MAX:
             self._flush()
 
@@ -703,11 +700,9 @@ class NcclLogAccumulator:
         unfinished last line (None when the block ends with a newline), as one more line; that
         count is taken back before the window can be handled (cheaper than counting the block's
         newlines to stop before it)."""
-        if self._chunks:
-            self._spill_chunks()
-        stream = io.StringIO(block, newline="\n") if isinstance(block, str) else io.BytesIO(block)
+        pending = self._window()
+        stream = _line_stream(block)
         stream.seek(start)
-        pending = self._pending
         pending.update(stream)
         if tail is not None:
             left = pending[tail] - 1
@@ -724,8 +719,8 @@ class NcclLogAccumulator:
         characters on; return where the last chunk starts (it is not counted: its end may be in
         the next block). Where a log repeats itself it repeats whole chunks: a chunk is counted
         by a comparison in place (_ChunkCounts), and its lines are counted once per distinct
-        chunk (_spill_chunks). The search looks at each character about twice and turns at most twice
-        per _CHUNK_MIN characters, however dense the anchors."""
+        chunk (_spill_chunks). The search looks at each character about twice and turns at most
+        twice per _CHUNK_MIN characters, however dense the anchors."""
         anchor, nl = (_CHUNK_ANCHOR.decode(), "\n") if isinstance(data, str) else (_CHUNK_ANCHOR, b"\n")
         find, rfind = data.find, data.rfind
         add = self._chunks.add
@@ -743,7 +738,7 @@ class NcclLogAccumulator:
         the chunk's count, chunks in the order they first appeared (so lines keep theirs)."""
         chunks, self._chunks = self._chunks, _ChunkCounts()
         for chunk, n in chunks.items():
-            lines = io.StringIO(chunk, newline="\n") if isinstance(chunk, str) else io.BytesIO(chunk)
+            lines = _line_stream(chunk)
             pending = self._pending                  # a new window after each one handled
             if n == 1:
                 pending.update(lines)
@@ -770,14 +765,20 @@ class NcclLogAccumulator:
             self.feed_block(text[start:end])
             start = end + 1
 
+    def _window(self) -> Counter:
+        """The line window, with the chunks counted before split into it first (so lines counted
+        one by one come after them, in stream order)."""
+        if self._chunks:
+            self._spill_chunks()
+        return self._pending
+
     def _held_bytes(self) -> int:
         """The size of the distinct lines and chunks the window holds (summed in C)."""
         return sum(map(len, self._pending)) + self._chunks.held
 
     def _flush(self) -> None:
         """Handle everything counted so far."""
-        if self._chunks:
-            self._spill_chunks()
+        self._window()
         self._handle_pending()
 
     def _handle_pending(self) -> None:
@@ -2241,7 +2242,7 @@ def parse(text: str | bytes) -> NcclLog:
     if not text.strip():
         raise ParseError(KIND, "empty input")
     acc = NcclLogAccumulator()
-    _feed_stream(acc, io.BytesIO(text) if isinstance(text, bytes) else io.StringIO(text, newline="\n"))
+    _feed_stream(acc, _line_stream(text))
     return acc.result()
 
 
@@ -2264,6 +2265,12 @@ def parse_file(path: str | os.PathLike) -> NcclLog:
     return acc.result()
 
 
+def _line_stream(text: bytes | str) -> io.BytesIO | io.StringIO:
+    """An in-memory stream over the text that yields its lines as written (no newline
+    translation; BytesIO shares a bytes object's buffer)."""
+    return io.StringIO(text, newline="\n") if isinstance(text, str) else io.BytesIO(text)
+
+
 def _read_block(f: Any) -> bytes | str:
     """BLOCK_BYTES of the stream, or what is left of it: short reads (a pipe, a FIFO) are joined
     into one block, so the carried chunk is not searched again after every few bytes."""
@@ -2283,7 +2290,7 @@ def _read_block(f: Any) -> bytes | str:
 def _feed_stream(acc: NcclLogAccumulator, f: Any) -> None:
     """Count the lines of a stream (file, BytesIO, StringIO) block by block, in C: the whole lines
     are counted as chunks that start at a process's first line (_count_chunks), so a log that
-    repeats itself costs one hash per chunk; a stretch of more than a block with no such line is
+    repeats itself costs one comparison per chunk; a stretch of more than a block with no such line is
     counted line by line. What is not counted yet (the last chunk, begun but maybe not ended, and
     the unfinished last line) is carried into the next block. A line longer than LINE_MAX is kept
     up to _CUT_KEEP characters (the window cuts it to LINE_MAX and counts it as truncated) and
@@ -2305,7 +2312,7 @@ def _feed_stream(acc: NcclLogAccumulator, f: Any) -> None:
             block, cut = block[k:], False           # its newline ends the line that was cut
         data = block if rest is None else rest + block
         end = data.rfind(nl) + 1                    # the whole lines end here
-        start = acc._count_chunks(data, end) if end else 0
+        start = acc._count_chunks(data, end)
         if end - start > BLOCK_BYTES:               # no process began in over a block
             acc._count_block_lines(data, start, data[end:] or None)
             start = end
