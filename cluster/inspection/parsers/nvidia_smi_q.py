@@ -121,12 +121,25 @@ class _Node:
     value: str | None
     indent: int
     children: list["_Node"] = field(default_factory=list)
+    # the first child of each lower-cased key, and how many children it was built from (a
+    # section that grew since is indexed again): a GPU's ~45 lookups read a dict, not its list
+    _index: dict[str, "_Node"] | None = field(default=None, repr=False, compare=False)
+    _indexed: int = field(default=0, repr=False, compare=False)
+
+    def child(self, name: str) -> "_Node | None":
+        """The first child whose key is `name`, case aside."""
+        if self._index is None or self._indexed != len(self.children):
+            index: dict[str, _Node] = {}
+            for c in self.children:
+                index.setdefault(c.key.lower(), c)
+            self._index, self._indexed = index, len(self.children)
+        return self._index.get(name.lower())
 
     def find(self, *path: str) -> "_Node | None":
         node: _Node | None = self
         for name in path:
             assert node is not None
-            node = next((c for c in node.children if c.key.lower() == name.lower()), None)
+            node = node.child(name)
             if node is None:
                 return None
         return node
@@ -269,7 +282,9 @@ def _is_detect_key_line(line: str) -> bool:
 def parse(text: str) -> NvidiaSmiQ:
     """Parse nvidia-smi -q output (text or XML); see the module docstring for the shape."""
     lines = [line[:MAX_LINE_CHARS] for line in lines_of(text, KIND)]
-    if any("<nvidia_smi_log" in line for line in lines) or _xml_fragment(lines):
+    # XML holds a '<' somewhere; the text report mostly does not, and skips the fragment test
+    if any("<" in line for line in lines) and (
+            any("<nvidia_smi_log" in line for line in lines) or _xml_fragment(lines)):
         top, sections, real_sections = _xml_tree("\n".join(lines))
     else:
         top, sections, real_sections = _tree(lines)
@@ -316,8 +331,16 @@ def _key_value(line: str) -> tuple[str, str] | None:
 
 def _is_banner(line: str) -> bool:
     """`==============NVSMI LOG==============`"""
+    if "NVSMI LOG" not in line:
+        return False
     stripped = line.strip()
-    return "NVSMI LOG" in stripped and stripped.startswith("=") and stripped.endswith("=")
+    return stripped.startswith("=") and stripped.endswith("=")
+
+
+def _may_be_elision(stripped: str) -> bool:
+    """Whether a line can be an author's elision mark at all (each form holds one of these):
+    the elision pattern is tried only then."""
+    return "..." in stripped or "\u2026" in stripped or "<" in stripped
 
 
 def _node_of(line: str) -> _Node | None:
@@ -367,16 +390,19 @@ def _tree(lines: list[str]) -> tuple[_Node, list[_Node], bool]:
     real_sections = False
     stack: list[_Node] = [top]
     for raw in lines:
-        if not raw.strip() or is_elision(raw) or _is_banner(raw):
+        stripped = raw.strip()
+        if not stripped or (_may_be_elision(stripped) and is_elision(raw)) or _is_banner(raw):
             continue
-        if raw.strip() == "--":
+        if stripped == "--":
             headerless.cut()
             continue
         if "nvidia-smi" in raw and command_echo(raw, "nvidia-smi") is not None \
                 and _key_value(raw) is None:
             continue
         line = raw if raw.startswith((" ", "\t")) else strip_prompt(raw)
-        line = line.expandtabs(8)[:MAX_LINE_CHARS]
+        if "\t" in line:
+            line = line.expandtabs(8)
+        line = line[:MAX_LINE_CHARS]
         sec = _SECTION_GPU.match(line.strip()) if not line.startswith(" ") else None
         if sec:
             node = _Node("GPU", sec.group(1), 0)
