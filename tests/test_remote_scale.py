@@ -265,3 +265,73 @@ def test_an_open_connection_wakes_rarely_when_idle():
     remote._quiet_when_idle(Conn())
     assert timeouts == [remote.IDLE_CHECK_S] and remote.IDLE_CHECK_S >= 5
     assert remote._quiet_transport_class()._active_check_timeout == 1.0
+
+
+def _write_key(path, key) -> str:
+    key.write_private_key_file(str(path))
+    return str(path)
+
+
+def test_the_identity_file_is_read_once_per_run(tmp_path, monkeypatch):
+    """Given a file name, paramiko read and parsed the key again on every connect, once per key
+    type it tried: the runner reads it once and hands every connect the key itself."""
+    from cluster.nodes.inventory import SSHOptions
+
+    path = _write_key(tmp_path / "id_ecdsa", paramiko.ECDSAKey.generate())
+    reads = []
+    real = paramiko.PKey.from_path
+    monkeypatch.setattr(paramiko.PKey, "from_path",
+                        staticmethod(lambda p, password=None: reads.append(p) or real(p, password)))
+    runner = remote.SSHRunner(SSHOptions(identity_file=path))
+    kwargs = [runner._connect_kwargs(Node(name=f"n{i}", address=f"198.18.0.{i}"))
+              for i in range(1, 4)]
+    assert reads == [path]
+    assert all(k["pkey"] is kwargs[0]["pkey"] and "key_filename" not in k for k in kwargs)
+    assert kwargs[0]["pkey"].asbytes() == paramiko.ECDSAKey.from_private_key_file(path).asbytes()
+    assert all(k["allow_agent"] is False and k["look_for_keys"] is False for k in kwargs)
+
+
+@pytest.mark.parametrize("content", [None, "not a key\n", "encrypted"])
+def test_an_identity_file_that_cannot_be_read_goes_to_paramiko_by_name(tmp_path, content):
+    """Missing, garbage or passphrase-protected: the connect is given the file name, so
+    paramiko's own error (the one users search for) reaches the report."""
+    from cluster.nodes.inventory import SSHOptions
+
+    path = tmp_path / "id_key"
+    if content == "encrypted":
+        paramiko.ECDSAKey.generate().write_private_key_file(str(path), password="secret")
+    elif content is not None:
+        path.write_text(content)
+    runner = remote.SSHRunner(SSHOptions(identity_file=str(path)))
+    kwargs = runner._connect_kwargs(None)
+    assert kwargs["key_filename"] == [str(path)] and "pkey" not in kwargs
+
+
+def test_a_servers_debug_message_is_read_but_only_escaped_when_logged(caplog):
+    """sshd sends SSH_MSG_DEBUG for each authorized_keys option; paramiko escapes it byte by
+    byte to log it at DEBUG. The quiet transport still consumes it, and logs it when asked."""
+    import logging
+    import socket
+
+    a, b = socket.socketpair()
+    try:
+        transport = remote._quiet_transport_class()(a)
+        escaped = []
+        real = paramiko.util.safe_string
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(paramiko.util, "safe_string", lambda s: escaped.append(s) or real(s))
+            for level in (logging.INFO, logging.DEBUG):
+                message = paramiko.Message()
+                message.add_boolean(False)
+                message.add_string(b"restrict: port forwarding disabled")
+                message.add_string(b"")
+                message.rewind()
+                transport.logger.setLevel(level)
+                with caplog.at_level(level, logger=transport.logger.name):
+                    transport._parse_debug(message)
+                assert message.get_remainder() == b""
+        assert escaped == [b"restrict: port forwarding disabled"]
+        assert "port forwarding disabled" in caplog.text
+    finally:
+        a.close()
+        b.close()
