@@ -32,6 +32,7 @@ _OUT, _ERR = "|", "!"
 _END_RE = re.compile(rf"{re.escape(_MARK)} (\S+) end (-?\d+)")
 _BEGIN_RE = re.compile(rf"{re.escape(_MARK)} (\S+) begin")
 _CUT_RE = re.compile(rf"{re.escape(_MARK)} (\S+) cut ([|!]) (\d+) bytes cut")
+_MARK_LINE = re.compile(rf"^{re.escape(_MARK)}[^\n]*", re.MULTILINE)  # split on "\n" only
 _NO_TMP_RE = re.compile(rf"{re.escape(_MARK)} - no-tmp (.*)")
 NOT_FOUND = 127
 TIMED_OUT = 124
@@ -150,6 +151,17 @@ class _Kept:
             self.tail_size -= len(dropped) + 1
             self.cut += len(dropped) + 1
 
+    def add_lines(self, lines: list[str]) -> None:
+        """add() for each line, in one step when they all fit the head (the common case)."""
+        size = sum(map(len, lines)) + len(lines)
+        if not self.tail and self.head_size + size <= self.half + 1:
+            # add()'s test holds for every line: the last one's is the tightest
+            self.head += lines
+            self.head_size += size
+            return
+        for line in lines:
+            self.add(line)
+
     def node_cut(self, count: int) -> None:
         self.cut += count
         self.head.extend(self.tail)
@@ -186,13 +198,12 @@ def split_probe_output(text: str, probes: Iterable[Probe]) -> dict[str, ProbeOut
     out: dict[str, ProbeOutput] = {}
     current: str | None = None
     streams: dict[str, _Kept] = {}
-    for line in _lines(text):
-        if line.startswith(_OUT) or line.startswith(_ERR):
-            if current is not None:
-                streams[line[0]].add(line[1:])
-            continue
-        if not line.startswith(_MARK):
-            continue                          # the newline after a stream
+    after = 0                                 # where the lines after the last marker start
+    for mark in _MARK_LINE.finditer(text):
+        if current is not None:
+            _feed(streams, text[after:mark.start()])
+        after = mark.end() + 1
+        line = mark.group(0)
         begin, end, cut = _BEGIN_RE.fullmatch(line), _END_RE.fullmatch(line), \
             _CUT_RE.fullmatch(line)
         if begin:
@@ -206,6 +217,14 @@ def split_probe_output(text: str, probes: Iterable[Probe]) -> dict[str, ProbeOut
                                        o.text(), e.text(), o.cut + e.cut)
             current = None
     return out
+
+
+def _feed(streams: dict[str, _Kept], lines: str) -> None:
+    """The lines between two markers to their streams by prefix (`|` stdout, `!` stderr);
+    other lines (the blank line after a stream) are not a probe's."""
+    rows = lines.split("\n")
+    for prefix, kept in streams.items():
+        kept.add_lines([row[1:] for row in rows if row[:1] == prefix])
 
 
 def script_problem(text: str) -> str | None:

@@ -113,7 +113,7 @@ _ECC_COUNTER = re.compile(r"^(?:SRAM|DRAM) (?:Un)?correctable(?: [\w-]{1,16})?$"
 _DETECT_SCAN_CHARS = 1_000_000
 
 
-@dataclass
+@dataclass(slots=True)
 class _Node:
     """One line of the report: key, value (None for a section), children (indented below it)."""
 
@@ -288,9 +288,7 @@ def parse(text: str) -> NvidiaSmiQ:
         top, sections, real_sections = _xml_tree("\n".join(lines))
     else:
         top, sections, real_sections = _tree(lines)
-    keys = {n.key.lower() for n in _walk(top)} | {n.key.lower() for s in sections for n in _walk(s)}
-    fabric = any(s.find("Fabric", "State") is not None for s in sections)
-    if not real_sections and not (keys & _MARKER_KEYS) and not fabric:
+    if not real_sections and not _holds_a_marker(top, sections):
         failure = tool_failure(lines)
         if failure:
             raise ParseError(KIND, f"nvidia-smi did not run: {failure}")
@@ -306,6 +304,13 @@ def parse(text: str) -> NvidiaSmiQ:
         attached_gpus=int(attached) if attached and attached.isdigit() else None,
         gpus=tuple(_gpu(i, s) for i, s in enumerate(sections)),
     )
+
+
+def _holds_a_marker(top: _Node, sections: list[_Node]) -> bool:
+    """Whether a text without `GPU <bus id>` lines still reads as -q: a key only -q prints, or a
+    GPU's Fabric State."""
+    keys = {n.key.lower() for n in _walk(top)} | {n.key.lower() for s in sections for n in _walk(s)}
+    return bool(keys & _MARKER_KEYS) or any(s.find("Fabric", "State") is not None for s in sections)
 
 
 def _walk(node: _Node):
