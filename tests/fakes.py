@@ -16,7 +16,8 @@ probe outputs / NodeContext a preflight check is judged on.
 The CLI: cluster_cli(*args) (a subprocess; the only one), cluster_process(*args) (left running),
 cluster_main(capsys, *argv) (in-process); inventories: write_inventory(dir, text), inventory_of.
 Shared stand-ins: FakeOpenAI, FakeDashboard (loopback servers), FakeServe and fake_bench (tune),
-node_facts (Ray bring-up), real_plan, label_values, closed_port.
+node_facts (Ray bring-up), real_plan, closed_port; labelled fixtures: fixture_labels,
+fixture_cases, assert_labels_cover_fixtures, check_label (label_values: one dotted path).
 
 `judge` builds the context as cluster/inspection/preflight.py's evaluate_node does: the check's own probe
 builders decide which outputs it reads; every probe not given is "command not found" (127).
@@ -616,6 +617,47 @@ def real_plan(model: str, nodes: int = 1, gpus: int = 8, **options) -> dict:
     doc["model"] = f"/models/{model}"
     doc["engine_args"]["model"] = doc["model"]
     return doc
+
+
+# ---------------------------------------------------------------- labelled fixtures
+
+
+def fixture_labels(kind: str) -> dict[str, dict]:
+    """tests/fixtures/labels/<kind>.yaml: fixture file name -> its entry (source, expect...)."""
+    import yaml
+
+    doc = yaml.safe_load((FIXTURES / "labels" / f"{kind}.yaml").read_text())
+    return {Path(entry["file"]).name: entry for entry in doc["samples"]}
+
+
+def fixture_cases(kinds: Iterable[str]) -> list[tuple[str, Path]]:
+    """(kind, path) of every fixture of `kinds`, in name order."""
+    return [(kind, path) for kind in kinds for path in sorted((FIXTURES / kind).glob("*.txt"))]
+
+
+def assert_labels_cover_fixtures(kind: str, required: Iterable[str] = ("source", "expect")) -> None:
+    """Every fixture of `kind` has a label entry, every entry a fixture (and none is empty), and
+    each entry has the `required` keys."""
+    files = {p.name for p in (FIXTURES / kind).glob("*.txt")}
+    labels = fixture_labels(kind)
+    assert files and files == set(labels), f"{kind}: fixtures and labels differ: {files ^ set(labels)}"
+    for name, entry in labels.items():
+        for key in required:
+            assert entry.get(key), f"{kind}/{name}: no {key}"
+
+
+def check_label(data: dict, path: str, expected) -> None:
+    """One `expect` entry against parse(text).to_dict(): a dotted path (label_values) equal to
+    the value at every place it names, or `len(path)` / `min_len(path)` of the one it names."""
+    if path.startswith(("len(", "min_len(")):
+        (found,) = label_values(data, path[path.index("(") + 1:-1].split("."))
+        if path.startswith("len("):
+            assert len(found) == expected, f"{path}: {len(found)} != {expected}"
+        else:
+            assert len(found) >= expected, f"{path}: {len(found)} < {expected}"
+        return
+    for found in label_values(data, path.split(".")):
+        assert found == expected, f"{path}: {found!r} != {expected!r}"
 
 
 def label_values(value, parts: list[str]):

@@ -12,23 +12,17 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
 from cluster.inspection import parsers
 from cluster.base.errors import ParseError
 from cluster.inspection.parsers import dmesg, fabricmanager, ip_addr, lspci
+from fakes import assert_labels_cover_fixtures, check_label, fixture_cases, fixture_labels
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MODULES = {"lspci": lspci, "dmesg": dmesg, "fabricmanager": fabricmanager, "ip-addr": ip_addr}
 
 
-def _labels(kind: str) -> dict[str, dict]:
-    data = yaml.safe_load((FIXTURES / "labels" / f"{kind}.yaml").read_text())
-    return {Path(entry["file"]).name: entry for entry in data["samples"]}
-
-
-CASES = [pytest.param(kind, path, id=f"{kind}/{path.name}")
-         for kind in MODULES for path in sorted((FIXTURES / kind).glob("*.txt"))]
+CASES = [pytest.param(kind, path, id=f"{kind}/{path.name}") for kind, path in fixture_cases(MODULES)]
 # every fixture of every other kind in the tree (nvidia, net, clock, nccl...)
 # A paste that really holds an lspci line inside another tool's output is lspci too.
 HOLDS_LSPCI = {"101-open-555.58-nonascii-date-hyprctl-embedded.txt"}
@@ -37,34 +31,17 @@ OTHER_FIXTURES = [pytest.param(path, id=f"{path.parent.name}/{path.name}")
                   if path.parent.name not in MODULES and path.name not in HOLDS_LSPCI]
 
 
-from fakes import label_values as _resolve  # noqa: E402 - one label-path reader
-
-
-def _check(data: dict, path: str, expected) -> None:
-    if path.startswith("len("):
-        (found,) = _resolve(data, path[4:-1].split("."))
-        assert len(found) == expected, f"{path}: {len(found)} != {expected}"
-        return
-    for found in _resolve(data, path.split(".")):
-        assert found == expected, f"{path}: {found!r} != {expected!r}"
-
-
 def test_every_fixture_has_a_label_entry_and_every_entry_a_fixture():
     for kind in MODULES:
-        files = {p.name for p in (FIXTURES / kind).glob("*.txt")}
-        labels = _labels(kind)
-        assert files and files == set(labels), f"{kind}: {files ^ set(labels)}"
-        for name, entry in labels.items():
-            assert entry.get("source"), f"{kind}/{name}: no source"
-            assert entry.get("expect"), f"{kind}/{name}: no expect block"
+        assert_labels_cover_fixtures(kind)
 
 
 @pytest.mark.parametrize("kind,path", CASES)
 def test_fixture_parses_to_labelled_facts(kind: str, path: Path):
     data = MODULES[kind].parse(path.read_text()).to_dict()
     json.dumps(data)
-    for key, expected in _labels(kind)[path.name]["expect"].items():
-        _check(data, key, expected)
+    for key, expected in fixture_labels(kind)[path.name]["expect"].items():
+        check_label(data, key, expected)
 
 
 @pytest.mark.parametrize("kind,path", CASES)

@@ -21,18 +21,14 @@ from cluster.base.errors import ParseError
 from cluster.inspection.parsers import (chronyc_sources, chronyc_tracking, df_shm, ibdev2netdev, ibstat,
                              ibv_devinfo, lsmod, ntpq, timedatectl, ulimit)
 from cluster.inspection.parsers._lines import human_size_bytes
+from fakes import assert_labels_cover_fixtures, fixture_cases, fixture_labels
 
 FIXTURES = Path(__file__).parent / "fixtures"
 KINDS = ("ibstat", "ibv_devinfo", "ibdev2netdev", "lsmod", "chronyc-tracking", "chronyc-sources",
          "ntpq", "timedatectl", "ulimit", "df-shm")
 
 
-def _labels(kind: str) -> dict[str, dict]:
-    doc = yaml.safe_load((FIXTURES / "labels" / f"{kind}.yaml").read_text())
-    return {Path(s["file"]).name: s for s in doc["samples"]}
-
-
-CASES = [(kind, path) for kind in KINDS for path in sorted((FIXTURES / kind).glob("*.txt"))]
+CASES = fixture_cases(KINDS)
 
 
 def _num(label) -> float:
@@ -290,7 +286,7 @@ CHECKS = {"ibstat": check_ibstat, "ibv_devinfo": check_ibv_devinfo,
 
 @pytest.mark.parametrize("kind,path", CASES, ids=[f"{k}/{p.name}" for k, p in CASES])
 def test_fixture_matches_labels(kind: str, path: Path) -> None:
-    labels = _labels(kind)
+    labels = fixture_labels(kind)
     assert path.name in labels, f"{path.name} has no label entry"
     entry = labels[path.name]
     assert entry.get("source"), "every fixture keeps its source"
@@ -320,8 +316,7 @@ def test_fixture_survives_crlf_tabs_colour_and_prompt(kind: str, path: Path) -> 
 
 def test_every_label_has_a_fixture() -> None:
     for kind in KINDS:
-        names = {p.name for p in (FIXTURES / kind).glob("*.txt")}
-        assert set(_labels(kind)) == names
+        assert_labels_cover_fixtures(kind, required=("source", "labels"))
 
 
 def test_chronyc_sources_fixture_with_tracking_tail_also_reads_as_tracking() -> None:

@@ -10,10 +10,9 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
 from cluster.base.errors import ParseError
-from fakes import label_values as _resolve
+from fakes import assert_labels_cover_fixtures, check_label, fixture_cases, fixture_labels
 from cluster.inspection.parsers import (nvcc, nvidia_smi, nvidia_smi_nvlink, nvidia_smi_q, nvidia_smi_query,
                              nvidia_smi_topo, proc_driver_nvidia_version)
 
@@ -29,46 +28,28 @@ MODULES = {
 }
 
 
-def _labels(kind: str) -> dict[str, dict]:
-    data = yaml.safe_load((FIXTURES / "labels" / f"{kind}.yaml").read_text())
-    return {Path(entry["file"]).name: entry for entry in data["samples"]}
-
-
-CASES = [(kind, path) for kind in MODULES for path in sorted((FIXTURES / kind).glob("*.txt"))]
+CASES = fixture_cases(MODULES)
 BY_KIND_CASES = [pytest.param(kind, path, id=f"{kind}/{path.name}") for kind, path in CASES]
 
 
 def _check(data: dict, path: str, expected) -> None:
-    if path.startswith(("len(", "min_len(")):
-        target = path[path.index("(") + 1:-1]
-        (found,) = _resolve(data, target.split("."))
-        if path.startswith("len("):
-            assert len(found) == expected, f"{path}: {len(found)} != {expected}"
-        else:
-            assert len(found) >= expected, f"{path}: {len(found)} < {expected}"
-        return
+    """check_label, and `pix`: the NICs each GPU reaches over a single PCIe switch."""
     if path == "pix":
         for gpu, nic in expected.items():
             pix = [n for n, kind in data["gpu_nic_paths"][gpu].items() if kind == "PIX"]
             assert pix == ([nic] if nic else []), f"{gpu}: PIX NICs {pix}, expected {nic}"
         return
-    for found in _resolve(data, path.split(".")):
-        assert found == expected, f"{path}: {found!r} != {expected!r}"
+    check_label(data, path, expected)
 
 
 def test_every_fixture_has_a_label_entry_and_every_entry_a_fixture():
     for kind in MODULES:
-        files = {p.name for p in (FIXTURES / kind).glob("*.txt")}
-        labels = _labels(kind)
-        assert files == set(labels), f"{kind}: fixtures and labels differ: {files ^ set(labels)}"
-        for name, entry in labels.items():
-            assert entry.get("source"), f"{kind}/{name}: no source"
-            assert entry.get("expect"), f"{kind}/{name}: no expect block"
+        assert_labels_cover_fixtures(kind)
 
 
 def _parse_error_expected(kind: str, path: Path) -> str | None:
     """The message a fixture of a tool's failure output must raise (`parse_error` label)."""
-    return _labels(kind)[path.name]["expect"].get("parse_error")
+    return fixture_labels(kind)[path.name]["expect"].get("parse_error")
 
 
 @pytest.mark.parametrize("kind,path", BY_KIND_CASES)
@@ -83,7 +64,7 @@ def test_fixture_parses_to_labelled_facts(kind: str, path: Path):
     result = module.parse(path.read_text())
     data = result.to_dict()
     json.dumps(data)                       # the documented shape is plain JSON
-    for key, expected in _labels(kind)[path.name]["expect"].items():
+    for key, expected in fixture_labels(kind)[path.name]["expect"].items():
         _check(data, key, expected)
 
 
