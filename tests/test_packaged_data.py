@@ -9,11 +9,18 @@ import pytest
 
 from cluster.base import yamlfile
 
-DATA = Path(yamlfile.__file__).parent / "data"
-CLUSTER = DATA.parent
+CLUSTER = Path(yamlfile.__file__).parents[1]          # the cluster package
+DATA = CLUSTER / "data"
+DATA_FILES = sorted(p.name for p in DATA.glob("*.yaml"))
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in DATA.glob("*.yaml")))
+def test_the_data_files_are_found():
+    """The parametrized test below runs once per file: none found would run it not at all
+    (it did when yamlfile.py moved into cluster/base/ and this path still pointed beside it)."""
+    assert {"expectations.yaml", "limits.yaml", "gpus.yaml"} <= set(DATA_FILES)
+
+
+@pytest.mark.parametrize("name", DATA_FILES)
 def test_every_data_file_reads_with_the_bounded_parser(name):
     assert isinstance(yamlfile.packaged(name), dict)
 
