@@ -342,12 +342,6 @@ def _is_banner(line: str) -> bool:
     return stripped.startswith("=") and stripped.endswith("=")
 
 
-def _may_be_elision(stripped: str) -> bool:
-    """Whether a line can be an author's elision mark at all (each form holds one of these):
-    the elision pattern is tried only then."""
-    return "..." in stripped or "\u2026" in stripped or "<" in stripped
-
-
 def _node_of(line: str) -> _Node | None:
     """The node a (prompt-stripped, tab-expanded) line stands for, or None for noise."""
     kv = _key_value(line)
@@ -396,7 +390,7 @@ def _tree(lines: list[str]) -> tuple[_Node, list[_Node], bool]:
     stack: list[_Node] = [top]
     for raw in lines:
         stripped = raw.strip()
-        if not stripped or (_may_be_elision(stripped) and is_elision(raw)) or _is_banner(raw):
+        if not stripped or is_elision(raw) or _is_banner(raw):
             continue
         if stripped == "--":
             headerless.cut()
