@@ -510,6 +510,67 @@ def test_head_state_falls_back_to_the_gcs_and_says_why(routes, tmp_path):
     assert out["errors"][1].startswith(f"gcs {gcs}: ConnectionRefusedError")
 
 
+class StallingDashboard:
+    """A loopback TCP server that accepts and then stalls: `drip` False sends nothing, True
+    sends an HTTP reply header and then one byte every 0.2 s, forever (as a dashboard can
+    while its GCS is gone). Stops (and closes what it accepted) at the fixture's end."""
+
+    def __init__(self, drip: bool):
+        import socket
+        self.drip, self.stop = drip, threading.Event()
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.base = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.held: list = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        import socket
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except socket.timeout:
+                continue
+            self.held.append(conn)
+            if self.drip:
+                threading.Thread(target=self._drip, args=(conn,), daemon=True).start()
+
+    def _drip(self, conn):
+        try:
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+            while not self.stop.wait(0.2):
+                conn.sendall(b" ")
+        except OSError:
+            pass
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(5)
+        for conn in self.held:
+            conn.close()
+        self.sock.close()
+
+
+@pytest.mark.parametrize("drip", [False, True], ids=["silent", "dripping"])
+def test_head_state_stays_within_its_budget_when_the_dashboard_stalls(drip, tmp_path):
+    import time
+    server = StallingDashboard(drip)
+    try:
+        start = time.monotonic()
+        out = head_state.main([server.base, f"127.0.0.1:{_closed_port()}", "1"],
+                              env={"HOME": str(tmp_path)}, budget_s=1.0)
+        took = time.monotonic() - start
+    finally:
+        server.close()
+    assert out["nodes"] is None and out["source"] is None
+    assert out["errors"][0].startswith(f"dashboard {server.base}: "), out["errors"]
+    assert "time" in out["errors"][0].lower(), out["errors"]   # timed out / budget spent
+    # without the budget: 5 s (silent: /api/version's own timeout) or never (dripping)
+    assert took < 4.0, took
+    assert len(out["errors"]) == 2          # the GCS fallback was tried (and refused / spent)
+
+
 def test_head_state_shipped_prints_one_document(routes, tmp_path):
     base, _, _ = routes
     env = dict(os.environ, HOME=str(tmp_path))

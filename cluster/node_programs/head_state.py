@@ -18,20 +18,50 @@ import json
 import os
 import socket
 import sys
+import time
 import urllib.request
 
 from cluster.node_programs._common import auth_token, export_token
 
 NODE_IMPORTS = ("ray",)           # the GCS fallback only, inside from_gcs
+BUDGET_S = 35.0     # the whole query: with one last socket wait (<= 15 s) inside the client's 60 s
+MAX_REPLY_BYTES = 64 << 20        # one REST reply (a 10,000-node table is ~20 MB)
+CHUNK = 1 << 16
 
 
-def fetcher(base, token):
+class Budget:
+    """The query's time left: each wait is the smaller of its own timeout and what is left, and
+    a reply is read as it arrives with the budget checked between reads, so a dashboard that
+    accepts and then hangs or drips (as it can while its GCS is gone) cannot hold the program
+    much past its budget."""
+
+    def __init__(self, seconds, clock=time.monotonic):
+        self.clock = clock
+        self.deadline = clock() + seconds
+
+    def wait(self, timeout):
+        left = self.deadline - self.clock()
+        if left <= 0.05:
+            raise TimeoutError("the state query's time budget is spent")
+        return min(timeout, left)
+
+
+def fetcher(base, token, budget):
     headers = {"Authorization": "Bearer " + token} if token else {}
 
     def get(path, timeout):
         req = urllib.request.Request(base + path, headers=headers)
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return json.loads(r.read().decode("utf-8", "replace"))
+        with urllib.request.urlopen(req, timeout=budget.wait(timeout)) as r:
+            data = bytearray()
+            while True:
+                chunk = r.read1(CHUNK)      # what has arrived: a drip is seen between reads
+                if not chunk:
+                    break
+                budget.wait(timeout)
+                data += chunk
+                if len(data) > MAX_REPLY_BYTES:
+                    raise ValueError("reply over %d bytes" % MAX_REPLY_BYTES)
+            return json.loads(data.decode("utf-8", "replace"))
     return get
 
 
@@ -44,14 +74,14 @@ def from_dashboard(get, out):
     out["source"] = "dashboard"
 
 
-def from_gcs(gcs, token, out):
+def from_gcs(gcs, token, out, budget):
     host, _, port = gcs.rpartition(":")
-    socket.create_connection((host.strip("[]"), int(port)), timeout=3).close()
+    socket.create_connection((host.strip("[]"), int(port)), timeout=budget.wait(3)).close()
     export_token(token)                           # what the GCS client reads
     import ray
     from ray._raylet import GcsClient
     from ray.core.generated import gcs_pb2
-    infos = GcsClient(address=gcs).get_all_node_info(timeout=10)
+    infos = GcsClient(address=gcs).get_all_node_info(timeout=budget.wait(10))
     nodes = []
     for node_id, info in infos.items():
         nodes.append({"node_id": node_id.hex(), "node_ip": info.node_manager_address,
@@ -79,20 +109,21 @@ def rank_actors(get):
     return [{k: a.get(k) for k in RANK_FIELDS} for a in reply["data"]["result"]["result"]]
 
 
-def main(argv, env=None):
+def main(argv, env=None, budget_s=BUDGET_S):
     base, gcs, want_serve = argv[0], argv[1], argv[2] == "1"
     env = os.environ if env is None else env
     out = {"source": None, "ray_version": None, "nodes": None, "serve": None,
            "rank_actors": None, "errors": []}
+    budget = Budget(budget_s)
     token = auth_token(env, scan_ray=True)
-    get = fetcher(base, token)
+    get = fetcher(base, token, budget)
     try:
         from_dashboard(get, out)
     except Exception as exc:
         out["errors"].append("dashboard %s: %s: %s" % (base, type(exc).__name__, exc))
     if out["nodes"] is None:
         try:
-            from_gcs(gcs, token, out)
+            from_gcs(gcs, token, out, budget)
         except Exception as exc:
             out["errors"].append("gcs %s: %s: %s" % (gcs, type(exc).__name__, exc))
     if want_serve and out["source"] == "dashboard":
