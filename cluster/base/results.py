@@ -133,6 +133,20 @@ def to_jsonable(value: Any) -> Any:
     return _to_jsonable_general(value)
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def fields_dict(record: Any) -> dict[str, Any]:
+    """A dataclass instance's fields by name, each to_jsonable: what a record's own to_dict()
+    returns (a parser's result, a fact). The field names are looked up once per class."""
+    kind = type(record)
+    names = _FIELD_NAMES.get(kind)
+    if names is None:
+        import dataclasses
+        names = _FIELD_NAMES.setdefault(kind, tuple(f.name for f in dataclasses.fields(kind)))
+    return {name: to_jsonable(getattr(record, name)) for name in names}
+
+
 def _to_jsonable_general(value: Any) -> Any:
     import dataclasses
     from collections.abc import Mapping as AbcMapping
@@ -142,7 +156,7 @@ def _to_jsonable_general(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         if hasattr(value, "to_dict"):
             return value.to_dict()
-        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return fields_dict(value)
     if isinstance(value, AbcMapping):
         return {str(k): to_jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):

@@ -440,14 +440,3 @@ def human_size_bytes(value: str, *, si: bool = False) -> int | None:
         mult = _BINARY_SUFFIX[unit]
     size = num * mult
     return int(round(size)) if math.isfinite(size) else None
-
-
-def jsonable(obj: Any) -> Any:
-    """Dataclasses -> dicts, tuples -> lists, recursively (for to_dict())."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, (list, tuple)):
-        return [jsonable(x) for x in obj]
-    if isinstance(obj, dict):
-        return {k: jsonable(v) for k, v in obj.items()}
-    return obj

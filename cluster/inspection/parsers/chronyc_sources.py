@@ -19,7 +19,8 @@ import re
 from dataclasses import dataclass
 
 from cluster.base.errors import ParseError
-from cluster.inspection.parsers._lines import (clean_lines, finite_float, head_text, jsonable, numbered,
+from cluster.base.results import fields_dict
+from cluster.inspection.parsers._lines import (clean_lines, finite_float, head_text, numbered,
                                     require_text)
 
 KIND = "chronyc-sources"
@@ -81,7 +82,7 @@ class Sources:
     max_offset_seconds: float
 
     def to_dict(self) -> dict:
-        return jsonable(self)
+        return fields_dict(self)
 
 
 def _seconds(num: str | None, unit: str | None) -> float | None:

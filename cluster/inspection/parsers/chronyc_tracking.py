@@ -23,7 +23,8 @@ import re
 from dataclasses import dataclass
 
 from cluster.base.errors import ParseError
-from cluster.inspection.parsers._lines import (clean_lines, finite_float, head_text, jsonable, numbered,
+from cluster.base.results import fields_dict
+from cluster.inspection.parsers._lines import (clean_lines, finite_float, head_text, numbered,
                                     require_text)
 
 KIND = "chronyc-tracking"
@@ -72,7 +73,7 @@ class Tracking:
     max_offset_seconds: float
 
     def to_dict(self) -> dict:
-        return jsonable(self)
+        return fields_dict(self)
 
 
 def _float(value: str | None) -> float | None:

@@ -15,8 +15,8 @@ import re
 from dataclasses import dataclass
 
 from cluster.base.errors import ParseError
-from cluster.inspection.parsers._lines import (clean_lines, command_in, head_text, human_size_bytes, jsonable,
-                                    numbered, require_text)
+from cluster.base.results import fields_dict
+from cluster.inspection.parsers._lines import (clean_lines, command_in, head_text, human_size_bytes, numbered, require_text)
 
 KIND = "df-shm"
 
@@ -56,7 +56,7 @@ class DfShm:
     entries: tuple[DfEntry, ...]
 
     def to_dict(self) -> dict:
-        return jsonable(self)
+        return fields_dict(self)
 
 
 @dataclass

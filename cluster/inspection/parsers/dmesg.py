@@ -43,7 +43,8 @@ import re
 from dataclasses import dataclass
 
 from cluster.base.errors import ParseError
-from cluster.inspection.parsers._lines import clean_lines, head_text, jsonable, require_text
+from cluster.base.results import fields_dict
+from cluster.inspection.parsers._lines import clean_lines, head_text, require_text
 
 KIND = "dmesg"
 
@@ -100,7 +101,7 @@ class Dmesg:
     aer: tuple[Aer, ...] = ()
 
     def to_dict(self) -> dict:
-        return jsonable(self)
+        return fields_dict(self)
 
 
 def _is_kernel_line(line: str) -> bool:

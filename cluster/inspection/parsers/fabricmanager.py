@@ -31,7 +31,8 @@ import re
 from dataclasses import dataclass
 
 from cluster.base.errors import ParseError
-from cluster.inspection.parsers._lines import clean_lines, head_text, jsonable, require_text
+from cluster.base.results import fields_dict
+from cluster.inspection.parsers._lines import clean_lines, head_text, require_text
 
 KIND = "fabricmanager"
 
@@ -65,7 +66,7 @@ class FabricManager:
     failure: str | None
 
     def to_dict(self) -> dict:
-        return jsonable(self)
+        return fields_dict(self)
 
 
 def _fm_message(line: str) -> tuple[str, str | None] | None:

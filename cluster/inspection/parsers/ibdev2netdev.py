@@ -14,7 +14,8 @@ import re
 from dataclasses import dataclass
 
 from cluster.base.errors import ParseError
-from cluster.inspection.parsers._lines import clean_lines, head_text, jsonable, numbered, require_text
+from cluster.base.results import fields_dict
+from cluster.inspection.parsers._lines import clean_lines, head_text, numbered, require_text
 from cluster.inspection.parsers.ibstat import normalize_state
 
 KIND = "ibdev2netdev"
@@ -61,7 +62,7 @@ class Ibdev2netdev:
     ports: tuple[NetdevPort, ...]
 
     def to_dict(self) -> dict:
-        return jsonable(self)
+        return fields_dict(self)
 
 
 def _parse_line(line: str) -> NetdevPort | None:

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from cluster.base.errors import ParseError
-from cluster.inspection.parsers._lines import (clean_lines, head_text, jsonable, leading_int, numbered,
+from cluster.base.results import fields_dict
+from cluster.inspection.parsers._lines import (clean_lines, head_text, leading_int, numbered,
                                     require_text, to_number)
 
 KIND = "ibstat"
@@ -140,7 +141,7 @@ class Ibstat:
     cas: tuple[Any, ...]
 
     def to_dict(self) -> dict:
-        return jsonable(self)
+        return fields_dict(self)
 
 
 class CaBlocks:

@@ -27,7 +27,8 @@ import re
 from dataclasses import dataclass
 
 from cluster.base.errors import ParseError
-from cluster.inspection.parsers._lines import clean_lines, head_text, jsonable, require_text
+from cluster.base.results import fields_dict
+from cluster.inspection.parsers._lines import clean_lines, head_text, require_text
 
 KIND = "ip-addr"
 
@@ -58,7 +59,7 @@ class IpAddr:
     interfaces: tuple[Interface, ...]
 
     def to_dict(self) -> dict:
-        return jsonable(self)
+        return fields_dict(self)
 
 
 def _ipv4(token: str) -> str | None:

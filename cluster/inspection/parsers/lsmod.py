@@ -16,7 +16,8 @@ import re
 from dataclasses import dataclass
 
 from cluster.base.errors import ParseError
-from cluster.inspection.parsers._lines import (ANSIBLE_RC_NOTE, clean_lines, command_in, head_text, jsonable, numbered,
+from cluster.base.results import fields_dict
+from cluster.inspection.parsers._lines import (ANSIBLE_RC_NOTE, clean_lines, command_in, head_text, numbered,
                                     prompt_only, require_text)
 
 KIND = "lsmod"
@@ -62,7 +63,7 @@ class Lsmod:
     filtered_by: tuple[str, ...] = ()  # grep patterns of the command lines shown
 
     def to_dict(self) -> dict:
-        return jsonable(self)
+        return fields_dict(self)
 
 
 def _module(m: re.Match) -> Module:

@@ -32,7 +32,8 @@ import re
 from dataclasses import dataclass
 
 from cluster.base.errors import ParseError
-from cluster.inspection.parsers._lines import clean_lines, command_in, head_text, jsonable, require_text
+from cluster.base.results import fields_dict
+from cluster.inspection.parsers._lines import clean_lines, command_in, head_text, require_text
 
 KIND = "lspci"
 
@@ -64,7 +65,7 @@ class Lspci:
     acs_enabled: bool | None
 
     def to_dict(self) -> dict:
-        return jsonable(self)
+        return fields_dict(self)
 
 
 def _acs_ctl(line: str) -> dict | None:

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from cluster.base.errors import ParseError
-from cluster.inspection.parsers._lines import clean_lines, head_text, jsonable, numbered, require_text
+from cluster.base.results import fields_dict
+from cluster.inspection.parsers._lines import clean_lines, head_text, numbered, require_text
 
 KIND = "timedatectl"
 
@@ -77,7 +78,7 @@ class Timedatectl:
     offset_seconds: float | None = None   # the last sample's offset (timesync-status)
 
     def to_dict(self) -> dict:
-        return jsonable(self)
+        return fields_dict(self)
 
 
 def _yes_no(value: str | None) -> bool | None:

@@ -19,7 +19,8 @@ import re
 from dataclasses import dataclass
 
 from cluster.base.errors import ParseError
-from cluster.inspection.parsers._lines import (clean_lines, command_in, head_text, jsonable, numbered,
+from cluster.base.results import fields_dict
+from cluster.inspection.parsers._lines import (clean_lines, command_in, head_text, numbered,
                                     require_text)
 
 KIND = "ulimit"
@@ -56,7 +57,7 @@ class Ulimit:
     source: str  # "ulimit -a", "ulimit -l", "limit", "/proc/limits"
 
     def to_dict(self) -> dict:
-        return jsonable(self)
+        return fields_dict(self)
 
 
 def _kib(value: str, unit: str | None) -> int | str:
