@@ -424,9 +424,12 @@ class FakeClusterSession:
             ports = [int(p) for p in flag("--ports").split(",") if p]
             return json.dumps({"listening": ports, "busy": [], "failed": [], "pid": 1}) + "\n"
         if "probe" in args:
-            targets = {f"{hp.split(':')[0]}:{port}": "ok" for hp in flag("--targets").split(",")
-                       if hp for port in hp.split(":")[1].split("+")}
-            return json.dumps({"results": targets}) + "\n"
+            keys = lambda arg: [f"{hp.split(':')[0]}:{port}" for hp in flag(arg).split(",")  # noqa: E731
+                                if ":" in hp for port in hp.split(":")[1].split("+")]
+            doc = {"results": dict.fromkeys(keys("--targets"), "ok")}
+            if "--tag" in args:      # every told listener acks (and so exits by itself)
+                doc["acked"] = keys("--tell")
+            return json.dumps(doc) + "\n"
         return json.dumps({"stopped": True}) + "\n"
 
 

@@ -11,7 +11,8 @@ from itertools import combinations
 
 from cluster.nodes.inventory import loads
 from cluster.node_programs import source
-from cluster.inspection.reachability import Target, judge, plan_peers, plan_targets, served_ports
+from cluster.inspection.reachability import (Target, judge, plan_peers, plan_targets, probers,
+                                             served_ports, still_listening)
 from cluster.base.results import Status
 
 TH = {"full_matrix_max_nodes": 16, "peers_per_node": 4, "connect_timeout_s": 2,
@@ -132,3 +133,78 @@ def test_the_node_program_listens_connects_and_stops_for_real():
         assert _program("stop", "--tag", "t0test") == {"stopped": None}
     finally:
         taken.close()
+
+
+def test_a_listener_told_how_many_probe_it_acks_each_and_exits_by_itself():
+    """The tag protocol for real: a listener expecting 2 probers counts the ones that say the
+    run's tag (not a silent connection, not a wrong word), acks each, and exits by itself after
+    the second; the probes report which were acked."""
+    free, other = _free_ports(2)
+    up = _program("listen", "--ports", f"{free},{other}", "--for", "30", "--tag", "t1test",
+                  "--expect", "2")
+    assert up["listening"] == [free, other] and up["pid"]
+    try:
+        silent = socket.create_connection(("127.0.0.1", free), timeout=5)   # says nothing
+        wrong = socket.create_connection(("127.0.0.1", free), timeout=5)
+        wrong.sendall(b"t0test\n")                                          # another run's tag
+        assert wrong.recv(8) == b""                                          # closed, unacked
+        wrong.close()
+        targets = f"127.0.0.1:{free}+{other}"
+        first = _program("probe", "--targets", targets, "--timeout", "5", "--tag", "t1test",
+                         "--tell", targets)
+        assert first["results"] == {f"127.0.0.1:{free}": "ok", f"127.0.0.1:{other}": "ok"}
+        assert sorted(first["acked"]) == sorted(first["results"])
+        assert _pid_running(up["pid"])                  # one prober of two: still listening
+        second = _program("probe", "--targets", targets, "--timeout", "5", "--tag", "t1test",
+                          "--tell", f"127.0.0.1:{other}")  # `free` connected, not told
+        assert second["acked"] == [f"127.0.0.1:{other}"]
+        assert _pid_running(up["pid"])                  # `free` heard 1 of 2
+        third = _program("probe", "--targets", f"127.0.0.1:{free}", "--timeout", "5",
+                         "--tag", "t1test", "--tell", f"127.0.0.1:{free}")
+        assert third["acked"] == [f"127.0.0.1:{free}"]
+        assert _gone_within(up["pid"], 5)               # every port heard 2: it left
+        after = _program("probe", "--targets", f"127.0.0.1:{free}", "--timeout", "2")
+        assert after["results"] == {f"127.0.0.1:{free}": "refused"}
+        silent.close()
+    finally:
+        _program("stop", "--tag", "t1test")
+
+
+def _pid_running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _gone_within(pid: int, seconds: float) -> bool:
+    import time
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if not _pid_running(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_stop_goes_only_where_an_expected_probe_was_not_acked():
+    t = lambda node, ip, port: Target(node, ip, port, "x")  # noqa: E731
+    plan = {"a": [t("b", "10.0.0.2", 1), t("b", "10.0.0.2", 2), t("c", "10.0.0.3", 1)],
+            "b": [t("a", "10.0.0.1", 1), t("c", "10.0.0.3", 1)],
+            "c": [t("a", "10.0.0.1", 1)]}
+    assert probers(plan) == {"a": 2, "b": 1, "c": 2}
+    listen = {"a": {"listening": [1], "pid": 11}, "b": {"listening": [1, 2], "pid": 12},
+              "c": {"listening": [1], "pid": 13}}
+    every = {"a": {"acked": ["10.0.0.2:1", "10.0.0.2:2", "10.0.0.3:1"]},
+             "b": {"acked": ["10.0.0.1:1", "10.0.0.3:1"]}, "c": {"acked": ["10.0.0.1:1"]}}
+    assert still_listening(plan, listen, every) == set()
+    one_short = dict(every, a={"acked": ["10.0.0.2:1", "10.0.0.3:1"]})     # b's port 2
+    assert still_listening(plan, listen, one_short) == {"b"}
+    assert still_listening(plan, listen, dict(every, c=None)) == {"a"}   # c's probe gave nothing
+    assert still_listening(plan, dict(listen, c=None), every) == {"c"}   # c's listen: no answer
+    # a port b did not bind (busy: Ray's) is not waited for; a node nobody probes runs to --for
+    assert still_listening(plan, dict(listen, b={"listening": [1], "pid": 12}), one_short) == set()
+    assert still_listening({"a": [], "b": []}, {"a": {"listening": [1], "pid": 11},
+                                                "b": {"listening": [], "pid": None}},
+                           {"a": {"acked": []}, "b": {"acked": []}}) == {"a"}

@@ -1,10 +1,13 @@
 """Cross-node reachability: real TCP connects between the nodes on Ray's and Serve's ports.
 
-Three fan-outs of the on-node program cluster/node_programs/reach.py: every node starts a
+Fan-outs of the on-node program cluster/node_programs/reach.py: every node starts a
 short-lived listener on the ports it will serve (those already taken, e.g. by a running Ray,
-are answered by their owner), every node connects to the ports of its peers, then the
-listeners are stopped (they also exit by themselves). A dropped SYN (a firewall's DROP) is a
-timeout, a REJECT is refused: both fail with the pair and the port named.
+are answered by their owner), told how many peers will probe it; every node connects to the
+ports of its peers and says the run's tag to our listeners, which ack it; a listener that has
+heard every peer it expected exits by itself, so only the nodes where some expected probe went
+unacked get a `stop` (none on a healthy cluster: two commands a node, not three). A dropped SYN
+(a firewall's DROP) is a timeout, a REJECT is refused: both fail with the pair and the port
+named.
 
 Peers (pure, `plan_targets`): up to `full_matrix_max_nodes` every node probes every other. Above
 it the cost stays linear: each node probes the head and `peers_per_node` others at distances
@@ -127,6 +130,38 @@ def _targets_arg(targets: Sequence[Target]) -> str:
     return ",".join(f"{ip}:{'+'.join(map(str, ports))}" for ip, ports in by_ip.items())
 
 
+def probers(plan: Mapping[str, Sequence[Target]]) -> dict[str, int]:
+    """node -> how many nodes probe it (each probes all of its served ports once) (pure)."""
+    count: dict[str, int] = {src: 0 for src in plan}
+    for targets in plan.values():
+        for dst in {t.node for t in targets}:
+            count[dst] = count.get(dst, 0) + 1
+    return count
+
+
+def still_listening(plan: Mapping[str, Sequence[Target]], listen_docs: Mapping[str, dict | None],
+                    probe_docs: Mapping[str, dict | None]) -> set[str]:
+    """The nodes whose listener may still run (pure): its listen gave no answer, or it started
+    (a pid) and some probe it expected (a planned target on a port it bound) was not acked. A listener exits by itself
+    exactly when every expected probe said the tag, and it acks after counting: where all were
+    acked, no `stop` is needed."""
+    acked = {src: set(doc.get("acked") or ()) if doc else set()
+             for src, doc in probe_docs.items()}
+    left = set()
+    for name, doc in listen_docs.items():
+        if not doc:
+            left.add(name)      # its listen gave no answer: a listener may have started
+            continue
+        if not doc.get("pid"):
+            continue            # it bound nothing: no listener
+        bound = set(doc.get("listening") or ())
+        expected = [(src, t) for src, targets in plan.items() for t in targets
+                    if t.node == name and t.port in bound]
+        if not expected or any(f"{t.ip}:{t.port}" not in acked.get(src, ()) for src, t in expected):
+            left.add(name)      # no probe to wait for (it runs to --for), or one went unacked
+    return left
+
+
 def _docs(answers: Sequence[dict | ProgramError], nodes: Sequence[Node]) -> dict[str, dict | None]:
     """node -> the program's document, None when it gave none (unreached, failed, garbled)."""
     return {n.name: a if isinstance(a, dict) else None for n, a in zip(nodes, answers)}
@@ -134,7 +169,8 @@ def _docs(answers: Sequence[dict | ProgramError], nodes: Sequence[Node]) -> dict
 
 def run_reachability(inventory: Inventory, session: Session, nodes: Sequence[Node]
                      ) -> list[CheckResult]:
-    """Listen, probe, stop on `nodes` (all reachable over SSH); the results, never raising."""
+    """Listen, probe (and stop where a listener may be left) on `nodes` (all reachable over
+    SSH); the results, never raising."""
     th = inventory.expectations["reachability"]
     if len(nodes) < 2:
         return [CheckResult(CHECK, None, Status.SKIP, "fewer than two reachable nodes")]
@@ -144,20 +180,30 @@ def run_reachability(inventory: Inventory, session: Session, nodes: Sequence[Nod
     timeout = float(th["connect_timeout_s"])
     batches = -(-len(nodes) // max(1, session.max_parallel))
     lifetime = min(900.0, 60.0 + batches * (timeout * 3 + inventory.ssh.connect_timeout + 5))
+    expected = probers(plan)
     listened = fan_out_program(
         session, nodes, PROGRAM, lambda n: ["listen", "--ports",
                                             ",".join(map(str, served[n.name])),
-                                            "--for", f"{lifetime:g}", "--tag", tag], timeout=30)
+                                            "--for", f"{lifetime:g}", "--tag", tag,
+                                            "--expect", str(expected[n.name])], timeout=30)
+    listen_docs = _docs(listened, nodes)
+    ours = {name: set(doc.get("listening") or ()) if doc else set()
+            for name, doc in listen_docs.items()}
     rounds = max(-(-len(plan[n.name]) // PROBES_AT_ONCE) for n in nodes)
+    probe_docs: dict[str, dict | None] = {n.name: None for n in nodes}
     try:
         probed = fan_out_program(
-            session, nodes, PROGRAM, lambda n: ["probe", "--targets", _targets_arg(plan[n.name]),
-                                                "--timeout", f"{timeout:g}"],
+            session, nodes, PROGRAM, lambda n: [
+                "probe", "--targets", _targets_arg(plan[n.name]), "--timeout", f"{timeout:g}",
+                "--tag", tag, "--tell", _targets_arg(
+                    [t for t in plan[n.name] if t.port in ours[t.node]]) or "-"],
             timeout=30 + rounds * timeout)
+        probe_docs = _docs(probed, nodes)
     finally:
-        fan_out_program(session, nodes, PROGRAM, ["stop", "--tag", tag], timeout=30)
-    listen_docs = _docs(listened, nodes)
-    probe_docs = _docs(probed, nodes)
+        left = still_listening(plan, listen_docs, probe_docs)
+        if left:
+            fan_out_program(session, [n for n in nodes if n.name in left], PROGRAM,
+                            ["stop", "--tag", tag], timeout=30)
     return judge(plan, listen_docs, probe_docs, [n.name for n in nodes],
                  sampled=len(nodes) > th["full_matrix_max_nodes"])
 

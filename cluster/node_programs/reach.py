@@ -1,13 +1,26 @@
 """On a node: TCP reachability between nodes, in three verbs, each printing one JSON document.
 
-    listen --ports 6379,8076 --for 90 --tag RUN   listeners on the free ones (a detached process
+    listen --ports 6379,8076 --for 90 --tag RUN [--expect N]
+                                                  listeners on the free ones (a detached process
                                                   that accepts and closes, and exits by itself
-                                                  after --for seconds); busy ports are reported
-                                                  (someone, e.g. Ray, already answers there)
-    probe --targets 10.0.0.2:6379+8076,... --timeout 2
+                                                  after --for seconds, or once every port it
+                                                  bound has heard the run's tag from N probes);
+                                                  busy ports are reported (someone, e.g. Ray,
+                                                  already answers there)
+    probe --targets 10.0.0.2:6379+8076,... --timeout 2 [--tag RUN --tell 10.0.0.2:6379,...]
                                                   connects to every target at once; each is
-                                                  ok, refused, timeout (dropped) or an OS error
+                                                  ok, refused, timeout (dropped) or an OS error;
+                                                  to the --tell ones (ports our listeners hold)
+                                                  it then says the run's tag and waits for the
+                                                  listener's "ok": those are "acked"
     stop --tag RUN                                ends this run's listener (matched by its tag)
+
+The acknowledgement makes the caller's view exact: a listener exits by itself exactly when
+every probe it expected was acked (it acks after counting), so the caller sends `stop` only to
+the nodes where some expected probe was not acked (a command per node saved on a healthy
+cluster). A connection that says something else, or nothing within READ_WAIT_S, is closed
+uncounted. The tag is on the listener's command line: a local user who reads it can make a
+listener leave early (a probe refused), never stay past --for.
 
 Read-only for the node: nothing is written but the listener's pid file under /tmp (removed on
 exit), no rule or setting is changed.
@@ -61,24 +74,56 @@ def bind_all(ports):
     return socks, bound, busy, failed
 
 
-def serve(socks, seconds, tag):
-    """The detached listener: accept and close until the time is up or SIGTERM."""
+READ_WAIT_S = 2.0      # an accepted connection has this long to say the run's tag
+MAX_HELD = 1024        # accepted connections waiting to say it
+ACK = b"ok\n"
+
+
+def knock(tag):
+    return ("%s\n" % tag).encode()
+
+
+class Heard:
+    """The listener's count of the probes that said the run's tag, per port it bound."""
+
+    def __init__(self, ports, expect):
+        self.expect = expect
+        self.counts = dict.fromkeys(ports, 0)
+
+    def add(self, port):
+        self.counts[port] += 1
+
+    def complete(self):
+        return self.expect > 0 and all(n >= self.expect for n in self.counts.values())
+
+
+def serve(socks, seconds, tag, expect=0):
+    """The detached listener: accept until the time is up, SIGTERM, or (expect > 0) every port
+    heard the run's tag from `expect` probes; each connection that says it is counted, acked
+    and closed, any other closed."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     sel = selectors.DefaultSelector()
     for s in socks:
-        sel.register(s, selectors.EVENT_READ)
+        sel.register(s, selectors.EVENT_READ, ("listen", s.getsockname()[1]))
+    heard = Heard([s.getsockname()[1] for s in socks], expect)
+    want = knock(tag)
+    held = {}                       # conn -> (port, accepted at, what it said so far)
     end = time.monotonic() + seconds
     try:
-        while True:
-            left = end - time.monotonic()
+        while not heard.complete():
+            now = time.monotonic()
+            left = end - now
             if left <= 0:
                 break
-            for key, _ in sel.select(min(left, 1.0)):
-                try:
-                    conn, _ = key.fileobj.accept()
-                    conn.close()
-                except OSError:
-                    pass
+            for key, _ in sel.select(min(left, 0.5)):
+                kind, port = key.data
+                if kind == "listen":
+                    accept(key.fileobj, port, sel, held, expect, now)
+                else:
+                    hear(key.fileobj, sel, held, heard, want)
+            for conn, (_, at, _) in list(held.items()):
+                if time.monotonic() - at > READ_WAIT_S:
+                    drop(conn, sel, held)
     finally:
         try:
             os.unlink(pid_file(tag))
@@ -86,12 +131,51 @@ def serve(socks, seconds, tag):
             pass
 
 
+def accept(listener, port, sel, held, expect, now):
+    try:
+        conn, _ = listener.accept()
+    except OSError:
+        return
+    if not expect or len(held) >= MAX_HELD:
+        conn.close()
+        return
+    conn.setblocking(False)
+    sel.register(conn, selectors.EVENT_READ, ("conn", port))
+    held[conn] = (port, now, b"")
+
+
+def hear(conn, sel, held, heard, want):
+    port, at, said = held[conn]
+    try:
+        data = conn.recv(len(want) - len(said))
+    except OSError:
+        data = b""
+    said += data
+    if data and len(said) < len(want) and want.startswith(said):
+        held[conn] = (port, at, said)
+        return
+    if said == want:
+        heard.add(port)
+        try:
+            conn.send(ACK)
+        except OSError:
+            pass
+    drop(conn, sel, held)
+
+
+def drop(conn, sel, held):
+    sel.unregister(conn)
+    conn.close()
+    held.pop(conn, None)
+
+
 def listen(args):
     ports = parse_ports(args["--ports"])
     seconds = float(args["--for"])
     tag = args["--tag"]
-    if not (0 < seconds <= 3600) or not tag.isalnum():
-        raise SystemExit("bad --for or --tag")
+    expect = int(args.get("--expect", "0"))
+    if not (0 < seconds <= 3600) or not tag.isalnum() or not 0 <= expect <= MAX_TARGETS:
+        raise SystemExit("bad --for, --tag or --expect")
     socks, bound, busy, failed = bind_all(ports)
     pid = None
     if socks:
@@ -103,7 +187,7 @@ def listen(args):
                 f.write(str(os.getpid()))
             os.write(write, str(os.getpid()).encode())
             os.close(write)
-            serve(socks, seconds, tag)
+            serve(socks, seconds, tag, expect)
             os._exit(0)
         if first == 0:
             os._exit(0)
@@ -117,27 +201,42 @@ def listen(args):
     return {"listening": bound, "busy": busy, "failed": failed, "pid": pid}
 
 
-def probe(args):
+def parse_targets(text):
+    """host:port+port+...,host2:port -> [(host, port)] (malformed items left out)."""
     targets = []
-    for item in args["--targets"].split(","):     # host:port+port+...,host2:port
+    for item in text.split(","):
         host, _, ports = item.rpartition(":")
         for port in ports.split("+"):
             if host and port.isdigit() and 0 < int(port) < 65536:
                 targets.append((host, int(port)))
     if len(targets) > MAX_TARGETS:
         raise SystemExit("too many targets")
+    return targets
+
+
+def probe(args):
+    targets = parse_targets(args["--targets"])
     timeout = float(args["--timeout"])
     if not 0 < timeout <= 60:
         raise SystemExit("bad --timeout")
-    results = {}
+    tag = args.get("--tag", "")
+    if tag and not tag.isalnum():
+        raise SystemExit("bad --tag")
+    tell = set(parse_targets(args.get("--tell", ""))) if tag else set()
+    results, acked = {}, []
     for start in range(0, len(targets), MAX_AT_ONCE):
-        results.update(probe_batch(targets[start:start + MAX_AT_ONCE], timeout))
-    return {"results": results}
+        got, ok = probe_batch(targets[start:start + MAX_AT_ONCE], timeout, tell,
+                              knock(tag) if tag else b"")
+        results.update(got)
+        acked += ok
+    return {"results": results, "acked": acked} if tag else {"results": results}
 
 
-def probe_batch(targets, timeout):
+def probe_batch(targets, timeout, tell=frozenset(), said=b""):
+    """Connect to every target at once: {"host:port": outcome}; to the `tell` ones that
+    connected, say `said` and wait for the listener's ACK (same deadline): [their keys]."""
     sel = selectors.DefaultSelector()
-    out = {}
+    out, acked = {}, []
     t0 = time.monotonic()
     for host, port in targets:
         key = "%s:%d" % (host, port)
@@ -145,7 +244,7 @@ def probe_batch(targets, timeout):
         s.setblocking(False)
         code = s.connect_ex((host, port))
         if code in (0, errno.EINPROGRESS):
-            sel.register(s, selectors.EVENT_WRITE, key)
+            sel.register(s, selectors.EVENT_WRITE, (key, (host, port) in tell, b""))
         else:
             out[key] = outcome(code)
             s.close()
@@ -153,15 +252,37 @@ def probe_batch(targets, timeout):
         left = timeout - (time.monotonic() - t0)
         if left <= 0:
             break
-        for k, _ in sel.select(left):
-            s = k.fileobj
-            out[k.data] = outcome(s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR))
+        for k, events in sel.select(left):
+            s, (key, telling, heard) = k.fileobj, k.data
+            if events & selectors.EVENT_WRITE:
+                out[key] = outcome(s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR))
+                if telling and out[key] == "ok" and say(s, said):
+                    sel.modify(s, selectors.EVENT_READ, (key, True, b""))
+                    continue
+            else:
+                try:
+                    data = s.recv(len(ACK) - len(heard))
+                except OSError:
+                    data = b""
+                heard += data
+                if data and len(heard) < len(ACK):
+                    sel.modify(s, selectors.EVENT_READ, (key, True, heard))
+                    continue
+                if heard == ACK:
+                    acked.append(key)
             sel.unregister(s)
             s.close()
     for k in list(sel.get_map().values()):
-        out[k.data] = "timeout"
+        out.setdefault(k.data[0], "timeout")     # connected but not acked in time: still ok
         k.fileobj.close()
-    return out
+    return out, acked
+
+
+def say(s, data):
+    try:
+        return s.send(data) == len(data)
+    except OSError:
+        return False
 
 
 def outcome(code):
