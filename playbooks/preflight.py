@@ -20,7 +20,8 @@ from cluster.inspection.checks.node import NODE_CHECKS
 from cluster.inspection.facts import NodeFacts
 from cluster.nodes.inventory import Inventory, Node
 from cluster.inspection.preflight import evaluate_node, gather_for
-from cluster.inspection.reachability import run_reachability
+from cluster.inspection.reachability import (gathered_listen_docs, plan_listeners,
+                                              run_reachability, stop_listeners)
 from cluster.nodes.remote import Session
 from cluster.base.results import CheckResult, Report
 from playbooks.outcome import Confirm, NodeDone, OnEvent, Outcome, ignore, never_confirm
@@ -65,20 +66,33 @@ def run_preflight(inventory: Inventory, session: Session, nodes: Sequence[Node] 
     `facts`: the run's facts when the caller gathered them already (`cluster up` gathers once
     for the preflight and its plan); otherwise they are gathered here."""
     nodes = list(nodes or inventory.nodes)
+    listeners = None    # started in this run's own gather (a command a node saved)
     if facts is None:
-        facts = gather_for(inventory, session, nodes, checks, on_node_done)
-    results: list[CheckResult] = []
-    report_facts: dict[str, dict] = {}
-    seen: dict = {}      # each distinct evidence once per report
-    for node in nodes:
-        node_results, node_report = evaluate_node(node, inventory, checks, facts[node.name],
-                                                  seen)
-        results += node_results
-        report_facts[node.name] = node_report
-    reachable = [n for n in nodes if report_facts[n.name].get("reachable")]
-    skew = measure_skew(session, reachable) if measure_clock and len(reachable) > 1 else None
-    cluster_facts = {n: f for n, f in report_facts.items() if f.get("reachable")}
-    results += cross_node_checks(cluster_facts, inventory, skew)
+        if reachability and len(nodes) > 1:
+            listeners = plan_listeners(inventory, session, nodes, in_gather=True)
+        facts = gather_for(inventory, session, nodes, checks, on_node_done,
+                           (listeners.probe,) if listeners else ())
+    listen_docs = gathered_listen_docs(facts, nodes) if listeners else None
+    try:
+        results: list[CheckResult] = []
+        report_facts: dict[str, dict] = {}
+        seen: dict = {}      # each distinct evidence once per report
+        for node in nodes:
+            node_results, node_report = evaluate_node(node, inventory, checks,
+                                                      facts[node.name], seen)
+            results += node_results
+            report_facts[node.name] = node_report
+        reachable = [n for n in nodes if report_facts[n.name].get("reachable")]
+        skew = measure_skew(session, reachable) if measure_clock and len(reachable) > 1 \
+            else None
+        cluster_facts = {n: f for n, f in report_facts.items() if f.get("reachable")}
+        results += cross_node_checks(cluster_facts, inventory, skew)
+    except BaseException:
+        if listeners:
+            stop_listeners(session, nodes, listeners, listen_docs)
+        raise
     if reachability and len(reachable) > 1:
-        results += run_reachability(inventory, session, reachable)
+        results += run_reachability(inventory, session, reachable, listeners, listen_docs)
+    elif listeners:
+        stop_listeners(session, nodes, listeners, listen_docs)
     return Report("preflight", tuple(results), {"nodes": report_facts})

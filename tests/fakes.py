@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -409,6 +410,9 @@ class FakeClusterSession:
         answers = {}
         for name in probe_names(command):
             text = node_facts_document(node.name) if name == "versions" else self.texts.get(name)
+            if name == "reach-listen":   # the run's listener, started in the gather
+                listen = re.search(r"listen --ports [0-9,]+", command)
+                text = self._reach(listen.group(0)) if listen else None
             answers[name] = (0, text, "") if text is not None else \
                 (127, "", "bash: x: command not found\n")
         return probe_answer(answers)

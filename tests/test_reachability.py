@@ -193,18 +193,90 @@ def test_stop_goes_only_where_an_expected_probe_was_not_acked():
     plan = {"a": [t("b", "10.0.0.2", 1), t("b", "10.0.0.2", 2), t("c", "10.0.0.3", 1)],
             "b": [t("a", "10.0.0.1", 1), t("c", "10.0.0.3", 1)],
             "c": [t("a", "10.0.0.1", 1)]}
-    assert probers(plan) == {"a": 2, "b": 1, "c": 2}
+    told = probers(plan)
+    assert told == {"a": 2, "b": 1, "c": 2}
     listen = {"a": {"listening": [1], "pid": 11}, "b": {"listening": [1, 2], "pid": 12},
               "c": {"listening": [1], "pid": 13}}
     every = {"a": {"acked": ["10.0.0.2:1", "10.0.0.2:2", "10.0.0.3:1"]},
              "b": {"acked": ["10.0.0.1:1", "10.0.0.3:1"]}, "c": {"acked": ["10.0.0.1:1"]}}
-    assert still_listening(plan, listen, every) == set()
+    assert still_listening(plan, listen, every, told) == set()
     one_short = dict(every, a={"acked": ["10.0.0.2:1", "10.0.0.3:1"]})     # b's port 2
-    assert still_listening(plan, listen, one_short) == {"b"}
-    assert still_listening(plan, listen, dict(every, c=None)) == {"a"}   # c's probe gave nothing
-    assert still_listening(plan, dict(listen, c=None), every) == {"c"}   # c's listen: no answer
-    # a port b did not bind (busy: Ray's) is not waited for; a node nobody probes runs to --for
-    assert still_listening(plan, dict(listen, b={"listening": [1], "pid": 12}), one_short) == set()
+    assert still_listening(plan, listen, one_short, told) == {"b"}
+    assert still_listening(plan, listen, dict(every, c=None), told) == {"a"}  # c's probe: nothing
+    assert still_listening(plan, dict(listen, c=None), every, told) == {"c"}  # c's listen: nothing
+    # a port b did not bind (busy: Ray's) is not waited for
+    assert still_listening(plan, dict(listen, b={"listening": [1], "pid": 12}), one_short,
+                           told) == set()
+    # told more probers than came (a peer unreachable since the listen): it waits, stop it
+    assert still_listening(plan, listen, every, dict(told, a=3)) == {"a"}
+    # an ack for a target its prober was not given does not count
+    forged = dict(every, b={"acked": ["10.0.0.1:1", "10.0.0.3:1", "10.0.0.2:2"]})
+    assert still_listening(plan, listen, dict(forged, a={"acked": ["10.0.0.2:1", "10.0.0.3:1"]}),
+                           told) == {"b"}
+    # a node nobody probes runs to --for: stopped
     assert still_listening({"a": [], "b": []}, {"a": {"listening": [1], "pid": 11},
                                                 "b": {"listening": [], "pid": None}},
-                           {"a": {"acked": []}, "b": {"acked": []}}) == {"a"}
+                           {"a": {"acked": []}, "b": {"acked": []}}, {"a": 0, "b": 0}) == {"a"}
+
+
+def test_a_healthy_preflight_sends_three_commands_a_node_and_no_listen_or_stop():
+    """The listener starts in the gather's round trip and leaves by itself once acked: a node
+    gets its gather, its clock conversation and its probe; a node whose probe goes unanswered
+    gets a stop (its peers' listeners stay unacked by it, so they are stopped too)."""
+    from fakes import FakeClusterSession, fake_inventory
+    from playbooks.preflight import run_preflight
+
+    class Counting(FakeClusterSession):
+        def __init__(self, inv, silent=()):
+            super().__init__(inv)
+            self.kinds: list[tuple[str, str]] = []
+            self.silent = set(silent)
+
+        def run(self, node, command, timeout=None, stdin=None):
+            kind = "gather" if "@@cluster-probe@@" in command else \
+                next(v for v in ("listen", "probe", "stop") if f" {v} " in f" {command} ")
+            self.kinds.append((node.name, kind))
+            if kind == "probe" and node.name in self.silent:
+                return super().run(node, "false", timeout, stdin)   # no document
+            return super().run(node, command, timeout, stdin)
+
+        def exchange(self, node, command, asks, enough, timeout=None):
+            self.kinds.append((node.name, "clock"))
+            return super().exchange(node, command, asks, enough, timeout)
+
+    inv = fake_inventory(3)
+    session = Counting(inv)
+    report = run_preflight(inv, session)
+    reach = [r for r in report.results if r.check == "reachability"]
+    assert reach and all(r.status == Status.OK for r in reach), [r.summary for r in reach]
+    assert sorted(session.kinds) == sorted((n, k) for n in ("n1", "n2", "n3")
+                                           for k in ("gather", "clock", "probe"))
+
+    session = Counting(inv, silent={"n3"})
+    report = run_preflight(inv, session)
+    assert sorted(n for n, k in session.kinds if k == "stop") == ["n1", "n2"]
+    assert not [k for _, k in session.kinds if k == "listen"]
+
+
+def test_listeners_told_of_a_peer_that_is_unreachable_by_the_probes_are_stopped():
+    """A node gathered (its listener told 2 probers) while a third went unreachable: the
+    probes run between the two reachable nodes only, so each listener hears 1 of its 2 and
+    would stay to --for: both are stopped (test_faults' cut link found it: the head's Ray
+    port stayed held)."""
+    from fakes import FakeClusterSession, fake_inventory, result
+    from playbooks.preflight import run_preflight
+
+    class CutN3(FakeClusterSession):
+        stops: list = []
+
+        def run(self, node, command, timeout=None, stdin=None):
+            if node.name == "n3":
+                return result(node.name, "", command=command, status="unreachable", code=None,
+                              error="unreachable: link down")
+            if "@@cluster-probe@@" not in command and " stop " in f" {command} ":
+                self.stops.append(node.name)
+            return super().run(node, command, timeout, stdin)
+
+    inv = fake_inventory(3)
+    run_preflight(inv, CutN3(inv), measure_clock=False)
+    assert sorted(CutN3.stops) == ["n1", "n2"]

@@ -20,6 +20,9 @@ from cluster.nodes.inventory import Node
     (ConnectionResetError(104, "reset"), True),
     (EOFError(), True),
     (paramiko.SSHException("Timeout opening channel."), True),
+    (paramiko.SSHException("No existing session"), True),     # dropped during the kex
+    (paramiko.SSHException("Negotiation failed."), True),
+    (paramiko.SSHException("Incompatible ssh peer (no acceptable kex algorithm)"), False),
     (paramiko.AuthenticationException("Authentication failed."), False),
     (paramiko.BadHostKeyException("h", paramiko.ECDSAKey.generate(), paramiko.ECDSAKey.generate()),
      False),

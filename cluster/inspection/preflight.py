@@ -17,7 +17,7 @@ from cluster.inspection.checks.base import NodeCheck, NodeContext, Verdict
 from cluster.inspection.checks.node import NODE_CHECKS
 from cluster.base.errors import ParseError
 from cluster.nodes.inventory import Inventory, Node
-from cluster.inspection.facts import RAY_PROBES, NodeFacts, gather, probes_for
+from cluster.inspection.facts import RAY_PROBES, NodeFacts, ProbeBuilder, gather, probes_for
 from cluster.inspection.probes import Probe
 from cluster.nodes.remote import Session
 from cluster.base.results import CheckResult, Evidence, Status, tail, to_jsonable
@@ -33,10 +33,12 @@ def check_probes(checks: Sequence[NodeCheck]) -> tuple:
 
 
 def gather_for(inventory: Inventory, session: Session, nodes: Sequence[Node] | None = None,
-               checks: Sequence[NodeCheck] = NODE_CHECKS, on_node_done=None) -> dict[str, NodeFacts]:
-    """The facts the checks (and every later step of the run) read: one round trip per node."""
-    return gather(session, inventory, nodes, tuple(RAY_PROBES) + check_probes(checks),
-                  on_node_done=on_node_done)
+               checks: Sequence[NodeCheck] = NODE_CHECKS, on_node_done=None,
+               more: Sequence[ProbeBuilder] = ()) -> dict[str, NodeFacts]:
+    """The facts the checks (and every later step of the run) read: one round trip per node;
+    `more`: probes the run adds to that round trip (the reachability listeners)."""
+    return gather(session, inventory, nodes, tuple(RAY_PROBES) + check_probes(checks)
+                  + tuple(more), on_node_done=on_node_done)
 
 
 def evaluate_node(node: Node, inventory: Inventory, checks: Sequence[NodeCheck],

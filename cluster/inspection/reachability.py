@@ -1,13 +1,14 @@
 """Cross-node reachability: real TCP connects between the nodes on Ray's and Serve's ports.
 
-Fan-outs of the on-node program cluster/node_programs/reach.py: every node starts a
-short-lived listener on the ports it will serve (those already taken, e.g. by a running Ray,
-are answered by their owner), told how many peers will probe it; every node connects to the
-ports of its peers and says the run's tag to our listeners, which ack it; a listener that has
-heard every peer it expected exits by itself, so only the nodes where some expected probe went
-unacked get a `stop` (none on a healthy cluster: two commands a node, not three). A dropped SYN
-(a firewall's DROP) is a timeout, a REJECT is refused: both fail with the pair and the port
-named.
+The on-node program cluster/node_programs/reach.py: every node starts a short-lived listener
+on the ports it will serve (those already taken, e.g. by a running Ray, are answered by their
+owner), told how many peers will probe it - in the preflight's own gather (`Listeners.probe`,
+no command of its own) or in a `listen` fan-out when the facts were gathered already; every
+node connects to the ports of its peers and says the run's tag to our listeners, which ack it;
+a listener that has heard every peer it expected exits by itself, so only the nodes where some
+expected probe went unacked get a `stop` (none on a healthy cluster: one command a node, the
+probe, where it was three). A dropped SYN (a firewall's DROP) is a timeout, a REJECT is
+refused: both fail with the pair and the port named.
 
 Peers (pure, `plan_targets`): up to `full_matrix_max_nodes` every node probes every other. Above
 it the cost stays linear: each node probes the head and `peers_per_node` others at distances
@@ -19,20 +20,23 @@ from __future__ import annotations
 
 import ipaddress
 import secrets
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from cluster.inspection.checks.node import ray_ports
 from cluster.base.errors import InventoryError, ProgramError
+from cluster.inspection.facts import gather_timeout
+from cluster.inspection.probes import Probe
 from cluster.nodes.inventory import Inventory, Node
-from cluster.node_programs import fan_out_program
+from cluster.node_programs import fan_out_program, inline_command, parse_answer
 from cluster.nodes.remote import Session
 from cluster.base.results import CheckResult, Evidence, Status
 
 CHECK = "reachability"
 PROGRAM = "reach"                # cluster/node_programs/reach.py
 PROBES_AT_ONCE = 512            # reach.py's MAX_AT_ONCE: connects in flight per node
+LISTEN_PROBE = "reach-listen"   # the gather's probe that starts a node's listener
 _LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
@@ -140,13 +144,19 @@ def probers(plan: Mapping[str, Sequence[Target]]) -> dict[str, int]:
 
 
 def still_listening(plan: Mapping[str, Sequence[Target]], listen_docs: Mapping[str, dict | None],
-                    probe_docs: Mapping[str, dict | None]) -> set[str]:
+                    probe_docs: Mapping[str, dict | None], told: Mapping[str, int]) -> set[str]:
     """The nodes whose listener may still run (pure): its listen gave no answer, or it started
-    (a pid) and some probe it expected (a planned target on a port it bound) was not acked. A listener exits by itself
-    exactly when every expected probe said the tag, and it acks after counting: where all were
-    acked, no `stop` is needed."""
-    acked = {src: set(doc.get("acked") or ()) if doc else set()
-             for src, doc in probe_docs.items()}
+    (a pid) and some port it bound has fewer acked probes than the `told` count it waits for
+    (what its listen was told, which may count peers that never probed: unreachable since).
+    A listener acks a probe after counting it and exits once every port has its count, so
+    where every port has that many acks no `stop` is needed. An ack counts only for a target
+    its prober was given."""
+    planned = {src: {f"{t.ip}:{t.port}" for t in targets} for src, targets in plan.items()}
+    ip_of = {t.node: t.ip for targets in plan.values() for t in targets}
+    acks: Counter[str] = Counter()
+    for src, doc in probe_docs.items():
+        if doc:
+            acks.update(set(map(str, doc.get("acked") or ())) & planned.get(src, set()))
     left = set()
     for name, doc in listen_docs.items():
         if not doc:
@@ -154,11 +164,10 @@ def still_listening(plan: Mapping[str, Sequence[Target]], listen_docs: Mapping[s
             continue
         if not doc.get("pid"):
             continue            # it bound nothing: no listener
-        bound = set(doc.get("listening") or ())
-        expected = [(src, t) for src, targets in plan.items() for t in targets
-                    if t.node == name and t.port in bound]
-        if not expected or any(f"{t.ip}:{t.port}" not in acked.get(src, ()) for src, t in expected):
-            left.add(name)      # no probe to wait for (it runs to --for), or one went unacked
+        want, ip = told.get(name, 0), ip_of.get(name)
+        if want <= 0 or ip is None or any(acks[f"{ip}:{port}"] < want
+                                          for port in doc.get("listening") or ()):
+            left.add(name)      # it runs to --for (nothing to wait for), or waits still
     return left
 
 
@@ -167,26 +176,89 @@ def _docs(answers: Sequence[dict | ProgramError], nodes: Sequence[Node]) -> dict
     return {n.name: a if isinstance(a, dict) else None for n, a in zip(nodes, answers)}
 
 
-def run_reachability(inventory: Inventory, session: Session, nodes: Sequence[Node]
-                     ) -> list[CheckResult]:
-    """Listen, probe (and stop where a listener may be left) on `nodes` (all reachable over
-    SSH); the results, never raising."""
+@dataclass(frozen=True)
+class Listeners:
+    """One run's listeners, planned before they start: the tag, how long they live, and per
+    node the ports it serves and how many peers will probe it. They start in the preflight's
+    own gather (`probe` is a facts-layer probe builder: no command of their own) or, when the
+    facts were gathered already, in a `listen` fan-out here."""
+
+    tag: str
+    lifetime_s: float
+    served: Mapping[str, Mapping[int, str]]
+    expected: Mapping[str, int]
+
+    def args(self, node: str) -> list[str]:
+        return ["listen", "--ports", ",".join(map(str, self.served[node])),
+                "--for", f"{self.lifetime_s:g}", "--tag", self.tag,
+                "--expect", str(self.expected.get(node, 0))]
+
+    def probe(self, node: Node, inventory: Inventory) -> Probe | None:
+        """The gather's probe that starts `node`'s listener (None: not one of the run's)."""
+        if node.name not in self.served:
+            return None
+        return Probe(LISTEN_PROBE, inline_command(inventory.ray.python, PROGRAM,
+                                                  self.args(node.name)))
+
+
+def plan_listeners(inventory: Inventory, session: Session, nodes: Sequence[Node],
+                   in_gather: bool = False) -> Listeners:
+    """The listeners of a run on `nodes` (a random tag). `in_gather`: they start in the
+    gather, so they live through it, the checks and the clock samples too."""
     th = inventory.expectations["reachability"]
-    if len(nodes) < 2:
-        return [CheckResult(CHECK, None, Status.SKIP, "fewer than two reachable nodes")]
-    plan = plan_targets(nodes, inventory, th)
-    served = {n.name: served_ports(n, inventory, th) for n in nodes}
-    tag = secrets.token_hex(6)
     timeout = float(th["connect_timeout_s"])
     batches = -(-len(nodes) // max(1, session.max_parallel))
-    lifetime = min(900.0, 60.0 + batches * (timeout * 3 + inventory.ssh.connect_timeout + 5))
-    expected = probers(plan)
-    listened = fan_out_program(
-        session, nodes, PROGRAM, lambda n: ["listen", "--ports",
-                                            ",".join(map(str, served[n.name])),
-                                            "--for", f"{lifetime:g}", "--tag", tag,
-                                            "--expect", str(expected[n.name])], timeout=30)
-    listen_docs = _docs(listened, nodes)
+    per_batch = timeout * 3 + inventory.ssh.connect_timeout + 5
+    if in_gather:
+        per_batch += gather_timeout(probe_count=3) + 10   # a gather of several probes
+    return Listeners(secrets.token_hex(6), min(900.0, 60.0 + batches * per_batch),
+                     {n.name: served_ports(n, inventory, th) for n in nodes},
+                     probers(plan_targets(nodes, inventory, th)))
+
+
+def gathered_listen_docs(facts: Mapping[str, Any], nodes: Sequence[Node]
+                         ) -> dict[str, dict | None]:
+    """node -> its listener's document from the gather's LISTEN_PROBE output, None when the
+    probe gave none (it did not run, failed, or printed something else)."""
+    docs: dict[str, dict | None] = {}
+    for n in nodes:
+        out = facts[n.name].outputs.get(LISTEN_PROBE) if n.name in facts else None
+        try:
+            docs[n.name] = parse_answer(out.stdout, PROGRAM) if out is not None and \
+                out.exit_code == 0 and not out.cut else None
+        except ProgramError:
+            docs[n.name] = None
+    return docs
+
+
+def stop_listeners(session: Session, nodes: Sequence[Node], listeners: Listeners,
+                   listen_docs: Mapping[str, dict | None]) -> None:
+    """`stop` on the nodes whose listener may run (its listen unanswered, or a pid)."""
+    left = [n for n in nodes if n.name in listen_docs and
+            (not listen_docs[n.name] or listen_docs[n.name].get("pid"))]
+    if left:
+        fan_out_program(session, left, PROGRAM, ["stop", "--tag", listeners.tag], timeout=30)
+
+
+def run_reachability(inventory: Inventory, session: Session, nodes: Sequence[Node],
+                     listeners: Listeners | None = None,
+                     listen_docs: Mapping[str, dict | None] | None = None) -> list[CheckResult]:
+    """Listen (unless the gather started `listeners` and gave their `listen_docs`), probe,
+    and stop where a listener may be left, on `nodes` (all reachable over SSH); the results,
+    never raising."""
+    th = inventory.expectations["reachability"]
+    if len(nodes) < 2:
+        if listeners is not None and listen_docs is not None:
+            stop_listeners(session, nodes, listeners, listen_docs)
+        return [CheckResult(CHECK, None, Status.SKIP, "fewer than two reachable nodes")]
+    plan = plan_targets(nodes, inventory, th)
+    timeout = float(th["connect_timeout_s"])
+    if listeners is None or listen_docs is None:
+        listeners = plan_listeners(inventory, session, nodes)
+        listened = fan_out_program(session, nodes, PROGRAM, lambda n: listeners.args(n.name),
+                                   timeout=30)
+        listen_docs = _docs(listened, nodes)
+    listen_docs = {n.name: listen_docs.get(n.name) for n in nodes}
     ours = {name: set(doc.get("listening") or ()) if doc else set()
             for name, doc in listen_docs.items()}
     rounds = max(-(-len(plan[n.name]) // PROBES_AT_ONCE) for n in nodes)
@@ -195,15 +267,15 @@ def run_reachability(inventory: Inventory, session: Session, nodes: Sequence[Nod
         probed = fan_out_program(
             session, nodes, PROGRAM, lambda n: [
                 "probe", "--targets", _targets_arg(plan[n.name]), "--timeout", f"{timeout:g}",
-                "--tag", tag, "--tell", _targets_arg(
+                "--tag", listeners.tag, "--tell", _targets_arg(
                     [t for t in plan[n.name] if t.port in ours[t.node]]) or "-"],
             timeout=30 + rounds * timeout)
         probe_docs = _docs(probed, nodes)
     finally:
-        left = still_listening(plan, listen_docs, probe_docs)
+        left = still_listening(plan, listen_docs, probe_docs, listeners.expected)
         if left:
             fan_out_program(session, [n for n in nodes if n.name in left], PROGRAM,
-                            ["stop", "--tag", tag], timeout=30)
+                            ["stop", "--tag", listeners.tag], timeout=30)
     return judge(plan, listen_docs, probe_docs, [n.name for n in nodes],
                  sampled=len(nodes) > th["full_matrix_max_nodes"])
 

@@ -432,8 +432,12 @@ def retrying(attempt: Callable[[], "T"], budget_s: float, attempt_s: float) -> "
                  max_attempts=MAX_CONNECT_ATTEMPTS)
 
 
+# "No existing session" / "Negotiation failed.": paramiko's words when the server closed the
+# connection during the key exchange (its transport died before the host key or the auth
+# could be read; a loaded sshd does it), never for a key, algorithm or auth problem.
 _TRANSIENT_TEXT = ("Error reading SSH protocol banner", "Connection reset by peer",
-                   "Socket is closed", "EOF during negotiation", "Timeout opening channel")
+                   "Socket is closed", "EOF during negotiation", "Timeout opening channel",
+                   "No existing session", "Negotiation failed.")
 
 
 def is_transient(exc: BaseException) -> bool:
