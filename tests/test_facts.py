@@ -110,6 +110,22 @@ def test_the_real_probe_script_round_trip(inv):
     assert f.usable and [g.name for g in f.gpus] == ["NVIDIA L4"] and f.ray_version == "2.60.0"
 
 
+def test_a_probe_after_the_others_starts_once_they_have_ended(tmp_path):
+    """The real script through bash: the late probe sees what the slow first one left (the
+    reachability listener must not bind ports before the ports check lists them), and both
+    outputs come back under their names."""
+    from cluster.inspection.probes import split_probe_output
+    flag = tmp_path / "first-done"
+    probes = [Probe("late", f"test -e {flag} && echo saw-it || echo too-early",
+                    after_the_others=True),
+              Probe("slow", f"sleep 0.6; touch {flag}; echo slow-done")]
+    p = subprocess.run(["bash", "-c", probe_script(probes)], capture_output=True, text=True,
+                       timeout=60)
+    outs = split_probe_output(p.stdout, probes)
+    assert outs["slow"].stdout.strip() == "slow-done"
+    assert outs["late"].stdout.strip() == "saw-it" and outs["late"].exit_code == 0
+
+
 def test_version_skew_is_judged_against_the_head_else_the_majority():
     versions = {"n1": {"ray": "2.60.0", "vllm": "0.32.0"}, "n2": {"ray": "2.60.0", "vllm": "0.31.0"},
                 "n3": {"ray": "2.59.0", "vllm": None}}

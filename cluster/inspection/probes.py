@@ -48,8 +48,14 @@ def _limit(key: str) -> int:
 
 @dataclass(frozen=True)
 class Probe:
+    """One read of a node: its name and shell command. `after_the_others`: it starts once
+    every other probe of the script has ended (bounded by LATE_TIMEOUT_S), for a probe that
+    changes what they would read (the reachability listener binds the ports the ports check
+    lists)."""
+
     name: str
     command: str
+    after_the_others: bool = False
 
 
 @dataclass(frozen=True)
@@ -74,9 +80,13 @@ class ProbeOutput:
         return self.exit_code == TIMED_OUT
 
 
+LATE_TIMEOUT_S = 10        # a probe that runs after the others (it only starts something)
+
+
 def script_deadline(per_probe_timeout: float) -> float:
-    """Seconds the probe script runs at most, however many probes: they run at once."""
-    return per_probe_timeout + KILL_GRACE_S + COLLECT_SLACK_S
+    """Seconds the probe script runs at most, however many probes: they run at once, then
+    the ones that wait for the others (their own shorter timeout)."""
+    return per_probe_timeout + LATE_TIMEOUT_S + 2 * (KILL_GRACE_S + COLLECT_SLACK_S)
 
 
 def probe_script(probes: Iterable[Probe], per_probe_timeout: float = 20) -> str:
@@ -86,7 +96,6 @@ def probe_script(probes: Iterable[Probe], per_probe_timeout: float = 20) -> str:
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", p.name):
             raise ValueError(f"bad probe name {p.name!r}")
     keep, blocks = _limit("probe_bytes"), max(1, _limit("probe_file_bytes") // 1024)
-    ticks = int(script_deadline(per_probe_timeout) / POLL_S)
     parts = [
         "export LC_ALL=C",
         f"M='{_MARK}'",
@@ -105,14 +114,21 @@ def probe_script(probes: Iterable[Probe], per_probe_timeout: float = 20) -> str:
         "printf '%s %s begin\\n' \"$M\" \"$1\"; o \"$1\" \"$d/$2.o\" '|'; o \"$1\" \"$d/$2.e\" '!'; "
         "printf '%s %s end %s\\n' \"$M\" \"$1\" \"$r\"; }",
     ]
-    for i, p in enumerate(probes):
-        parts.append(
-            f"( ulimit -f {blocks} 2>/dev/null; timeout -k {KILL_GRACE_S} {per_probe_timeout:g} "
-            f"bash -c {shlex.quote(p.command)} >\"$d/{i}.o\" 2>\"$d/{i}.e\" </dev/null; "
-            f"echo $? >\"$d/{i}.t\"; mv \"$d/{i}.t\" \"$d/{i}.r\" ) >/dev/null 2>&1 </dev/null &")
-    done = " && ".join(f"[ -e \"$d/{i}.r\" ]" for i in range(len(probes))) or "true"
-    parts.append(f"w=0; until {{ {done}; }} || [ $w -ge {ticks} ]; do sleep {POLL_S:g}; "
-                 f"w=$((w + 1)); done")
+    first = [i for i, p in enumerate(probes) if not p.after_the_others]
+    late = [i for i, p in enumerate(probes) if p.after_the_others]
+    for group, limit in ((first, per_probe_timeout), (late, min(per_probe_timeout, LATE_TIMEOUT_S))):
+        if not group:
+            continue
+        for i in group:
+            parts.append(
+                f"( ulimit -f {blocks} 2>/dev/null; timeout -k {KILL_GRACE_S} {limit:g} "
+                f"bash -c {shlex.quote(probes[i].command)} >\"$d/{i}.o\" 2>\"$d/{i}.e\" "
+                f"</dev/null; echo $? >\"$d/{i}.t\"; mv \"$d/{i}.t\" \"$d/{i}.r\" ) "
+                ">/dev/null 2>&1 </dev/null &")
+        done = " && ".join(f"[ -e \"$d/{i}.r\" ]" for i in group)
+        ticks = int((limit + KILL_GRACE_S + COLLECT_SLACK_S) / POLL_S)
+        parts.append(f"w=0; until {{ {done}; }} || [ $w -ge {ticks} ]; do sleep {POLL_S:g}; "
+                     f"w=$((w + 1)); done")
     # All output is gathered in one file and written at once: streamed, every line of every
     # probe was its own SSH packet (through a bastion, twice), which cost the laptop more CPU
     # than everything else in a preflight.

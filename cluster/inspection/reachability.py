@@ -194,11 +194,13 @@ class Listeners:
                 "--expect", str(self.expected.get(node, 0))]
 
     def probe(self, node: Node, inventory: Inventory) -> Probe | None:
-        """The gather's probe that starts `node`'s listener (None: not one of the run's)."""
+        """The gather's probe that starts `node`'s listener (None: not one of the run's): after
+        the gather's other probes, which would otherwise see its ports taken (the ports
+        check read them so on 11 of 127 nodes)."""
         if node.name not in self.served:
             return None
         return Probe(LISTEN_PROBE, inline_command(inventory.ray.python, PROGRAM,
-                                                  self.args(node.name)))
+                                                  self.args(node.name)), after_the_others=True)
 
 
 def plan_listeners(inventory: Inventory, session: Session, nodes: Sequence[Node],
