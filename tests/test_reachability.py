@@ -279,4 +279,17 @@ def test_listeners_told_of_a_peer_that_is_unreachable_by_the_probes_are_stopped(
 
     inv = fake_inventory(3)
     run_preflight(inv, CutN3(inv), measure_clock=False)
-    assert sorted(CutN3.stops) == ["n1", "n2"]
+    assert sorted(CutN3.stops) == ["n1", "n2"]          # nothing more is sent to n3
+
+    class OnlyN1(CutN3):
+        stops: list = []
+
+        def run(self, node, command, timeout=None, stdin=None):
+            if node.name == "n2":
+                return result(node.name, "", command=command, status="unreachable", code=None,
+                              error="unreachable: link down")
+            return super().run(node, command, timeout, stdin)
+
+    report = run_preflight(inv, OnlyN1(inv), measure_clock=False)
+    assert OnlyN1.stops == ["n1"]       # one reachable node: no probes, its listener stopped
+    assert not [r for r in report.results if r.check == "reachability"]   # nothing to probe

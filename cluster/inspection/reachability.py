@@ -220,11 +220,14 @@ def plan_listeners(inventory: Inventory, session: Session, nodes: Sequence[Node]
 
 def gathered_listen_docs(facts: Mapping[str, Any], nodes: Sequence[Node]
                          ) -> dict[str, dict | None]:
-    """node -> its listener's document from the gather's LISTEN_PROBE output, None when the
-    probe gave none (it did not run, failed, or printed something else)."""
+    """reached node -> its listener's document from the gather's LISTEN_PROBE output, None
+    when the probe gave none (it did not run, failed, or printed something else). A node the
+    gather did not reach is left out: nothing is sent to it (stop_listeners)."""
     docs: dict[str, dict | None] = {}
     for n in nodes:
-        out = facts[n.name].outputs.get(LISTEN_PROBE) if n.name in facts else None
+        if n.name not in facts or not facts[n.name].reached:
+            continue
+        out = facts[n.name].outputs.get(LISTEN_PROBE)
         try:
             docs[n.name] = parse_answer(out.stdout, PROGRAM) if out is not None and \
                 out.exit_code == 0 and not out.cut else None
