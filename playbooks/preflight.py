@@ -21,7 +21,7 @@ from cluster.inspection.facts import NodeFacts
 from cluster.nodes.inventory import Inventory, Node
 from cluster.inspection.preflight import evaluate_node, gather_for
 from cluster.inspection.reachability import (gathered_listen_docs, plan_listeners,
-                                              run_reachability, stop_listeners)
+                                              run_reachability, started, stop_listeners)
 from cluster.nodes.remote import Session
 from cluster.base.results import CheckResult, Report
 from playbooks.outcome import Confirm, NodeDone, OnEvent, Outcome, ignore, never_confirm
@@ -89,10 +89,10 @@ def run_preflight(inventory: Inventory, session: Session, nodes: Sequence[Node] 
         results += cross_node_checks(cluster_facts, inventory, skew)
     except BaseException:
         if listeners:
-            stop_listeners(session, nodes, listeners, listen_docs)
+            stop_listeners(session, nodes, listeners.tag, started(listen_docs))
         raise
     if reachability and len(reachable) > 1:
         results += run_reachability(inventory, session, reachable, listeners, listen_docs)
     elif listeners:
-        stop_listeners(session, nodes, listeners, listen_docs)
+        stop_listeners(session, nodes, listeners.tag, started(listen_docs))
     return Report("preflight", tuple(results), {"nodes": report_facts})

@@ -14,6 +14,7 @@ from cluster.node_programs import source
 from cluster.inspection.reachability import (Target, judge, plan_peers, plan_targets, probers,
                                              served_ports, still_listening)
 from cluster.base.results import Status
+from fakes import FakeClusterSession, fake_inventory, result
 
 TH = {"full_matrix_max_nodes": 16, "peers_per_node": 4, "connect_timeout_s": 2,
       "worker_port_samples": 3, "serve_replica_ports": [30000, 31000]}
@@ -219,43 +220,52 @@ def test_stop_goes_only_where_an_expected_probe_was_not_acked():
                            {"a": {"acked": []}, "b": {"acked": []}}, {"a": 0, "b": 0}) == {"a"}
 
 
+class CommandLog(FakeClusterSession):
+    """The fake nodes, recording each command a node gets by kind (gather, clock, listen,
+    probe, stop); `unreachable` nodes answer nothing, `silent` ones give no probe document."""
+
+    def __init__(self, inv, unreachable=(), silent=()):
+        super().__init__(inv)
+        self.kinds: list[tuple[str, str]] = []
+        self.unreachable, self.silent = set(unreachable), set(silent)
+
+    def run(self, node, command, timeout=None, stdin=None):
+        if node.name in self.unreachable:
+            return result(node.name, "", command=command, status="unreachable", code=None,
+                          error="unreachable: link down")
+        kind = "gather" if "@@cluster-probe@@" in command else \
+            next(v for v in ("listen", "probe", "stop") if f" {v} " in f" {command} ")
+        self.kinds.append((node.name, kind))
+        if kind == "probe" and node.name in self.silent:
+            return super().run(node, "false", timeout, stdin)   # no document
+        return super().run(node, command, timeout, stdin)
+
+    def exchange(self, node, command, asks, enough, timeout=None):
+        self.kinds.append((node.name, "clock"))
+        return super().exchange(node, command, asks, enough, timeout)
+
+    def sent(self, kind: str) -> list[str]:
+        return sorted(n for n, k in self.kinds if k == kind)
+
+
 def test_a_healthy_preflight_sends_three_commands_a_node_and_no_listen_or_stop():
     """The listener starts in the gather's round trip and leaves by itself once acked: a node
     gets its gather, its clock conversation and its probe; a node whose probe goes unanswered
     gets a stop (its peers' listeners stay unacked by it, so they are stopped too)."""
-    from fakes import FakeClusterSession, fake_inventory
     from playbooks.preflight import run_preflight
 
-    class Counting(FakeClusterSession):
-        def __init__(self, inv, silent=()):
-            super().__init__(inv)
-            self.kinds: list[tuple[str, str]] = []
-            self.silent = set(silent)
-
-        def run(self, node, command, timeout=None, stdin=None):
-            kind = "gather" if "@@cluster-probe@@" in command else \
-                next(v for v in ("listen", "probe", "stop") if f" {v} " in f" {command} ")
-            self.kinds.append((node.name, kind))
-            if kind == "probe" and node.name in self.silent:
-                return super().run(node, "false", timeout, stdin)   # no document
-            return super().run(node, command, timeout, stdin)
-
-        def exchange(self, node, command, asks, enough, timeout=None):
-            self.kinds.append((node.name, "clock"))
-            return super().exchange(node, command, asks, enough, timeout)
-
     inv = fake_inventory(3)
-    session = Counting(inv)
+    session = CommandLog(inv)
     report = run_preflight(inv, session)
     reach = [r for r in report.results if r.check == "reachability"]
     assert reach and all(r.status == Status.OK for r in reach), [r.summary for r in reach]
     assert sorted(session.kinds) == sorted((n, k) for n in ("n1", "n2", "n3")
                                            for k in ("gather", "clock", "probe"))
 
-    session = Counting(inv, silent={"n3"})
-    report = run_preflight(inv, session)
-    assert sorted(n for n, k in session.kinds if k == "stop") == ["n1", "n2"]
-    assert not [k for _, k in session.kinds if k == "listen"]
+    session = CommandLog(inv, silent={"n3"})
+    run_preflight(inv, session)
+    assert session.sent("stop") == ["n1", "n2"]
+    assert session.sent("listen") == []
 
 
 def test_listeners_told_of_a_peer_that_is_unreachable_by_the_probes_are_stopped():
@@ -263,33 +273,15 @@ def test_listeners_told_of_a_peer_that_is_unreachable_by_the_probes_are_stopped(
     probes run between the two reachable nodes only, so each listener hears 1 of its 2 and
     would stay to --for: both are stopped (test_faults' cut link found it: the head's Ray
     port stayed held)."""
-    from fakes import FakeClusterSession, fake_inventory, result
     from playbooks.preflight import run_preflight
 
-    class CutN3(FakeClusterSession):
-        stops: list = []
-
-        def run(self, node, command, timeout=None, stdin=None):
-            if node.name == "n3":
-                return result(node.name, "", command=command, status="unreachable", code=None,
-                              error="unreachable: link down")
-            if "@@cluster-probe@@" not in command and " stop " in f" {command} ":
-                self.stops.append(node.name)
-            return super().run(node, command, timeout, stdin)
-
     inv = fake_inventory(3)
-    run_preflight(inv, CutN3(inv), measure_clock=False)
-    assert sorted(CutN3.stops) == ["n1", "n2"]          # nothing more is sent to n3
+    session = CommandLog(inv, unreachable={"n3"})
+    run_preflight(inv, session, measure_clock=False)
+    assert session.sent("stop") == ["n1", "n2"]
+    assert not [k for n, k in session.kinds if n == "n3"]      # nothing more is sent to n3
 
-    class OnlyN1(CutN3):
-        stops: list = []
-
-        def run(self, node, command, timeout=None, stdin=None):
-            if node.name == "n2":
-                return result(node.name, "", command=command, status="unreachable", code=None,
-                              error="unreachable: link down")
-            return super().run(node, command, timeout, stdin)
-
-    report = run_preflight(inv, OnlyN1(inv), measure_clock=False)
-    assert OnlyN1.stops == ["n1"]       # one reachable node: no probes, its listener stopped
+    session = CommandLog(inv, unreachable={"n2", "n3"})
+    report = run_preflight(inv, session, measure_clock=False)
+    assert session.sent("stop") == ["n1"]   # one reachable node: no probes, its listener stopped
     assert not [r for r in report.results if r.check == "reachability"]   # nothing to probe

@@ -143,14 +143,20 @@ def probers(plan: Mapping[str, Sequence[Target]]) -> dict[str, int]:
     return count
 
 
+def started(listen_docs: Mapping[str, dict | None]) -> set[str]:
+    """The nodes whose listener may have started (pure): its listen gave no answer, or a pid
+    (a listen that bound nothing started none)."""
+    return {name for name, doc in listen_docs.items() if not doc or doc.get("pid")}
+
+
 def still_listening(plan: Mapping[str, Sequence[Target]], listen_docs: Mapping[str, dict | None],
                     probe_docs: Mapping[str, dict | None], told: Mapping[str, int]) -> set[str]:
-    """The nodes whose listener may still run (pure): its listen gave no answer, or it started
-    (a pid) and some port it bound has fewer acked probes than the `told` count it waits for
-    (what its listen was told, which may count peers that never probed: unreachable since).
-    A listener acks a probe after counting it and exits once every port has its count, so
-    where every port has that many acks no `stop` is needed. An ack counts only for a target
-    its prober was given."""
+    """The nodes whose listener may still run (pure): it may have started (`started`) and its
+    listen gave no answer, or some port it bound has fewer acked probes than the `told` count
+    it waits for (what its listen was told, which may count peers that never probed:
+    unreachable since). A listener acks a probe after counting it and exits once every port
+    has its count, so where every port has that many acks no `stop` is needed. An ack counts
+    only for a target its prober was given."""
     planned = {src: {f"{t.ip}:{t.port}" for t in targets} for src, targets in plan.items()}
     ip_of = {t.node: t.ip for targets in plan.values() for t in targets}
     acks: Counter[str] = Counter()
@@ -158,16 +164,12 @@ def still_listening(plan: Mapping[str, Sequence[Target]], listen_docs: Mapping[s
         if doc:
             acks.update(set(map(str, doc.get("acked") or ())) & planned.get(src, set()))
     left = set()
-    for name, doc in listen_docs.items():
-        if not doc:
-            left.add(name)      # its listen gave no answer: a listener may have started
-            continue
-        if not doc.get("pid"):
-            continue            # it bound nothing: no listener
+    for name in started(listen_docs):
+        doc = listen_docs[name]
         want, ip = told.get(name, 0), ip_of.get(name)
-        if want <= 0 or ip is None or any(acks[f"{ip}:{port}"] < want
-                                          for port in doc.get("listening") or ()):
-            left.add(name)      # it runs to --for (nothing to wait for), or waits still
+        if not doc or want <= 0 or ip is None or any(acks[f"{ip}:{port}"] < want
+                                                     for port in doc.get("listening") or ()):
+            left.add(name)      # no answer, runs to --for (nothing to wait for), or waits still
     return left
 
 
@@ -236,13 +238,11 @@ def gathered_listen_docs(facts: Mapping[str, Any], nodes: Sequence[Node]
     return docs
 
 
-def stop_listeners(session: Session, nodes: Sequence[Node], listeners: Listeners,
-                   listen_docs: Mapping[str, dict | None]) -> None:
-    """`stop` on the nodes whose listener may run (its listen unanswered, or a pid)."""
-    left = [n for n in nodes if n.name in listen_docs and
-            (not listen_docs[n.name] or listen_docs[n.name].get("pid"))]
-    if left:
-        fan_out_program(session, left, PROGRAM, ["stop", "--tag", listeners.tag], timeout=30)
+def stop_listeners(session: Session, nodes: Sequence[Node], tag: str, names: set[str]) -> None:
+    """`stop` on those of `nodes` named in `names` (their listener of run `tag` may run)."""
+    chosen = [n for n in nodes if n.name in names]
+    if chosen:
+        fan_out_program(session, chosen, PROGRAM, ["stop", "--tag", tag], timeout=30)
 
 
 def run_reachability(inventory: Inventory, session: Session, nodes: Sequence[Node],
@@ -254,7 +254,7 @@ def run_reachability(inventory: Inventory, session: Session, nodes: Sequence[Nod
     th = inventory.expectations["reachability"]
     if len(nodes) < 2:
         if listeners is not None and listen_docs is not None:
-            stop_listeners(session, nodes, listeners, listen_docs)
+            stop_listeners(session, nodes, listeners.tag, started(listen_docs))
         return [CheckResult(CHECK, None, Status.SKIP, "fewer than two reachable nodes")]
     plan = plan_targets(nodes, inventory, th)
     timeout = float(th["connect_timeout_s"])
@@ -277,10 +277,8 @@ def run_reachability(inventory: Inventory, session: Session, nodes: Sequence[Nod
             timeout=30 + rounds * timeout)
         probe_docs = _docs(probed, nodes)
     finally:
-        left = still_listening(plan, listen_docs, probe_docs, listeners.expected)
-        if left:
-            fan_out_program(session, [n for n in nodes if n.name in left], PROGRAM,
-                            ["stop", "--tag", listeners.tag], timeout=30)
+        stop_listeners(session, nodes, listeners.tag,
+                       still_listening(plan, listen_docs, probe_docs, listeners.expected))
     return judge(plan, listen_docs, probe_docs, [n.name for n in nodes],
                  sampled=len(nodes) > th["full_matrix_max_nodes"])
 

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from cluster.base.errors import ParseError
 from cluster.base.results import fields_dict
-from cluster.inspection.parsers._lines import (clean_lines, command_in, head_text, human_size_bytes, numbered, require_text)
+from cluster.inspection.parsers._lines import (clean_lines, command_in, head_text, human_size_bytes,
+                                    numbered, require_text)
 
 KIND = "df-shm"
 
