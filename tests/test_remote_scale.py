@@ -20,7 +20,8 @@ from cluster.nodes.inventory import Node
     (ConnectionResetError(104, "reset"), True),
     (EOFError(), True),
     (paramiko.SSHException("Timeout opening channel."), True),
-    (paramiko.SSHException("No existing session"), True),     # dropped during the kex
+    (paramiko.SSHException("No existing session"), True),     # kex unfinished at the timeout
+    (paramiko.SSHException(remote.HANDSHAKE_UNFINISHED + " within 15 s"), True),
     (paramiko.SSHException("Negotiation failed."), True),
     (paramiko.SSHException("Incompatible ssh peer (no acceptable kex algorithm)"), False),
     (paramiko.AuthenticationException("Authentication failed."), False),
@@ -338,3 +339,84 @@ def test_a_servers_debug_message_is_read_but_only_escaped_when_logged(caplog):
     finally:
         a.close()
         b.close()
+
+
+def _relay(src, dst, delay_after_banner_s: float) -> None:
+    """Bytes from src to dst: the first line at once, the rest once delay_after_banner_s has
+    passed (an sshd that answers its banner and is then starved of CPU)."""
+    held, start, banner_sent = b"", time.monotonic(), False
+    try:
+        while True:
+            data = src.recv(65536)
+            if not data:
+                break
+            if not banner_sent and b"\n" in held + data:
+                line, _, rest = (held + data).partition(b"\n")
+                dst.sendall(line + b"\n")
+                banner_sent, held, data = True, b"", rest
+                time.sleep(max(0.0, start + delay_after_banner_s - time.monotonic()))
+            if banner_sent:
+                dst.sendall(data)
+            else:
+                held += data
+    except OSError:
+        pass
+    finally:
+        dst.close()
+
+
+def _slow_sshd(delay_after_banner_s: float):
+    """A client socket whose far end is a real paramiko server behind a relay that holds the
+    server's bytes after its banner for delay_after_banner_s."""
+    import socket
+
+    client, relay_in = socket.socketpair()
+    relay_out, server_sock = socket.socketpair()
+    server = paramiko.Transport(server_sock)
+    server.add_server_key(paramiko.ECDSAKey.generate())
+    threading.Thread(target=_relay, args=(relay_out, relay_in, delay_after_banner_s),
+                     daemon=True).start()
+    threading.Thread(target=_relay, args=(relay_in, relay_out, 0.0), daemon=True).start()
+    server.start_server(event=threading.Event(), server=paramiko.ServerInterface())
+    return client, server
+
+
+def test_a_key_exchange_slower_than_the_connect_timeout_still_completes():
+    """An sshd that answered its banner is there: its key exchange gets HANDSHAKE_TIMEOUT_FACTOR
+    x the connect timeout (a head whose Ray processes spin after its GCS died, on 2 cores, took
+    more than the 5 s connect timeout in CI and was called unreachable). paramiko alone returns
+    from start_client with the exchange unfinished and then fails with "No existing session"."""
+    timeout = 0.3
+    sock, server = _slow_sshd(delay_after_banner_s=timeout * 1.5)
+    transport = remote._quiet_transport_class()(sock)
+    try:
+        transport.banner_timeout = timeout
+        transport.start_client(timeout=timeout)
+        assert transport.is_active() and transport.initial_kex_done
+        assert transport.get_remote_server_key() is not None
+    finally:
+        transport.close(), server.close()
+
+
+def test_a_key_exchange_that_never_finishes_is_named_and_the_transport_closed():
+    import socket
+
+    a, b = socket.socketpair()
+    b.sendall(b"SSH-2.0-OpenSSH_9.2p1 starved\r\n")   # a banner, then nothing more
+    transport = remote._quiet_transport_class()(a)
+    try:
+        transport.banner_timeout = 0.2
+        with pytest.raises(paramiko.SSHException) as caught:
+            transport.start_client(timeout=0.2)
+        text = str(caught.value)
+        assert remote.HANDSHAKE_UNFINISHED in text and "within 0.6 s" in text, text
+        assert not transport.is_active() and remote.is_transient(caught.value)
+        assert "overloaded" in remote.describe_connect_error(caught.value)
+    finally:
+        transport.close(), b.close()
+
+
+def test_the_fan_out_deadline_holds_the_longest_connect():
+    """connect budget 2 x, then the last attempt's TCP connect 1 x, key exchange
+    HANDSHAKE_TIMEOUT_FACTOR x and authentication 1 x the connect timeout."""
+    assert remote.connect_deadline_s(5.0) == 5.0 * (4 + remote.HANDSHAKE_TIMEOUT_FACTOR)

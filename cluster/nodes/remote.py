@@ -424,6 +424,20 @@ SMALL_OUTPUT_MAX_BYTES = 64 << 10     # each stream of an exchange (clock sample
 
 MAX_CONNECT_ATTEMPTS = 8
 
+# A node whose sshd answered (TCP accepted, banner read within connect_timeout) is there: its key
+# exchange may still be slow when its CPUs are saturated. A Ray head whose GCS was killed has its
+# dashboard processes spin on 2 cores; the handshake took 1.3 s on the simulated cluster here and
+# more than 5 s in CI, where a 5 s connect_timeout then called the head unreachable.
+HANDSHAKE_TIMEOUT_FACTOR = 3
+HANDSHAKE_UNFINISHED = "SSH key exchange not finished"
+
+
+def connect_deadline_s(connect_timeout: float) -> float:
+    """The longest one node's connect may take, retries included: the connect budget (2 x
+    connect_timeout), then the last attempt's TCP connect, key exchange and authentication."""
+    return connect_timeout * (2 + 1 + HANDSHAKE_TIMEOUT_FACTOR + 1)
+
+
 
 def retrying(attempt: Callable[[], "T"], budget_s: float, attempt_s: float) -> "T":
     """attempt() until it succeeds, retrying transient connect failures (waits.retry: jittered
@@ -432,12 +446,13 @@ def retrying(attempt: Callable[[], "T"], budget_s: float, attempt_s: float) -> "
                  max_attempts=MAX_CONNECT_ATTEMPTS)
 
 
-# "No existing session" / "Negotiation failed.": paramiko's words when the server closed the
-# connection during the key exchange (its transport died before the host key or the auth
-# could be read; a loaded sshd does it), never for a key, algorithm or auth problem.
+# "Negotiation failed.": paramiko's words when its transport died in the key exchange without
+# saying why; "No existing session": its words when the exchange had not finished by the
+# timeout (QuietTransport names that itself: HANDSHAKE_UNFINISHED). Both come from a loaded or
+# dropping sshd, never from a key, algorithm or auth problem.
 _TRANSIENT_TEXT = ("Error reading SSH protocol banner", "Connection reset by peer",
                    "Socket is closed", "EOF during negotiation", "Timeout opening channel",
-                   "No existing session", "Negotiation failed.")
+                   "No existing session", "Negotiation failed.", HANDSHAKE_UNFINISHED)
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -697,6 +712,19 @@ def _quiet_transport_class():
         class QuietTransport(paramiko.Transport):
             _active_check_timeout = 1.0
 
+            def start_client(self, event=None, timeout=None):
+                # the banner keeps its own timeout (banner_timeout: a hung sshd is named within
+                # connect_timeout); the key exchange after it gets HANDSHAKE_TIMEOUT_FACTOR x
+                handshake_s = None if timeout is None else timeout * HANDSHAKE_TIMEOUT_FACTOR
+                super().start_client(event=event, timeout=handshake_s)
+                if event is None and self.is_active() and not self.initial_kex_done:
+                    # paramiko returns here as if it had succeeded; its next step would then
+                    # fail with "No existing session", which names nothing
+                    self.close()
+                    raise paramiko.SSHException(
+                        f"{HANDSHAKE_UNFINISHED} within {handshake_s:g} s (the node's sshd "
+                        "answered: it may be overloaded)")
+
             def _parse_debug(self, m):
                 # a server's SSH_MSG_DEBUG (sshd sends one per authorized_keys option) is only
                 # logged, after an escape loop run byte by byte in Python: skip it unless logged
@@ -930,9 +958,8 @@ class Session:
                 on_result(res)
             return res
 
-        # connect budget (2 x connect_timeout) + the last attempt's TCP, banner and auth
-        # timeouts (3 x connect_timeout) + the command's timeout + a grace period
-        deadline = timeout + self.inventory.ssh.connect_timeout * 5 + 5
+        # the longest connect, retries included, + the command's timeout + a grace period
+        deadline = timeout + connect_deadline_s(self.inventory.ssh.connect_timeout) + 5
         results = parallel(nodes, work, deadline, late, self.max_parallel)
         return tuple(results[n.name] for n in nodes)
 

@@ -123,6 +123,15 @@ class SimCluster:
     def status(self) -> dict:
         return json.loads(self._factory.run("status", "--json", check=False).stdout)
 
+    def console_tail(self, node: str, lines: int = 40) -> str:
+        """The last lines of the node's console.log (its sshd's log, LogLevel VERBOSE): for the
+        message of an assertion about the node's SSH."""
+        try:
+            text = (self.dir / "nodes" / node / "console.log").read_text(errors="replace")
+        except OSError as exc:
+            return f"(no console.log: {exc})"
+        return "\n".join(text.splitlines()[-lines:])
+
 
 class SimClusterFactory:
     """Brings the simulated cluster to a given size and profiles; tears it down at session end."""

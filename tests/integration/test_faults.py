@@ -292,7 +292,7 @@ def test_head_killed_status_says_so_and_up_restores_it(sim, inv):
     took = time.monotonic() - start
     assert code == 2, status
     assert status["head"]["reachable"] is True and status["head"]["answered"] is False, \
-        (round(took, 1), status["head"], status["errors"])
+        (round(took, 1), status["head"], status["errors"], sim.console_tail("node1"))
     assert status["missing"] == list(PROFILES)
     text = cli(inv, "status")
     assert text.returncode == 2 and "not running on the head node1" in text.stdout
