@@ -11,8 +11,9 @@ from itertools import combinations
 
 from cluster.nodes.inventory import loads
 from cluster.node_programs import source
-from cluster.inspection.reachability import (Target, judge, plan_peers, plan_targets, probers,
-                                             served_ports, still_listening)
+from cluster.inspection.reachability import (Target, judge, listed_ports, plan_peers,
+                                             plan_targets, probers, served_ports,
+                                             still_listening)
 from cluster.base.results import Status
 from fakes import FakeClusterSession, fake_inventory, result
 
@@ -43,6 +44,32 @@ def test_large_clusters_stay_linear_and_cover_head_and_every_subnet_pair():
     covered = {(subnet[a], subnet[b]) for a, ps in peers.items() for b in ps}
     racks = sorted(set(subnet.values()))
     assert all((a, b) in covered and (b, a) in covered for a, b in combinations(racks, 2))
+
+
+def test_each_nodes_peers_come_in_inventory_order():
+    """The order is the inventory's (a position table: names.index made the head's sort, with
+    every node its peer, O(nodes^2))."""
+    inv = inventory(300, per_subnet=100)
+    position = {n.name: i for i, n in enumerate(inv.nodes)}
+    peers = plan_peers(inv.nodes, "n0", 16, 4)
+    assert peers["n0"] == [n.name for n in inv.nodes[1:]]
+    assert all(p == sorted(p, key=position.__getitem__) and len(set(p)) == len(p)
+               for p in peers.values())
+
+
+def test_a_listeners_garbled_port_lists_count_nothing_and_raise_nothing():
+    """A node's answer is data: only port numbers in a list count (no bool, text, object or
+    out-of-range number; no list at all: nothing)."""
+    assert listed_ports({"listening": [8076, True, "6379", {"p": 1}, [2], 0, 70000, 6379.0]},
+                        "listening") == {8076}
+    assert listed_ports({"listening": 8076}, "listening") == frozenset()
+    assert listed_ports(None, "busy") == frozenset()
+    listens = {"a": {"listening": [{"port": 8076}]}, "b": {"listening": "6379", "busy": 5}}
+    probes = {"a": {"results": {"10.0.0.2:6379": "ok", "10.0.0.2:8076": "ok"}, "acked": 7},
+              "b": {"results": {"10.0.0.1:8076": "ok"}, "acked": [["10.0.0.1:8076"]]}}
+    results = {(r.node, r.check): r for r in judge(_plan(), listens, probes, ["a", "b"])}
+    assert results[("a", "reachability")].status is Status.OK     # nothing counted
+    assert still_listening(_plan(), listens, probes, {"a": 1, "b": 1}) <= {"a", "b"}
 
 
 def test_served_ports_skip_a_loopback_dashboard_and_sample_the_worker_range():

@@ -111,7 +111,8 @@ def plan_peers(nodes: Sequence[Node], head: str, full_max: int, per_node: int
             if ga != gb and not any(b in peers[a] for a in groups[ga] for b in groups[gb]):
                 src = groups[ga][(i + j) % len(groups[ga])]
                 peers[src].add(groups[gb][(i + j) % len(groups[gb])])
-    return {a: sorted(p, key=names.index) for a, p in peers.items()}
+    order = {name: i for i, name in enumerate(names)}   # names.index: O(nodes) per lookup
+    return {a: sorted(p, key=order.__getitem__) for a, p in peers.items()}
 
 
 def plan_targets(nodes: Sequence[Node], inventory: Inventory, th: Mapping[str, Any]
@@ -161,14 +162,15 @@ def still_listening(plan: Mapping[str, Sequence[Target]], listen_docs: Mapping[s
     ip_of = {t.node: t.ip for targets in plan.values() for t in targets}
     acks: Counter[str] = Counter()
     for src, doc in probe_docs.items():
-        if doc:
-            acks.update(set(map(str, doc.get("acked") or ())) & planned.get(src, set()))
+        acked = doc.get("acked") if doc else None
+        if isinstance(acked, list):
+            acks.update({a for a in acked if type(a) is str} & planned.get(src, set()))
     left = set()
     for name in started(listen_docs):
         doc = listen_docs[name]
         want, ip = told.get(name, 0), ip_of.get(name)
         if not doc or want <= 0 or ip is None or any(acks[f"{ip}:{port}"] < want
-                                                     for port in doc.get("listening") or ()):
+                                                     for port in listed_ports(doc, "listening")):
             left.add(name)      # no answer, runs to --for (nothing to wait for), or waits still
     return left
 
@@ -264,8 +266,7 @@ def run_reachability(inventory: Inventory, session: Session, nodes: Sequence[Nod
                                    timeout=30)
         listen_docs = _docs(listened, nodes)
     listen_docs = {n.name: listen_docs.get(n.name) for n in nodes}
-    ours = {name: set(doc.get("listening") or ()) if doc else set()
-            for name, doc in listen_docs.items()}
+    ours = {name: listed_ports(doc, "listening") for name, doc in listen_docs.items()}
     rounds = max(-(-len(plan[n.name]) // PROBES_AT_ONCE) for n in nodes)
     probe_docs: dict[str, dict | None] = {n.name: None for n in nodes}
     try:
@@ -292,17 +293,28 @@ def _describe(t: Target, outcome: str) -> str:
     return f"{t.node}:{t.port} ({t.what}) {_OUTCOME.get(outcome, outcome)}"
 
 
-def _node_result(src: str, targets: Sequence[Target], listeners: Mapping[str, dict | None],
+def listed_ports(doc: Mapping[str, Any] | None, key: str) -> frozenset[int]:
+    """The ports a listener's document lists under `key` ("listening": bound by our listener,
+    "busy": held by another process). A node's answer is data: anything but a port number in
+    the list, or no list, is left out."""
+    values = doc.get(key) if doc else None
+    if not isinstance(values, list):
+        return frozenset()
+    return frozenset(v for v in values if type(v) is int and 0 < v < 65536)
+
+
+def _node_result(src: str, targets: Sequence[Target],
+                 answering: Mapping[str, tuple[frozenset[int], frozenset[int]]],
                  outcomes: Mapping[str, Any]) -> tuple[CheckResult, int, list[tuple[str, Target, str]]]:
-    """One source node's result, how many connects counted, and its failures."""
+    """One source node's result, how many connects counted, and its failures. answering:
+    node -> (ports our listener bound, ports another process held)."""
     bad: list[tuple[str, Target, str]] = []
     counted = 0
     peers: set[str] = set()
+    nothing = (frozenset(), frozenset())
     for t in targets:
-        listener = listeners.get(t.node)
-        ours = set(listener.get("listening") or ()) if listener else set()
-        theirs = set(listener.get("busy") or ()) if listener else set()
-        if t.port not in ours | theirs:
+        ours, theirs = answering.get(t.node, nothing)
+        if t.port not in ours and t.port not in theirs:
             continue            # nothing was to answer there: not a verdict on the path
         got = outcomes.get(f"{t.ip}:{t.port}")
         if got == "refused" and t.port in theirs:
@@ -340,6 +352,8 @@ def judge(plan: Mapping[str, Sequence[Target]], listen_docs: Mapping[str, dict |
     results: list[CheckResult] = []
     failures: list[tuple[str, Target, str]] = []
     total = 0
+    answering = {name: (listed_ports(doc, "listening"), listed_ports(doc, "busy"))
+                 for name, doc in listen_docs.items()}     # once, not once per target
     for src in names:
         doc = probe_docs.get(src)
         if doc is None or not isinstance(doc.get("results"), dict):
@@ -347,7 +361,7 @@ def judge(plan: Mapping[str, Sequence[Target]], listen_docs: Mapping[str, dict |
                                        "the connect probe did not run (no answer from the node's "
                                        "python)"))
             continue
-        result, counted, bad = _node_result(src, plan.get(src, ()), listen_docs, doc["results"])
+        result, counted, bad = _node_result(src, plan.get(src, ()), answering, doc["results"])
         results.append(result)
         total += counted
         failures += bad
