@@ -20,7 +20,7 @@ from cluster.inspection.checks.node import NODE_CHECKS
 from cluster.inspection.facts import NodeFacts
 from cluster.nodes.inventory import Inventory, Node
 from cluster.inspection.preflight import evaluate_node, gather_for
-from cluster.inspection.reachability import (gathered_listen_docs, plan_listeners,
+from cluster.inspection.reachability import (Listeners, gathered_listen_docs, plan_listeners,
                                               run_reachability, started, stop_listeners)
 from cluster.nodes.remote import Session
 from cluster.base.results import CheckResult, Report
@@ -34,6 +34,7 @@ class PreflightOptions:
     measure_clock: bool = True
     reachability: bool = True
     facts: Mapping[str, NodeFacts] | None = None  # the run's facts when gathered already (up)
+    listeners: Listeners | None = None            # started in that gather (gather_with_listeners)
 
 
 @dataclass(frozen=True)
@@ -54,24 +55,38 @@ def run(inventory: Inventory, session: Session, options: PreflightOptions = Pref
     """Read-only: confirm is never asked; on_event gets a NodeDone per node gathered."""
     return PreflightOutcome(run_preflight(
         inventory, session, options.nodes or None, options.checks, options.measure_clock,
-        lambda result: on_event(NodeDone(result)), options.reachability, options.facts))
+        lambda result: on_event(NodeDone(result)), options.reachability, options.facts,
+        options.listeners))
+
+
+def gather_with_listeners(inventory: Inventory, session: Session, nodes: Sequence[Node],
+                          checks: Sequence[NodeCheck] = NODE_CHECKS, on_node_done=None,
+                          reachability: bool = True
+                          ) -> tuple[dict[str, NodeFacts], Listeners | None]:
+    """The preflight's gather: the facts, and the reachability listeners started in it (after
+    its other probes: no command of their own) when there are peers to probe. `cluster up`
+    gathers so too and hands both to run_preflight, which stops what is left of them."""
+    listeners = plan_listeners(inventory, session, nodes, in_gather=True) \
+        if reachability and len(nodes) > 1 else None
+    facts = gather_for(inventory, session, nodes, checks, on_node_done,
+                       (listeners.probe,) if listeners else ())
+    return facts, listeners
 
 
 def run_preflight(inventory: Inventory, session: Session, nodes: Sequence[Node] | None = None,
                   checks: Sequence[NodeCheck] = NODE_CHECKS, measure_clock: bool = True,
                   on_node_done=None, reachability: bool = True,
-                  facts: Mapping[str, NodeFacts] | None = None) -> Report:
+                  facts: Mapping[str, NodeFacts] | None = None,
+                  listeners: Listeners | None = None) -> Report:
     """Every check on every node, then the cross-node checks and the reachability matrix.
 
     `facts`: the run's facts when the caller gathered them already (`cluster up` gathers once
-    for the preflight and its plan); otherwise they are gathered here."""
+    for the preflight and its plan, with `listeners` started in that gather when it used
+    gather_with_listeners); otherwise they are gathered here, the listeners with them."""
     nodes = list(nodes or inventory.nodes)
-    listeners = None    # started in this run's own gather (a command a node saved)
     if facts is None:
-        if reachability and len(nodes) > 1:
-            listeners = plan_listeners(inventory, session, nodes, in_gather=True)
-        facts = gather_for(inventory, session, nodes, checks, on_node_done,
-                           (listeners.probe,) if listeners else ())
+        facts, listeners = gather_with_listeners(inventory, session, nodes, checks,
+                                                 on_node_done, reachability)
     listen_docs = gathered_listen_docs(facts, nodes) if listeners else None
     try:
         results: list[CheckResult] = []

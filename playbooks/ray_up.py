@@ -15,7 +15,7 @@ failed, skipped, unreachable. Nothing is printed here: the caller gets an UpOutc
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from cluster.ray import ray_cluster
 from cluster.ray.prometheus_head import enabled as prometheus_enabled
@@ -25,6 +25,9 @@ from cluster.ray.ray_cluster import (CHANGED, FAILED, SKIPPED, UNREACHABLE, Node
 from cluster.ray.ray_state import RayState, cluster_status, query_state
 from cluster.base.results import Report
 from playbooks.outcome import Confirm, OnEvent, Outcome, ignore, lines_to, step_exit_code
+
+if TYPE_CHECKING:
+    from cluster.inspection.reachability import Listeners
 
 DEFAULT_WAIT_S = 240.0
 
@@ -108,19 +111,26 @@ class UpOutcome(RayOutcome):
         }
 
 
-def gather_facts(session, inventory: Inventory, with_preflight: bool) -> dict[str, NodeFacts]:
-    """The run's facts, once: with the preflight's probes too unless it is skipped."""
-    from cluster.inspection.checks.node import NODE_CHECKS
+def gather_facts(session, inventory: Inventory, with_preflight: bool
+                 ) -> tuple[dict[str, NodeFacts], Listeners | None]:
+    """The run's facts, once: with the preflight's probes and its reachability listeners
+    (started in the gather: no listen command) unless the preflight is skipped."""
     from cluster.inspection.preflight import gather_for
+    from playbooks.preflight import gather_with_listeners
 
-    return gather_for(inventory, session, checks=NODE_CHECKS if with_preflight else ())
+    if not with_preflight:
+        return gather_for(inventory, session, checks=()), None
+    return gather_with_listeners(inventory, session, list(inventory.nodes))
 
 
-def run_preflight(inventory: Inventory, session, facts: Mapping[str, NodeFacts]) -> Report:
-    """The preflight's verdicts on the run's facts (plus its cross-node and reachability steps)."""
+def run_preflight(inventory: Inventory, session, facts: Mapping[str, NodeFacts],
+                  listeners: Listeners | None = None) -> Report:
+    """The preflight's verdicts on the run's facts (plus its cross-node and reachability steps,
+    which stop what is left of the listeners the gather started)."""
     from playbooks import preflight
 
-    return preflight.run(inventory, session, preflight.PreflightOptions(facts=facts)).report
+    return preflight.run(inventory, session, preflight.PreflightOptions(
+        facts=facts, listeners=listeners)).report
 
 
 def head_view(session, inventory: Inventory, facts: Mapping[str, NodeFacts]) -> RayState | None:
@@ -138,10 +148,11 @@ def run(inventory: Inventory, session, options: UpOptions, confirm: Confirm,
 
     # 1. facts (read-only), once: one round trip per node serves the preflight and the plan
     say("gathering facts")
-    out.facts = gather_facts(session, inventory, with_preflight=not options.skip_preflight)
+    out.facts, listeners = gather_facts(session, inventory,
+                                        with_preflight=not options.skip_preflight)
     if not options.skip_preflight:
         say("preflight")
-        out.preflight = run_preflight(inventory, session, out.facts)
+        out.preflight = run_preflight(inventory, session, out.facts, listeners)
         if out.preflight.exit_code >= 2 and not options.force and not options.dry_run:
             out.stopped = "preflight failed (fix the failures or pass --force)"
             out.exit_code = 2

@@ -11,8 +11,8 @@ from itertools import combinations
 
 from cluster.nodes.inventory import loads
 from cluster.node_programs import source
-from cluster.inspection.reachability import (Target, judge, listed_ports, plan_peers,
-                                             plan_targets, probers, served_ports,
+from cluster.inspection.reachability import (LISTEN_PROBE, Target, judge, listed_ports,
+                                             plan_peers, plan_targets, probers, served_ports,
                                              still_listening)
 from cluster.base.results import Status
 from fakes import FakeClusterSession, fake_inventory, result
@@ -293,6 +293,27 @@ def test_a_healthy_preflight_sends_three_commands_a_node_and_no_listen_or_stop()
     run_preflight(inv, session)
     assert session.sent("stop") == ["n1", "n2"]
     assert session.sent("listen") == []
+
+
+def test_ups_gather_starts_the_listeners_so_its_preflight_sends_no_listen_either():
+    """`cluster up` gathers its facts once (gather_facts) and hands them to the preflight with
+    the listeners that gather started: 3 commands a node, as a preflight of its own; with the
+    preflight skipped, its gather starts no listener."""
+    from playbooks.ray_up import gather_facts, run_preflight
+
+    inv = fake_inventory(3)
+    session = CommandLog(inv)
+    facts, listeners = gather_facts(session, inv, with_preflight=True)
+    assert listeners is not None and sorted(listeners.served) == ["n1", "n2", "n3"]
+    report = run_preflight(inv, session, facts, listeners)
+    reach = [r for r in report.results if r.check == "reachability"]
+    assert reach and all(r.status == Status.OK for r in reach), [r.summary for r in reach]
+    assert sorted(session.kinds) == sorted((n, k) for n in ("n1", "n2", "n3")
+                                           for k in ("gather", "clock", "probe"))
+    session = CommandLog(inv)
+    facts, listeners = gather_facts(session, inv, with_preflight=False)
+    assert listeners is None and session.sent("gather") == ["n1", "n2", "n3"]
+    assert all(LISTEN_PROBE not in f.outputs for f in facts.values())
 
 
 def test_listeners_told_of_a_peer_that_is_unreachable_by_the_probes_are_stopped():
