@@ -438,7 +438,6 @@ def connect_deadline_s(connect_timeout: float) -> float:
     return connect_timeout * (2 + 1 + HANDSHAKE_TIMEOUT_FACTOR + 1)
 
 
-
 def retrying(attempt: Callable[[], "T"], budget_s: float, attempt_s: float) -> "T":
     """attempt() until it succeeds, retrying transient connect failures (waits.retry: jittered
     backoff, within budget_s and MAX_CONNECT_ATTEMPTS). Raises GaveUp with the last error."""
@@ -717,7 +716,8 @@ def _quiet_transport_class():
                 # connect_timeout); the key exchange after it gets HANDSHAKE_TIMEOUT_FACTOR x
                 handshake_s = None if timeout is None else timeout * HANDSHAKE_TIMEOUT_FACTOR
                 super().start_client(event=event, timeout=handshake_s)
-                if event is None and self.is_active() and not self.initial_kex_done:
+                if event is None and handshake_s is not None and self.is_active() \
+                        and not self.initial_kex_done:
                     # paramiko returns here as if it had succeeded; its next step would then
                     # fail with "No existing session", which names nothing
                     self.close()
