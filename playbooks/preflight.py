@@ -66,7 +66,7 @@ def gather_with_listeners(inventory: Inventory, session: Session, nodes: Sequenc
     """The preflight's gather: the facts, and the reachability listeners started in it (after
     its other probes: no command of their own) when there are peers to probe. `cluster up`
     gathers so too and hands both to run_preflight, which stops what is left of them."""
-    listeners = plan_listeners(inventory, session, nodes, in_gather=True) \
+    listeners = plan_listeners(inventory, session, nodes) \
         if reachability and len(nodes) > 1 else None
     facts = gather_for(inventory, session, nodes, checks, on_node_done,
                        (listeners.probe,) if listeners else ())
@@ -87,6 +87,9 @@ def run_preflight(inventory: Inventory, session: Session, nodes: Sequence[Node] 
     if facts is None:
         facts, listeners = gather_with_listeners(inventory, session, nodes, checks,
                                                  on_node_done, reachability)
+    elif reachability and listeners is None and len(nodes) > 1:
+        raise ValueError("reachability needs the listeners its gather started: gather the "
+                         "facts with gather_with_listeners")
     listen_docs = gathered_listen_docs(facts, nodes) if listeners else None
     try:
         results: list[CheckResult] = []

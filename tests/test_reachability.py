@@ -316,6 +316,22 @@ def test_ups_gather_starts_the_listeners_so_its_preflight_sends_no_listen_either
     assert all(LISTEN_PROBE not in f.outputs for f in facts.values())
 
 
+def test_facts_handed_in_without_their_listeners_are_refused_before_any_command():
+    """The listeners start only in the gather (gather_with_listeners): facts gathered without
+    them cannot feed the reachability matrix, and nothing is sent to the nodes."""
+    import pytest
+
+    from playbooks.ray_up import gather_facts
+    from playbooks.preflight import run_preflight
+
+    inv = fake_inventory(3)
+    facts, _ = gather_facts(CommandLog(inv), inv, with_preflight=True)
+    session = CommandLog(inv)
+    with pytest.raises(ValueError, match="gather_with_listeners"):
+        run_preflight(inv, session, facts=facts)
+    assert session.kinds == []
+
+
 def test_listeners_told_of_a_peer_that_is_unreachable_by_the_probes_are_stopped():
     """A node gathered (its listener told 2 probers) while a third went unreachable: the
     probes run between the two reachable nodes only, so each listener hears 1 of its 2 and

@@ -184,8 +184,8 @@ def _docs(answers: Sequence[dict | ProgramError], nodes: Sequence[Node]) -> dict
 class Listeners:
     """One run's listeners, planned before they start: the tag, how long they live, and per
     node the ports it serves and how many peers will probe it. They start in the preflight's
-    own gather (`probe` is a facts-layer probe builder: no command of their own) or, when the
-    facts were gathered already, in a `listen` fan-out here."""
+    gather (`probe` is a facts-layer probe builder: no command of their own;
+    playbooks.preflight.gather_with_listeners, which `cluster up` gathers with too)."""
 
     tag: str
     lifetime_s: float
@@ -207,16 +207,14 @@ class Listeners:
                                                   self.args(node.name)), after_the_others=True)
 
 
-def plan_listeners(inventory: Inventory, session: Session, nodes: Sequence[Node],
-                   in_gather: bool = False) -> Listeners:
-    """The listeners of a run on `nodes` (a random tag). `in_gather`: they start in the
-    gather, so they live through it, the checks and the clock samples too."""
+def plan_listeners(inventory: Inventory, session: Session, nodes: Sequence[Node]) -> Listeners:
+    """The listeners of a run on `nodes` (a random tag). They start in the gather, so they
+    live through it, the checks and the clock samples too, then the probes."""
     th = inventory.expectations["reachability"]
     timeout = float(th["connect_timeout_s"])
     batches = -(-len(nodes) // max(1, session.max_parallel))
-    per_batch = timeout * 3 + inventory.ssh.connect_timeout + 5
-    if in_gather:
-        per_batch += gather_timeout(probe_count=3) + 10   # a gather of several probes
+    per_batch = timeout * 3 + inventory.ssh.connect_timeout + 5 \
+        + gather_timeout(probe_count=3) + 10   # a gather of several probes
     return Listeners(secrets.token_hex(6), min(900.0, 60.0 + batches * per_batch),
                      {n.name: served_ports(n, inventory, th) for n in nodes},
                      probers(plan_targets(nodes, inventory, th)))
@@ -248,23 +246,17 @@ def stop_listeners(session: Session, nodes: Sequence[Node], tag: str, names: set
 
 
 def run_reachability(inventory: Inventory, session: Session, nodes: Sequence[Node],
-                     listeners: Listeners | None = None,
-                     listen_docs: Mapping[str, dict | None] | None = None) -> list[CheckResult]:
-    """Listen (unless the gather started `listeners` and gave their `listen_docs`), probe,
-    and stop where a listener may be left, on `nodes` (all reachable over SSH); the results,
-    never raising."""
+                     listeners: Listeners, listen_docs: Mapping[str, dict | None]
+                     ) -> list[CheckResult]:
+    """Probe, and stop where a listener may be left, on `nodes` (all reachable over SSH), the
+    gather having started `listeners` and given their `listen_docs`; the results, never
+    raising."""
     th = inventory.expectations["reachability"]
     if len(nodes) < 2:
-        if listeners is not None and listen_docs is not None:
-            stop_listeners(session, nodes, listeners.tag, started(listen_docs))
+        stop_listeners(session, nodes, listeners.tag, started(listen_docs))
         return [CheckResult(CHECK, None, Status.SKIP, "fewer than two reachable nodes")]
     plan = plan_targets(nodes, inventory, th)
     timeout = float(th["connect_timeout_s"])
-    if listeners is None or listen_docs is None:
-        listeners = plan_listeners(inventory, session, nodes)
-        listened = fan_out_program(session, nodes, PROGRAM, lambda n: listeners.args(n.name),
-                                   timeout=30)
-        listen_docs = _docs(listened, nodes)
     listen_docs = {n.name: listen_docs.get(n.name) for n in nodes}
     ours = {name: listed_ports(doc, "listening") for name, doc in listen_docs.items()}
     rounds = max(-(-len(plan[n.name]) // PROBES_AT_ONCE) for n in nodes)
