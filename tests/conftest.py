@@ -1,39 +1,14 @@
-"""Shared pytest fixtures, and the simulated-cluster instance of each pytest-xdist worker."""
+"""Shared pytest fixtures, and the order in which the heavy modules run."""
 
 from __future__ import annotations
 
 import importlib.util
-import os
-import re
-import tempfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-# scripts/test runs the heavy lane on pytest-xdist workers (gw0, gw1, ...). Each worker gets a
-# simulated cluster of its own (docs/simcluster.md: prefix, subnet and directory select the
-# instance), unless the caller chose one: two workers never share nodes, Ray or files. Subnets
-# 100 + N stay clear of the fixed instances some modules bring up themselves (bst: 14).
-XDIST_SUBNET_BASE = 100
-
-
-def worker_simcluster_env(worker: str | None, environ) -> dict[str, str]:
-    """The SIMCLUSTER_* variables for xdist worker `worker` ("gw3"), or {} outside xdist or
-    when the caller already set any of them."""
-    match = re.fullmatch(r"gw(\d{1,3})", worker or "")
-    if match is None or any(k in environ for k in ("SIMCLUSTER_PREFIX", "SIMCLUSTER_SUBNET",
-                                                   "SIMCLUSTER_DIR")):
-        return {}
-    index = int(match.group(1))
-    if XDIST_SUBNET_BASE + index > 253:
-        raise pytest.UsageError(f"xdist worker {worker}: no simulated-cluster subnet left")
-    return {"SIMCLUSTER_PREFIX": f"gw{index}", "SIMCLUSTER_SUBNET": str(XDIST_SUBNET_BASE + index),
-            "SIMCLUSTER_DIR": os.path.join(tempfile.gettempdir(), f"simcluster-gw{index}")}
-
-
-os.environ.update(worker_simcluster_env(os.environ.get("PYTEST_XDIST_WORKER"), os.environ))
 
 
 def _load_tiny_model_builder():

@@ -66,3 +66,29 @@ def test_only_the_kit_starts_the_cli_in_a_subprocess(name):
     """`python -m cluster` is spelled once (tests/fakes.py); every other module calls it."""
     text = (TESTS / name).read_text()
     assert not [w for w in RUNNER_WORDS if w in text]
+
+
+def test_each_xdist_worker_gets_a_simulated_cluster_of_its_own(monkeypatch):
+    """scripts/test's workers never share nodes: gwN -> prefix gwN, subnet 100+N, its own dir;
+    outside xdist, or when the caller chose an instance, nothing is set."""
+    monkeypatch.syspath_prepend(str(TESTS / "integration"))
+    from integration_kit import worker_simcluster_env
+
+    gw0, gw3 = worker_simcluster_env("gw0", {}), worker_simcluster_env("gw3", {})
+    assert (gw0["SIMCLUSTER_PREFIX"], gw0["SIMCLUSTER_SUBNET"]) == ("gw0", "100")
+    assert (gw3["SIMCLUSTER_PREFIX"], gw3["SIMCLUSTER_SUBNET"]) == ("gw3", "103")
+    assert gw0["SIMCLUSTER_DIR"] != gw3["SIMCLUSTER_DIR"]
+    assert worker_simcluster_env(None, {}) == {}
+    assert worker_simcluster_env("master", {}) == {}
+    assert worker_simcluster_env("gw1", {"SIMCLUSTER_SUBNET": "7"}) == {}
+    with pytest.raises(ValueError):
+        worker_simcluster_env("gw200", {})
+
+
+def test_the_heavy_modules_named_for_the_order_exist():
+    """The cost table of tests/conftest.py names modules that exist (a renamed module would
+    silently lose its place at the front)."""
+    text = (TESTS / "conftest.py").read_text()
+    table = text.split("HEAVY_MODULE_COST_S = {", 1)[1].split("}", 1)[0]
+    names = [line.split('"')[1] for line in table.splitlines() if '"' in line]
+    assert names and all(suite_modules().get(Path(n).stem) for n in names), names

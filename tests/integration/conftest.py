@@ -47,9 +47,13 @@ from pathlib import Path
 
 import pytest
 
-from integration_kit import SIMCLUSTER, simcluster_unavailable
+from integration_kit import SIMCLUSTER, simcluster_unavailable, worker_simcluster_env
 
 REPO = Path(__file__).resolve().parents[2]
+
+# Under pytest-xdist (scripts/test), this worker's own simulated cluster: set before any
+# fixture runs scripts/simcluster, which reads these variables.
+os.environ.update(worker_simcluster_env(os.environ.get("PYTEST_XDIST_WORKER"), os.environ))
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ derived from the simulated cluster's with small-node Ray settings (optionally wi
     with ProcessListWatch(SECRET) as watch: ...   # process lists sampled for a secret
     wait_for_series(inv, "up", ok)                # the head's Prometheus (PROMETHEUS_PORT)
     simcluster_unavailable()                      # why the simulated cluster cannot run, or None
+    worker_simcluster_env("gw1", os.environ)      # the SIMCLUSTER_* of xdist worker gw1 ({}: none)
 
 tests/integration/conftest.py documents the fixtures (simcluster, simcluster_factory); this
 module holds plain helpers (import it by name: pytest puts tests/integration on sys.path). The
@@ -27,9 +28,11 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -159,6 +162,27 @@ SIMCLUSTER = REPO / "scripts" / "simcluster"
 
 
 SSHD = Path("/usr/sbin/sshd")
+
+
+# scripts/test runs the heavy lane on pytest-xdist workers (gw0, gw1, ...). Each worker gets a
+# simulated cluster of its own (docs/simcluster.md: prefix, subnet and directory select the
+# instance), unless the caller chose one: two workers never share nodes, Ray or files. Subnets
+# 100 + N stay clear of the fixed instances some modules bring up themselves (bst: 14).
+XDIST_SUBNET_BASE = 100
+
+
+def worker_simcluster_env(worker: str | None, environ) -> dict[str, str]:
+    """The SIMCLUSTER_* variables for xdist worker `worker` ("gw3"), or {} outside xdist or
+    when the caller already set any of them."""
+    match = re.fullmatch(r"gw(\d{1,3})", worker or "")
+    if match is None or any(k in environ for k in ("SIMCLUSTER_PREFIX", "SIMCLUSTER_SUBNET",
+                                                   "SIMCLUSTER_DIR")):
+        return {}
+    index = int(match.group(1))
+    if XDIST_SUBNET_BASE + index > 253:
+        raise ValueError(f"xdist worker {worker}: no simulated-cluster subnet left")
+    return {"SIMCLUSTER_PREFIX": f"gw{index}", "SIMCLUSTER_SUBNET": str(XDIST_SUBNET_BASE + index),
+            "SIMCLUSTER_DIR": os.path.join(tempfile.gettempdir(), f"simcluster-gw{index}")}
 
 
 def simcluster_unavailable() -> str | None:
