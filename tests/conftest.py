@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -44,14 +46,14 @@ def tiny_model_builder():
     return _load_tiny_model_builder()
 
 
-# The heavy modules, costliest first (seconds of one serial run on this 2-core machine; the rest
+# The heavy modules, costliest first (seconds on this 2-core machine, 2 workers; the rest
 # follow in collection order). On xdist workers (scripts/test: --dist loadfile
 # --no-loadscope-reorder) a module runs whole on one worker, in this order, so the two longest
 # start at once instead of one of them at the end while the other worker idles.
 HEAVY_MODULE_COST_S = {
-    "test_gang_e2e.py": 650,
-    "test_tune_status.py": 480,
-    "test_deploy_e2e.py": 420,
+    "test_gang_e2e.py": 800,
+    "test_tune_status.py": 510,
+    "test_deploy_e2e.py": 450,
     "test_faults.py": 330,
     "test_simcluster.py": 250,
     "test_metrics.py": 240,
@@ -63,3 +65,38 @@ HEAVY_MODULE_COST_S = {
 def pytest_collection_modifyitems(config, items):
     """Costliest modules first (stable: the order inside a module and among the rest stays)."""
     items.sort(key=lambda item: -HEAVY_MODULE_COST_S.get(item.path.name, 0))
+
+
+# Where each module's time went, per worker: <output>/module-times-<worker>.tsv at the end of a
+# session (worker, module, wall seconds from its first test's start to its last test's end,
+# started at, in seconds since the session began): what HEAVY_MODULE_COST_S is measured from.
+_SESSION_START = time.monotonic()
+_MODULE_SPANS: dict[str, list[float]] = {}
+_INTEGRATION_RAN: set[str] = set()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    start = time.monotonic()
+    try:
+        return (yield)
+    finally:
+        span = _MODULE_SPANS.setdefault(item.path.name, [start, start])
+        span[1] = time.monotonic()
+        if item.path.parent.name == "integration":
+            _INTEGRATION_RAN.add(item.path.name)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if not _INTEGRATION_RAN:
+        return   # only runs with integration modules are worth a file
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    folder = Path(os.environ.get("CLUSTER_TEST_OUTPUT") or REPO / ".test-output")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        rows = sorted(_MODULE_SPANS.items(), key=lambda kv: kv[1][0])
+        (folder / f"module-times-{worker}.tsv").write_text("".join(
+            f"{worker}\t{module}\t{end - start:.1f}\t{start - _SESSION_START:.1f}\n"
+            for module, (start, end) in rows))
+    except OSError:
+        pass   # a report of the suite's own timing never fails the suite
