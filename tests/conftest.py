@@ -46,34 +46,19 @@ def tiny_model_builder():
     return _load_tiny_model_builder()
 
 
-# The heavy modules, costliest first: seconds on this 2-core machine with 2 workers, from
-# .test-output/module-times-gwN.tsv of a full run; modules under 20 s follow in collection
-# order. On xdist workers (scripts/test: --dist loadfile --no-loadscope-reorder) a module runs
-# whole on one worker, in this order (longest first), so that no long module starts last while
-# the other worker idles (test_serve_app.py, collected after tests/integration/, did).
+# The heavy modules, costliest first (seconds on this 2-core machine, 2 workers; the rest
+# follow in collection order). On xdist workers (scripts/test: --dist loadfile
+# --no-loadscope-reorder) a module runs whole on one worker, in this order, so the two longest
+# start at once instead of one of them at the end while the other worker idles.
 HEAVY_MODULE_COST_S = {
-    "test_gang_e2e.py": 826,
-    "test_tune_status.py": 508,
-    "test_deploy_e2e.py": 414,
-    "test_faults.py": 227,
-    "test_serve_app.py": 166,
-    "test_model_pull.py": 152,
-    "test_placement_sim.py": 139,
-    "test_simcluster.py": 135,
-    "test_metrics.py": 114,
-    "test_dashboard_browser.py": 100,
-    "test_nccl_check_cluster.py": 96,
-    "test_bastion_scale.py": 86,
-    "test_fix_model.py": 86,
-    "test_planner_vllm_kv.py": 67,
-    "test_ray_cluster.py": 62,
-    "test_fabric_proof_cluster.py": 61,
-    "test_health_job_cluster.py": 56,
-    "test_bench.py": 33,
-    "test_security_root_cluster.py": 25,
-    "test_fix.py": 24,
-    "test_preflight.py": 23,
-    "test_exec.py": 22,
+    "test_gang_e2e.py": 800,
+    "test_tune_status.py": 510,
+    "test_deploy_e2e.py": 450,
+    "test_faults.py": 330,
+    "test_simcluster.py": 250,
+    "test_metrics.py": 240,
+    "test_dashboard_browser.py": 200,
+    "test_placement_sim.py": 150,
 }
 
 
