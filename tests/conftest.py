@@ -12,7 +12,6 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-
 def _load_tiny_model_builder():
     spec = importlib.util.spec_from_file_location("make_tiny_model", REPO / "scripts" / "make_tiny_model.py")
     module = importlib.util.module_from_spec(spec)
@@ -90,10 +89,11 @@ def pytest_runtest_protocol(item, nextitem):
 def pytest_sessionfinish(session, exitstatus):
     if not _INTEGRATION_RAN:
         return   # only runs with integration modules are worth a file
+    from fakes import output_dir
+
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    folder = Path(os.environ.get("CLUSTER_TEST_OUTPUT") or REPO / ".test-output")
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = output_dir()
         rows = sorted(_MODULE_SPANS.items(), key=lambda kv: kv[1][0])
         (folder / f"module-times-{worker}.tsv").write_text("".join(
             f"{worker}\t{module}\t{end - start:.1f}\t{start - _SESSION_START:.1f}\n"

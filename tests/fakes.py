@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import os
 import re
 import socket
 import subprocess
@@ -52,6 +53,13 @@ from cluster.nodes.remote import CommandResult, Exchange
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
 CONFIGS = REPO / "tests" / "model_configs"
+
+
+def output_dir() -> Path:
+    """Where the suite keeps screenshots and its module times: $CLUSTER_TEST_OUTPUT, else <repo>/.test-output/."""
+    path = Path(os.environ.get("CLUSTER_TEST_OUTPUT") or REPO / ".test-output")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def fixture_text(kind: str, name: str) -> str:

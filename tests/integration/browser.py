@@ -19,6 +19,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from fakes import output_dir   # where the suite keeps what a person looks at afterwards
+
 REPO = Path(__file__).resolve().parents[2]
 BUDGET_MS = 20000        # virtual time the page's scripts get (timers, fetches) before the dump
 TIMEOUT_S = 180.0        # wall-clock limit of one chromium run
@@ -41,11 +43,6 @@ def chromium_unavailable() -> str | None:
     return None
 
 
-def output_dir() -> Path:
-    """Where screenshots are kept: $CLUSTER_TEST_OUTPUT, else <repo>/.test-output/."""
-    path = Path(os.environ.get("CLUSTER_TEST_OUTPUT") or REPO / ".test-output")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 class BrowserError(AssertionError):
