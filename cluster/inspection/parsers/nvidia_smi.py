@@ -42,9 +42,10 @@ input: lines are cut at 4096 characters and cells split with string operations.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from cluster.base.errors import ParseError
+from cluster.base.results import fields_dict
 from cluster.inspection.parsers._lines import MAX_LINE_CHARS, lines_of
 from cluster.inspection.parsers._nvidia_text import is_missing, tool_failure, version_in
 
@@ -129,8 +130,8 @@ class NvidiaSmi:
             "timestamp": self.timestamp,
             "gpu_count": self.gpu_count,
             "complete": self.complete,
-            "gpus": [asdict(g) for g in self.gpus],
-            "processes": [asdict(p) for p in self.processes],
+            "gpus": [fields_dict(g) for g in self.gpus],
+            "processes": [fields_dict(p) for p in self.processes],
         }
 
 
