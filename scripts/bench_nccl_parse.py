@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from cluster.inspection.parsers import nccl  # noqa: E402
+from simbench import byte_compile  # noqa: E402  (scripts/simbench.py: the benchmarks' shared part)
 
 FIXTURES = ROOT / "tests" / "fixtures" / "nccl"
 MB = 1_000_000
@@ -80,16 +81,6 @@ def _timed_child(argv: list[str]) -> tuple[float, float, bytes]:
     if os.waitstatus_to_exitcode(status) not in (0, 1):
         raise SystemExit(f"{argv[0]} failed: exit {os.waitstatus_to_exitcode(status)}")
     return elapsed, usage.ru_utime + usage.ru_stime, data
-
-
-def byte_compile() -> str:
-    """The tree's modules compiled into __pycache__ (what `pip install` does for a wheel), so the
-    CLI's start-up is timed as a user's would be; "ok" or why not."""
-    import compileall
-
-    ok = compileall.compile_dir(str(ROOT / "cluster"), quiet=1) and \
-        compileall.compile_dir(str(ROOT / "playbooks"), quiet=1)
-    return "ok" if ok else "some modules failed to compile (timed from source)"
 
 
 def time_grep(path: Path) -> tuple[float, float]:
@@ -245,9 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         print("grep not found", file=sys.stderr)
         return 2
 
-    compiled = byte_compile()
-    print(f"cluster/ byte-compiled: {compiled} (an installed package has its .pyc files; with "
-          f"PYTHONDONTWRITEBYTECODE=1 every CLI run would compile its modules from source)")
+    print(f"cluster/ byte-compiled: {byte_compile()} (an installed package has its .pyc files)")
     workdir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-nccl-"))
     workdir.mkdir(parents=True, exist_ok=True)
     try:

@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from simbench import byte_compile  # (scripts/simbench.py: the benchmarks' shared part)
+
 ROOT = Path(__file__).resolve().parent.parent
 # The simulated cluster's instance: the caller's SIMCLUSTER_* when set (a shared machine: each
 # engineer has their own prefix and subnet), else the benchmark's own.
@@ -179,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     trees = [("current", ROOT)]
     if args.baseline:
         trees.append(("baseline", baseline_tree(args.baseline)))
+    for label, tree in trees:      # each CLI starts as an installed one would, from bytecode
+        print(f"{label} tree byte-compiled: {byte_compile(tree)}", flush=True)
     runs: list[Run] = []
     try:
         for n in sizes:
