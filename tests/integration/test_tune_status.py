@@ -97,12 +97,11 @@ def test_kv_pressure_shows_the_capacity_warning_and_bench_counts_what_the_engine
 
     metric = "vllm:generation_tokens_total"
     before = scrape_metric(endpoint, metric)     # through the serving app's own route
-    # 96 requests a load: about a minute of pressure on 2 cores, a dozen status windows; each
+    # 192 requests a load: about 2 min of pressure on 2 cores, several status windows; each
     # load runs to its end (its tokens are counted), so a longer one only lengthened the test
-    # (192 took ~4 min of a busy heavy lane, 512 ~6 min); a load that drains before a window
-    # caught the pressure is followed by another (below)
+    # (512 a load took ~6 min on a busy day)
     config = BenchConfig(url=endpoint, model=APP, concurrency=(32,), prompt_len=64,
-                         output_len=200, requests=96, timeout_s=300, api_key=KEY)
+                         output_len=200, requests=192, timeout_s=300, api_key=KEY)
     loads: list[tuple[threading.Thread, dict]] = []
 
     def start_load() -> threading.Thread:
