@@ -2,7 +2,7 @@
 
 gather (the facts layer: every node's probes in one SSH round trip per node, in parallel; or the
 run's facts handed in, as `cluster up` does) -> judge (pure, cluster/inspection/preflight.evaluate_node) ->
-cross-node checks (clocks sampled from here, versions, drivers, MTU, model) -> TCP reachability
+cross-node checks (clocks sampled from here on the gather's channels, versions, drivers, MTU, model) -> TCP reachability
 between the reachable nodes (cluster/inspection/reachability.py). Read-only: no plan, no dry run, nothing
 to confirm. Nothing is printed: the caller gets a PreflightOutcome (the Report: `to_dict()`,
 `exit_code`) and a NodeDone event per node gathered. Never raises for a node: an unreachable
@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from cluster.inspection.checks.base import NodeCheck
-from cluster.inspection.checks.cross import cross_node_checks, measure_skew
+from cluster.inspection.checks.cross import cross_node_checks
+from cluster.inspection.clock import ClockSample, measure_skew
 from cluster.inspection.checks.node import NODE_CHECKS
 from cluster.inspection.facts import NodeFacts
 from cluster.nodes.inventory import Inventory, Node
@@ -61,16 +62,31 @@ def run(inventory: Inventory, session: Session, options: PreflightOptions = Pref
 
 def gather_with_listeners(inventory: Inventory, session: Session, nodes: Sequence[Node],
                           checks: Sequence[NodeCheck] = NODE_CHECKS, on_node_done=None,
-                          reachability: bool = True
+                          reachability: bool = True, measure_clock: bool = True
                           ) -> tuple[dict[str, NodeFacts], Listeners | None]:
     """The preflight's gather: the facts, and the reachability listeners started in it (after
-    its other probes: no command of their own) when there are peers to probe. `cluster up`
-    gathers so too and hands both to run_preflight, which stops what is left of them."""
+    its other probes: no command of their own) when there are peers to probe, and the clock
+    samples taken on its channels (no command of their own either) when there is a skew to
+    measure. `cluster up` gathers so too and hands both to run_preflight, which stops what is
+    left of the listeners."""
     listeners = plan_listeners(inventory, session, nodes) \
         if reachability and len(nodes) > 1 else None
     facts = gather_for(inventory, session, nodes, checks, on_node_done,
-                       (listeners.probe,) if listeners else ())
+                       (listeners.probe,) if listeners else (),
+                       clock=measure_clock and len(nodes) > 1)
     return facts, listeners
+
+
+def clock_samples(session: Session, nodes: Sequence[Node],
+                  facts: Mapping[str, NodeFacts]) -> dict[str, ClockSample]:
+    """Each node's clock sample: the one its gather took, else one measured now (facts
+    gathered without samples, a node whose gather conversation gave no answer)."""
+    samples = {n.name: facts[n.name].clock for n in nodes if facts[n.name].clock is not None
+               and facts[n.name].clock.offset_s is not None}
+    missing = [n for n in nodes if n.name not in samples]
+    if missing:
+        samples |= measure_skew(session, missing)
+    return {n.name: samples[n.name] for n in nodes}
 
 
 def run_preflight(inventory: Inventory, session: Session, nodes: Sequence[Node] | None = None,
@@ -86,7 +102,7 @@ def run_preflight(inventory: Inventory, session: Session, nodes: Sequence[Node] 
     nodes = list(nodes or inventory.nodes)
     if facts is None:
         facts, listeners = gather_with_listeners(inventory, session, nodes, checks,
-                                                 on_node_done, reachability)
+                                                 on_node_done, reachability, measure_clock)
     elif reachability and listeners is None and len(nodes) > 1:
         raise ValueError("reachability needs the listeners its gather started: gather the "
                          "facts with gather_with_listeners")
@@ -101,7 +117,7 @@ def run_preflight(inventory: Inventory, session: Session, nodes: Sequence[Node] 
             results += node_results
             report_facts[node.name] = node_report
         reachable = [n for n in nodes if report_facts[n.name].get("reachable")]
-        skew = measure_skew(session, reachable) if measure_clock and len(reachable) > 1 \
+        skew = clock_samples(session, reachable, facts) if measure_clock and len(reachable) > 1 \
             else None
         cluster_facts = {n: f for n, f in report_facts.items() if f.get("reachable")}
         results += cross_node_checks(cluster_facts, inventory, skew)

@@ -43,8 +43,10 @@ class FakeRunner:
         pass
     def run(self, node, command, timeout, stdin=None):
         return fake.run(node, command)
-    def exchange(self, node, command, asks, enough, timeout):
-        return fake.exchange(node, command, asks, enough, timeout)
+    def exchange(self, node, command, asks, enough, timeout, after=None):
+        # (a baseline tree older than the gather's clock conversation never passes `after`)
+        return fake.exchange(node, command, asks, enough, timeout,
+                             **({} if after is None else {"after": after}))
     def close(self):
         pass
 

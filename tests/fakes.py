@@ -401,17 +401,35 @@ class FakeClusterSession:
             return result(node.name, self._probes(node, command), command=command)
         return result(node.name, self._reach(command), command=command)
 
-    def exchange(self, node, command, asks, enough, timeout=None):
-        """The clock samples: each ask answered with this machine's clock (`date +%s.%N`)."""
-        with self._lock:
-            self.calls += 1
+    def exchange(self, node, command, asks, enough, timeout=None, after=None):
+        """The clock samples: each ask answered with this machine's clock (`date +%s.%N`);
+        with `after` (the gather's conversation) the command's output before that line too."""
         assert "date +%s.%N" in command, command
+        first = self.run(node, command) if after is not None else None
+        if first is None:
+            with self._lock:
+                self.calls += 1
+        elif not first.ok:
+            return Exchange((), first)      # no conversation on a command that failed
         replies = []
         for _ in range(max(1, asks)):
             sent = time.time()
             replies.append((sent, f"{time.time():.9f}", time.time()))
-        return answered(exchange_of(node.name, *replies), asks, enough)
+        got = answered(exchange_of(node.name, *replies), asks, enough)
+        return got if first is None else Exchange(got.replies, first)
     fan_out = RecordingSession.fan_out          # Session.fan_out's contract, node by node
+
+    def fan_out_exchange(self, nodes, command, asks, enough, after=None, timeout=None,
+                         on_result=None):
+        """Session.fan_out_exchange's contract, node by node: Exchanges in node order."""
+        out = []
+        for node in nodes:
+            got = self.exchange(node, command(node) if callable(command) else command, asks,
+                                enough, timeout, after)
+            if on_result is not None:
+                on_result(got.result)
+            out.append(got)
+        return tuple(out)
 
     def _probes(self, node, command: str) -> str:
         from cluster.inspection.probes import probe_names

@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 
 from cluster.inspection.checks import cross
-from cluster.inspection.checks.cross import ClockSample
+from cluster.inspection import clock
+from cluster.inspection.clock import ClockSample
 from cluster.nodes.inventory import default_expectations, loads
 from cluster.base.results import Status
 from fakes import ScriptedSession, exchange_of, fixture_text, judge, probe_output, result
@@ -187,7 +188,7 @@ def test_skew_within_the_warning_is_ok():
     (res,) = cross.clock_skew(samples(a=0.0, b=0.05, c=0.02), EXPECT)
     assert (res.check, res.node, res.status) == ("clock-skew", None, Status.OK)
     assert res.summary == "max skew 50.0 ms (+-5.0 ms) across 3 nodes"
-    assert res.evidence.command == cross.CLOCK_COMMAND
+    assert res.evidence.command == clock.CLOCK_COMMAND
     assert res.evidence.data["max_skew_s"] == pytest.approx(0.05)
 
 
@@ -227,33 +228,33 @@ def test_sample_clock_keeps_the_quickest_round_trip():
     session = ScriptedSession({"n1": [exchange_of("n1", (100.0, "1000.1", 100.2),
                                                   (101.0, "1001.525", 101.05),
                                                   (102.0, "1002.0", 102.1))]})
-    sample = cross.sample_clock(session, _node())
+    sample = clock.sample_clock(session, _node())
     assert sample.offset_s == pytest.approx(1001.525 - 101.025)
     assert sample.rtt_s == pytest.approx(0.05) and sample.error is None
-    assert session.calls == [("n1", cross.CLOCK_COMMAND)]
+    assert session.calls == [("n1", clock.CLOCK_COMMAND)]
 
 
 def test_sample_clock_stops_after_a_quick_sample():
     # the first round trip is 4 ms: the later (slower, wrong) answers are never asked for
     session = ScriptedSession({"n1": [exchange_of("n1", (50.0, "51.002", 50.004),
                                                   (51.0, "9999", 51.5), (52.0, "x", 52.5))]})
-    sample = cross.sample_clock(session, _node())
+    sample = clock.sample_clock(session, _node())
     assert sample.offset_s == pytest.approx(1.0) and sample.rtt_s == pytest.approx(0.004)
     assert sample.error is None
 
 
 def test_sample_clock_errors_are_samples_not_exceptions():
-    failed = cross.sample_clock(ScriptedSession({"n1": [result("n1", status="timeout", code=None,
+    failed = clock.sample_clock(ScriptedSession({"n1": [result("n1", status="timeout", code=None,
                                                                error="timed out after 10 s")]}),
                                 _node())
     assert failed == ClockSample("n1", None, None, "timed out after 10 s")
-    code = cross.sample_clock(ScriptedSession({"n1": [result("n1", status="failed", code=127,
+    code = clock.sample_clock(ScriptedSession({"n1": [result("n1", status="failed", code=127,
                                                              error="")]}), _node())
     assert code.error == "exit 127"
-    silent = cross.sample_clock(ScriptedSession({"n1": [result("n1", "")]}), _node())
+    silent = clock.sample_clock(ScriptedSession({"n1": [result("n1", "")]}), _node())
     assert silent == ClockSample("n1", None, None, "no date output")
     for line in ("+%s.%N", "nan", "inf"):
-        garbage = cross.sample_clock(ScriptedSession({"n1": [exchange_of("n1", (1.0, line, 1.1))]}),
+        garbage = clock.sample_clock(ScriptedSession({"n1": [exchange_of("n1", (1.0, line, 1.1))]}),
                                      _node())
         assert garbage.offset_s is None and garbage.error == f"unreadable date output {line!r}"
 
@@ -263,7 +264,7 @@ def test_clock_command_answers_each_newline_with_the_clock_until_eof(tmp_path):
     import subprocess
     import time
     before = time.time()
-    p = subprocess.run(["sh", "-c", cross.CLOCK_COMMAND], input="\n\n\n", capture_output=True,
+    p = subprocess.run(["sh", "-c", clock.CLOCK_COMMAND], input="\n\n\n", capture_output=True,
                        text=True, timeout=30)
     lines = p.stdout.splitlines()
     assert p.returncode == 0 and len(lines) == 3, (p.returncode, p.stdout, p.stderr)
@@ -277,9 +278,9 @@ def test_sample_clock_on_this_machine_is_one_command_per_ask():
     inv = loads("nodes:\n  - {name: here, address: 127.0.0.1, role: head, local: true}\n")
     recorded = []
     with Session(inv, hooks=[recorded.append]) as session:
-        sample = cross.sample_clock(session, inv.head)
+        sample = clock.sample_clock(session, inv.head)
     assert sample.error is None and abs(sample.offset_s) < 1.0, sample
-    assert [r.status for r in recorded] == ["ok"] and recorded[0].command == cross.CLOCK_COMMAND
+    assert [r.status for r in recorded] == ["ok"] and recorded[0].command == clock.CLOCK_COMMAND
 
 
 def test_measure_skew_samples_every_node():
@@ -287,7 +288,7 @@ def test_measure_skew_samples_every_node():
                 "  - {name: b, address: 10.0.0.2}\n")
     session = ScriptedSession({"a": [exchange_of("a", (0.5, "1.0", 0.51))],
                                "b": [result("b", status="unreachable", code=None)]})
-    out = cross.measure_skew(session, inv.nodes)
+    out = clock.measure_skew(session, inv.nodes)
     assert set(out) == {"a", "b"}
     assert out["a"] == ClockSample("a", pytest.approx(0.495), pytest.approx(0.01))
     assert out["b"] == ClockSample("b", None, None, "boom")

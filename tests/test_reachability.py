@@ -267,18 +267,20 @@ class CommandLog(FakeClusterSession):
             return super().run(node, "false", timeout, stdin)   # no document
         return super().run(node, command, timeout, stdin)
 
-    def exchange(self, node, command, asks, enough, timeout=None):
-        self.kinds.append((node.name, "clock"))
-        return super().exchange(node, command, asks, enough, timeout)
+    def exchange(self, node, command, asks, enough, timeout=None, after=None):
+        if after is None:        # a clock command of its own (the gather's conversation is not)
+            self.kinds.append((node.name, "clock"))
+        return super().exchange(node, command, asks, enough, timeout, after)
 
     def sent(self, kind: str) -> list[str]:
         return sorted(n for n, k in self.kinds if k == kind)
 
 
-def test_a_healthy_preflight_sends_three_commands_a_node_and_no_listen_or_stop():
-    """The listener starts in the gather's round trip and leaves by itself once acked: a node
-    gets its gather, its clock conversation and its probe; a node whose probe goes unanswered
-    gets a stop (its peers' listeners stay unacked by it, so they are stopped too)."""
+def test_a_healthy_preflight_sends_two_commands_a_node_and_no_listen_stop_or_clock():
+    """The listener starts in the gather's round trip and leaves by itself once acked, and the
+    clock is sampled on the gather's channel: a node gets its gather and its probe; a node whose
+    probe goes unanswered gets a stop (its peers' listeners stay unacked by it, so they are
+    stopped too)."""
     from playbooks.preflight import run_preflight
 
     inv = fake_inventory(3)
@@ -287,7 +289,9 @@ def test_a_healthy_preflight_sends_three_commands_a_node_and_no_listen_or_stop()
     reach = [r for r in report.results if r.check == "reachability"]
     assert reach and all(r.status == Status.OK for r in reach), [r.summary for r in reach]
     assert sorted(session.kinds) == sorted((n, k) for n in ("n1", "n2", "n3")
-                                           for k in ("gather", "clock", "probe"))
+                                           for k in ("gather", "probe"))
+    skew = next(r for r in report.results if r.check == "clock-skew")
+    assert skew.status == Status.OK and set(skew.evidence.data["nodes"]) == {"n1", "n2", "n3"}
 
     session = CommandLog(inv, silent={"n3"})
     run_preflight(inv, session)
@@ -297,7 +301,7 @@ def test_a_healthy_preflight_sends_three_commands_a_node_and_no_listen_or_stop()
 
 def test_ups_gather_starts_the_listeners_so_its_preflight_sends_no_listen_either():
     """`cluster up` gathers its facts once (gather_facts) and hands them to the preflight with
-    the listeners that gather started: 3 commands a node, as a preflight of its own; with the
+    the listeners that gather started: 2 commands a node, as a preflight of its own; with the
     preflight skipped, its gather starts no listener."""
     from playbooks.ray_up import gather_facts, run_preflight
 
@@ -309,7 +313,8 @@ def test_ups_gather_starts_the_listeners_so_its_preflight_sends_no_listen_either
     reach = [r for r in report.results if r.check == "reachability"]
     assert reach and all(r.status == Status.OK for r in reach), [r.summary for r in reach]
     assert sorted(session.kinds) == sorted((n, k) for n in ("n1", "n2", "n3")
-                                           for k in ("gather", "clock", "probe"))
+                                           for k in ("gather", "probe"))
+    assert all(f.clock is not None and f.clock.offset_s is not None for f in facts.values())
     session = CommandLog(inv)
     facts, listeners = gather_facts(session, inv, with_preflight=False)
     assert listeners is None and session.sent("gather") == ["n1", "n2", "n3"]

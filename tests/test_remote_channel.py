@@ -16,6 +16,7 @@ from cluster.nodes.inventory import Node, SSHOptions
 from fakes import InProcessSSH
 
 MB = 1 << 20
+MARKS: list[float] = []      # when "output-then-clock" sent its mark line
 
 
 def _read_stdin(chan) -> bytes:
@@ -70,6 +71,22 @@ def handler(command: str, chan) -> None:
                 chan.sendall_stderr(b"e")
         chan.sendall(b"bye")
         _finish(chan, 0)
+    elif command.startswith("output-then-clock"):   # its output (the mark line cut in two
+        chunk = b"".join(b"|line %d\n" % i for i in range(4000))   # sends), then a clock
+        chan.sendall(chunk)
+        if "mark-first" not in command:
+            chan.sendall(chunk + b"|last")
+        time.sleep(0.2)
+        MARKS.append(time.time())
+        chan.sendall(b"" if "mark-first" in command else b"\n")
+        chan.sendall(b"@@cl")
+        chan.sendall(b"ock@@\n")
+        handler("clock", chan)
+        return
+    elif command == "output-no-mark":
+        chan.recv(1024) if chan.recv_ready() else None
+        chan.sendall(b"|a\n|b\n@@clock@@ but not alone\n")
+        _finish(chan, 0)
     elif command == "answer-once":               # one answer, then it ends (date failed)
         chan.recv(1024)
         chan.sendall(b"1.0\n")
@@ -101,11 +118,12 @@ def _run(ssh, command, stdin=None, limit=MB, timeout_s=20.0):
         chan.close()
 
 
-def _exchange(ssh, command, asks=3, enough=lambda reply: False, limit=64 << 10, timeout_s=20.0):
+def _exchange(ssh, command, asks=3, enough=lambda reply: False, limit=64 << 10, timeout_s=20.0,
+              after=None):
     chan = ssh.client.open_session(timeout=10)
     try:
         return channel_run.exchange_on_channel(chan, command, asks, enough, limit,
-                                               time.monotonic() + timeout_s)
+                                               time.monotonic() + timeout_s, after)
     finally:
         chan.close()
 
@@ -179,6 +197,35 @@ def test_an_exchange_with_a_command_that_ends_early_keeps_what_it_said(ssh):
     assert (done.exit_code, done.stderr) == (1, "date: broken\n")
 
 
+def test_an_exchange_after_a_mark_asks_only_once_the_output_is_in(ssh):
+    """The gather's conversation: its output (here 2 x 4000 lines, the mark line arriving in
+    two pieces) is stdout, the asking starts only after the mark line, the replies are not
+    stdout."""
+    MARKS.clear()
+    replies, done = _exchange(ssh, "output-then-clock", asks=2, limit=MB, after=b"@@clock@@")
+    assert [r.line for r in replies] == ["1001.5", "1002.5"]
+    assert MARKS and all(r.sent_s >= MARKS[0] for r in replies)
+    lines = done.stdout.split("\n")       # (what it said after the replies is kept: "bye")
+    assert len(lines) == 8002 and lines[0] == "|line 0" and lines[-2:] == ["|last", "bye"]
+    assert "@@clock@@" not in done.stdout and "1001.5" not in done.stdout
+    assert (done.exit_code, done.stderr, done.cut) == (0, "ee", 0)
+    # the mark as the very first thing said: no output, the same conversation
+    replies, done = _exchange(ssh, "output-then-clock mark-first", asks=1, limit=MB,
+                              after=b"@@clock@@")
+    assert [r.line for r in replies] == ["1001.5"] and done.stdout.count("\n") == 4000
+    assert done.stdout.endswith("|line 3999\nbye")
+
+
+def test_an_exchange_whose_mark_never_comes_asks_nothing(ssh):
+    """A line that holds the mark but is not it, then the end: all of it is stdout, no ask;
+    output past the limit without the mark stops the waiting too (bounded)."""
+    replies, done = _exchange(ssh, "output-no-mark", asks=3, after=b"@@clock@@")
+    assert replies == () and done.stdout == "|a\n|b\n@@clock@@ but not alone\n"
+    replies, done = _exchange(ssh, "output-then-clock", asks=3, limit=32 << 10,
+                              after=b"@@clock@@")
+    assert replies == () and done.cut > 0 and len(done.stdout) < 100 << 10
+
+
 def test_an_answer_without_a_newline_is_bounded_and_ends_the_asking(ssh):
     replies, done = _exchange(ssh, "no-newline", limit=64 << 10)
     assert replies == () and done.exit_code == 0
@@ -191,6 +238,10 @@ def test_ssh_runner_exchange_result_holds_the_replies(ssh, monkeypatch):
     assert [r.line for r in got.replies] == ["1001.5", "1002.5"]
     assert (got.result.status, got.result.stdout, got.result.stderr) == \
         ("ok", "1001.5\n1002.5\nbye", "ee")
+    after = runner.exchange(NODE, "output-then-clock", 1, lambda r: False, timeout=20,
+                            after="@@clock@@")
+    assert [r.line for r in after.replies] == ["1001.5"]
+    assert after.result.stdout.endswith("|line 3999\n|last\nbye") and after.result.ok
     with pytest.raises(CommandTimeout):
         runner.exchange(NODE, "silent", 2, lambda r: False, timeout=0.5)
     assert forgotten == ["n1"]

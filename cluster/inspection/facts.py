@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import math
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from cluster.base.errors import ParseError
 from cluster.nodes.inventory import Inventory, Node
 from cluster.inspection.probes import (Probe, ProbeOutput, probe_script, script_deadline, script_problem,
                             split_probe_output)
-from cluster.nodes.remote import CommandResult
+from cluster.nodes.remote import CommandResult, Exchange
+from cluster.inspection.clock import (CLOCK_CONVERSATION, CLOCK_MARK, CLOCK_SAMPLES, ClockSample,
+                                      clock_sample, quick_enough)
 
 PER_PROBE_TIMEOUT_S = 20
 NODE_PROGRAM = "versions"          # the probe name of node_facts.py (the versions check reads it)
@@ -90,6 +92,7 @@ class NodeFacts:
     # probe name -> its parser's reading (or the ParseError), filled on first read: each
     # tool's output is parsed once per node and run, whichever checks, fixes or plans read it
     memo: dict = field(default_factory=dict, repr=False, compare=False)
+    clock: ClockSample | None = None      # sampled on the gather's channel (gather(clock=True))
 
     def reading(self, fact: "ToolFact") -> dict:
         """`fact`'s output on this node as its parser reads it, parsed once (ParseError on
@@ -277,15 +280,32 @@ def gather_timeout(probe_count: int) -> float:
 
 
 def gather(session, inventory: Inventory, nodes: Sequence[Node] | None = None,
-           builders: Sequence[ProbeBuilder] = RAY_PROBES, on_node_done=None) -> dict[str, NodeFacts]:
+           builders: Sequence[ProbeBuilder] = RAY_PROBES, on_node_done=None,
+           clock: bool = False) -> dict[str, NodeFacts]:
     """Every node's facts, in parallel, one round trip per node: the probes of `builders` (by
-    default the Ray facts'). Keys: node names, in inventory order."""
+    default the Ray facts'). Keys: node names, in inventory order.
+
+    `clock`: each node's clock sampled too, on the gather's own channel once its output is in
+    (Session.fan_out_exchange, cluster/inspection/clock.py): NodeFacts.clock. A node whose
+    runner cannot converse (this machine's) has no sample: measure it on its own."""
     nodes = list(nodes or inventory.nodes)
     probes = {n.name: probes_for(n, inventory, builders) for n in nodes}
     timeout = gather_timeout(max((len(p) for p in probes.values()), default=0))
-    results = session.fan_out(nodes, lambda n: probe_script(probes[n.name], PER_PROBE_TIMEOUT_S),
-                              timeout=timeout, on_result=on_node_done)
-    return {n.name: node_facts(n, r, probes[n.name]) for n, r in zip(nodes, results)}
+    if not clock:
+        results = session.fan_out(nodes, lambda n: probe_script(probes[n.name],
+                                                                PER_PROBE_TIMEOUT_S),
+                                  timeout=timeout, on_result=on_node_done)
+        return {n.name: node_facts(n, r, probes[n.name]) for n, r in zip(nodes, results)}
+    talks = session.fan_out_exchange(
+        nodes, lambda n: probe_script(probes[n.name], PER_PROBE_TIMEOUT_S, CLOCK_CONVERSATION),
+        CLOCK_SAMPLES, quick_enough, after=CLOCK_MARK, timeout=timeout, on_result=on_node_done)
+    return {n.name: _with_clock(node_facts(n, got.result, probes[n.name]), got)
+            for n, got in zip(nodes, talks)}
+
+
+def _with_clock(facts: NodeFacts, got: Exchange) -> NodeFacts:
+    """The node's facts with its clock sample, when the gather's conversation gave replies."""
+    return replace(facts, clock=clock_sample(facts.node, got)) if got.replies else facts
 
 
 # ---------------------------------------------------------------- parsing (pure)

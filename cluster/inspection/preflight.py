@@ -34,11 +34,12 @@ def check_probes(checks: Sequence[NodeCheck]) -> tuple:
 
 def gather_for(inventory: Inventory, session: Session, nodes: Sequence[Node] | None = None,
                checks: Sequence[NodeCheck] = NODE_CHECKS, on_node_done=None,
-               more: Sequence[ProbeBuilder] = ()) -> dict[str, NodeFacts]:
+               more: Sequence[ProbeBuilder] = (), clock: bool = False) -> dict[str, NodeFacts]:
     """The facts the checks (and every later step of the run) read: one round trip per node;
-    `more`: probes the run adds to that round trip (the reachability listeners)."""
+    `more`: probes the run adds to that round trip (the reachability listeners); `clock`: the
+    clock samples taken on it too (NodeFacts.clock)."""
     return gather(session, inventory, nodes, tuple(RAY_PROBES) + check_probes(checks)
-                  + tuple(more), on_node_done=on_node_done)
+                  + tuple(more), on_node_done=on_node_done, clock=clock)
 
 
 def evaluate_node(node: Node, inventory: Inventory, checks: Sequence[NodeCheck],

@@ -89,8 +89,11 @@ def script_deadline(per_probe_timeout: float) -> float:
     return per_probe_timeout + LATE_TIMEOUT_S + 2 * (KILL_GRACE_S + COLLECT_SLACK_S)
 
 
-def probe_script(probes: Iterable[Probe], per_probe_timeout: float = 20) -> str:
-    """One bash command line running every probe at once, read-only, with markers."""
+def probe_script(probes: Iterable[Probe], per_probe_timeout: float = 20,
+                 conversation: str | None = None) -> str:
+    """One bash command line running every probe at once, read-only, with markers;
+    `conversation`: shell lines run after the output is printed, on the same channel (the clock
+    samples' CLOCK_CONVERSATION: it reads the script's stdin, which nothing else does)."""
     probes = list(probes)
     for p in probes:
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", p.name):
@@ -134,6 +137,8 @@ def probe_script(probes: Iterable[Probe], per_probe_timeout: float = 20) -> str:
     # than everything else in a preflight.
     parts.append("{ " + " ".join(f"e {p.name} {i};" for i, p in enumerate(probes))
                  + " } > \"$d/all\" 2>/dev/null; cat \"$d/all\"")
+    if conversation:
+        parts.append(conversation)
     return "bash -c " + shlex.quote("\n".join(parts))
 
 

@@ -99,17 +99,27 @@ def run_on_channel(chan, command: str, stdin: bytes | None, limit: int,
 
 
 def exchange_on_channel(chan, command: str, asks: int, enough: Callable[[Reply], bool],
-                        limit: int, deadline: float) -> tuple[tuple[Reply, ...], Finished]:
+                        limit: int, deadline: float, after: bytes | None = None
+                        ) -> tuple[tuple[Reply, ...], Finished]:
     """Start `command`, then up to `asks` times: send a newline and wait for the line it prints
     back (stopping early once `enough(reply)`); then EOF, and wait for its end. The replies, and
     what it left (its stdout, the replies' lines included, bounded like run_on_channel's; its
     stderr; its exit status). A command that
     ends, or prints `limit` bytes without a newline, ends the asking. Raises TimeoutError past
-    `deadline`, like run_on_channel; the caller closes the channel."""
+    `deadline`, like run_on_channel; the caller closes the channel.
+
+    `after`: the asking starts once the command printed this line (a command's output, then
+    its conversation: the preflight's gather and its clock samples on one channel); stdout is
+    then what came before that line, the replies' lines left out. A command that ends, or
+    prints `limit` bytes, without it is asked nothing."""
     wake = _start(chan, command, deadline)
     out, err = HeadTail(limit), HeadTail(limit)
     replies: list[Reply] = []
     pending = b""
+    if after is not None:
+        pending = _read_past(chan, wake, after, out, err, limit, deadline)
+        if pending is None:
+            asks, pending = 0, b""
     while len(replies) < asks and not (chan.eof_received or chan.closed):
         sent = time.time()
         try:
@@ -120,13 +130,44 @@ def exchange_on_channel(chan, command: str, asks: int, enough: Callable[[Reply],
         if line is None:
             break
         reply = Reply(sent, line.decode("utf-8", "replace"), time.time())
-        out.add(line + b"\n")
+        if after is None:
+            out.add(line + b"\n")
         replies.append(reply)
         if enough(reply):
             break
     chan.shutdown_write()
     out.add(pending)
     return tuple(replies), _finish(chan, wake, out, err, deadline)
+
+
+def _read_past(chan, wake: _Wakeup, mark: bytes, out: HeadTail, err: HeadTail, limit: int,
+               deadline: float) -> bytes | None:
+    """stdout up to the line `mark` kept in `out`; what came after that line, or None when the
+    command ended, or printed `limit` bytes, without it (all it printed is in `out` then).
+    Each read is searched once, from where the line could begin (linear in the output)."""
+    line = b"\n" + mark + b"\n"
+    seen = bytearray(b"\n")     # a leading newline: the mark may be the very first line
+    while True:
+        wake.rearm()
+        ended = chan.eof_received or chan.closed
+        _drain_stream(chan.recv_stderr_ready, chan.recv_stderr, err)
+        if chan.recv_ready():
+            start = max(0, len(seen) - len(line) + 1)
+            seen += chan.recv(READ_BYTES)
+            at = seen.find(line, start)
+            if at >= 0:
+                out.add(bytes(seen[1:at + 1]))
+                return bytes(seen[at + len(line):])
+            if len(seen) > limit:
+                out.add(bytes(seen[1:]))
+                return None
+            continue
+        if ended:
+            out.add(bytes(seen[1:]))
+            return None
+        left = deadline - time.monotonic()
+        if left <= 0 or not wake.wait(left):
+            raise TimeoutError("no answer by the deadline")
 
 
 def _read_line(chan, wake: _Wakeup, pending: bytes, err: HeadTail, limit: int,

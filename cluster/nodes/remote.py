@@ -17,7 +17,7 @@ import socket
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Protocol, Sequence, TypeVar
 
@@ -87,7 +87,7 @@ class Runner(Protocol):
             stdin: str | None = None) -> CommandResult: ...
 
     def exchange(self, node: Node, command: str, asks: int, enough: EnoughReplies,
-                 timeout: float) -> Exchange: ...
+                 timeout: float, after: str | None = None) -> Exchange: ...
 
     def close(self) -> None: ...
 
@@ -134,9 +134,14 @@ class LocalRunner:
                              OK if code == 0 else FAILED, cut=streams[0].cut + streams[1].cut)
 
     def exchange(self, node: Node, command: str, asks: int, enough: EnoughReplies,
-                 timeout: float) -> Exchange:
+                 timeout: float, after: str | None = None) -> Exchange:
         """Session.exchange on this machine: one run of `command` per ask, its stdin the ask's
-        newline, its first line the reply (a process start here costs what an ask does)."""
+        newline, its first line the reply (a process start here costs what an ask does).
+        With `after` the command runs once, asked nothing (its stdin empty), its stdout cut
+        before that line: the caller asks again on its own when it needs the replies."""
+        if after is not None:
+            res = self.run(node, command, timeout)
+            return Exchange((), replace(res, stdout=output_before(res.stdout, after)))
         start = time.monotonic()
         replies: list[Reply] = []
         res = None
@@ -156,6 +161,13 @@ class LocalRunner:
 
     def close(self) -> None:
         pass
+
+
+def output_before(stdout: str, line: str) -> str:
+    """stdout up to the line `line` (all of it when there is none): what an exchange with
+    `after=line` keeps of a command that printed its output, then that line, then replies."""
+    at = ("\n" + stdout).find("\n" + line + "\n")
+    return stdout if at < 0 else stdout[:at]
 
 
 def _drain(pipe, kept: HeadTail) -> None:
@@ -322,13 +334,16 @@ class SSHRunner:
         return self._run_channel(node, command, timeout, stdin, output_limit())
 
     def exchange(self, node: Node, command: str, asks: int, enough: EnoughReplies,
-                 timeout: float) -> Exchange:
+                 timeout: float, after: str | None = None) -> Exchange:
         """A conversation with one command on one session channel (channel_run's
         exchange_on_channel): up to `asks` newlines sent, a line read back for each; each stream
-        kept to SMALL_OUTPUT_MAX_BYTES. Raises like run()."""
+        kept to SMALL_OUTPUT_MAX_BYTES, or to run()'s bound when the asking starts `after` the
+        command's own output. Raises like run()."""
+        limit = SMALL_OUTPUT_MAX_BYTES if after is None else output_limit()
+        mark = None if after is None else after.encode("utf-8", "surrogateescape")
         replies, result = self._on_channel(node, command, timeout, lambda chan, deadline:
                                            exchange_on_channel(chan, command, asks, enough,
-                                                               SMALL_OUTPUT_MAX_BYTES, deadline))
+                                                               limit, deadline, mark))
         return Exchange(replies, result)
 
     def _run_channel(self, node: Node, command: str, timeout: float, stdin: str | None,
@@ -894,16 +909,19 @@ class Session:
                           lambda runner, t: runner.run(node, command, t, stdin=stdin))
 
     def exchange(self, node: Node, command: str, asks: int, enough: EnoughReplies,
-                 timeout: float | None = None) -> Exchange:
+                 timeout: float | None = None, after: str | None = None) -> Exchange:
         """A conversation with one command: up to `asks` times a newline to its stdin and the
         line it prints back (stopping once `enough(reply)`), each reply stamped with this
         machine's clock when the ask left and when the answer came; then EOF. Over SSH that is
         one session channel for all the asks (a clock sample costs a round trip, not a
-        command). Like run, it never raises for a node: no reply and a result saying why."""
+        command). Like run, it never raises for a node: no reply and a result saying why.
+
+        `after`: the asking starts once the command printed that line (its output before the
+        line is the result's stdout; a runner that cannot converse then returns no replies)."""
         replies: list[tuple[Reply, ...]] = []
 
         def call(runner: Runner, t: float) -> CommandResult:
-            got = runner.exchange(node, command, asks, enough, t)
+            got = runner.exchange(node, command, asks, enough, t, after)
             replies.append(got.replies)
             return got.result
 
@@ -939,24 +957,41 @@ class Session:
         that has not answered by then is reported as "timeout" while its thread is abandoned, so
         the fan-out always returns in bounded time.
         """
+        return tuple(got.result for got in self._fan_out(
+            nodes, command, timeout, on_result,
+            lambda node, cmd, t: Exchange((), self.run(node, cmd, t, stdin=stdin))))
+
+    def fan_out_exchange(self, nodes: Iterable[Node], command: CommandSpec, asks: int,
+                         enough: EnoughReplies, after: str | None = None,
+                         timeout: float | None = None,
+                         on_result: ResultHook | None = None) -> tuple[Exchange, ...]:
+        """Session.exchange on all nodes in parallel, as fan_out runs commands (at most
+        ssh.max_parallel at once, each node its own deadline, Exchanges in node order); a node
+        past its deadline has no replies and a "timeout" result."""
+        return self._fan_out(nodes, command, timeout, on_result, lambda node, cmd, t:
+                             self.exchange(node, cmd, asks, enough, t, after))
+
+    def _fan_out(self, nodes: Iterable[Node], command: CommandSpec, timeout: float | None,
+                 on_result: ResultHook | None,
+                 call: Callable[[Node, str, float], Exchange]) -> tuple[Exchange, ...]:
         nodes = list(nodes)
         timeout = timeout or self.command_timeout
         commands = {n.name: command(n) if callable(command) else command for n in nodes}
 
-        def work(node: Node) -> CommandResult:
-            res = self.run(node, commands[node.name], timeout, stdin=stdin)
+        def work(node: Node) -> Exchange:
+            got = call(node, commands[node.name], timeout)
             if on_result is not None:
-                on_result(res)
-            return res
+                on_result(got.result)
+            return got
 
-        def late(node: Node) -> CommandResult:
+        def late(node: Node) -> Exchange:
             res = CommandResult(
                 node.name, commands[node.name], None, "", "", timeout, TIMEOUT,
                 f"{node.name}: no answer within the deadline ({timeout:g} s command timeout "
                 "+ connect time): the node or its sshd may be hung")
             if on_result is not None:
                 on_result(res)
-            return res
+            return Exchange((), res)
 
         # the longest connect, retries included, + the command's timeout + a grace period
         deadline = timeout + connect_deadline_s(self.inventory.ssh.connect_timeout) + 5

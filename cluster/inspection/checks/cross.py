@@ -7,14 +7,12 @@ which machine to fix.
 
 from __future__ import annotations
 
-import math
 import statistics
-from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from cluster.inspection.clock import CLOCK_COMMAND, ClockSample
 from cluster.inspection.facts import majority_value, reference_value, version_skew
-from cluster.nodes.inventory import Inventory, Node
-from cluster.nodes.remote import Session, parallel
+from cluster.nodes.inventory import Inventory
 from cluster.base.results import CheckResult, Evidence, Status
 
 Facts = Mapping[str, Mapping[str, Any]]  # node name -> facts
@@ -115,55 +113,6 @@ def model_consistency(facts: Facts, head: str) -> list[CheckResult]:
 
 
 # ---------------------------------------------------------------- clock skew
-
-
-@dataclass(frozen=True)
-class ClockSample:
-    node: str
-    offset_s: float | None  # node clock - laptop clock, RTT-compensated
-    rtt_s: float | None
-    error: str | None = None
-
-
-# One command for all of a node's samples: each newline it reads is answered with the node's
-# clock (a sample is one round trip on an open channel, not a command of its own).
-CLOCK_COMMAND = "sh -c 'while read -r _; do date +%s.%N || exit; done'"
-CLOCK_SAMPLES = 3
-
-GOOD_RTT_S = 0.02  # a sample this quick bounds the offset to +-10 ms: no need for more
-
-
-def sample_clock(session: Session, node: Node, samples: int = CLOCK_SAMPLES) -> ClockSample:
-    """Offset of a node's clock from this machine's, from the sample with the smallest RTT.
-
-    Up to `samples` round trips on one command (Session.exchange), stopping early once one is
-    under GOOD_RTT_S. The node's `date` runs between the ask leaving and the answer arriving,
-    so the offset is taken against the midpoint of that round trip."""
-    got = session.exchange(node, CLOCK_COMMAND, samples,
-                           lambda reply: reply.round_trip_s < GOOD_RTT_S, timeout=10)
-    if not got.replies:
-        res = got.result
-        why = res.error or (f"exit {res.exit_code}" if not res.ok else "no date output")
-        return ClockSample(node.name, None, None, why)
-    best: tuple[float, float] | None = None
-    for reply in got.replies:
-        try:
-            remote = float(reply.line.strip())
-        except ValueError:
-            remote = math.nan
-        if not math.isfinite(remote):
-            return ClockSample(node.name, None, None, f"unreadable date output {reply.line!r}")
-        offset = remote - (reply.sent_s + reply.received_s) / 2
-        if best is None or reply.round_trip_s < best[1]:
-            best = (offset, reply.round_trip_s)
-    assert best is not None
-    return ClockSample(node.name, best[0], best[1])
-
-
-def measure_skew(session: Session, nodes: Sequence[Node]) -> dict[str, ClockSample]:
-    return parallel(list(nodes), lambda n: sample_clock(session, n), 60,
-                    lambda n: ClockSample(n.name, None, None, "no answer"),
-                    session.max_parallel)
 
 
 def clock_skew(samples: Mapping[str, ClockSample], expect: Mapping[str, Any]) -> list[CheckResult]:
