@@ -4,8 +4,9 @@ gather (read-only: Ray's alive nodes and resources from the head, what Serve run
 (pure, cluster/serving/deploy.py: device, the Serve application, its placement, the config file; the
 fabric proof's groups, cluster/planning/fabric_proof.py) -> checks on every node that may host a bundle
 (the model files, the API-key variable: read-only) -> [dry run stops here, showing the groups
-it would prove] -> the fabric proof (an all-reduce per group of the layout, the engine's
-backend, on its nodes and ports; a failed proof refuses the deployment unless forced) ->
+it would prove and the ports the layout opens between nodes, cluster/serving/ports.py] ->
+the fabric proof (an all-reduce per group of the layout, the engine's backend, on its nodes and
+ports; a failed proof refuses the deployment unless forced) ->
 confirm (replacing a deployed app) -> [--stage-caches: this app's known compile-cache
 directories staged to every node, playbooks/cache_stage.py] -> execute (the dashboard's PUT,
 merged with the other apps on the head) -> verify (wait until the app is RUNNING; the replicas'
@@ -134,6 +135,7 @@ def _deploy(inv, session, options: DeployOptions, confirm, say, write_config,
         doc.update(status="REFUSED", error="; ".join(problems))
         return 2
     proof_plan = _proof_plan(spec, device, cluster, inv, options, doc)
+    doc["ports"] = _inter_node_ports(spec, device, cluster, inv, proof_plan)
     if options.dry_run:
         if proof_plan is not None:
             doc["fabric_proof"] = _planned(proof_plan)
@@ -216,6 +218,17 @@ def _proof_plan(spec, device, cluster, inv, options: DeployOptions, doc: dict):
         doc["notes"].append("fabric proof: one rank per engine, no group to prove")
         return None
     return plan
+
+
+def _inter_node_ports(spec, device, cluster, inv, plan) -> list[dict[str, Any]]:
+    """The TCP ports the engine (and the fabric proof) open between nodes, unauthenticated:
+    what the admin firewalls to the cluster's own nodes (cluster/serving/ports.py)."""
+    from cluster.serving import ports
+
+    found = ports.deployment_ports(spec, device, cluster, inv)
+    if plan is not None:
+        found += ports.proof_ports(plan)
+    return [p.to_dict() for p in found]
 
 
 def _planned(plan) -> dict[str, Any]:

@@ -488,6 +488,27 @@ def test_deploy_dry_run_shows_the_groups_it_would_prove(deploy_cluster):
                                 "verdict": "dry run: would all-reduce on port 29500"}]
 
 
+def test_deploy_dry_run_lists_the_ports_the_layout_opens_between_nodes(deploy_cluster):
+    """PP 2 over 2 nodes: the master port range, node rank 0's message queue, the ranks' gloo
+    rendezvous, and the proof's own port between the nodes it joins (issue 39 item 7)."""
+    from cluster.serving import deploy as lib
+    from playbooks import deploy
+
+    out = deploy.run(inventory_of(DEPLOY_INVENTORY), RecordingSession(),
+                     _pp2_options(dry_run=True), never, client=FakeDashboard())
+    ports = out.doc["ports"]
+    assert ports[0] == {"ports": "29500-29599", "proto": "tcp",
+                        "between": "node rank 1 -> node rank 0",
+                        "what": "torch.distributed TCPStore (master_port, picked at start)"}
+    assert [p.get("port", p.get("ports")) for p in ports] == [
+        "29500-29599", "ephemeral", "ephemeral", 29500]
+    assert ports[-1]["between"] == "gpu2 -> gpu1" and "fabric proof" in ports[-1]["what"]
+    single = deploy.DeployOptions(lib.spec_from_flags("/models/tiny"), timeout_s=5, dry_run=True)
+    out = deploy.run(inventory_of(DEPLOY_INVENTORY), RecordingSession(), single, never,
+                     client=FakeDashboard())
+    assert out.doc["status"] == "DRY_RUN" and out.doc["ports"] == []
+
+
 def test_the_proof_places_ranks_where_the_engine_will_run_them(deploy_cluster):
     """Without --nnodes, PP 2 on nodes of 4 CPUs runs as one engine on one node (the
     multi-node engine's own rule, deploy.engine_nodes): the proof tests that pair inside the

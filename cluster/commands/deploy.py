@@ -212,6 +212,7 @@ def _print(args: argparse.Namespace, doc: dict, record) -> None:
                              soft_wrap=True, markup=False, highlight=False)
         return
     if status == "DRY_RUN":
+        _print_ports(doc.get("ports") or [])
         stdout.print(f"dry run: would deploy {doc['name']} to {doc['endpoint']} "
                      "(nothing was changed)", soft_wrap=True)
         return
@@ -223,3 +224,16 @@ def _print(args: argparse.Namespace, doc: dict, record) -> None:
     if doc.get("app"):
         stdout.print(f"it stays in Serve as {status} for inspection (`cluster status`); remove it "
                      f"with `cluster undeploy {doc['name']}`")
+
+
+def _print_ports(ports: list) -> None:
+    """One line per port (range) the layout opens between nodes, none authenticated."""
+    if not ports:
+        stdout.print("ports between nodes: none (Ray's own ports aside)")
+        return
+    stdout.print("ports between nodes (vLLM authenticates none: allow them between the cluster's "
+                 "nodes only):", soft_wrap=True)
+    for p in ports:
+        where = p["port"] if "port" in p else p["ports"]
+        stdout.print(f"  {where}/{p['proto']}  {p['between']}: {p['what']}", soft_wrap=True,
+                     markup=False, highlight=False)

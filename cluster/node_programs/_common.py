@@ -1,5 +1,6 @@
 """On-node code the programs share, written once: the Ray auth-token reader, the /proc scan for a
-process's environment, the stop/running/detach helpers of the detached servers, and `answer`
+process's environment, the stop/running/detach helpers of the detached servers, the private
+directory and file makers (private_dir, create_private), and `answer`
 (a program's one document on a stdout nothing else can write to).
 
 Never run by itself. A program imports it with one line,
@@ -180,6 +181,38 @@ def detach_grandchild():
     for fd in (0, 1, 2):
         os.dup2(null, fd)
     return True
+
+
+def private_dir(path):
+    """`path` as this user's private directory, made 0700 when missing; an existing one must be a
+    real directory (not a link) owned by this user that no one else can write (read/search bits
+    for others are taken away): else PermissionError, the directory untouched. Its parent must
+    be one only its owner (or a sticky bit) protects, e.g. /tmp or $HOME."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise PermissionError("refused %s: not a directory of its own (%s)"
+                              % (path, os.strerror(exc.errno or 0)))
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise PermissionError("refused %s: owned by uid %d, mode %o (this user's private "
+                                  "directory expected)" % (path, st.st_uid, st.st_mode & 0o7777))
+        if st.st_mode & 0o077:
+            os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
+    return path
+
+
+def create_private(path, mode=0o600):
+    """A new file at `path` opened for writing (O_EXCL | O_NOFOLLOW: never an existing file or
+    a link someone planted there): its fd."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
 
 
 def answer(work, *args):

@@ -7,8 +7,10 @@ cluster/ray/dashboard_api.py. Prints one JSON document:
     {"op", "status", "json", "text", "error"[, "merge"]}
 
 `apply`: Serve's `PUT /api/serve/applications/` REPLACES every declaratively deployed app, so
-GET + merge (`merge_applications`) + PUT run here in one go, under a lock file on the head:
-deploying app B keeps app A, and concurrent deploys do not overwrite each other; the other apps'
+GET + merge (`merge_applications`) + PUT run here in one go, under a lock file on the head
+(LOCK_FILE, `~` expanded here; its folder must be this user's private one, the file is never
+opened through a link): deploying app B keeps app A, and concurrent deploys do not overwrite
+each other; the other apps'
 configs never leave the head. `redact`: runtime_env env_vars values are masked before the reply
 leaves the head. The request travels on stdin (after the program, see __init__.py), never in
 argv. A Ray auth token is read here ($RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH / ~/.ray/auth_token,
@@ -23,7 +25,7 @@ import sys
 import urllib.error
 import urllib.request
 
-from cluster.node_programs._common import auth_token
+from cluster.node_programs._common import auth_token, private_dir
 
 SERVE_API = "/api/serve/applications/"
 TEXT_TAIL = 4000
@@ -137,10 +139,27 @@ def request(api, payload, out):
     out.update(status=status, json=parsed, text=None if parsed is not None else text[-TEXT_TAIL:])
 
 
+def open_lock(lock_path):
+    """The lock file (made 0600) in this user's private folder, never through a link: its
+    file object; PermissionError when the folder or file is another user's."""
+    import stat
+
+    path = os.path.expanduser(lock_path)
+    folder = os.path.dirname(path)
+    os.makedirs(os.path.dirname(folder), mode=0o700, exist_ok=True)
+    private_dir(folder)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        os.close(fd)
+        raise PermissionError("refused the lock file %s: not this user's regular file" % path)
+    return os.fdopen(fd, "r+b")
+
+
 def apply(api, payload, out, lock_path):
     import fcntl
 
-    with open(lock_path, "a") as lock:
+    with open_lock(lock_path) as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         status, text, details = api.call("GET", SERVE_API)
         if status != 200 or not isinstance(details, dict):

@@ -17,7 +17,9 @@ JSON document (stdlib only, Python 3.8+).
                                         S s while Ray (re)writes them
 
 R is Ray's temp dir (/tmp/ray by default). Our files live in R/cluster-prometheus/:
-prometheus.pid, prometheus.log and data/ (the TSDB).
+prometheus.pid, prometheus.log and data/ (the TSDB). That folder is this user's private one
+(private_dir: made 0700; refused when it is a link, another user's, or writable by others), its
+files are never opened through a link.
 """
 
 import argparse
@@ -31,6 +33,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+
+from cluster.node_programs._common import create_private, private_dir
 
 OWN_DIR = "cluster-prometheus"
 CONFIG = ("session_latest", "metrics", "prometheus", "prometheus.yml")
@@ -132,15 +136,19 @@ def probe(a):
 
 def start(a):
     p = paths(a.root)
+    private_dir(p["dir"])
     os.makedirs(p["data"], mode=0o700, exist_ok=True)
     argv = [a.binary, "--config.file=" + a.config,
             "--web.listen-address=127.0.0.1:%d" % a.port,
             "--storage.tsdb.path=" + p["data"],
             "--storage.tsdb.retention.time=" + a.retention]
-    with open(p["log"], "ab") as log:
+    log_fd = os.open(p["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(log_fd, "ab") as log:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                 cwd=p["dir"], start_new_session=True, close_fds=True)
-    with open(p["pid"] + ".tmp", "w") as fh:
+    if os.path.lexists(p["pid"] + ".tmp"):
+        os.unlink(p["pid"] + ".tmp")
+    with os.fdopen(create_private(p["pid"] + ".tmp"), "w") as fh:
         fh.write("%d\n" % proc.pid)
     os.replace(p["pid"] + ".tmp", p["pid"])
     end = time.monotonic() + a.wait
@@ -232,7 +240,10 @@ def main(argv):
     if not math.isfinite(a.wait):         # NaN passes min/max and would make a wait endless
         ap.error("--wait: expected a finite number of seconds")
     a.wait = min(max(a.wait, 0.0), 300.0)
-    doc = {"probe": probe, "start": start, "stop": stop, "dashboards": dashboards}[a.verb](a)
+    try:
+        doc = {"probe": probe, "start": start, "stop": stop, "dashboards": dashboards}[a.verb](a)
+    except PermissionError as exc:        # a refused folder or file: one line, no traceback
+        raise SystemExit(str(exc))
     print(json.dumps(doc))
     return 0
 

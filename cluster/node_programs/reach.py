@@ -13,7 +13,9 @@
                                                   to the --tell ones (ports our listeners hold)
                                                   it then says the run's tag and waits for the
                                                   listener's "ok": those are "acked"
-    stop --tag RUN                                ends this run's listener (matched by its tag)
+    stop --tag RUN                                ends this run's listener: a process of this
+                                                  user whose command line is `listen ... --tag
+                                                  RUN` (found in /proc)
 
 The acknowledgement makes the caller's view exact: a listener exits by itself exactly when
 every probe it expected was acked (it acks after counting), so the caller sends `stop` only to
@@ -22,8 +24,8 @@ cluster). A connection that says something else, or nothing within READ_WAIT_S, 
 uncounted. The tag is on the listener's command line: a local user who reads it can make a
 listener leave early (a probe refused), never stay past --for.
 
-Read-only for the node: nothing is written but the listener's pid file under /tmp (removed on
-exit), no rule or setting is changed.
+Read-only for the node: nothing is written (no pid file another local user could plant first),
+no rule or setting is changed.
 """
 
 import errno
@@ -43,8 +45,30 @@ MAX_AT_ONCE = 512
 STOP_WAIT_S = 5.0
 
 
-def pid_file(tag):
-    return "/tmp/cluster-reach-%s.pid" % tag
+MAX_CMDLINE = 1 << 20
+
+
+def listener_pid(tag, proc="/proc"):
+    """The pid of this user's listener of the run `tag` (its command line holds `listen` and
+    `--tag TAG`), or None; never another user's process, never this one."""
+    verb, mark = b"\0listen\0", ("\0--tag\0%s\0" % tag).encode()
+    try:
+        entries = os.listdir(proc)
+    except OSError:
+        return None
+    for pid in entries:
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            if os.stat(os.path.join(proc, pid)).st_uid != os.geteuid():
+                continue
+            with open(os.path.join(proc, pid, "cmdline"), "rb") as f:
+                line = b"\0" + f.read(MAX_CMDLINE) + b"\0"
+        except OSError:
+            continue
+        if verb in line and mark in line:
+            return int(pid)
+    return None
 
 
 def parse_ports(text):
@@ -109,26 +133,20 @@ def serve(socks, seconds, tag, expect=0):
     want = knock(tag)
     held = {}                       # conn -> (port, accepted at, what it said so far)
     end = time.monotonic() + seconds
-    try:
-        while not heard.complete():
-            now = time.monotonic()
-            left = end - now
-            if left <= 0:
-                break
-            for key, _ in sel.select(min(left, 0.5)):
-                kind, port = key.data
-                if kind == "listen":
-                    accept(key.fileobj, port, sel, held, expect, now)
-                else:
-                    hear(key.fileobj, sel, held, heard, want)
-            for conn, (_, at, _) in list(held.items()):
-                if time.monotonic() - at > READ_WAIT_S:
-                    drop(conn, sel, held)
-    finally:
-        try:
-            os.unlink(pid_file(tag))
-        except OSError:
-            pass
+    while not heard.complete():
+        now = time.monotonic()
+        left = end - now
+        if left <= 0:
+            break
+        for key, _ in sel.select(min(left, 0.5)):
+            kind, port = key.data
+            if kind == "listen":
+                accept(key.fileobj, port, sel, held, expect, now)
+            else:
+                hear(key.fileobj, sel, held, heard, want)
+        for conn, (_, at, _) in list(held.items()):
+            if time.monotonic() - at > READ_WAIT_S:
+                drop(conn, sel, held)
 
 
 def accept(listener, port, sel, held, expect, now):
@@ -183,8 +201,6 @@ def listen(args):
         first = os.fork()
         if first == 0 and detach_grandchild():
             os.close(read)
-            with open(pid_file(tag), "w") as f:
-                f.write(str(os.getpid()))
             os.write(write, str(os.getpid()).encode())
             os.close(write)
             serve(socks, seconds, tag, expect)
@@ -299,12 +315,8 @@ def stop(args):
     tag = args["--tag"]
     if not tag.isalnum():
         raise SystemExit("bad --tag")
-    try:
-        with open(pid_file(tag)) as f:
-            pid = int(f.read().strip() or 0)
-    except (OSError, ValueError):
-        return {"stopped": None}
-    return stop_tagged(pid, tag, STOP_WAIT_S)
+    pid = listener_pid(tag)
+    return stop_tagged(pid, tag, STOP_WAIT_S) if pid else {"stopped": None}
 
 
 def main(argv):

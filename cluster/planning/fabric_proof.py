@@ -114,8 +114,7 @@ def plan_proof(spec: Any, device: str, cluster: Any, inventory: Any,
 
 
 def job_args(plan: ProofPlan) -> list[str]:
-    """The entrypoint's arguments (nccl_check.head_call adds --deadline, --log-dir,
-    --result-file)."""
+    """The entrypoint's arguments (nccl_check.head_call adds --deadline, --result-file)."""
     if not plan.groups:
         raise UsageError("the layout has no group of two or more ranks: nothing to prove")
     index = {(s.replica, s.rank): i for i, s in enumerate(plan.slots)}

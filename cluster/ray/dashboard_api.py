@@ -9,7 +9,8 @@ head's own gcs_server/raylet; it is never passed in or printed.
 
 Serve's `PUT /api/serve/applications/` REPLACES every declaratively deployed application.
 `apply_application` / `remove_application` therefore do GET + merge + PUT on the head in one
-command, under a lock file on the head, so deploying app B keeps app A (and concurrent
+command, under a lock file on the head (in the SSH user's private ~/.cache/cluster, never a
+shared /tmp path another local user could own), so deploying app B keeps app A (and concurrent
 `cluster deploy` runs do not overwrite each other). Other apps' configs never leave the head.
 `merge_applications` is the pure merge rule; it lives in the on-node program (which runs it).
 """
@@ -29,7 +30,7 @@ from cluster.nodes.endpoints import head_dashboard_base
 from cluster.ray.ray_state import head_client_env
 
 PROGRAM = "dashboard"              # cluster/node_programs/dashboard.py, run on the head
-LOCK_FILE = "/tmp/cluster-serve-apply.lock"
+LOCK_FILE = "~/.cache/cluster/serve-apply.lock"   # on the head, in the SSH user's private folder
 REQUEST_TIMEOUT_S = 60.0
 
 

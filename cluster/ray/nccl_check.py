@@ -94,7 +94,7 @@ def new_submission_id(backend: str) -> str:
 
 
 def job_args(options: CheckOptions, nodes: Sequence[Node]) -> list[str]:
-    """The entrypoint's arguments (the head snippet adds --deadline, --log-dir, --result-file).
+    """The entrypoint's arguments (the head snippet adds --deadline, --result-file).
 
     `--nodes` lists the nodes in rank order (inventory order: the head first) with the IP Ray
     registered them under (`node_ip`, else the address).

@@ -155,7 +155,12 @@ class Driver:
         doc = readings_document(self.latest, {"period_s": self.config.period_s,
                                               "submission_id": self.sid}, time.time())
         tmp = f"{self.path}.tmp-{os.getpid()}"
-        with open(tmp, "w") as fh:
+        # Ray makes its session folder writable by every local user: never open a name someone
+        # may have planted there (a link), only a file this call creates
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w") as fh:
             json.dump(doc, fh, separators=(",", ":"))
         os.replace(tmp, self.path)
 

@@ -20,9 +20,12 @@ Steps, every one bounded by the deadline (--deadline, a Unix time on the head's 
               joins (`init_process_group(store=...)`, timeout = what is left), checks one
               all-reduce for correctness, warms up, times --iters all-reduces of --size-mb MiB
               (float32 zeros, in place), destroys the group. NCCL ranks run with NCCL_DEBUG=INFO,
-              NCCL_DEBUG_SUBSYS=INIT,NET,GRAPH and NCCL_DEBUG_FILE=<--log-dir>/nccl.%h.%p.log
-              and return that file's text (bounded): only a real collective makes NCCL >= 2.22
-              print its channel (transport) lines.
+              NCCL_DEBUG_SUBSYS=INIT,NET,GRAPH and NCCL_DEBUG_FILE=<D>/nccl.%h.%p.log, D the
+              rank's own new folder (mkdtemp: 0700, owned by the rank) in --log-dir (default:
+              the node's temp dir; refused when it is a link, owned by another user, or
+              writable by others without the sticky bit), and return that file's text
+              (bounded), then remove D: only a real collective makes NCCL >= 2.22 print its
+              channel (transport) lines.
               While they run, Ray's node table is read every 3 s and the ranks are asked
               `phase()` every 5 s (answered from the actor's second thread); a rank that
               fails, dies, loses its node or misses two heartbeats gives the others 10 s,
@@ -53,7 +56,9 @@ import argparse
 import json
 import os
 import socket
+import stat
 import sys
+import tempfile
 import time
 import traceback
 from typing import Any, Iterable, Mapping, Sequence
@@ -81,7 +86,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--deadline", type=float, required=True, help="Unix time to finish by")
     p.add_argument("--nodes", required=True, help='JSON list of {"name", "ip"}, in rank order')
-    p.add_argument("--log-dir", required=True, help="where each node's NCCL debug files go")
+    p.add_argument("--log-dir", default=None,
+                   help="where each rank makes its private folder for its NCCL debug file "
+                        "(default: the node's temp dir)")
     p.add_argument("--result-file", required=True)
     p.add_argument("--groups", default=None,
                    help="JSON {slots, groups, small_bytes, join_timeout_s}: run the all-reduce "
@@ -280,9 +287,10 @@ class RankWorker:
     Runs with max_concurrency=2 so `phase()` answers while `run()` blocks in a collective.
     """
 
-    def __init__(self, backend: str, log_dir: str):
+    def __init__(self, backend: str, log_dir: str | None = None):
         self.backend = backend
-        self.log_dir = log_dir
+        self.log_parent = log_dir      # the rank's own folder (self.log_dir) is made in it
+        self.log_dir: str | None = None
         self._phase = "created"
         self._phase_at = time.time()
         self._store = None
@@ -329,12 +337,13 @@ class RankWorker:
                                "nccl_log_path": None, "torch": None, "nccl": None,
                                "small_time_s": None}
         log_pattern = None
-        if self.backend == "nccl":
-            os.makedirs(self.log_dir, exist_ok=True)
-            log_pattern = os.path.join(self.log_dir, "nccl.%h.%p.log")
-            os.environ.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,NET,GRAPH",
-                              NCCL_DEBUG_FILE=log_pattern)
         try:
+            if self.backend == "nccl":
+                if self.log_dir is None:
+                    self.log_dir = private_log_dir(self.log_parent)
+                log_pattern = os.path.join(self.log_dir, "nccl.%h.%p.log")
+                os.environ.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,NET,GRAPH",
+                                  NCCL_DEBUG_FILE=log_pattern)
             out.update(self._collective(rank, world_size, master_ip, master_port, nbytes,
                                         warmup, iters, timeout_s, small_nbytes))
             self._set("done")
@@ -361,17 +370,19 @@ class RankWorker:
         return out
 
     def remove_log(self) -> None:
-        """The NCCL debug file of a kept log, and the folder when it is the node's last."""
+        """The NCCL debug file of a kept log, and the rank's own folder."""
         path = getattr(self, "_log_path", None)
         if path:
             try:
                 os.unlink(path)
             except OSError:
                 pass
-        try:
-            os.rmdir(self.log_dir)        # the last rank of the node removes the folder
-        except OSError:
-            pass
+        if self.log_dir is not None:
+            try:
+                os.rmdir(self.log_dir)
+            except OSError:
+                pass
+            self.log_dir = None
 
     def _collective(self, rank: int, world_size: int, master_ip: str, master_port: int,
                     nbytes: int, warmup: int, iters: int, timeout_s: float,
@@ -451,9 +462,27 @@ def _node_ip() -> str:
     return ray.util.get_node_ip_address()
 
 
+def private_log_dir(parent: str | None) -> str:
+    """A new folder only this process's user can use (mkdtemp: 0700) in `parent` (None: the
+    node's temp dir), which must be a real directory owned by root or this user that others
+    cannot write, or only with the sticky bit (/tmp); else PermissionError."""
+    parent = parent or tempfile.gettempdir()
+    st = os.lstat(parent)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, os.geteuid()) or (
+            st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
+        raise PermissionError(f"refused --log-dir {parent}: a link, not a directory, owned by "
+                              f"uid {st.st_uid} or writable by others (mode "
+                              f"{st.st_mode & 0o7777:o})")
+    return tempfile.mkdtemp(prefix="cluster-nccl-", dir=parent)
+
+
+def _open_own(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK)
+
+
 def _read_head(path: str, limit: int) -> str | None:
     try:
-        with open(path, "rb") as fh:
+        with open(path, "rb", opener=_open_own) as fh:
             data = fh.read(limit)
     except OSError:
         return None
@@ -467,7 +496,7 @@ def _read_head(path: str, limit: int) -> str | None:
 def _read_from(path: str, offset: int, limit: int) -> tuple[str | None, int]:
     """(the text from `offset`, at most `limit` bytes, the offset after it)."""
     try:
-        with open(path, "rb") as fh:
+        with open(path, "rb", opener=_open_own) as fh:
             fh.seek(offset)
             data = fh.read(limit)
             end = fh.seek(0, os.SEEK_END)

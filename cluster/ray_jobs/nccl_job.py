@@ -105,9 +105,9 @@ def submit_and_wait(cfg, api, out, work, sleep):
     with open(script, "wb") as fh:
         fh.write(base64.b64decode(cfg["script_b64"]))
     result_file = os.path.join(work, "result.json")
-    log_dir = os.path.join(tempfile.gettempdir(), "cluster-nccl-check-" + sid)
+    # no --log-dir: each rank makes its own private folder in its node's temp dir
     args = cfg["args"] + ["--deadline", "%.3f" % (deadline - cfg["reserve_s"]),
-                          "--log-dir", log_dir, "--result-file", result_file]
+                          "--result-file", result_file]
     out["entrypoint"] = " ".join(shlex.quote(a) for a in [cfg["python"], script] + args)
     try:
         api.call("POST", "/api/jobs/", {"entrypoint": out["entrypoint"], "submission_id": sid,
