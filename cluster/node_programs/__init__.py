@@ -99,11 +99,12 @@ Wrap = Callable[[str], str]
 
 @functools.lru_cache(maxsize=None)
 def node_imports(name: str) -> tuple[str, ...]:
-    """The third-party packages program `name` declares (its NODE_IMPORTS line), read from its
-    text without importing it."""
-    for line in program_path(name).read_text().splitlines():
-        if line.startswith("NODE_IMPORTS"):
-            return tuple(ast.literal_eval(line.split("=", 1)[1].split("#", 1)[0].strip()))
+    """The third-party packages program `name` declares (its top-level NODE_IMPORTS), read
+    from its text without importing it."""
+    for node in ast.parse(program_path(name).read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "NODE_IMPORTS"
+                                                for t in node.targets):
+            return tuple(ast.literal_eval(node.value))
     return ()
 
 

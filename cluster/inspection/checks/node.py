@@ -311,6 +311,29 @@ def evaluate_versions(ctx: NodeContext) -> Verdict:
     return ok(summary, data=data, facts=facts)
 
 
+def evaluate_root_python(ctx: NodeContext) -> Verdict:
+    """WARN when a non-root user can change ray.python: root runs it (`python -I -S`) for
+    `cluster fix --checks model`, `model pull` and cache staging, and -S does not stop a changed
+    interpreter, pyvenv.cfg or stdlib directory."""
+    python = ctx.inventory.ray.python
+    out = ctx.output("versions")
+    if out.missing_tool or out.exit_code != 0:
+        return skip(f"{python} did not run here (see the versions check)")
+    found = ctx.facts.document().get("python_writable")
+    if not isinstance(found, list):
+        return skip("the node facts do not say who can change the interpreter")
+    rows = [f for f in found if isinstance(f, dict) and isinstance(f.get("path"), str)]
+    if not rows:
+        return ok(f"only root can change {python} and its site-packages", facts={"writable": []})
+    shown = ", ".join(f"{r['path']} ({r.get('by')})" for r in rows[:3])
+    return warn(f"root runs {python} (fix --checks model, model pull, cache staging) and a "
+                f"non-root user can change it: {shown}" + (f" and {len(rows) - 3} more"
+                                                          if len(rows) > 3 else ""),
+                "make ray.python an interpreter only root can change: a virtualenv created by "
+                "root (e.g. under /opt, not group/other-writable), packages installed with sudo",
+                data={"writable": rows}, facts={"writable": [r["path"] for r in rows]})
+
+
 MODEL_FILES = ("config.json", "model.safetensors.index.json", "generation_config.json",
                "tokenizer.json", "tokenizer_config.json")
 
@@ -406,6 +429,8 @@ NODE_CHECKS: tuple[NodeCheck, ...] = (
               evaluate_memlock),
     NodeCheck("versions", "Python, Ray, vLLM, torch, NCCL versions", (node_program_probe,),
               evaluate_versions),
+    NodeCheck("root-python", "ray.python only root can change (root runs it)",
+              (node_program_probe,), evaluate_root_python),
     NodeCheck("model", "model files present", (model_probe,), evaluate_model),
     NodeCheck("ports", "Ray ports free", (ports_probe, node_program_probe), evaluate_ports),
 ) + HEALTH_CHECKS + METRICS_CHECKS
