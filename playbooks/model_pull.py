@@ -4,10 +4,11 @@ pipelined relay node to node (issue 27), and the relay itself (`run_relay`, also
 
     1. source: a local PATH (a directory on the laptop: it exists here, or it starts with /,
        ./, ../ or ~), NODE:PATH (a directory on one node), or a Hugging Face repo id
-       downloaded by huggingface_hub on the head into --path (HF_TOKEN from the head's env on
-       stdin). A laptop directory is served by the laptop (cluster/remedy/laptop_feed.py) to the
-       first node (the head, or the first of --nodes without it) through an SSH remote forward;
-       the relay goes on from that node
+       downloaded by huggingface_hub on the head into --path as the SSH user, never root
+       (HF_TOKEN from the head's env on stdin; HF_ENDPOINT https only). A laptop directory is
+       served by the laptop (cluster/remedy/laptop_feed.py) to the first node (the head, or
+       the first of --nodes without it) through an SSH remote forward; the relay goes on from
+       that node
     2. manifests (model_copy.py manifest, sha256 of every file) on the source and the targets
     3. plan (pure): each target's missing or differing files (cluster/remedy/model_sync.py); the
        relay's shape over the targets that need something (cluster/remedy/model_relay.py); dry run
@@ -31,14 +32,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from cluster.base.errors import RemoteError, UsageError
+from cluster.base.errors import ProgramError, RemoteError, UsageError
 from cluster.nodes.inventory import Inventory, Node
 from cluster.remedy.model_relay import NodeResult, RelaySettings, RelayShape, fed_shape, rate_text, \
     relay_shape
 from cluster.remedy.model_sync import CopyPlan, Manifest, copy_plan, still_different
 from cluster.node_programs import run_call
 from playbooks.outcome import Confirm, OnEvent, Outcome, ignore, lines_to, never_confirm
-from playbooks.relay import Feed, RelayReport, answer_of, manifests, program, run_relay
+from playbooks.relay import Feed, RelayReport, manifests, run_relay
 
 _MIB = 1 << 20
 _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}(/[A-Za-z0-9][A-Za-z0-9_.-]{0,95})?\Z")
@@ -113,6 +114,7 @@ class PullOptions:
     allow_patterns: tuple[str, ...] = ()
     ignore_patterns: tuple[str, ...] = ()
     local_root: bool = False                  # this process is root (no sudo -n for local)
+    allow_http_endpoint: bool = False         # HF_ENDPOINT may be http to a loopback address
 
 
 @dataclass
@@ -169,6 +171,8 @@ def run(inventory: Inventory, session, options: PullOptions, confirm: Confirm = 
     if options.nodes and src.name in {n.name for n in chosen} and src_dir != path:
         outcome.notes.append(f"{src.name} is the source: its {src_dir} is not copied into "
                              f"{path} there")
+    if source.kind == "hf":
+        hub_endpoint(src, options.allow_http_endpoint)      # refused before anything runs
     if source.kind == "hf" and options.dry_run:
         return _hub_dry_run(outcome, source, src, targets, settings)
     if source.kind == "hf":
@@ -300,18 +304,43 @@ def _hub_dry_run(outcome: PullOutcome, source: Source, src: Node, targets: dict,
 HUB_TIMEOUT_S = 6 * 3600
 
 
+def hub_endpoint(node: Node, allow_http: bool) -> str | None:
+    """The node's HF_ENDPOINT (None: the hub's own https URL). UsageError when the token would
+    travel in clear: not https, or http to anything but a loopback address, or http without
+    --allow-http-endpoint (node_programs/hf_pull.py applies the same rule on the node)."""
+    from cluster.node_programs.hf_pull import endpoint_problem
+
+    endpoint = node.env.get("HF_ENDPOINT") or None
+    problem = endpoint and endpoint_problem(endpoint, allow_http)
+    if problem:
+        raise UsageError(f"{node.name}: {problem}")
+    return endpoint
+
+
 def hub_download(inventory: Inventory, session, node: Node, repo: str, options: PullOptions,
                  path: str, local_root: bool) -> dict:
-    """snapshot_download of `repo` into `path` on `node` (node_programs/hf_pull.py, as root):
-    the node's HF_TOKEN (inventory env) on stdin only, its HF_ENDPOINT honoured."""
+    """snapshot_download of `repo` into `path` on `node` (node_programs/hf_pull.py, as the SSH
+    user, never root: it imports the node's huggingface_hub): the node's HF_TOKEN (inventory
+    env) on stdin only, its HF_ENDPOINT honoured when https (hub_endpoint)."""
+    from cluster.node_programs import document_of, program_call
+    from cluster.node_programs.hf_pull import scrub
+
+    token = node.env.get("HF_TOKEN") or None
     doc = {"repo": repo, "revision": options.revision, "dir": path,
            "allow": list(options.allow_patterns), "ignore": list(options.ignore_patterns),
-           "endpoint": node.env.get("HF_ENDPOINT"), "token": node.env.get("HF_TOKEN")}
-    call = program(inventory, node, local_root, "hf_pull", [], json.dumps(doc))
-    got = answer_of(run_call(session, node, call, timeout=HUB_TIMEOUT_S), "hf_pull")
+           "endpoint": hub_endpoint(node, options.allow_http_endpoint),
+           "allow_http": options.allow_http_endpoint, "token": token}
+    call = program_call(inventory.ray.python, "hf_pull", [], json.dumps(doc))
+    got = document_of(run_call(session, node, call, timeout=HUB_TIMEOUT_S), "hf_pull")
+    if isinstance(got, ProgramError):
+        got = {"error": str(got) if not got.reached else
+               f"no answer from the node's python: {got.detail or got.reason}"}
     if "error" in got or type(got.get("files")) is not int:
-        raise RemoteError(node.name, f"hub download of {repo}: "
-                                     f"{str(got.get('error', 'no answer'))[:400]}")
+        why = scrub(f"hub download of {repo} as {node.user or inventory.ssh.user or 'the SSH user'}"
+                    f": {got.get('error', 'no answer')}", token)
+        if got.get("denied") is True:
+            why += f" (the pull runs as the SSH user, never root: make {path} writable by it)"
+        raise RemoteError(node.name, why)
     return got
 
 

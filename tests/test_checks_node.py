@@ -258,6 +258,15 @@ CASES = [
     ("memlock-fail-below-minimum", "memlock", inventory("  memlock_min_kib: 8388608\n"),
      [out("memlock", MEMLOCK_5G)], Status.FAIL, "memlock 5128731 KiB, need 8388608 KiB",
      FIX_MEMLOCK),
+    # ------------------------------------------------------------ versions: root runs ray.python
+    ("versions-warn-user-writable-python", "versions", inventory(),
+     [out("versions", stdout=json.dumps({"versions": {"python": "3.11.7", "ray": "2.60.0",
+                                                       "vllm": "0.11.0"}, "python_writable": [
+         {"path": "/home/ray/venv/lib/python3.11/site-packages", "by": "uid 1000"}]}))],
+     Status.WARN, "python 3.11.7, ray 2.60.0, vllm 0.11.0; root runs python3 (fix --checks "
+     "model, model pull, cache staging) and a non-root user can change it: "
+     "/home/ray/venv/lib/python3.11/site-packages (uid 1000)",
+     "an interpreter only root can change"),
 ]
 
 

@@ -205,7 +205,7 @@ def test_wrap_and_record_false_shape_the_run():
     doc = run_program(session, node, "ray_auth_token", [], record=False,
                       wrap=lambda c: "sudo -n bash -c " + shlex.quote(c))
     assert doc == {"token": None} and session.calls == []      # past the session's hooks
-    assert runner.calls == ["sudo -n bash -c '/opt/py/bin/python3 -'"]
+    assert runner.calls == ["sudo -n bash -c '/opt/py/bin/python3 -I -S -'"]  # as root: isolated
 
 
 def test_an_embedded_document_is_inflated_bounded():

@@ -631,12 +631,12 @@ def test_secret_env_values_are_kept_out_of_output():
     from cluster.commands._common import inventory_secrets
 
     inv = inventory.loads(INV.replace('env: {NCCL_DEBUG: INFO, ODD: "a b\'c"}',
-                                      "env: {NCCL_DEBUG: INFO, HF_TOKEN: hf_secret_value}"))
-    assert inventory_secrets(inv) == ("hf_secret_value",)
+                                      "env: {NCCL_DEBUG: INFO, WANDB_API_KEY: wb_secret_value}"))
+    assert inventory_secrets(inv) == ("wb_secret_value",)
     cmd = start_command(inv.node("gpu02"), inv, gpus(1))
-    assert "hf_secret_value" not in cmd  # never on a command line (ps)...
+    assert "wb_secret_value" not in cmd  # never on a command line (ps)...
     from cluster.ray.ray_cluster import secret_env_stdin
-    assert secret_env_stdin(inv.node("gpu02")) == "export HF_TOKEN=hf_secret_value\n"  # ...stdin
+    assert secret_env_stdin(inv.node("gpu02")) == "export WANDB_API_KEY=wb_secret_value\n"  # ...stdin
 
 
 def test_a_raylet_started_before_memlock_was_raised_is_reported_as_drift(inv):

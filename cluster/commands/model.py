@@ -27,8 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="SOURCE: a local PATH (a directory on this machine: one that exists "
                     "here or starts with / ./ ../ ~, checked first; served to the first node "
                     "through an SSH remote forward), NODE:PATH (a directory on one node) or a "
-                    "Hugging Face repo id (downloaded on the head by huggingface_hub: HF_TOKEN "
-                    "and HF_ENDPOINT from the head's env in the inventory). No '..' in --path "
+                    "Hugging Face repo id (downloaded on the head by huggingface_hub as the SSH "
+                    "user, never root: HF_TOKEN and HF_ENDPOINT (https) from the head's env in "
+                    "the inventory). No '..' in --path "
                     "or NODE:PATH. The files then travel node to node "
                     "(a chain, or a tree on large clusters), sha256 verified before each "
                     "rename, the manifests compared afterwards. Exit 0 every node verified, "
@@ -43,6 +44,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                            "repeatable)")
     pull.add_argument("--ignore-patterns", metavar="GLOB", action="append", default=[],
                       help="hub source: skip files matching (huggingface_hub's ignore_patterns)")
+    pull.add_argument("--allow-http-endpoint", action="store_true",
+                      help="hub source: let HF_ENDPOINT be http to a loopback address (a local "
+                           "mirror on the head); any other HF_ENDPOINT must be https")
     add_nodes(pull, help="only these nodes receive (names, globs, head, workers)")
     pull.add_argument("--dry-run", action="store_true",
                       help="print the relay's shape and each node's files; copy nothing")
@@ -65,7 +69,8 @@ def _options(args: argparse.Namespace):
         node_path(args.path, "--path")
     return PullOptions(args.source, args.path, args.revision, args.nodes, args.dry_run,
                        tuple(args.allow_patterns), tuple(args.ignore_patterns),
-                       local_root=hasattr(os, "geteuid") and os.geteuid() == 0)
+                       local_root=hasattr(os, "geteuid") and os.geteuid() == 0,
+                       allow_http_endpoint=args.allow_http_endpoint)
 
 
 def run(args: argparse.Namespace) -> int:

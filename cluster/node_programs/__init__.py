@@ -16,11 +16,13 @@ reads input (a secret, a request body, a file list) cannot be `python3 -`'s scri
 stdin to its end): it is shipped as `python3 -c BOOT ARGS` with stdin = the program as one JSON
 line, then its input (`with_input`). Either way the program text never reaches argv (ps, run
 logs). Code the programs share lives in _common.py; `source` bundles it in place of the
-program's `from cluster.node_programs._common import ...` line.
+program's `from cluster.node_programs._common import ...` line. As root (program_call's wrap,
+the one way): `python -I -S`, stdlib only, so nothing a non-root user can write is imported.
 """
 
 from __future__ import annotations
 
+import ast
 import base64
 import binascii
 import functools
@@ -43,6 +45,11 @@ PROGRAM_DIRS = (HERE, RAY_JOBS)       # a program's name is its file's stem, uni
 # Reads the program from stdin's first line and runs it as __main__; the rest of stdin is its.
 BOOT = 'import sys,json;exec(compile(json.loads(sys.stdin.readline()),"node_program","exec"))'
 COMMON_IMPORT = "from cluster.node_programs._common import "
+# A program run as root (program_call's wrap) runs as `python -I -S`: -I (isolated: no PYTHON*
+# env, no user site, no script directory or cwd on sys.path) and -S (no site module: a
+# virtualenv's own site-packages and its .pth files, sitecustomize and usercustomize are never
+# processed; -I alone still processes them). The programs are stdlib-only, they need no site.
+AS_ROOT_FLAGS = ("-I", "-S")
 MAX_OUTPUT_BYTES = 32 << 20        # what a program may print (Serve details of a large cluster)
 DETAIL_CHARS = 300
 
@@ -90,17 +97,40 @@ class Call:
 Wrap = Callable[[str], str]
 
 
+@functools.lru_cache(maxsize=None)
+def node_imports(name: str) -> tuple[str, ...]:
+    """The third-party packages program `name` declares (its top-level NODE_IMPORTS), read
+    from its text without importing it."""
+    for node in ast.parse(program_path(name).read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "NODE_IMPORTS"
+                                                for t in node.targets):
+            return tuple(ast.literal_eval(node.value))
+    return ()
+
+
 def program_call(python: str, name: str, args: Sequence[str] = (), stdin: str | None = None,
                  env_prefix: str = "", wrap: Wrap | None = None) -> Call:
     """The command and stdin that run program `name` with `python` (env_prefix: `env K=V ... `
-    for the program's process, already quoted, '' for none; wrap: a function of the whole
-    command line, e.g. fixes.as_root for `sudo -n`). stdin None: the program reads no input
-    (`python -`), else it gets `stdin` after its own text (`python -c BOOT`)."""
+    for the program's process, already quoted, '' for none). stdin None: the program reads no
+    input (`python -`), else it gets `stdin` after its own text (`python -c BOOT`).
+
+    wrap: the function of the whole command line that makes it run AS ROOT (fixes.as_root: as
+    it is for root, else `sudo -n`), the only way a program runs as root. A wrapped program
+    runs isolated (AS_ROOT_FLAGS: no site module, so no .pth, sitecustomize or usercustomize of
+    a virtualenv a non-root user can write; no PYTHON* env; no cwd on sys.path) and may import
+    no third-party package (ValueError for a program declaring NODE_IMPORTS)."""
     words = list(map(str, args))
+    flags: list[str] = []
+    if wrap is not None:
+        if node_imports(name):
+            raise ValueError(f"{name} imports {', '.join(node_imports(name))}: it never runs as "
+                             "root (a non-root user may change those packages)")
+        flags = list(AS_ROOT_FLAGS)
     if stdin is None:
-        call = Call(env_prefix + shlex.join([python, "-", *words]), source(name))
+        call = Call(env_prefix + shlex.join([python, *flags, "-", *words]), source(name))
     else:
-        call = Call(env_prefix + shlex.join([python, "-c", BOOT, *words]), with_input(name, stdin))
+        call = Call(env_prefix + shlex.join([python, *flags, "-c", BOOT, *words]),
+                    with_input(name, stdin))
     return Call(wrap(call.command), call.stdin) if wrap is not None else call
 
 

@@ -6,9 +6,10 @@ Run with the inventory's python and the env `ray start` would get (less secret v
 the interpreter and its version, the versions of Ray (read from the package this python would
 import, without importing it), vLLM, torch and NCCL's wheel, whether a Ray auth token is at hand
 (never the token), the HAProxy binary Serve's HAProxy ingress would run, the locked-memory limit a
-new session gets, and the node's Ray processes (pid, kind; for the raylet and the GCS their
-`--flags`, the start env's KEYs from /proc/PID/environ, for each PRESENCE_KEY only whether it
-is set, empty or unset there (never its value: an API key), and their memlock limit).
+new session gets, what of the interpreter a non-root user could change (root runs it), and
+the node's Ray processes (pid, kind; for the raylet and the GCS their `--flags`, the start
+env's KEYs from /proc/PID/environ, for each PRESENCE_KEY only whether it is set, empty or
+unset there (never its value: an API key), and their memlock limit).
 
 Read-only: nothing is written or started. Stdlib only (Ray and its HAProxy are probed, not
 needed), Python 3.8+. Shipped inside the probe script as a here-document
@@ -20,6 +21,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import sys
 
 from cluster.node_programs._common import process_env, token_file
@@ -160,6 +162,62 @@ def ray_processes(keys, proc="/proc", skip=(), presence=()):
     return found
 
 
+MAX_WRITABLE = 20
+
+
+def changeable_by(st):
+    """Who besides root can change the file or directory `st` describes (None: root only): its
+    owner, its group (group-writable, group not root's), everyone (other-writable; not a
+    sticky directory). A link's own mode means nothing: its directory decides."""
+    if st.st_uid != 0:
+        return "uid %d" % st.st_uid
+    if stat.S_ISLNK(st.st_mode):
+        return None
+    if st.st_mode & stat.S_IWOTH and not (stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX):
+        return "everyone"
+    if st.st_mode & stat.S_IWGRP and st.st_gid != 0:
+        return "group %d" % st.st_gid
+    return None
+
+
+def with_parents(path):
+    out = []
+    while path and path not in out:
+        out.append(path)
+        path = os.path.dirname(path)
+    return out
+
+
+def python_writable(executable=None, prefix=None, site_dirs=None):
+    """What a non-root user could change of this interpreter (root runs it for `cluster fix`,
+    `model pull` and cache staging): the interpreter as named and its real file, the prefix,
+    pyvenv.cfg, the site-packages and every directory above each. [{path, by}], at most
+    MAX_WRITABLE."""
+    executable = executable or sys.executable
+    prefix = prefix or sys.prefix
+    if site_dirs is None:
+        try:
+            import site
+            site_dirs = site.getsitepackages()
+        except Exception:
+            site_dirs = []
+    paths = []
+    for top in [executable, os.path.realpath(executable), os.path.join(prefix, "pyvenv.cfg"),
+                *site_dirs]:
+        for path in with_parents(os.path.abspath(top)):
+            if path not in paths:
+                paths.append(path)
+    found = []
+    for path in paths:
+        try:
+            by = changeable_by(os.lstat(path))
+        except OSError:
+            continue
+        if by:
+            found.append({"path": path, "by": by})
+    return found[:MAX_WRITABLE]
+
+
 def main(argv, env=None, proc="/proc"):
     env = os.environ if env is None else env
     keys = set(argv[1].split(",")) if len(argv) > 1 and argv[1] else set()
@@ -173,6 +231,7 @@ def main(argv, env=None, proc="/proc"):
            "versions": {"python": ".".join(map(str, sys.version_info[:3])), "ray": version},
            "auth_mode": env.get("RAY_AUTH_MODE"), "auth_token": auth_token_present(env),
            "haproxy": haproxy, "memlock_session": memlock, "memlock_session_known": known,
+           "python_writable": python_writable(),
            "processes": ray_processes(keys, proc, skip={os.getpid(), os.getppid()},
                                       presence=presence)}
     for name, dists in PACKAGES.items():

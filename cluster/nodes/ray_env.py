@@ -52,6 +52,16 @@ START_ENV: tuple[EnvVar, ...] = (
            lambda node, s: SERVE_INGRESS[s.serve_ingress]),
 )
 
+# The inventory env entries handed only to `cluster model pull`'s hub download (on its stdin),
+# never to `ray start`: every Ray job and model code on the node would read them from its env.
+PULL_ONLY_ENV: tuple[str, ...] = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+
+
+def ray_visible_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The inventory env less PULL_ONLY_ENV: what `ray start` (and so every Ray worker) gets."""
+    return {k: v for k, v in env.items() if k not in PULL_ONLY_ENV}
+
+
 # What a Ray start env must carry (the variables this toolkit sets, beside the inventory's env).
 MANAGED_ENV: tuple[str, ...] = tuple(v.name for v in START_ENV)
 _BY_NAME: Mapping[str, EnvVar] = {v.name: v for v in START_ENV}
@@ -112,7 +122,8 @@ def head_env(ray: RayOptions) -> dict[str, str]:
 def start_env(node: Node, auth_mode: str | None = None,
               serve_ingress: str = RayOptions.serve_ingress,
               ray: RayOptions | None = None) -> dict[str, str]:
-    """The env `ray start` gets on a node: the inventory's env, then the managed variables.
+    """The env `ray start` gets on a node: the inventory's env (less PULL_ONLY_ENV: the hub
+    token is the pull's only), then the managed variables.
 
     Set at start time so every Ray worker process on the node inherits them (env exported later
     never reaches Ray workers: vllm#6803). VLLM_HOST_IP is always the node's IP (vllm#7815).
@@ -123,7 +134,7 @@ def start_env(node: Node, auth_mode: str | None = None,
     With `ray` given, the head also gets RAY_PROMETHEUS_HOST / RAY_GRAFANA_* (ray.metrics,
     cluster/ray/prometheus_head.py), read by Ray's dashboard at start.
     """
-    env = dict(node.env)
+    env = ray_visible_env(node.env)
     env.update(managed_env(node, StartSettings(auth_mode, serve_ingress)))
     if ray is not None and node.is_head:
         env.update(head_env(ray))

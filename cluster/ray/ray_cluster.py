@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping, Sequence
 from cluster.inspection.facts import GPU, NodeFacts, gpu_model_of, version_skew as _skew
 from cluster.nodes.endpoints import gcs_address, log_dir
 from cluster.nodes.inventory import Inventory, Node, is_secret_name, public_env
-from cluster.nodes.ray_env import env_conflicts, start_env
+from cluster.nodes.ray_env import env_conflicts, ray_visible_env, start_env
 from cluster.ray.ray_state import (LABEL_GPU_MODEL, LABEL_NODE, RESOURCE_GPU_MODEL_PREFIX,
                                RESOURCE_HOST_PREFIX, RayState, node_for_ip, query_state)
 from cluster.nodes.remote import CommandResult
@@ -51,8 +51,10 @@ def ray_cli(inventory: Inventory) -> list[str]:
 
 
 def secret_env_stdin(node: Node) -> str:
-    """The `export K='v'` lines a start command with SECRET_ENV_FROM_STDIN reads."""
-    secret = {k: v for k, v in node.env.items() if is_secret_name(k, node.secret_names)}
+    """The `export K='v'` lines a start command with SECRET_ENV_FROM_STDIN reads (never the
+    hub token: ray_env.PULL_ONLY_ENV)."""
+    secret = {k: v for k, v in ray_visible_env(node.env).items()
+              if is_secret_name(k, node.secret_names)}
     return export_lines(secret)
 
 

@@ -36,7 +36,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.ray]
 
 PROFILES = {"node1": "small-4gpu", "node2": "small-4gpu", "node3": "cpu"}
 API_KEY = "sk-faulttest-4f9c2e7a1b"          # in the CLI's environment (CLUSTER_API_KEY)
-NODE_TOKEN = "hf_faulttest_token_8d3b6a0c"   # in node2's inventory env (reaches ray start)
+NODE_TOKEN = "hf_faulttest_token_8d3b6a0c"   # node2's env WANDB_API_KEY: reaches ray start
 OUTPUTS: list[str] = []                      # every stdout/stderr the CLI printed here
 
 
@@ -48,7 +48,7 @@ def sim(simcluster_factory):
 @pytest.fixture(scope="module")
 def inv(sim, tmp_path_factory) -> Path:
     path = derive_inventory(sim, tmp_path_factory.mktemp("faults"),
-                            nodes={"node2": {"env": {"HF_TOKEN": NODE_TOKEN}}})
+                            nodes={"node2": {"env": {"WANDB_API_KEY": NODE_TOKEN}}})
     yield path
     sim.thaw("node1"), sim.thaw("node2")
     cli(path, "down", "--yes", timeout=300)  # always leave the nodes without Ray

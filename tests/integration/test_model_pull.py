@@ -6,7 +6,8 @@ real token bucket (`simcluster link NODE rate`), one cluster for the module (iss
 - a node whose link is cut mid-copy: the others complete and verify, it is reported failed,
   and a second run completes it from where it stopped (it moves less than the whole);
 - a Hugging Face repo id pulled through huggingface_hub from a minimal hub served on the
-  head's address lands identical files everywhere; the token is in no argv, log or output;
+  head's loopback (plain http: only there, with --allow-http-endpoint) lands identical files
+  everywhere; the token is in no argv, log or output;
 - a directory on the laptop (this machine) reaches node1 through an SSH remote forward and
   every node from there, a link out of it not served, the relay's secret in no argv or output.
 
@@ -172,7 +173,7 @@ def test_a_hub_repo_lands_identical_files_and_the_token_stays_secret(cluster, ti
             for p in (repo_dir / "repo").rglob("*") if p.is_file()}
     doc = yaml.safe_load(inv.read_text())
     head = next(n for n in doc["nodes"] if n.get("role") == "head")
-    head_ip = head.get("node_ip") or head["address"]
+    head_ip = "127.0.0.1"          # the pull runs on the head: http only to its loopback
     head["env"] = {**head.get("env", {}), "HF_TOKEN": HUB_TOKEN,
                    "HF_ENDPOINT": f"http://{head_ip}:{HUB_PORT}"}
     hub_inv = tmp_path / "cluster.yaml"
@@ -201,7 +202,8 @@ def test_a_hub_repo_lands_identical_files_and_the_token_stays_secret(cluster, ti
         watcher = threading.Thread(target=watch_argv, daemon=True)
         watcher.start()
         dest = "/tmp/model-pull/hub"
-        code, done, p = pull(hub_inv, "some-org/tiny-model", "--path", dest)
+        code, done, p = pull(hub_inv, "some-org/tiny-model", "--path", dest,
+                             "--allow-http-endpoint")
         stop.set()
         watcher.join(10)
         assert code == 0, done

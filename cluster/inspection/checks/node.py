@@ -291,6 +291,8 @@ def _human(n: int) -> str:
 # ---------------------------------------------------------------- software, model, ports
 
 def evaluate_versions(ctx: NodeContext) -> Verdict:
+    """The versions ray.python reports; WARN also when a non-root user can change ray.python
+    (root_python)."""
     out = ctx.output("versions")
     python = ctx.inventory.ray.python
     if out.missing_tool:
@@ -304,11 +306,37 @@ def evaluate_versions(ctx: NodeContext) -> Verdict:
     facts = {"versions": data}
     summary = ", ".join(f"{k} {v}" for k, v in data.items() if v)
     missing = [k for k in ("ray", "vllm") if not data.get(k)]
+    unsafe = root_python(document, python)
+    if unsafe:
+        facts["python_writable"] = [r["path"] for r in unsafe[2]]
     if missing:
-        return warn(f"{' and '.join(missing)} not installed for {python} ({summary})",
+        return warn(f"{' and '.join(missing)} not installed for {python} ({summary})"
+                    + (f"; {unsafe[0]}" if unsafe else ""),
                     f"pip install {' '.join(missing)} in the nodes' environment (same versions "
-                    "on every node)", data=data, facts=facts)
+                    "on every node)" + (f"; {unsafe[1]}" if unsafe else ""), data=data,
+                    facts=facts)
+    if unsafe:
+        return warn(f"{summary}; {unsafe[0]}", unsafe[1], data={**data, "writable": unsafe[2]},
+                    facts=facts)
     return ok(summary, data=data, facts=facts)
+
+
+def root_python(document: dict, python: str) -> tuple[str, str, list] | None:
+    """(summary, fix, rows) when a non-root user can change ray.python (node_facts.py's
+    python_writable): root runs it (`python -I -S`) for `cluster fix --checks model`, `model
+    pull` and cache staging, and -S does not stop a changed interpreter, pyvenv.cfg or stdlib
+    directory. None when only root can (or the facts do not say)."""
+    found = document.get("python_writable")
+    rows = [f for f in found if isinstance(f, dict) and isinstance(f.get("path"), str)] \
+        if isinstance(found, list) else []
+    if not rows:
+        return None
+    shown = ", ".join(f"{r['path']} ({r.get('by')})" for r in rows[:3])
+    more = f" and {len(rows) - 3} more" if len(rows) > 3 else ""
+    return (f"root runs {python} (fix --checks model, model pull, cache staging) and a non-root "
+            f"user can change it: {shown}{more}",
+            "make ray.python an interpreter only root can change: a virtualenv created by root "
+            "(e.g. under /opt, not group/other-writable), packages installed with sudo", rows)
 
 
 MODEL_FILES = ("config.json", "model.safetensors.index.json", "generation_config.json",
