@@ -1,0 +1,204 @@
+"""Security round 4 (issue 39), the file-system items, each reproduced with the real on-node
+programs run here as root (the way a node runs them):
+
+- item 1: model_copy.py's `--dir` (the compile cache's `<root>/torch_compile_cache/<hash>`, under
+  the Ray user's home) is walked from / without following a link and without entering a
+  directory another user may change; inside a user's directory it writes as that user, never
+  as root, and ships only what that user can read; absurd sizes are refused before anything.
+- item 3's last clause: a 0600 / 0640 weight keeps its mode on the receiving node.
+- item 6: engine_logs.py never waits on a FIFO swapped in for a log, nor reads through a
+  symbolic link at serve/.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from fakes import closed_port, model_copy_fetch as fetch, model_copy_program as program
+
+NOBODY = 65534
+TAG = "r4" + secrets.token_hex(4)
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the node programs run as root")
+
+
+@pytest.fixture
+def open_base():
+    """A directory every user may traverse (0755, root's; tmp_path's parents are 0700), removed
+    after the test."""
+    base = Path(tempfile.mkdtemp(prefix="r4fs-"))
+    base.chmod(0o755)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def served(tmp_path):
+    """A source directory served on loopback: 0600, 0640 and 0755 files."""
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    files = {"config.json": (b'{"model_type": "llama"}\n', 0o640),
+             "sub/model.safetensors": (os.urandom(1 << 20), 0o600),
+             "run.sh": (b"#!/bin/sh\n", 0o755)}
+    for path, (data, mode) in files.items():
+        (src / path).write_bytes(data)
+        (src / path).chmod(mode)
+    token = secrets.token_urlsafe(24)
+    port = closed_port()
+    started = program("serve", "--dir", str(src), "--bind", "127.0.0.1", "--port", str(port),
+                      "--for", "60", "--tag", TAG, data=token + "\n")
+    assert started.get("port") == port, started
+    entries = program("manifest", "--dir", str(src))["files"]
+    yield src, files, entries, token, f"http://127.0.0.1:{port}"
+    program("stop", "--pid", str(started["pid"]), "--tag", TAG)
+
+
+def _tree(root: Path) -> list[Path]:
+    return [root] + sorted(root.rglob("*"))
+
+
+# ---------------------------------------------------------------- item 1: the walk from /
+
+
+@pytest.mark.parametrize("level", ["dir", "above"])
+def test_a_link_at_or_above_dir_is_refused_and_nothing_lands_in_its_target(served, tmp_path,
+                                                                            level):
+    """The Ray user replaces the hash directory (or the one above it) by a link to /root/.ssh:
+    root must not write the relayed files there (it did: they landed in the link's target)."""
+    _src, _files, entries, token, url = served
+    target = tmp_path / "root-ssh"
+    target.mkdir(mode=0o700)
+    cache = tmp_path / "home" / "ray" / ".cache" / "vllm" / "torch_compile_cache"
+    cache.mkdir(parents=True)
+    if level == "dir":
+        (cache / "0123456789").symlink_to(target)
+        dst = cache / "0123456789"
+    else:
+        (cache / "torch_aot_compile").symlink_to(target)
+        dst = cache / "torch_aot_compile" / ("a" * 64)
+    doc = fetch(dst, url, token, entries)
+    assert "link" in doc.get("error", ""), doc
+    assert list(target.rglob("*")) == []
+
+
+def test_a_relay_into_a_linked_dir_is_refused(tmp_path):
+    """The relay verb (what --stage-caches runs) refuses the same link before it starts."""
+    target = tmp_path / "etc-cron.d"
+    target.mkdir()
+    (tmp_path / "hash").symlink_to(target)
+    entry = {"path": "evil", "size": 3, "sha256": hashlib.sha256(b"x\n\n").hexdigest(),
+             "mode": 0o644}
+    doc = program("relay", "--dir", str(tmp_path / "hash"), "--bind", "127.0.0.1",
+                  "--ports", str(closed_port()), "--for", "30", "--tag", TAG,
+                  data=secrets.token_urlsafe(24) + "\n" + json.dumps(
+                      {"files": [entry], "fetch": ["evil"],
+                       "upstreams": [f"http://127.0.0.1:{closed_port()}"]}))
+    if "pid" in doc:
+        program("stop", "--pid", str(doc["pid"]), "--tag", TAG)
+    assert "link" in doc.get("error", ""), doc
+    assert list(target.rglob("*")) == []
+
+
+def test_a_directory_another_user_may_change_is_refused(served, open_base):
+    """A component writable by others (not sticky) or owned by a third user: refused."""
+    _src, _files, entries, token, url = served
+    shared = open_base / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    doc = fetch(shared / "model", url, token, entries)
+    assert "writable by its group or others" in doc.get("error", ""), doc
+    assert not (shared / "model").exists()
+    other = open_base / "other"
+    other.mkdir()
+    os.chown(other, NOBODY, NOBODY)
+    (other / "rootdir").mkdir()                  # root's, inside nobody's: nobody can swap it
+    doc = fetch(other / "rootdir" / "model", url, token, entries)
+    assert "neither root nor the owner" in doc.get("error", ""), doc
+    assert list((other / "rootdir").iterdir()) == []
+
+
+def test_inside_a_users_directory_the_copy_is_written_as_that_user(served, open_base):
+    """A cache under the Ray user's home: every directory and file the fetch makes is the
+    user's (the program became the user), none is root's; the modes are the source's."""
+    _src, files, entries, token, url = served
+    home = open_base / "home"
+    home.mkdir()
+    os.chown(home, NOBODY, NOBODY)
+    dst = home / ".cache" / "vllm" / "torch_compile_cache" / "0123456789"
+    doc = fetch(dst, url, token, entries)
+    assert doc.get("ok") == len(files), doc
+    made = _tree(home / ".cache")
+    assert len(made) == 4 + 1 + len(files)
+    assert {p.lstat().st_uid for p in made} == {NOBODY}, [(p, p.lstat().st_uid) for p in made]
+    for path, (data, mode) in files.items():
+        assert (dst / path).read_bytes() == data
+        assert stat.S_IMODE((dst / path).lstat().st_mode) == mode
+
+
+def test_a_file_the_directorys_owner_cannot_read_is_never_shipped(open_base):
+    """Root's 0600 file inside the user's cache directory: the manifest (and the server) run
+    as the user, so it is skipped, not hashed and listed."""
+    cache = open_base / "cache"
+    cache.mkdir()
+    (cache / "ok.bin").write_bytes(b"the user's own bytes\n")
+    (cache / "root-only.bin").write_bytes(b"root's secret\n")
+    (cache / "root-only.bin").chmod(0o600)
+    os.chown(cache, NOBODY, NOBODY)
+    os.chown(cache / "ok.bin", NOBODY, NOBODY)
+    doc = program("manifest", "--dir", str(cache))
+    assert [e["path"] for e in doc["files"]] == ["ok.bin"], doc
+    assert "root-only.bin" in doc["skipped"]
+
+
+def test_absurd_sizes_are_refused_before_anything_is_made(open_base):
+    """A listing of 32 TiB files: refused whole, no directory made."""
+    dst = open_base / "dst"
+    entry = {"path": "x", "size": 1 << 45, "sha256": "0" * 64, "mode": 0o644}
+    doc = fetch(dst, f"http://127.0.0.1:{closed_port()}", secrets.token_urlsafe(24), [entry])
+    assert "bad file entry" in doc.get("error", ""), doc
+    assert not dst.exists()
+
+
+# ---------------------------------------------------------------- item 3: modes kept
+
+
+@pytest.mark.parametrize("umask", [0o077, 0o000])
+def test_a_0600_or_0640_weight_keeps_its_mode_whatever_the_umask(served, tmp_path, umask):
+    _src, files, entries, token, url = served
+    dst = tmp_path / "dst"
+    old = os.umask(umask)
+    try:
+        doc = fetch(dst, url, token, entries)
+    finally:
+        os.umask(old)
+    assert doc.get("ok") == len(files), doc
+    for path, (_data, mode) in files.items():
+        assert stat.S_IMODE((dst / path).lstat().st_mode) == mode, path
+
+
+def test_a_relayed_0600_weight_stays_0600_on_every_node(tmp_path):
+    """Through the laptop's relay (playbooks/relay.py) on loopback nodes."""
+    from test_model_relay import local_cluster, relay_all, write_model
+
+    names = ["src", "a", "b"]
+    inv, dirs, dir_of = local_cluster(tmp_path, names)
+    write_model(dirs["src"], {"w.safetensors": os.urandom(4096), "config.json": b"{}\n"})
+    (dirs["src"] / "w.safetensors").chmod(0o600)
+    (dirs["src"] / "config.json").chmod(0o640)
+    _ref, _plans, report, _after = relay_all(inv, dirs, dir_of, names)
+    assert report.errors == {}, report.errors
+    for n in names[1:]:
+        assert stat.S_IMODE((dirs[n] / "w.safetensors").lstat().st_mode) == 0o600
+        assert stat.S_IMODE((dirs[n] / "config.json").lstat().st_mode) == 0o640
