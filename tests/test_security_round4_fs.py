@@ -202,3 +202,50 @@ def test_a_relayed_0600_weight_stays_0600_on_every_node(tmp_path):
     for n in names[1:]:
         assert stat.S_IMODE((dirs[n] / "w.safetensors").lstat().st_mode) == 0o600
         assert stat.S_IMODE((dirs[n] / "config.json").lstat().st_mode) == 0o640
+
+
+# ---------------------------------------------------------------- item 6: engine logs
+
+
+def _collector(code: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          timeout=20, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+
+
+def _ray_logs(root: Path) -> tuple[Path, Path]:
+    session = root / "ray" / "session_2026-12-01_22-00-00_000000_1"
+    (session / "logs").mkdir(parents=True)
+    (root / "ray" / "session_latest").symlink_to(session.name)
+    return root / "ray" / "session_latest" / "logs", session / "logs"
+
+
+def test_a_fifo_swapped_in_for_a_log_is_skipped_without_waiting(tmp_path):
+    """The listing saw a regular file; by the open it is a FIFO with no writer: the reader
+    returns at once with nothing (it blocked until the SSH timeout before)."""
+    _latest, real = _ray_logs(tmp_path)
+    os.mkfifo(real / "worker-0a-01-42.err")
+    code = ("import sys, os; from cluster.node_programs import engine_logs as e\n"
+            "fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)\n"
+            "print(e.kept_lines(fd, 'worker-0a-01-42.err', 100)"
+            " if e.kept_lines.__code__.co_argcount == 3"
+            " else e.kept_lines(os.path.join(sys.argv[1], 'worker-0a-01-42.err'), 100))")
+    try:
+        res = _collector(code, str(real))
+    except subprocess.TimeoutExpired:
+        pytest.fail("engine_logs waited on a FIFO")
+    assert res.returncode == 0 and res.stdout.strip() == "[]", res.stderr
+
+
+def test_a_linked_serve_directory_is_not_followed(tmp_path):
+    from cluster.node_programs import source
+
+    latest, real = _ray_logs(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "replica_x.log").write_text("NCCL INFO Using network IB (from elsewhere)\n")
+    (real / "serve").symlink_to(elsewhere)
+    (real / "worker-0a-01-42.err").write_text("NCCL INFO Using network Socket\n")
+    res = subprocess.run([sys.executable, "-", str(latest), "0"], input=source("engine_logs"),
+                         capture_output=True, text=True, timeout=60)
+    doc = json.loads(res.stdout)
+    assert doc["error"] is None and [f["path"] for f in doc["files"]] == ["worker-0a-01-42.err"]
