@@ -125,8 +125,45 @@ def test_a_directory_another_user_may_change_is_refused(served, open_base):
     os.chown(other, NOBODY, NOBODY)
     (other / "rootdir").mkdir()                  # root's, inside nobody's: nobody can swap it
     doc = fetch(other / "rootdir" / "model", url, token, entries)
-    assert "neither root nor the owner" in doc.get("error", ""), doc
+    assert "give the path one owner" in doc.get("error", ""), doc
     assert list((other / "rootdir").iterdir()) == []
+
+
+@pytest.fixture
+def private_user():
+    """A throwaway user with its own group (a user private group), removed after the test."""
+    if not shutil.which("useradd"):
+        pytest.skip("no useradd here")
+    name = "r4" + secrets.token_hex(4)
+    subprocess.run(["useradd", "--user-group", "--no-create-home", name], check=True,
+                   capture_output=True)
+    try:
+        import pwd
+        yield pwd.getpwnam(name)
+    finally:
+        subprocess.run(["userdel", name], capture_output=True)
+
+
+def test_group_write_is_accepted_only_for_the_owners_private_group(served, open_base,
+                                                                   private_user):
+    """umask 002 homes (0775, the user's own group) are the user's alone; a 0775 directory of a
+    group others share is not."""
+    _src, files, entries, token, url = served
+    uid, gid = private_user.pw_uid, private_user.pw_gid
+    home = open_base / "home"
+    home.mkdir()
+    os.chown(home, uid, gid)
+    home.chmod(0o775)
+    doc = fetch(home / "cache", url, token, entries)
+    assert doc.get("ok") == len(files), doc
+    assert {p.lstat().st_uid for p in _tree(home / "cache")} == {uid}
+    shared = open_base / "shared-group"
+    shared.mkdir()
+    os.chown(shared, uid, NOBODY)                 # nogroup: the primary group of several users
+    shared.chmod(0o775)
+    doc = fetch(shared / "cache", url, token, entries)
+    assert "writable by its group" in doc.get("error", ""), doc
+    assert not (shared / "cache").exists()
 
 
 def test_inside_a_users_directory_the_copy_is_written_as_that_user(served, open_base):

@@ -169,12 +169,29 @@ def descend(fd, name, root):
 
 def trusted(st, owner, where, last):
     """Refused unless the directory belongs to root or `owner` and no one else may write it (a
-    sticky directory such as /tmp may be on the way; never the model directory itself)."""
+    sticky directory such as /tmp may be on the way, never as the model directory itself; the
+    owner's directory may be writable by the owner's private group: umask 002)."""
     if st.st_uid not in (0, owner):
-        raise Refused("%s belongs to uid %d (neither root nor the owner of the directory below):"
-                      " not entered as root" % (where[:200], st.st_uid))
-    if st.st_mode & OTHERS_WRITE and (last or not st.st_mode & stat.S_ISVTX):
+        raise Refused("%s belongs to uid %d, the directory below it to uid %d: not entered as "
+                      "root (give the path one owner)" % (where[:200], st.st_uid, owner))
+    shared = st.st_mode & stat.S_IWOTH or (st.st_mode & stat.S_IWGRP
+                                           and not private_group(st.st_gid, st.st_uid))
+    if shared and (last or not st.st_mode & stat.S_ISVTX):
         raise Refused("%s is writable by its group or others: not entered as root" % where[:200])
+
+
+def private_group(gid, uid):
+    """The group is user uid's own (not root's): its primary group, no other user's primary
+    group, no other member (a user private group)."""
+    try:
+        import grp
+        import pwd
+        user = pwd.getpwuid(uid)
+        return uid != 0 and user.pw_gid == gid \
+            and set(grp.getgrgid(gid).gr_mem) <= set([user.pw_name]) \
+            and not any(p.pw_gid == gid and p.pw_uid != uid for p in pwd.getpwall())
+    except (ImportError, KeyError):
+        return False
 
 
 def become(uid, gid):
