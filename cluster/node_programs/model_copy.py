@@ -26,10 +26,17 @@
                                     /TOKEN/.status is its progress. Prints {"pid", "port"}.
     stop --pid PID --tag T          ends the server started with that tag.
 
-Safety (the program runs as root on every node; README "Model copy and relay"):
+Safety (the program starts as root on every node; README "Model copy and relay"):
+- --dir itself is walked from / one component at a time with O_NOFOLLOW (enter): a link
+  anywhere on it, a directory of a third user or one others may write is refused. When the
+  deepest existing directory is a user's, the program becomes that user (no other group)
+  before it creates, reads or serves anything: it writes as that user, never as root, and
+  ships only what that user can read. As root it enters no other user's directory below.
 - the directory named by --dir is the boundary. Below it every path is opened component by
   component from a directory descriptor with O_NOFOLLOW: the target never opens, writes or
   renames through a symbolic link; a link where a directory is expected refuses the file.
+- a listed file over MAX_FILE_BYTES or a listing over MAX_TOTAL_BYTES is refused before
+  anything is made.
 - a `.part` is reused for a resume only when it is a regular file with one link, owned by this
   user and not longer than the listed size; anything else under that name is removed (the name,
   not what a link points to) and the `.part` is created anew with O_CREAT|O_EXCL|O_NOFOLLOW.
