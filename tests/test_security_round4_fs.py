@@ -184,6 +184,33 @@ def test_inside_a_users_directory_the_copy_is_written_as_that_user(served, open_
         assert stat.S_IMODE((dst / path).lstat().st_mode) == mode
 
 
+def test_a_relay_into_the_ray_users_cache_writes_as_that_user(tmp_path, open_base):
+    """--stage-caches' shape: the relay (playbooks/relay.py) into each node's cache directory
+    under the user's home; every node's copy is the user's, the source's modes kept."""
+    from test_model_relay import local_cluster, relay_all, write_model
+
+    names = ["src", "a", "b"]
+    inv, dirs, _ = local_cluster(tmp_path, names)
+    for n in names:
+        home = open_base / n
+        home.mkdir()
+        os.chown(home, NOBODY, NOBODY)
+        dirs[n] = home / ".cache" / "vllm" / "torch_compile_cache" / "0123456789"
+    src = open_base / "staging"
+    write_model(src, {"w.bin": os.urandom(3 << 20), "sub/meta.json": b"{}\n"})
+    (src / "w.bin").chmod(0o640)
+    dirs["src"].parent.mkdir(parents=True)
+    subprocess.run(["cp", "-a", str(src), str(dirs["src"])], check=True)
+    subprocess.run(["chown", "-R", f"{NOBODY}:{NOBODY}", str(open_base / "src")], check=True)
+    _ref, _plans, report, _after = relay_all(inv, dirs, lambda node: str(dirs[node.name]), names)
+    assert report.errors == {}, report.errors
+    for n in names[1:]:
+        made = _tree(open_base / n / ".cache")
+        assert {p.lstat().st_uid for p in made} == {NOBODY}, n
+        assert stat.S_IMODE((dirs[n] / "w.bin").lstat().st_mode) == 0o640
+        assert (dirs[n] / "w.bin").read_bytes() == (src / "w.bin").read_bytes()
+
+
 def test_a_file_the_directorys_owner_cannot_read_is_never_shipped(open_base):
     """Root's 0600 file inside the user's cache directory: the manifest (and the server) run
     as the user, so it is skipped, not hashed and listed."""
