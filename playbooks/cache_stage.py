@@ -16,7 +16,8 @@ never through a symbolic link, writes only inside the cache directory).
 Where the cache lives on a node: VLLM_CACHE_ROOT of the deployment's --env, else of the node's
 inventory env, else the root the ranks' lines show when it is vLLM's default (~/.cache/vllm of
 root or a /home user; the same path on every node set up alike). Any other root from a line is
-refused: the relay writes as root.
+refused. On the node the relay walks the path from / without following a link and writes as the
+directory's owner (node_programs/model_copy.py enter): a link in the user's home is refused.
 """
 
 from __future__ import annotations

@@ -26,10 +26,17 @@
                                     /TOKEN/.status is its progress. Prints {"pid", "port"}.
     stop --pid PID --tag T          ends the server started with that tag.
 
-Safety (the program runs as root on every node; README "Model copy and relay"):
+Safety (the program starts as root on every node; README "Model copy and relay"):
+- --dir itself is walked from / one component at a time with O_NOFOLLOW (enter): a link
+  anywhere on it, a directory of a third user or one others may write is refused. When the
+  deepest existing directory is a user's, the program becomes that user (no other group)
+  before it creates, reads or serves anything: it writes as that user, never as root, and
+  ships only what that user can read. As root it enters no other user's directory below.
 - the directory named by --dir is the boundary. Below it every path is opened component by
   component from a directory descriptor with O_NOFOLLOW: the target never opens, writes or
   renames through a symbolic link; a link where a directory is expected refuses the file.
+- a listed file over MAX_FILE_BYTES or a listing over MAX_TOTAL_BYTES is refused before
+  anything is made.
 - a `.part` is reused for a resume only when it is a regular file with one link, owned by this
   user and not longer than the listed size; anything else under that name is removed (the name,
   not what a link points to) and the `.part` is created anew with O_CREAT|O_EXCL|O_NOFOLLOW.
@@ -81,7 +88,11 @@ PART = ".part"
 STATUS = ".status"
 STOP_WAIT_S = 5.0
 MODE_MASK = 0o755               # no setuid/setgid/sticky, no group/other write
+MAX_FILE_BYTES = 1 << 40        # one listed file: 1 TiB at most (the largest shards are ~10 GiB)
+MAX_TOTAL_BYTES = 1 << 44       # a whole listing: 16 TiB
+OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
 CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+ON_NODE = []                    # main() marks the program's own run: only it walks, drops to a user
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | CLOEXEC
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | CLOEXEC
 
@@ -100,6 +111,112 @@ class Unreachable(Refused):
 
 
 # ---------------------------------------------------------------- paths without links
+
+
+def enter(root, create=False):
+    """A descriptor of the model directory `root`, or None when it is absent (and not `create`).
+
+    As root the path is walked from / one component at a time (O_NOFOLLOW, openat): a link
+    anywhere is refused, and so is a component that belongs to another user than root and the
+    owner of the deepest existing directory, or that others may write (a sticky one excepted,
+    not the directory itself). When that owner is not root, this process becomes that user
+    (become) before it creates the rest or reads anything below. Afterwards no one but root
+    or this process's user can change the path, so the later path-based calls are safe. A
+    process that is not root, or not this program run by main (the laptop's feed in the CLI's
+    own process), opens the path as given."""
+    if os.geteuid() != 0 or not ON_NODE:
+        return open_root(root, create) if create or os.path.isdir(root) else None
+    parts = [p for p in root.split("/") if p]
+    fd = os.open("/", DIR_FLAGS)
+    try:
+        seen = [("/", os.fstat(fd))]
+        for name in parts:
+            try:
+                child = descend(fd, name, root)
+            except FileNotFoundError:
+                break
+            os.close(fd)
+            fd = child
+            seen.append(("/" + "/".join(parts[:len(seen)]), os.fstat(fd)))
+        owner = seen[-1][1]
+        for i, (where, st) in enumerate(seen):
+            trusted(st, owner.st_uid, where, i == len(parts))
+        if len(seen) <= len(parts) and not create:
+            os.close(fd)
+            return None
+        become(owner.st_uid, owner.st_gid)
+        for name in parts[len(seen) - 1:]:
+            try:
+                os.mkdir(name, 0o755, dir_fd=fd)
+            except FileExistsError:
+                pass
+            child = descend(fd, name, root)
+            os.close(fd)
+            fd = child
+            seen.append(("/" + "/".join(parts[:len(seen)]), os.fstat(fd)))
+            trusted(seen[-1][1], owner.st_uid, seen[-1][0], len(seen) > len(parts))
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def descend(fd, name, root):
+    """The directory `name` in fd, opened O_NOFOLLOW (FileNotFoundError when absent)."""
+    try:
+        return os.open(name, DIR_FLAGS, dir_fd=fd)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+            raise Refused("%s: %s is a link or not a directory (not followed)"
+                          % (root[:200], name[:100]))
+        raise Refused("%s: %s" % (root[:200], os.strerror(exc.errno or 0)))
+
+
+def trusted(st, owner, where, last):
+    """Refused unless the directory belongs to root or `owner` and no one else may write it (a
+    sticky directory such as /tmp may be on the way, never as the model directory itself; the
+    owner's directory may be writable by the owner's private group: umask 002)."""
+    if st.st_uid not in (0, owner):
+        raise Refused("%s belongs to uid %d, the directory below it to uid %d: not entered as "
+                      "root (give the path one owner)" % (where[:200], st.st_uid, owner))
+    shared = st.st_mode & stat.S_IWOTH or (st.st_mode & stat.S_IWGRP
+                                           and not private_group(st.st_gid, st.st_uid))
+    if shared and (last or not st.st_mode & stat.S_ISVTX):
+        raise Refused("%s is writable by its group or others: not entered as root" % where[:200])
+
+
+def private_group(gid, uid):
+    """The group is user uid's own (not root's): its primary group, no other user's primary
+    group, no other member (a user private group)."""
+    try:
+        import grp
+        import pwd
+        user = pwd.getpwuid(uid)
+        return uid != 0 and user.pw_gid == gid \
+            and set(grp.getgrgid(gid).gr_mem) <= set([user.pw_name]) \
+            and not any(p.pw_gid == gid and p.pw_uid != uid for p in pwd.getpwall())
+    except (ImportError, KeyError):
+        return False
+
+
+def become(uid, gid):
+    """This process becomes user `uid` (its primary group, else `gid`; no other group) when it
+    is root and uid is not: it then writes and reads only what that user may."""
+    if uid == 0 or os.geteuid() != 0:
+        return
+    import encodings.idna           # noqa: F401  imported now: the interpreter's own files may
+    import http.server              # noqa: F401  be root's alone (a python under /root)
+    try:
+        import pwd
+        gid = pwd.getpwuid(uid).pw_gid
+    except (ImportError, KeyError):
+        pass
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    os.umask(0o022)
 
 
 def open_root(root, create=False):
@@ -132,10 +249,21 @@ def open_parent(rootfd, parts, create=False):
                 raise Refused("%s: %s" % ("/".join(parts)[:200], os.strerror(exc.errno or 0)))
             os.close(fd)
             fd = child
+            below_root(fd, parts, name)
         return fd
     except BaseException:
         os.close(fd)
         raise
+
+
+def below_root(fd, parts, name):
+    """As root, a directory below the model directory must be root's alone (another user's
+    directory is entered only by a process that became that user: enter)."""
+    if os.geteuid() == 0 and ON_NODE:
+        st = os.fstat(fd)
+        if st.st_uid != 0 or st.st_mode & OTHERS_WRITE:
+            raise Refused("%s: %s is another user's or writable by others (not entered as root)"
+                          % ("/".join(parts)[:200], name[:100]))
 
 
 def open_regular(rootfd, parts, expect=None):
@@ -245,8 +373,10 @@ def sha256_fd(fd, deadline, label, upto=None):
 def manifest(args, _stdin):
     root = directory(args, must_exist=False)
     seconds = number(args, "--for", 3600.0)
-    if not os.path.isdir(root):
+    rootfd = enter(root)
+    if rootfd is None:
         return {"dir": root, "exists": False, "files": [], "skipped": {}, "partial": 0}
+    os.close(rootfd)
     deadline = time.monotonic() + seconds
     files, skipped, partial = walk(root)
     rootfd = open_root(os.path.realpath(root))
@@ -509,6 +639,10 @@ def serve(args, stdin):
     if not tag.isalnum() or not 0 < port < 65536:
         raise Refused("bad --tag or --port")
     token = read_token(stdin)
+    rootfd = enter(root)
+    if rootfd is None:
+        raise Refused("%s is not a directory" % root)
+    os.close(rootfd)
     files, skipped, _ = walk(root)
     board = Board(root, os.path.realpath(root))
     for path, found in files.items():
@@ -579,7 +713,7 @@ def fetch(args, stdin):
         raise Refused("bad --url")
     token = read_token(stdin)
     wanted = read_files(read_input(stdin))
-    rootfd = open_root(root, create=True)
+    rootfd = enter(root, create=True)
     try:
         lock(rootfd, root)
         return fetch_all(rootfd, Upstreams([url], token), wanted, time.monotonic() + seconds,
@@ -648,9 +782,10 @@ def read_files(doc):
     if not isinstance(files, list) or len(files) > MAX_FILES:
         raise Refused("the file list must be {\"files\": [...]}, at most %d" % MAX_FILES)
     seen = set()
+    total = 0
     for e in files:
         if not (isinstance(e, dict) and isinstance(e.get("path"), str)
-                and type(e.get("size")) is int and 0 <= e["size"] < 1 << 50
+                and type(e.get("size")) is int and 0 <= e["size"] <= MAX_FILE_BYTES
                 and isinstance(e.get("sha256"), str) and len(e["sha256"]) == 64
                 and all(c in "0123456789abcdef" for c in e["sha256"])
                 and (e.get("mode") is None or type(e["mode"]) is int and 0 <= e["mode"] < 4096)):
@@ -659,6 +794,9 @@ def read_files(doc):
         if e["path"] in seen:
             raise Refused("%r is listed twice" % e["path"][:200])
         seen.add(e["path"])
+        total += e["size"]
+    if total > MAX_TOTAL_BYTES:
+        raise Refused("the file list holds %d bytes, more than %d" % (total, MAX_TOTAL_BYTES))
     return files
 
 
@@ -841,13 +979,13 @@ def relay(args, stdin):
     files = read_files(doc)
     want = doc.get("fetch")
     urls = doc.get("upstreams")
-    if not isinstance(want, list) or not all(isinstance(p, str) for p in want) \
+    if not isinstance(want, list) or len(want) > MAX_FILES \
+            or not all(isinstance(p, str) for p in want) \
             or not isinstance(urls, list) or len(urls) > MAX_UPSTREAMS \
             or not all(isinstance(u, str) and u.startswith("http://") and len(u) < 300
                        for u in urls) or (want and not urls):
         raise Refused("the input needs fetch: [paths] and upstreams: [http://IP:PORT]")
-    rootfd = open_root(root, create=True)
-    os.close(rootfd)
+    os.close(enter(root, create=True))
     real_root = os.path.realpath(root)
     board = Board(root, real_root)
     by_path = dict((e["path"], e) for e in files)
@@ -959,6 +1097,7 @@ def main(argv, stdin):
         sys.stdout.write(json.dumps({"error": "usage: %s ARGS" % "|".join(VERBS)}) + "\n")
         return 2
     args = dict(zip(argv[1::2], argv[2::2]))
+    ON_NODE.append(True)
     try:
         doc = VERBS[argv[0]](args, stdin)
     except (Refused, OSError) as exc:

@@ -46,7 +46,8 @@ _SUB = re.compile(r"(torch_aot_compile/[0-9a-f]{64}|[0-9a-f]{10})\Z")
 _ROOT = re.compile(r"/[A-Za-z0-9._/+@-]{0,3000}\Z")
 _SKIPPED_SUFFIXES = (".tmp", ".lock")       # vLLM's in-flight saves; inductor's lock files
 # vLLM's default root (~/.cache/vllm) of root or a /home user: the only root taken from a log
-# line or a record without VLLM_CACHE_ROOT configured (the relay writes there as root)
+# line or a record without VLLM_CACHE_ROOT configured (the relay writes there as the owner of
+# the directory, never through a link: node_programs/model_copy.py enter)
 _DEFAULT_ROOT = re.compile(r"/(root|home/[A-Za-z0-9._-]{1,64})/\.cache/vllm\Z")
 
 
@@ -81,7 +82,7 @@ def cache_dir(root: Any, sub: Any) -> CacheDir | None:
 def node_root(configured: str | None, seen: str) -> str | None:
     """The cache root to stage into on a node: the configured VLLM_CACHE_ROOT (checked), else
     the root a rank's line or a record shows when it is vLLM's default for root or a /home
-    user; None otherwise (the relay, as root, never writes where only a log line points)."""
+    user; None otherwise (the relay never writes where only a log line points)."""
     if configured:
         d = cache_dir(configured, "0000000000")
         return d.root if d else None
