@@ -109,7 +109,7 @@ def test_wrong_token_and_traversal_are_refused(served, tmp_path):
     assert relay_get(url, token, "/config.json") == (200, files["config.json"])
     entries = program("manifest", "--dir", str(src))["files"]
     doc = fetch(tmp_path / "dst", url, wrong, entries[:1])
-    assert doc["failed"] == 1 and "HTTP 403" in doc["files"][0]["reason"]
+    assert doc["failed"] == 1 and "HTTP 403 (bad signature)" in doc["files"][0]["reason"]
 
 
 def test_fetch_refuses_paths_that_leave_the_directory(served, tmp_path):

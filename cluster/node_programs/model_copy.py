@@ -396,6 +396,10 @@ def auth_headers(key, target, byte_range=None, now=None, nonce=None):
     return headers
 
 
+REFUSALS = ("not signed", "bad signature", "stale signature", "replayed signature",
+            "too many requests")
+
+
 class Signatures(object):
     """Checks request signatures; each one is accepted once (a replay is refused) and only
     within AUTH_WINDOW_S of this clock (a stale one is refused)."""
@@ -481,7 +485,7 @@ def make_handler(board, key):
                 "GET", target, ranges[0] if ranges else None, auth[0])
             if why is not None:
                 self.close_connection = True
-                return self.refuse(403, "refused")
+                return self.refuse(403, why)
             self.server.unwatch(self.connection)
             self.connection.settimeout(REQUEST_TIMEOUT_S)
             raw = target.split("?", 1)[0]
@@ -987,12 +991,25 @@ def download(request, fd, have, size, h, deadline, board=None, path=None):
                         board.status["bytes"] += len(block)
         return written
     except urllib.error.HTTPError as exc:
+        code = "HTTP %d%s" % (exc.code, refusal(exc))
         if board is None:                   # one source: this file is refused, not the source
-            raise Refused("HTTP %d from the source" % exc.code)
-        raise Unreachable("HTTP %d from %s" % (exc.code, url.split("/")[2]), written)
+            raise Refused("%s from the source" % code)
+        raise Unreachable("%s from %s" % (code, url.split("/")[2]), written)
     except (urllib.error.URLError, socket.timeout, ConnectionError, OSError) as exc:
         raise Unreachable("cannot download from %s: %s"
                           % (url.split("/")[2], getattr(exc, "reason", None) or exc), written)
+
+
+def refusal(exc):
+    """` (why)` of a 403 from a model_copy server (a bad, stale or replayed signature; the
+    clocks of two nodes apart by more than AUTH_WINDOW_S), else ""."""
+    if exc.code != 403:
+        return ""
+    try:
+        why = exc.read(64).decode("ascii", "replace").strip()
+    except (OSError, ValueError):
+        return ""
+    return " (%s)" % why if why in REFUSALS else ""
 
 
 def check_reply(reply, have, size):
