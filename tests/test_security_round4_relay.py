@@ -149,6 +149,26 @@ def test_300_idle_connections_hold_at_most_the_cap_of_threads_and_are_closed(ser
     assert relay_get(f"http://127.0.0.1:{port}", key, "/config.json") == (200, CONFIG)
 
 
+def test_a_request_head_trickled_a_byte_at_a_time_is_cut_off(served):
+    """Each byte within the per-read timeout: before, the connection was held as long as the
+    trickle went on; now the whole head must be in within 2 x 5 s."""
+    _key, port, _ = served
+    head = b"GET /private.bin HTTP/1.1\r\nHost: " + b"a" * 200
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.settimeout(0.5)
+        got = None
+        for byte in head:                   # 100 s of trickle at most: a bound, not a measure
+            try:
+                s.sendall(bytes([byte]))
+                got = s.recv(4096)
+            except socket.timeout:
+                continue
+            except ConnectionError:
+                got = b""
+            break
+    assert got == b"", "the trickling connection was kept open"
+
+
 class Capture:
     """A server on 127.0.0.1 that records every request head it gets and answers `reply`."""
 

@@ -59,6 +59,8 @@ Shipped as
 and its input after it (cluster/node_programs/__init__.py). Stdlib only, Python 3.8+.
 """
 
+import binascii
+import collections
 import errno
 import fcntl
 import hashlib
@@ -388,7 +390,7 @@ def signature(key, method, target, stamp, nonce, byte_range):
 def auth_headers(key, target, byte_range=None, now=None, nonce=None):
     """The headers of a signed GET of `target` (a Range when asked)."""
     stamp = "%d" % int(time.time() if now is None else now)
-    nonce = nonce or hashlib.sha256(os.urandom(32)).hexdigest()[:32]
+    nonce = nonce or binascii.hexlify(os.urandom(16)).decode()
     headers = {AUTH_HEADER: "%s.%s.%s" % (stamp, nonce, signature(key, "GET", target, stamp,
                                                                   nonce, byte_range))}
     if byte_range is not None:
@@ -406,13 +408,14 @@ class Signatures(object):
 
     def __init__(self, key):
         self.key, self.lock = key, threading.Lock()
-        self.seen, self.order = set(), []           # nonces; (forget at, nonce), oldest first
+        self.seen, self.order = set(), collections.deque()  # nonces; (forget at, nonce)
 
     def check(self, method, target, byte_range, header):
         """None when the request is signed by the key, fresh and new; else why not."""
         stamp, _, rest = (header or "").partition(".")
         nonce, _, mac = rest.partition(".")
-        if not (stamp.isdigit() and len(stamp) <= 12 and len(nonce) == 32 and len(mac) == 64
+        if not (0 < len(stamp) <= 12 and len(nonce) == 32 and len(mac) == 64
+                and all(c in "0123456789" for c in stamp)
                 and all(c in "0123456789abcdef" for c in nonce + mac)):
             return "not signed"
         want = signature(self.key, method, target, stamp, nonce, byte_range)
@@ -423,7 +426,7 @@ class Signatures(object):
         now = time.monotonic()
         with self.lock:
             while self.order and self.order[0][0] < now:
-                self.seen.discard(self.order.pop(0)[1])
+                self.seen.discard(self.order.popleft()[1])
             if nonce in self.seen:
                 return "replayed signature"
             if len(self.seen) >= MAX_NONCES:
