@@ -15,7 +15,7 @@ pipelined relay node to node (issue 27), and the relay itself (`run_relay`, also
     4. relay: every node of the shape starts model_copy.py `relay` (detached, on its node IP,
        the first free port of expectations.model_relay.ports, a fresh secret on stdin) in start
        order, told its ancestors' URLs (nearest first); progress read from each node's
-       /TOKEN/.status over the node's SSH connection (a direct-tcpip channel)
+       signed /.status over the node's SSH connection (a direct-tcpip channel)
     5. stop every relay; manifests again on the targets: verified when every file of the
        source is there with its sha256
 A node that stops answering is bypassed by its successors (they re-attach to its upstream and

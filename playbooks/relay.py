@@ -4,9 +4,11 @@ on every receiving node in the shape's order, watch each node's progress, stop t
 Used by `cluster model pull` (playbooks/model_pull.py) and `cluster fix --checks model`
 (playbooks/fix_model.py). Every node runs the on-node program as root (sudo -n when the SSH
 user is not root), detached, on its node IP and the first free port of
-expectations.model_relay.ports, with a fresh secret token on stdin; a node's upstreams are its
-ancestors in the shape, nearest first. Progress is each node's GET /TOKEN/.status over that
-node's own SSH connection (a direct-tcpip channel: no port is opened to the laptop).
+expectations.model_relay.ports, with a fresh secret key and the run's peers (its nodes'
+addresses, loopback) on stdin; a node's upstreams are its ancestors in the shape, nearest first.
+Every request is signed with the key (model_copy.py `auth_headers`: the key is never sent).
+Progress is each node's signed GET /.status over that node's own SSH connection (a direct-tcpip
+channel: no port is opened to the laptop).
 
 A `Feed` source is a directory on the laptop (cluster/remedy/laptop_feed.py): nothing is started
 for it; its first node's relay pulls from the feed's URL (that node's end of an SSH remote
@@ -16,6 +18,7 @@ forward), and no other node is ever told that URL.
 from __future__ import annotations
 
 import functools
+import ipaddress
 import json
 import secrets
 import time
@@ -28,6 +31,7 @@ from cluster.nodes.inventory import Inventory, Node
 from cluster.remedy.model_relay import Progress, RelaySettings, RelayShape, fed_shape, parse_progress, \
     rate_text, relay_shape
 from cluster.remedy.model_sync import CopyPlan, Manifest, parse_manifest
+from cluster.node_programs.model_copy import AUTH_HEADER, LOOPBACK_PEERS, auth_headers
 from cluster.node_programs import (Call as ProgramCall, document_of, failure, fan_out_program,
                                    parse_answer, program_call, run_call)
 from cluster.nodes.remote import CommandResult, Session
@@ -94,6 +98,19 @@ def manifests(inventory: Inventory, session: Session, nodes: Sequence[Node],
     return out
 
 
+def run_peers(nodes: Sequence[Node]) -> list[str]:
+    """The addresses a run's relays answer: each node's IP (and its SSH address when that is an
+    IP) and loopback (the status poll arrives through the node's own sshd)."""
+    out = set(LOOPBACK_PEERS)
+    for node in nodes:
+        for text in (node.ip, node.address):
+            try:
+                out.add(str(ipaddress.ip_address(text)))
+            except ValueError:
+                pass
+    return sorted(out)
+
+
 def _url_host(ip: str) -> str:
     return f"[{ip}]" if ":" in ip else ip
 
@@ -101,7 +118,7 @@ def _url_host(ip: str) -> str:
 @dataclass(frozen=True)
 class Feed:
     """A source outside the inventory (the laptop's directory, cluster/remedy/laptop_feed.py): only
-    the node `first` reaches it, at `url`; it serves with the relay's `token`."""
+    the node `first` reaches it, at `url`; it checks requests with the relay's key `token`."""
 
     name: str
     first: str
@@ -143,11 +160,12 @@ class _Relay:
         self.settings = RelaySettings.from_expectations(inventory.expectations)
         self.token = token or secrets.token_urlsafe(32)
         self.tag = secrets.token_hex(6)
+        self.peers: list[str] = list(LOOPBACK_PEERS)
 
     def start(self, m: _Member, files: list[dict], fetch: list[str], upstreams: list[str],
               lifetime: int) -> None:
         data = self.token + "\n" + json.dumps({"files": files, "fetch": fetch,
-                                               "upstreams": upstreams})
+                                               "upstreams": upstreams, "peers": self.peers})
         call = program(self.inventory, m.node, self.local_root, PROGRAM,
                        ["relay", "--dir", self.dir_of(m.node), "--bind", m.node.ip, "--ports",
                         self.settings.port_text, "--for", str(lifetime), "--tag", self.tag],
@@ -162,14 +180,15 @@ class _Relay:
         return m.url or f"http://{_url_host(m.node.ip)}:{m.port}"
 
     def status(self, m: _Member) -> dict:
-        """GET /TOKEN/.status over the node's SSH connection (TunnelError, RemoteError...)."""
+        """A signed GET /.status over the node's SSH connection (TunnelError, RemoteError...)."""
         from cluster.nodes.head_tunnel import HeadTunnel      # httpx: not at the CLI's import
 
         stream = HeadTunnel(self.session, m.node, timeout=5).open(m.node.ip, m.port, timeout=5)
         try:
             stream.settimeout(5)
-            stream.sendall(f"GET /{self.token}/.status HTTP/1.0\r\nHost: {m.node.ip}\r\n\r\n"
-                           .encode())
+            auth = auth_headers(self.token, "/.status")[AUTH_HEADER]
+            stream.sendall(f"GET /.status HTTP/1.0\r\nHost: {_url_host(m.node.ip)}\r\n"
+                           f"{AUTH_HEADER}: {auth}\r\n\r\n".encode())
             data = b""
             while len(data) <= STATUS_MAX_BYTES:
                 block = stream.recv(65536)
@@ -193,7 +212,7 @@ class _Relay:
 
 
 def _poll_status(relay: _Relay, m: _Member, done: list, lifetime: int) -> None:
-    """The member's /TOKEN/.status every POLL_S until the relay is over (`done`), at most
+    """The member's /.status every POLL_S until the relay is over (`done`), at most
     its lifetime."""
     def probe() -> None:
         try:
@@ -226,6 +245,7 @@ def run_relay(inventory: Inventory, session, source: Node | Feed, reference: Man
     lifetime = relay_lifetime(max([plans[n].bytes for n in busy] + [0]) + total // 4)
     members = {feed.name: _Member(None, url=feed.url)} if feed else {source.name: _Member(source)}
     members.update({n: _Member(targets[n]) for n in busy})
+    relay.peers = run_peers([m.node for m in members.values() if m.node is not None])
     start = time.monotonic()
     done: list = []
     try:

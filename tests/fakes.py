@@ -1032,6 +1032,23 @@ def model_copy_program(*args: str, data: str = "") -> dict:
     return json.loads(lines[-1])
 
 
+def relay_get(base: str, key: str, target: str, byte_range: str | None = None,
+              headers: dict | None = None) -> tuple[int, bytes]:
+    """(status, body) of a GET of `target` (`/path` as sent) from a model_copy server at
+    `base`, signed with the run's key as the nodes sign (model_copy.py `auth_headers`)."""
+    import urllib.error
+    import urllib.request
+    from cluster.node_programs.model_copy import auth_headers
+
+    sent = dict(auth_headers(key, target, byte_range), **(headers or {}))
+    try:
+        with urllib.request.urlopen(urllib.request.Request(base + target, headers=sent),
+                                    timeout=10) as reply:
+            return reply.status, reply.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, b""
+
+
 def model_copy_fetch(dst, url, token, entries) -> dict:
     """model_copy.py fetch of `entries` from `url` into `dst` with the run's `token`."""
     return model_copy_program("fetch", "--dir", str(dst), "--url", url, "--for", "60",

@@ -12,6 +12,7 @@ import socket
 import pytest
 
 from cluster.base.errors import ParseError, UsageError
+from fakes import relay_get
 from cluster.nodes.inventory import loads
 from cluster.remedy.model_relay import RelaySettings, fed_shape, parse_progress, relay_shape
 from cluster.remedy.model_sync import copy_plan
@@ -307,13 +308,14 @@ def test_the_laptop_server_serves_the_walked_files_only_with_the_token_and_never
     token = "t" * 20 + "-secret_0123456789"
     with LaptopServer(str(root), token) as server:
         base = f"http://127.0.0.1:{server.port}"
-        assert get(f"{base}/{token}/config.json") == (200, FILES["config.json"])
-        assert get(f"{base}/{token}/tokenizer.json", {"Range": "bytes=10-"}) == \
+        assert relay_get(base, token, "/config.json") == (200, FILES["config.json"])
+        assert relay_get(base, token, "/tokenizer.json", "bytes=10-") == \
             (206, FILES["tokenizer.json"][10:])
-        assert get(f"{base}/{token}/leak.txt")[0] == 404                 # the link leaving
-        assert get(f"{base}/{token}/../outside-secret.txt")[0] == 404
-        assert get(f"{base}/{'x' * len(token)}/config.json")[0] == 404    # a wrong token
-        assert get(f"{base}/config.json")[0] == 404
+        assert relay_get(base, token, "/leak.txt")[0] == 404            # the link leaving
+        assert relay_get(base, token, "/../outside-secret.txt")[0] == 404
+        assert relay_get(base, "x" * len(token), "/config.json")[0] == 403    # a wrong key
+        assert get(f"{base}/{token}/config.json")[0] == 403              # the old token URL
+        assert get(f"{base}/config.json")[0] == 403
         with socket.create_connection(("127.0.0.1", server.port), timeout=5):
             pass
         assert server.files == len(FILES) + 1                             # + alias.json
@@ -361,6 +363,7 @@ def test_a_fetch_that_hangs_up_mid_file_prints_nothing_on_the_clis_stderr(tmp_pa
     import struct
     import time
 
+    from cluster.node_programs.model_copy import auth_headers
     from cluster.remedy.laptop_feed import LaptopServer
 
     root = tmp_path / "big"
@@ -370,12 +373,13 @@ def test_a_fetch_that_hangs_up_mid_file_prints_nothing_on_the_clis_stderr(tmp_pa
         for _ in range(3):
             s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            s.sendall(f"GET /{token}/w.bin HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            auth = "".join(f"{k}: {v}\r\n" for k, v in auth_headers(token, "/w.bin").items())
+            s.sendall(f"GET /w.bin HTTP/1.1\r\nHost: x\r\n{auth}\r\n".encode())
             assert s.recv(4096).startswith(b"HTTP/1.1 200")
             s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             s.close()                                  # RST while the server writes
         time.sleep(2)
-        assert get(f"http://127.0.0.1:{server.port}/{token}/w.bin", {"Range": "bytes=0-9"})[0] \
+        assert relay_get(f"http://127.0.0.1:{server.port}", token, "/w.bin", "bytes=0-9")[0] \
             == 206                                     # still serving
     err = capfd.readouterr().err
     assert "Traceback" not in err and "Exception occurred" not in err, err

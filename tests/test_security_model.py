@@ -11,13 +11,12 @@ import os
 import secrets
 import stat
 import threading
-import urllib.error
-import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from fakes import closed_port as free_port, model_copy_fetch as fetch, model_copy_program as program
+from fakes import closed_port as free_port, model_copy_fetch as fetch, model_copy_program as program, \
+    relay_get
 
 TAG = "t" + secrets.token_hex(4)
 
@@ -51,14 +50,6 @@ def source(tmp_path):
     yield src, secret, start
     for pid in started:
         program("stop", "--pid", str(pid), "--tag", TAG)
-
-
-def get(url: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as reply:
-            return reply.status, reply.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, b""
 
 
 # ------------------------------------------------------------------ item 2: the target side
@@ -129,8 +120,8 @@ def test_a_link_leaving_the_model_directory_is_neither_listed_nor_served(source,
     assert "leaving the model directory" in listed["skipped"]["tokenizer.json"]
     token, url, served = start()
     assert "tokenizer.json" in served["skipped"]
-    assert get(f"{url}/{token}/tokenizer.json") == (404, b"")
-    assert get(f"{url}/{token}/inside.json") == (200, CONFIG)
+    assert relay_get(url, token, "/tokenizer.json") == (404, b"")
+    assert relay_get(url, token, "/inside.json") == (200, CONFIG)
 
 
 def test_a_file_swapped_for_a_link_after_the_walk_is_not_served(source, tmp_path):
@@ -138,7 +129,7 @@ def test_a_file_swapped_for_a_link_after_the_walk_is_not_served(source, tmp_path
     token, url, _ = start()
     (src / "config.json").unlink()
     (src / "config.json").symlink_to(secret)
-    assert get(f"{url}/{token}/config.json") == (404, b"")
+    assert relay_get(url, token, "/config.json") == (404, b"")
 
 
 def test_modes_keep_a_private_file_private_and_drop_setuid(source, tmp_path):

@@ -9,7 +9,7 @@
                                     (interrupted fetches) are counted under "partial".
     serve --dir D --bind IP --port P --for S --tag T
                                     a detached HTTP server (double fork) that serves the files
-                                    the walk of D found at startup, only at /TOKEN/<path>, with
+                                    the walk of D found at startup, at /<path>, with
                                     Range requests; it exits by itself after S seconds.
                                     Prints {"pid", "port"} or {"error"}.
     fetch --dir D --url http://IP:P --for S
@@ -22,8 +22,8 @@
                                     the run's files it holds AND the bytes of the files it is
                                     receiving as they land, while a fetch thread pulls the rest
                                     from its upstreams (the nearest first; a silent one is
-                                    bypassed for the next, resuming with Range). GET
-                                    /TOKEN/.status is its progress. Prints {"pid", "port"}.
+                                    bypassed for the next, resuming with Range). GET /.status
+                                    is its progress. Prints {"pid", "port"}.
     stop --pid PID --tag T          ends the server started with that tag.
 
 Safety (the program starts as root on every node; README "Model copy and relay"):
@@ -49,17 +49,30 @@ Safety (the program starts as root on every node; README "Model copy and relay")
 - the server serves only what the walk found, reopened without following links and checked
   to be the same regular file (device, inode) when a request comes.
 
-The secret token is never on the command line: stdin's first line holds it (serve, fetch, relay);
-the rest of stdin is the input document: fetch's {"files": [{"path", "size", "sha256", "mode"}]},
-relay's {"files": [...], "fetch": [paths], "upstreams": ["http://IP:P", ...]}. Shipped as
+The run's secret key is never on the command line nor sent: stdin's first line holds it (serve,
+fetch, relay); the rest of stdin is the input document: fetch's {"files": [{"path", "size",
+"sha256", "mode"}]}, relay's {"files": [...], "fetch": [paths], "upstreams": ["http://IP:P", ...],
+"peers": [IP, ...]}, serve's optional {"peers": [...]}.
+
+Who may ask (the servers read as root): a connection from an address not in "peers" (the run's
+nodes; loopback alone when none are named) is closed at accept without a byte read, as is one
+above MAX_CONNECTIONS at once; a request line and headers not in within HEAD_TIMEOUT_S (silent)
+or twice that (trickled) close the connection. Every request carries X-Relay-Auth: STAMP.NONCE.
+HMAC-SHA256(key, method, target, stamp, nonce, Range); a missing, wrong, stale (STAMP over
+AUTH_WINDOW_S from the server's clock) or replayed (NONCE seen) signature gets 403 and nothing.
+
+Shipped as
 `python3 -c BOOT VERB ARGS` where BOOT reads this program as stdin's first line (a JSON string)
 and its input after it (cluster/node_programs/__init__.py). Stdlib only, Python 3.8+.
 """
 
+import binascii
+import collections
 import errno
 import fcntl
 import hashlib
 import hmac
+import ipaddress
 import json
 import os
 import signal
@@ -91,6 +104,14 @@ MODE_MASK = 0o755               # no setuid/setgid/sticky, no group/other write
 MAX_FILE_BYTES = 1 << 40        # one listed file: 1 TiB at most (the largest shards are ~10 GiB)
 MAX_TOTAL_BYTES = 1 << 44       # a whole listing: 16 TiB
 OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
+MAX_CONNECTIONS = 32            # connections served at once; one more is closed at accept
+HEAD_TIMEOUT_S = 5.0            # a request line and headers: silent this long, or unfinished
+                                # after twice this, and the connection is closed
+AUTH_HEADER = "X-Relay-Auth"    # STAMP.NONCE.HMAC-SHA256(key, method, target, stamp, nonce, range)
+AUTH_WINDOW_S = 300.0           # a signature's stamp: at most this far from the server's clock
+MAX_NONCES = 65536              # signatures remembered over 2 windows (a replay is refused)
+MAX_PEERS = 4096
+LOOPBACK_PEERS = ("127.0.0.1", "::1")   # the peers when the input names none
 CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 ON_NODE = []                    # main() marks the program's own run: only it walks, drops to a user
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | CLOEXEC
@@ -486,23 +507,124 @@ def readable(board, entry, pos, deadline):
             board.cond.wait(1.0)
 
 
-def make_handler(board, token):
+# ---------------------------------------------------------------- who may ask
+
+
+def signature(key, method, target, stamp, nonce, byte_range):
+    """HMAC-SHA256 (hex) of one request under the run's key: the key itself never travels."""
+    message = "\n".join(("model_copy-v1", method, target, stamp, nonce, byte_range or ""))
+    return hmac.new(key.encode(), message.encode("utf-8", "surrogateescape"),
+                    hashlib.sha256).hexdigest()
+
+
+def auth_headers(key, target, byte_range=None, now=None, nonce=None):
+    """The headers of a signed GET of `target` (a Range when asked)."""
+    stamp = "%d" % int(time.time() if now is None else now)
+    nonce = nonce or binascii.hexlify(os.urandom(16)).decode()
+    headers = {AUTH_HEADER: "%s.%s.%s" % (stamp, nonce, signature(key, "GET", target, stamp,
+                                                                  nonce, byte_range))}
+    if byte_range is not None:
+        headers["Range"] = byte_range
+    return headers
+
+
+REFUSALS = ("not signed", "bad signature", "stale signature", "replayed signature",
+            "too many requests")
+
+
+class Signatures(object):
+    """Checks request signatures; each one is accepted once (a replay is refused) and only
+    within AUTH_WINDOW_S of this clock (a stale one is refused)."""
+
+    def __init__(self, key):
+        self.key, self.lock = key, threading.Lock()
+        self.seen, self.order = set(), collections.deque()  # nonces; (forget at, nonce)
+
+    def check(self, method, target, byte_range, header):
+        """None when the request is signed by the key, fresh and new; else why not."""
+        stamp, _, rest = (header or "").partition(".")
+        nonce, _, mac = rest.partition(".")
+        if not (0 < len(stamp) <= 12 and len(nonce) == 32 and len(mac) == 64
+                and all(c in "0123456789" for c in stamp)
+                and all(c in "0123456789abcdef" for c in nonce + mac)):
+            return "not signed"
+        want = signature(self.key, method, target, stamp, nonce, byte_range)
+        if not hmac.compare_digest(want.encode(), mac.encode()):
+            return "bad signature"
+        if abs(time.time() - int(stamp)) > AUTH_WINDOW_S:
+            return "stale signature"
+        now = time.monotonic()
+        with self.lock:
+            while self.order and self.order[0][0] < now:
+                self.seen.discard(self.order.popleft()[1])
+            if nonce in self.seen:
+                return "replayed signature"
+            if len(self.seen) >= MAX_NONCES:
+                return "too many requests"
+            self.seen.add(nonce)
+            self.order.append((now + 2 * AUTH_WINDOW_S, nonce))
+        return None
+
+
+def peer_address(text):
+    """An address in one form (an IPv4-mapped IPv6 address as IPv4); None when not an IP."""
+    try:
+        ip = ipaddress.ip_address(str(text).split("%", 1)[0])
+    except ValueError:
+        return None
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return str(mapped or ip)
+
+
+def read_peers(doc):
+    """The input's "peers" (the run's node addresses, loopback when none are named)."""
+    peers = doc.get("peers", list(LOOPBACK_PEERS))
+    if not isinstance(peers, list) or not 0 < len(peers) <= MAX_PEERS:
+        raise Refused("peers must be a list of 1-%d IP addresses" % MAX_PEERS)
+    out = set()
+    for p in peers:
+        ip = peer_address(p) if isinstance(p, str) and len(p) < 64 else None
+        if ip is None:
+            raise Refused("bad peer %r (an IP address)" % str(p)[:64])
+        out.add(ip)
+    return frozenset(out)
+
+
+def make_handler(board, key):
     from http.server import BaseHTTPRequestHandler
 
-    prefix = "/" + token + "/"
+    signatures = Signatures(key)
 
     class Handler(BaseHTTPRequestHandler):
-        timeout = REQUEST_TIMEOUT_S
+        timeout = HEAD_TIMEOUT_S            # each read of the request line and headers
         protocol_version = "HTTP/1.1"
 
         def log_message(self, *_):
             pass
 
+        def handle_one_request(self):
+            self.connection.settimeout(HEAD_TIMEOUT_S)
+            self.server.watch(self.connection)
+            try:
+                BaseHTTPRequestHandler.handle_one_request(self)
+            finally:
+                self.server.unwatch(self.connection)
+
         def do_GET(self):
-            raw = self.path.split("?", 1)[0]
-            if not hmac.compare_digest(raw[:len(prefix)].encode(), prefix.encode()):
+            target = self.requestline.split()[1]        # as sent (self.path may be rewritten)
+            ranges = self.headers.get_all("Range") or []
+            auth = self.headers.get_all(AUTH_HEADER) or []
+            why = "not signed" if len(auth) != 1 or len(ranges) > 1 else signatures.check(
+                "GET", target, ranges[0] if ranges else None, auth[0])
+            if why is not None:
+                self.close_connection = True
+                return self.refuse(403, why)
+            self.server.unwatch(self.connection)
+            self.connection.settimeout(REQUEST_TIMEOUT_S)
+            raw = target.split("?", 1)[0]
+            if not raw.startswith("/"):
                 return self.refuse(404, "not found")
-            path = urllib.parse.unquote(raw[len(prefix):])
+            path = urllib.parse.unquote(raw[1:])
             if path == STATUS:
                 return self.reply_json(board.snapshot())
             with board.cond:
@@ -590,16 +712,76 @@ def byte_range(header, size):
     return start, end
 
 
-def listen(bind, ports, board, token):
-    """A server on the first free port of `ports`, or the error document."""
-    from http.server import ThreadingHTTPServer
+def server_class(bind, peers):
+    """A threading HTTP server that closes at accept, without reading, a connection from an
+    address not in `peers` or above MAX_CONNECTIONS, and one whose request line and headers
+    are not in within 2 * HEAD_TIMEOUT_S."""
+    from http.server import HTTPServer
+    from socketserver import ThreadingMixIn
 
-    ThreadingHTTPServer.daemon_threads = True
-    ThreadingHTTPServer.allow_reuse_address = True      # a listener still refuses the port
+    class Server(ThreadingMixIn, HTTPServer):
+        address_family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+        daemon_threads = True
+        block_on_close = False
+        allow_reuse_address = True          # a listener still refuses the port
+        request_queue_size = 64
+
+        def server_activate(self):
+            self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+            self.heads, self.heads_lock = {}, threading.Lock()
+            HTTPServer.server_activate(self)
+
+        def verify_request(self, request, client_address):
+            return peer_address(client_address[0]) in peers \
+                and self.slots.acquire(blocking=False)
+
+        def process_request(self, request, client_address):
+            try:
+                ThreadingMixIn.process_request(self, request, client_address)
+            except BaseException:
+                self.slots.release()
+                raise
+
+        def process_request_thread(self, request, client_address):
+            try:
+                ThreadingMixIn.process_request_thread(self, request, client_address)
+            finally:
+                self.slots.release()
+
+        def handle_error(self, request, client_address):
+            pass                            # a detached server: nowhere to print a traceback
+
+        def watch(self, connection):
+            with self.heads_lock:
+                self.heads[connection] = time.monotonic() + 2 * HEAD_TIMEOUT_S
+
+        def unwatch(self, connection):
+            with self.heads_lock:
+                self.heads.pop(connection, None)
+
+        def service_actions(self):          # serve_forever's loop, every poll interval
+            now = time.monotonic()
+            with self.heads_lock:
+                late = [c for c, end in self.heads.items() if end < now]
+                for c in late:
+                    del self.heads[c]
+            for c in late:
+                try:
+                    c.shutdown(socket.SHUT_RDWR)        # its thread's read ends at once
+                except OSError:
+                    pass
+
+    return Server
+
+
+def listen(bind, ports, board, key, peers=frozenset(LOOPBACK_PEERS)):
+    """A server on the first free port of `ports` answering only `peers` and only requests
+    signed with `key`, or the error document."""
+    server = server_class(bind, peers)
     last = None
     for port in ports:
         try:
-            return ThreadingHTTPServer((bind, port), make_handler(board, token)), port
+            return server((bind, port), make_handler(board, key)), port
         except OSError as exc:
             last = exc
     return None, {"error": "cannot listen on %s port %s: %s"
@@ -639,6 +821,7 @@ def serve(args, stdin):
     if not tag.isalnum() or not 0 < port < 65536:
         raise Refused("bad --tag or --port")
     token = read_token(stdin)
+    peers = read_peers(read_input(stdin, optional=True))
     rootfd = enter(root)
     if rootfd is None:
         raise Refused("%s is not a directory" % root)
@@ -647,7 +830,7 @@ def serve(args, stdin):
     board = Board(root, os.path.realpath(root))
     for path, found in files.items():
         board.offer(path, found)
-    server, port = listen(bind_address(args), [port], board, token)
+    server, port = listen(bind_address(args), [port], board, token, peers)
     if server is None:
         return port
     return detach(server, port, lambda: run_server(server, seconds, board),
@@ -692,11 +875,15 @@ def stop(args, _stdin):
 class Upstreams(object):
     """The servers a fetch may read from, nearest first; a silent one is passed over."""
 
-    def __init__(self, urls, token):
-        self.urls, self.token, self.current = list(urls), token, 0
+    def __init__(self, urls, key):
+        self.urls, self.key, self.current = list(urls), key, 0
 
-    def url(self, path):
-        return "%s/%s/%s" % (self.urls[self.current], self.token, urllib.parse.quote(path))
+    def request(self, path, have=0):
+        """A GET of the file's bytes from `have` on, signed with the run's key (the key itself
+        is never sent)."""
+        target = "/" + urllib.parse.quote(path)
+        return urllib.request.Request(self.urls[self.current] + target, headers=auth_headers(
+            self.key, target, "bytes=%d-" % have if have else None))
 
     def host(self):
         return self.urls[self.current].split("/")[2]
@@ -764,10 +951,12 @@ def fetch_all(rootfd, upstreams, wanted, deadline, single=False, board=None):
             "bytes": sum(o.get("bytes", 0) for o in out)}
 
 
-def read_input(stdin):
+def read_input(stdin, optional=False):
     text = stdin.read(MAX_INPUT + 1)
     if len(text) > MAX_INPUT:
         raise Refused("the input is too long")
+    if optional and not text.strip():
+        return {}
     try:
         doc = json.loads(text)
     except ValueError:
@@ -889,8 +1078,8 @@ def receive(upstreams, entry, fd, have, h, deadline, single, board):
         if time.monotonic() > deadline:
             raise Refused("out of time (the .part is kept: run again to resume)")
         try:
-            got = download(upstreams.url(entry["path"]), fd, have, size, h, deadline, board,
-                           entry["path"])
+            got = download(upstreams.request(entry["path"], have), fd, have, size, h, deadline,
+                           board, entry["path"])
         except Unreachable as exc:
             got, why = exc.written, exc
         else:
@@ -916,10 +1105,11 @@ def receive(upstreams, entry, fd, have, h, deadline, single, board):
     return moved
 
 
-def download(url, fd, have, size, h, deadline, board=None, path=None):
-    """Append bytes [have, size) from url to fd (hashing them); the bytes written. Never more
-    than size - have: the reply is not read further. Unreachable(msg, written) on a lost source."""
-    request = urllib.request.Request(url, headers={"Range": "bytes=%d-" % have} if have else {})
+def download(request, fd, have, size, h, deadline, board=None, path=None):
+    """Append bytes [have, size) from the request's reply to fd (hashing them); the bytes
+    written. Never more than size - have: the reply is not read further. Unreachable(msg,
+    written) on a lost source."""
+    url = request.full_url
     written = 0
     try:
         timeout = max(1.0, min(STALL_S, deadline - time.monotonic()))
@@ -942,12 +1132,25 @@ def download(url, fd, have, size, h, deadline, board=None, path=None):
                         board.status["bytes"] += len(block)
         return written
     except urllib.error.HTTPError as exc:
+        code = "HTTP %d%s" % (exc.code, refusal(exc))
         if board is None:                   # one source: this file is refused, not the source
-            raise Refused("HTTP %d from the source" % exc.code)
-        raise Unreachable("HTTP %d from %s" % (exc.code, url.split("/")[2]), written)
+            raise Refused("%s from the source" % code)
+        raise Unreachable("%s from %s" % (code, url.split("/")[2]), written)
     except (urllib.error.URLError, socket.timeout, ConnectionError, OSError) as exc:
         raise Unreachable("cannot download from %s: %s"
                           % (url.split("/")[2], getattr(exc, "reason", None) or exc), written)
+
+
+def refusal(exc):
+    """` (why)` of a 403 from a model_copy server (a bad, stale or replayed signature; the
+    clocks of two nodes apart by more than AUTH_WINDOW_S), else ""."""
+    if exc.code != 403:
+        return ""
+    try:
+        why = exc.read(64).decode("ascii", "replace").strip()
+    except (OSError, ValueError):
+        return ""
+    return " (%s)" % why if why in REFUSALS else ""
 
 
 def check_reply(reply, have, size):
@@ -977,6 +1180,7 @@ def relay(args, stdin):
     token = read_token(stdin)
     doc = read_input(stdin)
     files = read_files(doc)
+    peers = read_peers(doc)
     want = doc.get("fetch")
     urls = doc.get("upstreams")
     if not isinstance(want, list) or len(want) > MAX_FILES \
@@ -1003,7 +1207,7 @@ def relay(args, stdin):
     for e in files:                          # on disk but not listed to fetch: must match
         if e["path"] not in wanted and board.entries[e["path"]]["size"] != e["size"]:
             board.entries[e["path"]]["state"] = "failed"
-    server, port = listen(bind_address(args), ports, board, token)
+    server, port = listen(bind_address(args), ports, board, token, peers)
     if server is None:
         return port
 

@@ -5,9 +5,11 @@ SSH remote port forward over the inventory's route.
     LaptopServer(root, token)      node_programs/model_copy.py's serve side, in this process,
                                    bound to 127.0.0.1 on an ephemeral port: the files the walk
                                    of `root` found (regular files whose real path is inside it;
-                                   a link leaving it, a device, a fifo are not served), only at
-                                   /TOKEN/<path>, with Range; each request reopens the walked
-                                   inode without following links.
+                                   a link leaving it, a device, a fifo are not served), at
+                                   /<path>, with Range, to loopback peers only and only for
+                                   requests signed with the token (HMAC, model_copy.py
+                                   `Signatures`); each request reopens the walked inode
+                                   without following links.
     RemoteForward(session, node, port)
                                    the node's sshd listens on the node's loopback (an ephemeral
                                    port, `tcpip-forward`) and every connection there comes back
@@ -17,8 +19,8 @@ SSH remote port forward over the inventory's route.
                                    directly.
     laptop_manifest(root)          model_copy.py's manifest of `root`, computed here.
 
-The token is made by the caller (the relay's per-run secret) and only ever travels in a request
-path over the forward and on the relay programs' stdin: never argv, logs or output. Both live
+The token is made by the caller (the relay's per-run secret key) and only ever travels on the
+relay programs' stdin: never in a request, argv, logs or output. Both live
 for one copy: `with` closes them on every path (an error, Ctrl-C).
 """
 
@@ -66,7 +68,8 @@ class LaptopServer:
             raise UsageError(f"{root}: {exc}") from None
         for path, found in files.items():
             self._board.offer(path, found)
-        self._server, error = mc.listen(LOOPBACK, [0], self._board, token)
+        self._server, error = mc.listen(LOOPBACK, [0], self._board, token,
+                                        frozenset(mc.LOOPBACK_PEERS))
         if self._server is None:
             os.close(self._board.rootfd)
             raise UsageError(f"cannot serve {root} on this machine: {error['error']}")
