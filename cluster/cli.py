@@ -7,9 +7,11 @@ returns an exit code: 0 all ok, 1 warnings only, 2 any failure, error or bad usa
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import json
 import os
+import re
 import sys
 from typing import Sequence
 
@@ -45,13 +47,56 @@ COMMANDS: tuple[tuple[str, str], ...] = (
 )
 
 
+class UsageProblem(Exception):
+    """A usage error, raised by the parser (never printed there): main() prints it as one line
+    naming the (sub)command's prog, and as one JSON document on stdout under --json."""
+
+    def __init__(self, prog: str, message: str):
+        super().__init__(message)
+        self.prog = prog
+        self.message = message
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse that exits 2 with one line (argparse already uses 2 for usage errors; its own
-    error() prints the whole usage block first). `cluster CMD --help` still shows the usage."""
+    """argparse whose usage errors raise UsageProblem (argparse's own error() prints the whole
+    usage block and exits), with a "did you mean" for a mistyped subcommand or choice.
+    `cluster CMD --help` still shows the usage."""
 
     def error(self, message: str):  # noqa: D401 - argparse's name
-        self.exit(2, f"{self.prog}: error: {terminal_safe_line(message)} "
-                     f"(see `{self.prog} --help`)\n")
+        raise UsageProblem(self.prog, _with_choice_hint(message))
+
+    def unknown_arguments(self, extras: Sequence[str]) -> UsageProblem:
+        """The error for arguments this (sub)command does not take, with the nearest flags."""
+        hints = [f"{word} (did you mean {' or '.join(close)}?)" if close else word
+                 for word in extras for close in [_close_flags(word, self.format_help())]]
+        return UsageProblem(self.prog, "unrecognized arguments: " + " ".join(hints))
+
+
+_CHOICE_RE = re.compile(r"invalid choice: '([^']{0,200})' \(choose from (.{0,4000})\)$")
+_FLAG_RE = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]{0,60})")
+
+
+def _with_choice_hint(message: str) -> str:
+    """argparse's invalid-choice message with "did you mean 'preflight'?" in place of the list
+    of every choice when one is close; other messages unchanged."""
+    m = _CHOICE_RE.search(message)
+    if not m:
+        return message
+    choices = re.findall(r"'([^']{1,100})'", m.group(2))
+    close = difflib.get_close_matches(m.group(1), choices, n=2, cutoff=0.6)
+    if not close:
+        return message
+    return message[:m.start(2) - len("(choose from ")] + \
+        f"(did you mean {' or '.join(repr(c) for c in close)}?)"
+
+
+def _close_flags(word: str, help_text: str) -> list[str]:
+    """The flags of a (sub)command's help nearest to a mistyped `word` (`--modle`)."""
+    if not word.startswith("-"):
+        return []
+    flag = word.split("=", 1)[0]
+    flags = sorted(set(_FLAG_RE.findall(help_text)))
+    return difflib.get_close_matches(flag, flags, n=2, cutoff=0.6)
 
 
 # One line each for `cluster --help`, so that listing the commands imports none of them
@@ -111,16 +156,40 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         epilog="Exit codes: 0 ok, 1 warnings only, 2 failures, errors or bad usage.",
     )
     parser.add_argument("--version", action="version", version=f"cluster {__version__}")
-    parser.add_argument("-i", "--inventory", metavar="PATH", type=path_value,
-                        help="cluster.yaml (default: $CLUSTER_INVENTORY, ./cluster.yaml, "
-                             "then the embedded single-node localhost default)")
+    _add_inventory(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in COMMANDS:
         if lazy and name != only:
             sub.add_parser(name, help=HELP[name], add_help=False)
         else:
             importlib.import_module(f"cluster.commands.{module}").register(sub)
+            _add_inventory(sub.choices[name], argparse.SUPPRESS)
+    parser.subcommands = sub.choices      # name -> parser: whose error an unknown flag is
     return parser
+
+
+def _add_inventory(parser: argparse.ArgumentParser, default=None) -> None:
+    """-i/--inventory, on the main parser and on every subcommand (`cluster preflight -i X`
+    as well as `cluster -i X preflight`); a subcommand's SUPPRESS default keeps the main
+    parser's value when the flag comes before the subcommand."""
+    parser.add_argument("-i", "--inventory", metavar="PATH", type=path_value, default=default,
+                        help="cluster.yaml (default: $CLUSTER_INVENTORY, ./cluster.yaml, "
+                             "then the embedded single-node localhost default)")
+
+
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """parse_args, but arguments a subcommand does not take are that subcommand's error."""
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        owner = _subparser(parser, getattr(args, "command", None)) or parser
+        raise (owner.unknown_arguments(extras) if isinstance(owner, _Parser)
+               else UsageProblem(owner.prog, "unrecognized arguments: " + " ".join(extras)))
+    return args
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str | None):
+    """The subcommand's parser (build_parser keeps the subparsers' `choices`), or None."""
+    return getattr(parser, "subcommands", {}).get(command)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -133,15 +202,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
         parser = build_parser(argv)
-        args = parser.parse_args(argv)
+        args = _parse(parser, argv)
         handler = getattr(args, "handler", None)
         if handler is None:
             parser.print_help()
             return 2
         code = handler(args)
         return _exit_code(code)
-    except SystemExit:  # argparse: --help/--version exit 0, usage errors exit 2 (two lines)
+    except SystemExit:  # argparse: --help/--version exit 0
         raise
+    except UsageProblem as exc:
+        return _usage_error(exc, argv)
     except ClusterError as exc:
         return _fail(args, str(exc))
     except KeyboardInterrupt:
@@ -176,6 +247,26 @@ def _fail(args: argparse.Namespace | None, message: str) -> int:
         if getattr(args, "json", False):  # scripts always get one JSON document with --json
             json.dump({"command": command, "exit_code": 2, "status": "error",
                        "error": message}, sys.stdout)
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+    except BrokenPipeError:
+        _silence_stdout()
+    return 2
+
+
+def _usage_error(exc: UsageProblem, argv: Sequence[str] | None) -> int:
+    """A usage error: one line on stderr naming the (sub)command (`cluster parse: error: ...
+    (see `cluster parse --help`)`), and with --json one JSON document on stdout as every
+    other error gives."""
+    words = list(argv or [])
+    wants_json = "--json" in (words[:words.index("--")] if "--" in words else words)
+    command = exc.prog[len("cluster"):].strip()
+    try:
+        print(f"{exc.prog}: error: {terminal_safe_line(exc.message)} (see `{exc.prog} --help`)",
+              file=sys.stderr)
+        if wants_json:
+            json.dump({"command": command, "exit_code": 2, "status": "error",
+                       "error": exc.message, "usage": True}, sys.stdout)
             sys.stdout.write("\n")
             sys.stdout.flush()
     except BrokenPipeError:

@@ -158,8 +158,8 @@ DOCKER_HOST = "ip-addr/103-docker-host-eth0-altname-docker0-bridge-no-carrier.tx
 DOCKER_INV = """
 nodes:
   - {name: n1, address: 172.22.42.25, role: head}
-  - {name: n2, address: 172.22.42.25, nccl_socket_ifname: "^docker,lo,br-"}
-  - {name: n3, address: 172.22.42.25, nccl_socket_ifname: br-}
+  - {name: n2, address: 172.22.42.25, port: 2202, nccl_socket_ifname: "^docker,lo,br-"}
+  - {name: n3, address: 172.22.42.25, port: 2203, nccl_socket_ifname: br-}
   - {name: n4, address: 10.9.9.9}
   - {name: n5, address: gpu5.example}
 """

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -65,11 +66,55 @@ def test_a_handler_returning_no_exit_code_is_an_error(monkeypatch, returned):
 
 
 def test_usage_errors_and_help_keep_argparse_codes(capsys):
-    for argv, code in ((["--version"], 0), (["no-such-command"], 2)):
-        with pytest.raises(SystemExit) as exc:
-            cli.main(argv)
-        assert exc.value.code == code
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--version"])
+    assert exc.value.code == 0
+    assert cli.main(["no-such-command"]) == 2          # a usage error: one line, exit 2
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["prefligt"], "cluster: error: argument COMMAND: invalid choice: 'prefligt' "
+                   "(did you mean 'preflight'?) (see `cluster --help`)"),
+    (["plan", "--modle", "m"], "cluster plan: error: unrecognized arguments: --modle "
+                               "(did you mean --model"),
+    (["parse", "--kind", "nvidia-smy", "x"], "cluster parse: error: argument --kind: invalid "
+                                             "choice: 'nvidia-smy' (did you mean 'nvidia-smi'"),
+    (["inventory", "--bogus"], "cluster inventory: error: unrecognized arguments: --bogus "
+                               "(see `cluster inventory --help`)"),
+])
+def test_usage_errors_name_the_subcommand_and_suggest(capsys, argv, line):
+    """A mistyped subcommand, flag or choice: one line naming the subcommand whose usage it
+    broke, with the nearest spelling when one is close; exit 2."""
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(line), err
+
+
+@pytest.mark.parametrize("argv, command", [(["--json", "prefligt"], ""),
+                                           (["inventory", "--json", "--bogus"], "inventory"),
+                                           (["plan", "--json", "--nodes", "0"], "plan")])
+def test_a_usage_error_under_json_prints_one_json_document(capsys, argv, command):
+    assert cli.main(argv) == 2
+    out = capsys.readouterr()
+    doc = json.loads(out.out)
+    assert doc["status"] == "error" and doc["exit_code"] == 2 and doc["command"] == command
+    assert doc["error"] and out.err.count("\n") == 1
+
+
+def test_the_inventory_flag_works_after_the_subcommand_too(tmp_path, capsys):
+    """`cluster inventory -i X` and `cluster -i X inventory` read the same file; given in both
+    places, the subcommand's wins (the last said)."""
+    first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    first.write_text("nodes:\n  - {name: alpha, address: 10.0.0.1}\n")
+    second.write_text("nodes:\n  - {name: beta, address: 10.0.0.2}\n")
+    for argv, name in ((["-i", str(first), "inventory", "--json"], "alpha"),
+                       (["inventory", "-i", str(first), "--json"], "alpha"),
+                       (["inventory", "--json", "--inventory", str(second)], "beta"),
+                       (["-i", str(first), "inventory", "-i", str(second), "--json"], "beta")):
+        assert cli.main(argv) == 0, argv
+        doc = json.loads(capsys.readouterr().out)
+        assert [n["name"] for n in doc["nodes"]] == [name], argv
 
 
 def test_crash_through_the_real_entry_point_exits_2(tmp_path):

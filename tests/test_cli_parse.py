@@ -248,3 +248,32 @@ def test_lines_past_the_cap_are_reported_as_truncated(tmp_path: Path) -> None:
     assert out["truncated_lines"] == 1 and out["data"]["memlock_kib"] == 64
     text = cluster_parse("--kind", "ulimit", str(path))
     assert text.returncode == 0 and "read only up to that length" in text.stdout
+
+
+NCCL = FIXTURES / "nccl"
+
+
+@pytest.mark.parametrize("log, status, code", [
+    ("001-sglang-2.27.5-roce-gdr-ofi-plugin-fallback.log", "ok", 0),
+    ("027-vllm-h100-tp8-p2p-cumem.log", "warn", 1),
+    ("005-aws-socket-no-ib-many-nodes.log", "fail", 2),               # NCCL on TCP sockets
+    ("037-h100-5node-ib-completion-error4-vendor81.log", "fail", 2),  # IB completion errors
+])
+def test_parse_exits_by_the_verdicts_it_reads(log: str, status: str, code: int) -> None:
+    """`cluster parse` follows the exit-code table every command does: a log whose verdict is
+    FAIL (sockets where RDMA was expected, IB completion errors) exits 2, a WARN 1, human
+    output and --json alike; several files exit by the worst."""
+    for json_flag in (("--json",), ()):
+        proc = cluster_parse(*json_flag, str(NCCL / log))
+        assert proc.returncode == code, (log, proc.stdout[-400:], proc.stderr)
+    doc = json.loads(cluster_parse("--json", str(NCCL / log)).stdout)
+    assert doc[0]["data"]["status"] == status
+    both = cluster_parse("--json", str(NCCL / log), str(_fixture("ibstat", "001")))
+    assert both.returncode == code
+
+
+def test_parse_help_documents_its_exit_codes() -> None:
+    proc = cluster_cli("parse", "--help")
+    assert proc.returncode == 0
+    text = " ".join(proc.stdout.split())
+    assert "Exit codes: 0" in text and "1 a verdict of warn" in text and "2 a verdict of fail" in text

@@ -68,7 +68,7 @@ def test_long_lines_are_read_in_linear_time(tmp_path, kind, text):
     path = tmp_path / "input.txt"
     path.write_text(text)
     proc = cli("parse", "--kind", kind, "--json", str(path))
-    assert proc.returncode in (0, 2), proc.stderr
+    assert proc.returncode in (0, 1, 2), proc.stderr       # its verdict: ok, warn or fail
     assert "Traceback" not in proc.stderr
     json.loads(proc.stdout)
 

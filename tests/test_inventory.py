@@ -155,8 +155,8 @@ def test_only_local_true_runs_on_this_machine_a_loopback_address_goes_over_ssh(a
     from cluster.nodes.remote import LocalRunner, Session, SSHRunner
 
     inv = inventory.loads(f"nodes:\n  - {{name: a, address: '{address}'}}\n"
-                          f"  - {{name: b, address: '{address}', local: false}}\n"
-                          f"  - {{name: c, address: '{address}', local: true}}\n")
+                          f"  - {{name: b, address: '{address}', port: 2201, local: false}}\n"
+                          f"  - {{name: c, address: '{address}', port: 2202, local: true}}\n")
     assert not inv.node("a").local and not inv.node("b").local and inv.node("c").local
     session = Session(inv)
     try:
@@ -166,3 +166,24 @@ def test_only_local_true_runs_on_this_machine_a_loopback_address_goes_over_ssh(a
     finally:
         session.close()
 
+
+
+@pytest.mark.parametrize("second, field, shown", [
+    ("{name: b, address: 10.0.0.1}", "address", "address 10.0.0.1"),
+    ("{name: b, address: 10.0.0.1, port: 2222, user: other}", None, None),
+    ("{name: b, address: 10.0.0.2, node_ip: 192.168.0.1}", "node_ip", "node_ip 192.168.0.1"),
+])
+def test_two_entries_for_one_machine_are_refused_naming_both(second, field, shown):
+    """The same SSH endpoint (address and port) or the same node_ip twice is one machine
+    listed twice (a copy-paste slip in a 16-node inventory): refused, naming both nodes; the
+    same address on another port (two sshds) is two endpoints and allowed."""
+    text = ("nodes:\n  - {name: a, address: 10.0.0.1, node_ip: 192.168.0.1}\n"
+            f"  - {second}\n")
+    if field is None:
+        assert [n.name for n in inventory.loads(text).nodes] == ["a", "b"]
+        return
+    with pytest.raises(InventoryError) as err:
+        inventory.loads(text)
+    message = str(err.value)
+    assert f"nodes[1].{field}" in message and f"duplicate {shown}" in message
+    assert "'a'" in message and "'b'" in message

@@ -4,7 +4,9 @@ An admin pastes what a node printed into a file (or pipes it to `-`); the kind i
 when --kind is not given. With --json: a list with one object per file,
 {"file", "kind", "data"} or {"file", "kind", "error"} (kind null when detection failed);
 a fleet capture of several hosts (ansible, pdsh/clush, salt) gives one object per host, each
-with a "host" key. Exit 0 when every file parsed, 2 when any did not.
+with a "host" key. Exit codes as every command's: 0 every file parsed and no verdict above ok,
+1 a verdict of warn (an output that judges itself: the NCCL log's "status"), 2 a verdict of
+fail or a file that did not parse.
 
 Inputs are bounded: an NCCL log is streamed up to MAX_LOG_BYTES (2 GiB), any other kind's text
 is read into memory up to MAX_TEXT_BYTES (256 MiB), in chunks, from files, pipes, devices and
@@ -21,7 +23,7 @@ import dataclasses
 import os
 import stat
 import sys
-from typing import IO, Any, Iterator
+from typing import IO, Any, Iterable, Iterator
 
 from cluster.base.flags import path_value
 from cluster.inspection import parsers
@@ -46,7 +48,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "parse", help="parse captured outputs of node diagnostics (nvidia-smi, ibstat, chronyc, "
                       "NCCL logs, ...)",
         description="Parse captured command outputs offline. KIND is detected when omitted. "
-                    f"Kinds: {', '.join(parsers.KINDS)}.")
+                    f"Kinds: {', '.join(parsers.KINDS)}.",
+        epilog="Exit codes: 0 parsed, every verdict ok; 1 a verdict of warn (an NCCL log's "
+               "status); 2 a verdict of fail (e.g. NCCL on sockets where IB was expected, IB "
+               "completion errors) or an input that did not parse.")
     p.add_argument("--kind", choices=parsers.KINDS, metavar="KIND",
                    help="the tool that printed the files (default: detect per file)")
     p.add_argument("files", nargs="+", metavar="FILE", type=path_value, help="captured output; '-' reads stdin")
@@ -360,4 +365,14 @@ def run(args: argparse.Namespace) -> int:
         more = f" (and {len(failed) - 1} more of {len(results)} inputs)" if len(failed) > 1 else ""
         stderr.print(f"cluster parse: {first.get('file')}: {first.get('error')}{more}",
                      markup=False, highlight=False, soft_wrap=True)
-    return 0 if not failed else 2
+    return 2 if failed else verdict_exit_code(r["data"] for r in results)
+
+
+VERDICT_EXIT = {"ok": 0, "warn": 1, "fail": 2}
+
+
+def verdict_exit_code(parsed: Iterable[Any]) -> int:
+    """The exit code the parsed outputs' own verdicts give (a kind that judges, as the NCCL
+    log reader does, says "status": ok/warn/fail): the worst of them, 0 when none judges."""
+    return max((VERDICT_EXIT.get(d.get("status"), 0) for d in parsed if isinstance(d, dict)),
+               default=0)

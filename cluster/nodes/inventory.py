@@ -572,6 +572,7 @@ def _nodes(v: _Validator, raw: Any, ssh: SSHOptions) -> tuple[Node, ...]:
                                                f"(also nodes[{names[node.name]}])")
         names[node.name] = i
         nodes.append(node)
+    _refuse_same_machine(v, nodes, at)
     heads = [n for n in nodes if n.is_head]
     if len(heads) > 1:
         idx = [i for i, n in enumerate(nodes) if n.is_head][1]
@@ -579,6 +580,26 @@ def _nodes(v: _Validator, raw: Any, ssh: SSHOptions) -> tuple[Node, ...]:
     if not heads:
         nodes[0] = dataclasses.replace(nodes[0], role="head")
     return tuple(nodes)
+
+
+def _refuse_same_machine(v: _Validator, nodes: Sequence[Node], at: tuple) -> None:
+    """Two entries for one machine are refused, naming both: the same SSH endpoint (address
+    and port) or the same node_ip (Ray's address of the node). `local: true` nodes are reached
+    without their address (this machine's runner): only their node_ip counts."""
+    seen: dict[tuple, int] = {}
+    for i, node in enumerate(nodes):
+        keys = [] if node.local else [
+            (("address", node.address, node.port), "address",
+             f"address {node.address}" + (f" port {node.port}" if node.port != 22 else ""))]
+        if node.node_ip is not None:
+            keys.append((("node_ip", node.node_ip), "node_ip", f"node_ip {node.node_ip}"))
+        for key, field_name, shown in keys:
+            if key in seen:
+                first = nodes[seen[key]]
+                raise v.doc.fail(at + (i, field_name), f"duplicate {shown}: nodes {first.name!r} "
+                                                       f"(nodes[{seen[key]}]) and {node.name!r} "
+                                                       "name the same machine")
+            seen[key] = i
 
 
 def _node(v: _Validator, raw: Any, at: tuple, ssh: SSHOptions) -> Node:
