@@ -1112,3 +1112,66 @@ class InProcessSSH:
     def close(self) -> None:
         self.client.close()
         self.server.close()
+
+
+# ---------------------------------------------------------------- a model relay on this machine
+
+
+def free_range(n: int) -> tuple[int, int]:
+    """n consecutive free loopback ports (low, high)."""
+    import socket
+
+    def free(port: int) -> bool:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return True
+            except OSError:
+                return False
+
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            low = s.getsockname()[1]
+        if low + n < 65535 and all(free(p) for p in range(low, low + n)):
+            return low, low + n - 1
+    raise AssertionError("no free port range")
+
+
+def local_cluster(tmp_path, names):
+    """An inventory of `local: true` nodes (the first the head), each with its own directory
+    under tmp_path, and free relay ports: (inventory, dirs by name, dir_of(node))."""
+    from cluster.nodes.inventory import loads
+
+    low, high = free_range(12)
+    nodes = "\n".join(f"  - {{name: {n}, address: 127.0.0.1, local: true"
+                      f"{', role: head' if i == 0 else ''}}}" for i, n in enumerate(names))
+    inv = loads(f"nodes:\n{nodes}\nmodel: {{path: {tmp_path}/unused}}\n"
+                f"expectations: {{model_relay: {{ports: [{low}, {high}]}}}}\n")
+    dirs = {n: tmp_path / n for n in names}
+    return inv, dirs, lambda node: str(dirs[node.name])
+
+
+def write_model(root, files):
+    for path, data in files.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_bytes(data)
+
+
+def relay_all(inv, dirs, dir_of, names):
+    """The real relay from names[0] to the others (playbooks.model_pull.run_relay):
+    (reference manifest, plans, report, manifests after)."""
+    from cluster.nodes.remote import Session
+    from cluster.remedy.model_sync import copy_plan
+    from playbooks import fix_model
+    from playbooks.model_pull import run_relay
+
+    with Session(inv) as session:
+        found = fix_model.manifests(inv, session, inv.nodes, True, dir_of)
+        ref = found[names[0]]
+        plans = {n: copy_plan(n, ref, found[n]) for n in names[1:]}
+        by = {n.name: n for n in inv.nodes}
+        report = run_relay(inv, session, by[names[0]], ref, plans,
+                           {n: by[n] for n in names[1:]}, True, dir_of)
+        after = fix_model.manifests(inv, session, inv.nodes, True, dir_of)
+    return ref, plans, report, after

@@ -12,13 +12,10 @@ import socket
 import pytest
 
 from cluster.base.errors import ParseError, UsageError
-from fakes import relay_get
+from fakes import free_range, local_cluster, relay_all, relay_get, write_model
 from cluster.nodes.inventory import loads
 from cluster.remedy.model_relay import RelaySettings, fed_shape, parse_progress, relay_shape
-from cluster.remedy.model_sync import copy_plan
-from cluster.nodes.remote import Session
-from playbooks import fix_model
-from playbooks.model_pull import parse_source, run_relay
+from playbooks.model_pull import parse_source
 
 SETTINGS = RelaySettings((8091, 8110), 4, 2)
 
@@ -117,56 +114,9 @@ def test_fed_shape_puts_the_laptop_in_front_of_the_first_node_only():
 # ---------------------------------------------------------------- a real relay on loopback
 
 
-def free_range(n: int) -> tuple[int, int]:
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            low = s.getsockname()[1]
-        if low + n < 65535 and all(_free(p) for p in range(low, low + n)):
-            return low, low + n - 1
-    raise AssertionError("no free port range")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
-
-
-def local_cluster(tmp_path, names):
-    low, high = free_range(12)
-    nodes = "\n".join(f"  - {{name: {n}, address: 127.0.0.1, local: true"
-                      f"{', role: head' if i == 0 else ''}}}" for i, n in enumerate(names))
-    inv = loads(f"nodes:\n{nodes}\nmodel: {{path: {tmp_path}/unused}}\n"
-                f"expectations: {{model_relay: {{ports: [{low}, {high}]}}}}\n")
-    dirs = {n: tmp_path / n for n in names}
-    return inv, dirs, lambda node: str(dirs[node.name])
-
-
-def write_model(root, files):
-    for path, data in files.items():
-        (root / path).parent.mkdir(parents=True, exist_ok=True)
-        (root / path).write_bytes(data)
-
-
 FILES = {"config.json": b'{"model_type": "llama"}\n', "tokenizer.json": os.urandom(20000),
          "weights/model-00001-of-00002.safetensors": os.urandom(3 * (1 << 20) + 7),
          "weights/model-00002-of-00002.safetensors": os.urandom(2 * (1 << 20) + 1)}
-
-
-def relay_all(inv, dirs, dir_of, names):
-    with Session(inv) as session:
-        found = fix_model.manifests(inv, session, inv.nodes, True, dir_of)
-        ref = found[names[0]]
-        plans = {n: copy_plan(n, ref, found[n]) for n in names[1:]}
-        by = {n.name: n for n in inv.nodes}
-        report = run_relay(inv, session, by[names[0]], ref, plans,
-                           {n: by[n] for n in names[1:]}, True, dir_of)
-        after = fix_model.manifests(inv, session, inv.nodes, True, dir_of)
-    return ref, plans, report, after
 
 
 def test_a_chain_relays_every_file_verified_and_a_holder_sends_only_what_is_missing(tmp_path):

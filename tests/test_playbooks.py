@@ -402,7 +402,7 @@ def test_inventory_secrets_never_land_in_the_run_directory(name, extra, tmp_path
                nodes:
                  - {{name: node1, role: head, address: 127.0.0.1, port: {port}, local: false}}
                  - name: node2
-                   address: 127.0.0.1
+                   address: 127.0.0.2
                    port: {port}
                    local: false
                    env: {{HF_TOKEN: {SECRET}}}

@@ -171,7 +171,7 @@ def unreachable_inventory(tmp_path) -> Path:
                      port: {port}
                      local: false
                    - name: node2
-                     address: 127.0.0.1
+                     address: 127.0.0.2
                      port: {port}
                      local: false
                      env:

@@ -187,7 +187,7 @@ def test_inside_a_users_directory_the_copy_is_written_as_that_user(served, open_
 def test_a_relay_into_the_ray_users_cache_writes_as_that_user(tmp_path, open_base):
     """--stage-caches' shape: the relay (playbooks/relay.py) into each node's cache directory
     under the user's home; every node's copy is the user's, the source's modes kept."""
-    from test_model_relay import local_cluster, relay_all, write_model
+    from fakes import local_cluster, relay_all, write_model
 
     names = ["src", "a", "b"]
     inv, dirs, _ = local_cluster(tmp_path, names)
@@ -254,7 +254,7 @@ def test_a_0600_or_0640_weight_keeps_its_mode_whatever_the_umask(served, tmp_pat
 
 def test_a_relayed_0600_weight_stays_0600_on_every_node(tmp_path):
     """Through the laptop's relay (playbooks/relay.py) on loopback nodes."""
-    from test_model_relay import local_cluster, relay_all, write_model
+    from fakes import local_cluster, relay_all, write_model
 
     names = ["src", "a", "b"]
     inv, dirs, dir_of = local_cluster(tmp_path, names)
