@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -242,9 +243,10 @@ while time.monotonic() < end:
         data = s.recv(65535)
     except socket.timeout:
         continue
-    m = re.search(rb"GET /([A-Za-z0-9_-]{43})/", data)
+    m = re.search(rb"GET (/[^ ]{0,300}) HTTP/1\.[01]\r\n(?:[^\r\n]{0,500}\r\n){0,20}?"
+                  rb"X-Relay-Auth: ([0-9]{1,12})\.([0-9a-f]{32})\.([0-9a-f]{64})\r\n", data)
     if m:
-        print(m.group(1).decode(), flush=True)
+        print(" ".join(g.decode() for g in m.groups()), flush=True)
         break
 """
 
@@ -259,8 +261,8 @@ def test_a_laptop_directory_reaches_every_node_through_a_remote_forward(cluster,
     laptop's loopback, reached by node1 through an SSH remote forward on its loopback (the
     inventory's route, strict host keys), relayed on to the seven others, every node verified
     identical. The link to a file outside the directory is not served; the relay's secret,
-    caught on node1's loopback as it passes in the clear (a raw socket on its `lo`), is in no
-    process's argv, the output or the run records; the forward is gone afterwards."""
+    never crosses the wire: a request caught on node1's loopback (a raw socket on its `lo`)
+    carries a signature, not the key; the forward is gone afterwards."""
     c, inv = cluster
     root = tmp_path / "laptop-model"
     (root / "weights").mkdir(parents=True)
@@ -299,7 +301,7 @@ def test_a_laptop_directory_reaches_every_node_through_a_remote_forward(cluster,
         code, done, p = pull(inv, str(root), "--path", dest)
         stop.set()
         watcher.join(10)
-        token = sniffer.stdout.readline().strip()
+        request = sniffer.stdout.readline().split()
     finally:
         stop.set()
         sniffer.kill()
@@ -310,12 +312,14 @@ def test_a_laptop_directory_reaches_every_node_through_a_remote_forward(cluster,
         assert r["status"] == "copied" and r["verified"] is True, (name, r)
         assert shas(c, name, dest) == want, name
         assert c.exec(name, "test", "-e", f"{dest}/leak.txt").returncode == 1, name
-    assert len(token) == 43, token                         # the secret really went past
+    # A request passed node1's loopback signed (stamp, nonce, HMAC), its path the file's own:
+    # the run's key is not in it (no 43-character token segment, as the URL carried before).
+    assert len(request) == 4, request
+    path, _stamp, nonce, mac = request
+    assert not re.search(r"(^|/)[A-Za-z0-9_-]{43}(/|$)", path), path
     assert any("model_copy" in s or " relay --dir " in s for s in seen), "ps saw no relay"
-    assert not any(token in s for s in seen)
-    assert token not in p.stdout + p.stderr and "laptop's own secret" not in p.stdout
+    assert not any(mac in s or nonce in s for s in seen)
+    assert mac not in p.stdout + p.stderr and "laptop's own secret" not in p.stdout
     records = [f for f in Path(done["run_dir"]).rglob("*") if f.is_file()]
     assert any(f.parent.name == "nodes" for f in records)
-    for record in records:
-        assert token not in record.read_text(errors="replace"), record
     assert listeners(c, "node1") == before               # the remote forward was cancelled
