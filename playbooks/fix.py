@@ -190,6 +190,14 @@ class NodeExecutor:
             raise StepFailed(f"{res.status}: {res.error}")
         return res
 
+    def as_user(self, command: str):
+        """A step command as the SSH user (Step.as_root False: it starts an interpreter a
+        non-root user may change)."""
+        res = self.session.run(self.node, command, timeout=STEP_TIMEOUT_S)
+        if not res.reached:
+            raise StepFailed(f"{res.status}: {res.error}")
+        return res
+
     def read(self, path: str) -> str | None:
         q = quote(path)
         res = self.root(f"if [ -e {q} ]; then cat {q}; else exit {_ABSENT}; fi")
@@ -231,7 +239,7 @@ class NodeExecutor:
         for target in step.remounts:
             self.record_mount(step, target)
         for command in step.commands:
-            res = self.root(command)
+            res = self.root(command) if step.as_root else self.as_user(command)
             if res.exit_code != 0:
                 if step.manual_exit and res.exit_code == step.manual_exit[0]:
                     raise StepFailed(step.manual_exit[1], (step.manual_exit[1],
@@ -499,7 +507,7 @@ def _undo_node(inventory: Inventory, session: Session, node: Node, plan, local_r
     if files:
         ops = [{"op": "remove", "path": f.path} if f.before is None else
                {"op": "write", "path": f.path, "text": f.before} for f in files]
-        call = program_call(inventory.ray.python, "fix_files", ["apply"],
+        call = program_call(inventory.ray.root_python, "fix_files", ["apply"],
                             stdin=json.dumps({"ops": ops}),
                             wrap=lambda command: as_root(command, node, inventory, local_root))
         res = run_call(session, node, call, timeout=STEP_TIMEOUT_S)

@@ -61,8 +61,9 @@ def root_wrap(inventory: Inventory, local_root: bool) -> Callable[[Node, str], s
 
 def program(inventory: Inventory, node: Node, local_root: bool, name: str, args: Sequence[str],
             data: str = "") -> ProgramCall:
-    """`python -c BOOT ARGS` of an on-node program as root, `data` after it on stdin."""
-    return program_call(inventory.ray.python, name, args, data,
+    """`python -c BOOT ARGS` of an on-node program as root (ray.root_python, never the Ray
+    user's interpreter), `data` after it on stdin."""
+    return program_call(inventory.ray.root_python, name, args, data,
                         wrap=functools.partial(root_wrap(inventory, local_root), node))
 
 
@@ -85,7 +86,7 @@ def manifests(inventory: Inventory, session: Session, nodes: Sequence[Node],
     got = fan_out_program(session, nodes, PROGRAM,
                           lambda n: ["manifest", "--dir", dir_of(n),
                                      "--for", str(MANIFEST_TIMEOUT_S - 60)],
-                          stdin="", timeout=MANIFEST_TIMEOUT_S, python=inventory.ray.python,
+                          stdin="", timeout=MANIFEST_TIMEOUT_S, python=inventory.ray.root_python,
                           wrap=root_wrap(inventory, local_root))
     out: dict[str, Manifest | str] = {}
     for node, doc in zip(nodes, got):

@@ -258,15 +258,26 @@ CASES = [
     ("memlock-fail-below-minimum", "memlock", inventory("  memlock_min_kib: 8388608\n"),
      [out("memlock", MEMLOCK_5G)], Status.FAIL, "memlock 5128731 KiB, need 8388608 KiB",
      FIX_MEMLOCK),
-    # ------------------------------------------------------------ versions: root runs ray.python
-    ("versions-warn-user-writable-python", "versions", inventory(),
+    # ------------------------------------------------------- versions: root runs ray.root_python
+    ("versions-warn-user-writable-root-python", "versions", inventory(),
      [out("versions", stdout=json.dumps({"versions": {"python": "3.11.7", "ray": "2.60.0",
-                                                       "vllm": "0.11.0"}, "python_writable": [
-         {"path": "/home/ray/venv/lib/python3.11/site-packages", "by": "uid 1000"}]}))],
-     Status.WARN, "python 3.11.7, ray 2.60.0, vllm 0.11.0; root runs python3 (fix --checks "
-     "model, model pull, cache staging) and a non-root user can change it: "
-     "/home/ray/venv/lib/python3.11/site-packages (uid 1000)",
-     "an interpreter only root can change"),
+                                                       "vllm": "0.11.0"}, "root_python": {
+         "python": "/usr/bin/python3", "error": None,
+         "paths": [{"path": "/usr/lib/python3.11", "by": "uid 1000"}]}}))],
+     Status.WARN, "python 3.11.7, ray 2.60.0, vllm 0.11.0; root runs /usr/bin/python3 (fix, "
+     "model pull, cache staging) and a non-root user can change it: /usr/lib/python3.11 "
+     "(uid 1000)", "an interpreter only root can change"),
+    ("versions-warn-no-root-python", "versions", inventory(),
+     [out("versions", stdout=json.dumps({"versions": {"python": "3.11.7", "ray": "2.60.0",
+                                                       "vllm": "0.11.0"}, "root_python": {
+         "python": "/usr/bin/python3", "paths": [],
+         "error": "/usr/bin/python3 did not run: FileNotFoundError"}}))],
+     Status.WARN, "ray.root_python /usr/bin/python3 did not run", "set ray.root_python"),
+    ("versions-ok-user-venv-root-python-safe", "versions", inventory(),
+     [out("versions", stdout=json.dumps({"versions": {"python": "3.11.7", "ray": "2.60.0",
+                                                       "vllm": "0.11.0"}, "root_python": {
+         "python": "/usr/bin/python3", "paths": [], "error": None}}))],
+     Status.OK, "python 3.11.7, ray 2.60.0, vllm 0.11.0", None),
 ]
 
 

@@ -4,6 +4,11 @@ for real on this machine against files under a temporary directory."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -98,7 +103,34 @@ def test_versions_only_when_named():
     p = plan(results, facts)
     assert p.steps == () and "--checks versions" in p.skipped[0].reason
     (step,) = plan(results, facts, chosen=frozenset({"versions"})).steps
-    assert step.commands == ("python3 -m pip install --no-input 'ray[serve]==2.60.0'",)
+    (command,) = step.commands
+    assert "python3 -m pip install --no-input 'ray[serve]==2.60.0'" in command
+    assert step.as_root is False           # pip of the Ray user's interpreter: never as root
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("sudo"), reason="needs root and sudo")
+def test_the_versions_step_runs_pip_as_the_interpreters_owner_never_root(tmp_path):
+    """Issue 39 item 2: `cluster fix --checks versions` ran `ray.python -m pip install` through
+    sudo, so a .pth in the Ray user's virtualenv ran as root. The step now runs as the owner of
+    the interpreter's directory (here uid 65534 while the SSH user is root)."""
+    from cluster.remedy.fixes import as_interpreter_owner
+
+    top = Path(tempfile.mkdtemp(prefix="cluster-owner-"))     # pytest's tmp is 0700: the
+    try:                                                       # owner could not reach it
+        top.chmod(0o755)
+        venv_bin = top / "venv" / "bin"
+        venv_bin.mkdir(parents=True, mode=0o755)
+        python = venv_bin / "python"
+        python.write_text("#!/bin/sh\nid -u\n")
+        python.chmod(0o755)
+        os.chown(venv_bin, 65534, 65534)
+        command = as_interpreter_owner(str(python), f"{python} -m pip install x")
+        p = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60,
+                           cwd="/")
+    finally:
+        shutil.rmtree(top)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["65534"]
 
 
 def test_checks_filter_and_unreachable_nodes():

@@ -58,13 +58,17 @@ def ran(tmp_path: Path) -> list[str]:
     return [m for m in MARKERS if (tmp_path / f"ran-{m}").exists()]
 
 
-def local_inventory(python: Path | str, env: dict | None = None, user: str | None = None):
+def local_inventory(python: Path | str, env: dict | None = None, user: str | None = None,
+                    root_python: Path | str | None = None):
     node = {"name": "here", "address": "127.0.0.1", "local": True, "role": "head"}
     if env:
         node["env"] = env
     if user:
         node["user"] = user
-    return loads(json.dumps({"nodes": [node], "ray": {"python": str(python)}}))
+    ray = {"python": str(python)}
+    if root_python is not None:
+        ray["root_python"] = str(root_python)
+    return loads(json.dumps({"nodes": [node], "ray": ray}))
 
 
 class LocalSession:
@@ -90,16 +94,48 @@ class LocalSession:
 # ---------------------------------------------------------------- item 2: root runs no site
 
 
+def test_root_never_starts_the_ray_users_interpreter(tmp_path):
+    """Root's node programs run with ray.root_python (default /usr/bin/python3, only root can
+    change it), never ray.python: -S keeps a venv's site-packages out, but not a changed
+    interpreter, pyvenv.cfg or stdlib of a venv the Ray user owns."""
+    from cluster.remedy.model_sync import Manifest
+    from playbooks.relay import manifests
+
+    python, _site, home = hostile_venv(tmp_path)
+    inv = local_inventory(python)
+    assert inv.ray.root_python == "/usr/bin/python3"
+    session = LocalSession(inv, home)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    got = manifests(inv, session, [inv.head], True, lambda n: str(model))
+    assert isinstance(got["here"], Manifest), got
+    assert session.commands and not [c for c in session.commands if str(python) in c]
+    assert all(c.startswith("/usr/bin/python3 -I -S ") for c in session.commands)
+    assert ran(tmp_path) == []
+
+
+def test_a_relative_root_python_is_refused():
+    from cluster.base.errors import InventoryError
+    from cluster.node_programs import program_call
+
+    with pytest.raises(InventoryError, match="root_python: must be an absolute path"):
+        local_inventory("/venv/bin/python", root_python="python3")
+    with pytest.raises(ValueError, match="absolute interpreter path"):
+        program_call("python3", "fix_files", ["check"], stdin="{}", wrap=lambda c: c)
+
+
 def test_root_node_programs_run_none_of_a_user_writable_virtualenvs_code(tmp_path):
-    """The relay's manifest (as root through playbooks/relay.py) and fix_files (as root through
-    fixes.as_root) with a hostile venv as ray.python: they answer, and nothing planted ran."""
+    """Defence in depth: even with a hostile venv as ray.root_python, the relay's manifest (as
+    root through playbooks/relay.py) and fix_files (as root through fixes.as_root) answer, and
+    nothing planted in its site-packages ran (`-I -S`)."""
     from cluster.node_programs import document_of, program_call, run_call
     from cluster.remedy.fixes import as_root
     from cluster.remedy.model_sync import Manifest
     from playbooks.relay import manifests
 
     python, _site, home = hostile_venv(tmp_path)
-    inv = local_inventory(python)
+    inv = local_inventory(python, root_python=python)
     node = inv.head
     session = LocalSession(inv, home)
     model = tmp_path / "model"
@@ -208,11 +244,14 @@ def test_the_hub_pull_runs_as_the_ssh_user_never_through_sudo():
 # ---------------------------------------------------------------- item 2: preflight
 
 
-def test_preflight_warns_when_a_non_root_user_can_change_ray_python(tmp_path):
-    """The versions check (the node's ray.python) warns, naming what a non-root user can change
-    and why it matters; nothing of a root-made venv is named."""
+def test_preflight_warns_when_a_non_root_user_can_change_ray_root_python(tmp_path):
+    """The versions check warns when a non-root user can change ray.root_python (here a venv:
+    its pyvenv.cfg decides the stdlib even under -S), naming what and why; nothing of a
+    root-made venv is named, and a user's ray.python alone is no warning (root never runs
+    it)."""
     python, site, _home = hostile_venv(tmp_path)
-    inv = local_inventory(python)
+    venv = python.parent.parent
+    inv = local_inventory(python, root_python=python)
 
     def verdict():
         command = check_probes("versions", inv, "here")["versions"]
@@ -222,14 +261,22 @@ def test_preflight_warns_when_a_non_root_user_can_change_ray_python(tmp_path):
 
     before = verdict()
     assert str(site) not in before.summary and "root runs" not in before.summary, before
-    os.chown(site, 65534, 65534)              # the Ray user ('nobody' here) owns site-packages
+    os.chown(site, 65534, 65534)              # site-packages: never read under -S
+    assert "root runs" not in verdict().summary
+    os.chown(venv, 65534, 65534)              # the Ray user ('nobody' here) owns the venv
     after = verdict()
     assert after.status is Status.WARN, after
-    assert f"{site} (uid 65534)" in after.summary and "root runs" in after.summary
+    assert f"{venv} (uid 65534)" in after.summary and "root runs" in after.summary
     assert "only root can change" in after.fix
-    os.chown(site, 0, 0)
-    os.chmod(site, 0o777)                     # or everyone may write it
+    os.chown(venv, 0, 0)
+    os.chmod(venv, 0o777)                     # or everyone may write it
     assert "(everyone)" in verdict().summary
+    user_venv = local_inventory(python)       # the Ray user's own ray.python, root's default
+    command = check_probes("versions", user_venv, "here")["versions"]
+    p = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120)
+    plain = judge("versions", user_venv, versions=probe_output("versions", p.stdout,
+                                                                p.returncode, p.stderr, command))
+    assert "root runs" not in plain.summary, plain
 
 
 # ---------------------------------------------------------------- item 4: the hub token

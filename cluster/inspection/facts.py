@@ -231,7 +231,7 @@ def node_program_probe(node: Node, inventory: Inventory, presence: Sequence[str]
     env = public_env(start_env(node, serve_ingress=inventory.ray.serve_ingress, ray=inventory.ray),
                      node.secret_names)
     keys = ",".join(sorted(set(env) | set(MANAGED_ENV)))
-    args = [keys, ",".join(presence)] if presence else [keys]
+    args = [keys, ",".join(presence), inventory.ray.root_python]
     return Probe(NODE_PROGRAM, inline_command(inventory.ray.python, "node_facts", args,
                                               env_prefix(env)))
 

@@ -122,6 +122,9 @@ def program_call(python: str, name: str, args: Sequence[str] = (), stdin: str | 
     words = list(map(str, args))
     flags: list[str] = []
     if wrap is not None:
+        if not python.startswith("/"):
+            raise ValueError(f"{name} as root needs an absolute interpreter path (ray.root_python), "
+                             f"not {python!r}")
         if node_imports(name):
             raise ValueError(f"{name} imports {', '.join(node_imports(name))}: it never runs as "
                              "root (a non-root user may change those packages)")

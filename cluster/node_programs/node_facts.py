@@ -188,22 +188,33 @@ def with_parents(path):
     return out
 
 
-def python_writable(executable=None, prefix=None, site_dirs=None):
-    """What a non-root user could change of this interpreter (root runs it for `cluster fix`,
-    `model pull` and cache staging): the interpreter as named and its real file, the prefix,
-    pyvenv.cfg, the site-packages and every directory above each. [{path, by}], at most
-    MAX_WRITABLE."""
-    executable = executable or sys.executable
-    prefix = prefix or sys.prefix
-    if site_dirs is None:
-        try:
-            import site
-            site_dirs = site.getsitepackages()
-        except Exception:
-            site_dirs = []
+ROOT_PYTHON_PROBE = ("import json,os,sys;print(json.dumps([sys.executable,sys.prefix,"
+                     "os.path.dirname(os.__file__)]))")
+
+
+def root_python_paths(root_python):
+    """(paths, error): what decides the code `root_python -I -S` runs, asked of the
+    interpreter itself (as this user, isolated, bounded): the interpreter as named and its real
+    file, its prefix's pyvenv.cfg (read at startup even with -S) and its stdlib directory."""
+    import subprocess
+
+    try:
+        p = subprocess.run([root_python, "-I", "-S", "-c", ROOT_PYTHON_PROBE], cwd="/",
+                           stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
+        executable, prefix, stdlib = json.loads(p.stdout.decode("utf-8", "replace")[:8192])
+    except (OSError, subprocess.SubprocessError, ValueError, TypeError) as exc:
+        return [], "%s did not run: %s" % (root_python, describe(exc)[:200])
+    return [root_python, os.path.realpath(root_python), executable,
+            os.path.join(prefix, "pyvenv.cfg"), stdlib], None
+
+
+def python_writable(root_python):
+    """What a non-root user could change of `root_python` (ray.root_python: the interpreter root
+    runs node programs with, `python -I -S`): each path root_python_paths names and every
+    directory above it. {"paths": [{path, by}] (at most MAX_WRITABLE), "error"}."""
+    tops, error = root_python_paths(root_python)
     paths = []
-    for top in [executable, os.path.realpath(executable), os.path.join(prefix, "pyvenv.cfg"),
-                *site_dirs]:
+    for top in tops:
         for path in with_parents(os.path.abspath(top)):
             if path not in paths:
                 paths.append(path)
@@ -215,13 +226,14 @@ def python_writable(executable=None, prefix=None, site_dirs=None):
             continue
         if by:
             found.append({"path": path, "by": by})
-    return found[:MAX_WRITABLE]
+    return {"python": root_python, "paths": found[:MAX_WRITABLE], "error": error}
 
 
 def main(argv, env=None, proc="/proc"):
     env = os.environ if env is None else env
     keys = set(argv[1].split(",")) if len(argv) > 1 and argv[1] else set()
     presence = [k for k in argv[2].split(",") if k] if len(argv) > 2 else []
+    root_python = argv[3] if len(argv) > 3 and argv[3].startswith("/") else "/usr/bin/python3"
     version, ray_file, ray_error = ray_version()
     haproxy, haproxy_error = haproxy_binary(env)
     known, memlock = session_memlock()
@@ -231,7 +243,7 @@ def main(argv, env=None, proc="/proc"):
            "versions": {"python": ".".join(map(str, sys.version_info[:3])), "ray": version},
            "auth_mode": env.get("RAY_AUTH_MODE"), "auth_token": auth_token_present(env),
            "haproxy": haproxy, "memlock_session": memlock, "memlock_session_known": known,
-           "python_writable": python_writable(),
+           "root_python": python_writable(root_python),
            "processes": ray_processes(keys, proc, skip={os.getpid(), os.getppid()},
                                       presence=presence)}
     for name, dists in PACKAGES.items():

@@ -132,6 +132,9 @@ class RayOptions:
     temp_dir: str | None = None
     serve_port: int = 8000
     python: str = "python3"
+    # The interpreter of the node programs that run as root (fix, model copy, cache staging):
+    # an absolute path only root can change, never the Ray user's virtualenv (issue 39 item 2).
+    root_python: str = "/usr/bin/python3"
     serve_ingress: str = "haproxy"      # haproxy | proxy (see SERVE_INGRESS)
     metrics: str = "off"                # off | prometheus (see METRICS: Prometheus on the head)
     prometheus_port: int = 9090         # the head's Prometheus, bound to its loopback
@@ -748,8 +751,9 @@ def _ray_options(v: _Validator, raw: Any) -> RayOptions:
     if raw is None:
         return RayOptions()
     at = ("ray",)
-    allowed = set(_RAY_INT_KEYS) | {"dashboard_host", "temp_dir", "python", "serve_ingress",
-                                    "metrics", "grafana_url", "grafana_iframe_url"}
+    allowed = set(_RAY_INT_KEYS) | {"dashboard_host", "temp_dir", "python", "root_python",
+                                    "serve_ingress", "metrics", "grafana_url",
+                                    "grafana_iframe_url"}
     m = v.mapping(raw, at, allowed)
     defaults = RayOptions()
     values: dict[str, Any] = {}
@@ -759,6 +763,11 @@ def _ray_options(v: _Validator, raw: Any) -> RayOptions:
                                       "bind address") or defaults.dashboard_host
     values["temp_dir"] = v.path(m.get("temp_dir"), at + ("temp_dir",))
     values["python"] = v.path(m.get("python"), at + ("python",)) or defaults.python
+    values["root_python"] = v.path(m.get("root_python"), at + ("root_python",)) \
+        or defaults.root_python
+    if not values["root_python"].startswith("/"):
+        raise v.doc.fail(at + ("root_python",), "must be an absolute path (root never looks "
+                                                "an interpreter up on a PATH)")
     values["serve_ingress"] = v.choice(m.get("serve_ingress"), at + ("serve_ingress",),
                                        SERVE_INGRESS, defaults.serve_ingress)
     values["metrics"] = v.choice(_metrics_word(v, m.get("metrics"), at + ("metrics",)),

@@ -71,6 +71,8 @@ class Step:
     note: str | None = None            # what the admin must still know (e.g. restart Ray)
     manual_exit: tuple[int, str, str] | None = None   # (exit code, reason, next step): manual
     source: str | None = None          # model: the node that holds the reference copy
+    as_root: bool = True               # False: its commands run as the SSH user (they start
+    #                                    an interpreter a non-root user may change: never root)
 
 
 @dataclass(frozen=True)
@@ -224,9 +226,22 @@ def fix_versions(ctx: FixContext, reference: Mapping[str, str]) -> Step | Manual
     if not wanted:
         return Manual(ctx.node.name, "versions", "the difference is not in ray, vllm or torch",
                       "align Python / NCCL by hand (the same image on every node)")
-    py = shlex.quote(ctx.inventory.ray.python)
+    pip = shlex.join([ctx.inventory.ray.python, "-m", "pip", "install", "--no-input", *wanted])
     return Step(ctx.node.name, "versions", "install the reference versions: " + " ".join(wanted),
-                (f"{py} -m pip install --no-input " + " ".join(map(shlex.quote, wanted)),))
+                (as_interpreter_owner(ctx.inventory.ray.python, pip),), as_root=False)
+
+
+def as_interpreter_owner(python: str, command: str) -> str:
+    """`command` (it starts `python`, whose site-packages its owner may change: a .pth there
+    runs at startup) as the owner of python's directory, never as root: the SSH user when it
+    is the owner, else `sudo -n -u OWNER`; refused when that owner is root and the SSH user is
+    not (pip into root's interpreter is the admin's call, by hand)."""
+    py = shlex.quote(python)
+    return (f"p=$(command -v -- {py}) || {{ echo {shlex.quote(python + ' not found')} >&2; "
+            "exit 127; }; o=$(stat -c %U -- \"$(dirname -- \"$p\")\") || exit 1; "
+            "if [ \"$o\" = \"$(id -un)\" ]; then " + command + "; "
+            "elif [ \"$o\" = root ]; then echo \"$p belongs to root: install as root by hand "
+            "\" >&2; exit 1; else sudo -n -u \"$o\" -- " + command + "; fi")
 
 
 @dataclass(frozen=True)

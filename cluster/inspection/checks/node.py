@@ -291,8 +291,8 @@ def _human(n: int) -> str:
 # ---------------------------------------------------------------- software, model, ports
 
 def evaluate_versions(ctx: NodeContext) -> Verdict:
-    """The versions ray.python reports; WARN also when a non-root user can change ray.python
-    (root_python)."""
+    """The versions ray.python reports; WARN also when ray.root_python (the interpreter root runs
+    node programs with) is missing or a non-root user can change it (root_python)."""
     out = ctx.output("versions")
     python = ctx.inventory.ray.python
     if out.missing_tool:
@@ -306,7 +306,7 @@ def evaluate_versions(ctx: NodeContext) -> Verdict:
     facts = {"versions": data}
     summary = ", ".join(f"{k} {v}" for k, v in data.items() if v)
     missing = [k for k in ("ray", "vllm") if not data.get(k)]
-    unsafe = root_python(document, python)
+    unsafe = root_python(document, ctx.inventory.ray.root_python)
     if unsafe:
         facts["python_writable"] = [r["path"] for r in unsafe[2]]
     if missing:
@@ -322,21 +322,31 @@ def evaluate_versions(ctx: NodeContext) -> Verdict:
 
 
 def root_python(document: dict, python: str) -> tuple[str, str, list] | None:
-    """(summary, fix, rows) when a non-root user can change ray.python (node_facts.py's
-    python_writable): root runs it (`python -I -S`) for `cluster fix --checks model`, `model
-    pull` and cache staging, and -S does not stop a changed interpreter, pyvenv.cfg or stdlib
-    directory. None when only root can (or the facts do not say)."""
-    found = document.get("python_writable")
-    rows = [f for f in found if isinstance(f, dict) and isinstance(f.get("path"), str)] \
-        if isinstance(found, list) else []
+    """(summary, fix, rows) when ray.root_python did not run on the node, or a non-root user can
+    change it (node_facts.py's root_python: the interpreter, its real file, pyvenv.cfg, its
+    stdlib and every directory above them): root runs it (`python -I -S`) for `cluster fix`,
+    `model pull` and cache staging, and -S does not stop a changed interpreter, pyvenv.cfg or
+    stdlib. None when only root can (or the facts do not say)."""
+    found = document.get("root_python")
+    if not isinstance(found, dict):
+        return None
+    if isinstance(found.get("error"), str):
+        return (f"ray.root_python {python} did not run: {found['error'][:160]} (cluster fix, "
+                "model pull and cache staging run node programs as root with it)",
+                "install python3 for root (e.g. apt-get install python3) or set ray.root_python "
+                "to an interpreter only root can change", [])
+    paths = found.get("paths")
+    rows = [f for f in paths if isinstance(f, dict) and isinstance(f.get("path"), str)] \
+        if isinstance(paths, list) else []
     if not rows:
         return None
     shown = ", ".join(f"{r['path']} ({r.get('by')})" for r in rows[:3])
     more = f" and {len(rows) - 3} more" if len(rows) > 3 else ""
-    return (f"root runs {python} (fix --checks model, model pull, cache staging) and a non-root "
-            f"user can change it: {shown}{more}",
-            "make ray.python an interpreter only root can change: a virtualenv created by root "
-            "(e.g. under /opt, not group/other-writable), packages installed with sudo", rows)
+    return (f"root runs {python} (fix, model pull, cache staging) and a non-root user can "
+            f"change it: {shown}{more}",
+            "set ray.root_python to an interpreter only root can change (the system's "
+            "/usr/bin/python3, or a virtualenv created by root under /opt, not group/other-"
+            "writable)", rows)
 
 
 MODEL_FILES = ("config.json", "model.safetensors.index.json", "generation_config.json",
