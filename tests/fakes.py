@@ -375,7 +375,8 @@ def node_facts_document(hostname: str) -> str:
         "python": "/usr/bin/python3", "python_version": "3.11.7", "ray_version": "2.60.0",
         "versions": {"python": "3.11.7", "ray": "2.60.0", "vllm": "0.32.0",
                      "torch": "2.13.0+cu128", "nccl": "2.27.3"},
-        "torch_cuda": "12.8", "torch_cuda_known": True, "hostname": hostname, "auth_token": True, "memlock_session": None,
+        "torch_cuda": "12.8", "torch_cuda_known": True, "hostname": hostname, "auth_token": True,
+        "memlock_session": None,
         "memlock_session_known": True, "processes": []}) + "\n"
 
 
