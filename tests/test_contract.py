@@ -174,3 +174,15 @@ def test_cluster_version_with_a_broken_contract_is_one_line_exit_2(monkeypatch, 
     assert main(["--version"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "versions.yaml" in err and "Traceback" not in err
+
+
+def test_the_docs_table_shows_the_contracts_rows():
+    text = (REPO / "docs" / "nodes.md").read_text()
+    for row in load_contract().rows:
+        line = next(ln for ln in text.splitlines() if ln.startswith(f"| `{row.id}` |"))
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[2] == ", ".join(row.python)
+        assert cells[3] == row.ray and cells[4] == f"`{row.vllm_package}` {row.vllm}"
+        assert cells[5].startswith(row.torch or "none")
+    for major, driver in load_contract().driver_minimum.items():
+        assert f"| {major}.x | {driver}" in text
