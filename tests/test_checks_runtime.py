@@ -291,3 +291,13 @@ def test_the_node_program_reports_torch_cuda_here():
     assert "torch_cuda" in doc and "torch_cuda_known" in doc
     if doc["versions"].get("torch"):
         assert doc["torch_cuda_known"] is True
+
+
+def test_the_imports_are_not_run_when_the_inventory_says_so():
+    from cluster.nodes.inventory import loads
+    from fakes import check_probes
+    off = INV + "expectations: {runtime_imports: false}\n"
+    assert check_probes("runtime", loads(off), "n2") == {}
+    assert "runtime-imports" in check_probes("runtime", loads(INV), "n2")
+    v = judge("runtime", off, "n2")
+    assert v.status is Status.SKIP and "runtime_imports is false" in v.summary

@@ -19,6 +19,8 @@ from cluster.inspection.checks.base import (NodeCheck, NodeContext, Verdict, err
 from cluster.inspection.contract import ContractError, Runtime, compare, load_contract
 from cluster.inspection.facts import (IMPORTS_PROBE, NVIDIA_SMI, imports_probe,
                                       node_program_probe, parsed_once, program_document)
+from cluster.inspection.probes import Probe
+from cluster.nodes.inventory import Inventory, Node
 
 SERVING_IMPORTS = ("ray", "vllm")
 NODES_DOC = "docs/nodes.md"
@@ -45,7 +47,15 @@ def runtime_of(document: Mapping[str, Any]) -> Runtime:
 # ---------------------------------------------------------------- vLLM and Ray import
 
 
+def asked_imports_probe(node: Node, inventory: Inventory) -> Probe | None:
+    """The imports probe, unless the inventory's expectations.runtime_imports is false."""
+    return imports_probe(node, inventory) if inventory.expectations.get("runtime_imports", True) \
+        else None
+
+
 def evaluate_imports(ctx: NodeContext) -> Verdict:
+    if not ctx.expect.get("runtime_imports", True):
+        return skip("not asked (expectations.runtime_imports is false)")
     out = ctx.output(IMPORTS_PROBE)
     python = ctx.inventory.ray.python
     if out.missing_tool:
@@ -217,7 +227,7 @@ def ray_client_check(facts: Mapping[str, Mapping[str, Any]], laptop_ray: str | N
 
 
 RUNTIME_CHECKS: tuple[NodeCheck, ...] = (
-    NodeCheck("runtime", "vLLM and Ray import with ray.python", (imports_probe,),
+    NodeCheck("runtime", "vLLM and Ray import with ray.python", (asked_imports_probe,),
               evaluate_imports),
     NodeCheck("contract", "Python/Ray/vLLM/torch in the version contract",
               (node_program_probe,), evaluate_contract),
