@@ -3,7 +3,6 @@
     python3 node_facts.py [KEY,KEY,...] [PRESENCE_KEY,...]
     python3 node_facts.py --imports
 
-
 Run with the inventory's python and the env `ray start` would get (less secret values). Prints
 the interpreter and its version, the versions of Ray (read from the package this python would
 import, without importing it), vLLM, torch and NCCL's wheel, whether a Ray auth token is at hand
@@ -20,8 +19,8 @@ last line, or that it did not finish in time. A separate probe (the preflight's 
 check): `import vllm` costs seconds of CPU, the facts every command reads stay fast.
 
 Read-only: nothing is written or started (`--imports`: its own bounded children only). Stdlib
-only (Ray and its HAProxy are probed, not needed), Python 3.8+. Shipped inside the probe script as a here-document
-(cluster/node_programs/__init__.py `inline_command`), _common bundled in.
+only (Ray and its HAProxy are probed, not needed), Python 3.8+. Shipped inside the probe script
+as a here-document (cluster/node_programs/__init__.py `inline_command`), _common bundled in.
 """
 
 import json
@@ -140,12 +139,14 @@ def import_smoke(names=IMPORT_SMOKE, timeout=SMOKE_TIMEOUT_S, python=None):
             continue
         left = max(0.1, started + timeout - time.time())
         try:
-            out, _ = child.communicate(timeout=left)
+            child.wait(timeout=left)     # one short line: the pipe never fills
         except subprocess.TimeoutExpired:
             _kill_group(child)
             found[name] = {"ok": False, "timed_out": True, "seconds": round(timeout, 1),
                            "error": "`import %s` did not finish within %d s" % (name, timeout)}
             continue
+        out = child.stdout.read(MAX_LINE * 4)
+        child.stdout.close()
         found[name] = smoke_answer(out, child.returncode, round(time.time() - started, 1))
     return found
 
@@ -156,9 +157,10 @@ def _kill_group(child):
     except OSError:
         pass
     try:
-        child.communicate(timeout=5)
+        child.wait(timeout=5)
     except Exception:
         pass
+    child.stdout.close()
 
 
 def smoke_answer(out, returncode, seconds):
