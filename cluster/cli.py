@@ -128,6 +128,17 @@ HELP: dict[str, str] = {
 }
 
 
+class _Version(argparse.Action):
+    """`cluster --version`: the toolkit's version and the version contract's tested combination
+    (cluster/data/versions.yaml, read only when asked; a malformed one is a ClusterError)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from cluster.inspection.contract import load_contract
+        contract = load_contract()
+        print(f"cluster {__version__}\ntested with: {contract.tested_line()}")
+        parser.exit(0)
+
+
 def chosen_command(argv: Sequence[str]) -> str | None:
     """The subcommand named in argv (skipping the global options), or None."""
     words = list(argv)
@@ -155,7 +166,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         description="Turn bare-metal GPU servers into a verified Ray cluster serving vLLM.",
         epilog="Exit codes: 0 ok, 1 warnings only, 2 failures, errors or bad usage.",
     )
-    parser.add_argument("--version", action="version", version=f"cluster {__version__}")
+    parser.add_argument("--version", action=_Version, nargs=0,
+                        help="the toolkit's version and the tested runtime combination")
     _add_inventory(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in COMMANDS:

@@ -162,7 +162,7 @@ def run(inventory: Inventory, session, options: UpOptions, confirm: Confirm,
     out.state_before = head_view(session, inventory, out.facts)
 
     # 3. plan (pure)
-    out.plan = ray_cluster.plan_up(inventory, out.facts, out.state_before)
+    out.plan = ray_cluster.plan_up(inventory, out.facts, out.state_before, options.force)
     if out.plan.refused:
         out.steps = ray_cluster.execute_up(out.plan, session, inventory)
         return out.stop("plan refused")

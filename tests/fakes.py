@@ -373,10 +373,22 @@ def node_facts_document(hostname: str) -> str:
     import json
     return json.dumps({
         "python": "/usr/bin/python3", "python_version": "3.11.7", "ray_version": "2.60.0",
-        "versions": {"python": "3.11.7", "ray": "2.60.0", "vllm": "0.32.0", "torch": "2.9.0",
-                     "nccl": "2.27.3"},
-        "hostname": hostname, "auth_token": True, "memlock_session": None,
+        "versions": {"python": "3.11.7", "ray": "2.60.0", "vllm": "0.32.0",
+                     "torch": "2.13.0+cu128", "nccl": "2.27.3"},
+        "torch_cuda": "12.8", "torch_cuda_known": True, "hostname": hostname, "auth_token": True,
+        "memlock_session": None,
         "memlock_session_known": True, "processes": []}) + "\n"
+
+
+def imports_document(failing: Mapping[str, str] | None = None) -> str:
+    """What node_facts.py --imports prints: Ray and vLLM import, except `failing` (name ->
+    the exception's last line)."""
+    import json
+    failing = failing or {}
+    doc = {name: ({"ok": False, "error": failing[name], "seconds": 1.0} if name in failing
+                  else {"ok": True, "version": version, "seconds": 1.0})
+           for name, version in (("ray", "2.60.0"), ("vllm", "0.32.0"))}
+    return json.dumps({"python": "/usr/bin/python3", "imports": doc}) + "\n"
 
 
 class FakeClusterSession:
@@ -435,7 +447,8 @@ class FakeClusterSession:
         from cluster.inspection.probes import probe_names
         answers = {}
         for name in probe_names(command):
-            text = node_facts_document(node.name) if name == "versions" else self.texts.get(name)
+            text = node_facts_document(node.name) if name == "versions" else \
+                imports_document() if name == "runtime-imports" else self.texts.get(name)
             if name == "reach-listen":   # the run's listener, started in the gather
                 listen = re.search(r"listen --ports [0-9,]+", command)
                 text = self._reach(listen.group(0)) if listen else None

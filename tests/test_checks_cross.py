@@ -311,6 +311,7 @@ def test_cross_node_checks_run_every_comparison_from_the_inventory():
         ("driver-match", None, Status.FAIL), ("driver-match", "n2", Status.FAIL),
         ("mtu-match", None, Status.OK),
         ("ray-match", None, Status.OK),            # vllm differs, but only ray must match here
+        ("ray-client", None, Status.SKIP),          # no command uses Ray's client
         ("clock-skew", None, Status.OK)]
     without_skew = cross.cross_node_checks(facts, inv, None)
     assert "clock-skew" not in {r.check for r in without_skew}

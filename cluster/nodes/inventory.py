@@ -870,6 +870,7 @@ _EXPECT_SPEC: dict[str, tuple] = {
     "shm_min_bytes": ("int", False, 0, 1 << 50),
     "memlock_min_kib": ("int_or", False, 0, 1 << 50, "unlimited"),
     "versions_must_match": ("names", False),
+    "runtime_imports": ("bool", False),
     "health.acs_fail_min_gpus": ("int", False, 1, 4096),
     "health.xid_fail": ("ints", False, 0, 100_000),
     "health.aer_fail_levels": ("texts", False),

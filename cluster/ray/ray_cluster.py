@@ -323,6 +323,40 @@ def version_skew(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> list[s
     return problems
 
 
+# What a worker's runtime must share with the head's beside Ray and Python (those refuse the
+# whole plan: Ray itself refuses the join); a difference refuses that worker unless --force.
+RUNTIME_COMPONENTS = ("vllm", "torch")
+
+
+def runtime_difference(head_name: str, head: NodeFacts, name: str, f: NodeFacts) -> str | None:
+    """How the worker's vLLM / torch differ from the head's, naming both versions (the one
+    skew judgement: an unknown version is no difference), or None."""
+    skew = _skew({head_name: head.versions, name: f.versions}, head_name, RUNTIME_COMPONENTS)
+    if not skew:
+        return None
+    return "; ".join(f"{s.component} {s.value} (from {f.python}), the head {head_name} has "
+                     f"{s.reference}" for s in skew)
+
+
+def _runtime_gate(action: NodeAction, difference: str | None, force: bool,
+                  warnings: list[str]) -> NodeAction:
+    """A start or restart of a worker whose runtime differs from the head's: refused, or with
+    --force kept and said in the warnings; a kept worker's difference is a warning."""
+    if difference is None:
+        return action
+    if action.kind == KEEP:
+        warnings.append(f"{action.node}: runs a runtime that differs from the head's: "
+                        f"{difference}")
+        return action
+    if force:
+        warnings.append(f"--force: Ray (re)started on {action.node} although its runtime "
+                        f"differs from the head's: {difference}")
+        return action
+    return NodeAction(action.node, REFUSE, f"runtime differs from the head's: {difference} "
+                      "(install the head's versions there, docs/nodes.md; --force starts it "
+                      "anyway)", status_if_not_run=FAILED)
+
+
 def _node_problem(inventory: Inventory, f: NodeFacts) -> str | None:
     """Why Ray cannot be started on a reached node, or None."""
     if f.error:
@@ -400,11 +434,13 @@ def _drift(inventory: Inventory, node: Node, f: NodeFacts, state: RayState | Non
 
 
 def plan_up(inventory: Inventory, facts: Mapping[str, NodeFacts],
-            state: RayState | None) -> Plan:
+            state: RayState | None, force: bool = False) -> Plan:
     """Facts (+ the head's view of the cluster) -> the actions `cluster up` takes. Pure.
 
     - Unreachable head, a node without Ray, a node whose GPUs cannot be counted on the head,
-      or any Ray/Python version skew: refused, nothing runs.
+      or any Ray/Python version skew: refused, nothing runs (`force` does not change that).
+    - A worker whose vLLM or torch differs from the head's is refused, not (re)started;
+      `force`: started anyway, said in the plan's warnings.
     - Healthy head (GCS on the right port, raylet on the node IP, alive in the GCS): kept.
       Otherwise started (nothing running) or restarted (needs confirmation when a GCS runs).
     - Head started/restarted: every worker is (re)started against it.
@@ -425,7 +461,8 @@ def plan_up(inventory: Inventory, facts: Mapping[str, NodeFacts],
     skew = version_skew(inventory, facts)
     if skew:
         refused.append("version skew (every node must run the head's Ray and Python): "
-                       + "; ".join(skew))
+                       + "; ".join(skew) + ("; --force does not override it: Ray itself "
+                                            "refuses such a node's join" if force else ""))
     if refused:
         actions = tuple(NodeAction(n.name, SKIP, "plan refused", status_if_not_run=SKIPPED)
                         for n in inventory.nodes)
@@ -482,6 +519,8 @@ def plan_up(inventory: Inventory, facts: Mapping[str, NodeFacts],
                 and _alive_in_gcs(state, f.raylet.node_id)
             actions.append(NodeAction(node.name, RESTART, f"{why}: rejoin", (stop, start),
                                       needs_confirmation=live_elsewhere or wrong_ip))
+        actions[-1] = _runtime_gate(actions[-1], runtime_difference(head.name, hf, node.name, f),
+                                    force, warnings)
     expected = tuple(ExpectedNode(a.node, inventory.node(a.node).ip, facts[a.node].gpu_count,
                                   inventory.ray.num_cpus)
                      for a in actions if a.kind in (KEEP, START, RESTART))

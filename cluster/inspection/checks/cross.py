@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Mapping, Sequence
 
+from cluster.inspection.checks.runtime import laptop_ray_version, ray_client_check
 from cluster.inspection.clock import CLOCK_COMMAND, ClockSample
 from cluster.inspection.facts import majority_value, reference_value, version_skew
 from cluster.nodes.inventory import Inventory
@@ -158,6 +159,7 @@ def cross_node_checks(facts: Facts, inventory: Inventory,
     results += version_consistency(facts, head,
                                    inventory.expectations.get("versions_must_match", ()))
     results += model_consistency(facts, head)
+    results += ray_client_check(facts, laptop_ray_version())
     if skew is not None:
         results += clock_skew(skew, inventory.expectations)
     return results

@@ -17,6 +17,7 @@ from cluster.inspection.facts import (CHRONY, GPU_QUERY, GPU_TOPO, IBSTAT, LSMOD
 from cluster.nodes.inventory import Inventory, Node
 from cluster.inspection.checks.metrics import METRICS_CHECKS
 from cluster.inspection.checks.node_health import HEALTH_CHECKS
+from cluster.inspection.checks.runtime import RUNTIME_CHECKS
 from cluster.inspection.probes import Probe
 
 
@@ -446,4 +447,4 @@ NODE_CHECKS: tuple[NodeCheck, ...] = (
               evaluate_versions),
     NodeCheck("model", "model files present", (model_probe,), evaluate_model),
     NodeCheck("ports", "Ray ports free", (ports_probe, node_program_probe), evaluate_ports),
-) + HEALTH_CHECKS + METRICS_CHECKS
+) + RUNTIME_CHECKS + HEALTH_CHECKS + METRICS_CHECKS
