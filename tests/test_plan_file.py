@@ -216,6 +216,72 @@ def test_cli_exits_2_with_one_line_and_no_traceback(tmp_path, case):
     assert not (tmp_path / "runs").exists(), "a bad plan must fail before any run starts"
 
 
+# ---------------------------------------------------------------- sizes that disagree (issue 41)
+
+
+def _edited(edits: dict) -> str:
+    """BASE (TP 4, 2 replicas, 4 GPUs each) with `edits` ({"a.b": value}) applied, as YAML."""
+    doc = copy.deepcopy(BASE)
+    for dotted, value in edits.items():
+        *parents, last = dotted.split(".")
+        cur = doc
+        for key in parents:
+            cur = cur[key]
+        cur[last] = value
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+SIZE_CASES = [
+    # the issue's case: TP edited to 3 (top and engine_args), the plan still says 4 GPUs
+    ("tp3-of-4", {"tensor_parallel_size": 3, "engine_args.tensor_parallel_size": 3},
+     "gpus_per_replica", ["4", "tensor_parallel_size 3", "pipeline_parallel_size 1", "= 3"]),
+    ("placement-gpus", {"placement.gpus_per_replica": 8}, "placement.gpus_per_replica",
+     ["8", "tensor_parallel_size 4", "= 4"]),
+    ("gpus-used", {"gpus_used": 4}, "gpus_used", ["4", "replicas 2", "= 8"]),
+    ("placement-replicas", {"placement.replicas": 3}, "placement.replicas", ["3", "replicas: 2"]),
+    ("dense-dp", {"data_parallel_size": 3}, "data_parallel_size", ["3", "replicas 2"]),
+    ("dense-ep-size", {"expert_parallel_size": 4}, "expert_parallel_size",
+     ["4", "enable_expert_parallel is false"]),
+    ("gang-nnodes", {"placement.gang": {"nnodes": 3}}, "placement.gang.nnodes",
+     ["3", "tensor_parallel_size 4", "do not split evenly"]),
+]
+
+
+@pytest.mark.parametrize("case, edits, key, words", SIZE_CASES, ids=[c[0] for c in SIZE_CASES])
+def test_a_plan_whose_sizes_disagree_is_refused_naming_the_fields(case, edits, key, words):
+    with pytest.raises(PlanFileError) as err:
+        parse_plan(_edited(edits), "plan.yaml")
+    message = str(err.value)
+    assert err.value.key == key and err.value.line is not None, message
+    assert "\n" not in message and all(w in message for w in words), message
+
+
+def test_moe_plan_sizes_agree_and_a_wrong_ep_size_is_refused():
+    doc = real_plan("deepseek-v3", nodes=2)
+    assert parse_plan(yaml.safe_dump(doc), "moe.yaml").data_parallel_size == 16
+    doc["expert_parallel_size"] = 8
+    with pytest.raises(PlanFileError, match="8 disagrees with tensor_parallel_size 1 x "
+                                            "data_parallel_size 16 = 16") as err:
+        parse_plan(yaml.safe_dump(doc), "moe.yaml")
+    assert err.value.key == "expert_parallel_size"
+
+
+def test_cli_refuses_a_tp3_plan_of_4_gpus_before_any_node_is_contacted(tmp_path):
+    """The hand-edited plan of issue 41: exit 2, one line naming the fields, no run started
+    (the inventory's node is a closed port: nothing would answer anyway)."""
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(_edited({"tensor_parallel_size": 3, "engine_args.tensor_parallel_size": 3}))
+    inventory = write_inventory(tmp_path, "nodes:\n  - {name: h, address: 127.0.0.1, port: 1}\n"
+                                          f"run_dir: {tmp_path / 'runs'}\n")
+    for extra in ((), ("--dry-run",)):
+        p = cluster_cli("-i", str(inventory), "deploy", "--plan", str(plan), "--yes", *extra)
+        assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+        lines = [line for line in p.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and "gpus_per_replica: 4 disagrees with tensor_parallel_size 3" \
+            in lines[0], p.stderr
+        assert not (tmp_path / "runs").exists(), "refused before any run (and any node)"
+
+
 # ---------------------------------------------------------------- Hypothesis (issue 17)
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402

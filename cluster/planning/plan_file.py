@@ -214,6 +214,63 @@ def _gang(doc: _Doc, raw: Any) -> tuple[int | None, str | None]:
     return nnodes, executor
 
 
+def _size(doc: _Doc, top: Mapping[str, Any], at: tuple) -> int | None:
+    """A size the plan repeats (gpus_per_replica, ...): None when absent, else a whole number."""
+    cur: Any = top
+    for key in at:
+        cur = cur.get(key) if isinstance(cur, dict) else None
+    if cur is None:
+        return None
+    return _positive_int(doc, cur, at, hi=1 << 24)
+
+
+def _sizes_agree(doc: _Doc, top: Mapping[str, Any], tp: int, pp: int, dp: int,
+                 replicas: int, ep: bool, nnodes: int | None) -> None:
+    """A hand-edited plan whose sizes disagree is refused here, naming the fields and their
+    values, before any node is contacted: TP x PP (x DP with EP) is the GPUs of one replica
+    (gpus_per_replica, placement.gpus_per_replica), times replicas the GPUs used; EP spans
+    TP x DP; a dense plan's data_parallel_size is its replicas; placement.gang.nnodes splits
+    the ranks of one engine evenly (cluster.planning.gang)."""
+    from cluster.planning.gang import gang_layout
+
+    world = tp * pp * dp
+    layout = f"tensor_parallel_size {tp} x pipeline_parallel_size {pp}" + (
+        f" x data_parallel_size {dp}" if ep else "")
+    for at in (("gpus_per_replica",), ("placement", "gpus_per_replica")):
+        got = _size(doc, top, at)
+        if got is not None and got != world:
+            raise doc.fail(at, f"{got} disagrees with {layout} = {world} (the GPUs one replica "
+                               "uses)")
+    placed = _size(doc, top, ("placement", "replicas"))
+    if placed is not None and placed != replicas:
+        raise doc.fail(("placement", "replicas"), f"{placed} disagrees with the top-level "
+                                                  f"replicas: {replicas}")
+    used = _size(doc, top, ("gpus_used",))
+    if used is not None and used != world * replicas:
+        raise doc.fail(("gpus_used",), f"{used} disagrees with {layout} = {world} GPUs per "
+                                       f"replica x replicas {replicas} = {world * replicas}")
+    total = _size(doc, top, ("gpus_total",))
+    if used is not None and total is not None and used > total:
+        raise doc.fail(("gpus_used",), f"{used} is more than gpus_total {total}")
+    ep_size = _size(doc, top, ("expert_parallel_size",))
+    want = tp * dp if ep else 1
+    if ep_size is not None and ep_size != want:
+        why = (f"tensor_parallel_size {tp} x data_parallel_size {dp} = {want}" if ep
+               else "1 (enable_expert_parallel is false)")
+        raise doc.fail(("expert_parallel_size",), f"{ep_size} disagrees with {why}")
+    if not ep and top.get("data_parallel_size") is not None and \
+            top["data_parallel_size"] != replicas:
+        raise doc.fail(("data_parallel_size",), f"{top['data_parallel_size']} disagrees with "
+                                                f"replicas {replicas} (a dense plan's data "
+                                                "parallelism is its Serve replicas)")
+    if nnodes is not None:
+        try:
+            gang_layout(tp, pp, nnodes, dp)
+        except UsageError as exc:
+            raise doc.fail(("placement", "gang", "nnodes"),
+                           f"{nnodes} with {layout}: {exc}") from None
+
+
 def parse_plan(text: str, path: str = "<plan>") -> PlanFile:
     """Validate plan text. Raises PlanFileError naming path:line and key."""
     doc = yamlfile.parse(text, path=path, error=PlanFileError, max_bytes=MAX_BYTES,
@@ -265,6 +322,7 @@ def parse_plan(text: str, path: str = "<plan>") -> PlanFile:
                         "must be 1 for a dense model (replicas are separate engines)")
     strategy = _placement_strategy(doc, top.get("placement"))
     nnodes, executor = _gang(doc, top.get("placement"))
+    _sizes_agree(doc, top, tp, pp, dp if ep else 1, replicas, ep, nnodes)
     validation = top.get("validation")
     if validation is not None:
         if not isinstance(validation, dict):
