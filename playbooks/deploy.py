@@ -4,7 +4,9 @@ gather (read-only: Ray's alive nodes and resources from the head, what Serve run
 (pure, cluster/serving/deploy.py: device, the Serve application, its placement, the config file; the
 fabric proof's groups, cluster/planning/fabric_proof.py) -> checks on every node that may host a bundle
 (the model files, the API-key variable: read-only) -> [dry run stops here, showing the groups
-it would prove and the ports the layout opens between nodes, cluster/serving/ports.py] ->
+it would prove and the ports the layout opens between nodes, cluster/serving/ports.py; a dry
+run with no head answering plans on the inventory and the latest preflight's facts instead and
+lists what it could not check (doc "unchecked")] ->
 the fabric proof (an all-reduce per group of the layout, the engine's backend, on its nodes and
 ports; a failed proof refuses the deployment unless forced) ->
 confirm (replacing a deployed app) -> [--stage-caches: this app's known compile-cache
@@ -26,7 +28,7 @@ from typing import Any, Callable, Sequence
 
 from cluster.serving import deploy
 from cluster.serving.deploy import DeploySpec
-from cluster.base.errors import DeployError
+from cluster.base.errors import DeployError, UsageError
 from cluster.nodes.inventory import Inventory
 from playbooks import cache_stage
 from playbooks.outcome import Confirm, DocOutcome, OnEvent, ignore, lines_to, never_confirm
@@ -88,14 +90,25 @@ def _deploy(inv, session, options: DeployOptions, confirm, say, write_config,
     from cluster.ray.ray_state import query_state
 
     spec = options.spec
-    # 1. what Ray has: alive nodes and their resources -> device, config, placement
+    # 1. what Ray has: alive nodes and their resources -> device, config, placement (a dry run
+    # with no head answering: the inventory and the latest preflight's facts instead)
     state, _ = query_state(session, inv, include_serve=False)
-    if not state.answered:
+    headless = not state.answered
+    if headless and not options.dry_run:
         raise DeployError("the head did not answer (is Ray up? `cluster status`): "
                           + "; ".join(state.errors[-2:]))
-    cluster = deploy.ClusterView.from_state(inv, state)
+    if headless:
+        cluster = _offline_cluster(inv, spec, doc, "; ".join(state.errors[-2:]))
+    else:
+        cluster = deploy.ClusterView.from_state(inv, state)
     device = cluster.resolve_device(spec.device)
-    app, notes = deploy.build_application(spec, device, cluster, inv)
+    try:
+        app, notes = deploy.build_application(spec, device, cluster, inv)
+    except UsageError as exc:
+        if headless and device == "cpu" and not inv.ray.num_cpus:
+            raise UsageError(f"{exc} (no head answered: without Ray the CPUs per node come "
+                             "from ray.num_cpus in the inventory)") from None
+        raise
     preview = deploy.placement_preview(app)
     text = deploy.render_config(deploy.serve_config(app, inv), spec.source,
                                 inv.ray.dashboard_port)
@@ -112,6 +125,8 @@ def _deploy(inv, session, options: DeployOptions, confirm, say, write_config,
         warnings.append("no API key: anyone who can reach the Serve port can use the endpoint")
 
     # 2. what Serve runs now (the port it serves on, a previous version of this app)
+    if headless:
+        return _dry_run_without_head(inv, session, options, cluster, device, preview, say, doc)
     if client is None:
         from cluster.ray.dashboard_api import DashboardClient
         client = DashboardClient(session, inv)
@@ -186,6 +201,74 @@ def _deploy(inv, session, options: DeployOptions, confirm, say, write_config,
     return 2
 
 
+# What a dry run cannot check while no head answers (doc["unchecked"] leads with these).
+WITHOUT_HEAD = ("live capacity (Ray's alive nodes and their GPUs and CPUs)",
+                "running apps (a deployed version of this app, the other apps kept)",
+                "Serve's state (the HTTP port it serves on)")
+
+
+def _offline_cluster(inv, spec, doc: dict, why: str):
+    """The cluster a headless dry run plans on: every inventory node, its GPUs from the latest
+    preflight report's facts under the run root (what `cluster plan` reads), else the
+    inventory's expectations.gpus_per_node; doc says which (head, head_error, cluster_source,
+    unchecked)."""
+    from cluster.base.errors import ClusterError
+    from cluster.planning.planner import latest_preflight_report, load_cluster_facts_from_report
+
+    gpus: dict[str, tuple[int, str | None]] = {}
+    sources = []
+    report = latest_preflight_report(inv.run_dir)
+    if report is not None:
+        try:
+            facts = load_cluster_facts_from_report(report)
+        except ClusterError as exc:
+            doc["warnings"].append(f"the latest preflight report was not used: {exc}")
+        else:
+            gpus = {n.node: (n.gpu_count, n.gpu_model or None) for n in facts.nodes}
+            sources.append(f"preflight report {report}")
+    expected = inv.expectations.get("gpus_per_node")
+    rest = [n.name for n in inv.nodes if n.name not in gpus]
+    if rest and expected:
+        gpus.update({name: (int(expected), inv.expectations.get("gpu_model")) for name in rest})
+        sources.append("the inventory's expectations.gpus_per_node")
+    unchecked = list(WITHOUT_HEAD)
+    unknown = [n.name for n in inv.nodes if n.name not in gpus]
+    if unknown:
+        unchecked.append(f"the GPUs of {', '.join(unknown)} (no preflight facts, no "
+                         "expectations.gpus_per_node: run `cluster preflight`; taken as 0"
+                         + (", --device picks the device" if spec.device == "auto" else "")
+                         + ")")
+    if not inv.ray.num_cpus:
+        unchecked.append("the nodes' CPUs (Ray counts them at start; ray.num_cpus in the "
+                         "inventory fixes them)")
+    doc.update(head="unreachable", head_error=why,
+               cluster_source=" and ".join(sources) or "the inventory", unchecked=unchecked)
+    return deploy.ClusterView.from_inventory(inv, gpus)
+
+
+def _dry_run_without_head(inv, session, options: DeployOptions, cluster, device, preview, say,
+                          doc: dict) -> int:
+    """The rest of a dry run when no head answers: the endpoint from the inventory, the checks
+    on the nodes SSH reaches (a missing model refuses; an unreached node is unchecked, exit 1),
+    the proof's groups and the ports; 0 when every node was checked."""
+    spec = options.spec
+    doc.update(endpoint=deploy.endpoint_url(inv, spec.route), previous=None)
+    say(f"no head answered: checking {spec.model} on {len(cluster.nodes)} inventory node(s)")
+    checks = deploy.check_nodes(session, inv, spec, cluster, without_head=True)
+    doc["warnings"] += list(checks.warnings)
+    doc["checks"] = checks.to_dict()
+    doc["unchecked"] += list(checks.unchecked)
+    if checks.problems:
+        doc.update(status="REFUSED", error="; ".join(checks.problems))
+        return 2
+    proof_plan = _proof_plan(spec, device, cluster, inv, options, doc)
+    doc["ports"] = _inter_node_ports(spec, device, cluster, inv, proof_plan)
+    if proof_plan is not None:
+        doc["fabric_proof"] = _planned(proof_plan)
+    doc["status"] = "DRY_RUN"
+    return 1 if any(not c.reached or c.error for c in checks.nodes) else 0
+
+
 def _cache_nodes(inv, spec, cluster) -> list:
     """The nodes a compile cache is staged to (every alive Ray node of the inventory: any may
     run a rank), or none without --stage-caches / with --placement-only."""
@@ -198,7 +281,6 @@ def _cache_nodes(inv, spec, cluster) -> list:
 def _proof_plan(spec, device, cluster, inv, options: DeployOptions, doc: dict):
     """The fabric proof of this layout (None: --no-verify, or no group of two ranks)."""
     from cluster.planning import fabric_proof
-    from cluster.base.errors import UsageError
 
     if not options.verify:
         doc["notes"].append("fabric proof skipped (--no-verify)")

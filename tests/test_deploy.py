@@ -608,3 +608,94 @@ def test_node_check_command_quotes_and_never_carries_the_key_value(monkeypatch, 
         assert split_probe_output(p.stdout, [probe])["model-dir"].stdout.strip() == want
 
 
+
+
+# ---------------------------------------------------------------- a dry run with no head (issue 41)
+
+
+def _headless_inventory(tmp_path, facts: bool = True):
+    """Two nodes behind a closed loopback port (no head, no SSH answers); with `facts` the
+    latest preflight report under the run root says 2 x H100 each (what `cluster plan` reads)."""
+    from fakes import closed_port, write_inventory
+
+    port = closed_port()
+    (tmp_path / "known_hosts").write_text("")
+    if facts:
+        run = tmp_path / "runs" / "20260101-000000-preflight"
+        run.mkdir(parents=True)
+        gpu = {"gpu_count": 2, "gpu_model": "NVIDIA H100 80GB HBM3", "gpu_memory_mib": 81559,
+               "nvlink": True}
+        (run / "preflight.json").write_text(json.dumps(
+            {"facts": {"nodes": {"node1": gpu, "node2": gpu}}}))
+    return write_inventory(tmp_path, f"""\
+ssh:
+  known_hosts: {tmp_path}/known_hosts
+  connect_timeout: 3
+nodes:
+  - {{name: node1, role: head, address: 127.0.0.1, port: {port}, local: false}}
+  - {{name: node2, address: 127.0.0.2, port: {port}, local: false}}
+run_dir: {tmp_path}/runs
+""")
+
+
+def _cli(tmp_path, *args):
+    """`cluster ARGS` from tmp_path, importing this checkout's package (PYTHONPATH)."""
+    import os
+    from pathlib import Path
+
+    from fakes import cluster_cli
+
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env.pop("CLUSTER_RUN_DIR", None)
+    return cluster_cli(*args, cwd=tmp_path, env=env, timeout=180)
+
+
+def _headless_deploy(tmp_path, *args):
+    inv = _headless_inventory(tmp_path)
+    return _cli(tmp_path, "-i", str(inv), "deploy", "--model", "/models/tiny", "--pp", "2",
+                "--nnodes", "2", "--dry-run", *args)
+
+
+def test_a_dry_run_with_no_head_shows_config_layout_proof_and_ports(tmp_path):
+    """Before `cluster up`: the Serve config, the layout, the groups it would prove and the
+    ports from the inventory and the latest preflight's facts, plus one line on what it could
+    not check; the nodes SSH did not reach make it exit 1 (warnings), never 2."""
+    p = _headless_deploy(tmp_path, "--json")
+    assert "Traceback" not in p.stderr, p.stderr
+    assert p.returncode == 1, (p.returncode, p.stdout[-2000:], p.stderr[-2000:])
+    doc = json.loads(p.stdout)
+    assert doc["status"] == "DRY_RUN" and doc["head"] == "unreachable"
+    assert doc["device"] == "gpu" and "preflight report" in doc["cluster_source"]
+    # the keys of a dry run with a head are all there
+    for key in ("name", "endpoint", "config_path", "placement", "spec", "checks", "ports",
+                "fabric_proof", "warnings", "notes", "previous"):
+        assert key in doc, key
+    assert doc["endpoint"] == "http://127.0.0.1:8000/tiny/v1"
+    config = yaml.safe_load(open(doc["config_path"]).read())
+    assert config["applications"][0]["route_prefix"] == "/tiny"
+    (group,) = doc["fabric_proof"]["groups"]
+    assert (group["kind"], group["nodes"], group["backend"]) == ("pp", ["node1", "node2"], "nccl")
+    assert [p.get("port", p.get("ports")) for p in doc["ports"]][0] == "29500-29599"
+    unchecked = " ".join(doc["unchecked"])
+    for what in ("live capacity", "running apps", "Serve's state", "could not check node1"):
+        assert what in unchecked, unchecked
+    assert not doc["checks"]["problems"]
+
+
+def test_a_dry_run_with_no_head_prints_the_plan_and_what_it_could_not_check(tmp_path):
+    p = _headless_deploy(tmp_path)
+    assert p.returncode == 1 and "Traceback" not in p.stderr, (p.stdout, p.stderr)
+    out = p.stdout
+    assert "no head answered" in out and "serve config: " in out, out
+    assert "layout: TP 1 x PP 2 per replica over 2 node(s), 1 replica(s)" in out, out
+    assert "fabric proof: dry run: would all-reduce on port 29500" in out, out
+    assert "29500-29599/tcp" in out, out
+    (line,) = [x for x in out.splitlines() if x.startswith("not checked without a head: ")]
+    assert "live capacity" in line and "running apps" in line and "Serve's state" in line
+    assert "dry run: would deploy tiny" in out, out
+
+
+def test_without_a_dry_run_no_head_still_refuses(tmp_path):
+    inv = _headless_inventory(tmp_path)
+    p = _cli(tmp_path, "-i", str(inv), "deploy", "--model", "/models/tiny", "--yes")
+    assert p.returncode == 2 and "the head did not answer" in p.stderr, p.stderr

@@ -688,3 +688,88 @@ def test_after_running_the_ranks_logs_are_read_once_for_the_cache_and_the_proof(
     assert said == ["reading the ranks' log lines on n1, n2, n3"]
     assert deploy_playbook._engine_logs(inv, session, [], None, 1000.0, said.append) == {}
     assert len(session.calls) == 3
+
+
+# ---------------------------------------------------------------- deploy --dry-run with no head (issue 41)
+
+
+@pytest.fixture
+def no_head(monkeypatch):
+    """The head does not answer; every node is reached by SSH (no raylet runs: Ray is not up)
+    and has the model unless the test says otherwise (`missing`)."""
+    from cluster.serving import deploy as lib
+
+    state = RayState(None, None, None, None, ("head gpu1 unreachable: connection refused",))
+    monkeypatch.setattr("cluster.ray.ray_state.query_state",
+                        lambda session, inv, include_serve=False: (state, None))
+    missing: set[str] = set()
+    asked = []
+
+    def check_nodes(session, inv, spec, cluster, without_head=False):
+        asked.append(without_head)
+        checks = [lib.NodeCheck(n.name, True, n.name not in missing, True, "no-raylet")
+                  for n in inv.nodes]
+        return lib.judge_checks(checks, spec, cluster, without_head=without_head)
+
+    monkeypatch.setattr(lib, "check_nodes", check_nodes)
+    return missing, asked
+
+
+class NoDashboard:
+    def serve_details(self):
+        raise AssertionError("a dry run with no head must not ask the dashboard")
+
+
+def _gpu_inventory(extra: str = "") -> str:
+    return DEPLOY_INVENTORY + "expectations: {gpus_per_node: 4, gpu_model: NVIDIA H100 80GB HBM3}\n" \
+        + "run_dir: /nonexistent/runs\n" + extra
+
+
+def test_deploy_dry_run_with_no_head_plans_on_the_inventory_and_exits_0(no_head):
+    from cluster.serving import deploy as lib
+    from playbooks import deploy
+
+    _, asked = no_head
+    options = deploy.DeployOptions(lib.spec_from_flags("/models/tiny", tp=4, pp=2, nnodes=2),
+                                   timeout_s=5, dry_run=True)
+    out = deploy.run(inventory.loads(_gpu_inventory()), None, options, never,
+                     client=NoDashboard())
+    doc = out.doc
+    assert (doc["status"], out.exit_code, asked) == ("DRY_RUN", 0, [True])
+    assert doc["head"] == "unreachable" and "connection refused" in doc["head_error"]
+    assert doc["cluster_source"] == "the inventory's expectations.gpus_per_node"
+    assert doc["device"] == "gpu" and doc["endpoint"] == "http://10.0.0.1:8000/tiny/v1"
+    assert doc["placement"]["num_replicas"] == 1 and doc["previous"] is None
+    kinds = {g["kind"] for g in doc["fabric_proof"]["groups"]}
+    assert "pp" in kinds and doc["ports"], doc
+    assert doc["unchecked"][:3] == list(deploy.WITHOUT_HEAD)
+    assert any("$CLUSTER_API_KEY in the Ray environment of gpu1, gpu2" in u
+               for u in doc["unchecked"]), doc["unchecked"]
+    assert doc["checks"]["ok"]
+
+
+def test_deploy_dry_run_with_no_head_still_refuses_a_missing_model(no_head):
+    from cluster.serving import deploy as lib
+    from playbooks import deploy
+
+    missing, _ = no_head
+    missing.add("gpu2")
+    options = deploy.DeployOptions(lib.spec_from_flags("/models/tiny"), timeout_s=5,
+                                   dry_run=True)
+    out = deploy.run(inventory.loads(_gpu_inventory()), None, options, never,
+                     client=NoDashboard())
+    assert (out.doc["status"], out.exit_code) == ("REFUSED", 2)
+    assert "missing on gpu2" in out.doc["error"]
+
+
+def test_deploy_dry_run_with_no_head_and_no_gpu_facts_says_so(no_head):
+    from cluster.serving import deploy as lib
+    from playbooks import deploy
+
+    options = deploy.DeployOptions(lib.spec_from_flags("/models/tiny"), timeout_s=5,
+                                   dry_run=True)
+    out = deploy.run(inventory.loads(DEPLOY_INVENTORY + "run_dir: /nonexistent/runs\n"), None,
+                     options, never, client=NoDashboard())
+    assert (out.doc["status"], out.exit_code, out.doc["device"]) == ("DRY_RUN", 0, "cpu")
+    assert any(u.startswith("the GPUs of gpu1, gpu2 (no preflight facts") for u in
+               out.doc["unchecked"]), out.doc["unchecked"]

@@ -3,8 +3,8 @@
 Writes the Ray Serve config into the run directory (serve_config.yaml), checks the model files
 and the API-key variable on every node that may host a bundle, deploys through the dashboard's
 REST API (merged with the apps already running), waits until the app is RUNNING and prints the
-OpenAI endpoint. Exit 0 RUNNING (or a dry run that would deploy), 2 otherwise. The steps are
-playbooks/deploy.py.
+OpenAI endpoint. Exit 0 RUNNING (or a dry run that would deploy), 1 a dry run with no head
+answering that could not reach every node, 2 otherwise. The steps are playbooks/deploy.py.
 """
 
 from __future__ import annotations
@@ -48,8 +48,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "config, check the model files and the API-key variable on every node, "
                     "deploy it through the Ray dashboard (other apps are kept), wait until it "
                     "is RUNNING and print the OpenAI endpoint. docs/deploy.md.",
-        epilog="Exit codes: 0 RUNNING (dry run: would deploy), 2 not RUNNING, refused or bad "
-               "input. The API key itself never goes on the command line: name its variable.")
+        epilog="Exit codes: 0 RUNNING (dry run: would deploy), 1 a dry run with no head "
+               "answering that could not reach every node, 2 not RUNNING, refused or bad "
+               "input. --dry-run works before `cluster up`: with no head it plans on the "
+               "inventory and the latest preflight's facts and says what it could not check. "
+               "The API key itself never goes on the command line: name its variable.")
     what = p.add_argument_group("what to serve (a plan, or a model and its layout)")
     what.add_argument("--plan", metavar="PLAN.yaml", type=path_value, help="a plan written by `cluster plan --out`")
     what.add_argument("--model", metavar="PATH", type=path_value,
@@ -187,6 +190,10 @@ def _print(args: argparse.Namespace, doc: dict, record) -> None:
     for n in doc.get("notes") or []:
         stderr.print(f"[dim]note:[/dim] {scrub(n)}")
     status = doc.get("status")
+    if doc.get("head") == "unreachable":
+        stdout.print(f"no head answered ({scrub(doc.get('head_error') or 'no reply')}): planned "
+                     f"on the inventory's nodes, GPUs from {scrub(doc.get('cluster_source'))}",
+                     soft_wrap=True, markup=False, highlight=False)
     placement = doc.get("placement") or {}
     if placement:
         stdout.print(f"placement: {placement.get('num_replicas')} replica(s) x "
@@ -212,7 +219,11 @@ def _print(args: argparse.Namespace, doc: dict, record) -> None:
                              soft_wrap=True, markup=False, highlight=False)
         return
     if status == "DRY_RUN":
+        _print_layout(doc)
         _print_ports(doc.get("ports") or [])
+        if doc.get("unchecked"):
+            stdout.print("not checked without a head: " + scrub("; ".join(doc["unchecked"])),
+                         soft_wrap=True, markup=False, highlight=False)
         stdout.print(f"dry run: would deploy {doc['name']} to {doc['endpoint']} "
                      "(nothing was changed)", soft_wrap=True)
         return
@@ -224,6 +235,20 @@ def _print(args: argparse.Namespace, doc: dict, record) -> None:
     if doc.get("app"):
         stdout.print(f"it stays in Serve as {status} for inspection (`cluster status`); remove it "
                      f"with `cluster undeploy {doc['name']}`")
+
+
+def _print_layout(doc: dict) -> None:
+    """A dry run's layout line: the parallel sizes of one replica, the replicas, the executor."""
+    spec = doc.get("spec") or {}
+    if not spec:
+        return
+    parts = [f"TP {spec.get('tensor_parallel_size')}", f"PP {spec.get('pipeline_parallel_size')}"]
+    if spec.get("expert_parallel"):
+        parts.append(f"DP {spec.get('data_parallel_size')} with expert parallel")
+    nnodes = f" over {spec['nnodes']} node(s)" if spec.get("nnodes") else ""
+    stdout.print(f"layout: {' x '.join(parts)} per replica{nnodes}, {spec.get('replicas')} "
+                 f"replica(s), executor {spec.get('executor')}", soft_wrap=True, markup=False,
+                 highlight=False)
 
 
 def _print_ports(ports: list) -> None:

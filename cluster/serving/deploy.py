@@ -359,6 +359,18 @@ class ClusterView:
                                      entry.is_head, getattr(entry, "gpu_model", None)))
         return cls(tuple(nodes))
 
+    @classmethod
+    def from_inventory(cls, inventory: Inventory,
+                       gpus: Mapping[str, tuple[int, str | None]]) -> "ClusterView":
+        """Without a head (a dry run before `cluster up`): every inventory node as Ray would
+        register it, its GPUs from `gpus` (node -> (count, model): the latest preflight's
+        facts, else the inventory's expectations.gpus_per_node; 0 when unknown), its CPUs
+        the inventory's ray.num_cpus (0 when not set: not known without Ray)."""
+        cpus = float(inventory.ray.num_cpus or 0)
+        return cls(tuple(RayNode(n.ip, n.name, cpus, float(gpus.get(n.name, (0, None))[0]),
+                                 n.is_head, gpus.get(n.name, (0, None))[1])
+                         for n in inventory.nodes))
+
     @property
     def has_gpus(self) -> bool:
         return any(n.gpus > 0 for n in self.nodes)
@@ -628,14 +640,18 @@ class Checks:
     nodes: tuple[NodeCheck, ...]
     problems: tuple[str, ...]
     warnings: tuple[str, ...] = ()
+    unchecked: tuple[str, ...] = ()     # without a head: what could not be checked (not refused)
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "problems": list(self.problems), "warnings": list(self.warnings),
-                "nodes": [n.to_dict() for n in self.nodes]}
+        d = {"ok": self.ok, "problems": list(self.problems), "warnings": list(self.warnings),
+             "nodes": [n.to_dict() for n in self.nodes]}
+        if self.unchecked:
+            d["unchecked"] = list(self.unchecked)
+        return d
 
 
 def node_check_builders(spec_model: str, api_key_env: str | None) -> tuple:
@@ -665,14 +681,25 @@ def node_check_from(node: str, facts, api_key_env: str | None) -> NodeCheck:
 
 
 def judge_checks(checks: Sequence[NodeCheck], spec: DeploySpec,
-                 cluster: ClusterView) -> Checks:
-    """Pure: the per-node results -> problems (deploy refused) and warnings."""
-    problems, warnings = [], []
+                 cluster: ClusterView, *, without_head: bool = False) -> Checks:
+    """Pure: the per-node results -> problems (deploy refused) and warnings. `without_head`
+    (a dry run before `cluster up`): a node SSH did not reach, and the API-key variable where
+    no raylet runs yet, are listed in `unchecked` instead of refused."""
+    problems, warnings, unchecked = [], [], []
     if not cluster.nodes:
         problems.append("no alive Ray node: start Ray first (`cluster up`)")
     unreached = [c for c in checks if not c.reached or c.error]
     if unreached:
-        problems.append("could not check " + ", ".join(f"{c.node} ({c.error})" for c in unreached))
+        what = ", ".join(f"{c.node} ({c.error})" for c in unreached)
+        (unchecked if without_head else problems).append("could not check " + what)
+    no_raylet = [c.node for c in checks if c.reached and not c.error and c.key == "no-raylet"]
+    if without_head and spec.api_key_env and no_raylet:
+        unchecked.append(f"${spec.api_key_env} in the Ray environment of "
+                         f"{', '.join(no_raylet)} (no raylet runs there yet: `cluster up` sets "
+                         "it from the inventory's node env)")
+        checks_keyed = [c for c in checks if c.node not in no_raylet]
+    else:
+        checks_keyed = list(checks)
     missing = [c.node for c in checks if c.reached and not c.error and not c.model]
     if missing:
         what = "no config.json in" if any(c.model_dir for c in checks if c.node in missing) \
@@ -681,7 +708,8 @@ def judge_checks(checks: Sequence[NodeCheck], spec: DeploySpec,
                         f"{spec.model}): every node that may host a bundle needs the same files "
                         "at the same path")
     if spec.api_key_env:
-        bad = {c.node: c.key for c in checks if c.reached and not c.error and c.key != "set"}
+        bad = {c.node: c.key for c in checks_keyed
+               if c.reached and not c.error and c.key != "set"}
         if bad:
             detail = ", ".join(f"{n} ({k})" for n, k in bad.items())
             problems.append(
@@ -692,20 +720,20 @@ def judge_checks(checks: Sequence[NodeCheck], spec: DeploySpec,
     if cluster.unnamed:
         warnings.append("Ray nodes outside the inventory were not checked: "
                         + ", ".join(n.ip for n in cluster.unnamed))
-    return Checks(tuple(checks), tuple(problems), tuple(warnings))
+    return Checks(tuple(checks), tuple(problems), tuple(warnings), tuple(unchecked))
 
 
 def check_nodes(session, inventory: Inventory, spec: DeploySpec,
-                cluster: ClusterView) -> Checks:
+                cluster: ClusterView, *, without_head: bool = False) -> Checks:
     """Model files and the API-key variable on every alive inventory node: the facts layer's
-    one round trip per node (cluster/inspection/facts.py)."""
+    one round trip per node (cluster/inspection/facts.py); `without_head`: judge_checks'."""
     from cluster.inspection.facts import gather
     alive = {n.name for n in cluster.nodes if n.name is not None}
     nodes = [n for n in inventory.nodes if n.name in alive]  # inventory order
     facts = gather(session, inventory, nodes,
                    node_check_builders(spec.model, spec.api_key_env)) if nodes else {}
     checks = [node_check_from(n.name, facts[n.name], spec.api_key_env) for n in nodes]
-    return judge_checks(checks, spec, cluster)
+    return judge_checks(checks, spec, cluster, without_head=without_head)
 
 
 # ---------------------------------------------------------------- Serve's answer for one app
