@@ -1,0 +1,107 @@
+"""Readable at 80 columns and in a pipe (issue 41 item 7): tables never break an identifier
+mid-word, `parse` of an nvidia-smi report is a per-GPU table, the NCCL panel leads with its
+verdict and leaves out empty fields, the main commands' --help ends with examples, and the CLI
+completes in bash and zsh."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from cluster.base.results import CheckResult, Report, Status
+
+FIXTURES = Path(__file__).parent / "fixtures"
+REPO = Path(__file__).parent.parent
+
+NODES = [f"rack-b-gpu-node-{i:04d}" for i in range(1, 17)]
+IPS = [f"10.200.131.{100 + i}" for i in range(1, 17)]
+MODEL = "NVIDIA-H100-80GB-HBM3"
+HCAS = [f"mlx5_bond_{i}" for i in range(8)]
+IDENTIFIERS = [*NODES, *IPS, MODEL, *HCAS]
+_CELL_EDGES = re.compile(r"[\s│┃║|,]+")
+
+
+def broken(text: str, identifiers=IDENTIFIERS) -> list[tuple[str, str]]:
+    """(identifier, piece) for every piece of an identifier left on a line without the rest of
+    it: a word that is a part of an identifier, but not the whole and not cut with an ellipsis."""
+    out = []
+    for line in text.splitlines():
+        for word in _CELL_EDGES.split(line):
+            word = word.strip(",;:()[]")
+            if len(word) < 5 or word.endswith("…"):
+                continue
+            out += [(ident, word) for ident in identifiers if word != ident and word in ident]
+    return out
+
+
+def render80(*renderables) -> str:
+    console = Console(width=80, file=io.StringIO(), force_terminal=False, color_system=None)
+    for r in renderables:
+        console.print(r)
+    return console.file.getvalue()
+
+
+def _report(nodes: list[str]) -> Report:
+    results = []
+    for node, ip in zip(nodes, IPS):
+        results += [
+            CheckResult("gpus", node, Status.OK, f"8 x {MODEL} on {node}"),
+            CheckResult("ib", node, Status.FAIL, f"HCAs {','.join(HCAS)} down; node ip {ip}",
+                        fix=f"check the cables of {HCAS[0]} on {node}"),
+        ]
+    results.append(CheckResult("reachability", None, Status.WARN,
+                               f"{nodes[0]} cannot reach {IPS[1]} on 6379"))
+    return Report("preflight", tuple(results))
+
+
+@pytest.mark.parametrize("nodes", [2, 16])
+def test_preflight_at_80_columns_breaks_no_identifier(monkeypatch, nodes):
+    from cluster.commands import preflight
+
+    console = Console(width=80, file=io.StringIO(), force_terminal=False, color_system=None)
+    monkeypatch.setattr(preflight, "stdout", console)
+    preflight.render(_report(NODES[:nodes]))
+    text = console.file.getvalue()
+    assert broken(text) == [], text
+    assert "rack-b-gpu-node-0001" in text or "rack-b-gpu-node-0…" in text
+
+
+def test_report_and_folded_tables_at_80_columns_break_no_identifier():
+    from cluster.report.fold import Row, fold
+    from cluster.report.render import folded_table, report_table
+
+    report = _report(NODES)
+    groups = fold(Row(r.node, r.check, r.status.value, r.summary, r.fix)
+                  for r in report.results if r.node)
+    text = render80(report_table(report), folded_table(groups, len(NODES)))
+    assert broken(text) == [], text
+    assert all(h in text for h in HCAS), "a list wraps between its items, none is lost"
+
+
+def test_inventory_table_at_80_columns_breaks_no_identifier(monkeypatch, tmp_path):
+    import argparse
+
+    from cluster.commands import inventory
+
+    lines = ["ssh:", "  user: ops", "  jump_host: ops@bastion-rack-b.example.net",
+             "nodes:"]
+    for i, (name, ip) in enumerate(zip(NODES[:4], IPS)):
+        lines += [f"  - name: {name}", f"    address: {ip}", f"    node_ip: {ip}",
+                  f"    ib_hcas: [{', '.join(HCAS)}]"]
+        if i == 0:
+            lines.append("    role: head")
+    path = tmp_path / "cluster.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    console = Console(width=80, file=io.StringIO(), force_terminal=False, color_system=None)
+    monkeypatch.setattr(inventory, "stdout", console)
+    code = inventory.run(argparse.Namespace(inventory=str(path), json=False))
+    text = console.file.getvalue()
+    assert code in (0, 1), text
+    assert broken(text) == [], text
