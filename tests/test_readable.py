@@ -105,3 +105,32 @@ def test_inventory_table_at_80_columns_breaks_no_identifier(monkeypatch, tmp_pat
     text = console.file.getvalue()
     assert code in (0, 1), text
     assert broken(text) == [], text
+
+
+def _parsed80(kind: str, name: str) -> str:
+    from cluster.commands import parse
+
+    (result,) = parse.parse_path(str(FIXTURES / kind / name), None)
+    return render80(parse._render(result))
+
+
+def test_parse_of_an_nvidia_smi_report_is_a_per_gpu_table_at_80_columns():
+    text = _parsed80("nvidia-smi", "105-550-h100-hbm3-persistence-on-72gb-used-root-prompt.txt")
+    lines = text.splitlines()
+    assert len(lines) < 25, text                     # it was 100+ lines, a header char per line
+    header = next(line for line in lines if " name " in line)
+    assert all(col in header for col in ("gpu", "mem MiB", "util%", "temp", "power W", "bus id"))
+    gpu0 = next(line for line in lines if "00000000:19:00.0" in line)
+    assert "72790/81559" in gpu0 and "145/700" in gpu0, text
+    assert any("00000000:3B:00.0" in line for line in lines), text
+    assert broken(text, ["00000000:19:00.0", "00000000:3B:00.0", "72790/81559"]) == [], text
+
+
+def test_the_nccl_panel_leads_with_the_verdict_and_leaves_out_empty_fields():
+    text = _parsed80("nccl", "037-h100-5node-ib-completion-error4-vendor81.log")
+    inside = [line.strip("│ ") for line in text.splitlines()[1:]]
+    assert inside[0].startswith("FAIL: NCCL errors"), text
+    for empty in ("nccl_version", "n_ranks ", "gdr ", "ib_hcas", "busbw_gbps", "env", "notes"):
+        assert not any(line.startswith(empty) for line in inside), (empty, text)
+    assert "inter_node_transport" in text and "empty field(s) left out" in text
+    assert text.index("findings") < text.index("errors (2)"), text
