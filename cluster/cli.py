@@ -128,6 +128,64 @@ HELP: dict[str, str] = {
 }
 
 
+# Two or three examples at the end of the main commands' --help (checked to parse by
+# tests/test_readable.py). Text after "#" is a comment; after ">" or "|" the shell's.
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "preflight": ("cluster preflight                      # every node: a table, then the fixes",
+                  "cluster preflight --nodes 'gpu-*' --no-clock-skew",
+                  "cluster preflight --json > preflight.json   # one JSON document"),
+    "fix": ("cluster fix --dry-run                  # what would change, node by node",
+            "cluster fix --checks gpudirect,shm --yes",
+            "cluster fix --undo RUN_DIR             # put back what a fix run changed"),
+    "up": ("cluster up --dry-run                   # the plan per node, nothing changed",
+           "cluster up --yes",
+           "cluster up --serial 4 --stagger 2 --yes"),
+    "plan": ("cluster plan --out plan.yaml           # the inventory's model and preflight",
+             "cluster plan --model ./llama-70b --nodes 2 --gpus-per-node 8 --gpu-model H100",
+             "cluster plan --json --no-validate"),
+    "deploy": ("cluster deploy --plan plan.yaml --dry-run",
+               "cluster deploy --plan plan.yaml --api-key-env VLLM_API_KEY",
+               "cluster deploy --model /models/Qwen2.5-7B-Instruct --tp 8 --name chat"),
+    "bench": ("cluster bench --url http://10.0.0.1:8000 --model chat",
+              "cluster bench --url http://10.0.0.1:8000 --model chat --concurrency 1,8,32",
+              "cluster bench --url http://10.0.0.1:8000 --model chat --out bench/"),
+    "status": ("cluster status                         # Ray nodes, GPUs, Serve apps",
+               "cluster status --window 10             # vLLM metrics over 10 s",
+               "cluster status --json > status.json"),
+}
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter, but lines of a description or epilog that start with two spaces
+    (examples) are kept as written; the other lines are filled as paragraphs."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        out: list[str] = []
+        paragraph: list[str] = []
+        for line in text.splitlines() + [""]:
+            if line.startswith("  ") or not line.strip():
+                if paragraph:
+                    out.append(super()._fill_text(" ".join(paragraph), width, indent))
+                    paragraph = []
+                if line.strip():
+                    out.append(indent + line)
+                elif out and line == "" and out[-1] != "":
+                    out.append("")
+            else:
+                paragraph.append(line.strip())
+        return "\n".join(out).rstrip("\n")
+
+
+def _add_examples(parser: argparse.ArgumentParser, name: str) -> None:
+    """The command's EXAMPLES at the end of its --help."""
+    examples = EXAMPLES.get(name)
+    if not examples:
+        return
+    parser.formatter_class = _HelpFormatter
+    block = "examples:\n" + "\n".join(f"  {line}" for line in examples)
+    parser.epilog = f"{parser.epilog}\n\n{block}" if parser.epilog else block
+
+
 class _Version(argparse.Action):
     """`cluster --version`: the toolkit's version and the version contract's tested combination
     (cluster/data/versions.yaml, read only when asked; a malformed one is a ClusterError)."""
@@ -176,6 +234,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         else:
             importlib.import_module(f"cluster.commands.{module}").register(sub)
             _add_inventory(sub.choices[name], argparse.SUPPRESS)
+            _add_examples(sub.choices[name], name)
     parser.subcommands = sub.choices      # name -> parser: whose error an unknown flag is
     return parser
 

@@ -134,3 +134,36 @@ def test_the_nccl_panel_leads_with_the_verdict_and_leaves_out_empty_fields():
         assert not any(line.startswith(empty) for line in inside), (empty, text)
     assert "inter_node_transport" in text and "empty field(s) left out" in text
     assert text.index("findings") < text.index("errors (2)"), text
+
+
+MAIN = ("preflight", "fix", "up", "plan", "deploy", "bench", "status")
+
+
+def _help(command: str) -> str:
+    from fakes import cluster_cli
+
+    proc = cluster_cli(command, "--help", env={**os.environ, "COLUMNS": "80"})
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+@pytest.mark.parametrize("command", MAIN)
+def test_main_commands_help_ends_with_examples_that_parse(command):
+    import shlex
+
+    from cluster import cli
+
+    text = _help(command)
+    lines = text.rstrip("\n").splitlines()
+    assert all(len(line) <= 80 for line in lines), text
+    start = max(i for i, line in enumerate(lines) if line == "examples:")
+    examples = [line.strip() for line in lines[start + 1:]]
+    assert 2 <= len(examples) <= 3 and all(e.startswith(f"cluster {command}") for e in examples)
+    for example in examples:
+        words = []
+        for word in shlex.split(example, comments=True)[1:]:
+            if word in (">", "|"):
+                break
+            words.append(word)
+        args = cli._parse(cli.build_parser(words), words)    # a usage error raises
+        assert args.command == command
