@@ -44,6 +44,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("drain", "drain"),
     ("restart-node", "restart_node"),
     ("model", "model"),
+    ("completion", "completion"),
 )
 
 
@@ -125,6 +126,7 @@ HELP: dict[str, str] = {
     "drain": "drain a worker: no new Ray work there, Serve replicas moved off first",
     "restart-node": "drain a worker, restart its Ray, rejoin and verify (rolling restart)",
     "model": "model weights on every node: pull once, relay node to node",
+    "completion": "print shell completion code for bash or zsh",
 }
 
 
@@ -272,6 +274,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args: argparse.Namespace | None = None
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
+        if "_ARGCOMPLETE" in os.environ:      # the shell asks for completions (see completion.py)
+            _complete()
         parser = build_parser(argv)
         args = _parse(parser, argv)
         handler = getattr(args, "handler", None)
@@ -296,6 +300,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         detail = f"details in {where}" if where else "no crash log could be written"
         return _fail(args, f"internal error: {type(exc).__name__}: {_one_line(exc)} "
                            f"(please report; {detail})")
+
+
+def _complete() -> None:
+    """Answer the shell's completion request through argcomplete and exit: the parser is built
+    for the command the line names so far (only that one imported)."""
+    import argcomplete
+
+    line = os.environ.get("COMP_LINE", "")[:_int(os.environ.get("COMP_POINT"))]
+    argcomplete.autocomplete(build_parser(line.split()[1:]))
+
+
+def _int(text: str | None) -> int | None:
+    return int(text) if text and text.isdigit() else None
 
 
 def _exit_code(code: object) -> int:

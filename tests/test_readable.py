@@ -167,3 +167,43 @@ def test_main_commands_help_ends_with_examples_that_parse(command):
             words.append(word)
         args = cli._parse(cli.build_parser(words), words)    # a usage error raises
         assert args.command == command
+
+
+def _complete(tmp_path: Path, line: str) -> list[str]:
+    """What the shell gets from `cluster` for `line` with the cursor at its end (argcomplete's
+    protocol: _ARGCOMPLETE, COMP_LINE, COMP_POINT; the answer goes to a file here)."""
+    out = tmp_path / "completions"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "_ARGCOMPLETE": "1", "_ARGCOMPLETE_IFS": "\n",
+           "COMP_LINE": line, "COMP_POINT": str(len(line)), "COMP_TYPE": "9",
+           "_ARGCOMPLETE_STDOUT_FILENAME": str(out)}
+    proc = subprocess.run([sys.executable, "-m", "cluster"], cwd=str(tmp_path), env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return out.read_text().split()
+
+
+@pytest.mark.parametrize("line, expect", [
+    ("cluster pre", ["preflight"]),
+    ("cluster plan --mo", ["--model"]),
+    ("cluster -i cluster.yaml dep", ["deploy"]),
+    ("cluster deploy --pl", ["--placement-only", "--plan"]),
+])
+def test_the_cli_completes_commands_and_flags(tmp_path, line, expect):
+    assert sorted(_complete(tmp_path, line)) == expect
+
+
+@pytest.mark.parametrize("shell, needle", [("bash", "complete "), ("zsh", "compdef")])
+def test_completion_prints_the_shell_code(shell, needle):
+    from fakes import cluster_cli
+
+    proc = cluster_cli("completion", shell)
+    assert proc.returncode == 0, proc.stderr
+    assert needle in proc.stdout and "cluster" in proc.stdout
+
+
+def test_listing_the_commands_imports_no_completion_code():
+    code = ("import sys\nfrom cluster import cli\ntry:\n    cli.main(['--help'])\n"
+            "except SystemExit:\n    pass\nprint('argcomplete' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=str(REPO), capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.stdout.strip().splitlines()[-1] == "False", proc.stdout + proc.stderr
