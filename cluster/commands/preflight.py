@@ -11,8 +11,8 @@ from cluster.commands._common import (add_json, add_nodes, emit_json, recorded_r
                                       stdout)
 from cluster.report.fold import Row, fold, grid_fits
 from playbooks import preflight
-from cluster.report.render import (STATUS_STYLE, breakable, fix_lines, folded_table, id_column, prose,
-                                   text_column)
+from cluster.report.render import (STATUS_STYLE, breakable, fix_lines, folded_table, id_column,
+                                   prose, text_column)
 from cluster.base.results import Report, Status
 from playbooks.outcome import never_confirm
 
