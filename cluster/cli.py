@@ -44,6 +44,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("drain", "drain"),
     ("restart-node", "restart_node"),
     ("model", "model"),
+    ("completion", "completion"),
 )
 
 
@@ -125,7 +126,66 @@ HELP: dict[str, str] = {
     "drain": "drain a worker: no new Ray work there, Serve replicas moved off first",
     "restart-node": "drain a worker, restart its Ray, rejoin and verify (rolling restart)",
     "model": "model weights on every node: pull once, relay node to node",
+    "completion": "print shell completion code for bash or zsh",
 }
+
+
+# Two or three examples at the end of the main commands' --help (checked to parse by
+# tests/test_readable.py). Text after "#" is a comment; after ">" or "|" the shell's.
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "preflight": ("cluster preflight                      # every node: a table, then the fixes",
+                  "cluster preflight --nodes 'gpu-*' --no-clock-skew",
+                  "cluster preflight --json > preflight.json   # one JSON document"),
+    "fix": ("cluster fix --dry-run                  # what would change, node by node",
+            "cluster fix --checks gpudirect,shm --yes",
+            "cluster fix --undo RUN_DIR             # put back what a fix run changed"),
+    "up": ("cluster up --dry-run                   # the plan per node, nothing changed",
+           "cluster up --yes",
+           "cluster up --serial 4 --stagger 2 --yes"),
+    "plan": ("cluster plan --out plan.yaml           # the inventory's model and preflight",
+             "cluster plan --model ./llama-70b --nodes 2 --gpus-per-node 8 --gpu-model H100",
+             "cluster plan --json --no-validate"),
+    "deploy": ("cluster deploy --plan plan.yaml --dry-run",
+               "cluster deploy --plan plan.yaml --api-key-env VLLM_API_KEY",
+               "cluster deploy --model /models/Qwen2.5-7B-Instruct --tp 8 --name chat"),
+    "bench": ("cluster bench --url http://10.0.0.1:8000 --model chat",
+              "cluster bench --url http://10.0.0.1:8000 --model chat --concurrency 1,8,32",
+              "cluster bench --url http://10.0.0.1:8000 --model chat --out bench/"),
+    "status": ("cluster status                         # Ray nodes, GPUs, Serve apps",
+               "cluster status --window 10             # vLLM metrics over 10 s",
+               "cluster status --json > status.json"),
+}
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter, but lines of a description or epilog that start with two spaces
+    (examples) are kept as written; the other lines are filled as paragraphs."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        out: list[str] = []
+        paragraph: list[str] = []
+        for line in text.splitlines() + [""]:
+            if line.startswith("  ") or not line.strip():
+                if paragraph:
+                    out.append(super()._fill_text(" ".join(paragraph), width, indent))
+                    paragraph = []
+                if line.strip():
+                    out.append(indent + line)
+                elif out and line == "" and out[-1] != "":
+                    out.append("")
+            else:
+                paragraph.append(line.strip())
+        return "\n".join(out).rstrip("\n")
+
+
+def _add_examples(parser: argparse.ArgumentParser, name: str) -> None:
+    """The command's EXAMPLES at the end of its --help."""
+    examples = EXAMPLES.get(name)
+    if not examples:
+        return
+    parser.formatter_class = _HelpFormatter
+    block = "examples:\n" + "\n".join(f"  {line}" for line in examples)
+    parser.epilog = f"{parser.epilog}\n\n{block}" if parser.epilog else block
 
 
 class _Version(argparse.Action):
@@ -176,6 +236,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         else:
             importlib.import_module(f"cluster.commands.{module}").register(sub)
             _add_inventory(sub.choices[name], argparse.SUPPRESS)
+            _add_examples(sub.choices[name], name)
     parser.subcommands = sub.choices      # name -> parser: whose error an unknown flag is
     return parser
 
@@ -213,6 +274,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args: argparse.Namespace | None = None
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
+        if "_ARGCOMPLETE" in os.environ:      # the shell asks for completions (see completion.py)
+            _complete()
         parser = build_parser(argv)
         args = _parse(parser, argv)
         handler = getattr(args, "handler", None)
@@ -237,6 +300,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         detail = f"details in {where}" if where else "no crash log could be written"
         return _fail(args, f"internal error: {type(exc).__name__}: {_one_line(exc)} "
                            f"(please report; {detail})")
+
+
+def _complete() -> None:
+    """Answer the shell's completion request through argcomplete and exit: the parser is built
+    for the command the line names so far (only that one imported)."""
+    import argcomplete
+
+    line = os.environ.get("COMP_LINE", "")[:_int(os.environ.get("COMP_POINT"))]
+    argcomplete.autocomplete(build_parser(line.split()[1:]))
+
+
+def _int(text: str | None) -> int | None:
+    return int(text) if text and text.isdigit() else None
 
 
 def _exit_code(code: object) -> int:

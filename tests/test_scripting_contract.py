@@ -32,7 +32,8 @@ REPO = Path(__file__).resolve().parents[1]
 # Commands that change nodes (those of them that exist in the registry are checked).
 CHANGING = {"up", "down", "deploy", "undeploy", "tune", "drain", "restart-node", "fix"}
 # Commands exempt from --json, with the reason.
-NO_JSON = {"dashboard": "an interactive SSH tunnel that runs until Ctrl-C; it prints one URL"}
+NO_JSON = {"dashboard": "an interactive SSH tunnel that runs until Ctrl-C; it prints one URL",
+           "completion": "prints shell code for eval, no report"}
 # Commands that contact nodes -> argv that reaches the nodes (each must write a run directory).
 NODE_COMMANDS = {
     "exec": ["--", "true"],
@@ -49,7 +50,7 @@ NODE_COMMANDS = {
     "model": ["pull", "node1:/models/m", "--path", "/models/m"],
 }
 # Local commands: no node is contacted, no run directory (the reason is their whole job).
-LOCAL_ONLY = {"init", "inventory", "runs", "parse", "plan", "bench", "dashboard"}
+LOCAL_ONLY = {"init", "inventory", "runs", "parse", "plan", "bench", "dashboard", "completion"}
 
 
 def registry() -> dict[str, argparse.ArgumentParser]:

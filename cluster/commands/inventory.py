@@ -10,6 +10,7 @@ from rich.markup import escape
 
 from cluster.commands._common import add_json, load_inventory, print_json, stderr, stdout
 from cluster.nodes.inventory import redact_env
+from cluster.report.render import breakable, id_column, text_column
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,8 +28,13 @@ def run(args: argparse.Namespace) -> int:
         print_json(inv.to_dict(redact=True))
         return code
     table = Table(title=f"inventory: {inv.path}")
-    for col in ("node", "role", "ssh", "node ip", "NCCL/GLOO iface", "IB HCAs", "env"):
-        table.add_column(col, overflow="fold")
+    for col in ("node", "role"):
+        id_column(table, col)
+    text_column(table, "ssh")
+    for col in ("node ip", "NCCL/GLOO iface"):
+        id_column(table, col)
+    for col in ("IB HCAs", "env"):
+        text_column(table, col)
     for n in inv.nodes:
         ssh = "local" if n.local else f"{n.user or ''}{'@' if n.user else ''}{n.address}:{n.port}"
         if n.jump_host:
@@ -37,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         table.add_row(*(escape(cell) for cell in (
             n.name, n.role, ssh, n.ip,
             f"{n.nccl_socket_ifname or '-'} / {n.gloo_socket_ifname or '-'}",
-            ",".join(n.ib_hcas) or "-", env or "-")))
+            breakable(",".join(n.ib_hcas)) or "-", env or "-")))
     stdout.print(table)
     exp = inv.expectations
     stdout.print(escape(

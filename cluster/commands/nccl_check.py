@@ -22,7 +22,7 @@ from cluster.commands._common import (add_json, add_nodes, float_range, int_rang
 from cluster.base.errors import UsageError
 from cluster.planning.modelinfo import read_json_file
 from cluster.nodes.remote import CommandResult
-from cluster.report.render import status_text
+from cluster.report.render import id_column, status_text, text_column
 from playbooks.outcome import never_confirm
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -150,8 +150,9 @@ def _print(result: nccl_check.NcclCheckResult, facts_source: str | None) -> None
         table = Table(title=f"{result.backend} all-reduce, {result.size_mb:g} MiB x {result.iters} "
                             f"(job {result.job_id}, {result.job_status})")
         for col in ("rank", "node", "host", "ip", "GPU", "time/iter", "algbw GB/s",
-                    "busbw GB/s", "error"):
-            table.add_column(col, overflow="fold")
+                    "busbw GB/s"):
+            id_column(table, col)
+        text_column(table, "error")
         for r in result.per_rank:
             per_iter = f"{r.time_s / result.iters * 1000:.1f} ms" if r.time_s else "-"
             table.add_row("-" if r.rank is None else str(r.rank), r.node or "-",

@@ -292,7 +292,46 @@ _SUMMARY: dict[tuple[str, str], tuple[str, ...] | None] = {
     ("lsmod", "modules"): None,
     ("lsmod", "loaded"): None,
     ("df-shm", "entries"): None,
+    ("nccl", "errors"): ("kind", "severity", "count", "hosts", "message"),
 }
+
+# Kinds whose "gpus" list is shown as one row per GPU with a few columns that fit 80 columns.
+_GPU_KINDS = frozenset({"nvidia-smi", "nvidia-smi-q"})
+# Keys that lead the panel when a kind judges its own output (the NCCL log reader does).
+_VERDICT_KEYS = ("status", "verdict")
+
+
+def _empty(value: Any) -> bool:
+    return value is None or (isinstance(value, (str, list, tuple, dict)) and not value)
+
+
+def _pair(a: Any, b: Any) -> str:
+    """"used/total" of two numbers, "-" for a missing one."""
+    if a is None and b is None:
+        return "-"
+    return f"{_cell(a)}/{_cell(b)}"
+
+
+def _gpu_table(rows: list[dict[str, Any]]) -> Any:
+    """The GPUs of an nvidia-smi report, one row each (every field stays in --json)."""
+    from rich import box
+    from rich.table import Table
+
+    from cluster.report.render import id_column, text_column
+
+    table = Table(title=f"gpus ({len(rows)})", title_justify="left", box=box.SIMPLE_HEAD,
+                  pad_edge=False)
+    id_column(table, "gpu", justify="right")
+    text_column(table, "name")
+    for header in ("mem MiB", "util%", "temp", "power W", "bus id"):
+        id_column(table, header)
+    for r in rows:
+        cap = r.get("power_cap_w", r.get("power_limit_w"))
+        table.add_row(_cell(r.get("index")), _cell(r.get("name")),
+                      _pair(r.get("memory_used_mib"), r.get("memory_total_mib")),
+                      _cell(r.get("gpu_util_percent")), _cell(r.get("temperature_c")),
+                      _pair(r.get("power_draw_w"), cap), _cell(r.get("bus_id")))
+    return table
 
 
 def _render(result: dict[str, Any]) -> Any:
@@ -318,19 +357,29 @@ def _render(result: dict[str, Any]) -> Any:
                      title=title, title_align="left", border_style="green")
     if not isinstance(data, dict):
         return Panel(Text(_cell(data)), title=title, title_align="left")
+    from cluster.report.render import STATUS_STYLE, id_column, prose, text_column
+
     facts = Table(show_header=False, box=None, pad_edge=False)
-    facts.add_column(style="bold")
-    facts.add_column(overflow="fold")
-    tables: list[Table] = []
+    id_column(facts, "", style="bold")
+    text_column(facts, "")
+    tables: list[Any] = []
     kind = result["kind"] or ""
+    lead: list[Any] = []
+    if isinstance(data.get("verdict"), str) and data["verdict"]:   # the verdict first
+        lead.append(Text(data["verdict"], style=STATUS_STYLE.get(str(data.get("status")), "")))
+    empty = [k for k, v in data.items() if _empty(v)]
     for key, value in data.items():
+        if _empty(value) or (lead and key in _VERDICT_KEYS):
+            continue
         if (kind, key) in _SUMMARY and _SUMMARY[(kind, key)] is None:
             if isinstance(value, (list, tuple)):
                 facts.add_row(key, f"{len(value)} (see --json)" if key != "loaded"
                               else _cell(value))
             continue
         rows = value if isinstance(value, (list, tuple)) else None
-        if rows and all(isinstance(r, dict) for r in rows):
+        if rows and key == "gpus" and kind in _GPU_KINDS and all(isinstance(r, dict) for r in rows):
+            tables.append(_gpu_table(rows))
+        elif rows and all(isinstance(r, dict) for r in rows):
             columns: list[str] = []
             for r in rows:
                 columns += [c for c in r if c not in columns]
@@ -342,13 +391,18 @@ def _render(result: dict[str, Any]) -> Any:
             table = Table(title=f"{key} ({len(rows)})", title_justify="left",
                           box=box.SIMPLE_HEAD, pad_edge=False)
             for c in columns:
-                table.add_column(c, overflow="fold")
+                text_column(table, c)
             for r in rows:
-                table.add_row(*(_cell(r.get(c)) for c in columns))
-            tables.append(table)
-        elif value not in ({}, []) or key not in ("variables", "gids"):
-            facts.add_row(key, _cell(value))
-    return Panel(Group(facts, *tables), title=title, title_align="left", border_style="green")
+                table.add_row(*(prose(_cell(r.get(c))) for c in columns))
+            tables.insert(0, table) if key == "findings" else tables.append(table)
+        else:
+            facts.add_row(key, prose(_cell(value)))
+    if empty:
+        lead_out = Text(f"{len(empty)} empty field(s) left out (--json has every field)",
+                        style="dim")
+        tables.append(lead_out)
+    return Panel(Group(*lead, facts, *tables), title=title, title_align="left",
+                 border_style="green")
 
 
 def run(args: argparse.Namespace) -> int:

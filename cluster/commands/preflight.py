@@ -11,7 +11,8 @@ from cluster.commands._common import (add_json, add_nodes, emit_json, recorded_r
                                       stdout)
 from cluster.report.fold import Row, fold, grid_fits
 from playbooks import preflight
-from cluster.report.render import STATUS_STYLE, fix_lines, folded_table
+from cluster.report.render import (STATUS_STYLE, breakable, fix_lines, folded_table, id_column,
+                                   prose, text_column)
 from cluster.base.results import Report, Status
 from playbooks.outcome import never_confirm
 
@@ -79,9 +80,9 @@ def _render_folded(report: Report, node_results, nodes) -> None:
 def _render_grid(report: Report, node_results, nodes) -> None:
     checks = list(dict.fromkeys(r.check for r in node_results))
     table = Table(title="preflight", show_lines=True)
-    table.add_column("check")
+    id_column(table, "check")
     for n in nodes:
-        table.add_column(n, overflow="fold")
+        text_column(table, n)
     for c in checks:
         cells = []
         for n in nodes:
@@ -95,7 +96,7 @@ def _render_grid(report: Report, node_results, nodes) -> None:
     for r in bad:
         line = Text(f"{r.status.value:5} {r.node}/{r.check}: ",
                     style=STATUS_STYLE.get(r.status.value, ""))
-        line.append(r.summary)
+        line.append(breakable(r.summary))
         if r.fix:
             line.append(f"\n      fix: {r.fix}", style="cyan")
         stdout.print(line)
@@ -105,11 +106,12 @@ def _render_cross(report: Report) -> None:
     cluster_rows = [r for r in report.results if r.node is None]
     if cluster_rows:
         cross = Table(title="cross-node", show_lines=False)
-        for col in ("check", "status", "summary"):
-            cross.add_column(col, overflow="fold")
+        id_column(cross, "check")
+        id_column(cross, "status")
+        text_column(cross, "summary")
         for r in cluster_rows:
             cross.add_row(r.check, Text(r.status.value, style=STATUS_STYLE.get(r.status.value, "")),
-                          r.summary)
+                          prose(r.summary))
         stdout.print(cross)
         for r in cluster_rows:
             if r.fix and r.status in (Status.FAIL, Status.ERROR, Status.WARN):

@@ -11,7 +11,7 @@ from rich.text import Text
 from cluster.commands._common import (add_json, float_range, load_inventory, print_json,
                                       start_run, stdout)
 from cluster.report.fold import Row, exact, fold
-from cluster.report.render import GRID_MAX_NODES, folded_table
+from cluster.report.render import GRID_MAX_NODES, folded_table, id_column, text_column
 from cluster.commands._common import inventory_secrets
 from cluster.nodes.remote import Session
 
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         table = None
     else:
         for col in ("node", "state", "ip", "GPUs", "CPUs", "GPU model", "node id"):
-            table.add_column(col, overflow="fold")
+            id_column(table, col)
     for n in doc["nodes"] if table is not None else ():
         table.add_row(n["name"] or "(not in inventory)",
                       Text("alive", style="green") if n["alive"]
@@ -77,8 +77,10 @@ def run(args: argparse.Namespace) -> int:
     apps = (doc["serve"] or {}).get("applications") or {}
     if apps:
         serve = Table(title="Serve applications")
-        for col in ("app", "status", "route", "deployments", "transport"):
-            serve.add_column(col, overflow="fold")
+        for col in ("app", "status", "route"):
+            id_column(serve, col)
+        for col in ("deployments", "transport"):
+            text_column(serve, col)
         for name, app in apps.items():
             deps = ", ".join(f"{d}: {v['status']} ({v['running_replicas']}/{v['replicas']})"
                              for d, v in app["deployments"].items())
@@ -150,8 +152,9 @@ def _print_serving(apps: dict) -> None:
     window = max((s.get("window_s") or 0) for s in rows.values())
     table = Table(title="Serving (vLLM metrics" + (f" over {window:.1f} s)" if window else ")"))
     for col in ("app", "replicas", "run/wait", "KV %", "preempt", "TTFT p50/p95 ms",
-                "tok/s out/in", "verdict"):
-        table.add_column(col, overflow="fold")
+                "tok/s out/in"):
+        id_column(table, col)
+    text_column(table, "verdict")
 
     def num(value, fmt="{:.0f}"):
         return "-" if value is None else fmt.format(value)

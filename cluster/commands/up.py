@@ -14,7 +14,8 @@ from cluster.commands._common import (add_changing, add_json, add_serial, float_
 from cluster.base.errors import UsageError
 from cluster.report.fold import Row, compress, fold, shape
 from cluster.ray.ray_cluster import Plan, StepResult
-from cluster.report.render import GRID_MAX_NODES, folded_table, report_table, status_text, to_json
+from cluster.report.render import (GRID_MAX_NODES, folded_table, id_column, report_table,
+                                   status_text, text_column, to_json)
 from playbooks import ray_up
 
 
@@ -102,8 +103,9 @@ def plan_table(plan: Plan, title: str) -> Table:
                           "plan", a.reason) for a in plan.actions)
         return folded_table(groups, len(nodes), title=title, key_header="action")
     table = Table(title=title)
-    for col in ("node", "action", "why"):
-        table.add_column(col, overflow="fold")
+    id_column(table, "node")
+    id_column(table, "action")
+    text_column(table, "why")
     for a in plan.actions:
         table.add_row(a.node, a.kind + (" (asks first)" if a.needs_confirmation else ""), a.reason)
     return table
@@ -145,8 +147,9 @@ def steps_table(steps: tuple[StepResult, ...], title: str,
         groups = fold(Row(s.node, s.action, s.status, scrub(s.message)) for s in steps)
         return folded_table(groups, len(nodes), title=title, key_header="action")
     table = Table(title=title)
-    for col in ("node", "action", "status", "time", "detail"):
-        table.add_column(col, overflow="fold")
+    for col in ("node", "action", "status", "time"):
+        id_column(table, col)
+    text_column(table, "detail")
     for s in steps:
         took = sum(r.duration_s for r in s.results)
         table.add_row(s.node, s.action, status_text(s.status), f"{took:.1f}s" if s.results else "",

@@ -1,8 +1,15 @@
-"""Render reports and results for people (rich tables) and scripts (JSON)."""
+"""Render reports and results for people (rich tables) and scripts (JSON).
+
+Tables stay readable at 80 columns and in a pipe: an identifier (node name, IP, GPU model, HCA
+list) is never broken mid-word. Identifier columns do not wrap and end a value wider than the
+column in an ellipsis; prose columns wrap between words, a long comma-separated list between its
+items. The whole value of anything cut is in the command's --json.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from cluster.base.results import Report, Status, to_jsonable
@@ -33,6 +40,33 @@ def to_json(data: Any) -> str:
     return json.dumps(plain, indent=2, allow_nan=False)
 
 
+def id_column(table: Table, header: str, **options: Any) -> None:
+    """A column of identifiers: one line per cell, a value wider than the column ends in "…"."""
+    table.add_column(header, no_wrap=True, overflow="ellipsis", **options)
+
+
+def text_column(table: Table, header: str, **options: Any) -> None:
+    """A column of prose: wraps between words; a word wider than the column ends in "…"."""
+    table.add_column(header, overflow="ellipsis", **options)
+
+
+_LONG_LIST = re.compile(r"\S{21,}")
+_AFTER_COMMA = re.compile(r",(?=[^\s,])")
+
+
+def breakable(text: str) -> str:
+    """`text` with a space after each comma of a long word (`mlx5_0,mlx5_1,...`), so that a
+    list wraps between its items instead of being cut."""
+    return _LONG_LIST.sub(lambda m: _AFTER_COMMA.sub(", ", m.group(0)), text)
+
+
+def prose(text: str, style: str = "") -> Text:
+    """A prose cell: terminal-safe, lists made breakable (see text_column)."""
+    from rich.text import Text
+
+    return Text(terminal_safe(breakable(text)), style=style)
+
+
 def status_text(status: str | Status) -> Text:
     from rich.text import Text
 
@@ -46,8 +80,9 @@ def command_results_table(results: Iterable[CommandResult], title: str | None = 
     from rich.text import Text
 
     table = Table(title=title, show_lines=True)
-    for col in ("node", "status", "exit", "time", "output"):
-        table.add_column(col, overflow="fold")
+    for col in ("node", "status", "exit", "time"):
+        id_column(table, col)
+    table.add_column("output", overflow="fold")       # raw output, shown whole
     for r in results:
         out = _output_of(r, max_lines)
         table.add_row(r.node, status_text(r.status), "" if r.exit_code is None else str(r.exit_code),
@@ -75,13 +110,14 @@ def command_results_folded(results: Sequence[CommandResult], title: str | None =
         rows.append(Row(r.node, "output", r.status + exit_text, out))
     groups = fold(rows, label=exact)
     table = Table(title=title, show_lines=True)
-    for col in ("nodes", "status", "output"):
-        table.add_column(col, overflow="fold")
+    text_column(table, "nodes")
+    id_column(table, "status")
+    table.add_column("output", overflow="fold")       # raw output, shown whole
     for g in groups[:FOLDED_MAX_GROUPS]:
         status, _, rest = g.status.partition(" ")
         cell = status_text(status)
         cell.append(f" {rest}" if rest else "")
-        table.add_row(nodes_text(g, len(results)), cell, Text(terminal_safe(g.summary)))
+        table.add_row(prose(nodes_text(g, len(results))), cell, Text(terminal_safe(g.summary)))
     out: list[Any] = [table]
     if len(groups) > FOLDED_MAX_GROUPS:
         hidden = groups[FOLDED_MAX_GROUPS:]
@@ -102,34 +138,35 @@ def _output_of(r: CommandResult, max_lines: int) -> str:
 def report_table(report: Report, title: str | None = None) -> Table:
     """Checks as rows, one row per (node, check), with status, summary and the fix for failures."""
     from rich.table import Table
-    from rich.text import Text
 
     table = Table(title=title, show_lines=False)
-    for col in ("node", "check", "status", "summary"):
-        table.add_column(col, overflow="fold")
+    for col in ("node", "check", "status"):
+        id_column(table, col)
+    text_column(table, "summary")
     for r in report.results:
         summary = r.summary if not r.fix or r.status in (Status.OK, Status.SKIP) \
             else f"{r.summary}\n  fix: {r.fix}"
         table.add_row(r.node or "(cluster)", r.check, status_text(r.status),
-                      Text(terminal_safe(summary)))
+                      prose(summary))
     return table
 
 
 def folded_table(groups, total: int, title: str | None = None, key_header: str = "check") -> Table:
     """Folded results (cluster.report.fold.Group): one row per distinct result, nodes compressed."""
     from rich.table import Table
-    from rich.text import Text
 
     from cluster.report.fold import nodes_text
 
     table = Table(title=title, show_lines=False, box=None, pad_edge=False)
-    for col in (key_header, "status", "where", "summary"):
-        table.add_column(col, overflow="fold")
+    id_column(table, key_header)
+    id_column(table, "status")
+    text_column(table, "where")
+    text_column(table, "summary")
     last = None
     for g in groups:
         summary = g.summary + (" (values differ; see --json)" if g.varies else "")
         table.add_row("" if g.key == last else g.key, status_text(g.status),
-                      nodes_text(g, total), Text(terminal_safe(summary)))
+                      prose(nodes_text(g, total)), prose(summary))
         last = g.key
     return table
 
