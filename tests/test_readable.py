@@ -176,8 +176,9 @@ def _complete(tmp_path: Path, line: str) -> list[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "_ARGCOMPLETE": "1", "_ARGCOMPLETE_IFS": "\n",
            "COMP_LINE": line, "COMP_POINT": str(len(line)), "COMP_TYPE": "9",
            "_ARGCOMPLETE_STDOUT_FILENAME": str(out)}
-    proc = subprocess.run([sys.executable, "-m", "cluster"], cwd=str(tmp_path), env=env,
-                          capture_output=True, text=True, timeout=120)
+    from fakes import cluster_cli
+
+    proc = cluster_cli(cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr
     return out.read_text().split()
 
