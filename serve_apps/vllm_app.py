@@ -149,6 +149,13 @@ def split_vllm_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str,
     return engine, frontend
 
 
+def rank_engine_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A headless rank's engine kwargs as given (its command line writes config dicts as JSON):
+    the engine arguments only (checked by split_vllm_kwargs), no frontend ones."""
+    engine = split_vllm_kwargs(dict(kwargs))[0]
+    return {k: v for k, v in kwargs.items() if k in engine}
+
+
 @ray.remote(num_cpus=0)
 def _engine_config_on_gpu(engine_kwargs: dict[str, Any]):
     """Resolve vLLM's config where a GPU is visible (the replica itself holds none)."""
@@ -242,7 +249,7 @@ class VLLMServer:
         self._kwargs = dict(nodes[0].engine_kwargs)
         os.environ.update((config.multi_node.get("node_env") or {}).get(ip, {}))
         specs = [RankSpec(n.node_rank, n.bundle_index, n.resources, n.env,
-                          split_vllm_kwargs(dict(n.engine_kwargs))[0],
+                          rank_engine_kwargs(n.engine_kwargs),
                           nice=config.process_priority) for n in nodes[1:]]
         tag = getattr(ctx, "replica_tag", None) or f"pid{os.getpid()}"
         self._gang = Gang(self._pg, specs,

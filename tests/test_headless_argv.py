@@ -84,7 +84,7 @@ needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
 
 def _rank_kwargs(spec, cluster, device, engine_kwargs=None):
     """Node rank 1's engine kwargs as the replica hands them to its rank actor."""
-    from serve_apps.vllm_app import split_vllm_kwargs
+    from serve_apps.vllm_app import rank_engine_kwargs
 
     app = build_app(spec, cluster, device)[0]
     config = parse_app_args(app["args"])
@@ -92,8 +92,7 @@ def _rank_kwargs(spec, cluster, device, engine_kwargs=None):
     bundles = [{"index": i, "node_id": f"n{i}", "node_ip": ip, "resources": {"CPU": 1.0}}
                for i, ip in enumerate(("10.0.0.1", "10.0.0.2"))]
     node = gang_nodes(config, bundles, kwargs, "10.0.0.1", 29501)[1]
-    engine = split_vllm_kwargs(dict(node.engine_kwargs))[0]
-    return {k: v for k, v in node.engine_kwargs.items() if k in engine}
+    return rank_engine_kwargs(dict(node.engine_kwargs))
 
 
 def _parse_back(argv):
