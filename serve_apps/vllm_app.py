@@ -51,7 +51,7 @@ from ray.util.placement_group import (
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from cluster.planning.gang import RANK_NAMESPACE, pick_port
-from serve_apps.api_key import read_api_key
+from serve_apps.api_key import KeyCheck, read_api_key
 from serve_apps.gang import Gang, RankSpec, descendants, kill_tree, port_is_free
 from serve_apps.priority import set_process_priority
 from serve_apps.engine_metrics import stat_loggers
@@ -387,11 +387,10 @@ class VLLMServer:
     async def __serve_build_asgi_app__(self):
         app = await (self._build_vllm_app() if self._engine is not None else self._build_dry_app())
         if self._api_key is not None:
-            from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
             # vLLM's build_app builds the middleware stack eagerly; drop it so Starlette
             # rebuilds it with the key check as the outermost layer (as ray.serve.llm does).
             app.middleware_stack = None
-            app.add_middleware(AuthenticationMiddleware, tokens=[self._api_key])
+            app.add_middleware(KeyCheck, tokens=[self._api_key])
         placement = self.placement
         app.add_api_route("/v1/placement", lambda: placement(), methods=["GET"])
         return app
