@@ -47,7 +47,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from cluster.base.textsafe import terminal_safe_line
 from cluster.planning.gang import rank_actor_name
 from serve_apps.config import reported_env
-from serve_apps.headless import headless_command, vllm_executable, vllm_flag_specs
+from serve_apps.headless import headless_command, vllm_command, vllm_flag_specs
 from serve_apps.priority import set_process_priority
 
 logger = logging.getLogger("ray.serve")
@@ -280,7 +280,7 @@ class RankActor:
             self._state = PLACED
             return
         try:
-            self._command = headless_command(vllm_executable(), engine_kwargs, vllm_flag_specs())
+            self._command = headless_command(vllm_command(), engine_kwargs, vllm_flag_specs())
             logger.info("node rank %d: %s", node_rank, " ".join(self._command))
             child = HeadlessChild(self._command, f"vllm serve --headless (node rank {node_rank})")
             child.start()

