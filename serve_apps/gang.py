@@ -49,25 +49,15 @@ from cluster.planning.gang import rank_actor_name
 from serve_apps.config import reported_env
 from serve_apps.headless import headless_command, vllm_command, vllm_flag_specs
 from serve_apps.priority import set_process_priority
+from serve_apps.vllm_cli import die_with_parent
 
 logger = logging.getLogger("ray.serve")
 
 STARTING, RUNNING, DEAD, STOPPED = "starting", "running", "dead", "stopped"
 PLACED = "placed"       # dry_run: the actor holds its bundle with its args, no vLLM started
-PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 5.0      # SIGTERM (vLLM shuts its workers down), then SIGKILL
 LOG_CAP = 256 << 20     # bytes of the command's output relayed to the actor's log, at most
 TAIL_LINES, TAIL_CHARS = 20, 500
-
-
-def _pdeathsig() -> Callable[[], None]:
-    """A preexec_fn: the child gets SIGKILL when the thread that forked it ends (prctl looked
-    up before the fork, so the child calls no loader)."""
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return lambda: None
-    return lambda: prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def children(pid: int) -> list[int]:
@@ -156,7 +146,7 @@ class HeadlessChild:
         try:
             self._proc = subprocess.Popen(
                 self._command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_pdeathsig(),
+                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent(os.getpid()),
                 close_fds=True)
         except OSError as exc:
             self._error = f"{type(exc).__name__}: {exc}"

