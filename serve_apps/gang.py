@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import ctypes
 import logging
 import os
 import signal
@@ -39,7 +38,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy

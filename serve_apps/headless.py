@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import sys
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
