@@ -26,6 +26,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from cluster.planning.plan_file import SECRET_ENGINE_ARG_RE
 from serve_apps.config import AppConfigError
 
 BOOL_PAIR, SWITCH, VALUES, VALUE, OPTIONAL_VALUE = "bool-pair", "switch", "values", "value", "optional-value"
@@ -95,6 +96,8 @@ def _text(key: str, value: Any) -> str:
             raise AppConfigError(f"engine_kwargs.{key}: not JSON for vLLM's command line "
                                  f"({exc})") from None
     if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        if "\0" in str(value):
+            raise AppConfigError(f"engine_kwargs.{key}: a NUL byte cannot be on a command line")
         return str(value)
     raise AppConfigError(f"engine_kwargs.{key}: a {type(value).__name__} cannot be written on "
                          "vLLM's command line")
@@ -129,16 +132,27 @@ def _flag(spec: FlagSpec, value: Any) -> list[str]:
             if not spec.default:
                 return []
             raise AppConfigError(f"engine_kwargs.{key}: vLLM's {flag} takes one value or more")
-        return [flag] + [_text(key, item) for item in items]
-    return [flag, _text(key, value)]
+        texts = [_text(key, item) for item in items]
+        if any(t.startswith("-") for t in texts):
+            raise AppConfigError(f"engine_kwargs.{key}: a value of vLLM's {flag} may not start "
+                                 "with '-' (it would read as another flag)")
+        return [flag] + texts
+    text = _text(key, value)
+    # "--flag=-x": a value that starts with '-' stays the flag's value, never another flag
+    return [f"{flag}={text}"] if text.startswith("-") else [flag, text]
 
 
 def engine_argv(kwargs: Mapping[str, Any], specs: Mapping[str, FlagSpec]) -> list[str]:
     """vLLM command-line flags for engine kwargs (in their order); raises AppConfigError on a
-    key vLLM's parser does not know or a value it could not read back as given."""
+    key vLLM's parser does not know, a value it could not read back as given, a value that would
+    read as another flag, or a secret (hf_token...: argv is readable by every user of the node)."""
     argv: list[str] = []
     for key, value in kwargs.items():
         spec = specs.get(key)
+        if SECRET_ENGINE_ARG_RE.search(key):
+            raise AppConfigError(f"engine_kwargs.{key}: a secret never goes on a command line "
+                                 "(any user of the node can read it there): give it to vLLM "
+                                 "through the node's environment")
         if spec is None:
             raise AppConfigError(f"engine_kwargs.{key}: not an argument of vLLM's command line")
         argv += _flag(spec, value)

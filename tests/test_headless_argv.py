@@ -24,7 +24,7 @@ SPECS = {s.dest: s for s in (
     FlagSpec("max_model_len", "--max-model-len", VALUE, None, True),
     FlagSpec("seed", "--seed", VALUE, 0, False),
     FlagSpec("compilation_config", "--compilation-config", VALUE, {}, False),
-    FlagSpec("hf_token", "--hf-token", OPTIONAL_VALUE, None, True),
+    FlagSpec("opt", "--opt", OPTIONAL_VALUE, None, True),
     FlagSpec("node_rank", "--node-rank", VALUE, 0, False))}
 
 
@@ -39,7 +39,7 @@ def test_booleans_lists_none_and_dicts_become_the_flags_vllm_reads():
     assert engine_argv({"enforce_eager": False}, SPECS) == ["--no-enforce-eager"]
     assert engine_argv({"disable_log_stats": False, "max_model_len": None,
                         "served_model_name": []}, SPECS) == []      # vLLM's defaults as given
-    assert engine_argv({"hf_token": True}, SPECS) == ["--hf-token"]
+    assert engine_argv({"opt": True}, SPECS) == ["--opt"]
 
 
 @pytest.mark.parametrize("kwargs, why", [
@@ -49,10 +49,20 @@ def test_booleans_lists_none_and_dicts_become_the_flags_vllm_reads():
     ({"served_model_name": "a"}, "takes a list"),
     ({"compilation_config": {"x": float("nan")}}, "not JSON"),
     ({"max_model_len": object()}, "cannot be written"),
-    ({"node_rank": True}, "cannot be written")])
+    ({"node_rank": True}, "cannot be written"),
+    ({"hf_token": "hf_abc"}, "hf_token: a secret never goes on a command line"),
+    ({"served_model_name": ["x", "--trust-remote-code"]}, "may not start with '-'"),
+    ({"max_model_len": "5\x00"}, "NUL byte")])
 def test_what_vllms_parser_would_not_read_back_is_refused(kwargs, why):
     with pytest.raises(AppConfigError, match=why):
         engine_argv(kwargs, SPECS)
+
+
+def test_a_value_that_starts_with_a_dash_stays_the_value_of_its_flag():
+    """An attacker's value "--trust-remote-code" must not become a flag of rank 1's vLLM."""
+    assert engine_argv({"max_model_len": "--trust-remote-code"}, SPECS) == \
+        ["--max-model-len=--trust-remote-code"]
+    assert engine_argv({"node_rank": -1}, SPECS) == ["--node-rank=-1"]
 
 
 def test_the_headless_command_puts_the_model_first_and_refuses_a_flag_for_a_model():
@@ -117,7 +127,7 @@ def test_a_ranks_flags_parse_back_to_the_same_engine_args_in_vllms_parser(case):
 
     extra = {"enforce_eager": False, "compilation_config": {"mode": 3},
              "hf_overrides": {"num_hidden_layers": 2}, "max_num_seqs": 8, "seed": 7,
-             "enable_prefix_caching": True}
+             "enable_prefix_caching": True, "revision": "-r1"}
     if case == "dense-pp2":
         kwargs = _rank_kwargs(deploy.spec_from_flags(MODEL, pp=2, nnodes=2),
                               cluster_of(("10.0.0.1", 2, 0), ("10.0.0.2", 2, 0)), "cpu", extra)
