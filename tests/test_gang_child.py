@@ -158,3 +158,62 @@ def test_the_launchers_direct_children_die_with_it_and_their_own_forks_do_not():
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def _launcher_like(body: str) -> subprocess.Popen:
+    """A process that sets itself up as serve_apps.vllm_cli does, then runs `body` (it prints
+    the pid of what it started)."""
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import atexit, os, subprocess, sys, time
+        from serve_apps.vllm_cli import kill_descendants, watch_parent
+        watch_parent(os.getppid(), period_s=0.05)
+        atexit.register(kill_descendants)
+        worker = subprocess.Popen(["sleep", "300"])     # spawned: no fork hook reaches it
+        print(os.getpid(), worker.pid, flush=True)
+    """) + textwrap.dedent(body)], stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()})
+
+
+def test_the_launcher_ends_its_workers_when_its_actor_is_gone():
+    """The actor is SIGKILLed and the command outlives it (PDEATHSIG is SIGTERM, vLLM may be
+    slow to act on it): the command's watch sees its parent change and SIGKILLs its workers."""
+    actor = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import os, subprocess, sys, textwrap, time
+        command = subprocess.Popen([sys.executable, "-c", sys.argv[1]], env=os.environ)
+        time.sleep(300)
+    """), textwrap.dedent("""
+        import os, signal, subprocess, time
+        from serve_apps.vllm_cli import watch_parent
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)          # a command slow to stop
+        watch_parent(os.getppid(), period_s=0.05)
+        worker = subprocess.Popen(["sleep", "300"])
+        print(os.getpid(), worker.pid, flush=True)
+        time.sleep(300)
+    """)], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    try:
+        command, worker = map(int, actor.stdout.readline().split())
+    finally:
+        actor.kill()
+        actor.wait()
+    try:
+        _eventually(lambda: process_title(worker) is None and process_title(command) is None,
+                    "the command and its worker gone after the actor")
+    finally:
+        for pid in (command, worker):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_the_launcher_ends_its_workers_when_it_exits():
+    command = _launcher_like("sys.exit(0)\n")
+    _, worker = map(int, command.stdout.readline().split())
+    command.wait()
+    try:
+        _eventually(lambda: process_title(worker) is None, "the worker gone with its command")
+    finally:
+        try:
+            os.kill(worker, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

