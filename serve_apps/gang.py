@@ -3,12 +3,20 @@
 vLLM's native multi-node mode (mp executor, nnodes / node_rank / master_addr / master_port):
 the Serve replica is node rank 0 (it holds AsyncLLM and the API); each node rank > 0 is a
 `RankActor` in the replica's own placement group (bundle i = node rank i, STRICT_SPREAD, so
-every rank is on its own node) doing what `vllm serve --headless` does: build the engine
-config with headless=True and run `MultiprocExecutor(cfg, monitor_workers=False)` whose
-workers join rank 0's torch.distributed group at master_addr:master_port. A MoE DP node
-(data_parallel_size > 1) does what `vllm serve --headless --data-parallel-start-rank S` does
-instead: `CoreEngineProcManager` runs its data_parallel_size_local engine cores (DP ranks
-S..), which hand-shake with node 0's engine client at data_parallel_address:rpc_port.
+every rank is on its own node) whose child process is vLLM's own command line,
+`vllm serve MODEL --headless --nnodes N --node-rank R --master-addr A --master-port P ...`
+with the same engine arguments as rank 0 (serve_apps/headless.py): its workers join rank 0's
+torch.distributed group at master_addr:master_port. A MoE DP node (data_parallel_size > 1)
+gets vLLM's data-parallel flags instead (`--data-parallel-size ... --data-parallel-start-rank
+S`): its data_parallel_size_local engine cores hand-shake with node 0's engine client at
+data_parallel_address:rpc_port. No vLLM class is built here: only its command line is used.
+
+`HeadlessChild` runs that command: its own process group, SIGTERM when the actor's thread that
+started it ends (PR_SET_PDEATHSIG; the command then ends every process below it:
+serve_apps/vllm_cli.py), env as the actor's, its
+output relayed to the actor's log (bounded); it is dead when the command exits or one of its
+vLLM processes (the children it titles VLLM::..., the workers or the DP engine cores) exits;
+stopping it ends its process group and every descendant (no orphans).
 
 `Gang` (used by the replica) starts the rank actors before the replica's engine (rank 0 must
 find them connecting), then watches them: every `period_s` each actor answers `status()`
@@ -16,63 +24,40 @@ within `timeout_s` or counts as dead (a stuck rank is a dead rank). A dead rank 
 replica kill its own engine core and workers at once, so requests in flight and new ones get
 vLLM's EngineDeadError (HTTP 500) instead of hanging until VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS,
 and check_health fails, so Serve replaces the replica with a new gang. Stopping the gang stops
-each actor's executor (its vLLM workers) and then the actor.
+each actor's command (its vLLM processes) and then the actor.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
+import collections
 import logging
 import os
 import signal
 import socket
+import subprocess
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from cluster.base.textsafe import terminal_safe_line
 from cluster.planning.gang import rank_actor_name
 from serve_apps.config import reported_env
+from serve_apps.headless import headless_command, vllm_command, vllm_flag_specs
 from serve_apps.priority import set_process_priority
+from serve_apps.vllm_cli import children, descendants, die_with_parent  # noqa: F401 (re-exported)
 
 logger = logging.getLogger("ray.serve")
 
 STARTING, RUNNING, DEAD, STOPPED = "starting", "running", "dead", "stopped"
 PLACED = "placed"       # dry_run: the actor holds its bundle with its args, no vLLM started
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In a forked vLLM worker: SIGKILL when the thread that forked it ends (the executor's
-    thread of this actor), so no worker outlives its rank actor, even a SIGKILLed one."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of pid (children first), read from /proc; [] when unreadable."""
-    out, todo = [], [pid]
-    while todo and len(out) < 4096:
-        parent = todo.pop()
-        try:
-            tasks = os.listdir(f"/proc/{parent}/task")
-        except OSError:
-            continue
-        for tid in tasks:
-            try:
-                with open(f"/proc/{parent}/task/{tid}/children") as f:
-                    kids = [int(k) for k in f.read(65536).split()]
-            except (OSError, ValueError):
-                continue
-            out += kids
-            todo += kids
-    return out
+STOP_GRACE_S = 5.0      # SIGTERM (vLLM shuts its workers down), then SIGKILL
+LOG_CAP = 256 << 20     # bytes of the command's output relayed to the actor's log, at most
+TAIL_LINES, TAIL_CHARS = 20, 500
 
 
 def kill_tree(pid: int) -> list[int]:
@@ -86,94 +71,201 @@ def kill_tree(pid: int) -> list[int]:
     return victims
 
 
+def process_title(pid: int) -> str | None:
+    """The command line of pid as ps shows it (vLLM retitles its processes), None when gone
+    or a zombie (exited, not yet reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read(4096)
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read(4096)
+    except OSError:
+        return None
+    if stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] in (b"Z", b"X"):
+        return None
+    return cmdline.replace(b"\0", b" ").decode("utf-8", "replace").strip()
+
+
+class HeadlessChild:
+    """One command (vLLM's `vllm serve ... --headless`) as this process's child: started,
+    watched (the command and the vLLM processes it starts), stopped with its whole tree."""
+
+    def __init__(self, command: Sequence[str], label: str,
+                 title_prefix: str | None = None, out_fd: int = 1):
+        self._command = list(command)
+        self._label = label
+        self._prefix = (title_prefix or os.environ.get("VLLM_PROCESS_NAME_PREFIX") or
+                        "VLLM") + "::"
+        self._out_fd = out_fd
+        self._proc: subprocess.Popen | None = None
+        self._started = threading.Event()
+        self._error: str | None = None
+        self._stopping = False
+        self._seen: dict[int, str] = {}
+        self._lock = threading.Lock()
+        self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        """Start the command from a thread of its own that lives as long as the command (its
+        PDEATHSIG is tied to that thread); returns once it runs (raises OSError if it cannot)."""
+        threading.Thread(target=self._run, daemon=True, name=f"{self._label}-child").start()
+        if not self._started.wait(timeout_s) or self._proc is None:
+            raise OSError(f"{self._label}: could not start {self._command[0]}: {self._error}")
+
+    def _run(self) -> None:
+        try:
+            self._proc = subprocess.Popen(
+                self._command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent(os.getpid(), signal.SIGTERM),
+                close_fds=True)
+        except OSError as exc:
+            self._error = f"{type(exc).__name__}: {exc}"
+            self._started.set()
+            return
+        self._started.set()
+        self._relay(self._proc.stdout)
+        self._proc.wait()
+
+    def _relay(self, pipe) -> None:
+        """Copy the command's output to our log (LOG_CAP bytes at most, then a note), keeping
+        its last lines for the error; returns at end of output."""
+        written, partial = 0, b""
+        while True:
+            try:
+                chunk = os.read(pipe.fileno(), 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            if written < LOG_CAP:
+                out = chunk[:LOG_CAP - written]
+                written += len(out)
+                if written >= LOG_CAP:
+                    out += b"\n[%s: output beyond %d bytes not logged]\n" % (
+                        self._label.encode(), LOG_CAP)
+                try:
+                    os.write(self._out_fd, out)
+                except OSError:
+                    pass
+            lines = (partial + chunk).split(b"\n")
+            partial = lines.pop()[-4096:]
+            for line in lines:
+                if line.strip():
+                    self._tail.append(terminal_safe_line(
+                        line.decode("utf-8", "replace"))[:TAIL_CHARS])
+        pipe.close()
+
+    def worker_pids(self) -> list[int]:
+        """The vLLM processes the command started (its children titled VLLM::...) that are
+        alive now; each one seen is remembered, so a later exit is noticed."""
+        proc = self._proc
+        if proc is None:
+            return []
+        alive = []
+        for pid in children(proc.pid):
+            title = process_title(pid)
+            if title and title.startswith(self._prefix):
+                alive.append(pid)
+                with self._lock:
+                    self._seen.setdefault(pid, title.split()[0])
+        return alive
+
+    def problem(self) -> str | None:
+        """Why the command is dead (None: it runs and every vLLM process it started lives)."""
+        proc = self._proc
+        if proc is None:
+            return self._error
+        code = proc.poll()
+        if code is not None:
+            last = self._tail[-1] if self._tail else "no output"
+            return f"{self._label} exited with {code}: {last}"
+        alive = set(self.worker_pids())
+        with self._lock:
+            gone = [(pid, title) for pid, title in self._seen.items() if pid not in alive]
+        if gone:
+            pid, title = gone[0]
+            return f"{self._label}: vLLM process {title} (pid {pid}) exited"
+        return None
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> list[int]:
+        """SIGTERM the command's process group (vLLM stops its workers), SIGKILL whatever is
+        left of it after grace_s, and reap it; returns the vLLM pids it had."""
+        proc = self._proc
+        if proc is None:
+            return []
+        pids = sorted(set(self.worker_pids()) | set(self._seen))
+        tree = descendants(proc.pid)
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(grace_s)
+            except (ProcessLookupError, PermissionError, subprocess.TimeoutExpired):
+                pass
+        for pid in set(tree) | set(descendants(proc.pid)):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        return pids
+
+
 @ray.remote(num_cpus=0, max_restarts=0, max_concurrency=8)
 class RankActor:
-    """One headless node rank of a multi-node vLLM engine."""
+    """One headless node rank of a multi-node vLLM engine: `vllm serve --headless` as its child."""
 
     def __init__(self, node_rank: int, engine_kwargs: dict[str, Any], env: Mapping[str, str],
                  nice: int | None = None, start_engine: bool = True):
         os.environ.update({k: str(v) for k, v in env.items()})
         self._env_keys = sorted(env)
         self._engine_kwargs = dict(engine_kwargs)
-        os.register_at_fork(after_in_child=_die_with_parent)
         # Ray starts actors at nice 15; the replica (node rank 0) runs at process_priority:
         # a rank left at 15 starves against its peers (measured: PP 2 at ~1/30 the speed).
+        # The command inherits it.
         self._priority = set_process_priority(nice) if nice is not None else "left as Ray set it"
         self._node_rank = node_rank
         self._state = STARTING
         self._error: str | None = None
-        self._executor = None
+        self._child: HeadlessChild | None = None
+        self._command: list[str] = []
         self._started = time.time()
         if not start_engine:
             self._state = PLACED
             return
-        self._thread = threading.Thread(target=self._run, args=(dict(engine_kwargs),),
-                                        daemon=True, name=f"vllm-node-rank-{node_rank}")
-        self._thread.start()
-
-    def _run(self, engine_kwargs: dict[str, Any]) -> None:
         try:
-            from vllm.engine.arg_utils import AsyncEngineArgs
-            from vllm.usage.usage_lib import UsageContext
-            from vllm.v1.executor.multiproc_executor import MultiprocExecutor
-
-            config = AsyncEngineArgs(**engine_kwargs).create_engine_config(
-                usage_context=UsageContext.OPENAI_API_SERVER, headless=True)
-            parallel = config.parallel_config
-            if parallel.data_parallel_size > 1:
-                self._run_dp_engines(config, engine_kwargs)
-                return
-            logger.info("node rank %d: headless executor, master %s:%s, world %d",
-                        self._node_rank, parallel.master_addr, parallel.master_port,
-                        parallel.world_size)
-            self._executor = MultiprocExecutor(config, monitor_workers=False)
-            self._state = RUNNING
-            self._executor.start_worker_monitor(inline=True)   # returns when a worker died
-            if self._state == RUNNING:
-                self._fail("a vLLM worker of node rank %d exited" % self._node_rank)
-        except BaseException as exc:  # noqa: BLE001 - reported through status()
+            self._command = headless_command(vllm_command(), engine_kwargs, vllm_flag_specs())
+            logger.info("node rank %d: %s", node_rank, " ".join(self._command))
+            child = HeadlessChild(self._command, f"vllm serve --headless (node rank {node_rank})")
+            child.start()
+            self._child, self._state = child, RUNNING
+        except Exception as exc:  # noqa: BLE001 - reported through status()
             self._fail(f"{type(exc).__name__}: {exc}"[:2000])
-
-    def _run_dp_engines(self, config, engine_kwargs: dict[str, Any]) -> None:
-        """MoE DP: this node's engine cores, as vLLM's run_headless starts them."""
-        from vllm.utils.network_utils import get_tcp_uri
-        from vllm.v1.engine.utils import CoreEngineProcManager
-        from vllm.v1.executor import Executor
-
-        parallel = config.parallel_config
-        address = get_tcp_uri(parallel.data_parallel_master_ip, parallel.data_parallel_rpc_port)
-        logger.info("node rank %d: %d headless DP engine(s) from DP rank %d, handshake %s",
-                    self._node_rank, parallel.data_parallel_size_local,
-                    parallel.data_parallel_rank, address)
-        self._executor = CoreEngineProcManager(
-            local_engine_count=parallel.data_parallel_size_local,
-            start_index=parallel.data_parallel_rank, local_start_index=0, vllm_config=config,
-            local_client=False, handshake_address=address,
-            executor_class=Executor.get_class(config),
-            log_stats=not engine_kwargs.get("disable_log_stats", False))
-        self._state = RUNNING
-        self._executor.monitor_engine_liveness()            # returns when an engine died
-        if self._state == RUNNING:
-            self._fail("a vLLM DP engine of node rank %d exited" % self._node_rank)
 
     def _fail(self, why: str) -> None:
         if self._state != STOPPED:
             self._state, self._error = DEAD, why
             logger.error("node rank %d dead: %s", self._node_rank, why)
 
-    def _worker_pids(self) -> list[tuple[int, bool, int | None]]:
-        """(pid, alive, exit code) of the executor's workers (MoE DP: the engine cores)."""
-        procs = [w.proc for w in getattr(self._executor, "workers", None) or []]
-        procs += list(getattr(self._executor, "processes", None) or [])
-        return [(p.pid, p.is_alive(), p.exitcode) for p in procs]
-
     def status(self) -> dict[str, Any]:
-        workers = self._worker_pids()
-        dead = [(pid, code) for pid, alive, code in workers if not alive]
-        if dead and self._state == RUNNING:
-            self._fail(f"vLLM worker pid {dead[0][0]} exited with {dead[0][1]}")
+        child = self._child
+        if child is not None and self._state == RUNNING:
+            why = child.problem()
+            if why:
+                self._fail(why)
         return {"node_rank": self._node_rank, "state": self._state, "error": self._error,
-                "pid": os.getpid(), "worker_pids": [pid for pid, _, _ in workers],
+                "pid": os.getpid(), "command_pid": child.pid if child else None,
+                "worker_pids": child.worker_pids() if child else [],
                 "node_ip": ray.util.get_node_ip_address(),
                 "node_id": ray.get_runtime_context().get_node_id(),
                 "nice": os.getpriority(os.PRIO_PROCESS, 0), "priority": self._priority,
@@ -181,7 +273,7 @@ class RankActor:
 
     def started_with(self) -> dict[str, Any]:
         """What this rank was started with, as it sees it: its node, GPUs (the devices of its
-        bundle), the env it was given and the engine kwargs it hands to vLLM."""
+        bundle), the env it was given, the engine kwargs and vLLM command line it runs."""
         return {"node_rank": self._node_rank, "state": self._state,
                 "node_ip": ray.util.get_node_ip_address(),
                 "node_id": ray.get_runtime_context().get_node_id(),
@@ -189,18 +281,14 @@ class RankActor:
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
                 "env": reported_env({k: os.environ.get(k) for k in self._env_keys}),
                 "engine_kwargs": {k: v if isinstance(v, (str, int, float, bool, type(None)))
-                                  else str(v) for k, v in self._engine_kwargs.items()}}
+                                  else str(v) for k, v in self._engine_kwargs.items()},
+                "command": list(self._command)}
 
     def stop(self) -> list[int]:
-        """Stop the executor and its workers (SIGKILL what is left); returns their pids."""
+        """Stop the command and its vLLM processes (SIGKILL what is left); returns their pids."""
         self._state = STOPPED
-        pids = [pid for pid, _, _ in self._worker_pids()]
-        executor, self._executor = self._executor, None
-        if executor is not None:
-            try:
-                executor.shutdown()
-            except Exception:  # noqa: BLE001 - the workers are killed below anyway
-                logger.exception("node rank %d: executor shutdown", self._node_rank)
+        child, self._child = self._child, None
+        pids = child.stop() if child is not None else []
         for pid in descendants(os.getpid()):
             try:
                 os.kill(pid, signal.SIGKILL)

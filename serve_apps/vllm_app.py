@@ -51,7 +51,7 @@ from ray.util.placement_group import (
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from cluster.planning.gang import RANK_NAMESPACE, pick_port
-from serve_apps.api_key import read_api_key
+from serve_apps.api_key import KeyCheck, read_api_key
 from serve_apps.gang import Gang, RankSpec, descendants, kill_tree, port_is_free
 from serve_apps.priority import set_process_priority
 from serve_apps.engine_metrics import stat_loggers
@@ -149,6 +149,13 @@ def split_vllm_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str,
     return engine, frontend
 
 
+def rank_engine_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A headless rank's engine kwargs as given (its command line writes config dicts as JSON):
+    the engine arguments only (checked by split_vllm_kwargs), no frontend ones."""
+    engine = split_vllm_kwargs(dict(kwargs))[0]
+    return {k: v for k, v in kwargs.items() if k in engine}
+
+
 @ray.remote(num_cpus=0)
 def _engine_config_on_gpu(engine_kwargs: dict[str, Any]):
     """Resolve vLLM's config where a GPU is visible (the replica itself holds none)."""
@@ -242,7 +249,7 @@ class VLLMServer:
         self._kwargs = dict(nodes[0].engine_kwargs)
         os.environ.update((config.multi_node.get("node_env") or {}).get(ip, {}))
         specs = [RankSpec(n.node_rank, n.bundle_index, n.resources, n.env,
-                          split_vllm_kwargs(dict(n.engine_kwargs))[0],
+                          rank_engine_kwargs(n.engine_kwargs),
                           nice=config.process_priority) for n in nodes[1:]]
         tag = getattr(ctx, "replica_tag", None) or f"pid{os.getpid()}"
         self._gang = Gang(self._pg, specs,
@@ -380,11 +387,10 @@ class VLLMServer:
     async def __serve_build_asgi_app__(self):
         app = await (self._build_vllm_app() if self._engine is not None else self._build_dry_app())
         if self._api_key is not None:
-            from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
             # vLLM's build_app builds the middleware stack eagerly; drop it so Starlette
             # rebuilds it with the key check as the outermost layer (as ray.serve.llm does).
             app.middleware_stack = None
-            app.add_middleware(AuthenticationMiddleware, tokens=[self._api_key])
+            app.add_middleware(KeyCheck, tokens=[self._api_key])
         placement = self.placement
         app.add_api_route("/v1/placement", lambda: placement(), methods=["GET"])
         return app

@@ -10,8 +10,10 @@ on node2; `cluster status --json` lists both ranks. kill -9 of rank 1's vLLM wor
 app serves: the next request fails within 15 s, the app answers again within engine start +
 60 s with a new gang, and no process of the old gang is left on either node. Undeploy leaves
 no vLLM process. Then `--tp 1 --pp 2 --nnodes 2` (PP needs vLLM's compile mode, so no
-enforce_eager): it streams and crosses nodes the same way; `cluster down` with it deployed
-leaves no vLLM process on either node.
+enforce_eager): it streams and crosses nodes the same way, its node rank 1 is vLLM's own
+`vllm serve MODEL --headless --nnodes 2 --node-rank 1 ...` as the rank actor's child with the
+worker under it (issue 40), and the kill -9 case holds for it too; its undeploy leaves no vLLM
+process; `cluster down` with it deployed leaves no vLLM process on either node.
 
 The PP 2 deployment is also the compile-cache staging case (issue 27 item 2; each node has its
 own VLLM_CACHE_ROOT, its private /tmp): it is deployed with `--stage-caches` on empty caches, so
@@ -93,15 +95,42 @@ def stream(endpoint: str, tokens: int = 24) -> str:
     return "".join(c.choices[0].text for c in chunks if c.choices)
 
 
-def engine_processes(sim, node: str) -> dict[int, str]:
-    """pid -> command line of the vLLM engine processes (and rank actors) on the node."""
-    p = sim.exec(node, "ps", "-eo", "pid=,args=", check=True)
+def processes(sim, node: str) -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, command line) of every process on the node."""
+    p = sim.exec(node, "ps", "-eo", "pid=,ppid=,args=", check=True)
     out = {}
     for line in p.stdout.splitlines():
-        pid, _, args = line.strip().partition(" ")
-        if ("VLLM::" in args or "RankActor" in args) and "ps -eo" not in args:
-            out[int(pid)] = args
+        pid, ppid, args = (line.split(None, 2) + [""])[:3]
+        if "ps -eo" not in args:
+            out[int(pid)] = (int(ppid), args)
     return out
+
+
+def is_headless_command(args: str) -> bool:
+    """vLLM's own `vllm serve MODEL --headless ...` (a rank actor's child, issue 40)."""
+    return ("/vllm serve " in args or "/vllm_cli.py serve " in args) and " --headless" in args
+
+
+def engine_processes(sim, node: str) -> dict[int, str]:
+    """pid -> command line of the vLLM engine processes (the rank actors and their
+    `vllm serve --headless` commands too) on the node."""
+    return {pid: args for pid, (_, args) in processes(sim, node).items()
+            if "VLLM::" in args or "RankActor" in args or is_headless_command(args)}
+
+
+def assert_rank1_is_vllms_headless_command(sim, out: dict, title: str) -> None:
+    """Node rank 1 is vLLM's own command line, a child of its rank actor, and its worker
+    (`title`) is that command's child: no vLLM class is built in the actor (issue 40)."""
+    _, node1 = rank_nodes(out)
+    procs = processes(sim, node1)
+    (command,) = [pid for pid, (_, args) in procs.items() if is_headless_command(args)]
+    ppid, args = procs[command]
+    assert "RankActor" in procs[ppid][1], (args, procs[ppid])
+    for flag in ("--nnodes 2", "--node-rank 1", "--master-addr", "--master-port"):
+        assert flag in args, args
+    worker = worker_pid(sim, node1, title)
+    assert procs[worker][0] == command, (procs[worker], command)
+    print(f"\nnode rank 1 on {node1}: {args[:300]}")
 
 
 def worker_pid(sim, node: str, title: str) -> int:
@@ -221,10 +250,16 @@ def test_tp2_across_two_nodes_streams_and_reports_its_ranks(sim, inv, tp2):
 
 
 def test_a_killed_remote_rank_fails_fast_and_a_new_gang_serves(sim, inv, tp2):
-    endpoint = tp2["endpoint"]
-    _, node1 = rank_nodes(tp2)
+    kill_rank1_worker_and_recover(sim, tp2, "Worker_TP1")
+
+
+def kill_rank1_worker_and_recover(sim, out: dict, title: str) -> None:
+    """kill -9 of rank 1's worker: the next request fails within 15 s, the app answers again
+    within engine start + 60 s with a new gang, no process of the old gang is left."""
+    endpoint = out["endpoint"]
+    _, node1 = rank_nodes(out)
     old = {n: set(engine_processes(sim, n)) for n in PROFILES}
-    victim = worker_pid(sim, node1, "Worker_TP1")
+    victim = worker_pid(sim, node1, title)
     sim.exec(node1, "kill", "-9", str(victim), check=True)
     killed_at = time.monotonic()
     import openai
@@ -232,7 +267,7 @@ def test_a_killed_remote_rank_fails_fast_and_a_new_gang_serves(sim, inv, tp2):
         client(endpoint).completions.create(model=SERVED, prompt=PROMPT, max_tokens=16)
     failed_s = time.monotonic() - killed_at
     assert failed_s < 15, f"the first request after the kill took {failed_s:.1f} s to fail"
-    deadline = killed_at + tp2["measured_s"] + 60
+    deadline = killed_at + out["measured_s"] + 60
     answered = None
     while time.monotonic() < deadline:
         try:
@@ -241,11 +276,11 @@ def test_a_killed_remote_rank_fails_fast_and_a_new_gang_serves(sim, inv, tp2):
         except Exception:  # noqa: BLE001 - the new gang is starting
             time.sleep(3)
     recovered_s = time.monotonic() - killed_at
-    assert answered, f"no answer within engine start {tp2['measured_s']} s + 60 s"
+    assert answered, f"no answer within engine start {out['measured_s']} s + 60 s"
     for node in PROFILES:
         left = old[node] & set(engine_processes(sim, node))
         assert not left, f"{node}: processes of the old gang left: {left}"
-    print(f"\nrank 1 worker killed: request failed after {failed_s:.1f} s, new gang answered "
+    print(f"\nrank 1 {title} killed: request failed after {failed_s:.1f} s, new gang answered "
           f"after {recovered_s:.0f} s")
 
 
@@ -267,6 +302,7 @@ def test_pp2_across_two_nodes_streams_and_crosses_nodes(sim, inv, pp2):
     assert worker_pid(sim, node0, "Worker_PP0") and worker_pid(sim, node1, "Worker_PP1")
     assert_crosses_nodes(sim, pp2, "Worker_PP1")
     assert_rank_logs(sim, pp2, ("Worker_PP0", "Worker_PP1"), "PP rank")
+    assert_rank1_is_vllms_headless_command(sim, pp2, "Worker_PP1")
 
 
 def test_pp2_was_proven_on_its_own_group_and_confirmed_from_its_ranks_lines(pp2):
@@ -314,12 +350,17 @@ def test_pp2_compiled_on_empty_caches_and_staged_their_union_to_both_nodes(sim, 
     assert "/rank_0_0/" in held and "/rank_1_0/" in held, held[-2000:]
 
 
+def test_pp2_a_killed_rank_1_fails_fast_and_a_new_gang_serves(sim, inv, pp2):
+    """Issue 40's acceptance on ranks started by vLLM's command line (after the cache case,
+    which reads the caches the first gang wrote)."""
+    kill_rank1_worker_and_recover(sim, pp2, "Worker_PP1")
+
+
 @pytest.fixture(scope="module")
 def pp2_again(sim, inv, pp2) -> dict:
     """The same PP 2 deployment again after undeploy, on a node whose cache was deleted (a
     replaced node: the one that ran rank 0)."""
-    code, out = cli.json(inv, "undeploy", "gang-pp2", "--yes", timeout=300)
-    assert code == 0 and out["status"] == "REMOVED", out
+    undeploy_leaves_nothing(sim, inv, "gang-pp2")
     replaced = ranks_of(pp2)[0]
     sim.exec(replaced, "rm", "-rf", CACHE_ROOT, check=True)
     assert tree(sim, replaced) == []
