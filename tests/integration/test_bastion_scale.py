@@ -203,7 +203,7 @@ def test_128_nodes_behind_a_stock_bastion(rack_128):
     proc = cli(rack_128, "preflight", timeout=600)
     lines = proc.stdout.splitlines()
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert len(lines) <= 60, proc.stdout
+    assert len(lines) <= 64, proc.stdout     # 60 + issue 40's rows (runtime, contract, ...)
     for check in ("gpus", "driver", "nvlink", "infiniband", "gpudirect", "clock", "shm",
                   "memlock", "versions", "model", "ports"):
         assert any(line.startswith(check) for line in lines), (check, proc.stdout)

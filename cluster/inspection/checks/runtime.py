@@ -128,7 +128,7 @@ def judge_contract(runtime: Runtime) -> Verdict:
                                                           "cuda", "nccl")}}
     rows = contract.matching(runtime)
     if rows:
-        tested = " (the combination this toolkit's suite runs)" \
+        tested = " (the suite runs it)" \
             if any(r.id == contract.tested_id for r in rows) else ""
         return ok(f"{runtime.describe()}: contract row {rows[0].id}{tested}",
                   facts=facts | {"contract_row": rows[0].id})
@@ -211,10 +211,9 @@ def ray_client_check(facts: Mapping[str, Mapping[str, Any]], laptop_ray: str | N
                         "client_commands": list(commands)})
     if not commands:
         return [CheckResult("ray-client", None, Status.SKIP,
-                            f"no command connects through Ray's client (ray://), so the laptop's "
-                            f"Ray ({laptop_ray or 'not installed'}) need not match the nodes' "
-                            f"({', '.join(rays) or 'unknown'}): the CLI reaches the head over "
-                            "SSH and the dashboard's REST API", ev)]
+                            f"laptop Ray {laptop_ray or 'not installed'} need not match "
+                            f"(nodes {', '.join(rays) or 'unknown'}): no command uses Ray's "
+                            "client", ev)]
     odd = [r for r in rays if r != laptop_ray]
     if not rays or not odd:
         return [CheckResult("ray-client", None, Status.OK,
