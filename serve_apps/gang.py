@@ -49,7 +49,8 @@ from cluster.planning.gang import rank_actor_name
 from serve_apps.config import reported_env
 from serve_apps.headless import headless_command, vllm_command, vllm_flag_specs
 from serve_apps.priority import set_process_priority
-from serve_apps.vllm_cli import children, descendants, die_with_parent  # noqa: F401 (re-exported)
+from serve_apps.vllm_cli import (children, descendants, die_with_parent,  # noqa: F401 (re-exported)
+                                  kill_all, kill_descendants)
 
 logger = logging.getLogger("ray.serve")
 
@@ -63,11 +64,7 @@ TAIL_LINES, TAIL_CHARS = 20, 500
 def kill_tree(pid: int) -> list[int]:
     """SIGKILL pid's descendants, then pid; returns the pids signalled."""
     victims = descendants(pid) + [pid]
-    for victim in victims:
-        try:
-            os.kill(victim, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    kill_all(victims)
     return victims
 
 
@@ -205,11 +202,7 @@ class HeadlessChild:
                 proc.wait(grace_s)
             except (ProcessLookupError, PermissionError, subprocess.TimeoutExpired):
                 pass
-        for pid in set(tree) | set(descendants(proc.pid)):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        kill_all(set(tree) | set(descendants(proc.pid)))
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -289,11 +282,7 @@ class RankActor:
         self._state = STOPPED
         child, self._child = self._child, None
         pids = child.stop() if child is not None else []
-        for pid in descendants(os.getpid()):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        kill_descendants()
         return pids
 
 

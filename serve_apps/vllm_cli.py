@@ -66,13 +66,18 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def kill_descendants() -> None:
-    """SIGKILL every process below this one."""
-    for pid in descendants(os.getpid()):
+def kill_all(pids) -> None:
+    """SIGKILL each of pids; one already gone (or not ours) is skipped."""
+    for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def kill_descendants() -> None:
+    """SIGKILL every process below this one."""
+    kill_all(descendants(os.getpid()))
 
 
 def watch_parent(parent: int, period_s: float = WATCH_S) -> threading.Thread:
