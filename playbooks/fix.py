@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 from cluster.inspection.checks.node import NODE_CHECKS
 from cluster.base.errors import UsageError
-from cluster.remedy.fixes import FIXABLE, FileWrite, FixPlan, Step, as_root, plan_fixes
+from cluster.remedy.fixes import FIXABLE, FixPlan, Step, as_root, plan_fixes
 from cluster.nodes.inventory import Inventory, Node
 from playbooks.preflight import run_preflight
 from cluster.nodes.remote import Session, parallel
@@ -30,7 +30,6 @@ from playbooks.outcome import Confirm, OnEvent, Outcome, ignore, lines_to
 
 UNDO_FILE = "fix-undo.json"
 STEP_TIMEOUT_S = 120
-_ABSENT = 3          # exit code of the read command: the file does not exist
 _SUDO_PASSWORD = "a password is required"
 
 
@@ -198,31 +197,50 @@ class NodeExecutor:
             raise StepFailed(f"{res.status}: {res.error}")
         return res
 
-    def read(self, path: str) -> str | None:
-        q = quote(path)
-        res = self.root(f"if [ -e {q} ]; then cat {q}; else exit {_ABSENT}; fi")
-        if res.exit_code == _ABSENT:
-            return None
-        if res.exit_code != 0:
-            raise StepFailed(f"cannot read {path}: {_why(res)}")
-        return res.stdout
+    def fix_files(self, mode: str, request: dict[str, Any], count: int) -> list[dict[str, Any]]:
+        """node_programs/fix_files.py MODE as root on this node (the one way a fix or an undo
+        reads or changes a file: no link followed, atomic rename): its `count` answers, in the
+        request's order, each {"status": "ok", ...} or why not."""
+        from cluster.node_programs import document_of, program_call, run_call
 
-    def write(self, step: Step, w: FileWrite) -> bool:
-        current = self.read(w.path)
-        new = w.new_text(current)
-        if new == current:
-            return False
-        self.undo.add({"node": self.node.name, "check": step.check, "kind": "file",
-                       "path": w.path, "before": current})
-        q, tmp = quote(w.path), quote(w.path + ".cluster-fix.tmp")
-        # Atomic rename; a file that is a mount point (a bind-mounted /etc/fstab in a
-        # container) cannot be renamed over: it is then rewritten in place.
-        res = self.root(f"mkdir -p {quote(str(Path(w.path).parent))} && cat > {tmp} && "
-                        f"chmod 644 {tmp} && {{ mv -f {tmp} {q} 2>/dev/null || "
-                        f"{{ cat {tmp} > {q} && rm -f {tmp}; }}; }}", stdin=new)
-        if res.exit_code != 0:
-            raise StepFailed(f"cannot write {w.path}: {_why(res)}")
-        return True
+        call = program_call(self.inventory.ray.root_python, "fix_files", [mode],
+                            stdin=json.dumps(request),
+                            wrap=lambda command: as_root(command, self.node, self.inventory,
+                                                         self.local_root))
+        res = run_call(self.session, self.node, call, timeout=STEP_TIMEOUT_S)
+        if not res.reached:
+            raise StepFailed(f"{res.status}: {res.error}")
+        doc = document_of(res, "fix_files")
+        answers = doc.get("ops" if mode == "apply" else "files") if isinstance(doc, dict) \
+            else None
+        if res.exit_code != 0 or not isinstance(answers, list) or len(answers) != count \
+                or not all(isinstance(a, dict) for a in answers):
+            raise StepFailed(f"fix_files {mode} failed: {_why(res)}")
+        return answers
+
+    def read(self, paths: Sequence[str]) -> list[str | None]:
+        """Each file's text (None: absent), read as root through fix_files."""
+        answers = self.fix_files("read", {"files": list(paths)}, len(paths))
+        for path, a in zip(paths, answers):
+            if a.get("status") != "ok" or not isinstance(a.get("text"), (str, type(None))):
+                raise StepFailed(f"cannot read {path}: {a.get('why') or 'no text in the answer'}")
+        return [a["text"] for a in answers]
+
+    def write(self, step: Step) -> None:
+        """The step's files whose text changes, each recorded (undo) before fix_files writes
+        it; a converged file is left alone."""
+        ops = []
+        for w, current in zip(step.writes, self.read([w.path for w in step.writes])):
+            new = w.new_text(current)
+            if new != current:
+                self.undo.add({"node": self.node.name, "check": step.check, "kind": "file",
+                               "path": w.path, "before": current})
+                ops.append({"op": "write", "path": w.path, "text": new})
+        if not ops:
+            return
+        for op, a in zip(ops, self.fix_files("apply", {"ops": ops}, len(ops))):
+            if a.get("status") != "ok":
+                raise StepFailed(f"cannot write {op['path']}: {a.get('why')}")
 
     def record_mount(self, step: Step, target: str) -> None:
         # Mounts stacked on one point are listed oldest first: the last is the visible one.
@@ -245,8 +263,8 @@ class NodeExecutor:
                     raise StepFailed(step.manual_exit[1], (step.manual_exit[1],
                                                            step.manual_exit[2]))
                 raise StepFailed(f"`{command}` failed: {_why(res)}")
-        for w in step.writes:
-            self.write(step, w)
+        if step.writes:
+            self.write(step)
 
 
 def execute(inventory: Inventory, session: Session, plan: FixPlan, undo: UndoRecord,
@@ -380,10 +398,14 @@ def run(inventory: Inventory, session: Session, options: FixOptions, confirm: Co
     say("verifying")
     verified = verify(inventory, session, rest, done, report) + copied
     outcome.results = [r for r in planned if r.status != "planned"] + verified
-    outcome.restart_ray = sorted({r.node for r in verified
-                                  if r.status == "changed" and r.note and "Ray" in r.note
-                                  and r.check == "memlock"})
+    outcome.restart_ray = ray_restarts(plan.steps, verified)
     return outcome
+
+
+def ray_restarts(steps: Sequence[Step], results: Sequence[FixResult]) -> list[str]:
+    """The nodes where a changed step needs Ray restarted to take hold (Step.restarts_ray)."""
+    changed = {(r.node, r.check) for r in results if r.status == "changed"}
+    return sorted({s.node for s in steps if s.restarts_ray and (s.node, s.check) in changed})
 
 
 # ---------------------------------------------------------------- undo
@@ -500,31 +522,24 @@ def _undo_node(inventory: Inventory, session: Session, node: Node, plan, local_r
                ) -> list[FixResult]:
     """One node's restores as root: its files through fix_files.py (no link followed), then
     its mounts."""
-    from cluster.node_programs import document_of, program_call, run_call
-
     files = [f for f in plan.files if f.node == node.name]
     out: list[FixResult] = []
+    runner = NodeExecutor(inventory, session, node, UndoRecord(Path("/dev/null")), local_root)
     if files:
         ops = [{"op": "remove", "path": f.path} if f.before is None else
                {"op": "write", "path": f.path, "text": f.before} for f in files]
-        call = program_call(inventory.ray.root_python, "fix_files", ["apply"],
-                            stdin=json.dumps({"ops": ops}),
-                            wrap=lambda command: as_root(command, node, inventory, local_root))
-        res = run_call(session, node, call, timeout=STEP_TIMEOUT_S)
-        doc = document_of(res, "fix_files")
-        answers = doc.get("ops") if isinstance(doc, dict) else None
-        for i, f in enumerate(files):
-            a = answers[i] if isinstance(answers, list) and i < len(answers) else None
-            if isinstance(a, dict) and a.get("status") == "ok":
+        try:
+            answers = runner.fix_files("apply", {"ops": ops}, len(ops))
+        except StepFailed as exc:
+            answers = [{"status": "failed", "why": exc.why}] * len(files)
+        for f, a in zip(files, answers):
+            if a.get("status") == "ok":
                 out.append(FixResult(node.name, f.check, "changed",
                                      f"removed {f.path} (it did not exist before)"
                                      if f.before is None else f"restored {f.path}"))
             else:
-                why = a.get("why") if isinstance(a, dict) else \
-                    (_why(res) if res.reached else f"{res.status}: {res.error}")
                 out.append(FixResult(node.name, f.check, "failed",
-                                     f"cannot restore {f.path}: {why}"))
-    runner = NodeExecutor(inventory, session, node, UndoRecord(Path("/dev/null")), local_root)
+                                     f"cannot restore {f.path}: {a.get('why')}"))
     for m in (m for m in plan.mounts if m.node == node.name):
         try:
             res = runner.root(_remount(m))

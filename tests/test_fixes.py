@@ -3,8 +3,11 @@ for real on this machine against files under a temporary directory."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -15,6 +18,7 @@ import pytest
 from cluster.remedy import fixes
 from cluster.base.errors import UsageError
 from cluster.remedy.fixes import FileWrite, Step, as_root, fstab_with_shm, plan_fixes
+from cluster.node_programs import source
 from cluster.nodes.inventory import loads
 from cluster.nodes.remote import Session
 from cluster.base.results import CheckResult, Status
@@ -235,3 +239,106 @@ def test_undo_answered_no_at_the_terminal_restores_nothing(tmp_path, monkeypatch
     assert [(r["node"], r["status"], r["summary"]) for r in doc["results"]] == [
         ("n1", "skipped", "not confirmed")]
     assert code == 1
+
+
+# A write into a file by the shell: `>`/`>>` not to /dev/null or a descriptor, or a command
+# that copies, moves or links a file into place.
+_SHELL_WRITE = re.compile(r"(?<![<>0-9&])>>?\s*(?!&|/dev/null\b)\S|[0-9]>>?\s*(?!&|/dev/null\b)"
+                          r"[^\s&]|(?:^|[;&|({]\s*|\s)(?:mv|cp|tee|dd|ln|install|truncate)\s"
+                          r"|sed\s+-i")
+
+
+class _FixFilesSession:
+    """Records every command a fix run sends (node, command, stdin); answers the fix_files
+    program (cluster/node_programs/fix_files.py) as a node where none of the files exists yet
+    and every write succeeds, and any other command with exit 0."""
+
+    max_parallel = 4
+
+    def __init__(self):
+        self.calls: list[tuple[str, str, str | None]] = []
+        self.fix_files: list[tuple[str, str, dict]] = []      # (node, mode, request)
+        self._program = json.dumps(source("fix_files")) + "\n"
+
+    def run(self, node, command, timeout=None, stdin=None):
+        self.calls.append((node.name, command, stdin))
+        if not (stdin or "").startswith(self._program):
+            return command_result(node.name, "", command=command)
+        mode = shlex.split(shlex.split(command)[-1])[-1]       # sudo -n bash -c '... MODE'
+        request = json.loads(stdin[len(self._program):])
+        self.fix_files.append((node.name, mode, request))
+        answers = [{"status": "ok", "text": None} for _ in request.get("files", [])] \
+            if mode == "read" else [{"status": "ok"} for _ in request.get("ops", [])]
+        key = "ops" if mode == "apply" else "files"
+        return command_result(node.name, json.dumps({key: answers}) + "\n", command=command)
+
+
+def test_a_full_fix_plan_writes_node_files_only_through_fix_files(tmp_path):
+    """Issue 43 item 2: `cluster fix` built `cat > tmp; mv -f tmp path || cat tmp > path` on the
+    laptop while undo used fix_files.py (no link followed, atomic rename). Every fixer's step is
+    executed here against a session that records each command: no command but the fix_files
+    program's writes a file, and every file the plan writes reaches it with its new text."""
+    fixers = ("gpudirect", "clock", "shm", "memlock", "persistence", "fabricmanager")
+    facts = {"n2": {"peermem_loaded": False, "clock_source": "chronyc tracking",
+                    "ray_running": True}}
+    fix_plan = plan([result(c, summary="not running") for c in fixers], facts, yes=True)
+    assert sorted(s.check for s in fix_plan.steps) == sorted(fixers)
+    session = _FixFilesSession()
+    undo = fix_playbook.UndoRecord(tmp_path / "fix-undo.json")
+    done = fix_playbook.execute(INV, session, fix_plan, undo, local_root=False)
+    assert done == {("n2", c): None for c in fixers}
+    writers = [(cmd, why.group(0)) for _, cmd, _ in session.calls
+               if (why := _SHELL_WRITE.search(cmd))]
+    assert writers == []
+    written = {op["path"]: op["text"] for _, mode, req in session.fix_files if mode == "apply"
+               for op in req["ops"]}
+    wanted = {w.path: w.new_text(None) for s in fix_plan.steps for w in s.writes}
+    assert written == wanted and len(wanted) == 4
+    read = [p for _, mode, req in session.fix_files if mode == "read" for p in req["files"]]
+    assert sorted(read) == sorted(wanted)
+    before = [e["path"] for e in json.loads(undo.path.read_text())["entries"]]
+    assert sorted(before) == sorted(wanted)
+
+
+def test_the_shell_write_pattern_sees_the_old_executors_write():
+    old = ("mkdir -p /etc && cat > /etc/x.tmp && chmod 644 /etc/x.tmp && "
+           "{ mv -f /etc/x.tmp /etc/x 2>/dev/null || { cat /etc/x.tmp > /etc/x; }; }")
+    assert _SHELL_WRITE.search(old)
+    assert _SHELL_WRITE.search("echo x >>/etc/x") and _SHELL_WRITE.search("echo x | tee /etc/x")
+    for harmless in ("modprobe a 2>/dev/null || modprobe b", "command -v x >/dev/null",
+                     "echo bad >&2; exit 1", "if [ 1 -gt 0 ]; then true; fi"):
+        assert not _SHELL_WRITE.search(harmless), harmless
+
+
+def test_whether_ray_must_restart_is_the_steps_typed_field_not_its_note():
+    (memlock,) = plan([result("memlock")], {"n2": {"ray_running": True}}).steps
+    assert memlock.restarts_ray is True
+    (idle,) = plan([result("memlock")], {"n2": {"ray_running": False}}).steps
+    assert idle.restarts_ray is False
+    (clock,) = plan([result("clock")], {"n2": {"ray_running": True}}, yes=True).steps
+    assert "Ray" in clock.note and clock.restarts_ray is False
+    quiet = dataclasses.replace(memlock, note=None)
+    changed = [fix_playbook.FixResult("n2", s.check, "changed", "done")
+               for s in (quiet, clock)]
+    assert fix_playbook.ray_restarts((quiet, clock), changed) == ["n2"]
+    assert fix_playbook.ray_restarts((quiet,), [dataclasses.replace(changed[0],
+                                                                   status="failed")]) == []
+
+
+def test_fix_files_reads_a_file_but_never_through_a_link(tmp_path):
+    """The executor reads what it replaces through fix_files.py too (it was `cat` as root)."""
+    inv = loads("nodes:\n  - {name: here, address: 127.0.0.1, local: true}\n")
+    plain, target = tmp_path / "plain.conf", tmp_path / "target.conf"
+    plain.write_text("kept\n")
+    target.write_text("secret\n")
+    (tmp_path / "link.conf").symlink_to(target)
+    undo = fix_playbook.UndoRecord(tmp_path / "u.json")
+    with Session(inv) as session:
+        runner = fix_playbook.NodeExecutor(inv, session, inv.nodes[0], undo, local_root=True)
+        assert runner.read([str(plain), str(tmp_path / "absent.conf")]) == ["kept\n", None]
+        with pytest.raises(fix_playbook.StepFailed, match="symbolic link"):
+            runner.read([str(tmp_path / "link.conf")])
+        with pytest.raises(fix_playbook.StepFailed, match="symbolic link"):
+            runner.apply(Step("here", "memlock", "t", (),
+                              (FileWrite(str(tmp_path / "link.conf"), "new\n"),)))
+    assert target.read_text() == "secret\n" and (tmp_path / "link.conf").is_symlink()

@@ -1,8 +1,11 @@
-"""On a node, for `cluster fix --undo`: check, then change, only the files undo names, never
-through a symbolic link. One JSON document on stdout.
+"""On a node, the one way `cluster fix` and `cluster fix --undo` read and change a file: check,
+read, then write or remove only the files named, never through a symbolic link. One JSON document
+on stdout.
 
     check   stdin: {"files": [PATH...], "dirs": [PATH...]}   read-only: per path "ok" (a regular
             file, absent, or for dirs a directory) or why it is refused
+    read    stdin: {"files": [PATH...]}   read-only (as root): per path {"status": "ok", "text":
+            its UTF-8 text, or null when absent} or why it is refused
     apply   stdin: {"ops": [{"op": "write", "path": P, "text": T} | {"op": "remove", "path": P}]}
             (as root) per op "ok" or why not
 
@@ -24,6 +27,7 @@ import sys
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 MAX_PATHS = 1000
+MAX_READ_BYTES = 8 << 20        # a file read bigger than this is refused (a config file is small)
 
 
 class Refused(Exception):
@@ -97,6 +101,47 @@ def check_path(path, want_dir):
     return "ok"
 
 
+def read_file(path):
+    """The file's UTF-8 text, or None when it (or a directory on the way) does not exist."""
+    fd, name = open_parent(path)
+    if fd is None:
+        return None
+    try:
+        try:
+            inp = os.open(name, os.O_RDONLY | NOFOLLOW | getattr(os, "O_NONBLOCK", 0), dir_fd=fd)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise Refused("%s is a symbolic link" % path)
+            raise
+    finally:
+        os.close(fd)
+    try:
+        if not stat.S_ISREG(os.fstat(inp).st_mode):
+            raise Refused("%s is not a regular file" % path)
+        data = _read_at_most(inp, MAX_READ_BYTES + 1)
+    finally:
+        os.close(inp)
+    if len(data) > MAX_READ_BYTES:
+        raise Refused("%s is larger than %d bytes" % (path, MAX_READ_BYTES))
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise Refused("%s is not UTF-8 text" % path)
+
+
+def _read_at_most(fd, limit):
+    parts, size = [], 0
+    while size < limit:
+        chunk = os.read(fd, min(1 << 20, limit - size))
+        if not chunk:
+            break
+        parts.append(chunk)
+        size += len(chunk)
+    return b"".join(parts)
+
+
 def write_file(path, text):
     data = text.encode("utf-8")
     fd, name = open_parent(path, make=True)
@@ -106,7 +151,7 @@ def write_file(path, text):
             raise Refused("%s is %s" % (path, "a symbolic link" if stat.S_ISLNK(st.st_mode)
                                         else "not a regular file"))
         mode = stat.S_IMODE(st.st_mode) if st is not None else 0o644
-        tmp = ".%s.cluster-undo.%d" % (name, os.getpid())
+        tmp = ".%s.cluster-fix.%d" % (name, os.getpid())
         out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o600, dir_fd=fd)
         try:
             _write_all(out, data)
@@ -157,8 +202,8 @@ def _each(items, do):
     out = []
     for item in items[:MAX_PATHS]:
         try:
-            do(item)
-            out.append({"status": "ok"})
+            got = do(item)
+            out.append(dict(got, status="ok") if isinstance(got, dict) else {"status": "ok"})
         except Refused as exc:
             out.append({"status": "refused", "why": str(exc)})
         except OSError as exc:
@@ -177,6 +222,9 @@ def main(argv):
         dirs = [p for p in request.get("dirs") or []]
         doc = {"files": _each(files, lambda p: check_path(p, False)),
                "dirs": _each(dirs, lambda p: check_path(p, True))}
+    elif argv[1:] == ["read"]:
+        doc = {"files": _each([p for p in request.get("files") or []],
+                              lambda p: {"text": read_file(p)})}
     elif argv[1:] == ["apply"]:
         def do(op):
             if not isinstance(op, dict):
@@ -189,7 +237,7 @@ def main(argv):
                 raise Refused("unknown operation")
         doc = {"ops": _each(request.get("ops") or [], do)}
     else:
-        raise SystemExit("usage: fix_files.py check|apply (a JSON request on stdin)")
+        raise SystemExit("usage: fix_files.py check|read|apply (a JSON request on stdin)")
     sys.stdout.write(json.dumps(doc) + "\n")
 
 

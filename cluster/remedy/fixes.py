@@ -4,7 +4,9 @@ what failed, or why no safe automatic fix exists.
 A fixer is pyinfra's operation: it reads facts and yields commands, or nothing when the check
 already passes (idempotence: a converged node plans no step). Files a step writes are named in
 `writes` so the executor records their content before the change (the undo record); a mount
-it changes is named in `remounts`. Nothing here runs a command.
+it changes is named in `remounts`; a step whose change Ray sees only after a restart says so in
+`restarts_ray`. Nothing here runs a command: the executor writes every file through the
+fix_files node program (playbooks/fix.py).
 
     gpudirect      modprobe the peer-memory module, persist it in /etc/modules-load.d
     clock          enable the time daemon, step the clock (a node running Ray: only with --yes)
@@ -69,6 +71,7 @@ class Step:
     writes: tuple[FileWrite, ...] = ()
     remounts: tuple[str, ...] = ()     # mount points whose options it changes
     note: str | None = None            # what the admin must still know (e.g. restart Ray)
+    restarts_ray: bool = False         # Ray on the node must restart for the fix to take hold
     manual_exit: tuple[int, str, str] | None = None   # (exit code, reason, next step): manual
     source: str | None = None          # model: the node that holds the reference copy
     as_root: bool = True               # False: its commands run as the SSH user (they start
@@ -198,7 +201,7 @@ def fix_memlock(ctx: FixContext) -> Step:
                      FileWrite(SYSTEMD_LIMITS_FILE, SYSTEMD_LIMITS_TEXT)),
                 note=("Ray keeps its old limit until restarted on this node "
                       "(`cluster down` + `cluster up`, or `cluster restart-node`)") if ray
-                else None)
+                else None, restarts_ray=ray)
 
 
 def fix_persistence(ctx: FixContext) -> Step:
