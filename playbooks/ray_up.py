@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from cluster.ray import ray_cluster
 from cluster.ray.prometheus_head import enabled as prometheus_enabled
 from cluster.nodes.inventory import Inventory
-from cluster.ray.ray_cluster import (CHANGED, FAILED, SKIPPED, UNREACHABLE, NodeFacts, Plan,
-                                 StepResult, WaitResult)
+from cluster.ray.ray_cluster import (CHANGED, FAILED, SKIPPED, UNREACHABLE, NodeFacts,
+                                 RayActionPlan, StepResult, WaitResult)
 from cluster.ray.ray_state import RayState, cluster_status, query_state
 from cluster.base.results import Report
 from playbooks.outcome import Confirm, OnEvent, Outcome, ignore, lines_to, step_exit_code
@@ -40,7 +40,7 @@ class RayOutcome(Outcome):
     exit_code: int = 0
     stopped: str | None = None                 # why it stopped before/while executing
     facts: Mapping[str, NodeFacts] = field(default_factory=dict)
-    plan: Plan | None = None
+    plan: RayActionPlan | None = None
     steps: tuple[StepResult, ...] = ()
     prometheus: StepResult | None = None       # ray.metrics: prometheus only
 

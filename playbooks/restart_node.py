@@ -16,7 +16,7 @@ from typing import Callable
 from cluster.ray import ray_cluster
 from cluster.inspection.facts import gather as gather_facts
 from cluster.nodes.inventory import Inventory
-from cluster.ray.ray_cluster import CHANGED, FAILED, KEEP, NodeAction, Plan
+from cluster.ray.ray_cluster import CHANGED, FAILED, KEEP, NodeAction, RayActionPlan
 from cluster.ray.ray_state import node_for_ip
 from cluster.ray.rollout import DEFAULT_MOVE_WAIT_S, apps_not_running, worker
 from playbooks.drain import RolloutOutcome, WorkerOptions, drain, ray_view
@@ -60,7 +60,7 @@ def restart_node(session, inventory: Inventory, name: str, *, dry_run: bool,
         return out
     on_event(f"restarting Ray on {name}")
     action = NodeAction(name, ray_cluster.RESTART, "restart-node", (stop, start))
-    plan = Plan("up", (NodeAction(inventory.head.name, KEEP, "kept"), action))
+    plan = RayActionPlan("up", (NodeAction(inventory.head.name, KEEP, "kept"), action))
     steps = ray_cluster.execute_up(plan, session, inventory, 0.0, on_event)
     step = next(s for s in steps if s.node == name)
     out.results += list(step.results)

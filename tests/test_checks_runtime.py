@@ -80,11 +80,11 @@ def test_the_probe_timing_out_warns_and_python_missing_fails():
 
 
 def test_garbage_from_the_imports_probe_is_an_error_not_a_pass():
-    from cluster.inspection.preflight import _judge
+    from cluster.inspection.checks.base import judge
     from fakes import context, node_checks
     ctx = context("runtime", INV, "n2", runtime_imports=probe_output("runtime-imports",
                                                                      "Segmentation fault\n"))
-    assert _judge(node_checks()["runtime"], ctx).status is Status.ERROR
+    assert judge(node_checks()["runtime"], ctx).status is Status.ERROR
 
 
 # ---------------------------------------------------------------- the contract

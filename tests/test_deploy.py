@@ -559,10 +559,19 @@ def _node_facts(node: str, model: str = "model", key: str | None = "set",
     return replace(facts_from_outputs(n, outputs), node=node)
 
 
+def _readiness(node: str, api_key_env: str | None, **facts):
+    """The node's facts judged by deploy's checks, as check_nodes judges them."""
+    from cluster.inspection.checks.deploy import deploy_checks
+    inv = inventory()
+    (where,) = [n for n in inv.nodes if n.name == node]
+    return deploy.node_readiness(where, inv, _node_facts(node, **facts),
+                                 deploy_checks(MODEL, api_key_env))
+
+
 def test_node_checks_name_the_nodes_without_the_model_or_the_key():
     spec = deploy.spec_from_flags(MODEL, tp=2)
-    checks = [deploy.node_check_from("gpu1", _node_facts("gpu1", "model", "set"), spec.api_key_env),
-              deploy.node_check_from("gpu2", _node_facts("gpu2", "dir", "unset"), spec.api_key_env)]
+    checks = [_readiness("gpu1", spec.api_key_env, model="model", key="set"),
+              _readiness("gpu2", spec.api_key_env, model="dir", key="unset")]
     out = deploy.judge_checks(checks, spec, CPU2)
     assert not out.ok
     model_problem, key_problem = out.problems
@@ -572,17 +581,34 @@ def test_node_checks_name_the_nodes_without_the_model_or_the_key():
     ok = deploy.judge_checks(checks[:1], spec, CPU2)
     assert ok.ok
     open_spec = deploy.spec_from_flags(MODEL, api_key_env=None)
-    assert deploy.judge_checks([deploy.node_check_from(
-        "gpu1", _node_facts("gpu1", "model", None), None)], open_spec, CPU2).ok
-    no_raylet = deploy.node_check_from("gpu1", _node_facts("gpu1", "model", None), "CLUSTER_API_KEY")
+    assert deploy.judge_checks([_readiness("gpu1", None, model="model", key=None)], open_spec,
+                               CPU2).ok
+    no_raylet = _readiness("gpu1", "CLUSTER_API_KEY", model="model", key=None)
     assert no_raylet.key == "no-raylet"
-    assert deploy.node_check_from("gpu1", _node_facts("gpu1", "none"), None).model_dir is False
+    assert _readiness("gpu1", None, model="none").model_dir is False
+    broken = _readiness("gpu1", None, model="Permission denied")
+    assert broken.reached and broken.error.startswith("check failed: model directory probe")
+
+
+def test_deploys_node_checks_are_checks_of_the_one_framework():
+    """Issue 43 item 3: deploy had its own NodeCheck/Checks beside checks/base.py's. Its checks
+    are now the framework's NodeChecks, judged by its `judge` with verdicts and probes."""
+    from cluster.inspection.checks import base
+    from cluster.inspection.checks.deploy import deploy_checks
+    checks = deploy_checks(MODEL, "CLUSTER_API_KEY")
+    assert all(isinstance(c, base.NodeCheck) for c in checks)
+    assert [c.id for c in checks] == ["model-files", "api-key"]
+    assert not hasattr(deploy, "NodeCheck") and not hasattr(deploy, "Checks")
+    inv = inventory()
+    facts = _node_facts("gpu1", model="dir", key="empty")
+    ctx = base.NodeContext(inv.nodes[0], inv, facts.outputs, facts)
+    verdicts = [base.judge(c, ctx) for c in checks]
+    assert [(v.status.value, v.data) for v in verdicts] == [("fail", "dir"), ("fail", "empty")]
 
 
 def test_node_checks_unreachable_and_no_ray():
     spec = deploy.spec_from_flags(MODEL)
-    out = deploy.judge_checks([deploy.node_check_from("gpu2", _node_facts("gpu2", reached=False),
-                                                      spec.api_key_env)],
+    out = deploy.judge_checks([_readiness("gpu2", spec.api_key_env, reached=False)],
                               spec, deploy.ClusterView(()))
     assert any("no alive Ray node" in p for p in out.problems)
     assert any("could not check gpu2" in p for p in out.problems)

@@ -263,7 +263,7 @@ def deploy_cluster(monkeypatch):
                         lambda session, inv, include_serve=False: (state, None))
 
     def check_nodes(session, inv, spec, cluster):
-        checks = [lib.NodeCheck(n.name, True, True, True, "set") for n in inv.nodes]
+        checks = [lib.NodeReadiness(n.name, True, True, True, "set") for n in inv.nodes]
         return lib.judge_checks(checks, spec, cluster)
 
     monkeypatch.setattr(lib, "check_nodes", check_nodes)
@@ -707,7 +707,7 @@ def no_head(monkeypatch):
 
     def check_nodes(session, inv, spec, cluster, without_head=False):
         asked.append(without_head)
-        checks = [lib.NodeCheck(n.name, True, n.name not in missing, True, "no-raylet")
+        checks = [lib.NodeReadiness(n.name, True, n.name not in missing, True, "no-raylet")
                   for n in inv.nodes]
         return lib.judge_checks(checks, spec, cluster, without_head=without_head)
 

@@ -11,8 +11,8 @@ import pytest
 from cluster.nodes import inventory
 from cluster.ray import rollout
 from playbooks import drain
-from cluster.ray.ray_cluster import (CHANGED, FAILED, KEEP, RESTART, START, STOP, NodeAction, Plan,
-                                 StepResult)
+from cluster.ray.ray_cluster import (CHANGED, FAILED, KEEP, RESTART, START, STOP, NodeAction,
+                                 RayActionPlan, StepResult)
 from fakes import write_inventory
 
 
@@ -47,7 +47,7 @@ class Recorder:
 def _up_plan(inv, head_kind=KEEP):
     actions = [NodeAction("node1", head_kind, "h", ("start",) if head_kind != KEEP else ())]
     actions += [NodeAction(n.name, START, "w", ("start",)) for n in inv.workers]
-    return Plan("up", tuple(actions))
+    return RayActionPlan("up", tuple(actions))
 
 
 def test_serial_up_runs_the_workers_in_batches_head_with_the_first(inv):
@@ -76,7 +76,7 @@ def test_serial_zero_is_the_plain_parallel_run(inv):
 def _down_plan(inv):
     actions = [NodeAction(n.name, STOP, "w", ("ray stop",)) for n in inv.workers]
     actions.append(NodeAction("node1", STOP, "h", ("ray stop",)))
-    return Plan("down", tuple(actions))
+    return RayActionPlan("down", tuple(actions))
 
 
 def test_serial_down_workers_in_batches_then_the_head(inv):

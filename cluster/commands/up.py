@@ -13,7 +13,7 @@ from cluster.commands._common import (add_changing, add_json, add_serial, float_
                                       print_json, recorded_run, stdout)
 from cluster.base.errors import UsageError
 from cluster.report.fold import Row, compress, fold, shape
-from cluster.ray.ray_cluster import Plan, StepResult
+from cluster.ray.ray_cluster import RayActionPlan, StepResult
 from cluster.report.render import (GRID_MAX_NODES, folded_table, id_column, report_table,
                                    status_text, text_column, to_json)
 from playbooks import ray_up
@@ -96,7 +96,7 @@ def _preflight_failed(outcome: ray_up.UpOutcome) -> bool:
         (outcome.preflight is not None and outcome.preflight.exit_code >= 2)
 
 
-def plan_table(plan: Plan, title: str) -> Table:
+def plan_table(plan: RayActionPlan, title: str) -> Table:
     nodes = {a.node for a in plan.actions}
     if len(nodes) > GRID_MAX_NODES:
         groups = fold(Row(a.node, a.kind + (" (asks first)" if a.needs_confirmation else ""),
@@ -111,7 +111,7 @@ def plan_table(plan: Plan, title: str) -> Table:
     return table
 
 
-def print_plan(plan: Plan, title: str, scrub: Callable[[str], str] = lambda t: t) -> None:
+def print_plan(plan: RayActionPlan, title: str, scrub: Callable[[str], str] = lambda t: t) -> None:
     """The plan table, then the exact commands per node, unwrapped (copy-pasteable; secret
     values of the inventory's env shown as ***)."""
     stdout.print(plan_table(plan, title))

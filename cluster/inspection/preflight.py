@@ -13,9 +13,8 @@ import json
 from dataclasses import replace
 from typing import Any, Sequence
 
-from cluster.inspection.checks.base import NodeCheck, NodeContext, Verdict
+from cluster.inspection.checks.base import NodeCheck, NodeContext, Verdict, judge
 from cluster.inspection.checks.node import NODE_CHECKS
-from cluster.base.errors import ParseError
 from cluster.nodes.inventory import Inventory, Node
 from cluster.inspection.facts import RAY_PROBES, NodeFacts, ProbeBuilder, gather, probes_for
 from cluster.inspection.probes import Probe
@@ -58,7 +57,7 @@ def evaluate_node(node: Node, inventory: Inventory, checks: Sequence[NodeCheck],
     report_facts: dict[str, Any] = {"reachable": True}
     shown: dict[tuple, str] = {}     # (command, output tail) -> the check whose evidence has it
     for check in checks:
-        verdict = _judge(check, ctx)
+        verdict = judge(check, ctx)
         report_facts.update(verdict.facts)
         evidence = _evidence(ctx, check, verdict)
         evidence = _once_per_report(evidence, check.id, node.name, seen) \
@@ -91,13 +90,6 @@ def _once_per_report(evidence: Evidence, check: str, node: str, seen: dict) -> E
         return evidence
     return Evidence(evidence.command, evidence.exit_code,
                     f"(as on {first})")
-
-
-def _judge(check: NodeCheck, ctx: NodeContext) -> Verdict:
-    try:
-        return check.evaluate(ctx)
-    except ParseError as exc:
-        return Verdict(Status.ERROR, f"could not read the output: {exc}")
 
 
 # Evidence bounds. A verdict that is not ok/skip keeps the end of its output and its parsed

@@ -267,8 +267,9 @@ class ExpectedNode:
 
 
 @dataclass(frozen=True)
-class Plan:
-    """Ordered actions (head first for up, workers first for down) plus why nothing may run."""
+class RayActionPlan:
+    """`cluster up`/`down`'s plan of Ray on each node (not the planner's deployment Plan):
+    ordered actions (head first for up, workers first for down) plus why nothing may run."""
 
     command: str                                # "up" | "down"
     actions: tuple[NodeAction, ...]
@@ -434,7 +435,7 @@ def _drift(inventory: Inventory, node: Node, f: NodeFacts, state: RayState | Non
 
 
 def plan_up(inventory: Inventory, facts: Mapping[str, NodeFacts],
-            state: RayState | None, force: bool = False) -> Plan:
+            state: RayState | None, force: bool = False) -> RayActionPlan:
     """Facts (+ the head's view of the cluster) -> the actions `cluster up` takes. Pure.
 
     - Unreachable head, a node without Ray, a node whose GPUs cannot be counted on the head,
@@ -466,7 +467,7 @@ def plan_up(inventory: Inventory, facts: Mapping[str, NodeFacts],
     if refused:
         actions = tuple(NodeAction(n.name, SKIP, "plan refused", status_if_not_run=SKIPPED)
                         for n in inventory.nodes)
-        return Plan("up", actions, tuple(refused), tuple(warnings))
+        return RayActionPlan("up", actions, tuple(refused), tuple(warnings))
 
     actions: list[NodeAction] = []
     stop = stop_command(inventory)
@@ -524,7 +525,7 @@ def plan_up(inventory: Inventory, facts: Mapping[str, NodeFacts],
     expected = tuple(ExpectedNode(a.node, inventory.node(a.node).ip, facts[a.node].gpu_count,
                                   inventory.ray.num_cpus)
                      for a in actions if a.kind in (KEEP, START, RESTART))
-    return Plan("up", tuple(actions), (), tuple(warnings), expected, choice)
+    return RayActionPlan("up", tuple(actions), (), tuple(warnings), expected, choice)
 
 
 def _unhealthy_reason(inventory: Inventory, node: Node, f: NodeFacts,
@@ -549,7 +550,7 @@ def _short(node_id: str | None) -> str:
     return (node_id or "?")[:12]
 
 
-def plan_down(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> Plan:
+def plan_down(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> RayActionPlan:
     """Workers first, then the head; only nodes with Ray processes are stopped. Pure."""
     actions = []
     stop = stop_command(inventory)
@@ -567,7 +568,7 @@ def plan_down(inventory: Inventory, facts: Mapping[str, NodeFacts]) -> Plan:
                                       needs_confirmation=True))
         else:
             actions.append(NodeAction(node.name, KEEP, "no Ray process"))
-    return Plan("down", tuple(actions))
+    return RayActionPlan("down", tuple(actions))
 
 
 # ---------------------------------------------------------------- execute
@@ -634,7 +635,7 @@ def _not_run(action: NodeAction, why: str | None = None) -> StepResult:
     return StepResult(action.node, action.kind, action.status_if_not_run, why or action.reason)
 
 
-def execute_up(plan: Plan, session, inventory: Inventory, stagger_s: float = 0.0,
+def execute_up(plan: RayActionPlan, session, inventory: Inventory, stagger_s: float = 0.0,
                on_event: Event = lambda _: None) -> tuple[StepResult, ...]:
     """Run an up plan.
 
@@ -726,7 +727,7 @@ def execute_up(plan: Plan, session, inventory: Inventory, stagger_s: float = 0.0
     return tuple(done[a.node] for a in plan.actions)
 
 
-def _finish_after_head_failure(plan: Plan, done: dict[str, StepResult],
+def _finish_after_head_failure(plan: RayActionPlan, done: dict[str, StepResult],
                                head_step: StepResult) -> tuple[StepResult, ...]:
     for a in plan.actions:
         if a.node not in done:
@@ -739,7 +740,7 @@ def _finish_after_head_failure(plan: Plan, done: dict[str, StepResult],
 HEAD_FAILURE_GRACE_S = 10.0
 
 
-def execute_down(plan: Plan, session, inventory: Inventory,
+def execute_down(plan: RayActionPlan, session, inventory: Inventory,
                  on_event: Event = lambda _: None) -> tuple[StepResult, ...]:
     """Stop the workers in parallel, then the head."""
     by_name = {n.name: n for n in inventory.nodes}

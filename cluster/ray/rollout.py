@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 from cluster.ray import ray_cluster
 from cluster.base.errors import UsageError
 from cluster.nodes.inventory import Inventory, Node
-from cluster.ray.ray_cluster import (FAILED, KEEP, SKIPPED, UNREACHABLE, NodeAction, Plan,
+from cluster.ray.ray_cluster import (FAILED, KEEP, SKIPPED, UNREACHABLE, NodeAction, RayActionPlan,
                                  StepResult)
 from cluster.ray.ray_state import GcsNode, RayState, gcs_address, head_client_env
 from cluster.nodes.shell import SECRET_ENV_FROM_STDIN
@@ -54,7 +54,7 @@ def _failed(step: StepResult) -> bool:
     return step.status in (FAILED, UNREACHABLE)
 
 
-def execute_up_serial(plan: Plan, session, inventory: Inventory, serial: int,
+def execute_up_serial(plan: RayActionPlan, session, inventory: Inventory, serial: int,
                       stagger_s: float = 0.0, on_event: Event = lambda _: None,
                       execute: Callable[..., tuple[StepResult, ...]] | None = None
                       ) -> tuple[StepResult, ...]:
@@ -90,7 +90,7 @@ def execute_up_serial(plan: Plan, session, inventory: Inventory, serial: int,
     return tuple(done[a.node] for a in plan.actions)
 
 
-def execute_down_serial(plan: Plan, session, inventory: Inventory, serial: int,
+def execute_down_serial(plan: RayActionPlan, session, inventory: Inventory, serial: int,
                         on_event: Event = lambda _: None,
                         execute: Callable[..., tuple[StepResult, ...]] | None = None
                         ) -> tuple[StepResult, ...]:

@@ -37,7 +37,7 @@ from cluster.base.bounds import bound, check_int, reply_number
 from cluster.nodes.endpoints import log_dir, url_host
 from cluster.base.errors import UsageError
 from cluster.planning.gang import gang_layout, nodes_needed
-from cluster.nodes.inventory import Inventory, is_secret_name
+from cluster.nodes.inventory import Inventory, Node, is_secret_name
 from cluster.planning.plan_file import SECRET_ENGINE_ARG_RE, SERVED_NAME_RE, PlanFile
 from cluster.nodes.ray_env import fabric_env, uniform_fabric_env
 
@@ -620,7 +620,9 @@ def endpoint_url(inventory: Inventory, route_prefix: str, port: int | None = Non
 # ---------------------------------------------------------------- checks on the nodes
 
 @dataclass(frozen=True)
-class NodeCheck:
+class NodeReadiness:
+    """One node as deploy's checks (cluster/inspection/checks/deploy.py) found it."""
+
     node: str
     reached: bool
     model: bool = False
@@ -634,10 +636,10 @@ class NodeCheck:
 
 
 @dataclass(frozen=True)
-class Checks:
+class DeployReadiness:
     """Pre-deploy checks over the nodes that may host a bundle."""
 
-    nodes: tuple[NodeCheck, ...]
+    nodes: tuple[NodeReadiness, ...]
     problems: tuple[str, ...]
     warnings: tuple[str, ...] = ()
     unchecked: tuple[str, ...] = ()     # without a head: what could not be checked (not refused)
@@ -655,33 +657,35 @@ class Checks:
 
 
 def node_check_builders(spec_model: str, api_key_env: str | None) -> tuple:
-    """The facts deploy reads on a node (cluster/inspection/facts.py): the model directory and, from the
-    node program, whether the raylet's env (Ray workers inherit it) has the API-key variable
-    set; never its value."""
-    from cluster.inspection.facts import directory_probe, node_program_asking
-    return (directory_probe(spec_model), node_program_asking((api_key_env,) if api_key_env else ()))
+    """The facts deploy's checks read on a node (cluster/inspection/facts.py): the model
+    directory and, from the node program, whether the raylet's env (Ray workers inherit it) has
+    the API-key variable set; never its value."""
+    from cluster.inspection.checks.deploy import deploy_checks
+    from cluster.inspection.facts import node_program_probe
+    return tuple(b for c in deploy_checks(spec_model, api_key_env) for b in c.probes) \
+        + ((node_program_probe,) if not api_key_env else ())
 
 
-def node_check_from(node: str, facts, api_key_env: str | None) -> NodeCheck:
-    """One node's facts -> NodeCheck."""
+def node_readiness(node: Node, inventory: Inventory, facts, checks: Sequence) -> NodeReadiness:
+    """One node's facts judged by deploy's checks (the framework's NodeChecks) -> NodeReadiness."""
+    from cluster.inspection.checks.base import NodeContext, judge
+    from cluster.inspection.checks.deploy import API_KEY, MODEL_FILES
     if not facts.reached:
-        return NodeCheck(node, False, error=facts.error)
-    if facts.error:
-        return NodeCheck(node, True, error=f"check failed: {facts.error[:200]}")
-    out = facts.outputs.get("model-dir")
-    where = out.stdout.strip() if out is not None and out.exit_code == 0 else None
-    if where not in ("model", "dir", "none"):
-        detail = (out.stderr or out.stdout).strip()[:200] if out is not None else "no output"
-        return NodeCheck(node, True, error=f"check failed: model directory probe: {detail}")
-    key = None
-    if api_key_env:
-        raylet = facts.raylet
-        key = "no-raylet" if raylet is None else raylet.key_states.get(api_key_env, "unset")
-    return NodeCheck(node, True, where == "model", where in ("model", "dir"), key)
+        return NodeReadiness(node.name, False, error=facts.error)
+    ctx = NodeContext(node, inventory, facts.outputs, facts)
+    verdicts = {c.id: judge(c, ctx) for c in checks}
+    model = verdicts[MODEL_FILES]
+    if model.data is None:
+        return NodeReadiness(node.name, True, error=model.summary)
+    key = verdicts.get(API_KEY)
+    if key is not None and key.data is None:
+        return NodeReadiness(node.name, True, error=key.summary)
+    return NodeReadiness(node.name, True, model.data == "model", model.data in ("model", "dir"),
+                         key.data if key is not None else None)
 
 
-def judge_checks(checks: Sequence[NodeCheck], spec: DeploySpec,
-                 cluster: ClusterView, *, without_head: bool = False) -> Checks:
+def judge_checks(checks: Sequence[NodeReadiness], spec: DeploySpec,
+                 cluster: ClusterView, *, without_head: bool = False) -> DeployReadiness:
     """Pure: the per-node results -> problems (deploy refused) and warnings. `without_head`
     (a dry run before `cluster up`): a node SSH did not reach, and the API-key variable where
     no raylet runs yet, are listed in `unchecked` instead of refused."""
@@ -720,19 +724,22 @@ def judge_checks(checks: Sequence[NodeCheck], spec: DeploySpec,
     if cluster.unnamed:
         warnings.append("Ray nodes outside the inventory were not checked: "
                         + ", ".join(n.ip for n in cluster.unnamed))
-    return Checks(tuple(checks), tuple(problems), tuple(warnings), tuple(unchecked))
+    return DeployReadiness(tuple(checks), tuple(problems), tuple(warnings), tuple(unchecked))
 
 
 def check_nodes(session, inventory: Inventory, spec: DeploySpec,
-                cluster: ClusterView, *, without_head: bool = False) -> Checks:
-    """Model files and the API-key variable on every alive inventory node: the facts layer's
-    one round trip per node (cluster/inspection/facts.py); `without_head`: judge_checks'."""
+                cluster: ClusterView, *, without_head: bool = False) -> DeployReadiness:
+    """Model files and the API-key variable on every alive inventory node: deploy's checks
+    (cluster/inspection/checks/deploy.py) on the facts layer's one round trip per node
+    (cluster/inspection/facts.py); `without_head`: judge_checks'."""
+    from cluster.inspection.checks.deploy import deploy_checks
     from cluster.inspection.facts import gather
     alive = {n.name for n in cluster.nodes if n.name is not None}
     nodes = [n for n in inventory.nodes if n.name in alive]  # inventory order
     facts = gather(session, inventory, nodes,
                    node_check_builders(spec.model, spec.api_key_env)) if nodes else {}
-    checks = [node_check_from(n.name, facts[n.name], spec.api_key_env) for n in nodes]
+    judged = deploy_checks(spec.model, spec.api_key_env)
+    checks = [node_readiness(n, inventory, facts[n.name], judged) for n in nodes]
     return judge_checks(checks, spec, cluster, without_head=without_head)
 
 

@@ -71,6 +71,14 @@ class NodeCheck:
     evaluate: Callable[[NodeContext], Verdict]
 
 
+def judge(check: NodeCheck, ctx: NodeContext) -> Verdict:
+    """The check's verdict on the node; output it cannot read is an error verdict, not a raise."""
+    try:
+        return check.evaluate(ctx)
+    except ParseError as exc:
+        return Verdict(Status.ERROR, f"could not read the output: {exc}")
+
+
 def ok(summary: str, **kw: Any) -> Verdict:
     return Verdict(Status.OK, summary, **kw)
 
