@@ -1626,6 +1626,18 @@ def test_short_reads_are_joined_into_whole_blocks(monkeypatch):
     monkeypatch.setattr(nccl.NcclLogAccumulator, "_count_chunks",
                         lambda acc, data, end: searched.append(end) or real(acc, data, end))
     acc = nccl.NcclLogAccumulator()
-    nccl._feed_stream(acc, Trickle(text))
+    acc.feed_stream(Trickle(text))
     assert len(searched) <= len(text) // 4096 + 2
     assert acc.result().to_dict() == nccl.parse_lines(text.splitlines(keepends=True)).to_dict()
+
+
+def test_the_stream_reader_calls_no_private_method_of_another_object():
+    """Issue 43 item 3: parse/parse_file's stream reader called the accumulator's private
+    methods (_count_chunks, _flush, ...); it is now the accumulator's own feed_stream."""
+    import ast
+    tree = ast.parse(Path(nccl.__file__).read_text())
+    foreign = [f"{node.lineno}: {ast.unparse(node)}" for node in ast.walk(tree)
+               if isinstance(node, ast.Attribute) and node.attr.startswith("_")
+               and not node.attr.startswith("__")
+               and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))]
+    assert foreign == []

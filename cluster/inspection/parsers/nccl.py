@@ -17,7 +17,8 @@ together; lines torn by the wrapper (a fragment `6] via P2P/IPC` still counts as
 evidence). nccl-tests result tables (busbw per size, `# Avg bus bandwidth`) and the
 `#  Rank  0 ... on host device 0` listing are read too.
 
-Streaming: `NcclLogAccumulator.feed(line)` / `feed_lines(it)` / `feed_block(text)` then
+Streaming: `NcclLogAccumulator.feed(line)` / `feed_lines(it)` / `feed_block(text)` /
+`feed_stream(file)` then
 `result()`; `parse_file(path)` reads 1 MiB blocks and iterates their lines in C, so memory
 stays flat whatever the file size or line length (a line is read up to LINE_MAX characters;
 `lines_truncated` counts the longer ones). Lines are first counted (in C, by a Counter over a bounded
@@ -764,6 +765,49 @@ class NcclLogAccumulator:
             end = size if end < 0 else end
             self.feed_block(text[start:end])
             start = end + 1
+
+    def feed_stream(self, f: Any) -> None:
+        """Count the lines of a stream (file, BytesIO, StringIO) block by block, in C: the whole lines
+        are counted as chunks that start at a process's first line (_count_chunks), so a log that
+        repeats itself costs one comparison per chunk; a stretch of more than a block with no such line is
+        counted line by line. What is not counted yet (the last chunk, begun but maybe not ended, and
+        the unfinished last line) is carried into the next block. A line longer than LINE_MAX is kept
+        up to _CUT_KEEP characters (the window cuts it to LINE_MAX and counts it as truncated) and
+        the rest of it is skipped unread, so memory stays bounded by the block size and the window
+        however long a line is."""
+        rest = None                 # read but not counted: the last chunk begun, then the unfinished line
+        cut = False                 # rest ends with the start of an over-long line; skip to its end
+        since_flush = 0
+        while True:
+            block = _read_block(f)
+            if not block:
+                break
+            nl = "\n" if isinstance(block, str) else b"\n"
+            since_flush += len(block)
+            if cut:
+                k = block.find(nl)
+                if k < 0:
+                    continue
+                block, cut = block[k:], False           # its newline ends the line that was cut
+            data = block if rest is None else rest + block
+            end = data.rfind(nl) + 1                    # the whole lines end here
+            start = self._count_chunks(data, end)
+            if end - start > BLOCK_BYTES:               # no process began in over a block
+                self._count_block_lines(data, start, data[end:] or None)
+                start = end
+            if len(data) - end >= _CUT_KEEP:            # the unfinished line is too long: keep its start
+                data, cut = data[:end + _CUT_KEEP], True
+            rest = data[start:] or None
+            if since_flush > _WINDOW_BYTES:
+                # what the window holds is its distinct lines and chunks: a log that repeats itself is
+                # handled once per distinct line, not again every _WINDOW_BYTES (memory stays bounded
+                # by about a window and a block, whatever the file)
+                since_flush = self._held_bytes()
+                if since_flush > _WINDOW_BYTES // 2:
+                    self._flush()
+                    since_flush = 0
+        if rest:
+            self._chunks.add(rest, 0, len(rest))
 
     def _window(self) -> Counter:
         """The line window, with the chunks counted before split into it first (so lines counted
@@ -2242,7 +2286,7 @@ def parse(text: str | bytes) -> NcclLog:
     if not text.strip():
         raise ParseError(KIND, "empty input")
     acc = NcclLogAccumulator()
-    _feed_stream(acc, _line_stream(text))
+    acc.feed_stream(_line_stream(text))
     return acc.result()
 
 
@@ -2261,7 +2305,7 @@ def parse_file(path: str | os.PathLike) -> NcclLog:
     """
     acc = NcclLogAccumulator()
     with open(path, "rb", buffering=0) as f:      # BLOCK_BYTES reads: no second buffer copy
-        _feed_stream(acc, f)
+        acc.feed_stream(f)
     return acc.result()
 
 
@@ -2285,50 +2329,6 @@ def _read_block(f: Any) -> bytes | str:
         parts.append(more)
         size += len(more)
     return block[:0].join(parts)
-
-
-def _feed_stream(acc: NcclLogAccumulator, f: Any) -> None:
-    """Count the lines of a stream (file, BytesIO, StringIO) block by block, in C: the whole lines
-    are counted as chunks that start at a process's first line (_count_chunks), so a log that
-    repeats itself costs one comparison per chunk; a stretch of more than a block with no such line is
-    counted line by line. What is not counted yet (the last chunk, begun but maybe not ended, and
-    the unfinished last line) is carried into the next block. A line longer than LINE_MAX is kept
-    up to _CUT_KEEP characters (the window cuts it to LINE_MAX and counts it as truncated) and
-    the rest of it is skipped unread, so memory stays bounded by the block size and the window
-    however long a line is."""
-    rest = None                 # read but not counted: the last chunk begun, then the unfinished line
-    cut = False                 # rest ends with the start of an over-long line; skip to its end
-    since_flush = 0
-    while True:
-        block = _read_block(f)
-        if not block:
-            break
-        nl = "\n" if isinstance(block, str) else b"\n"
-        since_flush += len(block)
-        if cut:
-            k = block.find(nl)
-            if k < 0:
-                continue
-            block, cut = block[k:], False           # its newline ends the line that was cut
-        data = block if rest is None else rest + block
-        end = data.rfind(nl) + 1                    # the whole lines end here
-        start = acc._count_chunks(data, end)
-        if end - start > BLOCK_BYTES:               # no process began in over a block
-            acc._count_block_lines(data, start, data[end:] or None)
-            start = end
-        if len(data) - end >= _CUT_KEEP:            # the unfinished line is too long: keep its start
-            data, cut = data[:end + _CUT_KEEP], True
-        rest = data[start:] or None
-        if since_flush > _WINDOW_BYTES:
-            # what the window holds is its distinct lines and chunks: a log that repeats itself is
-            # handled once per distinct line, not again every _WINDOW_BYTES (memory stays bounded
-            # by about a window and a block, whatever the file)
-            since_flush = acc._held_bytes()
-            if since_flush > _WINDOW_BYTES // 2:
-                acc._flush()
-                since_flush = 0
-    if rest:
-        acc._chunks.add(rest, 0, len(rest))
 
 
 _DETECT_RE = re.compile(r"(?m)^\W{0,8}(?:\S+\s+)?NCCL version \d+\.\d+\.\d+|"
