@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from cluster.serving import deploy
+from cluster.serving import deploy, rolling
 from cluster.serving.deploy import DeploySpec
 from cluster.base.errors import DeployError, UsageError
 from cluster.nodes.inventory import Inventory
@@ -35,6 +35,7 @@ from playbooks.outcome import Confirm, DocOutcome, OnEvent, ignore, lines_to, ne
 from playbooks.serve_wait import wait_for_app
 
 LOG_TIMEOUT_S = 60               # the ranks' log lines, read once after RUNNING
+ROLLBACK_TIMEOUT_S = 300         # a failed roll: the previous config back to RUNNING
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,8 @@ class DeployOptions:
     verify: bool = True                 # run the fabric proof before engines start
     force: bool = False                 # deploy even when the proof fails (said in warnings)
     local_root: bool = False            # this process is root (the relay needs no sudo -n)
+    max_unavailable: int = 1            # a roll replaces this many replicas (gangs) at a time
+    rollback_timeout_s: float = ROLLBACK_TIMEOUT_S
 
 
 class DeployOutcome(DocOutcome):
@@ -110,6 +113,7 @@ def _deploy(inv, session, options: DeployOptions, confirm, say, write_config,
                              "from ray.num_cpus in the inventory)") from None
         raise
     preview = deploy.placement_preview(app)
+    app = rolling.with_roll_options(app, options.max_unavailable, spec.replicas)
     text = deploy.render_config(deploy.serve_config(app, inv), spec.source,
                                 inv.ray.dashboard_port)
     leaked = deploy.find_secrets(text, options.secrets)
@@ -146,6 +150,8 @@ def _deploy(inv, session, options: DeployOptions, confirm, say, write_config,
     warnings += list(checks.warnings)
     doc["checks"] = checks.to_dict()
     problems = list(checks.problems) + deploy.capacity_problems(preview, cluster)
+    roll = _roll(inv, details, app, preview, cluster, options, doc)
+    problems += roll.problems if roll is not None else []
     if problems:
         doc.update(status="REFUSED", error="; ".join(problems))
         return 2
@@ -161,9 +167,18 @@ def _deploy(inv, session, options: DeployOptions, confirm, say, write_config,
         return 2
     if before is not None and not confirm(
             f"Application {spec.name!r} is already deployed ({before.status}); replace it "
-            f"(its replicas restart if the config changed)?"):
+            + (f"(a rolling change in {len(roll.steps)} step(s), {roll.batch} replica(s) at a "
+               f"time, each new one ready before an old one stops)?" if roll is not None else
+               "(its replicas restart if the config changed)?")):
         doc["status"] = "CANCELLED"
         return 2
+    if roll is not None:
+        # the capacity gate once more, on what runs now (the proof and the question took time)
+        details = client.serve_details()
+        roll = _roll(inv, details, app, preview, cluster, options, doc)
+        if roll is not None and roll.problems:
+            doc.update(status="REFUSED", error="; ".join(roll.problems))
+            return 2
 
     # 4. PUT (merged with the other apps on the head), then wait for RUNNING
     staging = _cache_nodes(inv, spec, cluster)
@@ -198,7 +213,60 @@ def _deploy(inv, session, options: DeployOptions, confirm, say, write_config,
     doc["error"] = deploy.failure_reason(outcome, options.timeout_s)
     say(f"not RUNNING: {doc['error']}; reading the replica logs")
     doc["log_tails"] = deploy.collect_log_tails(session, inv, outcome.state)
+    if roll is not None:
+        _roll_back(inv, client, roll, details, outcome, options, say, doc)
     return 2
+
+
+def _roll(inv, details, app, preview, cluster, options: DeployOptions,
+          doc: dict) -> "rolling.RollPlan | None":
+    """The rolling change's steps when this app runs with another config (None: a first
+    deploy or an unchanged config); doc["roll"] shows them and the capacity at each."""
+    spec = options.spec
+    running = ((details or {}).get("applications") or {}).get(spec.name) or {}
+    if not rolling.app_changed(running.get("deployed_app_config"), app):
+        return None
+    names = {n.ip: n.name for n in inv.nodes}
+    total = {n.name or n.ip: {"CPU": n.cpus, "GPU": n.gpus} for n in cluster.nodes}
+    deployments = list((running.get("deployments") or {}).values())
+    old = rolling.old_replicas(details, spec.name, names)
+    old_footprint = (rolling.footprint_of_deployment(deployments[0]) if deployments
+                     else rolling.footprint_of_preview(preview))
+    plan = rolling.plan_roll(old, old_footprint, rolling.footprint_of_preview(preview),
+                             spec.replicas, rolling.free_capacity(total, details, names),
+                             options.max_unavailable)
+    doc["roll"] = {**plan.to_dict(), "old_replicas": [r.replica_id for r in old],
+                   "max_unavailable": options.max_unavailable, "failed_step": None,
+                   "rolled_back": None}
+    return plan
+
+
+def _roll_back(inv, client, roll, details, outcome, options: DeployOptions, say,
+               doc: dict) -> None:
+    """A roll that did not finish: name the failed step and put the previous config back
+    (same code version: Serve keeps the old replicas that still run and stops the new ones)."""
+    spec = options.spec
+    old_ids = doc["roll"]["old_replicas"]
+    step = rolling.failed_step(roll, old_ids, outcome.state)
+    doc["roll"]["failed_step"] = step
+    what = roll.steps[step - 1].describe() if roll.steps else "?"
+    previous = (((details or {}).get("applications") or {}).get(spec.name) or {}).get(
+        "deployed_app_config")
+    say(f"roll step {step} of {len(roll.steps)} failed; putting the previous config back")
+    applied = deploy.deploy_app(client, previous, inv) if previous else None
+    back = None
+    if applied is not None and applied.ok:
+        last = (outcome.state.last_deployed_time_s if outcome.state else None)
+        back = wait_for_app(client, spec.name, options.rollback_timeout_s, previous_time=last,
+                            on_event=say)
+    doc["roll"]["rolled_back"] = bool(back is not None and back.running)
+    kept = (f"the previous config is back and RUNNING ({len(old_ids)} old replica(s) "
+            f"serving)" if doc["roll"]["rolled_back"] else
+            f"putting the previous config back did not finish: "
+            f"{applied.error if applied is not None and not applied.ok else 'not RUNNING'}")
+    doc.update(status="ROLL_FAILED",
+               error=f"roll step {step} of {len(roll.steps)} failed ({what}): "
+                     f"{doc['error']}; {kept}")
 
 
 # What a dry run cannot check while no head answers (doc["unchecked"] leads with these).

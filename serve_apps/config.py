@@ -45,6 +45,7 @@ the same multi_node range (cluster/planning/gang.py node_engine_kwargs).
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -396,6 +397,12 @@ def engine_kwargs_for(config: AppConfig, device: str) -> dict[str, Any]:
     # Engine stats feed /metrics (vllm:*); they are periodic, not per request.
     kwargs.setdefault("disable_log_stats", False)
     return kwargs
+
+
+def deployment_name(model_id: str) -> str:
+    """The Serve deployment's name of a model (the laptop names it in the config's
+    `deployments:` overrides, e.g. a roll's surge options)."""
+    return "vllm-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", model_id).strip("-")
 
 
 def num_serve_replicas(config: AppConfig) -> int | str | None:

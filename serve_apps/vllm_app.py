@@ -34,7 +34,6 @@ import dataclasses
 import json
 import logging
 import os
-import re
 import time
 import types
 import typing
@@ -58,6 +57,7 @@ from serve_apps.engine_metrics import stat_loggers
 from serve_apps.config import (
     AppConfig,
     AppConfigError,
+    deployment_name,
     engine_kwargs_for,
     gang_nodes,
     parse_app_args,
@@ -459,10 +459,6 @@ VLLMDeployment = serve.deployment(serve.ingress()(VLLMServer), name="VLLMServer"
 
 # ----------------------------------------------------------------------------- builders
 
-def _deployment_name(model_id: str) -> str:
-    return "vllm-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", model_id).strip("-")
-
-
 def _cluster_resources() -> dict[str, float]:
     return ray.cluster_resources() if ray.is_initialized() else {}
 
@@ -472,7 +468,7 @@ def bind_app(config: AppConfig) -> Application:
     device = resolve_device(config, _cluster_resources())
     config = dataclasses.replace(config, device=device)
     options = serve_deployment_options(config, device)
-    name = options.pop("name", None) or _deployment_name(config.model_id)
+    name = options.pop("name", None) or deployment_name(config.model_id)
     return VLLMDeployment.options(name=name, **options).bind(config.to_args())
 
 

@@ -1188,3 +1188,42 @@ def relay_all(inv, dirs, dir_of, names):
                            {n: by[n] for n in names[1:]}, True, dir_of)
         after = fix_model.manifests(inv, session, inv.nodes, True, dir_of)
     return ref, plans, report, after
+
+
+class FakeRollingServe:
+    """In-memory Serve for a rolling change of app `tiny`: `old` replicas (id -> node IP) run
+    the first config; a PUT of another config starts new replicas (RUNNING, or DEPLOY_FAILED
+    with the old ones still RUNNING when `fail_new`); a PUT of the first config again brings
+    back RUNNING on the old replicas (Serve keeps replicas of an unchanged code version)."""
+
+    def __init__(self, config, old, bundles, fail_new=False):
+        self.first = copy.deepcopy(config)
+        self.config = copy.deepcopy(config)
+        self.old, self.bundles, self.fail_new = dict(old), list(bundles), fail_new
+        self.t, self.status, self.puts = 100.0, "RUNNING", []
+        self.replicas = [{"replica_id": r, "state": "RUNNING", "node_ip": ip}
+                         for r, ip in self.old.items()]
+
+    def serve_details(self):
+        dep = {"status": "HEALTHY", "replicas": copy.deepcopy(self.replicas),
+               "deployment_config": {"placement_group_bundles": self.bundles,
+                                     "placement_group_strategy": "STRICT_PACK"}}
+        return {"http_options": {"host": "0.0.0.0", "port": 8000}, "applications": {"tiny": {
+            "status": self.status, "source": "declarative", "route_prefix": "/tiny",
+            "last_deployed_time_s": self.t, "deployed_app_config": copy.deepcopy(self.config),
+            "deployments": {"vllm-tiny": dep}}}}
+
+    def apply_application(self, app, http_options=None):
+        previous = {"last_deployed_time_s": self.t, "status": self.status}
+        self.puts.append(copy.deepcopy(dict(app)))
+        self.config, self.t = copy.deepcopy(dict(app)), self.t + 1
+        olds = [{"replica_id": r, "state": "RUNNING", "node_ip": ip} for r, ip in self.old.items()]
+        if app.get("args") == self.first.get("args"):
+            self.status, self.replicas = "RUNNING", olds
+        elif self.fail_new:
+            self.status, self.replicas = "DEPLOY_FAILED", olds
+        else:
+            self.status = "RUNNING"
+            self.replicas = [{"replica_id": f"new{i}", "state": "RUNNING", "node_ip": ip}
+                             for i, ip in enumerate(self.old.values())]
+        return DashboardReply(200, merge={"previous": previous, "http_options": http_options})

@@ -14,8 +14,10 @@ import os
 from typing import Any
 
 from cluster.base.flags import path_value, text_value
-from cluster.commands._common import (add_changing, add_json, load_inventory, positive_float,
-                                      positive_int, print_json, recorded_run, stderr, stdout)
+from cluster.base.bounds import bound
+from cluster.commands._common import (add_changing, add_json, int_range, load_inventory,
+                                      positive_float, positive_int, print_json, recorded_run,
+                                      stderr, stdout)
 from cluster.base.errors import UsageError
 
 
@@ -111,6 +113,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                           "this app's known cache before the start, the one its ranks used "
                           "after RUNNING (deploy --json: staged_cache per replica); a plan's "
                           "`stage_caches: true` does the same")
+    how.add_argument("--max-unavailable", type=int_range(1, bound("plan", "parallel_size")),
+                     default=1, metavar="N",
+                     help="an app that already runs with another config rolls: N replicas (a "
+                          "multi-node engine is one) replaced at a time, each new one ready "
+                          "before an old one stops (default %(default)s)")
     p.add_argument("--timeout", type=positive_float, default=DEFAULT_TIMEOUT_S, metavar="S",
                    help="how long to wait for RUNNING (default %(default)g)")
     add_changing(p)
@@ -156,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
                          "proof runs: give one of them")
     options = deploy.DeployOptions(spec, timeout_s=args.timeout, dry_run=args.dry_run,
                                    secrets=record.secrets, verify=not args.no_verify,
-                                   force=args.force,
+                                   force=args.force, max_unavailable=args.max_unavailable,
                                    local_root=hasattr(os, "geteuid") and os.geteuid() == 0)
     out = deploy.DeployOutcome.start(options, str(record.path))
     doc = out.doc
@@ -204,6 +211,7 @@ def _print(args: argparse.Namespace, doc: dict, record) -> None:
     for group in (doc.get("fabric_proof") or {}).get("groups") or []:
         stdout.print(f"fabric proof: {scrub(group['verdict'])}", soft_wrap=True, markup=False,
                      highlight=False)
+    _print_roll(doc.get("roll"), scrub)
     if status == "RUNNING":
         stdout.print(f"[bold green]{doc['name']} RUNNING[/bold green] "
                      f"(waited {doc.get('waited_s', 0):g} s)")
@@ -235,6 +243,21 @@ def _print(args: argparse.Namespace, doc: dict, record) -> None:
     if doc.get("app"):
         stdout.print(f"it stays in Serve as {status} for inspection (`cluster status`); remove it "
                      f"with `cluster undeploy {doc['name']}`")
+
+
+def _print_roll(roll: dict | None, scrub) -> None:
+    """A rolling change's steps in order, the free capacity after each, the failed one."""
+    if not roll:
+        return
+    stdout.print(f"rolling change: {len(roll['steps'])} step(s), {roll['batch']} replica(s) at "
+                 f"a time, each new one ready before an old one stops", soft_wrap=True)
+    for step in roll["steps"]:
+        free = ", ".join(f"{v:g} {k}" for k, v in step["free_after"].items())
+        mark = "" if step["fits"] else f"  DOES NOT FIT: {step['short']}"
+        if roll.get("failed_step") == step["step"]:
+            mark += "  FAILED"
+        stdout.print(scrub(f"  step {step['step']}: {step['what']} (free after: {free}){mark}"),
+                     soft_wrap=True, markup=False, highlight=False)
 
 
 def _print_layout(doc: dict) -> None:

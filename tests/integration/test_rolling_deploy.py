@@ -1,0 +1,147 @@
+"""A rolling change under load (issue 42 item 4): real Ray 2.60 on two simulated CPU nodes, real
+vLLM (CPU build) serving the tiny dense model, TP 1 with 2 replicas, a steady streaming load
+from the bench client (cluster/serving/bench.py); `cluster deploy` with changed engine args
+rolls with 0 failed requests and the new args are in effect after.
+
+Then, for docs/serving.md "Rolling changes" (printed, not asserted): the same kind of change
+applied the way deploys did before the roll (the config PUT without the roll options: Serve's
+default stops an old replica before its replacement starts), under the same load.
+
+One function (one cluster) so it can move into the day-two module. Heavy: 2 nodes, ~3 engines
+at the peak; run it with SIMCLUSTER_PREFIX/SUBNET/DIR of your own.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from integration_kit import ClusterCli, NODE_MODELS, derive_inventory, node_tiny_model, ray_up
+
+pytestmark = [pytest.mark.integration, pytest.mark.ray, pytest.mark.vllm]
+
+KEY = "sk-roll-5c1e7b29d4"
+APP, SERVED = "roll", "tiny-roll"
+PROFILES = {"node1": "cpu", "node2": "cpu"}
+cli = ClusterCli(timeout=1500)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_builder) -> Path:
+    return node_tiny_model(tiny_model_builder, "dense", needs=("vllm", "openai"))
+
+
+@pytest.fixture(scope="module")
+def inv(simcluster_factory, model, tmp_path_factory) -> Path:
+    sim = simcluster_factory(2, PROFILES)
+    path = derive_inventory(sim, tmp_path_factory.mktemp("roll-inv"),
+                            ray={"memory": 4 * 1024 ** 3},
+                            every_node={"env": {"CLUSTER_API_KEY": KEY}})
+    with ray_up(cli, path, timeout=600, down_first=True):
+        yield path
+
+
+def _deploy(inv: Path, model: Path, max_len: int, *extra: str) -> tuple[int, dict]:
+    return cli.json(inv, "deploy", "--model", str(model), "--dp", "2", "--name", APP,
+                    "--served-model-name", SERVED, "--max-model-len", str(max_len),
+                    "--engine-arg", "enforce_eager=true", "--yes", "--timeout", "900", *extra)
+
+
+class Load:
+    """A steady streaming load (the bench client, 2 at a time) in a thread until stopped:
+    every request's outcome is kept."""
+
+    def __init__(self, endpoint: str):
+        from cluster.serving.bench import BenchConfig
+
+        self.config = BenchConfig(url=endpoint, model=SERVED, concurrency=(2,), requests=8,
+                                  prompt_len=16, output_len=16, api_key=KEY, timeout_s=300)
+        self.outcomes: list = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        from cluster.serving.bench import run_bench
+
+        while not self.stop.is_set():
+            run_bench(self.config, on_request=lambda _c, o: self.outcomes.append(o))
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(timeout=600)
+
+    def failed(self) -> list:
+        return [o for o in self.outcomes if not o.ok]
+
+
+def _max_model_len(endpoint: str) -> int:
+    req = urllib.request.Request(endpoint + "/models", headers={"Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(req, timeout=60) as reply:
+        return json.load(reply)["data"][0]["max_model_len"]
+
+
+def _plain_redeploy(inv: Path, max_len: int) -> None:
+    """The change as deploys applied it before the roll: the config PUT with Serve's default
+    rollout (no surge), then wait for RUNNING."""
+    from cluster.nodes import inventory as inventory_mod
+    from cluster.nodes.remote import Session
+    from cluster.ray.dashboard_api import DashboardClient
+    from cluster.serving import deploy
+    from playbooks.serve_wait import wait_for_app
+
+    inventory = inventory_mod.load(str(inv))
+    with Session(inventory) as session:
+        client = DashboardClient(session, inventory)
+        app = dict(client.serve_details()["applications"][APP]["deployed_app_config"])
+        app.pop("deployments", None)
+        app["args"] = dict(app["args"], engine_kwargs=dict(app["args"]["engine_kwargs"],
+                                                           max_model_len=max_len))
+        before = deploy.app_state(client.serve_details(), APP).last_deployed_time_s
+        assert deploy.deploy_app(client, app, inventory).ok
+        assert wait_for_app(client, APP, 900, previous_time=before).running
+
+
+def test_a_rolling_change_under_load_fails_no_request(inv, model):
+    code, out = _deploy(inv, model, 512)
+    assert code == 0, json.dumps(out, indent=1)[-3000:]
+    endpoint = out["endpoint"]
+    assert _max_model_len(endpoint) == 512
+
+    code, dry = _deploy(inv, model, 448, "--dry-run")
+    assert code == 0 and [(s["start"], len(s["stop"])) for s in dry["roll"]["steps"]] == [
+        (1, 1), (1, 1)], json.dumps(dry.get("roll"), indent=1)
+
+    with Load(endpoint) as load:
+        time.sleep(10)
+        start = time.monotonic()
+        code, out = _deploy(inv, model, 448)
+        rolled_s = time.monotonic() - start
+        time.sleep(10)
+    assert code == 0, json.dumps(out, indent=1)[-3000:]
+    print(f"\nrolling change: {len(load.outcomes)} requests, {len(load.failed())} failed, "
+          f"roll {rolled_s:.0f} s; steps {[s['what'] for s in out['roll']['steps']]}")
+    assert load.outcomes and not load.failed(), [o.detail for o in load.failed()][:5]
+    assert _max_model_len(endpoint) == 448
+    assert not set(out["roll"]["old_replicas"]) & {r["replica_id"] for r in out["replicas"]}
+
+    with Load(endpoint) as plain:
+        time.sleep(10)
+        start = time.monotonic()
+        _plain_redeploy(inv, 384)
+        plain_s = time.monotonic() - start
+        time.sleep(10)
+    kinds: dict = {}
+    for o in plain.failed():
+        kinds[o.error_kind] = kinds.get(o.error_kind, 0) + 1
+    print(f"plain redeploy (before the roll): {len(plain.outcomes)} requests, "
+          f"{len(plain.failed())} failed {kinds}, {plain_s:.0f} s")
+    assert _max_model_len(endpoint) == 384
