@@ -113,7 +113,7 @@ def two_nodes(monkeypatch):
     monkeypatch.setattr("playbooks.deploy._replica_ranks", lambda session, inv, name: [])
 
     def check_nodes(session, inv, spec, cluster):
-        checks = [lib.NodeCheck(n.name, True, True, True, "set") for n in inv.nodes]
+        checks = [lib.NodeReadiness(n.name, True, True, True, "set") for n in inv.nodes]
         return lib.judge_checks(checks, spec, cluster)
 
     monkeypatch.setattr(lib, "check_nodes", check_nodes)
