@@ -6,7 +6,7 @@
 - The README's main path (the `$ cluster ...` lines of its ```console blocks, tests/fakes.py
   readme_commands) covers preflight -> fix -> up -> plan -> deploy -> bench -> status, and every
   one of its commands parses with the CLI's own argparse: a renamed subcommand or flag fails
-  here, in the fast lane (tests/integration/test_readme.py runs them on a simulated cluster).
+  here, in the fast lane (tests/integration/test_readme_main_path.py runs them on a simulated cluster).
 - scripts/test prints each lane's wall time and exit code at its end (scripts/lane_time.sh).
 """
 
