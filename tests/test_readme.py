@@ -62,6 +62,16 @@ def test_every_docs_file_the_readme_links_exists():
     assert links and [link for link in links if not (REPO / link).is_file()] == []
 
 
+def test_the_readmes_inventory_loads_and_its_head_is_the_bench_lines_address():
+    from cluster.nodes.inventory import loads
+
+    (block,) = re.findall(r"^```yaml\n(.*?)^```", README.read_text(), re.M | re.S)
+    inventory = loads(block, "README.md")
+    assert [n.role for n in inventory.nodes] == ["head", "worker"]
+    (bench,) = [c for c in readme_commands(README.read_text()) if c.argv[0] == "bench"]
+    assert f"//{inventory.nodes[0].address}:" in " ".join(bench.argv)
+
+
 # ---------------------------------------------------------------- the main path
 
 
