@@ -9,7 +9,8 @@ README's inventory and bench line expect. Only the words of README_TO_SIMULATED 
 argv words or their parts: the model path (the tiny test model at the same path on every node)
 and the head's address in the bench URL. Anything else in a README command (a subcommand, a
 flag, a value) runs as written, so a rename fails here. Ray and the app are stopped at the end.
-About 3 minutes (preflight, fix, up, a 15 s plan, a ~100 s deploy, a 16-request bench).
+About 4 minutes on the 2-core test machine (3:39: preflight, fix, up, a 15 s plan, a ~100 s
+deploy, a 16-request bench).
 """
 
 from __future__ import annotations
