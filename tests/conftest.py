@@ -58,6 +58,7 @@ HEAVY_MODULE_COST_S = {
     "test_metrics.py": 240,
     "test_dashboard_browser.py": 200,
     "test_placement_sim.py": 150,
+    "test_readme_main_path.py": 220,   # the README's main path
     "test_serve_app.py": 150,       # collected after tests/integration/: left out, it started last
 }
 

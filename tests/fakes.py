@@ -18,6 +18,7 @@ cluster_main(capsys, *argv) (in-process); inventories: write_inventory(dir, text
 Shared stand-ins: FakeOpenAI, FakeDashboard (loopback servers), FakeServe and fake_bench (tune),
 node_facts (Ray bring-up), real_plan, closed_port; labelled fixtures: fixture_labels,
 fixture_cases, assert_labels_cover_fixtures, check_label (label_values: one dotted path).
+The README's main path: readme_commands(text) (the `$ cluster ...` lines of its console blocks).
 
 `judge` builds the context as cluster/inspection/preflight.py's evaluate_node does: the check's own probe
 builders decide which outputs it reads; every probe not given is "command not found" (127).
@@ -36,6 +37,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -624,6 +626,43 @@ nodes:
       ib_hcas: [mlx5_0, mlx5_1], env: {{CLUSTER_API_KEY: {DEPLOY_API_KEY}}}}}
 ray: {{serve_port: 8000, dashboard_port: 8265}}
 """
+
+
+# ---------------------------------------------------------------- the README's main path
+
+
+README = REPO / "README.md"
+
+
+@dataclass(frozen=True)
+class ReadmeCommand:
+    """One `$ cluster ...` line of a README ```console block: its argv (after `cluster`) and the
+    exit code the README says it ends with (`# exit N` after it; 0 when none is written)."""
+
+    line: str
+    argv: tuple[str, ...]
+    exit_code: int
+
+
+_EXIT_COMMENT = re.compile(r"#\s*exit\s+([0-2])\b")
+
+
+def readme_commands(text: str) -> list[ReadmeCommand]:
+    """The main path as the README writes it: every line starting `$ cluster ` inside a fenced
+    block opened with ```console, in order. Other fences (```sh, ```yaml) are not read."""
+    import shlex
+
+    commands, fence = [], None
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fence = None if fence is not None else line[3:].strip()
+            continue
+        if fence == "console" and line.startswith("$ cluster "):
+            command, _, comment = line[2:].partition("#")
+            found = _EXIT_COMMENT.search("#" + comment) if comment else None
+            commands.append(ReadmeCommand(line, tuple(shlex.split(command)[1:]),
+                                          int(found.group(1)) if found else 0))
+    return commands
 
 
 # ---------------------------------------------------------------- plans and fixture labels

@@ -1,6 +1,7 @@
 """The ports a deployment opens between nodes (cluster/serving/ports.py, issue 39 item 7):
 what `cluster deploy --dry-run` prints so the admin can firewall what vLLM does not
-authenticate, and that the README's ports section names the same ones."""
+authenticate, and that docs/security.md's ports section (moved there from the README) names
+the same ones."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from cluster.nodes.inventory import loads as load_inventory
 from fakes import DEPLOY_INVENTORY, DEPLOY_MODEL, deploy_cluster_of
 
 RANGE = (29500, 29599)
-README = Path(__file__).resolve().parent.parent / "README.md"
+SECURITY_DOC = Path(__file__).resolve().parent.parent / "docs" / "security.md"
 CPU2 = deploy_cluster_of(("10.0.0.1", 2, 0), ("10.0.0.2", 2, 0))
 GPU2x4 = deploy_cluster_of(("10.0.0.1", 16, 4), ("10.0.0.2", 16, 4))
 GPU2x8 = deploy_cluster_of(("10.0.0.1", 64, 8), ("10.0.0.2", 64, 8))
@@ -75,8 +76,8 @@ def test_deployment_ports_follow_the_engine_the_app_will_run():
     assert ray and "driver worker" in ray[0].what and ray[0].ports == "ephemeral"
 
 
-def test_the_readme_names_the_ports_the_function_reports():
-    text = README.read_text()
+def test_the_security_doc_names_the_ports_the_function_reports():
+    text = SECURITY_DOC.read_text()
     section = text.split("### Ports a multi-node engine opens between nodes", 1)[1]
     section = section.split("\n### ", 1)[0]
     for name in ("master_port", "shm_broadcast", "data_parallel_rpc_port",

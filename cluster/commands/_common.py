@@ -215,7 +215,7 @@ class RecordedRun:
         """A playbook's typed progress event rendered: a Progress line always into the run's
         events.log, and on stderr ("<command>: ...", secrets scrubbed) only for a person at a
         terminal (not with --json): a script's stderr holds nothing but the one error line of
-        a failure (README "Exit codes"). A NodeDone has no line."""
+        a failure (docs/json.md "Exit codes"). A NodeDone has no line."""
         from playbooks.outcome import Progress
 
         if not isinstance(event, Progress):

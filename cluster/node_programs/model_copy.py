@@ -26,7 +26,7 @@
                                     is its progress. Prints {"pid", "port"}.
     stop --pid PID --tag T          ends the server started with that tag.
 
-Safety (the program starts as root on every node; README "Model copy and relay"):
+Safety (the program starts as root on every node; docs/security.md "Model copy and relay"):
 - --dir itself is walked from / one component at a time with O_NOFOLLOW (enter): a link
   anywhere on it, a directory of a third user or one others may write is refused. When the
   deepest existing directory is a user's, the program becomes that user (no other group)

@@ -1,7 +1,7 @@
 """The TCP ports one deployment opens between nodes, none of which vLLM authenticates (pure).
 
 What `cluster deploy --dry-run` prints (and deploy.json's `ports`) so the admin can firewall
-them: allow them between the cluster's own nodes only (README "Ports a multi-node engine opens
+them: allow them between the cluster's own nodes only (docs/security.md "Ports a multi-node engine opens
 between nodes"). Read from vLLM's source (vllm/distributed/parallel_state.py, vllm/v1/executor/
 multiproc_executor.py, vllm/v1/engine/utils.py, vllm/config/parallel.py):
 
