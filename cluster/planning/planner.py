@@ -5,16 +5,24 @@ The planning itself is pure: `make_plan(model, cluster, options) -> Plan` (a fro
 carries a reason line that names its rule ("R2 tp-in-node: ..."); a model that cannot be served
 on the cluster raises PlanError with the numbers that show why.
 
-Around it, three small adapters:
-- `load_cluster_facts_from_report(path)` / `latest_preflight_report(run_root)` read the facts
-  from a preflight report (`<run_root>/*/preflight.json`, newest first). Input shape:
+`plan_alternatives(model, cluster, options, n)` gives the next n layouts the rules allow, each
+a whole Plan with its trade-offs (`Plan.tradeoffs`, cluster/data/planner.yaml `tradeoffs`).
+
+Around it, small adapters:
+- `read_saved_run(path)` is the one typed reading of a saved preflight run (SavedNodeFacts per
+  node: GPUs, NVLink, the slowest Active IB port's rate, or the problem that rules it out);
+  `ClusterFacts.from_saved_run(saved, source, only)` / `load_cluster_facts_from_report(path)`
+  turn it into the planner's facts, `ClusterFacts.overridden(...)` puts flags in place of facts;
+  `latest_preflight_report(run_root)` finds `<run_root>/*/preflight.json`, newest first. Input:
       {"facts": {"nodes": {"<node>": {"gpu_count": 8, "gpu_model": "NVIDIA H100 80GB HBM3",
-                                      "gpu_memory_mib": 81559, "nvlink": true}}}}
+                                      "gpu_memory_mib": 81559, "nvlink": true,
+                                      "ib_ports": [{"state": "Active", "rate_gbps": 400}]}}}}
   (`nvlink` may be null: unknown; a node whose facts are missing or null is skipped).
 - `predict_kv_cache_tokens(model, kv_cache_bytes, ...)`: KV tokens a given KV byte budget holds,
   the figure vLLM logs at start-up ("KV cache size: N tokens").
 - `validate_engine_args(engine_args)`: the engine args through vLLM's own EngineArgs and CLI
-  parser, when vLLM is importable.
+  parser, when vLLM is importable; `validate_quietly` times it and keeps what vLLM prints or
+  logs off the terminal.
 Flags, options and report facts are checked against cluster/data/limits.yaml `plan:` (finite,
 whole where a count is meant, in range) before any loop or allocation depends on them.
 """
@@ -278,7 +286,8 @@ class ClusterFacts:
     def to_dict(self) -> dict[str, Any]:
         return {"source": self.source, "skipped": list(self.skipped),
                 "nodes": {n.node: {"gpu_count": n.gpu_count, "gpu_model": n.gpu_model,
-                                   "gpu_memory_mib": n.gpu_memory_mib, "nvlink": n.nvlink}
+                                   "gpu_memory_mib": n.gpu_memory_mib, "nvlink": n.nvlink,
+                                   "ib_rate_gbps": n.ib_rate_gbps}
                           for n in self.nodes}}
 
 
