@@ -157,6 +157,9 @@ def _read_on_node(inv, source) -> str:
         why = got.error or safe_line(got.stderr, limit=200) or got.status
         raise UsageError(f"--model {source.node}:{source.where}: cannot read {path} on "
                          f"{source.node} ({why})")
+    if got.cut:
+        raise PlanError(f"{source.node}:{path}: config.json is larger than the {len(got.stdout):,} "
+                        "bytes a command's output keeps: refused")
     return got.stdout
 
 
@@ -198,7 +201,7 @@ def cluster_facts(args: argparse.Namespace, inv=None) -> ClusterFacts:
         try:
             base = load_cluster_facts_from_report(report, only=names or None)
         except PlanError:
-            if not _complete_flags(args):
+            if args.report or not _complete_flags(args):
                 raise
     if base is None:
         if args.gpus_per_node is None:
