@@ -485,7 +485,7 @@ def test_facts_from_the_newest_preflight_report(tmp_path):
                      {"gpu1": h100, "gpu2": h100, "down": {"reachable": False}})
     assert latest_preflight_report(tmp_path) == newest
     facts = load_cluster_facts_from_report(newest)
-    assert [n.node for n in facts.nodes] == ["gpu1", "gpu2"] and facts.skipped == ("down: gpu_count None",)
+    assert [n.node for n in facts.nodes] == ["gpu1", "gpu2"] and facts.skipped == ("unreachable: down (1 node(s))",)
     plan = make_plan(model("llama-3.1-405b-instruct"), facts, PlanOptions())
     assert (plan.tensor_parallel_size, plan.pipeline_parallel_size) == (8, 2)
     assert plan.placement.bundles_per_node() == {"gpu1": 8, "gpu2": 8}

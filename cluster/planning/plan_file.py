@@ -31,7 +31,8 @@ INFO_KEYS = ("model_name", "expert_parallel_size", "gpus_per_replica", "gpus_use
              "kv_cache_dtype", "kv_bytes_per_token", "kv_bytes_per_token_per_gpu",
              "kv_cache_tokens", "total_kv_cache_tokens", "max_concurrency",
              "gpu_memory_utilization", "weights_bytes", "weights_source", "memory_per_gpu", "gpu",
-             "capacity", "reasons", "warnings", "rules", "cluster_source", "fabric")
+             "capacity", "reasons", "warnings", "rules", "cluster_source", "fabric", "layout",
+             "tradeoffs", "node_commands", "alternatives")
 KNOWN_KEYS = frozenset(USED_KEYS + INFO_KEYS)
 STRATEGIES = ("PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD")
 MAX_BYTES = 1 << 20    # a plan is a few KB

@@ -5,16 +5,24 @@ The planning itself is pure: `make_plan(model, cluster, options) -> Plan` (a fro
 carries a reason line that names its rule ("R2 tp-in-node: ..."); a model that cannot be served
 on the cluster raises PlanError with the numbers that show why.
 
-Around it, three small adapters:
-- `load_cluster_facts_from_report(path)` / `latest_preflight_report(run_root)` read the facts
-  from a preflight report (`<run_root>/*/preflight.json`, newest first). Input shape:
+`plan_alternatives(model, cluster, options, n)` gives the next n layouts the rules allow, each
+a whole Plan with its trade-offs (`Plan.tradeoffs`, cluster/data/planner.yaml `tradeoffs`).
+
+Around it, small adapters:
+- `read_saved_run(path)` is the one typed reading of a saved preflight run (SavedNodeFacts per
+  node: GPUs, NVLink, the slowest Active IB port's rate, or the problem that rules it out);
+  `ClusterFacts.from_saved_run(saved, source, only)` / `load_cluster_facts_from_report(path)`
+  turn it into the planner's facts, `ClusterFacts.overridden(...)` puts flags in place of facts;
+  `latest_preflight_report(run_root)` finds `<run_root>/*/preflight.json`, newest first. Input:
       {"facts": {"nodes": {"<node>": {"gpu_count": 8, "gpu_model": "NVIDIA H100 80GB HBM3",
-                                      "gpu_memory_mib": 81559, "nvlink": true}}}}
+                                      "gpu_memory_mib": 81559, "nvlink": true,
+                                      "ib_ports": [{"state": "Active", "rate_gbps": 400}]}}}}
   (`nvlink` may be null: unknown; a node whose facts are missing or null is skipped).
 - `predict_kv_cache_tokens(model, kv_cache_bytes, ...)`: KV tokens a given KV byte budget holds,
   the figure vLLM logs at start-up ("KV cache size: N tokens").
 - `validate_engine_args(engine_args)`: the engine args through vLLM's own EngineArgs and CLI
-  parser, when vLLM is importable.
+  parser, when vLLM is importable; `validate_quietly` times it and keeps what vLLM prints or
+  logs off the terminal.
 Flags, options and report facts are checked against cluster/data/limits.yaml `plan:` (finite,
 whole where a count is meant, in range) before any loop or allocation depends on them.
 """
@@ -24,7 +32,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -98,6 +106,101 @@ class NodeGpus:
     gpu_model: str
     gpu_memory_mib: int
     nvlink: bool | None = None
+    ib_rate_gbps: float | None = None      # the slowest Active InfiniBand/RoCE port
+
+
+@dataclass(frozen=True)
+class SavedNodeFacts:
+    """One node's facts as a saved preflight run holds them (preflight.json facts.nodes.<node>),
+    read once and typed: every value checked (type, finite, in range); `problem` says why the
+    node's GPU facts cannot be planned on (unreachable, no GPU count...), None when they can."""
+
+    node: str
+    reachable: bool
+    gpu_count: int | None = None
+    gpu_model: str | None = None
+    gpu_names: tuple[str, ...] = ()
+    gpu_memory_mib: int | None = None
+    nvlink: bool | None = None
+    ib_rate_gbps: float | None = None
+    problem: str | None = None
+
+    def gpus(self) -> NodeGpus | None:
+        """The node's GPUs for the planner, None when its facts have a problem."""
+        if self.problem is not None or self.gpu_count is None:
+            return None
+        return NodeGpus(self.node, self.gpu_count, self.gpu_model or "", self.gpu_memory_mib or 0,
+                        self.nvlink, self.ib_rate_gbps)
+
+
+def _number(value: Any, lo: float, hi: float) -> float | None:
+    """A finite JSON number (not a bool) in [lo, hi], else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and lo <= value <= hi else None
+
+
+def _ib_rate(ports: Any) -> float | None:
+    """The slowest Active port's rate (Gb/s) of a saved `ib_ports` list, None without one."""
+    if not isinstance(ports, list):
+        return None
+    rates = [_number(p.get("rate_gbps"), 0, 1e6) for p in ports[:256]
+             if isinstance(p, Mapping) and p.get("state") == "Active"]
+    rates = [r for r in rates if r]
+    return min(rates) if rates else None
+
+
+def read_saved_node(name: str, raw: Any) -> SavedNodeFacts:
+    """The typed reading of one node's saved preflight facts (the one place that reads the
+    saved run's keys)."""
+    if not isinstance(raw, Mapping):
+        return SavedNodeFacts(name, False, problem="no facts")
+    reachable = raw.get("reachable") is not False
+    if not reachable:
+        return SavedNodeFacts(name, False, problem="unreachable")
+    count = raw.get("gpu_count")
+    if isinstance(count, bool) or not isinstance(count, int) or not \
+            0 <= count <= bound("plan", "gpus_per_node"):
+        why = "no GPU count" if count is None else f"gpu_count {safe_line(repr(count), limit=40)}"
+        return SavedNodeFacts(name, True, problem=why)
+    model = raw.get("gpu_model")
+    mem = _number(raw.get("gpu_memory_mib"), 1, bound("plan", "gpu_memory_gib") * 1024)
+    if count > 0 and (not isinstance(model, str) or mem is None):
+        return SavedNodeFacts(name, True, count, problem="gpu_model/gpu_memory_mib missing or "
+                                                         "out of range")
+    names = raw.get("gpu_names")
+    names = tuple(safe_line(n, limit=80) for n in names[:bound("plan", "gpus_per_node")]) \
+        if isinstance(names, list) else ()
+    nvlink = raw.get("nvlink")
+    return SavedNodeFacts(name, True, count, safe_line(model or "", limit=200), names,
+                          int(mem) if mem is not None else 0,
+                          nvlink if isinstance(nvlink, bool) else None,
+                          _ib_rate(raw.get("ib_ports")))
+
+
+def read_saved_run(path: str | Path) -> tuple[SavedNodeFacts, ...]:
+    """The typed reading of a saved preflight run's facts (preflight.json), node by node."""
+    p = Path(path)
+    data = read_json_file(p, "preflight report", max_bytes=bound("files", "preflight_report"))
+    facts = data.get("facts") if isinstance(data, Mapping) else None
+    raw_nodes = facts.get("nodes") if isinstance(facts, Mapping) else None
+    if not isinstance(raw_nodes, Mapping):
+        raise PlanError(f"{p}: no facts.nodes in the preflight report (expected "
+                        '{"facts": {"nodes": {"<node>": {"gpu_count": ..., ...}}}})')
+    if len(raw_nodes) > bound("plan", "nodes"):
+        raise PlanError(f"{p}: {len(raw_nodes):,} nodes in the preflight report, more than the "
+                        f"{bound('plan', 'nodes'):,} a plan handles")
+    return tuple(read_saved_node(safe_line(name, limit=200), raw) for name, raw in raw_nodes.items())
+
+
+def _folded(skipped: Sequence[SavedNodeFacts]) -> tuple[str, ...]:
+    """Skipped nodes, one line per reason: "unreachable: rb-01, rb-02 (2 nodes)"."""
+    by_reason: dict[str, list[str]] = {}
+    for s in skipped:
+        by_reason.setdefault(s.problem or "no facts", []).append(s.node)
+    return tuple(f"{why}: {', '.join(names[:8])}" + (f" and {len(names) - 8} more" if len(names) > 8
+                                                     else "") + f" ({len(names)} node(s))"
+                 for why, names in by_reason.items())
 
 
 @dataclass(frozen=True)
@@ -111,30 +214,115 @@ class ClusterFacts:
 
     @classmethod
     def from_flags(cls, *, nodes: int = 1, gpus_per_node: int, gpu_model: str | None = None,
-                   gpu_memory_gib: float | None = None, nvlink: bool | None = None) -> "ClusterFacts":
+                   gpu_memory_gib: float | None = None, nvlink: bool | None = None,
+                   ib_rate_gbps: float | None = None,
+                   names: Sequence[str] = ()) -> "ClusterFacts":
+        """Facts from flags alone; `names`: the inventory's node names (node1.. without)."""
         nodes = check_int(nodes, "--nodes", lo=1, hi=bound("plan", "nodes"))
         gpus_per_node = check_int(gpus_per_node, "--gpus-per-node", lo=1,
                                   hi=bound("plan", "gpus_per_node"))
-        spec = lookup_gpu(gpu_model)
-        if gpu_memory_gib is not None:
-            gpu_memory_gib = check_float(gpu_memory_gib, "--gpu-memory-gib", lo=0, lo_open=True,
-                                         hi=bound("plan", "gpu_memory_gib"))
-            memory_mib = max(1, int(round(gpu_memory_gib * 1024)))
-        elif spec is not None:
-            memory_mib = spec.memory_mib
-        else:
-            raise UsageError(f"unknown GPU model {gpu_model!r} (not in cluster/data/gpus.yaml): "
-                             f"pass --gpu-memory-gib" if gpu_model else
-                             "pass --gpu-model NAME or --gpu-memory-gib M with --gpus-per-node")
-        name = spec.name if spec else (gpu_model or "unknown GPU")
-        return cls(tuple(NodeGpus(f"node{i + 1}", gpus_per_node, name, memory_mib, nvlink)
-                         for i in range(nodes)), source="flags")
+        model, memory_mib = _gpu_of_flags(gpu_model, gpu_memory_gib)
+        model = model or "unknown GPU"
+        named = _node_names(names, nodes)
+        return cls(tuple(NodeGpus(n, gpus_per_node, model, memory_mib, nvlink,
+                                  _checked_rate(ib_rate_gbps)) for n in named), source="flags")
+
+    @classmethod
+    def from_saved_run(cls, saved: Sequence[SavedNodeFacts], source: str,
+                       only: Sequence[str] | None = None) -> "ClusterFacts":
+        """Facts from a saved preflight run's typed reading; `only`: the nodes to plan on (the
+        inventory's), a node the run does not hold is skipped, the run's other nodes ignored.
+        PlanError in one line when no node has GPU facts."""
+        if only is not None:
+            by_name = {s.node: s for s in saved}
+            saved = [by_name.get(name) or SavedNodeFacts(name, False, problem="not in the run")
+                     for name in dict.fromkeys(only)]
+        usable = [(s, s.gpus()) for s in saved]
+        nodes = tuple(g for _, g in usable if g is not None)
+        skipped = _folded([s for s, g in usable if g is None])
+        if not nodes:
+            raise PlanError(f"{source}: no node with GPU facts ({'; '.join(skipped) or 'facts.nodes is empty'}): "
+                            f"fix them and rerun `cluster preflight`, or pass --gpus-per-node G "
+                            f"with --gpu-model NAME")
+        notes = tuple(f"R7 mixed-gpus: node {s.node} mixes {', '.join(sorted(set(s.gpu_names))[:16])}; "
+                      f"planned at its smallest GPU memory ({s.gpu_memory_mib} MiB)"
+                      for s, g in usable if g is not None and len(set(s.gpu_names)) > 1)
+        return cls(nodes, source=source, skipped=skipped, notes=notes)
+
+    def overridden(self, *, nodes: int | None = None, gpus_per_node: int | None = None,
+                   gpu_model: str | None = None, gpu_memory_gib: float | None = None,
+                   nvlink: bool | None = None, ib_rate_gbps: float | None = None) -> "ClusterFacts":
+        """These facts with each given flag in place of what was read (--nodes keeps the first
+        N nodes, or adds nodes like the last one)."""
+        given = {k: v for k, v in (("--nodes", nodes), ("--gpus-per-node", gpus_per_node),
+                                   ("--gpu-model", gpu_model), ("--gpu-memory-gib", gpu_memory_gib),
+                                   ("--nvlink", nvlink), ("--ib-rate-gbps", ib_rate_gbps))
+                 if v is not None}
+        if not given:
+            return self
+        out = list(self.nodes)
+        if nodes is not None:
+            nodes = check_int(nodes, "--nodes", lo=1, hi=bound("plan", "nodes"))
+            names = _node_names([n.node for n in out], nodes)
+            out = [out[i] if i < len(out) else replace(out[-1], node=name)
+                   for i, name in enumerate(names)]
+        change: dict[str, Any] = {}
+        if gpus_per_node is not None:
+            change["gpu_count"] = check_int(gpus_per_node, "--gpus-per-node", lo=1,
+                                            hi=bound("plan", "gpus_per_node"))
+        if gpu_model is not None or gpu_memory_gib is not None:
+            model, memory_mib = _gpu_of_flags(gpu_model, gpu_memory_gib)
+            if model is not None:
+                change["gpu_model"] = model
+            change["gpu_memory_mib"] = memory_mib
+        if nvlink is not None:
+            change["nvlink"] = nvlink
+        if ib_rate_gbps is not None:
+            change["ib_rate_gbps"] = _checked_rate(ib_rate_gbps)
+        out = [replace(n, **change) for n in out]
+        return ClusterFacts(tuple(out), source=f"{self.source} + {', '.join(given)}",
+                            skipped=self.skipped, notes=self.notes)
 
     def to_dict(self) -> dict[str, Any]:
         return {"source": self.source, "skipped": list(self.skipped),
                 "nodes": {n.node: {"gpu_count": n.gpu_count, "gpu_model": n.gpu_model,
-                                   "gpu_memory_mib": n.gpu_memory_mib, "nvlink": n.nvlink}
+                                   "gpu_memory_mib": n.gpu_memory_mib, "nvlink": n.nvlink,
+                                   "ib_rate_gbps": n.ib_rate_gbps}
                           for n in self.nodes}}
+
+
+def _gpu_of_flags(gpu_model: str | None, gpu_memory_gib: float | None) -> tuple[str | None, int]:
+    """(GPU name, memory MiB) from --gpu-model / --gpu-memory-gib: the memory given, else the
+    model's from gpus.yaml; UsageError for an unknown model without a memory."""
+    spec = lookup_gpu(gpu_model)
+    if gpu_memory_gib is not None:
+        gpu_memory_gib = check_float(gpu_memory_gib, "--gpu-memory-gib", lo=0, lo_open=True,
+                                     hi=bound("plan", "gpu_memory_gib"))
+        memory_mib = max(1, int(round(gpu_memory_gib * 1024)))
+    elif spec is not None:
+        memory_mib = spec.memory_mib
+    else:
+        raise UsageError(f"unknown GPU model {gpu_model!r} (not in cluster/data/gpus.yaml): "
+                         f"pass --gpu-memory-gib" if gpu_model else
+                         "pass --gpu-model NAME or --gpu-memory-gib M with --gpus-per-node")
+    return (spec.name if spec else gpu_model), memory_mib
+
+
+def _checked_rate(rate: float | None) -> float | None:
+    if rate is None:
+        return None
+    return check_float(rate, "--ib-rate-gbps", lo=0, lo_open=True, hi=bound("plan", "ib_rate_gbps"))
+
+
+def _node_names(names: Sequence[str], count: int) -> list[str]:
+    """`count` node names: the given ones first, then node<i> names not taken."""
+    out = list(dict.fromkeys(names))[:count]
+    i = 0
+    while len(out) < count:
+        i += 1
+        if f"node{i}" not in out:
+            out.append(f"node{i}")
+    return out
 
 
 def latest_preflight_report(run_root: str | Path = "runs") -> Path | None:
@@ -144,47 +332,11 @@ def latest_preflight_report(run_root: str | Path = "runs") -> Path | None:
     return latest_report(run_root, "preflight.json")
 
 
-def load_cluster_facts_from_report(path: str | Path) -> ClusterFacts:
-    """Cluster facts from a preflight JSON report (shape in the module docstring)."""
-    p = Path(path)
-    data = read_json_file(p, "preflight report", max_bytes=bound("files", "preflight_report"))
-    facts = data.get("facts") if isinstance(data, Mapping) else None
-    raw_nodes = facts.get("nodes") if isinstance(facts, Mapping) else None
-    if not isinstance(raw_nodes, Mapping):
-        raise PlanError(f"{p}: no facts.nodes in the preflight report (expected "
-                        '{"facts": {"nodes": {"<node>": {"gpu_count": ..., ...}}}})')
-    if len(raw_nodes) > bound("plan", "nodes"):
-        raise PlanError(f"{p}: {len(raw_nodes):,} nodes in the preflight report, more than the "
-                        f"{bound('plan', 'nodes'):,} a plan handles")
-    max_mib = bound("plan", "gpu_memory_gib") * 1024
-    nodes, skipped, notes = [], [], []
-    for raw_name, f in raw_nodes.items():
-        name = safe_line(raw_name, limit=200)
-        if not isinstance(f, Mapping):
-            skipped.append(f"{name}: no facts")
-            continue
-        count, model, mem = f.get("gpu_count"), f.get("gpu_model"), f.get("gpu_memory_mib")
-        if (not isinstance(count, int) or isinstance(count, bool) or count < 0
-                or count > bound("plan", "gpus_per_node")):
-            skipped.append(f"{name}: gpu_count {safe_line(repr(count), limit=40)}")
-            continue
-        mem_ok = (isinstance(mem, (int, float)) and not isinstance(mem, bool)
-                  and math.isfinite(mem) and 1 <= mem <= max_mib)
-        if count > 0 and (not isinstance(model, str) or not mem_ok):
-            skipped.append(f"{name}: gpu_model/gpu_memory_mib missing or out of range")
-            continue
-        names = f.get("gpu_names")
-        if isinstance(names, list) and len(set(map(str, names))) > 1:
-            mixed = sorted({safe_line(n, limit=80) for n in names})[:16]
-            notes.append(f"R7 mixed-gpus: node {name} mixes {', '.join(mixed)}; "
-                         f"planned at its smallest GPU memory ({int(mem)} MiB)")
-        nvlink = f.get("nvlink")
-        nodes.append(NodeGpus(name, count, safe_line(model or "", limit=200),
-                              int(mem) if mem_ok else 0,
-                              nvlink if isinstance(nvlink, bool) else None))
-    if not nodes:
-        raise PlanError(f"{p}: no node with GPU facts ({'; '.join(skipped) or 'facts.nodes is empty'})")
-    return ClusterFacts(tuple(nodes), source=str(p), skipped=tuple(skipped), notes=tuple(notes))
+def load_cluster_facts_from_report(path: str | Path, only: Sequence[str] | None = None
+                                   ) -> ClusterFacts:
+    """Cluster facts from a preflight JSON report (shape in the module docstring); `only`: the
+    inventory's node names (the plan's nodes, in its order)."""
+    return ClusterFacts.from_saved_run(read_saved_run(path), str(path), only)
 
 
 # ---------------------------------------------------------------- options and plan
@@ -327,6 +479,8 @@ class Plan:
     warnings: tuple[str, ...]
     rules: tuple[str, ...]
     cluster_source: str = "flags"
+    layout: str = ""                       # "TP 8 × PP 2", "TP 1 × DP 16 with EP 16"
+    tradeoffs: tuple[str, ...] = ()        # what this layout gives up (planner.yaml tradeoffs)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -361,6 +515,8 @@ class Plan:
             "warnings": list(self.warnings),
             "rules": list(self.rules),
             "cluster_source": self.cluster_source,
+            "layout": self.layout,
+            "tradeoffs": list(self.tradeoffs),
         }
 
     def _instances(self) -> int:
@@ -415,6 +571,7 @@ class _Hardware:
     nvlink: bool
     notes: tuple[str, ...]
     warnings: tuple[str, ...]
+    ib_rate_gbps: float | None = None     # the slowest known InfiniBand/RoCE port rate
 
     @property
     def num_nodes(self) -> int:
@@ -479,6 +636,7 @@ def summarize_cluster(cluster: ClusterFacts) -> _Hardware:
         architecture=spec.architecture if spec else (archs[0] if archs else None),
         fp8_ok=fp8_ok, bf16_ok=bf16_ok, nvlink=nvlink,
         notes=tuple(notes), warnings=tuple(warnings),
+        ib_rate_gbps=min((n.ib_rate_gbps for n in gpu_nodes if n.ib_rate_gbps), default=None),
     )
 
 
@@ -657,6 +815,21 @@ def all2all_backend(hw: _Hardware, layout: _Layout, nodes_per_replica: int,
                                     f"{chosen['why']} (workload {workload}){span}")
 
 
+def _tradeoffs(hw: _Hardware, lay: _Layout, placement: Placement,
+               a2a: tuple[str, str] | None) -> tuple[str, ...]:
+    """What the layout gives up: its rule's line (planner.yaml tradeoffs), the traffic that
+    crosses nodes when one engine spans them, DeepEP's NVSHMEM need."""
+    data = planner_defaults()
+    out = [str(data["tradeoffs"][lay.rule.split(" ")[0]])]
+    if placement.nodes_per_replica > 1:
+        kinds = ("expert all-to-all" if lay.ep else "pipeline" if lay.tp <= hw.gpus_per_node
+                 else "tensor-parallel all-reduce")
+        out.append(str(data["spans_nodes"]).format(nodes=placement.nodes_per_replica, kinds=kinds))
+    if a2a is not None and a2a[0].startswith("deepep"):
+        out.append(f"all2all_backend {a2a[0]}: {data['deepep']}")
+    return tuple(out)
+
+
 def _fmt_gib(b: float) -> str:
     return f"{b / GiB:.1f} GiB"
 
@@ -755,6 +928,41 @@ def _checked_options(options: PlanOptions) -> PlanOptions:
 
 def make_plan(model: ModelInfo, cluster: ClusterFacts, options: PlanOptions = PlanOptions()) -> Plan:
     """Pure: model facts + cluster facts + options -> Plan (or PlanError with the numbers)."""
+    plan = _plan(model, cluster, options, 0)
+    assert plan is not None       # pick 0 is the first fit, or _plan raised PlanError
+    return plan
+
+
+def plan_alternatives(model: ModelInfo, cluster: ClusterFacts, options: PlanOptions,
+                      count: int) -> tuple[Plan, ...]:
+    """The next `count` layouts the rules allow after make_plan's (each a whole Plan): first
+    the best fitting layout of each other rule, then the remaining fits in preference order."""
+    count = check_int(count, "--alternatives", lo=0, hi=bound("plan", "alternatives"))
+    out = []
+    for pick in range(1, count + 1):
+        plan = _plan(model, cluster, options, pick)
+        if plan is None:
+            break
+        out.append(plan)
+    return tuple(out)
+
+
+def _ranked(fits: Sequence[_Fit]) -> list[_Fit]:
+    """Fitting layouts in the order alternatives are offered: the chosen (first) one, the first
+    of each other rule, then the rest in candidate order."""
+    if not fits:
+        return []
+    first_of_rule: dict[str, _Fit] = {}
+    for f in fits[1:]:
+        if f.layout.rule != fits[0].layout.rule:
+            first_of_rule.setdefault(f.layout.rule, f)
+    lead = [fits[0], *first_of_rule.values()]
+    return lead + [f for f in fits[1:] if f not in lead]
+
+
+def _plan(model: ModelInfo, cluster: ClusterFacts, options: PlanOptions, pick: int) -> Plan | None:
+    """The plan of the pick-th layout in _ranked order (0: the first that fits); None when
+    fewer layouts fit."""
     data = planner_defaults()
     d = data["defaults"]
     hw = summarize_cluster(cluster)
@@ -796,20 +1004,20 @@ def make_plan(model: ModelInfo, cluster: ClusterFacts, options: PlanOptions = Pl
     block = int(d["block_size"])
     needed = min_conc * max_len
 
-    # parallelism: first layout that fits
-    tried: list[_Fit] = []
-    chosen: _Fit | None = None
-    for layout in _candidates(model, hw):
-        fit = _evaluate(model, hw, layout, util=util_asked, kv_b=kv_b, block=block, needed_tokens=needed)
-        tried.append(fit)
-        if fit.fits:
-            chosen = fit
-            break
-    if chosen is None:
+    # parallelism: first layout that fits (pick > 0: an alternative)
+    tried = [_evaluate(model, hw, layout, util=util_asked, kv_b=kv_b, block=block,
+                       needed_tokens=needed) for layout in _candidates(model, hw)]
+    fits = [f for f in tried if f.fits]
+    if not fits:
         raise _no_fit_error(model, hw, tried, min_conc, max_len)
+    ranked = _ranked(fits)
+    if pick >= len(ranked):
+        return None
+    chosen = ranked[pick]
     lay = chosen.layout
-    for f in tried[:-1]:
-        reasons.append(f"{f.layout.rule}: {f.layout.describe()} rejected: {f.why_not()}")
+    if pick == 0:
+        for f in tried[:tried.index(chosen)]:
+            reasons.append(f"{f.layout.rule}: {f.layout.describe()} rejected: {f.why_not()}")
     placement = _placement(hw, lay)
     where = f"{hw.gpu_name} ({hw.memory_gib:.1f} GiB)"
     if lay.rule.startswith("R1"):
@@ -944,10 +1152,12 @@ def make_plan(model: ModelInfo, cluster: ClusterFacts, options: PlanOptions = Pl
         weights_bytes=model.weights_bytes, weights_source=model.weights_source, memory=mem,
         gpu={"model": hw.gpu_name, "memory_gib": round(hw.memory_gib, 2),
              "architecture": hw.architecture, "nvlink": hw.nvlink, "fp8": hw.fp8_ok,
-             "nodes": hw.num_nodes, "gpus_per_node": hw.gpus_per_node},
+             "nodes": hw.num_nodes, "gpus_per_node": hw.gpus_per_node,
+             "ib_rate_gbps": hw.ib_rate_gbps},
         engine_args=engine_args, placement=placement, capacity=capacity,
         reasons=tuple(reasons), warnings=tuple(warnings), rules=rules,
-        cluster_source=cluster.source,
+        cluster_source=cluster.source, layout=lay.describe(),
+        tradeoffs=_tradeoffs(hw, lay, placement, a2a),
     )
 
 
@@ -961,13 +1171,65 @@ class EngineArgsCheck:
     status: str
     detail: str
     vllm_version: str | None = None
+    seconds: float | None = None          # how long the check took (None: not run)
+    silenced_lines: int = 0               # third-party output lines kept off the terminal
 
     @property
     def ok(self) -> bool:
         return self.status != "invalid"
 
+    def line(self) -> str:
+        """One line for a terminal: what ran, how long it took, or why it was skipped."""
+        took = f" in {self.seconds:.1f} s" if self.seconds is not None else ""
+        return f"validation: {self.status}{took}: {self.detail}"
+
     def to_dict(self) -> dict[str, Any]:
-        return {"status": self.status, "detail": self.detail, "vllm_version": self.vllm_version}
+        return {"status": self.status, "detail": self.detail, "vllm_version": self.vllm_version,
+                "seconds": None if self.seconds is None else round(self.seconds, 2),
+                "silenced_lines": self.silenced_lines}
+
+
+SKIPPED_BY_FLAG = EngineArgsCheck("skipped", "--no-validate")
+
+
+def validate_quietly(engine_args: Mapping[str, Any]) -> EngineArgsCheck:
+    """validate_engine_args timed, with what vLLM and its imports print or log (Triton's "CPU
+    backend" note, Python warnings, vLLM's logger) kept off the terminal: file descriptors 1
+    and 2 point at a temporary file while it runs, Python warnings are caught; the lines it
+    caught are counted, never shown. Our own verdict is the returned value."""
+    import contextlib
+    import io
+    import logging
+    import os
+    import sys
+    import tempfile
+    import time
+    import warnings
+
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved = [os.dup(1), os.dup(2)]
+    start = time.monotonic()
+    text = io.StringIO()
+    with tempfile.TemporaryFile() as sink, warnings.catch_warnings(record=True) as caught, \
+            contextlib.redirect_stdout(text), contextlib.redirect_stderr(text):
+        warnings.simplefilter("always")
+        os.dup2(sink.fileno(), 1)
+        os.dup2(sink.fileno(), 2)
+        try:
+            check = validate_engine_args(engine_args)
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+            logging.getLogger("vllm").setLevel(logging.ERROR)   # nothing of it later either
+        sink.seek(0)
+        lines = len(sink.read(1 << 20).splitlines()) + len(caught) + \
+            len(text.getvalue().splitlines())
+    return replace(check, seconds=time.monotonic() - start, silenced_lines=lines)
 
 
 def _cli_argv(kwargs: Mapping[str, Any]) -> list[str]:
