@@ -189,3 +189,17 @@ def test_preflight_timeout_is_finite_and_in_range(tmp_path, value):
     proc = _cli(_behind(tmp_path, closed_port()), tmp_path, "preflight", "--timeout", value)
     assert proc.returncode == 2 and "argument --timeout: " in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_fold_makes_one_group_of_every_key_failed_behind_a_dead_jump_host():
+    """What fix's and exec's folded tables read: 3 checks x 16 nodes behind one dead bastion."""
+    from cluster.report.fold import JUMP_HOST_KEY, Row, fold
+
+    rows = [Row(f"rb-{i:02d}", check, "error",
+                f"unreachable: rb-{i:02d}: jump host ops@b unreachable (no route to host)")
+            for check in ("gpus", "memlock", "clock") for i in range(1, 17)]
+    rows.append(Row("gpu-1", "gpus", "ok", "8 x H100"))
+    groups = fold(rows)
+    assert [(g.key, g.status, g.count) for g in groups] == [(JUMP_HOST_KEY, "unreachable", 16),
+                                                            ("gpus", "ok", 1)]
+    assert groups[0].summary.startswith("jump host ops@b unreachable (no route to host)")

@@ -223,8 +223,8 @@ class RecordedRun:
         `node_time_s` bounds each node's whole time per call (--timeout)."""
         from cluster.nodes.remote import Session
 
-        return Session(self.inventory, hooks=[hook or self.record.record],
-                       node_time_s=node_time_s)
+        bounded = {} if node_time_s is None else {"node_time_s": node_time_s}
+        return Session(self.inventory, hooks=[hook or self.record.record], **bounded)
 
     def event(self, event: Any) -> None:
         """A playbook's typed progress event rendered: a Progress line always into the run's

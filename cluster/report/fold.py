@@ -67,16 +67,26 @@ def exact(row: Row) -> str:
     return row.summary
 
 
+JUMP_HOST_KEY = "jump host"      # the key of a dead jump host's one group
+
+
 def fold(rows: Iterable[Row], label: Callable[[Row], str] = quiet_shape) -> list[Group]:
     """Group rows by key, then status and label(row) (by default numbers are ignored for quiet
     statuses). Keys keep their first-seen order; within a key the worst status comes first and,
-    within a status, the largest group.
+    within a status, the largest group. Rows that failed behind a dead jump host (their summary
+    ends with its shared cause) are one group per jump host, first, whatever their keys.
     """
     by_key: dict[str, dict[tuple[str, str], list[Row]]] = {}
+    behind: dict[JumpHostDown, list[str]] = {}
     for row in rows:
+        down = None if row.status in QUIET else jump_host_down(row.summary)
+        if down is not None:        # every key of every node behind it: one group
+            behind.setdefault(down, []).append(row.node)
+            continue
         label_text = label(row)
         by_key.setdefault(row.key, {}).setdefault((row.status, label_text), []).append(row)
-    out: list[Group] = []
+    out = [Group(JUMP_HOST_KEY, "unreachable", f"{down.text}: the nodes behind it not reached",
+                 tuple(dict.fromkeys(nodes)), None, False) for down, nodes in behind.items()]
     for key, groups in by_key.items():
         made = [Group(key, members[0].status, members[0].summary,
                       tuple(r.node for r in members), members[0].fix,
