@@ -64,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
         elif shown:
             for part in command_results_folded(shown, title=title):
                 stdout.print(part)
-        for line in shared_cause_lines(causes, "not run"):
+        scrubbed_causes = shared_causes((r.node, r.error) for r in results if not r.reached)
+        for line in shared_cause_lines(scrubbed_causes, "not run"):
             stdout.print(line)
         bad = [r for r in results if not r.ok]
         summary = f"{len(results) - len(bad)}/{len(results)} nodes ok"
