@@ -16,8 +16,9 @@ probe outputs / NodeContext a preflight check is judged on.
 The CLI: cluster_cli(*args) (a subprocess; the only one), cluster_process(*args) (left running),
 cluster_main(capsys, *argv) (in-process); inventories: write_inventory(dir, text), inventory_of.
 Shared stand-ins: FakeOpenAI, FakeDashboard (loopback servers), FakeServe and fake_bench (tune),
-node_facts (Ray bring-up), real_plan, closed_port; labelled fixtures: fixture_labels,
-fixture_cases, assert_labels_cover_fixtures, check_label (label_values: one dotted path).
+node_facts (Ray bring-up), real_plan, closed_port, SilentListener (a bastion that never speaks);
+labelled fixtures: fixture_labels, fixture_cases, assert_labels_cover_fixtures, check_label
+(label_values: one dotted path).
 The README's main path: readme_commands(text) (the `$ cluster ...` lines of its console blocks).
 
 `judge` builds the context as cluster/inspection/preflight.py's evaluate_node does: the check's own probe
@@ -28,6 +29,7 @@ Nothing here talks to a network or runs a command on a node.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
 import os
@@ -1266,3 +1268,33 @@ class FakeRollingServe:
             self.replicas = [{"replica_id": f"new{i}", "state": "RUNNING", "node_ip": ip}
                              for i, ip in enumerate(self.old.values())]
         return DashboardReply(200, merge={"previous": previous, "http_options": http_options})
+
+
+class SilentListener:
+    """A loopback TCP listener that accepts every connection and never sends a byte: a bastion
+    whose sshd hangs before its banner. `accepted` counts the connections; close() ends it."""
+
+    def __init__(self, host: str = "127.0.0.1"):
+        self._sock = socket.socket()
+        self._sock.bind((host, 0))
+        self._sock.listen(1024)
+        self.port = self._sock.getsockname()[1]
+        self.accepted = 0
+        self._held: list[socket.socket] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:        # closed
+                return
+            self._held.append(conn)
+            self.accepted += 1
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)   # wakes the accept() under way
+        self._sock.close()
+        for conn in self._held:
+            conn.close()

@@ -54,7 +54,7 @@ def test_exact_label_keeps_outputs_apart():
 def test_compress_like_dshbak():
     assert compress(["node1", "node2", "node3", "node7", "gpu-a", "node9"]) == "node[1-3,7,9],gpu-a"
     assert compress(["node5"]) == "node5"
-    assert compress(["n01", "n02"]) == "n01,n02"  # zero-padded names are kept as they are
+    assert compress(["n01", "n02"]) == "n[01-02]"  # zero-padded names keep their width
     many = [f"r{i}n1" for i in range(30)]
     assert "(+" in compress(many, limit=5)
 

@@ -106,6 +106,18 @@ def add_nodes(parser: argparse.ArgumentParser,
     parser.add_argument("--nodes", metavar="PATTERN", type=text_value, help=help)
 
 
+def add_node_timeout(parser: argparse.ArgumentParser) -> None:
+    """--timeout S: each node's whole time (connecting, through its jump host too, and the
+    command), a finite number in (0, limits.yaml node_time.timeout_s]."""
+    from cluster.base.bounds import bound
+
+    parser.add_argument("--timeout", type=float_range(0, bound("node_time", "timeout_s"),
+                                                      strict=True), metavar="S",
+                        help="seconds each node may take in all, connecting (through the jump "
+                             "host too) included (default: the inventory's connect and command "
+                             "timeouts)")
+
+
 def add_serial(parser: argparse.ArgumentParser) -> None:
     """--serial N: change the workers N at a time (a rolling operation); 0 means all at once."""
     parser.add_argument("--serial", type=_serial, default=0, metavar="N",
@@ -205,11 +217,14 @@ class RecordedRun:
         if value and value not in self.record.secrets:
             self.record.secrets = self.record.secrets + (value,)
 
-    def session(self, hook: Callable[[Any], Any] | None = None) -> Any:
-        """A Session over the inventory that logs each command (through `hook` when given)."""
+    def session(self, hook: Callable[[Any], Any] | None = None,
+                node_time_s: float | None = None) -> Any:
+        """A Session over the inventory that logs each command (through `hook` when given);
+        `node_time_s` bounds each node's whole time per call (--timeout)."""
         from cluster.nodes.remote import Session
 
-        return Session(self.inventory, hooks=[hook or self.record.record])
+        bounded = {} if node_time_s is None else {"node_time_s": node_time_s}
+        return Session(self.inventory, hooks=[hook or self.record.record], **bounded)
 
     def event(self, event: Any) -> None:
         """A playbook's typed progress event rendered: a Progress line always into the run's

@@ -1,4 +1,5 @@
-"""`cluster preflight [--nodes PATTERN] [--json]`: every node check in parallel, plus cross-node checks."""
+"""`cluster preflight [--nodes PATTERN] [--timeout S] [--json]`: every node check in parallel, plus
+cross-node checks; nodes behind a jump host this run could not reach are one line, not a row each."""
 
 from __future__ import annotations
 
@@ -7,12 +8,12 @@ import argparse
 from rich.table import Table
 from rich.text import Text
 
-from cluster.commands._common import (add_json, add_nodes, emit_json, recorded_run_on_nodes,
-                                      stdout)
-from cluster.report.fold import Row, fold, grid_fits
+from cluster.commands._common import (add_json, add_node_timeout, add_nodes, emit_json,
+                                      recorded_run_on_nodes, stdout)
+from cluster.report.fold import Row, fold, grid_fits, shared_causes
 from playbooks import preflight
 from cluster.report.render import (STATUS_STYLE, breakable, fix_lines, folded_table, id_column,
-                                   prose, text_column)
+                                   prose, shared_cause_lines, shared_causes_json, text_column)
 from cluster.base.results import Report, Status
 from playbooks.outcome import never_confirm
 
@@ -28,6 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-reachability", action="store_true",
                    help="do not test TCP between the nodes on Ray's ports (a short-lived "
                         "listener on each node)")
+    add_node_timeout(p)
     add_json(p)
     p.set_defaults(handler=run)
 
@@ -37,10 +39,12 @@ def run(args: argparse.Namespace) -> int:
     inv, record = run_.inventory, run_.record
     options = preflight.PreflightOptions(tuple(nodes), measure_clock=not args.no_clock_skew,
                                          reachability=not args.no_reachability)
-    with run_.session() as session, run_.progress(len(nodes)) as advance:
+    with run_.session(node_time_s=args.timeout) as session, \
+            run_.progress(len(nodes)) as advance:
         report = preflight.run(inv, session, options, never_confirm,
                                run_.events(advance)).report
-    payload = report.to_dict() | {"run_dir": str(record.path), "inventory": inv.path}
+    payload = report.to_dict() | {"run_dir": str(record.path), "inventory": inv.path,
+                                  "shared_causes": shared_causes_json(_shared_causes(report))}
     emit_json(record, "preflight.json", payload, to_stdout=args.json)
     record.finish(report.exit_code)
     if not args.json:
@@ -56,22 +60,34 @@ def _cell(status: Status, summary: str, width: int = 30) -> Text:
     return text
 
 
+def _shared_causes(report: Report):
+    """The nodes whose every check failed for one cause outside them (a dead jump host)."""
+    return shared_causes((r.node, r.summary) for r in report.results
+                         if r.node is not None and r.status is Status.ERROR)
+
+
 def render(report: Report) -> None:
     """A check x node grid while it fits the terminal, else one line per distinct result (folded);
-    then the cross-node section, the fixes and the counts."""
-    node_results = [r for r in report.results if r.node is not None]
+    nodes behind a dead jump host: one line per jump host instead; then the cross-node section,
+    the fixes and the counts."""
+    causes = _shared_causes(report)
+    behind = {node for c in causes for node in c.nodes}
+    node_results = [r for r in report.results if r.node is not None and r.node not in behind]
     nodes = list(dict.fromkeys(r.node for r in node_results))
-    if grid_fits(len(nodes), stdout.width):
+    if nodes and grid_fits(len(nodes), stdout.width):
         _render_grid(report, node_results, nodes)
     else:
         _render_folded(report, node_results, nodes)
+    for line in shared_cause_lines(causes, "not checked"):
+        stdout.print(line)
     counts = report.counts()
     stdout.print(" ".join(f"{k} {v}" for k, v in counts.items() if v) or "no checks")
 
 
 def _render_folded(report: Report, node_results, nodes) -> None:
     groups = fold(Row(r.node, r.check, r.status.value, r.summary, r.fix) for r in node_results)
-    stdout.print(folded_table(groups, len(nodes), title=f"preflight: {len(nodes)} nodes"))
+    if groups:
+        stdout.print(folded_table(groups, len(nodes), title=f"preflight: {len(nodes)} nodes"))
     _render_cross(report)
     for line in fix_lines(groups, len(nodes)):
         stdout.print(line)

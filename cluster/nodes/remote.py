@@ -24,6 +24,7 @@ from typing import Callable, Iterable, Protocol, Sequence, TypeVar
 from cluster.base.errors import CommandTimeout, ConnectError
 from cluster.nodes.inventory import Inventory, Node, SSHOptions
 from cluster.nodes.channel_run import Finished, Reply, exchange_on_channel, run_on_channel
+from cluster.nodes.connect_errors import JumpHostDown, banner_failure, socket_failure
 from cluster.nodes.kept import HeadTail
 from cluster.base.textsafe import terminal_safe_line
 from cluster.base.threads import Call, parallel  # parallel: callers import it from here too
@@ -323,6 +324,11 @@ class SSHRunner:
                 self._jump_hosts[key] = jump
             return jump
 
+    def jump_host_connecting(self, node: Node) -> bool:
+        """The node has a jump host and it is not (yet) connected."""
+        jump = self._gateway(node)
+        return jump is not None and not jump.connected
+
     def connection(self, node: Node):
         with self._lock:
             conn = self._connections.get(node.name)
@@ -503,17 +509,19 @@ class JumpHost:
         self._channel_timeout = channel_timeout
         self._budget = budget
         self._conn = None
-        self._refused: _JumpHostError | None = None  # a failure retrying cannot cure
+        self._refused: str | None = None  # why the run's attempt sequence failed
         self._closed = False
         self._lock = threading.Lock()
         self.connects = 0  # how many SSH connections were made to the bastion (tests read it)
 
     def open(self) -> None:
-        """Connect once for every node; a permanent failure (authentication, host key) is
-        remembered and given to every later node at once: the bastion is asked only once."""
+        """Connect once for every node. When the attempt sequence fails (refused, no route,
+        timed out, a silent sshd, authentication, host key), the failure is remembered for the
+        run and given to every later node at once ("jump host X unreachable (why)",
+        connect_errors.JumpHostDown): the bastion costs one sequence per run, not one a node."""
         with self._lock:
-            if self._refused is not None:
-                raise self._refused
+            if self._refused is not None:  # a new error each time: raised in many threads
+                raise _JumpHostError(self._refused)
             if self._conn is not None and self._conn.is_connected:
                 return
 
@@ -531,15 +539,21 @@ class JumpHost:
             try:
                 conn = retrying(attempt, self._budget, self._channel_timeout)
             except GaveUp as failed:
-                error = _JumpHostError(f"{self.label}: {describe_connect_error(failed.error)}"
-                                       + failed.attempts_text)
-                if not is_transient(failed.error):
-                    self._refused = error
-                raise error from None
+                after = f", after {failed.attempts} attempts" if failed.attempts > 1 else ""
+                # the run's one attempt sequence is spent, whatever the cause: every node
+                # behind this bastion gets its failure at once instead of a sequence of its own
+                self._refused = (f"{self.label} unreachable "
+                                 f"({describe_connect_error(failed.error)}{after})")
+                raise _JumpHostError(self._refused) from None
             if self._closed:  # the session ended while we connected
                 _close_quietly(conn)
                 raise _JumpHostError(f"{self.label}: the run is over")
             self._conn = conn
+
+    @property
+    def connected(self) -> bool:
+        conn = self._conn
+        return conn is not None and bool(conn.is_connected)
 
     @property
     def transport(self) -> "_ChannelOpener":
@@ -682,10 +696,14 @@ def _describe_connect_error(exc: BaseException) -> str:
                 "(or set ssh.accept_unknown_host_keys: true)")
     if isinstance(exc, paramiko.AuthenticationException):
         return f"authentication failed: {exc}"
-    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
-        return f"connection refused ({exc})"
-    if isinstance(exc, (socket.timeout, TimeoutError)):
-        return "connect timed out"
+    failure = socket_failure(exc)
+    if failure is not None:
+        where = exc.strerror if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError) \
+            else None
+        return f"{failure} ({where})" if where else failure
+    banner = banner_failure(exc)
+    if banner is not None:
+        return banner
     if isinstance(exc, paramiko.SSHException):
         return f"SSH error: {exc or type(exc).__name__}"
     if isinstance(exc, OSError):
@@ -700,11 +718,15 @@ class Session:
     """The runners of one CLI run: local nodes run locally, the others over reused SSH connections.
 
     Use as a context manager; `hook` is called with every CommandResult (run records, progress).
+    `node_time_s` (exec/preflight --timeout): each call's whole time on a node, connecting
+    (through its jump host too) included; a node past it is a "timeout" result at that moment.
     """
 
-    def __init__(self, inventory: Inventory, hooks: Sequence[ResultHook] = ()):
+    def __init__(self, inventory: Inventory, hooks: Sequence[ResultHook] = (),
+                 node_time_s: float | None = None):
         self.inventory = inventory
         self.hooks = list(hooks)
+        self.node_time_s = node_time_s
         self._local = LocalRunner()
         self._ssh = SSHRunner(inventory.ssh)
 
@@ -757,9 +779,12 @@ class Session:
     def _call(self, node: Node, command: str, timeout: float | None,
               call: Callable[[Runner, float], CommandResult]) -> CommandResult:
         timeout = timeout or self.command_timeout
+        if self.node_time_s is not None:
+            timeout = min(timeout, self.node_time_s)
         start = time.monotonic()
         try:
-            result = call(self.runner_for(node), timeout)
+            result = self._within_node_time(node, command, lambda: call(self.runner_for(node),
+                                                                         timeout))
         except CommandTimeout as exc:
             result = CommandResult(node.name, command, None, "", "", time.monotonic() - start,
                                    TIMEOUT, str(exc))
@@ -769,6 +794,21 @@ class Session:
         for hook in self.hooks:
             hook(result)
         return result
+
+    def _within_node_time(self, node: Node, command: str,
+                          call: Callable[[], CommandResult]) -> CommandResult:
+        """call(), or CommandTimeout once node_time_s has passed (its thread abandoned: a
+        connect, a jump host's included, has timeouts of its own that end it later)."""
+        if self.node_time_s is None:
+            return call()
+        running = Call(call, name=f"cluster-{node.name}-bounded")
+        if not running.join(self.node_time_s):
+            if not node.local and self._ssh.jump_host_connecting(node):
+                # its bastion: the cause every node behind it shares (one line in the report)
+                raise ConnectError(node.name, JumpHostDown(
+                    node.jump_host, f"not connected within {self.node_time_s:g} s").text)
+            raise CommandTimeout(node.name, self.node_time_s, command)
+        return running.result(0)
 
     def fan_out(self, nodes: Iterable[Node], command: CommandSpec, timeout: float | None = None,
                 on_result: ResultHook | None = None,
@@ -819,8 +859,10 @@ class Session:
                 on_result(res)
             return Exchange((), res)
 
-        # the longest connect, retries included, + the command's timeout + a grace period
-        deadline = timeout + connect_deadline_s(self.inventory.ssh.connect_timeout) + 5
+        # the longest connect, retries included, + the command's timeout + a grace period;
+        # with node_time_s, _call itself ends each node's call by then
+        deadline = (self.node_time_s + 5 if self.node_time_s is not None
+                    else timeout + connect_deadline_s(self.inventory.ssh.connect_timeout) + 5)
         results = parallel(nodes, work, deadline, late, self.max_parallel)
         return tuple(results[n.name] for n in nodes)
 

@@ -5,7 +5,9 @@ A report over 1,000 nodes must still read in a screen or two. `fold` groups one 
 fold together when they are ok/skip ("ok on 126 nodes: synchronized (offset 0.2 ms ...)", the
 first node's text as the example); a warning or failure is grouped by its exact text, so every
 distinct problem keeps its own line and its nodes. Node lists are compressed as pdsh's dshbak
-does (node[1-96,98]). Pure functions over plain data; rendering to rich is the caller's.
+does (node[1-96,98]). Nodes behind a jump host this run could not reach fold into one line
+naming it and its cause (`shared_causes`). Pure functions over plain data; rendering to rich
+is the caller's.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
+
+from cluster.nodes.connect_errors import JumpHostDown, jump_host_down
 
 QUIET = ("ok", "skip", "changed")     # statuses whose number-only differences fold together
 _DIGITS = re.compile(r"\d+(?:\.\d+)?")
@@ -63,16 +67,26 @@ def exact(row: Row) -> str:
     return row.summary
 
 
+JUMP_HOST_KEY = "jump host"      # the key of a dead jump host's one group
+
+
 def fold(rows: Iterable[Row], label: Callable[[Row], str] = quiet_shape) -> list[Group]:
     """Group rows by key, then status and label(row) (by default numbers are ignored for quiet
     statuses). Keys keep their first-seen order; within a key the worst status comes first and,
-    within a status, the largest group.
+    within a status, the largest group. Rows that failed behind a dead jump host (their summary
+    ends with its shared cause) are one group per jump host, first, whatever their keys.
     """
     by_key: dict[str, dict[tuple[str, str], list[Row]]] = {}
+    behind: dict[JumpHostDown, list[str]] = {}
     for row in rows:
+        down = None if row.status in QUIET else jump_host_down(row.summary)
+        if down is not None:        # every key of every node behind it: one group
+            behind.setdefault(down, []).append(row.node)
+            continue
         label_text = label(row)
         by_key.setdefault(row.key, {}).setdefault((row.status, label_text), []).append(row)
-    out: list[Group] = []
+    out = [Group(JUMP_HOST_KEY, "unreachable", f"{down.text}: the nodes behind it not reached",
+                 tuple(dict.fromkeys(nodes)), None, False) for down, nodes in behind.items()]
     for key, groups in by_key.items():
         made = [Group(key, members[0].status, members[0].summary,
                       tuple(r.node for r in members), members[0].fix,
@@ -84,24 +98,31 @@ def fold(rows: Iterable[Row], label: Callable[[Row], str] = quiet_shape) -> list
 
 
 def compress(names: Sequence[str], limit: int = 12) -> str:
-    """node1,node2,node3,node7 -> node[1-3,7] (dshbak -c style); at most `limit` ranges."""
-    prefixes: dict[str, list[int]] = {}
-    widths: dict[str, int] = {}
+    """node1,node2,node3,node7 -> node[1-3,7] (dshbak -c style); zero-padded numbers keep
+    their width (rb-01..rb-16 -> rb-[01-16]); at most `limit` ranges."""
+    numbered: list[tuple[str, str]] = []
     plain: list[str] = []
     for name in names:
         m = _NAME_NUMBER.match(name)
-        if not m or (len(m.group(2)) > 1 and m.group(2).startswith("0")):
+        if m:
+            numbered.append((m.group(1), m.group(2)))
+        else:
             plain.append(name)
-            continue
-        prefixes.setdefault(m.group(1), []).append(int(m.group(2)))
-        widths[m.group(1)] = len(m.group(2))
+    padded = {(prefix, len(digits)) for prefix, digits in numbered
+              if len(digits) > 1 and digits.startswith("0")}
+    groups: dict[tuple[str, int], list[int]] = {}   # (prefix, zero-padded width or 0)
+    for prefix, digits in numbered:
+        width = len(digits) if (prefix, len(digits)) in padded else 0
+        groups.setdefault((prefix, width), []).append(int(digits))
     parts: list[str] = []
-    for prefix, numbers in prefixes.items():
+    for (prefix, width), numbers in groups.items():
         ranges = _ranges(sorted(set(numbers)))
+        number = f"0{width}d"                      # width 0: the number as it is
         if len(ranges) == 1 and ranges[0][0] == ranges[0][1]:
-            parts.append(f"{prefix}{ranges[0][0]}")
+            parts.append(f"{prefix}{ranges[0][0]:{number}}")
             continue
-        text = ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in ranges)
+        text = ",".join(f"{a:{number}}" if a == b else f"{a:{number}}-{b:{number}}"
+                        for a, b in ranges)
         parts.append(f"{prefix}[{text}]")
     parts += plain
     if len(parts) > limit:
@@ -142,3 +163,27 @@ def distinct_fixes(groups: Iterable[Group]) -> list[tuple[str, str, tuple[str, .
 def grid_fits(columns: int, width: int, column_width: int = 24, label_width: int = 14) -> bool:
     """Whether a table with one column per node (of about column_width) fits `width`."""
     return label_width + columns * column_width <= width
+
+
+@dataclass(frozen=True)
+class SharedCause:
+    """Nodes that failed for one reason outside themselves: the jump host they sit behind."""
+
+    down: JumpHostDown
+    nodes: tuple[str, ...]
+
+    def line(self, what: str = "not checked") -> str:
+        """'jump host ops@X unreachable (why): 16 nodes behind it not checked: rb-[01-16]'."""
+        count = "1 node" if len(self.nodes) == 1 else f"{len(self.nodes)} nodes"
+        return f"{self.down.text}: {count} behind it {what}: {compress(self.nodes)}"
+
+
+def shared_causes(errors: Iterable[tuple[str, str | None]]) -> list[SharedCause]:
+    """(node, error text) of nodes not reached -> one SharedCause per dead jump host, with its
+    nodes in the order given (first-seen order of the jump hosts); other errors are left out."""
+    by_down: dict[JumpHostDown, list[str]] = {}
+    for node, text in errors:
+        down = jump_host_down(text) if text else None
+        if down is not None:
+            by_down.setdefault(down, []).append(node)
+    return [SharedCause(down, tuple(dict.fromkeys(nodes))) for down, nodes in by_down.items()]

@@ -130,8 +130,9 @@ def command_results_folded(results: Sequence[CommandResult], title: str | None =
 def _output_of(r: CommandResult, max_lines: int) -> str:
     out = (r.stdout.rstrip("\n") + ("\n" + r.stderr.rstrip("\n") if r.stderr.strip() else ""))
     out = "\n".join(out.strip("\n").splitlines()[-max_lines:])
-    if r.error:
-        out = r.error if not out else f"{out}\n{r.error}"
+    if r.error:  # without the node's name in front: equal errors on many nodes fold
+        error = r.error.removeprefix(f"{r.node}: ")
+        out = error if not out else f"{out}\n{error}"
     return out
 
 
@@ -184,3 +185,17 @@ def fix_lines(groups, total: int) -> list[Text]:
         line.append(terminal_safe(fix))
         out.append(line)
     return out
+
+
+def shared_cause_lines(causes, what: str = "not checked") -> list[Text]:
+    """One line per dead jump host (cluster.report.fold.SharedCause): its cause and the nodes
+    behind it, in place of one row per node (and per check) repeating the same error."""
+    from rich.text import Text
+
+    return [Text(terminal_safe(c.line(what)), style=STATUS_STYLE["unreachable"]) for c in causes]
+
+
+def shared_causes_json(causes) -> list[dict[str, Any]]:
+    """The shared causes for --json: jump host, cause and the nodes behind it (in full)."""
+    return [{"jump_host": c.down.jump_host, "cause": c.down.cause, "nodes": list(c.nodes)}
+            for c in causes]
