@@ -59,7 +59,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
-def _as_data(parsed: Any, kind: str | None = None) -> Any:
+def reading_data(parsed: Any, kind: str | None = None) -> Any:
+    """A parser's reading as JSON data; an NCCL log's judged (status, verdict, findings)."""
     if kind == "nccl":      # the one kind whose reading is judged: status, verdict, findings
         from cluster.inspection.checks.nccl import judged_document
         return judged_document(parsed)
@@ -201,7 +202,7 @@ def _parse_stream(result: dict[str, Any], path: str, stream: IO[bytes],
             parsed = module.parse_file(path)      # streamed in C, memory flat
         else:
             parsed = module.parse_lines(_stream_lines(head, stream, what))
-        return [{**result, "data": _as_data(parsed, kind)}]
+        return [{**result, "data": reading_data(parsed, kind)}]
     if size is not None and size > MAX_TEXT_BYTES:
         raise _too_large(what, MAX_TEXT_BYTES, kind)
     data = head + _read_rest(stream, MAX_TEXT_BYTES - len(head), what, kind)
@@ -224,7 +225,7 @@ def _results(result: dict[str, Any], kind: str, text: str) -> list[dict[str, Any
         parsed = outs[0][1]
         if isinstance(parsed, ParseError):
             raise parsed
-        return [{**result, "data": _as_data(parsed, kind)}]
+        return [{**result, "data": reading_data(parsed, kind)}]
     rows = []
     for host, parsed in outs:
         row: dict[str, Any] = {"file": result["file"], "host": host, "kind": kind}
@@ -233,7 +234,7 @@ def _results(result: dict[str, Any], kind: str, text: str) -> list[dict[str, Any
         if isinstance(parsed, ParseError):
             row["error"] = str(parsed)
         else:
-            row["data"] = _as_data(parsed, kind)
+            row["data"] = reading_data(parsed, kind)
         rows.append(row)
     return rows
 
