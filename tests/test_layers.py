@@ -3,10 +3,10 @@
 LAYERS (low to high) is the one table of the layers docs/architecture.md names. Every Python file
 of cluster/ and playbooks/ belongs to exactly one layer (the longest matching entry); the import
 graph (ast, every import statement: module level, in functions, under TYPE_CHECKING) has no
-cycle and no import from a lower layer to a higher one. Within a layer its LAYERS entries are
-ordered the same way, low to high: the transport (cluster/nodes) does not import the programs
-shipped over it and their runner (cluster/node_programs), cluster/ray not the Ray jobs' programs
-(cluster/ray_jobs). Imports inside one entry are allowed (the graph stays acyclic). A new module fails here until it is placed: put it in the package of its
+cycle and no import from a lower layer to a higher one. Inside a layer, BELOW_IN_LAYER orders
+packages the same way: the transport (cluster/nodes) does not import the programs shipped over
+it and their runner (cluster/node_programs). Other same-layer imports are allowed (the graph
+stays acyclic). A new module fails here until it is placed: put it in the package of its
 layer (or name it in LAYERS).
 """
 from __future__ import annotations
@@ -32,9 +32,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("cli", ("cluster/cli.py", "cluster/__main__.py", "cluster/commands")),
 )
 RANK = {name: i for i, (name, _) in enumerate(LAYERS)}
-# (layer, entry) of each LAYERS entry, low to high: a layer's own package below the packages it shares
-# the layer with (cluster/nodes below cluster/node_programs, cluster/ray below cluster/ray_jobs).
-ENTRY_RANK = {entry: (i, j) for i, (_, entries) in enumerate(LAYERS) for j, entry in enumerate(entries)}
+# (lower entry, higher entry) of one layer: the lower never imports the higher.
+BELOW_IN_LAYER = (("cluster/nodes", "cluster/node_programs"),)
 # Packages that share a layer with the layer's own package, whose docstring gives the rule.
 SHARED_PACKAGES = {"cluster/data", "cluster/node_programs", "cluster/ray_jobs"}
 
@@ -147,11 +146,9 @@ def upward(known: dict[str, str], graph: dict[str, set[str]]) -> list[str]:
         mine, my_entry = layer_of(known[module]), entry_of(known[module])
         for target in sorted(targets):
             theirs, their_entry = layer_of(known[target]), entry_of(known[target])
-            if not (mine and theirs) or ENTRY_RANK[their_entry] <= ENTRY_RANK[my_entry]:
-                continue
-            if theirs != mine:
+            if mine and theirs and RANK[theirs] > RANK[mine]:
                 out.append(f"{module} ({mine}) -> {target} ({theirs})")
-            else:
+            elif (my_entry, their_entry) in BELOW_IN_LAYER:
                 out.append(f"{module} ({mine}: {my_entry}) -> {target} ({theirs}: {their_entry})")
     return out
 

@@ -29,7 +29,6 @@ import re
 import secrets
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from cluster.base.bounds import bound, check_float, check_int
@@ -38,6 +37,7 @@ from cluster.base.errors import ProgramError, UsageError
 from cluster.nodes.inventory import Inventory, Node
 from cluster.node_programs import Call, document_of, embedded_document, failure, program_call
 from cluster.ray.ray_state import head_client_env
+from cluster.ray_jobs import entrypoint_path
 from cluster.base.results import Status, exit_code_for, worst
 
 BACKENDS = ("nccl", "gloo")
@@ -50,7 +50,7 @@ DRIVER_RESERVE_S = 10.0       # the entrypoint finishes this long before the job
 SSH_MARGIN_S = 60.0           # the SSH command's timeout beyond --timeout (submit, stop, read back)
 HEAD_PROGRAM = "nccl_job"           # cluster/ray_jobs/nccl_job.py, run on the head
 RESULT_MAX_BYTES = 512 << 20        # the entrypoint's result file: 128 ranks' NCCL logs (4 MiB each)
-ENTRYPOINT = Path(__file__).resolve().parents[1] / "ray_jobs" / "nccl_allreduce.py"
+ENTRYPOINT = entrypoint_path("nccl_allreduce")
 
 
 
