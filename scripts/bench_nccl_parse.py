@@ -40,6 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from cluster.inspection.checks.nccl import judge  # noqa: E402
 from cluster.inspection.parsers import nccl  # noqa: E402
 from simbench import byte_compile  # noqa: E402  (scripts/simbench.py: the benchmarks' shared part)
 
@@ -161,7 +162,7 @@ def compare(path: Path, size: int, rounds: int, label: str) -> float:
         print(f"  ratio {name + '/grep':16}: wall {wall_ratio:.3f}, CPU {cpu_ratio:.3f}  (goal >= 0.333: "
               f"{'met' if min(wall_ratio, cpu_ratio) >= 1 / 3 else 'NOT met'})")
     if result is not None:
-        print(f"  parsed {result.lines} lines; verdict: {result.verdict[:110]}...")
+        print(f"  parsed {result.lines} lines; verdict: {judge(result).verdict[:110]}...")
     return ratio
 
 
@@ -198,7 +199,7 @@ def long_lines(total_mb: float, workdir: Path) -> None:
                 t = time.perf_counter()
                 try:
                     r = fn(arg)
-                    out = f"{r.status}, {r.lines_truncated} cut"
+                    out = f"{judge(r).status.value}, {r.lines_truncated} cut"
                 except nccl.ParseError:
                     out = "ParseError"
                 timings.append(time.perf_counter() - t)

@@ -218,9 +218,10 @@ def read_capture(kind: str, text: str) -> dict[str, Any]:
     from cluster.inspection import parsers
     from cluster.base.errors import ParseError
     from cluster.base.results import to_jsonable
+    from cluster.commands.parse import reading_data
 
     try:
-        return {"data": to_jsonable(parsers.parse(kind, text))}
+        return {"data": to_jsonable(reading_data(parsers.parse(kind, text), kind))}
     except ParseError as exc:
         return {"error": str(exc)}
 

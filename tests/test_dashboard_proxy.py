@@ -23,8 +23,8 @@ from cluster.nodes import inventory
 from cluster.ray.dashboard_proxy import (MAX_HEAD_BYTES, BadRequest, DashboardProxy, loopback_bind,
                                      parse_head, rewrite_head)
 from cluster.base.errors import UsageError
-from cluster.nodes.head_tunnel import (AuthToken, HeadTransport, HeadTunnel, token_from_reply,
-                                 read_auth_token, valid_token)
+from cluster.nodes.head_tunnel import HeadTransport, HeadTunnel
+from cluster.ray.head_token import AuthToken, read_auth_token, token_from_reply, valid_token
 from cluster.nodes.remote import Session
 from fakes import DASHBOARD_TOKEN as TOKEN, FakeDashboard, cluster_process, read_all as _read_all
 

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cluster.inspection import parsers
-from cluster.commands.parse import _as_data
+from cluster.commands.parse import reading_data
 from cluster.base.errors import ParseError
 from cluster.report.render import to_jsonable
 
@@ -63,7 +63,7 @@ def check(kind: str, text: str) -> None:
     except ParseError:
         parsed = None
     if parsed is not None:
-        json.dumps(to_jsonable(_as_data(parsed)), allow_nan=False)
+        json.dumps(to_jsonable(reading_data(parsed, kind)), allow_nan=False)
     try:
         parsers.detect(text)
     except ParseError:

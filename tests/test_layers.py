@@ -3,8 +3,10 @@
 LAYERS (low to high) is the one table of the layers docs/architecture.md names. Every Python file
 of cluster/ and playbooks/ belongs to exactly one layer (the longest matching entry); the import
 graph (ast, every import statement: module level, in functions, under TYPE_CHECKING) has no
-cycle and no import from a lower layer to a higher one. Same-layer imports are allowed (the
-graph stays acyclic). A new module fails here until it is placed: put it in the package of its
+cycle and no import from a lower layer to a higher one. Inside a layer, BELOW_IN_LAYER orders
+packages the same way: the transport (cluster/nodes) does not import the programs shipped over
+it and their runner (cluster/node_programs). Other same-layer imports are allowed (the graph
+stays acyclic). A new module fails here until it is placed: put it in the package of its
 layer (or name it in LAYERS).
 """
 from __future__ import annotations
@@ -30,6 +32,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("cli", ("cluster/cli.py", "cluster/__main__.py", "cluster/commands")),
 )
 RANK = {name: i for i, (name, _) in enumerate(LAYERS)}
+# (lower entry, higher entry) of one layer: the lower never imports the higher.
+BELOW_IN_LAYER = (("cluster/nodes", "cluster/node_programs"),)
 # Packages that share a layer with the layer's own package, whose docstring gives the rule.
 SHARED_PACKAGES = {"cluster/data", "cluster/node_programs", "cluster/ray_jobs"}
 
@@ -42,6 +46,12 @@ def layer_of(rel: str) -> str | None:
             if (rel == entry or rel.startswith(entry + "/")) and len(entry) > length:
                 best, length = name, len(entry)
     return best
+
+
+def entry_of(rel: str) -> str | None:
+    """The LAYERS entry a repository-relative .py path belongs to (the longest that matches)."""
+    found = [e for _, entries in LAYERS for e in entries if rel == e or rel.startswith(e + "/")]
+    return max(found, key=len, default=None)
 
 
 def module_files(repo: Path = REPO) -> dict[str, str]:
@@ -129,14 +139,17 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def upward(known: dict[str, str], graph: dict[str, set[str]]) -> list[str]:
-    """Each import from a lower layer to a higher one, as 'a (layer) -> b (layer)'."""
+    """Each import from a lower layer (or a lower entry of one layer) to a higher one, as
+    'a (layer) -> b (layer)' ('a (layer: entry) -> b (layer: entry)' inside one layer)."""
     out = []
     for module, targets in sorted(graph.items()):
-        mine = layer_of(known[module])
+        mine, my_entry = layer_of(known[module]), entry_of(known[module])
         for target in sorted(targets):
-            theirs = layer_of(known[target])
+            theirs, their_entry = layer_of(known[target]), entry_of(known[target])
             if mine and theirs and RANK[theirs] > RANK[mine]:
                 out.append(f"{module} ({mine}) -> {target} ({theirs})")
+            elif (my_entry, their_entry) in BELOW_IN_LAYER:
+                out.append(f"{module} ({mine}: {my_entry}) -> {target} ({theirs}: {their_entry})")
     return out
 
 
@@ -208,3 +221,15 @@ def test_relative_imports_resolve_and_a_same_layer_cycle_is_found(tree):
     assert graph["cluster.ray.a"] == {"cluster.ray.b"} and graph["cluster.ray.b"] == {"cluster.ray.a"}
     assert not upward(known, graph)
     assert cycles(graph) == [["cluster.ray.a", "cluster.ray.b"]]
+
+
+def test_the_transport_importing_a_node_program_is_upward(tree):
+    """cluster/nodes and cluster/node_programs share a layer, but the transport sits below the
+    programs shipped over it: the way nodes/head_tunnel.py once read the head's Ray token."""
+    repo = tree({"cluster/__init__.py": "", "cluster/nodes/__init__.py": "",
+                 "cluster/node_programs/__init__.py": "from cluster.nodes.shell import q\n",
+                 "cluster/nodes/shell.py": "q = 1\n",
+                 "cluster/nodes/head_tunnel.py": "def f():\n    from cluster.node_programs import run_raw\n"})
+    known, graph = import_graph(repo)
+    assert upward(known, graph) == ["cluster.nodes.head_tunnel (nodes: cluster/nodes) -> "
+                                    "cluster.node_programs (nodes: cluster/node_programs)"]

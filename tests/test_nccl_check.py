@@ -454,3 +454,13 @@ def test_a_hostile_report_is_one_usage_error(tmp_path, content, words):
         _preflight_facts(str(path))
     path.write_text('{"facts": {"nodes": {}}}')
     assert _preflight_facts(str(path)) == ({"nodes": {}}, str(path))
+
+
+def test_each_ranks_report_is_its_result_or_its_actors_death():
+    """The all-reduce job reads every rank's run the same way for nccl-check and the fabric proof."""
+    died = RuntimeError("Traceback (Ray wraps it)\nworker died")
+    reports, stuck = job._rank_reports(["r0", "r1"], {"r0": {"time_s": 1.5, "traceback": "t"},
+                                                      "r1": died}, [object(), object()])
+    assert stuck == []
+    assert reports == [{"time_s": 1.5, "traceback": "t"},
+                       {"error": "run: RuntimeError: worker died", "phase": "actor-died"}]

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cluster.base.errors import ParseError
+from cluster.inspection.checks.nccl import judge
 from cluster.inspection.parsers import nccl
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -370,10 +371,10 @@ def test_fixture_against_labels(path: Path, parsed):
             assert getattr(r, key) == dis[0], dis[1]
 
     # the verdict contract
-    assert r.status in ("ok", "warn", "fail")
-    assert r.verdict.startswith(r.status.upper() + ": ") and r.verdict.endswith(".")
+    assert judge(r).status in ("ok", "warn", "fail")
+    assert judge(r).verdict.startswith(judge(r).status.upper() + ": ") and judge(r).verdict.endswith(".")
     if r.errors:
-        assert r.status == "fail"
+        assert judge(r).status == "fail"
 
 
 EXPECTED_STATUS = {
@@ -416,7 +417,7 @@ EXPECTED_STATUS.update({
 
 @pytest.mark.parametrize("path", LOGS, ids=lambda p: p.name[:3])
 def test_fixture_status(path: Path, parsed):
-    assert parsed[path.name].status == EXPECTED_STATUS[path.name[:3]], parsed[path.name].verdict
+    assert judge(parsed[path.name]).status == EXPECTED_STATUS[path.name[:3]], judge(parsed[path.name]).verdict
 
 
 def test_extras_on_the_richest_fixtures(parsed):
@@ -554,7 +555,7 @@ def test_230_rail_plane_devices_and_shm_direct():
     assert r.intra_node_transports == ("SHM",)
     # `Using network IB` in a single-node run is not inter-node IB
     assert (r.n_nodes, r.inter_node_transport, r.network) == (1, "NONE", "IB")
-    assert r.status == "ok"
+    assert judge(r).status == "ok"
 
 
 def test_p2p_cumem_read_and_direct_pointer():
@@ -585,7 +586,7 @@ def test_pxn_gdr_asymmetric_ranks_fail():
     assert r.gdr is False and r.gdr_asymmetric is True
     assert r.gdr_by_host == {"nodeA": True, "nodeB": False}
     assert r.pxn is True
-    assert r.status == "fail" and "only on nodeA" in r.verdict
+    assert judge(r).status == "fail" and "only on nodeA" in judge(r).verdict
 
 
 def test_ib_without_gdr_is_warn_and_with_gdr_ok():
@@ -593,12 +594,12 @@ def test_ib_without_gdr_is_warn_and_with_gdr_ok():
     without = nccl.parse("\n".join(base + [
         env("b", 0, "Channel 00/0 : 3[1] -> 4[0] [receive] via NET/IBext_v8/0"),
         env("a", 1, "Channel 00/0 : 3[1] -> 4[0] [send] via NET/IBext_v8/5(2)")]))
-    assert (without.inter_node_transport, without.gdr, without.status) == ("IB", False, "warn")
-    assert "WITHOUT GPUDirect RDMA" in without.verdict
+    assert (without.inter_node_transport, without.gdr, judge(without).status) == ("IB", False, "warn")
+    assert "WITHOUT GPUDirect RDMA" in judge(without).verdict
     with_gdr = nccl.parse("\n".join(base + [
         env("b", 0, "Channel 00/0 : 3[1] -> 4[0] [receive] via NET/IBext_v8/0/GDRDMA"),  # nccl-tests#311
         env("a", 1, "Channel 00/0 : 3[1] -> 4[0] [send] via NET/IBext_v8/5(2)/GDRDMA")]))
-    assert (with_gdr.inter_node_transport, with_gdr.gdr, with_gdr.status) == ("IB", True, "ok")
+    assert (with_gdr.inter_node_transport, with_gdr.gdr, judge(with_gdr).status) == ("IB", True, "ok")
     assert with_gdr.network == "IBext_v8" and with_gdr.pxn
 
 
@@ -607,13 +608,13 @@ def test_gdr_from_ring_summary_when_no_channel_lines():
             env("a", 0, "NET/IB : Using [0]mlx5_0:1/RoCE [1]mlx5_1:1/RoCE [RO]; OOB primaryip:10.10.10.10<0>"),
             env("a", 0, "Using network IB")]
     r = nccl.parse("\n".join(base + [env("a", 0, "Connected all rings, use ring PXN 0 GDR 1")]))
-    assert (r.inter_node_transport, r.gdr, r.status) == ("ROCE", True, "ok")
+    assert (r.inter_node_transport, r.gdr, judge(r).status) == ("ROCE", True, "ok")
     assert r.socket_ifaces == ("primaryip",)
     r = nccl.parse("\n".join(base + [env("a", 0, "Connected all rings, use ring PXN 0 GDR 0")]))
-    assert (r.gdr, r.status) == (False, "warn")
+    assert (r.gdr, judge(r).status) == (False, "warn")
     r = nccl.parse("\n".join(base + [env("a", 0, "Connected all rings, use ring PXN 0 GDR 1"),
                                      env("b", 0, "Connected all rings, use ring PXN 0 GDR 0")]))
-    assert (r.gdr, r.gdr_asymmetric, r.status) == (False, True, "fail")
+    assert (r.gdr, r.gdr_asymmetric, judge(r).status) == (False, True, "fail")
 
 
 def test_gdr_device_lines_are_the_weakest_evidence():
@@ -639,7 +640,7 @@ def test_init_start_without_complete():
                                   pid=200)]))
     assert r.ranks_incomplete == ({"host": "h1", "pid": 100, "comm": "0x55cc8aa86c70", "rank": 0,
                                    "nranks": 16},)
-    assert r.n_ranks == 16 and r.status == "warn" and "never reached Init COMPLETE" in r.verdict
+    assert r.n_ranks == 16 and judge(r).status == "warn" and "never reached Init COMPLETE" in judge(r).verdict
     # 2.23+ API prefix, 2.30 "[Rank N] " prefix on START
     r = nccl.parse("\n".join([
         env("h", 4, "[Rank 4] ncclCommInitRank comm 0x63e6140 rank 4 nranks 8 cudaDev 0 nvmlDev 0 "
@@ -670,7 +671,7 @@ def test_socket_fallback_after_no_ib_device_is_fail_on_two_nodes():
         env("n2", 0, "Bootstrap: Using eth0:192.168.0.90<0>"),              # 2.24+ form
     ])
     r = nccl.parse(log)
-    assert (r.inter_node_transport, r.gdr, r.status) == ("SOCKET", False, "fail")
+    assert (r.inter_node_transport, r.gdr, judge(r).status) == ("SOCKET", False, "fail")
     assert r.socket_ifaces == ("eno3", "lxcbr0", "tailscale0", "eth0")
     assert r.n_nodes_min == 2
 
@@ -699,7 +700,7 @@ def test_warn_classification():
         assert [f.kind for f in found] == [kind], msg
     r = nccl.parse(env("h", 0, "Cannot initialize CollNet, using point-to-point network instead",
                        level="WARN"))
-    assert not r.errors and r.warnings and r.status == "warn"
+    assert not r.errors and r.warnings and judge(r).status == "warn"
 
 
 def test_timestamped_warn_and_trace_lines():
@@ -715,7 +716,7 @@ def test_timestamped_warn_and_trace_lines():
     assert r.hosts == ("paula09",)
     assert [w.kind for w in r.warnings] == ["bind_failed"]           # RAS only: not an error
     assert [e.kind for e in r.errors] == ["connection_failed"]
-    assert r.gdr_by_host == {} and r.status == "fail"
+    assert r.gdr_by_host == {} and judge(r).status == "fail"
 
 
 def test_wrappers_skypilot_pdsh_srun_mpirun_cloudwatch_ansi():
@@ -777,7 +778,7 @@ def test_ofi_channels_and_version_mismatch_by_wording():
     ])
     r = nccl.parse(log)
     assert (r.inter_node_transport, r.gdr, r.network) == ("OFI", True, "AWS Libfabric")
-    assert r.version_mismatch_suspected and r.status == "warn"
+    assert r.version_mismatch_suspected and judge(r).status == "warn"
 
 
 def test_nccl_tests_old_table_without_root_and_wrong_results():
@@ -796,7 +797,7 @@ def test_nccl_tests_old_table_without_root_and_wrong_results():
     assert r.nccl_tests["peak_busbw_gbps_oop"] == 27.96 and r.nccl_tests["peak_busbw_gbps_ip"] == 28.0
     assert r.nccl_tests["wrong"] == 3
     assert {e.kind for e in r.errors} == {"nccl_tests_wrong_results", "nccl_tests_out_of_bounds"}
-    assert r.status == "fail"
+    assert judge(r).status == "fail"
 
 
 def test_to_dict_contract_keys():
@@ -804,7 +805,7 @@ def test_to_dict_contract_keys():
     d = r.to_dict()
     for key in ("nccl_version", "n_ranks", "n_nodes", "inter_node_transport", "gdr",
                 "intra_node_transports", "ib_hcas", "socket_ifaces", "errors", "warnings",
-                "busbw_gbps", "status", "verdict"):
+                "busbw_gbps"):
         assert key in d
     assert json.loads(json.dumps(d)) == d
 
@@ -876,7 +877,7 @@ def test_cut_and_glued_fixture_lines_never_crash():
             result = nccl.parse("\n".join(out))
         except ParseError:
             continue
-        assert result.status in ("ok", "warn", "fail")
+        assert judge(result).status in ("ok", "warn", "fail")
         json.dumps(result.to_dict())
 
 
@@ -925,7 +926,7 @@ def test_warn_padded_with_spaces():
     for text in (env("n1", 0, "misc/socket.cc:1 NCCL x" + " " * (3 * MB) + "y", level="WARN"),
                  env("n1", 0, "transport/net_ib.cc:1 Call failed" + " " * (3 * MB), level="WARN")):
         r = nccl.parse(text)
-        assert r.status == "fail" and len(r.errors) == 1 and r.lines_truncated == 1
+        assert judge(r).status == "fail" and len(r.errors) == 1 and r.lines_truncated == 1
 
 
 def test_short_lines_of_spaces_digits_and_brackets():
@@ -945,7 +946,7 @@ def test_short_lines_of_spaces_digits_and_brackets():
         "h:1:1 [0] " * (n // 10) + "NCCL INFO x",
     ]
     r = nccl.parse("\n".join(lines * 4))
-    assert r.status in ("ok", "warn", "fail") and r.lines_truncated == 0
+    assert judge(r).status in ("ok", "warn", "fail") and r.lines_truncated == 0
     assert r.n_ranks is None        # no digit run is taken for a ring listing or a rank
 
 
@@ -997,8 +998,8 @@ def test_net_ib_stack_names_the_verbs_transport():
     assert r.inter_node_transport == "IB" and r.network is None
     assert r.evidence["inter_node_transport"] == "source file transport/net_ib.cc"
     assert r.source_transports == {"IB": 2}
-    assert r.status == "fail" and {e.kind for e in r.errors} >= {"nccl_call_failed"}
-    assert "link layer is not shown" in r.verdict       # NET/IB alone does not say InfiniBand
+    assert judge(r).status == "fail" and {e.kind for e in r.errors} >= {"nccl_call_failed"}
+    assert "link layer is not shown" in judge(r).verdict       # NET/IB alone does not say InfiniBand
 
 
 def test_net_socket_warn_and_stack_name_the_socket_transport():
@@ -1009,7 +1010,7 @@ def test_net_socket_warn_and_stack_name_the_socket_transport():
         env("p4d-1", 0, "transport/net.cc:870 -> 3"),
         env("p4d-1", 0, "proxy.cc:698 -> 3 [Proxy Thread]"),
     ]))
-    assert r.inter_node_transport == "SOCKET" and r.gdr is False and r.status == "fail"
+    assert r.inter_node_transport == "SOCKET" and r.gdr is False and judge(r).status == "fail"
 
 
 def test_bootstrap_socket_files_are_not_the_socket_transport():
@@ -1067,7 +1068,7 @@ def test_ipv4_mapped_gid_in_a_completion_warn_means_roce():
                                    "(Send) localGid ::ffff:192.168.6.3 remoteGids::ffff:192.168.6.4 hca mlx5_2"))
     assert r.inter_node_transport == "ROCE"
     assert any("::ffff:192.168.6.3" in e for e in r.link_layer_evidence)
-    assert "RoCE" in r.verdict
+    assert "RoCE" in judge(r).verdict
 
 
 def test_socket_address_with_a_mapped_ipv4_is_not_a_gid():
@@ -1102,7 +1103,7 @@ def test_ethernet_link_layer_and_roce_only_env():
     assert r.inter_node_transport == "ROCE"
     assert "Ethernet link layer" in r.link_layer_evidence
     r = nccl.parse("\n".join(["\t\tlink_layer:\t\tInfiniBand", env("n", 0, "Using network IB")]))
-    assert r.inter_node_transport == "IB" and "link layer is not shown" not in r.verdict
+    assert r.inter_node_transport == "IB" and "link layer is not shown" not in judge(r).verdict
 
 
 def test_modify_qp_network_unreachable_is_a_roce_route_failure():
@@ -1111,7 +1112,7 @@ def test_modify_qp_network_unreachable_is_a_roce_route_failure():
                         "Network is unreachable"),
         env("dgx-3", 0, "transport/net_ib.cc:579 -> 2"),
     ]))
-    assert r.inter_node_transport == "ROCE" and r.status == "fail"
+    assert r.inter_node_transport == "ROCE" and judge(r).status == "fail"
 
 
 # ---- issue 15 class 3: single node versus unknown --------------------------------------------
@@ -1180,7 +1181,7 @@ def test_one_host_and_p2p_hops_together_join_every_rank():
                 pid=100 + i) for i in (1, 3)]
     ring = env("09677202c889", 0, "Channel 00/02 :    0   1   2   3", pid=99)
     r = nccl.parse("\n".join(hops + [ring]))
-    assert (r.n_ranks, r.n_nodes, r.inter_node_transport) == (4, 1, "NONE"), r.verdict
+    assert (r.n_ranks, r.n_nodes, r.inter_node_transport) == (4, 1, "NONE"), judge(r).verdict
     assert r.evidence["n_nodes"] == "P2P/SHM channel hops and one host join every rank"
     # the same lines from two hosts: ranks 1 and 3 may be on two nodes
     hops[1] = hops[1].replace("09677202c889", "other-host")
@@ -1236,7 +1237,7 @@ def test_stack_then_init_complete_is_a_warning():
                      "- Init COMPLETE", pid=7),
     ]))
     assert r.errors == () and [w.kind for w in r.warnings] == ["nccl_call_recovered"]
-    assert r.status == "warn" and "NVLS" in r.intra_node_transports
+    assert judge(r).status == "warn" and "NVLS" in r.intra_node_transports
 
 
 def test_stack_ending_in_a_warn_is_an_error_even_after_init():
@@ -1395,10 +1396,10 @@ def test_mutated_real_logs_give_a_result_or_a_parse_error(text):
         r = nccl.parse(text)
     except ParseError:
         return
-    assert r.status in ("ok", "warn", "fail") and r.inter_node_transport in nccl.INTER_NODE_TRANSPORTS
+    assert judge(r).status in ("ok", "warn", "fail") and r.inter_node_transport in nccl.INTER_NODE_TRANSPORTS
     assert set(r.intra_node_transports) <= set(nccl.INTRA_NODE_TRANSPORTS)
     if r.errors:
-        assert r.status == "fail"
+        assert judge(r).status == "fail"
     json.dumps(r.to_dict(), allow_nan=False)
 
 
@@ -1437,10 +1438,10 @@ def test_mixed_ib_and_roce_hcas_are_decided_by_the_channel_device_index():
     assert r.inter_node_transport == "ROCE" and r.evidence["link_layer"] == "NET/IB device of the channel lines"
     assert log(0).inter_node_transport == "IB"
     r = log(None)
-    assert r.inter_node_transport == "IB" and "InfiniBand or RoCE" in r.verdict, r.verdict
+    assert r.inter_node_transport == "IB" and "InfiniBand or RoCE" in judge(r).verdict, judge(r).verdict
     # an index the list does not name decides nothing
     r = log(5)
-    assert r.inter_node_transport == "IB" and "InfiniBand or RoCE" in r.verdict
+    assert r.inter_node_transport == "IB" and "InfiniBand or RoCE" in judge(r).verdict
 
 
 def test_benign_nccl_warns_are_warnings_and_their_failed_stack_an_error():

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import ast
 import functools
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 import cluster.ray_jobs as ray_jobs
-from cluster.node_programs import PROGRAM_DIRS, program_path
+from cluster.node_programs import declare_programs, declared_programs, program_path
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = Path("cluster/node_programs/__init__.py")
@@ -131,8 +133,8 @@ def test_no_private_marker_line_protocol():
     (probes.py's framing of many tool outputs in one SSH trip is the facts layer's, not a
     program answer)."""
     stray = []
-    for rel in laptop_modules() + sorted(p.relative_to(ROOT) for d in PROGRAM_DIRS
-                                         for p in d.glob("*.py")):
+    for rel in laptop_modules() + sorted(p.relative_to(ROOT) for d in ON_NODE
+                                         for p in (ROOT / d).glob("*.py")):
         if rel == Path("cluster/inspection/probes.py"):
             continue
         for node in tree_of(rel).body:
@@ -145,14 +147,45 @@ def test_no_private_marker_line_protocol():
 def test_the_ray_jobs_live_together_and_say_so():
     assert "Ray job" in ray_jobs.__doc__
     here = Path(ray_jobs.__file__).parent
-    for name in ray_jobs.ENTRYPOINTS + ("nccl_job", "health_submit", "health_readings"):
+    for name in ray_jobs.ENTRYPOINTS + ray_jobs.PROGRAMS:
         assert (here / f"{name}.py").is_file(), name
     for name in ray_jobs.ENTRYPOINTS:              # run by Ray, never shipped as a program
         with pytest.raises(ValueError):
             program_path(name)
     assert program_path("nccl_job").parent == here
-    stems = [p.stem for d in PROGRAM_DIRS for p in d.glob("*.py") if p.stem != "__init__"]
+    stems = [p.stem for d in ON_NODE for p in (ROOT / d).glob("*.py") if p.stem != "__init__"]
     assert len(stems) == len(set(stems)), "a program's name is unique over both folders"
     for old in ("playbooks/nccl_allreduce.py", "cluster/health_runner.py",
                 "cluster/node_programs/nccl_job.py", "cluster/node_programs/health_submit.py"):
         assert not (ROOT / old).exists(), old
+
+
+# ---- the programs are a declared registry, not files found by path (issue 43 item 5)
+
+
+def test_every_program_file_is_declared_and_every_declared_program_is_its_file():
+    files = {p.stem: p.resolve() for d in ON_NODE for p in (ROOT / d).glob("*.py")
+             if not p.stem.startswith("_") and p.stem not in ray_jobs.ENTRYPOINTS}
+    assert {name: path.resolve() for name, path in declared_programs().items()} == files
+
+
+def test_the_runner_does_not_find_the_ray_jobs_programs_by_path():
+    """cluster/node_programs (layer nodes) knows only its own programs; cluster/ray_jobs declares
+    its own, and importing cluster.ray (every caller of them) declares them."""
+    probe = ("from cluster.node_programs import program_path\n"
+             "try:\n    program_path('nccl_job')\nexcept ValueError:\n    print('undeclared')\n"
+             "import cluster.ray\nprint(program_path('nccl_job').parent.name)\n")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.stdout.split() == ["undeclared", "ray_jobs"], out.stderr
+
+
+def test_a_name_names_one_file(tmp_path):
+    assert declare_programs(ROOT / "cluster" / "ray_jobs", ("nccl_job",)) == ("nccl_job",)
+    with pytest.raises(ValueError, match="declared twice"):
+        declare_programs(tmp_path, ("nccl_job",))
+    for bad in ("_common", "no-such", "../x"):
+        with pytest.raises(ValueError):
+            declare_programs(tmp_path, (bad,))
+    with pytest.raises(ValueError, match="not a declared"):
+        program_path("never_declared")

@@ -28,17 +28,15 @@ from cluster.ray import nccl_check, ray_state
 from cluster import node_programs
 from cluster.base.errors import ProgramError, RemoteError
 from cluster.nodes.inventory import loads as load_inventory
-from cluster.node_programs import (BOOT, HERE, PROGRAM_DIRS, fan_out_program, program_call,
-                                   program_path, read_document, run_program, source)
-from cluster.ray_jobs import ENTRYPOINTS
+from cluster.node_programs import (BOOT, HERE, declare_programs, declared_programs, fan_out_program,
+                                   program_call, program_path, read_document, run_program, source)
 from cluster.node_programs import _common, dashboard, head_state, serve_sample
 from cluster.ray_jobs import nccl_job
 from cluster.nodes.remote import CommandResult
 from fakes import CannedSession
 
 PYTHON = sys.executable
-PROGRAMS = sorted(p.stem for d in PROGRAM_DIRS for p in d.glob("*.py")
-                  if not p.stem.startswith("_") and p.stem not in ENTRYPOINTS)
+PROGRAMS = sorted(declared_programs())
 INVENTORY = """
 nodes:
   - {name: head, role: head, address: 10.0.0.1}
@@ -674,6 +672,7 @@ def test_inline_command_runs_the_program_from_a_here_document(tmp_path):
 def test_a_wrapped_common_import_is_refused(tmp_path, monkeypatch):
     """source() replaces the one `_common` import line whole: a wrapped one would ship broken."""
     (tmp_path / "wrapped.py").write_text(node_programs.COMMON_IMPORT + "(a,\n    b)\n")
-    monkeypatch.setattr(node_programs, "PROGRAM_DIRS", (tmp_path,))
+    monkeypatch.setattr(node_programs, "_DECLARED", declared_programs())   # undone after the test
+    declare_programs(tmp_path, ("wrapped",))
     with pytest.raises(ValueError, match="must be one line"):
         source("wrapped")

@@ -282,13 +282,14 @@ def recorded_run_on_nodes(args: argparse.Namespace, command: str
     return recorded_run(args, command, inv), nodes
 
 
-def run_outcome(run: RecordedRun, work: Callable[[Any], Any], **extra: Any) -> tuple[Any, dict]:
-    """Open the run's session, let `work(session)` return an outcome (exit_code, to_dict()),
-    write <command>.json (the outcome, run_dir and `extra`) and finish the record, whatever
-    happens. Returns (outcome, payload)."""
+def run_outcome(run: RecordedRun, work: Callable[[Any], Any], hook: Callable[[Any], Any] | None = None,
+                **extra: Any) -> tuple[Any, dict]:
+    """Open the run's session (its commands logged through `hook` when given), let
+    `work(session)` return an outcome (exit_code, to_dict()), write <command>.json (the outcome,
+    run_dir and `extra`) and finish the record, whatever happens. Returns (outcome, payload)."""
     code = 2
     try:
-        with run.session() as session:
+        with run.session(hook) as session:
             outcome = work(session)
         code = outcome.exit_code
         payload = dict(outcome.to_dict(), run_dir=str(run.path), **extra)

@@ -116,7 +116,7 @@ def _token_header(session, inv: Inventory, mode: str | None) -> str | None:
     """The Authorization value to add: required in token mode, used when found in an unknown
     mode, never read when the dashboard says token auth is disabled."""
     from cluster.base.errors import RemoteError
-    from cluster.nodes.head_tunnel import read_auth_token
+    from cluster.ray.head_token import read_auth_token
 
     if mode == AUTH_DISABLED:
         return None

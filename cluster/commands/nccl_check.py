@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import re
 from pathlib import Path
+from typing import Any
 
 from rich.table import Table
 from rich.text import Text
@@ -18,7 +19,7 @@ from cluster.base.flags import path_value
 from cluster.ray import nccl_check
 from cluster.base.bounds import bound
 from cluster.commands._common import (add_json, add_nodes, float_range, int_range,
-                                      load_inventory, recorded_run, stdout)
+                                      load_inventory, recorded_run, run_outcome, stdout)
 from cluster.base.errors import UsageError
 from cluster.planning.modelinfo import read_json_file
 from cluster.nodes.remote import CommandResult
@@ -85,23 +86,20 @@ def run(args: argparse.Namespace) -> int:
     run_ = recorded_run(args, "nccl-check", inv)
     record = run_.record
     options = playbook.NcclOptions(check, tuple(nodes), facts)
-    code = 2
-    try:
-        with run_.session(lambda r: record.record(_short(r))) as session:
-            outcome = playbook.run(inv, session, options, never_confirm, run_.event)
-        result = dataclasses.replace(outcome.result, run_dir=str(record.path))
+
+    def work(session: Any) -> nccl_check.NcclCheckResult:
+        outcome = playbook.run(inv, session, options, never_confirm, run_.event)
         _write_logs(record.path, outcome.job)
-        payload = dict(result.to_dict(), preflight_report=facts_source,
-                       ib_facts="report" if facts_source else "gathered")
-        record.write_json("nccl-check.json", payload)
-        code = result.exit_code
-    finally:
-        run_.finish(code)
+        return dataclasses.replace(outcome.result, run_dir=str(record.path))
+
+    result, payload = run_outcome(run_, work, lambda r: record.record(_short(r)),
+                                  preflight_report=facts_source,
+                                  ib_facts="report" if facts_source else "gathered")
     if args.json:
         run_.print_json(payload)
     else:
         _print(result, facts_source)
-    return code
+    return result.exit_code
 
 
 def _preflight_facts(explicit: str | None) -> tuple[dict | None, str | None]:

@@ -5,7 +5,7 @@ when --kind is not given. With --json: a list with one object per file,
 {"file", "kind", "data"} or {"file", "kind", "error"} (kind null when detection failed);
 a fleet capture of several hosts (ansible, pdsh/clush, salt) gives one object per host, each
 with a "host" key. Exit codes as every command's: 0 every file parsed and no verdict above ok,
-1 a verdict of warn (an output that judges itself: the NCCL log's "status"), 2 a verdict of
+1 a verdict of warn (an NCCL log is judged: checks/nccl.py's "status"), 2 a verdict of
 fail or a file that did not parse.
 
 Inputs are bounded: an NCCL log is streamed up to MAX_LOG_BYTES (2 GiB), any other kind's text
@@ -59,7 +59,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
-def _as_data(parsed: Any) -> Any:
+def reading_data(parsed: Any, kind: str | None = None) -> Any:
+    """A parser's reading as JSON data; an NCCL log's judged (status, verdict, findings)."""
+    if kind == "nccl":      # the one kind whose reading is judged: status, verdict, findings
+        from cluster.inspection.checks.nccl import judged_document
+        return judged_document(parsed)
     if hasattr(parsed, "to_dict"):
         return parsed.to_dict()
     if dataclasses.is_dataclass(parsed) and not isinstance(parsed, type):
@@ -198,7 +202,7 @@ def _parse_stream(result: dict[str, Any], path: str, stream: IO[bytes],
             parsed = module.parse_file(path)      # streamed in C, memory flat
         else:
             parsed = module.parse_lines(_stream_lines(head, stream, what))
-        return [{**result, "data": _as_data(parsed)}]
+        return [{**result, "data": reading_data(parsed, kind)}]
     if size is not None and size > MAX_TEXT_BYTES:
         raise _too_large(what, MAX_TEXT_BYTES, kind)
     data = head + _read_rest(stream, MAX_TEXT_BYTES - len(head), what, kind)
@@ -221,7 +225,7 @@ def _results(result: dict[str, Any], kind: str, text: str) -> list[dict[str, Any
         parsed = outs[0][1]
         if isinstance(parsed, ParseError):
             raise parsed
-        return [{**result, "data": _as_data(parsed)}]
+        return [{**result, "data": reading_data(parsed, kind)}]
     rows = []
     for host, parsed in outs:
         row: dict[str, Any] = {"file": result["file"], "host": host, "kind": kind}
@@ -230,7 +234,7 @@ def _results(result: dict[str, Any], kind: str, text: str) -> list[dict[str, Any
         if isinstance(parsed, ParseError):
             row["error"] = str(parsed)
         else:
-            row["data"] = _as_data(parsed)
+            row["data"] = reading_data(parsed, kind)
         rows.append(row)
     return rows
 
@@ -297,7 +301,7 @@ _SUMMARY: dict[tuple[str, str], tuple[str, ...] | None] = {
 
 # Kinds whose "gpus" list is shown as one row per GPU with a few columns that fit 80 columns.
 _GPU_KINDS = frozenset({"nvidia-smi", "nvidia-smi-q"})
-# Keys that lead the panel when a kind judges its own output (the NCCL log reader does).
+# Keys that lead the panel when a kind's reading is judged (an NCCL log's: checks/nccl.py).
 _VERDICT_KEYS = ("status", "verdict")
 
 
@@ -426,7 +430,7 @@ VERDICT_EXIT = {"ok": 0, "warn": 1, "fail": 2}
 
 
 def verdict_exit_code(parsed: Iterable[Any]) -> int:
-    """The exit code the parsed outputs' own verdicts give (a kind that judges, as the NCCL
-    log reader does, says "status": ok/warn/fail): the worst of them, 0 when none judges."""
+    """The exit code the parsed outputs' verdicts give (a judged kind, as an NCCL log, says
+    "status": ok/warn/fail): the worst of them, 0 when none is judged."""
     return max((VERDICT_EXIT.get(d.get("status"), 0) for d in parsed if isinstance(d, dict)),
                default=0)

@@ -1,6 +1,7 @@
 """Programs that run ON the nodes, and the one way to run them and read them: each program a
 real file here (or in cluster/ray_jobs/, the programs about the cluster's Ray jobs; stdlib only,
-Python 3.8+) that prints one JSON document; `run_program` ships its source over SSH (nothing is
+Python 3.8+), declared by name (`NODE_PROGRAMS`; `declare_programs` for a higher layer's own),
+that prints one JSON document; `run_program` ships its source over SSH (nothing is
 installed on a node), runs it with the inventory's python and returns the document (or the
 typed result `parse` makes of it), or raises ProgramError, the one error of a program run.
 
@@ -37,11 +38,12 @@ from cluster.base.errors import ClusterError, ProgramError
 from cluster.nodes.shell import heredoc
 
 HERE = Path(__file__).resolve().parent
-RAY_JOBS = HERE.parent / "ray_jobs"
-# The Ray jobs' entrypoints in ray_jobs/: run by Ray's job supervisor, never shipped over SSH
-# as programs (no JSON answer). Named here, the layer below ray_jobs/, which re-exports it.
-ENTRYPOINTS = ("nccl_allreduce", "health_runner")
-PROGRAM_DIRS = (HERE, RAY_JOBS)       # a program's name is its file's stem, unique over both
+# The on-node programs this package holds (each HERE/NAME.py). A package of a higher layer that
+# holds programs of its own declares them with `declare_programs` (cluster/ray_jobs/, declared
+# whenever cluster.ray is imported); nothing else runs: no folder is searched for files.
+NODE_PROGRAMS = ("dashboard", "engine_logs", "fix_files", "head_state", "hf_pull", "model_copy",
+                 "node_facts", "prometheus", "ray_auth_token", "reach", "serve_sample")
+_DECLARED: dict[str, Path] = {}
 # Reads the program from stdin's first line and runs it as __main__; the rest of stdin is its.
 BOOT = 'import sys,json;exec(compile(json.loads(sys.stdin.readline()),"node_program","exec"))'
 COMMON_IMPORT = "from cluster.node_programs._common import "
@@ -58,14 +60,29 @@ def _common_text() -> str:
     return (HERE / "_common.py").read_text()
 
 
+def declare_programs(folder: Path, names: Sequence[str]) -> tuple[str, ...]:
+    """Declares the on-node programs folder/NAME.py for each of `names` (a name names one file:
+    declaring it again for another file is a ValueError); returns the names."""
+    for name in names:
+        if not name.isidentifier() or name.startswith("_"):
+            raise ValueError(f"not an on-node program name: {name!r}")
+        path = Path(folder) / f"{name}.py"
+        if _DECLARED.setdefault(name, path) != path:
+            raise ValueError(f"on-node program {name!r} declared twice: {_DECLARED[name]}, {path}")
+    return tuple(names)
+
+
+def declared_programs() -> dict[str, Path]:
+    """{name: file} of every on-node program declared so far."""
+    return dict(_DECLARED)
+
+
 def program_path(name: str) -> Path:
-    """The file of program `name`: node_programs/NAME.py or ray_jobs/NAME.py (exactly one)."""
-    if not name.isidentifier() or name.startswith("_") or name in ENTRYPOINTS:
-        raise ValueError(f"not an on-node program name: {name!r}")
-    found = [d / f"{name}.py" for d in PROGRAM_DIRS if (d / f"{name}.py").is_file()]
-    if len(found) != 1:
-        raise ValueError(f"on-node program {name!r}: {len(found)} files of that name")
-    return found[0]
+    """The file of the declared on-node program `name`; ValueError for any other name."""
+    try:
+        return _DECLARED[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"not a declared on-node program: {name!r}") from None
 
 
 @functools.lru_cache(maxsize=None)
@@ -78,6 +95,9 @@ def source(name: str) -> str:
     if any(line.startswith(COMMON_IMPORT) and "(" in line for line in lines):
         raise ValueError(f"{name}.py: the _common import must be one line (it is replaced whole)")
     return "".join(_common_text() if line.startswith(COMMON_IMPORT) else line for line in lines)
+
+
+declare_programs(HERE, NODE_PROGRAMS)
 
 
 def with_input(name: str, data: str) -> str:

@@ -183,6 +183,31 @@ def detach_grandchild():
     return True
 
 
+def run_detached(run, close_in_parent):
+    """Runs `run()` in a detached grandchild (a new session, stdio on /dev/null, so the SSH
+    command returns) and returns its pid, None when it could not be read. The parent calls
+    `close_in_parent()` (its copies of the sockets the grandchild serves) before it waits for
+    the first child."""
+    read, write = os.pipe()
+    first = os.fork()
+    if first == 0 and detach_grandchild():
+        os.close(read)
+        os.write(write, str(os.getpid()).encode())
+        os.close(write)
+        try:
+            run()
+        finally:
+            os._exit(0)
+    if first == 0:
+        os._exit(0)
+    os.close(write)
+    close_in_parent()
+    os.waitpid(first, 0)
+    got = os.read(read, 32)
+    os.close(read)
+    return int(got) if got.isdigit() else None
+
+
 def private_dir(path):
     """`path` as this user's private directory, made 0700 when missing; an existing one must be a
     real directory (not a link) owned by this user that no one else can write (read/search bits

@@ -85,7 +85,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from cluster.node_programs._common import detach_grandchild, stop_tagged
+from cluster.node_programs._common import run_detached, stop_tagged
 
 CHUNK = 1 << 20
 MAX_FILES = 100000
@@ -791,24 +791,7 @@ def listen(bind, ports, board, key, peers=frozenset(LOOPBACK_PEERS)):
 
 def detach(server, port, run, found):
     """Fork the server off (it runs `run()` in the grandchild); {"pid", "port"} in the parent."""
-    read, write = os.pipe()
-    first = os.fork()
-    if first == 0 and detach_grandchild():
-        os.close(read)
-        os.write(write, str(os.getpid()).encode())
-        os.close(write)
-        try:
-            run()
-        finally:
-            os._exit(0)
-    if first == 0:
-        os._exit(0)
-    os.close(write)
-    server.server_close()
-    os.waitpid(first, 0)
-    got = os.read(read, 32)
-    os.close(read)
-    doc = {"pid": int(got) if got.isdigit() else None, "port": port}
+    doc = {"pid": run_detached(run, server.server_close), "port": port}
     doc.update(found)
     return doc
 

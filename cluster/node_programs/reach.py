@@ -37,7 +37,7 @@ import socket
 import sys
 import time
 
-from cluster.node_programs._common import detach_grandchild, stop_tagged
+from cluster.node_programs._common import run_detached, stop_tagged
 
 MAX_TARGETS = 20000
 MAX_PORTS = 256
@@ -197,23 +197,11 @@ def listen(args):
     socks, bound, busy, failed = bind_all(ports)
     pid = None
     if socks:
-        read, write = os.pipe()
-        first = os.fork()
-        if first == 0 and detach_grandchild():
-            os.close(read)
-            os.write(write, str(os.getpid()).encode())
-            os.close(write)
-            serve(socks, seconds, tag, expect)
-            os._exit(0)
-        if first == 0:
-            os._exit(0)
-        os.close(write)
-        for s in socks:
-            s.close()
-        os.waitpid(first, 0)
-        got = os.read(read, 32)
-        os.close(read)
-        pid = int(got) if got.isdigit() else None
+        def close_ours():
+            for s in socks:
+                s.close()
+
+        pid = run_detached(lambda: serve(socks, seconds, tag, expect), close_ours)
     return {"listening": bound, "busy": busy, "failed": failed, "pid": pid}
 
 

@@ -29,7 +29,7 @@ from typing import Any, Mapping, Sequence
 
 from cluster.planning import fabric_thresholds as ft
 from cluster.base.bounds import bound, reply_number
-from cluster.base.errors import ParseError, UsageError
+from cluster.base.errors import UsageError
 from cluster.planning.fabric_groups import Group, Layout, NodeSlots, RankSlot, layout_groups, rank_slots, \
     slots_per_node
 from cluster.base.results import Status, worst
@@ -215,19 +215,11 @@ class FabricProof:
 
 
 def _nccl_of(members: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
-    from cluster.inspection.parsers.nccl import NcclLogAccumulator
+    from cluster.inspection.checks.nccl import judged_logs
 
     texts = [m["nccl_log"] for m in members if isinstance(m.get("nccl_log"), str)
              and m["nccl_log"].strip()]
-    if not texts:
-        return None
-    acc = NcclLogAccumulator()
-    for text in texts:
-        acc.feed_text(text if text.endswith("\n") else text + "\n")
-    try:
-        return acc.result().to_dict()
-    except ParseError:
-        return None
+    return judged_logs(texts) if texts else None
 
 
 def _pair(group: Group) -> str:

@@ -29,15 +29,15 @@ import re
 import secrets
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from cluster.base.bounds import bound, check_float, check_int
 from cluster.nodes.endpoints import head_dashboard_base
-from cluster.base.errors import ParseError, ProgramError, UsageError
+from cluster.base.errors import ProgramError, UsageError
 from cluster.nodes.inventory import Inventory, Node
 from cluster.node_programs import Call, document_of, embedded_document, failure, program_call
 from cluster.ray.ray_state import head_client_env
+from cluster.ray_jobs import entrypoint_path
 from cluster.base.results import Status, exit_code_for, worst
 
 BACKENDS = ("nccl", "gloo")
@@ -50,7 +50,7 @@ DRIVER_RESERVE_S = 10.0       # the entrypoint finishes this long before the job
 SSH_MARGIN_S = 60.0           # the SSH command's timeout beyond --timeout (submit, stop, read back)
 HEAD_PROGRAM = "nccl_job"           # cluster/ray_jobs/nccl_job.py, run on the head
 RESULT_MAX_BYTES = 512 << 20        # the entrypoint's result file: 128 ranks' NCCL logs (4 MiB each)
-ENTRYPOINT = Path(__file__).resolve().parents[1] / "ray_jobs" / "nccl_allreduce.py"
+ENTRYPOINT = entrypoint_path("nccl_allreduce")
 
 
 
@@ -445,18 +445,10 @@ def rank_logs(raw_ranks: Sequence[Mapping[str, Any]]) -> list[tuple[Mapping[str,
 def _parse_rank_logs(raw_ranks: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     """All ranks' NCCL_DEBUG logs read as one cluster-wide log (hosts and ranks told apart by
     their envelopes), so GDR asymmetry between nodes shows. None when no log came back."""
-    from cluster.inspection.parsers.nccl import NcclLogAccumulator
+    from cluster.inspection.checks.nccl import judged_logs
 
     logs = rank_logs(raw_ranks)
-    if not logs:
-        return None
-    acc = NcclLogAccumulator()
-    for _rank_record, text in logs:
-        acc.feed_text(text if text.endswith("\n") else text + "\n")
-    try:
-        return acc.result().to_dict()
-    except ParseError:
-        return None
+    return judged_logs(text for _rank_record, text in logs) if logs else None
 
 
 def nodes_with_ranks(outcome: JobOutcome, default: Sequence[str]) -> list[str]:

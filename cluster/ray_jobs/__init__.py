@@ -6,8 +6,8 @@ Entrypoints (run by Ray's job supervisor on the head, their ranks/readers as Ray
     and torch only; shipped as a file, `cluster` is not imported on the cluster).
   - health_runner.py: the periodic node-health job (`python -m cluster.ray_jobs.health_runner`,
     with the `cluster` package shipped as its runtime_env py_modules).
-On-head programs (node programs: shipped and read by cluster/node_programs/__init__.py, the one
-runner and reader; each prints one JSON document):
+On-head programs (node programs, declared here as PROGRAMS: shipped and read by
+cluster/node_programs/__init__.py, the one runner and reader; each prints one JSON document):
   - nccl_job.py: submits the all-reduce job, waits, reads its result file back.
   - health_submit.py: starts the health job or keeps the running one.
 
@@ -15,4 +15,19 @@ Nothing here is imported by the laptop's CLI at start; the entrypoints import on
 library, Ray, torch and (health_runner) the toolkit's pure modules.
 """
 
-from cluster.node_programs import ENTRYPOINTS  # noqa: F401  (run by Ray, not shipped as programs)
+from pathlib import Path
+
+from cluster.node_programs import declare_programs
+
+HERE = Path(__file__).resolve().parent
+# Run by Ray's job supervisor, never shipped over SSH as programs (no JSON answer).
+ENTRYPOINTS = ("nccl_allreduce", "health_runner")
+# The on-head programs, declared to the one runner (cluster.ray imports this package).
+PROGRAMS = declare_programs(HERE, ("nccl_job", "health_submit", "health_readings"))
+
+
+def entrypoint_path(name: str) -> Path:
+    """The file of the Ray job entrypoint `name` (one of ENTRYPOINTS), shipped as a file."""
+    if name not in ENTRYPOINTS:
+        raise ValueError(f"not a Ray job entrypoint: {name!r}")
+    return HERE / f"{name}.py"

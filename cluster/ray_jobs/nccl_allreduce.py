@@ -654,20 +654,11 @@ def run_check(args: argparse.Namespace) -> dict:
                 for i in range(len(actors))]
         outcomes = _wait_ranks(refs, actors, [infos[i]["ip"] for i in range(len(refs))],
                                deadline)
-        stuck = [i for i, ref in enumerate(refs) if ref not in outcomes]
-        phases = dict(zip(stuck, _ask_phases([actors[i] for i in stuck]))) if stuck else {}
+        reports, _stuck = _rank_reports(refs, outcomes, actors)
         ranks: list[dict] = []
-        for i, ref in enumerate(refs):
+        for i, report in enumerate(reports):
             rec = dict(infos[i], rank=rank_of[i])
-            if ref in outcomes:
-                value = outcomes[ref]
-                if isinstance(value, BaseException):
-                    rec.update(error=f"run: {type(value).__name__}: {_first_line(value)}",
-                               phase="actor-died")
-                else:
-                    rec.update(value)
-            else:
-                rec.update(phases[i])
+            rec.update(report)
             ranks.append(rec)
         ranks.sort(key=lambda r: r["rank"])
         stage_done("run")
@@ -749,22 +740,12 @@ def run_groups(args: argparse.Namespace, actors: Sequence[Any], infos: Sequence[
         budget = Deadline(min(deadline.at, time.time() + join + max(30.0, join) + CLEANUP_RESERVE_S))
         outcomes = _wait_ranks(refs, [actors[m] for m in members],
                                [infos[m]["ip"] for m in members], budget)
-        stuck = [i for i, ref in enumerate(refs) if ref not in outcomes]
-        phases = dict(zip(stuck, _ask_phases([actors[members[i]] for i in stuck]))) \
-            if stuck else {}
-        for i, ref in enumerate(refs):
+        reports, stuck = _rank_reports(refs, outcomes, [actors[m] for m in members])
+        for i, report in enumerate(reports):
             info = infos[members[i]]
             m = {"rank": i, "slot": members[i], "node": info["node"], "ip": info["ip"],
                  "gpu_ids": info.get("gpu_ids") or [], "hostname": info.get("hostname")}
-            if ref in outcomes:
-                value = outcomes[ref]
-                if isinstance(value, BaseException):
-                    m.update(error=f"run: {type(value).__name__}: {_first_line(value)}",
-                             phase="actor-died")
-                else:
-                    m.update({k: v for k, v in value.items() if k != "traceback"})
-            else:
-                m.update(phases[i])
+            m.update({k: v for k, v in report.items() if k != "traceback"})
             rec["members"].append(m)
             if m.get("torch"):
                 result["versions"]["torch"] = m["torch"]
@@ -852,6 +833,25 @@ def _wait_ranks(refs: Sequence[Any], actors: Sequence[Any], ips: Sequence[str | 
         if failed and grace_until is None:
             grace_until = time.time() + FAIL_GRACE_S
     return outcomes
+
+
+def _rank_reports(refs: Sequence[Any], outcomes: Mapping[Any, Any],
+                  actors: Sequence[Any]) -> tuple[list[dict], list[int]]:
+    """What each rank's run (refs[i], on actors[i]) came to: its result, the death of its actor,
+    or, still running at the deadline, the phase it is in; and the indexes of those still running."""
+    stuck = [i for i, ref in enumerate(refs) if ref not in outcomes]
+    phases = dict(zip(stuck, _ask_phases([actors[i] for i in stuck]))) if stuck else {}
+    reports = []
+    for i, ref in enumerate(refs):
+        if ref not in outcomes:
+            reports.append(dict(phases[i]))
+        elif isinstance(outcomes[ref], BaseException):
+            value = outcomes[ref]
+            reports.append({"error": f"run: {type(value).__name__}: {_first_line(value)}",
+                            "phase": "actor-died"})
+        else:
+            reports.append(dict(outcomes[ref]))
+    return reports, stuck
 
 
 def _ask_phases(actors: Sequence[Any]) -> list[dict]:

@@ -122,15 +122,12 @@ def _where(per_node: Mapping[str, EngineRank], expected: str | None) -> EngineRa
 
 def _nccl_reading(texts: Sequence[str], crosses: bool) -> tuple[str | None, bool | None,
                                                                 str | None]:
-    from cluster.inspection.parsers.nccl import NcclLogAccumulator
+    from cluster.inspection.parsers.nccl import parse_texts
 
     if not any("NCCL" in t for t in texts):
         return None, None, None
-    acc = NcclLogAccumulator()
-    for text in texts:
-        acc.feed_text(text if text.endswith("\n") else text + "\n")
     try:
-        log = acc.result()
+        log = parse_texts(texts)
     except ParseError:
         return None, None, None
     if crosses:

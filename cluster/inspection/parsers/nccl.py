@@ -32,7 +32,8 @@ by a comparison in place, each distinct chunk then split into lines once, so a l
 whole process outputs (a job relaunched, logs concatenated) costs about a memcmp of its bytes.
 A distinct line is dispatched on the first 4 characters of its message; regexes
 run only on the few line kinds that carry facts, and envelope heads and channel messages are
-parsed once each (bounded caches). docs/nccl-parser.md explains the keys and the verdict logic.
+parsed once each (bounded caches). docs/nccl-parser.md explains the keys. This module only
+reads: the status, the findings and the verdict sentence are cluster/inspection/checks/nccl.py's.
 
 Issue 15 classes: the transport is also read from the source files of WARN lines and failed-call
 stacks (transport/net_ib.cc = IB verbs, transport/net_socket.cc = sockets); RoCE is told from
@@ -51,14 +52,13 @@ Returned shape, `NcclLog.to_dict()` (contract keys first, then extras)::
      "errors": [{"kind", "severity", "message", "line", "count", "hosts"}],
      "warnings": [... same shape ...],
      "busbw_gbps": 156.742 | null,              # nccl-tests "# Avg bus bandwidth"
-     "status": "ok"|"warn"|"fail", "verdict": "one sentence for an admin",
      # extras
      "nccl_versions", "version_mismatch_suspected", "n_ranks_min", "n_nodes_min", "evidence",
      "network", "link_layers", "gdr_asymmetric", "gdr_by_host", "gdr_by_rank", "channel_counts",
      "collnet", "nvls", "pxn", "bootstrap_ifaces", "net_plugin", "hosts", "ray_node_ips",
-     "ranks_incomplete", "communicators", "findings", "notes", "nccl_tests", "env",
+     "ranks_incomplete", "communicators", "notes", "nccl_tests", "env",
      "cuda_driver_version", "lines", "nccl_lines", "lines_truncated", "link_layer_evidence",
-     "source_transports"}
+     "source_transports", "net_socket_ifaces", "ofi_provider", "link_layers_mixed", "gdr_mixed"}
 
 Raises ParseError("nccl", ...) for text with no NCCL envelope line, no NCCL version line, no
 nccl-tests table and no NCCL error message at all.
@@ -356,7 +356,6 @@ class NcclLog:
     communicators: tuple[Mapping[str, Any], ...]
     errors: tuple[Finding, ...]
     warnings: tuple[Finding, ...]
-    findings: tuple[Mapping[str, str], ...]
     notes: tuple[str, ...]
     nccl_tests: Mapping[str, Any] | None
     busbw_gbps: float | None
@@ -366,8 +365,10 @@ class NcclLog:
     lines: int
     nccl_lines: int
     lines_truncated: int
-    status: str
-    verdict: str
+    net_socket_ifaces: tuple[str, ...]     # the NET/Socket data interfaces ("NET/Socket : Using")
+    ofi_provider: str | None               # libfabric's provider named by the OFI plugin
+    link_layers_mixed: bool                # HCAs of both link layers listed, none shown in use
+    gdr_mixed: bool                        # GDR on some channels (or GPUs) and not on others
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -382,8 +383,6 @@ class NcclLog:
             "errors": [f.to_dict() for f in self.errors],
             "warnings": [f.to_dict() for f in self.warnings],
             "busbw_gbps": self.busbw_gbps,
-            "status": self.status,
-            "verdict": self.verdict,
             "nccl_versions": list(self.nccl_versions),
             "version_mismatch_suspected": self.version_mismatch_suspected,
             "n_ranks_min": self.n_ranks_min,
@@ -406,7 +405,6 @@ class NcclLog:
             "ray_node_ips": list(self.ray_node_ips),
             "ranks_incomplete": [dict(r) for r in self.ranks_incomplete],
             "communicators": [dict(c) for c in self.communicators],
-            "findings": [dict(f) for f in self.findings],
             "notes": list(self.notes),
             "nccl_tests": _plain(self.nccl_tests),
             "env": dict(self.env),
@@ -414,6 +412,10 @@ class NcclLog:
             "lines": self.lines,
             "nccl_lines": self.nccl_lines,
             "lines_truncated": self.lines_truncated,
+            "net_socket_ifaces": list(self.net_socket_ifaces),
+            "ofi_provider": self.ofi_provider,
+            "link_layers_mixed": self.link_layers_mixed,
+            "gdr_mixed": self.gdr_mixed,
         }
 
 
@@ -1548,7 +1550,8 @@ class NcclLogAccumulator:
 
 
 # ---------------------------------------------------------------------------------------------
-# Deciding: from the accumulated facts to transport, GDR, status and verdict
+# Reading: from the accumulated facts to ranks, nodes, transport and GDR (judged in
+# cluster/inspection/checks/nccl.py)
 
 
 class _Summary:
@@ -1557,7 +1560,6 @@ class _Summary:
     def __init__(self, acc: NcclLogAccumulator) -> None:
         self.a = acc
         self.evidence: dict[str, str | None] = {}
-        self.findings: list[dict[str, str]] = []
         self.notes: list[str] = []
 
     # ranks and nodes ------------------------------------------------------------------------
@@ -2027,7 +2029,6 @@ class _Summary:
         a = self.a
         n_ranks, n_nodes, n_ranks_min, n_nodes_min, rank_hosts = self._ranks_and_nodes()
         single_node = n_nodes == 1
-        multi_node = (n_nodes or 0) >= 2 or (n_nodes_min or 0) >= 2
         inter, intra = self._split_net(single_node, rank_hosts)
         transport, network = self._transport(single_node, inter)
         gdr, asym, gdr_by_host, gdr_by_rank, gdr_mixed = self._gdr(transport, network, inter, intra)
@@ -2093,11 +2094,6 @@ class _Summary:
                               + ", ".join(h for h, s in a.gdr_hca.items() if s == "Disabled")
                               + ": check nvidia_peermem / nv_peer_mem")
 
-        status = self._status(transport, gdr, asym, gdr_mixed, multi_node, intra, errors,
-                              warnings, incomplete, mismatch)
-        verdict = self._verdict(transport, network, gdr, asym, gdr_mixed, gdr_by_host, n_ranks,
-                                n_nodes, n_nodes_min, intra_t, ib_hcas, errors, incomplete,
-                                mismatch, nccl_tests, busbw, status)
         socket_ifaces = tuple(a.socket_ifaces)
         return NcclLog(
             nccl_version=version, nccl_versions=versions, version_mismatch_suspected=mismatch,
@@ -2111,10 +2107,12 @@ class _Summary:
             collnet=bool(a.collnet_channels or a.collnet_agg), nvls=a.nvls, pxn=pxn,
             hosts=tuple(sorted(a.hosts))[:4096], ray_node_ips=tuple(sorted(a.ray_ips))[:4096],
             ranks_incomplete=incomplete, communicators=comms, errors=errors, warnings=warnings,
-            findings=tuple(self.findings), notes=tuple(dict.fromkeys(self.notes)),
+            notes=tuple(dict.fromkeys(self.notes)),
             nccl_tests=nccl_tests, busbw_gbps=busbw, env=dict(a.env),
             cuda_driver_version=a.cuda_driver, evidence=dict(self.evidence), lines=a.lines,
-            nccl_lines=a.nccl_lines, lines_truncated=a.truncated, status=status, verdict=verdict)
+            nccl_lines=a.nccl_lines, lines_truncated=a.truncated,
+            net_socket_ifaces=tuple(a.net_socket_ifaces), ofi_provider=a.ofi.get("provider"),
+            link_layers_mixed=self._mixed_layers(), gdr_mixed=gdr_mixed)
 
     def _link_evidence(self, transport: str) -> tuple[str, ...]:
         """Why the verbs path is RoCE or InfiniBand (device lines first)."""
@@ -2122,120 +2120,6 @@ class _Summary:
         layers = sorted(set(a.ib_devs.values()))
         out = [f"NET/IB device line: {'/'.join(layers)}"] if layers else []
         return tuple(out + self._roce_evidence() + list(a.ib_link_evidence))
-
-    def _finding(self, status: str, reason: str) -> None:
-        self.findings.append({"status": status, "reason": reason})
-
-    def _status(self, transport, gdr, asym, gdr_mixed, multi_node, intra, errors, warnings,
-                incomplete, mismatch) -> str:
-        if errors:
-            self._finding("fail", f"{len(errors)} kind(s) of NCCL error in the log")
-        if transport == "SOCKET":
-            self._finding("fail", "inter-node traffic over TCP sockets (no RDMA)"
-                          + ("" if multi_node else "; node count not shown"))
-        if asym:
-            self._finding("fail", "GPUDirect RDMA on some nodes but not on others")
-        if transport in ("IB", "ROCE", "OFI") and not asym:
-            if gdr is False:
-                self._finding("warn", "GPUDirect RDMA " + ("only on part of the channels" if gdr_mixed
-                                                          else "not used") + ": data staged through host memory")
-            elif gdr is None:
-                self._finding("warn", "GPUDirect RDMA use not shown in the log")
-        if transport == "UNKNOWN":
-            self._finding("warn", "inter-node transport not shown in the log")
-        if transport == "NONE" and intra and not self.a.intra:
-            self._finding("warn", "intra-node traffic goes through the NIC (NET) instead of P2P/SHM")
-        if warnings:
-            self._finding("warn", f"{len(warnings)} kind(s) of NCCL warning in the log")
-        if incomplete:
-            self._finding("warn", f"{len(incomplete)} rank(s) started init without completing it "
-                                  "(hung, failed, or the log is cut)")
-        if mismatch:
-            self._finding("warn", "different NCCL versions on different hosts")
-        levels = {f["status"] for f in self.findings}
-        return "fail" if "fail" in levels else "warn" if "warn" in levels else "ok"
-
-    def _verdict(self, transport, network, gdr, asym, gdr_mixed, gdr_by_host, n_ranks, n_nodes,
-                 n_nodes_min, intra_t, ib_hcas, errors, incomplete, mismatch, nccl_tests, busbw,
-                 status) -> str:
-        parts: list[str] = []
-        if errors:
-            kinds = Counter()
-            for e in errors:
-                kinds[e.kind] += e.count
-            hosts = sorted({h for e in errors for h in e.hosts})
-            parts.append("NCCL errors: " + ", ".join(f"{k.replace('_', ' ')} ({n} line{'s' if n != 1 else ''})"
-                                                     for k, n in kinds.items())
-                         + (f" on {', '.join(hosts[:4])}" + (" ..." if len(hosts) > 4 else "") if hosts else ""))
-        shape = ""
-        if n_ranks or n_nodes:
-            shape = f" ({n_ranks if n_ranks else '?'} rank{'s' if n_ranks != 1 else ''} on "
-            shape += f"{n_nodes} node{'s' if n_nodes != 1 else ''})" if n_nodes else \
-                f">= {n_nodes_min or 1} node(s))"
-        intra = "/".join(intra_t) if intra_t else None
-        hcas = ", ".join(ib_hcas[:4]) + (" ..." if len(ib_hcas) > 4 else "")
-        if transport == "NONE":
-            s = f"single-node run{shape}: no inter-node traffic"
-            if intra:
-                s += f"; intra-node over {intra}"
-            if "NET" in intra_t and not set(intra_t) - {"NET"}:
-                s += " (through the NIC, not NVLink/PCIe P2P)"
-        elif transport == "SOCKET":
-            s = f"inter-node traffic falls back to TCP sockets{shape} instead of RDMA"
-            ifaces = list(self.a.net_socket_ifaces) or list(self.a.socket_ifaces)
-            if ifaces:
-                s += f" (NET/Socket on {', '.join(ifaces[:4])})"
-        elif transport in ("IB", "ROCE"):
-            mixed = transport == "IB" and self._mixed_layers()
-            name = "RoCE" if transport == "ROCE" else "InfiniBand or RoCE" if mixed else "InfiniBand"
-            s = f"inter-node traffic uses {name}{shape}"
-            if transport == "IB" and not self.a.ib_devs and not self.a.ib_link_evidence:
-                s += " verbs (NET/IB; the link layer is not shown, RoCE would print the same)"
-            elif mixed:
-                s += (" (NET/IB lists HCAs of both link layers; the log does not show which one "
-                      "carries the traffic)")
-            if network and network not in ("IB",):
-                s += f" via {network}"
-            if hcas:
-                s += f" on {hcas}"
-            s += self._gdr_phrase(gdr, asym, gdr_mixed, gdr_by_host)
-            if intra:
-                s += f"; intra-node {intra}"
-        elif transport == "OFI":
-            prov = self.a.ofi.get("provider")
-            s = f"inter-node traffic uses the OFI/libfabric plugin{shape}" + (f" (provider {prov})" if prov else "")
-            s += self._gdr_phrase(gdr, asym, gdr_mixed, gdr_by_host)
-        else:
-            s = f"the log does not show which inter-node transport NCCL uses{shape}"
-            if network:
-                s += f" (network {network})"
-            if intra:
-                s += f"; intra-node {intra}"
-        parts.append(s)
-        if incomplete:
-            parts.append(f"{len(incomplete)} rank(s) never reached Init COMPLETE")
-        if mismatch:
-            parts.append("hosts run different NCCL versions")
-        if busbw is not None:
-            parts.append(f"nccl-tests average bus bandwidth {busbw:g} GB/s")
-        elif nccl_tests and nccl_tests.get("peak_busbw_gbps_oop") is not None:
-            parts.append(f"nccl-tests peak bus bandwidth {nccl_tests['peak_busbw_gbps_oop']:g} GB/s")
-        text = "; ".join(parts)
-        return f"{status.upper()}: {text[0].upper()}{text[1:]}."
-
-    @staticmethod
-    def _gdr_phrase(gdr, asym, mixed, by_host) -> str:
-        if asym:
-            on = [h for h, v in by_host.items() if v is True]
-            off = [h for h, v in by_host.items() if v is not True]
-            return (f", but GPUDirect RDMA only on {', '.join(on[:3])} and not on {', '.join(off[:3])}")
-        if gdr is True:
-            return " with GPUDirect RDMA"
-        if gdr is False:
-            return (" with GPUDirect RDMA on only part of the channels" if mixed
-                    else " WITHOUT GPUDirect RDMA (data staged through host memory)")
-        return ("; GPUDirect RDMA not shown (rerun with NCCL_DEBUG_SUBSYS=INIT,NET,GRAPH "
-                "and a real collective)")
 
 
 _GENERIC_HOSTS = frozenset(("localhost", "hostname", "host", "node", "server", "machine"))
@@ -2287,6 +2171,15 @@ def parse(text: str | bytes) -> NcclLog:
         raise ParseError(KIND, "empty input")
     acc = NcclLogAccumulator()
     acc.feed_stream(_line_stream(text))
+    return acc.result()
+
+
+def parse_texts(texts: Iterable[str]) -> NcclLog:
+    """Several logs (each rank's NCCL_DEBUG text) read as one: hosts and ranks are told apart
+    by their envelopes. A text without a final newline still ends its last line."""
+    acc = NcclLogAccumulator()
+    for text in texts:
+        acc.feed_text(text if text.endswith("\n") else text + "\n")
     return acc.result()
 
 
