@@ -165,11 +165,10 @@ def test_the_planted_code_does_run_without_the_root_flags(tmp_path):
 
 
 def test_a_wrapped_program_is_isolated_and_one_with_third_party_imports_never_runs_as_root():
-    from cluster.node_programs import (AS_ROOT_FLAGS, ENTRYPOINTS, PROGRAM_DIRS, node_imports,
-                                       program_call)
+    import cluster.ray_jobs  # noqa: F401  (declares the on-head programs)
+    from cluster.node_programs import AS_ROOT_FLAGS, declared_programs, node_imports, program_call
 
-    names = sorted(p.stem for d in PROGRAM_DIRS for p in d.glob("*.py")
-                   if not p.stem.startswith("_") and p.stem not in ENTRYPOINTS)
+    names = sorted(declared_programs())
     assert "hf_pull" in names and "model_copy" in names
     for name in names:
         try:
