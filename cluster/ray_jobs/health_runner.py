@@ -55,7 +55,8 @@ def read_node(config: JobConfig, name: str) -> list[Reading]:
     except CommandTimeout:
         return list(unknown_readings(name, "the probes did not finish in time", now))
     results, facts = evaluate_node(node, inventory, checks, node_facts(node, result, probes))
-    return list(readings_from_results(name, results, facts, now))
+    return list(readings_from_results(name, results, facts, now, config.expectations,
+                                      config.act.ecc_xids))
 
 
 def node_name(node: Mapping[str, Any], config: JobConfig) -> str:
