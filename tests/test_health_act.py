@@ -3,6 +3,7 @@ policy and each of its guards (each test fails without its guard), the records."
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -49,7 +50,7 @@ def test_the_inventory_overrides_each_key_and_keeps_the_other_defaults():
 
 @pytest.mark.parametrize("bad", ["{gpu_lost: drain}", "{gpu_gone: cordon}", "{max_cordons: -1}",
                                  "{max_cordons: 1.5}", "{window_s: .inf}", "{window_s: 0}",
-                                 "{missed_periods: 0}", "{confirm_readings: {gpu_lost: 0}}",
+                                 "{missed_after: 0}", "{confirm_readings: {gpu_lost: 0}}",
                                  "{confirm_readings: {nope: 1}}", "[cordon]", "{move_wait_s: true}"])
 def test_a_wrong_act_value_names_its_key(bad):
     with pytest.raises(InventoryError, match="health.act"):
@@ -227,3 +228,132 @@ def test_records_round_trip_through_the_actions_file():
     assert len(back["records"]) == 2 and back["records"][0]["move_s"] == 12.3
     assert back["cordoned"] == {"node2": {"node_id": "id2", "time": 5.0}}
     assert "1 replica(s), 1 gang(s) moved in 12.3 s" in rec.line()
+
+
+# ---------------------------------------------------------------- the loop in the job (no Ray)
+
+
+NODE_ID = {f"node{i}": ("%02x" % i) * 28 for i in (1, 2, 3)}
+
+
+class _Ctx:
+    gcs_address = "127.0.0.1:6379"
+
+
+class _Ray:
+    """What the remedy calls of Ray: the GCS address, named actors, kill."""
+
+    def __init__(self):
+        self.killed = []
+
+    def get_runtime_context(self):
+        return _Ctx()
+
+    def get_actor(self, name, namespace=None):
+        return (name, namespace)
+
+    def kill(self, actor):
+        self.killed.append(actor)
+
+
+class _Cluster:
+    """Serve's details and the rank actors as the dashboard answers them; a drain moves every
+    replica and rank off the drained node (what Serve does), after `moves_after` reads."""
+
+    def __init__(self, gang_on: str = "node2"):
+        def rep(rid, node):
+            return {"replica_id": rid, "node_id": NODE_ID[node], "state": "RUNNING"}
+        self.serve = {"applications": {
+            "small": {"status": "RUNNING", "deployments": {"LLM": {
+                "deployment_config": {"num_replicas": 2, "ray_actor_options": {"num_gpus": 1}},
+                "replicas": [rep("s1", "node2"), rep("s2", "node3")]}}},
+            "gang": {"status": "RUNNING", "deployments": {"LLM": {
+                "deployment_config": {"num_replicas": 1, "placement_group_strategy":
+                                      "STRICT_SPREAD", "placement_group_bundles":
+                                      [{"GPU": 1, "CPU": 1}, {"GPU": 1}]},
+                "replicas": [rep("g1", "node1")]}}}}}
+        self.ranks = [{"name": "gang/g1/rank1", "state": "ALIVE", "pid": 1,
+                       "node_id": NODE_ID[gang_on], "ray_namespace": "ranks"}]
+        self.drained = []
+
+    def serve_and_ranks(self):
+        return json.loads(json.dumps(self.serve)), [dict(a) for a in self.ranks]
+
+    def drain(self, gcs, node_id, message, deadline_s):
+        self.drained.append((gcs, node_id, message, deadline_s))
+        for app in self.serve["applications"].values():
+            for dep in app["deployments"].values():
+                for r in dep["replicas"]:
+                    if r["node_id"] == node_id:
+                        r["node_id"] = NODE_ID["node1"]
+        for a in self.ranks:
+            if a["node_id"] == node_id:
+                a["node_id"] = NODE_ID["node3"]
+        return True, "accepted"
+
+
+def _readings(node, *classes, status="fail"):
+    return [h.Reading(node, "gpu-health", status, 1.0, "x", 0.0,
+                      tuple((c, f"Xid 79 on 0000:3d:00 ({c})") for c in classes))]
+
+
+def _remedy(tmp_path, extra=""):
+    from cluster.ray_jobs.health_remedy import Remedy
+
+    cluster = _Cluster()
+    ray = _Ray()
+    cfg = h.job_config(_inventory(extra))
+    remedy = Remedy(ray, cfg, str(tmp_path / act.ACTIONS_FILE), reads=cluster,
+                    drain=cluster.drain, clock=lambda: 1000.0, sleep=lambda s: None)
+    return remedy, cluster, ray
+
+
+ALIVE = {NODE_ID[n]: n for n in ("node1", "node2", "node3")}
+RESOURCES = {n: {"GPU": 8.0, "CPU": 64.0} for n in ("node1", "node2", "node3")}
+
+
+def test_a_lost_gpu_drains_the_node_replaces_its_gang_and_keeps_a_record(tmp_path):
+    import json as _json
+
+    remedy, cluster, ray = _remedy(tmp_path)
+    done = remedy.after_round({"node2": _readings("node2", "gpu_lost")}, ALIVE, RESOURCES)
+    assert [(r.node, r.action, r.outcome) for r in done] == [("node2", "cordon", "moved")]
+    (gcs, node_id, message, _), = cluster.drained
+    assert node_id == NODE_ID["node2"] and message.startswith("cluster health: gpu_lost: ")
+    assert ray.killed == [("gang/g1/rank1", "ranks")]          # the gang replaced as a whole
+    assert done[0].gangs_moved == ("gang/g1",)
+    assert {r["replica_id"] for r in done[0].replicas_moved} == {"s1", "g1"}
+    doc = act.parse_actions((tmp_path / act.ACTIONS_FILE).read_text())
+    assert doc["cordoned"]["node2"]["node_id"] == NODE_ID["node2"]
+    assert doc["records"][0]["evidence"].startswith("gpu-health: Xid 79")
+    # the next period: still sick, already cordoned: no second drain, no second record
+    assert remedy.after_round({"node2": _readings("node2", "gpu_lost")}, ALIVE, RESOURCES) == []
+    assert len(cluster.drained) == 1
+    # a job restarted with the same file keeps the cordon
+    again, cluster2, _ = _remedy(tmp_path)
+    again.after_round({"node2": _readings("node2", "gpu_lost")}, ALIVE, RESOURCES)
+    assert cluster2.drained == []
+    # the node rejoins under a new node id (restart-node / uncordon): the cordon is lifted
+    back = dict(ALIVE)
+    del back[NODE_ID["node2"]]
+    back["ff" * 28] = "node2"
+    done = again.after_round({"node2": _readings("node2", status="ok")}, back, RESOURCES)
+    assert [(r.node, r.action) for r in done] == [("node2", "uncordoned")]
+    assert _json.loads((tmp_path / act.ACTIONS_FILE).read_text())["cordoned"] == {}
+
+
+def test_with_report_for_every_class_the_same_xid_changes_nothing_but_a_record(tmp_path):
+    every = ", ".join(f"{c}: report" for c in inv_mod.ACT_CLASSES)
+    remedy, cluster, ray = _remedy(tmp_path, f"health:\n  act: {{{every}}}\n")
+    done = remedy.after_round({"node2": _readings("node2", "gpu_lost")}, ALIVE, RESOURCES)
+    assert [(r.node, r.action) for r in done] == [("node2", "report")]
+    assert cluster.drained == [] and ray.killed == []
+
+
+def test_a_refused_drain_is_held_and_not_counted_as_a_cordon(tmp_path):
+    remedy, cluster, _ = _remedy(tmp_path)
+    remedy.drain = lambda *a: (False, "node is the head or already dead")
+    done = remedy.after_round({"node2": _readings("node2", "gpu_lost")}, ALIVE, RESOURCES)
+    assert [(r.action, r.outcome) for r in done] == [
+        ("held", "drain refused: node is the head or already dead")]
+    assert remedy.cordoned == {} and remedy.cordon_times == []

@@ -161,7 +161,7 @@ class ActPolicy:
     ecc_xids: tuple[int, ...]
     max_cordons: int
     window_s: float
-    missed_periods: int
+    missed_after: int
     move_wait_s: float
     drain_deadline_s: int
     max_records: int
@@ -169,7 +169,7 @@ class ActPolicy:
     def to_dict(self) -> dict[str, Any]:
         return {"act": dict(self.actions), "confirm_readings": dict(self.confirm),
                 "ecc_xids": list(self.ecc_xids), "max_cordons": self.max_cordons,
-                "window_s": self.window_s, "missed_periods": self.missed_periods,
+                "window_s": self.window_s, "missed_after": self.missed_after,
                 "move_wait_s": self.move_wait_s, "drain_deadline_s": self.drain_deadline_s,
                 "max_records": self.max_records}
 
@@ -189,7 +189,7 @@ class ActPolicy:
         xids = raw.get("ecc_xids")
         if not isinstance(xids, list) or not all(_whole(x, 0, 100_000) for x in xids):
             raise InventoryError(f"must be a list of Xids, got {xids!r}", key="health.act.ecc_xids")
-        numbers = {k: raw.get(k) for k in ("max_cordons", "window_s", "missed_periods",
+        numbers = {k: raw.get(k) for k in ("max_cordons", "window_s", "missed_after",
                                            "move_wait_s", "drain_deadline_s", "max_records")}
         for key, (lo, hi) in _act_number_bounds().items():
             if not _whole(numbers[key], lo, hi, integral=key not in ("window_s", "move_wait_s")):
@@ -198,7 +198,7 @@ class ActPolicy:
         return cls({c: str(acts[c]) for c in ACT_CLASSES},
                    {c: int(confirm[c]) for c in ACT_CLASSES}, tuple(int(x) for x in xids),
                    int(numbers["max_cordons"]), float(numbers["window_s"]),
-                   int(numbers["missed_periods"]), float(numbers["move_wait_s"]),
+                   int(numbers["missed_after"]), float(numbers["move_wait_s"]),
                    int(numbers["drain_deadline_s"]), int(numbers["max_records"]))
 
 
@@ -213,7 +213,7 @@ def _act_number_bounds() -> dict[str, tuple[float, float]]:
     """health.act's numbers: [lo, hi] from cluster/data/limits.yaml (the waits: 1 s to a day)."""
     return {"max_cordons": (0, bound("health", "act_max_cordons_max")),
             "window_s": (1, bound("health", "act_window_s_max")),
-            "missed_periods": (1, bound("health", "act_missed_periods_max")),
+            "missed_after": (1, bound("health", "act_missed_after_max")),
             "move_wait_s": (1, 86400), "drain_deadline_s": (1, 86400), "max_records": (1, 10000)}
 
 
@@ -881,13 +881,13 @@ def _health_options(v: _Validator, raw: Any) -> HealthOptions:
                          act=_act_policy(v, m.get("act")))
 
 
-_ACT_INTS = ("max_cordons", "missed_periods", "drain_deadline_s", "max_records")
+_ACT_INTS = ("max_cordons", "missed_after", "drain_deadline_s", "max_records")
 _ACT_FLOATS = ("window_s", "move_wait_s")
 
 
 def _act_policy(v: _Validator, raw: Any) -> ActPolicy:
     """`health.act`: {class: report|cordon, confirm_readings: {class: n}, max_cordons, window_s,
-    missed_periods, move_wait_s, drain_deadline_s, max_records} over the data file's defaults."""
+    missed_after, move_wait_s, drain_deadline_s, max_records} over the data file's defaults."""
     base = yamlfile.packaged(ACT_DATA)
     if raw is None:
         return ActPolicy.from_dict(base)

@@ -59,7 +59,7 @@ def observe(node: str, node_id: str, readings: Iterable[Reading], now: float) ->
 def confirmed(history: Sequence[Observation], policy: ActPolicy) -> dict[str, str]:
     """The classes the latest observations confirm: class -> evidence line of the latest one.
     A class counts when the last `confirm_readings[class]` observations (of the same Ray node)
-    all show it; missed_periods when the last `missed_periods` were all missed."""
+    all show it; missed_periods when the last `missed_after` were all missed."""
     if not history:
         return {}
     latest = history[-1]
@@ -70,7 +70,7 @@ def confirmed(history: Sequence[Observation], policy: ActPolicy) -> dict[str, st
         tail = same[-need:]
         if len(tail) >= need and all(cls in o.findings for o in tail):
             out[cls] = line
-    need = max(policy.missed_periods, policy.confirm[MISSED])
+    need = max(policy.missed_after, policy.confirm[MISSED])
     tail = same[-need:]
     if len(tail) >= need and all(o.missed for o in tail):
         out[MISSED] = f"no reading for {need} period(s): {latest.why_missed}"[:MAX_SUMMARY]

@@ -263,11 +263,12 @@ class JobConfig:
     nodes: Mapping[str, Mapping[str, Any]]    # name -> {"ip", "role", "ib_hcas"}
     temp_dir: str
     act: ActPolicy = field(default_factory=default_act_policy)   # health.act
+    dashboard: str = ""                      # the head's dashboard as the head reaches it
 
     def to_dict(self) -> dict[str, Any]:
         return {"period_s": self.period_s, "expectations": dict(self.expectations),
                 "nodes": {k: dict(v) for k, v in self.nodes.items()}, "temp_dir": self.temp_dir,
-                "act": self.act.to_dict()}
+                "act": self.act.to_dict(), "dashboard": self.dashboard}
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> "JobConfig":
@@ -283,7 +284,11 @@ class JobConfig:
             act = ActPolicy.from_dict(raw.get("act") or {})
         except InventoryError as exc:
             raise ParseError("health job config", f"act: {exc}") from None
-        return cls(period, raw["expectations"], nodes, raw["temp_dir"], act)
+        dashboard = raw.get("dashboard") or ""
+        if not isinstance(dashboard, str) or not (dashboard == ""
+                                                  or dashboard.startswith("http://")):
+            raise ParseError("health job config", "dashboard is not an http:// URL")
+        return cls(period, raw["expectations"], nodes, raw["temp_dir"], act, dashboard)
 
     @property
     def head(self) -> str | None:
@@ -310,7 +315,8 @@ def job_config(inventory: Inventory) -> JobConfig:
                      expectations=json.loads(json.dumps(dict(inventory.expectations))),
                      nodes={n.name: {"ip": n.ip, "role": n.role, "ib_hcas": list(n.ib_hcas)}
                             for n in inventory.nodes},
-                     temp_dir=ray_temp_dir(inventory), act=inventory.health.act)
+                     temp_dir=ray_temp_dir(inventory), act=inventory.health.act,
+                     dashboard=head_dashboard_base(inventory))
 
 
 def readings_path(temp_dir: str) -> str:
