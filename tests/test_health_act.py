@@ -224,7 +224,7 @@ def test_records_round_trip_through_the_actions_file():
     rec = act.ActionRecord("node2", "gpu_lost", "gpu-health: Xid 79", "cordon", "health.act",
                            5.0, "id2", "moved", ({"app": "a", "replica_id": "r"},), ("g",), 12.34)
     doc = act.actions_document([rec] * 3, {"node2": {"node_id": "id2", "time": 5.0}}, 6.0, 2)
-    back = act.parse_actions(json.dumps(doc))
+    back = h.parse_actions(json.dumps(doc))
     assert len(back["records"]) == 2 and back["records"][0]["move_s"] == 12.3
     assert back["cordoned"] == {"node2": {"node_id": "id2", "time": 5.0}}
     assert "1 replica(s), 1 gang(s) moved in 12.3 s" in rec.line()
@@ -303,7 +303,7 @@ def _remedy(tmp_path, extra=""):
     cluster = _Cluster()
     ray = _Ray()
     cfg = h.job_config(_inventory(extra))
-    remedy = Remedy(ray, cfg, str(tmp_path / act.ACTIONS_FILE), reads=cluster,
+    remedy = Remedy(ray, cfg, str(tmp_path / h.ACTIONS_FILE), reads=cluster,
                     drain=cluster.drain, clock=lambda: 1000.0, sleep=lambda s: None)
     return remedy, cluster, ray
 
@@ -323,7 +323,7 @@ def test_a_lost_gpu_drains_the_node_replaces_its_gang_and_keeps_a_record(tmp_pat
     assert ray.killed == [("gang/g1/rank1", "ranks")]          # the gang replaced as a whole
     assert done[0].gangs_moved == ("gang/g1",)
     assert {r["replica_id"] for r in done[0].replicas_moved} == {"s1", "g1"}
-    doc = act.parse_actions((tmp_path / act.ACTIONS_FILE).read_text())
+    doc = h.parse_actions((tmp_path / h.ACTIONS_FILE).read_text())
     assert doc["cordoned"]["node2"]["node_id"] == NODE_ID["node2"]
     assert doc["records"][0]["evidence"].startswith("gpu-health: Xid 79")
     # the next period: still sick, already cordoned: no second drain, no second record
@@ -339,7 +339,7 @@ def test_a_lost_gpu_drains_the_node_replaces_its_gang_and_keeps_a_record(tmp_pat
     back["ff" * 28] = "node2"
     done = again.after_round({"node2": _readings("node2", status="ok")}, back, RESOURCES)
     assert [(r.node, r.action) for r in done] == [("node2", "uncordoned")]
-    assert _json.loads((tmp_path / act.ACTIONS_FILE).read_text())["cordoned"] == {}
+    assert _json.loads((tmp_path / h.ACTIONS_FILE).read_text())["cordoned"] == {}
 
 
 def test_with_report_for_every_class_the_same_xid_changes_nothing_but_a_record(tmp_path):
@@ -357,3 +357,37 @@ def test_a_refused_drain_is_held_and_not_counted_as_a_cordon(tmp_path):
     assert [(r.action, r.outcome) for r in done] == [
         ("held", "drain refused: node is the head or already dead")]
     assert remedy.cordoned == {} and remedy.cordon_times == []
+
+
+# ---------------------------------------------------------------- what `cluster status` shows
+
+
+def test_status_reads_the_records_and_the_cordoned_nodes_beside_the_readings(tmp_path):
+    from fakes import ScriptedSession, result
+    from cluster.ray_jobs import health_readings
+    from playbooks.status import cordoned_nodes
+
+    inv = _inventory("ray: {temp_dir: /var/tmp/ray}\n")
+    args = h.read_args(inv, actions=True)
+    assert args[2] == "/var/tmp/ray/session_latest/" + h.ACTIONS_FILE
+    rec = act.ActionRecord("node2", "gpu_lost", "gpu-health: Xid 79", "cordon", "health.act",
+                           5.0, "id2", "moved", (), (), 3.0)
+    text = json.dumps(act.actions_document([rec], {"node2": {"node_id": "id2", "time": 5.0,
+                                                             "finding": "gpu_lost"}}, 6.0, 10))
+    # the program on the head reads both files, never through a link
+    (tmp_path / "r.json").write_text("")
+    (tmp_path / "a.json").write_text(text)
+    (tmp_path / "l.json").symlink_to(tmp_path / "a.json")
+    reply = health_readings.main([str(tmp_path / "r.json"), "100000", str(tmp_path / "a.json")])
+    assert reply["actions_text"] == text
+    linked = health_readings.main([str(tmp_path / "r.json"), "100000", str(tmp_path / "l.json")])
+    assert linked["actions_text"] is None and "symbolic links" in linked["actions_error"]
+    session = ScriptedSession({"node1": [result("node1", json.dumps(reply) + "\n")]})
+    status = h.read_health(session, inv)
+    assert status.error is None and status.nodes == {}
+    assert status.actions["records"][0]["evidence"] == "gpu-health: Xid 79"
+    assert cordoned_nodes({"health_actions": status.actions}) == ["node2"]
+    none = {"now": 1.0, "text": None, "error": None, "actions_text": None, "actions_error": None}
+    quiet = h.read_health(ScriptedSession({"node1": [result("node1", json.dumps(none))]}), inv)
+    assert quiet.actions == {"cordoned": {}, "records": []}
+    assert cordoned_nodes({"health_actions": quiet.actions}) == []

@@ -14,20 +14,16 @@ The guards, in order, for a finding whose class says `cordon`:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from cluster.base.errors import ParseError
 from cluster.nodes.inventory import ACT_CLASSES, ActPolicy
-from cluster.ray.health_job import MAX_SUMMARY, Reading
+from cluster.ray.health_job import ACTIONS_VERSION, MAX_SUMMARY, Reading
 from cluster.ray.rollout import Demand, capacity_without
 
 CORDON, REPORT, HELD = "cordon", "report", "held"
 UNCORDONED = "uncordoned"
 MISSED = "missed_periods"
-ACTIONS_FILE = "cluster-health-actions.json"    # next to the readings file, on the head
-ACTIONS_VERSION = 1
 _SEVERITY = {c: i for i, c in enumerate(ACT_CLASSES)}     # gpu_lost first
 
 
@@ -215,16 +211,3 @@ def actions_document(records: Sequence[ActionRecord], cordoned: Mapping[str, Map
     return {"version": ACTIONS_VERSION, "written": round(written, 3),
             "cordoned": {n: dict(c) for n, c in sorted(cordoned.items())},
             "records": [r.to_dict() for r in list(records)[-max_records:]]}
-
-
-def parse_actions(text: str, max_records: int = 10000) -> dict[str, Any]:
-    """The actions file -> {"cordoned": {...}, "records": [...]} (ParseError on anything else)."""
-    try:
-        doc = json.loads(text)
-    except ValueError as exc:
-        raise ParseError("health actions", f"not JSON: {exc}") from None
-    if not isinstance(doc, dict) or doc.get("version") != ACTIONS_VERSION \
-            or not isinstance(doc.get("records"), list) or not isinstance(doc.get("cordoned"), dict):
-        raise ParseError("health actions", "not a version-1 health actions document")
-    records = [r for r in doc["records"][-max_records:] if isinstance(r, dict)]
-    return {"cordoned": doc["cordoned"], "records": records}

@@ -424,13 +424,27 @@ def ensure_job(session: Any, inventory: Inventory) -> JobStep:
 # ---------------------------------------------------------------- read the readings (`status`)
 
 
-def read_args(inventory: Inventory) -> list[str]:
-    """ray_jobs/health_readings.py's arguments: the readings file, the most it reads."""
-    return [readings_path(ray_temp_dir(inventory)), str(MAX_FILE_BYTES)]
+ACTIONS_FILE = "cluster-health-actions.json"   # health.act's records, next to the readings
+ACTIONS_VERSION = 1
+STATUS_RECORDS = 50                              # records `cluster status` shows, the latest
+
+
+def read_args(inventory: Inventory, actions: bool = False) -> list[str]:
+    """ray_jobs/health_readings.py's arguments: the readings file, the most it reads (and the
+    actions file beside it)."""
+    path = readings_path(ray_temp_dir(inventory))
+    extra = [path.rsplit("/", 1)[0] + "/" + ACTIONS_FILE] if actions else []
+    return [path, str(MAX_FILE_BYTES)] + extra
 
 
 def parse_read_reply(doc: Mapping[str, Any]) -> tuple[float, str | None]:
     """health_readings.py's document -> (the head's time, the file's text or None)."""
+    return parse_read_reply_with_actions(doc)[:2]
+
+
+def parse_read_reply_with_actions(doc: Mapping[str, Any]
+                                  ) -> tuple[float, str | None, str | None]:
+    """... and the actions file's text (None: not written, no action file asked or readable)."""
     now, text, error = reply_number(doc.get("now")), doc.get("text"), doc.get("error")
     if now is None:
         raise ParseError("health readings", "the head printed no time")
@@ -438,7 +452,13 @@ def parse_read_reply(doc: Mapping[str, Any]) -> tuple[float, str | None]:
         raise ParseError("health readings", f"cannot read the file: {str(error)[:300]}")
     if text is not None and not isinstance(text, str):
         raise ParseError("health readings", "the file's text is not text")
-    return now, text
+    actions = doc.get("actions_text")
+    if doc.get("actions_error"):
+        raise ParseError("health actions", f"cannot read the file: "
+                                           f"{str(doc['actions_error'])[:300]}")
+    if actions is not None and not isinstance(actions, str):
+        raise ParseError("health actions", "the file's text is not text")
+    return now, text, actions
 
 
 @dataclass(frozen=True)
@@ -449,6 +469,7 @@ class HealthStatus:
     nodes: dict | None
     period_s: float | None = None
     error: str | None = None
+    actions: dict | None = None     # health.act: {"cordoned": {node: ...}, "records": [...]}
 
 
 def read_health(session: Any, inventory: Inventory) -> HealthStatus:
@@ -458,17 +479,45 @@ def read_health(session: Any, inventory: Inventory) -> HealthStatus:
 
     head = inventory.head
     try:
-        now, text = run_program(session, head, READ_PROGRAM, read_args(inventory),
-                                timeout=READ_TIMEOUT_S, python=inventory.ray.python,
-                                max_bytes=READ_MAX_BYTES,
-                                parse=parse_read_reply)
+        now, text, actions_text = run_program(
+            session, head, READ_PROGRAM, read_args(inventory, actions=True),
+            timeout=READ_TIMEOUT_S, python=inventory.ray.python,
+            max_bytes=2 * READ_MAX_BYTES, parse=parse_read_reply_with_actions)
     except ProgramError as exc:
         return HealthStatus(None, error="health: " + (exc.reason if exc.kind == "bad-answer"
                                                       else failure(exc, f"head {head.name}")))
-    if text is None or not text.strip():
-        return HealthStatus({})   # no reading yet (the job starts with `cluster up`) or disabled
+    try:
+        actions = actions_doc(actions_text)
+    except ParseError as exc:
+        return HealthStatus(None, error=f"health: {exc}")
+    if text is None or not text.strip():   # no reading yet (the job starts with `cluster up`)
+        return HealthStatus({}, actions=actions)
     try:
         snapshot = parse_readings(text)
     except ParseError as exc:
-        return HealthStatus(None, error=f"health: {exc}")
-    return HealthStatus(health_doc(snapshot, now), snapshot.period_s)
+        return HealthStatus(None, error=f"health: {exc}", actions=actions)
+    return HealthStatus(health_doc(snapshot, now), snapshot.period_s, actions=actions)
+
+
+def actions_doc(text: str | None) -> dict[str, Any]:
+    """`cluster status --json`'s `health_actions`: the nodes the job cordoned now and its latest
+    STATUS_RECORDS records ({"cordoned": {}, "records": []} before any)."""
+    if text is None or not text.strip():
+        return {"cordoned": {}, "records": []}
+    if len(text) > MAX_FILE_BYTES:
+        raise ParseError("health actions", f"larger than {MAX_FILE_BYTES} bytes")
+    return parse_actions(text, STATUS_RECORDS)
+
+
+def parse_actions(text: str, max_records: int = 10000) -> dict[str, Any]:
+    """The actions file (cluster/ray/health_act.actions_document) -> {"cordoned": {...},
+    "records": [the latest max_records]}; ParseError on anything else."""
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise ParseError("health actions", f"not JSON: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("version") != ACTIONS_VERSION \
+            or not isinstance(doc.get("records"), list) or not isinstance(doc.get("cordoned"), dict):
+        raise ParseError("health actions", "not a version-1 health actions document")
+    records = [r for r in doc["records"][-max_records:] if isinstance(r, dict)]
+    return {"cordoned": doc["cordoned"], "records": records}

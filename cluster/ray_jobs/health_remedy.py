@@ -29,10 +29,9 @@ import sys
 import time
 from typing import Any, Callable, Mapping
 
-from cluster.ray.health_act import (ACTIONS_FILE, CORDON, UNCORDONED, ActionRecord, ClusterView,
-                                    actions_document, decide, new_decisions, observe,
-                                    parse_actions, record_of)
-from cluster.ray.health_job import JobConfig, Reading
+from cluster.ray.health_act import (CORDON, UNCORDONED, ActionRecord, ClusterView,
+                                    actions_document, decide, new_decisions, observe, record_of)
+from cluster.ray.health_job import ACTIONS_FILE, JobConfig, Reading, parse_actions
 from cluster.ray.rollout import (app_demands, apps_not_running, drain_argv, gang_replicas_on,
                                  replicas_on)
 
