@@ -79,6 +79,7 @@ def _shim_tools(tmp_path: Path, profile: str) -> str:
 
 @pytest.mark.parametrize("profile,classes", [("h100-ib", set()),
                                              ("h100-xid79", {"gpu_lost"}),
+                                             ("h100-gpu-lost", {"gpu_lost", "gpu_missing"}),
                                              ("h100-7gpu", {"gpu_missing"}),
                                              ("h100-remap-pending", {"ecc_uncorrectable"}),
                                              ("h100-clock-off", {"clock_offset"})])
