@@ -92,8 +92,10 @@ def test_report_for_every_class_changes_nothing_but_the_status(sim, base):
     status_until(inv, lambda d: all(n in (d.get("health") or {}) for n in NODES), 180)
     sim._factory.run("state", "node2", "gpu", "lost")
     try:
-        doc = status_until(inv, lambda d: records(d, "node2", "report"), 120)
-        assert gpu_lost_seen(doc) and doc["health"]["node2"]["gpus"]["value"] == 7
+        # (a switch between two probes of one reading shows in the next one: wait for both)
+        doc = status_until(inv, lambda d: records(d, "node2", "report") and
+                           d["health"]["node2"]["gpus"]["value"] == 7, 120)
+        assert gpu_lost_seen(doc)
         assert {r["finding"] for r in records(doc, "node2", "report")} >= {"gpu_lost"}
         time.sleep(2 * PERIOD_S)       # two more periods: still nothing but the status
         _, doc = cli_json(inv, "status", "--window", "0")
