@@ -43,6 +43,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("tune", "tune"),
     ("drain", "drain"),
     ("restart-node", "restart_node"),
+    ("uncordon", "uncordon"),
     ("model", "model"),
     ("completion", "completion"),
 )
@@ -125,6 +126,7 @@ HELP: dict[str, str] = {
     "tune": "sweep an engine arg of a deployed app (redeploy + bench per value) and recommend one",
     "drain": "drain a worker: no new Ray work there, Serve replicas moved off first",
     "restart-node": "drain a worker, restart its Ray, rejoin and verify (rolling restart)",
+    "uncordon": "bring back a node the health job cordoned (its preflight must pass)",
     "model": "model weights on every node: pull once, relay node to node",
     "completion": "print shell completion code for bash or zsh",
 }

@@ -40,7 +40,8 @@ def run(inventory: Inventory, session, options: RestartOptions, confirm: Confirm
 
 def restart_node(session, inventory: Inventory, name: str, *, dry_run: bool,
                  confirm: Callable[[str], bool], wait_s: float = DEFAULT_MOVE_WAIT_S,
-                 join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S, on_event: Event = lambda _: None
+                 join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S, on_event: Event = lambda _: None,
+                 command: str = "restart-node", out: RolloutOutcome | None = None
                  ) -> RolloutOutcome:
     """Drain a worker, `ray stop` on it, start it with the command `cluster up` would run,
     wait until it is alive again with its GPUs/CPUs and the apps are RUNNING."""
@@ -49,12 +50,15 @@ def restart_node(session, inventory: Inventory, name: str, *, dry_run: bool,
     stop = ray_cluster.stop_command(inventory)
     f = facts[name]
     if not f.usable:
-        out = RolloutOutcome("restart-node", name)
+        out = out or RolloutOutcome(command, name)
         return out.stop(f"{name} unreachable or unusable: {f.error}")
     auth = ray_cluster.cluster_auth_mode(inventory, facts)
     start = ray_cluster.start_command(node, inventory, f.gpus, auth)
-    out = drain(session, inventory, name, dry_run=dry_run, confirm=confirm, wait_s=wait_s,
-                on_event=on_event, command="restart-node")
+    drained = drain(session, inventory, name, dry_run=dry_run, confirm=confirm, wait_s=wait_s,
+                    on_event=on_event, command=command)
+    if out is not None:             # a caller's earlier steps (uncordon's preflight) come first
+        drained.steps[:0] = out.steps
+    out = drained
     out.planned += [f"[{name}] $ {stop}", f"[{name}] $ {start}"]
     if out.stopped:
         return out

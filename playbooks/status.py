@@ -4,7 +4,7 @@ gather (the head's view: Ray's nodes, version and Serve apps via node_programs/h
 two /metrics samples of each app with a running replica, cluster/serving/serving_health.py; the health
 job's latest readings, cluster/ray/health_job.py) -> judge (pure: cluster/ray/ray_state.cluster_status
 matches Ray's nodes to the inventory; an app out of capacity or a broken rank of a multi-node
-replica is a warning) -> StatusOutcome (the status.json document and its exit code).
+replica or a node the health job cordoned is a warning) -> StatusOutcome (the status.json document and its exit code).
 
 Nothing changes anywhere: no plan, no dry run, nothing to confirm. Nothing is printed: the CLI
 (cluster/commands/status.py) renders the document.
@@ -50,13 +50,19 @@ def run(inventory: Inventory, session, options: StatusOptions = StatusOptions(),
     doc = cluster_status(inventory, state, head_reached=result.reached)
     doc["health"] = health.nodes
     doc["health_period_s"] = health.period_s   # what the running job reports, not this inventory
+    doc["health_actions"] = health.actions     # health.act: the nodes cordoned, the records
     doc["errors"] += [health.error] if health.error else []
     doc.setdefault("dashboard", {})["metrics"] = metrics_doc(inventory)
     code = attach_serving(doc, serving, status_exit_code(doc))
-    if code == EXIT_OK and broken_ranks(doc):
+    if code == EXIT_OK and (broken_ranks(doc) or cordoned_nodes(doc)):
         code = EXIT_WARN
     attach_transport(doc, inventory)
     return StatusOutcome(doc, code)
+
+
+def cordoned_nodes(doc: dict) -> list[str]:
+    """The nodes the health job cordoned (health.act) and nothing brought back yet."""
+    return sorted((doc.get("health_actions") or {}).get("cordoned") or {})
 
 
 def broken_ranks(doc: dict) -> list[tuple[str, dict]]:

@@ -330,7 +330,10 @@ def test_gpu_health_with_nothing_read_skips_and_a_failure_keeps_the_warnings_as_
     assert verdict.summary == "Xid 62 (internal micro-controller halt) on 0000:0a:00"
     assert verdict.data == {"fail": ["Xid 62 (internal micro-controller halt) on 0000:0a:00"],
                             "warn": ["Xid 31 (GPU memory page fault) on 0000:0a:00",
-                                     "Xid 45 (preemptive cleanup) on 0000:0a:00"]}
+                                     "Xid 45 (preemptive cleanup) on 0000:0a:00"],
+                            "xids": [{"xid": 62, "text": "Xid 62 (internal micro-controller "
+                                                         "halt) on 0000:0a:00"}],
+                            "gpu_fail": []}
 
 
 def test_nic_locality_ok_names_the_relations():

@@ -30,6 +30,8 @@ LOCAL_JSON = {
     ("cluster/serving/bench.py", "SseReader._chunk"): "the OpenAI endpoint's server-sent events",
     ("cluster/ray/health_job.py", "parse_readings"):
         "the health job's readings file format (the text health_readings.py answers with)",
+    ("cluster/ray/health_job.py", "parse_actions"):
+        "the health job's actions file format (the text health_readings.py answers with)",
 }
 SHIPPING = {"BOOT", "with_input", "source", "_one_document", "_DECODER"}
 DECODERS = {"loads", "load", "raw_decode", "JSONDecoder"}

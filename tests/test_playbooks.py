@@ -134,6 +134,45 @@ def test_drain_and_restart_refuse_the_head_before_asking_anything(head):
         restart_node.run(inv, RecordingSession(), restart_node.RestartOptions("gpu01"), never)
 
 
+def _preflight_of(status):
+    """run_preflight's stand-in: one result of `status` per check asked of the node."""
+    from cluster.base.results import CheckResult, Report, Status
+
+    def run_preflight(inventory, session, nodes, reachability=True, **_):
+        assert [n.name for n in nodes] == ["gpu02"] and reachability is False
+        return Report("preflight", (CheckResult("gpus", "gpu02", Status.OK, "8 x H100"),
+                                    CheckResult("gpu-health", "gpu02", getattr(Status, status),
+                                                "Xid 79 (GPU has fallen off the bus)")))
+    return run_preflight
+
+
+def test_uncordon_refuses_while_the_nodes_preflight_fails(head, monkeypatch):
+    from playbooks import uncordon
+
+    inv = inventory.loads(INV)
+    head.append(ray_view(serve_with("gpu03")))
+    monkeypatch.setattr("playbooks.uncordon.run_preflight", _preflight_of("FAIL"))
+    session = RecordingSession()
+    out = uncordon.run(inv, session, uncordon.UncordonOptions("gpu02"), never)
+    assert out.exit_code == 2 and out.stopped.startswith("refused: the preflight of gpu02 fails")
+    assert "gpu-health: Xid 79" in out.stopped and session.calls == []
+    with pytest.raises(UsageError, match="is the head"):
+        uncordon.run(inv, session, uncordon.UncordonOptions("gpu01"), never)
+
+
+def test_uncordon_with_a_passing_preflight_plans_restart_nodes_steps(head, monkeypatch):
+    from playbooks import uncordon
+
+    inv = inventory.loads(INV)
+    head.append(ray_view(serve_with("gpu03")))
+    monkeypatch.setattr("playbooks.uncordon.run_preflight", _preflight_of("WARN"))
+    out = uncordon.run(inv, RecordingSession(), uncordon.UncordonOptions("gpu02", dry_run=True),
+                       never)
+    assert (out.command, out.stopped, out.exit_code) == ("uncordon", "dry run", 0)
+    assert [s["step"] for s in out.steps] == ["preflight"]
+    assert "drain-node" in out.planned[0] and " stop" in out.planned[1]
+
+
 # ---------------------------------------------------------------- undeploy
 
 
@@ -628,7 +667,7 @@ def test_placement_only_deploys_have_no_proof(deploy_cluster):
 PLAYBOOKS = {"deploy": "run", "drain": "run", "fix": "run", "fix (undo)": "undo",
              "model_pull": "run", "nccl_check": "run", "nccl_check (proof)": "run_proof",
              "preflight": "run", "ray_down": "run", "ray_up": "run", "restart_node": "run",
-             "status": "run", "tune": "run", "undeploy": "run"}
+             "status": "run", "uncordon": "run", "tune": "run", "undeploy": "run"}
 NOT_PLAYBOOKS = {"__init__", "outcome", "relay", "fix_model", "cache_stage", "serve_wait",
                  "prometheus_head"}
 

@@ -30,7 +30,8 @@ from fakes import closed_port as _closed_port, cluster_cli, write_inventory
 REPO = Path(__file__).resolve().parents[1]
 
 # Commands that change nodes (those of them that exist in the registry are checked).
-CHANGING = {"up", "down", "deploy", "undeploy", "tune", "drain", "restart-node", "fix"}
+CHANGING = {"up", "down", "deploy", "undeploy", "tune", "drain", "restart-node", "fix",
+            "uncordon"}
 # Commands exempt from --json, with the reason.
 NO_JSON = {"dashboard": "an interactive SSH tunnel that runs until Ctrl-C; it prints one URL",
            "completion": "prints shell code for eval, no report"}
@@ -47,6 +48,7 @@ NODE_COMMANDS = {
     "nccl-check": [],
     "drain": ["node2", "--yes"],
     "restart-node": ["node2", "--yes"],
+    "uncordon": ["node2", "--yes"],
     "model": ["pull", "node1:/models/m", "--path", "/models/m"],
 }
 # Local commands: no node is contacted, no run directory (the reason is their whole job).

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import math
+import time
 from dataclasses import replace
 
 from rich.table import Table
@@ -13,6 +15,7 @@ from cluster.commands._common import (add_json, float_range, load_inventory, pri
 from cluster.report.fold import Row, exact, fold
 from cluster.report.render import GRID_MAX_NODES, folded_table, id_column, text_column
 from cluster.commands._common import inventory_secrets
+from cluster.base.textsafe import terminal_safe_line
 from cluster.nodes.remote import Session
 
 
@@ -99,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
         stdout.print("no Serve application")
     if doc["health"]:
         stdout.print(_health_folded(doc["health"], doc["health_period_s"]))
+    _print_health_actions(doc.get("health_actions") or {})
     if doc["missing"]:
         stdout.print(f"[bold red]missing from Ray:[/bold red] {', '.join(doc['missing'])}")
     return code
@@ -117,6 +121,34 @@ def _health_folded(health: dict, period_s: float | None):
               for g in fold(rows)]
     every = "period not reported" if period_s is None else f"every {period_s:g} s"
     return folded_table(groups, len(health), title=f"Node health (health job, {every})")
+
+
+def _print_health_actions(actions: dict, shown: int = 10) -> None:
+    """health.act: the nodes the job cordoned, then its latest records (one line each)."""
+    for node, c in sorted((actions.get("cordoned") or {}).items()):
+        why = terminal_safe_line(f"{node} ({c.get('finding')}); `cluster uncordon {node}` or "
+                                 f"`cluster restart-node {node}` brings it back")
+        stdout.print(Text.assemble(("cordoned by the health job: ", "bold yellow"), why),
+                     soft_wrap=True)
+    records = (actions.get("records") or [])[-shown:]
+    if records:
+        stdout.print("Health actions (latest first):")
+    for r in reversed(records):
+        moved = "" if r.get("move_s") is None else (
+            f"; {len(r.get('replicas_moved') or [])} replica(s), "
+            f"{len(r.get('gangs_moved') or [])} gang(s) moved in {r['move_s']} s")
+        outcome = f" ({r['outcome']})" if r.get("outcome") else ""
+        line = (f"{_clock(r.get('time'))} {r.get('action')} {r.get('node')}: {r.get('finding')}: "
+                f"{r.get('evidence')} [{r.get('reason')}]{outcome}{moved}")
+        stdout.print("  " + terminal_safe_line(line), soft_wrap=True, markup=False,
+                     highlight=False)
+
+
+def _clock(t) -> str:
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) \
+            or not 0 <= t < 1e11:
+        return "?"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
 def _metrics_line(metrics: dict) -> str:

@@ -144,12 +144,92 @@ class RayOptions:
     grafana_iframe_url: str | None = None   # what the browser loads (default: grafana_url)
 
 
+ACT_CLASSES = ("gpu_lost", "ecc_uncorrectable", "gpu_missing", "ib_port_down", "clock_offset",
+               "missed_periods")
+ACT_ACTIONS = ("report", "cordon")
+ACT_DATA = "health_act.yaml"                 # cluster/data/: the policy's defaults
+
+
+@dataclass(frozen=True)
+class ActPolicy:
+    """`health.act`: what the health job does with a finding of each class (report | cordon), how
+    many consecutive readings confirm one, and the guards' numbers (cluster/data/health_act.yaml
+    merged with the inventory's keys; cluster/ray/health_act.py applies it)."""
+
+    actions: Mapping[str, str]
+    confirm: Mapping[str, int]
+    ecc_xids: tuple[int, ...]
+    max_cordons: int
+    window_s: float
+    missed_after: int
+    move_wait_s: float
+    drain_deadline_s: int
+    max_records: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"act": dict(self.actions), "confirm_readings": dict(self.confirm),
+                "ecc_xids": list(self.ecc_xids), "max_cordons": self.max_cordons,
+                "window_s": self.window_s, "missed_after": self.missed_after,
+                "move_wait_s": self.move_wait_s, "drain_deadline_s": self.drain_deadline_s,
+                "max_records": self.max_records}
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> "ActPolicy":
+        """The data file's (or to_dict's) shape -> ActPolicy; InventoryError on a wrong value."""
+        acts, confirm = raw.get("act"), raw.get("confirm_readings")
+        if not isinstance(acts, Mapping) or not isinstance(confirm, Mapping):
+            raise InventoryError("act and confirm_readings must be mappings", key="health.act")
+        for c in ACT_CLASSES:
+            if acts.get(c) not in ACT_ACTIONS:
+                raise InventoryError(f"must be report or cordon, got {acts.get(c)!r}",
+                                     key=f"health.act.{c}")
+            if not _whole(confirm.get(c), 1, 100):
+                raise InventoryError(f"must be a whole number in [1, 100], got "
+                                     f"{confirm.get(c)!r}", key=f"health.act.confirm_readings.{c}")
+        xids = raw.get("ecc_xids")
+        if not isinstance(xids, list) or not all(_whole(x, 0, 100_000) for x in xids):
+            raise InventoryError(f"must be a list of Xids, got {xids!r}", key="health.act.ecc_xids")
+        numbers = {k: raw.get(k) for k in ("max_cordons", "window_s", "missed_after",
+                                           "move_wait_s", "drain_deadline_s", "max_records")}
+        for key, (lo, hi) in _act_number_bounds().items():
+            if not _whole(numbers[key], lo, hi, integral=key not in ("window_s", "move_wait_s")):
+                raise InventoryError(f"must be a number in [{lo:g}, {hi:g}], got "
+                                     f"{numbers[key]!r}", key=f"health.act.{key}")
+        return cls({c: str(acts[c]) for c in ACT_CLASSES},
+                   {c: int(confirm[c]) for c in ACT_CLASSES}, tuple(int(x) for x in xids),
+                   int(numbers["max_cordons"]), float(numbers["window_s"]),
+                   int(numbers["missed_after"]), float(numbers["move_wait_s"]),
+                   int(numbers["drain_deadline_s"]), int(numbers["max_records"]))
+
+
+def _whole(value: Any, lo: float, hi: float, integral: bool = True) -> bool:
+    """A finite number (an int when integral) in [lo, hi]; never a bool."""
+    if isinstance(value, bool) or not isinstance(value, int if integral else (int, float)):
+        return False
+    return math.isfinite(value) and lo <= value <= hi
+
+
+def _act_number_bounds() -> dict[str, tuple[float, float]]:
+    """health.act's numbers: [lo, hi] from cluster/data/limits.yaml (the waits: 1 s to a day)."""
+    return {"max_cordons": (0, bound("health", "act_max_cordons_max")),
+            "window_s": (1, bound("health", "act_window_s_max")),
+            "missed_after": (1, bound("health", "act_missed_after_max")),
+            "move_wait_s": (1, 86400), "drain_deadline_s": (1, 86400), "max_records": (1, 10000)}
+
+
+def default_act_policy() -> ActPolicy:
+    """The policy of cluster/data/health_act.yaml (no inventory override)."""
+    return ActPolicy.from_dict(yamlfile.packaged(ACT_DATA))
+
+
 @dataclass(frozen=True)
 class HealthOptions:
-    """The periodic health job `cluster up` starts (cluster/ray/health_job.py): on/off, its period."""
+    """The periodic health job `cluster up` starts (cluster/ray/health_job.py): on/off, its period,
+    and what it does with what it reads (`act`)."""
 
     enabled: bool = True
     period_s: float = 180.0
+    act: ActPolicy = field(default_factory=lambda: default_act_policy())
 
 
 @dataclass(frozen=True)
@@ -793,11 +873,40 @@ def _health_options(v: _Validator, raw: Any) -> HealthOptions:
     if raw is None:
         return HealthOptions()
     at = ("health",)
-    m = v.mapping(raw, at, {"enabled", "period_s"})
+    m = v.mapping(raw, at, {"enabled", "period_s", "act"})
     lo, hi = health_period_bounds()
     return HealthOptions(enabled=v.boolean(m.get("enabled"), at + ("enabled",), True),
                          period_s=v.number(m.get("period_s"), at + ("period_s",), 180.0, lo, hi,
-                                           lo_open=False))
+                                           lo_open=False),
+                         act=_act_policy(v, m.get("act")))
+
+
+_ACT_INTS = ("max_cordons", "missed_after", "drain_deadline_s", "max_records")
+_ACT_FLOATS = ("window_s", "move_wait_s")
+
+
+def _act_policy(v: _Validator, raw: Any) -> ActPolicy:
+    """`health.act`: {class: report|cordon, confirm_readings: {class: n}, max_cordons, window_s,
+    missed_after, move_wait_s, drain_deadline_s, max_records} over the data file's defaults."""
+    base = yamlfile.packaged(ACT_DATA)
+    if raw is None:
+        return ActPolicy.from_dict(base)
+    at = ("health", "act")
+    m = v.mapping(raw, at, set(ACT_CLASSES) | {"confirm_readings", *_ACT_INTS, *_ACT_FLOATS})
+    for c in ACT_CLASSES:
+        base["act"][c] = v.choice(m.get(c), at + (c,), ACT_ACTIONS, base["act"][c])
+    confirm = m.get("confirm_readings")
+    if confirm is not None:
+        for c, n in v.mapping(confirm, at + ("confirm_readings",), set(ACT_CLASSES)).items():
+            base["confirm_readings"][c] = v.integer(n, at + ("confirm_readings", c), 1, 100, None)
+    bounds = _act_number_bounds()
+    for key in _ACT_INTS:
+        lo, hi = bounds[key]
+        base[key] = v.integer(m.get(key), at + (key,), int(lo), int(hi), base[key])
+    for key in _ACT_FLOATS:
+        lo, hi = bounds[key]
+        base[key] = v.number(m.get(key), at + (key,), base[key], lo, hi, lo_open=False)
+    return ActPolicy.from_dict(base)
 
 
 def _metrics_word(v: _Validator, value: Any, at: tuple) -> Any:

@@ -32,8 +32,9 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from cluster.base.bounds import reply_number
 from cluster.nodes.endpoints import head_dashboard_base, ray_temp_dir
-from cluster.base.errors import ParseError
-from cluster.nodes.inventory import Inventory, Node, RayOptions, SSHOptions, health_period_bounds
+from cluster.base.errors import InventoryError, ParseError
+from cluster.nodes.inventory import (ActPolicy, Inventory, Node, RayOptions, SSHOptions,
+                                     default_act_policy, health_period_bounds)
 from cluster.base.results import CheckResult, Status
 
 HEALTH_CHECKS = ("gpus", "clock", "infiniband", "gpudirect", "gpu-health")
@@ -101,6 +102,7 @@ class Reading:
     value: float | None
     summary: str
     time: float
+    findings: tuple[tuple[str, str], ...] = ()    # (finding class, evidence line): health_act
 
     def __post_init__(self) -> None:
         if self.status not in STATUS_CODES:
@@ -110,18 +112,53 @@ class Reading:
             raise ParseError("health readings", "a time or value is not a finite number")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"status": self.status, "value": self.value, "summary": self.summary,
-                "time": round(self.time, 3)}
+        out = {"status": self.status, "value": self.value, "summary": self.summary,
+               "time": round(self.time, 3)}
+        if self.findings:
+            out["findings"] = [list(f) for f in self.findings]
+        return out
+
+
+def finding_lines(check: str, result: CheckResult, value: float | None,
+                  expect: Mapping[str, Any], ecc_xids: Iterable[int]) -> tuple[tuple[str, str], ...]:
+    """The health.act finding classes a check's result shows, each with its evidence line:
+    gpu-health's failing Xids (ecc_uncorrectable for `ecc_xids`, else gpu_lost) and its ECC /
+    remap lines; fewer GPUs than expected (gpu_missing); a failed IB (ib_port_down) or clock
+    (clock_offset) check. Pure."""
+    if result.status != Status.FAIL:
+        return ()
+    line = result.summary[:MAX_SUMMARY]
+    if check == "gpus":
+        want = expect.get("gpus_per_node")
+        if isinstance(want, int) and value is not None and value < want:
+            return (("gpu_missing", line),)
+        return ()
+    if check in ("infiniband", "clock"):
+        return (("ib_port_down" if check == "infiniband" else "clock_offset", line),)
+    if check != "gpu-health" or result.evidence is None or not isinstance(result.evidence.data,
+                                                                            Mapping):
+        return ()
+    data, ecc, out = result.evidence.data, set(ecc_xids), {}
+    for x in data.get("xids") or ():
+        cls = "ecc_uncorrectable" if x.get("xid") in ecc else "gpu_lost"
+        out.setdefault(cls, str(x.get("text"))[:MAX_SUMMARY])
+    if data.get("gpu_fail"):
+        out.setdefault("ecc_uncorrectable", str(data["gpu_fail"][0])[:MAX_SUMMARY])
+    return tuple(sorted(out.items()))
 
 
 def readings_from_results(node: str, results: Iterable[CheckResult], facts: Mapping[str, Any],
-                          now: float) -> tuple[Reading, ...]:
-    """A node's preflight results of HEALTH_CHECKS (cluster.inspection.preflight.evaluate_node) -> readings."""
+                          now: float, expect: Mapping[str, Any] | None = None,
+                          ecc_xids: Iterable[int] = ()) -> tuple[Reading, ...]:
+    """A node's preflight results of HEALTH_CHECKS (cluster.inspection.preflight.evaluate_node)
+    -> readings, each with the finding classes it shows (finding_lines)."""
     out = []
     for r in results:
         if r.check in HEALTH_CHECKS:
-            out.append(Reading(node, r.check, status_word(r.status),
-                               check_value(r.check, r, facts), r.summary[:MAX_SUMMARY], now))
+            value = check_value(r.check, r, facts)
+            out.append(Reading(node, r.check, status_word(r.status), value,
+                               r.summary[:MAX_SUMMARY], now,
+                               finding_lines(r.check, r, value, expect or {}, ecc_xids)))
     return tuple(out)
 
 
@@ -195,8 +232,14 @@ def _reading(node: str, check: str, raw: Any) -> Reading:
     value = raw.get("value")
     if value is not None and reply_number(value) is None:
         raise ParseError("health readings", f"{node} {check}: value {value!r} is not a number")
+    found = raw.get("findings") or []
+    if not isinstance(found, list) or not all(
+            isinstance(f, list) and len(f) == 2 and all(isinstance(x, str) for x in f)
+            for f in found):
+        raise ParseError("health readings", f"{node} {check}: findings are not [class, line] pairs")
     return Reading(node, check, str(raw.get("status")), None if value is None else float(value),
-                   raw.get("summary", "")[:MAX_SUMMARY], reply_number(raw.get("time")) or math.nan)
+                   raw.get("summary", "")[:MAX_SUMMARY], reply_number(raw.get("time")) or math.nan,
+                   tuple((c[:40], line[:MAX_SUMMARY]) for c, line in found[:16]))
 
 
 def health_doc(snapshot: Snapshot, now: float) -> dict[str, dict[str, dict[str, Any]]]:
@@ -219,10 +262,13 @@ class JobConfig:
     expectations: Mapping[str, Any]
     nodes: Mapping[str, Mapping[str, Any]]    # name -> {"ip", "role", "ib_hcas"}
     temp_dir: str
+    act: ActPolicy = field(default_factory=default_act_policy)   # health.act
+    dashboard: str = ""                      # the head's dashboard as the head reaches it
 
     def to_dict(self) -> dict[str, Any]:
         return {"period_s": self.period_s, "expectations": dict(self.expectations),
-                "nodes": {k: dict(v) for k, v in self.nodes.items()}, "temp_dir": self.temp_dir}
+                "nodes": {k: dict(v) for k, v in self.nodes.items()}, "temp_dir": self.temp_dir,
+                "act": self.act.to_dict(), "dashboard": self.dashboard}
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> "JobConfig":
@@ -234,7 +280,19 @@ class JobConfig:
         if not isinstance(nodes, dict) or not isinstance(raw.get("expectations"), dict) \
                 or not isinstance(raw.get("temp_dir"), str):
             raise ParseError("health job config", "nodes, expectations or temp_dir missing")
-        return cls(period, raw["expectations"], nodes, raw["temp_dir"])
+        try:
+            act = ActPolicy.from_dict(raw.get("act") or {})
+        except InventoryError as exc:
+            raise ParseError("health job config", f"act: {exc}") from None
+        dashboard = raw.get("dashboard") or ""
+        if not isinstance(dashboard, str) or not (dashboard == ""
+                                                  or dashboard.startswith("http://")):
+            raise ParseError("health job config", "dashboard is not an http:// URL")
+        return cls(period, raw["expectations"], nodes, raw["temp_dir"], act, dashboard)
+
+    @property
+    def head(self) -> str | None:
+        return next((name for name, n in self.nodes.items() if n.get("role") == "head"), None)
 
     def inventory(self) -> Inventory:
         """An Inventory of the nodes as far as the checks read it (name, IP, role, HCAs)."""
@@ -257,7 +315,8 @@ def job_config(inventory: Inventory) -> JobConfig:
                      expectations=json.loads(json.dumps(dict(inventory.expectations))),
                      nodes={n.name: {"ip": n.ip, "role": n.role, "ib_hcas": list(n.ib_hcas)}
                             for n in inventory.nodes},
-                     temp_dir=ray_temp_dir(inventory))
+                     temp_dir=ray_temp_dir(inventory), act=inventory.health.act,
+                     dashboard=head_dashboard_base(inventory))
 
 
 def readings_path(temp_dir: str) -> str:
@@ -365,13 +424,27 @@ def ensure_job(session: Any, inventory: Inventory) -> JobStep:
 # ---------------------------------------------------------------- read the readings (`status`)
 
 
-def read_args(inventory: Inventory) -> list[str]:
-    """ray_jobs/health_readings.py's arguments: the readings file, the most it reads."""
-    return [readings_path(ray_temp_dir(inventory)), str(MAX_FILE_BYTES)]
+ACTIONS_FILE = "cluster-health-actions.json"   # health.act's records, next to the readings
+ACTIONS_VERSION = 1
+STATUS_RECORDS = 50                              # records `cluster status` shows, the latest
+
+
+def read_args(inventory: Inventory, actions: bool = False) -> list[str]:
+    """ray_jobs/health_readings.py's arguments: the readings file, the most it reads (and the
+    actions file beside it)."""
+    path = readings_path(ray_temp_dir(inventory))
+    extra = [path.rsplit("/", 1)[0] + "/" + ACTIONS_FILE] if actions else []
+    return [path, str(MAX_FILE_BYTES)] + extra
 
 
 def parse_read_reply(doc: Mapping[str, Any]) -> tuple[float, str | None]:
     """health_readings.py's document -> (the head's time, the file's text or None)."""
+    return parse_read_reply_with_actions(doc)[:2]
+
+
+def parse_read_reply_with_actions(doc: Mapping[str, Any]
+                                  ) -> tuple[float, str | None, str | None]:
+    """... and the actions file's text (None: not written, no action file asked or readable)."""
     now, text, error = reply_number(doc.get("now")), doc.get("text"), doc.get("error")
     if now is None:
         raise ParseError("health readings", "the head printed no time")
@@ -379,7 +452,13 @@ def parse_read_reply(doc: Mapping[str, Any]) -> tuple[float, str | None]:
         raise ParseError("health readings", f"cannot read the file: {str(error)[:300]}")
     if text is not None and not isinstance(text, str):
         raise ParseError("health readings", "the file's text is not text")
-    return now, text
+    actions = doc.get("actions_text")
+    if doc.get("actions_error"):
+        raise ParseError("health actions", f"cannot read the file: "
+                                           f"{str(doc['actions_error'])[:300]}")
+    if actions is not None and not isinstance(actions, str):
+        raise ParseError("health actions", "the file's text is not text")
+    return now, text, actions
 
 
 @dataclass(frozen=True)
@@ -390,6 +469,7 @@ class HealthStatus:
     nodes: dict | None
     period_s: float | None = None
     error: str | None = None
+    actions: dict | None = None     # health.act: {"cordoned": {node: ...}, "records": [...]}
 
 
 def read_health(session: Any, inventory: Inventory) -> HealthStatus:
@@ -399,17 +479,45 @@ def read_health(session: Any, inventory: Inventory) -> HealthStatus:
 
     head = inventory.head
     try:
-        now, text = run_program(session, head, READ_PROGRAM, read_args(inventory),
-                                timeout=READ_TIMEOUT_S, python=inventory.ray.python,
-                                max_bytes=READ_MAX_BYTES,
-                                parse=parse_read_reply)
+        now, text, actions_text = run_program(
+            session, head, READ_PROGRAM, read_args(inventory, actions=True),
+            timeout=READ_TIMEOUT_S, python=inventory.ray.python,
+            max_bytes=2 * READ_MAX_BYTES, parse=parse_read_reply_with_actions)
     except ProgramError as exc:
         return HealthStatus(None, error="health: " + (exc.reason if exc.kind == "bad-answer"
                                                       else failure(exc, f"head {head.name}")))
-    if text is None or not text.strip():
-        return HealthStatus({})   # no reading yet (the job starts with `cluster up`) or disabled
+    try:
+        actions = actions_doc(actions_text)
+    except ParseError as exc:
+        return HealthStatus(None, error=f"health: {exc}")
+    if text is None or not text.strip():   # no reading yet (the job starts with `cluster up`)
+        return HealthStatus({}, actions=actions)
     try:
         snapshot = parse_readings(text)
     except ParseError as exc:
-        return HealthStatus(None, error=f"health: {exc}")
-    return HealthStatus(health_doc(snapshot, now), snapshot.period_s)
+        return HealthStatus(None, error=f"health: {exc}", actions=actions)
+    return HealthStatus(health_doc(snapshot, now), snapshot.period_s, actions=actions)
+
+
+def actions_doc(text: str | None) -> dict[str, Any]:
+    """`cluster status --json`'s `health_actions`: the nodes the job cordoned now and its latest
+    STATUS_RECORDS records ({"cordoned": {}, "records": []} before any)."""
+    if text is None or not text.strip():
+        return {"cordoned": {}, "records": []}
+    if len(text) > MAX_FILE_BYTES:
+        raise ParseError("health actions", f"larger than {MAX_FILE_BYTES} bytes")
+    return parse_actions(text, STATUS_RECORDS)
+
+
+def parse_actions(text: str, max_records: int = 10000) -> dict[str, Any]:
+    """The actions file (cluster/ray/health_act.actions_document) -> {"cordoned": {...},
+    "records": [the latest max_records]}; ParseError on anything else."""
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise ParseError("health actions", f"not JSON: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("version") != ACTIONS_VERSION \
+            or not isinstance(doc.get("records"), list) or not isinstance(doc.get("cordoned"), dict):
+        raise ParseError("health actions", "not a version-1 health actions document")
+    records = [r for r in doc["records"][-max_records:] if isinstance(r, dict)]
+    return {"cordoned": doc["cordoned"], "records": records}

@@ -274,17 +274,23 @@ def drain_command(inventory: Inventory, node_id: str, message: str,
     """`ray drain-node` run on the head (Ray's GCS DrainNode RPC, the API autoscaler v2 and
     KubeRay use): the node takes no new work and Serve starts replacement replicas elsewhere
     before stopping the ones on it. The env is the head's (token auth, like `cluster status`)."""
-    if not all(c in "0123456789abcdefABCDEF" for c in node_id) or not node_id:
-        raise UsageError(f"not a Ray node id: {node_id!r}")
     # The client needs the cluster's token-auth mode (as `ray start` got it) and, when the
     # inventory's env gives the token, that env from stdin (run_node_command), never argv.
     secrets = SECRET_ENV_FROM_STDIN + " && " if ray_cluster.secret_env_stdin(inventory.head) \
         else ""
     return secrets + head_client_env(inventory, auth_mode) + shlex.join(
-        ray_cluster.ray_cli(inventory) + [
-            "drain-node", "--address", gcs_address(inventory), "--node-id", node_id,
-            "--reason", DRAIN_REASON, "--reason-message", message,
-            "--deadline-remaining-seconds", str(int(deadline_s))]) + " </dev/null"
+        drain_argv(ray_cluster.ray_cli(inventory), gcs_address(inventory), node_id, message,
+                   deadline_s)) + " </dev/null"
+
+
+def drain_argv(ray_cli: Sequence[str], gcs: str, node_id: str, message: str,
+               deadline_s: int) -> list[str]:
+    """`ray drain-node`'s argv (the one drain of `cluster drain` and the health job's cordon)."""
+    if not all(c in "0123456789abcdefABCDEF" for c in node_id) or not node_id:
+        raise UsageError(f"not a Ray node id: {node_id!r}")
+    return list(ray_cli) + ["drain-node", "--address", gcs, "--node-id", node_id,
+                            "--reason", DRAIN_REASON, "--reason-message", message,
+                            "--deadline-remaining-seconds", str(int(deadline_s))]
 
 
 def replicas_on(serve_details: Mapping[str, Any] | None, node_id: str) -> list[dict[str, Any]]:

@@ -27,6 +27,7 @@ from typing import Any, Mapping
 from cluster.ray.health_job import (GAUGE_STATUS, GAUGE_TAGS, GAUGE_VALUE, HEALTH_CHECKS, JobConfig,
                                 Reading, gauge_points, readings_document, readings_from_results,
                                 unknown_readings, READINGS_FILE)
+from cluster.ray_jobs.health_remedy import Remedy, actions_path, write_atomic
 
 log = logging.getLogger("cluster.ray.health_job")
 READ_TIMEOUT_S = 90.0          # a reader's probes are bounded by 20 s each (preflight)
@@ -55,7 +56,8 @@ def read_node(config: JobConfig, name: str) -> list[Reading]:
     except CommandTimeout:
         return list(unknown_readings(name, "the probes did not finish in time", now))
     results, facts = evaluate_node(node, inventory, checks, node_facts(node, result, probes))
-    return list(readings_from_results(name, results, facts, now))
+    return list(readings_from_results(name, results, facts, now, config.expectations,
+                                      config.act.ecc_xids))
 
 
 def node_name(node: Mapping[str, Any], config: JobConfig) -> str:
@@ -80,6 +82,7 @@ class Driver:
         self.readers: dict[str, tuple[str, Any]] = {}          # node id -> (name, actor)
         self.pending: dict[str, tuple[Any, float]] = {}        # node id -> (ref, since)
         self.latest: dict[str, dict[str, Reading]] = {}
+        self.this_round: dict[str, list[Reading]] = {}         # the period's readings (act)
         self.gauges = {GAUGE_STATUS: Gauge(GAUGE_STATUS, "health check status per node: 0 ok, "
                                            "1 warn, 2 fail, 3 unknown", tag_keys=GAUGE_TAGS),
                        GAUGE_VALUE: Gauge(GAUGE_VALUE, "health check value per node (GPUs, clock "
@@ -148,21 +151,21 @@ class Driver:
     def record(self, readings) -> None:
         for r in readings:
             self.latest.setdefault(r.node, {})[r.check] = r
+            self.this_round.setdefault(r.node, []).append(r)
         for gauge, value, tags in gauge_points(readings):
             self.gauges[gauge].set(value, tags=tags)
 
+    def take_round(self) -> dict[str, list[Reading]]:
+        """The readings recorded since the last call (one period's), for health.act."""
+        out, self.this_round = self.this_round, {}
+        return out
+
     def write(self) -> None:
-        doc = readings_document(self.latest, {"period_s": self.config.period_s,
-                                              "submission_id": self.sid}, time.time())
-        tmp = f"{self.path}.tmp-{os.getpid()}"
         # Ray makes its session folder writable by every local user: never open a name someone
         # may have planted there (a link), only a file this call creates
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "w") as fh:
-            json.dump(doc, fh, separators=(",", ":"))
-        os.replace(tmp, self.path)
+        write_atomic(self.path, readings_document(self.latest, {"period_s": self.config.period_s,
+                                                                "submission_id": self.sid},
+                                                  time.time()))
 
 
 class HealthReader:
@@ -177,6 +180,12 @@ class HealthReader:
 
 def alive_nodes(ray: Any, config: JobConfig) -> dict[str, str]:
     return {n["NodeID"]: node_name(n, config) for n in ray.nodes() if n.get("Alive")}
+
+
+def node_resources(ray: Any, config: JobConfig) -> dict[str, dict[str, float]]:
+    """The alive Ray nodes' total resources by inventory name (the capacity guard's input)."""
+    return {node_name(n, config): {str(k): float(v) for k, v in (n.get("Resources") or {}).items()}
+            for n in ray.nodes() if n.get("Alive")}
 
 
 def session_path(temp_dir: str) -> str:
@@ -201,12 +210,17 @@ def main(argv: list[str]) -> int:
     ray.init(address="auto", logging_level=logging.WARNING, log_to_driver=False)
     sid = submission_id()
     driver = Driver(ray, config, session_path(config.temp_dir), sid)
-    log.info("health job: every %g s, readings in %s", config.period_s, driver.path)
+    remedy = Remedy(ray, config, actions_path(driver.path))
+    log.info("health job: every %g s, readings in %s, actions in %s (health.act: %s)",
+             config.period_s, driver.path, remedy.path,
+             ", ".join(f"{c} {a}" for c, a in config.act.actions.items()))
     failures = 0
+    alive: dict[str, str] = {}
     while True:
         started = time.monotonic()
         try:
-            driver.place(alive_nodes(ray, config))
+            alive = alive_nodes(ray, config)
+            driver.place(alive)
             failures = 0
         except Exception as exc:  # the GCS did not answer this time
             failures += 1
@@ -218,6 +232,10 @@ def main(argv: list[str]) -> int:
             driver.write()
         except Exception as exc:  # never end on one round's error
             log.warning("health round failed: %s: %s", type(exc).__name__, exc)
+        try:
+            remedy.after_round(driver.take_round(), alive, node_resources(ray, config))
+        except Exception as exc:  # nor on one act's error
+            log.warning("health act failed: %s: %s", type(exc).__name__, exc)
         time.sleep(max(0.0, config.period_s - (time.monotonic() - started)))
 
 

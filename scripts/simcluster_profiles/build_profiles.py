@@ -854,7 +854,7 @@ def h100_facts(**over) -> dict:
         # node health (cluster/inspection/checks/health.py): what lspci, dmesg, systemctl and nvidia-smi show
         "acs_enabled": False, "fabric_manager": "running", "fabric_state": "Completed", "xids": [],
         "persistence_mode": True, "pcie_narrow_gpus": [], "remap_pending_gpus": [],
-        "nearest_nic_relation": "PIX",
+        "lost_gpus": [], "nearest_nic_relation": "PIX",
     }
     facts.update(over)
     return facts
@@ -1030,7 +1030,7 @@ def build(cap: Captures) -> list[Profile]:
                "dev_shm": SHM_DEFAULT, "memlock": 64,
                "acs_enabled": None, "fabric_manager": None, "fabric_state": None, "xids": None,
                "persistence_mode": None, "pcie_narrow_gpus": None, "remap_pending_gpus": None,
-               "nearest_nic_relation": None},
+               "lost_gpus": None, "nearest_nic_relation": None},
         differences=["no GPU, no CUDA toolkit, no InfiniBand, no chrony: nvidia-smi, nvcc, ibstat, ... are "
                      "'command not found' (exit 127)", "memlock 64 KiB (fixtures node/ulimit/001)"],
         node_files={}, node_dirs=[],
@@ -1044,6 +1044,7 @@ def build(cap: Captures) -> list[Profile]:
 def broken_health_profiles(cap: Captures, h100: list[Gpu], gpu_outputs, health_outputs) -> list[Profile]:
     """h100-ib with one node-health fault each (cluster preflight's health checks)."""
     xid_gpu, remap_gpu, x8_gpu = h100[2], h100[5], h100[3]
+    lost_gpus = [replace(g, index=i) for i, g in enumerate(g for g in h100 if g != xid_gpu)]
 
     fm_gpus = [replace(g, fabric="in_progress") for g in h100]
     remap_gpus = [replace(g, remap_pending=True) if g is remap_gpu else g for g in h100]
@@ -1069,6 +1070,19 @@ def broken_health_profiles(cap: Captures, h100: list[Gpu], gpu_outputs, health_o
                 differences=[f"dmesg: 'NVRM: Xid (PCI:0000:0a:00): 79, ... GPU has fallen off the bus.' for "
                              f"{xid_gpu.bus_id}"],
                 outputs={"dmesg.txt": dmesg(cap, h100, BASE_DRIVER, xid79=xid_gpu)}),
+        Profile("h100-gpu-lost", f"h100-ib whose GPU 2 ({xid_gpu.bus_id}) fell off the bus: Xid 79 "
+                "in dmesg and 7 GPUs in nvidia-smi (`simcluster state NODE gpu lost`)",
+                base="h100-ib", facts={"xids": [79], "gpu_count": 7, "lost_gpus": [xid_gpu.bus_id]},
+                differences=[f"dmesg: 'NVRM: Xid (PCI:0000:0a:00): 79, ... GPU has fallen off the bus.' for "
+                             f"{xid_gpu.bus_id} (as h100-xid79)",
+                             f"nvidia-smi, -q, --query-gpu: {xid_gpu.bus_id} missing, the GPUs after it "
+                             "renumbered (as h100-7gpu, with GPU 2 gone instead of GPU 7); "
+                             "nvidia-smi topo -m and lspci still show 8 (not switched by the gpu state)"],
+                outputs={"dmesg.txt": dmesg(cap, h100, BASE_DRIVER, xid79=xid_gpu),
+                         **gpu_outputs(lost_gpus, BASE_DRIVER, BASE_CUDA,
+                                       fact_edits=H100_FACT_EDITS + [
+                                           f"GPU lost: GPU 2 ({xid_gpu.bus_id}) removed, GPUs 3-7 "
+                                           "renumbered 2-6 (nvidia-smi numbers the GPUs it sees)"])}),
         Profile("h100-remap-pending", f"h100-ib whose GPU 5 ({remap_gpu.bus_id}) has a row remap pending",
                 base="h100-ib", facts={"remap_pending_gpus": [remap_gpu.bus_id]},
                 differences=[f"nvidia-smi -q: Remapped Rows Pending: Yes on {remap_gpu.bus_id}"],

@@ -150,8 +150,10 @@ def check_health_facts(name, prof, tool, tools):
     kernel = "\n".join(ln for ln in tool("dmesg").splitlines() if "NVRM" in ln or "fallen off the bus" in ln)
     log = dmesg.parse(kernel)
     assert sorted({x.xid for x in log.xids}) == facts["xids"]
+    known = buses | set(facts.get("lost_gpus") or ())       # a GPU off the bus leaves nvidia-smi
     for pci in [x.pci for x in log.xids] + list(log.fell_off_bus):   # 0000:0a:00 names GPU 00000000:0A:00.0
-        assert any(b.lower().endswith(pci[5:].lower() + ".0") for b in buses), (pci, buses)
+        assert any(b.lower().endswith(pci[5:].lower() + ".0") for b in known), (pci, known)
+    assert not buses & set(facts.get("lost_gpus") or ()), "a lost GPU is not listed"
     assert {g.persistence_mode_enabled for g in gpus} == {facts["persistence_mode"]}
     table = nvidia_smi.parse(tool("nvidia-smi")).gpus
     assert {g.persistence_mode_enabled for g in table} == {facts["persistence_mode"]}, "nvidia-smi agrees with -q"

@@ -182,6 +182,17 @@ def _xid_problems(kernel_log: Mapping[str, Any] | None, fail_codes: set[int]
     return failing, warning
 
 
+def _failing_xids(kernel_log: Mapping[str, Any] | None, fail_codes: set[int],
+                  lost: list[str]) -> list[dict[str, Any]]:
+    """[{xid, text}] of the failing lines in `lost` (a GPU off the bus is Xid 79's class)."""
+    codes = {x.get("xid") for x in (kernel_log or {}).get("xids") or () if x.get("xid") in fail_codes}
+    out = []
+    for text in lost:
+        code = next((c for c in codes if text.startswith(f"Xid {c} ") or text == f"Xid {c}"), 79)
+        out.append({"xid": code, "text": text})
+    return out
+
+
 def _aer_problems(kernel_log: Mapping[str, Any] | None, fail_levels: set[str]
                   ) -> tuple[list[str], list[str]]:
     """(failing, warning) descriptions of the PCIe AER errors in a parsed kernel log, one per
@@ -231,21 +242,27 @@ def gpu_health(smi_q: Mapping[str, Any] | None, kernel_log: Mapping[str, Any] | 
     slowdowns, corrected / non-fatal AER errors and ECC counts of unknown scope: warn."""
     if smi_q is None and kernel_log is None:
         return skip("neither nvidia-smi -q nor the kernel log was read")
-    failing, warning = _xid_problems(kernel_log, set(_th_list(th, "xid_fail", int)))
+    fail_codes = set(_th_list(th, "xid_fail", int))
+    failing, warning = _xid_problems(kernel_log, fail_codes)
+    lost = list(failing)          # the fatal Xids and GPUs off the bus, for the health job's act
     aer_fail, aer_warn = _aer_problems(kernel_log, set(_th_list(th, "aer_fail_levels", str)))
     failing += aer_fail
     warning += aer_warn
+    gpu_failing: list[str] = []   # uncorrectable ECC, pending / failed remaps and retirements
     for gpu in (smi_q or {}).get("gpus") or ():
         f, w = _gpu_problems(gpu, th)
-        failing += f
+        gpu_failing += f
         warning += w
+    failing += gpu_failing
     if failing:
         return fail("; ".join(failing[:_MAX_LISTED * 2]) + (" ..." if len(failing) > 8 else ""),
                     "drain the node; reset the GPU (`nvidia-smi -r -i <n>`, no process on it) or "
                     "reboot to apply pending remaps and clear a fallen-off GPU; a remap failure, "
                     "repeated uncorrectable ECC or Xid 79 after a reboot means RMA (check power, "
                     "cooling and seating first)",
-                    data={"fail": failing, "warn": warning})
+                    data={"fail": failing, "warn": warning, "xids": _failing_xids(kernel_log,
+                                                                              fail_codes, lost),
+                          "gpu_fail": gpu_failing})
     if warning:
         return warn("; ".join(warning[:_MAX_LISTED * 2]),
                     "HW slowdown / power brake: check cooling, PSUs and the BMC's power capping "

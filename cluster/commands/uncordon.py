@@ -1,0 +1,34 @@
+"""`cluster uncordon NODE [--dry-run] [--yes] [--json]`: a node the health job cordoned back into
+service: its preflight first (refused while a check fails), then restart-node's steps
+(playbooks/uncordon.py)."""
+
+from __future__ import annotations
+
+import argparse
+
+from cluster.commands._common import add_changing, add_json, float_range
+from cluster.commands.drain import add_node_and_wait, execute
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "uncordon", help="bring back a node the health job cordoned (its preflight must pass)",
+        description="Run NODE's preflight (every node check and its clock); refuse (exit 2, "
+                    "naming the failing checks) while one fails. Then restart Ray on it as "
+                    "`cluster restart-node` does (a drained Ray node takes work again only as a "
+                    "new node): the health job sees it rejoin and lifts its cordon. Exit 0 done, "
+                    "2 refused or failed.")
+    add_node_and_wait(p)
+    p.add_argument("--timeout", type=float_range(0, 3600, strict=True), default=240.0, metavar="S",
+                   help="how long to wait for the node to rejoin (default %(default)s)")
+    add_changing(p)
+    add_json(p)
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from playbooks import uncordon
+
+    return execute(args, "uncordon", uncordon.run, uncordon.UncordonOptions(
+        args.node, dry_run=args.dry_run, wait_s=args.wait, join_timeout_s=args.timeout),
+        ("--timeout", args.timeout))

@@ -1,0 +1,254 @@
+"""Runs ON the cluster inside the health job (cluster/ray_jobs/health_runner.py): after each
+period's readings, applies `health.act` (cluster/ray/health_act.py, pure) and carries out its
+cordons, so a sick node is taken out with the laptop closed.
+
+A cordon is `cluster drain`'s drain (`ray drain-node`, reason preemption, the finding as its
+message; rollout.drain_argv): the node takes no new work and Serve starts the replicas on it
+elsewhere. A multi-node gang with a rank actor on the node is replaced as a whole: the rank
+actor is killed (its vLLM processes die with it: serve_apps/gang.py's PDEATHSIG), the replica's
+watch fails the engine and Serve starts a new replica whose placement group avoids the
+draining node. The job then waits (at most `move_wait_s`) until no replica or rank is left on
+the node and every app is RUNNING, and records how long that took.
+
+Every decision that is new while its finding lasts is a record (health_act.ActionRecord),
+logged (the job's log in the Ray dashboard) and kept with the nodes cordoned now in
+`cluster-health-actions.json` next to the readings file (replaced atomically, never through a
+link). A cordoned node stays out until it rejoins Ray under a new node id (`cluster
+restart-node` or `cluster uncordon`), which is recorded as `uncordoned`.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Mapping
+
+from cluster.ray.health_act import (CORDON, UNCORDONED, ActionRecord, ClusterView,
+                                    actions_document, decide, new_decisions, observe, record_of)
+from cluster.ray.health_job import ACTIONS_FILE, JobConfig, Reading, parse_actions
+from cluster.ray.rollout import (app_demands, apps_not_running, drain_argv, gang_replicas_on,
+                                 replicas_on)
+
+log = logging.getLogger("cluster.ray.health_job")
+DRAIN_TIMEOUT_S = 120.0
+MOVE_POLL_S = 3.0
+MAX_FILE_BYTES = 4 << 20
+
+
+def write_atomic(path: str, doc: Mapping[str, Any]) -> None:
+    """Replace `path` with the JSON document: a fresh file (O_EXCL | O_NOFOLLOW, Ray's session
+    folder is writable by every local user), then rename."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(doc, fh, separators=(",", ":"))
+    os.replace(tmp, path)
+
+
+def read_existing(path: str) -> dict[str, Any] | None:
+    """The actions file a previous run of the job left (its cordons stay), or None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        text = fh.read(MAX_FILE_BYTES + 1).decode("utf-8", "replace")
+    try:
+        return parse_actions(text) if len(text) <= MAX_FILE_BYTES else None
+    except Exception:
+        return None
+
+
+class ClusterReads:
+    """What the remedy reads of the cluster: Serve's details and the rank actors (the head's
+    dashboard REST, as `cluster status` reads them: cluster/node_programs/head_state.py)."""
+
+    def __init__(self, dashboard: str):
+        self.dashboard = dashboard
+
+    def serve_and_ranks(self) -> tuple[dict | None, list[dict]]:
+        from cluster.node_programs.head_state import Budget, fetcher, rank_actors
+        from cluster.node_programs._common import auth_token
+
+        get = fetcher(self.dashboard, auth_token(os.environ, scan_ray=True), Budget(40.0))
+        return get("/api/serve/applications/", 30), rank_actors(get)
+
+
+def run_drain(gcs: str, node_id: str, message: str, deadline_s: int) -> tuple[bool, str]:
+    """`ray drain-node` (the CLI `cluster drain` runs on the head), the token in the env only."""
+    from cluster.node_programs._common import auth_token
+
+    env = dict(os.environ)
+    token = auth_token(env, scan_ray=True)
+    if token:
+        env["RAY_AUTH_TOKEN"] = token
+        env.setdefault("RAY_AUTH_MODE", "token")
+    argv = drain_argv([sys.executable, "-m", "ray.scripts.scripts"], gcs, node_id, message,
+                      deadline_s)
+    try:
+        p = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                           timeout=DRAIN_TIMEOUT_S, env=env)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, f"{type(exc).__name__}: {exc}"[:300]
+    tail = (p.stderr.strip() or p.stdout.strip()).splitlines()[-1:]
+    return p.returncode == 0, " ".join(tail)[:300]
+
+
+class Remedy:
+    """The policy's state across periods and its execution (one per health job)."""
+
+    def __init__(self, ray: Any, config: JobConfig, path: str, reads: Any = None,
+                 drain: Callable[..., tuple[bool, str]] = run_drain,
+                 clock: Callable[[], float] = time.time,
+                 sleep: Callable[[float], None] = time.sleep):
+        self.ray, self.config, self.policy, self.path = ray, config, config.act, path
+        self.reads = reads if reads is not None else ClusterReads(config.dashboard)
+        self.drain, self.clock, self.sleep = drain, clock, sleep
+        keep = max(max(self.policy.confirm.values()), self.policy.missed_after) + 1
+        self.history: dict[str, collections.deque] = collections.defaultdict(
+            lambda: collections.deque(maxlen=keep))
+        self.cordoned: dict[str, dict[str, Any]] = {}
+        self.cordon_times: list[float] = []
+        self.seen: frozenset = frozenset()
+        self.records: list[ActionRecord] = []
+        old = read_existing(path)
+        if old:
+            self.cordoned = {str(n): dict(c) for n, c in old["cordoned"].items()
+                             if isinstance(c, dict)}
+            self.cordon_times = [float(c["time"]) for c in self.cordoned.values()
+                                 if isinstance(c.get("time"), (int, float))]
+
+    # ------------------------------------------------------------ one period
+
+    def after_round(self, readings: Mapping[str, list[Reading]], alive: Mapping[str, str],
+                    resources: Mapping[str, Mapping[str, float]]) -> list[ActionRecord]:
+        """The period's readings ({name: readings}), the alive Ray nodes ({node id: name}) and
+        their resources ({name: totals}) -> the records of what was decided and done."""
+        now = self.clock()
+        ids = {name: node_id for node_id, name in alive.items()}
+        done = self._lifted(ids, now)
+        for name, node_readings in readings.items():
+            self.history[name].append(observe(name, ids.get(name, ""), node_readings, now))
+        serve, ranks = self._serve_state()
+        view = ClusterView(now, self.config.head,
+                           {n: r for n, r in resources.items() if n in ids},
+                           frozenset(self.cordoned), tuple(self.cordon_times),
+                           tuple(app_demands(serve)), self._gang_nodes(serve, ranks, alive))
+        fresh, self.seen = new_decisions(
+            decide({n: list(h) for n, h in self.history.items()}, view, self.policy), self.seen)
+        for d in fresh:
+            if d.action == CORDON:
+                done.append(self._cordon(d, ids.get(d.node, ""), serve, ranks))
+            else:
+                done.append(record_of(d, now, ids.get(d.node)))
+        for r in done:
+            log.warning("health act: %s", r.line())
+        self.records += done
+        self.records = self.records[-self.policy.max_records:]
+        self.write()
+        return done
+
+    def _lifted(self, ids: Mapping[str, str], now: float) -> list[ActionRecord]:
+        """Cordoned nodes back in Ray under a new node id (restart-node / uncordon)."""
+        out = []
+        for name, c in list(self.cordoned.items()):
+            if name in ids and ids[name] != c.get("node_id"):
+                del self.cordoned[name]
+                self.history.pop(name, None)
+                out.append(ActionRecord(name, str(c.get("finding", "")), "", UNCORDONED,
+                                        "the node rejoined Ray under a new node id", now,
+                                        ids[name]))
+        return out
+
+    def _serve_state(self) -> tuple[dict | None, list[dict]]:
+        try:
+            return self.reads.serve_and_ranks()
+        except Exception as exc:   # no Serve (no app deployed) or the dashboard did not answer
+            log.info("serve state not read: %s: %s", type(exc).__name__, str(exc)[:200])
+            return None, []
+
+    @staticmethod
+    def _gang_nodes(serve, ranks, alive: Mapping[str, str]) -> frozenset[str]:
+        """Nodes holding a rank of a cross-node gang: its rank actors' and its replica's."""
+        out = set()
+        for node_id, name in alive.items():
+            if gang_replicas_on(serve, ranks, node_id):
+                out.add(name)
+        holders = {str(a.get("name") or "").rpartition("/rank")[0] for a in ranks
+                   if a.get("state") == "ALIVE"}
+        for app_name, app in ((serve or {}).get("applications") or {}).items():
+            for dep in (app.get("deployments") or {}).values():
+                for r in dep.get("replicas") or []:
+                    if f"{app_name}/{r.get('replica_id')}" in holders and r.get("node_id") in alive:
+                        out.add(alive[r["node_id"]])
+        return frozenset(out)
+
+    # ------------------------------------------------------------ a cordon
+
+    def _cordon(self, d, node_id: str, serve, ranks) -> ActionRecord:
+        now = self.clock()
+        base = record_of(d, now, node_id or None)
+        if not node_id:
+            return _with(base, outcome="not in Ray: nothing to drain")
+        gcs = self.ray.get_runtime_context().gcs_address
+        ok, why = self.drain(gcs, node_id, f"cluster health: {d.finding}: {d.evidence}"[:300],
+                             self.policy.drain_deadline_s)
+        if not ok:
+            return _with(base, action="held", outcome=f"drain refused: {why}")
+        self.cordoned[d.node] = {"node_id": node_id, "time": now, "finding": d.finding}
+        self.cordon_times.append(now)
+        lost = replicas_on(serve, node_id)
+        gangs = gang_replicas_on(serve, ranks, node_id)
+        started = time.monotonic()
+        self._kill_ranks(ranks, node_id)
+        moved = self._wait_moved(node_id)
+        return _with(base, outcome="moved" if moved else "not moved in time",
+                     replicas_moved=tuple(lost + gangs),
+                     gangs_moved=tuple(sorted({f"{g['app']}/{g['replica_id']}" for g in gangs})),
+                     move_s=time.monotonic() - started)
+
+    def _kill_ranks(self, ranks, node_id: str) -> None:
+        """The rank actors on the node: killed, so their gangs are replaced as wholes."""
+        for a in ranks:
+            if a.get("node_id") != node_id or a.get("state") != "ALIVE":
+                continue
+            try:
+                self.ray.kill(self.ray.get_actor(a["name"], namespace=a.get("ray_namespace")))
+            except Exception as exc:   # gone already
+                log.info("rank actor %s: %s", a.get("name"), exc)
+
+    def _wait_moved(self, node_id: str) -> bool:
+        """Until nothing of Serve is left on the node and every app is RUNNING: at most
+        move_wait_s, and at most one read per MOVE_POLL_S of it."""
+        deadline = time.monotonic() + self.policy.move_wait_s
+        for _ in range(int(self.policy.move_wait_s / MOVE_POLL_S) + 1):
+            serve, ranks = self._serve_state()
+            if serve is not None and not replicas_on(serve, node_id) \
+                    and not gang_replicas_on(serve, ranks, node_id) \
+                    and not apps_not_running(serve):
+                return True
+            if time.monotonic() >= deadline:
+                break
+            self.sleep(MOVE_POLL_S)
+        return False
+
+    def write(self) -> None:
+        write_atomic(self.path, actions_document(self.records, self.cordoned, self.clock(),
+                                                 self.policy.max_records))
+
+
+def _with(r: ActionRecord, **changes: Any) -> ActionRecord:
+    return dataclasses.replace(r, **changes)
+
+
+def actions_path(readings_path: str) -> str:
+    return os.path.join(os.path.dirname(readings_path), ACTIONS_FILE)
+
