@@ -172,6 +172,17 @@ def test_a_refused_bastion_is_named_refused_in_exec(tmp_path):
     assert "16 nodes behind it not run: rb-[01-16]" in " ".join(human.stdout.split())
 
 
+def test_up_on_a_few_nodes_behind_a_refused_bastion_prints_the_cause_once(tmp_path):
+    """`up` reports its preflight as `preflight` does: a grid while it fits, but the nodes behind
+    a dead jump host folded into one line, at any node count (a 4-node grid repeated it 19 x 4)."""
+    inv = _behind(tmp_path, closed_port(), n=4)
+    proc = _cli(inv, tmp_path, "up", "--yes")
+    assert proc.returncode == 2, proc.stderr
+    words = " ".join(proc.stdout.split())
+    assert words.count("jump host") == 1, proc.stdout
+    assert "4 nodes behind it not checked: rb-[01-04]" in words
+
+
 @pytest.mark.parametrize("command", [["exec"], ["preflight"]])
 def test_timeout_bounds_each_nodes_whole_time_the_jump_host_included(silent_bastion, tmp_path,
                                                                        command):

@@ -14,7 +14,7 @@ from cluster.commands._common import (add_changing, add_json, add_serial, float_
 from cluster.base.errors import UsageError
 from cluster.report.fold import Row, compress, fold, shape
 from cluster.ray.ray_cluster import RayActionPlan, StepResult
-from cluster.report.render import (GRID_MAX_NODES, folded_table, id_column, report_table,
+from cluster.report.render import (GRID_MAX_NODES, folded_table, id_column,
                                    status_text, text_column, to_json)
 from playbooks import ray_up
 
@@ -159,11 +159,8 @@ def steps_table(steps: tuple[StepResult, ...], title: str,
 
 def _print(outcome: ray_up.UpOutcome, dry_run: bool, scrub: Callable[[str], str]) -> None:
     if outcome.preflight is not None and outcome.preflight.exit_code >= 1:
-        if len({r.node for r in outcome.preflight.results if r.node}) > GRID_MAX_NODES:
-            from cluster.commands.preflight import render as render_preflight
-            render_preflight(outcome.preflight)
-        else:
-            stdout.print(report_table(outcome.preflight, title="preflight"))
+        from cluster.commands.preflight import render as render_preflight   # grid or folded,
+        render_preflight(outcome.preflight)        # a dead jump host's nodes on one line
     if outcome.preflight_error:
         stdout.print(f"[bold red]preflight:[/bold red] {outcome.preflight_error}")
     plan = outcome.plan
