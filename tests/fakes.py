@@ -1,13 +1,13 @@
-"""Shared stand-ins for the unit tests: command results, a recording session, a clock, and the
+"""Shared stand-ins for the unit tests: command results, the fake nodes (FakeRunner), a clock, and the
 probe outputs / NodeContext a preflight check is judged on.
 
     result("gpu02", stdout="...")             a CommandResult as cluster/nodes/remote.py makes one
-    RecordingSession()                        answers every run() with success and records it
-    ScriptedSession({"node1": [r1, r2]})      answers run() from per-node lists
-                                              (and exchange() from Exchanges: exchange_of)
+    FakeRunner({"node1": [r1, r2]}).session(inventory)
+                                              the one fake of the nodes: a Runner inside a real
+                                              Session; answers per node (scripts, one canned
+                                              answer, or respond(sent)), records every Sent
     exchange_of("n1", (t0, "line", t1), ...)  the replies a conversation with a command gave
-    CannedSession(r, inventory)               one canned answer (or one per node), with fan_out
-    UnusableSession()                         any use fails the test
+    preflight_answers()                       a FakeRunner's respond: what a preflight is told
     FakeClock()                               clock() and clock.sleep(s) without waiting
     ProgressLines()                           a playbook's on_event: the typed events' lines
     probe_output("ibstat", fixture_text("ibstat", "108-...txt"))
@@ -208,100 +208,6 @@ class FakeRunner:
 
     def close(self) -> None:
         pass
-
-
-class RecordingSession:
-    """Answers every command with success and records (time, node, command): no network.
-
-    `fail_on`: a command containing this text fails on the head; `worker_delay`: seconds a
-    worker's command takes. `stdins` records (node, stdin) per call.
-    """
-
-    def __init__(self, fail_on: str | None = None, worker_delay: float = 0.0):
-        self.calls: list[tuple[float, str, str]] = []
-        self.stdins: list[tuple[str, Any]] = []
-        self._lock = threading.Lock()
-        self.fail_on = fail_on
-        self.worker_delay = worker_delay
-
-    def run(self, node, command, timeout=None, stdin=None):
-        with self._lock:
-            self.calls.append((time.monotonic(), node.name, command))
-            self.stdins.append((node.name, stdin))
-        if not node.is_head and self.worker_delay:
-            time.sleep(self.worker_delay)
-        failed = self.fail_on is not None and self.fail_on in command and node.is_head
-        return CommandResult(node.name, command, 1 if failed else 0, "", "boom" if failed else "",
-                             0.0, "failed" if failed else "ok")
-
-    def fan_out(self, nodes, command, timeout=None, on_result=None, stdin=None):
-        """Session.fan_out's contract, node by node: results in node order."""
-        results = []
-        for node in nodes:
-            res = self.run(node, command(node) if callable(command) else command, timeout, stdin)
-            if on_result is not None:
-                on_result(res)
-            results.append(res)
-        return tuple(results)
-
-
-class ScriptedSession:
-    """Answers run() per node from a list of CommandResults (the last repeats).
-
-    Records (node name, command) in `calls`. `max_parallel` is what Session has.
-    """
-
-    max_parallel = 4
-
-    def __init__(self, answers: Mapping[str, Iterable[CommandResult]]):
-        self.answers = {node: list(results) for node, results in answers.items()}
-        self.calls: list[tuple[str, str]] = []
-        self._lock = threading.Lock()
-
-    def run(self, node, command, timeout=None, stdin=None):
-        with self._lock:
-            self.calls.append((node.name, command))
-            queue = self.answers[node.name]
-            return queue.pop(0) if len(queue) > 1 else queue[0]
-
-    def exchange(self, node, command, asks, enough, timeout=None):
-        """The node's next answer: an Exchange (exchange_of), cut as Session.exchange would; a
-        CommandResult stands for a command that gave no reply."""
-        got = self.run(node, command, timeout)
-        return answered(got if isinstance(got, Exchange) else Exchange((), got), asks, enough)
-
-
-class CannedSession:
-    """Answers every command with a canned CommandResult (one, or one per node name), re-labelled
-    with the asking node; records (node, command, stdin); `inventory` is the session's own."""
-
-    def __init__(self, result: CommandResult | dict, inventory: Inventory | None = None):
-        self.inventory = inventory
-        self.answers = result
-        self.calls: list[tuple[str, str, str | None]] = []
-
-    def _answer(self, node):
-        got = self.answers[node.name] if isinstance(self.answers, dict) else self.answers
-        return CommandResult(node.name, got.command, got.exit_code, got.stdout, got.stderr,
-                             got.duration_s, got.status, got.error)
-
-    def run(self, node, command, timeout=None, stdin=None):
-        self.calls.append((node.name, command, stdin))
-        return self._answer(node)
-
-    def fan_out(self, nodes, command, timeout=None, stdin=None):
-        out = []
-        for node in nodes:
-            self.calls.append((node.name, command(node) if callable(command) else command, stdin))
-            out.append(self._answer(node))
-        return tuple(out)
-
-
-class UnusableSession:
-    """A session that must not be used: any call is a test failure."""
-
-    def __getattr__(self, name):
-        raise AssertionError(f"the session was used ({name}) though the facts were handed in")
 
 
 class ProgressLines(list):
