@@ -30,6 +30,7 @@ from cluster.serving.compile_cache import CacheDir
 from cluster.nodes.inventory import Inventory, Node
 from cluster.remedy.model_relay import NodeResult
 from cluster.remedy.model_sync import Manifest, still_different
+from cluster.nodes.remote import Session
 from playbooks.relay import manifests, run_relay
 
 _MIB = 1 << 20
@@ -42,7 +43,7 @@ def root_of(node: Node, spec_env: Mapping[str, str], seen_root: str) -> str | No
     return compile_cache.node_root(spec_env.get(key) or node.env.get(key), seen_root)
 
 
-def stage(inv: Inventory, session, dirs: Sequence[CacheDir], nodes: Sequence[Node],
+def stage(inv: Inventory, session: Session, dirs: Sequence[CacheDir], nodes: Sequence[Node],
           spec_env: Mapping[str, str], local_root: bool,
           say: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """Stage each directory's union to every node; the deploy record's part for one stage:
@@ -72,7 +73,7 @@ def stage(inv: Inventory, session, dirs: Sequence[CacheDir], nodes: Sequence[Nod
             "seconds": round(time.monotonic() - start, 3)}
 
 
-def _stage_dir(inv, session, d: CacheDir, nodes: Sequence[Node], dir_of: Mapping[str, str],
+def _stage_dir(inv, session: Session, d: CacheDir, nodes: Sequence[Node], dir_of: Mapping[str, str],
                local_root: bool, say, conflicts: list[str]) -> list[NodeResult]:
     """One directory: manifests everywhere, one relay per contributing node, verified."""
     by_name = {n.name: n for n in nodes}
@@ -161,7 +162,7 @@ def previous_dirs(run_root: str, app: str) -> tuple[CacheDir, ...]:
     return ()
 
 
-def before_start(inv: Inventory, session, spec, nodes: Sequence[Node], local_root: bool,
+def before_start(inv: Inventory, session: Session, spec, nodes: Sequence[Node], local_root: bool,
                  say: Callable[[str], None]) -> dict[str, Any]:
     """The deploy record's `compile_cache`, with the stage of this app's known directories."""
     dirs = previous_dirs(inv.run_dir, spec.name)
@@ -177,7 +178,7 @@ def before_start(inv: Inventory, session, spec, nodes: Sequence[Node], local_roo
     return doc
 
 
-def after_start(inv: Inventory, session, spec, nodes: Sequence[Node],
+def after_start(inv: Inventory, session: Session, spec, nodes: Sequence[Node],
                 replicas: Sequence[dict], doc: dict[str, Any],
                 logs: Mapping[str, Sequence[str]], local_root: bool,
                 say: Callable[[str], None]) -> list[str]:

@@ -19,7 +19,7 @@ from cluster.inspection.facts import gather as gather_facts
 from cluster.nodes.inventory import Inventory
 from cluster.ray.ray_cluster import CHANGED, FAILED
 from cluster.ray.ray_state import GcsNode, RayState, node_for_ip, query_state
-from cluster.nodes.remote import CommandResult
+from cluster.nodes.remote import CommandResult, Session
 from cluster.ray.rollout import (DEFAULT_DRAIN_DEADLINE_S, DEFAULT_MOVE_WAIT_S, DRAIN_TIMEOUT_S,
                              Capacity, app_demands, apps_not_running, capacity_without,
                              drain_command, remaining_nodes, replicas_lost_with, worker)
@@ -73,20 +73,20 @@ class DrainOptions(WorkerOptions):
     deadline_s: int = DEFAULT_DRAIN_DEADLINE_S
 
 
-def run(inventory: Inventory, session, options: DrainOptions, confirm: Confirm,
+def run(inventory: Inventory, session: Session, options: DrainOptions, confirm: Confirm,
         on_event: OnEvent = ignore) -> RolloutOutcome:
     return drain(session, inventory, options.node, dry_run=options.dry_run, confirm=confirm,
                  wait_s=options.wait_s, deadline_s=options.deadline_s,
                  on_event=lines_to(on_event))
 
 
-def ray_view(session, inventory: Inventory) -> RayState:
+def ray_view(session: Session, inventory: Inventory) -> RayState:
     """The head's view of Ray with Serve's details (read-only)."""
     state, _ = query_state(session, inventory, include_serve=True)
     return state
 
 
-def locate(session, inventory: Inventory, name: str, out: RolloutOutcome
+def locate(session: Session, inventory: Inventory, name: str, out: RolloutOutcome
            ) -> tuple[RayState, GcsNode] | None:
     """The head's view and the node's alive entry, or None (out says why, exit 2)."""
     node = worker(inventory, name)
@@ -103,7 +103,7 @@ def locate(session, inventory: Inventory, name: str, out: RolloutOutcome
     return state, entry
 
 
-def wait_moved(session, inventory: Inventory, node_id: str, wait_s: float,
+def wait_moved(session: Session, inventory: Inventory, node_id: str, wait_s: float,
                on_event: Event, poll_s: float = 3.0) -> tuple[bool, list[dict], RayState]:
     """Poll until no Serve replica is on the node and every app is RUNNING (at most wait_s)."""
     last = [""]
@@ -127,7 +127,8 @@ def wait_moved(session, inventory: Inventory, node_id: str, wait_s: float,
     return got.done, left, state
 
 
-def drain(session, inventory: Inventory, name: str, *, dry_run: bool, confirm: Callable[[str], bool],
+def drain(session: Session, inventory: Inventory, name: str, *, dry_run: bool,
+          confirm: Callable[[str], bool],
           wait_s: float = DEFAULT_MOVE_WAIT_S, deadline_s: int = DEFAULT_DRAIN_DEADLINE_S,
           on_event: Event = lambda _: None, command: str = "drain",
           check_capacity: bool = True) -> RolloutOutcome:

@@ -72,7 +72,7 @@ def copy_models(inventory: Inventory, session: Session, steps: Sequence[Step], u
     return out
 
 
-def _copy_from(inventory, session, source: Node, targets: Mapping[str, Node], undo,
+def _copy_from(inventory, session: Session, source: Node, targets: Mapping[str, Node], undo,
                local_root: bool, on_event, dir_of: DirOf) -> list[ModelOutcome]:
     on_event(f"model: manifests on {source.name} and {len(targets)} node(s)")
     found = manifests(inventory, session, [source, *targets.values()], local_root, dir_of)

@@ -38,6 +38,7 @@ from cluster.remedy.model_relay import NodeResult, RelaySettings, RelayShape, fe
     relay_shape
 from cluster.remedy.model_sync import CopyPlan, Manifest, copy_plan, still_different
 from cluster.node_programs import run_call
+from cluster.nodes.remote import Session
 from playbooks.outcome import Confirm, OnEvent, Outcome, ignore, lines_to, never_confirm
 from playbooks.relay import Feed, RelayReport, manifests, run_relay
 
@@ -142,7 +143,7 @@ class PullOutcome(Outcome):
                 "seconds": round(self.seconds, 3), "bytes": self.bytes, "notes": self.notes}
 
 
-def run(inventory: Inventory, session, options: PullOptions, confirm: Confirm = never_confirm,
+def run(inventory: Inventory, session: Session, options: PullOptions, confirm: Confirm = never_confirm,
         on_event: OnEvent = ignore) -> PullOutcome:
     """The whole pull; raises UsageError/RemoteError for what stops it before the relay.
     Nothing is asked (confirm is not called): the pull only adds or replaces the model's
@@ -219,7 +220,8 @@ def _planned(outcome: PullOutcome, plans: dict, busy: list, start: float) -> Pul
     return outcome
 
 
-def _relay_and_verify(inventory: Inventory, session, outcome: PullOutcome, source, ref: Manifest,
+def _relay_and_verify(inventory: Inventory, session: Session, outcome: PullOutcome, source,
+                      ref: Manifest,
                       plans: dict, busy: list, targets: dict, local_root: bool, dir_of,
                       say: Callable[[str], None], start: float) -> PullOutcome:
     """The relay to the busy targets, then a second manifest on each: its verdict."""
@@ -240,7 +242,7 @@ def _relay_and_verify(inventory: Inventory, session, outcome: PullOutcome, sourc
 LAPTOP = "laptop"
 
 
-def _pull_local(inventory: Inventory, session, options: PullOptions, source: Source,
+def _pull_local(inventory: Inventory, session: Session, options: PullOptions, source: Source,
                 chosen: list, outcome: PullOutcome, settings: RelaySettings, local_root: bool,
                 say: Callable[[str], None], start: float) -> PullOutcome:
     """A directory on the laptop: its manifest here, the laptop's server fed to the first
@@ -317,7 +319,7 @@ def hub_endpoint(node: Node, allow_http: bool) -> str | None:
     return endpoint
 
 
-def hub_download(inventory: Inventory, session, node: Node, repo: str, options: PullOptions,
+def hub_download(inventory: Inventory, session: Session, node: Node, repo: str, options: PullOptions,
                  path: str, local_root: bool) -> dict:
     """snapshot_download of `repo` into `path` on `node` (node_programs/hf_pull.py, as the SSH
     user, never root: it imports the node's huggingface_hub): the node's HF_TOKEN (inventory

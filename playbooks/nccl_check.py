@@ -25,6 +25,7 @@ from cluster.base.bounds import bound
 from cluster.nodes.inventory import Inventory, Node
 from cluster.ray.nccl_check import CheckOptions, JobOutcome, NcclCheckResult
 from cluster.node_programs import run_call
+from cluster.nodes.remote import Session
 from playbooks.outcome import Confirm, OnEvent, Outcome, ignore, lines_to, never_confirm
 
 
@@ -51,7 +52,7 @@ class NcclOutcome(Outcome):
         return self.result.to_dict()
 
 
-def ib_facts(inventory: Inventory, session, nodes: Sequence[Node]) -> dict[str, Any]:
+def ib_facts(inventory: Inventory, session: Session, nodes: Sequence[Node]) -> dict[str, Any]:
     """{"nodes": {node: the infiniband check's facts (ib_ports)}}, judged on the facts layer's
     gather (one round trip per node), in a preflight report's shape."""
     from cluster.inspection.checks.node import NODE_CHECKS
@@ -71,7 +72,7 @@ def announce(options: NcclOptions, inventory: Inventory) -> str:
             f"node(s) as a Ray job on {inventory.head.name} (timeout {c.timeout_s:g} s)")
 
 
-def run(inventory: Inventory, session, options: NcclOptions, confirm: Confirm = never_confirm,
+def run(inventory: Inventory, session: Session, options: NcclOptions, confirm: Confirm = never_confirm,
         on_event: OnEvent = ignore) -> NcclOutcome:
     """Submit the job on the head, wait for it, judge it (read-only: confirm is never asked)."""
     from cluster.nodes.endpoints import dashboard_url
@@ -120,7 +121,7 @@ class ProofOutcome(Outcome):
         return {"fabric_proof": self.proof.to_dict()}
 
 
-def run_proof(inventory: Inventory, session, options: ProofOptions,
+def run_proof(inventory: Inventory, session: Session, options: ProofOptions,
               confirm: Confirm = never_confirm, on_event: OnEvent = ignore) -> ProofOutcome:
     """Submit the layout's groups as one nccl-check job on the head, wait, judge each group
     (read-only: confirm is never asked)."""

@@ -15,7 +15,7 @@ from cluster.ray.prometheus_head import (ACTION, KEEP, PROBE_TIMEOUT_S, READY_WA
                                      START_TIMEOUT_S, STOP_TIMEOUT_S, dashboards_call, parse_doc,
                                      parse_probe, plan, probe_call, stop_call)
 from cluster.ray.ray_cluster import CHANGED, FAILED, OK, UNREACHABLE, StepResult
-from cluster.nodes.remote import CommandResult
+from cluster.nodes.remote import CommandResult, Session
 
 
 Event = Callable[[str], None]
@@ -32,7 +32,7 @@ def _why(result: CommandResult) -> str:
     return f"{result.status} (exit {result.exit_code}): " + " | ".join(out[-3:])
 
 
-def up(session, inventory: Inventory, on_event: Event = lambda _: None) -> StepResult:
+def up(session: Session, inventory: Inventory, on_event: Event = lambda _: None) -> StepResult:
     """Probe the head, plan, run the plan, verify: one StepResult (ok/changed/failed)."""
     head = inventory.head
     on_event("checking Prometheus on the head")
@@ -64,7 +64,7 @@ def up(session, inventory: Inventory, on_event: Event = lambda _: None) -> StepR
                       f"{action.reason}: pid {started.get('pid')}, ready", tuple(results))
 
 
-def down(session, inventory: Inventory, on_event: Event = lambda _: None) -> StepResult:
+def down(session: Session, inventory: Inventory, on_event: Event = lambda _: None) -> StepResult:
     """Stop our Prometheus on the head (ok when none runs)."""
     head = inventory.head
     on_event("stopping Prometheus on the head")
@@ -79,7 +79,7 @@ def down(session, inventory: Inventory, on_event: Event = lambda _: None) -> Ste
                                                   f"stopped{how}", (r,))
 
 
-def dashboards(session, inventory: Inventory) -> tuple[dict[str, str], str | None]:
+def dashboards(session: Session, inventory: Inventory) -> tuple[dict[str, str], str | None]:
     """({file name: JSON text}, error): Ray's generated Grafana dashboards on the head."""
     r = run_call(session, inventory.head, dashboards_call(inventory), timeout=60)
     doc = parse_doc(r)

@@ -19,6 +19,7 @@ from cluster.ray.ray_cluster import CHANGED, FAILED
 from playbooks.outcome import Confirm, OnEvent, ignore, lines_to
 from playbooks.ray_up import RayOutcome, gated
 from cluster.base.waits import poll
+from cluster.nodes.remote import Session
 
 
 VERIFY_ATTEMPTS = 4
@@ -45,7 +46,7 @@ class DownOutcome(RayOutcome):
                 "prometheus": self.prometheus.to_dict() if self.prometheus else None}
 
 
-def run(inventory: Inventory, session, options: DownOptions, confirm: Confirm,
+def run(inventory: Inventory, session: Session, options: DownOptions, confirm: Confirm,
         on_event: OnEvent = ignore) -> DownOutcome:
     out, say = DownOutcome(), lines_to(on_event)
     say("gathering facts")

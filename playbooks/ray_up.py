@@ -24,6 +24,7 @@ from cluster.ray.ray_cluster import (CHANGED, FAILED, SKIPPED, UNREACHABLE, Node
                                  RayActionPlan, StepResult, WaitResult)
 from cluster.ray.ray_state import RayState, cluster_status, query_state
 from cluster.base.results import Report
+from cluster.nodes.remote import Session
 from playbooks.outcome import Confirm, OnEvent, Outcome, ignore, lines_to, step_exit_code
 
 if TYPE_CHECKING:
@@ -111,7 +112,7 @@ class UpOutcome(RayOutcome):
         }
 
 
-def gather_facts(session, inventory: Inventory, with_preflight: bool
+def gather_facts(session: Session, inventory: Inventory, with_preflight: bool
                  ) -> tuple[dict[str, NodeFacts], Listeners | None]:
     """The run's facts, once: with the preflight's probes and its reachability listeners
     (started in the gather: no listen command) unless the preflight is skipped."""
@@ -123,7 +124,7 @@ def gather_facts(session, inventory: Inventory, with_preflight: bool
     return gather_with_listeners(inventory, session, list(inventory.nodes))
 
 
-def run_preflight(inventory: Inventory, session, facts: Mapping[str, NodeFacts],
+def run_preflight(inventory: Inventory, session: Session, facts: Mapping[str, NodeFacts],
                   listeners: Listeners | None = None) -> Report:
     """The preflight's verdicts on the run's facts (plus its cross-node and reachability steps,
     which stop what is left of the listeners the gather started)."""
@@ -133,7 +134,8 @@ def run_preflight(inventory: Inventory, session, facts: Mapping[str, NodeFacts],
         facts=facts, listeners=listeners)).report
 
 
-def head_view(session, inventory: Inventory, facts: Mapping[str, NodeFacts]) -> RayState | None:
+def head_view(session: Session, inventory: Inventory,
+              facts: Mapping[str, NodeFacts]) -> RayState | None:
     """The head's GCS view, when a GCS runs on the head (None otherwise: nothing to ask)."""
     hf = facts.get(inventory.head.name)
     if hf is None or not hf.usable or hf.gcs_port is None:
@@ -142,7 +144,7 @@ def head_view(session, inventory: Inventory, facts: Mapping[str, NodeFacts]) -> 
     return state
 
 
-def run(inventory: Inventory, session, options: UpOptions, confirm: Confirm,
+def run(inventory: Inventory, session: Session, options: UpOptions, confirm: Confirm,
         on_event: OnEvent = ignore) -> UpOutcome:
     out, say = UpOutcome(), lines_to(on_event)
 
@@ -216,7 +218,8 @@ def run(inventory: Inventory, session, options: UpOptions, confirm: Confirm,
     return out
 
 
-def _metrics(out: UpOutcome, session, inventory: Inventory, say: Callable[[str], None]) -> None:
+def _metrics(out: UpOutcome, session: Session, inventory: Inventory,
+             say: Callable[[str], None]) -> None:
     """The head's Prometheus (kept, started or restarted), then Ray's Grafana dashboards."""
     from playbooks import prometheus_head
 

@@ -154,7 +154,7 @@ def relay_lifetime(total_bytes: int) -> int:
 
 
 class _Relay:
-    def __init__(self, inventory: Inventory, session, local_root: bool, dir_of: DirOf,
+    def __init__(self, inventory: Inventory, session: Session, local_root: bool, dir_of: DirOf,
                  token: str | None = None):
         self.inventory, self.session, self.local_root = inventory, session, local_root
         self.dir_of = dir_of
@@ -227,7 +227,7 @@ def _poll_status(relay: _Relay, m: _Member, done: list, lifetime: int) -> None:
     poll(probe, lambda _: bool(done), timeout_s=lifetime + SILENT_FAIL_S, interval_s=POLL_S)
 
 
-def run_relay(inventory: Inventory, session, source: Node | Feed, reference: Manifest,
+def run_relay(inventory: Inventory, session: Session, source: Node | Feed, reference: Manifest,
               plans: Mapping[str, CopyPlan], targets: Mapping[str, Node], local_root: bool,
               dir_of: DirOf, on_event: Callable[[str], None] = lambda line: None
               ) -> RelayReport:

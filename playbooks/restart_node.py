@@ -19,6 +19,7 @@ from cluster.nodes.inventory import Inventory
 from cluster.ray.ray_cluster import CHANGED, FAILED, KEEP, NodeAction, RayActionPlan
 from cluster.ray.ray_state import node_for_ip
 from cluster.ray.rollout import DEFAULT_MOVE_WAIT_S, apps_not_running, worker
+from cluster.nodes.remote import Session
 from playbooks.drain import RolloutOutcome, WorkerOptions, drain, ray_view
 from playbooks.outcome import Confirm, OnEvent, ignore, lines_to
 
@@ -31,14 +32,14 @@ class RestartOptions(WorkerOptions):
     join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S
 
 
-def run(inventory: Inventory, session, options: RestartOptions, confirm: Confirm,
+def run(inventory: Inventory, session: Session, options: RestartOptions, confirm: Confirm,
         on_event: OnEvent = ignore) -> RolloutOutcome:
     return restart_node(session, inventory, options.node, dry_run=options.dry_run,
                         confirm=confirm, wait_s=options.wait_s,
                         join_timeout_s=options.join_timeout_s, on_event=lines_to(on_event))
 
 
-def restart_node(session, inventory: Inventory, name: str, *, dry_run: bool,
+def restart_node(session: Session, inventory: Inventory, name: str, *, dry_run: bool,
                  confirm: Callable[[str], bool], wait_s: float = DEFAULT_MOVE_WAIT_S,
                  join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S, on_event: Event = lambda _: None,
                  command: str = "restart-node", out: RolloutOutcome | None = None

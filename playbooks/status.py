@@ -19,6 +19,7 @@ from cluster.ray.health_job import HealthStatus, read_health
 from cluster.nodes.inventory import Inventory
 from cluster.ray.prometheus_head import metrics_doc
 from cluster.ray.ray_state import cluster_status, query_state, status_exit_code
+from cluster.nodes.remote import Session
 from playbooks.outcome import (EXIT_FAIL, EXIT_OK, EXIT_WARN, Confirm, OnEvent, Outcome,
                                ignore, never_confirm)
 
@@ -41,7 +42,7 @@ class StatusOutcome(Outcome):
         return dict(self.doc)
 
 
-def run(inventory: Inventory, session, options: StatusOptions = StatusOptions(),
+def run(inventory: Inventory, session: Session, options: StatusOptions = StatusOptions(),
         confirm: Confirm = never_confirm, on_event: OnEvent = ignore) -> StatusOutcome:
     """Read-only: confirm is never asked."""
     state, result = query_state(session, inventory, include_serve=True)
@@ -83,7 +84,7 @@ def attach_transport(doc: dict, inv: Inventory) -> None:
         apps[name]["engine_transport"] = found
 
 
-def sample_serving(session, inv: Inventory, state, window_s: float | None) -> dict:
+def sample_serving(session: Session, inv: Inventory, state, window_s: float | None) -> dict:
     """{app: ServingHealth} for the apps with a running replica ({} when none)."""
     from cluster.serving.serving_health import load_thresholds, sample_serving as sample
 

@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping
 
 from cluster.base.errors import UsageError
 from cluster.nodes.inventory import Inventory
+from cluster.nodes.remote import Session
 from playbooks.outcome import Confirm, DocOutcome, OnEvent, ignore, lines_to
 from cluster.serving.tune import (DEPLOY_FAILED, OK, Applied, DeployedApp, TunePoint, TuneResult,
                           TuneSettings, fmt_value, config_with, engine_kwargs_of, point_from_level,
@@ -64,7 +65,7 @@ def confirm_question(settings: TuneSettings) -> str:
             f"the endpoint is down while vLLM starts). Go on?")
 
 
-def run(inventory: Inventory, session, options: TuneOptions, confirm: Confirm,
+def run(inventory: Inventory, session: Session, options: TuneOptions, confirm: Confirm,
         on_event: OnEvent = ignore, *, on_secret: Callable[[str], None] = lambda _: None,
         environ: Mapping[str, str] | None = None, out: TuneOutcome | None = None,
         client=None, bench: Callable[..., Any] | None = None) -> TuneOutcome:

@@ -17,6 +17,7 @@ from cluster.base.results import Status
 from cluster.nodes.inventory import Inventory
 from cluster.ray.ray_cluster import FAILED
 from cluster.ray.rollout import worker
+from cluster.nodes.remote import Session
 from playbooks.drain import RolloutOutcome
 from playbooks.outcome import Confirm, OnEvent, ignore, lines_to
 from playbooks.preflight import run_preflight
@@ -30,7 +31,7 @@ class UncordonOptions(RestartOptions):
     pass
 
 
-def run(inventory: Inventory, session, options: UncordonOptions, confirm: Confirm,
+def run(inventory: Inventory, session: Session, options: UncordonOptions, confirm: Confirm,
         on_event: OnEvent = ignore) -> RolloutOutcome:
     node = worker(inventory, options.node)
     lines = lines_to(on_event)

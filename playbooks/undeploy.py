@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from cluster.serving import deploy
 from cluster.nodes.inventory import Inventory
+from cluster.nodes.remote import Session
 from playbooks.outcome import Confirm, DocOutcome, OnEvent, ignore, lines_to
 from playbooks.serve_wait import wait_until_gone
 
@@ -36,7 +37,7 @@ class UndeployOutcome(DocOutcome):
                     "dry_run": options.dry_run})
 
 
-def run(inventory: Inventory, session, options: UndeployOptions, confirm: Confirm,
+def run(inventory: Inventory, session: Session, options: UndeployOptions, confirm: Confirm,
         on_event: OnEvent = ignore, *, out: UndeployOutcome | None = None,
         client=None) -> UndeployOutcome:
     """Fills `out` (given by a caller that records a partial outcome on an error) and returns

@@ -5,10 +5,11 @@ a rack-scale preflight, without a rack).
 
 The CLI runs for real (inventory, run record, Session and its threads, hooks, report, JSON);
 only the SSH runner is replaced: every node answers from the measured tree's own
-tests/fakes.FakeClusterSession (so each tree is asked in its own protocol; real
-captured tool outputs, the node-facts document, reach.py's answers), so what is measured is the
-client's own Python work (parsing, checks, cross-node checks, reachability planning, the run
-record, JSON) - not paramiko's crypto or the network. Each (tree, size) runs in a fresh
+tests/fakes.py (FakeRunner with preflight_answers, or an older tree's FakeClusterSession: so
+each tree is asked in its own protocol; real captured tool outputs, the node-facts document,
+reach.py's answers), so what is measured is the client's own Python work (parsing, checks,
+cross-node checks, reachability planning, the run record, JSON) - not paramiko's crypto or the
+network. Each (tree, size) runs in a fresh
 interpreter, alternating trees, `--rounds` times; medians and current/baseline ratios printed.
 
     .venv/bin/python scripts/bench_preflight_client.py [--sizes 3,127,255] [--baseline REV]
@@ -33,24 +34,28 @@ ROOT = Path(__file__).resolve().parent.parent
 CHILD = r'''
 import contextlib, io, json, sys, tempfile, time
 sys.path.insert(0, sys.argv[1])
-from fakes import FakeClusterSession, fake_inventory
+import fakes
 import cluster.nodes.remote as remote
 n, profile = int(sys.argv[2]), sys.argv[3] == "1"
-fake = FakeClusterSession(fake_inventory(n))
+if hasattr(fakes, "preflight_answers"):     # the tree's one fake of the nodes: a Runner
+    runner = fakes.FakeRunner(respond=fakes.preflight_answers())
+    remote.SSHRunner = lambda ssh: runner
+else:                                       # a baseline tree from before FakeRunner
+    fake = fakes.FakeClusterSession(fakes.fake_inventory(n))
 
-class FakeRunner:
-    def __init__(self, ssh):
-        pass
-    def run(self, node, command, timeout, stdin=None):
-        return fake.run(node, command)
-    def exchange(self, node, command, asks, enough, timeout, after=None):
-        # (a baseline tree older than the gather's clock conversation never passes `after`)
-        return fake.exchange(node, command, asks, enough, timeout,
-                             **({} if after is None else {"after": after}))
-    def close(self):
-        pass
+    class FakeRunner:
+        def __init__(self, ssh):
+            pass
+        def run(self, node, command, timeout, stdin=None):
+            return fake.run(node, command)
+        def exchange(self, node, command, asks, enough, timeout, after=None):
+            # (a baseline tree older than the gather's clock conversation never passes `after`)
+            return fake.exchange(node, command, asks, enough, timeout,
+                                 **({} if after is None else {"after": after}))
+        def close(self):
+            pass
 
-remote.SSHRunner = FakeRunner
+    remote.SSHRunner = FakeRunner
 from cluster import cli
 d = tempfile.mkdtemp(prefix="bench-client-")
 lines = ["nodes:"] + [f"  - {{name: n{i}, address: 198.18.{i // 250}.{i % 250 + 1}"

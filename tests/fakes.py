@@ -1,13 +1,13 @@
-"""Shared stand-ins for the unit tests: command results, a recording session, a clock, and the
+"""Shared stand-ins for the unit tests: command results, the fake nodes (FakeRunner), a clock, and the
 probe outputs / NodeContext a preflight check is judged on.
 
     result("gpu02", stdout="...")             a CommandResult as cluster/nodes/remote.py makes one
-    RecordingSession()                        answers every run() with success and records it
-    ScriptedSession({"node1": [r1, r2]})      answers run() from per-node lists
-                                              (and exchange() from Exchanges: exchange_of)
+    FakeRunner({"node1": [r1, r2]}).session(inventory)
+                                              the one fake of the nodes: a Runner inside a real
+                                              Session; answers per node (scripts, one canned
+                                              answer, or respond(sent)), records every Sent
     exchange_of("n1", (t0, "line", t1), ...)  the replies a conversation with a command gave
-    CannedSession(r, inventory)               one canned answer (or one per node), with fan_out
-    UnusableSession()                         any use fails the test
+    preflight_answers()                       a FakeRunner's respond: what a preflight is told
     FakeClock()                               clock() and clock.sleep(s) without waiting
     ProgressLines()                           a playbook's on_event: the typed events' lines
     probe_output("ibstat", fixture_text("ibstat", "108-...txt"))
@@ -39,7 +39,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -52,7 +52,8 @@ from cluster.planning.modelinfo import load_model_info
 from cluster.planning.planner import ClusterFacts, PlanOptions, make_plan
 from cluster.inspection.probes import ProbeOutput
 from cluster.nodes.channel_run import Reply
-from cluster.nodes.remote import CommandResult, Exchange
+from cluster.base.errors import CommandTimeout, ConnectError
+from cluster.nodes.remote import CommandResult, Exchange, Session
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -105,98 +106,108 @@ def answered(got: Exchange, asks: int, enough) -> Exchange:
     return Exchange(tuple(kept), got.result)
 
 
-class RecordingSession:
-    """Answers every command with success and records (time, node, command): no network.
+@dataclass(frozen=True)
+class Sent:
+    """One command the fake nodes got: the node's name, the command, its stdin, the timeout the
+    Session gave it, when it arrived (time.monotonic()), and for a conversation
+    (Session.exchange) its asks and `after` line (asks None: a plain run)."""
 
-    `fail_on`: a command containing this text fails on the head; `worker_delay`: seconds a
-    worker's command takes. `stdins` records (node, stdin) per call.
+    node: str
+    command: str
+    stdin: str | None
+    timeout: float
+    at: float
+    asks: int | None = None
+    after: str | None = None
+
+
+def _as_result(answer: Any, sent: Sent) -> CommandResult:
+    """A scripted answer as the runner's CommandResult of this command on this node: a str is
+    its stdout (exit 0); an unreachable/timed-out result is raised as the SSH runner raises it
+    (ConnectError / CommandTimeout), so the real Session builds that result."""
+    if isinstance(answer, str):
+        answer = result(sent.node, answer)
+    if isinstance(answer, BaseException):
+        raise answer
+    if answer.status == "unreachable":
+        raise ConnectError(sent.node, answer.error or "unreachable")
+    if answer.status == "timeout":
+        raise CommandTimeout(sent.node, sent.timeout, sent.command)
+    return replace(answer, node=sent.node, command=sent.command)
+
+
+class FakeRunner:
+    """The tests' one fake of the nodes: cluster/nodes/remote.py's Runner protocol (run,
+    exchange, close) inside a real Session (`runner.session(inventory)`), the way Fabric's and
+    pyinfra's tests fake the connection and not the group: the Session's fan_out (parallel,
+    per-node deadlines), timeouts, hooks and result building run as they do over SSH; only the
+    node's answer is made up. No network, no process.
+
+    A command's answer, the first rule that gives one:
+      respond(sent) -> an answer, or None for the next rule (a Sent: node, command, stdin, ...)
+      answers[node name]: a list taken in order (the last repeats), or one answer for every
+        command; `answers` itself one answer: every node's
+      exit 0 with no output
+    An answer is a CommandResult (re-labelled with the node and the command), a str (stdout,
+    exit 0), an Exchange (exchange_of: a conversation's replies) or an exception the SSH runner
+    raises (ConnectError, CommandTimeout); a result whose status is unreachable/timeout is
+    raised as one. `delay(node)`: seconds a command takes there. Every command is kept, in the
+    order it arrived, in `sent`.
     """
 
-    def __init__(self, fail_on: str | None = None, worker_delay: float = 0.0):
-        self.calls: list[tuple[float, str, str]] = []
-        self.stdins: list[tuple[str, Any]] = []
-        self._lock = threading.Lock()
-        self.fail_on = fail_on
-        self.worker_delay = worker_delay
-
-    def run(self, node, command, timeout=None, stdin=None):
-        with self._lock:
-            self.calls.append((time.monotonic(), node.name, command))
-            self.stdins.append((node.name, stdin))
-        if not node.is_head and self.worker_delay:
-            time.sleep(self.worker_delay)
-        failed = self.fail_on is not None and self.fail_on in command and node.is_head
-        return CommandResult(node.name, command, 1 if failed else 0, "", "boom" if failed else "",
-                             0.0, "failed" if failed else "ok")
-
-    def fan_out(self, nodes, command, timeout=None, on_result=None, stdin=None):
-        """Session.fan_out's contract, node by node: results in node order."""
-        results = []
-        for node in nodes:
-            res = self.run(node, command(node) if callable(command) else command, timeout, stdin)
-            if on_result is not None:
-                on_result(res)
-            results.append(res)
-        return tuple(results)
-
-
-class ScriptedSession:
-    """Answers run() per node from a list of CommandResults (the last repeats).
-
-    Records (node name, command) in `calls`. `max_parallel` is what Session has.
-    """
-
-    max_parallel = 4
-
-    def __init__(self, answers: Mapping[str, Iterable[CommandResult]]):
-        self.answers = {node: list(results) for node, results in answers.items()}
-        self.calls: list[tuple[str, str]] = []
+    def __init__(self, answers: Any = None, respond: Any = None, delay: Any = None):
+        self.answers = {n: list(a) if isinstance(a, (list, tuple)) else [a]
+                        for n, a in answers.items()} if isinstance(answers, Mapping) else answers
+        self.respond = respond
+        self.delay = delay
+        self.sent: list[Sent] = []
         self._lock = threading.Lock()
 
-    def run(self, node, command, timeout=None, stdin=None):
+    def session(self, inventory: Inventory, hooks: Iterable = (),
+                node_time_s: float | None = None) -> Session:
+        """A real Session over these fake nodes."""
+        return Session(inventory, list(hooks), node_time_s, runner=self)
+
+    def commands(self, node: str | None = None) -> list[str]:
+        """The commands sent (to `node`), in the order they arrived."""
+        return [s.command for s in self.sent if node is None or s.node == node]
+
+    def nodes(self) -> list[str]:
+        """The node of each command, in the order they arrived."""
+        return [s.node for s in self.sent]
+
+    def _answer(self, node, sent: Sent) -> Any:
         with self._lock:
-            self.calls.append((node.name, command))
-            queue = self.answers[node.name]
-            return queue.pop(0) if len(queue) > 1 else queue[0]
+            self.sent.append(sent)
+        got = self.respond(sent) if self.respond is not None else None
+        if got is None and isinstance(self.answers, dict) and node.name in self.answers:
+            with self._lock:
+                queue = self.answers[node.name]
+                got = queue.pop(0) if len(queue) > 1 else queue[0]
+        elif got is None and self.answers is not None and not isinstance(self.answers, dict):
+            got = self.answers
+        wait = self.delay(node) if self.delay is not None else 0
+        if wait:
+            time.sleep(wait)
+        return "" if got is None else got
 
-    def exchange(self, node, command, asks, enough, timeout=None):
-        """The node's next answer: an Exchange (exchange_of), cut as Session.exchange would; a
-        CommandResult stands for a command that gave no reply."""
-        got = self.run(node, command, timeout)
-        return answered(got if isinstance(got, Exchange) else Exchange((), got), asks, enough)
+    def run(self, node, command: str, timeout: float, stdin: str | None = None) -> CommandResult:
+        sent = Sent(node.name, command, stdin, timeout, time.monotonic())
+        got = self._answer(node, sent)
+        return _as_result(got.result if isinstance(got, Exchange) else got, sent)
 
+    def exchange(self, node, command: str, asks: int, enough, timeout: float,
+                 after: str | None = None) -> Exchange:
+        """The node's answer as a conversation: an Exchange cut as a real runner cuts it (at most
+        `asks` replies, none past the first that is `enough`); any other answer gave no reply."""
+        sent = Sent(node.name, command, None, timeout, time.monotonic(), asks, after)
+        got = self._answer(node, sent)
+        if not isinstance(got, Exchange):
+            return Exchange((), _as_result(got, sent))
+        return answered(Exchange(got.replies, _as_result(got.result, sent)), asks, enough)
 
-class CannedSession:
-    """Answers every command with a canned CommandResult (one, or one per node name), re-labelled
-    with the asking node; records (node, command, stdin); `inventory` is the session's own."""
-
-    def __init__(self, result: CommandResult | dict, inventory: Inventory | None = None):
-        self.inventory = inventory
-        self.answers = result
-        self.calls: list[tuple[str, str, str | None]] = []
-
-    def _answer(self, node):
-        got = self.answers[node.name] if isinstance(self.answers, dict) else self.answers
-        return CommandResult(node.name, got.command, got.exit_code, got.stdout, got.stderr,
-                             got.duration_s, got.status, got.error)
-
-    def run(self, node, command, timeout=None, stdin=None):
-        self.calls.append((node.name, command, stdin))
-        return self._answer(node)
-
-    def fan_out(self, nodes, command, timeout=None, stdin=None):
-        out = []
-        for node in nodes:
-            self.calls.append((node.name, command(node) if callable(command) else command, stdin))
-            out.append(self._answer(node))
-        return tuple(out)
-
-
-class UnusableSession:
-    """A session that must not be used: any call is a test failure."""
-
-    def __getattr__(self, name):
-        raise AssertionError(f"the session was used ({name}) though the facts were handed in")
+    def close(self) -> None:
+        pass
 
 
 class ProgressLines(list):
@@ -395,89 +406,61 @@ def imports_document(failing: Mapping[str, str] | None = None) -> str:
     return json.dumps({"python": "/usr/bin/python3", "imports": doc}) + "\n"
 
 
-class FakeClusterSession:
-    """Session.run/exchange/fan_out for N fake nodes, answering what a preflight sends: the
-    probe script (each probe's real captured output, NODE_FIXTURES; a probe without one is
-    "command not found"), `date` for the clock samples and cluster/node_programs/reach.py's
-    listen/probe/stop (every connect succeeds). No network; `calls` counts commands."""
+def preflight_answers(fixtures: Mapping[str, tuple[str, str]] = NODE_FIXTURES):
+    """A FakeRunner's `respond` for N fake nodes, answering what a preflight sends: the probe
+    script (each probe's real captured output, NODE_FIXTURES; a probe without one is "command
+    not found"), `date` for the clock samples (this machine's clock; with `after`, the gather's
+    conversation, the probe script's output before it) and cluster/node_programs/reach.py's
+    listen/probe/stop (every connect succeeds)."""
+    texts = {probe: fixture_text(*where) for probe, where in fixtures.items()}
 
-    max_parallel = 16
-
-    def __init__(self, inventory: Inventory,
-                 fixtures: Mapping[str, tuple[str, str]] = NODE_FIXTURES):
-        self.inventory = inventory
-        self.texts = {probe: fixture_text(*where) for probe, where in fixtures.items()}
-        self.calls = 0
-        self._lock = threading.Lock()
-
-    def run(self, node, command, timeout=None, stdin=None):
-        with self._lock:
-            self.calls += 1
-        if "@@cluster-probe@@" in command:
-            return result(node.name, self._probes(node, command), command=command)
-        return result(node.name, self._reach(command), command=command)
-
-    def exchange(self, node, command, asks, enough, timeout=None, after=None):
-        """The clock samples: each ask answered with this machine's clock (`date +%s.%N`);
-        with `after` (the gather's conversation) the command's output before that line too."""
-        assert "date +%s.%N" in command, command
-        first = self.run(node, command) if after is not None else None
-        if first is None:
-            with self._lock:
-                self.calls += 1
-        elif not first.ok:
-            return Exchange((), first)      # no conversation on a command that failed
+    def respond(sent: Sent) -> Any:
+        if sent.asks is None:
+            return _preflight_output(sent, texts)
+        assert "date +%s.%N" in sent.command, sent.command
         replies = []
-        for _ in range(max(1, asks)):
-            sent = time.time()
-            replies.append((sent, f"{time.time():.9f}", time.time()))
-        got = answered(exchange_of(node.name, *replies), asks, enough)
-        return got if first is None else Exchange(got.replies, first)
-    fan_out = RecordingSession.fan_out          # Session.fan_out's contract, node by node
+        for _ in range(max(1, sent.asks)):
+            asked = time.time()
+            replies.append((asked, f"{time.time():.9f}", time.time()))
+        got = exchange_of(sent.node, *replies)
+        return got if sent.after is None else \
+            Exchange(got.replies, result(sent.node, _preflight_output(sent, texts)))
+    return respond
 
-    def fan_out_exchange(self, nodes, command, asks, enough, after=None, timeout=None,
-                         on_result=None):
-        """Session.fan_out_exchange's contract, node by node: Exchanges in node order."""
-        out = []
-        for node in nodes:
-            got = self.exchange(node, command(node) if callable(command) else command, asks,
-                                enough, timeout, after)
-            if on_result is not None:
-                on_result(got.result)
-            out.append(got)
-        return tuple(out)
 
-    def _probes(self, node, command: str) -> str:
-        from cluster.inspection.probes import probe_names
-        answers = {}
-        for name in probe_names(command):
-            text = node_facts_document(node.name) if name == "versions" else \
-                imports_document() if name == "runtime-imports" else self.texts.get(name)
-            if name == "reach-listen":   # the run's listener, started in the gather
-                listen = re.search(r"listen --ports [0-9,]+", command)
-                text = self._reach(listen.group(0)) if listen else None
-            answers[name] = (0, text, "") if text is not None else \
-                (127, "", "bash: x: command not found\n")
-        return probe_answer(answers)
+def _preflight_output(sent: Sent, texts: Mapping[str, str]) -> str:
+    if "@@cluster-probe@@" not in sent.command:
+        return _reach_answer(sent.command)
+    from cluster.inspection.probes import probe_names
+    answers = {}
+    for name in probe_names(sent.command):
+        text = node_facts_document(sent.node) if name == "versions" else \
+            imports_document() if name == "runtime-imports" else texts.get(name)
+        if name == "reach-listen":   # the run's listener, started in the gather
+            listen = re.search(r"listen --ports [0-9,]+", sent.command)
+            text = _reach_answer(listen.group(0)) if listen else None
+        answers[name] = (0, text, "") if text is not None else \
+            (127, "", "bash: x: command not found\n")
+    return probe_answer(answers)
 
-    @staticmethod
-    def _reach(command: str) -> str:
-        import json
-        import shlex
-        words = shlex.split(command)
-        args = words[words.index("-") + 1:] if "-" in words else words
-        flag = lambda name: args[args.index(name) + 1] if name in args else ""  # noqa: E731
-        if "listen" in args:
-            ports = [int(p) for p in flag("--ports").split(",") if p]
-            return json.dumps({"listening": ports, "busy": [], "failed": [], "pid": 1}) + "\n"
-        if "probe" in args:
-            keys = lambda arg: [f"{hp.split(':')[0]}:{port}" for hp in flag(arg).split(",")  # noqa: E731
-                                if ":" in hp for port in hp.split(":")[1].split("+")]
-            doc = {"results": dict.fromkeys(keys("--targets"), "ok")}
-            if "--tag" in args:      # every told listener acks (and so exits by itself)
-                doc["acked"] = keys("--tell")
-            return json.dumps(doc) + "\n"
-        return json.dumps({"stopped": True}) + "\n"
+
+def _reach_answer(command: str) -> str:
+    """cluster/node_programs/reach.py's answer to listen / probe / stop: every connect succeeds."""
+    import shlex
+    words = shlex.split(command)
+    args = words[words.index("-") + 1:] if "-" in words else words
+    flag = lambda name: args[args.index(name) + 1] if name in args else ""  # noqa: E731
+    if "listen" in args:
+        ports = [int(p) for p in flag("--ports").split(",") if p]
+        return json.dumps({"listening": ports, "busy": [], "failed": [], "pid": 1}) + "\n"
+    if "probe" in args:
+        keys = lambda arg: [f"{hp.split(':')[0]}:{port}" for hp in flag(arg).split(",")  # noqa: E731
+                            if ":" in hp for port in hp.split(":")[1].split("+")]
+        doc = {"results": dict.fromkeys(keys("--targets"), "ok")}
+        if "--tag" in args:      # every told listener acks (and so exits by itself)
+            doc["acked"] = keys("--tell")
+        return json.dumps(doc) + "\n"
+    return json.dumps({"stopped": True}) + "\n"
 
 
 def fake_inventory(n: int, node_extra: str = "") -> Inventory:

@@ -14,8 +14,9 @@ from cluster.inspection.checks import cross
 from cluster.inspection import clock
 from cluster.inspection.clock import ClockSample
 from cluster.nodes.inventory import default_expectations, loads
+from cluster.base.errors import CommandTimeout
 from cluster.base.results import Status
-from fakes import ScriptedSession, exchange_of, fixture_text, judge, probe_output, result
+from fakes import FakeRunner, exchange_of, fixture_text, judge, probe_output, result
 
 ONE_NODE = "nodes:\n  - {name: x, address: 10.0.0.9, role: head}\n"
 H100 = ("nvidia-smi-query", "001-h100-name-busid-vbios-elided.txt")
@@ -219,43 +220,41 @@ def test_fewer_than_two_answers_skip():
     assert res.summary == "fewer than two nodes answered: no skew to measure"
 
 
-def _node(name="n1"):
-    return loads(f"nodes:\n  - {{name: {name}, address: 10.0.0.1, role: head}}\n").head
+_ONE_NODE = loads("nodes:\n  - {name: n1, address: 10.0.0.1, role: head}\n")
+
+
+def _sample(answer):
+    """sample_clock on n1 through a real Session whose node gives `answer`; and the node."""
+    nodes = FakeRunner({"n1": answer})
+    return clock.sample_clock(nodes.session(_ONE_NODE), _ONE_NODE.head), nodes
 
 
 def test_sample_clock_keeps_the_quickest_round_trip():
     # three samples on one command, round trips 0.2, 0.05 and 0.1 s: the second one's offset
-    session = ScriptedSession({"n1": [exchange_of("n1", (100.0, "1000.1", 100.2),
-                                                  (101.0, "1001.525", 101.05),
-                                                  (102.0, "1002.0", 102.1))]})
-    sample = clock.sample_clock(session, _node())
+    sample, nodes = _sample(exchange_of("n1", (100.0, "1000.1", 100.2),
+                                        (101.0, "1001.525", 101.05), (102.0, "1002.0", 102.1)))
     assert sample.offset_s == pytest.approx(1001.525 - 101.025)
     assert sample.rtt_s == pytest.approx(0.05) and sample.error is None
-    assert session.calls == [("n1", clock.CLOCK_COMMAND)]
+    assert [(s.node, s.command) for s in nodes.sent] == [("n1", clock.CLOCK_COMMAND)]
 
 
 def test_sample_clock_stops_after_a_quick_sample():
     # the first round trip is 4 ms: the later (slower, wrong) answers are never asked for
-    session = ScriptedSession({"n1": [exchange_of("n1", (50.0, "51.002", 50.004),
-                                                  (51.0, "9999", 51.5), (52.0, "x", 52.5))]})
-    sample = clock.sample_clock(session, _node())
+    sample, _ = _sample(exchange_of("n1", (50.0, "51.002", 50.004), (51.0, "9999", 51.5),
+                                    (52.0, "x", 52.5)))
     assert sample.offset_s == pytest.approx(1.0) and sample.rtt_s == pytest.approx(0.004)
     assert sample.error is None
 
 
 def test_sample_clock_errors_are_samples_not_exceptions():
-    failed = clock.sample_clock(ScriptedSession({"n1": [result("n1", status="timeout", code=None,
-                                                               error="timed out after 10 s")]}),
-                                _node())
-    assert failed == ClockSample("n1", None, None, "timed out after 10 s")
-    code = clock.sample_clock(ScriptedSession({"n1": [result("n1", status="failed", code=127,
-                                                             error="")]}), _node())
+    failed, _ = _sample(CommandTimeout("n1", 10.0))
+    assert failed == ClockSample("n1", None, None, "n1: no answer within 10 s")
+    code, _ = _sample(result("n1", status="failed", code=127, error=""))
     assert code.error == "exit 127"
-    silent = clock.sample_clock(ScriptedSession({"n1": [result("n1", "")]}), _node())
+    silent, _ = _sample(result("n1", ""))
     assert silent == ClockSample("n1", None, None, "no date output")
     for line in ("+%s.%N", "nan", "inf"):
-        garbage = clock.sample_clock(ScriptedSession({"n1": [exchange_of("n1", (1.0, line, 1.1))]}),
-                                     _node())
+        garbage, _ = _sample(exchange_of("n1", (1.0, line, 1.1)))
         assert garbage.offset_s is None and garbage.error == f"unreadable date output {line!r}"
 
 
@@ -286,12 +285,12 @@ def test_sample_clock_on_this_machine_is_one_command_per_ask():
 def test_measure_skew_samples_every_node():
     inv = loads("nodes:\n  - {name: a, address: 10.0.0.1, role: head}\n"
                 "  - {name: b, address: 10.0.0.2}\n")
-    session = ScriptedSession({"a": [exchange_of("a", (0.5, "1.0", 0.51))],
-                               "b": [result("b", status="unreachable", code=None)]})
-    out = clock.measure_skew(session, inv.nodes)
+    nodes = FakeRunner({"a": exchange_of("a", (0.5, "1.0", 0.51)),
+                        "b": result("b", status="unreachable", code=None)})
+    out = clock.measure_skew(nodes.session(inv), inv.nodes)
     assert set(out) == {"a", "b"}
     assert out["a"] == ClockSample("a", pytest.approx(0.495), pytest.approx(0.01))
-    assert out["b"] == ClockSample("b", None, None, "boom")
+    assert out["b"] == ClockSample("b", None, None, "b: boom")
 
 
 # ---------------------------------------------------------------- all of them

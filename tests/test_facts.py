@@ -14,7 +14,7 @@ from cluster.nodes import inventory
 from cluster.inspection.checks.node import NODE_CHECKS
 from cluster.node_programs import node_facts as program
 from cluster.inspection.preflight import evaluate_node, node_probes
-from fakes import UnusableSession
+from fakes import FakeRunner
 from cluster.inspection.probes import NOT_FOUND, Probe, ProbeOutput, probe_script
 from cluster.nodes.remote import CommandResult
 
@@ -223,8 +223,10 @@ def test_the_preflight_playbook_judges_handed_in_facts_without_another_round_tri
                "gpu-query": _out("gpu-query", f"index, name\n0, {H100}\n")}
     gathered = {n.name: facts.facts_from_outputs(n, outputs) for n in inv.nodes}
     checks = tuple(c for c in NODE_CHECKS if c.id in ("gpus", "versions"))
-    report = preflight.run(inv, UnusableSession(), preflight.PreflightOptions(
+    nodes = FakeRunner()
+    report = preflight.run(inv, nodes.session(inv), preflight.PreflightOptions(
         checks=checks, measure_clock=False, reachability=False, facts=gathered)).report
+    assert nodes.sent == []          # the facts were handed in: no command reached a node
     by = {(r.check, r.node): r for r in report.results}
     assert by[("gpus", "n2")].summary == f"1 x {H100}"
     assert by[("versions", "n3")].status.value == "ok"
@@ -281,12 +283,12 @@ def test_a_preflight_parses_each_tool_fact_once_per_node(monkeypatch):
     facts or a cross-node check reads is parsed once per node, however many read it
     (nvidia-smi -q: fabricmanager, gpu-health, pcie-link; the GPU query: the facts, gpus, acs;
     ibstat: infiniband, acs, nic-locality; the topology: nvlink, nic-locality)."""
-    from fakes import FakeClusterSession, fake_inventory
+    from fakes import FakeRunner, fake_inventory, preflight_answers
     from playbooks.preflight import run_preflight
 
     calls = _counting_parsers(monkeypatch)
     inv = fake_inventory(3, "ib_hcas: [mlx5_0]")
-    report = run_preflight(inv, FakeClusterSession(inv))
+    report = run_preflight(inv, FakeRunner(respond=preflight_answers()).session(inv))
     assert {r.node for r in report.results if r.node} == {"n1", "n2", "n3"}
     assert not [r for r in report.results if r.status.value == "error"]
     read = {"nvidia_smi_q", "nvidia_smi_query", "ibstat", "nvidia_smi_topo", "nvidia_smi",
@@ -297,7 +299,7 @@ def test_a_preflight_parses_each_tool_fact_once_per_node(monkeypatch):
 
 
 def test_the_fake_sessions_probe_answer_reads_as_the_real_scripts_output():
-    """FakeClusterSession writes the probe script's output in Python (fast at 255 nodes): it
+    """preflight_answers writes the probe script's output in Python (fast at 255 nodes): it
     must split exactly as what the real script prints through bash."""
     from fakes import probe_answer, probe_script_output
     from cluster.inspection.probes import Probe, split_probe_output

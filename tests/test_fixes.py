@@ -23,7 +23,7 @@ from cluster.nodes.inventory import loads
 from cluster.nodes.remote import Session
 from cluster.base.results import CheckResult, Status
 from playbooks import fix as fix_playbook
-from fakes import cluster_main, result as command_result, write_inventory
+from fakes import FakeRunner, cluster_main, write_inventory
 
 INV = loads("""
 nodes:
@@ -194,27 +194,11 @@ def test_a_failing_command_fails_the_step_with_its_message(tmp_path):
         assert exc.value.manual == ("a container", "use --shm-size")
 
 
-class _PathsOkSession:
-    """Session stand-in for `cluster fix --undo` (no network): the read-only path check says
-    every path is a plain file; any other command (a restore) is recorded and answered ok."""
-
-    max_parallel = 4
-
-    def __init__(self, inventory, hooks=None):
-        self.inventory = inventory
-        self.calls: list[str] = []
-        _PathsOkSession.last = self
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def run(self, node, command, timeout=None, stdin=None):
-        self.calls.append(command)
-        doc = {"files": [{"status": "ok"}], "dirs": []} if "check" in command else {"ops": []}
-        return command_result(node.name, json.dumps(doc) + "\n", command=command)
+def _paths_ok(sent):
+    """A FakeRunner's respond for `cluster fix --undo`: the read-only path check says every
+    path is a plain file; any other command (a restore) is answered ok."""
+    doc = {"files": [{"status": "ok"}], "dirs": []} if "check" in sent.command else {"ops": []}
+    return json.dumps(doc) + "\n"
 
 
 def test_undo_answered_no_at_the_terminal_restores_nothing(tmp_path, monkeypatch, capsys):
@@ -229,11 +213,12 @@ def test_undo_answered_no_at_the_terminal_restores_nothing(tmp_path, monkeypatch
         {"kind": "start", "nodes": ["n1"]},
         {"node": "n1", "check": "memlock", "kind": "file", "path": LIMITS_FILE,
          "before": "x\n"}]}))
-    monkeypatch.setattr("cluster.nodes.remote.Session", _PathsOkSession)
+    nodes = FakeRunner(respond=_paths_ok)     # behind the CLI's own Session: its SSH runner
+    monkeypatch.setattr("cluster.nodes.remote.SSHRunner", lambda ssh: nodes)
     monkeypatch.setattr("cluster.commands._common.interactive", lambda: True)
     monkeypatch.setattr("builtins.input", lambda prompt: "n")
     code, out, err = cluster_main(capsys, "-i", str(inv), "fix", "--undo", str(run), "--json")
-    calls = _PathsOkSession.last.calls
+    calls = nodes.commands()
     assert len(calls) == 1 and "check" in calls[0], calls      # the path check, no restore
     doc = json.loads(out)
     assert [(r["node"], r["status"], r["summary"]) for r in doc["results"]] == [
@@ -248,29 +233,25 @@ _SHELL_WRITE = re.compile(r"(?<![<>0-9&])>>?\s*(?!&|/dev/null\b)\S|[0-9]>>?\s*(?
                           r"|sed\s+-i")
 
 
-class _FixFilesSession:
-    """Records every command a fix run sends (node, command, stdin); answers the fix_files
-    program (cluster/node_programs/fix_files.py) as a node where none of the files exists yet
-    and every write succeeds, and any other command with exit 0."""
-
-    max_parallel = 4
+class _FixFilesNode:
+    """A FakeRunner's respond for a fix run: answers the fix_files program
+    (cluster/node_programs/fix_files.py) as a node where none of the files exists yet and every
+    write succeeds, and any other command with exit 0; keeps each fix_files request."""
 
     def __init__(self):
-        self.calls: list[tuple[str, str, str | None]] = []
         self.fix_files: list[tuple[str, str, dict]] = []      # (node, mode, request)
         self._program = json.dumps(source("fix_files")) + "\n"
 
-    def run(self, node, command, timeout=None, stdin=None):
-        self.calls.append((node.name, command, stdin))
-        if not (stdin or "").startswith(self._program):
-            return command_result(node.name, "", command=command)
-        mode = shlex.split(shlex.split(command)[-1])[-1]       # sudo -n bash -c '... MODE'
-        request = json.loads(stdin[len(self._program):])
-        self.fix_files.append((node.name, mode, request))
+    def __call__(self, sent):
+        if not (sent.stdin or "").startswith(self._program):
+            return None
+        mode = shlex.split(shlex.split(sent.command)[-1])[-1]       # sudo -n bash -c '... MODE'
+        request = json.loads(sent.stdin[len(self._program):])
+        self.fix_files.append((sent.node, mode, request))
         answers = [{"status": "ok", "text": None} for _ in request.get("files", [])] \
             if mode == "read" else [{"status": "ok"} for _ in request.get("ops", [])]
         key = "ops" if mode == "apply" else "files"
-        return command_result(node.name, json.dumps({key: answers}) + "\n", command=command)
+        return json.dumps({key: answers}) + "\n"
 
 
 def test_a_full_fix_plan_writes_node_files_only_through_fix_files(tmp_path):
@@ -283,18 +264,19 @@ def test_a_full_fix_plan_writes_node_files_only_through_fix_files(tmp_path):
                     "ray_running": True}}
     fix_plan = plan([result(c, summary="not running") for c in fixers], facts, yes=True)
     assert sorted(s.check for s in fix_plan.steps) == sorted(fixers)
-    session = _FixFilesSession()
+    node = _FixFilesNode()
+    nodes = FakeRunner(respond=node)
     undo = fix_playbook.UndoRecord(tmp_path / "fix-undo.json")
-    done = fix_playbook.execute(INV, session, fix_plan, undo, local_root=False)
+    done = fix_playbook.execute(INV, nodes.session(INV), fix_plan, undo, local_root=False)
     assert done == {("n2", c): None for c in fixers}
-    writers = [(cmd, why.group(0)) for _, cmd, _ in session.calls
+    writers = [(cmd, why.group(0)) for cmd in nodes.commands()
                if (why := _SHELL_WRITE.search(cmd))]
     assert writers == []
-    written = {op["path"]: op["text"] for _, mode, req in session.fix_files if mode == "apply"
+    written = {op["path"]: op["text"] for _, mode, req in node.fix_files if mode == "apply"
                for op in req["ops"]}
     wanted = {w.path: w.new_text(None) for s in fix_plan.steps for w in s.writes}
     assert written == wanted and len(wanted) == 4
-    read = [p for _, mode, req in session.fix_files if mode == "read" for p in req["files"]]
+    read = [p for _, mode, req in node.fix_files if mode == "read" for p in req["files"]]
     assert sorted(read) == sorted(wanted)
     before = [e["path"] for e in json.loads(undo.path.read_text())["entries"]]
     assert sorted(before) == sorted(wanted)

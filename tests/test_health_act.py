@@ -364,7 +364,7 @@ def test_a_refused_drain_is_held_and_not_counted_as_a_cordon(tmp_path):
 
 
 def test_status_reads_the_records_and_the_cordoned_nodes_beside_the_readings(tmp_path):
-    from fakes import ScriptedSession, result
+    from fakes import FakeRunner
     from cluster.ray_jobs import health_readings
     from playbooks.status import cordoned_nodes
 
@@ -383,12 +383,12 @@ def test_status_reads_the_records_and_the_cordoned_nodes_beside_the_readings(tmp
     assert reply["actions_text"] == text
     linked = health_readings.main([str(tmp_path / "r.json"), "100000", str(tmp_path / "l.json")])
     assert linked["actions_text"] is None and "symbolic links" in linked["actions_error"]
-    session = ScriptedSession({"node1": [result("node1", json.dumps(reply) + "\n")]})
+    session = FakeRunner({"node1": json.dumps(reply) + "\n"}).session(inv)
     status = h.read_health(session, inv)
     assert status.error is None and status.nodes == {}
     assert status.actions["records"][0]["evidence"] == "gpu-health: Xid 79"
     assert cordoned_nodes({"health_actions": status.actions}) == ["node2"]
     none = {"now": 1.0, "text": None, "error": None, "actions_text": None, "actions_error": None}
-    quiet = h.read_health(ScriptedSession({"node1": [result("node1", json.dumps(none))]}), inv)
+    quiet = h.read_health(FakeRunner({"node1": json.dumps(none)}).session(inv), inv)
     assert quiet.actions == {"cordoned": {}, "records": []}
     assert cordoned_nodes({"health_actions": quiet.actions}) == []

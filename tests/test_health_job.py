@@ -166,18 +166,18 @@ def test_read_reply_gives_the_heads_time_then_the_file():
 
 
 def test_status_reports_the_period_the_running_job_reports_not_the_inventorys():
-    from fakes import ScriptedSession, result
+    from fakes import FakeRunner
     inv = _inventory()                      # the laptop's inventory says 180 s
-    session = ScriptedSession({"node1": [result("node1", _read_reply(_snapshot_text()))]})
+    session = FakeRunner({"node1": _read_reply(_snapshot_text())}).session(inv)
     status = h.read_health(session, inv)
     assert status.period_s == 5.0 and status.error is None     # the job was started with 5 s
     assert status.nodes["node1"]["clock"]["status"] == "fail"
     for stdout, why in (("nothing\n", "printed no JSON document"),
                         (_read_reply("", now=None), "no time"),
                         ('{"now": NaN, "text": ""}\n', "not a finite number")):
-        bad = h.read_health(ScriptedSession({"node1": [result("node1", stdout)]}), inv)
+        bad = h.read_health(FakeRunner({"node1": stdout}).session(inv), inv)
         assert bad.nodes is None and bad.period_s is None and why in bad.error, bad.error
-    empty = h.read_health(ScriptedSession({"node1": [result("node1", _read_reply(None))]}), inv)
+    empty = h.read_health(FakeRunner({"node1": _read_reply(None)}).session(inv), inv)
     assert (empty.nodes, empty.error) == ({}, None)
 
 
@@ -271,15 +271,15 @@ def test_step_from_reply():
 
 
 def test_ensure_job_reads_the_programs_one_document():
-    from fakes import ScriptedSession, result
+    from fakes import FakeRunner
 
     inv = _inventory()
     reply = json.dumps({"action": "kept", "submission_id": "cluster-health-1"}) + "\n"
-    step = h.ensure_job(ScriptedSession({"node1": [result("node1", reply)]}), inv)
+    step = h.ensure_job(FakeRunner({"node1": reply}).session(inv), inv)
     assert (step.status, step.submission_id) == ("ok", "cluster-health-1")
     for stdout, why in (("Ray says hello\n" + reply, "printed no JSON document"),
                         (reply + reply, "more than one JSON document"), ("", "no output")):
-        step = h.ensure_job(ScriptedSession({"node1": [result("node1", stdout)]}), inv)
+        step = h.ensure_job(FakeRunner({"node1": stdout}).session(inv), inv)
         assert step.status == "failed" and why in step.message, step.message
 
 

@@ -33,7 +33,7 @@ from cluster.node_programs import (BOOT, HERE, declare_programs, declared_progra
 from cluster.node_programs import _common, dashboard, head_state, serve_sample
 from cluster.ray_jobs import nccl_job
 from cluster.nodes.remote import CommandResult
-from fakes import CannedSession
+from fakes import FakeRunner
 
 PYTHON = sys.executable
 PROGRAMS = sorted(declared_programs())
@@ -121,18 +121,19 @@ def _result(stdout="", code=0, status="ok", stderr="", error=None):
 
 
 def test_run_program_returns_the_document_and_ships_with_the_inventory_python():
-    session = CannedSession(_result('  {"a": 1}\n'), load_inventory(INVENTORY))
+    nodes = FakeRunner('  {"a": 1}\n')
+    session = nodes.session(load_inventory(INVENTORY))
     node = session.inventory.node("w1")
     assert run_program(session, node, "ray_auth_token", ["/m", "K"], timeout=5) == {"a": 1}
-    (name, command, stdin), = session.calls
-    assert name == "w1" and command == "/opt/py/bin/python3 - /m K"
-    assert stdin == source("ray_auth_token")
+    (sent,) = nodes.sent
+    assert sent.node == "w1" and sent.command == "/opt/py/bin/python3 - /m K"
+    assert sent.stdin == source("ray_auth_token") and sent.timeout == 5
     run_program(session, node, "ray_auth_token", ["/m"], python="/other/python")
-    assert session.calls[-1][1].startswith("/other/python - ")
+    assert nodes.commands()[-1].startswith("/other/python - ")
 
 
 @pytest.mark.parametrize("result, kind, words", [
-    (_result("", status="unreachable", code=None, error="w1: refused"), "unreachable",
+    (_result("", status="unreachable", code=None, error="refused"), "unreachable",
      "unreachable: w1: refused"),
     (_result("", status="timeout", code=None, error="w1: no answer within 5 s"), "timeout",
      "timeout: w1: no answer"),
@@ -149,7 +150,7 @@ def test_run_program_returns_the_document_and_ships_with_the_inventory_python():
     (_result('{"rate": -Infinity}'), "not-finite", "-Infinity is not a finite number"),
 ])
 def test_run_program_raises_a_typed_error_for_anything_but_one_document(result, kind, words):
-    session = CannedSession(result, load_inventory(INVENTORY))
+    session = FakeRunner(result).session(load_inventory(INVENTORY))
     with pytest.raises(ProgramError) as info:
         run_program(session, session.inventory.node("w1"), "ray_auth_token", ["/m"])
     exc = info.value
@@ -188,22 +189,15 @@ def test_the_typed_parse_is_the_callers_and_refuses_garbage_as_bad_answer():
 
 
 def test_wrap_and_record_false_shape_the_run():
-    class Runner:
-        def __init__(self):
-            self.calls = []
-
-        def run(self, node, command, timeout, stdin=None):
-            self.calls.append(command)
-            return _result('{"token": null}')
-
-    session = CannedSession(_result("{}"), load_inventory(INVENTORY))
-    runner = Runner()
-    session.runner_for = lambda node: runner
+    nodes, recorded = FakeRunner('{"token": null}'), []
+    session = nodes.session(load_inventory(INVENTORY), hooks=[recorded.append])
     node = session.inventory.node("w1")
     doc = run_program(session, node, "ray_auth_token", [], record=False,
                       wrap=lambda c: "sudo -n bash -c " + shlex.quote(c))
-    assert doc == {"token": None} and session.calls == []      # past the session's hooks
-    assert runner.calls == ["sudo -n bash -c '/opt/py/bin/python3 -I -S -'"]  # as root: isolated
+    assert doc == {"token": None} and recorded == []      # past the session's hooks
+    assert nodes.commands() == ["sudo -n bash -c '/opt/py/bin/python3 -I -S -'"]  # as root: isolated
+    run_program(session, node, "ray_auth_token", [])
+    assert len(recorded) == 1                             # recorded, the hooks see it
 
 
 def test_an_embedded_document_is_inflated_bounded():
@@ -225,15 +219,15 @@ def test_an_embedded_document_is_inflated_bounded():
 
 
 def test_fan_out_program_gives_a_document_or_an_error_per_node_in_order():
-    session = CannedSession({"head": _result('{"n": "head"}'),
-                             "w1": _result("", status="unreachable", code=None, error="down")},
-                            load_inventory(INVENTORY))
+    fake = FakeRunner({"head": _result('{"n": "head"}'),
+                       "w1": _result("", status="unreachable", code=None, error="down")})
+    session = fake.session(load_inventory(INVENTORY))
     nodes = session.inventory.nodes
     got = fan_out_program(session, nodes, "ray_auth_token", lambda n: [f"/m/{n.name}"])
     assert got[0] == {"n": "head"} and isinstance(got[1], ProgramError) and not got[1].reached
-    assert [c[1] for c in session.calls] == ["/opt/py/bin/python3 - /m/head",
-                                             "/opt/py/bin/python3 - /m/w1"]
-    assert {c[2] for c in session.calls} == {source("ray_auth_token")}
+    assert sorted(fake.commands()) == ["/opt/py/bin/python3 - /m/head",
+                                       "/opt/py/bin/python3 - /m/w1"]
+    assert {s.stdin for s in fake.sent} == {source("ray_auth_token")}
 
 
 # ---------------------------------------------------------------- _common: token and /proc

@@ -1,6 +1,6 @@
 """The playbooks' plan / dry-run paths and their on_event sequences (drain, restart-node,
 undeploy, tune), with the shared stand-ins: test_ray_plan's inventory, facts and
-RecordingSession (no network), test_tune's FakeServe (an in-memory dashboard). Then the
+FakeRunner (fake nodes in a real Session), test_tune's FakeServe (an in-memory dashboard). Then the
 recorded-run context: the inventory's secrets never land in a command's run directory."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from cluster.ray.ray_state import GcsNode, RayState
 from cluster.serving.tune import TuneSettings
 from playbooks import drain, restart_node, tune, undeploy
 from fakes import (DEPLOY_INVENTORY, IDS, IPS, RAY_INVENTORY as INV, TUNE_APP_CONFIG as ORIGINAL,
-                   FakeServe, ProgressLines, RecordingSession, cluster_cli, closed_port, fake_bench,
+                   FakeRunner, FakeServe, ProgressLines, cluster_cli, closed_port, fake_bench,
                    inventory_of, node_facts as facts, write_inventory)
 from fakes import fixture_text
 
@@ -72,32 +72,35 @@ def head(monkeypatch):
 def test_drain_dry_run_plans_the_drain_command_and_changes_nothing(head):
     inv = inventory.loads(INV)
     head.append(ray_view(serve_with("gpu02")))
-    session, events = RecordingSession(), ProgressLines()
+    nodes, events = FakeRunner(), ProgressLines()
+    session = nodes.session(inv)
     out = drain.run(inv, session, drain.DrainOptions("gpu02", dry_run=True), never, events)
     assert (out.stopped, out.exit_code, out.node_id) == ("dry run", 0, IDS["gpu02"])
     assert out.capacity.ok and len(out.planned) == 1
     assert out.planned[0].startswith("[gpu01] $ ") and "drain-node" in out.planned[0]
     assert IDS["gpu02"] in out.planned[0]
-    assert session.calls == [] and events == [] and out.steps == []
+    assert nodes.sent == [] and events == [] and out.steps == []
 
 
 def test_drain_refused_when_the_others_cannot_carry_the_apps(head):
     inv = inventory.loads(INV)
     head.append(ray_view(serve_with("gpu02", gpus=9.0)))  # no other node has 9 GPUs
-    session = RecordingSession()
+    nodes = FakeRunner()
+    session = nodes.session(inv)
     out = drain.run(inv, session, drain.DrainOptions("gpu02"), never)
     assert out.exit_code == 2 and out.stopped.startswith("refused: gpu02 cannot be taken out")
-    assert session.calls == []
+    assert nodes.sent == []
 
 
 def test_drain_runs_then_waits_for_the_replicas_to_move(head):
     inv = inventory.loads(INV)
     head += [ray_view(serve_with("gpu02")), ray_view(serve_with("gpu03"))]
-    session, events, asked = RecordingSession(), ProgressLines(), []
+    nodes, events, asked = FakeRunner(), ProgressLines(), []
+    session = nodes.session(inv)
     out = drain.run(inv, session, drain.DrainOptions("gpu02"),
                     lambda q: asked.append(q) or True, events)
     assert len(asked) == 1 and "Drain gpu02" in asked[0] and "1 Serve replica(s)" in asked[0]
-    assert [(node, "drain-node" in cmd) for _, node, cmd in session.calls] == [("gpu01", True)]
+    assert [(s.node, "drain-node" in s.command) for s in nodes.sent] == [("gpu01", True)]
     assert events == ["draining gpu02", "waiting for Serve to move 1 replica(s) off gpu02"]
     assert [(s["step"], s["status"]) for s in out.steps] == [("drain", CHANGED),
                                                              ("move-replicas", CHANGED)]
@@ -107,31 +110,33 @@ def test_drain_runs_then_waits_for_the_replicas_to_move(head):
 def test_drain_not_confirmed_runs_nothing(head):
     inv = inventory.loads(INV)
     head.append(ray_view(serve_with("gpu02")))
-    session = RecordingSession()
+    nodes = FakeRunner()
+    session = nodes.session(inv)
     out = drain.run(inv, session, drain.DrainOptions("gpu02"), lambda q: False)
-    assert (out.stopped, out.exit_code) == ("not confirmed", 2) and session.calls == []
+    assert (out.stopped, out.exit_code) == ("not confirmed", 2) and nodes.sent == []
 
 
 def test_restart_node_dry_run_plans_drain_stop_and_start(head):
     inv = inventory.loads(INV)
     head.append(ray_view(serve_with("gpu02")))
-    session, events = RecordingSession(), ProgressLines()
+    nodes, events = FakeRunner(), ProgressLines()
+    session = nodes.session(inv)
     out = restart_node.run(inv, session, restart_node.RestartOptions("gpu02", dry_run=True),
                            never, events)
     assert (out.command, out.stopped, out.exit_code) == ("restart-node", "dry run", 0)
     assert [line.split(" $ ")[0] for line in out.planned] == ["[gpu01]", "[gpu02]", "[gpu02]"]
     assert "drain-node" in out.planned[0] and " stop" in out.planned[1]
     assert "start" in out.planned[2] and "--address" in out.planned[2]
-    assert session.calls == [] and events == []
+    assert nodes.sent == [] and events == []
 
 
 def test_drain_and_restart_refuse_the_head_before_asking_anything(head):
     inv = inventory.loads(INV)
     head.append(ray_view(None))
     with pytest.raises(UsageError, match="is the head"):
-        drain.run(inv, RecordingSession(), drain.DrainOptions("gpu01", dry_run=True), never)
+        drain.run(inv, FakeRunner().session(inv), drain.DrainOptions("gpu01", dry_run=True), never)
     with pytest.raises(UsageError, match="is the head"):
-        restart_node.run(inv, RecordingSession(), restart_node.RestartOptions("gpu01"), never)
+        restart_node.run(inv, FakeRunner().session(inv), restart_node.RestartOptions("gpu01"), never)
 
 
 def _preflight_of(status):
@@ -152,10 +157,11 @@ def test_uncordon_refuses_while_the_nodes_preflight_fails(head, monkeypatch):
     inv = inventory.loads(INV)
     head.append(ray_view(serve_with("gpu03")))
     monkeypatch.setattr("playbooks.uncordon.run_preflight", _preflight_of("FAIL"))
-    session = RecordingSession()
+    nodes = FakeRunner()
+    session = nodes.session(inv)
     out = uncordon.run(inv, session, uncordon.UncordonOptions("gpu02"), never)
     assert out.exit_code == 2 and out.stopped.startswith("refused: the preflight of gpu02 fails")
-    assert "gpu-health: Xid 79" in out.stopped and session.calls == []
+    assert "gpu-health: Xid 79" in out.stopped and nodes.sent == []
     with pytest.raises(UsageError, match="is the head"):
         uncordon.run(inv, session, uncordon.UncordonOptions("gpu01"), never)
 
@@ -166,7 +172,7 @@ def test_uncordon_with_a_passing_preflight_plans_restart_nodes_steps(head, monke
     inv = inventory.loads(INV)
     head.append(ray_view(serve_with("gpu03")))
     monkeypatch.setattr("playbooks.uncordon.run_preflight", _preflight_of("WARN"))
-    out = uncordon.run(inv, RecordingSession(), uncordon.UncordonOptions("gpu02", dry_run=True),
+    out = uncordon.run(inv, FakeRunner().session(inv), uncordon.UncordonOptions("gpu02", dry_run=True),
                        never)
     assert (out.command, out.stopped, out.exit_code) == ("uncordon", "dry run", 0)
     assert [s["step"] for s in out.steps] == ["preflight"]
@@ -360,13 +366,14 @@ def test_nccl_check_submits_one_head_command_and_judges_a_silent_head():
     from playbooks import nccl_check
 
     inv = inventory.loads(INV)
-    session, events = RecordingSession(), ProgressLines()
+    nodes, events = FakeRunner(), ProgressLines()
+    session = nodes.session(inv)
     options = nccl_check.NcclOptions(CheckOptions(backend="gloo", timeout_s=60),
                                      preflight_facts={"nodes": {}},   # a report handed in
                                      submission_id="nccl-check-gloo-test")
     out = nccl_check.run(inv, session, options, never, events)
-    assert [node for _, node, _ in session.calls] == ["gpu01"]   # one command, on the head
-    assert session.stdins[0][1]                                   # the program on stdin
+    assert nodes.nodes() == ["gpu01"]                   # one command, on the head
+    assert nodes.sent[0].stdin                                    # the program on stdin
     assert len(events) == 1 and events[0].startswith("gloo all-reduce of ")
     assert events[0].endswith("over 3 node(s) as a Ray job on gpu01 (timeout 60 s)")
     assert out.exit_code == 2 and out.result.status.value == "fail"  # no document came back
@@ -382,14 +389,15 @@ def test_nccl_check_without_a_report_gathers_the_ib_facts_first():
     from playbooks import nccl_check
 
     inv = inventory.loads(INV)
-    session, events = RecordingSession(), ProgressLines()
+    nodes, events = FakeRunner(), ProgressLines()
+    session = nodes.session(inv)
     options = nccl_check.NcclOptions(CheckOptions(backend="gloo", timeout_s=60),
                                      submission_id="nccl-check-gloo-test")
     out = nccl_check.run(inv, session, options, never, events)
-    nodes = [node for _, node, _ in session.calls]
-    assert sorted(nodes[:3]) == ["gpu01", "gpu02", "gpu03"] and nodes[3:] == ["gpu01"]
+    asked = nodes.nodes()
+    assert sorted(asked[:3]) == ["gpu01", "gpu02", "gpu03"] and asked[3:] == ["gpu01"]
     assert all(name in probe_names(command)
-               for _, _, command in session.calls[:3] for name in ("ibstat", NODE_PROGRAM))
+               for command in nodes.commands()[:3] for name in ("ibstat", NODE_PROGRAM))
     assert events[0] == "gathering the nodes' InfiniBand facts"
     assert out.result.expected.gbps is None
 
@@ -478,25 +486,21 @@ def _head_document(result: dict) -> str:
                            json.dumps(result).encode())).decode()})
 
 
-class ProofSession(RecordingSession):
-    """The head answers the proof job with `result` (every other command succeeds quietly)."""
+def proof_nodes(result: dict, engine_lines: dict | None = None) -> FakeRunner:
+    """Nodes whose head answers the proof job with `result` and whose engine_logs program
+    gives `engine_lines` (node -> lines); every other command succeeds quietly."""
+    engine_lines = engine_lines or {}
 
-    def __init__(self, result: dict, engine_lines: dict | None = None):
-        super().__init__()
-        self.result = result
-        self.engine_lines = engine_lines or {}
-
-    def run(self, node, command, timeout=None, stdin=None):
-        res = super().run(node, command, timeout, stdin)
-        if "submission_id" in command:
-            return replace(res, stdout=_head_document(self.result))
-        if "engine_logs LOGS_DIR" in str(stdin or ""):
-            lines = self.engine_lines.get(node.name, [])
-            return replace(res, stdout=json.dumps({"dir": "/tmp/ray/session_latest/logs",
-                                                   "files": [{"path": "worker-a-01-1.err",
-                                                              "lines": lines}],
-                                                   "truncated": False, "error": None}))
-        return res
+    def respond(sent):
+        if "submission_id" in sent.command:
+            return _head_document(result)
+        if "engine_logs LOGS_DIR" in str(sent.stdin or ""):
+            return json.dumps({"dir": "/tmp/ray/session_latest/logs",
+                               "files": [{"path": "worker-a-01-1.err",
+                                          "lines": engine_lines.get(sent.node, [])}],
+                               "truncated": False, "error": None})
+        return None
+    return FakeRunner(respond=respond)
 
 
 def _pp2_options(**kw):
@@ -515,10 +519,10 @@ GOOD_GROUP = {"ok": True, "groups": [{"index": 0, "ok": True, "busbw_gbps": 0.4,
 def test_deploy_dry_run_shows_the_groups_it_would_prove(deploy_cluster):
     from playbooks import deploy
 
-    session = RecordingSession()
-    out = deploy.run(inventory_of(DEPLOY_INVENTORY), session, _pp2_options(dry_run=True), never,
+    nodes = FakeRunner()
+    out = deploy.run(inventory_of(DEPLOY_INVENTORY), nodes.session(inventory_of(DEPLOY_INVENTORY)), _pp2_options(dry_run=True), never,
                      client=FakeDashboard())
-    assert out.doc["status"] == "DRY_RUN" and session.calls == []
+    assert out.doc["status"] == "DRY_RUN" and nodes.sent == []
     proof = out.doc["fabric_proof"]
     assert proof["status"] == "planned"
     assert proof["groups"] == [{"kind": "pp", "ranks": [0, 1], "nodes": ["gpu1", "gpu2"],
@@ -533,7 +537,7 @@ def test_deploy_dry_run_lists_the_ports_the_layout_opens_between_nodes(deploy_cl
     from cluster.serving import deploy as lib
     from playbooks import deploy
 
-    out = deploy.run(inventory_of(DEPLOY_INVENTORY), RecordingSession(),
+    out = deploy.run(inventory_of(DEPLOY_INVENTORY), FakeRunner().session(inventory_of(DEPLOY_INVENTORY)),
                      _pp2_options(dry_run=True), never, client=FakeDashboard())
     ports = out.doc["ports"]
     assert ports[0] == {"ports": "29500-29599", "proto": "tcp",
@@ -543,7 +547,7 @@ def test_deploy_dry_run_lists_the_ports_the_layout_opens_between_nodes(deploy_cl
         "29500-29599", "ephemeral", "ephemeral", 29500]
     assert ports[-1]["between"] == "gpu2 -> gpu1" and "fabric proof" in ports[-1]["what"]
     single = deploy.DeployOptions(lib.spec_from_flags("/models/tiny"), timeout_s=5, dry_run=True)
-    out = deploy.run(inventory_of(DEPLOY_INVENTORY), RecordingSession(), single, never,
+    out = deploy.run(inventory_of(DEPLOY_INVENTORY), FakeRunner().session(inventory_of(DEPLOY_INVENTORY)), single, never,
                      client=FakeDashboard())
     assert out.doc["status"] == "DRY_RUN" and out.doc["ports"] == []
 
@@ -557,7 +561,7 @@ def test_the_proof_places_ranks_where_the_engine_will_run_them(deploy_cluster):
 
     options = deploy.DeployOptions(lib.spec_from_flags("/models/tiny", pp=2), timeout_s=5,
                                    dry_run=True)
-    out = deploy.run(inventory_of(DEPLOY_INVENTORY), RecordingSession(), options, never,
+    out = deploy.run(inventory_of(DEPLOY_INVENTORY), FakeRunner().session(inventory_of(DEPLOY_INVENTORY)), options, never,
                      client=FakeDashboard())
     (group,) = out.doc["fabric_proof"]["groups"]
     assert (group["kind"], group["ranks"]) == ("pp", [0, 1])
@@ -568,7 +572,7 @@ def test_deploy_refuses_on_a_failed_proof_and_deploys_nothing(deploy_cluster):
     from playbooks import deploy
 
     dash = FakeDashboard()
-    out = deploy.run(inventory_of(DEPLOY_INVENTORY), ProofSession(FAILED_GROUP), _pp2_options(), never,
+    out = deploy.run(inventory_of(DEPLOY_INVENTORY), proof_nodes(FAILED_GROUP).session(inventory_of(DEPLOY_INVENTORY)), _pp2_options(), never,
                      client=dash)
     assert out.exit_code == 2 and out.doc["status"] == "REFUSED" and dash.puts == []
     assert "gpu1 -> gpu2" in out.doc["error"] and "port 29500" in out.doc["error"]
@@ -579,7 +583,7 @@ def test_deploy_force_deploys_despite_the_failed_proof_and_says_so(deploy_cluste
     from playbooks import deploy
 
     dash = FakeDashboard()
-    out = deploy.run(inventory_of(DEPLOY_INVENTORY), ProofSession(FAILED_GROUP), _pp2_options(force=True),
+    out = deploy.run(inventory_of(DEPLOY_INVENTORY), proof_nodes(FAILED_GROUP).session(inventory_of(DEPLOY_INVENTORY)), _pp2_options(force=True),
                      never, client=dash)
     assert out.exit_code == 0 and [p["name"] for p in dash.puts] == ["tiny"]
     assert any("--force deploys anyway" in w for w in out.doc["warnings"])
@@ -588,18 +592,21 @@ def test_deploy_force_deploys_despite_the_failed_proof_and_says_so(deploy_cluste
 def test_deploy_proves_then_deploys_and_no_verify_skips(deploy_cluster):
     from playbooks import deploy
 
-    dash, session = FakeDashboard(), ProofSession(GOOD_GROUP)
-    out = deploy.run(inventory_of(DEPLOY_INVENTORY), session, _pp2_options(), never, client=dash)
+    dash, nodes = FakeDashboard(), proof_nodes(GOOD_GROUP)
+    out = deploy.run(inventory_of(DEPLOY_INVENTORY), nodes.session(inventory_of(DEPLOY_INVENTORY)),
+                     _pp2_options(), never, client=dash)
     assert out.exit_code == 0 and out.doc["fabric_proof"]["status"] == "ok"
     assert out.doc["fabric_proof"]["groups"][0]["transport"] == "TCP"
     # one job on the head, then the ranks' init lines read on the groups' nodes
-    assert [node for _, node, _ in session.calls] == ["gpu1", "gpu1", "gpu2"]
+    asked = nodes.nodes()
+    assert asked[0] == "gpu1" and sorted(asked[1:]) == ["gpu1", "gpu2"]
     assert out.doc["engine_transport"][0]["transport"] is None      # no init line: a warning
     assert any("not confirmed" in w for w in out.doc["warnings"])
-    dash, session = FakeDashboard(), ProofSession(FAILED_GROUP)
-    out = deploy.run(inventory_of(DEPLOY_INVENTORY), session, _pp2_options(verify=False), never,
+    dash, nodes = FakeDashboard(), proof_nodes(FAILED_GROUP)
+    out = deploy.run(inventory_of(DEPLOY_INVENTORY), nodes.session(inventory_of(DEPLOY_INVENTORY)),
+                     _pp2_options(verify=False), never,
                      client=dash)
-    assert out.exit_code == 0 and session.calls == [] and "fabric_proof" not in out.doc
+    assert out.exit_code == 0 and nodes.sent == [] and "fabric_proof" not in out.doc
     assert "fabric proof skipped (--no-verify)" in out.doc["notes"]
 
 
@@ -611,7 +618,7 @@ def test_deploy_confirms_the_transport_from_the_ranks_init_lines(deploy_cluster)
     from playbooks import deploy
 
     lines = {"gpu1": [GLOO_INIT.format(r=0)], "gpu2": [GLOO_INIT.format(r=1)]}
-    out = deploy.run(inventory_of(DEPLOY_INVENTORY), ProofSession(GOOD_GROUP, lines), _pp2_options(), never,
+    out = deploy.run(inventory_of(DEPLOY_INVENTORY), proof_nodes(GOOD_GROUP, lines).session(inventory_of(DEPLOY_INVENTORY)), _pp2_options(), never,
                      client=FakeDashboard())
     assert out.exit_code == 0, out.doc.get("error")
     got = out.doc["engine_transport"][0]
@@ -623,7 +630,7 @@ def test_deploy_names_ranks_the_engine_placed_elsewhere(deploy_cluster):
     from playbooks import deploy
 
     lines = {"gpu1": [GLOO_INIT.format(r=0), GLOO_INIT.format(r=1)]}
-    out = deploy.run(inventory_of(DEPLOY_INVENTORY), ProofSession(GOOD_GROUP, lines), _pp2_options(), never,
+    out = deploy.run(inventory_of(DEPLOY_INVENTORY), proof_nodes(GOOD_GROUP, lines).session(inventory_of(DEPLOY_INVENTORY)), _pp2_options(), never,
                      client=FakeDashboard())
     assert out.exit_code == 0
     assert any("rank 1 on gpu1 (proven on gpu2)" in w for w in out.doc["warnings"])
@@ -643,7 +650,7 @@ def test_deploy_fails_when_the_engine_runs_on_sockets_where_ib_is_expected(monke
     good = {"ok": True, "groups": [{"index": 0, "ok": True, "busbw_gbps": 45.0, "members": [
         {"rank": 0, "nccl_log": fixture_text("nccl", "041-ray-vllm-deepseek-16rank-ib-"
                                                       "gdrdma-truncated-lines.log")}]}]}
-    out = deploy.run(inv, ProofSession(good, lines), _pp2_options(force=True), never,
+    out = deploy.run(inv, proof_nodes(good, lines).session(inv), _pp2_options(force=True), never,
                      client=FakeDashboard())
     assert out.exit_code == 2 and out.doc["status"] == "TRANSPORT_MISMATCH"
     assert "sockets where the inventory expects InfiniBand" in out.doc["error"]
@@ -654,11 +661,12 @@ def test_placement_only_deploys_have_no_proof(deploy_cluster):
     from cluster.serving import deploy as lib
     from playbooks import deploy
 
-    session = ProofSession(FAILED_GROUP)
+    nodes = proof_nodes(FAILED_GROUP)
     options = deploy.DeployOptions(lib.spec_from_flags("/models/tiny", pp=2,
                                                        placement_only=True), timeout_s=5)
-    out = deploy.run(inventory_of(DEPLOY_INVENTORY), session, options, never, client=FakeDashboard())
-    assert out.exit_code == 0 and session.calls == [] and "fabric_proof" not in out.doc
+    out = deploy.run(inventory_of(DEPLOY_INVENTORY), nodes.session(inventory_of(DEPLOY_INVENTORY)),
+                     options, never, client=FakeDashboard())
+    assert out.exit_code == 0 and nodes.sent == [] and "fabric_proof" not in out.doc
     assert "fabric proof skipped: placement only, no engine starts" in out.doc["notes"]
 
 
@@ -670,18 +678,22 @@ PLAYBOOKS = {"deploy": "run", "drain": "run", "fix": "run", "fix (undo)": "undo"
              "status": "run", "uncordon": "run", "tune": "run", "undeploy": "run"}
 NOT_PLAYBOOKS = {"__init__", "outcome", "relay", "fix_model", "cache_stage", "serve_wait",
                  "prometheus_head"}
+# playbooks/deploy.py is another engineer's this round: its `session` gets its type at the merge
+UNTYPED_SESSION = {"deploy"}
 
 
 @pytest.mark.parametrize("name", sorted(PLAYBOOKS))
 def test_every_playbook_has_the_one_shape(name):
-    """run(inventory, session, options, confirm, on_event) -> an Outcome; options a frozen
-    dataclass; anything else keyword-only."""
+    """run(inventory, session, options, confirm, on_event) -> an Outcome; the session a
+    Session (issue 43 item 4: a typed session, the tests' fake nodes behind a real one);
+    options a frozen dataclass; anything else keyword-only."""
     import dataclasses
     import importlib
     import inspect
     import typing
 
     from cluster.nodes.inventory import Inventory
+    from cluster.nodes.remote import Session
     from playbooks.outcome import Outcome
 
     module = importlib.import_module(f"playbooks.{name.split()[0]}")
@@ -692,6 +704,8 @@ def test_every_playbook_has_the_one_shape(name):
     assert all(p.kind is p.KEYWORD_ONLY for p in params[5:]), params[5:]
     hints = typing.get_type_hints(run)
     assert hints["inventory"] is Inventory
+    if name.split()[0] not in UNTYPED_SESSION:
+        assert hints.get("session") is Session, hints.get("session")
     options = hints["options"]
     assert dataclasses.is_dataclass(options) and options.__dataclass_params__.frozen
     assert issubclass(hints["return"], Outcome)
@@ -707,7 +721,7 @@ def test_after_running_the_ranks_logs_are_read_once_for_the_cache_and_the_proof(
     nodes, each node once; both readers get the texts from it."""
     from types import SimpleNamespace
 
-    from fakes import CannedSession, fake_inventory, result
+    from fakes import FakeRunner, fake_inventory, result
     from playbooks import cache_stage, deploy as deploy_playbook
 
     inv = fake_inventory(3)
@@ -715,18 +729,19 @@ def test_after_running_the_ranks_logs_are_read_once_for_the_cache_and_the_proof(
     docs = {n.name: result(n.name, json.dumps({"files": [{"lines": [line + f"0123456789/rank_"
                                                                       f"{i}_0/backbone"]}]}))
             for i, n in enumerate(inv.nodes)}
-    session = CannedSession(docs)
+    nodes = FakeRunner(docs)
+    session = nodes.session(inv)
     replicas = [{"ranks": [{"rank": 0, "node": "n1"}, {"rank": 1, "node": "n2"}]}]
     ranks = cache_stage.rank_nodes(list(inv.nodes), replicas)
     plan = SimpleNamespace(slots=[SimpleNamespace(node="n2"), SimpleNamespace(node="n3")])
     said: list[str] = []
     logs = deploy_playbook._engine_logs(inv, session, ranks, plan, 1000.0, said.append)
-    assert [node for node, _, _ in session.calls] == ["n1", "n2", "n3"]
-    assert all("engine_logs" in stdin for _, _, stdin in session.calls)
+    assert sorted(nodes.nodes()) == ["n1", "n2", "n3"]
+    assert all("engine_logs" in s.stdin for s in nodes.sent)
     assert sorted(logs) == ["n1", "n2", "n3"] and "rank_1_0" in logs["n2"][0]
     assert said == ["reading the ranks' log lines on n1, n2, n3"]
     assert deploy_playbook._engine_logs(inv, session, [], None, 1000.0, said.append) == {}
-    assert len(session.calls) == 3
+    assert len(nodes.sent) == 3
 
 
 # ---------------------------------------------------------------- deploy --dry-run with no head (issue 41)

@@ -7,7 +7,7 @@ import pytest
 
 from cluster.report.render import to_json
 from cluster.nodes.shell import heredoc, without_heredocs
-from fakes import FakeClusterSession, fake_inventory
+from fakes import FakeRunner, fake_inventory, preflight_answers
 from playbooks.preflight import run_preflight
 
 KB = 1024
@@ -15,7 +15,7 @@ KB = 1024
 
 def _report(n: int) -> dict:
     inv = fake_inventory(n, "ib_hcas: [mlx5_0]")
-    return run_preflight(inv, FakeClusterSession(inv)).to_dict()
+    return run_preflight(inv, FakeRunner(respond=preflight_answers()).session(inv)).to_dict()
 
 
 def _result(doc: dict, node: str, check: str) -> dict:

@@ -28,7 +28,7 @@ from cluster.nodes.ray_env import start_env
 from cluster.ray.ray_state import GcsNode, RayState
 from cluster.nodes.remote import CommandResult
 from cluster.base.results import Status
-from fakes import cluster_cli, write_inventory
+from fakes import FakeRunner, cluster_cli, write_inventory
 from playbooks import prometheus_head as bringup
 
 REPO = Path(__file__).resolve().parents[1]
@@ -177,63 +177,64 @@ def test_the_start_command_binds_loopback_with_rays_config_and_a_short_retention
                                                        "/data/ray --port 19090")
 
 
-# ---------------------------------------------------------------- the step (recording session)
+# ---------------------------------------------------------------- the step (a fake head in a real Session)
 
 
-class Recording:
-    """A session whose head answers each verb with a canned JSON document."""
+def head_answers(replies) -> FakeRunner:
+    """Nodes whose head answers each verb of the program with a canned JSON document (or a
+    CommandResult); the program itself must come on stdin."""
+    def respond(sent):
+        assert sent.stdin is not None and "def main" in sent.stdin  # the program goes on stdin
+        doc = replies[_verb(sent)]
+        return doc if isinstance(doc, CommandResult) else json.dumps(doc) + "\n"
+    return FakeRunner(respond=respond)
 
-    def __init__(self, replies):
-        self.replies = replies
-        self.commands = []
 
-    def run(self, node, command, timeout, stdin=None):
-        assert stdin is not None and "def main" in stdin  # the program goes on stdin
-        verb = command.split(" - ", 1)[1].split()[0]
-        self.commands.append(verb)
-        doc = self.replies[verb]
-        if isinstance(doc, CommandResult):
-            return doc
-        return CommandResult(node.name, command, 0, json.dumps(doc) + "\n", "", 0.1, "ok")
+def _verb(sent) -> str:
+    return sent.command.split(" - ", 1)[1].split()[0]
+
+
+def verbs(nodes: FakeRunner) -> list[str]:
+    return [_verb(sent) for sent in nodes.sent]
 
 
 def test_up_starts_then_keeps_and_reports_a_failed_start():
     i = inv(ON)
     probe_none = {"binary": "/usr/bin/prometheus", "config": CFG, "running": None}
-    s = Recording({"probe": probe_none, "start": {"pid": 7, "ready": True}})
-    step = bringup.up(s, i)
-    assert (step.status, s.commands) == (CHANGED, ["probe", "start"])
+    s = head_answers({"probe": probe_none, "start": {"pid": 7, "ready": True}})
+    step = bringup.up(s.session(i), i)
+    assert (step.status, verbs(s)) == (CHANGED, ["probe", "start"])
     assert "pid 7" in step.message
     running = {"pid": 7, "config": CFG, "listen": "127.0.0.1:9090", "ready": True}
-    s = Recording({"probe": dict(probe_none, running=running)})
-    step = bringup.up(s, i)
-    assert (step.status, s.commands) == (OK, ["probe"])
-    s = Recording({"probe": probe_none, "start": {"pid": 7, "ready": False, "exit_code": 1,
+    s = head_answers({"probe": dict(probe_none, running=running)})
+    step = bringup.up(s.session(i), i)
+    assert (step.status, verbs(s)) == (OK, ["probe"])
+    s = head_answers({"probe": probe_none, "start": {"pid": 7, "ready": False, "exit_code": 1,
                                                   "log_tail": "err: bind: address in use\n"}})
-    step = bringup.up(s, i)
+    step = bringup.up(s.session(i), i)
     assert step.status == FAILED and "address in use" in step.message
-    s = Recording({"probe": dict(probe_none, binary=None)})
-    assert bringup.up(s, i).status == FAILED
+    s = head_answers({"probe": dict(probe_none, binary=None)})
+    assert bringup.up(s.session(i), i).status == FAILED
     broken = CommandResult("head", "x", 1, "", "Traceback...\nOSError: boom\n", 0.1, "failed")
-    step = bringup.up(Recording({"probe": broken}), i)
+    step = bringup.up(head_answers({"probe": broken}).session(i), i)
     assert step.status == FAILED and "OSError: boom" in step.message
 
 
 def test_down_reports_stopped_or_nothing():
     i = inv(ON)
-    assert bringup.down(Recording({"stop": {"stopped": 7}}), i).status == CHANGED
-    assert bringup.down(Recording({"stop": {"stopped": None}}), i).status == OK
+    assert bringup.down(head_answers({"stop": {"stopped": 7}}).session(i), i).status == CHANGED
+    assert bringup.down(head_answers({"stop": {"stopped": None}}).session(i), i).status == OK
 
 
 def test_dashboards_keep_only_plain_json_names():
     i = inv(ON)
-    s = Recording({"dashboards": {"dir": "/x", "dashboards": {
+    s = head_answers({"dashboards": {"dir": "/x", "dashboards": {
         "serve_grafana_dashboard.json": "{}", "../evil.json": "{}", ".hidden.json": "{}",
         "notes.txt": "x"}}})
-    found, error = bringup.dashboards(s, i)
+    found, error = bringup.dashboards(s.session(i), i)
     assert error is None and list(found) == ["serve_grafana_dashboard.json"]
     found, error = bringup.dashboards(
-        Recording({"dashboards": {"dir": "/x", "dashboards": {}}}), i)
+        head_answers({"dashboards": {"dir": "/x", "dashboards": {}}}).session(i), i)
     assert found == {} and "no Grafana dashboard under /x" in error
 
 

@@ -18,7 +18,7 @@ from cluster.nodes.ray_env import start_env
 from cluster.ray.ray_state import (GcsNode, RayState, cluster_status, parse_state_output,
                                status_exit_code)
 from cluster.nodes.remote import CommandResult
-from fakes import (GCS, H100, IDS, IPS, RAY_INVENTORY as INV, RecordingSession, gpus,
+from fakes import (GCS, H100, IDS, IPS, RAY_INVENTORY as INV, FakeRunner, gpus,
                    node_facts as facts, probe_script_output, result)
 
 
@@ -514,25 +514,32 @@ def _verb(command: str) -> str:
     return "stop" if " stop " in command else ("head" if "--head" in command else "start")
 
 
+def _head_fails(sent):
+    """A FakeRunner's respond: the head's `ray start --head` fails ("boom"); the rest succeeds."""
+    if "--head" in sent.command:
+        return result(sent.node, stderr="boom", status="failed", code=1)
+    return None
+
+
 def test_execute_up_restarts_in_order_and_staggers_workers(inv):
     from cluster.ray.ray_cluster import CHANGED, execute_up
 
     f = healthy_facts()
     f["gpu01"] = facts("gpu01", running=True, gcs="10.0.0.1:6379")  # head restart: all restart
     plan = plan_up(inv, f, state("gpu01", "gpu02", "gpu03"))
-    session = RecordingSession()
-    steps = execute_up(plan, session, inv, stagger_s=0.3)
+    nodes = FakeRunner()
+    steps = execute_up(plan, nodes.session(inv), inv, stagger_s=0.3)
     assert [s.status for s in steps] == [CHANGED] * 3
-    order = [(node, _verb(cmd)) for _, node, cmd in session.calls]
+    order = [(s.node, _verb(s.command)) for s in nodes.sent]
     # workers stop first (nothing may rejoin the dying GCS), then the head stops; then the head
     # starts while the workers wait on their nodes for its GCS port and join
     assert set(order[:2]) == {("gpu02", "stop"), ("gpu03", "stop")}
     assert order[2] == ("gpu01", "stop")
     assert set(order[3:]) == {("gpu01", "head"), ("gpu02", "start"), ("gpu03", "start")}
-    workers = [cmd for _, node, cmd in session.calls if _verb(cmd) == "start"]
+    workers = [cmd for cmd in nodes.commands() if _verb(cmd) == "start"]
     assert all(cmd.index("did not accept connections") < cmd.index(" && ") <
                cmd.index("ray.scripts.scripts start") for cmd in workers)
-    starts = sorted(t for t, _, cmd in session.calls if _verb(cmd) == "start")
+    starts = sorted(s.at for s in nodes.sent if _verb(s.command) == "start")
     assert starts[1] - starts[0] >= 0.25  # --stagger
 
 
@@ -543,17 +550,18 @@ def test_execute_up_failed_head_skips_workers_still_waiting(inv, monkeypatch):
     plan = plan_up(inv, {n: facts(n) for n in ("gpu01", "gpu02", "gpu03")}, None)
     # workers still waiting for the head's GCS when the head fails: skipped
     monkeypatch.setattr(ray_cluster, "HEAD_FAILURE_GRACE_S", 0.1)
-    steps = execute_up(plan, RecordingSession(fail_on="--head", worker_delay=1.0), inv)
+    slow_workers = FakeRunner(respond=_head_fails, delay=lambda n: 0 if n.is_head else 1.0)
+    steps = execute_up(plan, slow_workers.session(inv), inv)
     assert [s.status for s in steps] == [FAILED, SKIPPED, SKIPPED]
     assert "boom" in steps[0].message
     assert all("the head failed" in s.message for s in steps[1:])
     # workers that had already run report what happened, with the head's failure noted
-    session = RecordingSession(fail_on="--head")
-    steps = execute_up(plan, session, inv)
+    nodes = FakeRunner(respond=_head_fails)
+    steps = execute_up(plan, nodes.session(inv), inv)
     assert [s.status for s in steps] == [FAILED, CHANGED, CHANGED]
     assert all("(the head failed)" in s.message for s in steps[1:])
     # the worker commands only run `ray start` once the head's GCS accepts connections
-    for _, node, cmd in session.calls:
+    for node, cmd in ((s.node, s.command) for s in nodes.sent):
         if node != "gpu01":
             assert cmd.startswith(ray_cluster.wait_for_gcs_command(inv) + " && ") \
                 and " && env " in cmd
@@ -562,25 +570,20 @@ def test_execute_up_failed_head_skips_workers_still_waiting(inv, monkeypatch):
 def test_worker_start_retried_once_after_a_startup_timeout(inv):
     from cluster.ray.ray_cluster import CHANGED, execute_up
 
-    class FlakyOnce(RecordingSession):
-        def __init__(self):
-            super().__init__()
-            self.failed = False
+    failed = []
 
-        def run(self, node, command, timeout=None, stdin=None):
-            r = super().run(node, command, timeout, stdin)
-            if node.name == "gpu03" and "--address" in command and not self.failed:
-                self.failed = True
-                return CommandResult(node.name, command, 1, "",
-                                     "Exception: The current node timed out during startup.",
-                                     0.0, "failed")
-            return r
+    def flaky_once(sent):
+        if sent.node == "gpu03" and "--address" in sent.command and not failed:
+            failed.append(sent)
+            return result(sent.node, status="failed", code=1, error=None,
+                          stderr="Exception: The current node timed out during startup.")
+        return None
 
     plan = plan_up(inv, {n: facts(n) for n in ("gpu01", "gpu02", "gpu03")}, None)
-    session = FlakyOnce()
-    steps = {s.node: s for s in execute_up(plan, session, inv)}
+    nodes = FakeRunner(respond=flaky_once)
+    steps = {s.node: s for s in execute_up(plan, nodes.session(inv), inv)}
     assert steps["gpu03"].status == CHANGED and "retried once" in steps["gpu03"].message
-    assert [_verb(c) for _, n, c in session.calls if n == "gpu03"] == ["start", "stop", "start"]
+    assert [_verb(c) for c in nodes.commands("gpu03")] == ["start", "stop", "start"]
     assert len(steps["gpu03"].results) == 3
 
 
@@ -588,9 +591,9 @@ def test_execute_up_on_healthy_plan_runs_nothing(inv):
     from cluster.ray.ray_cluster import OK, execute_up
 
     plan = plan_up(inv, healthy_facts(), state("gpu01", "gpu02", "gpu03"))
-    session = RecordingSession()
-    assert [s.status for s in execute_up(plan, session, inv)] == [OK] * 3
-    assert session.calls == []
+    nodes = FakeRunner()
+    assert [s.status for s in execute_up(plan, nodes.session(inv), inv)] == [OK] * 3
+    assert nodes.sent == []
 
 
 def test_execute_down_workers_before_head(inv):
@@ -598,10 +601,10 @@ def test_execute_down_workers_before_head(inv):
 
     f = healthy_facts()
     f["gpu03"] = facts("gpu03")
-    session = RecordingSession()
-    steps = execute_down(plan_down(inv, f), session, inv)
+    nodes = FakeRunner()
+    steps = execute_down(plan_down(inv, f), nodes.session(inv), inv)
     assert {s.node: s.status for s in steps} == {"gpu02": CHANGED, "gpu03": OK, "gpu01": CHANGED}
-    assert [node for _, node, _ in session.calls] == ["gpu02", "gpu01"]
+    assert nodes.nodes() == ["gpu02", "gpu01"]
 
 
 # ---------------------------------------------------------------- dashboard tunnel, secrets

@@ -15,7 +15,7 @@ from cluster.inspection.reachability import (LISTEN_PROBE, Target, judge, listed
                                              plan_peers, plan_targets, probers, served_ports,
                                              still_listening)
 from cluster.base.results import Status
-from fakes import FakeClusterSession, fake_inventory, result
+from fakes import FakeRunner, fake_inventory, preflight_answers, result
 
 TH = {"full_matrix_max_nodes": 16, "peers_per_node": 4, "connect_timeout_s": 2,
       "worker_port_samples": 3, "serve_replica_ports": [30000, 31000]}
@@ -247,30 +247,32 @@ def test_stop_goes_only_where_an_expected_probe_was_not_acked():
                            {"a": {"acked": []}, "b": {"acked": []}}, {"a": 0, "b": 0}) == {"a"}
 
 
-class CommandLog(FakeClusterSession):
-    """The fake nodes, recording each command a node gets by kind (gather, clock, listen,
-    probe, stop); `unreachable` nodes answer nothing, `silent` ones give no probe document."""
+class CommandLog:
+    """A FakeRunner's `respond` over the fake nodes (preflight_answers), recording each command
+    a node gets by kind (gather, clock, listen, probe, stop); `unreachable` nodes answer
+    nothing, `silent` ones give no probe document. `session(inv)`: a real Session over them."""
 
-    def __init__(self, inv, unreachable=(), silent=()):
-        super().__init__(inv)
+    def __init__(self, unreachable=(), silent=()):
         self.kinds: list[tuple[str, str]] = []
         self.unreachable, self.silent = set(unreachable), set(silent)
+        self.nodes = preflight_answers()
 
-    def run(self, node, command, timeout=None, stdin=None):
-        if node.name in self.unreachable:
-            return result(node.name, "", command=command, status="unreachable", code=None,
+    def session(self, inv):
+        return FakeRunner(respond=self).session(inv)
+
+    def __call__(self, sent):
+        if sent.node in self.unreachable:
+            return result(sent.node, "", status="unreachable", code=None,
                           error="unreachable: link down")
-        kind = "gather" if "@@cluster-probe@@" in command else \
-            next(v for v in ("listen", "probe", "stop") if f" {v} " in f" {command} ")
-        self.kinds.append((node.name, kind))
-        if kind == "probe" and node.name in self.silent:
-            return super().run(node, "false", timeout, stdin)   # no document
-        return super().run(node, command, timeout, stdin)
-
-    def exchange(self, node, command, asks, enough, timeout=None, after=None):
-        if after is None:        # a clock command of its own (the gather's conversation is not)
-            self.kinds.append((node.name, "clock"))
-        return super().exchange(node, command, asks, enough, timeout, after)
+        if sent.asks is not None and sent.after is None:
+            kind = "clock"       # a clock command of its own (the gather's conversation is not)
+        else:
+            kind = "gather" if "@@cluster-probe@@" in sent.command else \
+                next(v for v in ("listen", "probe", "stop") if f" {v} " in f" {sent.command} ")
+        self.kinds.append((sent.node, kind))
+        if kind == "probe" and sent.node in self.silent:
+            return '{"stopped": true}\n'      # no probe document
+        return self.nodes(sent)
 
     def sent(self, kind: str) -> list[str]:
         return sorted(n for n, k in self.kinds if k == kind)
@@ -284,19 +286,21 @@ def test_a_healthy_preflight_sends_two_commands_a_node_and_no_listen_stop_or_clo
     from playbooks.preflight import run_preflight
 
     inv = fake_inventory(3)
-    session = CommandLog(inv)
+    log = CommandLog()
+    session = log.session(inv)
     report = run_preflight(inv, session)
     reach = [r for r in report.results if r.check == "reachability"]
     assert reach and all(r.status == Status.OK for r in reach), [r.summary for r in reach]
-    assert sorted(session.kinds) == sorted((n, k) for n in ("n1", "n2", "n3")
+    assert sorted(log.kinds) == sorted((n, k) for n in ("n1", "n2", "n3")
                                            for k in ("gather", "probe"))
     skew = next(r for r in report.results if r.check == "clock-skew")
     assert skew.status == Status.OK and set(skew.evidence.data["nodes"]) == {"n1", "n2", "n3"}
 
-    session = CommandLog(inv, silent={"n3"})
+    log = CommandLog(silent={"n3"})
+    session = log.session(inv)
     run_preflight(inv, session)
-    assert session.sent("stop") == ["n1", "n2"]
-    assert session.sent("listen") == []
+    assert log.sent("stop") == ["n1", "n2"]
+    assert log.sent("listen") == []
 
 
 def test_ups_gather_starts_the_listeners_so_its_preflight_sends_no_listen_either():
@@ -306,18 +310,20 @@ def test_ups_gather_starts_the_listeners_so_its_preflight_sends_no_listen_either
     from playbooks.ray_up import gather_facts, run_preflight
 
     inv = fake_inventory(3)
-    session = CommandLog(inv)
+    log = CommandLog()
+    session = log.session(inv)
     facts, listeners = gather_facts(session, inv, with_preflight=True)
     assert listeners is not None and sorted(listeners.served) == ["n1", "n2", "n3"]
     report = run_preflight(inv, session, facts, listeners)
     reach = [r for r in report.results if r.check == "reachability"]
     assert reach and all(r.status == Status.OK for r in reach), [r.summary for r in reach]
-    assert sorted(session.kinds) == sorted((n, k) for n in ("n1", "n2", "n3")
+    assert sorted(log.kinds) == sorted((n, k) for n in ("n1", "n2", "n3")
                                            for k in ("gather", "probe"))
     assert all(f.clock is not None and f.clock.offset_s is not None for f in facts.values())
-    session = CommandLog(inv)
+    log = CommandLog()
+    session = log.session(inv)
     facts, listeners = gather_facts(session, inv, with_preflight=False)
-    assert listeners is None and session.sent("gather") == ["n1", "n2", "n3"]
+    assert listeners is None and log.sent("gather") == ["n1", "n2", "n3"]
     assert all(LISTEN_PROBE not in f.outputs for f in facts.values())
 
 
@@ -330,11 +336,12 @@ def test_facts_handed_in_without_their_listeners_are_refused_before_any_command(
     from playbooks.preflight import run_preflight
 
     inv = fake_inventory(3)
-    facts, _ = gather_facts(CommandLog(inv), inv, with_preflight=True)
-    session = CommandLog(inv)
+    facts, _ = gather_facts(CommandLog().session(inv), inv, with_preflight=True)
+    log = CommandLog()
+    session = log.session(inv)
     with pytest.raises(ValueError, match="gather_with_listeners"):
         run_preflight(inv, session, facts=facts)
-    assert session.kinds == []
+    assert log.kinds == []
 
 
 def test_listeners_told_of_a_peer_that_is_unreachable_by_the_probes_are_stopped():
@@ -345,12 +352,14 @@ def test_listeners_told_of_a_peer_that_is_unreachable_by_the_probes_are_stopped(
     from playbooks.preflight import run_preflight
 
     inv = fake_inventory(3)
-    session = CommandLog(inv, unreachable={"n3"})
+    log = CommandLog(unreachable={"n3"})
+    session = log.session(inv)
     run_preflight(inv, session, measure_clock=False)
-    assert session.sent("stop") == ["n1", "n2"]
-    assert not [k for n, k in session.kinds if n == "n3"]      # nothing more is sent to n3
+    assert log.sent("stop") == ["n1", "n2"]
+    assert not [k for n, k in log.kinds if n == "n3"]      # nothing more is sent to n3
 
-    session = CommandLog(inv, unreachable={"n2", "n3"})
+    log = CommandLog(unreachable={"n2", "n3"})
+    session = log.session(inv)
     report = run_preflight(inv, session, measure_clock=False)
-    assert session.sent("stop") == ["n1"]   # one reachable node: no probes, its listener stopped
+    assert log.sent("stop") == ["n1"]   # one reachable node: no probes, its listener stopped
     assert not [r for r in report.results if r.check == "reachability"]   # nothing to probe

@@ -27,7 +27,7 @@ from cluster.ray import ray_cluster, rollout
 from cluster.node_programs import _common
 from cluster.ray.ray_cluster import REFUSE, START, plan_up
 from cluster.nodes.shell import SECRET_ENV_FROM_STDIN
-from fakes import RecordingSession
+from fakes import FakeRunner
 from fakes import cluster_cli
 from fakes import RAY_INVENTORY as INV, node_facts as facts
 
@@ -87,9 +87,9 @@ def test_the_drain_client_gets_the_inventory_token_on_stdin_never_argv():
     inv = inventory.loads(_with_env(INV, "gpu01", f"{{RAY_AUTH_TOKEN: {TOKEN}}}"))
     cmd = rollout.drain_command(inv, "ab" * 28, "msg", auth_mode="token")
     assert cmd.startswith(SECRET_ENV_FROM_STDIN) and TOKEN not in cmd
-    session = RecordingSession()
-    ray_cluster.run_node_command(session, inv.head, cmd, 10)
-    assert TOKEN in session.stdins[-1][1]
+    nodes = FakeRunner()
+    ray_cluster.run_node_command(nodes.session(inv), inv.head, cmd, 10)
+    assert TOKEN in nodes.sent[-1].stdin
 
 
 def _proc(root: Path, procs: dict[int, tuple[str, dict[str, str], str]],

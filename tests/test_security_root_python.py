@@ -27,7 +27,7 @@ from cluster.base.errors import RemoteError
 from cluster.base.results import Status
 from cluster.nodes.inventory import loads
 from cluster.nodes.remote import CommandResult
-from fakes import CannedSession, check_probes, cluster_cli, judge, probe_output
+from fakes import FakeRunner, check_probes, cluster_cli, judge, probe_output
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(REPO))       # this checkout's package, from any cwd
@@ -71,24 +71,17 @@ def local_inventory(python: Path | str, env: dict | None = None, user: str | Non
     return loads(json.dumps({"nodes": [node], "ray": ray}))
 
 
-class LocalSession:
-    """Runs each command with bash here, in `cwd`, with PYTHONPATH = cwd (the attacker's)."""
-
-    def __init__(self, inventory, cwd: Path):
-        self.inventory, self.cwd, self.commands = inventory, cwd, []
-
-    def run(self, node, command, timeout=None, stdin=None):
-        self.commands.append(command)
+def run_here(cwd: Path) -> FakeRunner:
+    """Nodes that run each command with bash here, in `cwd`, with PYTHONPATH = cwd (the
+    attacker's)."""
+    def respond(sent):
         start = time.monotonic()
-        p = subprocess.run(["bash", "-c", command], input=stdin or "", capture_output=True,
-                           text=True, timeout=120, cwd=self.cwd,
-                           env=dict(os.environ, PYTHONPATH=str(self.cwd)))
-        return CommandResult(node.name, command, p.returncode, p.stdout, p.stderr,
+        p = subprocess.run(["bash", "-c", sent.command], input=sent.stdin or "",
+                           capture_output=True, text=True, timeout=120, cwd=cwd,
+                           env=dict(os.environ, PYTHONPATH=str(cwd)))
+        return CommandResult(sent.node, sent.command, p.returncode, p.stdout, p.stderr,
                              time.monotonic() - start, "ok")
-
-    def fan_out(self, nodes, command, timeout=None, stdin=None):
-        return tuple(self.run(n, command(n) if callable(command) else command, timeout, stdin)
-                     for n in nodes)
+    return FakeRunner(respond=respond)
 
 
 # ---------------------------------------------------------------- item 2: root runs no site
@@ -104,14 +97,14 @@ def test_root_never_starts_the_ray_users_interpreter(tmp_path):
     python, _site, home = hostile_venv(tmp_path)
     inv = local_inventory(python)
     assert inv.ray.root_python == "/usr/bin/python3"
-    session = LocalSession(inv, home)
+    nodes = run_here(home)
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
-    got = manifests(inv, session, [inv.head], True, lambda n: str(model))
+    got = manifests(inv, nodes.session(inv), [inv.head], True, lambda n: str(model))
     assert isinstance(got["here"], Manifest), got
-    assert session.commands and not [c for c in session.commands if str(python) in c]
-    assert all(c.startswith("/usr/bin/python3 -I -S ") for c in session.commands)
+    assert nodes.sent and not [c for c in nodes.commands() if str(python) in c]
+    assert all(c.startswith("/usr/bin/python3 -I -S ") for c in nodes.commands())
     assert ran(tmp_path) == []
 
 
@@ -137,7 +130,8 @@ def test_root_node_programs_run_none_of_a_user_writable_virtualenvs_code(tmp_pat
     python, _site, home = hostile_venv(tmp_path)
     inv = local_inventory(python, root_python=python)
     node = inv.head
-    session = LocalSession(inv, home)
+    nodes = run_here(home)
+    session = nodes.session(inv)
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
@@ -149,7 +143,7 @@ def test_root_node_programs_run_none_of_a_user_writable_virtualenvs_code(tmp_pat
                         wrap=lambda command: as_root(command, node, inv, True))
     doc = document_of(run_call(session, node, call), "fix_files")
     assert isinstance(doc, dict) and doc.get("files"), doc
-    assert all(" -I -S " in c for c in session.commands), session.commands
+    assert all(" -I -S " in c for c in nodes.commands()), nodes.commands()
     assert ran(tmp_path) == []
 
 
@@ -160,7 +154,7 @@ def test_the_planted_code_does_run_without_the_root_flags(tmp_path):
 
     python, _site, home = hostile_venv(tmp_path)
     inv = local_inventory(python)
-    run_call(LocalSession(inv, home), inv.head, program_call(str(python), "reach", ["--help"]))
+    run_call(run_here(home).session(inv), inv.head, program_call(str(python), "reach", ["--help"]))
     assert {"pth", "sitecustomize"} <= set(ran(tmp_path))
 
 
@@ -231,10 +225,12 @@ def test_the_hub_pull_runs_as_the_ssh_user_never_through_sudo():
                             "nodes": [{"name": "n1", "address": "198.51.100.1", "role": "head",
                                        "env": {"HF_TOKEN": TOKEN}}]}))
     answer = CommandResult("n1", "", 0, '{"dir": "/m", "files": 1, "bytes": 1}\n', "", 0.1, "ok")
-    session = CannedSession(answer, inv)
-    got = hub_download(inv, session, inv.head, "org/name", PullOptions("org/name"), "/m", False)
+    nodes = FakeRunner(answer)
+    got = hub_download(inv, nodes.session(inv), inv.head, "org/name", PullOptions("org/name"),
+                       "/m", False)
     assert got["files"] == 1
-    (_node, command, stdin), = session.calls
+    (sent,) = nodes.sent
+    command, stdin = sent.command, sent.stdin
     assert "sudo" not in command and " -S " not in command, command
     assert command.startswith("/home/ray/venv/bin/python -c ")
     assert TOKEN not in command and TOKEN in stdin
@@ -353,7 +349,7 @@ def test_the_laptop_scrubs_the_nodes_error_before_cutting_it():
     for error in ("y" * 360 + TOKEN, "y" * 50 + TOKEN + "z" * 400, "y" * 300 + TOKEN[:12]):
         answer = CommandResult("n1", "", 0, json.dumps({"error": error}) + "\n", "", 0.1, "ok")
         with pytest.raises(RemoteError) as caught:
-            hub_download(inv, CannedSession(answer, inv), inv.head, "org/name",
+            hub_download(inv, FakeRunner(answer).session(inv), inv.head, "org/name",
                          PullOptions("org/name"), "/m", False)
         assert _leaks(str(caught.value)) == [], str(caught.value)
 

@@ -92,3 +92,69 @@ def test_the_heavy_modules_named_for_the_order_exist():
     table = text.split("HEAVY_MODULE_COST_S = {", 1)[1].split("}", 1)[0]
     names = [line.split('"')[1] for line in table.splitlines() if '"' in line]
     assert names and all(suite_modules().get(Path(n).stem) for n in names), names
+
+
+# ---------------------------------------------------------------- one fake of the nodes (issue 43 item 4)
+
+NODE_METHODS = {"run", "exchange", "fan_out", "fan_out_exchange"}
+
+
+def session_stand_ins(text: str) -> list[str]:
+    """The classes of a module that stand in for a Session or a Runner: named *Session or
+    *Runner, or with a run / exchange / fan_out / fan_out_exchange method whose first argument
+    is a node (or nodes); or a session's runner swapped by assignment (`x.runner_for = ...`)."""
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.ClassDef):
+            takes_nodes = [f.name for f in node.body if isinstance(f, ast.FunctionDef)
+                           and f.name in NODE_METHODS and len(f.args.args) > 1
+                           and f.args.args[1].arg in ("node", "nodes")]
+            if takes_nodes or node.name.endswith(("Session", "Runner")):
+                found.append(node.name)
+        elif isinstance(node, ast.Assign):
+            found += [f"{ast.unparse(t)} =" for t in node.targets
+                      if isinstance(t, ast.Attribute) and t.attr == "runner_for"]
+    return found
+
+
+def test_the_scan_sees_a_session_of_a_test_modules_own():
+    """Control: the shapes the six old session fakes had are each seen."""
+    text = ("class CannedSession:\n    pass\n"
+            "class Flaky:\n    def run(self, node, command, timeout=None):\n        pass\n"
+            "class Group:\n    def fan_out(self, nodes, command):\n        pass\n"
+            "class Serve:\n    def run(self, app):\n        pass\n"
+            "session.runner_for = lambda node: runner\n")
+    assert session_stand_ins(text) == ["CannedSession", "Flaky", "Group", "session.runner_for ="]
+
+
+def test_fakes_has_one_fake_of_the_nodes():
+    """tests/fakes.py's FakeRunner (a Runner inside a real Session) is the only stand-in for the
+    nodes: no second session fake re-implementing fan_out / run / exchange."""
+    assert session_stand_ins((TESTS / "fakes.py").read_text()) == ["FakeRunner"]
+
+
+@pytest.mark.parametrize("name", sorted(str(p.relative_to(TESTS)) for p in suite_modules().values()
+                                        if p.name != "fakes.py"))
+def test_a_suite_module_defines_no_session_of_its_own(name):
+    assert session_stand_ins((TESTS / name).read_text()) == []
+
+
+def test_the_fake_nodes_run_inside_a_real_session():
+    """FakeRunner is only the nodes: the Session's own hooks, result building (a ConnectError
+    or CommandTimeout raised by the runner becomes an unreachable / timeout result) and fan-out
+    in node order run as they do over SSH."""
+    from cluster.base.errors import CommandTimeout, ConnectError
+    from fakes import FakeRunner, fake_inventory, result
+
+    inv = fake_inventory(3)
+    nodes = FakeRunner({"n1": result("n1", "up\n"), "n2": ConnectError("n2", "refused"),
+                        "n3": CommandTimeout("n3", 7.0)})
+    seen = []
+    with nodes.session(inv, hooks=[seen.append]) as session:
+        got = session.fan_out(inv.nodes, lambda n: f"echo {n.name}", timeout=7.0)
+    assert [(r.node, r.status, r.command) for r in got] == [
+        ("n1", "ok", "echo n1"), ("n2", "unreachable", "echo n2"), ("n3", "timeout", "echo n3")]
+    assert got[0].stdout == "up\n" and got[1].error == "n2: refused"
+    assert sorted(r.node for r in seen) == ["n1", "n2", "n3"]
+    assert sorted((s.node, s.command, s.timeout) for s in nodes.sent) == [
+        ("n1", "echo n1", 7.0), ("n2", "echo n2", 7.0), ("n3", "echo n3", 7.0)]

@@ -109,7 +109,7 @@ def test_up_passes_force_to_the_plan(monkeypatch, force):
     from playbooks import ray_up
     inv = fakes.fake_inventory(3)
     _documents(monkeypatch, "n3", vllm="0.31.0")
-    out = ray_up.run(inv, fakes.FakeClusterSession(inv),
+    out = ray_up.run(inv, fakes.FakeRunner(respond=fakes.preflight_answers()).session(inv),
                      ray_up.UpOptions(skip_preflight=True, dry_run=True, force=force),
                      confirm=lambda q: True)
     action = out.plan.action("n3")

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from cluster.commands._common import add_changing, add_json, float_range
-from cluster.commands.drain import add_node_and_wait, execute
+from cluster.commands.restart_node import add_restart_flags, run_restart
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,17 +17,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "`cluster restart-node` does (a drained Ray node takes work again only as a "
                     "new node): the health job sees it rejoin and lifts its cordon. Exit 0 done, "
                     "2 refused or failed.")
-    add_node_and_wait(p)
-    p.add_argument("--timeout", type=float_range(0, 3600, strict=True), default=240.0, metavar="S",
-                   help="how long to wait for the node to rejoin (default %(default)s)")
-    add_changing(p)
-    add_json(p)
+    add_restart_flags(p)
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from playbooks import uncordon
 
-    return execute(args, "uncordon", uncordon.run, uncordon.UncordonOptions(
-        args.node, dry_run=args.dry_run, wait_s=args.wait, join_timeout_s=args.timeout),
-        ("--timeout", args.timeout))
+    return run_restart(args, "uncordon", uncordon.run, uncordon.UncordonOptions)

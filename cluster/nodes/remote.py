@@ -718,17 +718,19 @@ class Session:
     """The runners of one CLI run: local nodes run locally, the others over reused SSH connections.
 
     Use as a context manager; `hook` is called with every CommandResult (run records, progress).
+    `runner`, when given, runs every node's commands (a Runner: the tests' fake nodes).
     `node_time_s` (exec/preflight --timeout): each call's whole time on a node, connecting
     (through its jump host too) included; a node past it is a "timeout" result at that moment.
     """
 
     def __init__(self, inventory: Inventory, hooks: Sequence[ResultHook] = (),
-                 node_time_s: float | None = None):
+                 node_time_s: float | None = None, runner: Runner | None = None):
         self.inventory = inventory
         self.hooks = list(hooks)
         self.node_time_s = node_time_s
         self._local = LocalRunner()
         self._ssh = SSHRunner(inventory.ssh)
+        self._runner = runner       # one runner for every node (the tests' fake nodes)
 
     def __enter__(self) -> "Session":
         return self
@@ -738,8 +740,12 @@ class Session:
 
     def close(self) -> None:
         self._ssh.close()
+        if self._runner is not None:
+            self._runner.close()
 
     def runner_for(self, node: Node) -> Runner:
+        if self._runner is not None:
+            return self._runner
         return self._local if node.local else self._ssh
 
     @property

@@ -79,18 +79,10 @@ class _Refused(Exception):
 
 def read_record(path: Path) -> UndoPlan:
     """The record at `path` as an UndoPlan; UsageError (one line) for anything else."""
-    from cluster.planning.modelinfo import loads_json
+    from cluster.planning.modelinfo import read_json_file
 
-    limit = bound("undo_record", "bytes")
-    try:
-        with path.open("rb") as f:
-            raw = f.read(limit + 1)
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read the undo record ({exc.strerror or exc})") from None
-    if len(raw) > limit:
-        raise UsageError(f"{path}: not a fix undo record: larger than {limit:,} bytes; nothing "
-                         f"was changed")
-    doc = loads_json(raw, f"{path}: the undo record", error=UsageError)
+    doc = read_json_file(path, "the undo record", max_bytes=bound("undo_record", "bytes"),
+                         error=UsageError)
     try:
         return parse_record(doc)
     except _Refused as exc:
