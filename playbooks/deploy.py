@@ -152,9 +152,10 @@ def _deploy(inv, session, options: DeployOptions, confirm, say, write_config,
     warnings += list(checks.warnings)
     doc["checks"] = checks.to_dict()
     problems = list(checks.problems) + deploy.capacity_problems(preview, cluster)
-    running = ((details or {}).get("applications") or {}).get(spec.name) or {}
-    renamed = _renamed(running.get("deployed_app_config"), app, options, doc)
-    roll = None if renamed else _roll(inv, details, app, preview, cluster, options, doc)
+    running_config = _running_config(client, spec.name) if before is not None else None
+    renamed = _renamed(running_config, app, options, doc)
+    roll = None if renamed else _roll(inv, details, running_config, app, preview, cluster,
+                                      options, doc)
     problems += roll.problems if roll is not None else []
     if renamed and not options.replace:
         problems.append(renamed)
@@ -182,7 +183,7 @@ def _deploy(inv, session, options: DeployOptions, confirm, say, write_config,
     if roll is not None:
         # the capacity gate once more, on what runs now (the proof and the question took time)
         details = client.serve_details()
-        roll = _roll(inv, details, app, preview, cluster, options, doc)
+        roll = _roll(inv, details, running_config, app, preview, cluster, options, doc)
         if roll is not None and roll.problems:
             doc.update(status="REFUSED", error="; ".join(roll.problems))
             return 2
@@ -221,17 +222,33 @@ def _deploy(inv, session, options: DeployOptions, confirm, say, write_config,
     say(f"not RUNNING: {doc['error']}; reading the replica logs")
     doc["log_tails"] = deploy.collect_log_tails(session, inv, outcome.state)
     if roll is not None:
-        _roll_back(inv, client, roll, details, outcome, options, say, doc)
+        _roll_back(inv, client, roll, running_config, outcome, options, say, doc)
     return 2
 
 
-def _roll(inv, details, app, preview, cluster, options: DeployOptions,
+def _running_config(client, name: str) -> dict[str, Any] | None:
+    """The config `name` runs with, its env values as deployed: Serve's details through
+    `serve_details()` mask them, which would make every config look changed and a roll-back
+    PUT the masks themselves. Held in memory only (never written to a record)."""
+    from cluster.ray.dashboard_api import SERVE_API
+
+    reply = client.request("GET", SERVE_API, redact=False)
+    if not reply.ok or not isinstance(reply.json, dict):
+        raise DeployError(f"the dashboard did not list the Serve applications: "
+                          f"{reply.describe()}")
+    app = (reply.json.get("applications") or {}).get(name)
+    config = app.get("deployed_app_config") if isinstance(app, dict) else None
+    return config if isinstance(config, dict) else None
+
+
+def _roll(inv, details, running_config, app, preview, cluster, options: DeployOptions,
           doc: dict) -> "rolling.RollPlan | None":
-    """The rolling change's steps when this app runs with another config (None: a first
-    deploy or an unchanged config); doc["roll"] shows them and the capacity at each."""
+    """The rolling change's steps when this app runs with another config (`running_config`,
+    env values unmasked; None: a first deploy or an unchanged config); doc["roll"] shows them
+    and the capacity at each."""
     spec = options.spec
     running = ((details or {}).get("applications") or {}).get(spec.name) or {}
-    if not rolling.app_changed(running.get("deployed_app_config"), app):
+    if not rolling.app_changed(running_config, app):
         return None
     names = {n.ip: n.name for n in inv.nodes}
     total = {n.name or n.ip: {"CPU": n.cpus, "GPU": n.gpus} for n in cluster.nodes}
@@ -266,7 +283,7 @@ def _renamed(old_config, app, options: DeployOptions, doc: dict) -> str | None:
             f"(--served-model-name) to roll")
 
 
-def _roll_back(inv, client, roll, details, outcome, options: DeployOptions, say,
+def _roll_back(inv, client, roll, previous, outcome, options: DeployOptions, say,
                doc: dict) -> None:
     """A roll that did not finish: name the failed step and put the previous config back
     (same code version: Serve keeps the old replicas that still run and stops the new ones)."""
@@ -275,8 +292,6 @@ def _roll_back(inv, client, roll, details, outcome, options: DeployOptions, say,
     step = rolling.failed_step(roll, old_ids, outcome.state)
     doc["roll"]["failed_step"] = step
     what = roll.steps[step - 1].describe() if roll.steps else "?"
-    previous = (((details or {}).get("applications") or {}).get(spec.name) or {}).get(
-        "deployed_app_config")
     say(f"roll step {step} of {len(roll.steps)} failed; putting the previous config back")
     applied = deploy.deploy_app(client, previous, inv) if previous else None
     back = None

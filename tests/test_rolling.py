@@ -192,6 +192,8 @@ def test_a_failed_step_stops_the_roll_and_puts_the_old_config_back(two_nodes):
     assert "the previous config is back and RUNNING (2 old replica(s) serving)" in out.doc["error"]
     assert out.doc["roll"]["failed_step"] == 1 and out.doc["roll"]["rolled_back"] is True
     assert len(serve.puts) == 2 and serve.puts[1]["args"] == first["args"]
+    # the config put back is the one deployed, env values as written (Serve's details mask them)
+    assert first["args"]["runtime_env"]["env_vars"] and "***" not in str(serve.puts[1])
     assert [r["replica_id"] for r in serve.replicas] == ["old-a", "old-b"]
 
 
