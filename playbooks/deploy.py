@@ -48,6 +48,7 @@ class DeployOptions:
     force: bool = False                 # deploy even when the proof fails (said in warnings)
     local_root: bool = False            # this process is root (the relay needs no sudo -n)
     max_unavailable: int = 1            # a roll replaces this many replicas (gangs) at a time
+    replace: bool = False               # a change that renames the deployment: replace it whole
     rollback_timeout_s: float = ROLLBACK_TIMEOUT_S
 
 
@@ -130,7 +131,8 @@ def _deploy(inv, session, options: DeployOptions, confirm, say, write_config,
 
     # 2. what Serve runs now (the port it serves on, a previous version of this app)
     if headless:
-        return _dry_run_without_head(inv, session, options, cluster, device, preview, say, doc)
+        return _dry_run_without_head(inv, session, options, cluster, device, app, preview,
+                                     say, doc)
     if client is None:
         from cluster.ray.dashboard_api import DashboardClient
         client = DashboardClient(session, inv)
@@ -150,8 +152,13 @@ def _deploy(inv, session, options: DeployOptions, confirm, say, write_config,
     warnings += list(checks.warnings)
     doc["checks"] = checks.to_dict()
     problems = list(checks.problems) + deploy.capacity_problems(preview, cluster)
-    roll = _roll(inv, details, app, preview, cluster, options, doc)
+    running_config = _running_config(client, spec.name) if before is not None else None
+    renamed = _renamed(running_config, app, options, doc)
+    roll = None if renamed else _roll(inv, details, running_config, app, preview, cluster,
+                                      options, doc)
     problems += roll.problems if roll is not None else []
+    if renamed and not options.replace:
+        problems.append(renamed)
     if problems:
         doc.update(status="REFUSED", error="; ".join(problems))
         return 2
@@ -169,13 +176,14 @@ def _deploy(inv, session, options: DeployOptions, confirm, say, write_config,
             f"Application {spec.name!r} is already deployed ({before.status}); replace it "
             + (f"(a rolling change in {len(roll.steps)} step(s), {roll.batch} replica(s) at a "
                f"time, each new one ready before an old one stops)?" if roll is not None else
+               f"({renamed}; --replace)?" if renamed else
                "(its replicas restart if the config changed)?")):
         doc["status"] = "CANCELLED"
         return 2
     if roll is not None:
         # the capacity gate once more, on what runs now (the proof and the question took time)
         details = client.serve_details()
-        roll = _roll(inv, details, app, preview, cluster, options, doc)
+        roll = _roll(inv, details, running_config, app, preview, cluster, options, doc)
         if roll is not None and roll.problems:
             doc.update(status="REFUSED", error="; ".join(roll.problems))
             return 2
@@ -214,17 +222,33 @@ def _deploy(inv, session, options: DeployOptions, confirm, say, write_config,
     say(f"not RUNNING: {doc['error']}; reading the replica logs")
     doc["log_tails"] = deploy.collect_log_tails(session, inv, outcome.state)
     if roll is not None:
-        _roll_back(inv, client, roll, details, outcome, options, say, doc)
+        _roll_back(inv, client, roll, running_config, outcome, options, say, doc)
     return 2
 
 
-def _roll(inv, details, app, preview, cluster, options: DeployOptions,
+def _running_config(client, name: str) -> dict[str, Any] | None:
+    """The config `name` runs with, its env values as deployed: Serve's details through
+    `serve_details()` mask them, which would make every config look changed and a roll-back
+    PUT the masks themselves. Held in memory only (never written to a record)."""
+    from cluster.ray.dashboard_api import SERVE_API
+
+    reply = client.request("GET", SERVE_API, redact=False)
+    if not reply.ok or not isinstance(reply.json, dict):
+        raise DeployError(f"the dashboard did not list the Serve applications: "
+                          f"{reply.describe()}")
+    app = (reply.json.get("applications") or {}).get(name)
+    config = app.get("deployed_app_config") if isinstance(app, dict) else None
+    return config if isinstance(config, dict) else None
+
+
+def _roll(inv, details, running_config, app, preview, cluster, options: DeployOptions,
           doc: dict) -> "rolling.RollPlan | None":
-    """The rolling change's steps when this app runs with another config (None: a first
-    deploy or an unchanged config); doc["roll"] shows them and the capacity at each."""
+    """The rolling change's steps when this app runs with another config (`running_config`,
+    env values unmasked; None: a first deploy or an unchanged config); doc["roll"] shows them
+    and the capacity at each."""
     spec = options.spec
     running = ((details or {}).get("applications") or {}).get(spec.name) or {}
-    if not rolling.app_changed(running.get("deployed_app_config"), app):
+    if not rolling.app_changed(running_config, app):
         return None
     names = {n.ip: n.name for n in inv.nodes}
     total = {n.name or n.ip: {"CPU": n.cpus, "GPU": n.gpus} for n in cluster.nodes}
@@ -241,7 +265,25 @@ def _roll(inv, details, app, preview, cluster, options: DeployOptions,
     return plan
 
 
-def _roll_back(inv, client, roll, details, outcome, options: DeployOptions, say,
+def _renamed(old_config, app, options: DeployOptions, doc: dict) -> str | None:
+    """Why a change cannot roll when it renames the app's Serve deployment (a new served model
+    name): Serve deletes the old deployment, every old replica at once, and starts the new one
+    beside it. doc["replaced"] names both; None when the name stays or nothing runs."""
+    names = rolling.renamed(old_config, app) if rolling.app_changed(old_config, app) else None
+    if names is None:
+        return None
+    doc["replaced"] = {"old_deployment": names[0], "new_deployment": names[1],
+                       "replace": options.replace}
+    why = (f"the served model name changes, so Serve deployment {names[0]} is replaced whole by "
+           f"{names[1]} (every old replica stops while the new ones start): no rolling change")
+    if options.replace:
+        doc["warnings"].append(f"{why} (--replace)")
+        return why
+    return (f"{why}; give --replace to do that, or keep the served model name "
+            f"(--served-model-name) to roll")
+
+
+def _roll_back(inv, client, roll, previous, outcome, options: DeployOptions, say,
                doc: dict) -> None:
     """A roll that did not finish: name the failed step and put the previous config back
     (same code version: Serve keeps the old replicas that still run and stops the new ones)."""
@@ -250,8 +292,6 @@ def _roll_back(inv, client, roll, details, outcome, options: DeployOptions, say,
     step = rolling.failed_step(roll, old_ids, outcome.state)
     doc["roll"]["failed_step"] = step
     what = roll.steps[step - 1].describe() if roll.steps else "?"
-    previous = (((details or {}).get("applications") or {}).get(spec.name) or {}).get(
-        "deployed_app_config")
     say(f"roll step {step} of {len(roll.steps)} failed; putting the previous config back")
     applied = deploy.deploy_app(client, previous, inv) if previous else None
     back = None
@@ -314,11 +354,12 @@ def _offline_cluster(inv, spec, doc: dict, why: str):
     return deploy.ClusterView.from_inventory(inv, gpus)
 
 
-def _dry_run_without_head(inv, session, options: DeployOptions, cluster, device, preview, say,
-                          doc: dict) -> int:
+def _dry_run_without_head(inv, session, options: DeployOptions, cluster, device, app, preview,
+                          say, doc: dict) -> int:
     """The rest of a dry run when no head answers: the endpoint from the inventory, the checks
     on the nodes SSH reaches (a missing model refuses; an unreached node is unchecked, exit 1),
-    the proof's groups and the ports; 0 when every node was checked."""
+    the roll from the app's last deploy record, the proof's groups and the ports; 0 when every
+    node was checked."""
     spec = options.spec
     doc.update(endpoint=deploy.endpoint_url(inv, spec.route), previous=None)
     say(f"no head answered: checking {spec.model} on {len(cluster.nodes)} inventory node(s)")
@@ -326,8 +367,16 @@ def _dry_run_without_head(inv, session, options: DeployOptions, cluster, device,
     doc["warnings"] += list(checks.warnings)
     doc["checks"] = checks.to_dict()
     doc["unchecked"] += list(checks.unchecked)
-    if checks.problems:
-        doc.update(status="REFUSED", error="; ".join(checks.problems))
+    problems = list(checks.problems)
+    record = last_deploy_record(inv.run_dir, spec.name)
+    if record is not None:
+        renamed = _renamed(record.app, app, options, doc)
+        roll = None if renamed else _roll_from_record(record, app, preview, cluster, options,
+                                                      doc)
+        problems += ([renamed] if renamed and not options.replace else
+                     roll.problems if roll is not None else [])
+    if problems:
+        doc.update(status="REFUSED", error="; ".join(problems))
         return 2
     proof_plan = _proof_plan(spec, device, cluster, inv, options, doc)
     doc["ports"] = _inter_node_ports(spec, device, cluster, inv, proof_plan)
@@ -335,6 +384,87 @@ def _dry_run_without_head(inv, session, options: DeployOptions, cluster, device,
         doc["fabric_proof"] = _planned(proof_plan)
     doc["status"] = "DRY_RUN"
     return 1 if any(not c.reached or c.error for c in checks.nodes) else 0
+
+
+@dataclass(frozen=True)
+class DeployRecord:
+    """An app's last deploy that ended RUNNING: its run's deploy.json and the app's config in
+    the Serve config it wrote (serve_config.yaml beside it)."""
+
+    path: Path
+    doc: dict
+    app: dict
+
+    def describe(self) -> str:
+        return f"the last deploy record {self.path}"
+
+
+def last_deploy_record(run_root, name: str) -> DeployRecord | None:
+    """The newest run record of `name` (deploy.json or undeploy.json under the run root): a
+    deploy that ended RUNNING with its Serve config; None when the newest removed the app or
+    none did. Dry runs and failed deploys are passed over (they changed nothing that runs);
+    a record that is a link or unreadable is skipped."""
+    from cluster.base.bounds import bound
+    from cluster.base.errors import ClusterError
+    from cluster.base import yamlfile
+    from cluster.planning.modelinfo import read_json_file
+
+    root = Path(run_root)
+    found = [p for pattern in ("*/deploy.json", "*/undeploy.json") for p in root.glob(pattern)]
+    for path in sorted(found, key=lambda p: p.parent.name, reverse=True):
+        config = path.parent / "serve_config.yaml"
+        if path.is_symlink() or path.parent.is_symlink():
+            continue
+        try:
+            doc = read_json_file(path, "run record", max_bytes=bound("files", "deploy_record"),
+                                 error=DeployError)
+        except ClusterError:
+            continue
+        if not isinstance(doc, dict) or doc.get("name") != name or doc.get("dry_run"):
+            continue
+        if path.name == "undeploy.json":
+            if doc.get("status") == "REMOVED":
+                return None
+            continue
+        if doc.get("status") != "RUNNING" or config.is_symlink():
+            continue
+        try:
+            serve = yamlfile.load(config, what="a Serve config",
+                                  error=lambda message, **_: DeployError(message)).data
+        except ClusterError:
+            continue
+        apps = [a for a in (serve or {}).get("applications") or []
+                if isinstance(a, dict) and a.get("name") == name]
+        if apps:
+            return DeployRecord(path, doc, apps[0])
+    return None
+
+
+def _roll_from_record(record: DeployRecord, app, preview, cluster, options: DeployOptions,
+                      doc: dict) -> "rolling.RollPlan | None":
+    """A headless dry run's roll: the replicas the app's last deploy record lists, on the
+    inventory's capacity (that app's replicas taken off; other apps are not known without a
+    head). doc["roll"]["source"] says the steps come from that record."""
+    if not rolling.app_changed(record.app, app):
+        doc["notes"].append(f"the config is the one in {record.describe()}: no roll")
+        return None
+    old = rolling.replicas_of_record(record.doc)
+    old_footprint = rolling.footprint_of_preview(record.doc.get("placement") or preview)
+    new_footprint = rolling.footprint_of_preview(preview)
+    if not cluster.total("CPU"):      # no ray.num_cpus: the CPUs are not known (doc["unchecked"])
+        old_footprint, new_footprint = old_footprint.without("CPU"), new_footprint.without("CPU")
+    total = {n.name or n.ip: {"CPU": n.cpus, "GPU": n.gpus} for n in cluster.nodes}
+    plan = rolling.plan_roll(old, old_footprint, new_footprint, options.spec.replicas,
+                             rolling.free_beside(total, old, old_footprint),
+                             options.max_unavailable)
+    source = (f"{record.describe()}: no head answered, so what runs now was not read; other "
+              "apps' replicas are not counted")
+    doc["roll"] = {**plan.to_dict(), "old_replicas": [r.replica_id for r in old],
+                   "max_unavailable": options.max_unavailable, "failed_step": None,
+                   "rolled_back": None, "source": source}
+    doc["unchecked"].append("the running replicas (the roll's steps come from "
+                            f"{record.describe()})")
+    return plan
 
 
 def _cache_nodes(inv, spec, cluster) -> list:

@@ -45,7 +45,7 @@ from typing import Any, Iterable, Mapping
 
 from cluster.serving.bench import RequestOutcome, summarize_level
 from cluster.inspection.checks.base import NodeCheck, NodeContext, Verdict
-from cluster.ray.dashboard_api import DashboardReply
+from cluster.ray.dashboard_api import DashboardReply, redact_runtime_envs
 from cluster.inspection.facts import GPU, NodeFacts, RayletInfo
 from cluster.nodes.inventory import Inventory, loads
 from cluster.planning.modelinfo import load_model_info
@@ -1228,7 +1228,15 @@ class FakeRollingServe:
         self.replicas = [{"replica_id": r, "state": "RUNNING", "node_ip": ip}
                          for r, ip in self.old.items()]
 
+    def request(self, method, path, body=None, redact=True):
+        assert (method, redact) == ("GET", False)
+        return DashboardReply(200, json=self._details())
+
     def serve_details(self):
+        """As the dashboard client answers: every runtime_env's env values masked."""
+        return redact_runtime_envs(self._details())
+
+    def _details(self):
         dep = {"status": "HEALTHY", "replicas": copy.deepcopy(self.replicas),
                "deployment_config": {"placement_group_bundles": self.bundles,
                                      "placement_group_strategy": "STRICT_PACK"}}

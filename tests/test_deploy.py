@@ -725,3 +725,71 @@ def test_without_a_dry_run_no_head_still_refuses(tmp_path):
     inv = _headless_inventory(tmp_path)
     p = _cli(tmp_path, "-i", str(inv), "deploy", "--model", "/models/tiny", "--yes")
     assert p.returncode == 2 and "the head did not answer" in p.stderr, p.stderr
+
+
+def _as_running_record(doc: dict, replicas: dict) -> None:
+    """A headless dry run's deploy.json turned into the record of a deploy that ended RUNNING
+    with `replicas` (id -> node): what `cluster deploy` writes after a real deploy."""
+    from pathlib import Path
+
+    doc.update(status="RUNNING", dry_run=False, replicas=[
+        {"replica_id": r, "node": n, "ranks": [{"rank": 0, "node": n}]}
+        for r, n in replicas.items()])
+    (Path(doc["run_dir"]) / "deploy.json").write_text(json.dumps(doc))
+
+
+def test_a_dry_run_with_no_head_shows_the_roll_from_the_last_deploy_record(tmp_path):
+    """No head: what runs is the app's last deploy record (deploy.json + its Serve config);
+    a changed engine arg shows the roll's steps on its replicas, saying where they come from."""
+    inv = _headless_inventory(tmp_path)
+    base = ("-i", str(inv), "deploy", "--model", "/models/tiny", "--dp", "2", "--dry-run")
+    p = _cli(tmp_path, *base, "--engine-arg", "max_num_seqs=8", "--json")
+    first = json.loads(p.stdout)
+    assert first["status"] == "DRY_RUN" and "roll" not in first, p.stdout[-2000:]
+    _as_running_record(first, {"old-a": "node1", "old-b": "node2"})
+
+    p = _cli(tmp_path, *base, "--engine-arg", "max_num_seqs=4", "--json")
+    assert p.returncode == 1 and "Traceback" not in p.stderr, (p.stdout[-2000:], p.stderr)
+    roll = json.loads(p.stdout)["roll"]
+    assert [(s["start"], s["stop"]) for s in roll["steps"]] == [(1, ["old-a"]), (1, ["old-b"])]
+    assert roll["old_replicas"] == ["old-a", "old-b"] and not roll["problems"]
+    assert roll["source"].startswith(f"the last deploy record {first['run_dir']}/deploy.json")
+    unchecked = " ".join(json.loads(p.stdout)["unchecked"])
+    assert "the roll's steps come from the last deploy record" in unchecked, unchecked
+
+    p = _cli(tmp_path, *base, "--engine-arg", "max_num_seqs=4")
+    assert "rolling change: 2 step(s), 1 replica(s) at a time" in p.stdout, p.stdout
+    assert "the steps come from the last deploy record" in p.stdout, p.stdout
+
+    p = _cli(tmp_path, *base, "--engine-arg", "max_num_seqs=8", "--json")   # unchanged
+    doc = json.loads(p.stdout)
+    assert "roll" not in doc and any("no roll" in n for n in doc["notes"]), doc["notes"]
+
+
+def test_the_last_deploy_record_passes_over_dry_runs_failures_links_and_other_apps(tmp_path):
+    from playbooks.deploy import last_deploy_record
+
+    def run(stamp, kind, serve_config=True, **doc):
+        d = tmp_path / f"{stamp}-{kind}"
+        d.mkdir()
+        (d / f"{kind}.json").write_text(json.dumps({"name": "tiny", "dry_run": False, **doc}))
+        if serve_config:
+            (d / "serve_config.yaml").write_text(yaml.safe_dump({"applications": [
+                {"name": "tiny", "args": {"stamp": stamp}}]}))
+        return d
+
+    assert last_deploy_record(tmp_path, "tiny") is None
+    run("20260101-000001", "deploy", status="RUNNING")
+    run("20260101-000002", "deploy", status="RUNNING", name="other")
+    run("20260101-000003", "deploy", status="DRY_RUN", dry_run=True)
+    run("20260101-000004", "deploy", status="DEPLOY_FAILED")
+    run("20260101-000005", "deploy", serve_config=False, status="RUNNING")
+    link = tmp_path / "20260101-000006-deploy"
+    link.symlink_to(run("20250101-000000", "deploy", status="RUNNING"))
+    found = last_deploy_record(tmp_path, "tiny")
+    assert found.app["args"] == {"stamp": "20260101-000001"}
+    assert found.path == tmp_path / "20260101-000001-deploy" / "deploy.json"
+    run("20260101-000007", "undeploy", serve_config=False, status="ABSENT")
+    assert last_deploy_record(tmp_path, "tiny").app["args"] == {"stamp": "20260101-000001"}
+    run("20260101-000008", "undeploy", serve_config=False, status="REMOVED")
+    assert last_deploy_record(tmp_path, "tiny") is None       # removed after: nothing runs

@@ -120,14 +120,16 @@ def two_nodes(monkeypatch):
     monkeypatch.setattr(lib, "collect_log_tails", lambda session, inv, state: {})
 
 
-def _run(serve, *, replicas=2, engine_args=None, dry_run=False, max_unavailable=1):
+def _run(serve, *, replicas=2, engine_args=None, dry_run=False, max_unavailable=1,
+         served_model_name=None, replace=False):
     from cluster.serving import deploy as lib
     from playbooks import deploy
 
-    spec = lib.spec_from_flags("/models/tiny", dp=replicas,
-                               engine_args=engine_args or {})
+    spec = lib.spec_from_flags("/models/tiny", dp=replicas, name="tiny",
+                               served_model_name=served_model_name, engine_args=engine_args or {})
     options = deploy.DeployOptions(spec, timeout_s=5, dry_run=dry_run,
-                                   max_unavailable=max_unavailable, rollback_timeout_s=5)
+                                   max_unavailable=max_unavailable, rollback_timeout_s=5,
+                                   replace=replace)
     return deploy.run(inventory_of(DEPLOY_INVENTORY), None, options, lambda q: True,
                       client=serve)
 
@@ -190,7 +192,36 @@ def test_a_failed_step_stops_the_roll_and_puts_the_old_config_back(two_nodes):
     assert "the previous config is back and RUNNING (2 old replica(s) serving)" in out.doc["error"]
     assert out.doc["roll"]["failed_step"] == 1 and out.doc["roll"]["rolled_back"] is True
     assert len(serve.puts) == 2 and serve.puts[1]["args"] == first["args"]
+    # the config put back is the one deployed, env values as written (Serve's details mask them)
+    assert first["args"]["runtime_env"]["env_vars"] and "***" not in str(serve.puts[1])
     assert [r["replica_id"] for r in serve.replicas] == ["old-a", "old-b"]
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_a_new_served_model_name_is_refused_as_a_roll_without_replace(two_nodes, dry_run):
+    """A new served model name renames the Serve deployment: Serve would stop every old replica
+    while the new ones start, so no roll: refused (exit 2, nothing PUT) unless --replace."""
+    serve = FakeRollingServe(_running_config(max_num_seqs=8), OLD, [{"CPU": 1.0}])
+    out = _run(serve, engine_args={"max_num_seqs": 8}, served_model_name="tiny-v2",
+               dry_run=dry_run)
+    assert out.exit_code == 2 and out.doc["status"] == "REFUSED" and serve.puts == []
+    assert "Serve deployment vllm-tiny is replaced whole by vllm-tiny-v2" in out.doc["error"]
+    assert "give --replace" in out.doc["error"] and "roll" not in out.doc
+    assert out.doc["replaced"] == {"old_deployment": "vllm-tiny",
+                                   "new_deployment": "vllm-tiny-v2", "replace": False}
+
+
+def test_replace_applies_a_new_served_model_name_as_a_whole_replacement(two_nodes):
+    serve = FakeRollingServe(_running_config(max_num_seqs=8), OLD, [{"CPU": 1.0}])
+    out = _run(serve, served_model_name="tiny-v2", replace=True, engine_args={"max_num_seqs": 8})
+    assert out.exit_code == 0 and out.doc["status"] == "RUNNING" and "roll" not in out.doc
+    assert serve.puts[-1]["args"]["model_loading_config"]["model_id"] == "tiny-v2"
+    assert any("replaced whole" in w and "--replace" in w for w in out.doc["warnings"])
+
+
+def test_replace_is_a_deploy_flag(capsys):
+    code, out, err = cluster_main(capsys, "deploy", "--help")
+    assert code == 0 and "--replace" in out
 
 
 def test_failed_step_counts_the_steps_serve_finished():

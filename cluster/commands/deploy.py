@@ -118,6 +118,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="an app that already runs with another config rolls: N replicas (a "
                           "multi-node engine is one) replaced at a time, each new one ready "
                           "before an old one stops (default %(default)s)")
+    how.add_argument("--replace", action="store_true",
+                     help="a change of the served model name renames the Serve deployment, "
+                          "which Serve replaces whole (every old replica stops while the new "
+                          "ones start): refused unless this is given")
     p.add_argument("--timeout", type=positive_float, default=DEFAULT_TIMEOUT_S, metavar="S",
                    help="how long to wait for RUNNING (default %(default)g)")
     add_changing(p)
@@ -164,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
     options = deploy.DeployOptions(spec, timeout_s=args.timeout, dry_run=args.dry_run,
                                    secrets=record.secrets, verify=not args.no_verify,
                                    force=args.force, max_unavailable=args.max_unavailable,
+                                   replace=args.replace,
                                    local_root=hasattr(os, "geteuid") and os.geteuid() == 0)
     out = deploy.DeployOutcome.start(options, str(record.path))
     doc = out.doc
@@ -251,6 +256,9 @@ def _print_roll(roll: dict | None, scrub) -> None:
         return
     stdout.print(f"rolling change: {len(roll['steps'])} step(s), {roll['batch']} replica(s) at "
                  f"a time, each new one ready before an old one stops", soft_wrap=True)
+    if roll.get("source"):
+        stdout.print(scrub(f"  the steps come from {roll['source']}"), soft_wrap=True,
+                     markup=False, highlight=False)
     for step in roll["steps"]:
         free = ", ".join(f"{v:g} {k}" for k, v in step["free_after"].items())
         mark = "" if step["fits"] else f"  DOES NOT FIT: {step['short']}"

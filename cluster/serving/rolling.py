@@ -13,6 +13,9 @@ would not fit: the capacity gate before each step, decided before anything chang
     plan_roll(old replicas, old footprint, new footprint, replicas, free per node, N) -> RollPlan
     serve_rollout(N, replicas) -> the two deployment options that make Serve take those steps
     failed_step(plan, old ids, Serve's state after) -> the first step that did not complete
+    renamed(old config, new app) -> (old, new) deployment names when a change renames it
+    replicas_of_record(deploy.json) -> the replicas a past deploy left running (a dry run
+        without a head plans from them)
 """
 
 from __future__ import annotations
@@ -40,6 +43,11 @@ class Footprint:
 
     def total(self, resource: str) -> float:
         return sum(float(b.get(resource, 0)) for b in self.bundles)
+
+    def without(self, resource: str) -> "Footprint":
+        """The same reservation with `resource` not counted (a capacity that is not known)."""
+        return Footprint(tuple({r: v for r, v in b.items() if r != resource}
+                               for b in self.bundles), self.strategy)
 
 
 @dataclass(frozen=True)
@@ -255,6 +263,50 @@ def app_changed(old_config: Mapping[str, Any] | None, new_app: Mapping[str, Any]
         return json.dumps({k: app.get(k) for k in ("import_path", "runtime_env", "args")},
                           sort_keys=True, default=str)
     return key(old_config) != key(new_app)
+
+
+def deployment_of(app: Mapping[str, Any] | None) -> str | None:
+    """The Serve deployment name an app config makes (from its served model name)."""
+    from serve_apps.config import deployment_name
+
+    model_id = (((app or {}).get("args") or {}).get("model_loading_config") or {}).get(
+        "model_id")
+    return deployment_name(str(model_id)) if model_id else None
+
+
+def renamed(old_config: Mapping[str, Any] | None,
+            new_app: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(old, new) deployment names when the change renames the app's deployment (a new served
+    model name): Serve deletes a deployment that is gone from the config and starts the new
+    one beside it, so nothing rolls. None when the name stays (or nothing runs)."""
+    old, new = deployment_of(old_config), deployment_of(new_app)
+    return (old, new) if old and new and old != new else None
+
+
+def replicas_of_record(record: Mapping[str, Any]) -> list[Replica]:
+    """The replicas a deploy record (deploy.json of a deploy that ended RUNNING) lists, each
+    with the nodes of its ranks (a single-node replica: its node)."""
+    out = []
+    for raw in record.get("replicas") or []:
+        if not isinstance(raw, Mapping):
+            continue
+        nodes = tuple(str(r.get("node") or "?") for r in raw.get("ranks") or []
+                      if isinstance(r, Mapping)) or (str(raw.get("node") or "?"),)
+        out.append(Replica(str(raw.get("replica_id") or "?"), nodes))
+    return out
+
+
+def free_beside(total: Mapping[str, Mapping[str, float]], replicas: Sequence[Replica],
+                footprint: Footprint) -> dict[str, dict[str, float]]:
+    """node -> resources free: the totals less what `replicas` (of one footprint) reserve."""
+    free = {n: {r: float(v.get(r, 0)) for r in RESOURCES} for n, v in total.items()}
+    for replica in replicas:
+        nodes = replica.nodes if len(replica.nodes) == len(footprint.bundles) else \
+            tuple(replica.nodes[:1]) * len(footprint.bundles)
+        for node, bundle in zip(nodes, footprint.bundles):
+            if node in free:
+                _take(free, node, bundle)
+    return free
 
 
 def old_replicas(details: Mapping[str, Any] | None, name: str,

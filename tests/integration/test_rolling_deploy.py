@@ -7,8 +7,10 @@ Then, for docs/serving.md "Rolling changes" (printed, not asserted): the same ki
 applied the way deploys did before the roll (the config PUT without the roll options: Serve's
 default stops an old replica before its replacement starts), under the same load.
 
-One function (one cluster) so it can move into the day-two module. Heavy: 2 nodes, ~3 engines
-at the peak; run it with SIMCLUSTER_PREFIX/SUBNET/DIR of your own.
+The body is one function, rolling_change_under_load(inventory, app name, model), so the day-two
+module can call it on its own cluster (Ray up, every node's env carrying CLUSTER_API_KEY=KEY,
+room for 3 single-CPU engines). Heavy: 2 nodes, 3 engines at the peak, ~11 min on a shared
+2-core machine; run it with SIMCLUSTER_PREFIX/SUBNET/DIR of your own.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 import threading
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -28,7 +31,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.ray, pytest.mark.vllm]
 KEY = "sk-roll-5c1e7b29d4"
 APP, SERVED = "roll", "tiny-roll"
 PROFILES = {"node1": "cpu", "node2": "cpu"}
-cli = ClusterCli(timeout=1500)
 
 
 @pytest.fixture(scope="module")
@@ -46,10 +48,34 @@ def inv(simcluster_factory, model, tmp_path_factory) -> Path:
         yield path
 
 
-def _deploy(inv: Path, model: Path, max_len: int, *extra: str) -> tuple[int, dict]:
-    return cli.json(inv, "deploy", "--model", str(model), "--dp", "2", "--name", APP,
-                    "--served-model-name", SERVED, "--max-model-len", str(max_len),
-                    "--engine-arg", "enforce_eager=true", "--yes", "--timeout", "900", *extra)
+# Every engine small and on its own threads: two CPU engines on one simulated node must not both
+# bind to the same core (vLLM's automatic binding picks the same one for every engine of TP 1),
+# so the binding is off and each engine runs one OpenMP thread; the KV cache is vLLM's minimum.
+ENGINE_ENV = ("VLLM_CPU_OMP_THREADS_BIND=nobind", "OMP_NUM_THREADS=1")
+ROLL_TIMEOUT_S = 1200        # the whole roll (two engine starts, one after the other)
+cli = ClusterCli(timeout=ROLL_TIMEOUT_S + 300)
+
+
+@dataclass(frozen=True)
+class RollFigures:
+    """What one rolling change and one plain redeploy did under the same load."""
+
+    roll_requests: int
+    roll_failed: int
+    roll_s: float
+    plain_requests: int
+    plain_failed: int
+    plain_failed_kinds: dict
+    plain_s: float
+
+
+def _deploy(inv: Path, model: Path, app: str, max_len: int, *extra: str) -> tuple[int, dict]:
+    args = ["deploy", "--model", str(model), "--dp", "2", "--name", app,
+            "--served-model-name", SERVED, "--max-model-len", str(max_len),
+            "--engine-arg", "enforce_eager=true", "--yes", "--timeout", str(ROLL_TIMEOUT_S)]
+    for pair in ENGINE_ENV:
+        args += ["--env", pair]
+    return cli.json(inv, *args, *extra)
 
 
 class Load:
@@ -89,7 +115,7 @@ def _max_model_len(endpoint: str) -> int:
         return json.load(reply)["data"][0]["max_model_len"]
 
 
-def _plain_redeploy(inv: Path, max_len: int) -> None:
+def _plain_redeploy(inv: Path, app: str, max_len: int) -> None:
     """The change as deploys applied it before the roll: the config PUT with Serve's default
     rollout (no surge), then wait for RUNNING."""
     from cluster.nodes import inventory as inventory_mod
@@ -101,31 +127,50 @@ def _plain_redeploy(inv: Path, max_len: int) -> None:
     inventory = inventory_mod.load(str(inv))
     with Session(inventory) as session:
         client = DashboardClient(session, inventory)
-        app = dict(client.serve_details()["applications"][APP]["deployed_app_config"])
-        app.pop("deployments", None)
-        app["args"] = dict(app["args"], engine_kwargs=dict(app["args"]["engine_kwargs"],
-                                                           max_model_len=max_len))
-        before = deploy.app_state(client.serve_details(), APP).last_deployed_time_s
-        assert deploy.deploy_app(client, app, inventory).ok
-        assert wait_for_app(client, APP, 900, previous_time=before).running
+        # env values as deployed (serve_details() masks them: a PUT of that would deploy masks)
+        reply = client.request("GET", "/api/serve/applications/", redact=False)
+        config = dict(reply.json["applications"][app]["deployed_app_config"])
+        config.pop("deployments", None)
+        config["args"] = dict(config["args"], engine_kwargs=dict(config["args"]["engine_kwargs"],
+                                                                 max_model_len=max_len))
+        before = deploy.app_state(client.serve_details(), app).last_deployed_time_s
+        assert deploy.deploy_app(client, config, inventory).ok
+        outcome = wait_for_app(client, app, ROLL_TIMEOUT_S, previous_time=before)
+        if not outcome.running:
+            tails = deploy.collect_log_tails(session, inventory, outcome.state)
+            raise AssertionError(f"plain redeploy not RUNNING: {outcome.state}\n"
+                                 + "\n".join(f"--- {n} ---\n{t}" for n, t in tails.items()))
 
 
-def test_a_rolling_change_under_load_fails_no_request(inv, model):
-    code, out = _deploy(inv, model, 512)
+def _under_load(endpoint: str, change) -> tuple[Load, float]:
+    """`change()` run under a steady streaming load (10 s of it before and after)."""
+    with Load(endpoint) as load:
+        time.sleep(10)
+        start = time.monotonic()
+        change()
+        took = time.monotonic() - start
+        time.sleep(10)
+    return load, took
+
+
+def rolling_change_under_load(inv: Path, app: str, model: Path) -> RollFigures:
+    """The whole check on a running cluster (`inv`: its inventory, Ray up): `app` deployed TP 1
+    with 2 replicas, a dry run of a change shows two steps, the change rolls under load with 0
+    failed requests and is in effect after; then a plain redeploy under the same load, its
+    failures counted (not asserted). The figures are printed and returned."""
+    code, out = _deploy(inv, model, app, 512)
     assert code == 0, json.dumps(out, indent=1)[-3000:]
     endpoint = out["endpoint"]
     assert _max_model_len(endpoint) == 512
 
-    code, dry = _deploy(inv, model, 448, "--dry-run")
+    code, dry = _deploy(inv, model, app, 448, "--dry-run")
     assert code == 0 and [(s["start"], len(s["stop"])) for s in dry["roll"]["steps"]] == [
         (1, 1), (1, 1)], json.dumps(dry.get("roll"), indent=1)
 
-    with Load(endpoint) as load:
-        time.sleep(10)
-        start = time.monotonic()
-        code, out = _deploy(inv, model, 448)
-        rolled_s = time.monotonic() - start
-        time.sleep(10)
+    result: dict = {}
+    load, rolled_s = _under_load(endpoint, lambda: result.update(
+        zip(("code", "out"), _deploy(inv, model, app, 448))))
+    code, out = result["code"], result["out"]
     assert code == 0, json.dumps(out, indent=1)[-3000:]
     print(f"\nrolling change: {len(load.outcomes)} requests, {len(load.failed())} failed, "
           f"roll {rolled_s:.0f} s; steps {[s['what'] for s in out['roll']['steps']]}")
@@ -133,15 +178,16 @@ def test_a_rolling_change_under_load_fails_no_request(inv, model):
     assert _max_model_len(endpoint) == 448
     assert not set(out["roll"]["old_replicas"]) & {r["replica_id"] for r in out["replicas"]}
 
-    with Load(endpoint) as plain:
-        time.sleep(10)
-        start = time.monotonic()
-        _plain_redeploy(inv, 384)
-        plain_s = time.monotonic() - start
-        time.sleep(10)
+    plain, plain_s = _under_load(endpoint, lambda: _plain_redeploy(inv, app, 384))
     kinds: dict = {}
     for o in plain.failed():
         kinds[o.error_kind] = kinds.get(o.error_kind, 0) + 1
     print(f"plain redeploy (before the roll): {len(plain.outcomes)} requests, "
           f"{len(plain.failed())} failed {kinds}, {plain_s:.0f} s")
     assert _max_model_len(endpoint) == 384
+    return RollFigures(len(load.outcomes), len(load.failed()), round(rolled_s, 1),
+                       len(plain.outcomes), len(plain.failed()), kinds, round(plain_s, 1))
+
+
+def test_a_rolling_change_under_load_fails_no_request(inv, model):
+    rolling_change_under_load(inv, APP, model)
