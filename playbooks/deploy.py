@@ -30,6 +30,7 @@ from cluster.serving import deploy, rolling
 from cluster.serving.deploy import DeploySpec
 from cluster.base.errors import DeployError, UsageError
 from cluster.nodes.inventory import Inventory
+from cluster.nodes.remote import Session
 from playbooks import cache_stage
 from playbooks.outcome import Confirm, DocOutcome, OnEvent, ignore, lines_to, never_confirm
 from playbooks.serve_wait import wait_for_app
@@ -64,7 +65,7 @@ class DeployOutcome(DocOutcome):
                     "api_key_env": spec.api_key_env, "warnings": []})
 
 
-def run(inventory: Inventory, session, options: DeployOptions, confirm: Confirm,
+def run(inventory: Inventory, session: Session, options: DeployOptions, confirm: Confirm,
         on_event: OnEvent = ignore, *, write_config: Callable[[str, str], Path] | None = None,
         out: DeployOutcome | None = None, client=None) -> DeployOutcome:
     """Fills `out` (given by a caller that records a partial outcome on an error) and returns
@@ -76,7 +77,7 @@ def run(inventory: Inventory, session, options: DeployOptions, confirm: Confirm,
     return out
 
 
-def _replica_ranks(session, inv, name: str) -> list[dict[str, Any]]:
+def _replica_ranks(session: Session, inv, name: str) -> list[dict[str, Any]]:
     """The app's replicas with their ranks ([{rank, node, node_ip, pid, state}] each), read
     once more from the head (Serve details + the rank actors in Ray's state API)."""
     from cluster.ray.ray_state import query_state, serve_applications
@@ -88,7 +89,7 @@ def _replica_ranks(session, inv, name: str) -> list[dict[str, Any]]:
     return (apps.get(name) or {}).get("replicas") or []
 
 
-def _deploy(inv, session, options: DeployOptions, confirm, say, write_config,
+def _deploy(inv, session: Session, options: DeployOptions, confirm, say, write_config,
             doc: dict[str, Any], client) -> int:
     """Prepare (config, checks), then apply and wait. Fills `doc`; returns the exit code."""
     from cluster.ray.ray_state import query_state
@@ -354,7 +355,7 @@ def _offline_cluster(inv, spec, doc: dict, why: str):
     return deploy.ClusterView.from_inventory(inv, gpus)
 
 
-def _dry_run_without_head(inv, session, options: DeployOptions, cluster, device, app, preview,
+def _dry_run_without_head(inv, session: Session, options: DeployOptions, cluster, device, app, preview,
                           say, doc: dict) -> int:
     """The rest of a dry run when no head answers: the endpoint from the inventory, the checks
     on the nodes SSH reaches (a missing model refuses; an unreached node is unchecked, exit 1),
@@ -521,7 +522,7 @@ def _planned(plan) -> dict[str, Any]:
     return {"groups": groups, "status": "planned", "plan": plan.to_dict()}
 
 
-def _prove(inv, session, plan, cluster, options: DeployOptions, say, doc: dict) -> bool:
+def _prove(inv, session: Session, plan, cluster, options: DeployOptions, say, doc: dict) -> bool:
     """Run the proof; False (doc says why) when it failed and --force was not given."""
     from playbooks.nccl_check import ProofOptions, run_proof
 
@@ -545,7 +546,7 @@ def _prove(inv, session, plan, cluster, options: DeployOptions, say, doc: dict) 
     return False
 
 
-def _engine_logs(inv, session, rank_nodes, plan, since: float, say) -> dict[str, list[str]]:
+def _engine_logs(inv, session: Session, rank_nodes, plan, since: float, say) -> dict[str, list[str]]:
     """node -> the ranks' log texts since the start, read once for both readers (the compile
     cache's ranks, the proof's groups) from the union of their nodes."""
     from cluster.serving import engine_transport
