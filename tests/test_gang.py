@@ -324,3 +324,65 @@ def test_rank_join_ignores_hostile_actor_fields():
     (replica,) = serve_applications(_details(), actors, {}, {})["gang"]["replicas"]
     assert replica["ranks"][1] == {"rank": 1, "node": None, "node_ip": None, "pid": None,
                                    "state": "running"}
+
+
+# ---------------------------------------------------------------- a replaced gang (issue 42 item 3)
+
+
+def _bundles(*ips):
+    return [{"index": i, "node_id": f"id-{ip}", "node_ip": ip, "resources": {"CPU": 1.0}}
+            for i, ip in enumerate(ips)]
+
+
+def test_a_gang_placed_on_a_draining_node_is_named_and_one_on_healthy_nodes_is_not():
+    from serve_apps.gang import bundles_on_draining_nodes
+
+    bundles = _bundles("10.0.0.1", "10.0.0.2")
+    assert bundles_on_draining_nodes(bundles, {"id-10.0.0.2": 0}) == [
+        "bundle 1 on 10.0.0.2 (node id-10.0.0.2)"]
+    assert bundles_on_draining_nodes(bundles, {"id-10.0.0.9": 0}) == []
+    assert bundles_on_draining_nodes(bundles, {}) == []
+
+
+def test_a_new_gang_proves_the_groups_of_its_own_nodes_before_its_engine():
+    from serve_apps.gang_proof import gang_proof_plan, proof_args, slot_options
+
+    config = parse_app_args(_gang_args())
+    # the gang rebuilt on node1 and node3 (node2 cordoned): the proof is of those two nodes
+    plan = gang_proof_plan(config, _bundles("10.0.0.1", "10.0.0.3"), "cpu")
+    assert plan.backend == "gloo"
+    assert [(g.kind, g.nodes) for g in plan.groups] == [("pp", ("10.0.0.1", "10.0.0.3"))]
+    assert all(29500 <= p <= 29510 for p in plan.ports)
+    assert [o["bundle_index"] for o in slot_options(plan, _bundles("10.0.0.1", "10.0.0.3"), [])] \
+        == [0, 1]
+    args = proof_args(plan, 1e10)            # what nccl_allreduce.run_groups runs
+    assert args.backend == "gloo" and args.groups["groups"][0]["members"] == [0, 1]
+    assert [n["ip"] for n in args.nodes] == ["10.0.0.1", "10.0.0.3"]
+
+
+def test_a_gpu_gang_proof_gives_bundle_0_the_replicas_gpus_and_the_others_one_gpu_each():
+    from serve_apps.gang_proof import gang_proof_plan, slot_options
+
+    config = parse_app_args(_gang_args(tensor_parallel_size=2))
+    bundles = _bundles("10.0.0.1", "10.0.0.3")
+    plan = gang_proof_plan(config, bundles, "gpu")
+    assert plan.backend == "nccl"
+    assert {(g.kind, g.nodes) for g in plan.groups} >= {("tp", ("10.0.0.1",)),
+                                                         ("tp", ("10.0.0.3",))}
+    options = slot_options(plan, bundles, ["4", "5"])
+    assert [(o["bundle_index"], o["num_gpus"], o["env"]) for o in options] == [
+        (0, 0, {"CUDA_VISIBLE_DEVICES": "4"}), (0, 0, {"CUDA_VISIBLE_DEVICES": "5"}),
+        (1, 1, {}), (1, 1, {})]
+
+
+def test_a_failed_group_of_the_proof_fails_the_replica_naming_the_group_and_its_nodes():
+    from serve_apps.gang_proof import gang_proof_plan, proof_problem
+
+    plan = gang_proof_plan(parse_app_args(_gang_args()), _bundles("10.0.0.1", "10.0.0.3"), "cpu")
+    assert proof_problem(plan, {"ok": True, "groups": [{"ok": True}]}) is None
+    why = proof_problem(plan, {"ok": False, "groups": [
+        {"ok": False, "problems": ["rank 1 on 10.0.0.3: join: timed out"]}]})
+    assert why.startswith("fabric proof of the new gang failed: pp r0 [0,1] on 10.0.0.1, "
+                          "10.0.0.3 (gloo): rank 1 on 10.0.0.3: join: timed out"), why
+    assert "not run" in proof_problem(plan, {"ok": False, "groups": [],
+                                             "problems": ["RuntimeError: no worker"]})
