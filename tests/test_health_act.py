@@ -298,14 +298,15 @@ def _readings(node, *classes, status="fail"):
                       tuple((c, f"Xid 79 on 0000:3d:00 ({c})") for c in classes))]
 
 
-def _remedy(tmp_path, extra=""):
+def _remedy(tmp_path, extra="", start=lambda work, name: work()):
     from cluster.ray_jobs.health_remedy import Remedy
 
     cluster = _Cluster()
     ray = _Ray()
     cfg = h.job_config(_inventory(extra))
     remedy = Remedy(ray, cfg, str(tmp_path / h.ACTIONS_FILE), reads=cluster,
-                    drain=cluster.drain, clock=lambda: 1000.0, sleep=lambda s: None)
+                    drain=cluster.drain, clock=lambda: 1000.0, sleep=lambda s: None,
+                    start=start)
     return remedy, cluster, ray
 
 
@@ -318,7 +319,9 @@ def test_a_lost_gpu_drains_the_node_replaces_its_gang_and_keeps_a_record(tmp_pat
 
     remedy, cluster, ray = _remedy(tmp_path)
     done = remedy.after_round({"node2": _readings("node2", "gpu_lost")}, ALIVE, RESOURCES)
-    assert [(r.node, r.action, r.outcome) for r in done] == [("node2", "cordon", "moved")]
+    assert [(r.node, r.action, r.outcome) for r in done] == [("node2", "cordon", "moving")]
+    assert [(r.action, r.outcome) for r in remedy.records] == [("cordon", "moved")]
+    assert remedy.records[0].move_s is not None
     (gcs, node_id, message, _), = cluster.drained
     assert node_id == NODE_ID["node2"] and message.startswith("cluster health: gpu_lost: ")
     assert ray.killed == [("gang/g1/rank1", "ranks")]          # the gang replaced as a whole
@@ -341,6 +344,24 @@ def test_a_lost_gpu_drains_the_node_replaces_its_gang_and_keeps_a_record(tmp_pat
     done = again.after_round({"node2": _readings("node2", status="ok")}, back, RESOURCES)
     assert [(r.node, r.action) for r in done] == [("node2", "uncordoned")]
     assert _json.loads((tmp_path / h.ACTIONS_FILE).read_text())["cordoned"] == {}
+
+
+def test_readings_go_on_while_a_cordoned_nodes_replicas_are_moving(tmp_path):
+    pending = []
+    remedy, cluster, _ = _remedy(tmp_path, start=lambda work, name: pending.append(work))
+    done = remedy.after_round({"node2": _readings("node2", "gpu_lost")}, ALIVE, RESOURCES)
+    assert [(r.action, r.outcome) for r in done] == [("cordon", "moving")]
+    assert len(pending) == 1                      # the wait for Serve is not in the period
+    doc = h.parse_actions((tmp_path / h.ACTIONS_FILE).read_text())
+    assert doc["records"][0]["outcome"] == "moving" and doc["records"][0]["move_s"] is None
+    # the next period reads and decides while the move is pending: node3 is held (max_cordons)
+    done = remedy.after_round({"node3": _readings("node3", "gpu_lost")}, ALIVE, RESOURCES)
+    assert [(r.node, r.action) for r in done] == [("node3", "held")]
+    pending.pop()()                               # the move ends: the record is completed
+    doc = h.parse_actions((tmp_path / h.ACTIONS_FILE).read_text())
+    assert [(r["node"], r["action"], r["outcome"]) for r in doc["records"]] == [
+        ("node2", "cordon", "moved"), ("node3", "held", "")]
+    assert doc["records"][0]["move_s"] >= 0 and doc["cordoned"].keys() == {"node2"}
 
 
 def test_with_report_for_every_class_the_same_xid_changes_nothing_but_a_record(tmp_path):
