@@ -286,20 +286,6 @@ class RankActor:
         return pids
 
 
-def bundles_on_draining_nodes(bundles: Sequence[Mapping[str, Any]],
-                              draining: Mapping[str, Any]) -> list[str]:
-    """`bundle I on NODE_IP (node NODE_ID)` for each bundle of the replica's placement group on
-    a node Ray is draining (`draining`: GCS's {node id: deadline ms}, a cordon of the health
-    job or `cluster drain`): a gang placed there would be replaced again at once."""
-    return [f"bundle {b.get('index')} on {b.get('node_ip') or '?'} (node {b.get('node_id')})"
-            for b in bundles if b.get("node_id") and b.get("node_id") in draining]
-
-
-def draining_nodes() -> dict[str, Any]:
-    """GCS's draining nodes ({node id hex: deadline ms}; Ray has no public call for them)."""
-    return dict(ray._private.state.state.get_draining_nodes())
-
-
 def port_is_free(host: str, port: int) -> bool:
     """A bind test on this node (the master node): True when nothing listens on host:port."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -51,8 +51,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from cluster.planning.gang import RANK_NAMESPACE, pick_port
 from serve_apps.api_key import KeyCheck, read_api_key
-from serve_apps.gang import (Gang, RankSpec, bundles_on_draining_nodes, descendants,
-                             draining_nodes, kill_tree, port_is_free)
+from serve_apps.gang import Gang, RankSpec, descendants, kill_tree, port_is_free
 from serve_apps.gang_proof import gang_proof_plan, proof_problem, run_gang_proof
 from serve_apps.priority import set_process_priority
 from serve_apps.engine_metrics import stat_loggers
@@ -221,7 +220,6 @@ class VLLMServer:
         else:
             guard = None
             if config.gang is not None:
-                self._check_gang_placement()
                 await self._prove_gang_fabric()
                 await self._start_ranks(ctx)
                 # Children of this process (the engine core and its workers) die if a rank
@@ -240,14 +238,6 @@ class VLLMServer:
                 self._gang.watch(self._on_gang_failure)
         logger.info("Replica of %r ready: device %s, %s", config.model_id,
                     self._device, self._priority_note)
-
-    def _check_gang_placement(self) -> None:
-        """A gang only on nodes Ray is not draining (cordoned by the health job or `cluster
-        drain`): raising here fails the replica before anything starts; Serve tries again."""
-        on = bundles_on_draining_nodes(self._bundles, draining_nodes())
-        if on:
-            raise RuntimeError(f"gang of {self._config.model_id!r} placed on a draining node: "
-                               f"{'; '.join(on)}")
 
     async def _prove_gang_fabric(self) -> None:
         """The fabric proof of this gang's layout on its own nodes before any rank or engine

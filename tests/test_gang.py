@@ -334,16 +334,6 @@ def _bundles(*ips):
             for i, ip in enumerate(ips)]
 
 
-def test_a_gang_placed_on_a_draining_node_is_named_and_one_on_healthy_nodes_is_not():
-    from serve_apps.gang import bundles_on_draining_nodes
-
-    bundles = _bundles("10.0.0.1", "10.0.0.2")
-    assert bundles_on_draining_nodes(bundles, {"id-10.0.0.2": 0}) == [
-        "bundle 1 on 10.0.0.2 (node id-10.0.0.2)"]
-    assert bundles_on_draining_nodes(bundles, {"id-10.0.0.9": 0}) == []
-    assert bundles_on_draining_nodes(bundles, {}) == []
-
-
 def test_a_new_gang_proves_the_groups_of_its_own_nodes_before_its_engine():
     from serve_apps.gang_proof import gang_proof_plan, proof_args, slot_options
 

@@ -5,8 +5,8 @@ nvidia-smi). One cluster, reused by the cases in order:
 
 1. `health.act` at report for every class: the Xid changes nothing but the status (a report
    record, node2's readings), no node cordoned, no drain.
-2. the default policy (gpu_lost: cordon) with two apps serving the tiny model (vLLM's CPU build:
-   the nodes' GPU tools are simulated, Ray registers CPUs only): a TP 1 x PP 2 gang across two
+2. the default policy (gpu_lost: cordon) with two apps serving the tiny model (vLLM's CPU build,
+   `--device cpu`: the nodes' GPUs are only what their tools print): a TP 1 x PP 2 gang across two
    nodes and a TP 1 app with 2 replicas, each under a steady streaming load (the bench client).
    The sick node is the gang's node other than the head (node2 when the gang took it). It is
    cordoned (Ray's drain) within one health period + 30 s of the switch, the record in `status
@@ -130,7 +130,7 @@ def test_report_for_every_class_changes_nothing_but_the_status(sim, base):
 def deploy(inv: Path, model: Path, name: str, *layout: str, core: str) -> dict:
     start = time.monotonic()
     code, out = cli_json(inv, "deploy", "--model", str(model), *layout, "--name", name,
-                         "--served-model-name", name, "--max-model-len", "256",
+                         "--served-model-name", name, "--max-model-len", "256", "--device", "cpu",
                          "--env", f"VLLM_CPU_OMP_THREADS_BIND={core}",
                          "--env", "VLLM_CPU_NUM_OF_RESERVED_CPU=0", "--yes", "--timeout", "900")
     print(f"\ndeploy {name} {' '.join(layout)}: {time.monotonic() - start:.0f} s")
