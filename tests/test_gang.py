@@ -376,3 +376,36 @@ def test_a_failed_group_of_the_proof_fails_the_replica_naming_the_group_and_its_
                           "10.0.0.3 (gloo): rank 1 on 10.0.0.3: join: timed out"), why
     assert "not run" in proof_problem(plan, {"ok": False, "groups": [],
                                              "problems": ["RuntimeError: no worker"]})
+
+
+@pytest.mark.ray
+def test_ray_places_no_new_gang_bundle_on_a_draining_node():
+    """What the replacement of a gang on a cordoned node relies on (issue 42 item 3): Ray leaves
+    a node it drains (the health job's cordon: `ray drain-node`, reason preemption) out of new
+    placement groups, so a new gang's STRICT_SPREAD group lands on the other nodes only."""
+    import ray
+    from ray.cluster_utils import Cluster
+    from ray.core.generated import autoscaler_pb2
+    from ray.util.placement_group import (placement_group, placement_group_table,
+                                          remove_placement_group)
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    try:
+        workers = [cluster.add_node(num_cpus=1, resources={"rank": 1}) for _ in range(2)]
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address)
+        accepted, why = ray._raylet.GcsClient(address=cluster.address).drain_node(
+            workers[1].node_id, autoscaler_pb2.DrainNodeReason.Value(
+                "DRAIN_NODE_REASON_PREEMPTION"), "cluster health: gpu_lost", 0)
+        assert accepted, why
+        gang = placement_group([{"rank": 1}, {"rank": 1}], strategy="STRICT_SPREAD")
+        assert not gang.wait(10)                  # two nodes needed, one left: pending
+        remove_placement_group(gang)
+        for _ in range(3):
+            one = placement_group([{"rank": 1}])
+            assert one.wait(30)
+            assert placement_group_table(one)["bundles_to_node_id"][0] == workers[0].node_id
+            remove_placement_group(one)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
