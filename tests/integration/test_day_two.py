@@ -35,8 +35,8 @@ import yaml
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray]
 
-from integration_kit import (PYTHON, ClusterCli, StreamingLoad, node_tiny_model,  # noqa: E402
-                             process_tree)
+from integration_kit import (PYTHON, REPO, ClusterCli, StreamingLoad,  # noqa: E402
+                             node_tiny_model, process_tree)
 
 cli = ClusterCli(timeout=1200)
 cli_json = cli.json
@@ -76,7 +76,8 @@ def write_inventory(sim, base: Path, act: dict | None) -> Path:
     doc["ray"] = {"num_cpus": 3, "memory": 4 * 1024 ** 3, "object_store_memory": 256 * 1024 ** 2,
                   "python": PYTHON}
     for node in doc["nodes"]:
-        node.setdefault("env", {})["CLUSTER_API_KEY"] = KEY
+        # the replicas and the health job import this tree's serve_apps and cluster
+        node.setdefault("env", {}).update(CLUSTER_API_KEY=KEY, PYTHONPATH=str(REPO))
     doc.setdefault("expectations", {})["gpus_per_node"] = 8
     doc["health"] = {"period_s": PERIOD_S, **({"act": act} if act else {})}
     doc["run_dir"] = str(base / "runs")
