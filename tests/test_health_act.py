@@ -255,6 +255,8 @@ class _Ray:
 
     def kill(self, actor):
         self.killed.append(actor)
+        for hook in getattr(self, "on_kill", ()):
+            hook(actor)
 
 
 class _Cluster:
@@ -276,8 +278,13 @@ class _Cluster:
         self.ranks = [{"name": "gang/g1/rank1", "state": "ALIVE", "pid": 1,
                        "node_id": NODE_ID[gang_on], "ray_namespace": "ranks"}]
         self.drained = []
+        self.reads, self.replaced_at = 0, 0
 
     def serve_and_ranks(self):
+        self.reads += 1
+        if self.reads == self.replaced_at:      # Serve has replaced the broken gang's replica
+            self.serve["applications"]["gang"]["deployments"]["LLM"]["replicas"][0][
+                "replica_id"] = "g2"
         return json.loads(json.dumps(self.serve)), [dict(a) for a in self.ranks]
 
     def drain(self, gcs, node_id, message, deadline_s):
@@ -303,6 +310,9 @@ def _remedy(tmp_path, extra="", start=lambda work, name: work()):
 
     cluster = _Cluster()
     ray = _Ray()
+    # Serve replaces a gang's replica once its rank actor is killed (from the next read on)
+    ray.on_kill = (lambda actor: setattr(cluster, "replaced_at",
+                                         cluster.replaced_at or cluster.reads + 1),)
     cfg = h.job_config(_inventory(extra))
     remedy = Remedy(ray, cfg, str(tmp_path / h.ACTIONS_FILE), reads=cluster,
                     drain=cluster.drain, clock=lambda: 1000.0, sleep=lambda s: None,
@@ -362,6 +372,18 @@ def test_readings_go_on_while_a_cordoned_nodes_replicas_are_moving(tmp_path):
     assert [(r["node"], r["action"], r["outcome"]) for r in doc["records"]] == [
         ("node2", "cordon", "moved"), ("node3", "held", "")]
     assert doc["records"][0]["move_s"] >= 0 and doc["cordoned"].keys() == {"node2"}
+
+
+def test_a_gang_is_moved_only_once_serve_has_replaced_its_replica(tmp_path):
+    pending = []
+    remedy, cluster, _ = _remedy(tmp_path, start=lambda work, name: pending.append(work))
+    remedy.after_round({"node2": _readings("node2", "gpu_lost")}, ALIVE, RESOURCES)
+    # the old gang's replica (rank 0 on node1, nothing of it on node2 once its rank actor is
+    # killed) is still listed for two more reads: the move is not done before it is replaced
+    cluster.replaced_at = cluster.reads + 3
+    pending.pop()()
+    assert cluster.reads == cluster.replaced_at
+    assert [(r.outcome, r.gangs_moved) for r in remedy.records] == [("moved", ("gang/g1",))]
 
 
 def test_with_report_for_every_class_the_same_xid_changes_nothing_but_a_record(tmp_path):

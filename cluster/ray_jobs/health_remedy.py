@@ -105,6 +105,14 @@ def run_drain(gcs: str, node_id: str, message: str, deadline_s: int) -> tuple[bo
     return p.returncode == 0, " ".join(tail)[:300]
 
 
+def replica_names(serve: Mapping[str, Any]) -> list[str]:
+    """`app/replica id` of every replica Serve lists (any state)."""
+    return [f"{app_name}/{r.get('replica_id')}"
+            for app_name, app in ((serve or {}).get("applications") or {}).items()
+            for dep in (app.get("deployments") or {}).values()
+            for r in dep.get("replicas") or []]
+
+
 def start_thread(work: Callable[[], None], name: str) -> None:
     threading.Thread(target=work, daemon=True, name=name).start()
 
@@ -233,7 +241,7 @@ class Remedy:
 
     def _finish_move(self, moving: ActionRecord) -> None:
         """(In its own thread) wait for the move, then complete the cordon's record."""
-        moved = self._wait_moved(moving.node_id or "")
+        moved = self._wait_moved(moving.node_id or "", frozenset(moving.gangs_moved))
         with self.lock:
             started = self.move_started.pop(moving.node, time.monotonic())
             done = _with(moving, outcome="moved" if moved else "not moved in time",
@@ -252,14 +260,16 @@ class Remedy:
             except Exception as exc:   # gone already
                 log.info("rank actor %s: %s", a.get("name"), exc)
 
-    def _wait_moved(self, node_id: str) -> bool:
-        """Until nothing of Serve is left on the node and every app is RUNNING: at most
-        move_wait_s, and at most one read per MOVE_POLL_S of it."""
+    def _wait_moved(self, node_id: str, gangs: frozenset = frozenset()) -> bool:
+        """Until nothing of Serve is left on the node, no replica of the replaced gangs
+        (`app/replica id`: their rank 0 may be on another node) is left, and every app is
+        RUNNING: at most move_wait_s, and at most one read per MOVE_POLL_S of it."""
         deadline = time.monotonic() + self.policy.move_wait_s
         for _ in range(int(self.policy.move_wait_s / MOVE_POLL_S) + 1):
             serve, ranks = self._serve_state()
             if serve is not None and not replicas_on(serve, node_id) \
                     and not gang_replicas_on(serve, ranks, node_id) \
+                    and not gangs & set(replica_names(serve)) \
                     and not apps_not_running(serve):
                 return True
             if time.monotonic() >= deadline:
