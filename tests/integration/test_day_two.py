@@ -233,7 +233,7 @@ def test_a_lost_gpu_cordons_the_node_within_a_period_and_uncordon_brings_it_back
     doc = status_until(inv, lambda d: records(d, sick, "uncordoned"), 120)
     assert doc["health_actions"]["cordoned"] == {}
     if len(gang_load.failed()) > 0.02 * len(gang_load.outcomes):
-        # measured 145 of 160 (main, 2026-12-06): the gang app's one replica is replaced break
+        # measured 119 of 236 (2026-12-06): the gang app's one replica is replaced break
         # before make (its rank actor killed, then a new gang placed, proven and started), so
         # every request of the ~150 s rebuild fails; issue 42 item 5 asks <= 2 %
         pytest.xfail(f"issue 42 item 5: the gang's app failed {gang_load.figures()}, > 2 %")
