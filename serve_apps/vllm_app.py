@@ -52,6 +52,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from cluster.planning.gang import RANK_NAMESPACE, pick_port
 from serve_apps.api_key import KeyCheck, read_api_key
 from serve_apps.gang import Gang, RankSpec, descendants, kill_tree, port_is_free
+from serve_apps.gang_proof import gang_proof_plan, proof_problem, run_gang_proof
 from serve_apps.priority import set_process_priority
 from serve_apps.engine_metrics import stat_loggers
 from serve_apps.config import (
@@ -192,6 +193,7 @@ class VLLMServer:
         self._args: argparse.Namespace | None = None
         self._probes: list[Any] = []
         self._probe_report: list[dict[str, Any]] = []
+        self._proof: dict[str, Any] | None = None
         self._gang_plan: list[dict[str, Any]] = []
         self._rank_report: list[dict[str, Any]] = []
         self._priority_note = (set_process_priority(config.process_priority)
@@ -218,6 +220,7 @@ class VLLMServer:
         else:
             guard = None
             if config.gang is not None:
+                await self._prove_gang_fabric()
                 await self._start_ranks(ctx)
                 # Children of this process (the engine core and its workers) die if a rank
                 # dies before the engine is up; from_vllm_config then raises.
@@ -235,6 +238,23 @@ class VLLMServer:
                 self._gang.watch(self._on_gang_failure)
         logger.info("Replica of %r ready: device %s, %s", config.model_id,
                     self._device, self._priority_note)
+
+    async def _prove_gang_fabric(self) -> None:
+        """The fabric proof of this gang's layout on its own nodes before any rank or engine
+        starts (serve_apps/gang_proof.py); a failed group fails the replica."""
+        plan = gang_proof_plan(self._config, self._bundles, self._device)
+        if plan is None:
+            return
+        gpu_ids = [str(g) for g in ray.get_gpu_ids()]
+        result = await asyncio.get_running_loop().run_in_executor(
+            None, run_gang_proof, self._pg, plan, self._bundles, gpu_ids)
+        why = proof_problem(plan, result)
+        self._proof = {"backend": plan.backend, "ok": why is None, "problem": why,
+                       "groups": [{k: g.get(k) for k in ("kind", "ranks", "ok", "busbw_gbps")}
+                                  for g in result.get("groups") or []]}
+        if why:
+            raise RuntimeError(why)
+        logger.info("fabric proof of the gang of %r: %s", self._config.model_id, self._proof)
 
     async def _start_ranks(self, ctx, start_engines: bool = True) -> None:
         """Node rank 0 is this replica; start the headless node ranks first (in bundles
@@ -379,6 +399,7 @@ class VLLMServer:
             "probes": self._probe_report,
             "ranks": self.ranks() if self._config.gang is not None else [],
             "gang_nodes": self._gang_plan,
+            "fabric_proof": self._proof,
             "rank_actors": self._rank_report,
             "warm_up_s": self._warm_up_s,
             "engine_kwargs": json.loads(json.dumps(shown, default=str)),

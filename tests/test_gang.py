@@ -324,3 +324,88 @@ def test_rank_join_ignores_hostile_actor_fields():
     (replica,) = serve_applications(_details(), actors, {}, {})["gang"]["replicas"]
     assert replica["ranks"][1] == {"rank": 1, "node": None, "node_ip": None, "pid": None,
                                    "state": "running"}
+
+
+# ---------------------------------------------------------------- a replaced gang (issue 42 item 3)
+
+
+def _bundles(*ips):
+    return [{"index": i, "node_id": f"id-{ip}", "node_ip": ip, "resources": {"CPU": 1.0}}
+            for i, ip in enumerate(ips)]
+
+
+def test_a_new_gang_proves_the_groups_of_its_own_nodes_before_its_engine():
+    from serve_apps.gang_proof import gang_proof_plan, proof_args, slot_options
+
+    config = parse_app_args(_gang_args())
+    # the gang rebuilt on node1 and node3 (node2 cordoned): the proof is of those two nodes
+    plan = gang_proof_plan(config, _bundles("10.0.0.1", "10.0.0.3"), "cpu")
+    assert plan.backend == "gloo"
+    assert [(g.kind, g.nodes) for g in plan.groups] == [("pp", ("10.0.0.1", "10.0.0.3"))]
+    assert all(29500 <= p <= 29510 for p in plan.ports)
+    assert [o["bundle_index"] for o in slot_options(plan, _bundles("10.0.0.1", "10.0.0.3"), [])] \
+        == [0, 1]
+    args = proof_args(plan, 1e10)            # what nccl_allreduce.run_groups runs
+    assert args.backend == "gloo" and args.groups["groups"][0]["members"] == [0, 1]
+    assert [n["ip"] for n in args.nodes] == ["10.0.0.1", "10.0.0.3"]
+
+
+def test_a_gpu_gang_proof_gives_bundle_0_the_replicas_gpus_and_the_others_one_gpu_each():
+    from serve_apps.gang_proof import gang_proof_plan, slot_options
+
+    config = parse_app_args(_gang_args(tensor_parallel_size=2))
+    bundles = _bundles("10.0.0.1", "10.0.0.3")
+    plan = gang_proof_plan(config, bundles, "gpu")
+    assert plan.backend == "nccl"
+    assert {(g.kind, g.nodes) for g in plan.groups} >= {("tp", ("10.0.0.1",)),
+                                                         ("tp", ("10.0.0.3",))}
+    options = slot_options(plan, bundles, ["4", "5"])
+    assert [(o["bundle_index"], o["num_gpus"], o["env"]) for o in options] == [
+        (0, 0, {"CUDA_VISIBLE_DEVICES": "4"}), (0, 0, {"CUDA_VISIBLE_DEVICES": "5"}),
+        (1, 1, {}), (1, 1, {})]
+
+
+def test_a_failed_group_of_the_proof_fails_the_replica_naming_the_group_and_its_nodes():
+    from serve_apps.gang_proof import gang_proof_plan, proof_problem
+
+    plan = gang_proof_plan(parse_app_args(_gang_args()), _bundles("10.0.0.1", "10.0.0.3"), "cpu")
+    assert proof_problem(plan, {"ok": True, "groups": [{"ok": True}]}) is None
+    why = proof_problem(plan, {"ok": False, "groups": [
+        {"ok": False, "problems": ["rank 1 on 10.0.0.3: join: timed out"]}]})
+    assert why.startswith("fabric proof of the new gang failed: pp r0 [0,1] on 10.0.0.1, "
+                          "10.0.0.3 (gloo): rank 1 on 10.0.0.3: join: timed out"), why
+    assert "not run" in proof_problem(plan, {"ok": False, "groups": [],
+                                             "problems": ["RuntimeError: no worker"]})
+
+
+@pytest.mark.ray
+def test_ray_places_no_new_gang_bundle_on_a_draining_node():
+    """What the replacement of a gang on a cordoned node relies on (issue 42 item 3): Ray leaves
+    a node it drains (the health job's cordon: `ray drain-node`, reason preemption) out of new
+    placement groups, so a new gang's STRICT_SPREAD group lands on the other nodes only."""
+    import ray
+    from ray.cluster_utils import Cluster
+    from ray.core.generated import autoscaler_pb2
+    from ray.util.placement_group import (placement_group, placement_group_table,
+                                          remove_placement_group)
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    try:
+        workers = [cluster.add_node(num_cpus=1, resources={"rank": 1}) for _ in range(2)]
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address)
+        accepted, why = ray._raylet.GcsClient(address=cluster.address).drain_node(
+            workers[1].node_id, autoscaler_pb2.DrainNodeReason.Value(
+                "DRAIN_NODE_REASON_PREEMPTION"), "cluster health: gpu_lost", 0)
+        assert accepted, why
+        gang = placement_group([{"rank": 1}, {"rank": 1}], strategy="STRICT_SPREAD")
+        assert not gang.wait(10)                  # two nodes needed, one left: pending
+        remove_placement_group(gang)
+        for _ in range(3):
+            one = placement_group([{"rank": 1}])
+            assert one.wait(30)
+            assert placement_group_table(one)["bundles_to_node_id"][0] == workers[0].node_id
+            remove_placement_group(one)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()

@@ -255,6 +255,8 @@ class _Ray:
 
     def kill(self, actor):
         self.killed.append(actor)
+        for hook in getattr(self, "on_kill", ()):
+            hook(actor)
 
 
 class _Cluster:
@@ -276,8 +278,13 @@ class _Cluster:
         self.ranks = [{"name": "gang/g1/rank1", "state": "ALIVE", "pid": 1,
                        "node_id": NODE_ID[gang_on], "ray_namespace": "ranks"}]
         self.drained = []
+        self.reads, self.replaced_at = 0, 0
 
     def serve_and_ranks(self):
+        self.reads += 1
+        if self.reads == self.replaced_at:      # Serve has replaced the broken gang's replica
+            self.serve["applications"]["gang"]["deployments"]["LLM"]["replicas"][0][
+                "replica_id"] = "g2"
         return json.loads(json.dumps(self.serve)), [dict(a) for a in self.ranks]
 
     def drain(self, gcs, node_id, message, deadline_s):
@@ -298,14 +305,18 @@ def _readings(node, *classes, status="fail"):
                       tuple((c, f"Xid 79 on 0000:3d:00 ({c})") for c in classes))]
 
 
-def _remedy(tmp_path, extra=""):
+def _remedy(tmp_path, extra="", start=lambda work, name: work()):
     from cluster.ray_jobs.health_remedy import Remedy
 
     cluster = _Cluster()
     ray = _Ray()
+    # Serve replaces a gang's replica once its rank actor is killed (from the next read on)
+    ray.on_kill = (lambda actor: setattr(cluster, "replaced_at",
+                                         cluster.replaced_at or cluster.reads + 1),)
     cfg = h.job_config(_inventory(extra))
     remedy = Remedy(ray, cfg, str(tmp_path / h.ACTIONS_FILE), reads=cluster,
-                    drain=cluster.drain, clock=lambda: 1000.0, sleep=lambda s: None)
+                    drain=cluster.drain, clock=lambda: 1000.0, sleep=lambda s: None,
+                    start=start)
     return remedy, cluster, ray
 
 
@@ -318,7 +329,9 @@ def test_a_lost_gpu_drains_the_node_replaces_its_gang_and_keeps_a_record(tmp_pat
 
     remedy, cluster, ray = _remedy(tmp_path)
     done = remedy.after_round({"node2": _readings("node2", "gpu_lost")}, ALIVE, RESOURCES)
-    assert [(r.node, r.action, r.outcome) for r in done] == [("node2", "cordon", "moved")]
+    assert [(r.node, r.action, r.outcome) for r in done] == [("node2", "cordon", "moving")]
+    assert [(r.action, r.outcome) for r in remedy.records] == [("cordon", "moved")]
+    assert remedy.records[0].move_s is not None
     (gcs, node_id, message, _), = cluster.drained
     assert node_id == NODE_ID["node2"] and message.startswith("cluster health: gpu_lost: ")
     assert ray.killed == [("gang/g1/rank1", "ranks")]          # the gang replaced as a whole
@@ -341,6 +354,36 @@ def test_a_lost_gpu_drains_the_node_replaces_its_gang_and_keeps_a_record(tmp_pat
     done = again.after_round({"node2": _readings("node2", status="ok")}, back, RESOURCES)
     assert [(r.node, r.action) for r in done] == [("node2", "uncordoned")]
     assert _json.loads((tmp_path / h.ACTIONS_FILE).read_text())["cordoned"] == {}
+
+
+def test_readings_go_on_while_a_cordoned_nodes_replicas_are_moving(tmp_path):
+    pending = []
+    remedy, cluster, _ = _remedy(tmp_path, start=lambda work, name: pending.append(work))
+    done = remedy.after_round({"node2": _readings("node2", "gpu_lost")}, ALIVE, RESOURCES)
+    assert [(r.action, r.outcome) for r in done] == [("cordon", "moving")]
+    assert len(pending) == 1                      # the wait for Serve is not in the period
+    doc = h.parse_actions((tmp_path / h.ACTIONS_FILE).read_text())
+    assert doc["records"][0]["outcome"] == "moving" and doc["records"][0]["move_s"] is None
+    # the next period reads and decides while the move is pending: node3 is held (max_cordons)
+    done = remedy.after_round({"node3": _readings("node3", "gpu_lost")}, ALIVE, RESOURCES)
+    assert [(r.node, r.action) for r in done] == [("node3", "held")]
+    pending.pop()()                               # the move ends: the record is completed
+    doc = h.parse_actions((tmp_path / h.ACTIONS_FILE).read_text())
+    assert [(r["node"], r["action"], r["outcome"]) for r in doc["records"]] == [
+        ("node2", "cordon", "moved"), ("node3", "held", "")]
+    assert doc["records"][0]["move_s"] >= 0 and doc["cordoned"].keys() == {"node2"}
+
+
+def test_a_gang_is_moved_only_once_serve_has_replaced_its_replica(tmp_path):
+    pending = []
+    remedy, cluster, _ = _remedy(tmp_path, start=lambda work, name: pending.append(work))
+    remedy.after_round({"node2": _readings("node2", "gpu_lost")}, ALIVE, RESOURCES)
+    # the old gang's replica (rank 0 on node1, nothing of it on node2 once its rank actor is
+    # killed) is still listed for two more reads: the move is not done before it is replaced
+    cluster.replaced_at = cluster.reads + 3
+    pending.pop()()
+    assert cluster.reads == cluster.replaced_at
+    assert [(r.outcome, r.gangs_moved) for r in remedy.records] == [("moved", ("gang/g1",))]
 
 
 def test_with_report_for_every_class_the_same_xid_changes_nothing_but_a_record(tmp_path):

@@ -100,11 +100,19 @@ def plan_proof(spec: Any, device: str, cluster: Any, inventory: Any,
     layout = spec if isinstance(spec, Layout) else Layout.from_spec(spec)
     if nnodes is not None:
         layout = replace(layout, nnodes=nnodes)
-    slots = rank_slots(layout, node_slots(layout, device, cluster, inventory))
+    return plan_on_nodes(layout, device, node_slots(layout, device, cluster, inventory),
+                         (inventory.ray.vllm_port_min, inventory.ray.vllm_port_max),
+                         inventory.expectations.get("fabric") or {})
+
+
+def plan_on_nodes(layout: Layout, device: str, nodes: Sequence[NodeSlots],
+                  port_range: tuple[int, int], fabric: Mapping[str, Any]) -> ProofPlan:
+    """The proof of `layout` on these nodes, in order (a gang replica's own nodes, where Ray
+    placed its bundles: serve_apps/gang_proof.py), stores on ports of `port_range`."""
+    slots = rank_slots(layout, nodes)
     groups = layout_groups(layout, slots)[:GROUP_MAX]
-    lo, hi = inventory.ray.vllm_port_min, inventory.ray.vllm_port_max
+    lo, hi = port_range
     span = hi - lo + 1
-    fabric = inventory.expectations.get("fabric") or {}
     backend = backend_for(device)
     size = fabric.get("size_mb") or DEFAULT_SIZE_MB[backend]
     small = max(4, int(float(fabric.get("latency_kb") or 8) * 1024) // 4 * 4)

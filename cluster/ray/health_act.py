@@ -177,7 +177,7 @@ class ActionRecord:
     reason: str
     time: float
     node_id: str | None = None
-    outcome: str = ""     # cordon: moved | not moved in time | drain refused: ...
+    outcome: str = ""     # cordon: moving, then moved | not moved in time; held: drain refused: ...
     replicas_moved: tuple[Mapping[str, Any], ...] = ()
     gangs_moved: tuple[str, ...] = ()
     move_s: float | None = None

@@ -7,8 +7,9 @@ message; rollout.drain_argv): the node takes no new work and Serve starts the re
 elsewhere. A multi-node gang with a rank actor on the node is replaced as a whole: the rank
 actor is killed (its vLLM processes die with it: serve_apps/gang.py's PDEATHSIG), the replica's
 watch fails the engine and Serve starts a new replica whose placement group avoids the
-draining node. The job then waits (at most `move_wait_s`) until no replica or rank is left on
-the node and every app is RUNNING, and records how long that took.
+draining node. A thread of the job then waits (at most `move_wait_s`) until no replica or rank
+is left on the node and every app is RUNNING, and completes the record (`moving` -> `moved` or
+`not moved in time`, with how long that took); the readings go on every period meanwhile.
 
 Every decision that is new while its finding lasts is a record (health_act.ActionRecord),
 logged (the job's log in the Ray dashboard) and kept with the nodes cordoned now in
@@ -26,6 +27,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from typing import Any, Callable, Mapping
 
@@ -38,6 +40,7 @@ from cluster.ray.rollout import (app_demands, apps_not_running, drain_argv, gang
 log = logging.getLogger("cluster.ray.health_job")
 DRAIN_TIMEOUT_S = 120.0
 MOVE_POLL_S = 3.0
+MOVING = "moving"       # a cordon's outcome while the job waits for Serve to move its replicas
 MAX_FILE_BYTES = 4 << 20
 
 
@@ -102,16 +105,30 @@ def run_drain(gcs: str, node_id: str, message: str, deadline_s: int) -> tuple[bo
     return p.returncode == 0, " ".join(tail)[:300]
 
 
+def replica_names(serve: Mapping[str, Any]) -> list[str]:
+    """`app/replica id` of every replica Serve lists (any state)."""
+    return [f"{app_name}/{r.get('replica_id')}"
+            for app_name, app in ((serve or {}).get("applications") or {}).items()
+            for dep in (app.get("deployments") or {}).values()
+            for r in dep.get("replicas") or []]
+
+
+def start_thread(work: Callable[[], None], name: str) -> None:
+    threading.Thread(target=work, daemon=True, name=name).start()
+
+
 class Remedy:
     """The policy's state across periods and its execution (one per health job)."""
 
     def __init__(self, ray: Any, config: JobConfig, path: str, reads: Any = None,
                  drain: Callable[..., tuple[bool, str]] = run_drain,
                  clock: Callable[[], float] = time.time,
-                 sleep: Callable[[float], None] = time.sleep):
+                 sleep: Callable[[float], None] = time.sleep,
+                 start: Callable[[Callable[[], None], str], None] = start_thread):
         self.ray, self.config, self.policy, self.path = ray, config, config.act, path
         self.reads = reads if reads is not None else ClusterReads(config.dashboard)
-        self.drain, self.clock, self.sleep = drain, clock, sleep
+        self.drain, self.clock, self.sleep, self.start = drain, clock, sleep, start
+        self.lock = threading.Lock()      # records and the file: the period's and a move's
         keep = max(max(self.policy.confirm.values()), self.policy.missed_after) + 1
         self.history: dict[str, collections.deque] = collections.defaultdict(
             lambda: collections.deque(maxlen=keep))
@@ -119,6 +136,7 @@ class Remedy:
         self.cordon_times: list[float] = []
         self.seen: frozenset = frozenset()
         self.records: list[ActionRecord] = []
+        self.move_started: dict[str, float] = {}    # a node being moved: when (monotonic)
         old = read_existing(path)
         if old:
             self.cordoned = {str(n): dict(c) for n, c in old["cordoned"].items()
@@ -131,7 +149,16 @@ class Remedy:
     def after_round(self, readings: Mapping[str, list[Reading]], alive: Mapping[str, str],
                     resources: Mapping[str, Mapping[str, float]]) -> list[ActionRecord]:
         """The period's readings ({name: readings}), the alive Ray nodes ({node id: name}) and
-        their resources ({name: totals}) -> the records of what was decided and done."""
+        their resources ({name: totals}) -> the records of what was decided and done. A cordon's
+        record is `moving` until its move ends (a thread: _finish_move)."""
+        with self.lock:
+            done = self._decide_and_act(readings, alive, resources)
+        for r in done:
+            if r.outcome == MOVING:
+                self.start(lambda r=r: self._finish_move(r), f"health-move-{r.node}")
+        return done
+
+    def _decide_and_act(self, readings, alive, resources) -> list[ActionRecord]:
         now = self.clock()
         ids = {name: node_id for node_id, name in alive.items()}
         done = self._lifted(ids, now)
@@ -207,13 +234,21 @@ class Remedy:
         self.cordon_times.append(now)
         lost = replicas_on(serve, node_id)
         gangs = gang_replicas_on(serve, ranks, node_id)
-        started = time.monotonic()
+        self.move_started[d.node] = time.monotonic()
         self._kill_ranks(ranks, node_id)
-        moved = self._wait_moved(node_id)
-        return _with(base, outcome="moved" if moved else "not moved in time",
-                     replicas_moved=tuple(lost + gangs),
-                     gangs_moved=tuple(sorted({f"{g['app']}/{g['replica_id']}" for g in gangs})),
-                     move_s=time.monotonic() - started)
+        return _with(base, outcome=MOVING, replicas_moved=tuple(lost + gangs),
+                     gangs_moved=tuple(sorted({f"{g['app']}/{g['replica_id']}" for g in gangs})))
+
+    def _finish_move(self, moving: ActionRecord) -> None:
+        """(In its own thread) wait for the move, then complete the cordon's record."""
+        moved = self._wait_moved(moving.node_id or "", frozenset(moving.gangs_moved))
+        with self.lock:
+            started = self.move_started.pop(moving.node, time.monotonic())
+            done = _with(moving, outcome="moved" if moved else "not moved in time",
+                         move_s=time.monotonic() - started)
+            log.warning("health act: %s", done.line())
+            self.records = [done if r is moving else r for r in self.records]
+            self.write()
 
     def _kill_ranks(self, ranks, node_id: str) -> None:
         """The rank actors on the node: killed, so their gangs are replaced as wholes."""
@@ -225,14 +260,16 @@ class Remedy:
             except Exception as exc:   # gone already
                 log.info("rank actor %s: %s", a.get("name"), exc)
 
-    def _wait_moved(self, node_id: str) -> bool:
-        """Until nothing of Serve is left on the node and every app is RUNNING: at most
-        move_wait_s, and at most one read per MOVE_POLL_S of it."""
+    def _wait_moved(self, node_id: str, gangs: frozenset = frozenset()) -> bool:
+        """Until nothing of Serve is left on the node, no replica of the replaced gangs
+        (`app/replica id`: their rank 0 may be on another node) is left, and every app is
+        RUNNING: at most move_wait_s, and at most one read per MOVE_POLL_S of it."""
         deadline = time.monotonic() + self.policy.move_wait_s
         for _ in range(int(self.policy.move_wait_s / MOVE_POLL_S) + 1):
             serve, ranks = self._serve_state()
             if serve is not None and not replicas_on(serve, node_id) \
                     and not gang_replicas_on(serve, ranks, node_id) \
+                    and not gangs & set(replica_names(serve)) \
                     and not apps_not_running(serve):
                 return True
             if time.monotonic() >= deadline:

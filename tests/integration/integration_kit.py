@@ -291,3 +291,63 @@ def node_tiny_model(builder, kind: str = "dense", needs: tuple[str, ...] = ()) -
         if importlib.util.find_spec(needed) is None:
             pytest.skip(f"this test needs {needed}, not installed")
     return builder.build_tiny_model(NODE_MODELS / kind, kind)
+
+
+class StreamingLoad:
+    """A steady streaming load on one app (cluster/serving/bench.py's client, `concurrency` at
+    a time) in a thread until the block ends; every request's outcome is kept (.outcomes)."""
+
+    def __init__(self, endpoint: str, model: str, api_key: str, concurrency: int = 1,
+                 output_len: int = 16):
+        from cluster.serving.bench import BenchConfig
+
+        self.config = BenchConfig(url=endpoint, model=model, concurrency=(concurrency,),
+                                  requests=4 * concurrency, prompt_len=16, output_len=output_len,
+                                  api_key=api_key, timeout_s=300)
+        self.outcomes: list = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        from cluster.serving.bench import run_bench
+
+        while not self._stop.is_set():
+            run_bench(self.config, on_request=lambda _c, o: self.outcomes.append(o))
+
+    def __enter__(self) -> "StreamingLoad":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=600)
+
+    def failed(self) -> list:
+        return [o for o in self.outcomes if not o.ok]
+
+    def figures(self) -> str:
+        kinds: dict[str, int] = {}
+        for o in self.failed():
+            kinds[o.error_kind] = kinds.get(o.error_kind, 0) + 1
+        share = 100.0 * len(self.failed()) / max(1, len(self.outcomes))
+        return f"{len(self.outcomes)} requests, {len(self.failed())} failed ({share:.1f} %) {kinds}"
+
+
+def process_tree(sim, node: str, roots: set[int]) -> dict[int, str]:
+    """pid -> command line of `roots` and every descendant of them on the simulated node (its
+    own PID namespace, read with `ps` inside it)."""
+    p = sim.exec(node, "ps", "-eo", "pid=,ppid=,args=", check=True)
+    parent, args = {}, {}
+    for line in p.stdout.splitlines():
+        pid, ppid, cmd = (line.split(None, 2) + [""])[:3]
+        parent[int(pid)], args[int(pid)] = int(ppid), cmd
+    out = {}
+    for pid in args:
+        walk, seen = pid, set()
+        while walk and walk not in seen:
+            if walk in roots:
+                out[pid] = args[pid]
+                break
+            seen.add(walk)
+            walk = parent.get(walk, 0)
+    return out

@@ -5,13 +5,24 @@ nvidia-smi). One cluster, reused by the cases in order:
 
 1. `health.act` at report for every class: the Xid changes nothing but the status (a report
    record, node2's readings), no node cordoned, no drain.
-2. the default policy (gpu_lost: cordon): node2 cordoned (Ray's drain) within one health period
-   + 30 s of the switch, the record in `status --json`'s `health_actions` and the job's log;
-   `cluster uncordon node2` refused while its preflight fails, then (GPU back) accepted, and the
-   job lifts the cordon when node2 rejoins under a new Ray node id.
+2. the default policy (gpu_lost: cordon) with two apps serving the tiny model (vLLM's CPU build,
+   `--device cpu`: the nodes' GPUs are only what their tools print): a TP 1 x PP 2 gang across two
+   nodes and a TP 1 app with 2 replicas, each under a steady streaming load (the bench client).
+   The sick node is the gang's node other than the head (node2 when the gang took it). It is
+   cordoned (Ray's drain) within one health period + 30 s of the switch, the record in `status
+   --json`'s `health_actions` and the job's log; the gang is rebuilt on the two other nodes, its
+   fabric proof (gloo) run there before its engine, and answers; the TP 1 app has 2 running
+   replicas again, none on the sick node; failed requests over the whole event: 0 for the TP 1
+   app; for the gang's app the issue's bound is 2 %, not met yet (its one replica is rebuilt break
+   before make: an xfail naming the figure); no process of the old gang is left on any node. Then
+   `cluster uncordon` refused while the node's preflight fails, accepted with the GPU back, and
+   the job lifts the cordon when the node rejoins under a new Ray node id.
 
-Printed figures: seconds from the switch to the cordon record, the record's move time.
-Heavy: ~2.5 GB of memory and a few minutes on a 2-core machine.
+Printed figures: seconds from the switch to the cordon record, the move time, requests and
+failures per app, the rebuilt gang's nodes. Engines: one thread each (VLLM_CPU_OMP_THREADS_BIND,
+the gang on core 0, the TP 1 app on core 1), max_model_len 256, a 1 GiB KV cache each; Ray
+registers 3 CPUs per node so the gang and both TP 1 replicas fit on the two healthy nodes.
+Heavy: ~6 vLLM starts on a 2-core machine (the gang compiles: PP needs compile mode), ~8 GB.
 """
 
 from __future__ import annotations
@@ -25,13 +36,16 @@ import yaml
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray]
 
-from integration_kit import PYTHON, ClusterCli  # noqa: E402
+from integration_kit import (PYTHON, REPO, ClusterCli, StreamingLoad,  # noqa: E402
+                             node_tiny_model, process_tree)
 
 cli = ClusterCli(timeout=1200)
 cli_json = cli.json
 
 PERIOD_S = 5.0
 NODES = ("node1", "node2", "node3")
+KEY = "sk-day-two-3f8a61c2e7"      # a test-only key, set in the nodes' env at `ray start`
+GANG, SMALL = "day2-gang", "day2-small"
 REPORT_ALL = {c: "report" for c in ("gpu_lost", "ecc_uncorrectable", "gpu_missing",
                                     "ib_port_down", "clock_offset", "missed_periods")}
 
@@ -40,7 +54,8 @@ REPORT_ALL = {c: "report" for c in ("gpu_lost", "ecc_uncorrectable", "gpu_missin
 def sim(simcluster_factory):
     sim = simcluster_factory(3, {n: "h100-ib" for n in NODES})
     yield sim
-    sim._factory.run("state", "node2", "gpu", "ok", check=False)
+    for node in NODES:
+        sim._factory.run("state", node, "gpu", "ok", check=False)
 
 
 @pytest.fixture(scope="module")
@@ -52,10 +67,18 @@ def base(sim, tmp_path_factory) -> Path:
         cli(path, "down", "--yes", timeout=300)
 
 
+@pytest.fixture(scope="module")
+def model(tiny_model_builder) -> Path:
+    return node_tiny_model(tiny_model_builder, "dense", needs=("vllm", "openai"))
+
+
 def write_inventory(sim, base: Path, act: dict | None) -> Path:
     doc = yaml.safe_load(sim.inventory_path.read_text())
-    doc["ray"] = {"num_cpus": 2, "memory": 2 * 1024 ** 3, "object_store_memory": 256 * 1024 ** 2,
+    doc["ray"] = {"num_cpus": 3, "memory": 4 * 1024 ** 3, "object_store_memory": 256 * 1024 ** 2,
                   "python": PYTHON}
+    for node in doc["nodes"]:
+        # the replicas and the health job import this tree's serve_apps and cluster
+        node.setdefault("env", {}).update(CLUSTER_API_KEY=KEY, PYTHONPATH=str(REPO))
     doc.setdefault("expectations", {})["gpus_per_node"] = 8
     doc["health"] = {"period_s": PERIOD_S, **({"act": act} if act else {})}
     doc["run_dir"] = str(base / "runs")
@@ -106,42 +129,115 @@ def test_report_for_every_class_changes_nothing_but_the_status(sim, base):
         sim._factory.run("state", "node2", "gpu", "ok")
 
 
-def test_a_lost_gpu_cordons_the_node_within_a_period_and_uncordon_brings_it_back(sim, base):
+def deploy(inv: Path, model: Path, name: str, *layout: str, core: str) -> dict:
+    start = time.monotonic()
+    code, out = cli_json(inv, "deploy", "--model", str(model), *layout, "--name", name,
+                         "--served-model-name", name, "--max-model-len", "256", "--device", "cpu",
+                         "--env", f"VLLM_CPU_OMP_THREADS_BIND={core}",
+                         "--env", "VLLM_CPU_NUM_OF_RESERVED_CPU=0", "--yes", "--timeout", "900")
+    print(f"\ndeploy {name} {' '.join(layout)}: {time.monotonic() - start:.0f} s")
+    assert code == 0 and out["status"] == "RUNNING", json.dumps(out, indent=1)[-4000:]
+    return out
+
+
+def app_of(doc: dict, name: str) -> dict:
+    return ((doc.get("serve") or {}).get("applications") or {}).get(name) or {}
+
+
+def running_replicas(doc: dict, name: str) -> list[dict]:
+    return [r for r in app_of(doc, name).get("replicas") or [] if r["state"] == "RUNNING"]
+
+
+def gang_nodes(replica: dict) -> list[str]:
+    return [r["node"] for r in replica["ranks"]]
+
+
+def gang_processes(sim, replica: dict) -> dict[str, dict[int, str]]:
+    """node -> the processes of the gang replica's ranks (the replica, its engine core and
+    worker; the rank actor, its `vllm serve --headless` and worker) on that node."""
+    return {r["node"]: process_tree(sim, r["node"], {r["pid"]}) for r in replica["ranks"]}
+
+
+def answers(endpoint: str, name: str) -> bool:
+    import openai
+
+    try:
+        reply = openai.OpenAI(base_url=endpoint, api_key=KEY, timeout=60, max_retries=0) \
+            .completions.create(model=name, prompt="a fox and a river", max_tokens=8)
+    except openai.APIError:
+        return False
+    return bool(reply.choices)
+
+
+def test_a_lost_gpu_cordons_the_node_within_a_period_and_uncordon_brings_it_back(sim, base, model):
     inv = write_inventory(sim, base, None)            # the default: gpu_lost: cordon
     code, up = cli_json(inv, "up", "--skip-preflight", "--yes")   # a new job with the policy
     assert code == 0 and up["health_job"]["status"] == "changed", up["health_job"]
-    status_until(inv, lambda d: ((d.get("health") or {}).get("node2") or {}).get(
-        "gpu-health", {}).get("status") == "ok", 120)
-    sim._factory.run("state", "node2", "gpu", "lost")
-    switched = time.time()
-    doc = status_until(inv, lambda d: records(d, "node2", "cordon"), PERIOD_S + 30 + 60)
-    rec = records(doc, "node2", "cordon")[-1]
-    took = rec["time"] - switched
-    print(f"\nday two: node2 cordoned {took:.1f} s after its GPU was lost "
-          f"(period {PERIOD_S:g} s); move {rec['move_s']} s, outcome {rec['outcome']}")
-    assert took <= PERIOD_S + 30, (took, rec)
-    assert rec["finding"] == "gpu_lost" and "Xid 79" in rec["evidence"], rec
-    assert rec["outcome"] == "moved", rec
-    assert doc["health_actions"]["cordoned"]["node2"]["finding"] == "gpu_lost"
+    status_until(inv, lambda d: all(((d.get("health") or {}).get(n) or {}).get(
+        "gpu-health", {}).get("status") == "ok" for n in NODES), 120)
+
+    gang = deploy(inv, model, GANG, "--pp", "2", "--nnodes", "2", core="0")
+    small = deploy(inv, model, SMALL, "--dp", "2", "--engine-arg", "enforce_eager=true",
+                   core="1")
+    _, doc = cli_json(inv, "status", "--window", "0")
+    (old_gang,) = running_replicas(doc, GANG)
+    sick = "node2" if "node2" in gang_nodes(old_gang) else \
+        next(n for n in gang_nodes(old_gang) if n != "node1")
+    healthy = sorted(set(NODES) - {sick})
+    old = gang_processes(sim, old_gang)
+    assert all(old.values()), old
+    print(f"gang {GANG} on {gang_nodes(old_gang)}, {SMALL} on "
+          f"{[r['node'] for r in running_replicas(doc, SMALL)]}; {sick} turns sick")
+
+    with StreamingLoad(gang["endpoint"], GANG, KEY) as gang_load, \
+            StreamingLoad(small["endpoint"], SMALL, KEY) as small_load:
+        time.sleep(20)
+        sim._factory.run("state", sick, "gpu", "lost")
+        switched = time.time()
+        doc = status_until(inv, lambda d: records(d, sick, "cordon"), PERIOD_S + 30 + 60)
+        rec = records(doc, sick, "cordon")[-1]
+        took = rec["time"] - switched
+        assert took <= PERIOD_S + 30, (took, rec)
+        assert rec["finding"] == "gpu_lost" and "Xid 79" in rec["evidence"], rec
+        doc = status_until(inv, lambda d: records(d, sick, "cordon")[-1]["outcome"] != "moving",
+                           900)
+        rec = records(doc, sick, "cordon")[-1]
+        assert rec["outcome"] == "moved", rec
+        assert f"{GANG}/{old_gang['replica_id']}" in rec["gangs_moved"], rec
+        doc = status_until(inv, lambda d: len(running_replicas(d, SMALL)) == 2 and len(
+            running_replicas(d, GANG)) == 1 and app_of(d, GANG)["broken_ranks"] == [], 300)
+        answered = answers(gang["endpoint"], GANG)
+        time.sleep(20)                                # the load on the rebuilt apps
+    (new_gang,) = running_replicas(doc, GANG)
+    print(f"day two: {sick} cordoned {took:.1f} s after its GPU was lost (period {PERIOD_S:g} s); "
+          f"move {rec['move_s']:.0f} s; gang rebuilt on {gang_nodes(new_gang)}; "
+          f"{GANG}: {gang_load.figures()}; {SMALL}: {small_load.figures()}")
+    assert new_gang["replica_id"] != old_gang["replica_id"] and answered
+    assert sorted(gang_nodes(new_gang)) == healthy, new_gang
+    assert all(r["node"] != sick for r in running_replicas(doc, SMALL)), app_of(doc, SMALL)
+    assert gang_load.outcomes
+    assert small_load.outcomes and not small_load.failed(), small_load.figures()
+    for node, procs in old.items():                   # the sick node's included
+        left = set(procs) & set(process_tree(sim, node, set(procs)))
+        assert not left, f"{node}: processes of the replaced gang left: {procs}"
+    assert doc["health_actions"]["cordoned"][sick]["finding"] == "gpu_lost"
     code, _ = cli_json(inv, "status", "--window", "0")
     assert code == 1                                  # a cordoned node is a warning
-    assert "cordoned by the health job: node2" in cli(inv, "status", "--window", "0").stdout
+    assert f"cordoned by the health job: {sick}" in cli(inv, "status", "--window", "0").stdout
 
-    code, refused = cli_json(inv, "uncordon", "node2", "--yes")
-    assert code == 2 and "preflight of node2 fails" in refused["stopped"], refused
+    code, refused = cli_json(inv, "uncordon", sick, "--yes")
+    assert code == 2 and f"preflight of {sick} fails" in refused["stopped"], refused
 
-    # ----------------------------------------------------------------------------------------
-    # PLACE FOR THE SERVING MEASUREMENT (issue 42 item 5, not yet built): a TP 1 x PP 2 gang
-    # across node1+node2 and a TP 1 app with 2 replicas under a steady bench load before the
-    # switch; here: the gang rebuilt on node1+node3 and answering, the TP 1 app 2 replicas,
-    # failed requests <= 2 % (gang app) and 0 (TP 1 app), no process of the old gang left.
-    # ----------------------------------------------------------------------------------------
-
-    sim._factory.run("state", "node2", "gpu", "ok")
-    code, back = cli_json(inv, "uncordon", "node2", "--yes")
+    sim._factory.run("state", sick, "gpu", "ok")
+    code, back = cli_json(inv, "uncordon", sick, "--yes")
     assert code == 0, json.dumps(back, indent=1)[-3000:]
-    doc = status_until(inv, lambda d: records(d, "node2", "uncordoned"), 120)
+    doc = status_until(inv, lambda d: records(d, sick, "uncordoned"), 120)
     assert doc["health_actions"]["cordoned"] == {}
+    if len(gang_load.failed()) > 0.02 * len(gang_load.outcomes):
+        # measured 119 of 236 (2026-12-06): the gang app's one replica is replaced break
+        # before make (its rank actor killed, then a new gang placed, proven and started), so
+        # every request of the ~150 s rebuild fails; issue 42 item 5 asks <= 2 %
+        pytest.xfail(f"issue 42 item 5: the gang's app failed {gang_load.figures()}, > 2 %")
 
     # ----------------------------------------------------------------------------------------
     # PLACE FOR THE ROLLING-CHANGE CASE (issue 42 item 5, after merging "roll"): a rolling change
