@@ -51,6 +51,8 @@ def tiny_model_builder():
 # start at once instead of one of them at the end while the other worker idles.
 HEAVY_MODULE_COST_S = {
     "test_gang_e2e.py": 800,
+    "test_day_two.py": 700,         # issue 42: cordon, gang rebuilt under load (3 nodes)
+    "test_rolling_deploy.py": 680,  # issue 42: a roll and a plain redeploy under load
     "test_tune_status.py": 510,
     "test_deploy_e2e.py": 450,
     "test_faults.py": 330,
