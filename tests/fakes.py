@@ -60,6 +60,22 @@ FIXTURES = Path(__file__).parent / "fixtures"
 CONFIGS = REPO / "tests" / "model_configs"
 
 
+HEALTH_TOOLS = ("nvidia-smi", "chronyc", "ntpq", "timedatectl", "ibstat", "lsmod", "dmesg")
+
+
+def simulated_tools_path(tmp_path: Path, profile: str, tools=HEALTH_TOOLS) -> str:
+    """A PATH whose node tools (`tools`) print what a simulated node of `profile` prints
+    (scripts/simcluster's `tool` command: the profile's real captures), then the current PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in tools:
+        shim = bin_dir / tool
+        shim.write_text(f"#!/bin/sh\nexec {sys.executable} {REPO / 'scripts' / 'simcluster'} tool "
+                        f"{profile} -- {tool} \"$@\"\n")
+        shim.chmod(0o755)
+    return f"{bin_dir}:{os.environ['PATH']}"
+
+
 def output_dir() -> Path:
     """Where the suite keeps screenshots and its module times: $CLUSTER_TEST_OUTPUT, else <repo>/.test-output/."""
     path = Path(os.environ.get("CLUSTER_TEST_OUTPUT") or REPO / ".test-output")

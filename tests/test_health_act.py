@@ -4,8 +4,6 @@ policy and each of its guards (each test fails without its guard), the records."
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,10 +13,8 @@ from cluster.nodes import inventory as inv_mod
 from cluster.ray import health_act as act
 from cluster.ray import health_job as h
 from cluster.ray.rollout import Demand
+from fakes import simulated_tools_path
 
-ROOT = Path(__file__).resolve().parents[1]
-SIMCLUSTER = ROOT / "scripts" / "simcluster"
-TOOLS = ("nvidia-smi", "chronyc", "ntpq", "timedatectl", "ibstat", "lsmod", "dmesg")
 
 
 def _inventory(extra: str = "") -> inv_mod.Inventory:
@@ -66,16 +62,6 @@ def test_the_job_config_carries_the_policy_both_ways():
 # ---------------------------------------------------------------- finding classes on real captures
 
 
-def _shim_tools(tmp_path: Path, profile: str) -> str:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for tool in TOOLS:
-        shim = bin_dir / tool
-        shim.write_text(f"#!/bin/sh\nexec {sys.executable} {SIMCLUSTER} tool {profile} -- "
-                        f"{tool} \"$@\"\n")
-        shim.chmod(0o755)
-    return f"{bin_dir}:{os.environ['PATH']}"
-
 
 @pytest.mark.parametrize("profile,classes", [("h100-ib", set()),
                                              ("h100-xid79", {"gpu_lost"}),
@@ -87,7 +73,7 @@ def test_the_reader_names_the_finding_classes_of_real_captures(tmp_path, monkeyp
                                                                classes):
     from cluster.ray_jobs.health_runner import read_node
 
-    monkeypatch.setenv("PATH", _shim_tools(tmp_path, profile))
+    monkeypatch.setenv("PATH", simulated_tools_path(tmp_path, profile))
     cfg = h.job_config(_inventory("expectations: {gpus_per_node: 8}\n"))
     readings = read_node(cfg, "node2")
     seen = act.observe("node2", "id2", readings, 0.0)

@@ -21,10 +21,8 @@ from cluster import node_programs
 from cluster.base.errors import InventoryError, ParseError
 from cluster.ray_jobs import health_submit
 from cluster.base.results import CheckResult, Evidence, Status
+from fakes import simulated_tools_path
 
-ROOT = Path(__file__).resolve().parents[1]
-SIMCLUSTER = ROOT / "scripts" / "simcluster"
-TOOLS = ("nvidia-smi", "chronyc", "ntpq", "timedatectl", "ibstat", "lsmod", "dmesg")
 H100_HCAS = ["mlx5_0", "mlx5_10", "mlx5_11", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_9"]
 
 
@@ -286,24 +284,13 @@ def test_ensure_job_reads_the_programs_one_document():
 # ---------------------------------------------------------------- the reader on real captures
 
 
-def _shim_tools(tmp_path: Path, profile: str) -> str:
-    """A PATH whose node tools print what a simulated node of `profile` prints."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for tool in TOOLS:
-        shim = bin_dir / tool
-        shim.write_text(f"#!/bin/sh\nexec {sys.executable} {SIMCLUSTER} tool {profile} -- "
-                        f"{tool} \"$@\"\n")
-        shim.chmod(0o755)
-    return f"{bin_dir}:{os.environ['PATH']}"
-
 
 @pytest.mark.parametrize("profile,clock,offset", [("h100-ib", "ok", 0.000260),
                                                   ("h100-clock-off", "fail", 7.800260112)])
 def test_reader_judges_a_node_as_preflight_does(tmp_path, monkeypatch, profile, clock, offset):
     from cluster.ray_jobs.health_runner import read_node
 
-    monkeypatch.setenv("PATH", _shim_tools(tmp_path, profile))
+    monkeypatch.setenv("PATH", simulated_tools_path(tmp_path, profile))
     cfg = h.job_config(_inventory("expectations: {gpus_per_node: 8}\n"))
     readings = {r.check: r for r in read_node(cfg, "node1")}
     assert set(readings) == set(h.HEALTH_CHECKS)
