@@ -51,8 +51,6 @@ def tiny_model_builder():
 # start at once instead of one of them at the end while the other worker idles.
 HEAVY_MODULE_COST_S = {
     "test_gang_e2e.py": 800,
-    "test_day_two.py": 700,         # issue 42: cordon, gang rebuilt under load (3 nodes)
-    "test_rolling_deploy.py": 680,  # issue 42: a roll and a plain redeploy under load
     "test_tune_status.py": 510,
     "test_deploy_e2e.py": 450,
     "test_faults.py": 330,
@@ -63,6 +61,11 @@ HEAVY_MODULE_COST_S = {
     "test_readme_main_path.py": 220,   # the README's main path
     "test_serve_app.py": 150,       # collected after tests/integration/: left out, it started last
 }
+
+
+# test_day_two.py (~680 s) and test_rolling_deploy.py (~670 s) are left out on purpose: each runs
+# several vLLM engines under load, and started beside test_gang_e2e.py a gang's warm-up step timed
+# out for CPU (2026-12-06); among the light modules at the end they overlap less with other engines.
 
 
 def pytest_collection_modifyitems(config, items):
