@@ -16,7 +16,6 @@ room for 3 single-CPU engines). Heavy: 2 nodes, 3 engines at the peak, ~11 min o
 from __future__ import annotations
 
 import json
-import threading
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -24,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from integration_kit import ClusterCli, NODE_MODELS, derive_inventory, node_tiny_model, ray_up
+from integration_kit import (ClusterCli, NODE_MODELS, StreamingLoad, derive_inventory,
+                             node_tiny_model, ray_up)
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray, pytest.mark.vllm]
 
@@ -78,37 +78,6 @@ def _deploy(inv: Path, model: Path, app: str, max_len: int, *extra: str) -> tupl
     return cli.json(inv, *args, *extra)
 
 
-class Load:
-    """A steady streaming load (the bench client, 2 at a time) in a thread until stopped:
-    every request's outcome is kept."""
-
-    def __init__(self, endpoint: str):
-        from cluster.serving.bench import BenchConfig
-
-        self.config = BenchConfig(url=endpoint, model=SERVED, concurrency=(2,), requests=8,
-                                  prompt_len=16, output_len=16, api_key=KEY, timeout_s=300)
-        self.outcomes: list = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        from cluster.serving.bench import run_bench
-
-        while not self.stop.is_set():
-            run_bench(self.config, on_request=lambda _c, o: self.outcomes.append(o))
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join(timeout=600)
-
-    def failed(self) -> list:
-        return [o for o in self.outcomes if not o.ok]
-
-
 def _max_model_len(endpoint: str) -> int:
     req = urllib.request.Request(endpoint + "/models", headers={"Authorization": f"Bearer {KEY}"})
     with urllib.request.urlopen(req, timeout=60) as reply:
@@ -142,9 +111,9 @@ def _plain_redeploy(inv: Path, app: str, max_len: int) -> None:
                                  + "\n".join(f"--- {n} ---\n{t}" for n, t in tails.items()))
 
 
-def _under_load(endpoint: str, change) -> tuple[Load, float]:
+def _under_load(endpoint: str, change) -> tuple[StreamingLoad, float]:
     """`change()` run under a steady streaming load (10 s of it before and after)."""
-    with Load(endpoint) as load:
+    with StreamingLoad(endpoint, SERVED, KEY, concurrency=2) as load:
         time.sleep(10)
         start = time.monotonic()
         change()
