@@ -249,7 +249,7 @@ class _Cluster:
     """Serve's details and the rank actors as the dashboard answers them; a drain moves every
     replica and rank off the drained node (what Serve does), after `moves_after` reads."""
 
-    def __init__(self, gang_on: str = "node2"):
+    def __init__(self, gang_on: str = "node2", gang_home: str = "node1"):
         def rep(rid, node):
             return {"replica_id": rid, "node_id": NODE_ID[node], "state": "RUNNING"}
         self.serve = {"applications": {
@@ -260,7 +260,7 @@ class _Cluster:
                 "deployment_config": {"num_replicas": 1, "placement_group_strategy":
                                       "STRICT_SPREAD", "placement_group_bundles":
                                       [{"GPU": 1, "CPU": 1}, {"GPU": 1}]},
-                "replicas": [rep("g1", "node1")]}}}}}
+                "replicas": [rep("g1", gang_home)]}}}}}
         self.ranks = [{"name": "gang/g1/rank1", "state": "ALIVE", "pid": 1,
                        "node_id": NODE_ID[gang_on], "ray_namespace": "ranks"}]
         self.drained = []
@@ -291,10 +291,10 @@ def _readings(node, *classes, status="fail"):
                       tuple((c, f"Xid 79 on 0000:3d:00 ({c})") for c in classes))]
 
 
-def _remedy(tmp_path, extra="", start=lambda work, name: work()):
+def _remedy(tmp_path, extra="", start=lambda work, name: work(), cluster=None):
     from cluster.ray_jobs.health_remedy import Remedy
 
-    cluster = _Cluster()
+    cluster = cluster or _Cluster()
     ray = _Ray()
     # Serve replaces a gang's replica once its rank actor is killed (from the next read on)
     ray.on_kill = (lambda actor: setattr(cluster, "replaced_at",
@@ -340,6 +340,16 @@ def test_a_lost_gpu_drains_the_node_replaces_its_gang_and_keeps_a_record(tmp_pat
     done = again.after_round({"node2": _readings("node2", status="ok")}, back, RESOURCES)
     assert [(r.node, r.action) for r in done] == [("node2", "uncordoned")]
     assert _json.loads((tmp_path / h.ACTIONS_FILE).read_text())["cordoned"] == {}
+
+
+def test_a_gang_whose_replica_is_on_the_sick_node_is_named_moved_and_left_to_serve(tmp_path):
+    # node rank 0 (the replica) on node2, its rank 1 on node1 (CI, 2026-12-06: gangs_moved was [])
+    remedy, cluster, ray = _remedy(tmp_path, cluster=_Cluster(gang_on="node1", gang_home="node2"))
+    done = remedy.after_round({"node2": _readings("node2", "gpu_lost")}, ALIVE, RESOURCES)
+    assert [(r.node, r.action) for r in done] == [("node2", "cordon")]
+    assert done[0].gangs_moved == ("gang/g1",)
+    assert {r["replica_id"] for r in done[0].replicas_moved} == {"s1", "g1"}
+    assert ray.killed == []          # Serve moves the replica; its rank on node1 ends with it
 
 
 def test_readings_go_on_while_a_cordoned_nodes_replicas_are_moving(tmp_path):

@@ -333,6 +333,18 @@ def gang_replicas_on(serve_details: Mapping[str, Any] | None,
     return out
 
 
+def gang_replicas_homed_on(serve_details: Mapping[str, Any] | None,
+                           rank_actors: Sequence[Mapping[str, Any]], node_id: str
+                           ) -> list[dict[str, Any]]:
+    """Replicas of multi-node engines that are themselves on the node (node rank 0) with a
+    live rank actor elsewhere: Serve moves the replica, and its ranks go with it.
+    [{app, deployment, replica_id, state}] (pure)."""
+    holders = {str(a.get("name") or "").rpartition("/rank")[0] for a in rank_actors
+               if a.get("state") == "ALIVE"}
+    return [r for r in replicas_on(serve_details, node_id)
+            if f"{r['app']}/{r['replica_id']}" in holders]
+
+
 def replicas_lost_with(state: RayState, node_id: str) -> list[dict[str, Any]]:
     """Every replica that goes down with the node: its own, and the multi-node replicas
     holding a rank there (those carry `rank`)."""

@@ -7,7 +7,8 @@ message; rollout.drain_argv): the node takes no new work and Serve starts the re
 elsewhere. A multi-node gang with a rank actor on the node is replaced as a whole: the rank
 actor is killed (its vLLM processes die with it: serve_apps/gang.py's PDEATHSIG), the replica's
 watch fails the engine and Serve starts a new replica whose placement group avoids the
-draining node. A thread of the job then waits (at most `move_wait_s`) until no replica or rank
+draining node; a gang whose replica itself is on the node is moved by Serve like any replica
+(its rank actors elsewhere end with it), and is named among the gangs moved. A thread of the job then waits (at most `move_wait_s`) until no replica or rank
 is left on the node and every app is RUNNING, and completes the record (`moving` -> `moved` or
 `not moved in time`, with how long that took); the readings go on every period meanwhile.
 
@@ -34,8 +35,8 @@ from typing import Any, Callable, Mapping
 from cluster.ray.health_act import (CORDON, UNCORDONED, ActionRecord, ClusterView,
                                     actions_document, decide, new_decisions, observe, record_of)
 from cluster.ray.health_job import ACTIONS_FILE, JobConfig, Reading, parse_actions
-from cluster.ray.rollout import (app_demands, apps_not_running, drain_argv, gang_replicas_on,
-                                 replicas_on)
+from cluster.ray.rollout import (app_demands, apps_not_running, drain_argv,
+                                 gang_replicas_homed_on, gang_replicas_on, replicas_on)
 
 log = logging.getLogger("cluster.ray.health_job")
 DRAIN_TIMEOUT_S = 120.0
@@ -234,10 +235,12 @@ class Remedy:
         self.cordon_times.append(now)
         lost = replicas_on(serve, node_id)
         gangs = gang_replicas_on(serve, ranks, node_id)
+        homed = gang_replicas_homed_on(serve, ranks, node_id)   # Serve moves these (in `lost`)
         self.move_started[d.node] = time.monotonic()
         self._kill_ranks(ranks, node_id)
         return _with(base, outcome=MOVING, replicas_moved=tuple(lost + gangs),
-                     gangs_moved=tuple(sorted({f"{g['app']}/{g['replica_id']}" for g in gangs})))
+                     gangs_moved=tuple(sorted({f"{g['app']}/{g['replica_id']}"
+                                               for g in gangs + homed})))
 
     def _finish_move(self, moving: ActionRecord) -> None:
         """(In its own thread) wait for the move, then complete the cordon's record."""
