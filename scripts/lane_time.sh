@@ -1,5 +1,5 @@
 # Sourced by scripts/test: run one lane of the suite and print its wall time at its end, e.g.
-#   scripts/test: lane 1/2 fast: 1:52 (exit 0)
+#   scripts/test: lane 1/3 fast: 1:52 (exit 0)
 # (tests/test_readme.py runs these functions on their own.)
 
 # H:MM:SS or M:SS of a whole number of seconds.

@@ -63,9 +63,9 @@ HEAVY_MODULE_COST_S = {
 }
 
 
-# test_day_two.py (~680 s) and test_rolling_deploy.py (~670 s) are left out on purpose: each runs
-# several vLLM engines under load, and started beside test_gang_e2e.py a gang's warm-up step timed
-# out for CPU (2026-12-06); among the light modules at the end they overlap less with other engines.
+# test_day_two.py (~680 s) and test_rolling_deploy.py (~670 s) are marked `alone`: each runs
+# several vLLM engines under load, and beside test_gang_e2e.py a gang's warm-up step timed out for
+# CPU (2026-12-06); scripts/test runs them in a lane of their own, after the heavy lane.
 
 
 def pytest_collection_modifyitems(config, items):

@@ -134,8 +134,8 @@ def test_a_lane_duration_reads_as_minutes_and_seconds(seconds, shown):
 
 
 def test_run_lane_prints_its_wall_time_and_returns_the_lanes_exit_code():
-    p = bash('run_lane "1/2 fast" bash -c "echo in the lane; exit 3"; echo "rc=$?"')
-    assert re.fullmatch(r"in the lane\nscripts/test: lane 1/2 fast: \d+:\d\d \(exit 3\)\nrc=3\n",
+    p = bash('run_lane "1/3 fast" bash -c "echo in the lane; exit 3"; echo "rc=$?"')
+    assert re.fullmatch(r"in the lane\nscripts/test: lane 1/3 fast: \d+:\d\d \(exit 3\)\nrc=3\n",
                         p.stdout), p.stdout
 
 
@@ -146,13 +146,19 @@ def test_fast():
 
 @pytest.mark.integration
 def test_heavy():
+    assert {heavy}
+
+@pytest.mark.integration
+@pytest.mark.alone
+def test_alone():
     assert True
 """
 
 
-def suite_copy(tmp_path: Path, fast_passes: bool) -> Path:
+def suite_copy(tmp_path: Path, fast_passes: bool, heavy_passes: bool = True) -> Path:
     """A checkout holding scripts/test as it is, a bootstrap that installs nothing, a .venv
-    python that is this interpreter, and two real tests: one per lane."""
+    python that is this interpreter, the project's pytest markers, and three real tests: one
+    per lane."""
     (tmp_path / "scripts").mkdir()
     for name in ("test", "lane_time.sh"):
         (tmp_path / "scripts" / name).write_bytes((REPO / "scripts" / name).read_bytes())
@@ -164,7 +170,9 @@ def suite_copy(tmp_path: Path, fast_passes: bool) -> Path:
         path.write_text(text)
         path.chmod(path.stat().st_mode | stat.S_IXUSR)
     (tmp_path / "scripts" / "test").chmod(0o755)
-    (tmp_path / "test_lanes.py").write_text(LANE_TESTS.format(fast=fast_passes))
+    (tmp_path / "test_lanes.py").write_text(LANE_TESTS.format(fast=fast_passes,
+                                                              heavy=heavy_passes))
+    (tmp_path / "pyproject.toml").write_bytes((REPO / "pyproject.toml").read_bytes())
     return tmp_path
 
 
@@ -179,14 +187,25 @@ def test_scripts_test_prints_each_lanes_wall_time_at_its_end(tmp_path):
     lines = re.findall(r"^scripts/test: lane \S+ \w+: .*$", p.stdout, re.M)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert [re.sub(r"\d+:\d\d", "M:SS", line) for line in lines] == [
-        "scripts/test: lane 1/2 fast: M:SS (exit 0)", "scripts/test: lane 2/2 heavy: M:SS (exit 0)"]
+        "scripts/test: lane 1/3 fast: M:SS (exit 0)", "scripts/test: lane 2/3 heavy: M:SS (exit 0)",
+        "scripts/test: lane 3/3 alone: M:SS (exit 0)"]
     assert p.stdout.rstrip().endswith(lines[-1])
+    assert "1 passed, 2 deselected" in p.stdout       # each lane ran its one test
+
+
+def test_a_failed_heavy_lane_still_runs_the_alone_lane_and_fails_the_suite(tmp_path):
+    p = run_suite(suite_copy(tmp_path, fast_passes=True, heavy_passes=False))
+    assert p.returncode == 1, p.stdout[-3000:]
+    assert [re.sub(r"\d+:\d\d", "M:SS", line) for line in re.findall(
+        r"^scripts/test: lane \S+ \w+: .*$", p.stdout, re.M)] == [
+        "scripts/test: lane 1/3 fast: M:SS (exit 0)", "scripts/test: lane 2/3 heavy: M:SS (exit 1)",
+        "scripts/test: lane 3/3 alone: M:SS (exit 0)"]
 
 
 def test_a_failed_fast_lane_prints_its_time_and_stops(tmp_path):
     p = run_suite(suite_copy(tmp_path, fast_passes=False))
     assert p.returncode == 1
     assert re.findall(r"^scripts/test: lane \S+ \w+: \d+:\d\d \(exit \d\)$", p.stdout, re.M) == [
-        "scripts/test: lane 1/2 fast: " + re.search(r"fast: (\d+:\d\d)", p.stdout).group(1)
+        "scripts/test: lane 1/3 fast: " + re.search(r"fast: (\d+:\d\d)", p.stdout).group(1)
         + " (exit 1)"]
-    assert "the heavy lane was not run" in p.stderr
+    assert "the heavy lanes were not run" in p.stderr

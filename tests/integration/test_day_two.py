@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytestmark = [pytest.mark.integration, pytest.mark.ray]
+pytestmark = [pytest.mark.integration, pytest.mark.ray, pytest.mark.alone]
 
 from integration_kit import (PYTHON, REPO, ClusterCli, StreamingLoad,  # noqa: E402
                              node_tiny_model, process_tree)

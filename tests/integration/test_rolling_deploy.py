@@ -26,7 +26,7 @@ import pytest
 from integration_kit import (ClusterCli, NODE_MODELS, StreamingLoad, derive_inventory,
                              node_tiny_model, ray_up)
 
-pytestmark = [pytest.mark.integration, pytest.mark.ray, pytest.mark.vllm]
+pytestmark = [pytest.mark.integration, pytest.mark.ray, pytest.mark.vllm, pytest.mark.alone]
 
 KEY = "sk-roll-5c1e7b29d4"
 APP, SERVED = "roll", "tiny-roll"
