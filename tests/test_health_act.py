@@ -263,8 +263,9 @@ class _Cluster:
                 "replicas": [rep("g1", gang_home)]}}}}}
         self.ranks = [{"name": "gang/g1/rank1", "state": "ALIVE", "pid": 1,
                        "node_id": NODE_ID[gang_on], "ray_namespace": "ranks"}]
-        self.drained = []
+        self.drained, self.rolled = [], []
         self.reads, self.replaced_at = 0, 0
+        self.roll_answer = (True, "rolled")
 
     def serve_and_ranks(self):
         self.reads += 1
@@ -272,6 +273,14 @@ class _Cluster:
             self.serve["applications"]["gang"]["deployments"]["LLM"]["replicas"][0][
                 "replica_id"] = "g2"
         return json.loads(json.dumps(self.serve)), [dict(a) for a in self.ranks]
+
+    def roll(self, app, deployment, nonce):
+        """Serve rolls the app: its gang's new replica runs (from the next read on) before the
+        old one stops."""
+        self.rolled.append((app, deployment, nonce))
+        if self.roll_answer[0]:
+            self.replaced_at = self.replaced_at or self.reads + 1
+        return self.roll_answer
 
     def drain(self, gcs, node_id, message, deadline_s):
         self.drained.append((gcs, node_id, message, deadline_s))
@@ -301,13 +310,15 @@ def _remedy(tmp_path, extra="", start=lambda work, name: work(), cluster=None):
                                          cluster.replaced_at or cluster.reads + 1),)
     cfg = h.job_config(_inventory(extra))
     remedy = Remedy(ray, cfg, str(tmp_path / h.ACTIONS_FILE), reads=cluster,
-                    drain=cluster.drain, clock=lambda: 1000.0, sleep=lambda s: None,
-                    start=start)
+                    drain=cluster.drain, roll=cluster.roll, clock=lambda: 1000.0,
+                    sleep=lambda s: None, start=start)
     return remedy, cluster, ray
 
 
 ALIVE = {NODE_ID[n]: n for n in ("node1", "node2", "node3")}
 RESOURCES = {n: {"GPU": 8.0, "CPU": 64.0} for n in ("node1", "node2", "node3")}
+# room for the apps on the two nodes that stay (2 small + 2 gang GPUs), none for a second gang
+TIGHT = {n: {"GPU": 2.0, "CPU": 64.0} for n in ("node1", "node2", "node3")}
 
 
 def test_a_lost_gpu_drains_the_node_replaces_its_gang_and_keeps_a_record(tmp_path):
@@ -320,8 +331,9 @@ def test_a_lost_gpu_drains_the_node_replaces_its_gang_and_keeps_a_record(tmp_pat
     assert remedy.records[0].move_s is not None
     (gcs, node_id, message, _), = cluster.drained
     assert node_id == NODE_ID["node2"] and message.startswith("cluster health: gpu_lost: ")
-    assert ray.killed == [("gang/g1/rank1", "ranks")]          # the gang replaced as a whole
-    assert done[0].gangs_moved == ("gang/g1",)
+    # room for a second gang: Serve rolls the app, the new gang RUNNING before the old stops
+    assert cluster.rolled == [("gang", "LLM", "node2@1000")] and ray.killed == []
+    assert done[0].gangs_moved == ("gang/g1",) and done[0].gang_rebuild == "surge"
     assert {r["replica_id"] for r in done[0].replicas_moved} == {"s1", "g1"}
     doc = h.parse_actions((tmp_path / h.ACTIONS_FILE).read_text())
     assert doc["cordoned"]["node2"]["node_id"] == NODE_ID["node2"]
@@ -340,6 +352,26 @@ def test_a_lost_gpu_drains_the_node_replaces_its_gang_and_keeps_a_record(tmp_pat
     done = again.after_round({"node2": _readings("node2", status="ok")}, back, RESOURCES)
     assert [(r.node, r.action) for r in done] == [("node2", "uncordoned")]
     assert _json.loads((tmp_path / h.ACTIONS_FILE).read_text())["cordoned"] == {}
+
+
+def test_without_room_for_a_second_gang_its_rank_is_killed_and_the_record_says_why(tmp_path):
+    remedy, cluster, ray = _remedy(tmp_path)
+    done = remedy.after_round({"node2": _readings("node2", "gpu_lost")}, ALIVE, TIGHT)
+    assert [(r.action, r.outcome) for r in done] == [("cordon", "moving")]
+    assert cluster.rolled == []
+    assert ray.killed == [("gang/g1/rank1", "ranks")]          # the gang replaced as a whole
+    assert done[0].gang_rebuild.startswith("restart: no room for a second gang beside the first")
+    assert "GPU" in done[0].gang_rebuild
+    assert [(r.outcome, r.gangs_moved) for r in remedy.records] == [("moved", ("gang/g1",))]
+
+
+def test_a_refused_roll_falls_back_to_killing_the_rank(tmp_path):
+    remedy, cluster, ray = _remedy(tmp_path)
+    cluster.roll_answer = (False, "PUT 500: boom")
+    done = remedy.after_round({"node2": _readings("node2", "gpu_lost")}, ALIVE, RESOURCES)
+    assert cluster.rolled == [("gang", "LLM", "node2@1000")]
+    assert ray.killed == [("gang/g1/rank1", "ranks")]
+    assert done[0].gang_rebuild == "restart: the roll was refused: gang: PUT 500: boom"
 
 
 def test_a_gang_whose_replica_is_on_the_sick_node_is_named_moved_and_left_to_serve(tmp_path):

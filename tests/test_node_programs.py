@@ -609,6 +609,33 @@ def test_dashboard_apply_merges_under_the_lock_and_keeps_the_other_apps(routes, 
     assert bad["error"].startswith("JSONDecodeError")
 
 
+def test_the_health_jobs_roll_puts_the_running_config_with_a_new_rebuild_value_and_a_surge(
+        routes, tmp_path, monkeypatch):
+    from cluster.ray.rollout import REBUILD_ENV, SURGE_KEY
+    from cluster.ray_jobs.health_remedy import roll_app
+
+    base, table, seen = routes
+    details = _serve_details()
+    details["applications"]["a"]["deployments"] = {"LLM": {"target_num_replicas": 1}}
+    details["applications"]["a"]["deployed_app_config"]["deployments"] = [
+        {"name": "LLM", "max_ongoing_requests": 7}]
+    table[("GET", "/api/serve/applications/")] = (200, details)
+    table[("PUT", "/api/serve/applications/")] = (200, "")
+    monkeypatch.setenv("HOME", str(tmp_path))     # the deploy lock: ~/.cache/cluster/
+    assert roll_app(base, "a", "LLM", "node2@1000") == (True, "rolled")
+    (put,) = [body for method, _, _, body in seen if method == "PUT"]
+    (app,) = put["applications"]
+    assert app["runtime_env"]["env_vars"] == {"HF_TOKEN": "hf_secret", REBUILD_ENV: "node2@1000"}
+    assert app["deployments"] == [{"name": "LLM", "max_ongoing_requests": 7, SURGE_KEY: 1,
+                                   "rolling_update_percentage": 1.0}]
+    assert (tmp_path / ".cache" / "cluster" / "serve-apply.lock").exists()
+    # an app Serve did not get from a config (serve.run) is not rolled: nothing is sent
+    details["applications"]["a"]["source"] = "imperative"
+    ok, why = roll_app(base, "a", "LLM", "node2@1001")
+    assert not ok and "not deployed from a config" in why
+    assert len([m for m, *_ in seen if m == "PUT"]) == 1
+
+
 def test_dashboard_shipped_reads_its_request_after_the_program(routes, tmp_path):
     base, table, _ = routes
     table[("GET", "/api/version")] = (200, {"ray_version": "2.60.0"})

@@ -151,3 +151,42 @@ def test_drain_and_restart_refuse_the_head(inv):
     from cluster.base.errors import UsageError
     with pytest.raises(UsageError, match="head"):
         drain.drain(None, inv, "node1", dry_run=True, confirm=lambda q: True)
+
+
+def test_a_rebuild_config_changes_the_code_version_and_nothing_the_app_serves():
+    from ray.serve._private.deploy_utils import get_app_code_version
+    from ray.serve.schema import ServeApplicationSchema
+
+    live = {"name": "g", "import_path": "serve_apps.vllm_app:build", "route_prefix": "/g",
+            "args": {"model": "m"}, "runtime_env": {"env_vars": {"A": "1"}},
+            "deployments": [{"name": "LLM", "max_ongoing_requests": 4}]}
+    new = rollout.rebuild_config(live, "LLM", 3, "node2@5")
+    assert new["args"] == live["args"] and new["route_prefix"] == "/g"
+    assert new["runtime_env"] == {"env_vars": {"A": "1", rollout.REBUILD_ENV: "node2@5"}}
+    # one replica at a time, the new one started first (Serve's max_surge_percent)
+    assert new["deployments"] == [{"name": "LLM", "max_ongoing_requests": 4,
+                                   rollout.SURGE_KEY: 1, rollout.ROLLOUT_KEY: 0.5}]
+    assert rollout.serve_surge(1, 3) == 1
+    assert live["runtime_env"] == {"env_vars": {"A": "1"}}          # the input is not changed
+    assert get_app_code_version(ServeApplicationSchema(**new)) != \
+        get_app_code_version(ServeApplicationSchema(**live))
+    again = rollout.rebuild_config(new, "LLM", 3, "node2@9")
+    assert again["deployments"] == new["deployments"]               # one entry, not two
+
+
+def test_room_for_a_replacement_counts_a_second_gang_beside_everything_running():
+    details = {"applications": {"gang": {"deployments": {"LLM": {
+        "target_num_replicas": 1,
+        "deployment_config": {"placement_group_strategy": "STRICT_SPREAD",
+                              "placement_group_bundles": [{"GPU": 1, "CPU": 1}, {"GPU": 1}]}}}},
+        "small": {"deployments": {"LLM": {"target_num_replicas": 2, "deployment_config": {
+            "ray_actor_options": {"num_gpus": 1}}}}}}}
+    gang = [{"app": "gang", "deployment": "LLM"}]
+    roomy = [("n1", {"GPU": 3, "CPU": 8}), ("n3", {"GPU": 3, "CPU": 8})]
+    assert rollout.room_for_replacements(details, gang, roomy).ok
+    tight = [("n1", {"GPU": 2, "CPU": 8}), ("n3", {"GPU": 2, "CPU": 8})]
+    assert rollout.capacity_without(rollout.app_demands(details), tight).ok
+    room = rollout.room_for_replacements(details, gang, tight)
+    assert not room.ok and "GPUs: 6 needed, 4" in room.problems[0]
+    one = [("n1", {"GPU": 8, "CPU": 8})]                    # STRICT_SPREAD needs two nodes
+    assert not rollout.room_for_replacements(details, gang, one).ok

@@ -28,6 +28,9 @@ import urllib.request
 from cluster.node_programs._common import auth_token, private_dir
 
 SERVE_API = "/api/serve/applications/"
+# The lock every declarative change of Serve's apps on this head takes (`cluster deploy` through
+# this program, the health job's rebuilds): in the Ray user's private folder, `~` expanded here.
+SERVE_APPLY_LOCK = "~/.cache/cluster/serve-apply.lock"
 TEXT_TAIL = 4000
 REDACTED = "***"
 
@@ -156,7 +159,9 @@ def open_lock(lock_path):
     return os.fdopen(fd, "r+b")
 
 
-def apply(api, payload, out, lock_path):
+def apply(api, payload, out, lock_path, edit=None):
+    """GET, merge, PUT under the lock. `edit` (the health job's rebuild): details -> the app to
+    upsert, computed from what Serve runs now, under the same lock."""
     import fcntl
 
     with open_lock(lock_path) as lock:
@@ -166,7 +171,8 @@ def apply(api, payload, out, lock_path):
             out.update(status=status, text=text[-TEXT_TAIL:],
                        error="GET %s answered %s" % (SERVE_API, status))
             return
-        merged = merge_applications(details, payload.get("upsert"), payload.get("remove"),
+        upsert = payload.get("upsert") if edit is None else edit(details)
+        merged = merge_applications(details, upsert, payload.get("remove"),
                                     payload.get("http_options"))
         body = merged.pop("body")
         out["merge"] = merged

@@ -24,13 +24,13 @@ from typing import Any, Mapping
 from cluster.base.errors import RayError
 from cluster.nodes.inventory import Inventory
 from cluster.node_programs import Call, document_of, failure, program_call, run_call
-from cluster.node_programs.dashboard import (SERVE_API, merge_applications,  # noqa: F401
-                                             redact_runtime_envs)
+from cluster.node_programs.dashboard import (SERVE_API, SERVE_APPLY_LOCK,  # noqa: F401
+                                             merge_applications, redact_runtime_envs)
 from cluster.nodes.endpoints import head_dashboard_base
 from cluster.ray.ray_state import head_client_env
 
 PROGRAM = "dashboard"              # cluster/node_programs/dashboard.py, run on the head
-LOCK_FILE = "~/.cache/cluster/serve-apply.lock"   # on the head, in the SSH user's private folder
+LOCK_FILE = SERVE_APPLY_LOCK    # on the head, in the SSH user's private folder
 REQUEST_TIMEOUT_S = 60.0
 
 

@@ -181,13 +181,16 @@ class ActionRecord:
     replicas_moved: tuple[Mapping[str, Any], ...] = ()
     gangs_moved: tuple[str, ...] = ()
     move_s: float | None = None
+    # how the gangs with a rank on the node were replaced: "surge" (each app rolled by Serve, the
+    # new gang RUNNING before the old stops) or "restart: <why not surge>" (their ranks killed)
+    gang_rebuild: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node, "finding": self.finding, "evidence": self.evidence,
                 "action": self.action, "reason": self.reason, "time": round(self.time, 3),
                 "node_id": self.node_id, "outcome": self.outcome,
                 "replicas_moved": [dict(r) for r in self.replicas_moved],
-                "gangs_moved": list(self.gangs_moved),
+                "gangs_moved": list(self.gangs_moved), "gang_rebuild": self.gang_rebuild,
                 "move_s": None if self.move_s is None else round(self.move_s, 1)}
 
     def line(self) -> str:

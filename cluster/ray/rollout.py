@@ -266,6 +266,71 @@ def _place(d: Demand, free: list[dict[str, float]]) -> bool:
     return True
 
 
+# ---------------------------------------------------------------- Serve's own roll settings
+
+# The deployment options Serve reads for a roll (ray.serve.config.DeploymentConfig): with a
+# surge, Serve starts the replacements first and stops an old replica only once a new one runs.
+SURGE_KEY, ROLLOUT_KEY = "max_surge_percent", "rolling_update_percentage"
+# An env var of the app's runtime_env that the health job sets to rebuild an app's replicas: the
+# runtime_env is part of Serve's code version (deploy_utils.get_app_code_version), so a new value
+# restarts every replica, rolling, and changes nothing else.
+REBUILD_ENV = "CLUSTER_REBUILD"
+
+
+def serve_surge(percent: int, target: int) -> int:
+    """Replicas Serve starts beyond the target for max_surge_percent (its integer ceiling)."""
+    return (percent * target + 99) // 100
+
+
+def serve_rollout(batch: int, target: int) -> tuple[int, dict[str, Any]]:
+    """(the batch Serve will really use, {max_surge_percent, rolling_update_percentage}) so that
+    Serve replaces `batch` replicas at a time, the new ones started first. The surge is a whole
+    percent of the target, so above 100 replicas the batch may round up."""
+    if target < 1 or batch < 1:
+        raise UsageError(f"a roll needs at least one replica and a batch of one (got {target} "
+                         f"replicas, batch {batch})")
+    batch = min(batch, target)
+    percent = next(p for p in range(1, 101) if serve_surge(p, target) >= batch)
+    real = serve_surge(percent, target)
+    # rollout_size = max(int(fraction * target), 1): half a replica above keeps int() exact
+    fraction = min(1.0, (real + 0.5) / target)
+    return real, {SURGE_KEY: percent, ROLLOUT_KEY: round(fraction, 6)}
+
+
+def rebuild_config(app_config: Mapping[str, Any], deployment: str, replicas: int,
+                   nonce: str) -> dict[str, Any]:
+    """An app's deployed config (Serve's `deployed_app_config`) that makes Serve replace every
+    replica one at a time, each replacement RUNNING before an old one stops: REBUILD_ENV set to
+    `nonce` in its runtime_env, the surge options on `deployment` (kept: its other overrides).
+    Pure."""
+    _, options = serve_rollout(1, max(1, replicas))
+    runtime_env = dict(app_config.get("runtime_env") or {})
+    runtime_env["env_vars"] = {**(runtime_env.get("env_vars") or {}), REBUILD_ENV: nonce}
+    overrides = [dict(d) for d in app_config.get("deployments") or []]
+    mine = next((d for d in overrides if d.get("name") == deployment), None)
+    if mine is None:
+        overrides.append({"name": deployment, **options})
+    else:
+        mine.update(options)
+    return {**app_config, "runtime_env": runtime_env, "deployments": overrides}
+
+
+def room_for_replacements(serve_details: Mapping[str, Any] | None,
+                          replacing: Sequence[Mapping[str, Any]],
+                          remaining: Sequence[tuple[str, Mapping[str, float]]]) -> Capacity:
+    """Whether the nodes that stay carry every app's replicas plus one more replica of each
+    gang being replaced (`replacing`: [{app, deployment}]), started before the old one stops.
+    The old replicas are counted whole on the nodes that stay (conservative). Pure."""
+    demands = app_demands(serve_details)
+    extra = []
+    for g in replacing:
+        like = next((d for d in demands if d.app == g["app"] and d.deployment == g["deployment"]),
+                    None)
+        if like is not None:
+            extra.append(like)
+    return capacity_without(demands + extra, remaining)
+
+
 # ---------------------------------------------------------------- drain
 
 

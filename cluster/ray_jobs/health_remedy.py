@@ -36,7 +36,8 @@ from cluster.ray.health_act import (CORDON, UNCORDONED, ActionRecord, ClusterVie
                                     actions_document, decide, new_decisions, observe, record_of)
 from cluster.ray.health_job import ACTIONS_FILE, JobConfig, Reading, parse_actions
 from cluster.ray.rollout import (app_demands, apps_not_running, drain_argv,
-                                 gang_replicas_homed_on, gang_replicas_on, replicas_on)
+                                 gang_replicas_homed_on, gang_replicas_on, rebuild_config,
+                                 replicas_on, room_for_replacements)
 
 log = logging.getLogger("cluster.ray.health_job")
 DRAIN_TIMEOUT_S = 120.0
@@ -106,6 +107,33 @@ def run_drain(gcs: str, node_id: str, message: str, deadline_s: int) -> tuple[bo
     return p.returncode == 0, " ".join(tail)[:300]
 
 
+def roll_app(dashboard: str, app: str, deployment: str, nonce: str) -> tuple[bool, str]:
+    """Serve replaces every replica of `app`, each new one RUNNING before an old one stops
+    (rollout.rebuild_config on the config Serve runs now), through the same GET + merge + PUT
+    and lock as `cluster deploy` (node_programs/dashboard.py)."""
+    from cluster.node_programs.dashboard import SERVE_APPLY_LOCK, Dashboard, apply
+    from cluster.node_programs._common import auth_token
+
+    def edit(details):
+        live = ((details.get("applications") or {}).get(app) or {})
+        config = live.get("deployed_app_config")
+        if live.get("source") != "declarative" or not isinstance(config, dict):
+            raise ValueError(f"app {app} was not deployed from a config: nothing to roll")
+        target = (live.get("deployments") or {}).get(deployment) or {}
+        replicas = target.get("target_num_replicas") or len(target.get("replicas") or []) or 1
+        return rebuild_config(config, deployment, int(replicas), nonce)
+
+    out: dict[str, Any] = {}
+    try:
+        api = Dashboard(dashboard, 30.0, auth_token(os.environ, scan_ray=True))
+        apply(api, {}, out, SERVE_APPLY_LOCK, edit=edit)
+    except Exception as exc:     # the dashboard, the lock, a config not from `cluster deploy`
+        return False, f"{type(exc).__name__}: {exc}"[:300]
+    if out.get("error") or out.get("status") != 200:
+        return False, f"PUT {out.get('status')}: {out.get('error') or out.get('text')}"[:300]
+    return True, "rolled"
+
+
 def replica_names(serve: Mapping[str, Any]) -> list[str]:
     """`app/replica id` of every replica Serve lists (any state)."""
     return [f"{app_name}/{r.get('replica_id')}"
@@ -123,12 +151,15 @@ class Remedy:
 
     def __init__(self, ray: Any, config: JobConfig, path: str, reads: Any = None,
                  drain: Callable[..., tuple[bool, str]] = run_drain,
+                 roll: Callable[[str, str, str], tuple[bool, str]] | None = None,
                  clock: Callable[[], float] = time.time,
                  sleep: Callable[[float], None] = time.sleep,
                  start: Callable[[Callable[[], None], str], None] = start_thread):
         self.ray, self.config, self.policy, self.path = ray, config, config.act, path
         self.reads = reads if reads is not None else ClusterReads(config.dashboard)
         self.drain, self.clock, self.sleep, self.start = drain, clock, sleep, start
+        self.roll = roll if roll is not None else (
+            lambda app, dep, nonce: roll_app(config.dashboard, app, dep, nonce))
         self.lock = threading.Lock()      # records and the file: the period's and a move's
         keep = max(max(self.policy.confirm.values()), self.policy.missed_after) + 1
         self.history: dict[str, collections.deque] = collections.defaultdict(
@@ -174,7 +205,9 @@ class Remedy:
             decide({n: list(h) for n, h in self.history.items()}, view, self.policy), self.seen)
         for d in fresh:
             if d.action == CORDON:
-                done.append(self._cordon(d, ids.get(d.node, ""), serve, ranks))
+                staying = [(n, r) for n, r in view.nodes.items()
+                           if n != d.node and n not in self.cordoned]
+                done.append(self._cordon(d, ids.get(d.node, ""), serve, ranks, staying))
             else:
                 done.append(record_of(d, now, ids.get(d.node)))
         for r in done:
@@ -221,7 +254,7 @@ class Remedy:
 
     # ------------------------------------------------------------ a cordon
 
-    def _cordon(self, d, node_id: str, serve, ranks) -> ActionRecord:
+    def _cordon(self, d, node_id: str, serve, ranks, staying) -> ActionRecord:
         now = self.clock()
         base = record_of(d, now, node_id or None)
         if not node_id:
@@ -237,10 +270,34 @@ class Remedy:
         gangs = gang_replicas_on(serve, ranks, node_id)
         homed = gang_replicas_homed_on(serve, ranks, node_id)   # Serve moves these (in `lost`)
         self.move_started[d.node] = time.monotonic()
-        self._kill_ranks(ranks, node_id)
+        rebuild, rolled = self._rebuild(gangs, serve, staying, f"{d.node}@{now:.0f}")
+        self._kill_ranks([a for a in ranks if _app_of_rank(a) not in rolled], node_id)
         return _with(base, outcome=MOVING, replicas_moved=tuple(lost + gangs),
                      gangs_moved=tuple(sorted({f"{g['app']}/{g['replica_id']}"
-                                               for g in gangs + homed})))
+                                               for g in gangs + homed})), gang_rebuild=rebuild)
+
+    def _rebuild(self, gangs, serve, staying, nonce: str) -> tuple[str, frozenset]:
+        """Replace the gangs with a rank on the node make before break when the nodes that stay
+        hold one more of each beside everything running (Serve rolls each such app: a new
+        replica, its placement group off the draining node, RUNNING before the old stops);
+        else break before make (their ranks killed: Serve replaces the failed replicas).
+        -> (how, for the record; the apps rolled)."""
+        if not gangs:
+            return "", frozenset()
+        room = room_for_replacements(serve, gangs, staying)
+        if not room.ok:
+            return f"restart: no room for a second gang beside the first: " \
+                   f"{'; '.join(room.problems)}"[:300], frozenset()
+        rolled, failed = set(), []
+        for app, dep in sorted({(g["app"], g["deployment"]) for g in gangs}):
+            ok, why = self.roll(app, dep, nonce)
+            if ok:
+                rolled.add(app)
+            else:
+                failed.append(f"{app}: {why}")
+        if failed:
+            return f"restart: the roll was refused: {'; '.join(failed)}"[:300], frozenset(rolled)
+        return "surge", frozenset(rolled)
 
     def _finish_move(self, moving: ActionRecord) -> None:
         """(In its own thread) wait for the move, then complete the cordon's record."""
@@ -283,6 +340,11 @@ class Remedy:
     def write(self) -> None:
         write_atomic(self.path, actions_document(self.records, self.cordoned, self.clock(),
                                                  self.policy.max_records))
+
+
+def _app_of_rank(actor: Mapping[str, Any]) -> str:
+    """A rank actor's app (its name is `app/replica id/rankN`: serve_apps/gang.py)."""
+    return str(actor.get("name") or "").partition("/")[0]
 
 
 def _with(r: ActionRecord, **changes: Any) -> ActionRecord:

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from cluster.base.errors import UsageError
+from cluster.ray.rollout import (ROLLOUT_KEY, SURGE_KEY, serve_rollout,  # noqa: F401
+                                 serve_surge)
 
 RESOURCES = ("GPU", "CPU")
-# The deployment options Serve reads for a roll (ray.serve.config.DeploymentConfig).
-SURGE_KEY, ROLLOUT_KEY = "max_surge_percent", "rolling_update_percentage"
 # Serve's app states that still hold replicas (a STOPPING one still holds its bundles).
 HOLDING_STATES = ("STARTING", "PENDING_MIGRATION", "UPDATING", "RECOVERING", "RUNNING",
                   "STOPPING")
@@ -111,26 +111,6 @@ class RollPlan:
 
 
 # ---------------------------------------------------------------- Serve's own roll settings
-
-
-def serve_surge(percent: int, target: int) -> int:
-    """Replicas Serve starts beyond the target for max_surge_percent (its integer ceiling)."""
-    return (percent * target + 99) // 100
-
-
-def serve_rollout(batch: int, target: int) -> tuple[int, dict[str, Any]]:
-    """(the batch Serve will really use, {max_surge_percent, rolling_update_percentage}) so that
-    Serve replaces `batch` replicas at a time, the new ones started first. The surge is a whole
-    percent of the target, so above 100 replicas the batch may round up."""
-    if target < 1 or batch < 1:
-        raise UsageError(f"a roll needs at least one replica and a batch of one (got {target} "
-                         f"replicas, batch {batch})")
-    batch = min(batch, target)
-    percent = next(p for p in range(1, 101) if serve_surge(p, target) >= batch)
-    real = serve_surge(percent, target)
-    # rollout_size = max(int(fraction * target), 1): half a replica above keeps int() exact
-    fraction = min(1.0, (real + 0.5) / target)
-    return real, {SURGE_KEY: percent, ROLLOUT_KEY: round(fraction, 6)}
 
 
 def with_roll_options(app: Mapping[str, Any], max_unavailable: int,
