@@ -13,15 +13,16 @@ nvidia-smi). One cluster, reused by the cases in order:
    --json`'s `health_actions` and the job's log; the gang is rebuilt on the two other nodes, its
    fabric proof (gloo) run there before its engine, and answers; the TP 1 app has 2 running
    replicas again, none on the sick node; failed requests over the whole event: 0 for the TP 1
-   app; for the gang's app the issue's bound is 2 %, not met yet (its one replica is rebuilt break
-   before make: an xfail naming the figure); no process of the old gang is left on any node. Then
+   app, at most 2 % for the gang's app (the job rolls it: the new gang RUNNING before the old one
+   stops); no process of the old gang is left on any node. Then
    `cluster uncordon` refused while the node's preflight fails, accepted with the GPU back, and
    the job lifts the cordon when the node rejoins under a new Ray node id.
 
 Printed figures: seconds from the switch to the cordon record, the move time, requests and
 failures per app, the rebuilt gang's nodes. Engines: one thread each (VLLM_CPU_OMP_THREADS_BIND,
 the gang on core 0, the TP 1 app on core 1), max_model_len 256, a 1 GiB KV cache each; Ray
-registers 3 CPUs per node so the gang and both TP 1 replicas fit on the two healthy nodes.
+registers 4 CPUs per node so the old gang, the new one and both TP 1 replicas fit on the two
+healthy nodes while the gang is replaced.
 Heavy: ~6 vLLM starts on a 2-core machine (the gang compiles: PP needs compile mode), ~8 GB.
 """
 
@@ -74,7 +75,7 @@ def model(tiny_model_builder) -> Path:
 
 def write_inventory(sim, base: Path, act: dict | None) -> Path:
     doc = yaml.safe_load(sim.inventory_path.read_text())
-    doc["ray"] = {"num_cpus": 3, "memory": 4 * 1024 ** 3, "object_store_memory": 256 * 1024 ** 2,
+    doc["ray"] = {"num_cpus": 4, "memory": 4 * 1024 ** 3, "object_store_memory": 256 * 1024 ** 2,
                   "python": PYTHON}
     for node in doc["nodes"]:
         # the replicas and the health job import this tree's serve_apps and cluster
@@ -204,6 +205,11 @@ def test_a_lost_gpu_cordons_the_node_within_a_period_and_uncordon_brings_it_back
         rec = records(doc, sick, "cordon")[-1]
         assert rec["outcome"] == "moved", rec
         assert f"{GANG}/{old_gang['replica_id']}" in rec["gangs_moved"], rec
+        # a rank on the sick node: the job rolled the app, the new gang RUNNING before the old
+        # stopped; the replica itself on it: Serve's own move off a draining node (new first too)
+        rank_there = any("rank" in g for g in rec["replicas_moved"]
+                         if g["replica_id"] == old_gang["replica_id"])
+        assert rec["gang_rebuild"] == ("surge" if rank_there else ""), rec
         doc = status_until(inv, lambda d: len(running_replicas(d, SMALL)) == 2 and len(
             running_replicas(d, GANG)) == 1 and app_of(d, GANG)["broken_ranks"] == [], 300)
         answered = answers(gang["endpoint"], GANG)
@@ -233,11 +239,9 @@ def test_a_lost_gpu_cordons_the_node_within_a_period_and_uncordon_brings_it_back
     assert code == 0, json.dumps(back, indent=1)[-3000:]
     doc = status_until(inv, lambda d: records(d, sick, "uncordoned"), 120)
     assert doc["health_actions"]["cordoned"] == {}
-    if len(gang_load.failed()) > 0.02 * len(gang_load.outcomes):
-        # measured 119 of 236 (2026-12-06): the gang app's one replica is replaced break
-        # before make (its rank actor killed, then a new gang placed, proven and started), so
-        # every request of the ~150 s rebuild fails; issue 42 item 5 asks <= 2 %
-        pytest.xfail(f"issue 42 item 5: the gang's app failed {gang_load.figures()}, > 2 %")
+    # issue 42 item 5: at most 2 % of the gang app's requests fail over the whole event (break
+    # before make failed 119 of 236, 2026-12-06: every request of the ~150 s rebuild)
+    assert len(gang_load.failed()) <= 0.02 * len(gang_load.outcomes), gang_load.figures()
 
     # ----------------------------------------------------------------------------------------
     # PLACE FOR THE ROLLING-CHANGE CASE (issue 42 item 5, after merging "roll"): a rolling change
