@@ -39,8 +39,26 @@ ProbeBuilder = Callable[[Node, Inventory], "Probe | None"]
 
 @dataclass(frozen=True)
 class GPU:
+    """One GPU as the gpu-query fact reads it (nvidia-smi --query-gpu): the one typed reading
+    of a node's GPUs, for the gpus check, `up`'s plan and the planner alike."""
+
     index: int
     name: str
+    memory_mib: int | float | None = None
+    bus_id: str | None = None
+
+
+def gpus_of(query: Any) -> tuple[GPU, ...]:
+    """The GPUs of the gpu-query parser's reading (parsers/nvidia_smi_query.NvidiaSmiQuery):
+    its rows are keyed by nvidia-smi's own column names, read here and nowhere else."""
+    gpus = []
+    for position, row in enumerate(query.gpus):
+        index, memory, bus = row.get("index"), row.get("memory.total"), row.get("pci.bus_id")
+        gpus.append(GPU(index if type(index) is int else position, str(row.get("name")),
+                        memory if isinstance(memory, (int, float))
+                        and not isinstance(memory, bool) else None,
+                        bus if isinstance(bus, str) else None))
+    return tuple(gpus)
 
 
 def gpu_model_of(gpus: Iterable[GPU]) -> str | None:
@@ -95,9 +113,10 @@ class NodeFacts:
     memo: dict = field(default_factory=dict, repr=False, compare=False)
     clock: ClockSample | None = None      # sampled on the gather's channel (gather(clock=True))
 
-    def reading(self, fact: "ToolFact") -> dict:
-        """`fact`'s output on this node as its parser reads it, parsed once (ParseError on
-        garbage or when the node gave no output for it, every time it is asked)."""
+    def reading(self, fact: "ToolFact") -> Any:
+        """`fact`'s output on this node as its parser reads it: the parser's frozen dataclass
+        (never a dict view: to_dict happens only where JSON is written), parsed once
+        (ParseError on garbage or when the node gave no output for it, every time it is asked)."""
         out = self.outputs.get(fact.name)
         if out is None:
             raise ParseError("probe", f"no output for {fact.name!r}: the node stopped answering "
@@ -157,13 +176,14 @@ class ToolFact:
     def __call__(self, node: Node, inventory: Inventory) -> Probe:
         return Probe(self.name, self.command)
 
-    def parse(self, out: ProbeOutput) -> dict:
-        """The parser's reading of this fact's output, as plain data (ParseError on garbage)."""
+    def parse(self, out: ProbeOutput) -> Any:
+        """The parser's reading of this fact's output: its frozen dataclass (ParseError on
+        garbage)."""
         if self.parser is None:
             raise ValueError(f"the {self.name} fact has no parser")
         import importlib
         refuse_cut(out)
-        return importlib.import_module(f"cluster.inspection.parsers.{self.parser}").parse(out.stdout).to_dict()
+        return importlib.import_module(f"cluster.inspection.parsers.{self.parser}").parse(out.stdout)
 
 
 def refuse_cut(out: ProbeOutput) -> None:
@@ -329,8 +349,8 @@ def _with_clock(facts: NodeFacts, got: Exchange) -> NodeFacts:
 # ---------------------------------------------------------------- parsing (pure)
 
 
-def parsed_once(memo: dict, name: str, parse: Callable[[ProbeOutput], dict],
-                out: ProbeOutput) -> dict:
+def parsed_once(memo: dict, name: str, parse: Callable[[ProbeOutput], Any],
+                out: ProbeOutput) -> Any:
     """parse(out), kept in `memo` under `name`: a second read gets the same reading (or the
     same ParseError) without parsing again."""
     if name not in memo:
@@ -417,7 +437,7 @@ def _program_data(out: ProbeOutput | None, result: CommandResult | None,
         return {}, f"unreadable facts: {exc}"
 
 
-def read_gpus(out: ProbeOutput | None, parse: Callable[[ProbeOutput], dict] | None = None
+def read_gpus(out: ProbeOutput | None, parse: Callable[[ProbeOutput], Any] | None = None
               ) -> tuple[str, tuple[GPU, ...], str | None]:
     """(nvidia-smi status, GPUs, error) from the gpu-query probe: ok | missing | failed.
     `parse`: the probe's reader (default GPU_QUERY.parse; the facts pass their memoised one)."""
@@ -435,14 +455,9 @@ def read_gpus(out: ProbeOutput | None, parse: Callable[[ProbeOutput], dict] | No
         return "ok", (), None
     try:
         refuse_cut(out)
-        rows = (parse or GPU_QUERY.parse)(out)["gpus"]
+        return "ok", gpus_of((parse or GPU_QUERY.parse)(out)), None
     except ParseError as exc:
         return "failed", (), str(exc)
-    gpus = []
-    for position, row in enumerate(rows):
-        index = row.get("index")
-        gpus.append(GPU(index if isinstance(index, int) else position, str(row.get("name"))))
-    return "ok", tuple(gpus), None
 
 
 def _flag(args: Sequence[str], name: str) -> str | None:

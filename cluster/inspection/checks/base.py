@@ -42,8 +42,9 @@ class NodeContext:
         from cluster.inspection.facts import facts_from_outputs
         return facts_from_outputs(self.node, self.outputs)
 
-    def reading(self, fact: "ToolFact") -> dict:
-        """`fact`'s parsed output on this node, parsed once per node and run (NodeFacts.reading)."""
+    def reading(self, fact: "ToolFact") -> Any:
+        """`fact`'s parser's frozen reading on this node, parsed once per node and run
+        (NodeFacts.reading)."""
         return self.facts.reading(fact)
 
     @property
@@ -129,8 +130,8 @@ def tool_problem(out: ProbeOutput, tool: str, needed: bool, what: str, fix: str)
 
 
 def read_tool(ctx: NodeContext, fact: "ToolFact", tool: str, needed: bool, what: str,
-              fix: str) -> tuple[dict | None, Verdict | None]:
-    """(the fact's parsed output, None), or (None, the verdict) when the tool did not run
+              fix: str) -> tuple[Any, Verdict | None]:
+    """(the fact's parser's reading, None), or (None, the verdict) when the tool did not run
     properly (see tool_problem)."""
     out = ctx.output(fact.name)
     problem = tool_problem(out, tool, needed, what, fix)

@@ -13,7 +13,8 @@ from cluster.inspection.checks.base import (NodeCheck, NodeContext, Verdict, err
                                  required, skip, tool_problem, warn)
 from cluster.base.errors import ParseError
 from cluster.inspection.facts import (CHRONY, GPU_QUERY, GPU_TOPO, IBSTAT, LSMOD, MEMLOCK, NTPQ,
-                           NVIDIA_SMI, PEERMEM_SYSFS, SHM, TIMEDATECTL, node_program_probe)
+                           NVIDIA_SMI, PEERMEM_SYSFS, SHM, TIMEDATECTL, gpu_model_of, gpus_of,
+                           node_program_probe)
 from cluster.nodes.inventory import Inventory, Node
 from cluster.inspection.checks.metrics import METRICS_CHECKS
 from cluster.inspection.checks.node_health import HEALTH_CHECKS
@@ -39,13 +40,13 @@ def evaluate_gpus(ctx: NodeContext) -> Verdict:
                               "install the NVIDIA driver and check `nvidia-smi` on the node")
     if problem:
         return problem
-    gpus = data["gpus"]
-    names = [str(g.get("name")) for g in gpus]
-    memory = [g.get("memory.total") for g in gpus if isinstance(g.get("memory.total"), (int, float))]
-    model = names[0] if names else None
+    gpus = gpus_of(data)
+    names = [g.name for g in gpus]
+    memory = [g.memory_mib for g in gpus if g.memory_mib is not None]
+    model = gpu_model_of(gpus)
     facts = {"gpu_count": len(gpus), "gpu_model": model, "gpu_names": names,
              "gpu_memory_mib": min(memory) if memory else None,
-             "gpu_bus_ids": [g.get("pci.bus_id") for g in gpus]}
+             "gpu_bus_ids": [g.bus_id for g in gpus]}
     summary = f"{len(gpus)} x {model}" if gpus else "no GPUs reported"
     if want_count and len(gpus) != want_count:
         return fail(f"{len(gpus)} of {want_count} GPUs visible ({summary})",
@@ -73,7 +74,7 @@ def evaluate_driver(ctx: NodeContext) -> Verdict:
                               "NVIDIA driver", "install the NVIDIA driver")
     if problem:
         return problem
-    driver, cuda = data.get("driver_version"), data.get("cuda_version")
+    driver, cuda = data.driver_version, data.cuda_version
     facts = {"driver_version": driver, "cuda_version": cuda}
     summary = f"driver {driver}, CUDA {cuda}"
     if want_driver and str(driver) != str(want_driver):
@@ -92,9 +93,9 @@ def evaluate_nvlink(ctx: NodeContext) -> Verdict:
                               "NVLink", "install the NVIDIA driver")
     if problem:
         return problem
-    nvlink = data.get("nvlink")
-    kinds = sorted({v for v in data.get("links", {}).values()})
-    facts = {"nvlink": nvlink, "topology_nics": data.get("nics", [])}
+    nvlink = data.nvlink
+    kinds = sorted(set(data.links.values()))
+    facts = {"nvlink": nvlink, "topology_nics": list(data.nics)}
     if nvlink is True:
         return ok(f"NVLink between GPUs ({', '.join(k for k in kinds if k.startswith('NV'))})",
                   data=data, facts=facts)
@@ -132,13 +133,13 @@ def evaluate_infiniband(ctx: NodeContext) -> Verdict:
         return problem
     if not needed:
         return skip("no InfiniBand expected on this node (no ib_hcas in the inventory)")
-    ports = ctx.reading(IBSTAT)["ports"]
+    ports = ctx.reading(IBSTAT).ports
     # the evidence: every port's state (the CAs' GUIDs and firmware stay in the output)
-    data = {"ports": [{k: p.get(k) for k in _PORT_EVIDENCE} for p in ports]}
+    data = {"ports": [{k: getattr(p, k) for k in _PORT_EVIDENCE} for p in ports]}
     if expected_hcas:
-        chosen = [p for p in ports if any(p["ca"] == n and (pt is None or p["port"] == pt)
+        chosen = [p for p in ports if any(p.ca == n and (pt is None or p.port == pt)
                                           for n, pt in expected_hcas)]
-        present = {p["ca"] for p in ports}
+        present = {p.ca for p in ports}
         missing = [n for n, _ in expected_hcas if n not in present]
         if missing:
             return fail(f"HCA {', '.join(missing)} not found (ibstat shows "
@@ -146,30 +147,30 @@ def evaluate_infiniband(ctx: NodeContext) -> Verdict:
                         "fix ib_hcas in the inventory or the node's OFED driver", data=data)
     else:
         chosen = ports
-    facts = {"ib_ports": [{k: p.get(k) for k in ("ca", "port", "state", "rate_gbps",
-                                                  "link_layer")} for p in chosen]}
+    facts = {"ib_ports": [{k: getattr(p, k) for k in ("ca", "port", "state", "rate_gbps",
+                                                      "link_layer")} for p in chosen]}
     problems = []
     for p in chosen:
-        name = f"{p['ca']} port {p['port']}"
-        if p.get("state") != "Active":
-            problems.append(f"{name} is {p.get('state')} (physical {p.get('physical_state')})")
+        name = f"{p.ca} port {p.port}"
+        if p.state != "Active":
+            problems.append(f"{name} is {p.state} (physical {p.physical_state})")
     want_layer = ib.get("link_layer")
     for p in chosen:
-        if want_layer and p.get("link_layer") and p["link_layer"] != want_layer:
-            got = "RoCE (Ethernet)" if p["link_layer"] == "Ethernet" else p["link_layer"]
-            problems.append(f"{p['ca']} port {p['port']} is {got}, expected {want_layer}")
+        if want_layer and p.link_layer and p.link_layer != want_layer:
+            got = "RoCE (Ethernet)" if p.link_layer == "Ethernet" else p.link_layer
+            problems.append(f"{p.ca} port {p.port} is {got}, expected {want_layer}")
     min_rate = ib.get("min_rate_gbps")
-    rates = {p.get("rate_gbps") for p in chosen if p.get("state") == "Active"}
+    rates = {p.rate_gbps for p in chosen if p.state == "Active"}
     for p in chosen:
-        if min_rate and p.get("state") == "Active" and (p.get("rate_gbps") or 0) < min_rate:
-            problems.append(f"{p['ca']} port {p['port']} at {p.get('rate_gbps')} Gb/s, "
+        if min_rate and p.state == "Active" and (p.rate_gbps or 0) < min_rate:
+            problems.append(f"{p.ca} port {p.port} at {p.rate_gbps} Gb/s, "
                             f"expected >= {min_rate}")
     if problems:
         return fail("; ".join(problems),
                     "check cables/switch ports (`ibstat`, `ibportstate`), the subnet manager "
                     "for Init/Down ports, and NCCL_IB_HCA", data=data, facts=facts)
     summary = f"{len(chosen)} port(s) Active, {'/'.join(str(r) for r in sorted(rates, key=str))} " \
-              f"Gb/s, {'/'.join(sorted({str(p.get('link_layer')) for p in chosen}))}"
+              f"Gb/s, {'/'.join(sorted({str(p.link_layer) for p in chosen}))}"
     if not min_rate and len(rates) > 1:
         return warn(f"ports run at different rates: {summary}",
                     "a slow port caps NCCL's ring bandwidth: check that link", data=data,
@@ -198,9 +199,10 @@ def evaluate_gpudirect(ctx: NodeContext) -> Verdict:
         return problem
     registered = [line.split(":", 1)[0] for line in ctx.output("peermem-sysfs").stdout.splitlines()
                   if line.startswith("/sys/")]
-    facts = {"peermem_loaded": bool(data.get("nvidia_peermem") or data.get("nv_peer_mem")),
+    facts = {"peermem_loaded": bool(data.nvidia_peermem or data.nv_peer_mem),
              "peermem_registered": registered}
-    evidence = {"lsmod": {k: data.get(k) for k in _PEERMEM_MODULES}, "registered": registered}
+    evidence = {"lsmod": {k: getattr(data, k) for k in _PEERMEM_MODULES},
+                "registered": registered}
     if not facts["peermem_loaded"]:
         return fail("peer-memory module not loaded (neither nvidia_peermem nor nv_peer_mem): "
                     "NCCL will stage inter-node traffic through host memory (no GDRDMA)",
@@ -232,10 +234,10 @@ def evaluate_clock(ctx: NodeContext) -> Verdict:
             tried.append(tool)
             continue
         data = ctx.reading(fact)
-        offset_s = data.get("offset_seconds")
-        if offset_s is None and data.get("offset_ms") is not None:
-            offset_s = data["offset_ms"] / 1000.0
-        facts = {"clock_source": tool, "clock_synchronized": data.get("synchronized"),
+        offset_s = getattr(data, "offset_seconds", None)       # chrony, timedatectl
+        if offset_s is None and getattr(data, "offset_ms", None) is not None:   # ntpq
+            offset_s = data.offset_ms / 1000.0
+        facts = {"clock_source": tool, "clock_synchronized": data.synchronized,
                  "clock_offset_s": offset_s}
         shown = "" if offset_s is None else (
             f", offset {offset_s:+.3g} s" if abs(offset_s) >= 1 else f", offset {offset_s * 1000:+.3g} ms")
@@ -243,7 +245,7 @@ def evaluate_clock(ctx: NodeContext) -> Verdict:
             return fail(f"clock {abs(offset_s):.3g} s off ({tool}{shown}), limit "
                         f"{max_offset_s * 1000:g} ms", fix + " and check its sources",
                         data=data, facts=facts, probe=probe)
-        if not data.get("synchronized"):
+        if not data.synchronized:
             return fail(f"clock not synchronized ({tool}{shown})", fix, data=data, facts=facts,
                         probe=probe)
         return ok(f"synchronized ({tool}{shown})", data=data, facts=facts, probe=probe)
@@ -254,7 +256,7 @@ def evaluate_shm(ctx: NodeContext) -> Verdict:
     data, problem = read_tool(ctx, SHM, "df", True, "/dev/shm", "mount /dev/shm")
     if problem:
         return problem
-    size = data["size_bytes"]
+    size = data.size_bytes
     want = int(ctx.expect["shm_min_bytes"])
     facts = {"shm_bytes": size}
     if size < want:
@@ -268,7 +270,7 @@ def evaluate_shm(ctx: NodeContext) -> Verdict:
 def evaluate_memlock(ctx: NodeContext) -> Verdict:
     out = ctx.output("memlock")
     data = ctx.reading(MEMLOCK)
-    value = data["memlock_kib"]
+    value = data.memlock_kib
     want = ctx.expect["memlock_min_kib"]
     facts = {"memlock_kib": value}
     fix = ("set `* - memlock unlimited` in /etc/security/limits.conf (LimitMEMLOCK=infinity for "

@@ -157,8 +157,7 @@ def evaluate_torch_cuda(ctx: NodeContext) -> Verdict:
                               "install the NVIDIA driver")
     if problem:
         return problem
-    return judge_torch_cuda(str(torch), str(cuda), data.get("driver_version"),
-                            data.get("cuda_version"))
+    return judge_torch_cuda(str(torch), str(cuda), data.driver_version, data.cuda_version)
 
 
 def judge_torch_cuda(torch: str, cuda: str, driver: Any, driver_cuda: Any) -> Verdict:
