@@ -16,6 +16,7 @@ preflight's cross-node checks and by `cluster up`'s plan.
 from __future__ import annotations
 
 import math
+import re
 import shlex
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -172,6 +173,7 @@ class ToolFact:
     name: str
     command: str
     parser: str | None = None
+    reader: Callable[[str], Any] | None = None   # a small output's reader, without a module
 
     def __call__(self, node: Node, inventory: Inventory) -> Probe:
         return Probe(self.name, self.command)
@@ -179,11 +181,28 @@ class ToolFact:
     def parse(self, out: ProbeOutput) -> Any:
         """The parser's reading of this fact's output: its frozen dataclass (ParseError on
         garbage)."""
+        refuse_cut(out)
+        if self.reader is not None:
+            return self.reader(out.stdout)
         if self.parser is None:
             raise ValueError(f"the {self.name} fact has no parser")
         import importlib
-        refuse_cut(out)
         return importlib.import_module(f"cluster.inspection.parsers.{self.parser}").parse(out.stdout)
+
+
+@dataclass(frozen=True)
+class BuiltFact:
+    """A fact whose command a builder makes per node (it depends on the node or the inventory:
+    the model's path, the head's Prometheus, node_facts.py's env): its probe name and the
+    reader of its output. The builders name it; checks read it by this object, never by the
+    probe's name."""
+
+    name: str
+    reader: Callable[[ProbeOutput], Any]
+
+    def parse(self, out: ProbeOutput) -> Any:
+        refuse_cut(out)
+        return self.reader(out)
 
 
 def refuse_cut(out: ProbeOutput) -> None:
@@ -208,10 +227,28 @@ NVIDIA_SMI_Q = ToolFact("nvidia-smi-q", "nvidia-smi -q", "nvidia_smi_q")
 GPU_TOPO = ToolFact("gpu-topo", "nvidia-smi topo -m", "nvidia_smi_topo")
 IBSTAT = ToolFact("ibstat", "ibstat", "ibstat")
 LSMOD = ToolFact("lsmod", "lsmod", "lsmod")
+
+
+def peermem_registered(text: str) -> tuple[str, ...]:
+    """The peer-memory registration files the peermem-sysfs probe found readable."""
+    return tuple(line.split(":", 1)[0] for line in text.splitlines() if line.startswith("/sys/"))
+
+
 # "<file>: <its content>" per readable peer-memory registration file
 PEERMEM_SYSFS = ToolFact("peermem-sysfs", (
     "for f in /sys/kernel/mm/memory_peers/nv_mem*/version /sys/module/nvidia_peermem/version "
-    "/sys/module/nv_peer_mem/version; do [ -r \"$f\" ] && echo \"$f: $(cat \"$f\")\"; done; true"))
+    "/sys/module/nv_peer_mem/version; do [ -r \"$f\" ] && echo \"$f: $(cat \"$f\")\"; done; true"),
+    reader=peermem_registered)
+
+_LISTEN_RE = re.compile(r"(?:^|\s)(?:\S*[:.])(\d+)\s+\S+[:.](?:\*|\d+)\s*")
+
+
+def listening_ports(text: str) -> frozenset[int]:
+    """The TCP ports `ss -Hltn` (or `netstat -ltn`) lists as listening."""
+    return frozenset(int(m.group(1)) for m in _LISTEN_RE.finditer(text))
+
+
+PORTS = ToolFact("ports", "ss -Hltn 2>/dev/null || netstat -ltn", reader=listening_ports)
 CHRONY = ToolFact("chrony", "chronyc tracking", "chronyc_tracking")
 NTPQ = ToolFact("ntpq", "ntpq -pn", "ntpq")
 TIMEDATECTL = ToolFact("timedatectl", "timedatectl", "timedatectl")
@@ -264,6 +301,18 @@ def _program_env(node: Node, inventory: Inventory) -> dict[str, str]:
                                 ray=inventory.ray), node.secret_names)
 
 
+def imports_document(out: ProbeOutput) -> Mapping[str, Any]:
+    """node_facts.py --imports' answer: the import smoke test's entry per module (ParseError
+    when it is not one)."""
+    imports = program_document(out).get("imports")
+    if not isinstance(imports, dict):
+        raise ParseError(IMPORTS_PROBE, "no imports in the node program's answer")
+    return imports
+
+
+IMPORTS = BuiltFact(IMPORTS_PROBE, imports_document)
+
+
 def imports_probe(node: Node, inventory: Inventory) -> Probe:
     """node_facts.py --imports: `import ray` and `import vllm` by the inventory's python with
     the env `ray start` would get (bounded on the node: node_facts.SMOKE_TIMEOUT_S)."""
@@ -280,11 +329,21 @@ def node_program_asking(presence: Sequence[str]) -> ProbeBuilder:
     return lambda node, inventory: node_program_probe(node, inventory, keys)
 
 
+def _directory_kind(out: ProbeOutput) -> str | None:
+    """What the model-dir probe printed: model | dir | none; None when it failed or printed
+    anything else."""
+    where = out.stdout.strip() if out.exit_code == 0 else None
+    return where if where in ("model", "dir", "none") else None
+
+
+MODEL_DIR = BuiltFact("model-dir", _directory_kind)
+
+
 def directory_probe(path: str) -> ProbeBuilder:
     """Is `path` a directory with a config.json (a Hugging Face model) on the node: prints
     `model` (config.json there), `dir` (a directory without it) or `none`."""
     quoted = shlex.quote(path.rstrip("/") or "/")
-    probe = Probe("model-dir", f"if [ -f {quoted}/config.json ]; then echo model; "
+    probe = Probe(MODEL_DIR.name, f"if [ -f {quoted}/config.json ]; then echo model; "
                                f"elif [ -d {quoted} ]; then echo dir; else echo none; fi")
     return lambda node, inventory: probe
 
@@ -416,6 +475,9 @@ def program_document(out: ProbeOutput) -> dict:
         return parse_answer(out.stdout, "node_facts", max_bytes=MAX_PROGRAM_OUTPUT)
     except ProgramError as exc:
         raise ParseError("node-facts", exc.reason) from None
+
+
+NODE_FACTS = BuiltFact(NODE_PROGRAM, program_document)   # node_facts.py's document
 
 
 def _program_data(out: ProbeOutput | None, result: CommandResult | None,

@@ -12,7 +12,7 @@ from cluster.inspection.probes import Probe, ProbeOutput
 from cluster.base.results import Status
 
 if TYPE_CHECKING:
-    from cluster.inspection.facts import NodeFacts, ToolFact
+    from cluster.inspection.facts import BuiltFact, NodeFacts, ToolFact
 
 
 @dataclass(frozen=True)
@@ -51,11 +51,16 @@ class NodeContext:
     def expect(self) -> Mapping[str, Any]:
         return self.inventory.expectations
 
-    def output(self, probe: str) -> ProbeOutput:
+    def output(self, fact: "ToolFact | BuiltFact") -> ProbeOutput:
+        """How `fact`'s command ran on this node (exit code, missing tool, timeout) for the
+        verdicts on a tool that did not run; its text is read through `reading`. Asked by the
+        fact, never by a probe's name."""
+        if isinstance(fact, str):
+            raise TypeError(f"a check asks for a fact, not the probe name {fact!r}")
         try:
-            return self.outputs[probe]
+            return self.outputs[fact.name]
         except KeyError:
-            raise ParseError("probe", f"no output for {probe!r}: the node stopped answering "
+            raise ParseError("probe", f"no output for {fact.name!r}: the node stopped answering "
                                       "mid-probe") from None
 
 
@@ -133,7 +138,7 @@ def read_tool(ctx: NodeContext, fact: "ToolFact", tool: str, needed: bool, what:
               fix: str) -> tuple[Any, Verdict | None]:
     """(the fact's parser's reading, None), or (None, the verdict) when the tool did not run
     properly (see tool_problem)."""
-    out = ctx.output(fact.name)
+    out = ctx.output(fact)
     problem = tool_problem(out, tool, needed, what, fix)
     if problem:
         return None, problem

@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import re
 import shlex
+from dataclasses import dataclass
+from typing import Mapping
 
 from cluster.inspection.checks.base import (NodeCheck, NodeContext, Verdict, error, fail, ok, read_tool,
                                  required, skip, tool_problem, warn)
 from cluster.base.errors import ParseError
-from cluster.inspection.facts import (CHRONY, GPU_QUERY, GPU_TOPO, IBSTAT, LSMOD, MEMLOCK, NTPQ,
-                           NVIDIA_SMI, PEERMEM_SYSFS, SHM, TIMEDATECTL, gpu_model_of, gpus_of,
-                           node_program_probe)
+from cluster.inspection.facts import (CHRONY, GPU_QUERY, GPU_TOPO, IBSTAT, LSMOD, MEMLOCK,
+                                      NODE_FACTS, NTPQ, NVIDIA_SMI, PEERMEM_SYSFS, PORTS, SHM,
+                                      TIMEDATECTL, BuiltFact, gpu_model_of, gpus_of,
+                                      node_program_probe)
 from cluster.nodes.inventory import Inventory, Node
 from cluster.inspection.checks.metrics import METRICS_CHECKS
 from cluster.inspection.checks.node_health import HEALTH_CHECKS
 from cluster.inspection.checks.runtime import RUNTIME_CHECKS
-from cluster.inspection.probes import Probe
+from cluster.inspection.probes import Probe, ProbeOutput
 
 
 
@@ -125,7 +128,7 @@ def evaluate_infiniband(ctx: NodeContext) -> Verdict:
     ib = ctx.expect.get("infiniband", {})
     expected_hcas = [_hca_name(h) for h in ctx.node.ib_hcas if not h.startswith("^")]
     needed = required(ib.get("required"), bool(expected_hcas))
-    out = ctx.output("ibstat")
+    out = ctx.output(IBSTAT)
     problem = tool_problem(out, "ibstat", needed,
                             "InfiniBand/RoCE ports",
                             "install infiniband-diags (ibstat) and the MLNX/DOCA OFED drivers")
@@ -197,8 +200,7 @@ def evaluate_gpudirect(ctx: NodeContext) -> Verdict:
                               "install kmod")
     if problem:
         return problem
-    registered = [line.split(":", 1)[0] for line in ctx.output("peermem-sysfs").stdout.splitlines()
-                  if line.startswith("/sys/")]
+    registered = list(ctx.reading(PEERMEM_SYSFS))
     facts = {"peermem_loaded": bool(data.nvidia_peermem or data.nv_peer_mem),
              "peermem_registered": registered}
     evidence = {"lsmod": {k: getattr(data, k) for k in _PEERMEM_MODULES},
@@ -229,7 +231,7 @@ def evaluate_clock(ctx: NodeContext) -> Verdict:
     for fact, tool in ((CHRONY, "chronyc tracking"), (NTPQ, "ntpq -p"),
                        (TIMEDATECTL, "timedatectl")):
         probe = fact.name
-        out = ctx.output(probe)
+        out = ctx.output(fact)
         if out.missing_tool or out.exit_code != 0 or not out.stdout.strip():
             tried.append(tool)
             continue
@@ -268,7 +270,6 @@ def evaluate_shm(ctx: NodeContext) -> Verdict:
 
 
 def evaluate_memlock(ctx: NodeContext) -> Verdict:
-    out = ctx.output("memlock")
     data = ctx.reading(MEMLOCK)
     value = data.memlock_kib
     want = ctx.expect["memlock_min_kib"]
@@ -296,7 +297,7 @@ def _human(n: int) -> str:
 def evaluate_versions(ctx: NodeContext) -> Verdict:
     """The versions ray.python reports; WARN also when ray.root_python (the interpreter root runs
     node programs with) is missing or a non-root user can change it (root_python)."""
-    out = ctx.output("versions")
+    out = ctx.output(NODE_FACTS)
     python = ctx.inventory.ray.python
     if out.missing_tool:
         return fail(f"{python} not found on the node", "install Python 3.10+ or set ray.python")
@@ -305,7 +306,7 @@ def evaluate_versions(ctx: NodeContext) -> Verdict:
     document = ctx.facts.document()
     data = document.get("versions")
     if not isinstance(data, dict):
-        raise ParseError("versions", f"no versions in the node facts: {out.stdout[:200]!r}")
+        raise ParseError("versions", "no versions in the node facts' document")
     facts = {"versions": data}
     summary = ", ".join(f"{k} {v}" for k, v in data.items() if v)
     missing = [k for k in ("ray", "vllm") if not data.get(k)]
@@ -356,12 +357,50 @@ MODEL_FILES = ("config.json", "model.safetensors.index.json", "generation_config
                "tokenizer.json", "tokenizer_config.json")
 
 
+@dataclass(frozen=True)
+class ModelFile:
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class ModelListing:
+    """The model probe's reading: the key files (name -> size, sha256) and the directory's
+    total bytes; `missing`: the path is not there (the probe's exit 3)."""
+
+    files: Mapping[str, ModelFile]
+    total: int | None
+    missing: bool = False
+
+    def to_dict(self) -> dict:
+        return {"model_files": {k: {"size": f.size, "sha256": f.sha256}
+                                for k, f in self.files.items()}, "model_bytes": self.total}
+
+
+def read_model_listing(out: ProbeOutput) -> ModelListing:
+    """`file <name> <size> <sha256>` lines and a `total <bytes>` line (model_probe)."""
+    if out.exit_code == 3:
+        return ModelListing({}, None, missing=True)
+    files: dict[str, ModelFile] = {}
+    total = None
+    for line in out.stdout.splitlines():
+        parts = line.split()
+        if parts[:1] == ["file"] and len(parts) == 4 and parts[2].isdigit():
+            files[parts[1]] = ModelFile(int(parts[2]), parts[3])
+        elif parts[:1] == ["total"] and len(parts) == 2 and parts[1].isdigit():
+            total = int(parts[1])
+    return ModelListing(files, total)
+
+
+MODEL_LISTING = BuiltFact("model", read_model_listing)
+
+
 def model_probe(node: Node, inventory: Inventory) -> Probe | None:
     if not inventory.model_path:
         return None
     path = shlex.quote(inventory.model_path)
     files = " ".join(MODEL_FILES)
-    return Probe("model", f"cd {path} || exit 3; for f in {files}; do [ -f \"$f\" ] && "
+    return Probe(MODEL_LISTING.name, f"cd {path} || exit 3; for f in {files}; do [ -f \"$f\" ] && "
                           f"echo \"file $f $(stat -c %s \"$f\") $(sha256sum < \"$f\" | cut -c1-64)\"; "
                           f"done; echo \"total $(du -sb . | cut -f1)\"")
 
@@ -370,27 +409,16 @@ def evaluate_model(ctx: NodeContext) -> Verdict:
     path = ctx.inventory.model_path
     if not path:
         return skip("no model path in the inventory")
-    out = ctx.output("model")
-    if out.exit_code == 3:
+    listing = ctx.reading(MODEL_LISTING)
+    if listing.missing:
         return fail(f"model path {path} does not exist on this node",
                     "copy the model to the same path on every node (or a shared filesystem)")
-    files: dict[str, dict] = {}
-    total = None
-    for line in out.stdout.splitlines():
-        parts = line.split()
-        if parts[:1] == ["file"] and len(parts) == 4:
-            files[parts[1]] = {"size": int(parts[2]), "sha256": parts[3]}
-        elif parts[:1] == ["total"] and len(parts) == 2 and parts[1].isdigit():
-            total = int(parts[1])
-    facts = {"model_files": files, "model_bytes": total}
-    if "config.json" not in files:
+    facts = listing.to_dict()
+    if "config.json" not in listing.files:
         return fail(f"{path} has no config.json", "point model.path at a Hugging Face model "
                                                   "directory", data=facts, facts=facts)
-    return ok(f"{path}: {len(files)} key files, {_human(total or 0)}", data=facts, facts=facts)
-
-
-def ports_probe(node: Node, inventory: Inventory) -> Probe:
-    return Probe("ports", "ss -Hltn 2>/dev/null || netstat -ltn")
+    return ok(f"{path}: {len(listing.files)} key files, {_human(listing.total or 0)}",
+              data=facts, facts=facts)
 
 
 def ray_ports(node: Node, inventory: Inventory) -> dict[int, str]:
@@ -406,16 +434,11 @@ def ray_ports(node: Node, inventory: Inventory) -> dict[int, str]:
     return ports
 
 
-_LISTEN_RE = re.compile(r"(?:^|\s)(?:\S*[:.])(\d+)\s+\S+[:.](?:\*|\d+)\s*")
-
-
 def evaluate_ports(ctx: NodeContext) -> Verdict:
-    out = ctx.output("ports")
-    listing = out.stdout
     if ctx.facts.raylet is not None:   # the one "is Ray running" reading (cluster/inspection/facts.py)
         return ok("Ray is running on this node: its ports are in use by Ray",
-                  facts={"ray_running": True}, probe="versions")
-    listening = {int(m.group(1)) for m in _LISTEN_RE.finditer(listing)}
+                  facts={"ray_running": True}, probe=NODE_FACTS.name)
+    listening = ctx.reading(PORTS)
     wanted = ray_ports(ctx.node, ctx.inventory)
     busy = {p: name for p, name in wanted.items() if p in listening}
     facts = {"ray_running": False}
@@ -423,8 +446,8 @@ def evaluate_ports(ctx: NodeContext) -> Verdict:
         return fail("ports Ray needs are taken: " + ", ".join(f"{p} ({n})" for p, n in busy.items()),
                     "stop what listens there (`ss -ltnp`) or change the ports under ray: in the "
                     "inventory", data={"listening": sorted(listening)}, facts=facts,
-                    probe="ports")
-    return ok(f"{len(wanted)} Ray ports free", facts=facts, probe="ports")
+                    probe=PORTS.name)
+    return ok(f"{len(wanted)} Ray ports free", facts=facts, probe=PORTS.name)
 
 
 # ---------------------------------------------------------------- registry
@@ -448,5 +471,5 @@ NODE_CHECKS: tuple[NodeCheck, ...] = (
     NodeCheck("versions", "Python, Ray, vLLM, torch, NCCL versions", (node_program_probe,),
               evaluate_versions),
     NodeCheck("model", "model files present", (model_probe,), evaluate_model),
-    NodeCheck("ports", "Ray ports free", (ports_probe, node_program_probe), evaluate_ports),
+    NodeCheck("ports", "Ray ports free", (PORTS, node_program_probe), evaluate_ports),
 ) + RUNTIME_CHECKS + HEALTH_CHECKS + METRICS_CHECKS

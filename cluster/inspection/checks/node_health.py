@@ -39,7 +39,7 @@ def _health(ctx: NodeContext) -> Mapping[str, Any]:
 
 def _optional(ctx: NodeContext, fact: ToolFact) -> Any:
     """The parser's reading of a fact whose tool may be absent: None when it did not run."""
-    out = ctx.output(fact.name)
+    out = ctx.output(fact)
     if out.missing_tool or out.timed_out or (out.exit_code != 0 and not out.stdout.strip()):
         return None
     return ctx.reading(fact)
@@ -68,7 +68,7 @@ def _rdma_devices(ctx: NodeContext) -> list[str] | None:
 
 
 def evaluate_acs(ctx: NodeContext) -> Verdict:
-    out = ctx.output("lspci")
+    out = ctx.output(LSPCI)
     if out.missing_tool:
         return skip("lspci not found (install pciutils): PCIe ACS not checked", probe="lspci")
     problem = tool_problem(out, "lspci", False, "PCIe ACS reading", "install pciutils")
@@ -85,7 +85,7 @@ def evaluate_acs(ctx: NodeContext) -> Verdict:
 
 def _fabricmanager_state(ctx: NodeContext) -> Any:
     """systemctl's view of nvidia-fabricmanager; None when systemctl could not say."""
-    out = ctx.output(FABRICMANAGER.name)
+    out = ctx.output(FABRICMANAGER)
     if out.missing_tool or out.timed_out or out.exit_code not in _SYSTEMCTL_ANSWERED:
         return None   # no systemd (a container) or systemctl failed: the GPUs' fabric state decides
     return ctx.reading(FABRICMANAGER)
@@ -104,7 +104,7 @@ def evaluate_fabricmanager(ctx: NodeContext) -> Verdict:
 
 def _kernel_log(ctx: NodeContext) -> Any:
     """The driver's kernel-log lines parsed; None when the log could not be read."""
-    out = ctx.output(KERNEL_LOG.name)
+    out = ctx.output(KERNEL_LOG)
     if out.missing_tool or out.timed_out or out.exit_code == KERNEL_LOG_UNREADABLE:
         return None
     if not out.stdout.strip():
@@ -135,7 +135,7 @@ def evaluate_pcie_link(ctx: NodeContext) -> Verdict:
 
 
 def evaluate_persistence(ctx: NodeContext) -> Verdict:
-    out = ctx.output("nvidia-smi")
+    out = ctx.output(NVIDIA_SMI)
     problem = tool_problem(out, "nvidia-smi", False, "NVIDIA GPUs", "install the NVIDIA driver")
     if problem:
         return problem
@@ -149,7 +149,7 @@ def evaluate_persistence(ctx: NodeContext) -> Verdict:
 
 
 def evaluate_nic_locality(ctx: NodeContext) -> Verdict:
-    out = ctx.output("gpu-topo")
+    out = ctx.output(GPU_TOPO)
     problem = tool_problem(out, "nvidia-smi", False, "GPU topology", "install the NVIDIA driver")
     if problem:
         return problem
