@@ -34,6 +34,11 @@ class NodeContext:
     outputs: Mapping[str, ProbeOutput]
     gathered: "NodeFacts | None" = None   # the run's facts of this node (cluster/inspection/facts.py)
 
+    @classmethod
+    def of(cls, node: Node, inventory: Inventory, facts: "NodeFacts") -> "NodeContext":
+        """The context of a node's gathered facts (its outputs are theirs)."""
+        return cls(node, inventory, facts.outputs, facts)
+
     @cached_property
     def facts(self) -> "NodeFacts":
         """The node's facts: those gathered for the run, else read from `outputs` (once)."""
