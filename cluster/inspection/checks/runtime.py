@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from cluster.base.errors import ParseError
 from cluster.base.results import CheckResult, Evidence, Status
 from cluster.inspection.checks.base import (NodeCheck, NodeContext, Verdict, error, fail, ok,
                                             read_tool, skip, warn)
