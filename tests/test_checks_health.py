@@ -8,7 +8,7 @@ shows (said so where done).
 
 from __future__ import annotations
 
-import copy
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,14 +17,21 @@ from cluster.inspection.checks import health
 from cluster.base.errors import InventoryError
 from cluster.nodes.inventory import default_expectations
 from cluster.inspection.parsers import parse
+from cluster.inspection.parsers.ip_addr import Interface, IpAddr
 from cluster.base.results import Status
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TH = default_expectations()["health"]
 
 
-def _data(kind: str, name: str) -> dict:
-    return parse(kind, (FIXTURES / kind / name).read_text()).to_dict()
+def _data(kind: str, name: str):
+    """The parser's frozen reading of a fixture (what the checks get)."""
+    return parse(kind, (FIXTURES / kind / name).read_text())
+
+
+def _edited(q, **changes):
+    """nvidia-smi -q's reading with its first GPU's fields changed (a state no fixture shows)."""
+    return replace(q, gpus=(replace(q.gpus[0], **changes),) + tuple(q.gpus[1:]))
 
 
 # ---------------------------------------------------------------- acs
@@ -82,9 +89,9 @@ def test_fabric_registered_but_unhealthy_fails_and_healthy_is_ok():
     running = _data("fabricmanager", "h2-001-bottlerocket142-systemctl-status-active-running.txt")
     verdict = health.fabricmanager(running, q, TH)
     assert verdict.status is Status.FAIL and "Unhealthy" in verdict.summary
-    q["gpus"][0]["fabric_health_summary"] = "Limited Capacity"
+    q = _edited(q, fabric_health_summary="Limited Capacity")
     assert health.fabricmanager(running, q, TH).status is Status.WARN
-    q["gpus"][0]["fabric_health_summary"] = "Healthy"
+    q = _edited(q, fabric_health_summary="Healthy")
     verdict = health.fabricmanager(running, q, TH)
     assert verdict.status is Status.OK and "fabric manager running" in verdict.summary
 
@@ -126,12 +133,10 @@ def test_uncorrectable_ecc_thresholds():
     """Counts edited into a real report: no fixture shows a volatile uncorrectable error."""
     q = _data("nvidia-smi-q", "x05-xml-a100-sxm4-535-mig-telegraf.txt")
     assert health.gpu_health(q, None, TH).status is Status.OK
-    broken = copy.deepcopy(q)
-    broken["gpus"][0]["ecc_uncorrectable_volatile"] = 2
+    broken = _edited(q, ecc_uncorrectable_volatile=2)
     verdict = health.gpu_health(broken, None, TH)
     assert verdict.status is Status.FAIL and "2 uncorrectable ECC" in verdict.summary
-    old = copy.deepcopy(q)
-    old["gpus"][0]["ecc_uncorrectable_aggregate"] = 1
+    old = _edited(q, ecc_uncorrectable_aggregate=1)
     assert health.gpu_health(old, None, TH).status is Status.WARN
     assert health.gpu_health(broken, None, dict(TH, ecc_uncorrectable_volatile_max=5)
                              ).status is Status.OK
@@ -152,21 +157,21 @@ def test_pcie_link_x8_of_x16_warns_full_link_is_ok():
 def test_pcie_generation_counts_only_under_load():
     """Generation edited down in a real report (P0) and the state set to P8."""
     q = _data("nvidia-smi-q", "x05-xml-a100-sxm4-535-mig-telegraf.txt")
-    q["gpus"][0]["pcie_gen_current"] = 1
+    q = _edited(q, pcie_gen_current=1)
     assert health.pcie_link(q, TH).status is Status.WARN
-    q["gpus"][0]["performance_state"] = "P8"
+    q = _edited(q, performance_state="P8")
     verdict = health.pcie_link(q, TH)
     assert verdict.status is Status.OK and "while idle" in verdict.summary
 
 
 def test_persistence_off_warns_with_the_fix():
-    off = _data("nvidia-smi", "001-a100-80gb-pcie-550-partial.txt")["gpus"]
+    off = _data("nvidia-smi", "001-a100-80gb-pcie-550-partial.txt").gpus
     verdict = health.persistence(off, TH)
     assert verdict.status is Status.WARN and "nvidia-smi -pm 1" in verdict.fix
     on = _data("nvidia-smi-q", "h2-011-persistence-nvidiadocker914-v100-sxm2-enabled.txt")
-    assert health.persistence(on["gpus"], TH).status is Status.OK
+    assert health.persistence(on.gpus, TH).status is Status.OK
     uuids = _data("nvidia-smi-q", "003-uuid-list-8gpu.txt")
-    assert health.persistence(uuids["gpus"], TH).status is Status.SKIP
+    assert health.persistence(uuids.gpus, TH).status is Status.SKIP
 
 
 # ---------------------------------------------------------------- nic locality
@@ -231,8 +236,7 @@ def test_iface_public_node_ip_warns():
     data = _data("ip-addr", "x01-iproute2cheatsheet28-brief-addr-show.txt")   # 192.0.2.1
     assert health.iface(data, "eth0", "192.0.2.1").status is Status.OK   # TEST-NET-1: reserved
     assert health.iface(data, "eth0", "8.8.8.8").status is Status.FAIL   # not on eth0
-    public = {"interfaces": [{"name": "eth0", "state": "UP", "mtu": 1500,
-                              "ipv4": ["8.8.8.8/24"]}]}
+    public = IpAddr((Interface("eth0", "UP", 1500, ("8.8.8.8/24",)),))
     assert health.iface(public, "eth0", "8.8.8.8").status is Status.WARN
 
 
@@ -273,7 +277,7 @@ CLOCK_FIX = "HW slowdown / power brake: check cooling, PSUs and the BMC's power 
                  Status.WARN, "PCIe link below its maximum: 00000000:00:1E.0 x8 of x16",
                  "`lspci -vv` LnkSta against LnkCap", id="pcie-x8"),
     pytest.param(lambda: health.persistence(_data(
-        "nvidia-smi-q", "h2-013-persistence-k8sdp307-gtx1080ti-disabled.txt")["gpus"], TH),
+        "nvidia-smi-q", "h2-013-persistence-k8sdp307-gtx1080ti-disabled.txt").gpus, TH),
                  Status.WARN, "persistence mode off on 1 of 1 GPU(s) (00000000:65:00.0)",
                  "`sudo systemctl enable --now nvidia-persistenced`", id="persistence-off"),
     pytest.param(lambda: health.nic_locality(_data(
@@ -300,7 +304,7 @@ def test_fabricmanager_on_nvswitch_with_no_gpu_listed_skips():
 
 def test_fabricmanager_ok_without_a_systemctl_reading_does_not_claim_it_runs():
     q = _data("nvidia-smi-q", "h2-005-dra626-nvsmi-q-fabric-completed-health-unhealthy.txt")
-    q["gpus"][0]["fabric_health_summary"] = "Healthy"     # edited, as above
+    q = _edited(q, fabric_health_summary="Healthy")     # edited, as above
     verdict = health.fabricmanager(None, q, TH)
     assert verdict.status is Status.OK and verdict.summary == "1 GPU(s) fabric Completed/Success"
 
@@ -308,14 +312,14 @@ def test_fabricmanager_ok_without_a_systemctl_reading_does_not_claim_it_runs():
 def test_remap_failure_and_pending_retirement_fail():
     """States no fixture shows (edited into the parsed pending-remap report, said so here)."""
     q = _data("nvidia-smi-q", "h2-005-gpud80-remapped-rows-pending-yes.txt")
-    q["gpus"][0]["remapped_rows_pending"] = False
-    q["gpus"][0]["remapped_rows_failure"] = True
+    q = _edited(q, remapped_rows_pending=False)
+    q = _edited(q, remapped_rows_failure=True)
     failed = health.gpu_health(q, None, TH)
     assert failed.status is Status.FAIL and "row remapping failed" in failed.summary
     assert "a remap failure, repeated uncorrectable ECC or Xid 79 after a reboot means RMA" \
         in failed.fix
-    q["gpus"][0]["remapped_rows_failure"] = False
-    q["gpus"][0]["retired_pages_pending"] = True
+    q = _edited(q, remapped_rows_failure=False)
+    q = _edited(q, retired_pages_pending=True)
     retired = health.gpu_health(q, None, TH)
     assert retired.status is Status.FAIL
     assert "page retirement pending (needs a GPU reset)" in retired.summary

@@ -314,7 +314,8 @@ def test_every_node_check_has_a_passing_and_a_failing_case():
 
 def test_gpu_facts_feed_the_planner():
     verdict = judge("gpus", inventory(), gpu_query=out("gpu-query", MIXED_QUERY)[1])
-    assert verdict.facts == {"gpu_count": 2, "gpu_model": "GeForce GTX 1080 Ti",
+    # the GPU model has one name, the facts' (gpu_model_of): "mixed" for a node of several
+    assert verdict.facts == {"gpu_count": 2, "gpu_model": "mixed",
                              "gpu_names": ["GeForce GTX 1080 Ti", "GeForce GTX 1060 6GB"],
                              "gpu_memory_mib": 6078, "gpu_bus_ids": [None, None]}
     h100 = judge("gpus", inventory(), gpu_query=out("gpu-query", H100_QUERY)[1])

@@ -6,9 +6,11 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Mapping
 
 import pytest
 
+from cluster.base.errors import ParseError
 from cluster.inspection import facts
 from cluster.nodes import inventory
 from cluster.inspection.checks.node import NODE_CHECKS
@@ -295,7 +297,8 @@ def test_a_preflight_parses_each_tool_fact_once_per_node(monkeypatch):
             "node-facts", "lspci", "dmesg", "fabricmanager", "ip_addr", "chronyc_tracking",
             "df_shm", "ulimit", "lsmod"}
     assert read <= set(calls)
-    assert calls == {name: 3 for name in calls}
+    # the program reader reads two answers per node: node_facts.py's and its --imports'
+    assert calls == {name: 6 if name == "node-facts" else 3 for name in calls}
 
 
 def test_the_fake_sessions_probe_answer_reads_as_the_real_scripts_output():
@@ -309,3 +312,75 @@ def test_the_fake_sessions_probe_answer_reads_as_the_real_scripts_output():
     fake = split_probe_output(probe_answer({n: (c, t, "") for n, (c, t) in outputs.items()}), probes)
     assert {n: (o.exit_code, o.stdout) for n, o in fake.items()} == \
         {n: (o.exit_code, o.stdout) for n, o in real.items()}
+
+
+# ---------------------------------------------------------------- facts are read typed (issue 43)
+
+
+def test_every_reading_a_check_gets_is_its_parsers_frozen_dataclass():
+    """What the checks, fixes and `up`'s plan read of a tool's output is the parser's frozen
+    dataclass (no dict view at the facts boundary): a reading indexed as a dict raises."""
+    import dataclasses
+
+    from fakes import FakeRunner, fake_inventory, preflight_answers
+    from cluster.inspection.preflight import gather_for
+
+    inv = fake_inventory(1, "ib_hcas: [mlx5_0]")
+    node = gather_for(inv, FakeRunner(respond=preflight_answers()).session(inv))["n1"]
+    read = [f for f in vars(facts).values() if isinstance(f, facts.ToolFact) and f.parser]
+    assert {f.parser for f in read} >= {"nvidia_smi_query", "ibstat", "nvidia_smi_q", "lsmod"}
+    for fact in read:
+        if fact.name not in node.outputs or not node.outputs[fact.name].stdout.strip():
+            continue
+        reading = node.reading(fact)
+        assert dataclasses.is_dataclass(reading) and not isinstance(reading, Mapping), fact.name
+        assert type(reading).__dataclass_params__.frozen, fact.name
+        with pytest.raises(TypeError):
+            reading["gpus"]   # noqa: B018 - the dict view is gone
+    assert node.gpus and all(isinstance(g, facts.GPU) and g.bus_id for g in node.gpus)
+
+
+CHECK_SOURCES = ("cluster/inspection/checks", "cluster/remedy")
+
+
+def _fact_reads_by_name(path: Path) -> list[str]:
+    """Lines of `path` that read a node's output by a probe's name (`ctx.output("ibstat")`,
+    `ctx.outputs[...]` / `.outputs.get(...)`) or index a fact's reading as a dict
+    (`ctx.reading(X)["..."]`, `ctx.reading(X).get(...)`)."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Attribute) and node.attr == "outputs":
+            found.append(f"{path}:{node.lineno} .outputs")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr == "output" and node.args \
+                and isinstance(node.args[0], ast.Constant):
+            found.append(f"{path}:{node.lineno} output({node.args[0].value!r})")
+        inner = node.value if isinstance(node, ast.Subscript) else \
+            node.func.value if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+            and node.func.attr == "get" else None
+        if isinstance(inner, ast.Call) and isinstance(inner.func, ast.Attribute) \
+                and inner.func.attr in ("reading", "document"):
+            found.append(f"{path}:{node.lineno} a reading read as a dict")
+    return found
+
+
+def test_no_check_or_fix_reads_an_output_by_probe_name_or_a_reading_as_a_dict():
+    root = Path(__file__).resolve().parent.parent
+    files = [p for d in CHECK_SOURCES for p in sorted((root / d).glob("*.py"))
+             if p.name != "base.py"]    # NodeContext itself: the one reader of outputs
+    files += [root / "cluster/inspection/reachability.py", root / "cluster/serving/deploy.py"]
+    assert len(files) > 8
+    assert [line for p in files for line in _fact_reads_by_name(p)] == []
+
+
+def test_a_check_asks_for_a_fact_never_a_probe_name():
+    from cluster.inspection.checks.base import NodeContext
+
+    inv = inventory.loads("nodes:\n  - {name: n1, address: 10.0.0.1, role: head}\n")
+    ctx = NodeContext(inv.nodes[0], inv, {}, facts.NodeFacts("n1", reached=True))
+    with pytest.raises(TypeError, match="not the probe name 'ibstat'"):
+        ctx.output("ibstat")
+    with pytest.raises(ParseError, match="no output for 'ibstat'"):
+        ctx.output(facts.IBSTAT)

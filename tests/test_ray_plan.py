@@ -448,7 +448,7 @@ def test_gpu_list_parsing():
         return read_gpus(ProbeOutput("gpu-query", "nvidia-smi", code, text, ""))
     assert read("") == ("ok", (), None)
     assert read(f"index, name\n0, {H100}\n1, {H100}\n")[1] == (GPU(0, H100), GPU(1, H100))
-    assert read("index, name, memory.total [MiB]\n0, NVIDIA L4, 23034\n")[1] == (GPU(0, "NVIDIA L4"),)
+    assert read("index, name, memory.total [MiB]\n0, NVIDIA L4, 23034\n")[1] == (GPU(0, "NVIDIA L4", 23034),)
     status, gpus, why = read("NVIDIA-SMI has failed because it couldn't communicate with the "
                              "NVIDIA driver. Make sure that the latest NVIDIA driver is installed "
                              "and running.\n")

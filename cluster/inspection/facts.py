@@ -16,6 +16,7 @@ preflight's cross-node checks and by `cluster up`'s plan.
 from __future__ import annotations
 
 import math
+import re
 import shlex
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -39,8 +40,26 @@ ProbeBuilder = Callable[[Node, Inventory], "Probe | None"]
 
 @dataclass(frozen=True)
 class GPU:
+    """One GPU as the gpu-query fact reads it (nvidia-smi --query-gpu): the one typed reading
+    of a node's GPUs, for the gpus check, `up`'s plan and the planner alike."""
+
     index: int
     name: str
+    memory_mib: int | float | None = None
+    bus_id: str | None = None
+
+
+def gpus_of(query: Any) -> tuple[GPU, ...]:
+    """The GPUs of the gpu-query parser's reading (parsers/nvidia_smi_query.NvidiaSmiQuery):
+    its rows are keyed by nvidia-smi's own column names, read here and nowhere else."""
+    gpus = []
+    for position, row in enumerate(query.gpus):
+        index, memory, bus = row.get("index"), row.get("memory.total"), row.get("pci.bus_id")
+        gpus.append(GPU(index if type(index) is int else position, str(row.get("name")),
+                        memory if isinstance(memory, (int, float))
+                        and not isinstance(memory, bool) else None,
+                        bus if isinstance(bus, str) else None))
+    return tuple(gpus)
 
 
 def gpu_model_of(gpus: Iterable[GPU]) -> str | None:
@@ -95,9 +114,10 @@ class NodeFacts:
     memo: dict = field(default_factory=dict, repr=False, compare=False)
     clock: ClockSample | None = None      # sampled on the gather's channel (gather(clock=True))
 
-    def reading(self, fact: "ToolFact") -> dict:
-        """`fact`'s output on this node as its parser reads it, parsed once (ParseError on
-        garbage or when the node gave no output for it, every time it is asked)."""
+    def reading(self, fact: "ToolFact") -> Any:
+        """`fact`'s output on this node as its parser reads it: the parser's frozen dataclass
+        (never a dict view: to_dict happens only where JSON is written), parsed once
+        (ParseError on garbage or when the node gave no output for it, every time it is asked)."""
         out = self.outputs.get(fact.name)
         if out is None:
             raise ParseError("probe", f"no output for {fact.name!r}: the node stopped answering "
@@ -153,17 +173,36 @@ class ToolFact:
     name: str
     command: str
     parser: str | None = None
+    reader: Callable[[str], Any] | None = None   # a small output's reader, without a module
 
     def __call__(self, node: Node, inventory: Inventory) -> Probe:
         return Probe(self.name, self.command)
 
-    def parse(self, out: ProbeOutput) -> dict:
-        """The parser's reading of this fact's output, as plain data (ParseError on garbage)."""
+    def parse(self, out: ProbeOutput) -> Any:
+        """The parser's reading of this fact's output: its frozen dataclass (ParseError on
+        garbage)."""
+        refuse_cut(out)
+        if self.reader is not None:
+            return self.reader(out.stdout)
         if self.parser is None:
             raise ValueError(f"the {self.name} fact has no parser")
         import importlib
+        return importlib.import_module(f"cluster.inspection.parsers.{self.parser}").parse(out.stdout)
+
+
+@dataclass(frozen=True)
+class BuiltFact:
+    """A fact whose command a builder makes per node (it depends on the node or the inventory:
+    the model's path, the head's Prometheus, node_facts.py's env): its probe name and the
+    reader of its output. The builders name it; checks read it by this object, never by the
+    probe's name."""
+
+    name: str
+    reader: Callable[[ProbeOutput], Any]
+
+    def parse(self, out: ProbeOutput) -> Any:
         refuse_cut(out)
-        return importlib.import_module(f"cluster.inspection.parsers.{self.parser}").parse(out.stdout).to_dict()
+        return self.reader(out)
 
 
 def refuse_cut(out: ProbeOutput) -> None:
@@ -188,10 +227,28 @@ NVIDIA_SMI_Q = ToolFact("nvidia-smi-q", "nvidia-smi -q", "nvidia_smi_q")
 GPU_TOPO = ToolFact("gpu-topo", "nvidia-smi topo -m", "nvidia_smi_topo")
 IBSTAT = ToolFact("ibstat", "ibstat", "ibstat")
 LSMOD = ToolFact("lsmod", "lsmod", "lsmod")
+
+
+def peermem_registered(text: str) -> tuple[str, ...]:
+    """The peer-memory registration files the peermem-sysfs probe found readable."""
+    return tuple(line.split(":", 1)[0] for line in text.splitlines() if line.startswith("/sys/"))
+
+
 # "<file>: <its content>" per readable peer-memory registration file
 PEERMEM_SYSFS = ToolFact("peermem-sysfs", (
     "for f in /sys/kernel/mm/memory_peers/nv_mem*/version /sys/module/nvidia_peermem/version "
-    "/sys/module/nv_peer_mem/version; do [ -r \"$f\" ] && echo \"$f: $(cat \"$f\")\"; done; true"))
+    "/sys/module/nv_peer_mem/version; do [ -r \"$f\" ] && echo \"$f: $(cat \"$f\")\"; done; true"),
+    reader=peermem_registered)
+
+_LISTEN_RE = re.compile(r"(?:^|\s)(?:\S*[:.])(\d+)\s+\S+[:.](?:\*|\d+)\s*")
+
+
+def listening_ports(text: str) -> frozenset[int]:
+    """The TCP ports `ss -Hltn` (or `netstat -ltn`) lists as listening."""
+    return frozenset(int(m.group(1)) for m in _LISTEN_RE.finditer(text))
+
+
+PORTS = ToolFact("ports", "ss -Hltn 2>/dev/null || netstat -ltn", reader=listening_ports)
 CHRONY = ToolFact("chrony", "chronyc tracking", "chronyc_tracking")
 NTPQ = ToolFact("ntpq", "ntpq -pn", "ntpq")
 TIMEDATECTL = ToolFact("timedatectl", "timedatectl", "timedatectl")
@@ -244,6 +301,18 @@ def _program_env(node: Node, inventory: Inventory) -> dict[str, str]:
                                 ray=inventory.ray), node.secret_names)
 
 
+def imports_document(out: ProbeOutput) -> Mapping[str, Any]:
+    """node_facts.py --imports' answer: the import smoke test's entry per module (ParseError
+    when it is not one)."""
+    imports = program_document(out).get("imports")
+    if not isinstance(imports, dict):
+        raise ParseError(IMPORTS_PROBE, "no imports in the node program's answer")
+    return imports
+
+
+IMPORTS = BuiltFact(IMPORTS_PROBE, imports_document)
+
+
 def imports_probe(node: Node, inventory: Inventory) -> Probe:
     """node_facts.py --imports: `import ray` and `import vllm` by the inventory's python with
     the env `ray start` would get (bounded on the node: node_facts.SMOKE_TIMEOUT_S)."""
@@ -260,11 +329,21 @@ def node_program_asking(presence: Sequence[str]) -> ProbeBuilder:
     return lambda node, inventory: node_program_probe(node, inventory, keys)
 
 
+def _directory_kind(out: ProbeOutput) -> str | None:
+    """What the model-dir probe printed: model | dir | none; None when it failed or printed
+    anything else."""
+    where = out.stdout.strip() if out.exit_code == 0 else None
+    return where if where in ("model", "dir", "none") else None
+
+
+MODEL_DIR = BuiltFact("model-dir", _directory_kind)
+
+
 def directory_probe(path: str) -> ProbeBuilder:
     """Is `path` a directory with a config.json (a Hugging Face model) on the node: prints
     `model` (config.json there), `dir` (a directory without it) or `none`."""
     quoted = shlex.quote(path.rstrip("/") or "/")
-    probe = Probe("model-dir", f"if [ -f {quoted}/config.json ]; then echo model; "
+    probe = Probe(MODEL_DIR.name, f"if [ -f {quoted}/config.json ]; then echo model; "
                                f"elif [ -d {quoted} ]; then echo dir; else echo none; fi")
     return lambda node, inventory: probe
 
@@ -329,8 +408,8 @@ def _with_clock(facts: NodeFacts, got: Exchange) -> NodeFacts:
 # ---------------------------------------------------------------- parsing (pure)
 
 
-def parsed_once(memo: dict, name: str, parse: Callable[[ProbeOutput], dict],
-                out: ProbeOutput) -> dict:
+def parsed_once(memo: dict, name: str, parse: Callable[[ProbeOutput], Any],
+                out: ProbeOutput) -> Any:
     """parse(out), kept in `memo` under `name`: a second read gets the same reading (or the
     same ParseError) without parsing again."""
     if name not in memo:
@@ -398,6 +477,9 @@ def program_document(out: ProbeOutput) -> dict:
         raise ParseError("node-facts", exc.reason) from None
 
 
+NODE_FACTS = BuiltFact(NODE_PROGRAM, program_document)   # node_facts.py's document
+
+
 def _program_data(out: ProbeOutput | None, result: CommandResult | None,
                   memo: dict) -> tuple[dict, str | None]:
     """(node_facts.py's document, None) or ({}, why the facts could not be read)."""
@@ -417,7 +499,7 @@ def _program_data(out: ProbeOutput | None, result: CommandResult | None,
         return {}, f"unreadable facts: {exc}"
 
 
-def read_gpus(out: ProbeOutput | None, parse: Callable[[ProbeOutput], dict] | None = None
+def read_gpus(out: ProbeOutput | None, parse: Callable[[ProbeOutput], Any] | None = None
               ) -> tuple[str, tuple[GPU, ...], str | None]:
     """(nvidia-smi status, GPUs, error) from the gpu-query probe: ok | missing | failed.
     `parse`: the probe's reader (default GPU_QUERY.parse; the facts pass their memoised one)."""
@@ -435,14 +517,9 @@ def read_gpus(out: ProbeOutput | None, parse: Callable[[ProbeOutput], dict] | No
         return "ok", (), None
     try:
         refuse_cut(out)
-        rows = (parse or GPU_QUERY.parse)(out)["gpus"]
+        return "ok", gpus_of((parse or GPU_QUERY.parse)(out)), None
     except ParseError as exc:
         return "failed", (), str(exc)
-    gpus = []
-    for position, row in enumerate(rows):
-        index = row.get("index")
-        gpus.append(GPU(index if isinstance(index, int) else position, str(row.get("name"))))
-    return "ok", tuple(gpus), None
 
 
 def _flag(args: Sequence[str], name: str) -> str | None:

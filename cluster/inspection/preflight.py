@@ -52,7 +52,7 @@ def evaluate_node(node: Node, inventory: Inventory, checks: Sequence[NodeCheck],
         return [CheckResult(c.id, node.name, Status.ERROR, why,
                             Evidence(command=None, exit_code=None, output_tail=why))
                 for c in checks], {"reachable": False}
-    ctx = NodeContext(node, inventory, facts.outputs, facts)
+    ctx = NodeContext.of(node, inventory, facts)
     results: list[CheckResult] = []
     report_facts: dict[str, Any] = {"reachable": True}
     shown: dict[tuple, str] = {}     # (command, output tail) -> the check whose evidence has it

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from cluster.inspection.checks.node import ray_ports
-from cluster.base.errors import InventoryError, ProgramError
-from cluster.inspection.facts import gather_timeout
-from cluster.inspection.probes import Probe
+from cluster.base.errors import InventoryError, ParseError, ProgramError
+from cluster.inspection.facts import BuiltFact, gather_timeout
+from cluster.inspection.probes import Probe, ProbeOutput
 from cluster.nodes.inventory import Inventory, Node
 from cluster.node_programs import fan_out_program, inline_command, parse_answer
 from cluster.nodes.remote import Session
@@ -203,7 +203,7 @@ class Listeners:
         check read them so on 11 of 127 nodes)."""
         if node.name not in self.served:
             return None
-        return Probe(LISTEN_PROBE, inline_command(inventory.ray.python, PROGRAM,
+        return Probe(LISTEN.name, inline_command(inventory.ray.python, PROGRAM,
                                                   self.args(node.name)), after_the_others=True)
 
 
@@ -229,13 +229,23 @@ def gathered_listen_docs(facts: Mapping[str, Any], nodes: Sequence[Node]
     for n in nodes:
         if n.name not in facts or not facts[n.name].reached:
             continue
-        out = facts[n.name].outputs.get(LISTEN_PROBE)
         try:
-            docs[n.name] = parse_answer(out.stdout, PROGRAM) if out is not None and \
-                out.exit_code == 0 and not out.cut else None
-        except ProgramError:
+            docs[n.name] = facts[n.name].reading(LISTEN)
+        except ParseError:     # no output, or cut
             docs[n.name] = None
     return docs
+
+
+def _listen_document(out: ProbeOutput) -> dict | None:
+    """The listener's document of the gather's LISTEN_PROBE output, None when the probe failed
+    or printed something else."""
+    try:
+        return parse_answer(out.stdout, PROGRAM) if out.exit_code == 0 else None
+    except ProgramError:
+        return None
+
+
+LISTEN = BuiltFact(LISTEN_PROBE, _listen_document)
 
 
 def stop_listeners(session: Session, nodes: Sequence[Node], tag: str, names: set[str]) -> None:

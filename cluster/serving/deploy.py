@@ -672,7 +672,7 @@ def node_readiness(node: Node, inventory: Inventory, facts, checks: Sequence) ->
     from cluster.inspection.checks.deploy import API_KEY, MODEL_FILES
     if not facts.reached:
         return NodeReadiness(node.name, False, error=facts.error)
-    ctx = NodeContext(node, inventory, facts.outputs, facts)
+    ctx = NodeContext.of(node, inventory, facts)
     verdicts = {c.id: judge(c, ctx) for c in checks}
     model = verdicts[MODEL_FILES]
     if model.data is None:

@@ -12,7 +12,7 @@ from cluster.inspection.probes import Probe, ProbeOutput
 from cluster.base.results import Status
 
 if TYPE_CHECKING:
-    from cluster.inspection.facts import NodeFacts, ToolFact
+    from cluster.inspection.facts import BuiltFact, NodeFacts, ToolFact
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,11 @@ class NodeContext:
     outputs: Mapping[str, ProbeOutput]
     gathered: "NodeFacts | None" = None   # the run's facts of this node (cluster/inspection/facts.py)
 
+    @classmethod
+    def of(cls, node: Node, inventory: Inventory, facts: "NodeFacts") -> "NodeContext":
+        """The context of a node's gathered facts (its outputs are theirs)."""
+        return cls(node, inventory, facts.outputs, facts)
+
     @cached_property
     def facts(self) -> "NodeFacts":
         """The node's facts: those gathered for the run, else read from `outputs` (once)."""
@@ -42,19 +47,25 @@ class NodeContext:
         from cluster.inspection.facts import facts_from_outputs
         return facts_from_outputs(self.node, self.outputs)
 
-    def reading(self, fact: "ToolFact") -> dict:
-        """`fact`'s parsed output on this node, parsed once per node and run (NodeFacts.reading)."""
+    def reading(self, fact: "ToolFact") -> Any:
+        """`fact`'s parser's frozen reading on this node, parsed once per node and run
+        (NodeFacts.reading)."""
         return self.facts.reading(fact)
 
     @property
     def expect(self) -> Mapping[str, Any]:
         return self.inventory.expectations
 
-    def output(self, probe: str) -> ProbeOutput:
+    def output(self, fact: "ToolFact | BuiltFact") -> ProbeOutput:
+        """How `fact`'s command ran on this node (exit code, missing tool, timeout) for the
+        verdicts on a tool that did not run; its text is read through `reading`. Asked by the
+        fact, never by a probe's name."""
+        if isinstance(fact, str):
+            raise TypeError(f"a check asks for a fact, not the probe name {fact!r}")
         try:
-            return self.outputs[probe]
+            return self.outputs[fact.name]
         except KeyError:
-            raise ParseError("probe", f"no output for {probe!r}: the node stopped answering "
+            raise ParseError("probe", f"no output for {fact.name!r}: the node stopped answering "
                                       "mid-probe") from None
 
 
@@ -129,10 +140,10 @@ def tool_problem(out: ProbeOutput, tool: str, needed: bool, what: str, fix: str)
 
 
 def read_tool(ctx: NodeContext, fact: "ToolFact", tool: str, needed: bool, what: str,
-              fix: str) -> tuple[dict | None, Verdict | None]:
-    """(the fact's parsed output, None), or (None, the verdict) when the tool did not run
+              fix: str) -> tuple[Any, Verdict | None]:
+    """(the fact's parser's reading, None), or (None, the verdict) when the tool did not run
     properly (see tool_problem)."""
-    out = ctx.output(fact.name)
+    out = ctx.output(fact)
     problem = tool_problem(out, tool, needed, what, fix)
     if problem:
         return None, problem

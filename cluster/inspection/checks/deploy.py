@@ -6,11 +6,10 @@ layer's one round trip per node (cluster/serving/deploy.py check_nodes)."""
 from __future__ import annotations
 
 from cluster.inspection.checks.base import NodeCheck, NodeContext, Verdict, error, fail, ok
-from cluster.inspection.facts import directory_probe, node_program_asking
+from cluster.inspection.facts import MODEL_DIR, directory_probe, node_program_asking
 
 MODEL_FILES = "model-files"
 API_KEY = "api-key"
-_WHERE = ("model", "dir", "none")          # what the model-dir probe prints
 
 
 def _incomplete(ctx: NodeContext) -> Verdict | None:
@@ -24,15 +23,15 @@ def evaluate_model_files(ctx: NodeContext) -> Verdict:
     problem = _incomplete(ctx)
     if problem:
         return problem
-    out = ctx.outputs.get("model-dir")
-    where = out.stdout.strip() if out is not None and out.exit_code == 0 else None
-    if where not in _WHERE:
-        detail = (out.stderr or out.stdout).strip()[:200] if out is not None else "no output"
-        return error(f"check failed: model directory probe: {detail}", probe="model-dir")
+    out = ctx.output(MODEL_DIR)
+    where = ctx.reading(MODEL_DIR)
+    if where is None:
+        detail = (out.stderr or out.stdout).strip()[:200]
+        return error(f"check failed: model directory probe: {detail}", probe=MODEL_DIR.name)
     if where == "model":
-        return ok("config.json present", data=where, probe="model-dir")
+        return ok("config.json present", data=where, probe=MODEL_DIR.name)
     return fail("no config.json in the directory" if where == "dir" else "no directory",
-                data=where, probe="model-dir")
+                data=where, probe=MODEL_DIR.name)
 
 
 def api_key_check(variable: str) -> NodeCheck:

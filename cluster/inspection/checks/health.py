@@ -1,7 +1,7 @@
 """Node-health verdicts (issue 16): parsed outputs + thresholds -> Verdict, as pure functions.
 
-Each function takes what the parsers return (`parse(text).to_dict()` of lspci, dmesg,
-fabricmanager, nvidia-smi-q, nvidia-smi, nvidia-smi-topo) and the `health` section of the
+Each function takes what the parsers return (the frozen readings `parse(text)` of lspci, dmesg,
+fabricmanager, nvidia-smi-q, nvidia-smi, nvidia-smi-topo, ip addr) and the `health` section of the
 expectations (cluster/data/expectations.yaml), and returns a Verdict (status, summary, fix
 hint; facts where a later step needs them). Nothing here runs a command or reads a file: the
 per-node checks that probe the nodes and call these are to be built on the facts layer.
@@ -23,6 +23,13 @@ from typing import Any
 
 from cluster.inspection.checks.base import Verdict, fail, ok, skip, warn
 from cluster.base.errors import InventoryError
+from cluster.inspection.parsers.dmesg import Dmesg
+from cluster.inspection.parsers.fabricmanager import FabricManager
+from cluster.inspection.parsers.ip_addr import IpAddr
+from cluster.inspection.parsers.lspci import Lspci
+from cluster.inspection.parsers.nvidia_smi import Gpu as SmiGpu
+from cluster.inspection.parsers.nvidia_smi_q import Gpu as SmiQGpu, NvidiaSmiQ
+from cluster.inspection.parsers.nvidia_smi_topo import NvidiaSmiTopo
 
 # Names of the Xids an admin meets most (NVIDIA's Xid catalog); others print as "Xid N".
 XID_NAMES: dict[int, str] = {
@@ -73,14 +80,15 @@ def _listed(items: Iterable[str]) -> str:
     return shown + (f" and {len(items) - _MAX_LISTED} more" if len(items) > _MAX_LISTED else "")
 
 
-def _gpu_name(gpu: Mapping[str, Any]) -> str:
-    return gpu.get("bus_id") or f"GPU{gpu.get('index', '?')}"
+def _gpu_name(gpu: Any) -> str:
+    """A GPU of nvidia-smi's or nvidia-smi -q's reading, by bus id else index."""
+    return gpu.bus_id or f"GPU{gpu.index}"
 
 
 # ---------------------------------------------------------------- ACS
 
 
-def acs(lspci: Mapping[str, Any], gpu_count: int | None, rdma_nics: int,
+def acs(lspci: Lspci, gpu_count: int | None, rdma_nics: int,
         th: Mapping[str, Any]) -> Verdict:
     """PCIe ACS redirecting peer traffic through the root complex.
 
@@ -88,16 +96,16 @@ def acs(lspci: Mapping[str, Any], gpu_count: int | None, rdma_nics: int,
     NICs (GPU-GPU and GPUDirect RDMA traffic both cross the bridges); ok otherwise.
     """
     min_gpus = _th_int(th, "acs_fail_min_gpus")
-    enabled = lspci.get("acs_enabled")
+    enabled = lspci.acs_enabled
     if enabled is None:
         return skip("ACS state unknown: lspci showed no device capabilities (run `lspci -vvv` "
                     "as root)")
     if not enabled:
         return ok("PCIe ACS disabled on every bridge shown")
-    on = [d for d in lspci.get("devices", ())
-          if d.get("acs_ctl") and any(d["acs_ctl"].get(b) for b in
-                                      ("SrcValid", "ReqRedir", "CmpltRedir", "UpstreamFwd"))]
-    where = _listed(d["bdf"] for d in on if d.get("bdf")) or f"{len(on)} ACSCtl line(s)"
+    on = [d for d in lspci.devices
+          if d.acs_ctl and any(d.acs_ctl.get(b) for b in
+                               ("SrcValid", "ReqRedir", "CmpltRedir", "UpstreamFwd"))]
+    where = _listed(d.bdf for d in on if d.bdf) or f"{len(on)} ACSCtl line(s)"
     gpus = gpu_count or 0
     if gpus < min_gpus and rdma_nics <= 0:
         return ok(f"PCIe ACS enabled ({where}), harmless with {gpus} GPU(s) and no RDMA NIC")
@@ -107,13 +115,13 @@ def acs(lspci: Mapping[str, Any], gpu_count: int | None, rdma_nics: int,
         "disable ACS in the BIOS (PCIe ACS / ACS Control: Disabled), or at runtime "
         "`setpci -s <bdf> ECAP_ACS+0x6.w=0000` for each bridge listed; setpci does not survive "
         "a reboot: reapply it at boot (a systemd unit) or boot with pci=noacs where supported",
-        data={"devices": [d.get("bdf") for d in on]})
+        data={"devices": [d.bdf for d in on]})
 
 
 # ---------------------------------------------------------------- fabric manager
 
 
-def fabricmanager(fm: Mapping[str, Any] | None, smi_q: Mapping[str, Any] | None,
+def fabricmanager(fm: FabricManager | None, smi_q: NvidiaSmiQ | None,
                   th: Mapping[str, Any], nvswitch: bool | None = None) -> Verdict:
     """On NVSwitch systems: nvidia-fabricmanager running and every GPU's fabric registered.
 
@@ -121,71 +129,71 @@ def fabricmanager(fm: Mapping[str, Any] | None, smi_q: Mapping[str, Any] | None,
     elsewhere (fabric manager has nothing to do without NVSwitch).
     """
     state_ok, status_ok = _th_str(th, "fabric_state_ok"), _th_str(th, "fabric_status_ok")
-    gpus = list((smi_q or {}).get("gpus") or ())
+    gpus = list(smi_q.gpus) if smi_q is not None else []
     if nvswitch is None:
-        nvswitch = any(g.get("fabric_state") for g in gpus)
+        nvswitch = any(g.fabric_state for g in gpus)
     if not nvswitch:
         return skip("no NVSwitch fabric (GPUs report no fabric state): fabric manager not needed")
     fix = ("install nvidia-fabricmanager of exactly the driver's version and "
            "`systemctl enable --now nvidia-fabricmanager`; then check "
            "`journalctl -u nvidia-fabricmanager` and `nvidia-smi -q | grep -A2 Fabric`")
-    if fm is not None and fm.get("running") is False:
-        why = f": {fm['failure']}" if fm.get("failure") else ""
+    if fm is not None and fm.running is False:
+        why = f": {fm.failure}" if fm.failure else ""
         return fail(f"nvidia-fabricmanager is not running{why} (CUDA error 802 on NVSwitch "
                     f"systems)", fix)
-    bad = [g for g in gpus if g.get("fabric_state") != state_ok or
-           g.get("fabric_status") != status_ok]
+    bad = [g for g in gpus if g.fabric_state != state_ok or g.fabric_status != status_ok]
     if bad:
-        shown = _listed(f"{_gpu_name(g)} {g.get('fabric_state')}/{g.get('fabric_status')}"
+        shown = _listed(f"{_gpu_name(g)} {g.fabric_state}/{g.fabric_status}"
                         for g in bad)
         return fail(f"{len(bad)} GPU(s) not registered with the NVLink fabric "
                     f"(state/status {shown}; want {state_ok}/{status_ok})", fix)
     if not gpus:
         return skip("no per-GPU fabric state to judge")
-    unhealthy = [g for g in gpus if g.get("fabric_health_summary") in
+    unhealthy = [g for g in gpus if g.fabric_health_summary in
                  _th_list(th, "fabric_health_fail", str)]
-    limited = [g for g in gpus if g.get("fabric_health_summary") in
+    limited = [g for g in gpus if g.fabric_health_summary in
                _th_list(th, "fabric_health_warn", str)]
     if unhealthy or limited:
         which = unhealthy or limited
-        shown = _listed(f"{_gpu_name(g)} {g['fabric_health_summary']}" for g in which)
+        shown = _listed(f"{_gpu_name(g)} {g.fabric_health_summary}" for g in which)
         summary = (f"{len(which)} GPU(s) registered ({state_ok}/{status_ok}) but the fabric "
                    f"health summary says {shown}")
         hint = ("check `nvidia-smi -q | grep -A12 Fabric` (Bandwidth, Route Unhealthy) and the "
                 "NVSwitch / NVLink trays; `journalctl -u nvidia-fabricmanager` for link errors")
         return fail(summary, hint) if unhealthy else warn(summary, hint)
-    running = "" if fm is None or fm.get("running") is None else ", fabric manager running"
+    running = "" if fm is None or fm.running is None else ", fabric manager running"
     return ok(f"{len(gpus)} GPU(s) fabric {state_ok}/{status_ok}{running}")
 
 
 # ---------------------------------------------------------------- GPU health
 
 
-def _xid_problems(kernel_log: Mapping[str, Any] | None, fail_codes: set[int]
+def _xid_problems(kernel_log: Dmesg | None, fail_codes: set[int]
                   ) -> tuple[list[str], list[str]]:
     """(failing, warning) descriptions of the Xids in a parsed kernel log, one per code/GPU."""
     failing: list[str] = []
     warning: list[str] = []
     seen: set[tuple] = set()
-    for x in (kernel_log or {}).get("xids") or ():
-        key = (x.get("xid"), x.get("pci"))
+    for x in kernel_log.xids if kernel_log is not None else ():
+        key = (x.xid, x.pci)
         if key in seen:
             continue
         seen.add(key)
-        name = XID_NAMES.get(x.get("xid"), "")
-        text = f"Xid {x.get('xid')}{f' ({name})' if name else ''} on {x.get('pci') or '?'}"
-        (failing if x.get("xid") in fail_codes else warning).append(text)
-    for pci in (kernel_log or {}).get("fell_off_bus") or ():
+        name = XID_NAMES.get(x.xid, "")
+        text = f"Xid {x.xid}{f' ({name})' if name else ''} on {x.pci or '?'}"
+        (failing if x.xid in fail_codes else warning).append(text)
+    for pci in kernel_log.fell_off_bus if kernel_log is not None else ():
         text = f"{pci} fell off the bus"
         if not any(pci in f for f in failing):
             failing.append(text)
     return failing, warning
 
 
-def _failing_xids(kernel_log: Mapping[str, Any] | None, fail_codes: set[int],
+def _failing_xids(kernel_log: Dmesg | None, fail_codes: set[int],
                   lost: list[str]) -> list[dict[str, Any]]:
     """[{xid, text}] of the failing lines in `lost` (a GPU off the bus is Xid 79's class)."""
-    codes = {x.get("xid") for x in (kernel_log or {}).get("xids") or () if x.get("xid") in fail_codes}
+    codes = {x.xid for x in (kernel_log.xids if kernel_log is not None else ())
+             if x.xid in fail_codes}
     out = []
     for text in lost:
         code = next((c for c in codes if text.startswith(f"Xid {c} ") or text == f"Xid {c}"), 79)
@@ -193,13 +201,13 @@ def _failing_xids(kernel_log: Mapping[str, Any] | None, fail_codes: set[int],
     return out
 
 
-def _aer_problems(kernel_log: Mapping[str, Any] | None, fail_levels: set[str]
+def _aer_problems(kernel_log: Dmesg | None, fail_levels: set[str]
                   ) -> tuple[list[str], list[str]]:
     """(failing, warning) descriptions of the PCIe AER errors in a parsed kernel log, one per
     device and level with its count (corrected errors are retried by the link: warn)."""
     counts: dict[tuple, int] = {}
-    for e in (kernel_log or {}).get("aer") or ():
-        key = (e.get("pci") or "?", e.get("level") or "?", e.get("severity") or "?")
+    for e in kernel_log.aer if kernel_log is not None else ():
+        key = (e.pci or "?", e.level or "?", e.severity or "?")
         counts[key] = counts.get(key, 0) + 1
     failing: list[str] = []
     warning: list[str] = []
@@ -209,34 +217,34 @@ def _aer_problems(kernel_log: Mapping[str, Any] | None, fail_levels: set[str]
     return failing, warning
 
 
-def _gpu_problems(gpu: Mapping[str, Any], th: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+def _gpu_problems(gpu: SmiQGpu, th: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     failing: list[str] = []
     warning: list[str] = []
     name = _gpu_name(gpu)
-    volatile = gpu.get("ecc_uncorrectable_volatile")
+    volatile = gpu.ecc_uncorrectable_volatile
     if isinstance(volatile, int) and volatile > _th_int(th, "ecc_uncorrectable_volatile_max"):
         failing.append(f"{name}: {volatile} uncorrectable ECC error(s) since the driver loaded")
-    aggregate = gpu.get("ecc_uncorrectable_aggregate")
+    aggregate = gpu.ecc_uncorrectable_aggregate
     if isinstance(aggregate, int) and aggregate > _th_int(th, "ecc_uncorrectable_aggregate_max"):
         warning.append(f"{name}: {aggregate} uncorrectable ECC error(s) in its lifetime")
-    unplaced = gpu.get("ecc_unplaced") or {}
+    unplaced = gpu.ecc_unplaced or {}
     if isinstance(unplaced.get("uncorrectable"), int) and unplaced["uncorrectable"] > 0:
         warning.append(f"{name}: {unplaced['uncorrectable']} uncorrectable ECC error(s), volatile or "
                        "aggregate not shown (rerun `nvidia-smi -q -d ECC` in full)")
-    if gpu.get("remapped_rows_pending"):
+    if gpu.remapped_rows_pending:
         failing.append(f"{name}: row remapping pending (needs a GPU reset)")
-    if gpu.get("remapped_rows_failure"):
+    if gpu.remapped_rows_failure:
         failing.append(f"{name}: row remapping failed")
-    if gpu.get("retired_pages_pending"):
+    if gpu.retired_pages_pending:
         failing.append(f"{name}: page retirement pending (needs a GPU reset)")
-    slow = [r for r in gpu.get("clocks_event_reasons_active") or ()
+    slow = [r for r in gpu.clocks_event_reasons_active or ()
             if r in _th_list(th, "clock_reasons_warn", str)]
     if slow:
         warning.append(f"{name}: clocks held down ({', '.join(slow)})")
     return failing, warning
 
 
-def gpu_health(smi_q: Mapping[str, Any] | None, kernel_log: Mapping[str, Any] | None,
+def gpu_health(smi_q: NvidiaSmiQ | None, kernel_log: Dmesg | None,
                th: Mapping[str, Any]) -> Verdict:
     """Xids, uncorrectable ECC, row remaps, retired pages and fatal PCIe AER errors: fail; clock
     slowdowns, corrected / non-fatal AER errors and ECC counts of unknown scope: warn."""
@@ -249,7 +257,7 @@ def gpu_health(smi_q: Mapping[str, Any] | None, kernel_log: Mapping[str, Any] | 
     failing += aer_fail
     warning += aer_warn
     gpu_failing: list[str] = []   # uncorrectable ECC, pending / failed remaps and retirements
-    for gpu in (smi_q or {}).get("gpus") or ():
+    for gpu in smi_q.gpus if smi_q is not None else ():
         f, w = _gpu_problems(gpu, th)
         gpu_failing += f
         warning += w
@@ -275,26 +283,26 @@ def gpu_health(smi_q: Mapping[str, Any] | None, kernel_log: Mapping[str, Any] | 
 # ---------------------------------------------------------------- PCIe link
 
 
-def pcie_link(smi_q: Mapping[str, Any] | None, th: Mapping[str, Any]) -> Verdict:
+def pcie_link(smi_q: NvidiaSmiQ | None, th: Mapping[str, Any]) -> Verdict:
     """A GPU's link trained below its maximum width, or below its generation under load: warn.
 
     GPUs drop the link generation at idle to save power, so a lower generation only counts in
     the performance states listed in `pcie_gen_check_pstates` (P0: busy).
     """
     busy = set(_th_list(th, "pcie_gen_check_pstates", str))
-    gpus = [g for g in (smi_q or {}).get("gpus") or ()
-            if g.get("pcie_width_max") is not None or g.get("pcie_gen_max") is not None]
+    gpus = [g for g in (smi_q.gpus if smi_q is not None else ())
+            if g.pcie_width_max is not None or g.pcie_gen_max is not None]
     if not gpus:
         return skip("no PCIe link information (nvidia-smi -q PCI section not shown)")
     slow: list[str] = []
     idle: list[str] = []
     for g in gpus:
-        width, width_max = g.get("pcie_width_current"), g.get("pcie_width_max")
-        gen, gen_max = g.get("pcie_gen_current"), g.get("pcie_gen_max")
+        width, width_max = g.pcie_width_current, g.pcie_width_max
+        gen, gen_max = g.pcie_gen_current, g.pcie_gen_max
         if width is not None and width_max is not None and width < width_max:
             slow.append(f"{_gpu_name(g)} x{width} of x{width_max}")
         if gen is not None and gen_max is not None and gen < gen_max:
-            if g.get("performance_state") in busy:
+            if g.performance_state in busy:
                 slow.append(f"{_gpu_name(g)} Gen{gen} of Gen{gen_max} under load")
             else:
                 idle.append(_gpu_name(g))
@@ -310,14 +318,14 @@ def pcie_link(smi_q: Mapping[str, Any] | None, th: Mapping[str, Any]) -> Verdict
 # ---------------------------------------------------------------- persistence
 
 
-def persistence(gpus: Iterable[Mapping[str, Any]], th: Mapping[str, Any]) -> Verdict:
+def persistence(gpus: Iterable[SmiGpu], th: Mapping[str, Any]) -> Verdict:
     """Persistence mode off on any GPU: warn (each CUDA start re-initialises the GPU)."""
     del th   # no threshold: on or off
     gpus = list(gpus)
-    known = [g for g in gpus if g.get("persistence_mode_enabled") is not None]
+    known = [g for g in gpus if g.persistence_mode_enabled is not None]
     if not known:
         return skip("persistence mode not shown (Windows, or not in the output)")
-    off = [_gpu_name(g) for g in known if g["persistence_mode_enabled"] is False]
+    off = [_gpu_name(g) for g in known if g.persistence_mode_enabled is False]
     if off:
         return warn(f"persistence mode off on {len(off)} of {len(known)} GPU(s) ({_listed(off)})",
                     "`sudo nvidia-smi -pm 1` now; to keep it across reboots "
@@ -328,7 +336,7 @@ def persistence(gpus: Iterable[Mapping[str, Any]], th: Mapping[str, Any]) -> Ver
 # ---------------------------------------------------------------- NIC locality
 
 
-def nic_locality(topo: Mapping[str, Any], th: Mapping[str, Any],
+def nic_locality(topo: NvidiaSmiTopo, th: Mapping[str, Any],
                  rdma_nics: Iterable[str] | None = None) -> Verdict:
     """A GPU whose nearest RDMA NIC is across the CPU socket (SYS): warn.
 
@@ -337,11 +345,11 @@ def nic_locality(topo: Mapping[str, Any], th: Mapping[str, Any],
     NCCL_IB_HCA order), and the relation to the nearest.
     """
     warn_at = set(_th_list(th, "nic_locality_warn", str))
-    legend = topo.get("nic_legend") or {}
+    legend = topo.nic_legend
     wanted = set(rdma_nics) if rdma_nics is not None else None
     order: dict[str, list[str]] = {}
     nearest: dict[str, str] = {}
-    for gpu, cells in (topo.get("gpu_nic_paths") or {}).items():
+    for gpu, cells in topo.gpu_nic_paths.items():
         ranked = []
         for column, relation in cells.items():
             name = legend.get(column, column)
@@ -369,21 +377,21 @@ def nic_locality(topo: Mapping[str, Any], th: Mapping[str, Any],
 # ---------------------------------------------------------------- interface
 
 
-def iface(ip_addr: Mapping[str, Any], ifname: str, node_ip: str | None) -> Verdict:
+def iface(ip_addr: IpAddr, ifname: str, node_ip: str | None) -> Verdict:
     """The configured NCCL/Gloo interface exists, is up and carries node_ip, a private address.
 
     Facts: the interface's MTU (cross.mtu_consistency compares it across nodes).
     """
-    found = next((i for i in ip_addr.get("interfaces") or () if i.get("name") == ifname), None)
+    found = next((i for i in ip_addr.interfaces if i.name == ifname), None)
     fix = (f"set nccl_socket_ifname / gloo_socket_ifname to the interface that carries the "
            f"node's address (`ip -br addr`), or bring {ifname} up (`ip link set {ifname} up`)")
     if found is None:
-        names = ", ".join([i.get("name", "?") for i in ip_addr.get("interfaces") or ()][:32])
+        names = ", ".join([i.name for i in ip_addr.interfaces][:32])
         return fail(f"interface {ifname} does not exist (have: {names or 'none'})", fix)
-    facts = {"mtu": found.get("mtu")}
-    if found.get("state") not in ("UP", "UNKNOWN"):
-        return fail(f"interface {ifname} is {found.get('state') or 'not up'}", fix, facts=facts)
-    addresses = [a.split("/", 1)[0] for a in found.get("ipv4") or ()]
+    facts = {"mtu": found.mtu}
+    if found.state not in ("UP", "UNKNOWN"):
+        return fail(f"interface {ifname} is {found.state or 'not up'}", fix, facts=facts)
+    addresses = [a.split("/", 1)[0] for a in found.ipv4]
     if node_ip is not None and node_ip not in addresses:
         return fail(f"interface {ifname} does not carry node_ip {node_ip} "
                     f"(it has {', '.join(addresses) or 'no IPv4 address'})", fix, facts=facts)
@@ -398,5 +406,5 @@ def iface(ip_addr: Mapping[str, Any], ifname: str, node_ip: str | None) -> Verdi
                         "use the node's private (cluster network) address as node_ip",
                         facts=facts)
     return ok(f"{ifname} is up with {', '.join(addresses) or 'no IPv4'}"
-              + (f", MTU {found['mtu']}" if found.get("mtu") else ""),
+              + (f", MTU {found.mtu}" if found.mtu else ""),
               facts=facts)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from cluster.inspection.checks.base import NodeCheck, NodeContext, Verdict, ok, skip, tool_problem
 from cluster.nodes.inventory import Inventory, Node
-from cluster.inspection.probes import Probe
+from cluster.inspection.facts import BuiltFact
+from cluster.inspection.probes import Probe, ProbeOutput
 
 PROMETHEUS_COMMAND = "command -v prometheus >/dev/null || exit 127; prometheus --version 2>&1 | head -n 1"
 FIX = ("install Prometheus on the head (Debian/Ubuntu: apt-get install prometheus) or set "
@@ -17,8 +18,16 @@ def _wanted(node: Node, inventory: Inventory) -> bool:
     return inventory.ray.metrics == "prometheus" and node.is_head
 
 
+def _version_line(out: ProbeOutput) -> str:
+    """`prometheus --version`'s first line (bounded)."""
+    return (out.stdout.strip().splitlines() or ["prometheus"])[0][:200]
+
+
+PROMETHEUS = BuiltFact("prometheus", _version_line)
+
+
 def prometheus_probe(node: Node, inventory: Inventory) -> Probe | None:
-    return Probe("prometheus", PROMETHEUS_COMMAND) if _wanted(node, inventory) else None
+    return Probe(PROMETHEUS.name, PROMETHEUS_COMMAND) if _wanted(node, inventory) else None
 
 
 def evaluate_prometheus(ctx: NodeContext) -> Verdict:
@@ -26,12 +35,11 @@ def evaluate_prometheus(ctx: NodeContext) -> Verdict:
         return skip("ray.metrics is off")
     if not ctx.node.is_head:
         return skip("Prometheus runs on the head only")
-    out = ctx.output("prometheus")
-    problem = tool_problem(out, "prometheus", True, "ray.metrics: prometheus", FIX)
+    problem = tool_problem(ctx.output(PROMETHEUS), "prometheus", True, "ray.metrics: prometheus",
+                           FIX)
     if problem:
         return problem
-    line = (out.stdout.strip().splitlines() or ["prometheus"])[0]
-    return ok(line[:200], facts={"prometheus_binary": True})
+    return ok(ctx.reading(PROMETHEUS), facts={"prometheus_binary": True})
 
 
 METRICS_CHECKS: tuple[NodeCheck, ...] = (

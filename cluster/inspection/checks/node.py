@@ -8,17 +8,21 @@ from __future__ import annotations
 
 import re
 import shlex
+from dataclasses import dataclass
+from typing import Mapping
 
 from cluster.inspection.checks.base import (NodeCheck, NodeContext, Verdict, error, fail, ok, read_tool,
                                  required, skip, tool_problem, warn)
 from cluster.base.errors import ParseError
-from cluster.inspection.facts import (CHRONY, GPU_QUERY, GPU_TOPO, IBSTAT, LSMOD, MEMLOCK, NTPQ,
-                           NVIDIA_SMI, PEERMEM_SYSFS, SHM, TIMEDATECTL, node_program_probe)
+from cluster.inspection.facts import (CHRONY, GPU_QUERY, GPU_TOPO, IBSTAT, LSMOD, MEMLOCK,
+                                      NODE_FACTS, NTPQ, NVIDIA_SMI, PEERMEM_SYSFS, PORTS, SHM,
+                                      TIMEDATECTL, BuiltFact, gpu_model_of, gpus_of,
+                                      node_program_probe)
 from cluster.nodes.inventory import Inventory, Node
 from cluster.inspection.checks.metrics import METRICS_CHECKS
 from cluster.inspection.checks.node_health import HEALTH_CHECKS
 from cluster.inspection.checks.runtime import RUNTIME_CHECKS
-from cluster.inspection.probes import Probe
+from cluster.inspection.probes import Probe, ProbeOutput
 
 
 
@@ -39,13 +43,13 @@ def evaluate_gpus(ctx: NodeContext) -> Verdict:
                               "install the NVIDIA driver and check `nvidia-smi` on the node")
     if problem:
         return problem
-    gpus = data["gpus"]
-    names = [str(g.get("name")) for g in gpus]
-    memory = [g.get("memory.total") for g in gpus if isinstance(g.get("memory.total"), (int, float))]
-    model = names[0] if names else None
+    gpus = gpus_of(data)
+    names = [g.name for g in gpus]
+    memory = [g.memory_mib for g in gpus if g.memory_mib is not None]
+    model = gpu_model_of(gpus)
     facts = {"gpu_count": len(gpus), "gpu_model": model, "gpu_names": names,
              "gpu_memory_mib": min(memory) if memory else None,
-             "gpu_bus_ids": [g.get("pci.bus_id") for g in gpus]}
+             "gpu_bus_ids": [g.bus_id for g in gpus]}
     summary = f"{len(gpus)} x {model}" if gpus else "no GPUs reported"
     if want_count and len(gpus) != want_count:
         return fail(f"{len(gpus)} of {want_count} GPUs visible ({summary})",
@@ -73,7 +77,7 @@ def evaluate_driver(ctx: NodeContext) -> Verdict:
                               "NVIDIA driver", "install the NVIDIA driver")
     if problem:
         return problem
-    driver, cuda = data.get("driver_version"), data.get("cuda_version")
+    driver, cuda = data.driver_version, data.cuda_version
     facts = {"driver_version": driver, "cuda_version": cuda}
     summary = f"driver {driver}, CUDA {cuda}"
     if want_driver and str(driver) != str(want_driver):
@@ -92,9 +96,9 @@ def evaluate_nvlink(ctx: NodeContext) -> Verdict:
                               "NVLink", "install the NVIDIA driver")
     if problem:
         return problem
-    nvlink = data.get("nvlink")
-    kinds = sorted({v for v in data.get("links", {}).values()})
-    facts = {"nvlink": nvlink, "topology_nics": data.get("nics", [])}
+    nvlink = data.nvlink
+    kinds = sorted(set(data.links.values()))
+    facts = {"nvlink": nvlink, "topology_nics": list(data.nics)}
     if nvlink is True:
         return ok(f"NVLink between GPUs ({', '.join(k for k in kinds if k.startswith('NV'))})",
                   data=data, facts=facts)
@@ -124,7 +128,7 @@ def evaluate_infiniband(ctx: NodeContext) -> Verdict:
     ib = ctx.expect.get("infiniband", {})
     expected_hcas = [_hca_name(h) for h in ctx.node.ib_hcas if not h.startswith("^")]
     needed = required(ib.get("required"), bool(expected_hcas))
-    out = ctx.output("ibstat")
+    out = ctx.output(IBSTAT)
     problem = tool_problem(out, "ibstat", needed,
                             "InfiniBand/RoCE ports",
                             "install infiniband-diags (ibstat) and the MLNX/DOCA OFED drivers")
@@ -132,13 +136,13 @@ def evaluate_infiniband(ctx: NodeContext) -> Verdict:
         return problem
     if not needed:
         return skip("no InfiniBand expected on this node (no ib_hcas in the inventory)")
-    ports = ctx.reading(IBSTAT)["ports"]
+    ports = ctx.reading(IBSTAT).ports
     # the evidence: every port's state (the CAs' GUIDs and firmware stay in the output)
-    data = {"ports": [{k: p.get(k) for k in _PORT_EVIDENCE} for p in ports]}
+    data = {"ports": [{k: getattr(p, k) for k in _PORT_EVIDENCE} for p in ports]}
     if expected_hcas:
-        chosen = [p for p in ports if any(p["ca"] == n and (pt is None or p["port"] == pt)
+        chosen = [p for p in ports if any(p.ca == n and (pt is None or p.port == pt)
                                           for n, pt in expected_hcas)]
-        present = {p["ca"] for p in ports}
+        present = {p.ca for p in ports}
         missing = [n for n, _ in expected_hcas if n not in present]
         if missing:
             return fail(f"HCA {', '.join(missing)} not found (ibstat shows "
@@ -146,30 +150,30 @@ def evaluate_infiniband(ctx: NodeContext) -> Verdict:
                         "fix ib_hcas in the inventory or the node's OFED driver", data=data)
     else:
         chosen = ports
-    facts = {"ib_ports": [{k: p.get(k) for k in ("ca", "port", "state", "rate_gbps",
-                                                  "link_layer")} for p in chosen]}
+    facts = {"ib_ports": [{k: getattr(p, k) for k in ("ca", "port", "state", "rate_gbps",
+                                                      "link_layer")} for p in chosen]}
     problems = []
     for p in chosen:
-        name = f"{p['ca']} port {p['port']}"
-        if p.get("state") != "Active":
-            problems.append(f"{name} is {p.get('state')} (physical {p.get('physical_state')})")
+        name = f"{p.ca} port {p.port}"
+        if p.state != "Active":
+            problems.append(f"{name} is {p.state} (physical {p.physical_state})")
     want_layer = ib.get("link_layer")
     for p in chosen:
-        if want_layer and p.get("link_layer") and p["link_layer"] != want_layer:
-            got = "RoCE (Ethernet)" if p["link_layer"] == "Ethernet" else p["link_layer"]
-            problems.append(f"{p['ca']} port {p['port']} is {got}, expected {want_layer}")
+        if want_layer and p.link_layer and p.link_layer != want_layer:
+            got = "RoCE (Ethernet)" if p.link_layer == "Ethernet" else p.link_layer
+            problems.append(f"{p.ca} port {p.port} is {got}, expected {want_layer}")
     min_rate = ib.get("min_rate_gbps")
-    rates = {p.get("rate_gbps") for p in chosen if p.get("state") == "Active"}
+    rates = {p.rate_gbps for p in chosen if p.state == "Active"}
     for p in chosen:
-        if min_rate and p.get("state") == "Active" and (p.get("rate_gbps") or 0) < min_rate:
-            problems.append(f"{p['ca']} port {p['port']} at {p.get('rate_gbps')} Gb/s, "
+        if min_rate and p.state == "Active" and (p.rate_gbps or 0) < min_rate:
+            problems.append(f"{p.ca} port {p.port} at {p.rate_gbps} Gb/s, "
                             f"expected >= {min_rate}")
     if problems:
         return fail("; ".join(problems),
                     "check cables/switch ports (`ibstat`, `ibportstate`), the subnet manager "
                     "for Init/Down ports, and NCCL_IB_HCA", data=data, facts=facts)
     summary = f"{len(chosen)} port(s) Active, {'/'.join(str(r) for r in sorted(rates, key=str))} " \
-              f"Gb/s, {'/'.join(sorted({str(p.get('link_layer')) for p in chosen}))}"
+              f"Gb/s, {'/'.join(sorted({str(p.link_layer) for p in chosen}))}"
     if not min_rate and len(rates) > 1:
         return warn(f"ports run at different rates: {summary}",
                     "a slow port caps NCCL's ring bandwidth: check that link", data=data,
@@ -196,11 +200,11 @@ def evaluate_gpudirect(ctx: NodeContext) -> Verdict:
                               "install kmod")
     if problem:
         return problem
-    registered = [line.split(":", 1)[0] for line in ctx.output("peermem-sysfs").stdout.splitlines()
-                  if line.startswith("/sys/")]
-    facts = {"peermem_loaded": bool(data.get("nvidia_peermem") or data.get("nv_peer_mem")),
+    registered = list(ctx.reading(PEERMEM_SYSFS))
+    facts = {"peermem_loaded": bool(data.nvidia_peermem or data.nv_peer_mem),
              "peermem_registered": registered}
-    evidence = {"lsmod": {k: data.get(k) for k in _PEERMEM_MODULES}, "registered": registered}
+    evidence = {"lsmod": {k: getattr(data, k) for k in _PEERMEM_MODULES},
+                "registered": registered}
     if not facts["peermem_loaded"]:
         return fail("peer-memory module not loaded (neither nvidia_peermem nor nv_peer_mem): "
                     "NCCL will stage inter-node traffic through host memory (no GDRDMA)",
@@ -227,15 +231,15 @@ def evaluate_clock(ctx: NodeContext) -> Verdict:
     for fact, tool in ((CHRONY, "chronyc tracking"), (NTPQ, "ntpq -p"),
                        (TIMEDATECTL, "timedatectl")):
         probe = fact.name
-        out = ctx.output(probe)
+        out = ctx.output(fact)
         if out.missing_tool or out.exit_code != 0 or not out.stdout.strip():
             tried.append(tool)
             continue
         data = ctx.reading(fact)
-        offset_s = data.get("offset_seconds")
-        if offset_s is None and data.get("offset_ms") is not None:
-            offset_s = data["offset_ms"] / 1000.0
-        facts = {"clock_source": tool, "clock_synchronized": data.get("synchronized"),
+        offset_s = getattr(data, "offset_seconds", None)       # chrony, timedatectl
+        if offset_s is None and getattr(data, "offset_ms", None) is not None:   # ntpq
+            offset_s = data.offset_ms / 1000.0
+        facts = {"clock_source": tool, "clock_synchronized": data.synchronized,
                  "clock_offset_s": offset_s}
         shown = "" if offset_s is None else (
             f", offset {offset_s:+.3g} s" if abs(offset_s) >= 1 else f", offset {offset_s * 1000:+.3g} ms")
@@ -243,7 +247,7 @@ def evaluate_clock(ctx: NodeContext) -> Verdict:
             return fail(f"clock {abs(offset_s):.3g} s off ({tool}{shown}), limit "
                         f"{max_offset_s * 1000:g} ms", fix + " and check its sources",
                         data=data, facts=facts, probe=probe)
-        if not data.get("synchronized"):
+        if not data.synchronized:
             return fail(f"clock not synchronized ({tool}{shown})", fix, data=data, facts=facts,
                         probe=probe)
         return ok(f"synchronized ({tool}{shown})", data=data, facts=facts, probe=probe)
@@ -254,7 +258,7 @@ def evaluate_shm(ctx: NodeContext) -> Verdict:
     data, problem = read_tool(ctx, SHM, "df", True, "/dev/shm", "mount /dev/shm")
     if problem:
         return problem
-    size = data["size_bytes"]
+    size = data.size_bytes
     want = int(ctx.expect["shm_min_bytes"])
     facts = {"shm_bytes": size}
     if size < want:
@@ -266,9 +270,8 @@ def evaluate_shm(ctx: NodeContext) -> Verdict:
 
 
 def evaluate_memlock(ctx: NodeContext) -> Verdict:
-    out = ctx.output("memlock")
     data = ctx.reading(MEMLOCK)
-    value = data["memlock_kib"]
+    value = data.memlock_kib
     want = ctx.expect["memlock_min_kib"]
     facts = {"memlock_kib": value}
     fix = ("set `* - memlock unlimited` in /etc/security/limits.conf (LimitMEMLOCK=infinity for "
@@ -294,7 +297,7 @@ def _human(n: int) -> str:
 def evaluate_versions(ctx: NodeContext) -> Verdict:
     """The versions ray.python reports; WARN also when ray.root_python (the interpreter root runs
     node programs with) is missing or a non-root user can change it (root_python)."""
-    out = ctx.output("versions")
+    out = ctx.output(NODE_FACTS)
     python = ctx.inventory.ray.python
     if out.missing_tool:
         return fail(f"{python} not found on the node", "install Python 3.10+ or set ray.python")
@@ -303,7 +306,7 @@ def evaluate_versions(ctx: NodeContext) -> Verdict:
     document = ctx.facts.document()
     data = document.get("versions")
     if not isinstance(data, dict):
-        raise ParseError("versions", f"no versions in the node facts: {out.stdout[:200]!r}")
+        raise ParseError("versions", "no versions in the node facts' document")
     facts = {"versions": data}
     summary = ", ".join(f"{k} {v}" for k, v in data.items() if v)
     missing = [k for k in ("ray", "vllm") if not data.get(k)]
@@ -354,12 +357,50 @@ MODEL_FILES = ("config.json", "model.safetensors.index.json", "generation_config
                "tokenizer.json", "tokenizer_config.json")
 
 
+@dataclass(frozen=True)
+class ModelFile:
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class ModelListing:
+    """The model probe's reading: the key files (name -> size, sha256) and the directory's
+    total bytes; `missing`: the path is not there (the probe's exit 3)."""
+
+    files: Mapping[str, ModelFile]
+    total: int | None
+    missing: bool = False
+
+    def to_dict(self) -> dict:
+        return {"model_files": {k: {"size": f.size, "sha256": f.sha256}
+                                for k, f in self.files.items()}, "model_bytes": self.total}
+
+
+def read_model_listing(out: ProbeOutput) -> ModelListing:
+    """`file <name> <size> <sha256>` lines and a `total <bytes>` line (model_probe)."""
+    if out.exit_code == 3:
+        return ModelListing({}, None, missing=True)
+    files: dict[str, ModelFile] = {}
+    total = None
+    for line in out.stdout.splitlines():
+        parts = line.split()
+        if parts[:1] == ["file"] and len(parts) == 4 and parts[2].isdigit():
+            files[parts[1]] = ModelFile(int(parts[2]), parts[3])
+        elif parts[:1] == ["total"] and len(parts) == 2 and parts[1].isdigit():
+            total = int(parts[1])
+    return ModelListing(files, total)
+
+
+MODEL_LISTING = BuiltFact("model", read_model_listing)
+
+
 def model_probe(node: Node, inventory: Inventory) -> Probe | None:
     if not inventory.model_path:
         return None
     path = shlex.quote(inventory.model_path)
     files = " ".join(MODEL_FILES)
-    return Probe("model", f"cd {path} || exit 3; for f in {files}; do [ -f \"$f\" ] && "
+    return Probe(MODEL_LISTING.name, f"cd {path} || exit 3; for f in {files}; do [ -f \"$f\" ] && "
                           f"echo \"file $f $(stat -c %s \"$f\") $(sha256sum < \"$f\" | cut -c1-64)\"; "
                           f"done; echo \"total $(du -sb . | cut -f1)\"")
 
@@ -368,27 +409,16 @@ def evaluate_model(ctx: NodeContext) -> Verdict:
     path = ctx.inventory.model_path
     if not path:
         return skip("no model path in the inventory")
-    out = ctx.output("model")
-    if out.exit_code == 3:
+    listing = ctx.reading(MODEL_LISTING)
+    if listing.missing:
         return fail(f"model path {path} does not exist on this node",
                     "copy the model to the same path on every node (or a shared filesystem)")
-    files: dict[str, dict] = {}
-    total = None
-    for line in out.stdout.splitlines():
-        parts = line.split()
-        if parts[:1] == ["file"] and len(parts) == 4:
-            files[parts[1]] = {"size": int(parts[2]), "sha256": parts[3]}
-        elif parts[:1] == ["total"] and len(parts) == 2 and parts[1].isdigit():
-            total = int(parts[1])
-    facts = {"model_files": files, "model_bytes": total}
-    if "config.json" not in files:
+    facts = listing.to_dict()
+    if "config.json" not in listing.files:
         return fail(f"{path} has no config.json", "point model.path at a Hugging Face model "
                                                   "directory", data=facts, facts=facts)
-    return ok(f"{path}: {len(files)} key files, {_human(total or 0)}", data=facts, facts=facts)
-
-
-def ports_probe(node: Node, inventory: Inventory) -> Probe:
-    return Probe("ports", "ss -Hltn 2>/dev/null || netstat -ltn")
+    return ok(f"{path}: {len(listing.files)} key files, {_human(listing.total or 0)}",
+              data=facts, facts=facts)
 
 
 def ray_ports(node: Node, inventory: Inventory) -> dict[int, str]:
@@ -404,16 +434,11 @@ def ray_ports(node: Node, inventory: Inventory) -> dict[int, str]:
     return ports
 
 
-_LISTEN_RE = re.compile(r"(?:^|\s)(?:\S*[:.])(\d+)\s+\S+[:.](?:\*|\d+)\s*")
-
-
 def evaluate_ports(ctx: NodeContext) -> Verdict:
-    out = ctx.output("ports")
-    listing = out.stdout
     if ctx.facts.raylet is not None:   # the one "is Ray running" reading (cluster/inspection/facts.py)
         return ok("Ray is running on this node: its ports are in use by Ray",
-                  facts={"ray_running": True}, probe="versions")
-    listening = {int(m.group(1)) for m in _LISTEN_RE.finditer(listing)}
+                  facts={"ray_running": True}, probe=NODE_FACTS.name)
+    listening = ctx.reading(PORTS)
     wanted = ray_ports(ctx.node, ctx.inventory)
     busy = {p: name for p, name in wanted.items() if p in listening}
     facts = {"ray_running": False}
@@ -421,8 +446,8 @@ def evaluate_ports(ctx: NodeContext) -> Verdict:
         return fail("ports Ray needs are taken: " + ", ".join(f"{p} ({n})" for p, n in busy.items()),
                     "stop what listens there (`ss -ltnp`) or change the ports under ray: in the "
                     "inventory", data={"listening": sorted(listening)}, facts=facts,
-                    probe="ports")
-    return ok(f"{len(wanted)} Ray ports free", facts=facts, probe="ports")
+                    probe=PORTS.name)
+    return ok(f"{len(wanted)} Ray ports free", facts=facts, probe=PORTS.name)
 
 
 # ---------------------------------------------------------------- registry
@@ -446,5 +471,5 @@ NODE_CHECKS: tuple[NodeCheck, ...] = (
     NodeCheck("versions", "Python, Ray, vLLM, torch, NCCL versions", (node_program_probe,),
               evaluate_versions),
     NodeCheck("model", "model files present", (model_probe,), evaluate_model),
-    NodeCheck("ports", "Ray ports free", (ports_probe, node_program_probe), evaluate_ports),
+    NodeCheck("ports", "Ray ports free", (PORTS, node_program_probe), evaluate_ports),
 ) + RUNTIME_CHECKS + HEALTH_CHECKS + METRICS_CHECKS

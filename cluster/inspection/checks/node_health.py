@@ -18,12 +18,14 @@ and driver checks already fail when GPUs are expected and nvidia-smi is missing.
 from __future__ import annotations
 
 import ipaddress
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from cluster.inspection.checks import health
 from cluster.inspection.checks.base import NodeCheck, NodeContext, Verdict, fail, read_tool, skip, tool_problem
 from cluster.inspection.facts import (FABRICMANAGER, GPU_QUERY, GPU_TOPO, IBSTAT, IP_ADDR, KERNEL_LOG, LSPCI,
                            NVIDIA_SMI, NVIDIA_SMI_Q, ToolFact)
+from cluster.inspection.parsers.dmesg import Dmesg
+from cluster.inspection.parsers.ip_addr import Interface
 from cluster.base.results import worst
 
 # fabricmanager's probe: systemctl's own exit code: 0 active, 3 not running, 4 no such unit.
@@ -35,15 +37,15 @@ def _health(ctx: NodeContext) -> Mapping[str, Any]:
     return ctx.expect["health"]
 
 
-def _optional(ctx: NodeContext, fact: ToolFact) -> dict | None:
-    """The parsed output of a fact whose tool may be absent: None when it did not run."""
-    out = ctx.output(fact.name)
+def _optional(ctx: NodeContext, fact: ToolFact) -> Any:
+    """The parser's reading of a fact whose tool may be absent: None when it did not run."""
+    out = ctx.output(fact)
     if out.missing_tool or out.timed_out or (out.exit_code != 0 and not out.stdout.strip()):
         return None
     return ctx.reading(fact)
 
 
-def _smi_q(ctx: NodeContext) -> tuple[dict | None, Verdict | None]:
+def _smi_q(ctx: NodeContext) -> tuple[Any, Verdict | None]:
     """nvidia-smi -q parsed, or the skip/error verdict when it did not run."""
     return read_tool(ctx, NVIDIA_SMI_Q, "nvidia-smi", False, "NVIDIA GPUs",
                      "install the NVIDIA driver")
@@ -51,7 +53,7 @@ def _smi_q(ctx: NodeContext) -> tuple[dict | None, Verdict | None]:
 
 def _gpu_count(ctx: NodeContext) -> int | None:
     query = _optional(ctx, GPU_QUERY)
-    return len(query["gpus"]) if query is not None else None
+    return len(query.gpus) if query is not None else None
 
 
 def _rdma_devices(ctx: NodeContext) -> list[str] | None:
@@ -59,14 +61,14 @@ def _rdma_devices(ctx: NodeContext) -> list[str] | None:
     data = _optional(ctx, IBSTAT)
     if data is None:
         return None
-    return sorted({p["ca"] for p in data["ports"] if p.get("ca")})
+    return sorted({p.ca for p in data.ports if p.ca})
 
 
 # ---------------------------------------------------------------- ACS
 
 
 def evaluate_acs(ctx: NodeContext) -> Verdict:
-    out = ctx.output("lspci")
+    out = ctx.output(LSPCI)
     if out.missing_tool:
         return skip("lspci not found (install pciutils): PCIe ACS not checked", probe="lspci")
     problem = tool_problem(out, "lspci", False, "PCIe ACS reading", "install pciutils")
@@ -81,9 +83,9 @@ def evaluate_acs(ctx: NodeContext) -> Verdict:
 # ---------------------------------------------------------------- fabric manager
 
 
-def _fabricmanager_state(ctx: NodeContext) -> dict | None:
+def _fabricmanager_state(ctx: NodeContext) -> Any:
     """systemctl's view of nvidia-fabricmanager; None when systemctl could not say."""
-    out = ctx.output(FABRICMANAGER.name)
+    out = ctx.output(FABRICMANAGER)
     if out.missing_tool or out.timed_out or out.exit_code not in _SYSTEMCTL_ANSWERED:
         return None   # no systemd (a container) or systemctl failed: the GPUs' fabric state decides
     return ctx.reading(FABRICMANAGER)
@@ -100,13 +102,13 @@ def evaluate_fabricmanager(ctx: NodeContext) -> Verdict:
 # ---------------------------------------------------------------- GPU health
 
 
-def _kernel_log(ctx: NodeContext) -> dict | None:
+def _kernel_log(ctx: NodeContext) -> Any:
     """The driver's kernel-log lines parsed; None when the log could not be read."""
-    out = ctx.output(KERNEL_LOG.name)
+    out = ctx.output(KERNEL_LOG)
     if out.missing_tool or out.timed_out or out.exit_code == KERNEL_LOG_UNREADABLE:
         return None
     if not out.stdout.strip():
-        return {"xids": [], "fell_off_bus": [], "aer": []}   # the log was read: no NVRM/AER line
+        return Dmesg((), ())   # the log was read: no NVRM/AER line
     return ctx.reading(KERNEL_LOG)
 
 
@@ -133,11 +135,11 @@ def evaluate_pcie_link(ctx: NodeContext) -> Verdict:
 
 
 def evaluate_persistence(ctx: NodeContext) -> Verdict:
-    out = ctx.output("nvidia-smi")
+    out = ctx.output(NVIDIA_SMI)
     problem = tool_problem(out, "nvidia-smi", False, "NVIDIA GPUs", "install the NVIDIA driver")
     if problem:
         return problem
-    verdict = health.persistence(ctx.reading(NVIDIA_SMI)["gpus"], _health(ctx))
+    verdict = health.persistence(ctx.reading(NVIDIA_SMI).gpus, _health(ctx))
     off = verdict.status.value == "warn"
     return Verdict(verdict.status, verdict.summary, verdict.fix, verdict.data,
                    {"persistence_off": off} if verdict.status.value != "skip" else {})
@@ -147,7 +149,7 @@ def evaluate_persistence(ctx: NodeContext) -> Verdict:
 
 
 def evaluate_nic_locality(ctx: NodeContext) -> Verdict:
-    out = ctx.output("gpu-topo")
+    out = ctx.output(GPU_TOPO)
     problem = tool_problem(out, "nvidia-smi", False, "GPU topology", "install the NVIDIA driver")
     if problem:
         return problem
@@ -180,9 +182,9 @@ def _node_ip(ctx: NodeContext) -> str | None:
         return None   # a host name: the address Ray uses is not known here
 
 
-def _carrying(interfaces: list[dict], ip: str | None) -> list[str]:
-    return [i["name"] for i in interfaces
-            if ip is not None and any(a.split("/", 1)[0] == ip for a in i.get("ipv4") or ())]
+def _carrying(interfaces: Sequence[Interface], ip: str | None) -> list[str]:
+    return [i.name for i in interfaces
+            if ip is not None and any(a.split("/", 1)[0] == ip for a in i.ipv4)]
 
 
 def evaluate_iface(ctx: NodeContext) -> Verdict:
@@ -190,8 +192,8 @@ def evaluate_iface(ctx: NodeContext) -> Verdict:
                               "install iproute2")
     if problem:
         return problem
-    interfaces = data["interfaces"]
-    names = [i["name"] for i in interfaces]
+    interfaces = data.interfaces
+    names = [i.name for i in interfaces]
     ip = _node_ip(ctx)
     carrying = _carrying(interfaces, ip)
     specs = [(var, spec) for var, spec in (("NCCL_SOCKET_IFNAME", ctx.node.nccl_socket_ifname),

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from cluster.base.errors import ParseError
 from cluster.base.results import CheckResult, Evidence, Status
 from cluster.inspection.checks.base import (NodeCheck, NodeContext, Verdict, error, fail, ok,
                                             read_tool, skip, warn)
 from cluster.inspection.contract import ContractError, Runtime, compare, load_contract
-from cluster.inspection.facts import (IMPORTS_PROBE, NVIDIA_SMI, imports_probe,
-                                      node_program_probe, parsed_once, program_document)
+from cluster.inspection.facts import IMPORTS, NVIDIA_SMI, imports_probe, node_program_probe
 from cluster.inspection.probes import Probe
 from cluster.nodes.inventory import Inventory, Node
 
@@ -56,7 +54,7 @@ def asked_imports_probe(node: Node, inventory: Inventory) -> Probe | None:
 def evaluate_imports(ctx: NodeContext) -> Verdict:
     if not ctx.expect.get("runtime_imports", True):
         return skip("not asked (expectations.runtime_imports is false)")
-    out = ctx.output(IMPORTS_PROBE)
+    out = ctx.output(IMPORTS)
     python = ctx.inventory.ray.python
     if out.missing_tool:
         return fail(f"{python} not found on the node", "install Python or set ray.python")
@@ -66,10 +64,7 @@ def evaluate_imports(ctx: NodeContext) -> Verdict:
                     "workers too)")
     if out.exit_code != 0:
         return error(f"import smoke test failed: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
-    doc = parsed_once(ctx.facts.memo, IMPORTS_PROBE, program_document, out)
-    imports = doc.get("imports")
-    if not isinstance(imports, dict):
-        raise ParseError(IMPORTS_PROBE, "no imports in the node program's answer")
+    imports = ctx.reading(IMPORTS)
     versions = (_document(ctx).get("versions") or {}) if ctx.facts.usable else {}
     return judge_imports(imports, versions, python)
 
@@ -157,8 +152,7 @@ def evaluate_torch_cuda(ctx: NodeContext) -> Verdict:
                               "install the NVIDIA driver")
     if problem:
         return problem
-    return judge_torch_cuda(str(torch), str(cuda), data.get("driver_version"),
-                            data.get("cuda_version"))
+    return judge_torch_cuda(str(torch), str(cuda), data.driver_version, data.cuda_version)
 
 
 def judge_torch_cuda(torch: str, cuda: str, driver: Any, driver_cuda: Any) -> Verdict:
