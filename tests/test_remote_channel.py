@@ -118,8 +118,9 @@ def _run(ssh, command, stdin=None, limit=MB, timeout_s=20.0):
         chan.close()
 
 
-def _exchange(ssh, command, asks=3, enough=lambda reply: False, limit=64 << 10, timeout_s=20.0,
+def _exchange(ssh, command, asks=3, enough=lambda reply: False, limit=64 << 10, timeout_s=60.0,
               after=None):
+    """(A deadline, not a timing: a loaded 2-core machine took over 20 s for 8,000 lines.)"""
     chan = ssh.client.open_session(timeout=10)
     try:
         return channel_run.exchange_on_channel(chan, command, asks, enough, limit,
