@@ -154,6 +154,7 @@ def _deploy(inv, session: Session, options: DeployOptions, confirm, say, write_c
     doc["checks"] = checks.to_dict()
     problems = list(checks.problems) + deploy.capacity_problems(preview, cluster)
     running_config = _running_config(client, spec.name) if before is not None else None
+    app = rolling.keeping_rebuild(running_config, app)
     renamed = _renamed(running_config, app, options, doc)
     roll = None if renamed else _roll(inv, details, running_config, app, preview, cluster,
                                       options, doc)

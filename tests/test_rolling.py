@@ -245,3 +245,18 @@ def test_max_unavailable_is_validated(capsys, value):
                                   "--max-unavailable", value, "--dry-run")
     assert code == 2 and "--max-unavailable" in err and "Traceback" not in err
     assert "unrecognized" not in err            # the flag exists and its value was refused
+
+
+def test_a_deploy_keeps_the_health_jobs_rebuild_value_so_the_same_config_changes_nothing():
+    from cluster.ray.rollout import REBUILD_ENV, rebuild_config
+
+    app = {"name": "g", "import_path": "serve_apps.vllm_app:build", "args": {"model": "m"},
+           "runtime_env": {"env_vars": {"A": "1"}}}
+    running = rebuild_config(app, "LLM", 1, "node2@5")          # the health job rolled it
+    assert rolling.app_changed(running, app)                     # without the carry: a roll
+    kept = rolling.keeping_rebuild(running, app)
+    assert not rolling.app_changed(running, kept)
+    assert kept["runtime_env"]["env_vars"] == {"A": "1", REBUILD_ENV: "node2@5"}
+    changed = {**app, "args": {"model": "m2"}}
+    assert rolling.app_changed(running, rolling.keeping_rebuild(running, changed))
+    assert rolling.keeping_rebuild(None, app) is app and rolling.keeping_rebuild(app, app) is app

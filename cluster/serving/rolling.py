@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from cluster.base.errors import UsageError
-from cluster.ray.rollout import (ROLLOUT_KEY, SURGE_KEY, serve_rollout,  # noqa: F401
-                                 serve_surge)
+from cluster.ray.rollout import (REBUILD_ENV, ROLLOUT_KEY, SURGE_KEY,  # noqa: F401
+                                 serve_rollout, serve_surge)
 
 RESOURCES = ("GPU", "CPU")
 # Serve's app states that still hold replicas (a STOPPING one still holds its bundles).
@@ -243,6 +243,19 @@ def app_changed(old_config: Mapping[str, Any] | None, new_app: Mapping[str, Any]
         return json.dumps({k: app.get(k) for k in ("import_path", "runtime_env", "args")},
                           sort_keys=True, default=str)
     return key(old_config) != key(new_app)
+
+
+def keeping_rebuild(running: Mapping[str, Any] | None,
+                    new_app: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The new app config with the running one's REBUILD_ENV (set by the health job's rebuild of
+    a gang) when it has none of its own: a deploy of the same config then changes nothing, and a
+    changed one rolls as it would have."""
+    value = (((running or {}).get("runtime_env") or {}).get("env_vars") or {}).get(REBUILD_ENV)
+    runtime_env = dict(new_app.get("runtime_env") or {})
+    env = dict(runtime_env.get("env_vars") or {})
+    if value is None or REBUILD_ENV in env:
+        return new_app
+    return {**new_app, "runtime_env": {**runtime_env, "env_vars": {**env, REBUILD_ENV: value}}}
 
 
 def deployment_of(app: Mapping[str, Any] | None) -> str | None:
