@@ -117,13 +117,12 @@ def gather_and_plan(inventory: Inventory, session: Session, nodes: Sequence[Node
                     chosen: frozenset[str] | None, yes: bool):
     report = run_preflight(inventory, session, nodes, checks=_checks(chosen),
                            measure_clock=False, reachability=False)
-    facts = report.facts["nodes"]
-    plan = plan_fixes(report.results, facts, inventory, chosen, yes)
+    plan = plan_fixes(report.results, report.facts.nodes, inventory, chosen, yes)
     return report, plan
 
 
 def _unreachable(report) -> set[str]:
-    return {n for n, f in report.facts["nodes"].items() if not f.get("reachable")}
+    return {n for n, f in report.facts.nodes.items() if not f.reachable}
 
 
 def plan_results(plan: FixPlan, report, status_of_step: str = "planned") -> list[FixResult]:

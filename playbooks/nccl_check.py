@@ -60,7 +60,7 @@ def ib_facts(inventory: Inventory, session: Session, nodes: Sequence[Node]) -> d
 
     checks = [c for c in NODE_CHECKS if c.id == "infiniband"]
     gathered = gather_for(inventory, session, nodes, checks)
-    return {"nodes": {n.name: evaluate_node(n, inventory, checks, gathered[n.name])[1]
+    return {"nodes": {n.name: evaluate_node(n, inventory, checks, gathered[n.name])[1].to_dict()
                       for n in nodes}}
 
 

@@ -19,6 +19,7 @@ from cluster.inspection.checks.cross import cross_node_checks
 from cluster.inspection.clock import ClockSample, measure_skew
 from cluster.inspection.checks.node import NODE_CHECKS
 from cluster.inspection.facts import NodeFacts
+from cluster.inspection.node_summary import NodeFactsSummary, PreflightFacts
 from cluster.nodes.inventory import Inventory, Node
 from cluster.inspection.preflight import evaluate_node, gather_for
 from cluster.inspection.reachability import (Listeners, gathered_listen_docs, plan_listeners,
@@ -109,17 +110,17 @@ def run_preflight(inventory: Inventory, session: Session, nodes: Sequence[Node] 
     listen_docs = gathered_listen_docs(facts, nodes) if listeners else None
     try:
         results: list[CheckResult] = []
-        report_facts: dict[str, dict] = {}
+        report_facts: dict[str, NodeFactsSummary] = {}
         seen: dict = {}      # each distinct evidence once per report
         for node in nodes:
             node_results, node_report = evaluate_node(node, inventory, checks,
                                                       facts[node.name], seen)
             results += node_results
             report_facts[node.name] = node_report
-        reachable = [n for n in nodes if report_facts[n.name].get("reachable")]
+        reachable = [n for n in nodes if report_facts[n.name].reachable]
         skew = clock_samples(session, reachable, facts) if measure_clock and len(reachable) > 1 \
             else None
-        cluster_facts = {n: f for n, f in report_facts.items() if f.get("reachable")}
+        cluster_facts = {n: f for n, f in report_facts.items() if f.reachable}
         results += cross_node_checks(cluster_facts, inventory, skew)
     except BaseException:
         if listeners:
@@ -129,4 +130,4 @@ def run_preflight(inventory: Inventory, session: Session, nodes: Sequence[Node] 
         results += run_reachability(inventory, session, reachable, listeners, listen_docs)
     elif listeners:
         stop_listeners(session, nodes, listeners.tag, started(listen_docs))
-    return Report("preflight", tuple(results), {"nodes": report_facts})
+    return Report("preflight", tuple(results), PreflightFacts(report_facts))

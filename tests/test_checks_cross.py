@@ -13,6 +13,7 @@ import pytest
 from cluster.inspection.checks import cross
 from cluster.inspection import clock
 from cluster.inspection.clock import ClockSample
+from cluster.inspection.node_summary import NodeFactsSummary
 from cluster.nodes.inventory import default_expectations, loads
 from cluster.base.errors import CommandTimeout
 from cluster.base.results import Status
@@ -34,8 +35,13 @@ def facts_of(*captures: tuple[str, str]) -> dict:
                         "nvidia-smi": ("driver", "nvidia-smi")}[kind]
         verdict = judge(check, ONE_NODE,
                         **{probe.replace("-", "_"): probe_output(probe, fixture_text(kind, name))})
-        facts.update(verdict.facts)
+        facts.update(verdict.facts.to_dict())
     return facts
+
+
+def typed(facts: dict) -> dict:
+    """Each node's facts as the preflight hands them to the cross-node checks (typed)."""
+    return {n: NodeFactsSummary.from_dict(f) for n, f in facts.items()}
 
 
 def rows(results) -> list[tuple]:
@@ -47,7 +53,7 @@ def rows(results) -> list[tuple]:
 
 def test_same_gpu_model_everywhere_is_ok():
     facts = {n: facts_of(H100) for n in ("n1", "n2", "n3")}
-    (res,) = cross.gpu_consistency(facts, "n1")
+    (res,) = cross.gpu_consistency(typed(facts), "n1")
     assert (res.check, res.node, res.status) == ("gpu-match", None, Status.OK)
     assert res.summary == "GPU model NVIDIA H100 80GB HBM3 on all 3 nodes"
     assert res.evidence.data["reference"] == "NVIDIA H100 80GB HBM3"
@@ -55,7 +61,7 @@ def test_same_gpu_model_everywhere_is_ok():
 
 def test_an_odd_gpu_model_warns_on_the_cluster_and_names_the_node():
     facts = {"n1": facts_of(H100), "n2": facts_of(H100), "n3": facts_of(RTX)}
-    results = cross.gpu_consistency(facts, "n1")
+    results = cross.gpu_consistency(typed(facts), "n1")
     assert rows(results) == [("gpu-match", None, Status.WARN), ("gpu-match", "n3", Status.WARN)]
     assert results[0].summary == ("GPU model differs: NVIDIA H100 80GB HBM3 on n1, n2; "
                                   "GeForce RTX 2080 on n3")
@@ -66,40 +72,40 @@ def test_an_odd_gpu_model_warns_on_the_cluster_and_names_the_node():
 
 def test_the_majority_is_the_reference_even_against_the_head():
     facts = {"n1": facts_of(RTX), "n2": facts_of(H100), "n3": facts_of(H100)}
-    results = cross.gpu_consistency(facts, "n1")
+    results = cross.gpu_consistency(typed(facts), "n1")
     assert [r.node for r in results] == [None, "n1"]
     assert results[1].summary.startswith("GPU model GeForce RTX 2080 differs from NVIDIA H100")
 
 
 def test_on_a_tie_the_head_is_the_reference():
     facts = {"n1": facts_of(H100), "n2": facts_of(RTX)}
-    assert [r.node for r in cross.gpu_consistency(facts, "n1")] == [None, "n2"]
-    assert [r.node for r in cross.gpu_consistency(facts, "n2")] == [None, "n1"]
+    assert [r.node for r in cross.gpu_consistency(typed(facts), "n1")] == [None, "n2"]
+    assert [r.node for r in cross.gpu_consistency(typed(facts), "n2")] == [None, "n1"]
 
 
 def test_nodes_without_gpus_are_left_out_and_none_known_skips():
     facts = {"n1": facts_of(H100), "cpu": {"gpu_count": 0, "gpu_model": None}}
-    (res,) = cross.gpu_consistency(facts, "n1")
+    (res,) = cross.gpu_consistency(typed(facts), "n1")
     assert res.status is Status.OK and res.summary.endswith("on all 1 nodes")
-    (skip,) = cross.gpu_consistency({"cpu": {}}, "cpu")
+    (skip,) = cross.gpu_consistency(typed({"cpu": {}}), "cpu")
     assert skip.status is Status.SKIP and skip.summary == "no GPU model known on any node"
 
 
 def test_a_different_driver_fails_naming_the_node():
     facts = {"n1": facts_of(DRIVER_570), "n2": facts_of(DRIVER_570), "n3": facts_of(DRIVER_550)}
-    results = cross.driver_consistency(facts, "n1")
+    results = cross.driver_consistency(typed(facts), "n1")
     assert rows(results) == [("driver-match", None, Status.FAIL),
                              ("driver-match", "n3", Status.FAIL)]
     assert results[0].summary == "NVIDIA driver differs: 570.133.20 on n1, n2; 550.90.12 on n3"
     assert results[1].fix == "install the same driver version on every node"
-    same = cross.driver_consistency({"n1": facts_of(DRIVER_570), "n2": facts_of(DRIVER_570)}, "n1")
+    same = cross.driver_consistency(typed({"n1": facts_of(DRIVER_570), "n2": facts_of(DRIVER_570)}), "n1")
     assert rows(same) == [("driver-match", None, Status.OK)]
     assert same[0].summary == "NVIDIA driver 570.133.20 on all 2 nodes"
 
 
 def test_mtu_tie_takes_the_head_and_non_integers_are_ignored():
-    results = cross.mtu_consistency({"a": {"mtu": 9000}, "b": {"mtu": 1500},
-                                     "c": {"mtu": None}}, "b")
+    results = cross.mtu_consistency(typed({"a": {"mtu": 9000}, "b": {"mtu": 1500},
+                                           "c": {"mtu": None}}), "b")
     assert rows(results) == [("mtu-match", None, Status.FAIL), ("mtu-match", "a", Status.FAIL)]
     assert results[0].summary == "MTU differs: 1500 on b; 9000 on a"
     assert "ip link set <if> mtu 9000" in results[0].fix
@@ -116,7 +122,7 @@ def test_versions_must_match_the_head_even_when_it_is_the_minority():
     facts = versions(head={"ray": "2.60.0", "vllm": "0.11.0"},
                      w1={"ray": "2.59.1", "vllm": "0.11.0"},
                      w2={"ray": "2.59.1", "vllm": "0.11.0"})
-    results = cross.version_consistency(facts, "head", ("ray", "vllm"))
+    results = cross.version_consistency(typed(facts), "head", ("ray", "vllm"))
     assert rows(results) == [("ray-match", None, Status.FAIL), ("ray-match", "w1", Status.FAIL),
                              ("ray-match", "w2", Status.FAIL), ("vllm-match", None, Status.OK)]
     assert results[0].summary == "ray differs from the head's 2.60.0: 2.59.1 on w1, 2.59.1 on w2"
@@ -129,14 +135,14 @@ def test_versions_must_match_the_head_even_when_it_is_the_minority():
 def test_a_component_known_nowhere_gives_no_result_and_unknown_nodes_are_left_out():
     facts = versions(head={"ray": "2.60.0", "vllm": None}, w1={"ray": "2.60.0"})
     facts["w2"] = {}                                   # no versions fact (probe failed)
-    results = cross.version_consistency(facts, "head", ("python", "ray", "vllm"))
+    results = cross.version_consistency(typed(facts), "head", ("python", "ray", "vllm"))
     assert rows(results) == [("ray-match", None, Status.OK)]
     assert results[0].summary == "ray 2.60.0 on all 2 nodes"
 
 
 def test_without_the_head_the_majority_is_the_reference():
     facts = versions(w1={"torch": "2.5.1"}, w2={"torch": "2.5.1"}, w3={"torch": "2.4.0"})
-    results = cross.version_consistency(facts, "head", ("torch",))
+    results = cross.version_consistency(typed(facts), "head", ("torch",))
     assert [r.node for r in results] == [None, "w3"]
     assert results[1].summary == "torch 2.4.0, head has 2.5.1"
 
@@ -156,7 +162,7 @@ def test_model_files_that_differ_fail_naming_the_node_and_the_files():
              "n2": model(**{"config.json": (10, A), "tokenizer.json": (5, A)}),
              "n3": model(**{"config.json": (10, B), "tokenizer.json": (5, A)}),
              "cpu": {}}
-    results = cross.model_consistency(facts, "n1")
+    results = cross.model_consistency(typed(facts), "n1")
     assert rows(results) == [("model-match", None, Status.FAIL), ("model-match", "n3", Status.FAIL)]
     assert results[0].summary == "model files differ on n3"
     assert results[1].summary == "model files differ from the other nodes: config.json"
@@ -167,13 +173,13 @@ def test_model_files_that_differ_fail_naming_the_node_and_the_files():
 def test_a_missing_file_counts_as_a_difference_and_identical_is_ok():
     facts = {"n1": model(**{"config.json": (10, A), "tokenizer.json": (5, A)}),
              "n2": model(**{"config.json": (10, A)})}
-    results = cross.model_consistency(facts, "n1")
+    results = cross.model_consistency(typed(facts), "n1")
     assert results[1].node == "n2" and results[1].summary.endswith(": tokenizer.json")
-    same = cross.model_consistency({"n1": model(**{"config.json": (10, A)}),
-                                    "n2": model(**{"config.json": (10, A)})}, "n1")
+    same = cross.model_consistency(typed({"n1": model(**{"config.json": (10, A)}),
+                                          "n2": model(**{"config.json": (10, A)})}), "n1")
     assert rows(same) == [("model-match", None, Status.OK)]
     assert same[0].summary == "identical model config/index on 2 nodes"
-    assert cross.model_consistency({"n1": {}, "n2": {"model_files": {}}}, "n1") == []
+    assert cross.model_consistency(typed({"n1": {}, "n2": {"model_files": {}}}), "n1") == []
 
 
 # ---------------------------------------------------------------- clock skew
@@ -304,7 +310,7 @@ def test_cross_node_checks_run_every_comparison_from_the_inventory():
                                                                             "vllm": "0.11.0"}},
              "n2": facts_of(H100, DRIVER_550) | {"mtu": 9000, "versions": {"ray": "2.60.0",
                                                                             "vllm": "0.10.0"}}}
-    results = cross.cross_node_checks(facts, inv, samples(n1=0.0, n2=0.001))
+    results = cross.cross_node_checks(typed(facts), inv, samples(n1=0.0, n2=0.001))
     assert [(r.check, r.node, r.status) for r in results] == [
         ("gpu-match", None, Status.OK),
         ("driver-match", None, Status.FAIL), ("driver-match", "n2", Status.FAIL),
@@ -312,5 +318,5 @@ def test_cross_node_checks_run_every_comparison_from_the_inventory():
         ("ray-match", None, Status.OK),            # vllm differs, but only ray must match here
         ("ray-client", None, Status.SKIP),          # no command uses Ray's client
         ("clock-skew", None, Status.OK)]
-    without_skew = cross.cross_node_checks(facts, inv, None)
+    without_skew = cross.cross_node_checks(typed(facts), inv, None)
     assert "clock-skew" not in {r.check for r in without_skew}

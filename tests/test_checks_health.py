@@ -180,17 +180,17 @@ def test_nics_only_across_the_socket_warn():
     topo = _data("nvidia-smi-topo", "101-8x4090-all-sys-2nic-phb-tabs-nic-rows.txt")
     verdict = health.nic_locality(topo, TH)
     assert verdict.status is Status.WARN and "GPU0 (SYS)" in verdict.summary
-    assert verdict.facts["nearest_nic_relation"]["GPU6"] == "PHB"
+    assert verdict.facts.to_dict()["nearest_nic_relation"]["GPU6"] == "PHB"
 
 
 def test_pix_nics_are_ok_and_give_an_hca_order():
     topo = _data("nvidia-smi-topo", "h2-002-nccl707-a100-18-mlx5-columns.txt")
     verdict = health.nic_locality(topo, TH)
     assert verdict.status is Status.OK
-    assert verdict.facts["nccl_ib_hca_order"]["GPU0"][:4] == ["mlx5_4", "mlx5_5", "mlx5_6",
+    assert verdict.facts.to_dict()["nccl_ib_hca_order"]["GPU0"][:4] == ["mlx5_4", "mlx5_5", "mlx5_6",
                                                              "mlx5_7"]
     only = health.nic_locality(topo, TH, rdma_nics=["mlx5_16", "mlx5_17"])
-    assert only.facts["nccl_ib_hca_order"]["GPU0"] == ["mlx5_16", "mlx5_17"]
+    assert only.facts.to_dict()["nccl_ib_hca_order"]["GPU0"] == ["mlx5_16", "mlx5_17"]
 
 
 def test_no_nic_columns_skip():
@@ -219,7 +219,7 @@ def test_bad_thresholds_are_named(key: str, value):
 def test_iface_up_with_node_ip_is_ok_and_gives_the_mtu():
     data = _data("ip-addr", "103-docker-host-eth0-altname-docker0-bridge-no-carrier.txt")
     verdict = health.iface(data, "eth0", "172.22.42.25")
-    assert verdict.status is Status.OK and verdict.facts == {"mtu": 1500}
+    assert verdict.status is Status.OK and verdict.facts.to_dict() == {"mtu": 1500}
 
 
 def test_iface_missing_down_or_without_node_ip_fails():

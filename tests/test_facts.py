@@ -232,7 +232,7 @@ def test_the_preflight_playbook_judges_handed_in_facts_without_another_round_tri
     by = {(r.check, r.node): r for r in report.results}
     assert by[("gpus", "n2")].summary == f"1 x {H100}"
     assert by[("versions", "n3")].status.value == "ok"
-    assert report.facts["nodes"]["n1"]["versions"]["ray"] == "2.60.0"
+    assert report.facts.nodes["n1"].version("ray") == "2.60.0"
     assert {r.check for r in report.results if r.node is None} >= {"ray-match", "vllm-match"}
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from cluster.remedy import fixes
+from cluster.inspection.node_summary import NodeFactsSummary
 from cluster.base.errors import UsageError
 from cluster.remedy.fixes import FileWrite, Step, as_root, fstab_with_shm, plan_fixes
 from cluster.node_programs import source
@@ -38,7 +39,8 @@ def result(check: str, status: Status = Status.FAIL, node: str | None = "n2",
 
 
 def plan(results, facts=None, chosen=None, yes=False):
-    return plan_fixes(results, facts or {}, INV, chosen, yes)
+    typed = {n: NodeFactsSummary.from_dict(f) for n, f in (facts or {}).items()}
+    return plan_fixes(results, typed, INV, chosen, yes)
 
 
 def test_a_converged_node_plans_nothing():

@@ -13,6 +13,7 @@ import pytest
 
 from cluster.base.errors import ParseError
 from cluster.remedy.fixes import Step, plan_fixes
+from cluster.inspection.node_summary import NodeFactsSummary
 from cluster.nodes.inventory import loads
 from cluster.remedy.model_sync import (FileEntry, Manifest, copy_plan, parse_manifest, reference_node,
                                 still_different)
@@ -37,6 +38,11 @@ def entry(path: str, size: int = 1, sha: str = "a") -> FileEntry:
 
 def manifest(*files: FileEntry) -> Manifest:
     return Manifest(True, tuple(files))
+
+
+def typed(facts: dict) -> dict:
+    """Each node's facts as the preflight reports them (typed)."""
+    return {n: NodeFactsSummary.from_dict(f) for n, f in facts.items()}
 
 
 def test_parse_manifest_checks_every_field():
@@ -85,15 +91,15 @@ def test_model_is_opt_in_and_copies_from_the_majority_node():
                CheckResult("model-match", None, Status.FAIL, "differ"),
                CheckResult("model-match", "n1", Status.FAIL, "differ: config.json")]
     facts = model_facts(n1={"config.json": "b"}, n2={"config.json": "a"}) | {"n3": {}}
-    unnamed = plan_fixes(results, facts, INV, None, False)
+    unnamed = plan_fixes(results, typed(facts), INV, None, False)
     assert unnamed.steps == () and unnamed.manual == ()
     assert {(s.node, s.check) for s in unnamed.skipped} == {("n1", "model"), ("n3", "model")}
     assert all("--checks model" in s.reason for s in unnamed.skipped)
-    named = plan_fixes(results, facts, INV, frozenset({"model"}), False)
+    named = plan_fixes(results, typed(facts), INV, frozenset({"model"}), False)
     assert [(s.node, s.check, s.source) for s in named.steps] == [("n3", "model", "n2"),
                                                                  ("n1", "model", "n2")]
     assert "undo does not restore" in named.steps[0].note and named.ok == (("n2", "model"),)
-    assert plan_fixes(results, facts, INV, frozenset({"shm"}), False).skipped == ()
+    assert plan_fixes(results, typed(facts), INV, frozenset({"shm"}), False).skipped == ()
 
 
 def test_no_good_copy_anywhere_is_manual():

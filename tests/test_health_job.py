@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from cluster.inspection.node_summary import NodeFactsSummary
+
 from cluster.ray import health_job as h
 from cluster.nodes import inventory as inv_mod
 from cluster import node_programs
@@ -56,23 +58,25 @@ def test_status_words_and_codes():
 
 
 def test_values_per_check_and_none_when_unknown():
-    facts = {"gpu_count": 7, "clock_offset_s": 7.800260112,
-             "ib_ports": [{"state": "Active"}, {"state": "Down"}, {"state": "Active"}],
-             "peermem_loaded": True, "peermem_registered": []}
+    facts = NodeFactsSummary.from_dict({
+        "gpu_count": 7, "clock_offset_s": 7.800260112,
+        "ib_ports": [{"state": "Active"}, {"state": "Down"}, {"state": "Active"}],
+        "peermem_loaded": True, "peermem_registered": []})
     got = {c: h.check_value(c, _result(c, Status.FAIL, {"fail": ["a", "b"], "warn": ["c"]}), facts)
            for c in h.HEALTH_CHECKS}
     assert got == {"gpus": 7.0, "clock": 7.800260112, "infiniband": 2.0, "gpudirect": 0.0,
                    "gpu-health": 3.0}
-    assert h.check_value("gpu-health", _result("gpu-health", Status.OK), {}) == 0.0
+    assert h.check_value("gpu-health", _result("gpu-health", Status.OK), NodeFactsSummary()) == 0.0
     assert h.check_value("gpus", _result("gpus", Status.SKIP), facts) is None
     assert h.check_value("clock", _result("clock", Status.ERROR), facts) is None
-    assert h.check_value("clock", _result("clock", Status.OK), {"clock_offset_s": math.nan}) is None
+    assert h.check_value("clock", _result("clock", Status.OK), NodeFactsSummary(clock_offset_s=math.nan)) is None
 
 
 def test_readings_keep_only_health_checks_and_become_tagged_gauges():
     results = [_result("gpus", Status.OK), _result("shm", Status.FAIL),
                _result("clock", Status.SKIP)]
-    readings = h.readings_from_results("node1", results, {"gpu_count": 8}, now=100.0)
+    readings = h.readings_from_results("node1", results, NodeFactsSummary(gpu_count=8),
+                                       now=100.0)
     assert [(r.check, r.status, r.value) for r in readings] == [("gpus", "ok", 8.0),
                                                                ("clock", "unknown", None)]
     assert h.gauge_points(readings) == [

@@ -86,7 +86,7 @@ class Report:
 
     command: str
     results: tuple[CheckResult, ...]
-    facts: Mapping[str, Any] = field(default_factory=dict)
+    facts: Any = field(default_factory=dict)    # plain JSON data or a record with to_dict()
 
     @property
     def status(self) -> Status:

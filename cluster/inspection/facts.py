@@ -83,6 +83,24 @@ class RayletInfo:
 
 
 @dataclass(frozen=True)
+class WritablePath:
+    """A path a non-root user can change (node_facts.py's root_python rows) and by whom."""
+
+    path: str
+    by: str | None = None
+
+
+@dataclass(frozen=True)
+class RootPython:
+    """ray.root_python as node_facts.py found it: what a non-root user could change of it
+    (`paths`), or why it did not run (`error`)."""
+
+    python: str | None = None
+    paths: tuple[WritablePath, ...] = ()
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class NodeFacts:
     """One node's facts for one run. `error` set: the facts are incomplete (see `reached`)."""
 
@@ -106,7 +124,10 @@ class NodeFacts:
     auth_token: bool = False              # a Ray auth token is available (env or token file)
     haproxy: str | None = None            # the HAProxy binary Serve's HAProxy ingress would run
     memlock_session: int | None | str = "unknown"   # a new session's limit (bytes; None: unlimited)
-    versions: Mapping[str, str | None] = field(default_factory=dict)  # python, ray, vllm, torch, nccl
+    # python, ray, vllm, torch, nccl; None: the node program's document did not say
+    versions: Mapping[str, str | None] | None = None
+    torch_cuda: str | None = None         # the CUDA torch was built for (None: CPU build or none)
+    root_python: RootPython | None = None  # ray.root_python's safety (None: not reported)
     outputs: Mapping[str, ProbeOutput] = field(default_factory=dict, repr=False, compare=False)
     probe_command: str | None = field(default=None, repr=False, compare=False)
     # probe name -> its parser's reading (or the ParseError), filled on first read: each
@@ -123,13 +144,6 @@ class NodeFacts:
             raise ParseError("probe", f"no output for {fact.name!r}: the node stopped answering "
                                       "mid-probe")
         return parsed_once(self.memo, fact.name, fact.parse, out)
-
-    def document(self) -> dict:
-        """node_facts.py's JSON document, read once (ParseError when it is not one)."""
-        out = self.outputs.get(NODE_PROGRAM)
-        if out is None:
-            raise ParseError("node-facts", "no output of the node-facts program")
-        return parsed_once(self.memo, NODE_PROGRAM, program_document, out)
 
     @property
     def usable(self) -> bool:
@@ -449,7 +463,7 @@ def facts_from_outputs(node: Node, outputs: Mapping[str, ProbeOutput],
         outputs.get(GPU_PROBE), lambda out: parsed_once(memo, GPU_PROBE, GPU_QUERY.parse, out))
     raylet, gcs_port, pids, procs = _read_processes(data.get("processes") or [])
     level = "minor" if node.env.get("RAY_DEFAULT_PYTHON_VERSION_MATCH_LEVEL") == "minor" else "patch"
-    versions = data.get("versions") if isinstance(data.get("versions"), dict) else {}
+    versions = data.get("versions")
     return NodeFacts(node.name, reached=True, python=data.get("python"),
                      python_version=data.get("python_version"),
                      ray_version=data.get("ray_version"), ray_error=data.get("ray_error"),
@@ -461,7 +475,22 @@ def facts_from_outputs(node: Node, outputs: Mapping[str, ProbeOutput],
                      memlock_session=_limit(data.get("memlock_session"))
                      if data.get("memlock_session_known") is True else "unknown",
                      versions={str(k): (str(v) if v is not None else None)
-                               for k, v in versions.items()}, **base)
+                               for k, v in versions.items()}
+                     if isinstance(versions, dict) else None,
+                     torch_cuda=str(data["torch_cuda"]) if data.get("torch_cuda") else None,
+                     root_python=_root_python(data.get("root_python")), **base)
+
+
+def _root_python(found: Any) -> RootPython | None:
+    """node_facts.py's root_python entry, typed (rows that are not {path, by} are dropped)."""
+    if not isinstance(found, dict):
+        return None
+    paths = found.get("paths")
+    rows = tuple(WritablePath(r["path"], r["by"] if isinstance(r.get("by"), str) else None)
+                 for r in (paths if isinstance(paths, list) else ())
+                 if isinstance(r, dict) and isinstance(r.get("path"), str))
+    return RootPython(found["python"] if isinstance(found.get("python"), str) else None, rows,
+                      found["error"] if isinstance(found.get("error"), str) else None)
 
 
 def program_document(out: ProbeOutput) -> dict:

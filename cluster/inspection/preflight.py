@@ -17,6 +17,7 @@ from cluster.inspection.checks.base import NodeCheck, NodeContext, Verdict, judg
 from cluster.inspection.checks.node import NODE_CHECKS
 from cluster.nodes.inventory import Inventory, Node
 from cluster.inspection.facts import RAY_PROBES, NodeFacts, ProbeBuilder, gather, probes_for
+from cluster.inspection.node_summary import NodeFactsSummary
 from cluster.inspection.probes import Probe
 from cluster.nodes.remote import Session
 from cluster.base.results import CheckResult, Evidence, Status, tail, to_jsonable
@@ -42,8 +43,9 @@ def gather_for(inventory: Inventory, session: Session, nodes: Sequence[Node] | N
 
 
 def evaluate_node(node: Node, inventory: Inventory, checks: Sequence[NodeCheck],
-                  facts: NodeFacts, seen: dict | None = None) -> tuple[list[CheckResult], dict]:
-    """Pure: one node's facts -> check results and the report's facts.
+                  facts: NodeFacts, seen: dict | None = None
+                  ) -> tuple[list[CheckResult], NodeFactsSummary]:
+    """Pure: one node's facts -> check results and the report's facts (what the checks read).
 
     `seen`: shared by the nodes of one report, it keeps each distinct evidence once: a node
     whose check shows the very evidence an earlier node's did points to that node instead."""
@@ -51,14 +53,14 @@ def evaluate_node(node: Node, inventory: Inventory, checks: Sequence[NodeCheck],
         why = facts.error or "unreachable"
         return [CheckResult(c.id, node.name, Status.ERROR, why,
                             Evidence(command=None, exit_code=None, output_tail=why))
-                for c in checks], {"reachable": False}
+                for c in checks], NodeFactsSummary(reachable=False)
     ctx = NodeContext.of(node, inventory, facts)
     results: list[CheckResult] = []
-    report_facts: dict[str, Any] = {"reachable": True}
+    report_facts = NodeFactsSummary(reachable=True)
     shown: dict[tuple, str] = {}     # (command, output tail) -> the check whose evidence has it
     for check in checks:
         verdict = judge(check, ctx)
-        report_facts.update(verdict.facts)
+        report_facts = report_facts.merged(verdict.facts)
         evidence = _evidence(ctx, check, verdict)
         evidence = _once_per_report(evidence, check.id, node.name, seen) \
             if seen is not None else evidence

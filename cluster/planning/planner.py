@@ -39,6 +39,7 @@ from typing import Any, Mapping, Sequence
 
 from cluster.base.bounds import bound, check_float, check_int
 from cluster.base.errors import PlanError, UsageError
+from cluster.inspection.node_summary import NodeFactsSummary
 from cluster.planning.gang import gang_layout
 from cluster.planning.modelinfo import DTYPE_BYTES, ModelInfo, read_json_file
 from cluster.base.textsafe import safe_line
@@ -140,42 +141,38 @@ def _number(value: Any, lo: float, hi: float) -> float | None:
     return float(value) if math.isfinite(value) and lo <= value <= hi else None
 
 
-def _ib_rate(ports: Any) -> float | None:
-    """The slowest Active port's rate (Gb/s) of a saved `ib_ports` list, None without one."""
-    if not isinstance(ports, list):
-        return None
-    rates = [_number(p.get("rate_gbps"), 0, 1e6) for p in ports[:256]
-             if isinstance(p, Mapping) and p.get("state") == "Active"]
-    rates = [r for r in rates if r]
+def _ib_rate(facts: NodeFactsSummary) -> float | None:
+    """The slowest Active port's rate (Gb/s), None without one."""
+    rates = [r for p in facts.active_ib_ports[:256] if (r := _number(p.rate_gbps, 0, 1e6))]
     return min(rates) if rates else None
 
 
 def read_saved_node(name: str, raw: Any) -> SavedNodeFacts:
-    """The typed reading of one node's saved preflight facts (the one place that reads the
-    saved run's keys)."""
+    """The typed reading of one node's saved preflight facts (a saved run's JSON)."""
     if not isinstance(raw, Mapping):
         return SavedNodeFacts(name, False, problem="no facts")
-    reachable = raw.get("reachable") is not False
-    if not reachable:
+    return saved_node_facts(name, NodeFactsSummary.from_dict(raw))
+
+
+def saved_node_facts(name: str, facts: NodeFactsSummary) -> SavedNodeFacts:
+    """The planner's reading of one node's facts (the preflight's, saved or just reported):
+    every value checked (finite, in range), the problem that rules the node out named."""
+    if facts.reachable is False:
         return SavedNodeFacts(name, False, problem="unreachable")
-    count = raw.get("gpu_count")
-    if isinstance(count, bool) or not isinstance(count, int) or not \
-            0 <= count <= bound("plan", "gpus_per_node"):
-        why = "no GPU count" if count is None else f"gpu_count {safe_line(repr(count), limit=40)}"
+    count = facts.gpu_count
+    if count is None or not 0 <= count <= bound("plan", "gpus_per_node"):
+        shown = repr(count) if count is not None else facts.unreadable.get("gpu_count")
+        why = "no GPU count" if shown is None else f"gpu_count {safe_line(shown, limit=40)}"
         return SavedNodeFacts(name, True, problem=why)
-    model = raw.get("gpu_model")
-    mem = _number(raw.get("gpu_memory_mib"), 1, bound("plan", "gpu_memory_gib") * 1024)
-    if count > 0 and (not isinstance(model, str) or mem is None):
+    model = facts.gpu_model
+    mem = _number(facts.gpu_memory_mib, 1, bound("plan", "gpu_memory_gib") * 1024)
+    if count > 0 and (model is None or mem is None):
         return SavedNodeFacts(name, True, count, problem="gpu_model/gpu_memory_mib missing or "
                                                          "out of range")
-    names = raw.get("gpu_names")
-    names = tuple(safe_line(n, limit=80) for n in names[:bound("plan", "gpus_per_node")]) \
-        if isinstance(names, list) else ()
-    nvlink = raw.get("nvlink")
+    names = tuple(safe_line(n, limit=80)
+                  for n in (facts.gpu_names or ())[:bound("plan", "gpus_per_node")])
     return SavedNodeFacts(name, True, count, safe_line(model or "", limit=200), names,
-                          int(mem) if mem is not None else 0,
-                          nvlink if isinstance(nvlink, bool) else None,
-                          _ib_rate(raw.get("ib_ports")))
+                          int(mem) if mem is not None else 0, facts.nvlink, _ib_rate(facts))
 
 
 def read_saved_run(path: str | Path) -> tuple[SavedNodeFacts, ...]:

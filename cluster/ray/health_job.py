@@ -36,6 +36,7 @@ from cluster.base.errors import InventoryError, ParseError
 from cluster.nodes.inventory import (ActPolicy, Inventory, Node, RayOptions, SSHOptions,
                                      default_act_policy, health_period_bounds)
 from cluster.base.results import CheckResult, Status
+from cluster.inspection.node_summary import NodeFactsSummary
 
 HEALTH_CHECKS = ("gpus", "clock", "infiniband", "gpudirect", "gpu-health")
 STATUS_CODES = {"ok": 0, "warn": 1, "fail": 2, "unknown": 3}
@@ -67,23 +68,20 @@ def status_word(status: Status | str) -> str:
     return value if value in ("ok", "warn", "fail") else "unknown"
 
 
-def check_value(check: str, result: CheckResult, facts: Mapping[str, Any]) -> float | None:
+def check_value(check: str, result: CheckResult, facts: NodeFactsSummary) -> float | None:
     """The number a check's reading shows: GPUs, clock offset (s), IB ports Active, peer memory
     loaded (1/0), GPU-health problems; None when the check could not say."""
     if result.status in (Status.SKIP, Status.ERROR):
         return None
     if check == "gpus":
-        return reply_number(facts.get("gpu_count"))
+        return reply_number(facts.gpu_count)
     if check == "clock":
-        return reply_number(facts.get("clock_offset_s"))
+        return reply_number(facts.clock_offset_s)
     if check == "infiniband":
-        ports = facts.get("ib_ports")
-        if not isinstance(ports, list):
-            return None
-        return float(sum(1 for p in ports if isinstance(p, Mapping) and p.get("state") == "Active"))
+        return None if facts.ib_ports is None else float(len(facts.active_ib_ports))
     if check == "gpudirect":
-        loaded = facts.get("peermem_loaded")
-        return None if loaded is None else float(bool(loaded and facts.get("peermem_registered")))
+        loaded = facts.peermem_loaded
+        return None if loaded is None else float(bool(loaded and facts.peermem_registered))
     if check == "gpu-health":
         data = result.evidence.data if result.evidence is not None else None
         if not isinstance(data, Mapping):
@@ -147,7 +145,7 @@ def finding_lines(check: str, result: CheckResult, value: float | None,
     return tuple(sorted(out.items()))
 
 
-def readings_from_results(node: str, results: Iterable[CheckResult], facts: Mapping[str, Any],
+def readings_from_results(node: str, results: Iterable[CheckResult], facts: NodeFactsSummary,
                           now: float, expect: Mapping[str, Any] | None = None,
                           ecc_xids: Iterable[int] = ()) -> tuple[Reading, ...]:
     """A node's preflight results of HEALTH_CHECKS (cluster.inspection.preflight.evaluate_node)

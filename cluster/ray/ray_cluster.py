@@ -332,7 +332,8 @@ RUNTIME_COMPONENTS = ("vllm", "torch")
 def runtime_difference(head_name: str, head: NodeFacts, name: str, f: NodeFacts) -> str | None:
     """How the worker's vLLM / torch differ from the head's, naming both versions (the one
     skew judgement: an unknown version is no difference), or None."""
-    skew = _skew({head_name: head.versions, name: f.versions}, head_name, RUNTIME_COMPONENTS)
+    skew = _skew({head_name: head.versions or {}, name: f.versions or {}}, head_name,
+                 RUNTIME_COMPONENTS)
     if not skew:
         return None
     return "; ".join(f"{s.component} {s.value} (from {f.python}), the head {head_name} has "

@@ -27,6 +27,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+from cluster.inspection.node_summary import NodeFactsSummary
 from cluster.nodes.inventory import Inventory, Node
 from cluster.remedy.model_sync import reference_node
 from cluster.base.results import CheckResult, Status
@@ -112,7 +113,7 @@ class FixContext:
     node: Node
     inventory: Inventory
     result: CheckResult
-    facts: Mapping[str, Any]
+    facts: NodeFactsSummary      # what the node's checks reported (the preflight's facts)
     yes: bool
 
 
@@ -120,7 +121,7 @@ class FixContext:
 
 
 def fix_gpudirect(ctx: FixContext) -> Step | Manual:
-    if ctx.facts.get("peermem_loaded"):
+    if ctx.facts.peermem_loaded:
         return Manual(ctx.node.name, "gpudirect",
                       "the peer-memory module is loaded but not registered with the RDMA stack",
                       "reload it after MLNX/DOCA OFED (`rmmod nvidia_peermem; modprobe "
@@ -141,8 +142,8 @@ def _modules_load_edit(current: str) -> str:
 
 
 def fix_clock(ctx: FixContext) -> Step | Manual | Skipped:
-    source = ctx.facts.get("clock_source")
-    ray = bool(ctx.facts.get("ray_running"))
+    source = ctx.facts.clock_source
+    ray = bool(ctx.facts.ray_running)
     if source in (None, "chronyc tracking"):
         enable = ("systemctl is-active --quiet chrony chronyd || systemctl enable --now chrony "
                   "2>/dev/null || systemctl enable --now chronyd")
@@ -195,7 +196,7 @@ def fstab_with_shm(text: str, size: int) -> str:
 
 
 def fix_memlock(ctx: FixContext) -> Step:
-    ray = bool(ctx.facts.get("ray_running"))
+    ray = bool(ctx.facts.ray_running)
     return Step(ctx.node.name, "memlock", "memlock unlimited for new sessions and services",
                 (), (FileWrite(LIMITS_FILE, LIMITS_TEXT),
                      FileWrite(SYSTEMD_LIMITS_FILE, SYSTEMD_LIMITS_TEXT)),
@@ -223,9 +224,8 @@ def fix_fabricmanager(ctx: FixContext) -> Step | Manual:
 
 def fix_versions(ctx: FixContext, reference: Mapping[str, str]) -> Step | Manual:
     pins = {"ray": "ray[serve]", "vllm": "vllm", "torch": "torch"}
-    mine = ctx.facts.get("versions") or {}
     wanted = [f"{pins[c]}=={v}" for c, v in sorted(reference.items())
-              if c in pins and v and mine.get(c) != v]
+              if c in pins and v and ctx.facts.version(c) != v]
     if not wanted:
         return Manual(ctx.node.name, "versions", "the difference is not in ray, vllm or torch",
                       "align Python / NCCL by hand (the same image on every node)")
@@ -288,8 +288,8 @@ def _needs_fix(result: CheckResult) -> bool:
     return result.status in (Status.FAIL, Status.WARN, Status.ERROR)
 
 
-def _reference_versions(facts: Mapping[str, Mapping[str, Any]], head: str) -> dict[str, str]:
-    return dict((facts.get(head) or {}).get("versions") or {})
+def _reference_versions(facts: Mapping[str, NodeFactsSummary], head: str) -> dict[str, str]:
+    return dict((facts.get(head) or NodeFactsSummary()).versions or {})
 
 
 def _version_results(results: Sequence[CheckResult]) -> dict[str, list[CheckResult]]:
@@ -302,7 +302,7 @@ def _version_results(results: Sequence[CheckResult]) -> dict[str, list[CheckResu
     return out
 
 
-def plan_fixes(results: Sequence[CheckResult], facts: Mapping[str, Mapping[str, Any]],
+def plan_fixes(results: Sequence[CheckResult], facts: Mapping[str, NodeFactsSummary],
                inventory: Inventory, chosen: frozenset[str] | None, yes: bool) -> FixPlan:
     """Pure: preflight results and facts -> the steps, manual items, skips and oks.
 
@@ -344,7 +344,8 @@ def plan_fixes(results: Sequence[CheckResult], facts: Mapping[str, Mapping[str, 
             manual.append(Manual(r.node, r.check, f"no safe automatic fix: {r.summary}",
                                  r.fix or "see the check's evidence (`--json`)"))
             continue
-        ctx = FixContext(nodes[r.node], inventory, r, facts.get(r.node) or {}, yes)
+        ctx = FixContext(nodes[r.node], inventory, r, facts.get(r.node) or NodeFactsSummary(),
+                         yes)
         outcome = fixer(ctx)
         if isinstance(outcome, Step):
             _owned(outcome)
@@ -355,7 +356,7 @@ def plan_fixes(results: Sequence[CheckResult], facts: Mapping[str, Mapping[str, 
             reference = _reference_versions(facts, inventory.head.name)
             for node, _ in version_fails.items():
                 ctx = FixContext(nodes[node], inventory, version_fails[node][0],
-                                 facts.get(node) or {}, yes)
+                                 facts.get(node) or NodeFactsSummary(), yes)
                 outcome = fix_versions(ctx, reference)
                 (steps if isinstance(outcome, Step) else manual).append(outcome)
         else:
@@ -385,15 +386,12 @@ def _model_results(results: Sequence[CheckResult]) -> dict[str, CheckResult]:
     return out
 
 
-def plan_model(fails: Mapping[str, CheckResult], facts: Mapping[str, Mapping[str, Any]],
+def plan_model(fails: Mapping[str, CheckResult], facts: Mapping[str, NodeFactsSummary],
                inventory: Inventory) -> list[Step | Manual]:
     """One copy step per failing node, all from the reference: of the nodes that passed, the one
     whose key files most nodes share (the head on a tie)."""
-    prints = {}
-    for name, f in facts.items():
-        files = (f or {}).get("model_files") or {}
-        if name not in fails and "config.json" in files:
-            prints[name] = tuple(sorted((k, v["size"], v["sha256"]) for k, v in files.items()))
+    prints = {name: f.model_print() for name, f in facts.items()
+              if name not in fails and "config.json" in (f.model_files or {})}
     source = reference_node(prints, inventory.head.name, [n.name for n in inventory.nodes])
     path = inventory.model_path
     if source is None or not path:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from cluster.base.errors import ParseError
 from cluster.nodes.inventory import Inventory, Node
+from cluster.inspection.node_summary import NodeFactsSummary
 from cluster.inspection.probes import Probe, ProbeOutput
 from cluster.base.results import Status
 
@@ -17,13 +18,14 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Verdict:
-    """What a check concluded on one node; `facts` feed the planner and cross-node checks."""
+    """What a check concluded on one node; `facts` (what it read of the node, typed) feed the
+    report, the planner, the cross-node checks and the fixes."""
 
     status: Status
     summary: str
     fix: str | None = None
     data: Any = None
-    facts: Mapping[str, Any] = field(default_factory=dict)
+    facts: NodeFactsSummary = field(default_factory=NodeFactsSummary)
     probe: str | None = None  # the probe whose output is the evidence
 
 

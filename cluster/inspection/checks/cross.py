@@ -13,10 +13,11 @@ from typing import Any, Mapping, Sequence
 from cluster.inspection.checks.runtime import laptop_ray_version, ray_client_check
 from cluster.inspection.clock import CLOCK_COMMAND, ClockSample
 from cluster.inspection.facts import majority_value, reference_value, version_skew
+from cluster.inspection.node_summary import NodeFactsSummary
 from cluster.nodes.inventory import Inventory
 from cluster.base.results import CheckResult, Evidence, Status
 
-Facts = Mapping[str, Mapping[str, Any]]  # node name -> facts
+Facts = Mapping[str, NodeFactsSummary]  # node name -> the facts its checks reported
 
 
 def _differences(check: str, what: str, values: Mapping[str, Any], head: str, status: Status,
@@ -41,20 +42,20 @@ def _differences(check: str, what: str, values: Mapping[str, Any], head: str, st
 
 
 def gpu_consistency(facts: Facts, head: str) -> list[CheckResult]:
-    models = {n: f["gpu_model"] for n, f in facts.items() if f.get("gpu_model")}
+    models = {n: f.gpu_model for n, f in facts.items() if f.gpu_model}
     return _differences("gpu-match", "GPU model", models, head, Status.WARN,
                         "a TP/PP group runs at the smallest GPU: keep one model per group")
 
 
 def driver_consistency(facts: Facts, head: str) -> list[CheckResult]:
-    drivers = {n: f["driver_version"] for n, f in facts.items() if f.get("driver_version")}
+    drivers = {n: f.driver_version for n, f in facts.items() if f.driver_version}
     return _differences("driver-match", "NVIDIA driver", drivers, head, Status.FAIL,
                         "install the same driver version on every node")
 
 
 def mtu_consistency(facts: Facts, head: str) -> list[CheckResult]:
     """The NCCL/Gloo interface's MTU (the iface check's fact) is the same on every node."""
-    mtus = {n: f["mtu"] for n, f in facts.items() if isinstance(f.get("mtu"), int)}
+    mtus = {n: f.mtu for n, f in facts.items() if f.mtu is not None}
     if len(mtus) < 2:
         return [CheckResult("mtu-match", None, Status.SKIP,
                             "fewer than two nodes with a known interface MTU")]
@@ -67,7 +68,7 @@ def mtu_consistency(facts: Facts, head: str) -> list[CheckResult]:
 def version_consistency(facts: Facts, head: str, components: Sequence[str]) -> list[CheckResult]:
     """Every component in `components` at the head's version on every node (the one skew
     judgement: cluster.inspection.facts.version_skew)."""
-    versions = {n: f["versions"] for n, f in facts.items() if f.get("versions")}
+    versions = {n: f.versions for n, f in facts.items() if f.versions}
     skews = version_skew(versions, head, components)
     results: list[CheckResult] = []
     for comp in components:
@@ -91,8 +92,7 @@ def version_consistency(facts: Facts, head: str, components: Sequence[str]) -> l
 
 
 def model_consistency(facts: Facts, head: str) -> list[CheckResult]:
-    prints = {n: tuple(sorted((k, v["size"], v["sha256"]) for k, v in f["model_files"].items()))
-              for n, f in facts.items() if f.get("model_files")}
+    prints = {n: f.model_print() for n, f in facts.items() if f.model_files}
     if not prints:
         return []
     ref = majority_value(prints, head)

@@ -23,6 +23,7 @@ from typing import Any
 
 from cluster.inspection.checks.base import Verdict, fail, ok, skip, warn
 from cluster.base.errors import InventoryError
+from cluster.inspection.node_summary import NodeFactsSummary
 from cluster.inspection.parsers.dmesg import Dmesg
 from cluster.inspection.parsers.fabricmanager import FabricManager
 from cluster.inspection.parsers.ip_addr import IpAddr
@@ -359,7 +360,8 @@ def nic_locality(topo: NvidiaSmiTopo, th: Mapping[str, Any],
             ranked.sort(key=lambda r: r[0])
             order[gpu] = [name for _, name, _ in ranked]
             nearest[gpu] = "SYS" if ranked[0][2] == "SOC" else ranked[0][2]
-    facts = {"nccl_ib_hca_order": order, "nearest_nic_relation": nearest}
+    facts = NodeFactsSummary.of(nccl_ib_hca_order={g: tuple(o) for g, o in order.items()},
+                                nearest_nic_relation=nearest)
     if not order:
         return skip("no RDMA NIC in the topology matrix", facts=facts)
     far = [f"{gpu} ({nearest[gpu]})" for gpu in order if nearest[gpu] in warn_at]
@@ -388,7 +390,7 @@ def iface(ip_addr: IpAddr, ifname: str, node_ip: str | None) -> Verdict:
     if found is None:
         names = ", ".join([i.name for i in ip_addr.interfaces][:32])
         return fail(f"interface {ifname} does not exist (have: {names or 'none'})", fix)
-    facts = {"mtu": found.mtu}
+    facts = NodeFactsSummary.of(mtu=found.mtu)
     if found.state not in ("UP", "UNKNOWN"):
         return fail(f"interface {ifname} is {found.state or 'not up'}", fix, facts=facts)
     addresses = [a.split("/", 1)[0] for a in found.ipv4]

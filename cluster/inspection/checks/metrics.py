@@ -7,6 +7,7 @@ from __future__ import annotations
 from cluster.inspection.checks.base import NodeCheck, NodeContext, Verdict, ok, skip, tool_problem
 from cluster.nodes.inventory import Inventory, Node
 from cluster.inspection.facts import BuiltFact
+from cluster.inspection.node_summary import NodeFactsSummary
 from cluster.inspection.probes import Probe, ProbeOutput
 
 PROMETHEUS_COMMAND = "command -v prometheus >/dev/null || exit 127; prometheus --version 2>&1 | head -n 1"
@@ -39,7 +40,7 @@ def evaluate_prometheus(ctx: NodeContext) -> Verdict:
                            FIX)
     if problem:
         return problem
-    return ok(ctx.reading(PROMETHEUS), facts={"prometheus_binary": True})
+    return ok(ctx.reading(PROMETHEUS), facts=NodeFactsSummary.of(prometheus_binary=True))
 
 
 METRICS_CHECKS: tuple[NodeCheck, ...] = (

@@ -16,8 +16,9 @@ from cluster.inspection.checks.base import (NodeCheck, NodeContext, Verdict, err
 from cluster.base.errors import ParseError
 from cluster.inspection.facts import (CHRONY, GPU_QUERY, GPU_TOPO, IBSTAT, LSMOD, MEMLOCK,
                                       NODE_FACTS, NTPQ, NVIDIA_SMI, PEERMEM_SYSFS, PORTS, SHM,
-                                      TIMEDATECTL, BuiltFact, gpu_model_of, gpus_of,
-                                      node_program_probe)
+                                      TIMEDATECTL, BuiltFact, RootPython, WritablePath,
+                                      gpu_model_of, gpus_of, node_program_probe)
+from cluster.inspection.node_summary import IbPortFact, ModelFile, NodeFactsSummary
 from cluster.nodes.inventory import Inventory, Node
 from cluster.inspection.checks.metrics import METRICS_CHECKS
 from cluster.inspection.checks.node_health import HEALTH_CHECKS
@@ -47,9 +48,9 @@ def evaluate_gpus(ctx: NodeContext) -> Verdict:
     names = [g.name for g in gpus]
     memory = [g.memory_mib for g in gpus if g.memory_mib is not None]
     model = gpu_model_of(gpus)
-    facts = {"gpu_count": len(gpus), "gpu_model": model, "gpu_names": names,
-             "gpu_memory_mib": min(memory) if memory else None,
-             "gpu_bus_ids": [g.bus_id for g in gpus]}
+    facts = NodeFactsSummary.of(gpu_count=len(gpus), gpu_model=model, gpu_names=tuple(names),
+                                gpu_memory_mib=min(memory) if memory else None,
+                                gpu_bus_ids=tuple(g.bus_id for g in gpus))
     summary = f"{len(gpus)} x {model}" if gpus else "no GPUs reported"
     if want_count and len(gpus) != want_count:
         return fail(f"{len(gpus)} of {want_count} GPUs visible ({summary})",
@@ -78,7 +79,7 @@ def evaluate_driver(ctx: NodeContext) -> Verdict:
     if problem:
         return problem
     driver, cuda = data.driver_version, data.cuda_version
-    facts = {"driver_version": driver, "cuda_version": cuda}
+    facts = NodeFactsSummary.of(driver_version=driver, cuda_version=cuda)
     summary = f"driver {driver}, CUDA {cuda}"
     if want_driver and str(driver) != str(want_driver):
         return fail(f"driver {driver}, expected {want_driver}",
@@ -98,7 +99,7 @@ def evaluate_nvlink(ctx: NodeContext) -> Verdict:
         return problem
     nvlink = data.nvlink
     kinds = sorted(set(data.links.values()))
-    facts = {"nvlink": nvlink, "topology_nics": list(data.nics)}
+    facts = NodeFactsSummary.of(nvlink=nvlink, topology_nics=tuple(data.nics))
     if nvlink is True:
         return ok(f"NVLink between GPUs ({', '.join(k for k in kinds if k.startswith('NV'))})",
                   data=data, facts=facts)
@@ -150,8 +151,8 @@ def evaluate_infiniband(ctx: NodeContext) -> Verdict:
                         "fix ib_hcas in the inventory or the node's OFED driver", data=data)
     else:
         chosen = ports
-    facts = {"ib_ports": [{k: getattr(p, k) for k in ("ca", "port", "state", "rate_gbps",
-                                                      "link_layer")} for p in chosen]}
+    facts = NodeFactsSummary.of(ib_ports=tuple(IbPortFact(p.ca, p.port, p.state, p.rate_gbps,
+                                                          p.link_layer) for p in chosen))
     problems = []
     for p in chosen:
         name = f"{p.ca} port {p.port}"
@@ -201,11 +202,11 @@ def evaluate_gpudirect(ctx: NodeContext) -> Verdict:
     if problem:
         return problem
     registered = list(ctx.reading(PEERMEM_SYSFS))
-    facts = {"peermem_loaded": bool(data.nvidia_peermem or data.nv_peer_mem),
-             "peermem_registered": registered}
+    facts = NodeFactsSummary.of(peermem_loaded=bool(data.nvidia_peermem or data.nv_peer_mem),
+                                peermem_registered=tuple(registered))
     evidence = {"lsmod": {k: getattr(data, k) for k in _PEERMEM_MODULES},
                 "registered": registered}
-    if not facts["peermem_loaded"]:
+    if not facts.peermem_loaded:
         return fail("peer-memory module not loaded (neither nvidia_peermem nor nv_peer_mem): "
                     "NCCL will stage inter-node traffic through host memory (no GDRDMA)",
                     "modprobe nvidia_peermem (and add it to /etc/modules-load.d/)",
@@ -239,8 +240,8 @@ def evaluate_clock(ctx: NodeContext) -> Verdict:
         offset_s = getattr(data, "offset_seconds", None)       # chrony, timedatectl
         if offset_s is None and getattr(data, "offset_ms", None) is not None:   # ntpq
             offset_s = data.offset_ms / 1000.0
-        facts = {"clock_source": tool, "clock_synchronized": data.synchronized,
-                 "clock_offset_s": offset_s}
+        facts = NodeFactsSummary.of(clock_source=tool, clock_synchronized=data.synchronized,
+                                    clock_offset_s=offset_s)
         shown = "" if offset_s is None else (
             f", offset {offset_s:+.3g} s" if abs(offset_s) >= 1 else f", offset {offset_s * 1000:+.3g} ms")
         if offset_s is not None and abs(offset_s) > max_offset_s:
@@ -260,7 +261,7 @@ def evaluate_shm(ctx: NodeContext) -> Verdict:
         return problem
     size = data.size_bytes
     want = int(ctx.expect["shm_min_bytes"])
-    facts = {"shm_bytes": size}
+    facts = NodeFactsSummary.of(shm_bytes=size)
     if size < want:
         return fail(f"/dev/shm is {_human(size)}, need >= {_human(want)} (NCCL and Ray's object "
                     "store live there)",
@@ -273,7 +274,7 @@ def evaluate_memlock(ctx: NodeContext) -> Verdict:
     data = ctx.reading(MEMLOCK)
     value = data.memlock_kib
     want = ctx.expect["memlock_min_kib"]
-    facts = {"memlock_kib": value}
+    facts = NodeFactsSummary.of(memlock_kib=value)
     fix = ("set `* - memlock unlimited` in /etc/security/limits.conf (LimitMEMLOCK=infinity for "
            "services; docker --ulimit memlock=-1 or IPC_LOCK in containers)")
     if value == "unlimited":
@@ -303,16 +304,16 @@ def evaluate_versions(ctx: NodeContext) -> Verdict:
         return fail(f"{python} not found on the node", "install Python 3.10+ or set ray.python")
     if out.exit_code != 0:
         return error(f"version probe failed: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
-    document = ctx.facts.document()
-    data = document.get("versions")
-    if not isinstance(data, dict):
+    if not ctx.facts.usable:
+        raise ParseError("versions", ctx.facts.error or "no node facts")
+    data = ctx.facts.versions
+    if data is None:
         raise ParseError("versions", "no versions in the node facts' document")
-    facts = {"versions": data}
     summary = ", ".join(f"{k} {v}" for k, v in data.items() if v)
     missing = [k for k in ("ray", "vllm") if not data.get(k)]
-    unsafe = root_python(document, ctx.inventory.ray.root_python)
-    if unsafe:
-        facts["python_writable"] = [r["path"] for r in unsafe[2]]
+    unsafe = root_python(ctx.facts.root_python, ctx.inventory.ray.root_python)
+    facts = NodeFactsSummary.of(versions=data, python_writable=tuple(r.path for r in unsafe[2])) \
+        if unsafe else NodeFactsSummary.of(versions=data)
     if missing:
         return warn(f"{' and '.join(missing)} not installed for {python} ({summary})"
                     + (f"; {unsafe[0]}" if unsafe else ""),
@@ -325,26 +326,24 @@ def evaluate_versions(ctx: NodeContext) -> Verdict:
     return ok(summary, data=data, facts=facts)
 
 
-def root_python(document: dict, python: str) -> tuple[str, str, list] | None:
+def root_python(found: RootPython | None, python: str
+                ) -> tuple[str, str, tuple[WritablePath, ...]] | None:
     """(summary, fix, rows) when ray.root_python did not run on the node, or a non-root user can
     change it (node_facts.py's root_python: the interpreter, its real file, pyvenv.cfg, its
     stdlib and every directory above them): root runs it (`python -I -S`) for `cluster fix`,
     `model pull` and cache staging, and -S does not stop a changed interpreter, pyvenv.cfg or
     stdlib. None when only root can (or the facts do not say)."""
-    found = document.get("root_python")
-    if not isinstance(found, dict):
+    if found is None:
         return None
-    if isinstance(found.get("error"), str):
-        return (f"ray.root_python {python} did not run: {found['error'][:160]} (cluster fix, "
+    if found.error is not None:
+        return (f"ray.root_python {python} did not run: {found.error[:160]} (cluster fix, "
                 "model pull and cache staging run node programs as root with it)",
                 "install python3 for root (e.g. apt-get install python3) or set ray.root_python "
-                "to an interpreter only root can change", [])
-    paths = found.get("paths")
-    rows = [f for f in paths if isinstance(f, dict) and isinstance(f.get("path"), str)] \
-        if isinstance(paths, list) else []
+                "to an interpreter only root can change", ())
+    rows = found.paths
     if not rows:
         return None
-    shown = ", ".join(f"{r['path']} ({r.get('by')})" for r in rows[:3])
+    shown = ", ".join(f"{r.path} ({r.by})" for r in rows[:3])
     more = f" and {len(rows) - 3} more" if len(rows) > 3 else ""
     return (f"root runs {python} (fix, model pull, cache staging) and a non-root user can "
             f"change it: {shown}{more}",
@@ -355,12 +354,6 @@ def root_python(document: dict, python: str) -> tuple[str, str, list] | None:
 
 MODEL_FILES = ("config.json", "model.safetensors.index.json", "generation_config.json",
                "tokenizer.json", "tokenizer_config.json")
-
-
-@dataclass(frozen=True)
-class ModelFile:
-    size: int
-    sha256: str
 
 
 @dataclass(frozen=True)
@@ -413,12 +406,13 @@ def evaluate_model(ctx: NodeContext) -> Verdict:
     if listing.missing:
         return fail(f"model path {path} does not exist on this node",
                     "copy the model to the same path on every node (or a shared filesystem)")
-    facts = listing.to_dict()
+    data = listing.to_dict()
+    facts = NodeFactsSummary.of(model_files=listing.files, model_bytes=listing.total)
     if "config.json" not in listing.files:
         return fail(f"{path} has no config.json", "point model.path at a Hugging Face model "
-                                                  "directory", data=facts, facts=facts)
+                                                  "directory", data=data, facts=facts)
     return ok(f"{path}: {len(listing.files)} key files, {_human(listing.total or 0)}",
-              data=facts, facts=facts)
+              data=data, facts=facts)
 
 
 def ray_ports(node: Node, inventory: Inventory) -> dict[int, str]:
@@ -437,11 +431,11 @@ def ray_ports(node: Node, inventory: Inventory) -> dict[int, str]:
 def evaluate_ports(ctx: NodeContext) -> Verdict:
     if ctx.facts.raylet is not None:   # the one "is Ray running" reading (cluster/inspection/facts.py)
         return ok("Ray is running on this node: its ports are in use by Ray",
-                  facts={"ray_running": True}, probe=NODE_FACTS.name)
+                  facts=NodeFactsSummary.of(ray_running=True), probe=NODE_FACTS.name)
     listening = ctx.reading(PORTS)
     wanted = ray_ports(ctx.node, ctx.inventory)
     busy = {p: name for p, name in wanted.items() if p in listening}
-    facts = {"ray_running": False}
+    facts = NodeFactsSummary.of(ray_running=False)
     if busy:
         return fail("ports Ray needs are taken: " + ", ".join(f"{p} ({n})" for p, n in busy.items()),
                     "stop what listens there (`ss -ltnp`) or change the ports under ray: in the "

@@ -24,6 +24,7 @@ from cluster.inspection.checks import health
 from cluster.inspection.checks.base import NodeCheck, NodeContext, Verdict, fail, read_tool, skip, tool_problem
 from cluster.inspection.facts import (FABRICMANAGER, GPU_QUERY, GPU_TOPO, IBSTAT, IP_ADDR, KERNEL_LOG, LSPCI,
                            NVIDIA_SMI, NVIDIA_SMI_Q, ToolFact)
+from cluster.inspection.node_summary import NodeFactsSummary
 from cluster.inspection.parsers.dmesg import Dmesg
 from cluster.inspection.parsers.ip_addr import Interface
 from cluster.base.results import worst
@@ -142,7 +143,8 @@ def evaluate_persistence(ctx: NodeContext) -> Verdict:
     verdict = health.persistence(ctx.reading(NVIDIA_SMI).gpus, _health(ctx))
     off = verdict.status.value == "warn"
     return Verdict(verdict.status, verdict.summary, verdict.fix, verdict.data,
-                   {"persistence_off": off} if verdict.status.value != "skip" else {})
+                   NodeFactsSummary.of(persistence_off=off) if verdict.status.value != "skip"
+                   else NodeFactsSummary())
 
 
 # ---------------------------------------------------------------- NIC locality

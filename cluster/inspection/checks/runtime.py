@@ -16,7 +16,9 @@ from cluster.base.results import CheckResult, Evidence, Status
 from cluster.inspection.checks.base import (NodeCheck, NodeContext, Verdict, error, fail, ok,
                                             read_tool, skip, warn)
 from cluster.inspection.contract import ContractError, Runtime, compare, load_contract
-from cluster.inspection.facts import IMPORTS, NVIDIA_SMI, imports_probe, node_program_probe
+from cluster.inspection.facts import (IMPORTS, NVIDIA_SMI, NodeFacts, imports_probe,
+                                      node_program_probe)
+from cluster.inspection.node_summary import NodeFactsSummary
 from cluster.inspection.probes import Probe
 from cluster.nodes.inventory import Inventory, Node
 
@@ -29,17 +31,11 @@ NODES_DOC = "docs/nodes.md"
 RAY_CLIENT_COMMANDS: tuple[str, ...] = ()
 
 
-def _document(ctx: NodeContext) -> dict:
-    return ctx.facts.document()
-
-
-def runtime_of(document: Mapping[str, Any]) -> Runtime:
-    """The node program's document -> the node's Runtime."""
-    v = document.get("versions") if isinstance(document.get("versions"), dict) else {}
-    cuda = document.get("torch_cuda")
-    return Runtime(*(str(v[c]) if v.get(c) else None
-                     for c in ("python", "ray", "vllm", "torch")),
-                   str(cuda) if cuda else None, str(v["nccl"]) if v.get("nccl") else None)
+def runtime_of(facts: NodeFacts) -> Runtime:
+    """The node's Runtime, from its facts (node_facts.py's versions and torch's CUDA)."""
+    v = facts.versions or {}
+    return Runtime(*(v.get(c) or None for c in ("python", "ray", "vllm", "torch")),
+                   facts.torch_cuda or None, v.get("nccl") or None)
 
 
 # ---------------------------------------------------------------- vLLM and Ray import
@@ -65,7 +61,7 @@ def evaluate_imports(ctx: NodeContext) -> Verdict:
     if out.exit_code != 0:
         return error(f"import smoke test failed: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
     imports = ctx.reading(IMPORTS)
-    versions = (_document(ctx).get("versions") or {}) if ctx.facts.usable else {}
+    versions = (ctx.facts.versions or {}) if ctx.facts.usable else {}
     return judge_imports(imports, versions, python)
 
 
@@ -107,7 +103,7 @@ def judge_imports(imports: Mapping[str, Any], versions: Mapping[str, Any],
 def evaluate_contract(ctx: NodeContext) -> Verdict:
     if not ctx.facts.usable:
         return error(ctx.facts.error or "no facts")
-    runtime = runtime_of(_document(ctx))
+    runtime = runtime_of(ctx.facts)
     if not runtime.ray or not runtime.vllm:
         return skip("not judged: Ray or vLLM is not installed (the versions check says so)")
     return judge_contract(runtime)
@@ -119,19 +115,19 @@ def judge_contract(runtime: Runtime) -> Verdict:
         contract = load_contract()
     except ContractError as exc:
         return error(str(exc))
-    facts = {"runtime": {k: getattr(runtime, k) for k in ("python", "ray", "vllm", "torch",
-                                                          "cuda", "nccl")}}
     rows = contract.matching(runtime)
     if rows:
         tested = " (the suite runs it)" \
             if any(r.id == contract.tested_id for r in rows) else ""
         return ok(f"{runtime.describe()}: contract row {rows[0].id}{tested}",
-                  facts=facts | {"contract_row": rows[0].id})
+                  facts=NodeFactsSummary.of(runtime=runtime, contract_row=rows[0].id))
     near = contract.nearest(runtime)
     return warn(f"{runtime.describe()} is outside the version contract; nearest supported: "
                 f"{near.describe()} (differs in {', '.join(near.differences(runtime))})",
                 f"install that combination with ray.python: `{near.install}` ({NODES_DOC})",
-                facts=facts | {"contract_row": None, "contract_nearest": near.id}, data=facts)
+                facts=NodeFactsSummary.of(runtime=runtime, contract_row=None,
+                                          contract_nearest=near.id),
+                data={"runtime": runtime})
 
 
 # ---------------------------------------------------------------- torch's CUDA vs the driver
@@ -140,8 +136,7 @@ def judge_contract(runtime: Runtime) -> Verdict:
 def evaluate_torch_cuda(ctx: NodeContext) -> Verdict:
     if not ctx.facts.usable:
         return error(ctx.facts.error or "no facts")
-    doc = _document(ctx)
-    cuda, torch = doc.get("torch_cuda"), (doc.get("versions") or {}).get("torch")
+    cuda, torch = ctx.facts.torch_cuda, (ctx.facts.versions or {}).get("torch")
     if not torch:
         return skip("torch not installed for the inventory's python")
     if not cuda:
@@ -194,13 +189,12 @@ def laptop_ray_version() -> str | None:
         return None
 
 
-def ray_client_check(facts: Mapping[str, Mapping[str, Any]], laptop_ray: str | None,
+def ray_client_check(facts: Mapping[str, NodeFactsSummary], laptop_ray: str | None,
                      commands: Sequence[str] = RAY_CLIENT_COMMANDS) -> list[CheckResult]:
     """The laptop's Ray against the nodes' Ray: FAIL when a command of `commands` (those that
     connect through Ray's client) would connect and the versions differ; otherwise a skip
     saying why equality is not needed."""
-    rays = sorted({str(f["versions"]["ray"]) for f in facts.values()
-                   if isinstance(f.get("versions"), dict) and f["versions"].get("ray")})
+    rays = sorted({ray for f in facts.values() if (ray := f.version("ray"))})
     ev = Evidence(data={"laptop_ray": laptop_ray, "node_ray": rays,
                         "client_commands": list(commands)})
     if not commands:
