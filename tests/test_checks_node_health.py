@@ -212,9 +212,9 @@ def test_mtu_differences_name_the_odd_node():
                                     "a")
     assert results[0].status is Status.FAIL and results[0].node is None
     assert [(r.node, r.status) for r in results[1:]] == [("c", Status.FAIL)]
-    assert cross.mtu_consistency({"a": {"mtu": 9000}, "b": {"mtu": 9000}}, "a")[0].status \
-        is Status.OK
-    assert cross.mtu_consistency({"a": {"mtu": 9000}}, "a")[0].status is Status.SKIP
+    nine = NodeFactsSummary(mtu=9000)
+    assert cross.mtu_consistency({"a": nine, "b": nine}, "a")[0].status is Status.OK
+    assert cross.mtu_consistency({"a": nine}, "a")[0].status is Status.SKIP
 
 
 # ---------------------------------------------------------------- the remaining wiring branches

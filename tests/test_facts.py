@@ -384,3 +384,83 @@ def test_a_check_asks_for_a_fact_never_a_probe_name():
         ctx.output("ibstat")
     with pytest.raises(ParseError, match="no output for 'ibstat'"):
         ctx.output(facts.IBSTAT)
+
+
+# ---------------------------------------------------------------- the reported facts, typed
+
+REPORTED_FACT_READERS = ("cluster/inspection/checks", "cluster/remedy", "cluster/planning/planner.py",
+                         "cluster/ray/health_job.py", "playbooks/fix.py", "playbooks/preflight.py")
+
+
+def _reported_facts_read_by_key(path: Path) -> list[str]:
+    """Lines of `path` that read a reported fact by its JSON key (`f["gpu_model"]`,
+    `ctx.facts.get("ray_running")`) or node_facts.py's document as a dict (`.document()`)."""
+    import ast
+
+    from cluster.inspection.node_summary import FACT_FIELDS
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        key = node.slice if isinstance(node, ast.Subscript) else \
+            node.args[0] if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+            and node.func.attr == "get" and node.args else None
+        receiver = node.value if isinstance(node, ast.Subscript) else \
+            node.func.value if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+            else None
+        said = ast.unparse(receiver) if receiver is not None else ""
+        if isinstance(key, ast.Constant) and key.value in FACT_FIELDS + ("nodes",) and \
+                (said.endswith("facts") or said == "f" or "facts.get(" in said):
+            found.append(f"{path}:{node.lineno} [{key.value!r}]")
+        if isinstance(node, ast.Attribute) and node.attr == "document":
+            found.append(f"{path}:{node.lineno} .document")
+    return found
+
+
+def test_no_check_fix_playbook_or_planner_reads_a_reported_fact_as_a_dict():
+    root = Path(__file__).resolve().parent.parent
+    files = [p for entry in REPORTED_FACT_READERS for p in
+             (sorted((root / entry).glob("*.py")) if (root / entry).is_dir() else [root / entry])]
+    assert len(files) > 10
+    assert [line for p in files for line in _reported_facts_read_by_key(p)] == []
+
+
+def test_the_reported_facts_are_typed_from_the_checks_to_the_fixes_and_the_planner():
+    """What the checks report of a node is one frozen NodeFactsSummary (no dict view): the
+    report holds it, the fixes get it, and the planner's reading of the saved JSON is built
+    from the same type; its JSON is the report's."""
+    import dataclasses
+    import json as _json
+
+    from fakes import FakeRunner, fake_inventory, preflight_answers
+    from cluster.inspection.node_summary import NodeFactsSummary
+    from cluster.planning.planner import read_saved_node
+    from cluster.remedy.fixes import FixContext
+    from playbooks.preflight import run_preflight
+
+    inv = fake_inventory(2, "ib_hcas: [mlx5_0]")
+    report = run_preflight(inv, FakeRunner(respond=preflight_answers()).session(inv),
+                           reachability=False)
+    node = report.facts.nodes["n1"]
+    assert isinstance(node, NodeFactsSummary) and type(node).__dataclass_params__.frozen
+    with pytest.raises(TypeError):
+        node["gpu_count"]   # noqa: B018 - the dict view is gone
+    assert [f.name for f in dataclasses.fields(FixContext) if f.name == "facts"] == ["facts"]
+    assert FixContext.__annotations__["facts"] in (NodeFactsSummary, "NodeFactsSummary")
+    assert not hasattr(facts.NodeFacts, "document")
+    saved = _json.loads(_json.dumps(report.to_dict()))["facts"]["nodes"]["n1"]
+    assert NodeFactsSummary.from_dict(saved) == node
+    assert NodeFactsSummary.from_dict(saved).to_dict() == saved
+    planned = read_saved_node("n1", dict(saved, gpu_memory_mib=81559))  # (the capture has none)
+    assert (planned.gpu_count, planned.gpu_model, planned.ib_rate_gbps) == \
+        (node.gpu_count, node.gpu_model, min(p.rate_gbps for p in node.active_ib_ports))
+
+
+def test_a_saved_runs_wrong_types_read_as_unknown_never_a_crash():
+    from cluster.inspection.node_summary import NodeFactsSummary
+    got = NodeFactsSummary.from_dict({"gpu_count": True, "mtu": "9000", "nvlink": None,
+                                      "clock_offset_s": float("nan"), "ib_ports": [1, {"ca": 3}],
+                                      "versions": {"ray": 2, "vllm": "0.32.0"}, "x": 1})
+    assert (got.gpu_count, got.mtu, got.clock_offset_s) == (None, None, None)
+    assert got.unreadable["gpu_count"] == "True" and got.to_dict()["nvlink"] is None
+    assert got.versions == {"ray": None, "vllm": "0.32.0"} and got.ib_ports[0].ca == ""
+    assert "x" not in got.to_dict() and "mtu" not in got.to_dict()

@@ -194,7 +194,7 @@ def _versions(v: Any) -> dict[str, str | None] | None:
 def _ib_port(v: Any) -> IbPortFact | None:
     if not isinstance(v, Mapping):
         return None
-    return IbPortFact(str(v.get("ca") or ""), _int(v.get("port")), _str(v.get("state")),
+    return IbPortFact(_str(v.get("ca")) or "", _int(v.get("port")), _str(v.get("state")),
                       _number(v.get("rate_gbps")), _str(v.get("link_layer")))
 
 

@@ -179,8 +179,8 @@ def read_saved_run(path: str | Path) -> tuple[SavedNodeFacts, ...]:
     """The typed reading of a saved preflight run's facts (preflight.json), node by node."""
     p = Path(path)
     data = read_json_file(p, "preflight report", max_bytes=bound("files", "preflight_report"))
-    facts = data.get("facts") if isinstance(data, Mapping) else None
-    raw_nodes = facts.get("nodes") if isinstance(facts, Mapping) else None
+    saved = data.get("facts") if isinstance(data, Mapping) else None     # the JSON as written
+    raw_nodes = saved.get("nodes") if isinstance(saved, Mapping) else None
     if not isinstance(raw_nodes, Mapping):
         raise PlanError(f"{p}: no facts.nodes in the preflight report (expected "
                         '{"facts": {"nodes": {"<node>": {"gpu_count": ..., ...}}}})')
