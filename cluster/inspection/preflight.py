@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Sequence
 
 from cluster.inspection.checks.base import NodeCheck, NodeContext, Verdict, judge
 from cluster.inspection.checks.node import NODE_CHECKS
