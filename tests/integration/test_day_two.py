@@ -38,7 +38,7 @@ import yaml
 pytestmark = [pytest.mark.integration, pytest.mark.ray, pytest.mark.alone]
 
 from integration_kit import (PYTHON, REPO, ClusterCli, StreamingLoad,  # noqa: E402
-                             node_tiny_model, process_tree)
+                             head_driver, node_tiny_model, process_tree)
 
 cli = ClusterCli(timeout=1200)
 cli_json = cli.json
@@ -159,6 +159,33 @@ def gang_processes(sim, replica: dict) -> dict[str, dict[int, str]]:
     return {r["node"]: process_tree(sim, r["node"], {r["pid"]}) for r in replica["ranks"]}
 
 
+HEAD_STATE = r"""
+import json, ray
+from ray.job_submission import JobSubmissionClient
+ray.init(address="auto", logging_level="ERROR")
+jobs = JobSubmissionClient()
+health = [j for j in jobs.list_jobs() if (j.submission_id or "").startswith("cluster-health-")]
+log = jobs.get_job_logs(health[-1].submission_id)[-6000:] if health else ""
+from ray import serve
+status = serve.status()
+apps = {n: {"status": str(a.status), "message": a.message[-800:],
+            "deployments": {d: {"status": str(x.status), "message": x.message[-800:],
+                                "replicas": {str(k): v for k, v in x.replica_states.items()}}
+                            for d, x in a.deployments.items()}}
+        for n, a in status.applications.items()}
+print("RESULT " + json.dumps({"apps": apps, "health_log": log}))
+"""
+
+
+def head_report(inv: Path) -> str:
+    """Serve's apps and the health job's log tail, from the head (what a failed move shows)."""
+    try:
+        doc = head_driver(inv, HEAD_STATE, timeout=120)
+    except Exception as exc:          # the report of a failure never hides the failure
+        return f"(head state not read: {exc})"
+    return json.dumps(doc["apps"], indent=1) + "\n--- health job log ---\n" + doc["health_log"]
+
+
 def answers(endpoint: str, name: str) -> bool:
     import openai
 
@@ -203,7 +230,8 @@ def test_a_lost_gpu_cordons_the_node_within_a_period_and_uncordon_brings_it_back
         doc = status_until(inv, lambda d: records(d, sick, "cordon")[-1]["outcome"] != "moving",
                            900)
         rec = records(doc, sick, "cordon")[-1]
-        assert rec["outcome"] == "moved", rec
+        print(f"cordon record: {json.dumps(rec)}")
+        assert rec["outcome"] == "moved", f"{json.dumps(rec)}\n{head_report(inv)}"
         assert f"{GANG}/{old_gang['replica_id']}" in rec["gangs_moved"], rec
         # a rank on the sick node: the job rolled the app, the new gang RUNNING before the old
         # stopped; the replica itself on it: Serve's own move off a draining node (new first too)
