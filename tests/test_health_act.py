@@ -365,6 +365,13 @@ def test_without_room_for_a_second_gang_its_rank_is_killed_and_the_record_says_w
     assert [(r.outcome, r.gangs_moved) for r in remedy.records] == [("moved", ("gang/g1",))]
 
 
+def test_gang_rebuild_restart_kills_the_rank_even_with_room(tmp_path):
+    remedy, cluster, ray = _remedy(tmp_path, "health:\n  act: {gang_rebuild: restart}\n")
+    done = remedy.after_round({"node2": _readings("node2", "gpu_lost")}, ALIVE, RESOURCES)
+    assert cluster.rolled == [] and ray.killed == [("gang/g1/rank1", "ranks")]
+    assert done[0].gang_rebuild == "restart: health.act.gang_rebuild is restart"
+
+
 def test_a_refused_roll_falls_back_to_killing_the_rank(tmp_path):
     remedy, cluster, ray = _remedy(tmp_path)
     cluster.roll_answer = (False, "PUT 500: boom")

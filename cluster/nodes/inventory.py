@@ -147,6 +147,7 @@ class RayOptions:
 ACT_CLASSES = ("gpu_lost", "ecc_uncorrectable", "gpu_missing", "ib_port_down", "clock_offset",
                "missed_periods")
 ACT_ACTIONS = ("report", "cordon")
+GANG_REBUILDS = ("surge", "restart")        # health.act.gang_rebuild
 ACT_DATA = "health_act.yaml"                 # cluster/data/: the policy's defaults
 
 
@@ -165,13 +166,14 @@ class ActPolicy:
     move_wait_s: float
     drain_deadline_s: int
     max_records: int
+    gang_rebuild: str = "surge"     # a gang with a rank on a cordoned node: surge | restart
 
     def to_dict(self) -> dict[str, Any]:
         return {"act": dict(self.actions), "confirm_readings": dict(self.confirm),
                 "ecc_xids": list(self.ecc_xids), "max_cordons": self.max_cordons,
                 "window_s": self.window_s, "missed_after": self.missed_after,
                 "move_wait_s": self.move_wait_s, "drain_deadline_s": self.drain_deadline_s,
-                "max_records": self.max_records}
+                "max_records": self.max_records, "gang_rebuild": self.gang_rebuild}
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> "ActPolicy":
@@ -189,6 +191,9 @@ class ActPolicy:
         xids = raw.get("ecc_xids")
         if not isinstance(xids, list) or not all(_whole(x, 0, 100_000) for x in xids):
             raise InventoryError(f"must be a list of Xids, got {xids!r}", key="health.act.ecc_xids")
+        if raw.get("gang_rebuild") not in GANG_REBUILDS:
+            raise InventoryError(f"must be surge or restart, got {raw.get('gang_rebuild')!r}",
+                                 key="health.act.gang_rebuild")
         numbers = {k: raw.get(k) for k in ("max_cordons", "window_s", "missed_after",
                                            "move_wait_s", "drain_deadline_s", "max_records")}
         for key, (lo, hi) in _act_number_bounds().items():
@@ -199,7 +204,8 @@ class ActPolicy:
                    {c: int(confirm[c]) for c in ACT_CLASSES}, tuple(int(x) for x in xids),
                    int(numbers["max_cordons"]), float(numbers["window_s"]),
                    int(numbers["missed_after"]), float(numbers["move_wait_s"]),
-                   int(numbers["drain_deadline_s"]), int(numbers["max_records"]))
+                   int(numbers["drain_deadline_s"]), int(numbers["max_records"]),
+                   str(raw["gang_rebuild"]))
 
 
 def _whole(value: Any, lo: float, hi: float, integral: bool = True) -> bool:
@@ -886,15 +892,19 @@ _ACT_FLOATS = ("window_s", "move_wait_s")
 
 
 def _act_policy(v: _Validator, raw: Any) -> ActPolicy:
-    """`health.act`: {class: report|cordon, confirm_readings: {class: n}, max_cordons, window_s,
-    missed_after, move_wait_s, drain_deadline_s, max_records} over the data file's defaults."""
+    """`health.act`: {class: report|cordon, confirm_readings: {class: n}, gang_rebuild, max_cordons,
+    window_s, missed_after, move_wait_s, drain_deadline_s, max_records} over the data file's
+    defaults."""
     base = yamlfile.packaged(ACT_DATA)
     if raw is None:
         return ActPolicy.from_dict(base)
     at = ("health", "act")
-    m = v.mapping(raw, at, set(ACT_CLASSES) | {"confirm_readings", *_ACT_INTS, *_ACT_FLOATS})
+    m = v.mapping(raw, at, set(ACT_CLASSES) | {"confirm_readings", "gang_rebuild", *_ACT_INTS,
+                                                *_ACT_FLOATS})
     for c in ACT_CLASSES:
         base["act"][c] = v.choice(m.get(c), at + (c,), ACT_ACTIONS, base["act"][c])
+    base["gang_rebuild"] = v.choice(m.get("gang_rebuild"), at + ("gang_rebuild",), GANG_REBUILDS,
+                                    base["gang_rebuild"])
     confirm = m.get("confirm_readings")
     if confirm is not None:
         for c, n in v.mapping(confirm, at + ("confirm_readings",), set(ACT_CLASSES)).items():

@@ -284,6 +284,8 @@ class Remedy:
         -> (how, for the record; the apps rolled)."""
         if not gangs:
             return "", frozenset()
+        if self.policy.gang_rebuild != "surge":
+            return "restart: health.act.gang_rebuild is restart", frozenset()
         room = room_for_replacements(serve, gangs, staying)
         if not room.ok:
             return f"restart: no room for a second gang beside the first: " \
