@@ -198,6 +198,43 @@ def test_a_listener_told_how_many_probe_it_acks_each_and_exits_by_itself():
         _program("stop", "--tag", "t1test")
 
 
+def test_a_listener_holds_every_expected_probe_that_connects_at_once():
+    """At 1,000 nodes every worker probes the head's ports at once, faster than one listener
+    process accepts: its accept queue must hold every expected prober, or the kernel drops their
+    SYNs and the probes report a firewall that is not there. The listener is stopped (SIGSTOP)
+    so that nothing is accepted while the expected probers all connect."""
+    import os
+    import selectors
+    import signal
+    import time
+
+    expect = 300
+    (port,) = _free_ports(1)
+    up = _program("listen", "--ports", str(port), "--for", "30", "--tag", "t2test",
+                  "--expect", str(expect))
+    assert up["listening"] == [port] and up["pid"]
+    os.kill(up["pid"], signal.SIGSTOP)
+    clients, sel = [], selectors.DefaultSelector()
+    try:
+        for _ in range(expect):
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", port))
+            clients.append(s)
+            sel.register(s, selectors.EVENT_WRITE)
+        connected, end = 0, time.monotonic() + 10       # a bound on the wait, not a timing
+        while sel.get_map() and time.monotonic() < end:
+            for key, _ in sel.select(0.5):
+                connected += key.fileobj.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+                sel.unregister(key.fileobj)
+        assert connected == expect
+    finally:
+        for s in clients:
+            s.close()
+        os.kill(up["pid"], signal.SIGCONT)
+        _program("stop", "--tag", "t2test")
+
+
 def _pid_running(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:

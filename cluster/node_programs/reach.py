@@ -78,7 +78,14 @@ def parse_ports(text):
     return ports
 
 
-def bind_all(ports):
+MIN_BACKLOG = 64
+
+
+def bind_all(ports, expect=0):
+    """Listeners on the free ones of `ports`, each with room in its accept queue for every
+    expected prober (they connect at once, faster than this one process accepts: a full queue
+    drops their SYNs, which the probes would report as a firewall; the kernel caps the room at
+    net.core.somaxconn)."""
     bound, busy, failed = [], [], {}
     socks = []
     for port in ports:
@@ -86,7 +93,7 @@ def bind_all(ports):
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("0.0.0.0", port))
-            s.listen(64)
+            s.listen(max(MIN_BACKLOG, expect))
             s.setblocking(False)
         except OSError as exc:
             s.close()
@@ -194,7 +201,7 @@ def listen(args):
     expect = int(args.get("--expect", "0"))
     if not (0 < seconds <= 3600) or not tag.isalnum() or not 0 <= expect <= MAX_TARGETS:
         raise SystemExit("bad --for, --tag or --expect")
-    socks, bound, busy, failed = bind_all(ports)
+    socks, bound, busy, failed = bind_all(ports, expect)
     pid = None
     if socks:
         def close_ours():
