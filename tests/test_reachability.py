@@ -253,6 +253,49 @@ def _gone_within(pid: int, seconds: float) -> bool:
     return False
 
 
+MAX_ARG_STRLEN = 32 * 4096    # Linux: the longest single argument exec takes (E2BIG beyond)
+
+
+def test_every_probe_command_of_a_1000_node_cluster_fits_one_exec_argument():
+    """sshd hands a command to the shell as one argument (`sh -c COMMAND`): the head probes
+    every node, and at 1,000 nodes its --targets and --tell (every node's 18 ports, the address
+    written once per node) made 230 KB, so exec failed and the head's probe never ran ("no
+    answer from the node's python"). Nodes with the same ports share one port list."""
+    from cluster.inspection.reachability import plan_listeners, run_reachability
+
+    inv = fake_inventory(1000)
+    log = CommandLog()
+    session = log.session(inv)
+    listeners = plan_listeners(inv, session, inv.nodes)
+    docs = {n.name: {"listening": sorted(listeners.served[n.name]), "busy": [], "pid": 1}
+            for n in inv.nodes}
+    results = run_reachability(inv, session, inv.nodes, listeners, docs)
+    assert [r.status for r in results if r.node is None] == [Status.OK]
+    assert log.longest["probe"] < MAX_ARG_STRLEN
+
+
+def test_nodes_sharing_their_ports_are_probed_from_one_port_list_for_real():
+    """The compact targets (addresses that share a port list, written once) read by the node
+    program: every (address, port) is probed and told, none lost or made up."""
+    from cluster.inspection.reachability import _targets_arg
+
+    a, b = _free_ports(2)
+    up = _program("listen", "--ports", f"{a},{b}", "--for", "30", "--tag", "t3test",
+                  "--expect", "2")
+    try:
+        targets = [Target(node, ip, port, "x") for node, ip in (("n1", "127.0.0.1"),
+                                                                 ("n2", "127.0.0.2"))
+                   for port in (a, b)]
+        arg = _targets_arg(targets)
+        assert arg.count(str(a)) == 1                  # one port list for both addresses
+        got = _program("probe", "--targets", arg, "--timeout", "5", "--tag", "t3test",
+                       "--tell", arg)
+        want = {f"{t.ip}:{t.port}" for t in targets}
+        assert got["results"] == dict.fromkeys(want, "ok") and set(got["acked"]) == want
+    finally:
+        _program("stop", "--tag", "t3test")
+
+
 def test_stop_goes_only_where_an_expected_probe_was_not_acked():
     t = lambda node, ip, port: Target(node, ip, port, "x")  # noqa: E731
     plan = {"a": [t("b", "10.0.0.2", 1), t("b", "10.0.0.2", 2), t("c", "10.0.0.3", 1)],
@@ -291,6 +334,7 @@ class CommandLog:
 
     def __init__(self, unreachable=(), silent=()):
         self.kinds: list[tuple[str, str]] = []
+        self.longest: dict[str, int] = {}     # kind -> its longest command's length
         self.unreachable, self.silent = set(unreachable), set(silent)
         self.nodes = preflight_answers()
 
@@ -307,6 +351,7 @@ class CommandLog:
             kind = "gather" if "@@cluster-probe@@" in sent.command else \
                 next(v for v in ("listen", "probe", "stop") if f" {v} " in f" {sent.command} ")
         self.kinds.append((sent.node, kind))
+        self.longest[kind] = max(self.longest.get(kind, 0), len(sent.command))
         if kind == "probe" and sent.node in self.silent:
             return '{"stopped": true}\n'      # no probe document
         return self.nodes(sent)

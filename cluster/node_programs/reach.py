@@ -7,7 +7,7 @@
                                                   bound has heard the run's tag from N probes);
                                                   busy ports are reported (someone, e.g. Ray,
                                                   already answers there)
-    probe --targets 10.0.0.2:6379+8076,... --timeout 2 [--tag RUN --tell 10.0.0.2:6379,...]
+    probe --targets 10.0.0.2/10.0.0.3:6379+8076,... --timeout 2 [--tag RUN --tell 10.0.0.2:6379,...]
                                                   connects to every target at once; each is
                                                   ok, refused, timeout (dropped) or an OS error;
                                                   to the --tell ones (ports our listeners hold)
@@ -213,13 +213,15 @@ def listen(args):
 
 
 def parse_targets(text):
-    """host:port+port+...,host2:port -> [(host, port)] (malformed items left out)."""
+    """host/host2:port+port+...,host3:port -> [(host, port)]: each host of an item with each of
+    its ports (malformed items left out)."""
     targets = []
     for item in text.split(","):
-        host, _, ports = item.rpartition(":")
-        for port in ports.split("+"):
-            if host and port.isdigit() and 0 < int(port) < 65536:
-                targets.append((host, int(port)))
+        hosts, _, ports = item.rpartition(":")
+        for host in hosts.split("/"):
+            for port in ports.split("+"):
+                if host and port.isdigit() and 0 < int(port) < 65536:
+                    targets.append((host, int(port)))
     if len(targets) > MAX_TARGETS:
         raise SystemExit("too many targets")
     return targets
