@@ -1,19 +1,21 @@
 #!/usr/bin/env python3
-"""Rack-scale benchmark: `cluster preflight` and `cluster exec` at 1..256 simulated nodes,
+"""Rack-scale benchmark: `cluster preflight` and `cluster exec` at 1..1000 simulated nodes,
 directly and through a bastion, against a baseline tree in the same run.
 
     .venv/bin/python scripts/bench_scale.py [--sizes 1,8,32,128,256] [--modes direct,bastion]
                                             [--baseline REV] [--rounds 1] [--profile DIR]
+                                            [--profile-sizes 511]
 
 For each size the simulated cluster (scripts/simcluster, stock OpenSSH limits on every sshd) is
 brought up once per mode (`--bastion`: the nodes accept logins only from the bastion). Each CLI
 run is a subprocess: wall time, the CLI's own CPU (user + system, from wait4's rusage: the
 laptop's cost, not the nodes'), its peak RSS and its JSON size per node, plus how many results
-were unreachable/error. With --baseline REV the same runs are made, interleaved, with the CLI of
-git revision REV (a temporary worktree), and the table prints the medians over the rounds and
-current/baseline ratios: the machine is shared and noisy, so only same-run ratios mean anything.
-The simulated cluster is the caller's SIMCLUSTER_PREFIX / _SUBNET / _DIR when set. Root and
-Linux only (network namespaces).
+were unreachable/error, and for preflight the length of its human report (the saved results
+rendered as the command prints them without --json). With --baseline REV the same runs are
+made, interleaved, with the CLI of git revision REV (a temporary worktree), and the table prints
+the medians over the rounds and current/baseline ratios: the machine is shared and noisy, so
+only same-run ratios mean anything. The simulated cluster is the caller's SIMCLUSTER_PREFIX /
+_SUBNET / _DIR when set. Root and Linux only (network namespaces).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -67,6 +70,20 @@ for profile in profiles:
     stats.add(profile)
 stats.dump_stats(path)
 '''
+# The human report's length: the saved preflight results rendered by the tree's own
+# `preflight` renderer (what the command prints without --json, at a COLUMNS-wide terminal),
+# so the length is read without a second preflight. argv: the JSON document's path.
+RENDER_CHILD = r'''
+import json, sys
+from cluster.base.results import CheckResult, Report, Status
+from cluster.commands import preflight
+doc = json.load(open(sys.argv[1]))
+preflight.render(Report("preflight", tuple(
+    CheckResult(r["check"], r["node"], Status(r["status"]), r["summary"], fix=r.get("fix"))
+    for r in doc["results"])))
+print("report: " + doc["run_dir"] + "/preflight.json")
+'''
+REPORT_COLUMNS = 120
 # Calls that block with the GIL released: a thread's CPU clock mis-attributes their time when
 # they end in a timeout exception (paramiko's reader threads), so the printed top leaves them out.
 BLOCKING = ("recv", "wait", "acquire", "select", "poll", "sleep")
@@ -84,6 +101,7 @@ class Run:
     bad: int       # results unreachable / error / timeout
     exit_code: int
     json_bytes: int = 0
+    report_lines: int | None = None   # preflight's human report, lines (None: not rendered)
 
     @property
     def json_kb_per_node(self) -> float:
@@ -123,8 +141,22 @@ def run_cli(tree: Path, label: str, command: str, nodes: int, mode: str) -> Run:
                   f"{(first.get('summary') or first.get('error') or '')[:200]}", flush=True)
     except ValueError:
         pass
+    lines = report_lines(tree, text) if command == "preflight" else None
     return Run(label, command, nodes, mode, wall, usage.ru_utime + usage.ru_stime,
-               usage.ru_maxrss / 1024, bad, code, len(text.encode()))
+               usage.ru_maxrss / 1024, bad, code, len(text.encode()), lines)
+
+
+def report_lines(tree: Path, text: str) -> int | None:
+    """Lines of the human report for this JSON document (RENDER_CHILD), or None if the tree
+    could not render it (an older tree's renderer)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as doc:
+        doc.write(text)
+        doc.flush()
+        env = {**os.environ, "PYTHONPATH": str(tree), "COLUMNS": str(REPORT_COLUMNS),
+               "TERM": "dumb"}
+        proc = subprocess.run([sys.executable, "-c", RENDER_CHILD, doc.name], cwd=tree, env=env,
+                              capture_output=True, text=True, timeout=600, check=False)
+    return len(proc.stdout.splitlines()) if proc.returncode == 0 else None
 
 
 def profile_cli(tree: Path, label: str, command: str, nodes: int, mode: str, folder: Path,
@@ -171,10 +203,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", metavar="DIR", type=Path,
                     help="also profile each tree once per size and mode (all threads' CPU, "
                          "cProfile) into DIR")
+    ap.add_argument("--profile-sizes", metavar="N,N",
+                    help="with --profile: only at these sizes (default: every size; a large "
+                         "cluster's bring-up is long, so measure the sizes, profile one)")
     args = ap.parse_args(argv)
     sizes = [int(x) for x in args.sizes.split(",")]
     modes = args.modes.split(",")
     commands = args.commands.split(",")
+    profiled = set(sizes) if not args.profile_sizes else \
+        {int(x) for x in args.profile_sizes.split(",")}
     if not all(1 <= n <= 1000 for n in sizes) or not set(modes) <= {"direct", "bastion"} \
             or not set(commands) <= set(COMMANDS) or not 1 <= args.rounds <= 10:
         ap.error("sizes 1..1000, modes direct|bastion, commands preflight|exec, rounds 1..10")
@@ -196,13 +233,17 @@ def main(argv: list[str] | None = None) -> int:
                             print(f"{label:8} {command:9} {n:4} nodes {mode:7}: "
                                   f"{run.wall_s:7.2f} s wall, {run.cpu_ms_per_node:7.1f} ms CPU "
                                   f"per node, {run.rss_mib:6.0f} MiB, {run.json_kb_per_node:5.1f} "
-                                  f"KB JSON per node, {run.bad} bad, exit {run.exit_code}",
+                                  f"KB JSON per node, {run.bad} bad, exit {run.exit_code}"
+                                  f"{_report(run)}",
                                   flush=True)
-                if args.profile:
+                if args.profile and n in profiled:
                     for command in commands:
                         for label, tree in trees:
                             profile_cli(tree, label, command, n, mode, args.profile)
     finally:
+        # the teardown must finish even when interrupted (`timeout -s INT` signals the whole
+        # process group, so a second SIGINT used to land in `down` and leave the nodes up)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         simcluster("down")
         for label, tree in trees:
             if label == "baseline":
@@ -215,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
 def print_table(runs: list[Run], with_baseline: bool) -> None:
     print()
     head = f"{'command':9} {'nodes':>5} {'mode':7} {'wall s':>7} {'CPU ms/node':>11} " \
-           f"{'marginal':>8} {'RSS MiB':>7} {'bad':>4}"
+           f"{'marginal':>8} {'RSS MiB':>7} {'bad':>4} {'KB/node':>7} {'lines':>5}"
     if with_baseline:
         head += f" | {'base ms/node':>12} {'base marg':>9} {'base bad':>8} {'CPU ratio':>9} " \
                 f"{'marg ratio':>10} {'wall ratio':>10}"
@@ -230,7 +271,8 @@ def print_table(runs: list[Run], with_baseline: bool) -> None:
         cur = median_run(mine)
         cur_marg = marginal(runs, cur)
         line = f"{command:9} {n:5} {mode:7} {cur.wall_s:7.2f} {cur.cpu_ms_per_node:11.1f} " \
-               f"{_ms(cur_marg):>8} {cur.rss_mib:7.0f} {max(r.bad for r in mine):4}"
+               f"{_ms(cur_marg):>8} {cur.rss_mib:7.0f} {max(r.bad for r in mine):4} " \
+               f"{cur.json_kb_per_node:7.1f} {_lines(mine):>5}"
         if base:
             b = median_run(base)
             b_marg = marginal(runs, b)
@@ -240,7 +282,8 @@ def print_table(runs: list[Run], with_baseline: bool) -> None:
         print(line)
     print("\nMedians over the rounds. CPU ms/node: the CLI's CPU / nodes; "
           "marginal: (CPU - CPU at 1 node) / (nodes - 1), "
-          "the per-node cost without the start-up (imports, inventory)")
+          "the per-node cost without the start-up (imports, inventory); KB/node: --json's size; "
+          f"lines: preflight's human report at {REPORT_COLUMNS} columns (the longest round)")
 
 
 def marginal(runs: list[Run], run: Run) -> float | None:
@@ -258,6 +301,16 @@ def median_run(runs: list[Run]) -> Run:
     trees on a shared machine, so the median, not the best, is what a tree costs."""
     ranked = sorted(runs, key=lambda r: r.cpu_s)
     return ranked[(len(ranked) - 1) // 2]
+
+
+def _lines(runs: list[Run]) -> str:
+    """The longest human report of these runs, or "-" when none was rendered."""
+    counts = [r.report_lines for r in runs if r.report_lines is not None]
+    return str(max(counts)) if counts else "-"
+
+
+def _report(run: Run) -> str:
+    return "" if run.report_lines is None else f", human report {run.report_lines} lines"
 
 
 def _ms(value: float | None) -> str:

@@ -470,8 +470,8 @@ def _reach_answer(command: str) -> str:
         ports = [int(p) for p in flag("--ports").split(",") if p]
         return json.dumps({"listening": ports, "busy": [], "failed": [], "pid": 1}) + "\n"
     if "probe" in args:
-        keys = lambda arg: [f"{hp.split(':')[0]}:{port}" for hp in flag(arg).split(",")  # noqa: E731
-                            if ":" in hp for port in hp.split(":")[1].split("+")]
+        from cluster.node_programs.reach import parse_targets   # the node program's own reading
+        keys = lambda arg: [f"{host}:{port}" for host, port in parse_targets(flag(arg))]  # noqa: E731
         doc = {"results": dict.fromkeys(keys("--targets"), "ok")}
         if "--tag" in args:      # every told listener acks (and so exits by itself)
             doc["acked"] = keys("--tell")

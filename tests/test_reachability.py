@@ -198,6 +198,43 @@ def test_a_listener_told_how_many_probe_it_acks_each_and_exits_by_itself():
         _program("stop", "--tag", "t1test")
 
 
+def test_a_listener_holds_every_expected_probe_that_connects_at_once():
+    """At 1,000 nodes every worker probes the head's ports at once, faster than one listener
+    process accepts: its accept queue must hold every expected prober, or the kernel drops their
+    SYNs and the probes report a firewall that is not there. The listener is stopped (SIGSTOP)
+    so that nothing is accepted while the expected probers all connect."""
+    import os
+    import selectors
+    import signal
+    import time
+
+    expect = 300
+    (port,) = _free_ports(1)
+    up = _program("listen", "--ports", str(port), "--for", "30", "--tag", "t2test",
+                  "--expect", str(expect))
+    assert up["listening"] == [port] and up["pid"]
+    os.kill(up["pid"], signal.SIGSTOP)
+    clients, sel = [], selectors.DefaultSelector()
+    try:
+        for _ in range(expect):
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", port))
+            clients.append(s)
+            sel.register(s, selectors.EVENT_WRITE)
+        connected, end = 0, time.monotonic() + 10       # a bound on the wait, not a timing
+        while sel.get_map() and time.monotonic() < end:
+            for key, _ in sel.select(0.5):
+                connected += key.fileobj.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+                sel.unregister(key.fileobj)
+        assert connected == expect
+    finally:
+        for s in clients:
+            s.close()
+        os.kill(up["pid"], signal.SIGCONT)
+        _program("stop", "--tag", "t2test")
+
+
 def _pid_running(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -214,6 +251,49 @@ def _gone_within(pid: int, seconds: float) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+MAX_ARG_STRLEN = 32 * 4096    # Linux: the longest single argument exec takes (E2BIG beyond)
+
+
+def test_every_probe_command_of_a_1000_node_cluster_fits_one_exec_argument():
+    """sshd hands a command to the shell as one argument (`sh -c COMMAND`): the head probes
+    every node, and at 1,000 nodes its --targets and --tell (every node's 18 ports, the address
+    written once per node) made 230 KB, so exec failed and the head's probe never ran ("no
+    answer from the node's python"). Nodes with the same ports share one port list."""
+    from cluster.inspection.reachability import plan_listeners, run_reachability
+
+    inv = fake_inventory(1000)
+    log = CommandLog()
+    session = log.session(inv)
+    listeners = plan_listeners(inv, session, inv.nodes)
+    docs = {n.name: {"listening": sorted(listeners.served[n.name]), "busy": [], "pid": 1}
+            for n in inv.nodes}
+    results = run_reachability(inv, session, inv.nodes, listeners, docs)
+    assert [r.status for r in results if r.node is None] == [Status.OK]
+    assert log.longest["probe"] < MAX_ARG_STRLEN
+
+
+def test_nodes_sharing_their_ports_are_probed_from_one_port_list_for_real():
+    """The compact targets (addresses that share a port list, written once) read by the node
+    program: every (address, port) is probed and told, none lost or made up."""
+    from cluster.inspection.reachability import _targets_arg
+
+    a, b = _free_ports(2)
+    up = _program("listen", "--ports", f"{a},{b}", "--for", "30", "--tag", "t3test",
+                  "--expect", "2")
+    try:
+        targets = [Target(node, ip, port, "x") for node, ip in (("n1", "127.0.0.1"),
+                                                                 ("n2", "127.0.0.2"))
+                   for port in (a, b)]
+        arg = _targets_arg(targets)
+        assert arg.count(str(a)) == 1                  # one port list for both addresses
+        got = _program("probe", "--targets", arg, "--timeout", "5", "--tag", "t3test",
+                       "--tell", arg)
+        want = {f"{t.ip}:{t.port}" for t in targets}
+        assert got["results"] == dict.fromkeys(want, "ok") and set(got["acked"]) == want
+    finally:
+        _program("stop", "--tag", "t3test")
 
 
 def test_stop_goes_only_where_an_expected_probe_was_not_acked():
@@ -254,6 +334,7 @@ class CommandLog:
 
     def __init__(self, unreachable=(), silent=()):
         self.kinds: list[tuple[str, str]] = []
+        self.longest: dict[str, int] = {}     # kind -> its longest command's length
         self.unreachable, self.silent = set(unreachable), set(silent)
         self.nodes = preflight_answers()
 
@@ -270,6 +351,7 @@ class CommandLog:
             kind = "gather" if "@@cluster-probe@@" in sent.command else \
                 next(v for v in ("listen", "probe", "stop") if f" {v} " in f" {sent.command} ")
         self.kinds.append((sent.node, kind))
+        self.longest[kind] = max(self.longest.get(kind, 0), len(sent.command))
         if kind == "probe" and sent.node in self.silent:
             return '{"stopped": true}\n'      # no probe document
         return self.nodes(sent)

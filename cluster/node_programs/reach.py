@@ -7,7 +7,7 @@
                                                   bound has heard the run's tag from N probes);
                                                   busy ports are reported (someone, e.g. Ray,
                                                   already answers there)
-    probe --targets 10.0.0.2:6379+8076,... --timeout 2 [--tag RUN --tell 10.0.0.2:6379,...]
+    probe --targets 10.0.0.2/10.0.0.3:6379+8076,... --timeout 2 [--tag RUN --tell 10.0.0.2:6379,...]
                                                   connects to every target at once; each is
                                                   ok, refused, timeout (dropped) or an OS error;
                                                   to the --tell ones (ports our listeners hold)
@@ -78,7 +78,14 @@ def parse_ports(text):
     return ports
 
 
-def bind_all(ports):
+MIN_BACKLOG = 64
+
+
+def bind_all(ports, expect=0):
+    """Listeners on the free ones of `ports`, each with room in its accept queue for every
+    expected prober (they connect at once, faster than this one process accepts: a full queue
+    drops their SYNs, which the probes would report as a firewall; the kernel caps the room at
+    net.core.somaxconn)."""
     bound, busy, failed = [], [], {}
     socks = []
     for port in ports:
@@ -86,7 +93,7 @@ def bind_all(ports):
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("0.0.0.0", port))
-            s.listen(64)
+            s.listen(max(MIN_BACKLOG, expect))
             s.setblocking(False)
         except OSError as exc:
             s.close()
@@ -194,7 +201,7 @@ def listen(args):
     expect = int(args.get("--expect", "0"))
     if not (0 < seconds <= 3600) or not tag.isalnum() or not 0 <= expect <= MAX_TARGETS:
         raise SystemExit("bad --for, --tag or --expect")
-    socks, bound, busy, failed = bind_all(ports)
+    socks, bound, busy, failed = bind_all(ports, expect)
     pid = None
     if socks:
         def close_ours():
@@ -206,13 +213,15 @@ def listen(args):
 
 
 def parse_targets(text):
-    """host:port+port+...,host2:port -> [(host, port)] (malformed items left out)."""
+    """host/host2:port+port+...,host3:port -> [(host, port)]: each host of an item with each of
+    its ports (malformed items left out)."""
     targets = []
     for item in text.split(","):
-        host, _, ports = item.rpartition(":")
-        for port in ports.split("+"):
-            if host and port.isdigit() and 0 < int(port) < 65536:
-                targets.append((host, int(port)))
+        hosts, _, ports = item.rpartition(":")
+        for host in hosts.split("/"):
+            for port in ports.split("+"):
+                if host and port.isdigit() and 0 < int(port) < 65536:
+                    targets.append((host, int(port)))
     if len(targets) > MAX_TARGETS:
         raise SystemExit("too many targets")
     return targets
