@@ -3,7 +3,8 @@ vLLM (CPU build) serving the tiny dense model, TP 1 with 2 replicas, a steady st
 from the bench client (cluster/serving/bench.py); `cluster deploy` with changed engine args
 rolls with 0 failed requests and the new args are in effect after.
 
-Then, for docs/serving.md "Rolling changes" (printed, not asserted): the same kind of change
+Then, for docs/serving.md "Rolling changes" (printed, not asserted), only with
+CLUSTER_ROLL_COMPARE_PLAIN=1 (a measurement, ~4 min; CI leaves it out): the same kind of change
 applied the way deploys did before the roll (the config PUT without the roll options: Serve's
 default stops an old replica before its replacement starts), under the same load.
 
@@ -16,6 +17,7 @@ room for 3 single-CPU engines). Heavy: 2 nodes, 3 engines at the peak, ~11 min o
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -63,10 +65,10 @@ class RollFigures:
     roll_requests: int
     roll_failed: int
     roll_s: float
-    plain_requests: int
-    plain_failed: int
-    plain_failed_kinds: dict
-    plain_s: float
+    plain_requests: int | None = None         # None: the plain redeploy was not measured
+    plain_failed: int | None = None
+    plain_failed_kinds: dict | None = None
+    plain_s: float | None = None
 
 
 def _deploy(inv: Path, model: Path, app: str, max_len: int, *extra: str) -> tuple[int, dict]:
@@ -122,11 +124,12 @@ def _under_load(endpoint: str, change) -> tuple[StreamingLoad, float]:
     return load, took
 
 
-def rolling_change_under_load(inv: Path, app: str, model: Path) -> RollFigures:
+def rolling_change_under_load(inv: Path, app: str, model: Path,
+                              compare_plain: bool = False) -> RollFigures:
     """The whole check on a running cluster (`inv`: its inventory, Ray up): `app` deployed TP 1
     with 2 replicas, a dry run of a change shows two steps, the change rolls under load with 0
-    failed requests and is in effect after; then a plain redeploy under the same load, its
-    failures counted (not asserted). The figures are printed and returned."""
+    failed requests and is in effect after; then (compare_plain) a plain redeploy under the
+    same load, its failures counted (not asserted). The figures are printed and returned."""
     code, out = _deploy(inv, model, app, 512)
     assert code == 0, json.dumps(out, indent=1)[-3000:]
     endpoint = out["endpoint"]
@@ -146,6 +149,8 @@ def rolling_change_under_load(inv: Path, app: str, model: Path) -> RollFigures:
     assert load.outcomes and not load.failed(), [o.detail for o in load.failed()][:5]
     assert _max_model_len(endpoint) == 448
     assert not set(out["roll"]["old_replicas"]) & {r["replica_id"] for r in out["replicas"]}
+    if not compare_plain:
+        return RollFigures(len(load.outcomes), len(load.failed()), round(rolled_s, 1))
 
     plain, plain_s = _under_load(endpoint, lambda: _plain_redeploy(inv, app, 384))
     kinds: dict = {}
@@ -159,4 +164,5 @@ def rolling_change_under_load(inv: Path, app: str, model: Path) -> RollFigures:
 
 
 def test_a_rolling_change_under_load_fails_no_request(inv, model):
-    rolling_change_under_load(inv, APP, model)
+    rolling_change_under_load(inv, APP, model,
+                              compare_plain=os.environ.get("CLUSTER_ROLL_COMPARE_PLAIN") == "1")
