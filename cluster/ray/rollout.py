@@ -398,14 +398,24 @@ def gang_replicas_on(serve_details: Mapping[str, Any] | None,
     return out
 
 
+def rank_holder(actor: Mapping[str, Any]) -> str:
+    """`app/replica id` of the replica a rank actor belongs to (its name is
+    `app/replica id/rankN`: serve_apps/gang.py)."""
+    return str(actor.get("name") or "").rpartition("/rank")[0]
+
+
+def live_rank_holders(rank_actors: Sequence[Mapping[str, Any]]) -> set[str]:
+    """`app/replica id` of every replica with an ALIVE rank actor."""
+    return {rank_holder(a) for a in rank_actors if a.get("state") == "ALIVE"}
+
+
 def gang_replicas_homed_on(serve_details: Mapping[str, Any] | None,
                            rank_actors: Sequence[Mapping[str, Any]], node_id: str
                            ) -> list[dict[str, Any]]:
     """Replicas of multi-node engines that are themselves on the node (node rank 0) with a
     live rank actor elsewhere: Serve moves the replica, and its ranks go with it.
     [{app, deployment, replica_id, state}] (pure)."""
-    holders = {str(a.get("name") or "").rpartition("/rank")[0] for a in rank_actors
-               if a.get("state") == "ALIVE"}
+    holders = live_rank_holders(rank_actors)
     return [r for r in replicas_on(serve_details, node_id)
             if f"{r['app']}/{r['replica_id']}" in holders]
 

@@ -4,12 +4,15 @@ cordons, so a sick node is taken out with the laptop closed.
 
 A cordon is `cluster drain`'s drain (`ray drain-node`, reason preemption, the finding as its
 message; rollout.drain_argv): the node takes no new work and Serve starts the replicas on it
-elsewhere. A multi-node gang with a rank actor on the node is replaced as a whole: the rank
-actor is killed (its vLLM processes die with it: serve_apps/gang.py's PDEATHSIG), the replica's
-watch fails the engine and Serve starts a new replica whose placement group avoids the
-draining node; a gang whose replica itself is on the node is moved by Serve like any replica
-(its rank actors elsewhere end with it), and is named among the gangs moved. A thread of the job then waits (at most `move_wait_s`) until no replica or rank
-is left on the node and every app is RUNNING, and completes the record (`moving` -> `moved` or
+elsewhere. A multi-node gang with a rank actor on the node is replaced as a whole: with
+`health.act.gang_rebuild: surge` and room on the nodes that stay, Serve rolls its app (the new
+gang, its placement group off the draining node, RUNNING before the old one stops); else the
+rank actor is killed (its vLLM processes die with it: serve_apps/gang.py's PDEATHSIG), the
+replica's watch fails the engine and Serve starts a new replica. A gang whose replica itself is
+on the node is moved by Serve like any replica (its rank actors elsewhere end with it) and is
+named among the gangs moved. A thread of the job then waits (at most `move_wait_s`) until no
+replica or rank is left on the node and every app is RUNNING, and completes the record
+(`moving` -> `moved` or
 `not moved in time`, with how long that took); the readings go on every period meanwhile.
 
 Every decision that is new while its finding lasts is a record (health_act.ActionRecord),
@@ -36,8 +39,9 @@ from cluster.ray.health_act import (CORDON, UNCORDONED, ActionRecord, ClusterVie
                                     actions_document, decide, new_decisions, observe, record_of)
 from cluster.ray.health_job import ACTIONS_FILE, JobConfig, Reading, parse_actions
 from cluster.ray.rollout import (app_demands, apps_not_running, drain_argv,
-                                 gang_replicas_homed_on, gang_replicas_on, rebuild_config,
-                                 replicas_on, room_for_replacements)
+                                 gang_replicas_homed_on, gang_replicas_on, live_rank_holders,
+                                 rank_holder, rebuild_config, replicas_on,
+                                 room_for_replacements)
 
 log = logging.getLogger("cluster.ray.health_job")
 DRAIN_TIMEOUT_S = 120.0
@@ -243,8 +247,7 @@ class Remedy:
         for node_id, name in alive.items():
             if gang_replicas_on(serve, ranks, node_id):
                 out.add(name)
-        holders = {str(a.get("name") or "").rpartition("/rank")[0] for a in ranks
-                   if a.get("state") == "ALIVE"}
+        holders = live_rank_holders(ranks)
         for app_name, app in ((serve or {}).get("applications") or {}).items():
             for dep in (app.get("deployments") or {}).values():
                 for r in dep.get("replicas") or []:
@@ -271,7 +274,8 @@ class Remedy:
         homed = gang_replicas_homed_on(serve, ranks, node_id)   # Serve moves these (in `lost`)
         self.move_started[d.node] = time.monotonic()
         rebuild, rolled = self._rebuild(gangs, serve, staying, f"{d.node}@{now:.0f}")
-        self._kill_ranks([a for a in ranks if _app_of_rank(a) not in rolled], node_id)
+        self._kill_ranks([a for a in ranks if rank_holder(a).partition("/")[0] not in rolled],
+                         node_id)
         return _with(base, outcome=MOVING, replicas_moved=tuple(lost + gangs),
                      gangs_moved=tuple(sorted({f"{g['app']}/{g['replica_id']}"
                                                for g in gangs + homed})), gang_rebuild=rebuild)
@@ -342,11 +346,6 @@ class Remedy:
     def write(self) -> None:
         write_atomic(self.path, actions_document(self.records, self.cordoned, self.clock(),
                                                  self.policy.max_records))
-
-
-def _app_of_rank(actor: Mapping[str, Any]) -> str:
-    """A rank actor's app (its name is `app/replica id/rankN`: serve_apps/gang.py)."""
-    return str(actor.get("name") or "").partition("/")[0]
 
 
 def _with(r: ActionRecord, **changes: Any) -> ActionRecord:
