@@ -86,6 +86,24 @@ def test_the_reader_names_the_finding_classes_of_real_captures(tmp_path, monkeyp
     assert set(act.observe("node2", "id2", back.values(), 0.0).findings) == classes
 
 
+@pytest.mark.parametrize("profile,ib,classes", [
+    ("h100-ib-port-down", "{required: true}", {"ib_port_down"}),
+    # every port Active, the check fails for their rate: a slow link, not a port down
+    ("h100-ib", "{required: true, min_rate_gbps: 800}", set())])
+def test_an_ib_port_down_is_a_port_not_active_not_any_failed_ib_check(tmp_path, monkeypatch,
+                                                                       profile, ib, classes):
+    from cluster.ray_jobs.health_runner import read_node
+
+    monkeypatch.setenv("PATH", simulated_tools_path(tmp_path, profile))
+    cfg = h.job_config(_inventory(f"expectations: {{gpus_per_node: 8, infiniband: {ib}}}\n"))
+    readings = {r.check: r for r in read_node(cfg, "node2")}
+    assert readings["infiniband"].status == "fail", readings["infiniband"]
+    assert set(act.observe("node2", "id2", readings.values(), 0.0).findings) == classes
+    if classes:
+        assert "Down" in act.observe("node2", "id2", readings.values(), 0.0).findings[
+            "ib_port_down"]
+
+
 # ---------------------------------------------------------------- the policy and its guards
 
 

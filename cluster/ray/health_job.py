@@ -118,11 +118,13 @@ class Reading:
 
 
 def finding_lines(check: str, result: CheckResult, value: float | None,
-                  expect: Mapping[str, Any], ecc_xids: Iterable[int]) -> tuple[tuple[str, str], ...]:
+                  expect: Mapping[str, Any], ecc_xids: Iterable[int],
+                  facts: NodeFactsSummary = NodeFactsSummary()) -> tuple[tuple[str, str], ...]:
     """The health.act finding classes a check's result shows, each with its evidence line:
     gpu-health's failing Xids (ecc_uncorrectable for `ecc_xids`, else gpu_lost) and its ECC /
-    remap lines; fewer GPUs than expected (gpu_missing); a failed IB (ib_port_down) or clock
-    (clock_offset) check. Pure."""
+    remap lines; fewer GPUs than expected (gpu_missing); a failed IB check that shows a port not
+    Active or could not list the expected ports (ib_port_down: not one whose ports are all Active
+    and fails for their rate or link layer); a failed clock check (clock_offset). Pure."""
     if result.status != Status.FAIL:
         return ()
     line = result.summary[:MAX_SUMMARY]
@@ -131,8 +133,12 @@ def finding_lines(check: str, result: CheckResult, value: float | None,
         if isinstance(want, int) and value is not None and value < want:
             return (("gpu_missing", line),)
         return ()
-    if check in ("infiniband", "clock"):
-        return (("ib_port_down" if check == "infiniband" else "clock_offset", line),)
+    if check == "clock":
+        return (("clock_offset", line),)
+    if check == "infiniband":
+        ports = facts.ib_ports
+        return (("ib_port_down", line),) if ports is None or not all(p.active for p in ports) \
+            else ()
     if check != "gpu-health" or result.evidence is None or not isinstance(result.evidence.data,
                                                                             Mapping):
         return ()
@@ -156,7 +162,7 @@ def readings_from_results(node: str, results: Iterable[CheckResult], facts: Node
             value = check_value(r.check, r, facts)
             out.append(Reading(node, r.check, status_word(r.status), value,
                                r.summary[:MAX_SUMMARY], now,
-                               finding_lines(r.check, r, value, expect or {}, ecc_xids)))
+                               finding_lines(r.check, r, value, expect or {}, ecc_xids, facts)))
     return tuple(out)
 
 
