@@ -424,16 +424,18 @@ def test_no_check_fix_playbook_or_planner_reads_a_reported_fact_as_a_dict():
     assert [line for p in files for line in _reported_facts_read_by_key(p)] == []
 
 
-def test_the_reported_facts_are_typed_from_the_checks_to_the_fixes_and_the_planner():
+def test_the_reported_facts_are_typed_from_the_checks_to_the_fixes_and_the_planner(tmp_path):
     """What the checks report of a node is one frozen NodeFactsSummary (no dict view): the
-    report holds it, the fixes get it, and the planner's reading of the saved JSON is built
-    from the same type; its JSON is the report's."""
+    report holds it, the fixes get it, and a saved run's JSON reads back (PreflightFacts.
+    from_report, the one reader) as the same typed facts, which write the same JSON; the
+    planner and nccl-check read a saved run through it."""
     import dataclasses
     import json as _json
 
     from fakes import FakeRunner, fake_inventory, preflight_answers
-    from cluster.inspection.node_summary import NodeFactsSummary
-    from cluster.planning.planner import read_saved_node
+    from cluster.commands.nccl_check import _preflight_facts
+    from cluster.inspection.node_summary import NodeFactsSummary, PreflightFacts
+    from cluster.planning.planner import read_saved_run
     from cluster.remedy.fixes import FixContext
     from playbooks.preflight import run_preflight
 
@@ -447,12 +449,22 @@ def test_the_reported_facts_are_typed_from_the_checks_to_the_fixes_and_the_plann
     assert [f.name for f in dataclasses.fields(FixContext) if f.name == "facts"] == ["facts"]
     assert FixContext.__annotations__["facts"] in (NodeFactsSummary, "NodeFactsSummary")
     assert not hasattr(facts.NodeFacts, "document")
-    saved = _json.loads(_json.dumps(report.to_dict()))["facts"]["nodes"]["n1"]
-    assert NodeFactsSummary.from_dict(saved) == node
-    assert NodeFactsSummary.from_dict(saved).to_dict() == saved
-    planned = read_saved_node("n1", dict(saved, gpu_memory_mib=81559))  # (the capture has none)
+    saved_run = _json.loads(_json.dumps(report.to_dict()))        # preflight.json as written
+    assert PreflightFacts.from_report(saved_run) == report.facts
+    assert PreflightFacts.from_report(saved_run).to_dict() == saved_run["facts"]
+    # (the capture has no GPU memory: the planner needs it)
+    saved_run["facts"]["nodes"]["n1"]["gpu_memory_mib"] = 81559
+    saved_run["facts"]["nodes"]["n2"] = None                      # a node the run holds nothing of
+    path = tmp_path / "preflight.json"
+    path.write_text(_json.dumps(saved_run))
+    read = PreflightFacts.from_report(saved_run)
+    assert read.to_dict() == saved_run["facts"] and read.without_facts == {"n2"}
+    assert _preflight_facts(str(path)) == (read, str(path))
+    planned, without = read_saved_run(path)
     assert (planned.gpu_count, planned.gpu_model, planned.ib_rate_gbps) == \
         (node.gpu_count, node.gpu_model, min(p.rate_gbps for p in node.active_ib_ports))
+    assert (without.node, without.reachable, without.problem) == ("n2", False, "no facts")
+    assert PreflightFacts.from_report({"facts": {"nodes": [1]}}) is None
 
 
 def test_a_saved_runs_wrong_types_read_as_unknown_never_a_crash():

@@ -138,12 +138,34 @@ class NodeFactsSummary:
 
 @dataclass(frozen=True)
 class PreflightFacts:
-    """A preflight report's facts (Report.facts): each node's, by name; JSON {"nodes": {...}}."""
+    """A preflight report's facts (Report.facts): each node's, by name; JSON {"nodes": {...}}.
+
+    `to_dict` writes them (preflight.json `facts`); `from_dict` / `from_report` are the one
+    typed reading of a saved run's (the planner's, `cluster nccl-check --report`'s)."""
 
     nodes: Mapping[str, NodeFactsSummary]
+    # a saved run's nodes whose facts are null or not an object: no facts (written as null)
+    without_facts: frozenset[str] = field(default=frozenset(), repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"nodes": {n: f.to_dict() for n, f in self.nodes.items()}}
+        return {"nodes": {n: None if n in self.without_facts else f.to_dict()
+                          for n, f in self.nodes.items()}}
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> "PreflightFacts | None":
+        """The typed reading of a saved run's facts ({"nodes": {node: facts}}), each node's by
+        NodeFactsSummary.from_dict; None when `raw` holds no "nodes" object."""
+        nodes = raw.get("nodes") if isinstance(raw, Mapping) else None
+        if not isinstance(nodes, Mapping):
+            return None
+        return cls({str(n): NodeFactsSummary.from_dict(f) for n, f in nodes.items()},
+                   frozenset(str(n) for n, f in nodes.items() if not isinstance(f, Mapping)))
+
+    @classmethod
+    def from_report(cls, document: Any) -> "PreflightFacts | None":
+        """The facts of a saved preflight report (the document Report.to_dict() wrote: its
+        "facts"); None when it holds none."""
+        return cls.from_dict(document.get("facts") if isinstance(document, Mapping) else None)
 
 
 FACT_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(NodeFactsSummary)
