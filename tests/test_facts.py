@@ -388,13 +388,19 @@ def test_a_check_asks_for_a_fact_never_a_probe_name():
 
 # ---------------------------------------------------------------- the reported facts, typed
 
-REPORTED_FACT_READERS = ("cluster/inspection/checks", "cluster/remedy", "cluster/planning/planner.py",
-                         "cluster/ray/health_job.py", "playbooks/fix.py", "playbooks/preflight.py")
+REPORTED_FACT_READERS = ("cluster/inspection/checks", "cluster/remedy", "cluster/planning",
+                         "cluster/ray/health_job.py", "cluster/ray/nccl_check.py",
+                         "cluster/ray/ray_cluster.py", "cluster/commands/nccl_check.py",
+                         "cluster/commands/plan.py", "playbooks")
+IB_PORT_KEYS = ("ca", "port", "state", "rate_gbps", "link_layer")     # IbPortFact's fields
 
 
 def _reported_facts_read_by_key(path: Path) -> list[str]:
     """Lines of `path` that read a reported fact by its JSON key (`f["gpu_model"]`,
-    `ctx.facts.get("ray_running")`) or node_facts.py's document as a dict (`.document()`)."""
+    `ctx.facts.get("ray_running")`, `(ib_facts or {}).get("nodes")`), a saved report's facts
+    by hand (`data.get("facts")`: PreflightFacts.from_report reads them), an IB port as a dict
+    (`p.get("state")`, `port["rate_gbps"]`) or node_facts.py's document as a dict
+    (`.document()`)."""
     import ast
 
     from cluster.inspection.node_summary import FACT_FIELDS
@@ -408,9 +414,14 @@ def _reported_facts_read_by_key(path: Path) -> list[str]:
             node.func.value if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
             else None
         said = ast.unparse(receiver) if receiver is not None else ""
-        if isinstance(key, ast.Constant) and key.value in FACT_FIELDS + ("nodes",) and \
-                (said.endswith("facts") or said == "f" or "facts.get(" in said):
-            found.append(f"{path}:{node.lineno} [{key.value!r}]")
+        key = key.value if isinstance(key, ast.Constant) else None
+        if key in FACT_FIELDS + ("nodes",) and (said.endswith(("facts", "facts or {}"))
+                                                or said == "f" or "facts.get(" in said):
+            found.append(f"{path}:{node.lineno} [{key!r}]")
+        elif key == "facts":
+            found.append(f"{path}:{node.lineno} a report's facts read by hand")
+        elif key in IB_PORT_KEYS and (said in ("p", "port") or said.endswith("ports")):
+            found.append(f"{path}:{node.lineno} an IB port's [{key!r}]")
         if isinstance(node, ast.Attribute) and node.attr == "document":
             found.append(f"{path}:{node.lineno} .document")
     return found
@@ -420,7 +431,7 @@ def test_no_check_fix_playbook_or_planner_reads_a_reported_fact_as_a_dict():
     root = Path(__file__).resolve().parent.parent
     files = [p for entry in REPORTED_FACT_READERS for p in
              (sorted((root / entry).glob("*.py")) if (root / entry).is_dir() else [root / entry])]
-    assert len(files) > 10
+    assert len(files) > 40
     assert [line for p in files for line in _reported_facts_read_by_key(p)] == []
 
 
