@@ -478,6 +478,34 @@ def test_the_reported_facts_are_typed_from_the_checks_to_the_fixes_and_the_plann
     assert PreflightFacts.from_report({"facts": {"nodes": [1]}}) is None
 
 
+def test_a_saved_run_is_read_within_its_bounds(tmp_path, monkeypatch):
+    """The planner counts a run's nodes before it reads any (a huge report costs no typed
+    reading); nccl-check --report reads the nodes it checks, not the whole run."""
+    import json as _json
+
+    from cluster.base.bounds import bound
+    from cluster.base.errors import PlanError
+    from cluster.commands.nccl_check import _preflight_facts
+    from cluster.inspection.node_summary import NodeFactsSummary
+    from cluster.planning.planner import read_saved_run
+
+    read: list[int] = []
+    real = NodeFactsSummary.from_dict.__func__
+    monkeypatch.setattr(NodeFactsSummary, "from_dict",
+                        classmethod(lambda cls, raw: read.append(1) or real(cls, raw)))
+    port = {"ca": "mlx5_0", "port": 1, "state": "Active", "rate_gbps": 400}
+    path = tmp_path / "preflight.json"
+    many = bound("plan", "nodes") + 1
+    path.write_text(_json.dumps({"facts": {"nodes": {f"n{i}": {"ib_ports": [port]}
+                                                     for i in range(many)}}}))
+    with pytest.raises(PlanError, match=f"{many:,} nodes in the preflight report"):
+        read_saved_run(path)
+    assert read == []
+    facts, _ = _preflight_facts(str(path), ["n7", "n3", "absent"])
+    assert list(facts.nodes) == ["n7", "n3"] and len(read) == 2
+    assert facts.nodes["n7"].active_ib_ports[0].rate_gbps == 400
+
+
 def test_a_saved_runs_wrong_types_read_as_unknown_never_a_crash():
     from cluster.inspection.node_summary import NodeFactsSummary
     got = NodeFactsSummary.from_dict({"gpu_count": True, "mtu": "9000", "nvlink": None,

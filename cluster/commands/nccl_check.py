@@ -10,7 +10,7 @@ import argparse
 import dataclasses
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from rich.table import Table
 from rich.text import Text
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     nodes = inv.select(args.nodes)
     if not nodes:
         raise UsageError(f"--nodes {args.nodes!r} matches no inventory node")
-    facts, facts_source = _preflight_facts(args.report)
+    facts, facts_source = _preflight_facts(args.report, [n.name for n in nodes])
     run_ = recorded_run(args, "nccl-check", inv)
     record = run_.record
     options = playbook.NcclOptions(check, tuple(nodes), facts,
@@ -104,16 +104,18 @@ def run(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
-def _preflight_facts(explicit: str | None) -> tuple[PreflightFacts | None, str | None]:
-    """The typed facts of the preflight report --report names (None when it holds none), and
-    its path; (None, None) without --report: the playbook gathers."""
+def _preflight_facts(explicit: str | None, nodes: Sequence[str] | None = None
+                     ) -> tuple[PreflightFacts | None, str | None]:
+    """The typed facts of the preflight report --report names (None when it holds none), of
+    `nodes` alone when given, and its path; (None, None) without --report: the playbook
+    gathers."""
     if not explicit:
         return None, None
     path = Path(explicit)
     # the planner's bounded reader: size cap, NaN/Infinity and deep nesting refused
     data = read_json_file(path, "preflight report", max_bytes=bound("files", "preflight_report"),
                           error=UsageError)
-    return PreflightFacts.from_report(data), str(path)
+    return PreflightFacts.from_report(data, only=nodes), str(path)
 
 
 def _short(result: CommandResult) -> CommandResult:

@@ -40,7 +40,7 @@ from typing import Any, Mapping, Sequence
 
 from cluster.base.bounds import bound, check_float, check_int
 from cluster.base.errors import PlanError, UsageError
-from cluster.inspection.node_summary import NodeFactsSummary, PreflightFacts
+from cluster.inspection.node_summary import NodeFactsSummary, PreflightFacts, TooManyNodes
 from cluster.planning.gang import gang_layout
 from cluster.planning.modelinfo import DTYPE_BYTES, ModelInfo, read_json_file
 from cluster.base.textsafe import safe_line
@@ -174,13 +174,14 @@ def read_saved_run(path: str | Path) -> tuple[SavedNodeFacts, ...]:
     PreflightFacts.from_report), node by node."""
     p = Path(path)
     data = read_json_file(p, "preflight report", max_bytes=bound("files", "preflight_report"))
-    saved = PreflightFacts.from_report(data)
+    try:
+        saved = PreflightFacts.from_report(data, max_nodes=bound("plan", "nodes"))
+    except TooManyNodes as exc:
+        raise PlanError(f"{p}: {exc.count:,} nodes in the preflight report, more than the "
+                        f"{exc.limit:,} a plan handles") from None
     if saved is None:
         raise PlanError(f"{p}: no facts.nodes in the preflight report (expected "
                         '{"facts": {"nodes": {"<node>": {"gpu_count": ..., ...}}}})')
-    if len(saved.nodes) > bound("plan", "nodes"):
-        raise PlanError(f"{p}: {len(saved.nodes):,} nodes in the preflight report, more than the "
-                        f"{bound('plan', 'nodes'):,} a plan handles")
     return tuple(SavedNodeFacts(safe_line(name, limit=200), False, problem="no facts")
                  if name in saved.without_facts else
                  saved_node_facts(safe_line(name, limit=200), facts)
