@@ -22,6 +22,7 @@ from typing import Any, Mapping, Sequence
 
 from cluster.ray import nccl_check
 from cluster.base.bounds import bound
+from cluster.inspection.node_summary import PreflightFacts
 from cluster.nodes.inventory import Inventory, Node
 from cluster.ray.nccl_check import CheckOptions, JobOutcome, NcclCheckResult
 from cluster.node_programs import run_call
@@ -33,8 +34,9 @@ from playbooks.outcome import Confirm, OnEvent, Outcome, ignore, lines_to, never
 class NcclOptions:
     check: CheckOptions
     nodes: tuple[Node, ...] = ()             # () : every inventory node
-    preflight_facts: Mapping[str, Any] | None = None
+    preflight_facts: PreflightFacts | None = None    # a report's (None: gather them)
     submission_id: str | None = None
+    facts_from_report: bool = False          # a report was handed in, even one without facts
 
 
 @dataclass(frozen=True)
@@ -52,16 +54,16 @@ class NcclOutcome(Outcome):
         return self.result.to_dict()
 
 
-def ib_facts(inventory: Inventory, session: Session, nodes: Sequence[Node]) -> dict[str, Any]:
-    """{"nodes": {node: the infiniband check's facts (ib_ports)}}, judged on the facts layer's
-    gather (one round trip per node), in a preflight report's shape."""
+def ib_facts(inventory: Inventory, session: Session, nodes: Sequence[Node]) -> PreflightFacts:
+    """Each node's infiniband check's facts (ib_ports), judged on the facts layer's gather (one
+    round trip per node), typed as a preflight report's facts."""
     from cluster.inspection.checks.node import NODE_CHECKS
     from cluster.inspection.preflight import evaluate_node, gather_for
 
     checks = [c for c in NODE_CHECKS if c.id == "infiniband"]
     gathered = gather_for(inventory, session, nodes, checks)
-    return {"nodes": {n.name: evaluate_node(n, inventory, checks, gathered[n.name])[1].to_dict()
-                      for n in nodes}}
+    return PreflightFacts({n.name: evaluate_node(n, inventory, checks, gathered[n.name])[1]
+                           for n in nodes})
 
 
 def announce(options: NcclOptions, inventory: Inventory) -> str:
@@ -84,7 +86,7 @@ def run(inventory: Inventory, session: Session, options: NcclOptions, confirm: C
     sid = options.submission_id or nccl_check.new_submission_id(check.backend)
     call = nccl_check.head_call(inventory, check, nodes, sid)
     facts = options.preflight_facts
-    if facts is None:
+    if facts is None and not options.facts_from_report:
         say("gathering the nodes' InfiniBand facts")
         facts = ib_facts(inventory, session, nodes)
     say(announce(options, inventory))

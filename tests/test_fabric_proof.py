@@ -14,6 +14,7 @@ from cluster.nodes.inventory import loads as load_inventory
 from cluster.ray.nccl_check import JobOutcome
 from cluster.ray.ray_state import GcsNode, RayState
 from cluster.base.results import Status
+from cluster.inspection.node_summary import IbPortFact, NodeFactsSummary, PreflightFacts
 from fakes import fixture_text
 from cluster.ray_jobs import nccl_allreduce as job
 
@@ -157,8 +158,8 @@ def _nccl_group(log_name, busbw):
 
 def test_nccl_ib_gdr_group_passes_and_socket_group_fails_where_ib_expected():
     inv, plan = _gpu_plan()
-    ib = {"nodes": {n: {"ib_ports": [{"state": "Active", "rate_gbps": 400}]}
-                    for n in ("gpu1", "gpu2")}}
+    ib = PreflightFacts({n: NodeFactsSummary(ib_ports=(IbPortFact("mlx5_0", 1, "Active", 400),))
+                         for n in ("gpu1", "gpu2")})
     ctx = fabric_proof.Context.of(inv, {"gpu1": "H100", "gpu2": "H100"}, ib)
     assert ctx.expected_network == "IB" and ctx.gdr_required
     good = fabric_proof.judge_proof(plan, _outcome([_nccl_group(IB_GDR_LOG, 45.0)]), ctx)

@@ -388,13 +388,19 @@ def test_a_check_asks_for_a_fact_never_a_probe_name():
 
 # ---------------------------------------------------------------- the reported facts, typed
 
-REPORTED_FACT_READERS = ("cluster/inspection/checks", "cluster/remedy", "cluster/planning/planner.py",
-                         "cluster/ray/health_job.py", "playbooks/fix.py", "playbooks/preflight.py")
+REPORTED_FACT_READERS = ("cluster/inspection/checks", "cluster/remedy", "cluster/planning",
+                         "cluster/ray/health_job.py", "cluster/ray/nccl_check.py",
+                         "cluster/ray/ray_cluster.py", "cluster/commands/nccl_check.py",
+                         "cluster/commands/plan.py", "playbooks")
+IB_PORT_KEYS = ("ca", "port", "state", "rate_gbps", "link_layer")     # IbPortFact's fields
 
 
 def _reported_facts_read_by_key(path: Path) -> list[str]:
     """Lines of `path` that read a reported fact by its JSON key (`f["gpu_model"]`,
-    `ctx.facts.get("ray_running")`) or node_facts.py's document as a dict (`.document()`)."""
+    `ctx.facts.get("ray_running")`, `(ib_facts or {}).get("nodes")`), a saved report's facts
+    by hand (`data.get("facts")`: PreflightFacts.from_report reads them), an IB port as a dict
+    (`p.get("state")`, `port["rate_gbps"]`) or node_facts.py's document as a dict
+    (`.document()`)."""
     import ast
 
     from cluster.inspection.node_summary import FACT_FIELDS
@@ -408,9 +414,14 @@ def _reported_facts_read_by_key(path: Path) -> list[str]:
             node.func.value if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
             else None
         said = ast.unparse(receiver) if receiver is not None else ""
-        if isinstance(key, ast.Constant) and key.value in FACT_FIELDS + ("nodes",) and \
-                (said.endswith("facts") or said == "f" or "facts.get(" in said):
-            found.append(f"{path}:{node.lineno} [{key.value!r}]")
+        key = key.value if isinstance(key, ast.Constant) else None
+        if key in FACT_FIELDS + ("nodes",) and (said.endswith(("facts", "facts or {}"))
+                                                or said == "f" or "facts.get(" in said):
+            found.append(f"{path}:{node.lineno} [{key!r}]")
+        elif key == "facts":
+            found.append(f"{path}:{node.lineno} a report's facts read by hand")
+        elif key in IB_PORT_KEYS and (said in ("p", "port") or said.endswith("ports")):
+            found.append(f"{path}:{node.lineno} an IB port's [{key!r}]")
         if isinstance(node, ast.Attribute) and node.attr == "document":
             found.append(f"{path}:{node.lineno} .document")
     return found
@@ -420,20 +431,22 @@ def test_no_check_fix_playbook_or_planner_reads_a_reported_fact_as_a_dict():
     root = Path(__file__).resolve().parent.parent
     files = [p for entry in REPORTED_FACT_READERS for p in
              (sorted((root / entry).glob("*.py")) if (root / entry).is_dir() else [root / entry])]
-    assert len(files) > 10
+    assert len(files) > 40
     assert [line for p in files for line in _reported_facts_read_by_key(p)] == []
 
 
-def test_the_reported_facts_are_typed_from_the_checks_to_the_fixes_and_the_planner():
+def test_the_reported_facts_are_typed_from_the_checks_to_the_fixes_and_the_planner(tmp_path):
     """What the checks report of a node is one frozen NodeFactsSummary (no dict view): the
-    report holds it, the fixes get it, and the planner's reading of the saved JSON is built
-    from the same type; its JSON is the report's."""
+    report holds it, the fixes get it, and a saved run's JSON reads back (PreflightFacts.
+    from_report, the one reader) as the same typed facts, which write the same JSON; the
+    planner and nccl-check read a saved run through it."""
     import dataclasses
     import json as _json
 
     from fakes import FakeRunner, fake_inventory, preflight_answers
-    from cluster.inspection.node_summary import NodeFactsSummary
-    from cluster.planning.planner import read_saved_node
+    from cluster.commands.nccl_check import _preflight_facts
+    from cluster.inspection.node_summary import NodeFactsSummary, PreflightFacts
+    from cluster.planning.planner import read_saved_run
     from cluster.remedy.fixes import FixContext
     from playbooks.preflight import run_preflight
 
@@ -447,12 +460,50 @@ def test_the_reported_facts_are_typed_from_the_checks_to_the_fixes_and_the_plann
     assert [f.name for f in dataclasses.fields(FixContext) if f.name == "facts"] == ["facts"]
     assert FixContext.__annotations__["facts"] in (NodeFactsSummary, "NodeFactsSummary")
     assert not hasattr(facts.NodeFacts, "document")
-    saved = _json.loads(_json.dumps(report.to_dict()))["facts"]["nodes"]["n1"]
-    assert NodeFactsSummary.from_dict(saved) == node
-    assert NodeFactsSummary.from_dict(saved).to_dict() == saved
-    planned = read_saved_node("n1", dict(saved, gpu_memory_mib=81559))  # (the capture has none)
+    saved_run = _json.loads(_json.dumps(report.to_dict()))        # preflight.json as written
+    assert PreflightFacts.from_report(saved_run) == report.facts
+    assert PreflightFacts.from_report(saved_run).to_dict() == saved_run["facts"]
+    # (the capture has no GPU memory: the planner needs it)
+    saved_run["facts"]["nodes"]["n1"]["gpu_memory_mib"] = 81559
+    saved_run["facts"]["nodes"]["n2"] = None                      # a node the run holds nothing of
+    path = tmp_path / "preflight.json"
+    path.write_text(_json.dumps(saved_run))
+    read = PreflightFacts.from_report(saved_run)
+    assert read.to_dict() == saved_run["facts"] and read.without_facts == {"n2"}
+    assert _preflight_facts(str(path)) == (read, str(path))
+    planned, without = read_saved_run(path)
     assert (planned.gpu_count, planned.gpu_model, planned.ib_rate_gbps) == \
         (node.gpu_count, node.gpu_model, min(p.rate_gbps for p in node.active_ib_ports))
+    assert (without.node, without.reachable, without.problem) == ("n2", False, "no facts")
+    assert PreflightFacts.from_report({"facts": {"nodes": [1]}}) is None
+
+
+def test_a_saved_run_is_read_within_its_bounds(tmp_path, monkeypatch):
+    """The planner counts a run's nodes before it reads any (a huge report costs no typed
+    reading); nccl-check --report reads the nodes it checks, not the whole run."""
+    import json as _json
+
+    from cluster.base.bounds import bound
+    from cluster.base.errors import PlanError
+    from cluster.commands.nccl_check import _preflight_facts
+    from cluster.inspection.node_summary import NodeFactsSummary
+    from cluster.planning.planner import read_saved_run
+
+    read: list[int] = []
+    real = NodeFactsSummary.from_dict.__func__
+    monkeypatch.setattr(NodeFactsSummary, "from_dict",
+                        classmethod(lambda cls, raw: read.append(1) or real(cls, raw)))
+    port = {"ca": "mlx5_0", "port": 1, "state": "Active", "rate_gbps": 400}
+    path = tmp_path / "preflight.json"
+    many = bound("plan", "nodes") + 1
+    path.write_text(_json.dumps({"facts": {"nodes": {f"n{i}": {"ib_ports": [port]}
+                                                     for i in range(many)}}}))
+    with pytest.raises(PlanError, match=f"{many:,} nodes in the preflight report"):
+        read_saved_run(path)
+    assert read == []
+    facts, _ = _preflight_facts(str(path), ["n7", "n3", "absent"])
+    assert list(facts.nodes) == ["n7", "n3"] and len(read) == 2
+    assert facts.nodes["n7"].active_ib_ports[0].rate_gbps == 400
 
 
 def test_a_saved_runs_wrong_types_read_as_unknown_never_a_crash():

@@ -24,6 +24,7 @@ from cluster.ray.nccl_check import (CheckOptions, Expected, JobOutcome, expected
                                 parse_head_output)
 from cluster.nodes.remote import CommandResult
 from cluster.base.results import Status
+from cluster.inspection.node_summary import PreflightFacts
 from cluster.ray_jobs import nccl_allreduce as job
 
 REPO = Path(__file__).resolve().parents[1]
@@ -252,8 +253,13 @@ def _ports(n: int, rate: int = 400, down: int = 0) -> list[dict]:
              "rate_gbps": rate, "link_layer": "InfiniBand"} for i in range(n)]
 
 
+def _facts(nodes: dict) -> PreflightFacts:
+    """A saved report's facts, read as the command reads them (the one typed reading)."""
+    return PreflightFacts.from_dict({"nodes": nodes})
+
+
 def test_expected_is_ib_rate_times_active_nics_of_the_slowest_node():
-    facts = {"nodes": {"gpu01": {"ib_ports": _ports(8)}, "gpu02": {"ib_ports": _ports(8, down=1)}}}
+    facts = _facts({"gpu01": {"ib_ports": _ports(8)}, "gpu02": {"ib_ports": _ports(8, down=1)}})
     exp = expected_bandwidth(facts, ["gpu01", "gpu02"])
     assert exp.per_node == {"gpu01": 400.0, "gpu02": 350.0}
     assert exp.gbps == 350.0 and "7 x 400 Gb/s" in exp.basis and "gpu02" in exp.basis
@@ -261,7 +267,7 @@ def test_expected_is_ib_rate_times_active_nics_of_the_slowest_node():
 
 def test_no_expectation_without_facts():
     assert expected_bandwidth(None, ["a"]).gbps is None
-    exp = expected_bandwidth({"nodes": {"a": {"ib_ports": _ports(2)}, "b": {"reachable": True}}},
+    exp = expected_bandwidth(_facts({"a": {"ib_ports": _ports(2)}, "b": {"reachable": True}}),
                              ["a", "b"])
     assert exp.gbps is None and "b" in exp.basis
 
@@ -453,7 +459,9 @@ def test_a_hostile_report_is_one_usage_error(tmp_path, content, words):
     with pytest.raises(UsageError, match=words):
         _preflight_facts(str(path))
     path.write_text('{"facts": {"nodes": {}}}')
-    assert _preflight_facts(str(path)) == ({"nodes": {}}, str(path))
+    assert _preflight_facts(str(path)) == (PreflightFacts({}), str(path))
+    path.write_text('{"command": "preflight"}')          # a report without facts: none read
+    assert _preflight_facts(str(path)) == (None, str(path))
 
 
 def test_each_ranks_report_is_its_result_or_its_actors_death():

@@ -16,6 +16,7 @@ import pytest
 from cluster.nodes import inventory
 from cluster.ray.dashboard_api import DashboardReply
 from cluster.base.errors import UsageError
+from cluster.inspection.node_summary import PreflightFacts
 from cluster.ray.ray_cluster import CHANGED
 from cluster.ray.ray_state import GcsNode, RayState
 from cluster.serving.tune import TuneSettings
@@ -369,7 +370,7 @@ def test_nccl_check_submits_one_head_command_and_judges_a_silent_head():
     nodes, events = FakeRunner(), ProgressLines()
     session = nodes.session(inv)
     options = nccl_check.NcclOptions(CheckOptions(backend="gloo", timeout_s=60),
-                                     preflight_facts={"nodes": {}},   # a report handed in
+                                     preflight_facts=PreflightFacts({}),  # a report's
                                      submission_id="nccl-check-gloo-test")
     out = nccl_check.run(inv, session, options, never, events)
     assert nodes.nodes() == ["gpu01"]                   # one command, on the head
@@ -400,6 +401,21 @@ def test_nccl_check_without_a_report_gathers_the_ib_facts_first():
                for command in nodes.commands()[:3] for name in ("ibstat", NODE_PROGRAM))
     assert events[0] == "gathering the nodes' InfiniBand facts"
     assert out.result.expected.gbps is None
+
+
+def test_nccl_check_with_a_report_without_facts_gathers_nothing():
+    """A --report that holds no facts is read as none (no expectation), never a reason to gather."""
+    from cluster.ray.nccl_check import CheckOptions
+    from playbooks import nccl_check
+
+    inv = inventory.loads(INV)
+    nodes = FakeRunner()
+    options = nccl_check.NcclOptions(CheckOptions(backend="gloo", timeout_s=60),
+                                     preflight_facts=None, facts_from_report=True,
+                                     submission_id="nccl-check-gloo-test")
+    out = nccl_check.run(inv, nodes.session(inv), options, never, ProgressLines())
+    assert nodes.nodes() == ["gpu01"]                   # the job alone, on the head
+    assert out.result.expected.basis == "no preflight facts (run `cluster preflight` first)"
 
 
 # ---------------------------------------------------------------- the recorded-run context

@@ -10,7 +10,7 @@ import argparse
 import dataclasses
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from rich.table import Table
 from rich.text import Text
@@ -21,6 +21,7 @@ from cluster.base.bounds import bound
 from cluster.commands._common import (add_json, add_nodes, float_range, int_range,
                                       load_inventory, recorded_run, run_outcome, stdout)
 from cluster.base.errors import UsageError
+from cluster.inspection.node_summary import PreflightFacts
 from cluster.planning.modelinfo import read_json_file
 from cluster.nodes.remote import CommandResult
 from cluster.report.render import id_column, status_text, text_column
@@ -82,10 +83,11 @@ def run(args: argparse.Namespace) -> int:
     nodes = inv.select(args.nodes)
     if not nodes:
         raise UsageError(f"--nodes {args.nodes!r} matches no inventory node")
-    facts, facts_source = _preflight_facts(args.report)
+    facts, facts_source = _preflight_facts(args.report, [n.name for n in nodes])
     run_ = recorded_run(args, "nccl-check", inv)
     record = run_.record
-    options = playbook.NcclOptions(check, tuple(nodes), facts)
+    options = playbook.NcclOptions(check, tuple(nodes), facts,
+                                   facts_from_report=facts_source is not None)
 
     def work(session: Any) -> nccl_check.NcclCheckResult:
         outcome = playbook.run(inv, session, options, never_confirm, run_.event)
@@ -102,16 +104,18 @@ def run(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
-def _preflight_facts(explicit: str | None) -> tuple[dict | None, str | None]:
-    """The facts of the preflight report --report names (None, None: the playbook gathers)."""
+def _preflight_facts(explicit: str | None, nodes: Sequence[str] | None = None
+                     ) -> tuple[PreflightFacts | None, str | None]:
+    """The typed facts of the preflight report --report names (None when it holds none), of
+    `nodes` alone when given, and its path; (None, None) without --report: the playbook
+    gathers."""
     if not explicit:
         return None, None
     path = Path(explicit)
     # the planner's bounded reader: size cap, NaN/Infinity and deep nesting refused
     data = read_json_file(path, "preflight report", max_bytes=bound("files", "preflight_report"),
                           error=UsageError)
-    facts = data.get("facts") if isinstance(data, dict) else None
-    return (facts if isinstance(facts, dict) else {}), str(path)
+    return PreflightFacts.from_report(data, only=nodes), str(path)
 
 
 def _short(result: CommandResult) -> CommandResult:

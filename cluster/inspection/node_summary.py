@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
+from cluster.base.errors import ClusterError
 from cluster.inspection.contract import Runtime
 
 _MAX_ITEMS = 4096      # a saved run's lists and maps are read up to this many entries
@@ -138,12 +139,51 @@ class NodeFactsSummary:
 
 @dataclass(frozen=True)
 class PreflightFacts:
-    """A preflight report's facts (Report.facts): each node's, by name; JSON {"nodes": {...}}."""
+    """A preflight report's facts (Report.facts): each node's, by name; JSON {"nodes": {...}}.
+
+    `to_dict` writes them (preflight.json `facts`); `from_dict` / `from_report` are the one
+    typed reading of a saved run's (the planner's, `cluster nccl-check --report`'s)."""
 
     nodes: Mapping[str, NodeFactsSummary]
+    # a saved run's nodes whose facts are null or not an object: no facts (written as null)
+    without_facts: frozenset[str] = field(default=frozenset(), repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"nodes": {n: f.to_dict() for n, f in self.nodes.items()}}
+        return {"nodes": {n: None if n in self.without_facts else f.to_dict()
+                          for n, f in self.nodes.items()}}
+
+    @classmethod
+    def from_dict(cls, raw: Any, *, only: Iterable[str] | None = None,
+                  max_nodes: int | None = None) -> "PreflightFacts | None":
+        """The typed reading of a saved run's facts ({"nodes": {node: facts}}), each node's by
+        NodeFactsSummary.from_dict; None when `raw` holds no "nodes" object. `only`: read these
+        nodes alone (the others are left out); `max_nodes`: TooManyNodes when the run holds
+        more (counted before any is read)."""
+        nodes = raw.get("nodes") if isinstance(raw, Mapping) else None
+        if not isinstance(nodes, Mapping):
+            return None
+        if max_nodes is not None and len(nodes) > max_nodes:
+            raise TooManyNodes(len(nodes), max_nodes)
+        if only is not None:
+            nodes = {n: nodes[n] for n in dict.fromkeys(only) if n in nodes}
+        return cls({str(n): NodeFactsSummary.from_dict(f) for n, f in nodes.items()},
+                   frozenset(str(n) for n, f in nodes.items() if not isinstance(f, Mapping)))
+
+    @classmethod
+    def from_report(cls, document: Any, *, only: Iterable[str] | None = None,
+                    max_nodes: int | None = None) -> "PreflightFacts | None":
+        """The facts of a saved preflight report (the document Report.to_dict() wrote: its
+        "facts"), as `from_dict` reads them; None when it holds none."""
+        return cls.from_dict(document.get("facts") if isinstance(document, Mapping) else None,
+                             only=only, max_nodes=max_nodes)
+
+
+class TooManyNodes(ClusterError):
+    """A saved run holds more nodes than its reader takes."""
+
+    def __init__(self, count: int, limit: int):
+        self.count, self.limit = count, limit
+        super().__init__(f"{count:,} nodes in the saved run, more than the {limit:,} read")
 
 
 FACT_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(NodeFactsSummary)

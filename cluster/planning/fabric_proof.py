@@ -33,6 +33,7 @@ from cluster.base.errors import UsageError
 from cluster.planning.fabric_groups import Group, Layout, NodeSlots, RankSlot, layout_groups, rank_slots, \
     slots_per_node
 from cluster.base.results import Status, worst
+from cluster.inspection.node_summary import PreflightFacts
 
 DEFAULT_SIZE_MB = {"nccl": 256.0, "gloo": 8.0}
 DEFAULT_ITERS = {"nccl": 20, "gloo": 5}
@@ -253,16 +254,14 @@ def _could_not_form(group: Group, port: int, raw: Mapping[str, Any], backend: st
             f"look at: {look}")
 
 
-def _port_rates(ib_facts: Mapping[str, Any] | None, nodes: Sequence[str]) -> list[float]:
+def _port_rates(ib_facts: PreflightFacts | None, nodes: Sequence[str]) -> list[float]:
     """The active port rates (Gb/s) of the group's node with the least in all."""
-    per_node = ((ib_facts or {}).get("nodes") or {}) if isinstance(ib_facts, Mapping) else {}
+    per_node = ib_facts.nodes if ib_facts is not None else {}
     best: list[float] | None = None
     for name in nodes:
-        facts = per_node.get(name) if isinstance(per_node, Mapping) else None
-        ports = facts.get("ib_ports") if isinstance(facts, Mapping) else None
-        rates = [float(p["rate_gbps"]) for p in ports or () if isinstance(p, Mapping)
-                 and p.get("state") == "Active" and isinstance(p.get("rate_gbps"), (int, float))
-                 and not isinstance(p.get("rate_gbps"), bool) and 0 < p["rate_gbps"] < 1e5]
+        facts = per_node.get(name)
+        rates = [float(p.rate_gbps) for p in (facts.active_ib_ports if facts else ())
+                 if p.rate_gbps is not None and 0 < p.rate_gbps < 1e5]
         if best is None or sum(rates) < sum(best):
             best = rates
     return best or []
@@ -277,11 +276,11 @@ class Context:
     gdr_required: bool
     gpu_models: Mapping[str, str | None] = field(default_factory=dict)
     nvlink: Mapping[str, bool | None] = field(default_factory=dict)
-    ib_facts: Mapping[str, Any] | None = None
+    ib_facts: PreflightFacts | None = None
 
     @classmethod
     def of(cls, inventory: Any, gpu_models: Mapping[str, str | None] | None = None,
-           ib_facts: Mapping[str, Any] | None = None) -> "Context":
+           ib_facts: PreflightFacts | None = None) -> "Context":
         exp = inventory.expectations
         network = ft.expected_network(exp, any(n.ib_hcas for n in inventory.nodes))
         gdr = exp.get("gpudirect_rdma", "auto")

@@ -9,8 +9,9 @@ on the cluster raises PlanError with the numbers that show why.
 a whole Plan with its trade-offs (`Plan.tradeoffs`, cluster/data/planner.yaml `tradeoffs`).
 
 Around it, small adapters:
-- `read_saved_run(path)` is the one typed reading of a saved preflight run (SavedNodeFacts per
-  node: GPUs, NVLink, the slowest Active IB port's rate, or the problem that rules it out);
+- `read_saved_run(path)` reads a saved preflight run through PreflightFacts.from_report (the
+  one reading of what the report wrote) into SavedNodeFacts per node (GPUs, NVLink, the slowest
+  Active IB port's rate, or the problem that rules it out);
   `ClusterFacts.from_saved_run(saved, source, only)` / `load_cluster_facts_from_report(path)`
   turn it into the planner's facts, `ClusterFacts.overridden(...)` puts flags in place of facts;
   `latest_preflight_report(run_root)` finds `<run_root>/*/preflight.json`, newest first. Input:
@@ -39,7 +40,7 @@ from typing import Any, Mapping, Sequence
 
 from cluster.base.bounds import bound, check_float, check_int
 from cluster.base.errors import PlanError, UsageError
-from cluster.inspection.node_summary import NodeFactsSummary
+from cluster.inspection.node_summary import NodeFactsSummary, PreflightFacts, TooManyNodes
 from cluster.planning.gang import gang_layout
 from cluster.planning.modelinfo import DTYPE_BYTES, ModelInfo, read_json_file
 from cluster.base.textsafe import safe_line
@@ -147,13 +148,6 @@ def _ib_rate(facts: NodeFactsSummary) -> float | None:
     return min(rates) if rates else None
 
 
-def read_saved_node(name: str, raw: Any) -> SavedNodeFacts:
-    """The typed reading of one node's saved preflight facts (a saved run's JSON)."""
-    if not isinstance(raw, Mapping):
-        return SavedNodeFacts(name, False, problem="no facts")
-    return saved_node_facts(name, NodeFactsSummary.from_dict(raw))
-
-
 def saved_node_facts(name: str, facts: NodeFactsSummary) -> SavedNodeFacts:
     """The planner's reading of one node's facts (the preflight's, saved or just reported):
     every value checked (finite, in range), the problem that rules the node out named."""
@@ -176,18 +170,22 @@ def saved_node_facts(name: str, facts: NodeFactsSummary) -> SavedNodeFacts:
 
 
 def read_saved_run(path: str | Path) -> tuple[SavedNodeFacts, ...]:
-    """The typed reading of a saved preflight run's facts (preflight.json), node by node."""
+    """The typed reading of a saved preflight run's facts (preflight.json, read by
+    PreflightFacts.from_report), node by node."""
     p = Path(path)
     data = read_json_file(p, "preflight report", max_bytes=bound("files", "preflight_report"))
-    saved = data.get("facts") if isinstance(data, Mapping) else None     # the JSON as written
-    raw_nodes = saved.get("nodes") if isinstance(saved, Mapping) else None
-    if not isinstance(raw_nodes, Mapping):
+    try:
+        saved = PreflightFacts.from_report(data, max_nodes=bound("plan", "nodes"))
+    except TooManyNodes as exc:
+        raise PlanError(f"{p}: {exc.count:,} nodes in the preflight report, more than the "
+                        f"{exc.limit:,} a plan handles") from None
+    if saved is None:
         raise PlanError(f"{p}: no facts.nodes in the preflight report (expected "
                         '{"facts": {"nodes": {"<node>": {"gpu_count": ..., ...}}}})')
-    if len(raw_nodes) > bound("plan", "nodes"):
-        raise PlanError(f"{p}: {len(raw_nodes):,} nodes in the preflight report, more than the "
-                        f"{bound('plan', 'nodes'):,} a plan handles")
-    return tuple(read_saved_node(safe_line(name, limit=200), raw) for name, raw in raw_nodes.items())
+    return tuple(SavedNodeFacts(safe_line(name, limit=200), False, problem="no facts")
+                 if name in saved.without_facts else
+                 saved_node_facts(safe_line(name, limit=200), facts)
+                 for name, facts in saved.nodes.items())
 
 
 def _folded(skipped: Sequence[SavedNodeFacts]) -> tuple[str, ...]:

@@ -39,6 +39,7 @@ from cluster.node_programs import Call, document_of, embedded_document, failure,
 from cluster.ray.ray_state import head_client_env
 from cluster.ray_jobs import entrypoint_path
 from cluster.base.results import Status, exit_code_for, worst
+from cluster.inspection.node_summary import PreflightFacts
 
 BACKENDS = ("nccl", "gloo")
 DEFAULT_SIZE_MB = {"nccl": 256.0, "gloo": 32.0}
@@ -188,30 +189,27 @@ class Expected:
         return {"gbps": self.gbps, "basis": self.basis, "per_node": dict(self.per_node)}
 
 
-def expected_bandwidth(preflight_facts: Mapping[str, Any] | None,
+def expected_bandwidth(preflight_facts: PreflightFacts | None,
                        nodes: Sequence[str]) -> Expected:
-    """IB rate x active NICs per node, from preflight facts (`facts.nodes.<node>.ib_ports`).
+    """IB rate x active NICs per node, from preflight facts (each node's typed `ib_ports`).
 
     A ring all-reduce between nodes moves each node's share through all its NICs at once, so
     nccl-tests' bus bandwidth tops out at the sum of a node's active port rates (Gb/s / 8 =
     GB/s); the slowest node bounds the cluster. Ports not Active count for nothing. A node
     without ib_ports in the facts gives no expectation (run `cluster preflight`).
     """
-    node_facts = (preflight_facts or {}).get("nodes") if isinstance(preflight_facts, Mapping) else None
-    if not isinstance(node_facts, Mapping):
+    if preflight_facts is None:
         return Expected(None, "no preflight facts (run `cluster preflight` first)")
     per_node: dict[str, float | None] = {}
     counts: dict[str, tuple[int, set]] = {}
     for name in nodes:
-        facts = node_facts.get(name)
-        ports = facts.get("ib_ports") if isinstance(facts, Mapping) else None
-        if not isinstance(ports, list):
+        facts = preflight_facts.nodes.get(name)
+        if facts is None or facts.ib_ports is None:
             per_node[name] = None
             continue
-        active = [p for p in ports if isinstance(p, Mapping) and p.get("state") == "Active"
-                  and isinstance(p.get("rate_gbps"), (int, float)) and p["rate_gbps"] > 0]
-        per_node[name] = round(sum(float(p["rate_gbps"]) for p in active) / 8.0, 3)
-        counts[name] = (len(active), {p["rate_gbps"] for p in active})
+        active = [p for p in facts.active_ib_ports if p.rate_gbps is not None and p.rate_gbps > 0]
+        per_node[name] = round(sum(float(p.rate_gbps or 0) for p in active) / 8.0, 3)
+        counts[name] = (len(active), {p.rate_gbps for p in active})
     missing = [n for n, v in per_node.items() if v is None]
     if missing:
         return Expected(None, f"no InfiniBand facts for {', '.join(missing)} (its ibstat could "
