@@ -13,7 +13,7 @@ import json
 import os
 import re
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
 from cluster import __version__
 from cluster.report import crash_log
@@ -331,17 +331,9 @@ def _one_line(exc: BaseException, limit: int = 300) -> str:
 def _fail(args: argparse.Namespace | None, message: str) -> int:
     command = getattr(args, "command", None) or ""
     prefix = f"cluster {command}:" if command else "cluster:"
-    try:
-        line = "; ".join(part.strip() for part in message.splitlines() if part.strip())
-        print(f"{prefix} {terminal_safe_line(line)}", file=sys.stderr)
-        if getattr(args, "json", False):  # scripts always get one JSON document with --json
-            json.dump({"command": command, "exit_code": 2, "status": "error",
-                       "error": message}, sys.stdout)
-            sys.stdout.write("\n")
-            sys.stdout.flush()
-    except BrokenPipeError:
-        _silence_stdout()
-    return 2
+    line = "; ".join(part.strip() for part in message.splitlines() if part.strip())
+    error = {"error": message} if getattr(args, "json", False) else None  # --json: always a document
+    return _error_out(f"{prefix} {terminal_safe_line(line)}", command, error)
 
 
 def _usage_error(exc: UsageProblem, argv: Sequence[str] | None) -> int:
@@ -351,12 +343,18 @@ def _usage_error(exc: UsageProblem, argv: Sequence[str] | None) -> int:
     words = list(argv or [])
     wants_json = "--json" in (words[:words.index("--")] if "--" in words else words)
     command = exc.prog[len("cluster"):].strip()
+    line = f"{exc.prog}: error: {terminal_safe_line(exc.message)} (see `{exc.prog} --help`)"
+    return _error_out(line, command, {"error": exc.message, "usage": True} if wants_json else None)
+
+
+def _error_out(line: str, command: str, error: dict[str, Any] | None) -> int:
+    """An error's end: `line` on stderr and, when `error` is given (--json), one JSON document on
+    stdout: the command, exit code 2, status "error" and `error`'s keys. A closed pipe is
+    silenced. Returns 2."""
     try:
-        print(f"{exc.prog}: error: {terminal_safe_line(exc.message)} (see `{exc.prog} --help`)",
-              file=sys.stderr)
-        if wants_json:
-            json.dump({"command": command, "exit_code": 2, "status": "error",
-                       "error": exc.message, "usage": True}, sys.stdout)
+        print(line, file=sys.stderr)
+        if error is not None:
+            json.dump({"command": command, "exit_code": 2, "status": "error", **error}, sys.stdout)
             sys.stdout.write("\n")
             sys.stdout.flush()
     except BrokenPipeError:

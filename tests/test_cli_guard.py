@@ -102,6 +102,30 @@ def test_a_usage_error_under_json_prints_one_json_document(capsys, argv, command
     assert doc["error"] and out.err.count("\n") == 1
 
 
+def test_every_error_ends_through_one_writer_with_one_key_order(capsys):
+    """_fail and usage errors alike: a line on stderr; with --json one document whose keys come
+    in one order (command, exit_code, status, then the error's own); exit 2."""
+    assert cli._error_out("cluster x: error: bad", "x", {"error": "bad", "usage": True}) == 2
+    out = capsys.readouterr()
+    assert out.err == "cluster x: error: bad\n"
+    assert out.out == ('{"command": "x", "exit_code": 2, "status": "error", "error": "bad", '
+                       '"usage": true}\n')
+    assert cli._error_out("cluster: no inventory", "", None) == 2
+    assert capsys.readouterr() == ("", "cluster: no inventory\n")
+
+
+def test_an_error_written_to_a_closed_pipe_still_exits_2(monkeypatch):
+    class ClosedPipe(io.StringIO):
+        def write(self, text: str) -> int:
+            raise BrokenPipeError
+
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    monkeypatch.setattr(sys, "stderr", err)
+    assert cli._error_out("cluster x: error: bad", "x", {"error": "bad"}) == 2
+    assert err.getvalue() == "cluster x: error: bad\n"
+
+
 def test_the_inventory_flag_works_after_the_subcommand_too(tmp_path, capsys):
     """`cluster inventory -i X` and `cluster -i X inventory` read the same file; given in both
     places, the subcommand's wins (the last said)."""

@@ -515,3 +515,16 @@ def test_a_saved_runs_wrong_types_read_as_unknown_never_a_crash():
     assert got.unreadable["gpu_count"] == "True" and got.to_dict()["nvlink"] is None
     assert got.versions == {"ray": None, "vllm": "0.32.0"} and got.ib_ports[0].ca == ""
     assert "x" not in got.to_dict() and "mtu" not in got.to_dict()
+
+
+def test_component_versions_give_each_known_component_its_values_reference_and_skews():
+    """One reading per component for the cross-node check and version_skew alike."""
+    versions = {"n1": {"ray": "2.60.0", "vllm": None}, "n2": {"ray": "2.59.0"},
+                "n3": {"ray": "2.60.0", "vllm": "0.32.0"}}
+    ray, vllm = facts.component_versions(versions, "n1", ("ray", "torch", "vllm"))
+    assert (ray.component, dict(ray.values), ray.reference) == (
+        "ray", {"n1": "2.60.0", "n2": "2.59.0", "n3": "2.60.0"}, "2.60.0")
+    assert ray.skews() == (facts.Skew("n2", "ray", "2.59.0", "2.60.0"),)
+    # the head does not know vllm: the only node that does is the reference, nothing differs
+    assert (dict(vllm.values), vllm.reference, vllm.skews()) == ({"n3": "0.32.0"}, "0.32.0", ())
+    assert facts.version_skew(versions, "n1", ("ray", "torch", "vllm")) == ray.skews()

@@ -17,6 +17,20 @@ def test_the_clean_up_lives_in_one_module():
         assert not hasattr(_nvidia_text, name)
 
 
+
+def test_the_nvidia_parsers_read_a_bus_id_with_one_pattern():
+    """nvidia-smi's table, -q, --query-gpu and nvlink -s read a PCI bus id the same way."""
+    import re
+
+    from cluster.inspection.parsers import nvidia_smi, nvidia_smi_nvlink, nvidia_smi_q, nvidia_smi_query
+
+    for text, ok in (("00000000:17:00.0", True), ("0000:CA:00.7", True), ("17:00.0", False),
+                     ("000000000:17:00.0", False), ("0000:17:00", False)):
+        assert bool(re.fullmatch(_nvidia_text.BUS_ID, text)) is ok, text
+    for module in (nvidia_smi, nvidia_smi_q, nvidia_smi_nvlink, nvidia_smi_query):
+        assert module.BUS_ID is _nvidia_text.BUS_ID, module.__name__
+
+
 @pytest.mark.parametrize("line, want", [
     ("$ nvidia-smi", "nvidia-smi"), ("# nvidia-smi -q", "nvidia-smi -q"),
     ("root@gpu1:~# nvidia-smi topo -m", "nvidia-smi topo -m"),

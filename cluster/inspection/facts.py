@@ -641,17 +641,36 @@ def reference_value(values: Mapping[str, Any], head: str) -> Any:
     return values[head] if head in values else majority_value(values, head)
 
 
-def version_skew(versions: Mapping[str, Mapping[str, str | None]], head: str,
-                 components: Sequence[str]) -> tuple[Skew, ...]:
-    """Per component (in order), every node whose version differs from the reference.
+@dataclass(frozen=True)
+class ComponentVersions:
+    """One component's known versions (node -> version) and the `reference` they are judged against."""
+
+    component: str
+    values: Mapping[str, str]
+    reference: str
+
+    def skews(self) -> tuple[Skew, ...]:
+        """Every node whose version differs from the reference, by node name."""
+        return tuple(Skew(n, self.component, value, self.reference)
+                     for n, value in sorted(self.values.items()) if value != self.reference)
+
+
+def component_versions(versions: Mapping[str, Mapping[str, str | None]], head: str,
+                       components: Sequence[str]) -> tuple[ComponentVersions, ...]:
+    """Per component (in order) that some node knows, its versions and their reference.
 
     `versions`: node -> component -> version (None or absent: unknown, never a difference).
     """
-    out: list[Skew] = []
+    out: list[ComponentVersions] = []
     for comp in components:
         values = {n: v[comp] for n, v in versions.items() if v.get(comp)}
-        if not values:
-            continue
-        ref = reference_value(values, head)
-        out += [Skew(n, comp, value, ref) for n, value in sorted(values.items()) if value != ref]
+        if values:
+            out.append(ComponentVersions(comp, values, reference_value(values, head)))
     return tuple(out)
+
+
+def version_skew(versions: Mapping[str, Mapping[str, str | None]], head: str,
+                 components: Sequence[str]) -> tuple[Skew, ...]:
+    """Per component (in order), every node whose version differs from the reference
+    (`versions` as component_versions takes it)."""
+    return tuple(s for known in component_versions(versions, head, components) for s in known.skews())

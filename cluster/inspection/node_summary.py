@@ -16,13 +16,14 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Iterable, Mapping
 
 from cluster.base.errors import ClusterError
+from cluster.base.results import Record
 from cluster.inspection.contract import Runtime
 
 _MAX_ITEMS = 4096      # a saved run's lists and maps are read up to this many entries
 
 
 @dataclass(frozen=True)
-class IbPortFact:
+class IbPortFact(Record):
     """One InfiniBand/RoCE port as the infiniband check reports it."""
 
     ca: str
@@ -34,10 +35,6 @@ class IbPortFact:
     @property
     def active(self) -> bool:
         return self.state == "Active"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"ca": self.ca, "port": self.port, "state": self.state,
-                "rate_gbps": self.rate_gbps, "link_layer": self.link_layer}
 
 
 @dataclass(frozen=True)

@@ -33,13 +33,14 @@ from typing import Any, Mapping, Sequence
 
 from cluster.base.bounds import bound, check_int
 from cluster.base.errors import UsageError
+from cluster.base.results import Record
 from cluster.planning.gang import nodes_needed
 
 KINDS = ("tp", "pp", "dp", "ep")
 
 
 @dataclass(frozen=True)
-class Layout:
+class Layout(Record):
     """The parallel layout of one deployment."""
 
     tp: int = 1
@@ -79,10 +80,6 @@ class Layout:
     def ranks_per_engine(self) -> int:
         return self.tp * self.pp * self.dp
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep,
-                "replicas": self.replicas, "nnodes": self.nnodes}
-
 
 @dataclass(frozen=True)
 class NodeSlots:
@@ -94,7 +91,7 @@ class NodeSlots:
 
 
 @dataclass(frozen=True)
-class RankSlot:
+class RankSlot(Record):
     """Where one rank of one engine runs."""
 
     replica: int
@@ -102,10 +99,6 @@ class RankSlot:
     node: str
     ip: str
     device: int                 # the rank's index on its node (its GPU index on GPU nodes)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"replica": self.replica, "rank": self.rank, "node": self.node, "ip": self.ip,
-                "device": self.device}
 
 
 @dataclass(frozen=True)

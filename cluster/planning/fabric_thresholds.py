@@ -24,6 +24,7 @@ from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
 from cluster.base.errors import UsageError
+from cluster.base.results import Record
 from cluster.base.yamlfile import ValueTextError, packaged, parse_value
 
 SCOPES = ("intra_node", "inter_node", "any")
@@ -57,16 +58,13 @@ class Table:
 
 
 @dataclass(frozen=True)
-class Threshold:
+class Threshold(Record):
     """What a group must reach (gbps None: no row applies, not judged on bandwidth)."""
 
     gbps: float | None
     row: str | None
     basis: str
     source: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"gbps": self.gbps, "row": self.row, "basis": self.basis, "source": self.source}
 
 
 def _number(value: Any, what: str, lo: float, hi: float) -> float:

@@ -33,6 +33,7 @@ from typing import Any, Mapping, Sequence
 
 from cluster.base.bounds import bound, check_int
 from cluster.base.errors import UsageError
+from cluster.base.results import Record
 
 RANK_NAMESPACE = "cluster-gang"     # the Ray namespace of the rank actors (node ranks > 0)
 
@@ -44,7 +45,7 @@ def rank_actor_name(app: str, replica_id: str, rank: int) -> str:
 
 
 @dataclass(frozen=True)
-class NodeRank:
+class NodeRank(Record):
     """One node of a gang: its node rank and the global vLLM ranks it runs."""
 
     node_rank: int
@@ -52,11 +53,6 @@ class NodeRank:
     stages: tuple[int, ...]          # pipeline stages with a rank here
     tp_ranks: tuple[int, ...]        # tensor-parallel ranks here (per rank, same order)
     dp_ranks: tuple[int, ...] = (0,)  # MoE: the data-parallel ranks (engine cores) here
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"node_rank": self.node_rank, "ranks": list(self.ranks),
-                "stages": list(self.stages), "tp_ranks": list(self.tp_ranks),
-                "dp_ranks": list(self.dp_ranks)}
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from typing import Any, Mapping
 
 from cluster.base.bounds import bound, check_float, check_int
 from cluster.base.errors import ClusterError, PlanError, UsageError
+from cluster.base.results import Record
 from cluster.base.textsafe import safe_line
 from cluster.base.yamlfile import packaged
 
@@ -89,16 +90,13 @@ class ParamCounts:
 
 
 @dataclass(frozen=True)
-class Quantization:
+class Quantization(Record):
     """A checkpoint's weight quantization (quantization_config)."""
 
     method: str
     bits: float | None          # bits per quantized weight incl. scales; None when unknown
     scope: str                  # "linear" (all decoder linears) or "experts" (routed experts only)
     detail: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"method": self.method, "bits": self.bits, "scope": self.scope, "detail": self.detail}
 
 
 @dataclass(frozen=True)

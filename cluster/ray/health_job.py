@@ -35,7 +35,7 @@ from cluster.nodes.endpoints import head_dashboard_base, ray_temp_dir
 from cluster.base.errors import InventoryError, ParseError
 from cluster.nodes.inventory import (ActPolicy, Inventory, Node, RayOptions, SSHOptions,
                                      default_act_policy, health_period_bounds)
-from cluster.base.results import CheckResult, Status
+from cluster.base.results import CheckResult, Status, Record
 from cluster.inspection.node_summary import NodeFactsSummary
 
 HEALTH_CHECKS = ("gpus", "clock", "infiniband", "gpudirect", "gpu-health")
@@ -358,17 +358,13 @@ def code_digest(archive: bytes, config: JobConfig) -> str:
 
 
 @dataclass(frozen=True)
-class JobStep:
+class JobStep(Record):
     """What `ensure_job` did: ok (kept), changed (submitted, stopped an outdated one), failed."""
 
     status: str
     submission_id: str | None
     message: str
     stopped: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"status": self.status, "submission_id": self.submission_id,
-                "message": self.message, "stopped": list(self.stopped)}
 
 
 def submit_request(inventory: Inventory, action: str, archive: bytes | None = None) -> str:

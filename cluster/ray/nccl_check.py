@@ -38,7 +38,7 @@ from cluster.nodes.inventory import Inventory, Node
 from cluster.node_programs import Call, document_of, embedded_document, failure, program_call
 from cluster.ray.ray_state import head_client_env
 from cluster.ray_jobs import entrypoint_path
-from cluster.base.results import Status, exit_code_for, worst
+from cluster.base.results import Status, exit_code_for, worst, Record
 from cluster.inspection.node_summary import PreflightFacts
 
 BACKENDS = ("nccl", "gloo")
@@ -230,7 +230,7 @@ def expected_bandwidth(preflight_facts: PreflightFacts | None,
 
 
 @dataclass(frozen=True)
-class RankResult:
+class RankResult(Record):
     rank: int | None
     node: str | None
     hostname: str | None
@@ -242,12 +242,6 @@ class RankResult:
     busbw_gbps: float | None
     error: str | None
     phase: str | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, "node": self.node, "hostname": self.hostname, "ip": self.ip,
-                "pid": self.pid, "gpu_ids": list(self.gpu_ids), "time_s": self.time_s,
-                "algbw_gbps": self.algbw_gbps, "busbw_gbps": self.busbw_gbps,
-                "error": self.error, "phase": self.phase}
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from cluster.ray.ray_state import (LABEL_GPU_MODEL, LABEL_NODE, RESOURCE_GPU_MOD
                                RESOURCE_HOST_PREFIX, RayState, node_for_ip, query_state)
 from cluster.nodes.remote import CommandResult
 # the step vocabulary (Ansible's words for what happened on a node), one home: results.py
-from cluster.base.results import CHANGED, FAILED, OK, SKIPPED, UNREACHABLE  # noqa: F401
+from cluster.base.results import CHANGED, FAILED, OK, SKIPPED, UNREACHABLE, Record  # noqa: F401
 from cluster.nodes.shell import SECRET_ENV_FROM_STDIN, env_prefix, export_lines
 from cluster.base.threads import Calls, run_all
 from cluster.base.waits import poll
@@ -68,14 +68,11 @@ TOKEN_ENV = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")   # where an inventory giv
 
 
 @dataclass(frozen=True)
-class AuthChoice:
+class AuthChoice(Record):
     """The cluster's Ray auth mode (token | disabled) and what decided it (never the token)."""
 
     mode: str
     source: str
-
-    def to_dict(self) -> dict[str, str]:
-        return {"mode": self.mode, "source": self.source}
 
 
 def configured_token(node: Node) -> str | None:

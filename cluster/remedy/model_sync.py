@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from cluster.base.errors import ParseError
+from cluster.base.results import Record
 
 MAX_FILES = 100_000                # the on-node program's bound
 MAX_SIZE = 1 << 50
@@ -23,7 +24,7 @@ _HEX = frozenset("0123456789abcdef")
 
 
 @dataclass(frozen=True)
-class FileEntry:
+class FileEntry(Record):
     """One file of a manifest; `mode` (permission bits, setuid/setgid/sticky and group/other
     write already cleared by the node) travels with the copy but is not part of a match."""
 
@@ -31,10 +32,6 @@ class FileEntry:
     size: int
     sha256: str
     mode: int = field(default=0o600, compare=False)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "size": self.size, "sha256": self.sha256,
-                "mode": self.mode}
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ import yaml
 from cluster.base.bounds import bound, check_int, reply_number
 from cluster.nodes.endpoints import log_dir, url_host
 from cluster.base.errors import UsageError
+from cluster.base.results import Record
 from cluster.planning.gang import gang_layout, nodes_needed
 from cluster.nodes.inventory import Inventory, Node, is_secret_name
 from cluster.planning.plan_file import SECRET_ENGINE_ARG_RE, SERVED_NAME_RE, PlanFile
@@ -747,7 +748,7 @@ def check_nodes(session, inventory: Inventory, spec: DeploySpec,
 
 
 @dataclass(frozen=True)
-class ReplicaInfo:
+class ReplicaInfo(Record):
     deployment: str
     replica_id: str
     state: str
@@ -756,12 +757,6 @@ class ReplicaInfo:
     worker_id: str | None
     log_file_path: str | None
     dead: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"deployment": self.deployment, "replica_id": self.replica_id,
-                "state": self.state, "node_ip": self.node_ip, "pid": self.pid,
-                "worker_id": self.worker_id, "log_file_path": self.log_file_path,
-                "dead": self.dead}
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from typing import Any, Mapping, Sequence
 
 from cluster.base.bounds import bound, check_float, check_int
 from cluster.base.errors import ClusterError, UsageError
+from cluster.base.results import Record
 from cluster.base.textsafe import safe_line
 from cluster.base.yamlfile import ValueTextError, parse_value
 
@@ -289,7 +290,7 @@ class TuneSettings:
 
 
 @dataclass(frozen=True)
-class Applied:
+class Applied(Record):
     """The config left running at the end: original or best, and whether it is RUNNING."""
 
     what: str                                 # original | best
@@ -298,10 +299,6 @@ class Applied:
     redeployed: bool
     status: str | None = None
     error: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"what": self.what, "value": self.value, "ok": self.ok,
-                "redeployed": self.redeployed, "status": self.status, "error": self.error}
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from typing import Any, Mapping, Sequence
 
 from cluster.inspection.checks.runtime import laptop_ray_version, ray_client_check
 from cluster.inspection.clock import CLOCK_COMMAND, ClockSample
-from cluster.inspection.facts import majority_value, reference_value, version_skew
+from cluster.inspection.facts import component_versions, majority_value
 from cluster.inspection.node_summary import NodeFactsSummary
 from cluster.nodes.inventory import Inventory
 from cluster.base.results import CheckResult, Evidence, Status
@@ -67,16 +67,11 @@ def mtu_consistency(facts: Facts, head: str) -> list[CheckResult]:
 
 def version_consistency(facts: Facts, head: str, components: Sequence[str]) -> list[CheckResult]:
     """Every component in `components` at the head's version on every node (the one skew
-    judgement: cluster.inspection.facts.version_skew)."""
+    judgement: cluster.inspection.facts.component_versions, which version_skew lists)."""
     versions = {n: f.versions for n, f in facts.items() if f.versions}
-    skews = version_skew(versions, head, components)
     results: list[CheckResult] = []
-    for comp in components:
-        values = {n: v[comp] for n, v in versions.items() if v.get(comp)}
-        if not values:
-            continue
-        ref = reference_value(values, head)
-        odd = [s for s in skews if s.component == comp]
+    for known in component_versions(versions, head, components):
+        comp, values, ref, odd = known.component, known.values, known.reference, known.skews()
         ev = Evidence(data={"values": values, "reference": ref})
         fix = f"install {comp} {ref} on every node (Ray and vLLM must match the head exactly)"
         if not odd:

@@ -1,4 +1,5 @@
-"""What the NVIDIA tools print around their data: command echoes, elisions, tool errors, N/A.
+"""What the NVIDIA tools print around their data: command echoes, elisions, tool errors, N/A; and
+the one pattern of the PCI bus id they all print (BUS_ID).
 
 Private helper of nvidia_smi, nvidia_smi_q, nvidia_smi_query, nvidia_smi_topo, nvidia_smi_nvlink,
 nvcc and proc_driver_nvidia_version. Pure functions on strings; nothing here knows a format. The
@@ -8,6 +9,9 @@ text clean-up itself (lines, ANSI colours, CRLF, prompts, numbers) is _lines.py'
 from __future__ import annotations
 
 import re
+
+# The PCI bus id the NVIDIA tools print (`00000000:17:00.0`: a domain of 4 to 8 hex digits).
+BUS_ID = r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]"
 
 # Lines an author put in to show that something was cut: `[...]`, `...`, `....`, `(...)`, `<snip>`.
 _ELISION = re.compile(

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 
 from cluster.base.errors import ParseError
-from cluster.base.results import fields_dict
+from cluster.base.results import Record
 from cluster.inspection.parsers._lines import (clean_lines, finite_float, head_text, numbered,
                                     require_text)
 
@@ -73,16 +73,13 @@ class Source:
 
 
 @dataclass(frozen=True)
-class Sources:
+class Sources(Record):
     synchronized: bool | None
     selected: str | None
     offset_seconds: float | None
     number_of_sources: int | None
     sources: tuple[Source, ...]
     max_offset_seconds: float
-
-    def to_dict(self) -> dict:
-        return fields_dict(self)
 
 
 def _seconds(num: str | None, unit: str | None) -> float | None:

@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 
 from cluster.base.errors import ParseError
-from cluster.base.results import fields_dict
+from cluster.base.results import Record
 from cluster.inspection.parsers._lines import (clean_lines, finite_float, head_text, numbered,
                                     require_text)
 
@@ -52,7 +52,7 @@ _LEAPS = {"normal": "Normal", "insert second": "Insert second", "delete second":
 
 
 @dataclass(frozen=True)
-class Tracking:
+class Tracking(Record):
     """What `chronyc tracking` reports, offsets in seconds (local minus true time)."""
 
     synchronized: bool | None
@@ -71,9 +71,6 @@ class Tracking:
     root_dispersion_seconds: float | None
     update_interval_seconds: float | None
     max_offset_seconds: float
-
-    def to_dict(self) -> dict:
-        return fields_dict(self)
 
 
 def _float(value: str | None) -> float | None:

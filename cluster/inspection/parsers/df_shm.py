@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 
 from cluster.base.errors import ParseError
-from cluster.base.results import fields_dict
+from cluster.base.results import Record
 from cluster.inspection.parsers._lines import (clean_lines, command_in, head_text, human_size_bytes,
                                     numbered, require_text)
 
@@ -44,7 +44,7 @@ class DfEntry:
 
 
 @dataclass(frozen=True)
-class DfShm:
+class DfShm(Record):
     """The filesystem that /dev/shm is, sizes in bytes."""
 
     size_bytes: int | None
@@ -55,9 +55,6 @@ class DfShm:
     type: str | None
     mount: str
     entries: tuple[DfEntry, ...]
-
-    def to_dict(self) -> dict:
-        return fields_dict(self)
 
 
 @dataclass

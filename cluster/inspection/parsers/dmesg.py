@@ -43,7 +43,7 @@ import re
 from dataclasses import dataclass
 
 from cluster.base.errors import ParseError
-from cluster.base.results import fields_dict
+from cluster.base.results import Record
 from cluster.inspection.parsers._lines import clean_lines, head_text, require_text
 
 KIND = "dmesg"
@@ -93,15 +93,12 @@ class Aer:
 
 
 @dataclass(frozen=True)
-class Dmesg:
+class Dmesg(Record):
     """Xid events, GPUs that fell off the bus and PCIe AER errors (see the module docstring)."""
 
     xids: tuple[Xid, ...]
     fell_off_bus: tuple[str, ...]
     aer: tuple[Aer, ...] = ()
-
-    def to_dict(self) -> dict:
-        return fields_dict(self)
 
 
 def _is_kernel_line(line: str) -> bool:

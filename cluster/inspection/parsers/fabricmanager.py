@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass
 
 from cluster.base.errors import ParseError
-from cluster.base.results import fields_dict
+from cluster.base.results import Record
 from cluster.inspection.parsers._lines import clean_lines, head_text, require_text
 
 KIND = "fabricmanager"
@@ -59,14 +59,11 @@ _ERROR_WORDS = ("error", "failed", "nv_err_", "nv_warn_", "fatal")
 
 
 @dataclass(frozen=True)
-class FabricManager:
+class FabricManager(Record):
     """Whether nvidia-fabricmanager runs, and its failure (see the module docstring)."""
 
     running: bool | None
     failure: str | None
-
-    def to_dict(self) -> dict:
-        return fields_dict(self)
 
 
 def _fm_message(line: str) -> tuple[str, str | None] | None:

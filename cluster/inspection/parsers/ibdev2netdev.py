@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 
 from cluster.base.errors import ParseError
-from cluster.base.results import fields_dict
+from cluster.base.results import Record
 from cluster.inspection.parsers._lines import clean_lines, head_text, numbered, require_text
 from cluster.inspection.parsers.ibstat import normalize_state
 
@@ -58,11 +58,8 @@ class _Match:
 
 
 @dataclass(frozen=True)
-class Ibdev2netdev:
+class Ibdev2netdev(Record):
     ports: tuple[NetdevPort, ...]
-
-    def to_dict(self) -> dict:
-        return fields_dict(self)
 
 
 def _parse_line(line: str) -> NetdevPort | None:

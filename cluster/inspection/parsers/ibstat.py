@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from cluster.base.errors import ParseError
-from cluster.base.results import fields_dict
+from cluster.base.results import Record
 from cluster.inspection.parsers._lines import (clean_lines, head_text, leading_int, numbered,
                                     require_text, to_number)
 
@@ -134,14 +134,11 @@ class IbCa:
 
 
 @dataclass(frozen=True)
-class Ibstat:
+class Ibstat(Record):
     """The ports (and CAs) an `ibstat` output shows (ibv_devinfo's result has this shape too)."""
 
     ports: tuple[PortState, ...]
     cas: tuple[Any, ...]
-
-    def to_dict(self) -> dict:
-        return fields_dict(self)
 
 
 class CaBlocks:

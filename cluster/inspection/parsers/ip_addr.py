@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass
 
 from cluster.base.errors import ParseError
-from cluster.base.results import fields_dict
+from cluster.base.results import Record
 from cluster.inspection.parsers._lines import clean_lines, head_text, require_text
 
 KIND = "ip-addr"
@@ -53,13 +53,10 @@ class Interface:
 
 
 @dataclass(frozen=True)
-class IpAddr:
+class IpAddr(Record):
     """The interfaces `ip addr` listed (see the module docstring)."""
 
     interfaces: tuple[Interface, ...]
-
-    def to_dict(self) -> dict:
-        return fields_dict(self)
 
 
 def _ipv4(token: str) -> str | None:

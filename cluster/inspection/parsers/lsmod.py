@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 
 from cluster.base.errors import ParseError
-from cluster.base.results import fields_dict
+from cluster.base.results import Record
 from cluster.inspection.parsers._lines import (ANSIBLE_RC_NOTE, clean_lines, command_in, head_text, numbered,
                                     prompt_only, require_text)
 
@@ -49,7 +49,7 @@ class Module:
 
 
 @dataclass(frozen=True)
-class Lsmod:
+class Lsmod(Record):
     """Loaded modules, with the facts the GPUDirect RDMA check needs."""
 
     nvidia_peermem: bool
@@ -61,9 +61,6 @@ class Lsmod:
     loaded: tuple[str, ...]
     modules: tuple[Module, ...]
     filtered_by: tuple[str, ...] = ()  # grep patterns of the command lines shown
-
-    def to_dict(self) -> dict:
-        return fields_dict(self)
 
 
 def _module(m: re.Match) -> Module:

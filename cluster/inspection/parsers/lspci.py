@@ -32,7 +32,7 @@ import re
 from dataclasses import dataclass
 
 from cluster.base.errors import ParseError
-from cluster.base.results import fields_dict
+from cluster.base.results import Record
 from cluster.inspection.parsers._lines import clean_lines, command_in, head_text, require_text
 
 KIND = "lspci"
@@ -58,14 +58,11 @@ class Device:
 
 
 @dataclass(frozen=True)
-class Lspci:
+class Lspci(Record):
     """Devices and whether ACS is enabled on any of them (see the module docstring)."""
 
     devices: tuple[Device, ...]
     acs_enabled: bool | None
-
-    def to_dict(self) -> dict:
-        return fields_dict(self)
 
 
 def _acs_ctl(line: str) -> dict | None:

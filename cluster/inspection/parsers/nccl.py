@@ -76,6 +76,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping
 
 from cluster.base.errors import ParseError
+from cluster.base.results import Record
 
 KIND = "nccl"
 
@@ -306,7 +307,7 @@ def _version_key(v: tuple[int, int] | None) -> str:
 
 
 @dataclass(frozen=True)
-class Finding:
+class Finding(Record):
     """One classified WARN/error (or warning) line kind, with how often it was seen."""
 
     kind: str
@@ -315,10 +316,6 @@ class Finding:
     line: str               # the first raw line of this kind (bounded length)
     count: int
     hosts: tuple[str, ...]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "severity": self.severity, "message": self.message,
-                "line": self.line, "count": self.count, "hosts": list(self.hosts)}
 
 
 @dataclass(frozen=True)

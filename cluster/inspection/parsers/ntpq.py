@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 
 from cluster.base.errors import ParseError
-from cluster.base.results import fields_dict
+from cluster.base.results import Record
 from cluster.inspection.parsers._lines import (clean_lines, finite_float, head_text, numbered,
                                     require_text)
 
@@ -69,7 +69,7 @@ class Peer:
 
 
 @dataclass(frozen=True)
-class Ntpq:
+class Ntpq(Record):
     synchronized: bool | None
     offset_ms: float | None
     source: str  # "peers" (ntpq -p) or "variables" (ntpq -c rv)
@@ -80,9 +80,6 @@ class Ntpq:
     peers: tuple[Peer, ...]
     variables: dict
     max_offset_ms: float
-
-    def to_dict(self) -> dict:
-        return fields_dict(self)
 
 
 def _ms(value: str, unit: str) -> float:

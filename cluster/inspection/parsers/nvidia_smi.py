@@ -47,15 +47,14 @@ from dataclasses import dataclass
 from cluster.base.errors import ParseError
 from cluster.base.results import fields_dict
 from cluster.inspection.parsers._lines import MAX_LINE_CHARS, lines_of
-from cluster.inspection.parsers._nvidia_text import is_missing, tool_failure, version_in
+from cluster.inspection.parsers._nvidia_text import BUS_ID, is_missing, tool_failure, version_in
 
 KIND = "nvidia-smi"
 
-_BUS_ID = r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]"
 _SMI_HEADER = re.compile(r"NVIDIA-SMI\s+(\d[\w.-]*)")
 _DRIVER = re.compile(r"(?:Driver|KMD)\s+Version:\s*(\S+)", re.I)
 _CUDA = re.compile(r"CUDA\s+(?:UMD\s+)?Version:\s*(\S+(?:\s\S+)?)", re.I)
-_BUS_CELL = re.compile(r"^\s*(" + _BUS_ID + r")\s*(On|Off|N/A)?\s*$")
+_BUS_CELL = re.compile(r"^\s*(" + BUS_ID + r")\s*(On|Off|N/A)?\s*$")
 _ROW1_MODES = ("On", "Off", "N/A", "WDDM", "TCC", "MCDM")
 _MEMORY = re.compile(r"(?<!\d)(\d{1,12}) {0,8}MiB {0,8}/ {0,8}(\d{1,12}) {0,8}MiB")
 _BORDER = re.compile(r"^\s*\+[-=+]+\+\s*$")

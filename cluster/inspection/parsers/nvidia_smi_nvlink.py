@@ -35,13 +35,14 @@ from dataclasses import dataclass, field
 
 from cluster.base.errors import ParseError
 from cluster.inspection.parsers._lines import lines_of, strip_prompt, to_number, unwrap
-from cluster.inspection.parsers._nvidia_text import command_echo, is_elision, is_missing, snake, tool_failure
+from cluster.inspection.parsers._nvidia_text import (BUS_ID, command_echo, is_elision, is_missing, snake,
+                                                      tool_failure)
 
 KIND = "nvidia-smi-nvlink"
 
 # Anchored, bounded patterns; the free text after a label is taken whole and split in Python.
 _GPU_LINE = re.compile(r"^\s*+GPU\s++(\d{1,4}):(?=\s|$)(.*)$")
-_BUS_ID = re.compile(r"^[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]$")
+_BUS_ID = re.compile(r"^" + BUS_ID + r"$")
 _LINK_LINE = re.compile(r"^\s*+Link\s++(\d{1,6}+)\s*+[:,](.*)$")
 _SPEED = re.compile(r"^(\d{1,9}+(?:\.\d{1,9}+)?)\s*+GB/s$")
 _UNIT_VALUE = re.compile(r"^([+-]?\d{1,30}+(?:\.\d{1,30}+)?)\s*+([A-Za-z/]{1,16}+)$")

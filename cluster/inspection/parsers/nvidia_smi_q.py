@@ -77,13 +77,12 @@ from dataclasses import dataclass, field
 
 from cluster.base.errors import ParseError
 from cluster.inspection.parsers._lines import MAX_LINE_CHARS, lines_of, strip_prompt, to_number
-from cluster.inspection.parsers._nvidia_text import (command_echo, is_elision, is_missing, tool_failure,
-                                          version_in)
+from cluster.inspection.parsers._nvidia_text import (BUS_ID, command_echo, is_elision, is_missing,
+                                                      tool_failure, version_in)
 
 KIND = "nvidia-smi-q"
 
-_BUS_ID = r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]"
-_SECTION_GPU = re.compile(r"^GPU\s{1,8}(" + _BUS_ID + r")$")
+_SECTION_GPU = re.compile(r"^GPU\s{1,8}(" + BUS_ID + r")$")
 _TITLE = re.compile(r"^[A-Za-z][\w ./()+-]*$")
 _TOP_KEYS = {"timestamp", "driver version", "kmd version", "cuda version", "cuda umd version",
              "attached gpus", "vgpu driver capability"}
@@ -574,7 +573,7 @@ def _xml_tree(text: str) -> tuple[_Node, list[_Node], bool]:
     if not stack and not sections and not top.children:
         raise ParseError(KIND, "XML without an <nvidia_smi_log> element")
     for node in sections:
-        if node.value is not None and not re.fullmatch(_BUS_ID, node.value):
+        if node.value is not None and not re.fullmatch(BUS_ID, node.value):
             node.value = None
     return top, sections, bool(sections)
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 from cluster.base.errors import ParseError
 from cluster.inspection.parsers._lines import lines_of, strip_prompt, to_number, unwrap
-from cluster.inspection.parsers._nvidia_text import command_echo, is_elision, is_missing, tool_failure
+from cluster.inspection.parsers._nvidia_text import BUS_ID, command_echo, is_elision, is_missing, tool_failure
 
 KIND = "nvidia-smi-query"
 
@@ -85,7 +85,7 @@ _UNIT_VALUE = re.compile(
 _TYPED = re.compile(
     r"^(?:[+-]?\d{1,30}+(?:\.\d{1,30}+)?(?:\s*+(?:MiB|GiB|KiB|%|W|MHz|C|us|ms|s|V|A|RPM))?|"
     r"\[?N/A\]?|\[Not Supported\]|0x[0-9A-Fa-f]+|"
-    r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]|GPU-[0-9a-fA-F-]+|"
+    + BUS_ID + r"|GPU-[0-9a-fA-F-]+|"
     r"\d{1,9}+(?:\.\d{1,9}+){1,6}+|P\d{1,2}+|Enabled|Disabled)$")
 _IDENTITY = ("index", "uuid", "pci.bus_id")
 # The shell's `time` report after the command (`real\t0m0,022s`, a locale's decimal comma).

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from cluster.base.errors import ParseError
-from cluster.base.results import fields_dict
+from cluster.base.results import Record
 from cluster.inspection.parsers._lines import clean_lines, head_text, numbered, require_text
 
 KIND = "timedatectl"
@@ -61,7 +61,7 @@ DEFAULT_MAX_OFFSET_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
-class Timedatectl:
+class Timedatectl(Record):
     synchronized: bool | None
     ntp_active: bool | None
     ntp_service: str | None
@@ -76,9 +76,6 @@ class Timedatectl:
     leap: str | None = None               # "normal", "not synchronized", ... (timesyncd)
     stratum: int | None = None            # the server's stratum (timesyncd)
     offset_seconds: float | None = None   # the last sample's offset (timesync-status)
-
-    def to_dict(self) -> dict:
-        return fields_dict(self)
 
 
 def _yes_no(value: str | None) -> bool | None:

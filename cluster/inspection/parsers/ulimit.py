@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 
 from cluster.base.errors import ParseError
-from cluster.base.results import fields_dict
+from cluster.base.results import Record
 from cluster.inspection.parsers._lines import (clean_lines, command_in, head_text, numbered,
                                     require_text)
 
@@ -50,14 +50,11 @@ _A_LINE_RE = re.compile(r"-[a-zA-Z]\)\s++\S++$")
 _A_LINE_ZSH_RE = re.compile(r"^\s*+-[a-zA-Z]:\s")
 
 @dataclass(frozen=True)
-class Ulimit:
+class Ulimit(Record):
     memlock_kib: int | str | None
     memlock_hard_kib: int | str | None
     scope: str | None
     source: str  # "ulimit -a", "ulimit -l", "limit", "/proc/limits"
-
-    def to_dict(self) -> dict:
-        return fields_dict(self)
 
 
 def _kib(value: str, unit: str | None) -> int | str:
