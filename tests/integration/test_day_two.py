@@ -16,7 +16,9 @@ nvidia-smi). One cluster, reused by the cases in order:
    app, at most 2 % for the gang's app (the job rolls it: the new gang RUNNING before the old one
    stops); no process of the old gang is left on any node. Then
    `cluster uncordon` refused while the node's preflight fails, accepted with the GPU back, and
-   the job lifts the cordon when the node rejoins under a new Ray node id.
+   the job lifts the cordon when the node rejoins under a new Ray node id. Then a rolling change
+   of the TP 1 app's engine args (max_model_len 256 -> 224) under the same load: 2 steps, each new
+   replica RUNNING before an old one stops, 0 failed requests.
 
 Printed figures: seconds from the switch to the cordon record, the move time, requests and
 failures per app, the rebuilt gang's nodes. Engines: one thread each (VLLM_CPU_OMP_THREADS_BIND,
@@ -130,10 +132,12 @@ def test_report_for_every_class_changes_nothing_but_the_status(sim, base):
         sim._factory.run("state", "node2", "gpu", "ok")
 
 
-def deploy(inv: Path, model: Path, name: str, *layout: str, core: str) -> dict:
+def deploy(inv: Path, model: Path, name: str, *layout: str, core: str,
+           max_len: int = 256) -> dict:
     start = time.monotonic()
     code, out = cli_json(inv, "deploy", "--model", str(model), *layout, "--name", name,
-                         "--served-model-name", name, "--max-model-len", "256", "--device", "cpu",
+                         "--served-model-name", name, "--max-model-len", str(max_len),
+                         "--device", "cpu",
                          "--env", f"VLLM_CPU_OMP_THREADS_BIND={core}",
                          "--env", "VLLM_CPU_NUM_OF_RESERVED_CPU=0", "--yes", "--timeout", "900")
     print(f"\ndeploy {name} {' '.join(layout)}: {time.monotonic() - start:.0f} s")
@@ -273,7 +277,15 @@ def test_a_lost_gpu_cordons_the_node_within_a_period_and_uncordon_brings_it_back
     # before make failed 119 of 236, 2026-12-06: every request of the ~150 s rebuild)
     assert len(gang_load.failed()) <= 0.02 * len(gang_load.outcomes), gang_load.figures()
 
-    # ----------------------------------------------------------------------------------------
-    # PLACE FOR THE ROLLING-CHANGE CASE (issue 42 item 5, after merging "roll"): a rolling change
-    # of the TP 1 app's engine args under the same load: 0 failed requests.
-    # ----------------------------------------------------------------------------------------
+    # then a rolling change of the TP 1 app's engine args under the same load: 0 failed requests
+    with StreamingLoad(small["endpoint"], SMALL, KEY) as roll_load:
+        time.sleep(5)
+        rolled = deploy(inv, model, SMALL, "--dp", "2", "--engine-arg", "enforce_eager=true",
+                        core="1", max_len=224)
+        time.sleep(5)
+    steps = [s["what"] for s in (rolled.get("roll") or {}).get("steps") or []]
+    print(f"rolling change of {SMALL}'s max_model_len: {roll_load.figures()}; steps {steps}")
+    assert len(steps) == 2, json.dumps(rolled.get("roll"), indent=1)
+    assert not set(rolled["roll"]["old_replicas"]) & {r["replica_id"] for r in rolled["replicas"]}
+    assert roll_load.outcomes and not roll_load.failed(), roll_load.figures()
+
