@@ -21,12 +21,12 @@ nvidia-smi). One cluster, reused by the cases in order:
    replica RUNNING before an old one stops, 0 failed requests.
 
 Printed figures: seconds from the switch to the cordon record, the move time, requests and
-failures per app, the rebuilt gang's nodes. Engines: one thread each, max_model_len 256, a
-1 GiB KV cache each. The gang's on core 0 (VLLM_CPU_OMP_THREADS_BIND=0). The TP 1 app's unbound
-(VLLM_CPU_OMP_THREADS_BIND=nobind, OMP_NUM_THREADS=1): the simulated nodes share the machine's two
-cores, so binding every TP 1 engine to core 1 put a starting engine beside the two serving ones'
-busy-polling threads on one core, where it got ~3 % of it and its replica stayed STARTING for
-12 min (the rolling change after uncordon, 2026-12-06; on real nodes each has its own cores). Ray
+failures per app, the rebuilt gang's nodes. Engines: max_model_len 256, a 1 GiB KV cache each,
+unbound on one OpenMP thread (VLLM_CPU_OMP_THREADS_BIND=nobind, OMP_NUM_THREADS=1): the simulated
+nodes share the machine's two cores, and an engine bound to a core that serving engines' workers
+busy-poll gets a few % of it while it starts (2026-12-06: the TP 1 app's engines all bound to core
+1, the rolling change's new replica stayed STARTING for 12 min, its spawned worker at ~3 % CPU; on
+real nodes each node has cores of its own). Ray
 registers 4 CPUs per node so the old gang, the new one and both TP 1 replicas fit on the two
 healthy nodes while the gang is replaced.
 Heavy: ~6 vLLM starts on a 2-core machine (the gang compiles: PP needs compile mode), ~8 GB.
@@ -53,8 +53,7 @@ PERIOD_S = 5.0
 NODES = ("node1", "node2", "node3")
 KEY = "sk-day-two-3f8a61c2e7"      # a test-only key, set in the nodes' env at `ray start`
 GANG, SMALL = "day2-gang", "day2-small"
-GANG_ENV = ("VLLM_CPU_OMP_THREADS_BIND=0",)
-SMALL_ENV = ("VLLM_CPU_OMP_THREADS_BIND=nobind", "OMP_NUM_THREADS=1")   # see the docstring
+ENGINE_ENV = ("VLLM_CPU_OMP_THREADS_BIND=nobind", "OMP_NUM_THREADS=1")   # see the docstring
 REPORT_ALL = {c: "report" for c in ("gpu_lost", "ecc_uncorrectable", "gpu_missing",
                                     "ib_port_down", "clock_offset", "missed_periods")}
 
@@ -173,7 +172,9 @@ import json, ray
 from ray.job_submission import JobSubmissionClient
 ray.init(address="auto", logging_level="ERROR")
 jobs = JobSubmissionClient()
-health = [j for j in jobs.list_jobs() if (j.submission_id or "").startswith("cluster-health-")]
+health = sorted((j for j in jobs.list_jobs()
+                 if (j.submission_id or "").startswith("cluster-health-")),
+                key=lambda j: j.start_time or 0)      # the newest job last
 log = jobs.get_job_logs(health[-1].submission_id)[-6000:] if health else ""
 from ray import serve
 status = serve.status()
@@ -215,9 +216,9 @@ def test_a_lost_gpu_cordons_the_node_within_a_period_and_uncordon_brings_it_back
     status_until(inv, lambda d: all(((d.get("health") or {}).get(n) or {}).get(
         "gpu-health", {}).get("status") == "ok" for n in NODES), 120)
 
-    gang = deploy(inv, model, GANG, "--pp", "2", "--nnodes", "2", env=GANG_ENV)
+    gang = deploy(inv, model, GANG, "--pp", "2", "--nnodes", "2", env=ENGINE_ENV)
     small = deploy(inv, model, SMALL, "--dp", "2", "--engine-arg", "enforce_eager=true",
-                   env=SMALL_ENV)
+                   env=ENGINE_ENV)
     _, doc = cli_json(inv, "status", "--window", "0")
     (old_gang,) = running_replicas(doc, GANG)
     sick = "node2" if "node2" in gang_nodes(old_gang) else \
@@ -286,7 +287,7 @@ def test_a_lost_gpu_cordons_the_node_within_a_period_and_uncordon_brings_it_back
     with StreamingLoad(small["endpoint"], SMALL, KEY) as roll_load:
         time.sleep(5)
         rolled = deploy(inv, model, SMALL, "--dp", "2", "--engine-arg", "enforce_eager=true",
-                        env=SMALL_ENV, max_len=224)
+                        env=ENGINE_ENV, max_len=224)
         time.sleep(5)
     steps = [s["what"] for s in (rolled.get("roll") or {}).get("steps") or []]
     print(f"rolling change of {SMALL}'s max_model_len: {roll_load.figures()}; steps {steps}")
