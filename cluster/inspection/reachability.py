@@ -14,6 +14,10 @@ Peers (pure, `plan_targets`): up to `full_matrix_max_nodes` every node probes ev
 it the cost stays linear: each node probes the head and `peers_per_node` others at distances
 1, 2, 4, ... along the inventory order; the head probes every node; and every pair of /24
 subnets (the racks, as far as addresses tell) has at least one probe each way.
+
+A node's probe keeps at most `connects_in_flight` connects open at once (the head's probe of
+1,000 nodes sent 512 SYNs, each needing an ARP request flooded to every node, and lost some of
+its own); no connect starts after `probe_deadline_s` (`probe_seconds`: how long the laptop waits).
 """
 
 from __future__ import annotations
@@ -35,7 +39,6 @@ from cluster.base.results import CheckResult, Evidence, Status
 
 CHECK = "reachability"
 PROGRAM = "reach"                # cluster/node_programs/reach.py
-PROBES_AT_ONCE = 512            # reach.py's MAX_AT_ONCE: connects in flight per node
 LISTEN_PROBE = "reach-listen"   # the gather's probe that starts a node's listener
 _LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
@@ -259,6 +262,15 @@ def _listen_document(out: ProbeOutput) -> dict | None:
 LISTEN = BuiltFact(LISTEN_PROBE, _listen_document)
 
 
+def probe_seconds(targets: int, th: Mapping[str, Any]) -> float:
+    """The longest a node's probe of `targets` connects runs (pure): each of reach.py's
+    `connects_in_flight` slots holds a connect at most `connect_timeout_s`, and none starts after
+    `probe_deadline_s`."""
+    timeout = float(th["connect_timeout_s"])
+    rounds = -(-targets // th["connects_in_flight"])
+    return min(float(th["probe_deadline_s"]), rounds * timeout) + timeout
+
+
 def stop_listeners(session: Session, nodes: Sequence[Node], tag: str, names: set[str]) -> None:
     """`stop` on those of `nodes` named in `names` (their listener of run `tag` may run)."""
     chosen = [n for n in nodes if n.name in names]
@@ -280,15 +292,16 @@ def run_reachability(inventory: Inventory, session: Session, nodes: Sequence[Nod
     timeout = float(th["connect_timeout_s"])
     listen_docs = {n.name: listen_docs.get(n.name) for n in nodes}
     ours = {name: listed_ports(doc, "listening") for name, doc in listen_docs.items()}
-    rounds = max(-(-len(plan[n.name]) // PROBES_AT_ONCE) for n in nodes)
+    window = ["--timeout", f"{timeout:g}", "--at-once", str(th["connects_in_flight"]),
+              "--deadline", f"{float(th['probe_deadline_s']):g}"]
     probe_docs: dict[str, dict | None] = {n.name: None for n in nodes}
     try:
         probed = fan_out_program(
             session, nodes, PROGRAM, lambda n: [
-                "probe", "--targets", _targets_arg(plan[n.name]), "--timeout", f"{timeout:g}",
+                "probe", "--targets", _targets_arg(plan[n.name]), *window,
                 "--tag", listeners.tag, "--tell", _targets_arg(
                     [t for t in plan[n.name] if t.port in ours[t.node]]) or "-"],
-            timeout=30 + rounds * timeout)
+            timeout=30 + probe_seconds(max(len(plan[n.name]) for n in nodes), th))
         probe_docs = _docs(probed, nodes)
     finally:
         stop_listeners(session, nodes, listeners.tag,

@@ -1005,6 +1005,8 @@ _EXPECT_SPEC: dict[str, tuple] = {
     "reachability.full_matrix_max_nodes": ("int", False, 2, 4096),
     "reachability.peers_per_node": ("int", False, 1, 64),
     "reachability.connect_timeout_s": ("number", False, 0.1, 30.0),
+    "reachability.connects_in_flight": ("int", False, 1, 512),
+    "reachability.probe_deadline_s": ("number", False, 1.0, 600.0),
     "reachability.worker_port_samples": ("int", False, 0, 32),
     "reachability.serve_replica_ports": ("ints", False, 1, 65535),
     "fix.model_copy_port": ("int", False, 1, 65535),
