@@ -590,3 +590,28 @@ def test_the_probe_command_carries_the_window_and_deadline_of_the_expectations()
     run_reachability(inv, session, inv.nodes, listeners, docs)
     assert log.probe_args and all(" --at-once 8 --deadline 30 " in c for c in log.probe_args)
     assert probe_seconds(100, th) == 13 * 2 + 2 and probe_seconds(1000, th) == 30 + 2
+
+
+def test_a_preflight_plans_the_probes_once_and_again_only_without_a_node(monkeypatch):
+    """The plan (every node's targets: the head's is every node's ports) was made twice a
+    preflight, for the listeners and for the probes: once now when every node was reached; with
+    a node unreachable the probes' plan is made again for the nodes left, without it."""
+    from cluster.inspection import reachability
+    from playbooks.preflight import run_preflight
+
+    made = []
+    real = reachability.plan_targets
+    monkeypatch.setattr(reachability, "plan_targets",
+                        lambda nodes, *a: made.append([n.name for n in nodes]) or real(nodes, *a))
+    inv = fake_inventory(4)
+    run_preflight(inv, CommandLog().session(inv))
+    assert made == [["n1", "n2", "n3", "n4"]]
+    made.clear()
+    log = CommandLog(unreachable={"n4"})
+    report = run_preflight(inv, log.session(inv))
+    assert made == [["n1", "n2", "n3", "n4"], ["n1", "n2", "n3"]]
+    gone = inv.nodes[3].ip
+    assert len(log.probe_args) == 3 and all(f"{gone}:" not in c and f"/{gone}" not in c
+                                            for c in log.probe_args)
+    assert [r.status for r in report.results if r.check == "reachability" and r.node is None] \
+        == [Status.OK]

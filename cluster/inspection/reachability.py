@@ -25,7 +25,7 @@ from __future__ import annotations
 import ipaddress
 import secrets
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from cluster.inspection.checks.node import ray_ports
@@ -205,6 +205,15 @@ class Listeners:
     lifetime_s: float
     served: Mapping[str, Mapping[int, str]]
     expected: Mapping[str, int]
+    plan: Mapping[str, Sequence[Target]] = field(default_factory=dict)   # of `planned_for`
+    planned_for: tuple[str, ...] = ()
+
+    def plan_of(self, nodes: Sequence[Node], inventory: Inventory) -> dict[str, list[Target]]:
+        """The probes' plan for `nodes`: the one made with the listeners when they are the same
+        nodes (every node reached), else planned again for the ones left."""
+        if tuple(n.name for n in nodes) == self.planned_for:
+            return dict(self.plan)
+        return plan_targets(nodes, inventory, inventory.expectations["reachability"])
 
     def args(self, node: str) -> list[str]:
         return ["listen", "--ports", ",".join(map(str, self.served[node])),
@@ -229,9 +238,10 @@ def plan_listeners(inventory: Inventory, session: Session, nodes: Sequence[Node]
     batches = -(-len(nodes) // max(1, session.max_parallel))
     per_batch = timeout * 3 + inventory.ssh.connect_timeout + 5 \
         + gather_timeout(probe_count=3) + 10   # a gather of several probes
+    plan = plan_targets(nodes, inventory, th)
     return Listeners(secrets.token_hex(6), min(900.0, 60.0 + batches * per_batch),
-                     {n.name: served_ports(n, inventory, th) for n in nodes},
-                     probers(plan_targets(nodes, inventory, th)))
+                     {n.name: served_ports(n, inventory, th) for n in nodes}, probers(plan),
+                     plan, tuple(n.name for n in nodes))
 
 
 def gathered_listen_docs(facts: Mapping[str, Any], nodes: Sequence[Node]
@@ -288,7 +298,7 @@ def run_reachability(inventory: Inventory, session: Session, nodes: Sequence[Nod
     if len(nodes) < 2:
         stop_listeners(session, nodes, listeners.tag, started(listen_docs))
         return [CheckResult(CHECK, None, Status.SKIP, "fewer than two reachable nodes")]
-    plan = plan_targets(nodes, inventory, th)
+    plan = listeners.plan_of(nodes, inventory)
     timeout = float(th["connect_timeout_s"])
     listen_docs = {n.name: listen_docs.get(n.name) for n in nodes}
     ours = {name: listed_ports(doc, "listening") for name, doc in listen_docs.items()}
