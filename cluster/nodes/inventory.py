@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import functools
 import ipaddress
 import math
 import os
@@ -316,6 +317,13 @@ def is_secret_name(name: str, extra: Sequence[str] = ()) -> bool:
     last word names a setting (RAY_AUTH_MODE, *_ENABLED, *_PORT ...); or one containing any of
     `extra` (an inventory's secrets.extra_names), case-insensitively.
     """
+    return _secret_name(name, tuple(extra))
+
+
+@functools.lru_cache(maxsize=4096)
+def _secret_name(name: str, extra: tuple[str, ...]) -> bool:
+    """is_secret_name, kept per (name, extra): every node's commands ask it of the same few
+    names (27 times a node in a preflight)."""
     if _SECRET_KEY_RE.search(name):
         return True
     upper = name.upper()
