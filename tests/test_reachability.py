@@ -3,6 +3,7 @@ program run for real on loopback (listen, connect, stop)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import socket
 import subprocess
@@ -335,6 +336,7 @@ class CommandLog:
     def __init__(self, unreachable=(), silent=()):
         self.kinds: list[tuple[str, str]] = []
         self.longest: dict[str, int] = {}     # kind -> its longest command's length
+        self.probe_args: list[str] = []       # the probe commands
         self.unreachable, self.silent = set(unreachable), set(silent)
         self.nodes = preflight_answers()
 
@@ -352,6 +354,8 @@ class CommandLog:
                 next(v for v in ("listen", "probe", "stop") if f" {v} " in f" {sent.command} ")
         self.kinds.append((sent.node, kind))
         self.longest[kind] = max(self.longest.get(kind, 0), len(sent.command))
+        if kind == "probe":
+            self.probe_args.append(sent.command)
         if kind == "probe" and sent.node in self.silent:
             return '{"stopped": true}\n'      # no probe document
         return self.nodes(sent)
@@ -445,3 +449,169 @@ def test_listeners_told_of_a_peer_that_is_unreachable_by_the_probes_are_stopped(
     report = run_preflight(inv, session, measure_clock=False)
     assert log.sent("stop") == ["n1"]   # one reachable node: no probes, its listener stopped
     assert not [r for r in report.results if r.check == "reachability"]   # nothing to probe
+
+
+class WindowNet:
+    """reach.py's socket, selectors and time, faked: every connect is in flight until the
+    selector reports it (the oldest first, one a select; to a host in `dropped` never: the fake
+    clock then jumps to the select's timeout). A connect opened while `bound` sockets are open
+    fails the test: the probe must keep its window."""
+
+    AF_INET, SOCK_STREAM = socket.AF_INET, socket.SOCK_STREAM
+    SOL_SOCKET, SO_ERROR = socket.SOL_SOCKET, socket.SO_ERROR
+    EVENT_READ, EVENT_WRITE = 1, 2
+
+    def __init__(self, bound: int, dropped=()):
+        self.bound, self.dropped = bound, set(dropped)
+        self.open: list = []          # sockets not closed, oldest first
+        self.peak = self.connects = 0
+        self.now = 0.0
+        self.said: list[tuple[str, int]] = []
+        net = self
+
+        class Sock:
+            def __init__(self, *_):
+                self.to, self.heard_ack = None, False
+
+            def setblocking(self, _):
+                pass
+
+            def connect_ex(self, to):
+                assert len(net.open) < net.bound, f"{len(net.open) + 1} connects in flight"
+                self.to = to
+                net.open.append(self)
+                net.connects += 1
+                net.peak = max(net.peak, len(net.open))
+                return errno.EINPROGRESS
+
+            def getsockopt(self, *_):
+                return errno.ECONNREFUSED if self.to[1] == 1 else 0
+
+            def send(self, data):
+                net.said.append(self.to)
+                return len(data)
+
+            def recv(self, n):
+                return b"ok\n"[:n]
+
+            def close(self):
+                if self in net.open:
+                    net.open.remove(self)
+
+        class Key:
+            def __init__(self, fileobj, events, data):
+                self.fileobj, self.events, self.data = fileobj, events, data
+
+        class Selector:
+            def __init__(self):
+                self.keys: dict = {}
+
+            def register(self, s, events, data):
+                self.keys[s] = Key(s, events, data)
+
+            def modify(self, s, events, data):
+                self.keys[s] = Key(s, events, data)
+
+            def unregister(self, s):
+                del self.keys[s]
+
+            def get_map(self):
+                return self.keys
+
+            def select(self, timeout):
+                for key in self.keys.values():
+                    if key.fileobj.to[0] not in net.dropped:
+                        return [(key, key.events)]
+                net.now += timeout
+                return []
+
+        self.socket = type("socket_module", (), {"socket": Sock, "AF_INET": self.AF_INET,
+                                                  "SOCK_STREAM": self.SOCK_STREAM,
+                                                  "SOL_SOCKET": self.SOL_SOCKET,
+                                                  "SO_ERROR": self.SO_ERROR})
+        self.selectors = type("selectors_module", (), {
+            "DefaultSelector": Selector, "EVENT_READ": self.EVENT_READ,
+            "EVENT_WRITE": self.EVENT_WRITE})
+        self.time = type("time_module", (), {"monotonic": staticmethod(lambda: net.now)})
+
+    def install(self, monkeypatch, module) -> None:
+        for name in ("socket", "selectors", "time"):
+            monkeypatch.setattr(module, name, getattr(self, name))
+
+
+def test_a_probe_keeps_at_most_its_window_of_connects_in_flight(monkeypatch):
+    """At 1,000 nodes the head's probe sent 512 connects at once, each to a node it had no ARP
+    entry for yet, and 1,536 of them timed out in the flood: a probe now keeps at most
+    --at-once connects open, each with its own timeout, and still reports every target."""
+    from cluster.node_programs import reach
+
+    net = WindowNet(bound=16, dropped={"10.0.0.9"})
+    net.install(monkeypatch, reach)
+    hosts = [f"10.0.0.{i}" for i in range(1, 41)]
+    targets = "/".join(hosts) + ":1+6379+8076"             # 120 connects, port 1 refused
+    told = "10.0.0.2:6379,10.0.0.9:6379"
+    doc = reach.probe({"--targets": targets, "--timeout": "2", "--at-once": "16",
+                       "--deadline": "120", "--tag": "t4test", "--tell": told})
+    assert net.connects == 120 and net.peak == 16 and not net.open
+    want = {f"{h}:{p}": ("timeout" if h == "10.0.0.9" else "refused" if p == 1 else "ok")
+            for h in hosts for p in (1, 6379, 8076)}
+    assert doc["results"] == want
+    assert doc["acked"] == ["10.0.0.2:6379"] and net.said == [("10.0.0.2", 6379)]
+
+
+def test_a_probe_starts_no_connect_past_its_deadline(monkeypatch):
+    """Every SYN dropped: the window's slots each wait the timeout, so the probe stops starting
+    connects at --deadline; the ones never tried are left out (the laptop reads them as not
+    answered), and the probe ends within the deadline plus one timeout."""
+    from cluster.node_programs import reach
+
+    hosts = [f"10.0.1.{i}" for i in range(1, 101)]
+    net = WindowNet(bound=4, dropped=set(hosts))
+    net.install(monkeypatch, reach)
+    doc = reach.probe({"--targets": "/".join(hosts) + ":6379", "--timeout": "2",
+                       "--at-once": "4", "--deadline": "10"})
+    assert net.now <= 10 + 2 and not net.open
+    assert 0 < len(doc["results"]) < 100 and set(doc["results"].values()) == {"timeout"}
+
+
+def test_the_probe_command_carries_the_window_and_deadline_of_the_expectations():
+    """connects_in_flight and probe_deadline_s are data (expectations.yaml), given to every
+    node's probe; the laptop waits for a probe as long as its window of targets can take."""
+    from cluster.inspection.reachability import plan_listeners, probe_seconds, run_reachability
+
+    inv = fake_inventory(40)
+    th = {**inv.expectations["reachability"], "connects_in_flight": 8, "probe_deadline_s": 30}
+    inv.expectations["reachability"].update(th)
+    log = CommandLog()
+    session = log.session(inv)
+    listeners = plan_listeners(inv, session, inv.nodes)
+    docs = {n.name: {"listening": sorted(listeners.served[n.name]), "busy": [], "pid": 1}
+            for n in inv.nodes}
+    run_reachability(inv, session, inv.nodes, listeners, docs)
+    assert log.probe_args and all(" --at-once 8 --deadline 30 " in c for c in log.probe_args)
+    assert probe_seconds(100, th) == 13 * 2 + 2 and probe_seconds(1000, th) == 30 + 2
+
+
+def test_a_preflight_plans_the_probes_once_and_again_only_without_a_node(monkeypatch):
+    """The plan (every node's targets: the head's is every node's ports) was made twice a
+    preflight, for the listeners and for the probes: once now when every node was reached; with
+    a node unreachable the probes' plan is made again for the nodes left, without it."""
+    from cluster.inspection import reachability
+    from playbooks.preflight import run_preflight
+
+    made = []
+    real = reachability.plan_targets
+    monkeypatch.setattr(reachability, "plan_targets",
+                        lambda nodes, *a: made.append([n.name for n in nodes]) or real(nodes, *a))
+    inv = fake_inventory(4)
+    run_preflight(inv, CommandLog().session(inv))
+    assert made == [["n1", "n2", "n3", "n4"]]
+    made.clear()
+    log = CommandLog(unreachable={"n4"})
+    report = run_preflight(inv, log.session(inv))
+    assert made == [["n1", "n2", "n3", "n4"], ["n1", "n2", "n3"]]
+    gone = inv.nodes[3].ip
+    assert len(log.probe_args) == 3 and all(f"{gone}:" not in c and f"/{gone}" not in c
+                                            for c in log.probe_args)
+    assert [r.status for r in report.results if r.check == "reachability" and r.node is None] \
+        == [Status.OK]

@@ -367,9 +367,10 @@ RAY_PROBES: tuple[ProbeBuilder, ...] = (GPU_QUERY, node_program_probe)
 
 
 def probes_for(node: Node, inventory: Inventory, builders: Iterable[ProbeBuilder]) -> list[Probe]:
-    """The node's probes, one per name (the first builder of a name wins)."""
+    """The node's probes, one per name (the first builder of a name wins); a builder listed
+    again (by several checks) is not built again."""
     probes: dict[str, Probe] = {}
-    for build in builders:
+    for build in dict.fromkeys(builders):
         probe = build(node, inventory)
         if probe is not None:
             probes.setdefault(probe.name, probe)

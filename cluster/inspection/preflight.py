@@ -58,11 +58,12 @@ def evaluate_node(node: Node, inventory: Inventory, checks: Sequence[NodeCheck],
     results: list[CheckResult] = []
     report_facts = NodeFactsSummary(reachable=True)
     shown: dict[tuple, str] = {}     # (command, output tail) -> the check whose evidence has it
+    names: dict = {}     # probe builder -> the name of its probe on this node (None: none)
     for check in checks:
         verdict = judge(check, ctx)
         report_facts = report_facts.merged(verdict.facts)
-        evidence = _evidence(ctx, check, verdict)
-        evidence = _once_per_report(evidence, check.id, node.name, seen) \
+        evidence, data_text = _evidence(ctx, check, verdict, names)
+        evidence = _once_per_report(evidence, data_text, check.id, node.name, seen) \
             if seen is not None else evidence
         results.append(CheckResult(check.id, node.name, verdict.status, verdict.summary,
                                    _once_per_node(evidence, check.id, shown), verdict.fix))
@@ -80,13 +81,14 @@ def _once_per_node(evidence: Evidence, check: str, shown: dict[tuple, str]) -> E
     return replace(evidence, output_tail=f"(as in the {first} check)")
 
 
-def _once_per_report(evidence: Evidence, check: str, node: str, seen: dict) -> Evidence:
+def _once_per_report(evidence: Evidence, data_text: str, check: str, node: str, seen: dict
+                     ) -> Evidence:
     """The evidence, or a pointer to the first node whose same check showed the same command,
-    exit code, output tail and data (a rack of identical nodes repeats the same outputs)."""
+    exit code, output tail and data (a rack of identical nodes repeats the same outputs);
+    data_text: its data as JSON (_data_text)."""
     if evidence.command is None and evidence.data is None:
         return evidence
-    key = (check, evidence.command, evidence.exit_code, evidence.output_tail,
-           json.dumps(to_jsonable(evidence.data), sort_keys=True))
+    key = (check, evidence.command, evidence.exit_code, evidence.output_tail, data_text)
     first = seen.setdefault(key, node)
     if first == node:
         return evidence
@@ -103,16 +105,34 @@ PASSED_DATA_CHARS = 1024
 _PASSED = (Status.OK, Status.SKIP)
 
 
-def _evidence(ctx: NodeContext, check: NodeCheck, verdict: Verdict) -> Evidence:
-    names = [verdict.probe] if verdict.probe else \
-        [p.name for b in check.probes if (p := b(ctx.node, ctx.inventory)) is not None]
-    outs = [ctx.outputs[n] for n in names if n in ctx.outputs]
+def _data_text(data: object) -> str:
+    """Evidence data as JSON, keys sorted: its size and its identity across nodes, encoded once."""
+    return json.dumps(to_jsonable(data), sort_keys=True)
+
+
+def _probe_name(build: ProbeBuilder, ctx: NodeContext, names: dict) -> str | None:
+    """The name of the probe `build` makes for the node, built once per node (a node program's
+    probe command is costly to build, and several checks list the same builder)."""
+    if build not in names:
+        probe = build(ctx.node, ctx.inventory)
+        names[build] = None if probe is None else probe.name
+    return names[build]
+
+
+def _evidence(ctx: NodeContext, check: NodeCheck, verdict: Verdict, names: dict
+              ) -> tuple[Evidence, str]:
+    """The check's evidence on the node and its data's _data_text; `names`: _probe_name's, for
+    the node."""
+    wanted = [verdict.probe] if verdict.probe else \
+        [_probe_name(b, ctx, names) for b in check.probes]
+    outs = [ctx.outputs[n] for n in wanted if n is not None and n in ctx.outputs]
     passed = verdict.status in _PASSED
     data = verdict.data
-    if passed and data is not None and len(json.dumps(to_jsonable(data))) > PASSED_DATA_CHARS:
-        data = None
+    data_text = _data_text(data)
+    if passed and data is not None and len(data_text) > PASSED_DATA_CHARS:
+        data, data_text = None, _data_text(None)
     if not outs:
-        return Evidence(data=data)
+        return Evidence(data=data), data_text
     first = outs[0]
     lines, chars = (PASSED_TAIL_LINES, PASSED_TAIL_CHARS) if passed else (TAIL_LINES, TAIL_CHARS)
     # each command's own tail, the bound shared between them (the end of the last output alone
@@ -121,4 +141,4 @@ def _evidence(ctx: NodeContext, check: NodeCheck, verdict: Verdict) -> Evidence:
     share = max(1, len(texts))
     shown = "\n".join(tail(t, lines=max(1, lines // share), chars=chars // share) for t in texts)
     return Evidence(command=" ; ".join(without_heredocs(o.command) for o in outs),
-                    exit_code=first.exit_code, output_tail=shown, data=data)
+                    exit_code=first.exit_code, output_tail=shown, data=data), data_text

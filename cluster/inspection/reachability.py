@@ -14,6 +14,10 @@ Peers (pure, `plan_targets`): up to `full_matrix_max_nodes` every node probes ev
 it the cost stays linear: each node probes the head and `peers_per_node` others at distances
 1, 2, 4, ... along the inventory order; the head probes every node; and every pair of /24
 subnets (the racks, as far as addresses tell) has at least one probe each way.
+
+A node's probe keeps at most `connects_in_flight` connects open at once (the head's probe of
+1,000 nodes sent 512 SYNs, each needing an ARP request flooded to every node, and lost some of
+its own); no connect starts after `probe_deadline_s` (`probe_seconds`: how long the laptop waits).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from __future__ import annotations
 import ipaddress
 import secrets
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from cluster.inspection.checks.node import ray_ports
@@ -35,7 +39,6 @@ from cluster.base.results import CheckResult, Evidence, Status
 
 CHECK = "reachability"
 PROGRAM = "reach"                # cluster/node_programs/reach.py
-PROBES_AT_ONCE = 512            # reach.py's MAX_AT_ONCE: connects in flight per node
 LISTEN_PROBE = "reach-listen"   # the gather's probe that starts a node's listener
 _LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
@@ -202,6 +205,15 @@ class Listeners:
     lifetime_s: float
     served: Mapping[str, Mapping[int, str]]
     expected: Mapping[str, int]
+    plan: Mapping[str, Sequence[Target]] = field(default_factory=dict)   # of `planned_for`
+    planned_for: tuple[str, ...] = ()
+
+    def plan_of(self, nodes: Sequence[Node], inventory: Inventory) -> dict[str, list[Target]]:
+        """The probes' plan for `nodes`: the one made with the listeners when they are the same
+        nodes (every node reached), else planned again for the ones left."""
+        if tuple(n.name for n in nodes) == self.planned_for:
+            return dict(self.plan)
+        return plan_targets(nodes, inventory, inventory.expectations["reachability"])
 
     def args(self, node: str) -> list[str]:
         return ["listen", "--ports", ",".join(map(str, self.served[node])),
@@ -226,9 +238,10 @@ def plan_listeners(inventory: Inventory, session: Session, nodes: Sequence[Node]
     batches = -(-len(nodes) // max(1, session.max_parallel))
     per_batch = timeout * 3 + inventory.ssh.connect_timeout + 5 \
         + gather_timeout(probe_count=3) + 10   # a gather of several probes
+    plan = plan_targets(nodes, inventory, th)
     return Listeners(secrets.token_hex(6), min(900.0, 60.0 + batches * per_batch),
-                     {n.name: served_ports(n, inventory, th) for n in nodes},
-                     probers(plan_targets(nodes, inventory, th)))
+                     {n.name: served_ports(n, inventory, th) for n in nodes}, probers(plan),
+                     plan, tuple(n.name for n in nodes))
 
 
 def gathered_listen_docs(facts: Mapping[str, Any], nodes: Sequence[Node]
@@ -259,6 +272,15 @@ def _listen_document(out: ProbeOutput) -> dict | None:
 LISTEN = BuiltFact(LISTEN_PROBE, _listen_document)
 
 
+def probe_seconds(targets: int, th: Mapping[str, Any]) -> float:
+    """The longest a node's probe of `targets` connects runs (pure): each of reach.py's
+    `connects_in_flight` slots holds a connect at most `connect_timeout_s`, and none starts after
+    `probe_deadline_s`."""
+    timeout = float(th["connect_timeout_s"])
+    rounds = -(-targets // th["connects_in_flight"])
+    return min(float(th["probe_deadline_s"]), rounds * timeout) + timeout
+
+
 def stop_listeners(session: Session, nodes: Sequence[Node], tag: str, names: set[str]) -> None:
     """`stop` on those of `nodes` named in `names` (their listener of run `tag` may run)."""
     chosen = [n for n in nodes if n.name in names]
@@ -276,19 +298,20 @@ def run_reachability(inventory: Inventory, session: Session, nodes: Sequence[Nod
     if len(nodes) < 2:
         stop_listeners(session, nodes, listeners.tag, started(listen_docs))
         return [CheckResult(CHECK, None, Status.SKIP, "fewer than two reachable nodes")]
-    plan = plan_targets(nodes, inventory, th)
+    plan = listeners.plan_of(nodes, inventory)
     timeout = float(th["connect_timeout_s"])
     listen_docs = {n.name: listen_docs.get(n.name) for n in nodes}
     ours = {name: listed_ports(doc, "listening") for name, doc in listen_docs.items()}
-    rounds = max(-(-len(plan[n.name]) // PROBES_AT_ONCE) for n in nodes)
+    window = ["--timeout", f"{timeout:g}", "--at-once", str(th["connects_in_flight"]),
+              "--deadline", f"{float(th['probe_deadline_s']):g}"]
     probe_docs: dict[str, dict | None] = {n.name: None for n in nodes}
     try:
         probed = fan_out_program(
             session, nodes, PROGRAM, lambda n: [
-                "probe", "--targets", _targets_arg(plan[n.name]), "--timeout", f"{timeout:g}",
+                "probe", "--targets", _targets_arg(plan[n.name]), *window,
                 "--tag", listeners.tag, "--tell", _targets_arg(
                     [t for t in plan[n.name] if t.port in ours[t.node]]) or "-"],
-            timeout=30 + rounds * timeout)
+            timeout=30 + probe_seconds(max(len(plan[n.name]) for n in nodes), th))
         probe_docs = _docs(probed, nodes)
     finally:
         stop_listeners(session, nodes, listeners.tag,

@@ -8,7 +8,9 @@
                                                   busy ports are reported (someone, e.g. Ray,
                                                   already answers there)
     probe --targets 10.0.0.2/10.0.0.3:6379+8076,... --timeout 2 [--tag RUN --tell 10.0.0.2:6379,...]
-                                                  connects to every target at once; each is
+          [--at-once 64 --deadline 120]           connects to every target, at most --at-once
+                                                  in flight (no connect starts after
+                                                  --deadline s: those are left out); each is
                                                   ok, refused, timeout (dropped) or an OS error;
                                                   to the --tell ones (ports our listeners hold)
                                                   it then says the run's tag and waits for the
@@ -41,7 +43,8 @@ from cluster.node_programs._common import run_detached, stop_tagged
 
 MAX_TARGETS = 20000
 MAX_PORTS = 256
-MAX_AT_ONCE = 512
+MAX_AT_ONCE = 512      # connects open at once, at most (the caller's --at-once: fewer)
+MAX_DEADLINE_S = 600.0  # no connect starts later than this into a probe
 STOP_WAIT_S = 5.0
 
 
@@ -232,63 +235,86 @@ def probe(args):
     timeout = float(args["--timeout"])
     if not 0 < timeout <= 60:
         raise SystemExit("bad --timeout")
+    at_once = int(args.get("--at-once", MAX_AT_ONCE))
+    deadline = float(args.get("--deadline", MAX_DEADLINE_S))
+    if not 1 <= at_once <= MAX_AT_ONCE or not 0 < deadline <= MAX_DEADLINE_S:
+        raise SystemExit("bad --at-once or --deadline")
     tag = args.get("--tag", "")
     if tag and not tag.isalnum():
         raise SystemExit("bad --tag")
     tell = set(parse_targets(args.get("--tell", ""))) if tag else set()
-    results, acked = {}, []
-    for start in range(0, len(targets), MAX_AT_ONCE):
-        got, ok = probe_batch(targets[start:start + MAX_AT_ONCE], timeout, tell,
-                              knock(tag) if tag else b"")
-        results.update(got)
-        acked += ok
+    results, acked = probe_window(targets, timeout, at_once, deadline, tell,
+                                  knock(tag) if tag else b"")
     return {"results": results, "acked": acked} if tag else {"results": results}
 
 
-def probe_batch(targets, timeout, tell=frozenset(), said=b""):
-    """Connect to every target at once: {"host:port": outcome}; to the `tell` ones that
-    connected, say `said` and wait for the listener's ACK (same deadline): [their keys]."""
+def probe_window(targets, timeout, at_once, deadline, tell=frozenset(), said=b""):
+    """Connect to the targets with at most `at_once` sockets open at a time (a sliding window:
+    a large fan-out would otherwise send every SYN, and every ARP request for a neighbour not
+    yet known, in one burst), each given `timeout` from its own start to connect and, when it is
+    one of the `tell` ones, to say `said` and hear the listener's ACK: ({"host:port": outcome},
+    [acked keys]). No connect starts after `deadline` seconds; the ones never started are left
+    out (the caller reads them as unanswered)."""
     sel = selectors.DefaultSelector()
     out, acked = {}, []
     t0 = time.monotonic()
-    for host, port in targets:
-        key = "%s:%d" % (host, port)
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        s.setblocking(False)
-        code = s.connect_ex((host, port))
-        if code in (0, errno.EINPROGRESS):
-            sel.register(s, selectors.EVENT_WRITE, (key, (host, port) in tell, b""))
-        else:
-            out[key] = outcome(code)
-            s.close()
-    while sel.get_map():
-        left = timeout - (time.monotonic() - t0)
-        if left <= 0:
+    todo = iter(targets)
+    while True:
+        now = time.monotonic()
+        while len(sel.get_map()) < at_once and now - t0 < deadline:
+            target = next(todo, None)
+            if target is None:
+                break
+            start_connect(sel, out, target, target in tell, now + timeout)
+        if not sel.get_map():
             break
-        for k, events in sel.select(left):
-            s, (key, telling, heard) = k.fileobj, k.data
-            if events & selectors.EVENT_WRITE:
-                out[key] = outcome(s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR))
-                if telling and out[key] == "ok" and say(s, said):
-                    sel.modify(s, selectors.EVENT_READ, (key, True, b""))
-                    continue
+        soonest = min(k.data[3] for k in sel.get_map().values())
+        for k, events in sel.select(max(0.0, soonest - now)):
+            if on_event(k, events, out, acked, said):
+                sel.modify(k.fileobj, selectors.EVENT_READ, k.data)
             else:
-                try:
-                    data = s.recv(len(ACK) - len(heard))
-                except OSError:
-                    data = b""
-                heard += data
-                if data and len(heard) < len(ACK):
-                    sel.modify(s, selectors.EVENT_READ, (key, True, heard))
-                    continue
-                if heard == ACK:
-                    acked.append(key)
-            sel.unregister(s)
-            s.close()
-    for k in list(sel.get_map().values()):
-        out.setdefault(k.data[0], "timeout")     # connected but not acked in time: still ok
-        k.fileobj.close()
+                sel.unregister(k.fileobj)
+                k.fileobj.close()
+        now = time.monotonic()
+        for k in [k for k in sel.get_map().values() if k.data[3] <= now]:
+            out.setdefault(k.data[0], "timeout")     # connected but not acked in time: still ok
+            sel.unregister(k.fileobj)
+            k.fileobj.close()
     return out, acked
+
+
+def start_connect(sel, out, target, telling, until):
+    """A non-blocking connect to target, registered with sel (its data: [key, telling, heard
+    bytes, its deadline]), or its outcome in out when it failed at once."""
+    host, port = target
+    key = "%s:%d" % (host, port)
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setblocking(False)
+    code = s.connect_ex((host, port))
+    if code in (0, errno.EINPROGRESS):
+        sel.register(s, selectors.EVENT_WRITE, [key, telling, b"", until])
+    else:
+        out[key] = outcome(code)
+        s.close()
+
+
+def on_event(k, events, out, acked, said):
+    """One ready socket: True when it now waits for the listener's ACK (or more of it)."""
+    s, data = k.fileobj, k.data
+    key, telling = data[0], data[1]
+    if events & selectors.EVENT_WRITE:
+        out[key] = outcome(s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR))
+        return telling and out[key] == "ok" and say(s, said)
+    try:
+        got = s.recv(len(ACK) - len(data[2]))
+    except OSError:
+        got = b""
+    data[2] += got
+    if got and len(data[2]) < len(ACK):
+        return True
+    if data[2] == ACK:
+        acked.append(key)
+    return False
 
 
 def say(s, data):

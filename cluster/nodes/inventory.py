@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import functools
 import ipaddress
 import math
 import os
@@ -316,6 +317,13 @@ def is_secret_name(name: str, extra: Sequence[str] = ()) -> bool:
     last word names a setting (RAY_AUTH_MODE, *_ENABLED, *_PORT ...); or one containing any of
     `extra` (an inventory's secrets.extra_names), case-insensitively.
     """
+    return _secret_name(name, tuple(extra))
+
+
+@functools.lru_cache(maxsize=4096)
+def _secret_name(name: str, extra: tuple[str, ...]) -> bool:
+    """is_secret_name, kept per (name, extra): every node's commands ask it of the same few
+    names (27 times a node in a preflight)."""
     if _SECRET_KEY_RE.search(name):
         return True
     upper = name.upper()
@@ -1005,6 +1013,8 @@ _EXPECT_SPEC: dict[str, tuple] = {
     "reachability.full_matrix_max_nodes": ("int", False, 2, 4096),
     "reachability.peers_per_node": ("int", False, 1, 64),
     "reachability.connect_timeout_s": ("number", False, 0.1, 30.0),
+    "reachability.connects_in_flight": ("int", False, 1, 512),
+    "reachability.probe_deadline_s": ("number", False, 1.0, 600.0),
     "reachability.worker_port_samples": ("int", False, 0, 32),
     "reachability.serve_replica_ports": ("ints", False, 1, 65535),
     "fix.model_copy_port": ("int", False, 1, 65535),

@@ -18,8 +18,8 @@ where `ps` and the run logs would show them.
 
 from __future__ import annotations
 
+import functools
 import hashlib
-
 import shlex
 from typing import Mapping
 
@@ -54,13 +54,21 @@ def heredoc(command: str, body: str, prefix: str = "CLUSTER_EOF_") -> str:
     """`command <<'MARKER'` then body on the lines after it; MARKER is derived from body's hash
     (the same text gives the same command: dry runs and records stay comparable) and is not in
     body. Quoted, so the shell expands nothing in body."""
+    marker = _marker(body, prefix)
+    return f"{command} <<'{marker}'\n{body}\n{marker}"
+
+
+@functools.lru_cache(maxsize=64)
+def _marker(body: str, prefix: str) -> str:
+    """heredoc's MARKER for body, kept per body: every node gets the same program texts (10
+    hashes of them a node in a preflight)."""
     digest = hashlib.sha256(body.encode("utf-8", "surrogatepass")).hexdigest()
     n = 0
     marker = prefix + digest[:16]
     while marker in body:
         n += 1
         marker = f"{prefix}{digest[:16]}_{n}"
-    return f"{command} <<'{marker}'\n{body}\n{marker}"
+    return marker
 
 
 _HEREDOC_PREFIXES = ("CLUSTER_EOF_", "CLUSTER_PROGRAM_")

@@ -79,6 +79,9 @@ def version_in(value: str | None) -> str | None:
     return m.group(0) if m else None
 
 
+_NOT_SNAKE = re.compile(r"[^0-9a-z]+")
+
+
 def snake(key: str) -> str:
     """`"Replay Errors"` -> `"replay_errors"`, `"P2P is supported"` -> `"p2p_is_supported"`."""
-    return re.sub(r"[^0-9a-z]+", "_", key.strip().lower()).strip("_")
+    return _NOT_SNAKE.sub("_", key.strip().lower()).strip("_")

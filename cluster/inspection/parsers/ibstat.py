@@ -67,9 +67,12 @@ def _printed(raw: str) -> str:
     return strip_code(raw)
 
 
+_CODE_IN_PARENS = re.compile(r"\(\s*+\d{1,12}+\s*+\)")
+
+
 def _squash(value: str) -> str:
     """'PORT_ACTIVE (4)' -> 'active'; '5: LinkUp' -> 'linkup'; 'Port Configuration Training' ..."""
-    value = re.sub(r"\(\s*+\d{1,12}+\s*+\)", "", value)
+    value = _CODE_IN_PARENS.sub("", value)
     value = re.sub(r"^\s*+\d{1,12}+\s*+:\s*+", "", value)
     value = re.sub(r"^\s*+PORT_", "", value.strip(), flags=re.IGNORECASE)
     return re.sub(r"[^a-z]", "", value.lower())

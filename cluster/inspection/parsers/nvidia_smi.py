@@ -163,9 +163,13 @@ def parse(text: str) -> NvidiaSmi:
                      tuple(gpus), tuple(processes))
 
 
+_BAR = re.compile(r"[|+]")
+_PROCESSES_TITLE = re.compile(r"\|\s*Processes:")
+
+
 def _from_first_bar(line: str) -> str:
     """Drop anything pasted in front of a table line (`node1: |...`) so it starts at `|` or `+`."""
-    m = re.search(r"[|+]", line)
+    m = _BAR.search(line)
     if m and m.start() > 0 and line.rstrip().endswith(("|", "+")):
         return line[m.start():]
     return line
@@ -321,7 +325,7 @@ def _complete(lines: list[str], last_gpu_line: int) -> bool | None:
 
 
 def _processes(lines: list[str]) -> list[Process]:
-    start = next((i for i, ln in enumerate(lines) if re.search(r"\|\s*Processes:", ln)), None)
+    start = next((i for i, ln in enumerate(lines) if _PROCESSES_TITLE.search(ln)), None)
     if start is None:
         return []
     out: list[Process] = []

@@ -581,10 +581,13 @@ def _xml_tree(text: str) -> tuple[_Node, list[_Node], bool]:
 # ------------------------------------------------------------------ per GPU
 
 
+_LEADING_DIGITS = re.compile(r"^\s*(\d{1,18})")
+
+
 def _int(value: str | None) -> int | None:
     if value is None:
         return None
-    m = re.match(r"^\s*(\d{1,18})", value)
+    m = _LEADING_DIGITS.match(value)
     return int(m.group(1)) if m else None
 
 
