@@ -115,6 +115,12 @@ class NodeFactsSummary:
     def active_ib_ports(self) -> tuple[IbPortFact, ...]:
         return tuple(p for p in self.ib_ports or () if p.active)
 
+    @property
+    def active_ib_rates(self) -> tuple[float, ...]:
+        """The rates (Gb/s, as read) of the Active ports that report a positive one."""
+        return tuple(p.rate_gbps for p in self.active_ib_ports
+                     if p.rate_gbps is not None and p.rate_gbps > 0)
+
     def to_dict(self) -> dict[str, Any]:
         """The report's JSON of these facts (preflight.json facts.nodes.<node>)."""
         from cluster.base.results import to_jsonable

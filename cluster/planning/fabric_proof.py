@@ -260,8 +260,7 @@ def _port_rates(ib_facts: PreflightFacts | None, nodes: Sequence[str]) -> list[f
     best: list[float] | None = None
     for name in nodes:
         facts = per_node.get(name)
-        rates = [float(p.rate_gbps) for p in (facts.active_ib_ports if facts else ())
-                 if p.rate_gbps is not None and 0 < p.rate_gbps < 1e5]
+        rates = [float(r) for r in (facts.active_ib_rates if facts else ()) if r < 1e5]
         if best is None or sum(rates) < sum(best):
             best = rates
     return best or []

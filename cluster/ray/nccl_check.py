@@ -207,9 +207,9 @@ def expected_bandwidth(preflight_facts: PreflightFacts | None,
         if facts is None or facts.ib_ports is None:
             per_node[name] = None
             continue
-        active = [p for p in facts.active_ib_ports if p.rate_gbps is not None and p.rate_gbps > 0]
-        per_node[name] = round(sum(float(p.rate_gbps or 0) for p in active) / 8.0, 3)
-        counts[name] = (len(active), {p.rate_gbps for p in active})
+        active = facts.active_ib_rates
+        per_node[name] = round(sum(float(r) for r in active) / 8.0, 3)
+        counts[name] = (len(active), set(active))
     missing = [n for n, v in per_node.items() if v is None]
     if missing:
         return Expected(None, f"no InfiniBand facts for {', '.join(missing)} (its ibstat could "
