@@ -293,6 +293,13 @@ def node_tiny_model(builder, kind: str = "dense", needs: tuple[str, ...] = ()) -
     return builder.build_tiny_model(NODE_MODELS / kind, kind)
 
 
+# CPU engines of simulated nodes, as `cluster deploy --env` pairs: unbound, one OpenMP thread each.
+# The simulated nodes share the machine's cores, and vLLM binds every TP 1 engine to the same one:
+# an engine starting on a core that serving engines' workers busy-poll got ~3 % of it and its
+# replica stayed STARTING for 12 min (test_day_two, 2026-12-06). Real nodes have cores of their own.
+UNBOUND_ENGINE_ENV = ("VLLM_CPU_OMP_THREADS_BIND=nobind", "OMP_NUM_THREADS=1")
+
+
 class StreamingLoad:
     """A steady streaming load on one app (cluster/serving/bench.py's client, `concurrency` at
     a time) in a thread until the block ends; every request's outcome is kept (.outcomes)."""

@@ -22,11 +22,9 @@ nvidia-smi). One cluster, reused by the cases in order:
 
 Printed figures: seconds from the switch to the cordon record, the move time, requests and
 failures per app, the rebuilt gang's nodes. Engines: max_model_len 256, a 1 GiB KV cache each,
-unbound on one OpenMP thread (VLLM_CPU_OMP_THREADS_BIND=nobind, OMP_NUM_THREADS=1): the simulated
-nodes share the machine's two cores, and an engine bound to a core that serving engines' workers
-busy-poll gets a few % of it while it starts (2026-12-06: the TP 1 app's engines all bound to core
-1, the rolling change's new replica stayed STARTING for 12 min, its spawned worker at ~3 % CPU; on
-real nodes each node has cores of its own). Ray
+unbound on one OpenMP thread (integration_kit.UNBOUND_ENGINE_ENV says why: bound to core 1, the
+rolling change's new replica stayed STARTING for 12 min; the gang's surge bound to core 0 ran past
+a 900 s move wait). Ray
 registers 4 CPUs per node so the old gang, the new one and both TP 1 replicas fit on the two
 healthy nodes while the gang is replaced.
 Heavy: ~6 vLLM starts on a 2-core machine (the gang compiles: PP needs compile mode), ~8 GB.
@@ -44,7 +42,7 @@ import yaml
 pytestmark = [pytest.mark.integration, pytest.mark.ray, pytest.mark.alone]
 
 from integration_kit import (PYTHON, REPO, ClusterCli, StreamingLoad,  # noqa: E402
-                             head_driver, node_tiny_model, process_tree)
+                             UNBOUND_ENGINE_ENV, head_driver, node_tiny_model, process_tree)
 
 cli = ClusterCli(timeout=1200)
 cli_json = cli.json
@@ -53,7 +51,6 @@ PERIOD_S = 5.0
 NODES = ("node1", "node2", "node3")
 KEY = "sk-day-two-3f8a61c2e7"      # a test-only key, set in the nodes' env at `ray start`
 GANG, SMALL = "day2-gang", "day2-small"
-ENGINE_ENV = ("VLLM_CPU_OMP_THREADS_BIND=nobind", "OMP_NUM_THREADS=1")   # see the docstring
 REPORT_ALL = {c: "report" for c in ("gpu_lost", "ecc_uncorrectable", "gpu_missing",
                                     "ib_port_down", "clock_offset", "missed_periods")}
 
@@ -216,9 +213,9 @@ def test_a_lost_gpu_cordons_the_node_within_a_period_and_uncordon_brings_it_back
     status_until(inv, lambda d: all(((d.get("health") or {}).get(n) or {}).get(
         "gpu-health", {}).get("status") == "ok" for n in NODES), 120)
 
-    gang = deploy(inv, model, GANG, "--pp", "2", "--nnodes", "2", env=ENGINE_ENV)
+    gang = deploy(inv, model, GANG, "--pp", "2", "--nnodes", "2", env=UNBOUND_ENGINE_ENV)
     small = deploy(inv, model, SMALL, "--dp", "2", "--engine-arg", "enforce_eager=true",
-                   env=ENGINE_ENV)
+                   env=UNBOUND_ENGINE_ENV)
     _, doc = cli_json(inv, "status", "--window", "0")
     (old_gang,) = running_replicas(doc, GANG)
     sick = "node2" if "node2" in gang_nodes(old_gang) else \
@@ -287,7 +284,7 @@ def test_a_lost_gpu_cordons_the_node_within_a_period_and_uncordon_brings_it_back
     with StreamingLoad(small["endpoint"], SMALL, KEY) as roll_load:
         time.sleep(5)
         rolled = deploy(inv, model, SMALL, "--dp", "2", "--engine-arg", "enforce_eager=true",
-                        env=ENGINE_ENV, max_len=224)
+                        env=UNBOUND_ENGINE_ENV, max_len=224)
         time.sleep(5)
     steps = [s["what"] for s in (rolled.get("roll") or {}).get("steps") or []]
     print(f"rolling change of {SMALL}'s max_model_len: {roll_load.figures()}; steps {steps}")

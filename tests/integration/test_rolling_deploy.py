@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from integration_kit import (ClusterCli, NODE_MODELS, StreamingLoad, derive_inventory,
-                             node_tiny_model, ray_up)
+from integration_kit import (ClusterCli, NODE_MODELS, StreamingLoad, UNBOUND_ENGINE_ENV,
+                             derive_inventory, node_tiny_model, ray_up)
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray, pytest.mark.vllm, pytest.mark.alone]
 
@@ -50,10 +50,6 @@ def inv(simcluster_factory, model, tmp_path_factory) -> Path:
         yield path
 
 
-# Every engine small and on its own threads: two CPU engines on one simulated node must not both
-# bind to the same core (vLLM's automatic binding picks the same one for every engine of TP 1),
-# so the binding is off and each engine runs one OpenMP thread; the KV cache is vLLM's minimum.
-ENGINE_ENV = ("VLLM_CPU_OMP_THREADS_BIND=nobind", "OMP_NUM_THREADS=1")
 ROLL_TIMEOUT_S = 1200        # the whole roll (two engine starts, one after the other)
 cli = ClusterCli(timeout=ROLL_TIMEOUT_S + 300)
 
@@ -75,7 +71,7 @@ def _deploy(inv: Path, model: Path, app: str, max_len: int, *extra: str) -> tupl
     args = ["deploy", "--model", str(model), "--dp", "2", "--name", app,
             "--served-model-name", SERVED, "--max-model-len", str(max_len),
             "--engine-arg", "enforce_eager=true", "--yes", "--timeout", str(ROLL_TIMEOUT_S)]
-    for pair in ENGINE_ENV:
+    for pair in UNBOUND_ENGINE_ENV:
         args += ["--env", pair]
     return cli.json(inv, *args, *extra)
 
