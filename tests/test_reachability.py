@@ -10,6 +10,8 @@ import subprocess
 import sys
 from itertools import combinations
 
+import pytest
+
 from cluster.nodes.inventory import loads
 from cluster.node_programs import source
 from cluster.inspection.reachability import (LISTEN_PROBE, Target, judge, listed_ports,
@@ -130,6 +132,22 @@ def _program(*args: str) -> dict:
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize("args", [
+    ("probe", "--targets", "127.0.0.1:9", "--timeout", "abc"),
+    ("probe", "--targets", "127.0.0.1:9"),
+    ("probe", "--targets", "127.0.0.1:9", "--timeout", "1", "--at-once", "abc"),
+    ("probe", "--targets", "127.0.0.1:9", "--timeout", "1", "--at-once", "1e999"),
+    ("probe", "--targets", "127.0.0.1:9", "--timeout", "1", "--at-once", "0"),
+    ("probe", "--targets", "127.0.0.1:9", "--timeout", "1", "--deadline", "nan"),
+    ("listen", "--ports", "1", "--for", "x" * 100_000, "--tag", "t"),
+    ("listen", "--ports", "1", "--for", "5", "--tag", "t", "--expect", "1.5")])
+def test_a_bad_number_is_one_line_naming_its_flag(args):
+    proc = subprocess.run([sys.executable, "-", *args], input=source("reach"),
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1 and not proc.stdout, proc
+    assert proc.stderr.startswith("bad --") and proc.stderr.count("\n") == 1, proc.stderr
 
 
 def _free_ports(count: int) -> list[int]:

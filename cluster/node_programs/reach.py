@@ -197,11 +197,21 @@ def drop(conn, sel, held):
     held.pop(conn, None)
 
 
+def arg_number(args, flag, kind, default=None):
+    """The number `flag` gives (kind: int or float; `default` when absent, else required);
+    SystemExit("bad FLAG") for one that is missing or not a number (NaN passes: the callers'
+    range checks refuse it)."""
+    try:
+        return kind(args[flag] if default is None else args.get(flag, default))
+    except (KeyError, ValueError, OverflowError):
+        raise SystemExit("bad %s" % flag)
+
+
 def listen(args):
     ports = parse_ports(args["--ports"])
-    seconds = float(args["--for"])
+    seconds = arg_number(args, "--for", float)
     tag = args["--tag"]
-    expect = int(args.get("--expect", "0"))
+    expect = arg_number(args, "--expect", int, 0)
     if not (0 < seconds <= 3600) or not tag.isalnum() or not 0 <= expect <= MAX_TARGETS:
         raise SystemExit("bad --for, --tag or --expect")
     socks, bound, busy, failed = bind_all(ports, expect)
@@ -232,11 +242,11 @@ def parse_targets(text):
 
 def probe(args):
     targets = parse_targets(args["--targets"])
-    timeout = float(args["--timeout"])
+    timeout = arg_number(args, "--timeout", float)
     if not 0 < timeout <= 60:
         raise SystemExit("bad --timeout")
-    at_once = int(args.get("--at-once", MAX_AT_ONCE))
-    deadline = float(args.get("--deadline", MAX_DEADLINE_S))
+    at_once = arg_number(args, "--at-once", int, MAX_AT_ONCE)
+    deadline = arg_number(args, "--deadline", float, MAX_DEADLINE_S)
     if not 1 <= at_once <= MAX_AT_ONCE or not 0 < deadline <= MAX_DEADLINE_S:
         raise SystemExit("bad --at-once or --deadline")
     tag = args.get("--tag", "")
