@@ -385,7 +385,7 @@ def _tree(lines: list[str]) -> tuple[_Node, list[_Node], bool]:
 
     Most lines of a report are an indented `Key : value` without a tab, an elision, a banner,
     a command echo or a grep separator: those take _plain_node (one pass, no pattern); the
-    rest take _line_node, with the same result for a line both can read."""
+    rest take _clean_line and _node_of, with the same result for a line both can read."""
     top = _Node("", None, -1)
     sections: list[_Node] = []
     headerless = _Headerless(sections)   # GPUs when the text has no section lines
