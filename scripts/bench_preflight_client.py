@@ -9,7 +9,7 @@ tests/fakes.py (FakeRunner with preflight_answers, or an older tree's FakeCluste
 each tree is asked in its own protocol; real captured tool outputs, the node-facts document,
 reach.py's answers), so what is measured is the client's own Python work (parsing, checks,
 cross-node checks, reachability planning, the run record, JSON) - not paramiko's crypto or the
-network. Each (tree, size) runs in a fresh
+network. nvidia-smi -q is the simulated nodes' full 584-line report, not the 31-line fixture. Each (tree, size) runs in a fresh
 interpreter, alternating trees, `--rounds` times; medians and current/baseline ratios printed.
 
     .venv/bin/python scripts/bench_preflight_client.py [--sizes 3,127,255] [--baseline REV]
@@ -29,8 +29,11 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# Every tree (the baseline too) is given this tree's simulated node's nvidia-smi -q report.
+REAL_Q_DIR = ROOT / "scripts" / "simcluster_profiles" / "h100-ib"
 
-# Runs in the child: argv = [tests dir, nodes, profile?]; prints one JSON line.
+# Runs in the child: argv = [tests dir, nodes, profile?, folder of the nvidia-smi -q report];
+# prints one JSON line.
 CHILD = r'''
 import contextlib, io, json, sys, tempfile, time
 sys.path.insert(0, sys.argv[1])
@@ -38,7 +41,11 @@ import fakes
 import cluster.nodes.remote as remote
 n, profile = int(sys.argv[2]), sys.argv[3] == "1"
 if hasattr(fakes, "preflight_answers"):     # the tree's one fake of the nodes: a Runner
-    runner = fakes.FakeRunner(respond=fakes.preflight_answers())
+    # nvidia-smi -q as a simulated node prints it (584 lines, 8 GPUs; the test fixture has 31):
+    # its parse is the largest single parse of a real preflight
+    real_q = (sys.argv[4], "nvidia-smi-q.txt")   # (a folder, not a fixture kind: Path joins it)
+    runner = fakes.FakeRunner(respond=fakes.preflight_answers(
+        {**fakes.NODE_FIXTURES, "nvidia-smi-q": real_q}))
     remote.SSHRunner = lambda ssh: runner
 else:                                       # a baseline tree from before FakeRunner
     fake = fakes.FakeClusterSession(fakes.fake_inventory(n))
@@ -80,7 +87,8 @@ print(json.dumps({"cpu_s": cpu, "bytes": len(out.getvalue()), "exit": code}))
 def run_child(tree: Path, nodes: int, profile: bool = False) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     proc = subprocess.run([sys.executable, "-c", CHILD, str(tree / "tests"), str(nodes),
-                           "1" if profile else "0"], cwd=tree, env=env, capture_output=True,
+                           "1" if profile else "0", str(REAL_Q_DIR)], cwd=tree, env=env,
+                          capture_output=True,
                           text=True, timeout=1800)
     if profile:
         sys.stdout.write(proc.stderr)

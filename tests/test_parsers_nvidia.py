@@ -746,3 +746,17 @@ def test_grepped_ecc_counters_without_their_section_keep_the_scope_null():
     gpu = nvidia_smi_q.parse("\n".join(lines)).to_dict()["gpus"][0]
     assert gpu["ecc_uncorrectable_volatile"] is None and gpu["ecc_uncorrectable_aggregate"] is None
     assert gpu["ecc_unplaced"]["uncorrectable"] == 0 and "not shown" in gpu["ecc_unplaced"]["reason"]
+
+
+def test_nvidia_smi_q_reads_plain_key_lines_in_one_pass(monkeypatch):
+    """An indented `Key : value` line without a tab or noise (most of a 584-line report) is
+    read by _plain_node alone: prompt, echo, elision and section tests only for the others.
+    The result is the same as the full path's (every fixture's expected output)."""
+    text = (FIXTURES / "nvidia-smi-q" / "001-a100-sxm4-ecc-remapped-rows-pending.txt").read_text()
+    full = []
+    real = nvidia_smi_q._node_of
+    monkeypatch.setattr(nvidia_smi_q, "_node_of", lambda line: full.append(line) or real(line))
+    report = nvidia_smi_q.parse(text)
+    plain = [line for line in text.splitlines() if line.startswith(" ") and line.strip()]
+    assert report.gpus and len(plain) > 20
+    assert not set(full) & set(plain)

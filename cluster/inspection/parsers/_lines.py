@@ -26,6 +26,10 @@ _ANSI_RE = re.compile(r"\x1b\[[0-9;?<=>!]*+[ -/]*+[@-~]?|\x1b\][^\x07\x1b\n]*+(?
                       r"|\x1b[@-Z\\-_]?")
 # C0 controls other than tab and newline (backspaces and bells of a `script` session), and DEL.
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]++")
+# The same characters for str.translate: on ASCII text (most tool output) ~8x faster than the
+# pattern, which tests each character in Python's regex engine; on other text slower, so there
+# the pattern stays (normalize_text).
+_CONTROL_CHARS = dict.fromkeys([*range(0x00, 0x09), *range(0x0b, 0x20), 0x7f])
 
 # A shell prompt: "$", "#", "root@h:~#", "[u@h dir]$", "(venv) [u@h ~]$", "/sia #", "h:~ #",
 # "bash-5.1$", "PS C:\>", "zira:~>". Possessive quantifiers: no backtracking over a long line.
@@ -77,7 +81,7 @@ def normalize_text(text: str) -> str:
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     if "\x1b" in text:
         text = _ANSI_RE.sub("", text)
-    return _CONTROL_RE.sub("", text)
+    return text.translate(_CONTROL_CHARS) if text.isascii() else _CONTROL_RE.sub("", text)
 
 
 def long_lines(text: str, limit: int = MAX_LINE_CHARS) -> int:

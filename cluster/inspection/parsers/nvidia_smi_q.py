@@ -381,36 +381,36 @@ class _Headerless:
 
 
 def _tree(lines: list[str]) -> tuple[_Node, list[_Node], bool]:
-    """The top-level node, one node per GPU section, and whether `GPU <bus id>` lines exist."""
+    """The top-level node, one node per GPU section, and whether `GPU <bus id>` lines exist.
+
+    Most lines of a report are an indented `Key : value` without a tab, an elision, a banner,
+    a command echo or a grep separator: those take _plain_node (one pass, no pattern); the
+    rest take _clean_line and _node_of, with the same result for a line both can read."""
     top = _Node("", None, -1)
     sections: list[_Node] = []
     headerless = _Headerless(sections)   # GPUs when the text has no section lines
     real_sections = False
     stack: list[_Node] = [top]
     for raw in lines:
-        stripped = raw.strip()
-        if not stripped or is_elision(raw) or _is_banner(raw):
-            continue
-        if stripped == "--":
-            headerless.cut()
-            continue
-        if "nvidia-smi" in raw and command_echo(raw, "nvidia-smi") is not None \
-                and _key_value(raw) is None:
-            continue
-        line = raw if raw.startswith((" ", "\t")) else strip_prompt(raw)
-        if "\t" in line:
-            line = line.expandtabs(8)
-        line = line[:MAX_LINE_CHARS]
-        sec = _SECTION_GPU.match(line.strip()) if not line.startswith(" ") else None
-        if sec:
-            node = _Node("GPU", sec.group(1), 0)
-            if not real_sections:
-                sections.clear()   # drop GPUs guessed from keys above the first real section
-            real_sections = True
-            sections.append(node)
-            stack = [node]
-            continue
-        node = _node_of(line)
+        if _is_plain(raw):
+            node = _plain_node(raw)
+        else:
+            line = _clean_line(raw)
+            if line is None:
+                continue
+            if line is _GREP_SEPARATOR:
+                headerless.cut()
+                continue
+            sec = _SECTION_GPU.match(line.strip()) if not line.startswith(" ") else None
+            if sec:
+                node = _Node("GPU", sec.group(1), 0)
+                if not real_sections:
+                    sections.clear()   # drop GPUs guessed from keys above the first real section
+                real_sections = True
+                sections.append(node)
+                stack = [node]
+                continue
+            node = _node_of(line)
         if node is None:
             continue
         if not real_sections and node.key.lower() not in _TOP_KEYS \
@@ -423,6 +423,44 @@ def _tree(lines: list[str]) -> tuple[_Node, list[_Node], bool]:
         if not node.value:
             stack.append(node)
     return top, sections, real_sections
+
+
+def _is_plain(raw: str) -> bool:
+    """An indented line without a tab, an elision's characters, the banner, a command echo,
+    and not blank or grep's `--`: what _plain_node reads as _clean_line + _node_of would."""
+    return raw[:1] == " " and "\t" not in raw and "..." not in raw and "\u2026" not in raw \
+        and "<" not in raw and "NVSMI LOG" not in raw and "nvidia-smi" not in raw \
+        and raw.strip() not in ("", "--")
+
+
+def _plain_node(line: str) -> _Node | None:
+    """_node_of for an indented line without a tab or noise (see _tree)."""
+    key, colon, value = line.partition(":")
+    if colon and (not value or value[0].isspace()):
+        key = key.strip()
+        return _Node(key, value.strip(), len(line) - len(line.lstrip())) if key else None
+    title = line.strip()
+    return _Node(title, None, len(line) - len(line.lstrip())) if _TITLE.match(title) else None
+
+
+_GREP_SEPARATOR = object()   # _clean_line's answer for grep's `--`
+
+
+def _clean_line(raw: str) -> "str | object | None":
+    """The line as _tree reads it (prompt stripped, tabs expanded, cut), _GREP_SEPARATOR for
+    grep's `--`, None for a line that is noise (blank, elision, banner, command echo)."""
+    stripped = raw.strip()
+    if not stripped or is_elision(raw) or _is_banner(raw):
+        return None
+    if stripped == "--":
+        return _GREP_SEPARATOR
+    if "nvidia-smi" in raw and command_echo(raw, "nvidia-smi") is not None \
+            and _key_value(raw) is None:
+        return None
+    line = raw if raw.startswith((" ", "\t")) else strip_prompt(raw)
+    if "\t" in line:
+        line = line.expandtabs(8)
+    return line[:MAX_LINE_CHARS]
 
 
 def _under_top_section(stack: list[_Node], indent: int) -> bool:
