@@ -77,7 +77,9 @@ def test_gloo_runs_one_rank_per_node_and_reports_the_bandwidth(sim, inv):
     assert [r["ip"] for r in ranks] == [sim.node(n).ip for n in ("node1", "node2", "node3")]
     assert all(r["busbw_gbps"] > 0 and r["error"] is None for r in ranks)
     assert out["busbw_gbps"] > 0 and out["algbw_gbps"] > 0
-    assert out["busbw_gbps"] == pytest.approx(out["algbw_gbps"] * 4 / 3, rel=0.01)
+    # both are rounded to 3 decimals (a few 0.01 GB/s under the suite's load: 0.054 vs 0.040)
+    assert out["busbw_gbps"] == pytest.approx(out["algbw_gbps"] * 4 / 3, rel=0.01,
+                                              abs=0.0005 + 0.0005 * 4 / 3)
     assert out["job_status"] == "SUCCEEDED" and out["job_id"].startswith("nccl-check-gloo-")
     run_dir = Path(out["run_dir"])
     assert json.loads((run_dir / "nccl-check.json").read_text())["busbw_gbps"] == out["busbw_gbps"]

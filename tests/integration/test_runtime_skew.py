@@ -61,6 +61,21 @@ def _by(report: dict) -> dict:
     return {(r["node"], r["check"]): r for r in report["results"]}
 
 
+def assert_imports(runtime: dict, ray: str) -> None:
+    """The runtime check's import smoke test: that Ray imported, with that version, and the
+    check ok; or WARN "not judged" only for an import that did not finish within the node
+    program's 17 s (`import vllm` beside the heavy lane's engines on 2 cores, 2026-12-06),
+    never a failed import."""
+    if runtime["status"] == "ok":
+        assert f"ray {ray} (" in runtime["summary"], runtime
+        return
+    imports = runtime["evidence"]["data"]["imports"]
+    assert imports["ray"]["ok"] is True and imports["ray"]["version"] == ray, runtime
+    late = [n for n, e in imports.items() if e.get("timed_out")]
+    assert runtime["status"] == "warn" and late and runtime["summary"].endswith(
+        ": not judged") and all(imports[n]["ok"] for n in imports if n not in late), runtime
+
+
 def test_a_node_with_another_ray_and_vllm_fails_preflight_and_up_refuses_it(two_nodes):
     c, inv = two_nodes
     _make_runtime(c, "node1")
@@ -73,8 +88,7 @@ def test_a_node_with_another_ray_and_vllm_fails_preflight_and_up_refuses_it(two_
     assert by[("node2", "vllm-match")]["summary"] == "vllm 0.31.0, head has 0.32.0"
     assert by[("node2", "contract")]["status"] == "warn"
     assert "nearest supported: cpu" in by[("node2", "contract")]["summary"]
-    assert by[("node2", "runtime")]["status"] == "ok"       # that Ray does import
-    assert "ray 2.59.0" in by[("node2", "runtime")]["summary"]
+    assert_imports(by[("node2", "runtime")], ray="2.59.0")     # that Ray does import
     assert by[("node1", "contract")]["status"] == "ok"
 
     code, up = _cli.json(inv, "up", "--skip-preflight", "--yes", "--force")
@@ -108,8 +122,9 @@ def test_the_same_runtime_everywhere_passes_these_checks(two_nodes):
     code, report = _cli.json(inv, "preflight", "--no-reachability")
     by = _by(report)
     for node in ("node1", "node2"):
-        for check in ("versions", "runtime", "contract"):
+        for check in ("versions", "contract"):
             assert by[(node, check)]["status"] == "ok", by[(node, check)]
+        assert_imports(by[(node, "runtime")], ray="2.60.0")
         assert by[(node, "torch-cuda")]["status"] == "skip"     # the CPU build
     for check in ("python-match", "ray-match", "vllm-match", "torch-match"):
         assert by[(None, check)]["status"] == "ok"
