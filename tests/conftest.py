@@ -45,21 +45,28 @@ def tiny_model_builder():
     return _load_tiny_model_builder()
 
 
-# The heavy modules, costliest first (seconds on this 2-core machine, 2 workers; the rest
-# follow in collection order). On xdist workers (scripts/test: --dist loadfile
-# --no-loadscope-reorder) a module runs whole on one worker, in this order, so the two longest
-# start at once instead of one of them at the end while the other worker idles.
+# The heavy modules, costliest first (seconds of module time in the heavy lane as CI runs it, 2
+# workers on this 2-core machine, 2026-12-06 evening: .test-output/module-times-gw*.tsv; the
+# rest follow in collection order). On xdist workers (scripts/test: --dist loadfile
+# --no-loadscope-reorder) a module runs whole on one worker, in this order, so the longest start
+# first and the short ones fill in at the end (the two workers ended 45 s apart).
 HEAVY_MODULE_COST_S = {
-    "test_gang_e2e.py": 800,
-    "test_tune_status.py": 510,
-    "test_deploy_e2e.py": 450,
-    "test_faults.py": 330,
-    "test_simcluster.py": 250,
-    "test_metrics.py": 240,
-    "test_dashboard_browser.py": 200,
-    "test_placement_sim.py": 150,
-    "test_readme_main_path.py": 220,   # the README's main path
-    "test_serve_app.py": 150,       # collected after tests/integration/: left out, it started last
+    "test_gang_e2e.py": 1250,      # 600 alone on a quiet machine: engines beside engines
+    "test_tune_status.py": 520,
+    "test_deploy_e2e.py": 470,
+    "test_faults.py": 290,
+    "test_serve_app.py": 240,       # collected after tests/integration/: left out, it started last
+    "test_model_pull.py": 210,
+    "test_nccl_check_cluster.py": 190,
+    "test_readme_main_path.py": 175,   # the README's main path
+    "test_placement_sim.py": 165,
+    "test_ray_cluster.py": 155,
+    "test_bastion_scale.py": 120,
+    "test_bench.py": 110,
+    "test_metrics.py": 110,
+    "test_health_job_cluster.py": 110,
+    "test_simcluster.py": 100,
+    "test_dashboard_browser.py": 95,
 }
 
 
