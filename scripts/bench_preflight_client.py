@@ -14,7 +14,8 @@ interpreter, alternating trees, `--rounds` times; medians and current/baseline r
 
     .venv/bin/python scripts/bench_preflight_client.py [--sizes 3,127,255] [--baseline REV]
                                                        [--rounds 3] [--profile N]
-`--profile N`: a cProfile of the current tree at N nodes (top 30 by own time) instead.
+`--profile N`: a cProfile of the current tree at N nodes instead, every thread on its own CPU clock
+(top 30 by own time, then the CPU by kind of thread).
 """
 
 from __future__ import annotations
@@ -28,13 +29,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+from simbench import THREAD_PROFILER, thread_kinds_lines  # the benchmarks' shared part
+
 ROOT = Path(__file__).resolve().parent.parent
 # Every tree (the baseline too) is given this tree's simulated node's nvidia-smi -q report.
 REAL_Q_DIR = ROOT / "scripts" / "simcluster_profiles" / "h100-ib"
 
 # Runs in the child: argv = [tests dir, nodes, profile?, folder of the nvidia-smi -q report];
 # prints one JSON line.
-CHILD = r'''
+CHILD = THREAD_PROFILER + r'''
 import contextlib, io, json, sys, tempfile, time
 sys.path.insert(0, sys.argv[1])
 import fakes
@@ -73,9 +76,10 @@ def go():
     with contextlib.redirect_stdout(out):
         return cli.main(["-i", f"{d}/inv.yaml", "preflight", "--json"])
 if profile:
-    import cProfile, pstats
-    cProfile.run("go()", f"{d}/prof")
-    pstats.Stats(f"{d}/prof", stream=sys.stderr).sort_stats("tottime").print_stats(30)
+    _, stats, kinds = profiled(go)
+    stats.stream = sys.stderr
+    stats.sort_stats("tottime").print_stats(30)
+    print(json.dumps({"kinds": kinds}))
     raise SystemExit(0)
 t = time.process_time()
 code = go()
@@ -92,6 +96,13 @@ def run_child(tree: Path, nodes: int, profile: bool = False) -> dict:
                           text=True, timeout=1800)
     if profile:
         sys.stdout.write(proc.stderr)
+        try:
+            kinds = json.loads(proc.stdout.strip().splitlines()[-1])["kinds"]
+        except (ValueError, IndexError, KeyError):
+            raise SystemExit(f"{tree}: no profile ({proc.stderr.strip()[-300:]})") from None
+        print(f"CPU by kind of thread (under the profiler, on each thread's CPU clock, blocking "
+              f"calls left out), {nodes} nodes:")
+        print("\n".join(thread_kinds_lines(kinds, nodes)))
         return {}
     try:
         return json.loads(proc.stdout.strip().splitlines()[-1])

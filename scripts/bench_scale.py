@@ -31,7 +31,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from simbench import byte_compile  # (scripts/simbench.py: the benchmarks' shared part)
+from simbench import (BLOCKING, THREAD_PROFILER, byte_compile,  # the benchmarks' shared part
+                      thread_kinds_lines)
 
 ROOT = Path(__file__).resolve().parent.parent
 # The simulated cluster's instance: the caller's SIMCLUSTER_* when set (a shared machine: each
@@ -45,30 +46,18 @@ COMMANDS = {"preflight": ["preflight", "--json"], "exec": ["exec", "--json", "--
 
 # `--profile DIR`: each tree's CLI once more per size and mode, in-process under cProfile on
 # every thread (each thread's own CPU clock: time spent waiting is not counted), the stats of
-# all threads merged into DIR/<tree>-<command>-<nodes>-<mode>.pstats; the top by own time printed.
-# argv: pstats path, CLI args...
-PROFILE_CHILD = r'''
-import contextlib, cProfile, io, pstats, sys, threading, time
+# all threads merged into DIR/<tree>-<command>-<nodes>-<mode>.pstats, each kind of thread's CPU
+# (main, fan-out workers, paramiko's transports over TCP / over a jump host's channel) into
+# <that>.threads.json; both printed, per node. argv: pstats path, CLI args...
+PROFILE_CHILD = THREAD_PROFILER + r'''
+import contextlib, io, json, sys
 path, argv = sys.argv[1], sys.argv[2:]
-profiles = []
-
-def start(*_):
-    profile = cProfile.Profile(time.thread_time)
-    profiles.append(profile)
-    profile.enable()
-
-threading.setprofile(start)
 from cluster import cli
-main = cProfile.Profile(time.thread_time)
-main.enable()
 with contextlib.redirect_stdout(io.StringIO()):
-    code = cli.main(argv)
-main.disable()
-threading.setprofile(None)
-stats = pstats.Stats(main)
-for profile in profiles:
-    stats.add(profile)
+    code, stats, kinds = profiled(lambda: cli.main(argv))
 stats.dump_stats(path)
+with open(path + ".threads.json", "w") as out:
+    json.dump(kinds, out)
 '''
 # The human report's length: the saved preflight results rendered by the tree's own
 # `preflight` renderer (what the command prints without --json, at a COLUMNS-wide terminal),
@@ -84,9 +73,6 @@ preflight.render(Report("preflight", tuple(
 print("report: " + doc["run_dir"] + "/preflight.json")
 '''
 REPORT_COLUMNS = 120
-# Calls that block with the GIL released: a thread's CPU clock mis-attributes their time when
-# they end in a timeout exception (paramiko's reader threads), so the printed top leaves them out.
-BLOCKING = ("recv", "wait", "acquire", "select", "poll", "sleep")
 
 
 @dataclass(frozen=True)
@@ -161,7 +147,8 @@ def report_lines(tree: Path, text: str) -> int | None:
 
 def profile_cli(tree: Path, label: str, command: str, nodes: int, mode: str, folder: Path,
                 top: int = 25) -> None:
-    """PROFILE_CHILD for one tree; its top `top` functions by own CPU printed."""
+    """PROFILE_CHILD for one tree; its top `top` functions by own CPU printed, then its CPU by
+    kind of thread."""
     import pstats
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -184,6 +171,11 @@ def profile_cli(tree: Path, label: str, command: str, nodes: int, mode: str, fol
     for tt, nc, (file, line, name) in rows[:top]:
         where = f"{Path(file).parent.name}/{Path(file).name}:{line}" if line else file
         print(f"  {tt * 1000 / nodes:7.3f} ms/node {nc / nodes:8.1f} calls/node  {name}  {where}")
+    threads = Path(f"{path}.threads.json")
+    if threads.exists():
+        print(f"profile {label} {command} {nodes} nodes {mode}: CPU by kind of thread (under the "
+              "profiler, blocking calls left out)")
+        print("\n".join(thread_kinds_lines(json.loads(threads.read_text()), nodes)))
 
 
 def baseline_tree(rev: str) -> Path:

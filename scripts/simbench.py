@@ -15,6 +15,69 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
+# Pasted into a benchmark's child process (its tree may be a baseline's, so it is text, not an
+# import): `profiled(fn)` calls fn() with every thread under cProfile on the thread's own CPU
+# clock (time.thread_time: time a thread waits is not counted, as it would be by the default
+# wall clock) and returns (fn's result, the merged pstats.Stats, {thread kind: [CPU s, threads]}).
+# A kind: the main thread, the fan-out workers (threads named cluster-*), paramiko's transports
+# over a TCP socket (a direct node's, or the bastion's) or over a jump host's channel (a node's
+# behind a bastion), and the rest by name. A kind's CPU leaves out the BLOCKING calls, as the
+# printed tops do: they block with the GIL released, and a thread's CPU clock mis-attributes
+# their time when they end in a timeout exception (paramiko's reader threads).
+BLOCKING = ("recv", "wait", "acquire", "select", "poll", "sleep")
+THREAD_PROFILER = f"BLOCKING_CALLS = {BLOCKING!r}\n" + r'''
+import cProfile as _cProfile, pstats as _pstats, re as _re, socket as _socket
+import threading as _threading, time as _time
+
+def thread_kind(thread):
+    if thread is _threading.main_thread():
+        return "main thread"
+    if thread.name.startswith("cluster-"):
+        return "fan-out workers (cluster-*)"
+    sock = getattr(thread, "sock", None)
+    if sock is not None and callable(getattr(thread, "open_session", None)):
+        return ("paramiko transport over TCP" if isinstance(sock, _socket.socket)
+                else "paramiko transport over a jump host channel")
+    return "other: " + _re.sub(r"[0-9]+", "N", thread.name)
+
+def _own_cpu(stats):
+    return sum(tt for func, (_, _, tt, _, _) in stats.stats.items()
+               if not any(word in func[2] for word in BLOCKING_CALLS))
+
+def profiled(fn):
+    profiles = []
+
+    def start(*_):
+        profile = _cProfile.Profile(_time.thread_time)
+        profiles.append((thread_kind(_threading.current_thread()), profile))
+        profile.enable()
+
+    _threading.setprofile(start)
+    main = _cProfile.Profile(_time.thread_time)
+    main.enable()
+    try:
+        result = fn()
+    finally:
+        main.disable()
+        _threading.setprofile(None)
+    stats = _pstats.Stats(main)
+    kinds = {"main thread": [_own_cpu(_pstats.Stats(main)), 1]}
+    for kind, profile in profiles:
+        one = _pstats.Stats(profile)
+        stats.add(one)
+        got = kinds.setdefault(kind, [0.0, 0])
+        got[0] += _own_cpu(one)
+        got[1] += 1
+    return result, stats, kinds
+'''
+
+
+def thread_kinds_lines(kinds: dict, nodes: int) -> list[str]:
+    """THREAD_PROFILER's {kind: [CPU s, threads]} as lines, the largest first, per node."""
+    return [f"  {cpu * 1000 / nodes:7.2f} ms/node {count:6} threads  {kind}"
+            for kind, (cpu, count) in sorted(kinds.items(), key=lambda kv: -kv[1][0])]
+
+
 def byte_compile(tree: Path = ROOT) -> str:
     """The tree's modules compiled into __pycache__ (what `pip install` does for a wheel), so a
     CLI's start-up is timed as a user's would be (with PYTHONDONTWRITEBYTECODE=1 every run would
