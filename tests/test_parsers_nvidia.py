@@ -750,13 +750,14 @@ def test_grepped_ecc_counters_without_their_section_keep_the_scope_null():
 
 def test_nvidia_smi_q_reads_plain_key_lines_in_one_pass(monkeypatch):
     """An indented `Key : value` line without a tab or noise (most of a 584-line report) is
-    read by _plain_node alone: prompt, echo, elision and section tests only for the others.
-    The result is the same as the full path's (every fixture's expected output)."""
+    read by _node_of alone: prompt, echo, elision and section tests (_clean_line) only for the
+    others. The result is the same as the full path's (every fixture's expected output)."""
     text = (FIXTURES / "nvidia-smi-q" / "001-a100-sxm4-ecc-remapped-rows-pending.txt").read_text()
     full = []
-    real = nvidia_smi_q._node_of
-    monkeypatch.setattr(nvidia_smi_q, "_node_of", lambda line: full.append(line) or real(line))
+    real = nvidia_smi_q._clean_line
+    monkeypatch.setattr(nvidia_smi_q, "_clean_line", lambda line: full.append(line) or real(line))
     report = nvidia_smi_q.parse(text)
-    plain = [line for line in text.splitlines() if line.startswith(" ") and line.strip()]
+    plain = [line for line in text.splitlines() if line.startswith(" ") and line.strip()
+             and not nvidia_smi_q.is_elision(line)]     # `    [...]`: noise, the full path's
     assert report.gpus and len(plain) > 20
     assert not set(full) & set(plain)

@@ -384,8 +384,8 @@ def _tree(lines: list[str]) -> tuple[_Node, list[_Node], bool]:
     """The top-level node, one node per GPU section, and whether `GPU <bus id>` lines exist.
 
     Most lines of a report are an indented `Key : value` without a tab, an elision, a banner,
-    a command echo or a grep separator: those take _plain_node (one pass, no pattern); the
-    rest take _clean_line and _node_of, with the same result for a line both can read."""
+    a command echo or a grep separator: those go to _node_of as they are (no pattern); the
+    rest through _clean_line first, which leaves such a line as it is."""
     top = _Node("", None, -1)
     sections: list[_Node] = []
     headerless = _Headerless(sections)   # GPUs when the text has no section lines
@@ -393,7 +393,7 @@ def _tree(lines: list[str]) -> tuple[_Node, list[_Node], bool]:
     stack: list[_Node] = [top]
     for raw in lines:
         if _is_plain(raw):
-            node = _plain_node(raw)
+            node = _node_of(raw)
         else:
             line = _clean_line(raw)
             if line is None:
@@ -427,20 +427,10 @@ def _tree(lines: list[str]) -> tuple[_Node, list[_Node], bool]:
 
 def _is_plain(raw: str) -> bool:
     """An indented line without a tab, an elision's characters, the banner, a command echo,
-    and not blank or grep's `--`: what _plain_node reads as _clean_line + _node_of would."""
+    and not blank or grep's `--`: a line _clean_line would leave as it is."""
     return raw[:1] == " " and "\t" not in raw and "..." not in raw and "\u2026" not in raw \
         and "<" not in raw and "NVSMI LOG" not in raw and "nvidia-smi" not in raw \
         and raw.strip() not in ("", "--")
-
-
-def _plain_node(line: str) -> _Node | None:
-    """_node_of for an indented line without a tab or noise (see _tree)."""
-    key, colon, value = line.partition(":")
-    if colon and (not value or value[0].isspace()):
-        key = key.strip()
-        return _Node(key, value.strip(), len(line) - len(line.lstrip())) if key else None
-    title = line.strip()
-    return _Node(title, None, len(line) - len(line.lstrip())) if _TITLE.match(title) else None
 
 
 _GREP_SEPARATOR = object()   # _clean_line's answer for grep's `--`
