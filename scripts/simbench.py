@@ -61,7 +61,7 @@ def profiled(fn):
         main.disable()
         _threading.setprofile(None)
     stats = _pstats.Stats(main)
-    kinds = {"main thread": [_own_cpu(_pstats.Stats(main)), 1]}
+    kinds = {"main thread": [_own_cpu(stats), 1]}     # before the other threads are added
     for kind, profile in profiles:
         one = _pstats.Stats(profile)
         stats.add(one)
