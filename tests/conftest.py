@@ -75,17 +75,6 @@ HEAVY_MODULE_COST_S = {
 # CPU (2026-12-06); scripts/test runs them in a lane of their own, after the heavy lane.
 
 
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-    """--dist loadfile (scripts/test), with the modules that start vLLM engines kept off each
-    other's cores while a module without engines waits: tests/xdist_pairing.py."""
-    if config.getvalue("dist") != "loadfile":
-        return None
-    from xdist_pairing import EngineApartScheduling
-
-    return EngineApartScheduling(config, log)
-
-
 def pytest_collection_modifyitems(config, items):
     """Costliest modules first (stable: the order inside a module and among the rest stays)."""
     items.sort(key=lambda item: -HEAVY_MODULE_COST_S.get(item.path.name, 0))

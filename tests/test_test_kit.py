@@ -1,8 +1,8 @@
 """The suite's own shape (issue 24, item 5): every test uses one kit and no test module imports
 another. A module under tests/ may import, of the suite's own files, only the kit: tests/fakes.py
 (unit fakes, the CLI runners, inventory builders), tests/integration/integration_kit.py
-(ClusterCli, derive_inventory, ray_up...), tests/integration/browser.py (the headless
-browser driver) and tests/xdist_pairing.py (the heavy lane's module scheduler); conftest fixtures come in as fixture arguments, never by import."""
+(ClusterCli, derive_inventory, ray_up...) and tests/integration/browser.py (the headless
+browser driver); conftest fixtures come in as fixture arguments, never by import."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).resolve().parent
-KIT = {"fakes", "integration_kit", "browser", "xdist_pairing"}
+KIT = {"fakes", "integration_kit", "browser"}
 
 
 def suite_modules() -> dict[str, Path]:
