@@ -761,3 +761,21 @@ def test_nvidia_smi_q_reads_plain_key_lines_in_one_pass(monkeypatch):
              and not nvidia_smi_q.is_elision(line)]     # `    [...]`: noise, the full path's
     assert report.gpus and len(plain) > 20
     assert not set(full) & set(plain)
+
+
+def test_nvidia_smi_q_tests_a_line_only_for_the_noise_its_text_holds(monkeypatch):
+    """The tab, elision, banner, echo and '<' tests run once over the whole text (_noise_of),
+    not on each of its lines: a report holding only its banner has each line searched for the
+    banner alone, one that holds none has its lines searched for nothing."""
+    lines = (FIXTURES / "nvidia-smi-q" / "001-a100-sxm4-ecc-remapped-rows-pending.txt").read_text() \
+        .splitlines()
+    clean = "\n".join(line for line in lines if "..." not in line)   # its `[...]` elision
+    text = "==============NVSMI LOG==============\n" + clean
+    assert not any(s in clean for s in nvidia_smi_q._NOISE) and len(clean.splitlines()) > 20
+    patterns = []
+    real = nvidia_smi_q._noise_of
+    monkeypatch.setattr(nvidia_smi_q, "_noise_of",
+                        lambda joined: patterns.append(real(joined)) or patterns[-1])
+    report, without_banner = nvidia_smi_q.parse(text), nvidia_smi_q.parse(clean)
+    assert report.gpus and without_banner.gpus == report.gpus
+    assert [p and p.pattern for p in patterns] == ["NVSMI\\ LOG", None]
