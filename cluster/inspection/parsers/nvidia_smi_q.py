@@ -400,11 +400,17 @@ def _tree(lines: list[str], noise: "re.Pattern[str] | None") -> tuple[_Node, lis
     headerless = _Headerless(sections)   # GPUs when the text has no section lines
     real_sections = False
     stack: list[_Node] = [top]
+    # a plain line read before, as (key, value, indent), None when noise: a report repeats most
+    # of its lines once per GPU (`Idle : Not Active`, the counters at 0...)
+    read: dict[str, tuple[str, str | None, int] | None] = {}
     for raw in lines:
-        body = raw.lstrip()
-        if raw[:1] == " " and (body[:1] != "-" or body.rstrip() != "--") and body \
+        seen = read.get(raw, _UNSEEN)
+        if seen is not _UNSEEN:
+            node = None if seen is None else _Node(*seen)
+        elif raw[:1] == " " and (body := raw.lstrip()) and (body[:1] != "-" or body.rstrip() != "--") \
                 and (noise is None or noise.search(raw) is None):
             node = _node_of(raw, body)
+            read[raw] = None if node is None else (node.key, node.value, node.indent)
         else:
             line = _clean_line(raw)
             if line is None:
@@ -449,6 +455,7 @@ def _noise_of(joined: str) -> "re.Pattern[str] | None":
 
 
 _GREP_SEPARATOR = object()   # _clean_line's answer for grep's `--`
+_UNSEEN = object()           # _tree: a line not read before
 
 
 def _clean_line(raw: str) -> "str | object | None":
