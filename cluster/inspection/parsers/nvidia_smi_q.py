@@ -349,15 +349,13 @@ def _node_of(line: str, body: str | None = None) -> _Node | None:
     is the line without its indentation when the caller has it."""
     if body is None:
         body = line.lstrip()
+    kv = _key_value(body)                       # the indentation holds no `:`
     indent = len(line) - len(body)
-    key, colon, value = body.partition(":")     # as _key_value: the indentation holds no `:`
-    if colon and (not value or value[0].isspace()):
-        key = key.rstrip()
-        if key:
-            return _Node(key, value.strip(), indent)
-    # a section title (`ECC Errors`, `    Volatile`) has no colon
-    title = body.rstrip()
-    return _Node(title, None, indent) if _TITLE.match(title) else None
+    if kv is None:
+        # a section title (`ECC Errors`, `    Volatile`) has no colon
+        title = body.rstrip()
+        return _Node(title, None, indent) if _TITLE.match(title) else None
+    return _Node(kv[0], kv[1], indent)
 
 
 class _Headerless:
