@@ -366,6 +366,33 @@ def test_an_output_the_parser_refuses_is_an_error_in_preflight(check, probe, cap
     assert results[0].summary.startswith("could not read the output:")
 
 
+def test_a_nodes_facts_are_merged_once_from_every_checks_verdict(monkeypatch):
+    """evaluate_node merges the facts of a node's checks in one copy of the summary, not one a
+    check: the same facts as merging each verdict's in turn."""
+    from cluster.inspection import node_summary, preflight
+    inv = loads(inventory(**IB))
+    node = inv.head
+    probes = node_probes(node, inv, NODE_CHECKS)
+    given = {"gpu-query": H100_QUERY, "nvidia-smi": L4_SMI, "gpu-topo": NV18_TOPO,
+             "ibstat": IB_TWO_200, "shm": SHM_14G, "memlock": MEMLOCK_64, "lsmod": PEERMEM}
+    marked = probe_script_output({p.name: (0, fixture_text(*given[p.name])) if p.name in given
+                                  else (127, "") for p in probes})
+    copies, verdicts = [], []
+    real, judged = node_summary.replace, preflight.judge
+    monkeypatch.setattr(node_summary, "replace", lambda *a, **kw: copies.append(kw) or real(*a, **kw))
+    monkeypatch.setattr(preflight, "judge", lambda *a: verdicts.append(judged(*a)) or verdicts[-1])
+    results, facts = evaluate_result(node, inv, NODE_CHECKS, result("n1", marked), probes)
+    assert len(copies) == 1 and len(results) == len(verdicts) == len(NODE_CHECKS)
+    stated = facts.to_dict()
+    assert stated["gpu_count"] == 2 and stated["driver_version"] == "570.133.20"
+    assert stated["nvlink"] is True and stated["shm_bytes"] == 15032385536
+    assert stated["memlock_kib"] == 64 and len(stated["ib_ports"]) == 2
+    one_by_one = node_summary.NodeFactsSummary(reachable=True)
+    for verdict in verdicts:
+        one_by_one = one_by_one.merged(verdict.facts)
+    assert one_by_one == facts
+
+
 def test_an_unreached_node_is_an_error_for_every_check():
     inv = loads(inventory())
     probes = node_probes(inv.head, inv, NODE_CHECKS)

@@ -258,6 +258,8 @@ def test_help_lines_match_each_command_module():
     (["parse", "--kind", "nccl", "--json", str(next(iter(sorted(
         (Path(__file__).parent / "fixtures" / "nccl").glob("*.log")))))],
      ("rich", "paramiko", "fabric", "cluster.nodes.remote")),
+    # preflight's command module draws its tables with rich only without --json
+    (["preflight", "--json", "--nodes", "no-such-node"], ("rich",)),
 ])
 def test_start_up_imports_only_what_the_command_needs(argv, absent):
     code = ("import sys, cluster.cli as c\n"

@@ -314,6 +314,34 @@ def test_the_fake_sessions_probe_answer_reads_as_the_real_scripts_output():
         {n: (o.exit_code, o.stdout) for n, o in real.items()}
 
 
+def test_the_split_finds_its_markers_without_a_pattern_over_the_whole_output(monkeypatch):
+    """split_probe_output jumps from one marker line to the next with str.find (a pattern
+    anchored at line starts tested every character of a node's ~40 KB): the same markers as
+    the lines, split on newlines only, that start with the marker, and the same outputs."""
+    from fakes import probe_answer
+    from cluster.inspection import probes as probes_module
+    from cluster.inspection.probes import Probe, split_probe_output
+
+    class NoPattern:
+        def __getattr__(self, name):
+            raise AssertionError("a pattern ran over the whole output")
+
+    monkeypatch.setattr(probes_module, "_MARK_LINE", NoPattern(), raising=False)
+    answer = probe_answer({"a": (0, "x @@cluster-probe@@ a end 9\nline 2\n", "warn\r\n"),
+                           "b": (127, "", ""), "c": (3, "no newline at the end", "")})
+    outs = split_probe_output(answer, [Probe(n, "true") for n in "abc"])
+    assert {n: (o.exit_code, o.stdout, o.stderr) for n, o in outs.items()} == {
+        "a": (0, "x @@cluster-probe@@ a end 9\nline 2\n", "warn\r\n"), "b": (127, "", ""),
+        "c": (3, "no newline at the end\n", "")}
+    mark = "@@cluster-probe@@"
+    for text in ("", mark, f"{mark} a\n", f"x{mark}\n{mark} b\r\n\n{mark}", f"\n\n{mark}{mark}\n"):
+        starts = [i for i, _ in enumerate(text) if text.startswith(mark, i)
+                  and (i == 0 or text[i - 1] == "\n")]
+        assert [start for start, _ in probes_module._marker_lines(text)] == starts
+        assert all(text[start:stop] == text[start:].split("\n")[0]
+                   for start, stop in probes_module._marker_lines(text))
+
+
 # ---------------------------------------------------------------- facts are read typed (issue 43)
 
 

@@ -7,6 +7,7 @@ entry's `expect` block (paths into parse(text).to_dict(); see the header of thos
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -761,3 +762,40 @@ def test_nvidia_smi_q_reads_plain_key_lines_in_one_pass(monkeypatch):
              and not nvidia_smi_q.is_elision(line)]     # `    [...]`: noise, the full path's
     assert report.gpus and len(plain) > 20
     assert not set(full) & set(plain)
+
+
+def test_nvidia_smi_q_tests_a_line_only_for_the_noise_its_text_holds(monkeypatch):
+    """The tab, elision, banner, echo and '<' tests run once over the whole text (_noise_of),
+    not on each of its lines: a report holding only its banner has each line searched for the
+    banner alone, one that holds none has its lines searched for nothing."""
+    lines = (FIXTURES / "nvidia-smi-q" / "001-a100-sxm4-ecc-remapped-rows-pending.txt").read_text() \
+        .splitlines()
+    clean = "\n".join(line for line in lines if "..." not in line)   # its `[...]` elision
+    text = "==============NVSMI LOG==============\n" + clean
+    assert not any(s in clean for s in nvidia_smi_q._NOISE) and len(clean.splitlines()) > 20
+    patterns = []
+    real = nvidia_smi_q._noise_of
+    monkeypatch.setattr(nvidia_smi_q, "_noise_of",
+                        lambda joined: patterns.append(real(joined)) or patterns[-1])
+    report, without_banner = nvidia_smi_q.parse(text), nvidia_smi_q.parse(clean)
+    assert report.gpus and without_banner.gpus == report.gpus
+    assert [p and p.pattern for p in patterns] == ["NVSMI\\ LOG", None]
+
+
+def test_nvidia_smi_q_reads_a_repeated_line_once(monkeypatch):
+    """A report repeats most of its lines once per GPU (`Idle : Not Active`, counters at 0):
+    _node_of reads each distinct plain line once a parse; every GPU still gets its own nodes."""
+    lines = (FIXTURES / "nvidia-smi-q" / "001-a100-sxm4-ecc-remapped-rows-pending.txt").read_text() \
+        .splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("GPU "))
+    gpu = [line for line in lines[at + 1:] if "..." not in line]
+    text = "\n".join(lines[:at + 1] + gpu + ["GPU 00000000:20:1C.0"] + gpu)
+    reads = []
+    real = nvidia_smi_q._node_of
+    monkeypatch.setattr(nvidia_smi_q, "_node_of", lambda line, *body: reads.append(line)
+                        or real(line, *body))
+    first, second = nvidia_smi_q.parse(text).gpus
+    plain = [line for line in gpu if line.startswith(" ")]
+    assert len(plain) > 20 and sorted(r for r in reads if r[:1] == " ") == sorted(set(plain))
+    assert second == replace(first, index=1, bus_id="00000000:20:1C.0")
+    assert first.ecc_errors is not second.ecc_errors and first.ecc_errors == second.ecc_errors

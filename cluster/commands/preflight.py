@@ -4,9 +4,7 @@ cross-node checks; nodes behind a jump host this run could not reach are one lin
 from __future__ import annotations
 
 import argparse
-
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING
 
 from cluster.commands._common import (add_json, add_node_timeout, add_nodes, emit_json,
                                       recorded_run_on_nodes, stdout)
@@ -16,6 +14,9 @@ from cluster.report.render import (STATUS_STYLE, breakable, fix_lines, folded_ta
                                    prose, shared_cause_lines, shared_causes_json, text_column)
 from cluster.base.results import Report, Status
 from playbooks.outcome import never_confirm
+
+if TYPE_CHECKING:  # rich is imported where a table is drawn: `--json` needs none (~40 ms)
+    from rich.text import Text
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -53,7 +54,9 @@ def run(args: argparse.Namespace) -> int:
     return report.exit_code
 
 
-def _cell(status: Status, summary: str, width: int = 30) -> Text:
+def _cell(status: Status, summary: str, width: int = 30) -> "Text":
+    from rich.text import Text
+
     short = summary if len(summary) <= width else summary[: width - 1] + "…"
     text = Text(status.value, style=STATUS_STYLE.get(status.value, ""))
     text.append(f" {short}")
@@ -94,6 +97,9 @@ def _render_folded(report: Report, node_results, nodes) -> None:
 
 
 def _render_grid(report: Report, node_results, nodes) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
     checks = list(dict.fromkeys(r.check for r in node_results))
     table = Table(title="preflight", show_lines=True)
     id_column(table, "check")
@@ -119,6 +125,9 @@ def _render_grid(report: Report, node_results, nodes) -> None:
 
 
 def _render_cross(report: Report) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
     cluster_rows = [r for r in report.results if r.node is None]
     if cluster_rows:
         cross = Table(title="cross-node", show_lines=False)

@@ -92,14 +92,18 @@ class NodeFactsSummary:
         """The facts a check states; one given as None is stated unknown (null in the JSON)."""
         return cls(**facts, nulls=frozenset(k for k, v in facts.items() if v is None))
 
-    def merged(self, later: "NodeFactsSummary") -> "NodeFactsSummary":
-        """These facts with what `later` states in their place."""
-        stated = {f: getattr(later, f) for f in FACT_FIELDS
-                  if getattr(later, f) is not None or f in later.nulls}
-        if not stated:
-            return self
-        nulls = (self.nulls - stated.keys()) | later.nulls
-        return replace(self, **stated, nulls=nulls)
+    def merged(self, *later: "NodeFactsSummary") -> "NodeFactsSummary":
+        """These facts with what each of `later` states in their place, in order (a node's
+        checks' facts merged at once: one copy, not one a check)."""
+        stated: dict[str, Any] = {}
+        nulls = self.nulls
+        for one in later:
+            own = {f: getattr(one, f) for f in FACT_FIELDS
+                   if getattr(one, f) is not None or f in one.nulls}
+            if own:
+                stated.update(own)
+                nulls = (nulls - own.keys()) | one.nulls
+        return replace(self, **stated, nulls=nulls) if stated else self
 
     def version(self, component: str) -> str | None:
         """The installed version of `component` (python, ray, vllm, torch, nccl), None when

@@ -56,18 +56,18 @@ def evaluate_node(node: Node, inventory: Inventory, checks: Sequence[NodeCheck],
                 for c in checks], NodeFactsSummary(reachable=False)
     ctx = NodeContext.of(node, inventory, facts)
     results: list[CheckResult] = []
-    report_facts = NodeFactsSummary(reachable=True)
+    stated: list[NodeFactsSummary] = []     # each check's facts, merged once at the end
     shown: dict[tuple, str] = {}     # (command, output tail) -> the check whose evidence has it
     names: dict = {}     # probe builder -> the name of its probe on this node (None: none)
     for check in checks:
         verdict = judge(check, ctx)
-        report_facts = report_facts.merged(verdict.facts)
+        stated.append(verdict.facts)
         evidence, data_text = _evidence(ctx, check, verdict, names)
         evidence = _once_per_report(evidence, data_text, check.id, node.name, seen) \
             if seen is not None else evidence
         results.append(CheckResult(check.id, node.name, verdict.status, verdict.summary,
                                    _once_per_node(evidence, check.id, shown), verdict.fix))
-    return results, report_facts
+    return results, NodeFactsSummary(reachable=True).merged(*stated)
 
 
 def _once_per_node(evidence: Evidence, check: str, shown: dict[tuple, str]) -> Evidence:

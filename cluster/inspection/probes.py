@@ -32,7 +32,6 @@ _OUT, _ERR = "|", "!"
 _END_RE = re.compile(rf"{re.escape(_MARK)} (\S+) end (-?\d+)")
 _BEGIN_RE = re.compile(rf"{re.escape(_MARK)} (\S+) begin")
 _CUT_RE = re.compile(rf"{re.escape(_MARK)} (\S+) cut ([|!]) (\d+) bytes cut")
-_MARK_LINE = re.compile(rf"^{re.escape(_MARK)}[^\n]*", re.MULTILINE)  # split on "\n" only
 _NO_TMP_RE = re.compile(rf"{re.escape(_MARK)} - no-tmp (.*)")
 NOT_FOUND = 127
 TIMED_OUT = 124
@@ -220,11 +219,11 @@ def split_probe_output(text: str, probes: Iterable[Probe]) -> dict[str, ProbeOut
     current: str | None = None
     streams: dict[str, _Kept] = {}
     after = 0                                 # where the lines after the last marker start
-    for mark in _MARK_LINE.finditer(text):
+    for start, stop in _marker_lines(text):
         if current is not None:
-            _feed(streams, text[after:mark.start()])
-        after = mark.end() + 1
-        line = mark.group(0)
+            _feed(streams, text[after:start])
+        after = stop + 1
+        line = text[start:stop]
         begin, end, cut = _BEGIN_RE.fullmatch(line), _END_RE.fullmatch(line), \
             _CUT_RE.fullmatch(line)
         if begin:
@@ -240,12 +239,31 @@ def split_probe_output(text: str, probes: Iterable[Probe]) -> dict[str, ProbeOut
     return out
 
 
+def _marker_lines(text: str) -> Iterator[tuple[int, int]]:
+    """(start, end) of each line (split on "\\n" only) that starts with the marker, in order.
+    str.find jumps from one to the next: a pattern anchored at line starts tests every
+    character of the output (two thirds of the split's time for a node's 40 KB)."""
+    at = 0 if text.startswith(_MARK) else text.find("\n" + _MARK) + 1
+    if at == 0 and not text.startswith(_MARK):
+        return
+    while True:
+        stop = text.find("\n", at)
+        if stop < 0:
+            stop = len(text)
+        yield at, stop
+        at = text.find("\n" + _MARK, stop) + 1      # the line after a newline at or past stop
+        if at == 0:
+            return
+
+
 def _feed(streams: dict[str, _Kept], lines: str) -> None:
     """The lines between two markers to their streams by prefix (`|` stdout, `!` stderr);
-    other lines (the blank line after a stream) are not a probe's."""
+    other lines (the blank line after a stream) are not a probe's. A stream none of whose
+    lines is there (most probes print nothing on stderr) is not looked for line by line."""
     rows = lines.split("\n")
     for prefix, kept in streams.items():
-        kept.add_lines([row[1:] for row in rows if row[:1] == prefix])
+        if lines.startswith(prefix) or "\n" + prefix in lines:
+            kept.add_lines([row[1:] for row in rows if row[:1] == prefix])
 
 
 def script_problem(text: str) -> str | None:

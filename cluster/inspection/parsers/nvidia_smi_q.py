@@ -127,27 +127,30 @@ class _Node:
 
     def child(self, name: str) -> "_Node | None":
         """The first child whose key is `name`, case aside."""
-        if self._index is None or self._indexed != len(self.children):
-            index: dict[str, _Node] = {}
+        index = self._index
+        if index is None or self._indexed != len(self.children):
+            index = {}
             for c in self.children:
                 index.setdefault(c.key.lower(), c)
             self._index, self._indexed = index, len(self.children)
-        return self._index.get(name.lower())
+        return index.get(name.lower())
 
     def find(self, *path: str) -> "_Node | None":
         node: _Node | None = self
         for name in path:
-            assert node is not None
-            node = node.child(name)
+            node = node.child(name)       # type: ignore[union-attr]
             if node is None:
                 return None
         return node
 
     def value_at(self, *path: str) -> str | None:
-        node = self.find(*path)
-        if node is None or node.value is None or is_missing(node.value):
-            return None
-        return node.value
+        node: _Node | None = self
+        for name in path:                 # find(), without a call a level: ~45 reads a GPU
+            node = node.child(name)       # type: ignore[union-attr]
+            if node is None:
+                return None
+        value = node.value                # type: ignore[union-attr]
+        return None if value is None or is_missing(value) else value
 
 
 @dataclass(frozen=True)
@@ -281,12 +284,12 @@ def _is_detect_key_line(line: str) -> bool:
 def parse(text: str) -> NvidiaSmiQ:
     """Parse nvidia-smi -q output (text or XML); see the module docstring for the shape."""
     lines = [line[:MAX_LINE_CHARS] for line in lines_of(text, KIND)]
+    joined = "\n".join(lines)     # a needle without a newline is in it iff it is in a line
     # XML holds a '<' somewhere; the text report mostly does not, and skips the fragment test
-    if any("<" in line for line in lines) and (
-            any("<nvidia_smi_log" in line for line in lines) or _xml_fragment(lines)):
-        top, sections, real_sections = _xml_tree("\n".join(lines))
+    if "<" in joined and ("<nvidia_smi_log" in joined or _xml_fragment(lines)):
+        top, sections, real_sections = _xml_tree(joined)
     else:
-        top, sections, real_sections = _tree(lines)
+        top, sections, real_sections = _tree(lines, _noise_of(joined))
     if not real_sections and not _holds_a_marker(top, sections):
         failure = tool_failure(lines)
         if failure:
@@ -341,13 +344,16 @@ def _is_banner(line: str) -> bool:
     return stripped.startswith("=") and stripped.endswith("=")
 
 
-def _node_of(line: str) -> _Node | None:
-    """The node a (prompt-stripped, tab-expanded) line stands for, or None for noise."""
-    kv = _key_value(line)
-    indent = len(line) - len(line.lstrip())
+def _node_of(line: str, body: str | None = None) -> _Node | None:
+    """The node a (prompt-stripped, tab-expanded) line stands for, or None for noise; `body`
+    is the line without its indentation when the caller has it."""
+    if body is None:
+        body = line.lstrip()
+    kv = _key_value(body)                       # the indentation holds no `:`
+    indent = len(line) - len(body)
     if kv is None:
         # a section title (`ECC Errors`, `    Volatile`) has no colon
-        title = line.strip()
+        title = body.rstrip()
         return _Node(title, None, indent) if _TITLE.match(title) else None
     return _Node(kv[0], kv[1], indent)
 
@@ -380,20 +386,29 @@ class _Headerless:
         del self.stack[1:]
 
 
-def _tree(lines: list[str]) -> tuple[_Node, list[_Node], bool]:
+def _tree(lines: list[str], noise: "re.Pattern[str] | None") -> tuple[_Node, list[_Node], bool]:
     """The top-level node, one node per GPU section, and whether `GPU <bus id>` lines exist.
 
     Most lines of a report are an indented `Key : value` without a tab, an elision, a banner,
     a command echo or a grep separator: those go to _node_of as they are (no pattern); the
-    rest through _clean_line first, which leaves such a line as it is."""
+    rest through _clean_line first, which leaves such a line as it is. `noise` (_noise_of) finds
+    the characters of those other lines that the text holds at all; None when it holds none."""
     top = _Node("", None, -1)
     sections: list[_Node] = []
     headerless = _Headerless(sections)   # GPUs when the text has no section lines
     real_sections = False
     stack: list[_Node] = [top]
+    # a plain line read before, as (key, value, indent), None when noise: a report repeats most
+    # of its lines once per GPU (`Idle : Not Active`, the counters at 0...)
+    read: dict[str, tuple[str, str | None, int] | None] = {}
     for raw in lines:
-        if _is_plain(raw):
-            node = _node_of(raw)
+        seen = read.get(raw, _UNSEEN)
+        if seen is not _UNSEEN:
+            node = None if seen is None else _Node(*seen)
+        elif raw[:1] == " " and (body := raw.lstrip()) and (body[:1] != "-" or body.rstrip() != "--") \
+                and (noise is None or noise.search(raw) is None):
+            node = _node_of(raw, body)
+            read[raw] = None if node is None else (node.key, node.value, node.indent)
         else:
             line = _clean_line(raw)
             if line is None:
@@ -425,15 +440,20 @@ def _tree(lines: list[str]) -> tuple[_Node, list[_Node], bool]:
     return top, sections, real_sections
 
 
-def _is_plain(raw: str) -> bool:
-    """An indented line without a tab, an elision's characters, the banner, a command echo,
-    and not blank or grep's `--`: a line _clean_line would leave as it is."""
-    return raw[:1] == " " and "\t" not in raw and "..." not in raw and "\u2026" not in raw \
-        and "<" not in raw and "NVSMI LOG" not in raw and "nvidia-smi" not in raw \
-        and raw.strip() not in ("", "--")
+# What makes an indented line one for _clean_line: a tab, an elision's characters, the banner,
+# a command echo (with blank lines and grep's `--`, which _tree tests itself).
+_NOISE = ("\t", "...", "\u2026", "<", "NVSMI LOG", "nvidia-smi")
+
+
+def _noise_of(joined: str) -> "re.Pattern[str] | None":
+    """A pattern of the _NOISE strings the text holds (the report mostly holds its banner
+    alone), None when it holds none: _tree tests each line for those only."""
+    present = [re.escape(s) for s in _NOISE if s in joined]
+    return re.compile("|".join(present)) if present else None
 
 
 _GREP_SEPARATOR = object()   # _clean_line's answer for grep's `--`
+_UNSEEN = object()           # _tree: a line not read before
 
 
 def _clean_line(raw: str) -> "str | object | None":
