@@ -144,13 +144,10 @@ class _Node:
         return node
 
     def value_at(self, *path: str) -> str | None:
-        node: _Node | None = self
-        for name in path:                 # find(), without a call a level: ~45 reads a GPU
-            node = node.child(name)       # type: ignore[union-attr]
-            if node is None:
-                return None
-        value = node.value                # type: ignore[union-attr]
-        return None if value is None or is_missing(value) else value
+        node = self.find(*path)
+        if node is None or node.value is None or is_missing(node.value):
+            return None
+        return node.value
 
 
 @dataclass(frozen=True)
@@ -405,8 +402,7 @@ def _tree(lines: list[str], noise: "re.Pattern[str] | None") -> tuple[_Node, lis
         seen = read.get(raw, _UNSEEN)
         if seen is not _UNSEEN:
             node = None if seen is None else _Node(*seen)
-        elif raw[:1] == " " and (body := raw.lstrip()) and (body[:1] != "-" or body.rstrip() != "--") \
-                and (noise is None or noise.search(raw) is None):
+        elif (body := _plain_body(raw, noise)) is not None:
             node = _node_of(raw, body)
             read[raw] = None if node is None else (node.key, node.value, node.indent)
         else:
@@ -441,8 +437,20 @@ def _tree(lines: list[str], noise: "re.Pattern[str] | None") -> tuple[_Node, lis
 
 
 # What makes an indented line one for _clean_line: a tab, an elision's characters, the banner,
-# a command echo (with blank lines and grep's `--`, which _tree tests itself).
+# a command echo (with blank lines and grep's `--`, which _plain_body tests itself).
 _NOISE = ("\t", "...", "\u2026", "<", "NVSMI LOG", "nvidia-smi")
+
+
+def _plain_body(raw: str, noise: "re.Pattern[str] | None") -> str | None:
+    """An indented line's text without its indentation when _node_of can read the line as it
+    is: not blank, not grep's `--`, none of the _NOISE the text holds (`noise`, _noise_of);
+    None for a line _clean_line must see first."""
+    if raw[:1] != " ":
+        return None
+    body = raw.lstrip()
+    if not body or body.rstrip() == "--" or (noise is not None and noise.search(raw)):
+        return None
+    return body
 
 
 def _noise_of(joined: str) -> "re.Pattern[str] | None":
