@@ -72,10 +72,26 @@ def gather_with_listeners(inventory: Inventory, session: Session, nodes: Sequenc
     left of the listeners."""
     listeners = plan_listeners(inventory, session, nodes) \
         if reachability and len(nodes) > 1 else None
-    facts = gather_for(inventory, session, nodes, checks, on_node_done,
-                       (listeners.probe,) if listeners else (),
-                       clock=measure_clock and len(nodes) > 1)
+    try:
+        facts = gather_for(inventory, session, nodes, checks, on_node_done,
+                           (listeners.probe,) if listeners else (),
+                           clock=measure_clock and len(nodes) > 1)
+    except BaseException:
+        if listeners:    # which ones started is not known: every node that may have one
+            _stop_after_error(session, nodes, listeners, set(listeners.served))
+        raise
     return facts, listeners
+
+
+def _stop_after_error(session: Session, nodes: Sequence[Node], listeners: Listeners,
+                      names: set[str]) -> None:
+    """stop_listeners while an error ends the run: a listener left holds Ray's ports on its
+    node for its whole lifetime (minutes), so the next `cluster up` fails there. A failure of
+    the stop itself does not replace the run's error."""
+    try:
+        stop_listeners(session, nodes, listeners.tag, names)
+    except Exception:  # noqa: BLE001 - the run's own error is the one raised
+        pass
 
 
 def clock_samples(session: Session, nodes: Sequence[Node],
@@ -124,7 +140,7 @@ def run_preflight(inventory: Inventory, session: Session, nodes: Sequence[Node] 
         results += cross_node_checks(cluster_facts, inventory, skew)
     except BaseException:
         if listeners:
-            stop_listeners(session, nodes, listeners.tag, started(listen_docs))
+            _stop_after_error(session, nodes, listeners, started(listen_docs))
         raise
     if reachability and len(reachable) > 1:
         results += run_reachability(inventory, session, reachable, listeners, listen_docs)

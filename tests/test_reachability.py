@@ -469,6 +469,49 @@ def test_listeners_told_of_a_peer_that_is_unreachable_by_the_probes_are_stopped(
     assert not [r for r in report.results if r.check == "reachability"]   # nothing to probe
 
 
+class GatherBreaks(CommandLog):
+    """A CommandLog whose gather on `breaks` raises what no runner should let out (EOFError:
+    paramiko's channel close on a transport gone), after the other nodes' listeners started."""
+
+    def __init__(self, breaks):
+        super().__init__()
+        self.breaks = set(breaks)
+
+    def __call__(self, sent):
+        if sent.node in self.breaks and "@@cluster-probe@@" in sent.command:
+            self.kinds.append((sent.node, "gather"))
+            raise EOFError()
+        return super().__call__(sent)
+
+
+def test_a_gather_that_raises_stops_every_listener_it_may_have_started():
+    """The gather's error ends the run, but not before the listeners are stopped: which ones
+    started is unknown, so every node with one gets a stop (one left held the head's Ray port
+    for its lifetime, and the next `cluster up` failed there: CI, 2026-12-07); the gather's
+    own error is the one raised."""
+    import pytest
+
+    from playbooks.preflight import run_preflight
+    from playbooks.ray_up import gather_facts
+
+    inv = fake_inventory(3)
+    log = GatherBreaks({"n3"})
+    with pytest.raises(EOFError):
+        run_preflight(inv, log.session(inv))
+    assert log.sent("stop") == ["n1", "n2", "n3"]
+    assert log.sent("probe") == []
+
+    log = GatherBreaks({"n2"})
+    with pytest.raises(EOFError):
+        gather_facts(log.session(inv), inv, with_preflight=True)
+    assert log.sent("stop") == ["n1", "n2", "n3"]
+
+    log = GatherBreaks({"n2"})        # the preflight skipped: no listener, nothing to stop
+    with pytest.raises(EOFError):
+        gather_facts(log.session(inv), inv, with_preflight=False)
+    assert log.sent("stop") == []
+
+
 class WindowNet:
     """reach.py's socket, selectors and time, faked: every connect is in flight until the
     selector reports it (the oldest first, one a select; to a host in `dropped` never: the fake

@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+from paramiko import Channel
 
 from cluster.base.errors import CommandTimeout, ConnectError
 from cluster.nodes import channel_run, remote
@@ -299,6 +300,54 @@ def test_ssh_runner_timeout_drops_the_connection(ssh, monkeypatch):
     runner, forgotten = _runner(ssh, monkeypatch)
     with pytest.raises(CommandTimeout):
         runner.run(NODE, "hang", timeout=0.5)
+    assert forgotten == ["n1"]
+
+
+class _ChannelsCannotClose:
+    """The fake sshd's transport as the client sees it once its link is cut: a new channel
+    opens and runs, but its close raises EOFError, as paramiko's does when its packetizer
+    is closed before the channel is marked closed (seen with a node's link cut mid-gather)."""
+
+    def __init__(self, transport):
+        self._transport = transport
+
+    def open_session(self, timeout=None):
+        chan = self._transport.open_session(timeout=timeout)
+
+        def close():
+            Channel.close(chan)
+            raise EOFError()
+
+        chan.close = close
+        return chan
+
+    def is_active(self):
+        return self._transport.is_active()
+
+
+def _runner_whose_channels_cannot_close(ssh, monkeypatch):
+    runner, forgotten = _runner(ssh, monkeypatch)
+    monkeypatch.setattr(runner, "_open", lambda node: _Conn(_ChannelsCannotClose(ssh.client)))
+    return runner, forgotten
+
+
+def test_a_timeout_whose_channel_cannot_close_is_still_a_timeout(ssh, monkeypatch):
+    """The close's EOFError must not replace the timeout: it ended a whole preflight as an
+    internal error, every node's result lost, the listeners left on the nodes (2026-12-07)."""
+    runner, forgotten = _runner_whose_channels_cannot_close(ssh, monkeypatch)
+    with pytest.raises(CommandTimeout):
+        runner.run(NODE, "hang", timeout=0.5)
+    with pytest.raises(CommandTimeout):
+        runner.exchange(NODE, "hang", asks=2, enough=lambda reply: False, timeout=0.5)
+    assert set(forgotten) == {"n1"}
+
+
+def test_an_answered_command_whose_channel_cannot_close_keeps_its_answer(ssh, monkeypatch):
+    """The command answered, then its transport went: the answer stands, and the connection
+    is forgotten so the next command connects anew."""
+    runner, forgotten = _runner_whose_channels_cannot_close(ssh, monkeypatch)
+    res = runner.run(NODE, "hello", timeout=20)
+    assert (res.status, res.exit_code, res.stdout) == ("failed", 3, "out\n")
     assert forgotten == ["n1"]
 
 

@@ -389,7 +389,8 @@ class SSHRunner:
             raise ConnectError(node.name, f"connection lost: {describe_connect_error(exc)}") \
                 from None
         finally:
-            chan.close()
+            if not _close_channel(chan):    # the transport died under it: connect anew next time
+                self._forget(node)
         code = done.exit_code
         return replies, CommandResult(node.name, command, code, done.stdout, done.stderr,
                                       time.monotonic() - start, OK if code == 0 else FAILED,
@@ -652,6 +653,18 @@ class _AcceptForThisRun:
 
     def missing_host_key(self, client, hostname, key) -> None:
         client.get_host_keys().add(hostname, key.get_name(), key)
+
+
+def _close_channel(chan) -> bool:
+    """Close a session channel; False when that failed. paramiko's close sends the channel's
+    close message, which raises (EOFError, a socket error) once the transport is gone: a link cut
+    after the command's answer, or the error already being raised. It must never replace
+    either: that EOFError ended a whole preflight, every node's result with it."""
+    try:
+        chan.close()
+    except Exception:  # noqa: BLE001 - EOFError, OSError, SSHException: the transport is gone
+        return False
+    return True
 
 
 def _close_quietly(conn) -> None:

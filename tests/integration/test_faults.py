@@ -174,10 +174,17 @@ def test_link_cut_while_preflight_runs(sim, inv):
     took = time.monotonic() - t0
     OUTPUTS.extend([out, err])
     report = json.loads(out)
-    assert proc.returncode == 2
+    assert proc.returncode == 2 and "results" in report, err[-3000:]
     node3 = [r for r in report["results"] if r["node"] == "node3"]
-    assert node3 and all(r["status"] == "error" for r in node3), node3[:2]
+    errors = [r["check"] for r in node3 if r["status"] == "error"]
+    # cut in its gather (the usual timing): every check of node3 is an error, none judged on a
+    # part of its output; cut once it had answered (a loaded machine): its checks stand and
+    # its reachability probe is the error (the peers' probes of it fail)
+    assert errors == [r["check"] for r in node3] or errors == ["reachability"], node3
     assert all(r["status"] != "error" for r in report["results"] if r["node"] in ("node1", "node2"))
+    for node in ("node1", "node2"):   # no listener left holding Ray's ports (the next up's)
+        left = sim.exec(node, "pgrep", "-af", "--", "- listen --ports")
+        assert left.returncode == 1, left.stdout
     assert took < 300
 
 
@@ -210,7 +217,7 @@ def test_node_killed_in_the_middle_of_up_then_rerun_converges(sim, inv, simclust
     assert killed.is_set(), "node3 was not killed during up"
     assert code == 2, json.dumps(up, indent=1)[-3000:]
     steps = {s["node"]: s for s in up["steps"]}
-    assert steps["node1"]["status"] == "changed"
+    assert steps["node1"]["status"] == "changed", json.dumps(steps["node1"], indent=1)[:3000]
     # node2 completes; on an overloaded machine its raylet may abort on Ray's fixed 15 s agent
     # timeout (ray#65983, docs/ray.md): that is a failure of node2 itself, never "unreachable"
     assert steps["node2"]["status"] == "changed" or (
