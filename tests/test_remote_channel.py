@@ -277,7 +277,8 @@ def _runner(ssh, monkeypatch):
     runner = remote.SSHRunner(SSHOptions())
     forgotten = []
     monkeypatch.setattr(runner, "_open", lambda node: _Conn(ssh.client))
-    monkeypatch.setattr(runner, "_forget", lambda node: forgotten.append(node.name))
+    monkeypatch.setattr(runner, "_forget",
+                        lambda node, only=None: forgotten.append(node.name))
     return runner, forgotten
 
 
@@ -349,6 +350,27 @@ def test_an_answered_command_whose_channel_cannot_close_keeps_its_answer(ssh, mo
     res = runner.run(NODE, "hello", timeout=20)
     assert (res.status, res.exit_code, res.stdout) == ("failed", 3, "out\n")
     assert forgotten == ["n1"]
+
+
+def test_forgetting_a_dead_connection_spares_one_made_since():
+    """The failed close forgets the connection it used, not one another thread made since."""
+    class Conn:
+        closed = False
+
+        def close(self):
+            self.closed = True
+
+    runner, old, new = remote.SSHRunner(SSHOptions()), Conn(), Conn()
+    runner._connections["n1"] = new
+    runner._forget(NODE, only=old)
+    assert runner._connections == {"n1": new}
+    runner._forget(NODE, only=new)
+    assert runner._connections == {}
+    for _ in range(100):        # closed in a daemon thread (a frozen sshd may block a close)
+        if new.closed:
+            break
+        time.sleep(0.05)
+    assert new.closed and not old.closed
 
 
 def test_ssh_runner_lost_connection_is_a_connect_error(ssh, monkeypatch):

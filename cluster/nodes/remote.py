@@ -390,7 +390,7 @@ class SSHRunner:
                 from None
         finally:
             if not _close_channel(chan):    # the transport died under it: connect anew next time
-                self._forget(node)
+                self._forget(node, only=conn)
         code = done.exit_code
         return replies, CommandResult(node.name, command, code, done.stdout, done.stderr,
                                       time.monotonic() - start, OK if code == 0 else FAILED,
@@ -428,8 +428,12 @@ class SSHRunner:
             raise ConnectError(node.name, describe_connect_error(failed.error)
                                + failed.attempts_text) from None
 
-    def _forget(self, node: Node) -> None:
+    def _forget(self, node: Node, only: object | None = None) -> None:
+        """Drop (and close) the node's connection; with `only`, just when it is still that one
+        (another thread may have connected anew since)."""
         with self._lock:
+            if only is not None and self._connections.get(node.name) is not only:
+                return
             conn = self._connections.pop(node.name, None)
         if conn is not None:
             _close_quietly(conn)
