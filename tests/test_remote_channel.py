@@ -278,7 +278,7 @@ def _runner(ssh, monkeypatch):
     forgotten = []
     monkeypatch.setattr(runner, "_open", lambda node: _Conn(ssh.client))
     monkeypatch.setattr(runner, "_forget",
-                        lambda node, only=None: forgotten.append(node.name))
+                        lambda node, conn: forgotten.append(node.name))
     return runner, forgotten
 
 
@@ -353,7 +353,7 @@ def test_an_answered_command_whose_channel_cannot_close_keeps_its_answer(ssh, mo
 
 
 def test_forgetting_a_dead_connection_spares_one_made_since():
-    """The failed close forgets the connection it used, not one another thread made since."""
+    """A failure forgets the connection it happened on, not one another thread made since."""
     class Conn:
         closed = False
 
@@ -362,9 +362,9 @@ def test_forgetting_a_dead_connection_spares_one_made_since():
 
     runner, old, new = remote.SSHRunner(SSHOptions()), Conn(), Conn()
     runner._connections["n1"] = new
-    runner._forget(NODE, only=old)
+    runner._forget(NODE, old)
     assert runner._connections == {"n1": new}
-    runner._forget(NODE, only=new)
+    runner._forget(NODE, new)
     assert runner._connections == {}
     for _ in range(100):        # closed in a daemon thread (a frozen sshd may block a close)
         if new.closed:

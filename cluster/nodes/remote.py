@@ -374,7 +374,7 @@ class SSHRunner:
         try:
             chan = conn.transport.open_session(timeout=timeout)
         except Exception as exc:  # the session broke
-            self._forget(node)
+            self._forget(node, conn)
             raise ConnectError(node.name, f"connection lost: {describe_connect_error(exc)}") \
                 from None
         try:
@@ -382,15 +382,15 @@ class SSHRunner:
             if done.exit_code == -1 and not conn.transport.is_active():  # the connection died
                 raise EOFError("the SSH transport closed")
         except TimeoutError:  # socket.timeout too: a stdin or a channel request that hung
-            self._forget(node)
+            self._forget(node, conn)
             raise CommandTimeout(node.name, timeout, command) from None
         except Exception as exc:
-            self._forget(node)
+            self._forget(node, conn)
             raise ConnectError(node.name, f"connection lost: {describe_connect_error(exc)}") \
                 from None
         finally:
             if not _close_channel(chan):    # the transport died under it: connect anew next time
-                self._forget(node, only=conn)
+                self._forget(node, conn)
         code = done.exit_code
         return replies, CommandResult(node.name, command, code, done.stdout, done.stderr,
                                       time.monotonic() - start, OK if code == 0 else FAILED,
@@ -418,7 +418,7 @@ class SSHRunner:
                     conn.open()
                     _quiet_when_idle(conn)
             except Exception:
-                self._forget(node)
+                self._forget(node, conn)
                 raise
             return conn
 
@@ -428,15 +428,15 @@ class SSHRunner:
             raise ConnectError(node.name, describe_connect_error(failed.error)
                                + failed.attempts_text) from None
 
-    def _forget(self, node: Node, only: object | None = None) -> None:
-        """Drop (and close) the node's connection; with `only`, just when it is still that one
-        (another thread may have connected anew since)."""
+    def _forget(self, node: Node, conn: object) -> None:
+        """Drop (and close) `conn`, the node's connection that failed, when it is still the
+        node's: another thread may have dropped it and connected anew since, and that
+        connection is kept."""
         with self._lock:
-            if only is not None and self._connections.get(node.name) is not only:
+            if self._connections.get(node.name) is not conn:
                 return
-            conn = self._connections.pop(node.name, None)
-        if conn is not None:
-            _close_quietly(conn)
+            del self._connections[node.name]
+        _close_quietly(conn)
 
     def close(self) -> None:
         with self._lock:
