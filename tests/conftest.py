@@ -11,6 +11,13 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+# vLLM engines the tests start on this machine (a local Ray, vLLM's own server) share its cores
+# with the other worker's engines and the simulated nodes (whose sessions get the same policy:
+# scripts/simcluster NODE_ENV): an OpenMP thread spinning at a barrier under libgomp's default
+# wait policy takes a core another engine needs (2 cores, two engines at once: 110 s of
+# generation against 66 s passive). A run that sets its own policy keeps it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 def _load_tiny_model_builder():
     spec = importlib.util.spec_from_file_location("make_tiny_model", REPO / "scripts" / "make_tiny_model.py")
