@@ -17,8 +17,10 @@ nvidia-smi). One cluster, reused by the cases in order:
    stops); no process of the old gang is left on any node. Then
    `cluster uncordon` refused while the node's preflight fails, accepted with the GPU back, and
    the job lifts the cordon when the node rejoins under a new Ray node id. Then a rolling change
-   of the TP 1 app's engine args (max_model_len 256 -> 224) under the same load: 2 steps, each new
-   replica RUNNING before an old one stops, 0 failed requests.
+   of the TP 1 app's engine args (max_model_len 256 -> 224): its dry run shows the 2 steps and
+   changes nothing; under the same load, each new replica RUNNING before an old one stops, 0
+   failed requests, the new max_model_len served after (scripts/bench_roll.py measures the
+   same change against a plain redeploy).
 
 Printed figures: seconds from the switch to the cordon record, the move time, requests and
 failures per app, the rebuilt gang's nodes. Engines: max_model_len 256, a 1 GiB KV cache each,
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -136,14 +139,24 @@ def test_report_for_every_class_changes_nothing_but_the_status(sim, base):
 
 def deploy(inv: Path, model: Path, name: str, *layout: str, env: tuple[str, ...],
            max_len: int = 256) -> dict:
+    """`cluster deploy --json` of the app, asserted RUNNING (with --dry-run in `layout`: exit 0)."""
     start = time.monotonic()
     env_args = [a for e in (*env, "VLLM_CPU_NUM_OF_RESERVED_CPU=0") for a in ("--env", e)]
     code, out = cli_json(inv, "deploy", "--model", str(model), *layout, "--name", name,
                          "--served-model-name", name, "--max-model-len", str(max_len),
                          "--device", "cpu", *env_args, "--yes", "--timeout", "900")
     print(f"\ndeploy {name} {' '.join(layout)}: {time.monotonic() - start:.0f} s")
-    assert code == 0 and out["status"] == "RUNNING", json.dumps(out, indent=1)[-4000:]
+    assert code == 0, json.dumps(out, indent=1)[-4000:]
+    assert "--dry-run" in layout or out["status"] == "RUNNING", json.dumps(out, indent=1)[-4000:]
     return out
+
+
+def served_max_len(endpoint: str, name: str) -> int:
+    """The max_model_len the app's engine serves with (its /models)."""
+    req = urllib.request.Request(endpoint + "/models", headers={"Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(req, timeout=60) as reply:
+        (model,) = [m for m in json.load(reply)["data"] if m["id"] == name]
+    return model["max_model_len"]
 
 
 def app_of(doc: dict, name: str) -> dict:
@@ -280,7 +293,16 @@ def test_a_lost_gpu_cordons_the_node_within_a_period_and_uncordon_brings_it_back
     # before make failed 119 of 236, 2026-12-06: every request of the ~150 s rebuild)
     assert len(gang_load.failed()) <= 0.02 * len(gang_load.outcomes), gang_load.figures()
 
-    # then a rolling change of the TP 1 app's engine args under the same load: 0 failed requests
+    # then a rolling change of the TP 1 app's engine args under the same load: its dry run shows
+    # the two steps (one new replica started, one old stopped, each), changing nothing; the
+    # change fails no request and is in effect after (scripts/bench_roll.py measures it against
+    # a plain redeploy)
+    assert served_max_len(small["endpoint"], SMALL) == 256
+    dry = deploy(inv, model, SMALL, "--dp", "2", "--engine-arg", "enforce_eager=true",
+                 "--dry-run", env=UNBOUND_ENGINE_ENV, max_len=224)
+    assert [(s["start"], len(s["stop"])) for s in dry["roll"]["steps"]] == [(1, 1), (1, 1)], \
+        json.dumps(dry.get("roll"), indent=1)
+    assert served_max_len(small["endpoint"], SMALL) == 256
     with StreamingLoad(small["endpoint"], SMALL, KEY) as roll_load:
         time.sleep(5)
         rolled = deploy(inv, model, SMALL, "--dp", "2", "--engine-arg", "enforce_eager=true",
@@ -291,4 +313,5 @@ def test_a_lost_gpu_cordons_the_node_within_a_period_and_uncordon_brings_it_back
     assert len(steps) == 2, json.dumps(rolled.get("roll"), indent=1)
     assert not set(rolled["roll"]["old_replicas"]) & {r["replica_id"] for r in rolled["replicas"]}
     assert roll_load.outcomes and not roll_load.failed(), roll_load.figures()
+    assert served_max_len(small["endpoint"], SMALL) == 224
 
