@@ -26,14 +26,13 @@ import argparse
 import json
 import os
 import sys
-import threading
 import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from simbench import cli_json  # noqa: E402  (scripts/simbench.py: the benchmarks' shared part)
+from simbench import StreamingLoad, cli_json  # noqa: E402  (scripts/simbench.py: the benchmarks' shared part)
 
 APP, SERVED, KEY_ENV = "bench-roll", "tiny-roll", "CLUSTER_API_KEY"
 CHANGE_TIMEOUT_S = 1200     # one change: two engine starts, one after the other
@@ -49,34 +48,6 @@ class ChangeFigures:
     failed: int
     failed_kinds: dict
     took_s: float
-
-
-class Load:
-    """The bench client's streaming load on the app in a thread while the block runs."""
-
-    def __init__(self, endpoint: str, concurrency: int, api_key: str):
-        from cluster.serving.bench import BenchConfig
-
-        self.config = BenchConfig(url=endpoint, model=SERVED, concurrency=(concurrency,),
-                                  requests=4 * concurrency, prompt_len=16, output_len=16,
-                                  api_key=api_key, timeout_s=300)
-        self.outcomes: list = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        from cluster.serving.bench import run_bench
-
-        while not self._stop.is_set():
-            run_bench(self.config, on_request=lambda _c, o: self.outcomes.append(o))
-
-    def __enter__(self) -> "Load":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=600)
 
 
 def deploy(inventory: str, model: str, max_len: int, env: list[str]) -> dict:
@@ -124,17 +95,16 @@ def max_model_len(endpoint: str, api_key: str) -> int:
 
 
 def under_load(how: str, endpoint: str, api_key: str, concurrency: int, change) -> ChangeFigures:
-    with Load(endpoint, concurrency, api_key) as load:
+    with StreamingLoad(endpoint, SERVED, api_key, concurrency) as load:
         time.sleep(10)
         start = time.monotonic()
         change()
         took = time.monotonic() - start
         time.sleep(10)
-    failed = [o for o in load.outcomes if not o.ok]
     kinds: dict[str, int] = {}
-    for o in failed:
+    for o in load.failed():
         kinds[o.error_kind] = kinds.get(o.error_kind, 0) + 1
-    figures = ChangeFigures(how, len(load.outcomes), len(failed), kinds, round(took, 1))
+    figures = ChangeFigures(how, len(load.outcomes), len(load.failed()), kinds, round(took, 1))
     print(f"{how}: {figures.requests} requests, {figures.failed} failed {kinds}, "
           f"{figures.took_s:.0f} s", flush=True)
     return figures

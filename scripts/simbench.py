@@ -1,4 +1,5 @@
-"""Shared by the benchmark scripts: a private simulated cluster (scripts/simcluster) for one run."""
+"""Shared by the benchmark scripts: a private simulated cluster (scripts/simcluster) for one run,
+the CLI's JSON, the thread profiler, a steady streaming load (tests/integration use it too)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -134,3 +136,43 @@ def cli_json(inventory: str, *args: str, timeout: float) -> tuple[int, dict]:
         return p.returncode, json.loads(p.stdout)
     except ValueError:
         raise SystemExit(f"cluster {args[0]}: exit {p.returncode}: {p.stderr.strip()[-500:]}")
+
+
+class StreamingLoad:
+    """A steady streaming load on one app (cluster/serving/bench.py's client, `concurrency` at
+    a time) in a thread until the block ends; every request's outcome is kept (.outcomes)."""
+
+    def __init__(self, endpoint: str, model: str, api_key: str, concurrency: int = 1,
+                 output_len: int = 16):
+        from cluster.serving.bench import BenchConfig
+
+        self.config = BenchConfig(url=endpoint, model=model, concurrency=(concurrency,),
+                                  requests=4 * concurrency, prompt_len=16, output_len=output_len,
+                                  api_key=api_key, timeout_s=300)
+        self.outcomes: list = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        from cluster.serving.bench import run_bench
+
+        while not self._stop.is_set():
+            run_bench(self.config, on_request=lambda _c, o: self.outcomes.append(o))
+
+    def __enter__(self) -> "StreamingLoad":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=600)
+
+    def failed(self) -> list:
+        return [o for o in self.outcomes if not o.ok]
+
+    def figures(self) -> str:
+        kinds: dict[str, int] = {}
+        for o in self.failed():
+            kinds[o.error_kind] = kinds.get(o.error_kind, 0) + 1
+        share = 100.0 * len(self.failed()) / max(1, len(self.outcomes))
+        return f"{len(self.outcomes)} requests, {len(self.failed())} failed ({share:.1f} %) {kinds}"

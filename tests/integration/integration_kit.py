@@ -43,6 +43,9 @@ import yaml
 
 from fakes import cluster_cli   # the one CLI runner (tests/fakes.py; tests/ is on sys.path)
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+from simbench import StreamingLoad  # noqa: E402,F401  (the benchmarks' load, the tests' too)
+
 REPO = Path(__file__).resolve().parents[2]
 # The checkout's own virtualenv when it has one (the nodes run Ray from it), else this Python.
 PYTHON = str(REPO / ".venv" / "bin" / "python3") if (REPO / ".venv").is_dir() else sys.executable
@@ -298,46 +301,6 @@ def node_tiny_model(builder, kind: str = "dense", needs: tuple[str, ...] = ()) -
 # an engine starting on a core that serving engines' workers busy-poll got ~3 % of it and its
 # replica stayed STARTING for 12 min (test_day_two, 2026-12-06). Real nodes have cores of their own.
 UNBOUND_ENGINE_ENV = ("VLLM_CPU_OMP_THREADS_BIND=nobind", "OMP_NUM_THREADS=1")
-
-
-class StreamingLoad:
-    """A steady streaming load on one app (cluster/serving/bench.py's client, `concurrency` at
-    a time) in a thread until the block ends; every request's outcome is kept (.outcomes)."""
-
-    def __init__(self, endpoint: str, model: str, api_key: str, concurrency: int = 1,
-                 output_len: int = 16):
-        from cluster.serving.bench import BenchConfig
-
-        self.config = BenchConfig(url=endpoint, model=model, concurrency=(concurrency,),
-                                  requests=4 * concurrency, prompt_len=16, output_len=output_len,
-                                  api_key=api_key, timeout_s=300)
-        self.outcomes: list = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        from cluster.serving.bench import run_bench
-
-        while not self._stop.is_set():
-            run_bench(self.config, on_request=lambda _c, o: self.outcomes.append(o))
-
-    def __enter__(self) -> "StreamingLoad":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=600)
-
-    def failed(self) -> list:
-        return [o for o in self.outcomes if not o.ok]
-
-    def figures(self) -> str:
-        kinds: dict[str, int] = {}
-        for o in self.failed():
-            kinds[o.error_kind] = kinds.get(o.error_kind, 0) + 1
-        share = 100.0 * len(self.failed()) / max(1, len(self.outcomes))
-        return f"{len(self.outcomes)} requests, {len(self.failed())} failed ({share:.1f} %) {kinds}"
 
 
 def process_tree(sim, node: str, roots: set[int]) -> dict[int, str]:
