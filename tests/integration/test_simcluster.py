@@ -369,6 +369,12 @@ def test_node_tools_print_their_profile_outputs(simcluster_factory):
     path = ssh_ok(c, "node1", "echo $PATH; command -v python").stdout.split()
     assert path[0].startswith("/run/simcluster/bin:") and path[1].endswith("/bin/python")
     assert path[1] != "/root/.pyenv/shims/python", "the host's ~/.bashrc leaked into the node"
+    # every session's environment beside PATH (NODE_ENV: what `ray start` and the engines under it
+    # inherit): over SSH, through sudo (env_keep), and `simcluster exec`
+    for name, value in sim.NODE_ENV.items():
+        for command in (f"echo ${name}", f"sudo -n sh -c 'echo ${name}'"):
+            assert ssh_ok(c, "node1", command).stdout.strip() == value, command
+        assert c.exec("node1", "sh", "-c", f"echo ${name}", check=True).stdout.strip() == value
     for tool in ("nvidia-smi", "nvcc --version", "ibstat", "chronyc tracking"):
         r = c.ssh("node2", tool)
         assert r.returncode == 127 and "command not found" in r.stderr, (tool, r)
