@@ -80,7 +80,7 @@ HEAVY_MODULE_COST_S = {
 }
 
 
-# test_day_two.py (~1100-1300 s) is marked `alone`: it runs several vLLM engines under load, and
+# test_day_two.py (1270-1700 s) is marked `alone`: it runs several vLLM engines under load, and
 # beside test_gang_e2e.py a gang's warm-up step timed out for CPU (2026-12-06); scripts/test runs
 # it in a lane of its own, after the heavy lane. Its rolling change under load is the one the
 # alone lane's test_rolling_deploy.py repeated on a cluster of its own (~670 s) until 2026-12-07:
