@@ -23,16 +23,14 @@ by tests/integration/test_day_two.py.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from simbench import StreamingLoad, cli_json  # noqa: E402  (scripts/simbench.py: the benchmarks' shared part)
+from simbench import StreamingLoad, cli_json, served_max_model_len  # noqa: E402  (scripts/simbench.py: the benchmarks' shared part)
 
 APP, SERVED, KEY_ENV = "bench-roll", "tiny-roll", "CLUSTER_API_KEY"
 CHANGE_TIMEOUT_S = 1200     # one change: two engine starts, one after the other
@@ -88,12 +86,6 @@ def plain_redeploy(inventory_path: str, max_len: int) -> None:
             raise SystemExit(f"plain redeploy: {APP} not RUNNING within {CHANGE_TIMEOUT_S} s")
 
 
-def max_model_len(endpoint: str, api_key: str) -> int:
-    req = urllib.request.Request(endpoint + "/models", headers={"Authorization": f"Bearer {api_key}"})
-    with urllib.request.urlopen(req, timeout=60) as reply:
-        return int(json.load(reply)["data"][0]["max_model_len"])
-
-
 def under_load(how: str, endpoint: str, api_key: str, concurrency: int, change) -> ChangeFigures:
     with StreamingLoad(endpoint, SERVED, api_key, concurrency) as load:
         time.sleep(10)
@@ -101,11 +93,9 @@ def under_load(how: str, endpoint: str, api_key: str, concurrency: int, change) 
         change()
         took = time.monotonic() - start
         time.sleep(10)
-    kinds: dict[str, int] = {}
-    for o in load.failed():
-        kinds[o.error_kind] = kinds.get(o.error_kind, 0) + 1
-    figures = ChangeFigures(how, len(load.outcomes), len(load.failed()), kinds, round(took, 1))
-    print(f"{how}: {figures.requests} requests, {figures.failed} failed {kinds}, "
+    figures = ChangeFigures(how, len(load.outcomes), len(load.failed()), load.failed_kinds(),
+                            round(took, 1))
+    print(f"{how}: {figures.requests} requests, {figures.failed} failed {figures.failed_kinds}, "
           f"{figures.took_s:.0f} s", flush=True)
     return figures
 
@@ -140,12 +130,12 @@ def main(argv: list[str] | None = None) -> int:
             new = next(lengths)
             figures.append(under_load("roll", endpoint, api_key, args.concurrency,
                                       lambda: deploy(args.inventory, args.model, new, args.env)))
-            if max_model_len(endpoint, api_key) != new:
+            if served_max_model_len(endpoint, SERVED, api_key) != new:
                 raise SystemExit(f"roll: max_model_len is not {new} after the change")
             new = next(lengths)
             figures.append(under_load("plain", endpoint, api_key, args.concurrency,
                                       lambda: plain_redeploy(args.inventory, new)))
-            if max_model_len(endpoint, api_key) != new:
+            if served_max_model_len(endpoint, SERVED, api_key) != new:
                 raise SystemExit(f"plain redeploy: max_model_len is not {new} after the change")
     finally:
         if not args.keep:

@@ -1,5 +1,6 @@
 """Shared by the benchmark scripts: a private simulated cluster (scripts/simcluster) for one run,
-the CLI's JSON, the thread profiler, a steady streaming load (tests/integration use it too)."""
+the CLI's JSON, the thread profiler, a steady streaming load and the served max_model_len
+(tests/integration use those two too)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import subprocess
 import sys
 import threading
+import urllib.request
 from pathlib import Path
 from typing import Iterator
 
@@ -170,9 +172,22 @@ class StreamingLoad:
     def failed(self) -> list:
         return [o for o in self.outcomes if not o.ok]
 
-    def figures(self) -> str:
+    def failed_kinds(self) -> dict[str, int]:
+        """error kind -> how many requests failed with it."""
         kinds: dict[str, int] = {}
         for o in self.failed():
             kinds[o.error_kind] = kinds.get(o.error_kind, 0) + 1
+        return kinds
+
+    def figures(self) -> str:
         share = 100.0 * len(self.failed()) / max(1, len(self.outcomes))
-        return f"{len(self.outcomes)} requests, {len(self.failed())} failed ({share:.1f} %) {kinds}"
+        return (f"{len(self.outcomes)} requests, {len(self.failed())} failed ({share:.1f} %) "
+                f"{self.failed_kinds()}")
+
+
+def served_max_model_len(endpoint: str, model: str, api_key: str) -> int:
+    """The max_model_len the app's engine serves `model` with (its OpenAI /models)."""
+    req = urllib.request.Request(endpoint + "/models", headers={"Authorization": f"Bearer {api_key}"})
+    with urllib.request.urlopen(req, timeout=60) as reply:
+        (entry,) = [m for m in json.load(reply)["data"] if m["id"] == model]
+    return int(entry["max_model_len"])

@@ -44,7 +44,7 @@ import yaml
 from fakes import cluster_cli   # the one CLI runner (tests/fakes.py; tests/ is on sys.path)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from simbench import StreamingLoad  # noqa: E402,F401  (the benchmarks' load, the tests' too)
+from simbench import StreamingLoad, served_max_model_len  # noqa: E402,F401  (the benchmarks' too)
 
 REPO = Path(__file__).resolve().parents[2]
 # The checkout's own virtualenv when it has one (the nodes run Ray from it), else this Python.

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -45,7 +44,8 @@ import yaml
 pytestmark = [pytest.mark.integration, pytest.mark.ray, pytest.mark.alone]
 
 from integration_kit import (PYTHON, REPO, ClusterCli, StreamingLoad,  # noqa: E402
-                             UNBOUND_ENGINE_ENV, head_driver, node_tiny_model, process_tree)
+                             UNBOUND_ENGINE_ENV, head_driver, node_tiny_model, process_tree,
+                             served_max_model_len)
 
 cli = ClusterCli(timeout=1200)
 cli_json = cli.json
@@ -149,14 +149,6 @@ def deploy(inv: Path, model: Path, name: str, *layout: str, env: tuple[str, ...]
     assert code == 0, json.dumps(out, indent=1)[-4000:]
     assert "--dry-run" in layout or out["status"] == "RUNNING", json.dumps(out, indent=1)[-4000:]
     return out
-
-
-def served_max_len(endpoint: str, name: str) -> int:
-    """The max_model_len the app's engine serves with (its /models)."""
-    req = urllib.request.Request(endpoint + "/models", headers={"Authorization": f"Bearer {KEY}"})
-    with urllib.request.urlopen(req, timeout=60) as reply:
-        (model,) = [m for m in json.load(reply)["data"] if m["id"] == name]
-    return model["max_model_len"]
 
 
 def app_of(doc: dict, name: str) -> dict:
@@ -297,12 +289,12 @@ def test_a_lost_gpu_cordons_the_node_within_a_period_and_uncordon_brings_it_back
     # the two steps (one new replica started, one old stopped, each), changing nothing; the
     # change fails no request and is in effect after (scripts/bench_roll.py measures it against
     # a plain redeploy)
-    assert served_max_len(small["endpoint"], SMALL) == 256
+    assert served_max_model_len(small["endpoint"], SMALL, KEY) == 256
     dry = deploy(inv, model, SMALL, "--dp", "2", "--engine-arg", "enforce_eager=true",
                  "--dry-run", env=UNBOUND_ENGINE_ENV, max_len=224)
     assert [(s["start"], len(s["stop"])) for s in dry["roll"]["steps"]] == [(1, 1), (1, 1)], \
         json.dumps(dry.get("roll"), indent=1)
-    assert served_max_len(small["endpoint"], SMALL) == 256
+    assert served_max_model_len(small["endpoint"], SMALL, KEY) == 256
     with StreamingLoad(small["endpoint"], SMALL, KEY) as roll_load:
         time.sleep(5)
         rolled = deploy(inv, model, SMALL, "--dp", "2", "--engine-arg", "enforce_eager=true",
@@ -313,5 +305,5 @@ def test_a_lost_gpu_cordons_the_node_within_a_period_and_uncordon_brings_it_back
     assert len(steps) == 2, json.dumps(rolled.get("roll"), indent=1)
     assert not set(rolled["roll"]["old_replicas"]) & {r["replica_id"] for r in rolled["replicas"]}
     assert roll_load.outcomes and not roll_load.failed(), roll_load.figures()
-    assert served_max_len(small["endpoint"], SMALL) == 224
+    assert served_max_model_len(small["endpoint"], SMALL, KEY) == 224
 
