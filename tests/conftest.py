@@ -56,7 +56,8 @@ def tiny_model_builder():
 # workers on this 2-core machine, 2026-12-07 morning, 46:04 in all: .test-output/module-times-gw*.tsv;
 # the rest follow in collection order). On xdist workers (scripts/test: --dist loadfile
 # --no-loadscope-reorder) a module runs whole on one worker, in this order, so the longest start
-# first and the short ones fill in at the end (the two workers ended within 70 s of each other).
+# first and the short ones fill in at the end; the engine modules below (ENGINE_MODULES) run in
+# this order too, one after another on one worker.
 HEAVY_MODULE_COST_S = {
     "test_gang_e2e.py": 1700,      # 600 alone on a quiet machine: engines beside engines
     "test_tune_status.py": 730,
@@ -78,6 +79,39 @@ HEAVY_MODULE_COST_S = {
     "test_health_job_cluster.py": 75,
     "test_bench.py": 60,
 }
+
+
+# The modules that start vLLM engines (the `vllm` marker: test_test_kit checks the list) run one
+# after another on one worker, while the other worker takes the rest (simulated nodes, Ray, SSH):
+# two engine modules at once on 2 cores took CI's gang past vLLM's 60 s step timeout (the gang's
+# execute_model, 3 replicas in a row, 2026-12-07: test_gang_e2e beside test_tune_status) and
+# ran the heavy lane to 46 min here. EngineModulesInOneScope makes them one xdist work unit.
+ENGINE_MODULES = frozenset({
+    "test_gang_e2e.py", "test_tune_status.py", "test_deploy_e2e.py", "test_readme_main_path.py",
+    "test_metrics.py", "test_serve_app.py", "test_planner_vllm_kv.py", "test_bench.py",
+    "test_prometheus_head.py",
+})
+ENGINE_SCOPE = "vLLM engine modules"
+
+
+def engine_scope(scope: str) -> str:
+    """xdist loadfile's scope of a test (its module's path) -> the engine modules' one scope for
+    an engine module, else unchanged."""
+    return ENGINE_SCOPE if Path(scope).name in ENGINE_MODULES else scope
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """With --dist loadfile: xdist's LoadFileScheduling, the engine modules one work unit."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class EngineModulesInOneScope(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return engine_scope(super()._split_scope(nodeid))
+
+    return EngineModulesInOneScope(config, log)
 
 
 # test_day_two.py (1270-1700 s) is marked `alone`: it runs several vLLM engines under load, and

@@ -587,6 +587,50 @@ def test_worker_start_retried_once_after_a_startup_timeout(inv):
     assert len(steps["gpu03"].results) == 3
 
 
+def test_head_start_retried_once_and_workers_started_again_after_it(inv):
+    """The head's raylet aborting on Ray's fixed 15 s wait for its dashboard agent (CI,
+    2026-12-07, a loaded machine): the head is stopped and started once more, and every worker
+    that ran meanwhile (it may have joined the GCS the retry stopped) is started again."""
+    from cluster.ray.ray_cluster import CHANGED, execute_up
+
+    failed = []
+
+    def head_flaky_once(sent):
+        if sent.node == "gpu01" and "--head" in sent.command and not failed:
+            failed.append(sent)
+            return result(sent.node, status="failed", code=1, error=None,
+                          stderr="Exception: The current node timed out during startup. This "
+                                 "could happen because some of the raylet failed to startup")
+        return None
+
+    plan = plan_up(inv, {n: facts(n) for n in ("gpu01", "gpu02", "gpu03")}, None)
+    nodes = FakeRunner(respond=head_flaky_once)
+    steps = {s.node: s for s in execute_up(plan, nodes.session(inv), inv)}
+    assert all(s.status == CHANGED and s.retried for s in steps.values())
+    assert "retried once" in steps["gpu01"].message
+    assert [_verb(c) for c in nodes.commands("gpu01")] == ["head", "stop", "head"]
+    for worker in ("gpu02", "gpu03"):
+        assert [_verb(c) for c in nodes.commands(worker)] == ["start", "stop", "start"]
+        assert "after the head's retry" in steps[worker].message
+        assert steps[worker].to_dict()["retried"] is True
+    # the head's second start came after its stop; the workers' second starts after both
+    order = [(s.node, _verb(s.command)) for s in nodes.sent]
+    second_head = len(order) - 1 - order[::-1].index(("gpu01", "head"))
+    assert order.index(("gpu01", "stop")) < second_head
+    assert all(i > second_head for i, (n, v) in enumerate(order)
+               if n != "gpu01" and v == "stop")
+
+
+def test_head_start_failing_for_another_reason_is_not_retried(inv):
+    from cluster.ray.ray_cluster import FAILED, execute_up
+
+    plan = plan_up(inv, {n: facts(n) for n in ("gpu01", "gpu02", "gpu03")}, None)
+    nodes = FakeRunner(respond=_head_fails)
+    steps = execute_up(plan, nodes.session(inv), inv)
+    assert steps[0].status == FAILED and not steps[0].retried
+    assert [_verb(c) for c in nodes.commands("gpu01")] == ["head"]
+
+
 def test_execute_up_on_healthy_plan_runs_nothing(inv):
     from cluster.ray.ray_cluster import OK, execute_up
 

@@ -7,7 +7,9 @@ browser driver); conftest fixtures come in as fixture arguments, never by import
 from __future__ import annotations
 
 import ast
+import importlib.util
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -92,6 +94,85 @@ def test_the_heavy_modules_named_for_the_order_exist():
     table = text.split("HEAVY_MODULE_COST_S = {", 1)[1].split("}", 1)[0]
     names = [line.split('"')[1] for line in table.splitlines() if '"' in line]
     assert names and all(suite_modules().get(Path(n).stem) for n in names), names
+
+
+def suite_conftest():
+    """tests/conftest.py loaded from its file under a name of its own: its scheduler and tables
+    are what these tests check (test modules never import it; its fixtures come as arguments)."""
+    spec = importlib.util.spec_from_file_location("suite_conftest_under_test", TESTS / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def module_marks(path: Path) -> set[str]:
+    """The marker names a module uses anywhere (`pytest.mark.NAME`: its pytestmark, a test's
+    decorator)."""
+    return {n.attr for n in ast.walk(ast.parse(path.read_text(), str(path)))
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Attribute)
+            and n.value.attr == "mark" and getattr(n.value.value, "id", "") == "pytest"}
+
+
+def test_the_engine_modules_are_the_modules_marked_vllm():
+    """conftest's ENGINE_MODULES (run one after another on one xdist worker) is every module
+    with a `vllm` mark (on the module or a test), and nothing else: an engine module left out
+    would run beside the others' engines again; the alone lane's modules run by themselves."""
+    marked = {p.name for p in suite_modules().values()
+              if {"vllm"} <= module_marks(p) and "alone" not in module_marks(p)}
+    engine_modules = suite_conftest().ENGINE_MODULES
+    assert marked and engine_modules == marked, sorted(marked ^ engine_modules)
+
+
+def test_module_marks_reads_a_list_and_a_single_mark(tmp_path):
+    """Control for the scan above: a module's pytestmark (one or a list) and a test's decorator."""
+    one, many = tmp_path / "one.py", tmp_path / "many.py"
+    one.write_text("import pytest\npytestmark = pytest.mark.vllm\n")
+    many.write_text("import pytest\npytestmark = [pytest.mark.integration, pytest.mark.ray]\n"
+                    "@pytest.mark.torch\ndef test_x():\n    pass\n")
+    assert module_marks(one) == {"vllm"}
+    assert module_marks(many) == {"integration", "ray", "torch"}
+
+
+class FakeXdistWorker:
+    """What xdist's LoadScopeScheduling asks of a worker: the test indexes it sends, shutdown."""
+
+    def __init__(self, name: str):
+        self.gateway = SimpleNamespace(id=name)
+        self.sent: list[int] = []
+        self.shutting_down = False
+
+    def send_runtest_some(self, indexes) -> None:
+        self.sent += list(indexes)
+
+    def shutdown(self) -> None:
+        self.shutting_down = True
+
+
+def test_the_engine_modules_run_on_one_worker_the_rest_on_the_other():
+    """xdist with conftest's scheduler (--dist loadfile): every engine module's tests go to the
+    first worker, one module after another in collection order; the second worker takes the
+    other modules, and the first only gets more once its engine modules are nearly done."""
+    conftest = suite_conftest()
+    config = SimpleNamespace(getvalue=lambda name: {"dist": "loadfile", "tx": ["2*popen"]}[name],
+                             option=SimpleNamespace(loadscopereorder=False))
+    sched = conftest.pytest_xdist_make_scheduler(config, None)
+    collection = [f"tests/integration/{m}::t{i}" for m, n in (
+        ("test_gang_e2e.py", 3), ("test_faults.py", 2), ("test_tune_status.py", 2),
+        ("test_simcluster.py", 2), ("test_deploy_e2e.py", 1), ("test_exec.py", 1)) for i in range(n)]
+    first, second = FakeXdistWorker("gw0"), FakeXdistWorker("gw1")
+    for worker in (first, second):
+        sched.add_node(worker)
+        sched.add_node_collection(worker, collection)
+    sched.schedule()
+    engine = [i for i, nodeid in enumerate(collection)
+              if nodeid.split("::")[0].endswith(("gang_e2e.py", "tune_status.py", "deploy_e2e.py"))]
+    assert first.sent == engine
+    assert second.sent and not set(second.sent) & set(engine)
+    assert [collection[i].split("::")[0] for i in second.sent][:1] == \
+        ["tests/integration/test_faults.py"]
+    # without --dist loadfile, xdist's own choice stands
+    other = SimpleNamespace(getvalue=lambda name: "load")
+    assert conftest.pytest_xdist_make_scheduler(other, None) is None
 
 
 # ---------------------------------------------------------------- one fake of the nodes (issue 43 item 4)

@@ -581,10 +581,12 @@ class StepResult:
     status: str
     message: str
     results: tuple[CommandResult, ...] = ()
+    retried: bool = False       # `ray start` ran a second time (after a transient startup failure)
 
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node, "action": self.action, "status": self.status,
-                "message": self.message, "results": [r.to_dict() for r in self.results]}
+                "message": self.message, "retried": self.retried,
+                "results": [r.to_dict() for r in self.results]}
 
 
 Event = Callable[[str], None]
@@ -606,13 +608,14 @@ def _run_commands(session, node: Node, action: NodeAction, timeouts: Sequence[fl
 
 # `ray start` failures that come from a node too busy to start Ray's processes in Ray's fixed
 # time limits (node.py's 30 s raylet registration wait; the raylet's 15 s wait for the dashboard
-# agent's port file, ray#65983): a worker is stopped and started once more.
+# agent's port file, ray#65983; a cold page cache or a slow /home does the same): the node, head
+# or worker, is stopped and started once more.
 TRANSIENT_START_FAILURES = ("timed out during startup", "Timed out waiting for file")
 
 
-def _start_worker(session, node: Node, action: NodeAction, stop: str,
-                  timeouts: Sequence[float]) -> StepResult:
-    """A worker's commands; one more `ray stop` + start after a transient startup timeout."""
+def _start_node(session, node: Node, action: NodeAction, stop: str,
+                timeouts: Sequence[float]) -> StepResult:
+    """A node's commands; one more `ray stop` + start after a transient startup timeout."""
     step = _run_commands(session, node, action, timeouts)
     last = step.results[-1] if step.results else None
     transient = last is not None and last.status == "failed" and \
@@ -626,7 +629,20 @@ def _start_worker(session, node: Node, action: NodeAction, stop: str,
     return StepResult(node.name, action.kind, again.status,
                       f"{again.message} ({note})" if again.status == CHANGED
                       else f"{again.message}; {note}, failed again",
-                      step.results + again.results)
+                      step.results + again.results, retried=True)
+
+
+def _rejoin_after_head_retry(session, node: Node, first: StepResult, stop: str,
+                             start: str) -> StepResult:
+    """A worker that ran while the head's first `ray start` failed may have joined the GCS the
+    head's retry stopped (its raylet would die a minute later): stopped and started again."""
+    again = _run_commands(session, node, NodeAction(node.name, first.action, first.message,
+                                                    (stop, start)),
+                          (STOP_TIMEOUT_S, START_TIMEOUT_S))
+    note = "started again after the head's retry"
+    return StepResult(node.name, first.action, again.status, f"{again.message} ({note})"
+                      if again.status == CHANGED else f"{again.message}; {note}, failed",
+                      first.results + again.results, retried=True)
 
 
 def _not_run(action: NodeAction, why: str | None = None) -> StepResult:
@@ -682,9 +698,10 @@ def execute_up(plan: RayActionPlan, session, inventory: Inventory, stagger_s: fl
     if head_action.kind in (START, RESTART):
         on_event(f"starting the head {head.name}"
                  + (f"; {len(to_run)} worker(s) join as soon as its GCS listens" if to_run else ""))
-        head_item = [(0.0, lambda: _run_commands(
+        head_item = [(0.0, lambda: _start_node(
             session, head, NodeAction(head.name, head_action.kind, head_action.reason,
-                                      head_action.commands[-1:]), (start_t,)))]
+                                      head_action.commands[-1:]), stop_command(inventory),
+            (start_t,)))]
     else:
         done[head.name] = _not_run(head_action)
         if to_run:
@@ -699,14 +716,14 @@ def execute_up(plan: RayActionPlan, session, inventory: Inventory, stagger_s: fl
         act = NodeAction(a.node, a.kind, a.reason, cmds)
         tos = (stop_t, start_t) if len(cmds) == 2 else (start_t,)
         items.append((i * stagger_s, (lambda n=by_name[a.node], act=act, tos=tos:
-                                      _start_worker(session, n, act, stop, tos))))
+                                      _start_node(session, n, act, stop, tos))))
     deadline = 2 * (stop_t + start_t) + len(items) * stagger_s + 30
     results = Calls(head_item + items)
     if head_item:
         head_step = results.wait(0, deadline) or StepResult(
             head.name, head_action.kind, FAILED, "no answer before the deadline")
         head_step = StepResult(head.name, head_action.kind, head_step.status, head_step.message,
-                               head_stop + head_step.results)
+                               head_stop + head_step.results, head_step.retried)
         done[head.name] = head_step
         if head_step.status != CHANGED:
             # Workers that already ran report what happened; the others are still waiting for
@@ -722,6 +739,16 @@ def execute_up(plan: RayActionPlan, session, inventory: Inventory, stagger_s: fl
     for j, a in enumerate(to_run):
         r = results.wait(offset + j, deadline)
         done[a.node] = r or StepResult(a.node, a.kind, FAILED, "no answer before the deadline")
+    if head_item and done[head.name].retried:
+        ran = [a for a in to_run if done[a.node].status in (CHANGED, FAILED)]
+        if ran:
+            on_event(f"starting Ray again on {len(ran)} worker(s): the head was started twice")
+        again = run_all([(0.0, (lambda a=a: _rejoin_after_head_retry(
+            session, by_name[a.node], done[a.node], stop, a.commands[-1]))) for a in ran],
+            STOP_TIMEOUT_S + START_TIMEOUT_S + 30)
+        for a, r in zip(ran, again):
+            done[a.node] = r or StepResult(a.node, a.kind, FAILED, "no answer before the deadline",
+                                           done[a.node].results)
     return tuple(done[a.node] for a in plan.actions)
 
 

@@ -168,16 +168,26 @@ def ray_logs_grep(sim, node: str, pattern: str) -> str:
     return p.stdout
 
 
+# The product bounds a gang's engine step at 60 s (cluster/serving/deploy.py GANG_EXECUTE_TIMEOUT_S;
+# test_gang.py checks that default): on a GPU a step takes milliseconds. Here both ranks share the
+# machine's 2 cores with the other xdist worker: in CI (2026-12-07) the first step of the TP 2
+# gang ran past 60 s in 2 of 3 replica starts (vLLM: "RPC call to execute_model timed out"). The
+# tests' gangs get 300 s (--env wins over the product's default); the gang watch, not this
+# bound, is what the kill -9 case's 15 s checks.
+STEP_TIMEOUT_ENV = "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=300"
+
+
 def deploy(inv: Path, name: str, *layout: str, eager: bool, stage_caches: bool = False) -> dict:
     extra = (["--engine-arg", "enforce_eager=true"] if eager else []) + \
-        (["--stage-caches"] if stage_caches else [])
+        (["--stage-caches"] if stage_caches else []) + ["--env", STEP_TIMEOUT_ENV]
     start = time.monotonic()
     code, out = cli.json(inv, "deploy", "--model", str(MODEL_DIR), *layout, "--nnodes", "2",
                          "--name", name, "--served-model-name", SERVED, "--max-model-len",
                          "512", *extra, "--yes", "--timeout", "900")
     out["measured_s"] = round(time.monotonic() - start, 1)
     print(f"\ndeploy {name} {' '.join(layout)}: {out['measured_s']} s")
-    assert code == 0 and out["status"] == "RUNNING", json.dumps(out, indent=1)[-4000:]
+    assert code == 0 and out["status"] == "RUNNING", \
+        f"{out.get('error')}\n" + json.dumps(out, indent=1)[-4000:]
     return out
 
 
