@@ -53,31 +53,32 @@ def tiny_model_builder():
 
 
 # The heavy modules, costliest first (seconds of module time in the heavy lane as CI runs it, 2
-# workers on this 2-core machine, 2026-12-07 morning, 46:04 in all: .test-output/module-times-gw*.tsv;
-# the rest follow in collection order). On xdist workers (scripts/test: --dist loadfile
-# --no-loadscope-reorder) a module runs whole on one worker, in this order, so the longest start
-# first and the short ones fill in at the end; the engine modules below (ENGINE_MODULES) run in
-# this order too, one after another on one worker.
+# workers on this 2-core machine, 2026-12-07 noon, 37:17 in all, the engine modules on one worker:
+# .test-output/module-times-gw*.tsv; the rest follow in collection order). On xdist workers
+# (scripts/test: --dist loadfile --no-loadscope-reorder) a module runs whole on one worker, in this
+# order, so the longest start first and the short ones fill in at the end; the engine modules
+# (ENGINE_MODULES below) run in this order too, one after another on one worker (2234 s of the
+# lane; the other worker's modules ended 246 s before them).
 HEAVY_MODULE_COST_S = {
-    "test_gang_e2e.py": 1700,      # 600 alone on a quiet machine: engines beside engines
-    "test_tune_status.py": 730,
-    "test_deploy_e2e.py": 625,
-    "test_faults.py": 265,
-    "test_readme_main_path.py": 225,   # the README's main path
-    "test_placement_sim.py": 200,
-    "test_model_pull.py": 175,
-    "test_metrics.py": 155,
-    "test_nccl_check_cluster.py": 145,
-    "test_bastion_scale.py": 140,
-    "test_simcluster.py": 120,
-    "test_ray_cluster.py": 110,
-    "test_dashboard_browser.py": 110,
-    "test_fabric_proof_cluster.py": 100,
-    "test_planner_vllm_kv.py": 90,
-    "test_serve_app.py": 85,        # 240 before its TP 2 and killed-replica cases went (2026-12-07)
-    "test_fix_model.py": 80,
-    "test_health_job_cluster.py": 75,
-    "test_bench.py": 60,
+    "test_gang_e2e.py": 850,       # 600 alone on a quiet machine; 1700 beside another engine module
+    "test_tune_status.py": 540,
+    "test_deploy_e2e.py": 415,
+    "test_simcluster.py": 295,
+    "test_faults.py": 250,
+    "test_placement_sim.py": 205,
+    "test_ray_cluster.py": 200,     # 124 + the late dashboard agent's head retry (74 alone)
+    "test_model_pull.py": 170,
+    "test_readme_main_path.py": 165,   # the README's main path
+    "test_health_job_cluster.py": 155,
+    "test_dashboard_browser.py": 125,
+    "test_bastion_scale.py": 125,
+    "test_nccl_check_cluster.py": 120,
+    "test_fabric_proof_cluster.py": 110,
+    "test_fix_model.py": 90,
+    "test_metrics.py": 85,
+    "test_planner_vllm_kv.py": 65,
+    "test_serve_app.py": 65,        # 240 before its TP 2 and killed-replica cases went (2026-12-07)
+    "test_bench.py": 35,
 }
 
 

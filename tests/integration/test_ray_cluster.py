@@ -1,5 +1,6 @@
 """Real Ray 2.60 on three simulated nodes: up / status / idempotent re-up / rejoin / down, env at
-start time, version skew refused before any start, placement groups, the dashboard tunnel.
+start time, version skew refused before any start, placement groups, the dashboard tunnel, a head
+whose dashboard agent starts too late for its raylet (the head's start retried, the workers rejoin).
 
 Nodes: node1 (head) and node2 with the `small-4gpu` profile (nvidia-smi lists 4 H100), node3 with
 the `cpu` profile (no nvidia-smi). The simcluster inventory is extended with what small
@@ -10,7 +11,9 @@ Heavy: ~2.4 GB of memory and a few minutes on a 2-core machine.
 from __future__ import annotations
 
 import json
+import shutil
 import socket
+import uuid
 from pathlib import Path
 
 import httpx
@@ -299,3 +302,50 @@ def test_down_leaves_no_ray_process(sim, inv):
     code, status = cli_json(inv, "status")
     assert code == 2 and status["head"]["answered"] is False
     assert status["missing"] == list(PROFILES)
+
+
+# A sitecustomize on the head's PYTHONPATH (the inventory's env for node1, so only `ray start` there
+# sees it) that holds Ray's dashboard agent back DELAY_S the first time it starts: the raylet waits
+# 15 s for the agent's port file and aborts (as on CI's loaded machine, 2026-12-07), `ray start
+# --head` fails with "timed out during startup". The marker file is in the head's private /tmp.
+LATE_AGENT = """import os, time
+try:
+    with open("/proc/self/cmdline", "rb") as f:
+        argv = f.read(4096).split(b"\\0")
+except OSError:
+    argv = []
+if any(a.endswith(b"dashboard/agent.py") for a in argv):
+    marker = "/tmp/late-agent-{token}"
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        time.sleep({delay})
+"""
+
+
+def test_a_head_whose_agent_starts_late_is_started_again_and_the_workers_rejoin(sim,
+                                                                                tmp_path_factory):
+    token = uuid.uuid4().hex
+    site = Path("/var/tmp") / f"cluster-test-late-agent-{token}"   # outside the nodes' own /tmp
+    site.mkdir(mode=0o755)
+    try:
+        (site / "sitecustomize.py").write_text(LATE_AGENT.format(token=token, delay=40))
+        path = derive_inventory(sim, tmp_path_factory.mktemp("late-agent-inv"),
+                                nodes={"node1": {"env": {"PYTHONPATH": str(site)}}})
+        cli(path, "down", "--yes", timeout=300)
+        try:
+            code, up = cli_json(path, "up", "--skip-preflight", "--yes", timeout=900)
+            assert code == 0, json.dumps(up, indent=1)[-4000:]
+            steps = {s["node"]: s for s in up["steps"]}
+            head = steps["node1"]
+            assert head["status"] == "changed" and head["retried"] is True, head["message"]
+            assert "retried once after a Ray startup timeout" in head["message"]
+            first = [r for r in head["results"] if "--head" in r["command"]][0]
+            assert "timed out during startup" in first["stdout"] + first["stderr"]
+            for worker in ("node2", "node3"):
+                assert steps[worker]["status"] == "changed", steps[worker]["message"]
+                assert "started again after the head's retry" in steps[worker]["message"]
+            assert set(node_ids(up["status"])) == set(PROFILES)
+        finally:
+            cli(path, "down", "--yes", timeout=300)
+    finally:
+        shutil.rmtree(site, ignore_errors=True)

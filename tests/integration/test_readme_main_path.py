@@ -38,14 +38,15 @@ cli = ClusterCli(timeout=1200, env={"CLUSTER_API_KEY": KEY})
 def workdir(simcluster_factory, tiny_model_builder, tmp_path_factory) -> tuple[Path, Path]:
     """(the folder the README's commands run in, the tiny model's path on the nodes): the
     folder's cluster.yaml is the two simulated nodes' inventory with the API key in every
-    node's env; the app and Ray are stopped afterwards."""
+    node's env; Ray is stopped afterwards, the app's engines with it."""
     model = node_tiny_model(tiny_model_builder, "dense", needs=("vllm", "openai"))
     sim = simcluster_factory(2, PROFILES)
     folder = tmp_path_factory.mktemp("readme")
     derive_inventory(sim, folder, ray={"memory": 4 * 1024 ** 3},
                      every_node={"env": {"CLUSTER_API_KEY": KEY}})
     yield folder, model
-    cli(folder / "cluster.yaml", "undeploy", "qwen", "--yes", timeout=300)
+    # `down` stops Ray and the app's engines with it (test_gang_e2e checks no vLLM process is
+    # left); an `undeploy` first cost ~50 s of the engine modules' worker
     cli(folder / "cluster.yaml", "down", "--yes", timeout=300)
 
 
