@@ -9,6 +9,7 @@ import importlib.util
 import inspect
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import yaml
@@ -476,6 +477,58 @@ def test_failure_reason_is_the_exception_line_without_colour_codes():
     assert "never listed" in deploy.failure_reason(deploy.WaitOutcome(None, 5, True), 5)
 
 
+ENGINE_FAILURES = Path(__file__).parent / "fixtures" / "vllm-engine-failure"
+
+
+def test_engine_core_error_is_the_exception_the_engine_core_died_of():
+    """Real logs of vLLM's own server (fixtures/vllm-engine-failure/SOURCE.md): a TP 2 step
+    past its bound (the API side says only EngineDeadError), and a KV cache too small to start."""
+    step = (ENGINE_FAILURES / "tp2-execute-model-timeout.log").read_text()
+    assert "EngineDeadError" in step      # the API server's line, which says nothing of the cause
+    assert deploy.engine_core_error([step]) == "TimeoutError: RPC call to execute_model timed out."
+    kv = (ENGINE_FAILURES / "kv-cache-one-block.log").read_text()
+    assert deploy.engine_core_error([kv]).startswith(
+        "ValueError: No available memory for the cache blocks.")
+    # the last one wins across tails (node order), a bare type only when nothing better
+    assert deploy.engine_core_error([step, kv]).startswith("ValueError: No available memory")
+    bare = "(EngineCore pid=7) ERROR 12-07 11:00:20 [core.py:1512] TimeoutError\n"
+    assert deploy.engine_core_error([bare]) == "TimeoutError"
+    assert deploy.engine_core_error([step + bare]) == \
+        "TimeoutError: RPC call to execute_model timed out."
+
+
+@pytest.mark.parametrize("text", [
+    "", "no engine here\n", "(APIServer pid=1) ERROR 12-07 11:00:20 [x.py:1] ValueError: api side\n",
+    "(EngineCore pid=1) ERROR 12-07 11:00:20 [core.py:1512]     raise ValueError(\n",
+    "(EngineCore pid=1) ERROR 12-07 11:00:20 [multiproc_executor.py:315] Worker proc VllmWorker-0 "
+    "died unexpectedly (exit code: None), shutting down executor.\n",
+    "(EngineCore pid=1) INFO 12-07 11:00:20 [core.py:1] ValueError: only info\n",
+    "(EngineCore pid=1) ERROR 12-07 11:00:20 [core.py:1512] " + "A" * 5000 + "Error: long\n",
+    "\x00\xff" * 1000,
+])
+def test_engine_core_error_is_none_without_an_engine_core_exception_line(text):
+    assert deploy.engine_core_error([text]) is None
+
+
+def test_engine_core_error_runs_in_linear_time_on_a_hostile_tail():
+    """A tail is bounded (60 lines a file), but a line may be long: each is cut at
+    ENGINE_LINE_CAP before any pattern runs."""
+    line = "(EngineCore pid=1) ERROR 1 2 [a] " + "a" * 10 ** 6 + "\n"
+    assert deploy.engine_core_error([line * 3]) is None
+
+
+def test_engine_failure_detail_names_the_step_bound_and_its_flag():
+    detail = deploy.engine_failure_detail("TimeoutError: RPC call to execute_model timed out.",
+                                          {"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "60"})
+    assert detail.startswith("the engine core: TimeoutError: RPC call to execute_model")
+    assert "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS, 60 s" in detail
+    assert "--env VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=N" in detail
+    assert "300 s" in deploy.engine_failure_detail("TimeoutError: RPC call to sample_tokens "
+                                                   "timed out.", {})
+    other = deploy.engine_failure_detail("ValueError: No available memory", {})
+    assert other == "the engine core: ValueError: No available memory"
+
+
 class ScriptedClient:
     """Stands in for DashboardClient.serve_details: answers from a list (the last repeats)."""
 
@@ -667,7 +720,6 @@ run_dir: {tmp_path}/runs
 def _cli(tmp_path, *args):
     """`cluster ARGS` from tmp_path, importing this checkout's package (PYTHONPATH)."""
     import os
-    from pathlib import Path
 
     from fakes import cluster_cli
 
@@ -730,7 +782,6 @@ def test_without_a_dry_run_no_head_still_refuses(tmp_path):
 def _as_running_record(doc: dict, replicas: dict) -> None:
     """A headless dry run's deploy.json turned into the record of a deploy that ended RUNNING
     with `replicas` (id -> node): what `cluster deploy` writes after a real deploy."""
-    from pathlib import Path
 
     doc.update(status="RUNNING", dry_run=False, replicas=[
         {"replica_id": r, "node": n, "ranks": [{"rank": 0, "node": n}]}

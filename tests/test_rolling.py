@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from fakes import DEPLOY_INVENTORY, FakeRollingServe, cluster_main, inventory_of
+from fakes import DEPLOY_INVENTORY, FIXTURES, FakeRollingServe, cluster_main, inventory_of
 
 from cluster.serving import rolling
 from cluster.serving.rolling import Footprint, Replica
@@ -195,6 +195,22 @@ def test_a_failed_step_stops_the_roll_and_puts_the_old_config_back(two_nodes):
     # the config put back is the one deployed, env values as written (Serve's details mask them)
     assert first["args"]["runtime_env"]["env_vars"] and "***" not in str(serve.puts[1])
     assert [r["replica_id"] for r in serve.replicas] == ["old-a", "old-b"]
+
+
+def test_a_failed_step_names_what_the_engine_core_died_of(two_nodes, monkeypatch):
+    """The replicas' log tails hold the engine core's own error (a real one: fixtures/
+    vllm-engine-failure); the one line of the failure names it, with the step bound it ran past
+    and the flag that sets it."""
+    from cluster.serving import deploy as lib
+
+    tail = (FIXTURES / "vllm-engine-failure" / "tp2-execute-model-timeout.log").read_text()
+    monkeypatch.setattr(lib, "collect_log_tails", lambda session, inv, state: {"gpu1": tail})
+    serve = FakeRollingServe(_running_config(max_num_seqs=8), OLD, [{"CPU": 1.0}], fail_new=True)
+    out = _run(serve, engine_args={"max_num_seqs": 4})
+    assert out.exit_code == 2 and out.doc["status"] == "ROLL_FAILED"
+    assert "the engine core: TimeoutError: RPC call to execute_model timed out." in out.doc["error"]
+    assert "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS, 300 s" in out.doc["error"]
+    assert "\n" not in out.doc["error"]
 
 
 @pytest.mark.parametrize("dry_run", [False, True])

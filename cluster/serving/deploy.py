@@ -7,6 +7,7 @@ Pure part (no Ray, no network; the tests call it directly):
     build_application / serve_config  -> the Serve config dict (`serve deploy` / REST API shape)
     placement_preview                 -> the bundles Serve will reserve (serve_apps' own rules)
     app_state / log targets           -> Serve's status reply read for one application
+    engine_core_error                 -> the exception vLLM's engine core died of, from log tails
 
 Side-effecting part (takes a Session and a DashboardClient):
     check_nodes     model files and the API-key variable on every node that may host a bundle
@@ -932,6 +933,46 @@ _ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
 def _last_line(text: str) -> str:
     lines = [ln.strip() for ln in _ANSI_RE.sub("", text or "").splitlines() if ln.strip()]
     return lines[-1] if lines else ""
+
+
+# vLLM prefixes each of its processes' log lines; the engine core's last words name the
+# exception it died of, where the API side only says EngineDeadError ("See stack trace (above)"):
+#   (EngineCore pid=26616) ERROR 12-07 11:00:20 [core.py:1512] TimeoutError: RPC call to execute_model timed out.
+_ENGINE_LINE_RE = re.compile(r"\(EngineCore\w{0,16} pid=\d{1,10}\) ERROR \S{1,16} \S{1,16} \[[^\]\s]{1,80}\] ")
+_EXCEPTION_NAME_RE = re.compile(r"[A-Za-z_][\w.]{0,200}")
+_EXCEPTION_SUFFIXES = ("Error", "Exception", "Exit", "Interrupt")
+ENGINE_LINE_CAP = 2000          # characters of a log line looked at
+
+
+def engine_core_error(tails: Sequence[str]) -> str | None:
+    """`Type: message` of the last exception line the vLLM engine core logged in these log
+    tails (one with a message over a bare `Type`), or None when it logged none."""
+    found: str | None = None
+    for tail in tails:
+        for raw in tail.splitlines():
+            line = _ANSI_RE.sub("", raw[:ENGINE_LINE_CAP]).strip()
+            m = _ENGINE_LINE_RE.match(line)
+            if not m:
+                continue
+            rest = line[m.end():]
+            name, _, message = rest.partition(": ")
+            if not _EXCEPTION_NAME_RE.fullmatch(name) or \
+                    not name.rsplit(".", 1)[-1].endswith(_EXCEPTION_SUFFIXES):
+                continue
+            if message.strip() or found is None or ": " not in found:
+                found = rest[:500]
+    return found
+
+
+def engine_failure_detail(error: str, env: Mapping[str, str]) -> str:
+    """What to add to a failed deploy's one line from the engine core's own error: the error,
+    and for a step that ran past vLLM's step bound, the bound and the flag that sets it."""
+    detail = f"the engine core: {error}"
+    if error.startswith("TimeoutError: RPC call to") and "timed out" in error:
+        bound = env.get("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "300")
+        detail += (f" (an engine step ran past VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS, {bound} s: a rank "
+                   "stuck or starved of CPU; `--env VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=N` sets it)")
+    return detail
 
 
 def failure_reason(outcome: WaitOutcome, timeout_s: float) -> str:
