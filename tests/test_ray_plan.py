@@ -605,7 +605,7 @@ def test_head_start_retried_once_and_workers_started_again_after_it(inv):
 
     plan = plan_up(inv, {n: facts(n) for n in ("gpu01", "gpu02", "gpu03")}, None)
     nodes = FakeRunner(respond=head_flaky_once)
-    steps = {s.node: s for s in execute_up(plan, nodes.session(inv), inv)}
+    steps = {s.node: s for s in execute_up(plan, nodes.session(inv), inv, stagger_s=0.3)}
     assert all(s.status == CHANGED and s.retried for s in steps.values())
     assert "retried once" in steps["gpu01"].message
     assert [_verb(c) for c in nodes.commands("gpu01")] == ["head", "stop", "head"]
@@ -619,6 +619,9 @@ def test_head_start_retried_once_and_workers_started_again_after_it(inv):
     assert order.index(("gpu01", "stop")) < second_head
     assert all(i > second_head for i, (n, v) in enumerate(order)
                if n != "gpu01" and v == "stop")
+    # the workers' second starts keep --stagger (ray#59778: many joins at once overload the GCS)
+    stops = sorted(s.at for s in nodes.sent if s.node != "gpu01" and _verb(s.command) == "stop")
+    assert stops[1] - stops[0] >= 0.25
 
 
 def test_head_start_failing_for_another_reason_is_not_retried(inv):

@@ -743,9 +743,10 @@ def execute_up(plan: RayActionPlan, session, inventory: Inventory, stagger_s: fl
         ran = [a for a in to_run if done[a.node].status in (CHANGED, FAILED)]
         if ran:
             on_event(f"starting Ray again on {len(ran)} worker(s): the head was started twice")
-        again = run_all([(0.0, (lambda a=a: _rejoin_after_head_retry(
-            session, by_name[a.node], done[a.node], stop, a.commands[-1]))) for a in ran],
-            STOP_TIMEOUT_S + START_TIMEOUT_S + 30)
+        again = run_all([(i * stagger_s, (lambda a=a: _rejoin_after_head_retry(
+            session, by_name[a.node], done[a.node], stop, a.commands[-1])))
+            for i, a in enumerate(ran)],
+            STOP_TIMEOUT_S + START_TIMEOUT_S + len(ran) * stagger_s + 30)
         for a, r in zip(ran, again):
             done[a.node] = r or StepResult(a.node, a.kind, FAILED, "no answer before the deadline",
                                            done[a.node].results)
