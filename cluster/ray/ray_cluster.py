@@ -622,27 +622,21 @@ def _start_node(session, node: Node, action: NodeAction, stop: str,
         any(t in last.stdout + last.stderr for t in TRANSIENT_START_FAILURES)
     if step.status != FAILED or not transient:
         return step
+    return _start_again(session, node, action, stop, timeouts[-1], step.results,
+                        "retried once after a Ray startup timeout (overloaded node?)")
+
+
+def _start_again(session, node: Node, action: NodeAction, stop: str, start_timeout: float,
+                 earlier: tuple[CommandResult, ...], note: str) -> StepResult:
+    """`ray stop` and the action's start command once more, after the `earlier` results; the
+    step's message says why (note)."""
     again = _run_commands(session, node, NodeAction(node.name, action.kind, action.reason,
                                                     (stop, action.commands[-1])),
-                          (STOP_TIMEOUT_S, timeouts[-1]))
-    note = "retried once after a Ray startup timeout (overloaded node?)"
+                          (STOP_TIMEOUT_S, start_timeout))
     return StepResult(node.name, action.kind, again.status,
                       f"{again.message} ({note})" if again.status == CHANGED
                       else f"{again.message}; {note}, failed again",
-                      step.results + again.results, retried=True)
-
-
-def _rejoin_after_head_retry(session, node: Node, first: StepResult, stop: str,
-                             start: str) -> StepResult:
-    """A worker that ran while the head's first `ray start` failed may have joined the GCS the
-    head's retry stopped (its raylet would die a minute later): stopped and started again."""
-    again = _run_commands(session, node, NodeAction(node.name, first.action, first.message,
-                                                    (stop, start)),
-                          (STOP_TIMEOUT_S, START_TIMEOUT_S))
-    note = "started again after the head's retry"
-    return StepResult(node.name, first.action, again.status, f"{again.message} ({note})"
-                      if again.status == CHANGED else f"{again.message}; {note}, failed",
-                      first.results + again.results, retried=True)
+                      earlier + again.results, retried=True)
 
 
 def _not_run(action: NodeAction, why: str | None = None) -> StepResult:
@@ -694,21 +688,20 @@ def execute_up(plan: RayActionPlan, session, inventory: Inventory, stagger_s: fl
         if not a.changes:
             done[a.node] = _not_run(a)
     to_run = [a for a in workers if a.changes]
+    stop = stop_command(inventory)
     head_item = []
     if head_action.kind in (START, RESTART):
         on_event(f"starting the head {head.name}"
                  + (f"; {len(to_run)} worker(s) join as soon as its GCS listens" if to_run else ""))
         head_item = [(0.0, lambda: _start_node(
             session, head, NodeAction(head.name, head_action.kind, head_action.reason,
-                                      head_action.commands[-1:]), stop_command(inventory),
-            (start_t,)))]
+                                      head_action.commands[-1:]), stop, (start_t,)))]
     else:
         done[head.name] = _not_run(head_action)
         if to_run:
             on_event(f"starting Ray on {len(to_run)} worker(s)"
                      + (f", {stagger_s:g} s apart" if stagger_s > 0 else ""))
     items = []
-    stop = stop_command(inventory)
     for i, a in enumerate(to_run):
         cmds = a.commands
         if head_action.kind == RESTART and a.kind == RESTART:
@@ -739,14 +732,17 @@ def execute_up(plan: RayActionPlan, session, inventory: Inventory, stagger_s: fl
     for j, a in enumerate(to_run):
         r = results.wait(offset + j, deadline)
         done[a.node] = r or StepResult(a.node, a.kind, FAILED, "no answer before the deadline")
-    if head_item and done[head.name].retried:
-        ran = [a for a in to_run if done[a.node].status in (CHANGED, FAILED)]
-        if ran:
-            on_event(f"starting Ray again on {len(ran)} worker(s): the head was started twice")
-        again = run_all([(i * stagger_s, (lambda a=a: _rejoin_after_head_retry(
-            session, by_name[a.node], done[a.node], stop, a.commands[-1])))
-            for i, a in enumerate(ran)],
-            STOP_TIMEOUT_S + START_TIMEOUT_S + len(ran) * stagger_s + 30)
+    # A worker waits for the head's GCS port, which opens before the head's raylet aborts: one
+    # that ran while the head's first start failed may have joined the GCS the head's retry
+    # stopped (its raylet would exit a minute later), so it starts again too.
+    ran = [a for a in to_run if done[a.node].status in (CHANGED, FAILED)] \
+        if head_item and done[head.name].retried else []
+    if ran:
+        on_event(f"starting Ray again on {len(ran)} worker(s): the head was started twice")
+        again = run_all([(i * stagger_s, (lambda a=a: _start_again(
+            session, by_name[a.node], a, stop, start_t, done[a.node].results,
+            "started again after the head's retry"))) for i, a in enumerate(ran)],
+            stop_t + start_t + len(ran) * stagger_s + 30)
         for a, r in zip(ran, again):
             done[a.node] = r or StepResult(a.node, a.kind, FAILED, "no answer before the deadline",
                                            done[a.node].results)
