@@ -87,6 +87,34 @@ def test_each_xdist_worker_gets_a_simulated_cluster_of_its_own(monkeypatch):
         worker_simcluster_env("gw200", {})
 
 
+def serve_drain_window(env: dict[str, str]) -> float:
+    """The stopping replica's drain window (s) Ray Serve's HAProxy ingress takes from `env`, read
+    in a fresh interpreter as a node's replica reads it at import."""
+    import subprocess
+    import sys
+
+    code = ("from ray.serve._private import constants as c; "
+            "print(c.RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S)")
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120, check=True)
+    return float(p.stdout.strip().splitlines()[-1])
+
+
+def test_the_short_drain_env_is_the_variable_serve_reads(monkeypatch):
+    """SHORT_DRAIN_ENV (the test clusters' 2 s drain window) names the variable Ray Serve reads:
+    a renamed one would bring back Ray's 30 s, ~35 s an undeploy, without a failure anywhere.
+    Control: without it, Ray's own 30 s."""
+    pytest.importorskip("ray.serve")
+    import os
+
+    monkeypatch.syspath_prepend(str(TESTS / "integration"))
+    from integration_kit import SHORT_DRAIN_ENV
+
+    ((name, value),) = SHORT_DRAIN_ENV.items()
+    base = {k: v for k, v in os.environ.items() if not k.startswith("RAY_SERVE_")}
+    assert serve_drain_window({**base, name: value}) == float(value) == 2.0
+    assert serve_drain_window(base) == 30.0
+
 def test_the_heavy_modules_named_for_the_order_exist():
     """The cost table of tests/conftest.py names modules that exist (a renamed module would
     silently lose its place at the front)."""

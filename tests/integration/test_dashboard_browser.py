@@ -44,7 +44,7 @@ import yaml
 
 from browser import Browser, chromium_unavailable, visible_text
 from fakes import cluster_process
-from integration_kit import PYTHON, ClusterCli, ProcessListWatch, node_tiny_model
+from integration_kit import PYTHON, SHORT_DRAIN_ENV, ClusterCli, ProcessListWatch, node_tiny_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray]
 
@@ -146,7 +146,8 @@ def scenario(sim, model, tmp_path_factory):
     assert not (home / ".ray").exists()
     token = secrets.token_hex(32)
     for node in doc["nodes"]:
-        node["env"] = {"RAY_prestart_worker_first_driver": "0", "RAY_AUTH_TOKEN": token}
+        node["env"] = {"RAY_prestart_worker_first_driver": "0", "RAY_AUTH_TOKEN": token,
+                       **SHORT_DRAIN_ENV}
     path = base / "cluster.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     with ArgvWatch(token) as watch:
