@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -70,6 +71,52 @@ def test_only_the_kit_starts_the_cli_in_a_subprocess(name):
     assert not [w for w in RUNNER_WORDS if w in text]
 
 
+def import_time_temp_dirs(path: Path) -> list[int]:
+    """Lines where a module makes a temporary folder when it is imported (a module-level statement
+    calling mkdtemp): collection runs it in every lane, and nothing ever removes it."""
+    found = []
+    for statement in ast.parse(path.read_text(), str(path)).body:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        for node in ast.walk(statement):
+            if isinstance(node, ast.Call):
+                func = node.func
+                name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                if name == "mkdtemp":
+                    found.append(node.lineno)
+    return found
+
+
+def test_the_scan_sees_a_temp_dir_made_at_import(tmp_path):
+    module = tmp_path / "test_x.py"
+    module.write_text("import tempfile\nRUN = dict(d=tempfile.mkdtemp())\n\n"
+                      "def test_y():\n    tempfile.mkdtemp()\n")
+    assert import_time_temp_dirs(module) == [2]
+
+
+@pytest.mark.parametrize("name", sorted(str(p.relative_to(TESTS)) for p in suite_modules().values()))
+def test_no_suite_module_makes_a_temp_dir_when_imported(name):
+    """A module's run records go to integration_kit.ModuleRunDir (under pytest's base temp dir)."""
+    assert import_time_temp_dirs(TESTS / name) == []
+
+
+def test_a_module_run_dir_is_made_under_the_sessions_base_temp_dir(monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(TESTS / "integration"))
+    from integration_kit import ClusterCli, ModuleRunDir
+
+    run_dir = ModuleRunDir("fix-model")
+    monkeypatch.setattr(ModuleRunDir, "root", None)
+    with pytest.raises(RuntimeError, match="outside a pytest session"):
+        os.fspath(run_dir)
+    monkeypatch.setattr(ModuleRunDir, "root", tmp_path)
+    assert os.fspath(run_dir) == str(tmp_path / "module-runs" / "fix-model")
+    assert (tmp_path / "module-runs" / "fix-model").is_dir() and Path(run_dir).is_dir()
+    assert ClusterCli(env={"CLUSTER_RUN_DIR": run_dir}).env["CLUSTER_RUN_DIR"] is run_dir
+    for bad in ("", "../up", "a/b", "Fix"):
+        with pytest.raises(ValueError):
+            ModuleRunDir(bad)
+
+
 def test_each_xdist_worker_gets_a_simulated_cluster_of_its_own(monkeypatch):
     """scripts/test's workers never share nodes: gwN -> prefix gwN, subnet 100+N, its own dir;
     outside xdist, or when the caller chose an instance, nothing is set."""
@@ -105,7 +152,6 @@ def test_the_short_drain_env_is_the_variable_serve_reads(monkeypatch):
     a renamed one would bring back Ray's 30 s, ~35 s an undeploy, without a failure anywhere.
     Control: without it, Ray's own 30 s."""
     pytest.importorskip("ray.serve")
-    import os
 
     monkeypatch.syspath_prepend(str(TESTS / "integration"))
     from integration_kit import SHORT_DRAIN_ENV

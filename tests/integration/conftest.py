@@ -47,13 +47,21 @@ from pathlib import Path
 
 import pytest
 
-from integration_kit import SIMCLUSTER, simcluster_unavailable, worker_simcluster_env
+from integration_kit import SIMCLUSTER, ModuleRunDir, simcluster_unavailable, worker_simcluster_env
 
 REPO = Path(__file__).resolve().parents[2]
 
 # Under pytest-xdist (scripts/test), this worker's own simulated cluster: set before any
 # fixture runs scripts/simcluster, which reads these variables.
 os.environ.update(worker_simcluster_env(os.environ.get("PYTEST_XDIST_WORKER"), os.environ))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def module_run_dirs(tmp_path_factory) -> Path:
+    """Where the modules' ModuleRunDir folders go: this session's (or xdist worker's) base temp
+    dir."""
+    ModuleRunDir.root = tmp_path_factory.getbasetemp()
+    return ModuleRunDir.root
 
 
 @dataclass(frozen=True)

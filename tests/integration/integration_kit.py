@@ -59,6 +59,31 @@ SMALL_NODE_RAY: Mapping[str, Any] = {"num_cpus": 2, "memory": 2 * 1024 ** 3,
                                      "object_store_memory": 256 * 1024 ** 2, "python": PYTHON}
 
 
+class ModuleRunDir(os.PathLike):
+    """A test module's CLUSTER_RUN_DIR (`RUN_DIR = ModuleRunDir("fix")` at module level): the
+    folder `module-runs/<name>` under pytest's base temp dir, made at its first use. pytest keeps
+    the newest 3 base temp dirs, so a failed run's records stay to be read (CI's included) and
+    then go; `tempfile.mkdtemp` at import had left a folder in /tmp per module per collection
+    (420 by 2026-12-07). `root` is set by tests/integration/conftest.py's session fixture."""
+
+    root: Path | None = None
+
+    def __init__(self, name: str):
+        if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", name):
+            raise ValueError(f"a module run dir's name: {name!r}")
+        self.name = name
+
+    def __fspath__(self) -> str:
+        if ModuleRunDir.root is None:
+            raise RuntimeError(f"ModuleRunDir({self.name!r}) used outside a pytest session")
+        path = ModuleRunDir.root / "module-runs" / self.name
+        path.mkdir(parents=True, exist_ok=True)
+        return str(path)
+
+    def __str__(self) -> str:
+        return self.__fspath__()
+
+
 class ClusterCli:
     """`python -m cluster -i INVENTORY ARGS...` run from the checkout, output captured.
 
@@ -73,7 +98,7 @@ class ClusterCli:
                  record: Callable[[subprocess.CompletedProcess], None] | None = None,
                  no_traceback: bool = False):
         self.timeout = timeout
-        self.env = dict(env or {})
+        self.env = dict(env or {})       # str or os.PathLike values (ModuleRunDir)
         self.stdin = stdin
         self.python = python
         self.record = record
@@ -85,7 +110,8 @@ class ClusterCli:
         stdin = self.stdin if stdin is INHERIT else stdin
         p = cluster_cli("-i", str(inventory), *args, cwd=REPO, python=self.python,
                         timeout=self.timeout if timeout is None else timeout,
-                        env={**os.environ, **self.env, **(env or {})},
+                        env={**os.environ, **{k: os.fspath(v) for k, v in self.env.items()},
+                             **(env or {})},
                         stdin=None if stdin is INHERIT else stdin)
         if self.record is not None:
             self.record(p)

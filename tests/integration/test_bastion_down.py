@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from integration_kit import SIMCLUSTER, ClusterCli, simcluster_unavailable
+from integration_kit import SIMCLUSTER, ClusterCli, ModuleRunDir, simcluster_unavailable
 
 pytestmark = pytest.mark.integration
 
@@ -38,7 +38,7 @@ ENV = {**os.environ,
 SIM_DIR = Path(ENV["SIMCLUSTER_DIR"])
 BASTION_IP = f"198.18.{ENV['SIMCLUSTER_SUBNET']}.253"
 CONNECT_TIMEOUT = 2
-cli = ClusterCli(timeout=300, env={"CLUSTER_RUN_DIR": tempfile.mkdtemp(prefix="cluster-runs-jump-"),
+cli = ClusterCli(timeout=300, env={"CLUSTER_RUN_DIR": ModuleRunDir("bastion-down"),
                                    "COLUMNS": "100"}, python=sys.executable)
 
 

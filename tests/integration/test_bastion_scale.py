@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from integration_kit import SIMCLUSTER, ClusterCli, simcluster_unavailable
+from integration_kit import SIMCLUSTER, ClusterCli, ModuleRunDir, simcluster_unavailable
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +30,7 @@ ENV = {**os.environ, "SIMCLUSTER_PREFIX": "bst", "SIMCLUSTER_SUBNET": "14",
        "SIMCLUSTER_DIR": os.path.join(tempfile.gettempdir(), "simcluster-bst")}
 SIM_DIR = Path(ENV["SIMCLUSTER_DIR"])
 BASTION_IP = "198.18.14.253"
-RUN_DIR = tempfile.mkdtemp(prefix="cluster-test-runs-bst-")
+RUN_DIR = ModuleRunDir("bastion-scale")
 
 
 def sim(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import json
-import tempfile
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from integration_kit import ClusterCli
+from integration_kit import ClusterCli, ModuleRunDir
 
 from cluster.nodes import inventory as inventory_mod
 from cluster.nodes.remote import Session
 
 pytestmark = pytest.mark.integration
-RUN_DIR = tempfile.mkdtemp(prefix="cluster-test-runs-")
+RUN_DIR = ModuleRunDir("exec")
 
 
 # Run records go to a test folder, not into the simulated cluster's own directory.

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from integration_kit import ClusterCli
+from integration_kit import ClusterCli, ModuleRunDir
 
 pytestmark = pytest.mark.integration
-RUN_DIR = tempfile.mkdtemp(prefix="cluster-test-fix-runs-")
+RUN_DIR = ModuleRunDir("fix")
 
 # node -> (profile, the check preflight fails there)
 SCENARIO = {

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from integration_kit import REPO, ClusterCli
+from integration_kit import REPO, ClusterCli, ModuleRunDir
 
 pytestmark = pytest.mark.integration
-RUN_DIR = tempfile.mkdtemp(prefix="cluster-test-fix-model-runs-")
+RUN_DIR = ModuleRunDir("fix-model")
 MODEL = "/tmp/cluster-fix-model/tiny"
 WEIGHTS = "weights/model-00001-of-00001.safetensors"
 

@@ -33,11 +33,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from integration_kit import REPO, ClusterCli
+from integration_kit import REPO, ClusterCli, ModuleRunDir
 
 pytestmark = pytest.mark.integration
 SIMCLUSTER = REPO / "scripts" / "simcluster"
-RUN_DIR = tempfile.mkdtemp(prefix="cluster-test-model-pull-runs-")
+RUN_DIR = ModuleRunDir("model-pull")
 SRC = "/tmp/model-pull/src"
 DEST = "/tmp/model-pull/dest"
 PULL_MIB = 128

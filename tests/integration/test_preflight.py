@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import sys
 from pathlib import Path
 
 import pytest
 
 from fakes import cluster_cli
-from integration_kit import ClusterCli
+from integration_kit import ClusterCli, ModuleRunDir
 
 pytestmark = pytest.mark.integration
-RUN_DIR = tempfile.mkdtemp(prefix="cluster-test-runs-")
+RUN_DIR = ModuleRunDir("preflight")
 
 # node -> (profile, the failures preflight must report on that node and nothing else)
 SCENARIO = {

@@ -14,19 +14,18 @@ from __future__ import annotations
 import shlex
 import sys
 import sysconfig
-import tempfile
 
 import pytest
 import yaml
 
-from integration_kit import ClusterCli, derive_inventory
+from integration_kit import ClusterCli, ModuleRunDir, derive_inventory
 
 pytestmark = pytest.mark.integration
 VENV = "/tmp/cluster-runtime-skew"
 PY = f"{VENV}/bin/python"
 SITE = f"{VENV}/lib/python{sys.version_info[0]}.{sys.version_info[1]}/site-packages"
 _cli = ClusterCli(timeout=300, python=sys.executable, no_traceback=True,
-                  env={"CLUSTER_RUN_DIR": tempfile.mkdtemp(prefix="cluster-test-runs-")})
+                  env={"CLUSTER_RUN_DIR": ModuleRunDir("runtime-skew")})
 
 
 def _make_runtime(c, node: str, ray: str | None = None, vllm: str | None = None) -> None:

@@ -10,15 +10,14 @@ import contextlib
 import json
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from integration_kit import ClusterCli
+from integration_kit import ClusterCli, ModuleRunDir
 
 pytestmark = pytest.mark.integration
-RUN_DIR = tempfile.mkdtemp(prefix="cluster-test-secroot-runs-")
+RUN_DIR = ModuleRunDir("security-root")
 cli = ClusterCli(timeout=400, env={"CLUSTER_RUN_DIR": RUN_DIR}, stdin=subprocess.DEVNULL,
                  python=sys.executable, no_traceback=True).json
 NVIDIA_CHECKS = ("gpus", "driver", "nvlink")      # they read nvidia-smi's outputs
