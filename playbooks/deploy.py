@@ -223,10 +223,7 @@ def _deploy(inv, session: Session, options: DeployOptions, confirm, say, write_c
     doc["error"] = deploy.failure_reason(outcome, options.timeout_s)
     say(f"not RUNNING: {doc['error']}; reading the replica logs")
     doc["log_tails"] = deploy.collect_log_tails(session, inv, outcome.state)
-    engine_error = deploy.engine_core_error(list(doc["log_tails"].values()))
-    if engine_error and engine_error not in doc["error"]:
-        env = ((app.get("args") or {}).get("runtime_env") or {}).get("env_vars") or {}
-        doc["error"] += "; " + deploy.engine_failure_detail(engine_error, env)
+    doc["error"] = deploy.with_engine_error(doc["error"], doc["log_tails"], app)
     if roll is not None:
         _roll_back(inv, client, roll, running_config, outcome, options, say, doc)
     return 2

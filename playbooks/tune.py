@@ -100,7 +100,13 @@ def run(inventory: Inventory, session: Session, options: TuneOptions, confirm: C
         doc["status"] = "CANCELLED"
         return out
 
-    result = run_tune(settings, client, inventory, app, endpoint, lines_to(on_event), bench)
+    def explain(state, config: Mapping[str, Any], reason: str) -> str:
+        """A failed value's reason with what its engine core died of (the replicas' log tails)."""
+        return deploy.with_engine_error(reason, deploy.collect_log_tails(session, inventory, state),
+                                        config)
+
+    result = run_tune(settings, client, inventory, app, endpoint, lines_to(on_event), bench,
+                      explain)
     doc.update(result.to_dict())
     out.exit_code = result.exit_code
     doc["status"] = "DONE"
@@ -117,8 +123,17 @@ def run(inventory: Inventory, session: Session, options: TuneOptions, confirm: C
 # ---------------------------------------------------------------- the sweep
 
 
+# (Serve's state of the app that failed, its config, the one-line reason) -> the reason told.
+Explain = Callable[[Any, Mapping[str, Any], str], str]
+
+
+def _as_is(state, config: Mapping[str, Any], reason: str) -> str:
+    return reason
+
+
 def _deploy_and_wait(client, inventory, config: Mapping[str, Any], timeout_s: float,
-                     say: Callable[[str], None]) -> tuple[bool, float, str | None, str | None]:
+                     say: Callable[[str], None], explain: Explain = _as_is
+                     ) -> tuple[bool, float, str | None, str | None]:
     """(RUNNING?, seconds, final status, error)."""
     from cluster.serving import deploy
     from playbooks.serve_wait import wait_for_app
@@ -133,7 +148,8 @@ def _deploy_and_wait(client, inventory, config: Mapping[str, Any], timeout_s: fl
     status = outcome.state.status if outcome.state else None
     if outcome.running:
         return True, time.monotonic() - start, status, None
-    return False, time.monotonic() - start, status, deploy.failure_reason(outcome, timeout_s)
+    return False, time.monotonic() - start, status, explain(
+        outcome.state, config, deploy.failure_reason(outcome, timeout_s))
 
 
 def _bench(settings: TuneSettings, endpoint: str, model: str, requests: int, output_len: int):
@@ -148,11 +164,12 @@ def _bench(settings: TuneSettings, endpoint: str, model: str, requests: int, out
 
 def run_tune(settings: TuneSettings, client, inventory, app: DeployedApp, endpoint: str,
              say: Callable[[str], None] = lambda _: None,
-             bench: Callable[..., Any] | None = None) -> TuneResult:
+             bench: Callable[..., Any] | None = None, explain: Explain = _as_is) -> TuneResult:
     """Sweep, recommend, then restore or apply. Deploys through `client` (DashboardClient);
     benches `endpoint` from here with `bench(settings, endpoint, model, requests, output_len)
-    -> LevelResult` (default: cluster.serving.bench at the fixed concurrency). An exception or
-    interrupt mid-sweep restores the original config (best effort) and is re-raised."""
+    -> LevelResult` (default: cluster.serving.bench at the fixed concurrency); a value that does
+    not come up RUNNING is told with `explain` (run: what its engine core died of). An exception
+    or interrupt mid-sweep restores the original config (best effort) and is re-raised."""
     bench = bench or _bench
     original = dict(app.config)
     original_value = engine_kwargs_of(original).get(settings.param)
@@ -167,7 +184,7 @@ def run_tune(settings: TuneSettings, client, inventory, app: DeployedApp, endpoi
             deploy_s = 0.0
             if target != current:
                 running, deploy_s, status, error = _deploy_and_wait(
-                    client, inventory, target, settings.deploy_timeout_s, say)
+                    client, inventory, target, settings.deploy_timeout_s, say, explain)
                 current = target
                 if not running:
                     say(f"{settings.param}={fmt_value(value)}: not RUNNING ({error})")
@@ -205,7 +222,7 @@ def run_tune(settings: TuneSettings, client, inventory, app: DeployedApp, endpoi
     else:
         say(f"applying the {what} config ({settings.param}={fmt_value(final_value)})")
         running, _, status, error = _deploy_and_wait(client, inventory, final,
-                                                     settings.deploy_timeout_s, say)
+                                                     settings.deploy_timeout_s, say, explain)
         applied = Applied(what, final_value, ok=running, redeployed=True, status=status,
                           error=error)
         if not running:

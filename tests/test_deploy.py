@@ -529,6 +529,17 @@ def test_engine_failure_detail_names_the_step_bound_and_its_flag():
     assert other == "the engine core: ValueError: No available memory"
 
 
+def test_with_engine_error_adds_the_engine_cores_error_once_with_the_apps_bound():
+    step = (ENGINE_FAILURES / "tp2-execute-model-timeout.log").read_text()
+    app = {"args": {"runtime_env": {"env_vars": {"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "60"}}}}
+    said = deploy.with_engine_error("vllm-x: EngineDeadError", {"n1": "noise", "n2": step}, app)
+    assert said.startswith("vllm-x: EngineDeadError; the engine core: TimeoutError: RPC call")
+    assert "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS, 60 s" in said
+    assert deploy.with_engine_error(said, {"n2": step}, app) == said        # said already
+    assert deploy.with_engine_error("x", {"n1": "(no log files found)"}, app) == "x"
+    assert "300 s" in deploy.with_engine_error("x", {"n2": step}, {})      # vLLM's own default
+
+
 class ScriptedClient:
     """Stands in for DashboardClient.serve_details: answers from a list (the last repeats)."""
 

@@ -273,6 +273,37 @@ def test_tune_sweeps_after_confirming_and_reports_each_step(tmp_path):
     assert (cancelled.doc["status"], cancelled.exit_code) == ("CANCELLED", 2)
 
 
+@pytest.mark.parametrize("tail, said", [
+    (fixture_text("vllm-engine-failure", "kv-cache-one-block.log"),
+     "; the engine core: ValueError: No available memory for the cache blocks."),
+    ("(no log files found)", None)])
+def test_a_value_that_fails_to_deploy_says_what_its_engine_core_died_of(tmp_path, monkeypatch,
+                                                                         tail, said):
+    """The replicas' log tails (a real capture of vLLM's server: a KV cache too small for one
+    block) name the engine core's own error in the failed point's one line; tails without one
+    leave Serve's reason as it is."""
+    read = []
+
+    def tails(session, inv, state):
+        read.append(state.name)
+        return {"node1": tail}
+
+    monkeypatch.setattr("cluster.serving.deploy.collect_log_tails", tails)
+    serve = FakeServe(ORIGINAL, fail={1024})
+    bench = fake_bench({512: 10})
+    bench.serve = serve
+    out = tune.run(inventory.loads(INV), None, _tune_options(tmp_path), lambda q: True,
+                   environ={"CLUSTER_API_KEY": "sk-x-1234"}, client=serve, bench=bench)
+    failed = [p for p in out.doc["points"] if p["value"] == 1024]
+    assert [p["status"] for p in failed] == ["deploy_failed"] and read == ["tiny"]
+    error = failed[0]["error"]
+    assert error.startswith("not RUNNING") or "DEPLOY_FAILED" in error, error
+    if said is None:
+        assert "engine core" not in error
+    else:
+        assert said in error and "\n" not in error
+
+
 # ---------------------------------------------------------------- deploy
 
 

@@ -975,6 +975,17 @@ def engine_failure_detail(error: str, env: Mapping[str, str]) -> str:
     return detail
 
 
+def with_engine_error(error: str, tails: Mapping[str, str], app: Mapping[str, Any]) -> str:
+    """A failed deploy's one line `error`, with what the engine core died of (engine_failure_detail)
+    added when the replicas' log tails (node -> text) hold its error and the line does not already
+    say it; `app`: the Serve app config that failed (its runtime_env's env_vars set the bounds)."""
+    engine_error = engine_core_error(list(tails.values()))
+    if not engine_error or engine_error in error:
+        return error
+    env = ((app.get("args") or {}).get("runtime_env") or {}).get("env_vars") or {}
+    return f"{error}; {engine_failure_detail(engine_error, env)}"
+
+
 def failure_reason(outcome: WaitOutcome, timeout_s: float) -> str:
     """One line: why the app is not RUNNING (the exception a replica died of, when Serve has
     it: the last line of the deployment's message, which holds the constructor's traceback)."""
