@@ -193,8 +193,22 @@ def test_the_engine_modules_are_the_modules_marked_vllm():
     would run beside the others' engines again; the alone lane's modules run by themselves."""
     marked = {p.name for p in suite_modules().values()
               if {"vllm"} <= module_marks(p) and "alone" not in module_marks(p)}
-    engine_modules = suite_conftest().ENGINE_MODULES
+    conftest = suite_conftest()
+    engine_modules = conftest.ENGINE_MODULES
     assert marked and engine_modules == marked, sorted(marked ^ engine_modules)
+    assert conftest.ENGINE_TAIL < engine_modules
+    assert not conftest.ENGINE_TAIL & {"test_gang_e2e.py", "test_tune_status.py"}
+
+
+def test_the_engine_tail_runs_after_every_other_module():
+    conftest = suite_conftest()
+    items = [SimpleNamespace(path=Path(f"tests/{m}"), n=i) for i, m in enumerate(
+        ("test_bench.py", "test_exec.py", "test_gang_e2e.py", "test_serve_app.py", "test_faults.py",
+         "test_bench.py"))]
+    conftest.pytest_collection_modifyitems(None, items)
+    assert [(i.path.name, i.n) for i in items] == [
+        ("test_gang_e2e.py", 2), ("test_faults.py", 4), ("test_exec.py", 1),
+        ("test_serve_app.py", 3), ("test_bench.py", 0), ("test_bench.py", 5)]
 
 
 def test_module_marks_reads_a_list_and_a_single_mark(tmp_path):
@@ -232,7 +246,8 @@ def test_the_engine_modules_run_on_one_worker_the_rest_on_the_other():
     sched = conftest.pytest_xdist_make_scheduler(config, None)
     collection = [f"tests/integration/{m}::t{i}" for m, n in (
         ("test_gang_e2e.py", 3), ("test_faults.py", 2), ("test_tune_status.py", 2),
-        ("test_simcluster.py", 2), ("test_deploy_e2e.py", 1), ("test_exec.py", 1)) for i in range(n)]
+        ("test_simcluster.py", 2), ("test_deploy_e2e.py", 1), ("test_exec.py", 1))
+        for i in range(n)] + ["tests/test_bench.py::t0"]
     first, second = FakeXdistWorker("gw0"), FakeXdistWorker("gw1")
     for worker in (first, second):
         sched.add_node(worker)
@@ -244,6 +259,9 @@ def test_the_engine_modules_run_on_one_worker_the_rest_on_the_other():
     assert second.sent and not set(second.sent) & set(engine)
     assert [collection[i].split("::")[0] for i in second.sent][:1] == \
         ["tests/integration/test_faults.py"]
+    # an ENGINE_TAIL module is a unit of its own, still queued for whichever worker frees first
+    assert list(sched.workqueue)[-1] == "tests/test_bench.py"
+    assert len(collection) - 1 not in first.sent + second.sent
     # without --dist loadfile, xdist's own choice stands
     other = SimpleNamespace(getvalue=lambda name: "load")
     assert conftest.pytest_xdist_make_scheduler(other, None) is None
