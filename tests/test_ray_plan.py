@@ -587,6 +587,38 @@ def test_worker_start_retried_once_after_a_startup_timeout(inv):
     assert len(steps["gpu03"].results) == 3
 
 
+@pytest.mark.parametrize("failures, status, starts", [(2, "changed", 3), (5, "failed", 3)])
+def test_a_worker_start_is_retried_at_most_twice_after_startup_timeouts(inv, failures, status,
+                                                                        starts):
+    """Two workers restarting beside a loaded node's vLLM gang start aborted on Ray's 15 s wait
+    twice each (2026-12-07): a second retry; never a fourth start."""
+    from cluster.ray.ray_cluster import START_RETRIES, execute_up
+
+    failed = []
+
+    def flaky(sent):
+        if sent.node == "gpu03" and "--address" in sent.command and len(failed) < failures:
+            failed.append(sent)
+            return result(sent.node, status="failed", code=1, error=None,
+                          stderr="Check failed: Timed out waiting for file /tmp/ray/session_x/"
+                                 "dashboard_agent_listen_port_abc")
+        return None
+
+    plan = plan_up(inv, {n: facts(n) for n in ("gpu01", "gpu02", "gpu03")}, None)
+    nodes = FakeRunner(respond=flaky)
+    steps = {s.node: s for s in execute_up(plan, nodes.session(inv), inv)}
+    assert START_RETRIES == 2
+    assert steps["gpu03"].status == status and steps["gpu03"].retried
+    assert [_verb(c) for c in nodes.commands("gpu03")] == ["start"] + ["stop", "start"] * (starts - 1)
+    assert len(failed) == min(failures, starts)
+    if status == "changed":
+        assert "retried 2 times after a Ray startup timeout" in steps["gpu03"].message
+    else:
+        assert steps["gpu03"].message.endswith("retried 2 times after a Ray startup timeout "
+                                               "(overloaded node?), failed again")
+    assert steps["gpu02"].status == "changed" and not steps["gpu02"].retried
+
+
 def test_head_start_retried_once_and_workers_started_again_after_it(inv):
     """The head's raylet aborting on Ray's fixed 15 s wait for its dashboard agent (CI,
     2026-12-07, a loaded machine): the head is stopped and started once more, and every worker

@@ -609,21 +609,31 @@ def _run_commands(session, node: Node, action: NodeAction, timeouts: Sequence[fl
 # `ray start` failures that come from a node too busy to start Ray's processes in Ray's fixed
 # time limits (node.py's 30 s raylet registration wait; the raylet's 15 s wait for the dashboard
 # agent's port file, ray#65983; a cold page cache or a slow /home does the same): the node, head
-# or worker, is stopped and started once more.
+# or worker, is stopped and started again, at most START_RETRIES times (one retry was not
+# enough for two workers restarting beside a loaded node's vLLM gang start, 2026-12-07: both
+# aborted on the 15 s wait twice).
 TRANSIENT_START_FAILURES = ("timed out during startup", "Timed out waiting for file")
+START_RETRIES = 2
+
+
+def _failed_transiently(step: StepResult) -> bool:
+    last = step.results[-1] if step.results else None
+    return step.status == FAILED and last is not None and last.status == "failed" and \
+        any(t in last.stdout + last.stderr for t in TRANSIENT_START_FAILURES)
 
 
 def _start_node(session, node: Node, action: NodeAction, stop: str,
                 timeouts: Sequence[float]) -> StepResult:
-    """A node's commands; one more `ray stop` + start after a transient startup timeout."""
+    """A node's commands; `ray stop` + start again after a transient startup timeout, at most
+    START_RETRIES times."""
     step = _run_commands(session, node, action, timeouts)
-    last = step.results[-1] if step.results else None
-    transient = last is not None and last.status == "failed" and \
-        any(t in last.stdout + last.stderr for t in TRANSIENT_START_FAILURES)
-    if step.status != FAILED or not transient:
-        return step
-    return _start_again(session, node, action, stop, timeouts[-1], step.results,
-                        "retried once after a Ray startup timeout (overloaded node?)")
+    retries = 0
+    while retries < START_RETRIES and _failed_transiently(step):
+        retries += 1
+        times = "once" if retries == 1 else f"{retries} times"
+        step = _start_again(session, node, action, stop, timeouts[-1], step.results,
+                            f"retried {times} after a Ray startup timeout (overloaded node?)")
+    return step
 
 
 def _start_again(session, node: Node, action: NodeAction, stop: str, start_timeout: float,
@@ -710,7 +720,7 @@ def execute_up(plan: RayActionPlan, session, inventory: Inventory, stagger_s: fl
         tos = (stop_t, start_t) if len(cmds) == 2 else (start_t,)
         items.append((i * stagger_s, (lambda n=by_name[a.node], act=act, tos=tos:
                                       _start_node(session, n, act, stop, tos))))
-    deadline = 2 * (stop_t + start_t) + len(items) * stagger_s + 30
+    deadline = (1 + START_RETRIES) * (stop_t + start_t) + len(items) * stagger_s + 30
     results = Calls(head_item + items)
     if head_item:
         head_step = results.wait(0, deadline) or StepResult(
