@@ -567,18 +567,25 @@ def test_execute_up_failed_head_skips_workers_still_waiting(inv, monkeypatch):
                 and " && env " in cmd
 
 
+def startup_timeouts(node: str, flag: str, times: int, stderr: str):
+    """(a FakeRunner respond, the commands it failed): the first `times` starts of `node` (a
+    command holding `flag`) fail as Ray's startup timeouts do."""
+    failed: list = []
+
+    def respond(sent):
+        if sent.node == node and flag in sent.command and len(failed) < times:
+            failed.append(sent)
+            return result(sent.node, status="failed", code=1, error=None, stderr=stderr)
+        return None
+
+    return respond, failed
+
+
 def test_worker_start_retried_once_after_a_startup_timeout(inv):
     from cluster.ray.ray_cluster import CHANGED, execute_up
 
-    failed = []
-
-    def flaky_once(sent):
-        if sent.node == "gpu03" and "--address" in sent.command and not failed:
-            failed.append(sent)
-            return result(sent.node, status="failed", code=1, error=None,
-                          stderr="Exception: The current node timed out during startup.")
-        return None
-
+    flaky_once, _ = startup_timeouts("gpu03", "--address", 1,
+                                     "Exception: The current node timed out during startup.")
     plan = plan_up(inv, {n: facts(n) for n in ("gpu01", "gpu02", "gpu03")}, None)
     nodes = FakeRunner(respond=flaky_once)
     steps = {s.node: s for s in execute_up(plan, nodes.session(inv), inv)}
@@ -594,16 +601,9 @@ def test_a_worker_start_is_retried_at_most_twice_after_startup_timeouts(inv, fai
     twice each (2026-12-07): a second retry; never a fourth start."""
     from cluster.ray.ray_cluster import START_RETRIES, execute_up
 
-    failed = []
-
-    def flaky(sent):
-        if sent.node == "gpu03" and "--address" in sent.command and len(failed) < failures:
-            failed.append(sent)
-            return result(sent.node, status="failed", code=1, error=None,
-                          stderr="Check failed: Timed out waiting for file /tmp/ray/session_x/"
-                                 "dashboard_agent_listen_port_abc")
-        return None
-
+    flaky, failed = startup_timeouts("gpu03", "--address", failures,
+                                     "Check failed: Timed out waiting for file /tmp/ray/session_x/"
+                                     "dashboard_agent_listen_port_abc")
     plan = plan_up(inv, {n: facts(n) for n in ("gpu01", "gpu02", "gpu03")}, None)
     nodes = FakeRunner(respond=flaky)
     steps = {s.node: s for s in execute_up(plan, nodes.session(inv), inv)}
@@ -625,16 +625,10 @@ def test_head_start_retried_once_and_workers_started_again_after_it(inv):
     that ran meanwhile (it may have joined the GCS the retry stopped) is started again."""
     from cluster.ray.ray_cluster import CHANGED, execute_up
 
-    failed = []
-
-    def head_flaky_once(sent):
-        if sent.node == "gpu01" and "--head" in sent.command and not failed:
-            failed.append(sent)
-            return result(sent.node, status="failed", code=1, error=None,
-                          stderr="Exception: The current node timed out during startup. This "
-                                 "could happen because some of the raylet failed to startup")
-        return None
-
+    head_flaky_once, _ = startup_timeouts("gpu01", "--head", 1,
+                                          "Exception: The current node timed out during startup. "
+                                          "This could happen because some of the raylet failed "
+                                          "to startup")
     plan = plan_up(inv, {n: facts(n) for n in ("gpu01", "gpu02", "gpu03")}, None)
     nodes = FakeRunner(respond=head_flaky_once)
     steps = {s.node: s for s in execute_up(plan, nodes.session(inv), inv, stagger_s=0.3)}
