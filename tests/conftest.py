@@ -19,6 +19,17 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def vllm_rpc_sockets(tmp_path_factory) -> Path:
+    """vLLM's ZMQ IPC sockets of the engines started on this machine go under pytest's base temp
+    dir: vLLM makes them in VLLM_RPC_BASE_PATH (the temp dir by default) and a stopped engine
+    leaves them there (about 15 a heavy lane; 324 in /tmp by 2026-12-07). The simulated nodes'
+    engines have a private /tmp of their own."""
+    folder = tmp_path_factory.mktemp("vllm-rpc")
+    os.environ["VLLM_RPC_BASE_PATH"] = str(folder)
+    return folder
+
+
 def _load_tiny_model_builder():
     spec = importlib.util.spec_from_file_location("make_tiny_model", REPO / "scripts" / "make_tiny_model.py")
     module = importlib.util.module_from_spec(spec)

@@ -331,3 +331,10 @@ def test_the_fake_nodes_run_inside_a_real_session():
     assert sorted(r.node for r in seen) == ["n1", "n2", "n3"]
     assert sorted((s.node, s.command, s.timeout) for s in nodes.sent) == [
         ("n1", "echo n1", 7.0), ("n2", "echo n2", 7.0), ("n3", "echo n3", 7.0)]
+
+
+def test_vllm_rpc_sockets_go_under_the_sessions_base_temp_dir(vllm_rpc_sockets, tmp_path_factory):
+    """Engines started on this machine leave their ZMQ IPC sockets where VLLM_RPC_BASE_PATH
+    points: the session's base temp dir (pytest keeps 3), not /tmp."""
+    assert os.environ["VLLM_RPC_BASE_PATH"] == str(vllm_rpc_sockets) and vllm_rpc_sockets.is_dir()
+    assert tmp_path_factory.getbasetemp() in vllm_rpc_sockets.parents
