@@ -161,6 +161,7 @@ def test_the_short_drain_env_is_the_variable_serve_reads(monkeypatch):
     assert serve_drain_window({**base, name: value}) == float(value) == 2.0
     assert serve_drain_window(base) == 30.0
 
+
 def test_the_heavy_modules_named_for_the_order_exist():
     """The cost table of tests/conftest.py names modules that exist (a renamed module would
     silently lose its place at the front)."""

@@ -64,7 +64,7 @@ class ModuleRunDir(os.PathLike):
     folder `module-runs/<name>` under pytest's base temp dir, made at its first use. pytest keeps
     the newest 3 base temp dirs, so a failed run's records stay to be read (CI's included) and
     then go; `tempfile.mkdtemp` at import had left a folder in /tmp per module per collection
-    (420 by 2026-12-07). `root` is set by tests/integration/conftest.py's session fixture."""
+    (491 by 2026-12-07). `root` is set by tests/integration/conftest.py's session fixture."""
 
     root: Path | None = None
 
