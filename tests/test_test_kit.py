@@ -9,10 +9,12 @@ from __future__ import annotations
 import ast
 import importlib.util
 import os
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import yaml
 
 TESTS = Path(__file__).resolve().parent
 KIT = {"fakes", "integration_kit", "browser"}
@@ -160,6 +162,57 @@ def test_the_short_drain_env_is_the_variable_serve_reads(monkeypatch):
     base = {k: v for k, v in os.environ.items() if not k.startswith("RAY_SERVE_")}
     assert serve_drain_window({**base, name: value}) == float(value) == 2.0
     assert serve_drain_window(base) == 30.0
+
+
+def inductor_cache_dir(env: dict) -> str:
+    """Where a fresh interpreter's torch inductor keeps its cache under `env`."""
+    import subprocess
+    import sys
+
+    code = ("from torch._inductor.runtime.cache_dir_utils import cache_dir; print(cache_dir())")
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120, check=True)
+    return p.stdout.strip().splitlines()[-1]
+
+
+def test_the_shared_inductor_env_is_the_variable_torch_reads(monkeypatch):
+    """SHARED_INDUCTOR_ENV (one inductor cache for the test clusters' nodes) names the variable
+    torch reads, and a folder the simulated nodes share (not /tmp, private to each node): a
+    renamed variable would bring back a ~30 s compile on every fresh node of a TP >= 2 test
+    without a failure anywhere. Control: without it, inductor's own folder under /tmp."""
+    pytest.importorskip("torch")
+
+    monkeypatch.syspath_prepend(str(TESTS / "integration"))
+    from integration_kit import SHARED_INDUCTOR_ENV
+
+    ((name, value),) = SHARED_INDUCTOR_ENV.items()
+    assert not Path(value).is_relative_to("/tmp") and Path(value).is_absolute(), value
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TORCHINDUCTOR_")}
+    assert inductor_cache_dir({**base, name: value}) == value
+    assert Path(inductor_cache_dir(base)).parent == Path(tempfile.gettempdir())
+
+
+def test_derive_inventory_puts_the_test_envs_under_each_nodes_own(tmp_path, monkeypatch):
+    """short_drain and shared_inductor join every node's env; an entry of the test's own wins;
+    neither flag leaves the env as the test wrote it."""
+    monkeypatch.syspath_prepend(str(TESTS / "integration"))
+    from integration_kit import SHARED_INDUCTOR_ENV, SHORT_DRAIN_ENV, derive_inventory
+
+    source = tmp_path / "sim.yaml"
+    source.write_text(yaml.safe_dump({"nodes": [{"name": "node1"}, {"name": "node2"}]}))
+    sim = SimpleNamespace(inventory_path=source)
+    own = {"TORCHINDUCTOR_CACHE_DIR": "/var/tmp/mine", "K": "v"}
+
+    def envs(folder: str, **flags) -> list:
+        (tmp_path / folder).mkdir()
+        path = derive_inventory(sim, tmp_path / folder, nodes={"node2": {"env": own}}, **flags)
+        return [n.get("env") for n in yaml.safe_load(path.read_text())["nodes"]]
+
+    assert envs("both", short_drain=True, shared_inductor=True) == [
+        {**SHORT_DRAIN_ENV, **SHARED_INDUCTOR_ENV}, {**SHORT_DRAIN_ENV, **own}]
+    assert envs("inductor", shared_inductor=True) == [dict(SHARED_INDUCTOR_ENV),
+                                                      {**SHARED_INDUCTOR_ENV, **own}]
+    assert envs("neither") == [None, own]
 
 
 def test_the_heavy_modules_named_for_the_order_exist():

@@ -138,24 +138,39 @@ class ClusterCli:
 # take 2 s through the inventory's node env, read by Serve on the node at `ray start`.
 SHORT_DRAIN_ENV: Mapping[str, str] = {"RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2"}
 
+# A TP >= 2 engine of vLLM's CPU build compiles one function with torch's inductor even with
+# enforce_eager (VocabParallelEmbedding's get_masked_input_and_mask is a torch.compile'd
+# function): the first generation on a node builds its C++ kernels and precompiled header into
+# inductor's cache, /tmp/torchinductor_<user> by default. A simulated node's /tmp is its own and
+# starts empty, so every test cluster paid it again on every node (measured 2026-12-07, the gang's
+# TP 2 replica on two fresh nodes: its 4-token warm-up took 34.8 s; 4.1 s on nodes that had
+# compiled it). Test clusters that run TP >= 2 engines share one inductor cache on the host
+# (inductor locks and renames its entries: ranks of one machine share it the same way); vLLM's
+# compile mode still writes into VLLM_CACHE_ROOT (it sets this variable itself in the engine), so
+# the compile-cache tests are unchanged. A real node keeps its /tmp: it compiles once.
+SHARED_INDUCTOR_ENV: Mapping[str, str] = {
+    "TORCHINDUCTOR_CACHE_DIR": str(Path("/var/tmp/cluster-test-inductor"))}
+
 
 def derive_inventory(sim, base: Path, ray: Mapping[str, Any] | None = None,
                      nodes: Mapping[str, Mapping[str, Any]] | None = None,
                      every_node: Mapping[str, Any] | None = None,
                      ray_defaults: Mapping[str, Any] = SMALL_NODE_RAY,
-                     short_drain: bool = False) -> Path:
+                     short_drain: bool = False, shared_inductor: bool = False) -> Path:
     """base/cluster.yaml: the simulated cluster's inventory with `ray:` = ray_defaults | ray,
     run_dir base/runs, the keys of `every_node` set on every node and those of nodes[name] on
     that node (a value replaces the inventory's). short_drain: SHORT_DRAIN_ENV joins every
-    node's env (an env entry of the test's own wins)."""
+    node's env; shared_inductor: SHARED_INDUCTOR_ENV (an env entry of the test's own wins)."""
     doc = yaml.safe_load(Path(sim.inventory_path).read_text())
     doc["ray"] = {**ray_defaults, **(ray or {})}
     doc["run_dir"] = str(base / "runs")
+    test_env = {**(SHORT_DRAIN_ENV if short_drain else {}),
+                **(SHARED_INDUCTOR_ENV if shared_inductor else {})}
     for node in doc["nodes"]:
         node.update(every_node or {})
         node.update((nodes or {}).get(node["name"], {}))
-        if short_drain:
-            node["env"] = {**SHORT_DRAIN_ENV, **(node.get("env") or {})}
+        if test_env:
+            node["env"] = {**test_env, **(node.get("env") or {})}
     path = base / "cluster.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
