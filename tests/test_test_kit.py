@@ -215,6 +215,27 @@ def test_derive_inventory_puts_the_test_envs_under_each_nodes_own(tmp_path, monk
     assert envs("neither") == [None, own]
 
 
+def test_derive_inventory_leaves_the_health_job_out_only_when_asked(tmp_path, monkeypatch):
+    """health_job=False writes `health: {enabled: false}` (keeping the inventory's other health
+    keys), which the inventory loader reads as no health job; the default leaves the key alone."""
+    monkeypatch.syspath_prepend(str(TESTS / "integration"))
+    from integration_kit import derive_inventory
+
+    from cluster.nodes import inventory as inventory_mod
+
+    source = tmp_path / "sim.yaml"
+    source.write_text(yaml.safe_dump({"nodes": [{"name": "node1", "address": "198.18.0.1",
+                                                 "role": "head"}],
+                                      "health": {"period_s": 60}}))
+    sim = SimpleNamespace(inventory_path=source)
+    (tmp_path / "off").mkdir()
+    (tmp_path / "on").mkdir()
+    off = inventory_mod.load(str(derive_inventory(sim, tmp_path / "off", health_job=False)))
+    on = inventory_mod.load(str(derive_inventory(sim, tmp_path / "on")))
+    assert (off.health.enabled, off.health.period_s) == (False, 60.0)
+    assert (on.health.enabled, on.health.period_s) == (True, 60.0)
+
+
 def test_the_heavy_modules_named_for_the_order_exist():
     """The cost table of tests/conftest.py names modules that exist (a renamed module would
     silently lose its place at the front)."""

@@ -67,7 +67,7 @@ def inv(sim, model, tmp_path_factory, process_watch) -> Path:
     path = derive_inventory(sim, tmp_path_factory.mktemp("deploy-inv"),
                             ray={"memory": 4 * 1024 ** 3},
                             every_node={"env": {"CLUSTER_API_KEY": KEY}}, short_drain=True,
-                            shared_inductor=True)
+                            shared_inductor=True, health_job=False)
     with ray_up(cli, path, timeout=600, down_first=True):   # a Ray left elsewhere lacks the env
         yield path
 

@@ -48,7 +48,7 @@ def model_dir(tmp_path_factory) -> Path:
 def inv(sim, tmp_path_factory) -> Path:
     base = tmp_path_factory.mktemp("fabric-proof-inv")
     path = derive_inventory(sim, base, ray={"vllm_port_min": PORTS[0],
-                                            "vllm_port_max": PORTS[1]})
+                                            "vllm_port_max": PORTS[1]}, health_job=False)
     doc = yaml.safe_load(path.read_text())
     doc["expectations"] = {"fabric": {"join_timeout_s": 15}}
     path.write_text(yaml.safe_dump(doc, sort_keys=False))

@@ -79,7 +79,8 @@ def inv(sim, model, tmp_path_factory) -> Path:
                             ray={"memory": 4 * 1024 ** 3},
                             every_node={"env": {"CLUSTER_API_KEY": KEY,
                                                 "VLLM_CACHE_ROOT": CACHE_ROOT}},
-                            short_drain=True, shared_inductor=True)
+                            short_drain=True, shared_inductor=True,
+                            health_job=False)
     for node in PROFILES:
         sim.exec(node, "rm", "-rf", CACHE_ROOT, check=True)
     with ray_up(cli, path, timeout=600, down_first=True):

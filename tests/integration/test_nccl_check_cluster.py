@@ -38,7 +38,7 @@ def sim(simcluster_factory):
 @pytest.fixture(scope="module")
 def inv(sim, tmp_path_factory) -> Path:
     """The simcluster inventory + small-node Ray settings, with Ray started on it."""
-    path = derive_inventory(sim, tmp_path_factory.mktemp("nccl-check-inv"))
+    path = derive_inventory(sim, tmp_path_factory.mktemp("nccl-check-inv"), health_job=False)
     with ray_up(cli, path, timeout=600):
         try:
             yield path

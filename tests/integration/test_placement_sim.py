@@ -64,7 +64,7 @@ def inv(sim, models, tmp_path_factory) -> Path:
     # 9 logical CPUs on a 2-core host: do not prestart 9 idle workers per node.
     path = derive_inventory(sim, tmp_path_factory.mktemp("placement-inv"), ray={"num_cpus": 9},
                             every_node={"env": {"RAY_prestart_worker_first_driver": "0"}},
-                            short_drain=True)
+                            short_drain=True, health_job=False)
     with ray_up(cli, path, timeout=900, down_first=True):
         try:
             yield path

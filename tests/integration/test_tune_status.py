@@ -56,7 +56,7 @@ def inv(simcluster_factory, model, tmp_path_factory) -> Path:
     # HAProxy path is covered by test_deploy_e2e).
     path = derive_inventory(sim, tmp_path_factory.mktemp("tune-inv"),
                             ray={"memory": 8 * 1024 ** 3, "serve_ingress": "proxy"},
-                            every_node={"env": {"CLUSTER_API_KEY": KEY}})
+                            every_node={"env": {"CLUSTER_API_KEY": KEY}}, health_job=False)
     with ray_up(cli, path, timeout=600, down_first=True):   # a Ray left elsewhere lacks the env
         try:
             yield path
