@@ -136,17 +136,21 @@ def test_each_xdist_worker_gets_a_simulated_cluster_of_its_own(monkeypatch):
         worker_simcluster_env("gw200", {})
 
 
-def serve_drain_window(env: dict[str, str]) -> float:
-    """The stopping replica's drain window (s) Ray Serve's HAProxy ingress takes from `env`, read
-    in a fresh interpreter as a node's replica reads it at import."""
+def fresh_python(code: str, env: dict[str, str]) -> str:
+    """The last line `code` prints in a fresh interpreter run with exactly `env` (what a node's
+    process reads at import)."""
     import subprocess
     import sys
 
-    code = ("from ray.serve._private import constants as c; "
-            "print(c.RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S)")
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=120, check=True)
-    return float(p.stdout.strip().splitlines()[-1])
+    return p.stdout.strip().splitlines()[-1]
+
+
+def serve_drain_window(env: dict[str, str]) -> float:
+    """The stopping replica's drain window (s) Ray Serve's HAProxy ingress takes from `env`."""
+    return float(fresh_python("from ray.serve._private import constants as c; "
+                              "print(c.RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S)", env))
 
 
 def test_the_short_drain_env_is_the_variable_serve_reads(monkeypatch):
@@ -164,32 +168,55 @@ def test_the_short_drain_env_is_the_variable_serve_reads(monkeypatch):
     assert serve_drain_window(base) == 30.0
 
 
+def simcluster_private_dirs() -> tuple[str, ...]:
+    """scripts/simcluster's PRIVATE_NODE_DIRS (the folders each simulated node has of its own),
+    read from its source."""
+    tree = ast.parse((TESTS.parent / "scripts" / "simcluster").read_text())
+    (value,) = [n.value for n in tree.body if isinstance(n, ast.Assign)
+                and [getattr(t, "id", None) for t in n.targets] == ["PRIVATE_NODE_DIRS"]]
+    return ast.literal_eval(value)
+
+
 def inductor_cache_dir(env: dict) -> str:
     """Where a fresh interpreter's torch inductor keeps its cache under `env`."""
-    import subprocess
-    import sys
-
-    code = ("from torch._inductor.runtime.cache_dir_utils import cache_dir; print(cache_dir())")
-    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=120, check=True)
-    return p.stdout.strip().splitlines()[-1]
+    return fresh_python("from torch._inductor.runtime.cache_dir_utils import cache_dir; "
+                        "print(cache_dir())", env)
 
 
-def test_the_shared_inductor_env_is_the_variable_torch_reads(monkeypatch):
+def test_the_shared_inductor_env_is_the_variable_torch_reads(monkeypatch, tmp_path):
     """SHARED_INDUCTOR_ENV (one inductor cache for the test clusters' nodes) names the variable
-    torch reads, and a folder the simulated nodes share (not /tmp, private to each node): a
-    renamed variable would bring back a ~30 s compile on every fresh node of a TP >= 2 test
+    torch reads, and a folder every simulated node sees (none of simcluster's private folders):
+    a renamed variable would bring back a ~30 s compile on every fresh node of a TP >= 2 test
     without a failure anywhere. Control: without it, inductor's own folder under /tmp."""
     pytest.importorskip("torch")
 
     monkeypatch.syspath_prepend(str(TESTS / "integration"))
-    from integration_kit import SHARED_INDUCTOR_ENV
+    from integration_kit import SHARED_INDUCTOR_DIR, SHARED_INDUCTOR_ENV
 
     ((name, value),) = SHARED_INDUCTOR_ENV.items()
-    assert not Path(value).is_relative_to("/tmp") and Path(value).is_absolute(), value
+    assert Path(value) == SHARED_INDUCTOR_DIR and SHARED_INDUCTOR_DIR.is_absolute()
+    private = simcluster_private_dirs()
+    assert "/tmp" in private and not any(SHARED_INDUCTOR_DIR.is_relative_to(d) for d in private)
     base = {k: v for k, v in os.environ.items() if not k.startswith("TORCHINDUCTOR_")}
-    assert inductor_cache_dir({**base, name: value}) == value
+    assert inductor_cache_dir({**base, name: str(tmp_path)}) == str(tmp_path)
     assert Path(inductor_cache_dir(base)).parent == Path(tempfile.gettempdir())
+
+
+def test_the_shared_inductor_folder_must_be_the_users_own(tmp_path, monkeypatch):
+    """own_folder makes the folder 0700 and takes it again; a link to a folder, or a folder
+    others can write, is refused: the nodes run what is in it as root (/var/tmp is writable by
+    every user)."""
+    monkeypatch.syspath_prepend(str(TESTS / "integration"))
+    from integration_kit import own_folder
+
+    made = own_folder(tmp_path / "cache")
+    assert (made.stat().st_mode & 0o777, own_folder(made)) == (0o700, made)
+    (tmp_path / "link").symlink_to(made)
+    (tmp_path / "open").mkdir(mode=0o700)
+    (tmp_path / "open").chmod(0o777)
+    for planted in ("link", "open"):
+        with pytest.raises(AssertionError, match="not a folder of this user's own"):
+            own_folder(tmp_path / planted)
 
 
 def test_derive_inventory_puts_the_test_envs_under_each_nodes_own(tmp_path, monkeypatch):

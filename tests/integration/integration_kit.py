@@ -30,6 +30,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -140,16 +141,33 @@ SHORT_DRAIN_ENV: Mapping[str, str] = {"RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PER
 
 # A TP >= 2 engine of vLLM's CPU build compiles one function with torch's inductor even with
 # enforce_eager (VocabParallelEmbedding's get_masked_input_and_mask is a torch.compile'd
-# function): the first generation on a node builds its C++ kernels and precompiled header into
-# inductor's cache, /tmp/torchinductor_<user> by default. A simulated node's /tmp is its own and
-# starts empty, so every test cluster paid it again on every node (measured 2026-12-07, the gang's
-# TP 2 replica on two fresh nodes: its 4-token warm-up took 34.8 s; 4.1 s on nodes that had
-# compiled it). Test clusters that run TP >= 2 engines share one inductor cache on the host
-# (inductor locks and renames its entries: ranks of one machine share it the same way); vLLM's
-# compile mode still writes into VLLM_CACHE_ROOT (it sets this variable itself in the engine), so
-# the compile-cache tests are unchanged. A real node keeps its /tmp: it compiles once.
-SHARED_INDUCTOR_ENV: Mapping[str, str] = {
-    "TORCHINDUCTOR_CACHE_DIR": str(Path("/var/tmp/cluster-test-inductor"))}
+# function): the first generation on a node builds a precompiled header and the C++ kernel under
+# /tmp/torchinductor_<user>. A simulated node's /tmp is its own and starts empty, so every test
+# cluster paid it again on every node (2026-12-07: the gang's TP 2 replica's 4-token warm-up took
+# 34.8 s on fresh nodes, 4.1 s on nodes that had compiled it). Test clusters that run TP >= 2
+# engines share one inductor cache on the host, SHARED_INDUCTOR_DIR (inductor locks and renames
+# its entries: ranks of one machine share it the same way). The precompiled header stays in each
+# node's /tmp (torch keeps it under the temp dir whatever this variable says): that function's
+# first call took 17.4 s cold, 9.4 s with this cache warm and the header not, 1.6 s with both
+# warm (one process, 2 threads). vLLM's compile mode sets this variable itself (VLLM_CACHE_ROOT),
+# so the compile-cache tests are unchanged. A real node keeps its /tmp: it compiles once.
+SHARED_INDUCTOR_DIR = Path("/var/tmp/cluster-test-inductor")
+SHARED_INDUCTOR_ENV: Mapping[str, str] = {"TORCHINDUCTOR_CACHE_DIR": str(SHARED_INDUCTOR_DIR)}
+
+
+def own_folder(path: Path) -> Path:
+    """`path`, a folder of this user's own (made 0700 when missing), or AssertionError: the
+    nodes run what inductor finds there (pickles, shared objects) as root, and /var/tmp is
+    writable by every user, so a folder or link that another user planted first is refused."""
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise AssertionError(f"{path}: not a folder of this user's own that only it can write "
+                             f"(mode {stat.filemode(st.st_mode)}, uid {st.st_uid}): remove it")
+    return path
 
 
 # `cluster up` starts the periodic health job (inventory `health:`), a Ray job with a reader actor
@@ -177,6 +195,8 @@ def derive_inventory(sim, base: Path, ray: Mapping[str, Any] | None = None,
     doc["run_dir"] = str(base / "runs")
     if not health_job:
         doc["health"] = {**(doc.get("health") or {}), **NO_HEALTH_JOB}
+    if shared_inductor:
+        own_folder(SHARED_INDUCTOR_DIR)
     test_env = {**(SHORT_DRAIN_ENV if short_drain else {}),
                 **(SHARED_INDUCTOR_ENV if shared_inductor else {})}
     for node in doc["nodes"]:
