@@ -203,20 +203,31 @@ def test_the_shared_inductor_env_is_the_variable_torch_reads(monkeypatch, tmp_pa
 
 
 def test_the_shared_inductor_folder_must_be_the_users_own(tmp_path, monkeypatch):
-    """own_folder makes the folder 0700 and takes it again; a link to a folder, or a folder
-    others can write, is refused: the nodes run what is in it as root (/var/tmp is writable by
-    every user)."""
+    """derive_inventory(shared_inductor=True) makes the folder 0700 and takes it again; a link
+    to a folder, or a folder others can write, is refused: the nodes run what is in it as root
+    (/var/tmp is writable by every user)."""
     monkeypatch.syspath_prepend(str(TESTS / "integration"))
-    from integration_kit import own_folder
+    import integration_kit
 
-    made = own_folder(tmp_path / "cache")
-    assert (made.stat().st_mode & 0o777, own_folder(made)) == (0o700, made)
+    source = tmp_path / "sim.yaml"
+    source.write_text(yaml.safe_dump({"nodes": [{"name": "node1"}]}))
+    sim = SimpleNamespace(inventory_path=source)
+
+    def derive(folder: Path) -> None:
+        monkeypatch.setattr(integration_kit, "SHARED_INDUCTOR_DIR", folder)
+        integration_kit.derive_inventory(sim, tmp_path, shared_inductor=True)
+
+    made = tmp_path / "cache"
+    derive(made)
+    derive(made)
+    assert made.is_dir() and made.stat().st_mode & 0o777 == 0o700
     (tmp_path / "link").symlink_to(made)
     (tmp_path / "open").mkdir(mode=0o700)
     (tmp_path / "open").chmod(0o777)
     for planted in ("link", "open"):
-        with pytest.raises(AssertionError, match="not a folder of this user's own"):
-            own_folder(tmp_path / planted)
+        with pytest.raises(PermissionError, match="refused"):
+            derive(tmp_path / planted)
+    assert (tmp_path / "open").stat().st_mode & 0o777 == 0o777     # refused, left untouched
 
 
 def test_derive_inventory_puts_the_test_envs_under_each_nodes_own(tmp_path, monkeypatch):

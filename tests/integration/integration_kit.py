@@ -30,7 +30,6 @@ import json
 import os
 import re
 import shutil
-import stat
 import subprocess
 import sys
 import tempfile
@@ -42,6 +41,7 @@ from typing import Any, Callable, Iterator, Mapping
 import pytest
 import yaml
 
+from cluster.node_programs._common import private_dir
 from fakes import cluster_cli   # the one CLI runner (tests/fakes.py; tests/ is on sys.path)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
@@ -150,24 +150,13 @@ SHORT_DRAIN_ENV: Mapping[str, str] = {"RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PER
 # node's /tmp (torch keeps it under the temp dir whatever this variable says): that function's
 # first call took 17.4 s cold, 9.4 s with this cache warm and the header not, 1.6 s with both
 # warm (one process, 2 threads). vLLM's compile mode sets this variable itself (VLLM_CACHE_ROOT),
-# so the compile-cache tests are unchanged. A real node keeps its /tmp: it compiles once.
+# so the compile-cache tests are unchanged. A real node keeps its /tmp: it compiles once. The
+# nodes run what inductor finds there (pickles, shared objects) as root and /var/tmp is writable
+# by every user, so derive_inventory takes the folder only as this user's private one
+# (node_programs' private_dir: made 0700; a link, another user's folder or one others can write
+# is refused).
 SHARED_INDUCTOR_DIR = Path("/var/tmp/cluster-test-inductor")
 SHARED_INDUCTOR_ENV: Mapping[str, str] = {"TORCHINDUCTOR_CACHE_DIR": str(SHARED_INDUCTOR_DIR)}
-
-
-def own_folder(path: Path) -> Path:
-    """`path`, a folder of this user's own (made 0700 when missing), or AssertionError: the
-    nodes run what inductor finds there (pickles, shared objects) as root, and /var/tmp is
-    writable by every user, so a folder or link that another user planted first is refused."""
-    try:
-        path.mkdir(mode=0o700)
-    except FileExistsError:
-        pass
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
-        raise AssertionError(f"{path}: not a folder of this user's own that only it can write "
-                             f"(mode {stat.filemode(st.st_mode)}, uid {st.st_uid}): remove it")
-    return path
 
 
 # `cluster up` starts the periodic health job (inventory `health:`), a Ray job with a reader actor
@@ -196,7 +185,7 @@ def derive_inventory(sim, base: Path, ray: Mapping[str, Any] | None = None,
     if not health_job:
         doc["health"] = {**(doc.get("health") or {}), **NO_HEALTH_JOB}
     if shared_inductor:
-        own_folder(SHARED_INDUCTOR_DIR)
+        private_dir(SHARED_INDUCTOR_DIR)
     test_env = {**(SHORT_DRAIN_ENV if short_drain else {}),
                 **(SHARED_INDUCTOR_ENV if shared_inductor else {})}
     for node in doc["nodes"]:
