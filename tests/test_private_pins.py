@@ -82,3 +82,30 @@ def test_pin_ray_internal_kv_functions_api_key_calls(name, params):
     have = inspect.signature(func).parameters
     assert all(p in have for p in params), (name, list(have))
     assert name in inspect.getsource(api_key)
+
+
+def test_pin_ray_serve_reads_the_haproxy_paths_the_start_env_sets(tmp_path):
+    """cluster/nodes/ray_env.py moves Serve's HAProxy files out of /tmp through five variables
+    Ray Serve reads at import (ray/serve/_private/constants.py, not a documented interface):
+    each read, and the manager putting the node id below each folder (haproxy.py _per_node)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from ray.serve._private import haproxy
+
+    from cluster.nodes.ray_env import SERVE_HAPROXY_FILES
+
+    folder = "/pinned/hap"
+    env = {name: f"{folder}/{leaf}" if leaf else folder for name, leaf in SERVE_HAPROXY_FILES.items()}
+    code = ("import json; from ray.serve._private import constants as c; "
+            f"print(json.dumps({{n: getattr(c, n) for n in {sorted(env)!r}}}))")
+    p = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env},
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads(p.stdout.splitlines()[-1]) == env
+    source = inspect.getsource(haproxy)
+    assert "return os.path.join(d, self._node_id, f)" in source
+    for name in SERVE_HAPROXY_FILES:
+        assert name in source

@@ -4,6 +4,10 @@ field to variable (start env, fabric env, a deployment's defaults) and variable 
 
 from __future__ import annotations
 
+import os
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from cluster.nodes import endpoints
@@ -82,3 +86,121 @@ def test_only_the_head_gets_the_prometheus_host_and_it_is_the_endpoint_status_re
     assert start_env(head, ray=inv.ray)["RAY_PROMETHEUS_HOST"] == \
         endpoints.prometheus_url(inv.ray) == "http://127.0.0.1:9191"
     assert "RAY_PROMETHEUS_HOST" not in start_env(worker, ray=inv.ray)
+
+
+# ---------------------------------------------------------------- Serve's HAProxy files
+# (security: its admin socket and config were in /tmp/haproxy-serve, reachable by any local user)
+
+@pytest.fixture
+def short():
+    """A folder with a short path (pytest's are longer than a unix socket's folder may be)."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="h", dir="/tmp"))
+    yield path
+    shutil.rmtree(path)
+
+
+def haproxy_prefix_run(home: Path, shell: str = "sh") -> subprocess.CompletedProcess:
+    """The start command's HAProxy prefix run by a real shell with HOME=home, then `env`."""
+    from cluster.nodes.ray_env import serve_haproxy_dir_prefix
+
+    return subprocess.run([shell, "-c", serve_haproxy_dir_prefix("haproxy") + "env"],
+                          env={"HOME": str(home), "PATH": os.environ["PATH"]},
+                          capture_output=True, text=True, timeout=30)
+
+
+@pytest.mark.parametrize("shell", ["sh", "bash"])
+def test_haproxy_files_go_to_a_new_private_folder_of_the_user(short, shell):
+    from cluster.nodes.ray_env import SERVE_HAPROXY_FILES
+
+    home = short / "h"
+    home.mkdir(mode=0o755)
+    p = haproxy_prefix_run(home, shell)
+    assert p.returncode == 0, p.stderr
+    folder = home / ".cache" / "cluster" / "hap"
+    for level in (home / ".cache", home / ".cache" / "cluster", folder):
+        assert level.is_dir() and not level.is_symlink() and level.stat().st_mode & 0o777 == 0o700
+    env = dict(line.split("=", 1) for line in p.stdout.splitlines() if "=" in line)
+    want = {name: str(folder / leaf) if leaf else str(folder)
+            for name, leaf in SERVE_HAPROXY_FILES.items()}
+    assert {k: env.get(k) for k in want} == want
+
+
+def test_haproxy_folder_tightens_our_own_folder_and_allows_a_group_writable_cache(short):
+    home = short / "h"
+    (home / ".cache" / "cluster").mkdir(parents=True)
+    (home / ".cache").chmod(0o775)                  # umask 002: the user's own group may write
+    (home / ".cache" / "cluster").chmod(0o755)
+    p = haproxy_prefix_run(home)
+    assert p.returncode == 0, p.stderr
+    assert (home / ".cache" / "cluster").stat().st_mode & 0o777 == 0o700
+
+
+def plant_link(home: Path, target: Path) -> None:
+    (home / ".cache").mkdir(parents=True)
+    target.mkdir()
+    (home / ".cache" / "cluster").symlink_to(target)
+
+
+def plant_others_writable(home: Path, _target: Path) -> None:
+    (home / ".cache" / "cluster").mkdir(parents=True)
+    (home / ".cache" / "cluster").chmod(0o777)
+
+
+def plant_others_writable_cache(home: Path, _target: Path) -> None:
+    (home / ".cache").mkdir(parents=True)
+    (home / ".cache").chmod(0o757)
+
+
+def plant_another_users(home: Path, _target: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("chown to another user needs root")
+    (home / ".cache" / "cluster" / "hap").mkdir(parents=True)
+    os.chown(home / ".cache" / "cluster" / "hap", 65534, 65534)
+
+
+@pytest.mark.parametrize("plant", [plant_link, plant_others_writable,
+                                   plant_others_writable_cache, plant_another_users])
+def test_haproxy_folder_refuses_a_planted_level_and_writes_nothing_through_it(short, plant):
+    from cluster.nodes.ray_env import SERVE_HAPROXY_REFUSED_EXIT
+
+    home, target = short / "h", short / "e"
+    plant(home, target)
+    before = sorted(str(p) for p in short.rglob("*"))
+    p = haproxy_prefix_run(home)
+    assert p.returncode == SERVE_HAPROXY_REFUSED_EXIT, (p.stdout, p.stderr)
+    assert "RAY_SERVE_HAPROXY" not in p.stdout        # `ray start` never ran
+    (line,) = p.stderr.splitlines()
+    assert line.startswith("cluster: refused ") and "not a private folder" in line
+    assert sorted(str(p) for p in short.rglob("*")) == before
+
+
+def test_haproxy_folder_too_long_for_a_unix_socket_is_refused_with_the_way_out(short):
+    from cluster.nodes.ray_env import SERVE_HAPROXY_DIR_MAX, SERVE_HAPROXY_REFUSED_EXIT
+
+    home = short / ("x" * max(1, SERVE_HAPROXY_DIR_MAX - len(str(short))))
+    home.mkdir()
+    p = haproxy_prefix_run(home)
+    assert p.returncode == SERVE_HAPROXY_REFUSED_EXIT and not (home / ".cache").exists()
+    assert "ray.serve_ingress: proxy" in p.stderr and len(p.stderr.splitlines()) == 1
+    # the limit is the socket's: 107 bytes for "<folder>/<56-char node id>/metrics.sock"
+    assert SERVE_HAPROXY_DIR_MAX + len("/" + "0" * 56 + "/metrics.sock") == 107
+
+
+def test_the_start_command_carries_the_prefix_only_for_the_haproxy_ingress():
+    from cluster.nodes.ray_env import serve_haproxy_dir_prefix
+    from cluster.ray.ray_cluster import start_command
+
+    doc = RAY_INVENTORY
+    inv = inventory_of(doc)
+    prefix = serve_haproxy_dir_prefix("haproxy")
+    assert inv.ray.serve_ingress == "haproxy"        # the default
+    assert start_command(inv.head, inv, ()).startswith(prefix)
+    worker = start_command(inv.workers[0], inv, ())
+    assert prefix in worker and worker.index(prefix) < worker.index(" env ")
+    proxy = inventory_of(doc.replace("ray:\n", "ray:\n  serve_ingress: proxy\n", 1))
+    assert proxy.ray.serve_ingress == "proxy"
+    assert "RAY_SERVE_HAPROXY" not in start_command(proxy.head, proxy, ())
+    assert serve_haproxy_dir_prefix("proxy") == ""

@@ -106,6 +106,54 @@ def uniform_fabric_env(inventory: Inventory) -> dict[str, str]:
     return env
 
 
+# Serve's HAProxy ingress keeps its config, lock, server state and two unix sockets in
+# /tmp/haproxy-serve/<node id>/ by default, a folder made with the umask (0755) in /tmp: its admin
+# socket (`level admin`, mode 666) answered any local user, who could repoint the replicas'
+# servers at a listener of their own (the requests and their API keys) or take the listening
+# socket, and a user who made /tmp/haproxy-serve first owned the folder of the config that
+# HAProxy, run as the Ray user, loads (Lua included). `ray start` gets these paths in a folder
+# of the Ray user's own instead: $HOME/.cache/cluster/hap, every level made 0700 when
+# missing, and a level that is a link, another user's or writable by others refuses the start
+# (exit 3, one line on stderr). Ray adds the node id below it (haproxy.py `_per_node`).
+SERVE_HAPROXY_DIR = "$HOME/.cache/cluster/hap"
+# A unix socket's path holds at most 107 bytes; Ray puts "/<56-character node id>/metrics.sock"
+# (70) below the folder, so the folder's path may be 37 characters long (/root's is 24).
+SERVE_HAPROXY_DIR_MAX = 37
+SERVE_HAPROXY_FILES: Mapping[str, str] = {
+    "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": "haproxy.cfg",
+    "RAY_SERVE_HAPROXY_SOCKET_PATH": "admin.sock",
+    "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": "",
+    "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": "server-state",
+    "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": "metrics.sock",
+}
+SERVE_HAPROXY_REFUSED_EXIT = 3
+
+
+def serve_haproxy_dir_prefix(serve_ingress: str) -> str:
+    """The shell words before a node's `ray start` (ending in " && ") that make the HAProxy
+    ingress's private folder and export SERVE_HAPROXY_FILES into it; "" for the Python proxy
+    ingress. Constant text: no inventory value reaches it. $HOME/.cache may be writable by the
+    user's group (umask 002 systems), never by others; the two folders of ours by neither."""
+    if serve_ingress != "haproxy":
+        return ""
+    refused = SERVE_HAPROXY_REFUSED_EXIT
+    levels = '"$HOME/.cache" "$HOME/.cache/cluster" "$h"'
+    exports = " ".join(f'{name}="$h{"/" + leaf if leaf else ""}"'
+                       for name, leaf in SERVE_HAPROXY_FILES.items())
+    return (
+        f'h="{SERVE_HAPROXY_DIR}" && {{ [ -n "$HOME" ] && [ ${{#h}} -le {SERVE_HAPROXY_DIR_MAX} ] || '
+        f'{{ echo "cluster: $h cannot hold Serve\'s HAProxy sockets (a path of at most '
+        f'{SERVE_HAPROXY_DIR_MAX} characters; or set ray.serve_ingress: proxy)" >&2; '
+        f'exit {refused}; }}; }} && '
+        f'for x in {levels}; do '
+        f'[ -e "$x" ] || [ -L "$x" ] || (umask 077 && mkdir "$x") || exit {refused}; '
+        'm=/022; [ "$x" = "$HOME/.cache" ] && m=/002; '
+        '[ -d "$x" ] && [ ! -L "$x" ] && [ -O "$x" ] && [ -z "$(find "$x" -maxdepth 0 -perm "$m")" ] '
+        '|| { echo "cluster: refused $x for Serve\'s HAProxy files: not a private folder of this '
+        f'user (a link, another user\'s, or writable by others)" >&2; exit {refused}; }}; done && '
+        f'chmod 700 "$HOME/.cache/cluster" "$h" && export {exports} && ')
+
+
 def head_env(ray: RayOptions) -> dict[str, str]:
     """RAY_PROMETHEUS_HOST (and RAY_GRAFANA_HOST / RAY_GRAFANA_IFRAME_HOST when the inventory
     names a Grafana) for the head's `ray start`: Ray's dashboard reads them at start."""

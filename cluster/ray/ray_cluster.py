@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping, Sequence
 from cluster.inspection.facts import GPU, NodeFacts, gpu_model_of, version_skew as _skew
 from cluster.nodes.endpoints import gcs_address, log_dir
 from cluster.nodes.inventory import Inventory, Node, is_secret_name, public_env
-from cluster.nodes.ray_env import env_conflicts, ray_visible_env, start_env
+from cluster.nodes.ray_env import env_conflicts, ray_visible_env, serve_haproxy_dir_prefix, start_env
 from cluster.ray.ray_state import (LABEL_GPU_MODEL, LABEL_NODE, RESOURCE_GPU_MODEL_PREFIX,
                                RESOURCE_HOST_PREFIX, RayState, node_for_ip, query_state)
 from cluster.nodes.remote import CommandResult
@@ -188,7 +188,8 @@ def start_command(node: Node, inventory: Inventory, gpus: Sequence[GPU],
     env = start_env(node, auth_mode, inventory.ray.serve_ingress, inventory.ray)
     public = public_env(env, node.secret_names)
     secret_prefix = SECRET_ENV_FROM_STDIN + " && " if len(public) < len(env) else ""
-    start = secret_prefix + env_prefix(public) + shlex.join(args) + " </dev/null"
+    start = (serve_haproxy_dir_prefix(ray.serve_ingress) + secret_prefix + env_prefix(public)
+             + shlex.join(args) + " </dev/null")
     if node.is_head:
         return start
     return wait_for_gcs_command(inventory) + " && " + start

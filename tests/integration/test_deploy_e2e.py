@@ -206,6 +206,49 @@ def test_requests_go_through_serve_haproxy_ingress(sim, deployed):
     assert any(found.values()), found
 
 
+# Another local user tries the node's HAProxy admin socket(s) (prints one line a socket).
+ADMIN_SOCKET_PROBE = r"""
+import socket, sys
+for path in sys.argv[1:]:
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(5)
+    try:
+        s.connect(path)
+        s.sendall(b"show info\n")
+        print("answered", path, s.recv(64)[:40])
+    except OSError as exc:
+        print("refused", path, type(exc).__name__)
+"""
+
+
+def test_haproxy_keeps_its_files_private_and_no_other_user_drives_its_admin_socket(sim, deployed):
+    """Security: Ray's default put Serve's HAProxy config and its `level admin` socket (mode 666)
+    in /tmp/haproxy-serve, where any local user could repoint the replicas' servers or take the
+    listener; `up` exports the paths into the Ray user's ~/.cache/cluster/hap (0700)."""
+    folder = "/root/.cache/cluster/hap/"          # the simulated nodes' SSH user is root
+    seen = 0
+    for node in PROFILES:
+        ps = sim.exec(node, "ps", "-eww", "-o", "args=", check=True).stdout
+        configs = [line.split(" -f ", 1)[1].split()[0] for line in ps.splitlines()
+                   if "haproxy" in line.split(" ")[0] and " -f " in line]
+        if not configs:
+            continue
+        seen += 1
+        assert all(c.startswith(folder) for c in configs), configs
+        assert sim.exec(node, "test", "-e", "/tmp/haproxy-serve").returncode != 0
+        mode = sim.exec(node, "stat", "-c", "%a %U", folder, check=True).stdout.split()
+        assert mode == ["700", "root"], mode
+        sockets = sim.exec(node, "sh", "-c", f"ls {folder}*/admin.sock", check=True).stdout.split()
+        assert sockets
+        probe = sim.exec(node, "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                         "python3", "-c", ADMIN_SOCKET_PROBE, *sockets)
+        lines = probe.stdout.splitlines()
+        assert len(lines) == len(sockets) and all(l.startswith("refused ") for l in lines), \
+            (probe.stdout, probe.stderr)
+        assert "PermissionError" in lines[0], lines
+    assert seen, "no HAProxy ingress process on any node"
+
+
 def test_cluster_bench_through_the_endpoint(inv, deployed):
     p = cli(inv, "bench", "--url", deployed["endpoint"], "--model", SERVED, "--concurrency", "2",
             "--requests", "6", "--prompt-len", "8", "--output-len", "16",
