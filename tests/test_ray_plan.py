@@ -343,6 +343,36 @@ def test_an_ingress_change_on_a_running_cluster_is_drift_not_a_restart(inv):
     assert any("cluster down" in w for w in plan.warnings)
 
 
+def test_a_ray_whose_haproxy_files_are_in_tmp_is_drift_named_with_the_way_to_apply(inv):
+    """A Ray started before `up` exported Serve's HAProxy paths keeps them in /tmp: kept (it may
+    be serving), and the warning says so; one started with them says nothing."""
+    from cluster.nodes.ray_env import SERVE_HAPROXY_FILES
+
+    def with_env(env):
+        f = healthy_facts()
+        f["gpu02"] = facts("gpu02", running=True,
+                           raylet=RayletInfo(pid=100, node_id=IDS["gpu02"], node_ip=IPS["gpu02"],
+                                             gcs_address=GCS, env=env))
+        return plan_up(inv, f, state("gpu01", "gpu02", "gpu03"))
+
+    started = start_env(inv.node("gpu02"), "disabled")     # the cluster's auth mode here
+    old = with_env(started)
+    assert old.action("gpu02").kind == KEEP
+    (line,) = [w for w in old.warnings if "HAProxy" in w]
+    assert line.startswith("gpu02: ") and "/tmp/haproxy-serve" in line
+    assert any(w.startswith("gpu02: ") and "cluster down" in w for w in old.warnings)
+    moved = with_env({**started, **{k: "/root/.cache/cluster/hap/x" for k in SERVE_HAPROXY_FILES}})
+    assert not [w for w in moved.warnings if "HAProxy" in w or "cluster down" in w]
+
+
+def test_the_facts_probe_asks_the_raylet_for_the_haproxy_paths(inv):
+    from cluster.inspection.facts import node_program_probe
+    from cluster.nodes.ray_env import SERVE_HAPROXY_FILES
+
+    command = node_program_probe(inv.node("gpu02"), inv).command
+    assert all(name in command for name in SERVE_HAPROXY_FILES)
+
+
 def test_an_inventory_env_that_contradicts_serve_ingress_is_warned(inv):
     doc = INV.replace("env: {NCCL_DEBUG: INFO,", "env: {RAY_SERVE_ENABLE_HA_PROXY: '0', NCCL_DEBUG: INFO,")
     plan = plan_up(inventory.loads(doc), {n: facts(n) for n in ("gpu01", "gpu02", "gpu03")}, None)

@@ -296,11 +296,11 @@ def node_program_probe(node: Node, inventory: Inventory, presence: Sequence[str]
     secret-looking values (they change no fact and must not reach a command line); `presence`:
     variables whose state (set/empty/unset, never the value) in the raylet's env it reports."""
     from cluster.node_programs import inline_command
-    from cluster.nodes.ray_env import MANAGED_ENV
+    from cluster.nodes.ray_env import REPORTED_ENV
     from cluster.nodes.shell import env_prefix
 
     env = _program_env(node, inventory)
-    keys = ",".join(sorted(set(env) | set(MANAGED_ENV)))
+    keys = ",".join(sorted(set(env) | set(REPORTED_ENV)))
     args = [keys, ",".join(presence), inventory.ray.root_python]
     return Probe(NODE_PROGRAM, inline_command(inventory.ray.python, "node_facts", args,
                                               env_prefix(env)))

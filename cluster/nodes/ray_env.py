@@ -127,6 +127,10 @@ SERVE_HAPROXY_FILES: Mapping[str, str] = {
     "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": "metrics.sock",
 }
 SERVE_HAPROXY_REFUSED_EXIT = 3
+SERVE_HAPROXY_SOCKET_ENV = "RAY_SERVE_HAPROXY_SOCKET_PATH"
+# The running raylet's variables the facts probe reports: the managed ones, and the HAProxy
+# paths (a Ray started before they were exported keeps Ray's /tmp default: `up` says so).
+REPORTED_ENV: tuple[str, ...] = MANAGED_ENV + tuple(SERVE_HAPROXY_FILES)
 
 
 def serve_haproxy_dir_prefix(serve_ingress: str) -> str:
