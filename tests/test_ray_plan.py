@@ -361,16 +361,16 @@ def test_a_ray_whose_haproxy_files_are_in_tmp_is_drift_named_with_the_way_to_app
     (line,) = [w for w in old.warnings if "HAProxy" in w]
     assert line.startswith("gpu02: ") and "/tmp/haproxy-serve" in line
     assert any(w.startswith("gpu02: ") and "cluster down" in w for w in old.warnings)
-    moved = with_env({**started, **{k: "/root/.cache/cluster/hap/x" for k in SERVE_HAPROXY_FILES}})
+    moved = with_env({**started, **{k: "/tmp/cluster-hap.Ab3dE6gH/x" for k in SERVE_HAPROXY_FILES}})
     assert not [w for w in moved.warnings if "HAProxy" in w or "cluster down" in w]
 
 
 def test_the_facts_probe_asks_the_raylet_for_the_haproxy_paths(inv):
     from cluster.inspection.facts import node_program_probe
-    from cluster.nodes.ray_env import SERVE_HAPROXY_FILES
+    from cluster.nodes.ray_env import SERVE_HAPROXY_CHECKED
 
     command = node_program_probe(inv.node("gpu02"), inv).command
-    assert all(name in command for name in SERVE_HAPROXY_FILES)
+    assert all(name in command for name in SERVE_HAPROXY_CHECKED)
 
 
 def test_an_inventory_env_that_contradicts_serve_ingress_is_warned(inv):

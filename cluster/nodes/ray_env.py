@@ -111,14 +111,12 @@ def uniform_fabric_env(inventory: Inventory) -> dict[str, str]:
 # socket (`level admin`, mode 666) answered any local user, who could repoint the replicas'
 # servers at a listener of their own (the requests and their API keys) or take the listening
 # socket, and a user who made /tmp/haproxy-serve first owned the folder of the config that
-# HAProxy, run as the Ray user, loads (Lua included). `ray start` gets these paths in a folder
-# of the Ray user's own instead: $HOME/.cache/cluster/hap, every level made 0700 when
-# missing, and a level that is a link, another user's or writable by others refuses the start
-# (exit 3, one line on stderr). Ray adds the node id below it (haproxy.py `_per_node`).
-SERVE_HAPROXY_DIR = "$HOME/.cache/cluster/hap"
-# A unix socket's path holds at most 107 bytes; Ray puts "/<56-character node id>/metrics.sock"
-# (70) below the folder, so the folder's path may be 37 characters long (/root's is 24).
-SERVE_HAPROXY_DIR_MAX = 37
+# HAProxy, run as the Ray user, loads (Lua included). `ray start` gets these paths in a new
+# folder of its own instead: `mktemp -d` in the sticky /tmp (0700, a name no one can guess or
+# take; in a sticky folder no one else can rename it); Ray adds the node id below it
+# (haproxy.py `_per_node`). No /tmp that is a sticky folder, or no mktemp, refuses the start
+# (exit 3, one line on stderr).
+SERVE_HAPROXY_DIR_TEMPLATE = "/tmp/cluster-hap.XXXXXXXX"
 SERVE_HAPROXY_FILES: Mapping[str, str] = {
     "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": "haproxy.cfg",
     "RAY_SERVE_HAPROXY_SOCKET_PATH": "admin.sock",
@@ -126,36 +124,56 @@ SERVE_HAPROXY_FILES: Mapping[str, str] = {
     "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": "server-state",
     "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": "metrics.sock",
 }
+# HAProxy 2.8 refuses a stats socket path over 97 bytes (room for its .<pid>.tmp); Ray's admin
+# socket is <folder>/<56-hex node id>/admin.sock: 93 bytes from the template above.
+SERVE_HAPROXY_SOCKET_MAX = 97
 SERVE_HAPROXY_REFUSED_EXIT = 3
-SERVE_HAPROXY_SOCKET_ENV = "RAY_SERVE_HAPROXY_SOCKET_PATH"
-# The running raylet's variables the facts probe reports: the managed ones, and the HAProxy
-# paths (a Ray started before they were exported keeps Ray's /tmp default: `up` says so).
-REPORTED_ENV: tuple[str, ...] = MANAGED_ENV + tuple(SERVE_HAPROXY_FILES)
+# The HAProxy paths a running raylet is asked for: the admin socket's and the config's (a Ray
+# started before they were exported keeps Ray's /tmp default: `up` says so). Two, not five: the
+# probe's command line is evidence of ~10 checks a node (the preflight JSON's size); an
+# inventory entry for any of the five is warned on the laptop (serve_haproxy_env_conflicts).
+SERVE_HAPROXY_CHECKED: tuple[str, ...] = ("RAY_SERVE_HAPROXY_SOCKET_PATH",
+                                          "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC")
+# The running raylet's variables the facts probe reports.
+REPORTED_ENV: tuple[str, ...] = MANAGED_ENV + SERVE_HAPROXY_CHECKED
 
 
 def serve_haproxy_dir_prefix(serve_ingress: str) -> str:
     """The shell words before a node's `ray start` (ending in " && ") that make the HAProxy
     ingress's private folder and export SERVE_HAPROXY_FILES into it; "" for the Python proxy
-    ingress. Constant text: no inventory value reaches it. $HOME/.cache may be writable by the
-    user's group (umask 002 systems), never by others; the two folders of ours by neither."""
+    ingress. Constant text: no inventory value reaches it."""
     if serve_ingress != "haproxy":
         return ""
-    refused = SERVE_HAPROXY_REFUSED_EXIT
-    levels = '"$HOME/.cache" "$HOME/.cache/cluster" "$h"'
     exports = " ".join(f'{name}="$h{"/" + leaf if leaf else ""}"'
                        for name, leaf in SERVE_HAPROXY_FILES.items())
-    return (
-        f'h="{SERVE_HAPROXY_DIR}" && {{ [ -n "$HOME" ] && [ ${{#h}} -le {SERVE_HAPROXY_DIR_MAX} ] || '
-        f'{{ echo "cluster: $h cannot hold Serve\'s HAProxy sockets (a path of at most '
-        f'{SERVE_HAPROXY_DIR_MAX} characters; or set ray.serve_ingress: proxy)" >&2; '
-        f'exit {refused}; }}; }} && '
-        f'for x in {levels}; do '
-        f'[ -e "$x" ] || [ -L "$x" ] || (umask 077 && mkdir "$x") || exit {refused}; '
-        'm=/022; [ "$x" = "$HOME/.cache" ] && m=/002; '
-        '[ -d "$x" ] && [ ! -L "$x" ] && [ -O "$x" ] && [ -z "$(find "$x" -maxdepth 0 -perm "$m")" ] '
-        '|| { echo "cluster: refused $x for Serve\'s HAProxy files: not a private folder of this '
-        f'user (a link, another user\'s, or writable by others)" >&2; exit {refused}; }}; done && '
-        f'chmod 700 "$HOME/.cache/cluster" "$h" && export {exports} && ')
+    return ('{ [ -d /tmp ] && [ -k /tmp ] && '
+            f'h=$(mktemp -d {SERVE_HAPROXY_DIR_TEMPLATE}) '
+            '|| { echo "cluster: no private folder for Serve\'s HAProxy files '
+            '(mktemp -d in a sticky /tmp); or set ray.serve_ingress: proxy" >&2; '
+            f'exit {SERVE_HAPROXY_REFUSED_EXIT}; }}; }} && export {exports} && ')
+
+
+def serve_haproxy_drift(running_env: Mapping[str, str]) -> str | None:
+    """Why a running Ray's HAProxy files are not in a folder serve_haproxy_dir_prefix made
+    (None: they are, or Ray runs Serve's Python proxy)."""
+    if running_env.get("RAY_SERVE_ENABLE_HA_PROXY") != SERVE_INGRESS["haproxy"]:
+        return None
+    folder = SERVE_HAPROXY_DIR_TEMPLATE.rstrip("X")
+    bad = [k for k in SERVE_HAPROXY_CHECKED if not str(running_env.get(k) or "").startswith(folder)]
+    if not bad:
+        return None
+    return ("Ray runs Serve's HAProxy with " + ", ".join(bad) + " outside a private "
+            f"{folder}* folder (Ray's default is /tmp/haproxy-serve, whose admin socket answers "
+            "every local user)")
+
+
+def serve_haproxy_env_conflicts(node: Node, serve_ingress: str) -> list[str]:
+    """Inventory env entries that replace the private folder of Serve's HAProxy files."""
+    if serve_ingress != "haproxy":
+        return []
+    return [f"{node.name}: env {k}={node.env[k]!r} replaces the private folder `ray start` "
+            "makes for Serve's HAProxy files (docs/security.md)"
+            for k in SERVE_HAPROXY_FILES if k in node.env]
 
 
 def head_env(ray: RayOptions) -> dict[str, str]:
@@ -201,4 +219,4 @@ def env_conflicts(node: Node, serve_ingress: str = RayOptions.serve_ingress) -> 
         if key in node.env and node.env[key] != final[key]:
             out.append(f"{node.name}: env {key}={node.env[key]!r} is overridden by "
                        f"{final[key]!r} (from the node's {field_of(key)})")
-    return out
+    return out + serve_haproxy_env_conflicts(node, serve_ingress)

@@ -26,8 +26,8 @@ from typing import Any, Callable, Mapping, Sequence
 from cluster.inspection.facts import GPU, NodeFacts, gpu_model_of, version_skew as _skew
 from cluster.nodes.endpoints import gcs_address, log_dir
 from cluster.nodes.inventory import Inventory, Node, is_secret_name, public_env
-from cluster.nodes.ray_env import (SERVE_HAPROXY_SOCKET_ENV, env_conflicts, ray_visible_env,
-                                   serve_haproxy_dir_prefix, start_env)
+from cluster.nodes.ray_env import (env_conflicts, ray_visible_env, serve_haproxy_dir_prefix,
+                                   serve_haproxy_drift, start_env)
 from cluster.ray.ray_state import (LABEL_GPU_MODEL, LABEL_NODE, RESOURCE_GPU_MODEL_PREFIX,
                                RESOURCE_HOST_PREFIX, RayState, node_for_ip, query_state)
 from cluster.nodes.remote import CommandResult
@@ -425,10 +425,9 @@ def _drift(inventory: Inventory, node: Node, f: NodeFacts, state: RayState | Non
             if have != want:
                 out.append(f"{node.name}: Ray runs with {key}={have!r}, the inventory says "
                            f"{want!r}")
-        if inventory.ray.serve_ingress == "haproxy" and SERVE_HAPROXY_SOCKET_ENV not in running_env:
-            out.append(f"{node.name}: Ray runs Serve's HAProxy with its files in Ray's default "
-                       "/tmp/haproxy-serve, where its admin socket answers every local user "
-                       "(started before `up` moved them to ~/.cache/cluster/hap)")
+        haproxy = serve_haproxy_drift(running_env)
+        if haproxy:
+            out.append(f"{node.name}: {haproxy}")
     memlock = memlock_drift(node.name, f)
     if memlock:
         out.append(memlock)
