@@ -93,15 +93,15 @@ def test_only_the_head_gets_the_prometheus_host_and_it_is_the_endpoint_status_re
 # ---------------------------------------------------------------- Serve's HAProxy files
 # (security: its admin socket and config were in /tmp/haproxy-serve, reachable by any local user)
 
-def haproxy_prefix_run(script_after: str = "env", mounts: str = "",
-                       user: int | None = None) -> subprocess.CompletedProcess:
+def haproxy_prefix_run(script_after: str = "env", mounts: str = "", user: int | None = None,
+                       shell: str = "sh") -> subprocess.CompletedProcess:
     """The start command's HAProxy prefix run by a real shell, then `script_after`; mounts:
     shell commands run first in a mount namespace of its own (root and unshare needed); user:
     run the prefix as that uid (setpriv)."""
     from cluster.nodes.ray_env import serve_haproxy_dir_prefix
 
     script = serve_haproxy_dir_prefix("haproxy") + script_after
-    argv = ["sh", "-c", script]
+    argv = [shell, "-c", script]
     if user is not None:
         if os.geteuid() != 0 or not shutil.which("setpriv"):
             pytest.skip("running as another user needs root and setpriv")
@@ -115,20 +115,22 @@ def haproxy_prefix_run(script_after: str = "env", mounts: str = "",
                           timeout=30)
 
 
+def exported(p: subprocess.CompletedProcess) -> dict[str, str]:
+    """The env a haproxy_prefix_run("env") printed."""
+    return dict(line.split("=", 1) for line in p.stdout.splitlines() if "=" in line)
+
+
 def made_folder(p: subprocess.CompletedProcess) -> Path:
-    env = dict(line.split("=", 1) for line in p.stdout.splitlines() if "=" in line)
-    return Path(env["RAY_SERVE_HAPROXY_SERVER_STATE_BASE"])
+    return Path(exported(p)["RAY_SERVE_HAPROXY_SERVER_STATE_BASE"])
 
 
 @pytest.mark.parametrize("shell", ["sh", "bash"])
 def test_haproxy_files_go_to_a_new_private_folder(shell):
     """/run when the Ray user is root (nothing ages it away, no one else writes there), else
     the sticky /tmp; 0700, the user's, every variable inside."""
-    from cluster.nodes.ray_env import SERVE_HAPROXY_DIR_NAME, SERVE_HAPROXY_FILES, \
-        serve_haproxy_dir_prefix
+    from cluster.nodes.ray_env import SERVE_HAPROXY_DIR_NAME, SERVE_HAPROXY_FILES
 
-    p = subprocess.run([shell, "-c", serve_haproxy_dir_prefix("haproxy") + "env"],
-                       env={"PATH": os.environ["PATH"]}, capture_output=True, text=True, timeout=30)
+    p = haproxy_prefix_run("env", shell=shell)
     assert p.returncode == 0, p.stderr
     folder = made_folder(p)
     try:
@@ -138,7 +140,7 @@ def test_haproxy_files_go_to_a_new_private_folder(shell):
         st = folder.lstat()
         assert stat.S_ISDIR(st.st_mode) and st.st_mode & 0o777 == 0o700 \
             and st.st_uid == os.geteuid()
-        env = dict(line.split("=", 1) for line in p.stdout.splitlines() if "=" in line)
+        env = exported(p)
         want = {name: str(folder / leaf) if leaf else str(folder)
                 for name, leaf in SERVE_HAPROXY_FILES.items()}
         assert {k: env.get(k) for k in want} == want

@@ -67,6 +67,9 @@ MANAGED_ENV: tuple[str, ...] = tuple(v.name for v in START_ENV)
 _BY_NAME: Mapping[str, EnvVar] = {v.name: v for v in START_ENV}
 
 
+_INGRESS_ENV = next(v.name for v in START_ENV if v.field == "ray.serve_ingress")
+
+
 def field_of(name: str) -> str:
     """The inventory field (or policy) a managed variable follows."""
     return _BY_NAME[name].field
@@ -165,7 +168,7 @@ def serve_haproxy_folders() -> tuple[str, ...]:
 def serve_haproxy_drift(running_env: Mapping[str, str]) -> str | None:
     """Why a running Ray's HAProxy files are not in a folder serve_haproxy_dir_prefix made
     (None: they are, or Ray runs Serve's Python proxy)."""
-    if running_env.get("RAY_SERVE_ENABLE_HA_PROXY") != SERVE_INGRESS["haproxy"]:
+    if running_env.get(_INGRESS_ENV) != SERVE_INGRESS["haproxy"]:
         return None
     folders = serve_haproxy_folders()
     bad = [k for k in SERVE_HAPROXY_CHECKED
@@ -222,7 +225,8 @@ def start_env(node: Node, auth_mode: str | None = None,
 
 
 def env_conflicts(node: Node, serve_ingress: str = RayOptions.serve_ingress) -> list[str]:
-    """Inventory env entries the dedicated fields override (reported as plan warnings)."""
+    """Inventory env entries the dedicated fields override, or that replace the private folder
+    of Serve's HAProxy files (reported as plan warnings)."""
     out = []
     final = start_env(node, node.env.get("RAY_AUTH_MODE"), serve_ingress)
     for key in MANAGED_ENV:
